@@ -1,0 +1,27 @@
+# Set-up and everyday targets. `make quickstart` and `make test` are the README's two set-up commands.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: install quickstart test test-slow lint bench
+
+# torch first, pinned to the CPU wheel on local disk, unless some torch (e.g. a CUDA build) is already there:
+# an unpinned torch would pull a multi-GB CUDA build.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
+	$(PIP) install -q -e ".[test]"
+
+quickstart: install
+	diffattn quickstart
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-slow: install
+	$(PYTHON) -m pytest -q -m "slow"
+
+lint:
+	ruff check src tests benchmarks
+	ruff format --check src tests benchmarks
+
+bench:
+	diffattn bench attention

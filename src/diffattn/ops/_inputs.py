@@ -1,0 +1,195 @@
+"""Validation and normalisation of the inputs of two-map (differential) attention.
+
+Every backend of :func:`diffattn.ops.diff_attention` receives a :class:`DiffAttentionInputs` whose shapes,
+dtypes, λ and mask have already been checked here, so a bad argument fails with one ``ValueError`` that names
+the argument, what was given and what is allowed — never deep inside a kernel.
+
+Conventions (methods.md §0):
+    q1, q2  [B, H, T, d]      query heads of the first and second map
+    k1, k2  [B, Hkv, S, d]    key heads (GQA: H % Hkv == 0, query head i reads key head i // (H // Hkv))
+    v       [B, Hkv, S, dv]   shared values, dv may differ from d (DIFF V1 uses dv = 2d)
+    lam     scalar, or one per query head [H]
+    mask    causal (bottom-right aligned when T < S) and/or ``attn_mask``:
+            2-D ``[B, S]`` key padding (True/1 = real token), or 4-D broadcastable to ``[B, H, T, S]``;
+            bool masks mean "may attend", floating masks are added to the logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class DiffAttentionInputs:
+    q1: torch.Tensor
+    k1: torch.Tensor
+    q2: torch.Tensor
+    k2: torch.Tensor
+    v: torch.Tensor
+    lam: torch.Tensor  # 0-d, or [1, H, 1, 1] for one λ per query head
+    causal: bool
+    attn_mask: torch.Tensor | None  # None, or 4-D [B|1, H|1, T, S] (bool "may attend" or additive float)
+    scale: float
+
+    @property
+    def batch(self) -> int:
+        return self.q1.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.q1.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k1.shape[1]
+
+    @property
+    def q_len(self) -> int:
+        return self.q1.shape[2]
+
+    @property
+    def kv_len(self) -> int:
+        return self.k1.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q1.shape[3]
+
+    @property
+    def v_dim(self) -> int:
+        return self.v.shape[3]
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _check_rank(name: str, t: object, layout: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {layout}, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D tensor of shape {_shape(t)}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be a floating tensor (float16/bfloat16/float32/float64), got {t.dtype}")
+    return t
+
+
+def validate(
+    q1: torch.Tensor,
+    k1: torch.Tensor,
+    q2: torch.Tensor,
+    k2: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor | float,
+    *,
+    causal: bool,
+    attn_mask: torch.Tensor | None,
+    scale: float | None,
+) -> DiffAttentionInputs:
+    """Check every argument and return them in the one layout the backends accept."""
+    _check_rank("q1", q1, "[B, H, T, d]")
+    _check_rank("q2", q2, "[B, H, T, d]")
+    _check_rank("k1", k1, "[B, Hkv, S, d]")
+    _check_rank("k2", k2, "[B, Hkv, S, d]")
+    _check_rank("v", v, "[B, Hkv, S, dv]")
+    if q2.shape != q1.shape:
+        raise ValueError(f"q2 must have the shape of q1 {_shape(q1)}, got {_shape(q2)}")
+    if k2.shape != k1.shape:
+        raise ValueError(f"k2 must have the shape of k1 {_shape(k1)}, got {_shape(k2)}")
+    b, h, t, d = q1.shape
+    bk, hkv, s, dk = k1.shape
+    if bk != b:
+        raise ValueError(f"k1 batch size must equal q1's ({b}), got k1 of shape {_shape(k1)}")
+    if dk != d:
+        raise ValueError(f"k1 head dim must equal q1's ({d}), got k1 of shape {_shape(k1)}")
+    if hkv == 0 or h % hkv != 0:
+        raise ValueError(
+            f"the number of query heads must be a multiple of the number of key/value heads (GQA): "
+            f"q1 has H={h}, k1 has Hkv={hkv}"
+        )
+    if v.shape[:3] != k1.shape[:3]:
+        raise ValueError(f"v must be [B, Hkv, S, dv] = [{b}, {hkv}, {s}, dv] like k1, got {_shape(v)}")
+    if t == 0 or s == 0 or d == 0 or v.shape[3] == 0:
+        raise ValueError(f"empty dimension: q1 {_shape(q1)}, k1 {_shape(k1)}, v {_shape(v)}")
+    for name, other in (("q2", q2), ("k1", k1), ("k2", k2), ("v", v)):
+        if other.dtype != q1.dtype:
+            raise ValueError(f"{name} dtype must equal q1's ({q1.dtype}), got {other.dtype}")
+        if other.device != q1.device:
+            raise ValueError(f"{name} device must equal q1's ({q1.device}), got {other.device}")
+    if causal and t > s:
+        raise ValueError(
+            f"causal attention needs the query length T <= the key length S (bottom-right alignment), "
+            f"got T={t}, S={s}"
+        )
+
+    lam_t = _normalise_lambda(lam, h, q1.device)
+    mask = _normalise_mask(attn_mask, b, h, t, s, q1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
+    return DiffAttentionInputs(q1, k1, q2, k2, v, lam_t, bool(causal), mask, float(scale))
+
+
+def _normalise_lambda(lam: torch.Tensor | float, num_heads: int, device: torch.device) -> torch.Tensor:
+    if isinstance(lam, (int, float)):
+        return torch.tensor(float(lam), device=device)
+    if not isinstance(lam, torch.Tensor):
+        raise ValueError(f"lam must be a float, a scalar tensor or a tensor of {num_heads} (one per query head), "
+                         f"got {type(lam).__name__}")
+    if not lam.is_floating_point():
+        raise ValueError(f"lam must be a floating tensor, got {lam.dtype}")
+    if lam.device != device:
+        raise ValueError(f"lam device must equal q1's ({device}), got {lam.device}")
+    if lam.numel() == 1:
+        return lam.reshape(())
+    if lam.numel() == num_heads and lam.dim() == 1:
+        return lam.view(1, num_heads, 1, 1)
+    raise ValueError(
+        f"lam must be a scalar or have one value per query head (shape [{num_heads}]), got shape "
+        f"[{', '.join(map(str, lam.shape))}]"
+    )
+
+
+def _normalise_mask(
+    attn_mask: torch.Tensor | None, b: int, h: int, t: int, s: int, q: torch.Tensor
+) -> torch.Tensor | None:
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask device must equal q1's ({q.device}), got {attn_mask.device}")
+    if attn_mask.dim() == 2:
+        # key padding [B, S]: integer/bool 1 = real token; a float padding mask is taken as additive
+        if tuple(attn_mask.shape) != (b, s):
+            raise ValueError(f"a 2-D attn_mask is a key-padding mask of shape [B, S] = [{b}, {s}], "
+                             f"got {_shape(attn_mask)}")
+        if not attn_mask.is_floating_point():
+            attn_mask = attn_mask.bool()
+        attn_mask = attn_mask[:, None, None, :]  # [B, 1, 1, S]
+    elif attn_mask.dim() == 4:
+        allowed = (b, h, t, s)
+        if any(g not in (1, a) for g, a in zip(attn_mask.shape, allowed, strict=True)):
+            raise ValueError(
+                f"a 4-D attn_mask must broadcast to [B, H, T, S] = [{b}, {h}, {t}, {s}] "
+                f"(each dim 1 or full), got {_shape(attn_mask)}"
+            )
+    else:
+        raise ValueError(f"attn_mask must be 2-D key padding [B, S] or 4-D [B, H, T, S], "
+                         f"got {attn_mask.dim()}-D of shape {_shape(attn_mask)}")
+    if attn_mask.dtype == torch.bool:
+        return attn_mask
+    if attn_mask.is_floating_point():
+        return attn_mask.to(q.dtype)
+    raise ValueError(f"attn_mask must be bool (True = may attend) or floating (additive), got {attn_mask.dtype}")
+
+
+def causal_keep_mask(t: int, s: int, device: torch.device) -> torch.Tensor:
+    """[T, S] bool, True where query i may see key j: j <= i + (S - T) (bottom-right aligned)."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
