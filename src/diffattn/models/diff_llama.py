@@ -1,0 +1,147 @@
+"""Our DIFF Transformer V1 attention module for Hugging Face ``DiffLlama`` (DIFF Transformer Eq. 1–3,
+methods.md §1), built on :func:`diffattn.ops.diff_attention`.
+
+Per layer, with H query heads of width d split into halves (``h = H/2`` differential heads) and Hkv KV heads:
+
+    Q1 = heads [0, H/2),  Q2 = heads [H/2, H)        K1, K2 likewise over the KV heads
+    V of differential head j = concat(V_kv[j], V_kv[j + Hkv/2])  (width 2d; Hugging Face's layout)
+    λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init                                           (Eq. 2)
+    head = (1 − λ_init) · RMSNorm_2d((A1 − λ·A2) V)                                     (Eq. 3)
+    out = concat(heads) W_O
+
+Parameter names are those of ``transformers``' ``DiffLlamaAttention`` (``q_proj``, ``k_proj``, ``v_proj``,
+``o_proj``, ``lambda_q1`` … ``lambda_k2``) and the very same tensors are reused, so a model with this module
+installed saves checkpoints that plain transformers loads. λ and the subtraction are float32.
+
+Options (:class:`DiffAttentionOptions`):
+
+* ``lambda_init``: ``"exponential"`` (paper default, λ_init = 0.8 − 0.6·exp(−0.3·layer_idx)) or a constant
+  in (0, 1) such as 0.8 or 0.5 (paper Table 6 ablation). A constant is not known to plain ``DiffLlama``,
+  which always uses the exponential schedule.
+* ``norm``: ``"rms"`` (per-head RMSNorm without gain: the paper's equations and Hugging Face's
+  ``DiffLlama``), ``"rms_affine"`` (learnable gain, the official code after October 2024 — it adds
+  ``groupnorm.weight`` parameters, which plain ``DiffLlama`` does not have and drops on loading, so
+  such checkpoints only reload exactly through diffattn), or ``"none"`` (ablation, Table 6: the paper is
+  silent on the multiplier without the norm; we keep ``(1 − λ_init)`` so the ablation changes one thing).
+
+The options are recorded in ``config.diffattn`` so they are saved beside the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from transformers.models.diffllama.modeling_diffllama import apply_rotary_pos_emb
+
+from ..ops import BACKENDS, diff_attention
+
+NORMS = ("rms", "rms_affine", "none")
+
+
+@dataclass(frozen=True)
+class DiffAttentionOptions:
+    backend: str = "auto"
+    lambda_init: str | float = "exponential"
+    norm: str = "rms"
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        if isinstance(self.lambda_init, str):
+            if self.lambda_init != "exponential":
+                raise ValueError(f"lambda_init must be 'exponential' or a float in (0, 1); got {self.lambda_init!r}")
+        elif not (isinstance(self.lambda_init, (int, float)) and 0.0 < float(self.lambda_init) < 1.0):
+            raise ValueError(f"lambda_init must be 'exponential' or a float in (0, 1); got {self.lambda_init!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {', '.join(NORMS)}; got {self.norm!r}")
+
+    def to_config(self) -> dict:
+        """What is stored in ``config.diffattn`` (the backend is a run-time choice, not a model property)."""
+        d = asdict(self)
+        d.pop("backend")
+        return d
+
+
+def lambda_init_value(layer_idx: int, schedule: str | float) -> float:
+    """λ_init of a layer: the paper's 0.8 − 0.6·exp(−0.3·(l − 1)) with l = layer_idx + 1, or a constant."""
+    if schedule == "exponential":
+        return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+    return float(schedule)
+
+
+class DiffLlamaDifferentialAttention(nn.Module):
+    """Drop-in replacement of one ``DiffLlamaAttention`` instance (same parameters, same tensors)."""
+
+    def __init__(self, hf_attention: nn.Module, options: DiffAttentionOptions):
+        super().__init__()
+        config = hf_attention.config
+        self.config = config
+        self.layer_idx = hf_attention.layer_idx
+        self.head_dim = hf_attention.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scaling = hf_attention.scaling
+        self.is_causal = True
+        self.options = options
+        # reuse the very same modules and Parameters: no copy, identical names
+        self.q_proj, self.k_proj = hf_attention.q_proj, hf_attention.k_proj
+        self.v_proj, self.o_proj = hf_attention.v_proj, hf_attention.o_proj
+        self.lambda_q1, self.lambda_k1 = hf_attention.lambda_q1, hf_attention.lambda_k1
+        self.lambda_q2, self.lambda_k2 = hf_attention.lambda_q2, hf_attention.lambda_k2
+        self.lambda_init = lambda_init_value(self.layer_idx, options.lambda_init)
+        if options.norm == "none":
+            self.groupnorm = nn.Identity()
+        else:
+            self.groupnorm = nn.RMSNorm(
+                2 * self.head_dim, eps=config.rms_norm_eps, elementwise_affine=options.norm == "rms_affine"
+            ).to(device=self.q_proj.weight.device)
+        self._original = [hf_attention]  # a list, so it is not registered as a submodule
+
+    @property
+    def original(self) -> nn.Module:
+        return self._original[0]
+
+    def lambda_full(self) -> torch.Tensor:
+        """λ of Eq. 2, in float32 (a 0-d tensor)."""
+        lam1 = torch.exp(torch.sum(self.lambda_q1.float() * self.lambda_k1.float()))
+        lam2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
+        return lam1 - lam2 + self.lambda_init
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        bsz, q_len = hidden_states.shape[:2]
+        hidden_shape = (bsz, q_len, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H, T, d]
+        k = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, Hkv, T, d]
+        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, Hkv, T, d]
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)  # [B, Hkv, S, d]
+
+        h, hkv = self.num_heads // 2, self.num_kv_heads // 2
+        v_pair = torch.cat([v[:, :hkv], v[:, hkv:]], dim=-1)  # [B, Hkv/2, S, 2d]
+        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+            raise ValueError(
+                f"DIFF attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
+                f"{type(attention_mask).__name__} from attn_implementation={self.config._attn_implementation!r}"
+            )
+        # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
+        # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
+        out = diff_attention(
+            q[:, :h], k[:, :hkv], q[:, h:], k[:, hkv:], v_pair, self.lambda_full(),
+            causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling,
+            backend=self.options.backend,
+        )  # [B, h, T, 2d]
+        out = self.groupnorm(out) * (1.0 - self.lambda_init)
+        out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
+        return self.o_proj(out), None
