@@ -23,9 +23,16 @@ from diffattn.models import (
     lambda_init_value,
     remove_diff_attention,
 )
+from diffattn.ops import chunked
 
-BACKENDS = ["reference", "sdpa", "auto"]
+BACKENDS = ["reference", "sdpa", "chunked", "auto"]
 ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """`chunked` (and `auto` on CPU) take 4 queries per step here, so parity covers chunk boundaries."""
+    monkeypatch.setattr(chunked, "DEFAULT_CHUNK", 4)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +117,7 @@ def paper_layer(attn, x, cos, sin):
 
     q, k = rope(q), rope(k)
     lam_init = 0.8 - 0.6 * math.exp(-0.3 * attn.layer_idx)
-    lam = (torch.exp(attn.lambda_q1 @ attn.lambda_k1) - torch.exp(attn.lambda_q2 @ attn.lambda_k2) + lam_init)
+    lam = torch.exp(attn.lambda_q1 @ attn.lambda_k1) - torch.exp(attn.lambda_q2 @ attn.lambda_k2) + lam_init
     causal = torch.full((t, t), float("-inf")).triu(1)
     heads = []
     for i in range(h):
@@ -124,7 +131,7 @@ def paper_layer(attn, x, cos, sin):
     return torch.cat(heads, -1) @ attn.o_proj.weight.T
 
 
-@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
 def test_module_matches_independent_paper_equations(hf_diff, backend):
     model = _installed_copy(hf_diff, backend)
     x = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(5))
@@ -215,8 +222,11 @@ def test_lambda_is_fp32_and_follows_eq2(hf_diff):
     attn = _installed_copy(hf_diff, "sdpa").model.layers[1].self_attn
     lam = attn.lambda_full()
     assert lam.dtype == torch.float32 and lam.dim() == 0
-    want = (torch.exp((attn.lambda_q1 * attn.lambda_k1).sum()) - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum())
-            + attn.lambda_init)
+    want = (
+        torch.exp((attn.lambda_q1 * attn.lambda_k1).sum())
+        - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum())
+        + attn.lambda_init
+    )
     torch.testing.assert_close(lam, want)
 
 
@@ -245,9 +255,16 @@ def test_baseline_and_diff_parameter_counts_agree_within_1_percent(preset):
     assert diff - base == 4 * p.head_dim * p.num_layers  # only the λ vectors differ
 
 
-@pytest.mark.parametrize(("preset", "size"), [("paper-830m", 830e6), ("paper-1.4b", 1.4e9),
-                                               ("paper-2.8b", 2.8e9), ("paper-6.8b", 6.8e9),
-                                               ("paper-13.1b", 13.1e9)])
+@pytest.mark.parametrize(
+    ("preset", "size"),
+    [
+        ("paper-830m", 830e6),
+        ("paper-1.4b", 1.4e9),
+        ("paper-2.8b", 2.8e9),
+        ("paper-6.8b", 6.8e9),
+        ("paper-13.1b", 13.1e9),
+    ],
+)
 def test_paper_presets_have_the_named_size(preset, size):
     assert abs(count_parameters(preset, "diff") - size) / size < 0.015
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from diffattn.ops import backend_status, diff_attention, diff_attention_maps
+from diffattn.ops import auto_backend, backend_status, chunked, diff_attention, diff_attention_maps
 
 ATOL = 1e-5
 
@@ -30,7 +30,8 @@ def naive_diff_attention(q1, k1, q2, k2, v, lam, *, causal, key_padding=None, sc
             lam_h = lam if lam.dim() == 0 else lam[hi]
             for i in range(t):
                 allowed = [
-                    j for j in range(s)
+                    j
+                    for j in range(s)
                     if (not causal or j <= i + s - t) and (key_padding is None or bool(key_padding[bi, j]))
                 ]
                 if not allowed:
@@ -106,10 +107,17 @@ def _masks(b, h, t, s):
     }
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Make `chunked` take 4 queries per step, so the tiny test shapes span several (and partial) chunks."""
+    monkeypatch.setattr(chunked, "DEFAULT_CHUNK", 4)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("mask_kind", ["none", "key-padding-2d", "bool-4d-per-head", "additive-4d"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_sdpa_matches_reference_outputs_and_grads(case, mask_kind, causal):
+def test_fast_backends_match_reference_outputs_and_grads(backend, case, mask_kind, causal, small_chunks):
     args = make_inputs(**CASES[case])
     b, h, t, _ = args[0].shape
     s = args[1].shape[2]
@@ -120,23 +128,44 @@ def test_sdpa_matches_reference_outputs_and_grads(case, mask_kind, causal):
         return lambda: diff_attention(*leaves, causal=causal, attn_mask=mask, backend=backend)
 
     out_ref, g_ref = _grads(run("reference"), leaves)
-    out_sdpa, g_sdpa = _grads(run("sdpa"), leaves)
-    torch.testing.assert_close(out_sdpa, out_ref, atol=ATOL, rtol=1e-5)
-    for name, a, r in zip(["q1", "k1", "q2", "k2", "v", "lam"], g_sdpa, g_ref, strict=True):
+    out_fast, g_fast = _grads(run(backend), leaves)
+    torch.testing.assert_close(out_fast, out_ref, atol=ATOL, rtol=1e-5)
+    for name, a, r in zip(["q1", "k1", "q2", "k2", "v", "lam"], g_fast, g_ref, strict=True):
         torch.testing.assert_close(a, r, atol=ATOL, rtol=1e-5, msg=lambda m, n=name: f"grad {n}: {m}")
 
 
-def test_auto_is_sdpa_on_cpu_and_matches():
+def test_auto_is_chunked_on_cpu_and_matches():
+    assert auto_backend(torch.device("cpu")) == "chunked"
+    assert auto_backend(torch.device("cuda")) == "sdpa"
     args = make_inputs()
     torch.testing.assert_close(
-        diff_attention(*args, backend="auto"), diff_attention(*args, backend="sdpa"), atol=0, rtol=0
+        diff_attention(*args, backend="auto"), diff_attention(*args, backend="chunked"), atol=0, rtol=0
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunked_low_precision_computes_in_fp32(dtype, small_chunks):
+    args = [x.to(dtype).requires_grad_(True) for x in make_inputs(t=9, s=9)]
+    out = diff_attention(*args, backend="chunked")
+    out.sum().backward()
+    assert out.dtype == dtype and all(x.grad.dtype == dtype for x in args)
+    ref = diff_attention(*(x.detach().float() for x in args), backend="reference")
+    # fp32 inside: only the final rounding to `dtype` separates it from the fp32 reference
+    torch.testing.assert_close(out.float(), ref, atol=2 * torch.finfo(dtype).eps * ref.abs().max().item(), rtol=0)
+
+
+def test_chunked_gradcheck_fp64(small_chunks):
+    args = make_inputs(b=1, h=2, hkv=1, t=6, s=7, d=3, dv=5, per_head_lam=True, dtype=torch.float64)
+    pad = torch.tensor([[False, True, True, True, True, True, True]])
+    leaves = tuple(x.requires_grad_(True) for x in args)
+    assert torch.autograd.gradcheck(
+        lambda *a: diff_attention(*a, attn_mask=pad, backend="chunked"), leaves, eps=1e-6, atol=1e-7
     )
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_reference_gradcheck_fp64(causal):
-    args = make_inputs(b=1, h=2, hkv=1, t=3, s=4 if not causal else 4, d=3, dv=5, per_head_lam=True,
-                       dtype=torch.float64)
+    args = make_inputs(b=1, h=2, hkv=1, t=3, s=4, d=3, dv=5, per_head_lam=True, dtype=torch.float64)
     leaves = tuple(x.requires_grad_(True) for x in args)
     assert torch.autograd.gradcheck(
         lambda *a: diff_attention(*a, causal=causal, backend="reference"), leaves, eps=1e-6, atol=1e-7
@@ -166,7 +195,8 @@ def _largest_allocation(fn) -> int:
     return max(e.cpu_memory_usage for e in prof.events())
 
 
-def test_sdpa_allocates_no_score_matrix():
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+def test_fast_backends_allocate_no_score_matrix(backend):
     # [T, S] float32 for a single head is 16 MiB here. PyTorch's fused kernel allocates per-thread block
     # buffers of at most a few MiB whatever N is (plain SDPA peaks at 2-3 MiB for N = 1K..4K).
     n = 2048
@@ -177,25 +207,33 @@ def test_sdpa_allocates_no_score_matrix():
         return lambda: diff_attention(*args, backend=backend).sum().backward()
 
     assert _largest_allocation(fwd_bwd("reference")) >= one_map  # the check can fail
-    assert _largest_allocation(fwd_bwd("sdpa")) < one_map / 4
+    assert _largest_allocation(fwd_bwd(backend)) < one_map / 4
 
 
 def test_backend_status_lists_every_backend_with_reason():
     names = {s.name: s for s in backend_status("cpu")}
-    assert set(names) == {"reference", "sdpa", "triton"}
-    assert names["sdpa"].usable and names["reference"].usable
+    assert set(names) == {"reference", "sdpa", "chunked", "triton"}
+    assert names["sdpa"].usable and names["reference"].usable and names["chunked"].usable
     assert all(s.reason for s in names.values())
 
 
 BAD = {
-    "q1 rank": (lambda a: (a[0][0],) + a[1:], {}, "q1 must be 4-D"),
-    "q2 shape": (lambda a: (a[0], a[1], a[2][:, :2]) + a[3:], {}, "q2 must have the shape of q1"),
-    "gqa": (lambda a: (a[0], a[1][:, :1].expand(-1, 3, -1, -1).contiguous(), a[2],
-                       a[3][:, :1].expand(-1, 3, -1, -1).contiguous(), a[4][:, :1].expand(-1, 3, -1, -1)),
-            {}, "multiple of the number of key/value heads"),
-    "v shape": (lambda a: a[:4] + (a[4][:, :, :3],), {}, "v must be"),
+    "q1 rank": (lambda a: (a[0][0], *a[1:]), {}, "q1 must be 4-D"),
+    "q2 shape": (lambda a: (a[0], a[1], a[2][:, :2], *a[3:]), {}, "q2 must have the shape of q1"),
+    "gqa": (
+        lambda a: (
+            a[0],
+            a[1][:, :1].expand(-1, 3, -1, -1).contiguous(),
+            a[2],
+            a[3][:, :1].expand(-1, 3, -1, -1).contiguous(),
+            a[4][:, :1].expand(-1, 3, -1, -1),
+        ),
+        {},
+        "multiple of the number of key/value heads",
+    ),
+    "v shape": (lambda a: (*a[:4], a[4][:, :, :3]), {}, "v must be"),
     "head dim": (lambda a: (a[0], a[1][..., :4], a[2], a[3][..., :4], a[4]), {}, "head dim"),
-    "dtype": (lambda a: (a[0], a[1].double()) + a[2:], {}, "k1 dtype"),
+    "dtype": (lambda a: (a[0], a[1].double(), *a[2:]), {}, "k1 dtype"),
     "lam shape": (lambda a: a, {"lam": torch.ones(3)}, "lam must be a scalar or have one value per query"),
     "mask shape": (lambda a: a, {"attn_mask": torch.ones(2, 4)}, "key-padding mask of shape"),
     "mask rank": (lambda a: a, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)[None]}, "attn_mask must be 2-D"),

@@ -138,8 +138,15 @@ class DiffLlamaDifferentialAttention(nn.Module):
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
         out = diff_attention(
-            q[:, :h], k[:, :hkv], q[:, h:], k[:, hkv:], v_pair, self.lambda_full(),
-            causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling,
+            q[:, :h],
+            k[:, :hkv],
+            q[:, h:],
+            k[:, hkv:],
+            v_pair,
+            self.lambda_full(),
+            causal=attention_mask is None,
+            attn_mask=attention_mask,
+            scale=self.scaling,
             backend=self.options.backend,
         )  # [B, h, T, 2d]
         out = self.groupnorm(out) * (1.0 - self.lambda_init)

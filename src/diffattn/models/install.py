@@ -65,8 +65,9 @@ def install_diff_attention(
         norm=norm if norm is not None else recorded.get("norm", "rms"),
     )
     if config._attn_implementation not in _MASK_FORMATS_WE_READ:
-        logger.info("switching attn_implementation %r -> 'sdpa' (mask format our module reads)",
-                    config._attn_implementation)
+        logger.info(
+            "switching attn_implementation %r -> 'sdpa' (mask format our module reads)", config._attn_implementation
+        )
         model.set_attn_implementation("sdpa")
     for parent, child, module in targets:
         original = module.original if isinstance(module, DiffLlamaDifferentialAttention) else module

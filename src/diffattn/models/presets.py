@@ -77,8 +77,14 @@ _PAPER_VOCAB = 100288
 
 def _paper(name: str, hidden: int, layers: int, diff_heads: int, ffn: int | None = None, ctx: int = 2048):
     return ModelPreset(
-        name=name, hidden_size=hidden, num_layers=layers, num_heads=2 * diff_heads, num_kv_heads=2 * diff_heads,
-        intermediate_size=ffn or _ffn(hidden), vocab_size=_PAPER_VOCAB, max_position_embeddings=ctx,
+        name=name,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=2 * diff_heads,
+        num_kv_heads=2 * diff_heads,
+        intermediate_size=ffn or _ffn(hidden),
+        vocab_size=_PAPER_VOCAB,
+        max_position_embeddings=ctx,
         description=f"DIFF paper size: {layers} layers, d_model {hidden}, {diff_heads} DIFF heads",
     )
 

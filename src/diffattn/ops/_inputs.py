@@ -123,8 +123,7 @@ def validate(
             raise ValueError(f"{name} device must equal q1's ({q1.device}), got {other.device}")
     if causal and t > s:
         raise ValueError(
-            f"causal attention needs the query length T <= the key length S (bottom-right alignment), "
-            f"got T={t}, S={s}"
+            f"causal attention needs the query length T <= the key length S (bottom-right alignment), got T={t}, S={s}"
         )
 
     lam_t = _normalise_lambda(lam, h, q1.device)
@@ -140,8 +139,10 @@ def _normalise_lambda(lam: torch.Tensor | float, num_heads: int, device: torch.d
     if isinstance(lam, (int, float)):
         return torch.tensor(float(lam), device=device)
     if not isinstance(lam, torch.Tensor):
-        raise ValueError(f"lam must be a float, a scalar tensor or a tensor of {num_heads} (one per query head), "
-                         f"got {type(lam).__name__}")
+        raise ValueError(
+            f"lam must be a float, a scalar tensor or a tensor of {num_heads} (one per query head), "
+            f"got {type(lam).__name__}"
+        )
     if not lam.is_floating_point():
         raise ValueError(f"lam must be a floating tensor, got {lam.dtype}")
     if lam.device != device:
@@ -168,8 +169,9 @@ def _normalise_mask(
     if attn_mask.dim() == 2:
         # key padding [B, S]: integer/bool 1 = real token; a float padding mask is taken as additive
         if tuple(attn_mask.shape) != (b, s):
-            raise ValueError(f"a 2-D attn_mask is a key-padding mask of shape [B, S] = [{b}, {s}], "
-                             f"got {_shape(attn_mask)}")
+            raise ValueError(
+                f"a 2-D attn_mask is a key-padding mask of shape [B, S] = [{b}, {s}], got {_shape(attn_mask)}"
+            )
         if not attn_mask.is_floating_point():
             attn_mask = attn_mask.bool()
         attn_mask = attn_mask[:, None, None, :]  # [B, 1, 1, S]
@@ -181,8 +183,10 @@ def _normalise_mask(
                 f"(each dim 1 or full), got {_shape(attn_mask)}"
             )
     else:
-        raise ValueError(f"attn_mask must be 2-D key padding [B, S] or 4-D [B, H, T, S], "
-                         f"got {attn_mask.dim()}-D of shape {_shape(attn_mask)}")
+        raise ValueError(
+            f"attn_mask must be 2-D key padding [B, S] or 4-D [B, H, T, S], "
+            f"got {attn_mask.dim()}-D of shape {_shape(attn_mask)}"
+        )
     if attn_mask.dtype == torch.bool:
         return attn_mask
     if attn_mask.is_floating_point():

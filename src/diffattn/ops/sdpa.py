@@ -58,7 +58,12 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
         v = F.pad(v, (0, width - dv))
     mask, is_causal = _sdpa_mask(inp)
     o = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale,
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=inp.scale,
         enable_gqa=inp.num_heads != inp.num_kv_heads,
     )  # [B, 2H, T, width]
     if dv < width:

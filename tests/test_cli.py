@@ -1,0 +1,104 @@
+"""The command line: help, info, presets, quickstart, the attention benchmark at a tiny size, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diffattn.bench.attention import run_attention_benchmark, target_lines
+from diffattn.cli import main
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("quickstart", "info", "presets", "bench"):
+        assert cmd in out
+
+
+def test_console_script_is_installed():
+    out = subprocess.run([sys.executable, "-m", "diffattn.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("diffattn ")
+
+
+def test_info_reports_every_backend_and_why(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "transformers" in out
+    for name in ("auto", "reference", "sdpa", "chunked", "triton"):
+        assert name in out
+    assert "not implemented yet" in out and "now: chunked" in out
+
+
+def test_presets_prints_counts(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "debug" in out and "paper-3b" in out and "baseline 90,432 params" in out
+
+
+def test_quickstart_checks_pass_and_generates(capsys):
+    assert main(["quickstart", "--new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "all checks passed" in out and "[FAIL]" not in out
+    assert "op 'sdpa' vs reference" in out and "DIFF model logits, 'auto' vs reference" in out
+    assert out.count("[ok]") == 6  # sdpa, chunked, auto: op and model each
+
+
+def test_bench_attention_tiny_run_writes_ratios(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert (
+        main(
+            [
+                "bench",
+                "attention",
+                "--sizes",
+                "32",
+                "--reps",
+                "1",
+                "--heads",
+                "1",
+                "--head-dim",
+                "8",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "HF DiffLlamaAttention" in out and "diff reference" in out and "diff auto" in out
+    rows = json.loads(path.read_text())["rows"]
+    base = [r for r in rows if r["impl"].startswith("baseline")]
+    assert base and all(r["fwd_ratio"] == 1.0 for r in base)
+
+
+def test_target_lines_report_met_and_missed():
+    rows = run_attention_benchmark([16], heads=1, head_dim=8, reps=1, levels=("op",), backends=["reference", "auto"])
+    lines = target_lines(rows, seq_len=16)
+    assert len(lines) == 2 and all(("met" in line) or ("MISSED" in line) for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "attention", "--sizes", "9x"], "--sizes must be comma-separated positive integers"),
+        (["bench", "attention", "--sizes", "0"], "--sizes must be"),
+        (["bench", "attention", "--levels", "kernel"], "--levels must be"),
+    ],
+)
+def test_bad_cli_input_is_one_clear_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_unknown_subcommand_exits_with_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train-everything"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
