@@ -97,7 +97,7 @@ class DiffLlamaDifferentialAttention(nn.Module):
         else:
             self.groupnorm = nn.RMSNorm(
                 2 * self.head_dim, eps=config.rms_norm_eps, elementwise_affine=options.norm == "rms_affine"
-            ).to(device=self.q_proj.weight.device)
+            ).to(device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
         self._original = [hf_attention]  # a list, so it is not registered as a submodule
 
     @property
