@@ -90,6 +90,14 @@ def test_config_yaml_roundtrip_and_overrides(tmp_path):
     assert back.train.beta2 == 0.95 and back.train.weight_decay == 0.1 and back.train.min_lr_ratio == 0.04
 
 
+def test_warmup_defaults_to_a_tenth_of_the_run():
+    assert RunConfig().train.resolved_warmup_steps == 20
+    short = RunConfig().with_overrides({"train.max_steps": 2}).validate()
+    assert short.train.resolved_warmup_steps == 0
+    with pytest.raises(ValueError, match="warmup_steps must be in"):
+        RunConfig().with_overrides({"train.max_steps": 2, "train.warmup_steps": 5}).validate()
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -217,6 +225,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus_file, t
 def test_bad_data_and_lengths_fail_clearly(corpus_file, tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         pretrain(debug_config(corpus_file).with_overrides(change), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # a failed start writes nothing, so the corrected rerun is not refused
 
 
 def test_empty_corpus_fails_clearly(tmp_path):
@@ -224,6 +233,7 @@ def test_empty_corpus_fails_clearly(tmp_path):
     empty.write_text("   \n")
     with pytest.raises(ValueError, match="empty"):
         pretrain(debug_config(empty), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------- paired runs and the retrieval mix

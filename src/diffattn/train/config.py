@@ -70,7 +70,7 @@ class TrainConfig:
     lr: float = 1e-3
     schedule: str = "linear"  # linear | cosine (both: warmup, then decay to min_lr_ratio·lr)
     min_lr_ratio: float = 0.04
-    warmup_steps: int = 20
+    warmup_steps: int | None = None  # None: 10% of max_steps (20 at the default 200)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -82,6 +82,10 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
     fsdp: bool = False  # under torchrun: FSDP full sharding instead of DDP
+
+    @property
+    def resolved_warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else round(0.1 * self.max_steps)
 
     def validate(self) -> None:
         for name in ("max_steps", "global_batch_size", "grad_accum", "log_every", "eval_every", "save_every"):
@@ -97,7 +101,9 @@ class TrainConfig:
                 f"train.save_every ({self.save_every}) must be a multiple of train.log_every "
                 f"({self.log_every}) so a non-finite loss is caught before it is checkpointed"
             )
-        if not 0 <= self.warmup_steps <= self.max_steps:
+        if self.warmup_steps is not None and not (
+            isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps <= self.max_steps
+        ):
             raise ValueError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0 or self.lr <= 0:
             raise ValueError(

@@ -35,6 +35,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from ..models.build import build_model
 from ..models.diff_llama import DiffLlamaDifferentialAttention
+from ..models.presets import get_preset
 from .config import RunConfig
 from .data import PackedDataset, prepare_data
 
@@ -212,11 +213,11 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         lr_scheduler_type="warmup_stable_decay",
         # stable phase = max_steps − warmup − decay = 0: warmup, then decay straight to min_lr_ratio·lr
         lr_scheduler_kwargs={
-            "num_decay_steps": t.max_steps - t.warmup_steps,
+            "num_decay_steps": t.max_steps - t.resolved_warmup_steps,
             "decay_type": decay,
             "min_lr_ratio": t.min_lr_ratio,
         },
-        warmup_steps=t.warmup_steps,
+        warmup_steps=t.resolved_warmup_steps,
         logging_steps=t.log_every,
         logging_nan_inf_filter=False,  # a NaN must reach our callback, not be averaged away
         eval_strategy="steps",
@@ -284,13 +285,12 @@ def pretrain(
     args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
     state = PartialState()
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
-    state.wait_for_everyone()  # every process has checked before the main one changes anything
-    if state.is_main_process:
-        if overwrite and run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config.save(run_dir / RUN_CONFIG)
-    state.wait_for_everyone()
+    max_pos = get_preset(config.model.preset, **config.model.overrides).max_position_embeddings
+    if config.data.seq_len > max_pos:
+        raise ValueError(
+            f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions "
+            f"(preset {config.model.preset!r}); lower it or override max_position_embeddings"
+        )
     with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
         data = prepare_data(config)
     model = build_model(
@@ -302,12 +302,14 @@ def pretrain(
         seed=config.train.seed,
         **{**config.model.overrides, "vocab_size": len(data.tokenizer)},
     )
-    max_pos = model.config.max_position_embeddings
-    if config.data.seq_len > max_pos:
-        raise ValueError(
-            f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions "
-            f"(preset {config.model.preset!r}); lower it or override max_position_embeddings"
-        )
+    # only now, with data and model known to be good, is anything written (a failed start leaves nothing)
+    state.wait_for_everyone()  # every process has checked before the main one changes anything
+    if state.is_main_process:
+        if overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config.save(run_dir / RUN_CONFIG)
+    state.wait_for_everyone()
     tok = data.tokenizer
     model.config.bos_token_id = model.config.eos_token_id = tok.eos_token_id
     model.config.pad_token_id = tok.pad_token_id
