@@ -177,6 +177,15 @@ def test_kill_and_resume_reaches_the_same_losses(corpus_file, tmp_path):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-5, abs=1e-6), step
 
 
+def test_gradient_accumulation_matches_the_full_batch(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file, max_steps=6, eval_every=6, save_every=6)
+    pretrain(cfg, tmp_path / "full")
+    pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / "accum")  # 2 micro-batches of 4
+    full, accum = losses(tmp_path / "full"), losses(tmp_path / "accum")
+    for step in full:
+        assert accum[step] == pytest.approx(full[step], rel=1e-5), step
+
+
 def test_resume_refuses_changed_settings(corpus_file, tmp_path):
     cfg = debug_config(corpus_file, max_steps=4)
     pretrain(cfg, tmp_path / "run")
