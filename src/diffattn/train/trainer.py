@@ -198,12 +198,11 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
             f"train.global_batch_size={t.global_batch_size} must be divisible by processes ({world}) × "
             f"train.grad_accum ({t.grad_accum})"
         )
-    decay = "linear" if t.schedule == "linear" else "cosine"
     return TrainingArguments(
         output_dir=str(run_dir / STAGING),
         max_steps=t.max_steps,
         per_device_train_batch_size=per_device,
-        per_device_eval_batch_size=max(per_device, 1),
+        per_device_eval_batch_size=per_device,
         gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr,
         weight_decay=t.weight_decay,
@@ -214,7 +213,7 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         # stable phase = max_steps − warmup − decay = 0: warmup, then decay straight to min_lr_ratio·lr
         lr_scheduler_kwargs={
             "num_decay_steps": t.max_steps - t.resolved_warmup_steps,
-            "decay_type": decay,
+            "decay_type": t.schedule,
             "min_lr_ratio": t.min_lr_ratio,
         },
         warmup_steps=t.resolved_warmup_steps,
@@ -338,7 +337,7 @@ def pretrain(
         logger.warning("no valid checkpoint in %s: starting from step 0", run_dir)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     wall = time.perf_counter() - t0
-    final_eval = trainer.evaluate()
+    final_eval = _final_eval(trainer)
     summary = {
         "attention": config.model.attention,
         "preset": config.model.preset,
@@ -356,6 +355,14 @@ def pretrain(
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     return summary
+
+
+def _final_eval(trainer: Trainer) -> dict:
+    """The evaluation at the last step: reused from the log when the schedule already ran it there."""
+    for entry in reversed(trainer.state.log_history):
+        if "eval_loss" in entry and entry.get("step") == trainer.state.global_step:
+            return entry
+    return trainer.evaluate()
 
 
 def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path) -> None:
