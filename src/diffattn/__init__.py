@@ -12,6 +12,7 @@ from .models import (
     count_parameters,
     describe_parameters,
     install_diff_attention,
+    load_pretrained,
     remove_diff_attention,
 )
 from .ops import backend_status, diff_attention, diff_attention_maps
@@ -29,5 +30,6 @@ __all__ = [
     "diff_attention",
     "diff_attention_maps",
     "install_diff_attention",
+    "load_pretrained",
     "remove_diff_attention",
 ]

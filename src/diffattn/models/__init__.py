@@ -4,10 +4,12 @@ from .build import ATTENTIONS, build_model, count_parameters, describe_parameter
 from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, lambda_init_value
 from .install import install_diff_attention, remove_diff_attention
 from .presets import PRESETS, ModelPreset, get_preset
+from .pretrained import PRETRAINED, load_pretrained
 
 __all__ = [
     "ATTENTIONS",
     "PRESETS",
+    "PRETRAINED",
     "DiffAttentionOptions",
     "DiffLlamaDifferentialAttention",
     "ModelPreset",
@@ -17,6 +19,7 @@ __all__ = [
     "get_preset",
     "install_diff_attention",
     "lambda_init_value",
+    "load_pretrained",
     "model_config",
     "remove_diff_attention",
 ]

