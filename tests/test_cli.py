@@ -26,6 +26,19 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and out.stdout.startswith("diffattn ")
 
 
+def test_cli_starts_without_loading_torch():
+    code = "import sys, diffattn.cli; sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_package_names_resolve_lazily():
+    import diffattn
+
+    assert callable(diffattn.diff_attention) and "debug" in diffattn.PRESETS
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = diffattn.nope
+
+
 def test_info_reports_every_backend_and_why(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out

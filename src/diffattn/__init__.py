@@ -3,33 +3,41 @@
 Train DIFF Transformers from scratch against a same-size Llama baseline, and (later issues) retrofit
 pretrained models with Dex, DiffLoRA and DAA, then measure attention noise, retrieval, in-context learning
 and outliers. Everything reduces to one primitive, :func:`diffattn.ops.diff_attention`.
+
+The names below are imported on first use (PEP 562), so ``import diffattn`` and the ``diffattn`` command
+start without loading torch and transformers.
 """
 
-from .models import (
-    PRESETS,
-    DiffAttentionOptions,
-    build_model,
-    count_parameters,
-    describe_parameters,
-    install_diff_attention,
-    load_pretrained,
-    remove_diff_attention,
-)
-from .ops import backend_status, diff_attention, diff_attention_maps
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PRESETS",
-    "DiffAttentionOptions",
-    "__version__",
-    "backend_status",
-    "build_model",
-    "count_parameters",
-    "describe_parameters",
-    "diff_attention",
-    "diff_attention_maps",
-    "install_diff_attention",
-    "load_pretrained",
-    "remove_diff_attention",
-]
+_LAZY = {
+    "PRESETS": "diffattn.models",
+    "DiffAttentionOptions": "diffattn.models",
+    "build_model": "diffattn.models",
+    "count_parameters": "diffattn.models",
+    "describe_parameters": "diffattn.models",
+    "install_diff_attention": "diffattn.models",
+    "load_pretrained": "diffattn.models",
+    "remove_diff_attention": "diffattn.models",
+    "backend_status": "diffattn.ops",
+    "diff_attention": "diffattn.ops",
+    "diff_attention_maps": "diffattn.ops",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module 'diffattn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -8,9 +8,7 @@ import logging
 import platform
 import sys
 
-import torch
-
-from . import __version__
+from . import __version__  # cheap: the package imports torch/transformers only on first use
 
 
 def _positive_ints(text: str, flag: str) -> list[int]:
@@ -24,6 +22,7 @@ def _positive_ints(text: str, flag: str) -> list[int]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    import torch
     import transformers
 
     from .ops import auto_backend, backend_status
@@ -60,6 +59,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
     from .bench.attention import format_table, rows_as_dicts, run_attention_benchmark, target_lines
 
     sizes = _positive_ints(args.sizes, "--sizes")
@@ -95,6 +96,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_train_step(args: argparse.Namespace) -> int:
+    import torch
+
     from .bench.train_step import format_table, rows_as_dicts, run_train_step_benchmark
 
     presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
