@@ -1,0 +1,162 @@
+"""One way to reach attention, per architecture: where the attention modules are and how to get Q/K/V/O.
+
+Every method that changes attention on a pretrained model (Dex, DAA, DiffQ/K/V, DiffLoRA; methods.md §2–4)
+needs the same few things from an attention module: its query/key/value projections (after the q/k norms
+and RoPE the architecture applies), its logit scale, and its output projection. This table, keyed by
+``config.model_type``, says where those are, in the manner of PEFT's target-module tables, so that adapters
+never patch a transformers class and never special-case an architecture in their own code.
+
+Supported: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma3_text`` (Llama layout; Qwen3 and Gemma3 add
+per-head q/k RMSNorm before RoPE) and ``gpt2`` (fused ``c_attn`` Conv1D producing [Q | K | V], ``c_proj``,
+learned absolute positions, so no RoPE).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelTypeSpec:
+    model_type: str
+    layers: str  # dotted path from the *ForCausalLM model to the list of decoder layers
+    attention: str  # attribute of a decoder layer holding its self-attention module
+    q_proj: str | None  # separate projections (None where fused)
+    k_proj: str | None
+    v_proj: str | None
+    fused_qkv: str | None  # one projection whose output is [Q | K | V] along the last dim (GPT-2)
+    o_proj: str
+    q_norm: str | None = None  # per-head norms applied to [B, T, H, d] before RoPE
+    k_norm: str | None = None
+    rope: bool = True  # RoPE applied to q and k from the layer's position_embeddings (cos, sin)
+    output_dropout: str | None = None  # dropout after o_proj inside the attention module (GPT-2)
+    call_style: str = "llama"  # llama: (hidden_states, position_embeddings, attention_mask, past_key_values)
+    #                            gpt2:  (hidden_states, past_key_values, attention_mask)
+
+
+_LLAMA_LIKE = dict(
+    layers="model.layers",
+    attention="self_attn",
+    q_proj="q_proj",
+    k_proj="k_proj",
+    v_proj="v_proj",
+    fused_qkv=None,
+    o_proj="o_proj",
+)
+
+MODEL_TYPES: dict[str, ModelTypeSpec] = {
+    "llama": ModelTypeSpec("llama", **_LLAMA_LIKE),
+    "mistral": ModelTypeSpec("mistral", **_LLAMA_LIKE),
+    "qwen2": ModelTypeSpec("qwen2", **_LLAMA_LIKE),
+    "qwen3": ModelTypeSpec("qwen3", **_LLAMA_LIKE, q_norm="q_norm", k_norm="k_norm"),
+    "gemma3_text": ModelTypeSpec("gemma3_text", **_LLAMA_LIKE, q_norm="q_norm", k_norm="k_norm"),
+    "gpt2": ModelTypeSpec(
+        "gpt2",
+        layers="transformer.h",
+        attention="attn",
+        q_proj=None,
+        k_proj=None,
+        v_proj=None,
+        fused_qkv="c_attn",
+        o_proj="c_proj",
+        rope=False,
+        output_dropout="resid_dropout",
+        call_style="gpt2",
+    ),
+}
+
+# where each model type's own rotate-half RoPE function lives (we call the architecture's, never a copy)
+_ROPE_MODULE = {
+    "llama": "transformers.models.llama.modeling_llama",
+    "mistral": "transformers.models.mistral.modeling_mistral",
+    "qwen2": "transformers.models.qwen2.modeling_qwen2",
+    "qwen3": "transformers.models.qwen3.modeling_qwen3",
+    "gemma3_text": "transformers.models.gemma3.modeling_gemma3",
+}
+
+
+def get_spec(model_or_config) -> ModelTypeSpec:
+    """The table entry of a model (or config); a clear error listing the supported types otherwise."""
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"unsupported model type {model_type!r}; supported: {', '.join(MODEL_TYPES)}")
+    return MODEL_TYPES[model_type]
+
+
+def attention_modules(model: nn.Module, spec: ModelTypeSpec | None = None) -> list[tuple[int, nn.Module, nn.Module]]:
+    """``(layer_idx, decoder_layer, attention_module)`` for every layer, in order."""
+    spec = spec or get_spec(model)
+    layers = model.get_submodule(spec.layers)
+    return [(i, layer, getattr(layer, spec.attention)) for i, layer in enumerate(layers)]
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def head_layout(attn: nn.Module) -> HeadLayout:
+    config = attn.config
+    h = config.num_attention_heads if hasattr(config, "num_attention_heads") else config.n_head
+    hkv = getattr(config, "num_key_value_heads", None) or h
+    return HeadLayout(h, hkv, attn.head_dim)
+
+
+def logit_scale(attn: nn.Module) -> float:
+    """The scale of Q·Kᵀ the architecture uses (1/sqrt(d), or Gemma3's query_pre_attn_scalar^-0.5)."""
+    return float(attn.scaling)
+
+
+def project_qkv(
+    spec: ModelTypeSpec,
+    attn: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q ``[B, H, T, d]``, K and V ``[B, Hkv, T, d]`` exactly as the module computes them (norms, RoPE),
+    before any KV cache."""
+    bsz, t = hidden_states.shape[:2]
+    layout = head_layout(attn)
+    d = layout.head_dim
+    if spec.fused_qkv is not None:
+        q, k, v = getattr(attn, spec.fused_qkv)(hidden_states).split(layout.num_heads * d, dim=2)
+    else:
+        q = getattr(attn, spec.q_proj)(hidden_states)
+        k = getattr(attn, spec.k_proj)(hidden_states)
+        v = getattr(attn, spec.v_proj)(hidden_states)
+    q = q.view(bsz, t, -1, d)  # [B, T, H, d]
+    k = k.view(bsz, t, -1, d)
+    v = v.view(bsz, t, -1, d)
+    if spec.q_norm is not None:
+        q = getattr(attn, spec.q_norm)(q)
+        k = getattr(attn, spec.k_norm)(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, d]
+    if spec.rope:
+        if position_embeddings is None:
+            raise ValueError(f"{spec.model_type} applies RoPE: position_embeddings (cos, sin) are required")
+        cos, sin = position_embeddings
+        q, k = apply_rope(spec, q, k, cos, sin)
+    return q, k, v
+
+
+def apply_rope(spec: ModelTypeSpec, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The architecture's own ``apply_rotary_pos_emb`` (q, k as ``[B, heads, T, d]``)."""
+    fn = importlib.import_module(_ROPE_MODULE[spec.model_type]).apply_rotary_pos_emb
+    return fn(q, k, cos, sin)
+
+
+def project_output(spec: ModelTypeSpec, attn: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """Heads ``[B, H, T, dv]`` → the module's output ``[B, T, d_model]`` (o_proj, and dropout where it has one)."""
+    bsz, _, t, _ = out.shape
+    merged = out.transpose(1, 2).reshape(bsz, t, -1)
+    merged = getattr(attn, spec.o_proj)(merged)
+    if spec.output_dropout is not None:
+        merged = getattr(attn, spec.output_dropout)(merged)
+    return merged
