@@ -1,0 +1,218 @@
+"""Dex: differential extension of a pretrained model's attention output (Kong et al. 2025, Eq. 3–5, Fig. 9;
+methods.md §2).
+
+For each selected head h of layer l:   O'_h = O_h − λ_l(t) · f_D(O_h),   f_D(O) = O W_Dᵀ  (linear d → d)
+
+with λ_l(t) the annealed schedule of Dex Eq. 4 (:class:`AnnealedLambda`). Choices the paper leaves open,
+kept configurable: W_D initialisation (``zero``, the default, or ``identity``: paper silent), W_D per head
+(default) or shared by a layer's heads, the annealing length T (``anneal_steps``; the training command
+defaults it to 20% of the steps). Heads are chosen per layer by attention entropy on calibration batches
+(the paper's best), by low entropy (ablation), all, random, or an explicit list; ``importance`` (Michel et
+al. 2019) is not implemented yet.
+
+Because f_D is linear, ``merge_dex`` folds ``O_h (I − λ W_Dᵀ)`` into the columns of W_O belonging to head h,
+leaving a plain model of the base architecture with zero overhead.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .base import AdaptedAttention, AnnealedLambda, lambda_init_for_layer, remove_adapter, wrap_attention
+from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout, logit_scale, project_qkv
+
+logger = logging.getLogger(__name__)
+
+HEAD_SELECTIONS = ("entropy", "low-entropy", "all", "random")
+
+
+@dataclass
+class DexConfig:
+    heads: str | list[list[int]] = "entropy"  # a strategy, or an explicit list of head indices per layer
+    k: int | None = None  # heads per layer (default: half of them)
+    w_d: str = "per_head"  # per_head | shared
+    init: str = "zero"  # zero | identity (paper silent)
+    lambda_init: str | float = "exponential"
+    anneal: bool = True
+    anneal_steps: int | None = None  # T of Eq. 4; required (>= 1) before training when anneal is on
+    seed: int = 0  # for heads="random"
+    selected: list[list[int]] | None = field(default=None, repr=False)  # filled by adapt: what was chosen
+
+    def __post_init__(self):
+        if isinstance(self.heads, str) and self.heads not in HEAD_SELECTIONS:
+            allowed = ", ".join((*HEAD_SELECTIONS, "an explicit list per layer"))
+            if self.heads == "importance":
+                raise NotImplementedError(
+                    f"heads='importance' (Michel et al. 2019) is not implemented yet; use one of: {allowed}"
+                )
+            raise ValueError(f"DexConfig.heads must be one of {allowed}; got {self.heads!r}")
+        if self.w_d not in ("per_head", "shared"):
+            raise ValueError(f"DexConfig.w_d must be per_head or shared; got {self.w_d!r}")
+        if self.init not in ("zero", "identity"):
+            raise ValueError(f"DexConfig.init must be zero or identity; got {self.init!r}")
+        if self.k is not None and self.k < 1:
+            raise ValueError(f"DexConfig.k must be >= 1 (heads per layer); got {self.k}")
+        if self.anneal and self.anneal_steps is not None and self.anneal_steps < 1:
+            raise ValueError(f"DexConfig.anneal_steps must be >= 1 when anneal is on; got {self.anneal_steps}")
+
+
+class DexHeads(nn.Module):
+    """O' = O − λ(t)·f_D(O) on the selected heads of one layer (parameters prefixed ``dex_``)."""
+
+    def __init__(
+        self, selected: list[int], head_dim: int, config: DexConfig, dex_lambda: AnnealedLambda, device, dtype
+    ):
+        super().__init__()
+        self.register_buffer("selected", torch.tensor(selected, dtype=torch.long, device=device), persistent=False)
+        n = len(selected) if config.w_d == "per_head" else 1
+        init = torch.eye(head_dim) if config.init == "identity" else torch.zeros(head_dim, head_dim)
+        self.dex_w_d = nn.Parameter(init.repeat(n, 1, 1).to(device=device, dtype=dtype))  # [n, d, d]
+        self.dex_lambda = dex_lambda
+
+    def weights(self) -> torch.Tensor:
+        return self.dex_w_d.expand(len(self.selected), -1, -1)  # [k, d, d]
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:  # out [B, H, T, d]
+        if len(self.selected) == 0:
+            return out
+        lam = self.dex_lambda()
+        sel = out.index_select(1, self.selected)  # [B, k, T, d]
+        delta = torch.einsum("bktd,ked->bkte", sel, self.weights())  # f_D(O) = O W_Dᵀ
+        return out.index_add(1, self.selected, (-lam * delta).to(out.dtype))
+
+
+def _check_explicit(heads: list, num_layers: int, num_heads: int) -> list[list[int]]:
+    if len(heads) != num_layers:
+        raise ValueError(f"DexConfig.heads as a list needs one list per layer ({num_layers}); got {len(heads)}")
+    for layer, hs in enumerate(heads):
+        bad = [h for h in hs if not 0 <= int(h) < num_heads]
+        if bad:
+            raise ValueError(f"DexConfig.heads[{layer}] has head index(es) {bad} out of range [0, {num_heads})")
+    return [sorted({int(h) for h in hs}) for hs in heads]
+
+
+@torch.no_grad()
+def head_entropy(model: nn.Module, calibration: list[torch.Tensor]) -> torch.Tensor:
+    """Mean attention entropy per layer and head, ``[L, H]``, over calibration batches of input ids (causal rows,
+    entropy in nats); Dex's head-selection signal."""
+    spec = get_spec(model)
+    modules = attention_modules(model, spec)
+    totals = torch.zeros(len(modules), head_layout(modules[0][2]).num_heads, dtype=torch.float64)
+    rows = 0
+    seen: dict[int, tuple] = {}
+    hooks = [
+        m.register_forward_hook(
+            lambda mod, args, kwargs, out, i=i: seen.__setitem__(i, (args, kwargs)), with_kwargs=True
+        )
+        for i, _, m in modules
+    ]
+    try:
+        for ids in calibration:
+            seen.clear()
+            model(ids)
+            for i, _, attn in modules:
+                args, kwargs = seen[i]
+                hidden = args[0] if args else kwargs["hidden_states"]
+                pos = kwargs.get("position_embeddings") if spec.rope else None
+                totals[i] += _entropy(spec, attn, hidden, pos).double().sum(dim=(0, 2))
+            rows += ids.shape[0] * ids.shape[1]
+    finally:
+        for h in hooks:
+            h.remove()
+    return (totals / rows).float()
+
+
+def _entropy(spec: ModelTypeSpec, attn: nn.Module, hidden, pos) -> torch.Tensor:
+    q, k, _ = project_qkv(spec, attn, hidden, pos)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    t = q.shape[2]
+    scores = (q.float() @ k.float().transpose(-1, -2)) * logit_scale(attn)
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [B, H, T]
+
+
+def select_heads(model: nn.Module, config: DexConfig, calibration: list[torch.Tensor] | None) -> list[list[int]]:
+    modules = attention_modules(model)
+    num_heads = head_layout(modules[0][2]).num_heads
+    k = config.k if config.k is not None else max(1, num_heads // 2)
+    if k > num_heads:
+        raise ValueError(f"DexConfig.k={k} exceeds the {num_heads} heads per layer")
+    if not isinstance(config.heads, str):
+        return _check_explicit(config.heads, len(modules), num_heads)
+    if config.heads == "all":
+        return [list(range(num_heads)) for _ in modules]
+    if config.heads == "random":
+        rng = random.Random(config.seed)
+        return [sorted(rng.sample(range(num_heads), k)) for _ in modules]
+    if not calibration:
+        raise ValueError(f"heads={config.heads!r} needs calibration batches (a list of input-id tensors)")
+    entropy = head_entropy(model, calibration)  # [L, H]
+    order = entropy.argsort(dim=1, descending=config.heads == "entropy")
+    return [sorted(order[layer, :k].tolist()) for layer in range(len(modules))]
+
+
+def adapt_dex(model: nn.Module, config: DexConfig, calibration: list[torch.Tensor] | None = None) -> nn.Module:
+    selected = select_heads(model, config, calibration)
+    config.selected = selected
+    logger.info("Dex heads per layer: %s", selected)
+    param = next(model.parameters())
+
+    def make(layer_idx, attn, state):
+        lam = AnnealedLambda(lambda_init_for_layer(layer_idx, config.lambda_init), state, config.anneal)
+        return DexHeads(
+            selected[layer_idx], head_layout(attn).head_dim, config, lam.to(param.device), param.device, param.dtype
+        )
+
+    return wrap_attention(model, make, config, "dex", config.anneal_steps)
+
+
+def dex_trainable_parameters(model: nn.Module) -> list[str]:
+    """Freeze everything but W_K, W_V, W_O, W_D and λ_learn (Dex's training set); returns the trainable names.
+
+    GPT-2 fuses W_Q with W_K/W_V in ``c_attn``: the whole tensor is marked trainable and a gradient hook
+    zeroes its query part. That keeps W_Q fixed only under an optimiser without decoupled weight decay on
+    that tensor (AdamW's decay would still shrink it): give fused ``c_attn`` weight_decay=0."""
+    spec = get_spec(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for _, _, wrapper in attention_modules(model, spec):
+        base = wrapper.base_attn
+        names = [spec.k_proj, spec.v_proj, spec.o_proj] if spec.fused_qkv is None else [spec.fused_qkv, spec.o_proj]
+        for name in names:
+            for p in getattr(base, name).parameters():
+                p.requires_grad_(True)
+        if spec.fused_qkv is not None:
+            width = head_layout(base).num_heads * head_layout(base).head_dim
+            for p in getattr(base, spec.fused_qkv).parameters():
+                p.register_hook(lambda g, w=width: torch.cat([torch.zeros_like(g[..., :w]), g[..., w:]], dim=-1))
+        for p in wrapper.method.parameters():
+            p.requires_grad_(True)
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def merge_dex(model: nn.Module) -> nn.Module:
+    """Fold each selected head's ``I − λ W_Dᵀ`` into W_O and unwrap: a plain model of the base architecture."""
+    spec = get_spec(model)
+    for _, _, wrapper in attention_modules(model, spec):
+        if not isinstance(wrapper, AdaptedAttention):
+            raise ValueError("merge_dex: this model has no Dex adapter")
+        dex: DexHeads = wrapper.method
+        lam = float(dex.dex_lambda())
+        o_proj = getattr(wrapper.base_attn, spec.o_proj)
+        d = head_layout(wrapper.base_attn).head_dim
+        eye = torch.eye(d, device=dex.dex_w_d.device, dtype=torch.float32)
+        for h, w_d in zip(dex.selected.tolist(), dex.weights(), strict=True):
+            m = eye - lam * w_d.float()  # O'_h = O_h (I − λ W_Dᵀ) = O_h mᵀ
+            cols = slice(h * d, (h + 1) * d)
+            if isinstance(o_proj, nn.Linear):  # y = x Wᵀ: the head's input columns W[:, cols] ← W[:, cols] m
+                o_proj.weight[:, cols] = (o_proj.weight[:, cols].float() @ m).to(o_proj.weight.dtype)
+            else:  # GPT-2 Conv1D, y = x W: the head's rows W[cols] ← mᵀ W[cols]
+                o_proj.weight[cols] = (m.T @ o_proj.weight[cols].float()).to(o_proj.weight.dtype)
+    return remove_adapter(model)

@@ -1,0 +1,199 @@
+"""Dex (Kong et al. 2025, Eq. 3–5; methods.md §2) on every architecture of the adapter table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffattn.adapters import (
+    AdaptedAttention,
+    DexConfig,
+    adapt,
+    attention_modules,
+    head_entropy,
+    merge_adapter,
+    remove_adapter,
+    set_adapter_step,
+    trainable_parameters,
+)
+from diffattn.adapters.base import AdapterState, AnnealedLambda
+
+from .tiny_models import CONFIGS, VOCAB, ids, tiny
+
+ATOL = 1e-5
+
+
+def _randomise_dex(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, _, w in attention_modules(model):
+            w.method.dex_w_d.copy_(0.3 * torch.randn(w.method.dex_w_d.shape, generator=g))
+            w.method.dex_lambda.lambda_learn.fill_(0.4)
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_identity_at_init(model_type):
+    base = tiny(model_type)
+    x = ids()
+    with torch.no_grad():
+        want = base(x).logits
+        model = adapt(base, DexConfig(heads="all", init="identity", anneal_steps=10))
+        got = model(x).logits  # λ(0) = 0 even with W_D = I
+    assert all(isinstance(m, AdaptedAttention) for _, _, m in attention_modules(model))
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+
+
+def test_annealed_lambda_follows_eq4():
+    state = AdapterState(anneal_steps=10)
+    lam = AnnealedLambda(0.5, state)
+    with torch.no_grad():
+        lam.lambda_learn.fill_(0.2)
+    expected = {0: 0.0, 5: 0.5 * 0.5 * 0.5 + 0.5 * 0.2, 10: 0.2, 40: 0.2}
+    for t, want in expected.items():
+        state.step = t
+        assert float(lam().detach()) == pytest.approx(want)
+    state.anneal_steps = None
+    state.step = 0
+    assert float(lam().detach()) == 0.0
+    state.step = 3
+    with pytest.raises(ValueError, match="anneal_steps"):
+        lam()
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_cached_decoding_equals_full_forward_with_dex_active(model_type):
+    model = adapt(tiny(model_type), DexConfig(heads="random", k=2, anneal_steps=10))
+    _randomise_dex(model)
+    set_adapter_step(model, 5)
+    x = ids(t=9)
+    with torch.no_grad():
+        full = model(x).logits
+        out = model(x[:, :4], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for i in range(4, 9):
+            out = model(x[:, i : i + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=ATOL, rtol=ATOL)
+
+
+def test_dex_changes_only_the_selected_heads():
+    model = adapt(tiny("llama"), DexConfig(heads=[[1], [0, 3]], anneal_steps=10))
+    _randomise_dex(model)
+    set_adapter_step(model, 10)
+    wrapper = attention_modules(model)[1][2]
+    o = torch.randn(2, 4, 5, 16)
+    out = wrapper.method(o)
+    torch.testing.assert_close(out[:, [1, 2]], o[:, [1, 2]])
+    lam = float(wrapper.method.dex_lambda().detach())
+    w = wrapper.method.dex_w_d
+    torch.testing.assert_close(out[:, 0], o[:, 0] - lam * o[:, 0] @ w[0].T)
+    torch.testing.assert_close(out[:, 3], o[:, 3] - lam * o[:, 3] @ w[1].T)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
+def test_trainable_set_is_dex_s_and_training_lowers_the_loss(model_type):
+    model = adapt(tiny(model_type), DexConfig(heads="all", w_d="per_head", anneal_steps=4))
+    names = trainable_parameters(model)
+    spec_names = ("k_proj", "v_proj", "o_proj") if model_type != "gpt2" else ("c_attn", "c_proj")
+    expected = {
+        n for n, _ in model.named_parameters() if any(f"base_attn.{s}." in n for s in spec_names) or ".method." in n
+    }
+    assert set(names) == expected
+    n_layers, heads, d = 2, 4, 16
+    dex_params = sum(p.numel() for n, p in model.named_parameters() if ".method." in n)
+    assert dex_params == n_layers * (heads * d * d + 1)  # W_D per head + λ_learn per layer
+    # AdamW's decoupled decay would move the zero-gradient query third of GPT-2's fused c_attn: no decay there
+    fused = [p for n, p in model.named_parameters() if p.requires_grad and "c_attn" in n]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and "c_attn" not in n]
+    opt = torch.optim.AdamW([{"params": rest}, {"params": fused, "weight_decay": 0.0}], lr=1e-2)
+    x = ids(b=4, t=16)
+    q_before = [p.clone() for n, p in model.named_parameters() if "c_attn" in n]
+    losses = []
+    for step in range(8):
+        set_adapter_step(model, step)
+        loss = model(x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    if model_type == "gpt2":  # the query third of the fused c_attn stays frozen in effect
+        w = next(p for n, p in model.named_parameters() if n.endswith("0.attn.base_attn.c_attn.weight"))
+        torch.testing.assert_close(w[:, :64], q_before[0][:, :64], atol=0, rtol=0)
+        assert not torch.equal(w[:, 64:], q_before[0][:, 64:])
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_merge_equals_unmerged_and_is_a_plain_model(model_type):
+    base = tiny(model_type)
+    keys = set(base.state_dict())
+    classes = [type(m) for _, _, m in attention_modules(base)]
+    model = adapt(base, DexConfig(heads="random", k=3, anneal_steps=10))
+    _randomise_dex(model, seed=3)
+    set_adapter_step(model, 7)
+    x = ids()
+    with torch.no_grad():
+        unmerged = model(x).logits
+        merged_model = merge_adapter(model)
+        merged = merged_model(x).logits
+    torch.testing.assert_close(merged, unmerged, atol=ATOL, rtol=ATOL)
+    assert set(merged_model.state_dict()) == keys
+    assert [type(m) for _, _, m in attention_modules(merged_model)] == classes
+
+
+def test_entropy_picks_the_uniform_head():
+    model = tiny("llama")
+    with torch.no_grad():  # layer 0, head 2: zero queries -> uniform attention -> the highest entropy
+        model.model.layers[0].self_attn.q_proj.weight[2 * 16 : 3 * 16] = 0
+    entropy = head_entropy(model, [ids(t=16)])
+    assert entropy.shape == (2, 4) and entropy[0].argmax().item() == 2
+    cfg = DexConfig(heads="entropy", k=1, anneal_steps=5)
+    adapt(model, cfg, calibration=[ids(t=16)])
+    assert cfg.selected[0] == [2]
+    low = DexConfig(heads="low-entropy", k=1, anneal_steps=5)
+    adapt(remove_adapter(model), low, calibration=[ids(t=16)])
+    assert low.selected[0] != [2]
+
+
+def test_remove_adapter_restores_the_modules():
+    base = tiny("mistral")
+    classes = [type(m) for _, _, m in attention_modules(base)]
+    model = remove_adapter(adapt(base, DexConfig(heads="all", anneal_steps=3)))
+    assert [type(m) for _, _, m in attention_modules(model)] == classes
+    with pytest.raises(ValueError, match="no diffattn adapter"):
+        remove_adapter(model)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda m: adapt(m, DexConfig(heads=[[0], [7]])), r"heads\[1\] has head index\(es\) \[7\] out of range"),
+        (lambda m: adapt(m, DexConfig(heads=[[0]])), "one list per layer"),
+        (lambda m: adapt(m, DexConfig(heads="random", k=5)), "k=5 exceeds the 4 heads"),
+        (lambda m: adapt(m, DexConfig(heads="entropy")), "needs calibration batches"),
+        (lambda m: DexConfig(anneal_steps=0), "anneal_steps must be >= 1"),
+        (lambda m: DexConfig(heads="best"), "heads must be one of"),
+        (lambda m: adapt(m, "dex"), "unsupported adapter config"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_leaves_the_model_unchanged(make, message):
+    model = tiny("llama")
+    with pytest.raises(ValueError, match=message):
+        make(model)
+    assert not any(isinstance(m, AdaptedAttention) for _, _, m in attention_modules(model))
+
+
+def test_unsupported_architecture_is_refused():
+    from transformers import BertConfig, BertForMaskedLM
+
+    bert = BertForMaskedLM(
+        BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    )
+    with pytest.raises(ValueError, match="unsupported model type 'bert'; supported: llama"):
+        adapt(bert, DexConfig(heads="all", anneal_steps=2))
+
+
+def test_importance_selection_is_reported_as_not_implemented():
+    with pytest.raises(NotImplementedError, match="importance"):
+        DexConfig(heads="importance")

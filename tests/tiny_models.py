@@ -1,0 +1,48 @@
+"""Tiny random models of every architecture in the adapter table (built from configs: no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+VOCAB = 96
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**_COMMON),
+    "mistral": lambda: MistralConfig(**_COMMON, sliding_window=32),
+    "qwen2": lambda: Qwen2Config(**_COMMON),
+    "qwen3": lambda: Qwen3Config(**_COMMON, head_dim=16),
+    "gemma3_text": lambda: Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=32, query_pre_attn_scalar=24),
+    "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64),
+}
+
+
+def tiny(model_type: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(CONFIGS[model_type](), attn_implementation="sdpa").eval()
+    with torch.no_grad():  # non-trivial norm gains, so the q/k norms are really exercised
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def ids(b: int = 2, t: int = 12, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
