@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -11,8 +13,10 @@ from diffattn.adapters import (
     adapt,
     attention_modules,
     head_entropy,
+    load_adapter,
     merge_adapter,
     remove_adapter,
+    save_adapter,
     set_adapter_step,
     trainable_parameters,
 )
@@ -197,3 +201,63 @@ def test_unsupported_architecture_is_refused():
 def test_importance_selection_is_reported_as_not_implemented():
     with pytest.raises(NotImplementedError, match="importance"):
         DexConfig(heads="importance")
+
+
+def _trained_dex(model_type="llama"):
+    model = adapt(tiny(model_type), DexConfig(heads="random", k=2, anneal_steps=4))
+    trainable_parameters(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    x = ids(b=4, t=16)
+    for step in range(6):
+        set_adapter_step(model, step)
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_save_then_load_into_a_fresh_base_gives_identical_logits(model_type, tmp_path):
+    model = _trained_dex(model_type)
+    save_adapter(model, tmp_path / "adapter")
+    meta = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert meta["method"] == "dex" and meta["step"] == 5 and meta["config"]["selected"]
+    fresh = load_adapter(tiny(model_type), tmp_path / "adapter")
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).logits, model(x).logits, atol=0, rtol=0)
+
+
+def _unchanged(model, reference) -> bool:
+    same_modules = not any(isinstance(m, AdaptedAttention) for _, _, m in attention_modules(model))
+    same_weights = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.values(), strict=True))
+    return same_modules and same_weights
+
+
+def test_loading_into_another_base_is_refused_and_changes_nothing(tmp_path):
+    save_adapter(_trained_dex(), tmp_path / "adapter")
+    other = tiny("llama", seed=7)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match="trained on a different base model"):
+        load_adapter(other, tmp_path / "adapter")
+    assert _unchanged(other, before)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "method", "missing"])
+def test_damaged_adapter_folders_fail_clearly_and_change_nothing(tmp_path, damage):
+    folder = save_adapter(_trained_dex(), tmp_path / "adapter")
+    weights, cfg = folder / "adapter.safetensors", folder / "adapter_config.json"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        message = "truncated or corrupt"
+    elif damage == "method":
+        cfg.write_text(cfg.read_text().replace('"method": "dex"', '"method": "daa"'))
+        message = "unsupported adapter method 'daa'"
+    else:
+        weights.unlink()
+        message = "is not an adapter folder"
+    base = tiny("llama")
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        load_adapter(base, folder)
+    assert _unchanged(base, before)

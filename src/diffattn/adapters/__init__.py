@@ -1,7 +1,7 @@
 """Adapters that give pretrained models differential attention (issue 4; methods.md §2–4).
 
 Implemented so far: the model-type table (``model_types``), the shared wrapper and annealed λ(t)
-(``base``), and Dex (``dex``). DAA, DiffQ/K/V and DiffLoRA, save/load and the training command are to come.
+(``base``), and Dex (``dex``), save/load (``io``). DAA, DiffQ/K/V, DiffLoRA and the training command are to come.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from torch import nn
 
 from .base import AdaptedAttention, remove_adapter, set_adapter_step
-from .dex import DexConfig, adapt_dex, dex_trainable_parameters, head_entropy, merge_dex
+from .dex import DexConfig, adapt_dex, dex_trainable_parameters, dex_trained_names, head_entropy, merge_dex
+from .io import load_adapter, save_adapter
 from .model_types import MODEL_TYPES, ModelTypeSpec, attention_modules, get_spec, project_output, project_qkv
 
 __all__ = [
@@ -21,12 +22,15 @@ __all__ = [
     "attention_modules",
     "get_spec",
     "head_entropy",
+    "load_adapter",
     "merge_adapter",
     "project_output",
     "project_qkv",
     "remove_adapter",
+    "save_adapter",
     "set_adapter_step",
     "trainable_parameters",
+    "trained_parameter_names",
 ]
 
 
@@ -44,6 +48,13 @@ def trainable_parameters(model: nn.Module) -> list[str]:
     if info is None:
         raise ValueError("trainable_parameters: this model has no diffattn adapter")
     return dex_trainable_parameters(model)
+
+
+def trained_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the parameters the model's method trains (its own and the base weights it updates)."""
+    if getattr(model, "_diffattn_adapter", None) is None:
+        raise ValueError("trained_parameter_names: this model has no diffattn adapter")
+    return dex_trained_names(model)
 
 
 def merge_adapter(model: nn.Module) -> nn.Module:

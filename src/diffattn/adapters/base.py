@@ -120,6 +120,7 @@ class AdapterInfo:
     method: str
     config: object
     state: AdapterState
+    fingerprint: str  # of the base model when the adapter was created (see io.base_fingerprint)
 
 
 def wrap_attention(model: nn.Module, make_method, config, method_name: str, anneal_steps: int | None):
@@ -129,11 +130,14 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
         raise ValueError("this model already has an adapter; remove_adapter(model) first")
     if model.config._attn_implementation not in ("sdpa", "eager"):
         model.set_attn_implementation("sdpa")
+    from .io import base_fingerprint
+
+    fingerprint = base_fingerprint(model)
     state = AdapterState(anneal_steps)
     for layer_idx, layer, attn in attention_modules(model, spec):
         method = make_method(layer_idx, attn, state)
         setattr(layer, spec.attention, AdaptedAttention(attn, spec, layer_idx, method))
-    model._diffattn_adapter = AdapterInfo(method_name, config, state)
+    model._diffattn_adapter = AdapterInfo(method_name, config, state, fingerprint)
     return model
 
 

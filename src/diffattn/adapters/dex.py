@@ -172,27 +172,34 @@ def adapt_dex(model: nn.Module, config: DexConfig, calibration: list[torch.Tenso
     return wrap_attention(model, make, config, "dex", config.anneal_steps)
 
 
+def dex_trained_names(model: nn.Module) -> list[str]:
+    """Names of Dex's training set: W_K, W_V, W_O of every adapted attention module, W_D and λ_learn."""
+    spec = get_spec(model)
+    base_parts = [spec.k_proj, spec.v_proj, spec.o_proj] if spec.fused_qkv is None else [spec.fused_qkv, spec.o_proj]
+    prefixes = []
+    for _, layer, _ in attention_modules(model, spec):
+        root = next(n for n, m in model.named_modules() if m is layer)
+        prefixes += [f"{root}.{spec.attention}.base_attn.{part}." for part in base_parts]
+        prefixes.append(f"{root}.{spec.attention}.method.")
+    return [n for n, _ in model.named_parameters() if n.startswith(tuple(prefixes))]
+
+
 def dex_trainable_parameters(model: nn.Module) -> list[str]:
-    """Freeze everything but W_K, W_V, W_O, W_D and λ_learn (Dex's training set); returns the trainable names.
+    """Freeze everything but Dex's training set (:func:`dex_trained_names`); returns the trainable names.
 
     GPT-2 fuses W_Q with W_K/W_V in ``c_attn``: the whole tensor is marked trainable and a gradient hook
     zeroes its query part. That keeps W_Q fixed only under an optimiser without decoupled weight decay on
     that tensor (AdamW's decay would still shrink it): give fused ``c_attn`` weight_decay=0."""
     spec = get_spec(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for _, _, wrapper in attention_modules(model, spec):
-        base = wrapper.base_attn
-        names = [spec.k_proj, spec.v_proj, spec.o_proj] if spec.fused_qkv is None else [spec.fused_qkv, spec.o_proj]
-        for name in names:
-            for p in getattr(base, name).parameters():
-                p.requires_grad_(True)
-        if spec.fused_qkv is not None:
+    names = set(dex_trained_names(model))
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in names)
+    if spec.fused_qkv is not None:
+        for _, _, wrapper in attention_modules(model, spec):
+            base = wrapper.base_attn
             width = head_layout(base).num_heads * head_layout(base).head_dim
             for p in getattr(base, spec.fused_qkv).parameters():
                 p.register_hook(lambda g, w=width: torch.cat([torch.zeros_like(g[..., :w]), g[..., w:]], dim=-1))
-        for p in wrapper.method.parameters():
-            p.requires_grad_(True)
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 

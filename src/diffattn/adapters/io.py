@@ -1,0 +1,122 @@
+"""Saving and loading adapters: ``adapter_config.json`` + ``adapter.safetensors`` (PEFT's layout).
+
+The safetensors file holds every parameter the method trained — its own (``dex_*``) and the base attention
+weights it updates (Dex: W_K, W_V, W_O) — under the adapted model's parameter names. The JSON holds the
+method, its config (with the heads that were selected), the step t of λ(t), and a fingerprint of the base
+model taken when the adapter was created (architecture sizes + a hash of the input embedding matrix, which
+no method trains), so loading into another base model is refused. Loading checks everything (method,
+fingerprint, that the tensors read completely) before the model is touched, and undoes the wrapping if the
+names or shapes do not fit: a bad adapter folder leaves the model unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter.safetensors"
+FORMAT_VERSION = 1
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    config = model.config
+    keys = (
+        "model_type",
+        "hidden_size",
+        "n_embd",
+        "num_hidden_layers",
+        "n_layer",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "vocab_size",
+    )
+    h = hashlib.sha256(json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True).encode())
+    emb = model.get_input_embeddings().weight.detach().float().cpu().contiguous()
+    h.update(emb.numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
+    from . import trained_parameter_names
+
+    info = getattr(model, "_diffattn_adapter", None)
+    if info is None:
+        raise ValueError("save_adapter: this model has no diffattn adapter")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    names = set(trained_parameter_names(model))
+    tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if n in names}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "method": info.method,
+        "config": dataclasses.asdict(info.config),
+        "step": info.state.step,
+        "base_fingerprint": info.fingerprint,
+        "base_model_type": model.config.model_type,
+    }
+    tmp = path / (WEIGHTS_NAME + ".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path / WEIGHTS_NAME)
+    (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2))
+    return path
+
+
+def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    cfg_file, weights = path / CONFIG_NAME, path / WEIGHTS_NAME
+    if not cfg_file.is_file() or not weights.is_file():
+        raise ValueError(f"{str(path)!r} is not an adapter folder: it needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+    try:
+        meta = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file} is not valid JSON ({e})") from e
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except Exception as e:
+        raise ValueError(f"{weights} is truncated or corrupt ({type(e).__name__}: {e})") from e
+    return meta, tensors
+
+
+def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Adapt a fresh base ``model`` as the saved adapter was, and load its trained parameters."""
+    from . import DexConfig, adapt
+
+    meta, tensors = _read(Path(path))
+    if getattr(model, "_diffattn_adapter", None) is not None:
+        raise ValueError("load_adapter needs a base model without an adapter; remove_adapter(model) first")
+    method = meta.get("method")
+    if method != "dex":
+        raise ValueError(f"unsupported adapter method {method!r} in {path}; this version loads: dex")
+    fingerprint = base_fingerprint(model)
+    if meta.get("base_fingerprint") != fingerprint:
+        raise ValueError(
+            f"the adapter in {path} was trained on a different base model "
+            f"({meta.get('base_model_type')!r}, fingerprint {str(meta.get('base_fingerprint'))[:12]}…) "
+            f"than this one ({model.config.model_type!r}, {fingerprint[:12]}…)"
+        )
+    cfg = dict(meta["config"])
+    cfg["heads"] = cfg.pop("selected")  # re-create exactly the heads that were chosen
+    config = DexConfig(**cfg)
+    adapt(model, config)
+    params = dict(model.named_parameters())
+    problems = [n for n, t in tensors.items() if n not in params or params[n].shape != t.shape]
+    if problems:
+        from . import remove_adapter
+
+        remove_adapter(model)
+        raise ValueError(f"{path} does not fit this model: parameter(s) {problems[:5]} missing or of another shape")
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t.to(params[n].dtype))
+    model._diffattn_adapter.state.step = int(meta.get("step", 0))
+    return model
