@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -261,3 +262,32 @@ def test_damaged_adapter_folders_fail_clearly_and_change_nothing(tmp_path, damag
     with pytest.raises(ValueError, match=message):
         load_adapter(base, folder)
     assert _unchanged(base, before)
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "gemma3_text"])
+def test_sliding_window_shorter_than_the_sequence_is_respected(model_type):
+    from transformers import AutoModelForCausalLM
+
+    config = CONFIGS[model_type]()
+    config.sliding_window = 4  # shorter than the 12-token sequence: transformers passes a banded mask
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    x = ids()
+    with torch.no_grad():
+        want = base(x).logits
+        unwindowed = copy.deepcopy(base)
+        unwindowed.config.sliding_window = 64
+        assert not torch.allclose(unwindowed(x).logits, want, atol=1e-3)  # the window really matters here
+        model = adapt(base, DexConfig(heads="all", anneal_steps=2))
+        got = model(x).logits
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+
+
+def test_logit_softcapping_is_refused():
+    from transformers import AutoModelForCausalLM
+
+    config = CONFIGS["gemma3_text"]()
+    config.attn_logit_softcapping = 50.0
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="soft-capping"):
+        adapt(model, DexConfig(heads="all", anneal_steps=2))

@@ -128,6 +128,11 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
     spec = get_spec(model)
     if getattr(model, "_diffattn_adapter", None) is not None:
         raise ValueError("this model already has an adapter; remove_adapter(model) first")
+    if getattr(model.config, "attn_logit_softcapping", None):
+        raise ValueError(
+            "attention logit soft-capping (config.attn_logit_softcapping) is not supported by the "
+            "adapters yet; the recomputed attention would silently differ from the model's"
+        )
     if model.config._attn_implementation not in ("sdpa", "eager"):
         model.set_attn_implementation("sdpa")
     from .io import base_fingerprint
