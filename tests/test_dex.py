@@ -252,8 +252,8 @@ def test_damaged_adapter_folders_fail_clearly_and_change_nothing(tmp_path, damag
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
         message = "truncated or corrupt"
     elif damage == "method":
-        cfg.write_text(cfg.read_text().replace('"method": "dex"', '"method": "daa"'))
-        message = "unsupported adapter method 'daa'"
+        cfg.write_text(cfg.read_text().replace('"method": "dex"', '"method": "bogus"'))
+        message = "unsupported adapter method 'bogus'"
     else:
         weights.unlink()
         message = "is not an adapter folder"

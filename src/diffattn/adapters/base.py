@@ -23,7 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model_types import ModelTypeSpec, attention_modules, get_spec, logit_scale, project_output, project_qkv
+from ..ops import diff_attention
+from .model_types import (
+    ModelTypeSpec,
+    attention_modules,
+    get_spec,
+    linear_qkv,
+    logit_scale,
+    project_output,
+    rope,
+    to_heads,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,39 +90,119 @@ def _self_attention_cache(cache):
     return getattr(cache, "self_attention_cache", cache)  # GPT-2 may hand an EncoderDecoderCache
 
 
-class AdaptedAttention(nn.Module):
-    """Wraps one attention module; ``method`` turns per-head outputs O [B, H, T, d] into O' (e.g. Dex)."""
+class AdapterMethod(nn.Module):
+    """What a method may change in one attention module; every hook defaults to "leave the base as it is".
 
-    def __init__(self, base_attn: nn.Module, spec: ModelTypeSpec, layer_idx: int, method: nn.Module):
+    The wrapper computes, in this order (Q, K raw = linear outputs before the q/k norm):
+
+    1. ``value_input(X)``: the input of the value projection (DiffV).
+    2. ``projections(X, Q, K) → (Q1, K1, Q2, K2)`` raw; ``None`` for Q2/K2 means "the same as map 1"
+       (DiffQ, DiffK, DiffLoRA).
+    3. ``second_query(Q1)`` on normalised heads, before or after RoPE per ``second_query_stage`` (DAA).
+    4. Two maps (``two_maps``): ``diff_attention(Q1, K1, Q2, K2, V, λ)`` (DIFF Eq. 1), λ from ``map_lambda()``;
+       otherwise plain SDPA.
+    5. ``transform_output(O)`` on the per-head output ``[B, H, T, d]`` before W_O (Dex, a per-head norm).
+    """
+
+    two_maps = False
+    second_query_stage: str | None = None  # "pre-rope" | "post-rope" when second_query is used
+
+    def value_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def projections(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return q, k, None, None
+
+    def second_query(self, q: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def map_lambda(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def current_lambda(self) -> torch.Tensor:
+        return self.map_lambda()
+
+    def transform_output(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:  # calling a method applies its output transform
+        return self.transform_output(out)
+
+
+class AdaptedAttention(nn.Module):
+    """Wraps one attention module and applies its :class:`AdapterMethod` (see its hooks for the order)."""
+
+    def __init__(self, base_attn: nn.Module, spec: ModelTypeSpec, layer_idx: int, method: AdapterMethod):
         super().__init__()
         self.base_attn = base_attn
         self.spec = spec
         self.layer_idx = layer_idx
         self.method = method
+        self.backend = "auto"  # of the two-map op (diffattn.ops.diff_attention)
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        spec, base = self.spec, self.base_attn
+        spec, base, method = self.spec, self.base_attn, self.method
         position_embeddings, mask, cache = _call_args(spec, args, kwargs)
-        q, k, v = project_qkv(spec, base, hidden_states, position_embeddings)  # [B, H|Hkv, T, d]
-        if cache is not None:
-            k, v = _self_attention_cache(cache).update(k, v, self.layer_idx)
         if mask is not None and not isinstance(mask, torch.Tensor):
             raise ValueError(
                 f"adapters need a tensor attention mask (attn_implementation 'sdpa' or 'eager'); got "
                 f"{type(mask).__name__}"
             )
-        t = q.shape[2]
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=mask is None and t > 1 and t == k.shape[2],
-            scale=logit_scale(base),
-            enable_gqa=q.shape[1] != k.shape[1],
-        )  # [B, H, T, d]; with a cache and T > 1, transformers always passes a mask
-        out = self.method(out)
+        x = hidden_states
+        q, k, v = linear_qkv(spec, base, x, method.value_input(x))
+        q, k, q2, k2 = method.projections(x, q, k)
+        q, k, v = to_heads(spec, base, q, "q"), to_heads(spec, base, k, "k"), to_heads(spec, base, v, "v")
+        q2 = None if q2 is None else to_heads(spec, base, q2, "q")
+        k2 = None if k2 is None else to_heads(spec, base, k2, "k")
+        if method.second_query_stage == "pre-rope":
+            q2 = method.second_query(q)
+        q, k, q2, k2 = _rope_all(spec, q, k, q2, k2, position_embeddings)
+        if method.second_query_stage == "post-rope":
+            q2 = method.second_query(q)
+        if cache is not None:
+            cache = _self_attention_cache(cache)
+            if k2 is None:
+                k, v = cache.update(k, v, self.layer_idx)
+            else:  # K2 travels in the cache beside K1: [K1 | K2] along the head dim
+                kk, v = cache.update(torch.cat([k, k2], dim=-1), v, self.layer_idx)
+                k, k2 = kk.split(k.shape[-1], dim=-1)
+        if method.two_maps:
+            out = diff_attention(
+                q,
+                k,
+                q if q2 is None else q2,
+                k if k2 is None else k2,
+                v,
+                method.map_lambda(),
+                causal=mask is None,  # bottom-right aligned, so also right for T = 1 decoding
+                attn_mask=mask,
+                scale=logit_scale(base),
+                backend=self.backend,
+            )
+        else:
+            t = q.shape[2]
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None and t > 1 and t == k.shape[2],
+                scale=logit_scale(base),
+                enable_gqa=q.shape[1] != k.shape[1],
+            )  # [B, H, T, d]; with a cache and T > 1, transformers always passes a mask
+        out = method.transform_output(out)
         return project_output(spec, base, out), None
+
+
+def _rope_all(spec, q, k, q2, k2, position_embeddings):
+    """RoPE on Q1 (+Q2) and K1 (+K2) in one call each: the second map's heads ride along on the head axis."""
+    hq, hk = q.shape[1], k.shape[1]
+    qs = q if q2 is None else torch.cat([q, q2], dim=1)
+    ks = k if k2 is None else torch.cat([k, k2], dim=1)
+    qs, ks = rope(spec, qs, ks, position_embeddings)
+    q, q2 = (qs, None) if q2 is None else qs.split(hq, dim=1)
+    k, k2 = (ks, None) if k2 is None else ks.split(hk, dim=1)
+    return q, k, q2, k2
 
 
 @dataclass

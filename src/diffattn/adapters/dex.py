@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .base import AdaptedAttention, AnnealedLambda, lambda_init_for_layer, remove_adapter, wrap_attention
+from .base import AdaptedAttention, AdapterMethod, AnnealedLambda, lambda_init_for_layer, remove_adapter, wrap_attention
 from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout, logit_scale, project_qkv
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class DexConfig:
             raise ValueError(f"DexConfig.anneal_steps must be >= 1 when anneal is on; got {self.anneal_steps}")
 
 
-class DexHeads(nn.Module):
+class DexHeads(AdapterMethod):
     """O' = O − λ(t)·f_D(O) on the selected heads of one layer (parameters prefixed ``dex_``)."""
 
     def __init__(
@@ -74,10 +74,13 @@ class DexHeads(nn.Module):
         self.dex_w_d = nn.Parameter(init.repeat(n, 1, 1).to(device=device, dtype=dtype))  # [n, d, d]
         self.dex_lambda = dex_lambda
 
+    def current_lambda(self) -> torch.Tensor:
+        return self.dex_lambda()
+
     def weights(self) -> torch.Tensor:
         return self.dex_w_d.expand(len(self.selected), -1, -1)  # [k, d, d]
 
-    def forward(self, out: torch.Tensor) -> torch.Tensor:  # out [B, H, T, d]
+    def transform_output(self, out: torch.Tensor) -> torch.Tensor:  # out [B, H, T, d]
         if len(self.selected) == 0:
             return out
         lam = self.dex_lambda()

@@ -87,16 +87,19 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return meta, tensors
 
 
-def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Adapt a fresh base ``model`` as the saved adapter was, and load its trained parameters."""
-    from . import DexConfig, adapt
+def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None = None) -> nn.Module:
+    """Adapt a fresh base ``model`` as the saved adapter was, and load its trained parameters (every one of
+    them: a folder missing any is refused). ``method``: refuse a folder holding another method's adapter."""
+    from . import METHODS, adapt, remove_adapter, trained_parameter_names
 
     meta, tensors = _read(Path(path))
     if getattr(model, "_diffattn_adapter", None) is not None:
         raise ValueError("load_adapter needs a base model without an adapter; remove_adapter(model) first")
-    method = meta.get("method")
-    if method != "dex":
-        raise ValueError(f"unsupported adapter method {method!r} in {path}; this version loads: dex")
+    saved = meta.get("method")
+    if saved not in METHODS:
+        raise ValueError(f"unsupported adapter method {saved!r} in {path}; this version loads: {', '.join(METHODS)}")
+    if method is not None and saved != method:
+        raise ValueError(f"{path} holds a {saved!r} adapter, not the {method!r} adapter asked for")
     fingerprint = base_fingerprint(model)
     if meta.get("base_fingerprint") != fingerprint:
         raise ValueError(
@@ -105,14 +108,14 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             f"than this one ({model.config.model_type!r}, {fingerprint[:12]}…)"
         )
     cfg = dict(meta["config"])
-    cfg["heads"] = cfg.pop("selected")  # re-create exactly the heads that were chosen
-    config = DexConfig(**cfg)
+    if saved == "dex":
+        cfg["heads"] = cfg.pop("selected")  # re-create exactly the heads that were chosen
+    config = METHODS[saved](**cfg)
     adapt(model, config)
     params = dict(model.named_parameters())
     problems = [n for n, t in tensors.items() if n not in params or params[n].shape != t.shape]
+    problems += sorted(set(trained_parameter_names(model)) - set(tensors))
     if problems:
-        from . import remove_adapter
-
         remove_adapter(model)
         raise ValueError(f"{path} does not fit this model: parameter(s) {problems[:5]} missing or of another shape")
     with torch.no_grad():

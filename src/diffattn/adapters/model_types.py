@@ -114,36 +114,61 @@ def logit_scale(attn: nn.Module) -> float:
     return float(attn.scaling)
 
 
+def linear_part(spec: ModelTypeSpec, attn: nn.Module, x: torch.Tensor, part: str) -> torch.Tensor:
+    """The raw linear output ``[B, T, heads·d]`` of one projection, ``part`` in ``q``, ``k``, ``v`` (for GPT-2's
+    fused ``c_attn`` only that part's columns are computed)."""
+    if spec.fused_qkv is None:
+        return getattr(attn, {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}[part])(x)
+    conv = getattr(attn, spec.fused_qkv)  # Conv1D: y = x W + b, W [d_model, 3·H·d]
+    width = head_layout(attn).num_heads * head_layout(attn).head_dim
+    cols = slice("qkv".index(part) * width, ("qkv".index(part) + 1) * width)
+    return torch.addmm(conv.bias[cols], x.reshape(-1, x.shape[-1]), conv.weight[:, cols]).view(*x.shape[:-1], width)
+
+
+def linear_qkv(
+    spec: ModelTypeSpec, attn: nn.Module, x: torch.Tensor, value_x: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw linear outputs ``[B, T, ·]`` of Q, K and V (V from ``value_x`` when given: DiffV)."""
+    if spec.fused_qkv is not None and value_x is None:  # one fused matmul, as the module does
+        width = head_layout(attn).num_heads * head_layout(attn).head_dim
+        q, k, v = getattr(attn, spec.fused_qkv)(x).split(width, dim=2)
+        return q, k, v
+    v = linear_part(spec, attn, x if value_x is None else value_x, "v")
+    return linear_part(spec, attn, x, "q"), linear_part(spec, attn, x, "k"), v
+
+
+def to_heads(spec: ModelTypeSpec, attn: nn.Module, raw: torch.Tensor, part: str) -> torch.Tensor:
+    """``[B, T, heads·d]`` → ``[B, heads, T, d]`` with the architecture's per-head q/k norm (before RoPE)."""
+    bsz, t = raw.shape[:2]
+    heads = raw.view(bsz, t, -1, head_layout(attn).head_dim)
+    norm = {"q": spec.q_norm, "k": spec.k_norm}.get(part)
+    if norm is not None:
+        heads = getattr(attn, norm)(heads)
+    return heads.transpose(1, 2)
+
+
+def rope(spec: ModelTypeSpec, q: torch.Tensor, k: torch.Tensor, position_embeddings) -> tuple[torch.Tensor, ...]:
+    """RoPE on ``[B, heads, T, d]`` queries and keys (a no-op for GPT-2)."""
+    if not spec.rope:
+        return q, k
+    if position_embeddings is None:
+        raise ValueError(f"{spec.model_type} applies RoPE: position_embeddings (cos, sin) are required")
+    cos, sin = position_embeddings
+    return apply_rope(spec, q, k, cos, sin)
+
+
 def project_qkv(
     spec: ModelTypeSpec,
     attn: nn.Module,
     hidden_states: torch.Tensor,
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    value_hidden: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q ``[B, H, T, d]``, K and V ``[B, Hkv, T, d]`` exactly as the module computes them (norms, RoPE),
-    before any KV cache."""
-    bsz, t = hidden_states.shape[:2]
-    layout = head_layout(attn)
-    d = layout.head_dim
-    if spec.fused_qkv is not None:
-        q, k, v = getattr(attn, spec.fused_qkv)(hidden_states).split(layout.num_heads * d, dim=2)
-    else:
-        q = getattr(attn, spec.q_proj)(hidden_states)
-        k = getattr(attn, spec.k_proj)(hidden_states)
-        v = getattr(attn, spec.v_proj)(hidden_states)
-    q = q.view(bsz, t, -1, d)  # [B, T, H, d]
-    k = k.view(bsz, t, -1, d)
-    v = v.view(bsz, t, -1, d)
-    if spec.q_norm is not None:
-        q = getattr(attn, spec.q_norm)(q)
-        k = getattr(attn, spec.k_norm)(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, d]
-    if spec.rope:
-        if position_embeddings is None:
-            raise ValueError(f"{spec.model_type} applies RoPE: position_embeddings (cos, sin) are required")
-        cos, sin = position_embeddings
-        q, k = apply_rope(spec, q, k, cos, sin)
-    return q, k, v
+    before any KV cache. ``value_hidden``: a different input for the value projection only (DiffV)."""
+    q, k, v = linear_qkv(spec, attn, hidden_states, value_hidden)
+    q, k = rope(spec, to_heads(spec, attn, q, "q"), to_heads(spec, attn, k, "k"), position_embeddings)
+    return q, k, to_heads(spec, attn, v, "v")
 
 
 def apply_rope(spec: ModelTypeSpec, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

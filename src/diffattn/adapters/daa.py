@@ -1,0 +1,148 @@
+"""DAA and the input-differentiation variants DiffQ / DiffK (DAA paper, Eq. 3–7 and App. D; methods.md §4).
+
+All three build a second attention map and subtract it, DIFF Eq. 1 on a pretrained model:
+
+    O = (softmax(Q1 K1ᵀ·s) − λ(t)·softmax(Q2 K2ᵀ·s)) V
+
+* **DAA**: Q2 = Q1 W_DAA per head (W_DAA ∈ R^{d×d}, identity init), K2 = K1. The paper used GPT-2 (no RoPE).
+  For RoPE models W_DAA is applied to the query *before* RoPE by default (``position="pre-rope"``): the
+  second map then stays relative-position invariant and W_DAA is exactly a learned second query
+  projection; ``"post-rope"`` applies it to the rotated query, the literal reading of Eq. 5.
+* **DiffQ**: Q2 = (X W_Dᵀ) W_Q, one W_D ∈ R^{d_model×d_model} per layer, identity init; K2 = K1.
+* **DiffK**: K2 = (X W_Dᵀ) W_K; Q2 = Q1. K2 is stored in the KV cache beside K1.
+
+λ(t) is the annealed schedule of Dex Eq. 4 (λ(0) = 0, so every method starts as the identity). The second
+map goes through :func:`diffattn.ops.diff_attention`, so it gets every backend (and the fused kernel).
+Trainable, as in the paper: the attention modules (base weights and the new ones), plus lm_head when
+``train_lm_head`` (the paper's Llama runs). Two softmax maps cannot fold into one linear map, so none of
+these merges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .base import AdapterMethod, AnnealedLambda, lambda_init_for_layer, wrap_attention
+from .model_types import attention_modules, get_spec, head_layout, linear_part
+
+
+@dataclass
+class AnnealedMethodConfig:
+    """Options shared by the λ(t)-annealed methods (DAA, DiffQ, DiffK, DiffV)."""
+
+    lambda_init: str | float = "exponential"  # DIFF's per-layer schedule, or a constant
+    anneal: bool = True  # False: λ = λ_learn from the start (ablation)
+    anneal_steps: int | None = None  # T of Dex Eq. 4; the training command defaults it to 20% of the steps
+    train_lm_head: bool = False  # also train lm_head (the paper's Llama runs)
+
+    def __post_init__(self):
+        if self.anneal and self.anneal_steps is not None and self.anneal_steps < 1:
+            raise ValueError(
+                f"{type(self).__name__}.anneal_steps must be >= 1 when anneal is on; got {self.anneal_steps}"
+            )
+        if isinstance(self.lambda_init, str) and self.lambda_init != "exponential":
+            raise ValueError(
+                f"{type(self).__name__}.lambda_init must be 'exponential' or a number; got {self.lambda_init!r}"
+            )
+
+
+@dataclass
+class DAAConfig(AnnealedMethodConfig):
+    position: str = "pre-rope"  # where W_DAA acts on the query: pre-rope | post-rope
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.position not in ("pre-rope", "post-rope"):
+            raise ValueError(f"DAAConfig.position must be pre-rope or post-rope; got {self.position!r}")
+
+
+@dataclass
+class DiffQConfig(AnnealedMethodConfig):
+    pass
+
+
+@dataclass
+class DiffKConfig(AnnealedMethodConfig):
+    pass
+
+
+class _AnnealedTwoMaps(AdapterMethod):
+    two_maps = True
+
+    def __init__(self, lam: AnnealedLambda):
+        super().__init__()
+        self.diff_lambda = lam
+
+    def map_lambda(self) -> torch.Tensor:
+        return self.diff_lambda()
+
+
+class DAAMaps(_AnnealedTwoMaps):
+    """Q2 = Q1 W_DAA per head (parameters ``daa_w``, [H, d, d], identity init)."""
+
+    def __init__(self, num_heads: int, head_dim: int, position: str, lam: AnnealedLambda, device, dtype):
+        super().__init__(lam)
+        self.daa_w = nn.Parameter(torch.eye(head_dim, device=device, dtype=dtype).repeat(num_heads, 1, 1))
+        self.second_query_stage = position
+
+    def second_query(self, q: torch.Tensor) -> torch.Tensor:  # q [B, H, T, d]
+        return torch.einsum("bhtd,hde->bhte", q, self.daa_w)
+
+
+class InputDiffMaps(_AnnealedTwoMaps):
+    """Q2 (``part="q"``) or K2 (``part="k"``) projected from X W_Dᵀ (``diff_w_d`` [d_model, d_model], identity)."""
+
+    def __init__(self, part: str, base_attn: nn.Module, d_model: int, lam: AnnealedLambda, device, dtype):
+        super().__init__(lam)
+        self.part = part
+        self.spec = get_spec(base_attn.config)
+        self._base = [base_attn]  # a plain list: the base module is registered once, in the wrapper
+        self.diff_w_d = nn.Parameter(torch.eye(d_model, device=device, dtype=dtype))
+
+    def projections(self, x, q, k):
+        second = linear_part(self.spec, self._base[0], x @ self.diff_w_d.T, self.part)
+        return (q, k, second, None) if self.part == "q" else (q, k, None, second)
+
+
+def _annealed_lambda(config: AnnealedMethodConfig, layer_idx: int, state, device) -> AnnealedLambda:
+    return AnnealedLambda(lambda_init_for_layer(layer_idx, config.lambda_init), state, config.anneal).to(device)
+
+
+def adapt_daa(model: nn.Module, config: DAAConfig) -> nn.Module:
+    param = next(model.parameters())
+
+    def make(layer_idx, attn, state):
+        layout = head_layout(attn)
+        lam = _annealed_lambda(config, layer_idx, state, param.device)
+        return DAAMaps(layout.num_heads, layout.head_dim, config.position, lam, param.device, param.dtype)
+
+    return wrap_attention(model, make, config, "daa", config.anneal_steps)
+
+
+def adapt_input_diff(model: nn.Module, config: DiffQConfig | DiffKConfig) -> nn.Module:
+    param = next(model.parameters())
+    d_model = model.get_input_embeddings().weight.shape[1]
+    part, name = ("q", "diffq") if isinstance(config, DiffQConfig) else ("k", "diffk")
+
+    def make(layer_idx, attn, state):
+        lam = _annealed_lambda(config, layer_idx, state, param.device)
+        return InputDiffMaps(part, attn, d_model, lam, param.device, param.dtype)
+
+    return wrap_attention(model, make, config, name, config.anneal_steps)
+
+
+def attention_module_names(model: nn.Module, lm_head: bool = False) -> list[str]:
+    """Every parameter of the (wrapped) attention modules, plus the output embedding's when ``lm_head``."""
+    spec = get_spec(model)
+    prefixes = []
+    for _, layer, _ in attention_modules(model, spec):
+        root = next(n for n, m in model.named_modules() if m is layer)
+        prefixes.append(f"{root}.{spec.attention}.")
+    names = [n for n, _ in model.named_parameters() if n.startswith(tuple(prefixes))]
+    if lm_head:
+        head = model.get_output_embeddings().weight
+        names += [n for n, p in model.named_parameters() if p is head]  # tied models: the embedding's name
+    return names

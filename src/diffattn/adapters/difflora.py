@@ -1,0 +1,130 @@
+"""DiffLoRA: low-rank adapters that create the second attention map (Misrahi et al. 2025, Sec. 2–3.4, App. B;
+methods.md §3).
+
+    Q2 = X (W_Q + B_Q2 A_Q2),   K2 = X (W_K + B_K2 A_K2)     (LoRA scaling α/r on B A)
+    O  = (softmax(Q1 K1ᵀ·s) − λ·softmax(Q2 K2ᵀ·s)) V
+
+The second map starts from the *pretrained* projections, as in the authors' code (the paper's formula omits
+W_Q/W_K: we follow the code). B = 0 at init, so A2 = A1 and O = (1 − λ)·(base attention output): unlike
+Dex/DAA, DiffLoRA does not start as the identity when λ ≠ 0 (the paper's fixed λ = 0.1).
+
+Options: ``terms="right"`` (adapters on Q2/K2 only, rank 64, α 128) or ``"both"`` (also on Q1/K1, rank 32,
+α 64, the same parameter count); λ fixed (0.1, the paper's most stable) or learnable with DIFF's
+re-parameterisation λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init (vectors N(0, 0.1), as Ye et al.);
+an optional per-head RMS normalisation scaled by (1 − λ_init) (DIFF's GroupNorm; the paper found it harmful
+on pretrained models, so it is off by default). Trainable: the adapters and λ. K2 is stored in the KV cache
+beside K1. Not mergeable: the second softmax map has no linear equivalent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import AdapterMethod, wrap_attention
+from .model_types import attention_modules, get_spec, head_layout
+
+
+@dataclass
+class DiffLoRAConfig:
+    terms: str = "right"  # right: adapters on Q2/K2 only | both: also on Q1/K1
+    rank: int | None = None  # default 64 (right) or 32 (both)
+    alpha: float | None = None  # default 2·rank
+    lambda_init: float = 0.1  # the fixed λ, or λ_init of the learnable re-parameterisation
+    learn_lambda: bool = False
+    group_norm: bool = False  # per-head RMS norm × (1 − λ_init), DIFF's GroupNorm
+    seed: int = 0  # of the A matrices and learnable-λ vectors
+
+    def __post_init__(self):
+        if self.terms not in ("right", "both"):
+            raise ValueError(f"DiffLoRAConfig.terms must be right or both; got {self.terms!r}")
+        if self.rank is None:
+            self.rank = 64 if self.terms == "right" else 32
+        if self.rank < 1:
+            raise ValueError(f"DiffLoRAConfig.rank must be >= 1; got {self.rank}")
+        if self.alpha is None:
+            self.alpha = 2.0 * self.rank
+        if not 0.0 <= self.lambda_init < 1.0:
+            raise ValueError(f"DiffLoRAConfig.lambda_init must be in [0, 1); got {self.lambda_init}")
+
+
+class LowRank(nn.Module):
+    """x ↦ (α/r)·x Aᵀ Bᵀ with B = 0 at init (PEFT's LoRA initialisation: A Kaiming-uniform)."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int, alpha: float, generator, device, dtype):
+        super().__init__()
+        a = torch.empty(rank, d_in)
+        bound = 1.0 / math.sqrt(d_in)  # kaiming_uniform_(a=√5) on [rank, d_in], as PEFT does
+        a.uniform_(-bound, bound, generator=generator)
+        self.lora_A = nn.Parameter(a.to(device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(d_out, rank, device=device, dtype=dtype))
+        self.scaling = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
+
+
+class DiffLoRAMaps(AdapterMethod):
+    two_maps = True
+
+    def __init__(self, config: DiffLoRAConfig, d_model: int, q_width: int, k_width: int, head_dim: int, gen, dev, dt):
+        super().__init__()
+        r, a = config.rank, config.alpha
+        self.lora_q2 = LowRank(d_model, q_width, r, a, gen, dev, dt)
+        self.lora_k2 = LowRank(d_model, k_width, r, a, gen, dev, dt)
+        if config.terms == "both":
+            self.lora_q1 = LowRank(d_model, q_width, r, a, gen, dev, dt)
+            self.lora_k1 = LowRank(d_model, k_width, r, a, gen, dev, dt)
+        self.lambda_init = config.lambda_init
+        self.group_norm = config.group_norm
+        if config.learn_lambda:
+            self.lambda_vectors = nn.Parameter(
+                (torch.randn(4, head_dim, generator=gen) * 0.1).to(device=dev, dtype=torch.float32)
+            )  # rows λ_q1, λ_k1, λ_q2, λ_k2 (DIFF Eq. 2)
+        else:
+            self.lambda_vectors = None
+
+    def projections(self, x, q, k):
+        q2, k2 = q + self.lora_q2(x), k + self.lora_k2(x)  # from the pretrained Q, K (before any map-1 update)
+        if hasattr(self, "lora_q1"):
+            q, k = q + self.lora_q1(x), k + self.lora_k1(x)
+        return q, k, q2, k2
+
+    def map_lambda(self) -> torch.Tensor:
+        if self.lambda_vectors is None:
+            return torch.tensor(self.lambda_init)
+        lq1, lk1, lq2, lk2 = self.lambda_vectors
+        return torch.exp((lq1 * lk1).sum()) - torch.exp((lq2 * lk2).sum()) + self.lambda_init
+
+    def transform_output(self, out: torch.Tensor) -> torch.Tensor:
+        if not self.group_norm:
+            return out
+        normed = F.rms_norm(out.float(), (out.shape[-1],), eps=1e-5).to(out.dtype)
+        return normed * (1.0 - self.lambda_init)
+
+
+def adapt_difflora(model: nn.Module, config: DiffLoRAConfig) -> nn.Module:
+    param = next(model.parameters())
+    d_model = model.get_input_embeddings().weight.shape[1]
+    gen = torch.Generator().manual_seed(config.seed)
+
+    def make(layer_idx, attn, state):
+        lay = head_layout(attn)
+        q_w, k_w = lay.num_heads * lay.head_dim, lay.num_kv_heads * lay.head_dim
+        return DiffLoRAMaps(config, d_model, q_w, k_w, lay.head_dim, gen, param.device, param.dtype)
+
+    return wrap_attention(model, make, config, "difflora", None)
+
+
+def difflora_trained_names(model: nn.Module) -> list[str]:
+    """The low-rank adapters and, when learnable, the λ vectors."""
+    spec = get_spec(model)
+    prefixes = []
+    for _, layer, _ in attention_modules(model, spec):
+        root = next(n for n, m in model.named_modules() if m is layer)
+        prefixes.append(f"{root}.{spec.attention}.method.")
+    return [n for n, _ in model.named_parameters() if n.startswith(tuple(prefixes))]

@@ -1,0 +1,314 @@
+"""Every adapter method × every model type of the table (issue 4): DAA (pre-/post-RoPE), DiffQ, DiffK, DiffV,
+DiffLoRA (right term / both terms; fixed / learnable λ) and Dex, through the one API.
+
+What is checked for each: identity at init (λ(0) = 0), (1 − λ)·base attention output for fixed λ with an
+identity second map, cached token-by-token decoding = the full forward with the method active, the exact
+trainable set (counted from the method's equations, not from our code), a few optimiser steps lower the
+loss, save → load round trip, merge (Dex, DiffV) or a clear refusal (the two-map methods).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from diffattn.adapters import (
+    METHODS,
+    AdaptedAttention,
+    DAAConfig,
+    DexConfig,
+    DiffKConfig,
+    DiffLoRAConfig,
+    DiffQConfig,
+    DiffVConfig,
+    adapt,
+    adapter_lambdas,
+    attention_modules,
+    load_adapter,
+    merge_adapter,
+    no_decay_parameter_names,
+    save_adapter,
+    set_adapter_step,
+    trainable_parameters,
+)
+
+from .tiny_models import CONFIGS, ids, tiny
+
+ATOL = 1e-5
+
+# method variants: name -> (config factory for the identity-at-init case)
+VARIANTS = {
+    "daa-pre": lambda: DAAConfig(anneal_steps=10),
+    "daa-post": lambda: DAAConfig(anneal_steps=10, position="post-rope"),
+    "diffq": lambda: DiffQConfig(anneal_steps=10),
+    "diffk": lambda: DiffKConfig(anneal_steps=10),
+    "diffv": lambda: DiffVConfig(anneal_steps=10),
+    "difflora-right": lambda: DiffLoRAConfig(lambda_init=0.0, rank=4),
+    "difflora-both": lambda: DiffLoRAConfig(terms="both", lambda_init=0.0, rank=2),
+    "difflora-learned": lambda: DiffLoRAConfig(learn_lambda=True, rank=4),
+    "dex": lambda: DexConfig(heads="all", init="identity", anneal_steps=10),
+}
+
+
+def _active_config(variant):
+    """The variant's config with the method in play once trained: a fixed λ of 0 (DiffLoRA's identity case)
+    leaves nothing active to test and no gradient to the adapters, so use DiffLoRA's default λ there."""
+    config = VARIANTS[variant]()
+    if variant in ("difflora-right", "difflora-both"):
+        config = dataclasses.replace(config, lambda_init=0.1)
+    return config
+
+
+ANNEALED = ("daa-pre", "daa-post", "diffq", "diffk", "diffv", "dex")
+
+
+def _perturb(model, seed=0, scale=0.05):
+    """Move every adapter parameter off its initial value, so no test passes because A2 = A1 or B = 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".method." in n:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+                if n.endswith("lambda_learn"):
+                    p.fill_(0.3)
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "difflora-learned"])
+def test_identity_at_init(variant, model_type):
+    base = tiny(model_type)
+    x = ids()
+    with torch.no_grad():
+        want = base(x).logits
+        got = adapt(base, VARIANTS[variant]())(x).logits
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=ATOL)
+
+
+def _first_attention_output(model, x):
+    """The per-head attention output of layer 0 as it enters W_O, [B, T, H·d]."""
+    spec_o = {"gpt2": "c_proj"}.get(model.config.model_type, "o_proj")
+    attn = attention_modules(model)[0][2]
+    attn = attn.base_attn if isinstance(attn, AdaptedAttention) else attn
+    seen = []
+    hook = getattr(attn, spec_o).register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    with torch.no_grad():
+        model(x)
+    hook.remove()
+    return seen[0]
+
+
+FIXED_LAMBDA = {
+    "daa-pre": lambda: DAAConfig(anneal=False),
+    "daa-post": lambda: DAAConfig(anneal=False, position="post-rope"),
+    "diffq": lambda: DiffQConfig(anneal=False),
+    "diffk": lambda: DiffKConfig(anneal=False),
+    "diffv": lambda: DiffVConfig(anneal=False),
+    "difflora": lambda: DiffLoRAConfig(lambda_init=0.3, rank=4),
+    "dex": lambda: DexConfig(heads="all", init="identity", anneal=False),
+}
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+@pytest.mark.parametrize("variant", list(FIXED_LAMBDA))
+def test_fixed_lambda_scales_the_base_attention_output_by_one_minus_lambda(variant, model_type):
+    base = tiny(model_type)
+    if variant == "diffv":  # methods.md's V' = X(I − λW_D)W_V leaves a value bias unscaled: take it out
+        with torch.no_grad():
+            for n, p in base.named_parameters():
+                if n.endswith("v_proj.bias"):
+                    p.zero_()
+                if n.endswith("c_attn.bias"):
+                    p[128:].zero_()
+    x = ids()
+    want = _first_attention_output(base, x)
+    model = adapt(base, FIXED_LAMBDA[variant]())
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("lambda_learn"):
+                p.fill_(0.3)
+    got = _first_attention_output(model, x)
+    torch.testing.assert_close(got, 0.7 * want, atol=ATOL, rtol=ATOL)
+    assert adapter_lambdas(model) == pytest.approx([0.3, 0.3])
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cached_decoding_equals_full_forward_with_the_method_active(variant, model_type):
+    model = adapt(tiny(model_type), _active_config(variant))
+    _perturb(model)
+    set_adapter_step(model, 5)
+    x = ids(t=9)
+    with torch.no_grad():
+        full = model(x).logits
+        out = model(x[:, :4], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for i in range(4, 9):
+            out = model(x[:, i : i + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+        with torch.no_grad():
+            plain = tiny(model_type)(x).logits
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=ATOL, rtol=ATOL)
+    assert (full - plain).abs().max() > 1e-3  # the method really is active
+
+
+def test_padded_batch_matches_unpadded_rows():
+    model = adapt(tiny("llama"), DiffKConfig(anneal_steps=4))
+    _perturb(model)
+    set_adapter_step(model, 2)
+    x = ids(b=2, t=8)
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0  # left padding on row 0
+    with torch.no_grad():
+        padded = model(x, attention_mask=mask).logits
+        alone = model(x[:1, 3:]).logits
+    torch.testing.assert_close(padded[0, 3:], alone[0], atol=ATOL, rtol=ATOL)
+
+
+# -- the trainable set, counted from each method's equations --------------------------------------------------
+L, H, HKV, D, DM = 2, 4, 2, 16, 64  # the tiny models: layers, heads, KV heads, head dim, d_model
+
+
+def _attention_params(model_type) -> int:
+    base = tiny(model_type)
+    return sum(p.numel() for _, _, a in attention_modules(base) for p in a.parameters())
+
+
+def _expected_count(variant, model_type) -> int:
+    h, hkv, d = (H, H, DM // H) if model_type == "gpt2" else (H, HKV, D)
+    attn = _attention_params(model_type)
+    if variant.startswith("daa"):
+        return attn + L * (h * d * d + 1)  # W_DAA per head + λ_learn per layer
+    if variant in ("diffq", "diffk", "diffv"):
+        return attn + L * (DM * DM + 1)  # W_D (d_model²) + λ_learn per layer
+    assert variant.startswith("difflora"), "Dex's set is counted in test_dex.py"
+    r = 4 if variant != "difflora-both" else 2
+    per_pair = r * DM + h * d * r + r * DM + hkv * d * r  # A, B on Q and on K
+    n = L * per_pair * (2 if variant == "difflora-both" else 1)
+    return n + (L * 4 * d if variant == "difflora-learned" else 0)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "dex"])
+def test_trainable_set_is_the_method_s_and_a_few_steps_lower_the_loss(variant, model_type):
+    model = adapt(tiny(model_type), _active_config(variant))
+    names = trainable_parameters(model)
+    params = dict(model.named_parameters())
+    assert sum(params[n].numel() for n in names) == _expected_count(variant, model_type)
+    assert all(not p.requires_grad for n, p in params.items() if n not in names)
+    if variant.startswith("difflora"):
+        assert all(".method." in n for n in names)  # only adapters and λ
+    no_decay = set(no_decay_parameter_names(model))
+    assert all("lambda" in n for n in no_decay)
+    groups = [
+        {"params": [params[n] for n in names if n not in no_decay]},
+        {"params": [params[n] for n in names if n in no_decay], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=1e-2)
+    x = ids(b=4, t=16)
+    losses = []
+    for step in range(6):
+        set_adapter_step(model, step + 1)  # λ(t) > 0: the second map is in play
+        loss = model(x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_train_lm_head_adds_the_output_embedding():
+    plain = adapt(tiny("llama"), DAAConfig(anneal_steps=4))
+    with_head = adapt(tiny("llama"), DAAConfig(anneal_steps=4, train_lm_head=True))
+    extra = set(trainable_parameters(with_head)) - set(trainable_parameters(plain))
+    assert extra == {"lm_head.weight"}
+
+
+# -- save / load, merge ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "dex"])
+def test_save_then_load_into_a_fresh_base_gives_identical_logits(variant, model_type, tmp_path):
+    model = adapt(tiny(model_type), VARIANTS[variant]())
+    trainable_parameters(model)
+    _perturb(model, seed=2)
+    with torch.no_grad():  # the base weights the method trains move too (DAA, DiffQ/K/V train W_Q…W_O)
+        for n, p in model.named_parameters():
+            if p.requires_grad and "base_attn" in n:
+                p.mul_(1.1)
+    set_adapter_step(model, 3)
+    save_adapter(model, tmp_path / "adapter")
+    fresh = load_adapter(tiny(model_type), tmp_path / "adapter")
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).logits, model(x).logits, atol=0, rtol=0)
+
+
+def test_loading_an_adapter_of_another_method_is_refused(tmp_path):
+    save_adapter(adapt(tiny("llama"), DAAConfig(anneal_steps=4)), tmp_path / "adapter")
+    base = tiny("llama")
+    with pytest.raises(ValueError, match="holds a 'daa' adapter, not the 'dex'"):
+        load_adapter(base, tmp_path / "adapter", method="dex")
+    assert not any(isinstance(m, AdaptedAttention) for _, _, m in attention_modules(base))
+
+
+def test_an_adapter_folder_missing_a_trained_tensor_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_adapter(adapt(tiny("llama"), DiffQConfig(anneal_steps=4)), tmp_path / "adapter")
+    tensors = load_file(folder / "adapter.safetensors")
+    tensors.pop(next(iter(tensors)))
+    save_file(tensors, folder / "adapter.safetensors")
+    base = tiny("llama")
+    with pytest.raises(ValueError, match="does not fit this model"):
+        load_adapter(base, folder)
+    assert not any(isinstance(m, AdaptedAttention) for _, _, m in attention_modules(base))
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_diffv_merge_equals_unmerged_and_is_a_plain_model(model_type):
+    base = tiny(model_type)
+    keys = set(base.state_dict())
+    classes = [type(m) for _, _, m in attention_modules(base)]
+    model = adapt(base, DiffVConfig(anneal_steps=10))
+    _perturb(model, seed=3)
+    set_adapter_step(model, 7)
+    x = ids()
+    with torch.no_grad():
+        unmerged = model(x).logits
+        merged_model = merge_adapter(model)
+        merged = merged_model(x).logits
+    torch.testing.assert_close(merged, unmerged, atol=ATOL, rtol=ATOL)
+    assert set(merged_model.state_dict()) == keys
+    assert [type(m) for _, _, m in attention_modules(merged_model)] == classes
+
+
+@pytest.mark.parametrize("variant", ["daa-pre", "diffq", "diffk", "difflora-right"])
+def test_two_map_methods_refuse_to_merge_saying_why(variant):
+    model = adapt(tiny("llama"), VARIANTS[variant]())
+    with pytest.raises(NotImplementedError, match="second softmax map"):
+        merge_adapter(model)
+    assert all(isinstance(m, AdaptedAttention) for _, _, m in attention_modules(model))
+
+
+def test_registry_lists_every_method():
+    assert set(METHODS) == {"dex", "daa", "diffq", "diffk", "diffv", "difflora"}
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: DAAConfig(position="middle"), "pre-rope or post-rope"),
+        (lambda: DiffQConfig(anneal_steps=0), "anneal_steps must be >= 1"),
+        (lambda: DiffVConfig(lambda_init="linear"), "exponential' or a number"),
+        (lambda: DiffLoRAConfig(terms="left"), "right or both"),
+        (lambda: DiffLoRAConfig(rank=0), "rank must be >= 1"),
+        (lambda: DiffLoRAConfig(lambda_init=1.5), r"lambda_init must be in \[0, 1\)"),
+    ],
+)
+def test_bad_configs_are_one_clear_error(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
