@@ -14,6 +14,7 @@ from diffattn.adapters import (
     adapt,
     attention_modules,
     head_entropy,
+    head_importance,
     load_adapter,
     merge_adapter,
     remove_adapter,
@@ -199,9 +200,43 @@ def test_unsupported_architecture_is_refused():
         adapt(bert, DexConfig(heads="all", anneal_steps=2))
 
 
-def test_importance_selection_is_reported_as_not_implemented():
-    with pytest.raises(NotImplementedError, match="importance"):
-        DexConfig(heads="importance")
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_importance_is_the_gate_gradient_and_picks_a_disconnected_head(model_type):
+    model = tiny(model_type)
+    o_proj = attention_modules(model)[0][2].o_proj if model_type != "gpt2" else attention_modules(model)[0][2].c_proj
+    with torch.no_grad():  # layer 0, head 1 feeds nothing into W_O: importance exactly 0, the least important
+        if model_type == "gpt2":  # Conv1D stores W as [in, out]
+            o_proj.weight[16:32, :] = 0
+        else:
+            o_proj.weight[:, 16:32] = 0
+    x = ids(t=16)
+    importance = head_importance(model, [x])
+    assert importance.shape == (2, 4) and importance[0, 1] == 0 and importance[0].argmin().item() == 1
+    # Michel et al.'s |∂L/∂ξ_h| against a central finite difference of the loss in head 2's gate (its W_O rows
+    # scaled by 1 ± ε), in float64
+    model = model.double()
+    eps = 1e-4
+
+    def loss_with_gate(g):
+        w = o_proj.weight.detach().clone()
+        with torch.no_grad():
+            if model_type == "gpt2":
+                o_proj.weight[32:48, :] *= g
+            else:
+                o_proj.weight[:, 32:48] *= g
+            logits = model(x).logits  # the loss in float64 (HF's loss upcasts only to float32)
+            loss = torch.nn.functional.cross_entropy(logits[0, :-1], x[0, 1:]) + torch.nn.functional.cross_entropy(
+                logits[1, :-1], x[1, 1:]
+            )
+            o_proj.weight.copy_(w)
+        return loss
+
+    numeric = abs(loss_with_gate(1 + eps) - loss_with_gate(1 - eps)).item() / 2 / (2 * eps)  # mean of 2 rows
+    assert head_importance(model, [x])[0, 2].item() == pytest.approx(numeric, rel=1e-3)
+    assert all(p.grad is None for p in model.parameters())  # the model's grads are untouched
+    cfg = DexConfig(heads="importance", k=1, anneal_steps=5)
+    adapt(model.float(), cfg, calibration=[x])
+    assert cfg.selected[0] == [1]
 
 
 def _trained_dex(model_type="llama"):

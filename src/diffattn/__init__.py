@@ -1,7 +1,7 @@
 """diffattn — differential attention for language models.
 
-Train DIFF Transformers from scratch against a same-size Llama baseline, and (later issues) retrofit
-pretrained models with Dex, DiffLoRA and DAA, then measure attention noise, retrieval, in-context learning
+Train DIFF Transformers from scratch against a same-size Llama baseline, retrofit pretrained models with
+Dex, DAA, DiffQ/K/V and DiffLoRA (``diffattn.adapt``), then measure attention noise, retrieval, in-context learning
 and outliers. Everything reduces to one primitive, :func:`diffattn.ops.diff_attention`.
 
 The names below are imported on first use (PEP 562), so ``import diffattn`` and the ``diffattn`` command
@@ -24,6 +24,27 @@ _LAZY = {
     "load_pretrained": "diffattn.models",
     "remove_diff_attention": "diffattn.models",
     "backend_status": "diffattn.ops",
+    **{
+        name: "diffattn.adapters"
+        for name in (
+            "METHODS",
+            "DAAConfig",
+            "DexConfig",
+            "DiffKConfig",
+            "DiffLoRAConfig",
+            "DiffQConfig",
+            "DiffVConfig",
+            "adapt",
+            "adapter_lambdas",
+            "load_adapter",
+            "merge_adapter",
+            "remove_adapter",
+            "save_adapter",
+            "set_adapter_step",
+            "trainable_parameters",
+        )
+    },
+    "load_adapted": "diffattn.train.adapt",
     "diff_attention": "diffattn.ops",
     "diff_attention_maps": "diffattn.ops",
 }

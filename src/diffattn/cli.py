@@ -204,6 +204,52 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+# adapt flag -> dotted AdaptRunConfig field
+_ADAPT_FLAGS = {
+    "model": "model.name",
+    "method": "method.name",
+    "merge": "method.merge",
+    "data": "data.source",
+    "seq_len": "data.seq_len",
+    "max_steps": "train.max_steps",
+    "batch_size": "train.global_batch_size",
+    "grad_accum": "train.grad_accum",
+    "lr": "train.lr",
+    "warmup_steps": "train.warmup_steps",
+    "eval_every": "train.eval_every",
+    "save_every": "train.save_every",
+    "log_every": "train.log_every",
+    "seed": "train.seed",
+    "precision": "train.precision",
+}
+
+
+def cmd_adapt(args: argparse.Namespace) -> int:
+    from .train import NonFiniteLossError, latest_checkpoint
+    from .train.adapt import AdaptRunConfig, adapt_pretrained
+
+    config = AdaptRunConfig.load(args.config) if args.config else AdaptRunConfig()
+    overrides = {field: getattr(args, flag) for flag, field in _ADAPT_FLAGS.items() if getattr(args, flag) is not None}
+    config = config.with_overrides({**overrides, **_parse_sets(args.set)}).validate()
+    try:
+        s = adapt_pretrained(config, args.out, resume=args.resume, overwrite=args.overwrite)
+    except NonFiniteLossError as e:
+        from pathlib import Path
+
+        kept = latest_checkpoint(Path(args.out))
+        print(f"diffattn: error: {e}; training stopped. Last good checkpoint: {kept or 'none yet'}", file=sys.stderr)
+        return 3
+    before = "n/a (resumed)" if s["val_loss_before"] is None else f"{s['val_loss_before']:.4f}"
+    print(
+        f"{s['method']} on {s['model']}: {s['trainable_parameters']:,} of {s['total_parameters']:,} parameters "
+        f"trained, {s['steps']} steps; val loss {before} -> {s['val_loss_after']:.4f}"
+    )
+    if s["lambda"] is not None:
+        print("lambda per layer: " + " ".join(f"{v:.3f}" for v in s["lambda"]))
+    print(f"outputs in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diffattn",
@@ -244,6 +290,36 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
     p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser(
+        "adapt",
+        help="fine-tune a pretrained model with an adapter method (dex, daa, diffq, diffk, diffv, difflora) "
+        "or a control (lora, attn-ft, full-ft)",
+    )
+    p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
+    p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
+    p.add_argument("--model", help="smollm2-135m, gemma3-270m or a local Hugging Face folder")
+    p.add_argument("--method", help="dex, daa, diffq, diffk, diffv, difflora, lora, attn-ft or full-ft (default dex)")
+    p.add_argument("--merge", action="store_const", const=True, default=None, help="also write merged/ (dex, diffv)")
+    p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
+    p.add_argument("--seq-len", type=int, help="training sequence length (default 256)")
+    p.add_argument("--max-steps", type=int, help="optimiser steps (default 200)")
+    p.add_argument("--batch-size", type=int, help="global batch in sequences (default 8)")
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4)")
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+    p.add_argument(
+        "--set", action="append", default=[], metavar="A.B=VALUE", help="any config field; method.X = method option X"
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
+    p.set_defaults(func=cmd_adapt)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
     p.set_defaults(func=cmd_info)

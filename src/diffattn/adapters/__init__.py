@@ -15,7 +15,15 @@ from torch import nn
 
 from .base import AdaptedAttention, remove_adapter, set_adapter_step
 from .daa import DAAConfig, DiffKConfig, DiffQConfig, adapt_daa, adapt_input_diff, attention_module_names
-from .dex import DexConfig, adapt_dex, dex_trainable_parameters, dex_trained_names, head_entropy, merge_dex
+from .dex import (
+    DexConfig,
+    adapt_dex,
+    dex_trainable_parameters,
+    dex_trained_names,
+    head_entropy,
+    head_importance,
+    merge_dex,
+)
 from .difflora import DiffLoRAConfig, adapt_difflora, difflora_trained_names
 from .input_diff import DiffVConfig, adapt_diffv, merge_diffv
 from .io import load_adapter, save_adapter
@@ -37,6 +45,7 @@ __all__ = [
     "attention_modules",
     "get_spec",
     "head_entropy",
+    "head_importance",
     "load_adapter",
     "merge_adapter",
     "no_decay_parameter_names",

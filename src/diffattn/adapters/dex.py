@@ -7,8 +7,8 @@ with λ_l(t) the annealed schedule of Dex Eq. 4 (:class:`AnnealedLambda`). Choic
 kept configurable: W_D initialisation (``zero``, the default, or ``identity``: paper silent), W_D per head
 (default) or shared by a layer's heads, the annealing length T (``anneal_steps``; the training command
 defaults it to 20% of the steps). Heads are chosen per layer by attention entropy on calibration batches
-(the paper's best), by low entropy (ablation), all, random, or an explicit list; ``importance`` (Michel et
-al. 2019) is not implemented yet.
+(the paper's best), by lowest head importance (Michel et al. 2019, :func:`head_importance`), by low entropy
+(ablation), all, random, or an explicit list.
 
 Because f_D is linear, ``merge_dex`` folds ``O_h (I − λ W_Dᵀ)`` into the columns of W_O belonging to head h,
 leaving a plain model of the base architecture with zero overhead.
@@ -28,7 +28,7 @@ from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout
 
 logger = logging.getLogger(__name__)
 
-HEAD_SELECTIONS = ("entropy", "low-entropy", "all", "random")
+HEAD_SELECTIONS = ("entropy", "importance", "low-entropy", "all", "random")
 
 
 @dataclass
@@ -46,10 +46,6 @@ class DexConfig:
     def __post_init__(self):
         if isinstance(self.heads, str) and self.heads not in HEAD_SELECTIONS:
             allowed = ", ".join((*HEAD_SELECTIONS, "an explicit list per layer"))
-            if self.heads == "importance":
-                raise NotImplementedError(
-                    f"heads='importance' (Michel et al. 2019) is not implemented yet; use one of: {allowed}"
-                )
             raise ValueError(f"DexConfig.heads must be one of {allowed}; got {self.heads!r}")
         if self.w_d not in ("per_head", "shared"):
             raise ValueError(f"DexConfig.w_d must be per_head or shared; got {self.w_d!r}")
@@ -130,6 +126,49 @@ def head_entropy(model: nn.Module, calibration: list[torch.Tensor]) -> torch.Ten
     return (totals / rows).float()
 
 
+def head_importance(model: nn.Module, calibration: list[torch.Tensor]) -> torch.Tensor:
+    """Head importance of Michel et al. (2019), ``[L, H]``: ``E_x |∂L/∂ξ_h|`` for a gate ξ_h = 1 multiplying
+    head h's output as it enters W_O, with L the language-modelling loss of each calibration batch (its own
+    next tokens). Summed over batches and divided by their count; the model's weights and grads are untouched.
+
+    Unlike Michel et al. we do not normalise per layer: selection is per layer, where it changes no order.
+    """
+    spec = get_spec(model)
+    modules = attention_modules(model, spec)
+    layout = head_layout(modules[0][2])
+    param = next(model.parameters())
+    gates = torch.ones(len(modules), layout.num_heads, device=param.device, dtype=param.dtype, requires_grad=True)
+
+    def gate(layer: int):
+        def pre_hook(module, args):
+            x = args[0]  # [B, T, H·d]: the per-head outputs, concatenated, before W_O
+            shape = x.shape
+            x = (x.view(*shape[:-1], layout.num_heads, -1) * gates[layer][:, None]).view(shape)
+            return (x, *args[1:])
+
+        return pre_hook
+
+    totals = torch.zeros(len(modules), layout.num_heads, dtype=torch.float64)
+    hooks = [getattr(attn, spec.o_proj).register_forward_pre_hook(gate(i)) for i, _, attn in modules]
+    was_training, requires = model.training, [p.requires_grad for p in model.parameters()]
+    model.eval()  # no dropout: the importance of the model as it is used
+    for p in model.parameters():
+        p.requires_grad_(False)  # gradients only for the gates
+    try:
+        for ids in calibration:
+            ids = ids.to(param.device)
+            loss = model(ids, labels=ids).loss
+            (grad,) = torch.autograd.grad(loss, gates)
+            totals += grad.abs().double().cpu()
+    finally:
+        for h in hooks:
+            h.remove()
+        for p, r in zip(model.parameters(), requires, strict=True):
+            p.requires_grad_(r)
+        model.train(was_training)
+    return (totals / max(1, len(calibration))).float()
+
+
 def _entropy(spec: ModelTypeSpec, attn: nn.Module, hidden, pos) -> torch.Tensor:
     q, k, _ = project_qkv(spec, attn, hidden, pos)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -155,6 +194,9 @@ def select_heads(model: nn.Module, config: DexConfig, calibration: list[torch.Te
         return [sorted(rng.sample(range(num_heads), k)) for _ in modules]
     if not calibration:
         raise ValueError(f"heads={config.heads!r} needs calibration batches (a list of input-id tensors)")
+    if config.heads == "importance":  # the least important heads (Michel et al.): they lose least when changed
+        order = head_importance(model, calibration).argsort(dim=1)
+        return [sorted(order[layer, :k].tolist()) for layer in range(len(modules))]
     entropy = head_entropy(model, calibration)  # [L, H]
     order = entropy.argsort(dim=1, descending=config.heads == "entropy")
     return [sorted(order[layer, :k].tolist()) for layer in range(len(modules))]

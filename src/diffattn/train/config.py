@@ -111,47 +111,56 @@ class TrainConfig:
             )
 
 
-@dataclass
-class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+class SectionedConfig:
+    """YAML round trip, dotted overrides and validation for a dataclass made of section dataclasses
+    (``run.yaml`` of ``diffattn pretrain`` and of ``diffattn adapt``)."""
 
-    def validate(self) -> RunConfig:
-        self.model.validate()
-        self.data.validate()
-        self.train.validate()
+    def validate(self):
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate()
         return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> RunConfig:
+    def from_dict(cls, d: dict):
         return _from_dict(cls, d, "")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
-    def load(cls, path: str | Path) -> RunConfig:
+    def load(cls, path: str | Path):
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"config file {str(path)!r} must hold a mapping with sections model, data, train")
+            sections = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise ValueError(f"config file {str(path)!r} must hold a mapping with sections {sections}")
         return cls.from_dict(data)
 
-    def with_overrides(self, overrides: dict[str, object]) -> RunConfig:
+    def with_overrides(self, overrides: dict[str, object]):
         """Apply dotted overrides such as ``{"train.max_steps": 10}`` (type-checked like YAML values)."""
         d = self.to_dict()
         for dotted, value in overrides.items():
             section, _, key = dotted.partition(".")
             if section not in d or not key:
-                raise ValueError(f"unknown setting {dotted!r}; sections are model, data, train")
-            d[section][key] = value
-        return RunConfig.from_dict(d)
+                sections = ", ".join(d)
+                raise ValueError(f"unknown setting {dotted!r}; sections are {sections}")
+            self._set(d, section, key, value)
+        return type(self).from_dict(d)
+
+    def _set(self, d: dict, section: str, key: str, value: object) -> None:
+        d[section][key] = value
+
+
+@dataclass
+class RunConfig(SectionedConfig):
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 def _from_dict(cls, d: dict, prefix: str):

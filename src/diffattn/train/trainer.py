@@ -77,8 +77,9 @@ def lambda_per_layer(model: torch.nn.Module) -> list[float] | None:
 class MetricsCallback(TrainerCallback):
     """Appends one JSON line per log/eval to ``metrics.jsonl`` and stops on a non-finite loss."""
 
-    def __init__(self, path: Path, tokens_per_step: int):
-        self.path, self.tokens_per_step = path, tokens_per_step
+    def __init__(self, path: Path, tokens_per_step: int, lambdas=lambda_per_layer):
+        # lambdas: model -> λ per layer or None (DIFF layers by default; adapters pass adapter_lambdas)
+        self.path, self.tokens_per_step, self.lambdas = path, tokens_per_step, lambdas
         self._train_seconds, self._steps_timed, self._t0 = 0.0, 0, None
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -100,7 +101,7 @@ class MetricsCallback(TrainerCallback):
             if self._steps_timed:
                 entry["tokens_per_s"] = self.tokens_per_step * self._steps_timed / self._train_seconds
                 self._train_seconds, self._steps_timed = 0.0, 0
-            lam = lambda_per_layer(model) if model is not None else None
+            lam = self.lambdas(model) if model is not None else None
             if lam is not None:
                 entry["lambda"] = lam
         if "eval_loss" in logs:
@@ -246,7 +247,7 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool, overwrite: 
     if resume:
         if not saved.is_file():
             raise RunFolderError(f"nothing to resume in {str(run_dir)!r}: it has no {RUN_CONFIG}")
-        previous = RunConfig.load(saved).to_dict()
+        previous = type(config).load(saved).to_dict()
         now = config.to_dict()
         previous["train"].pop("max_steps"), now["train"].pop("max_steps")  # a resume may extend a run
         if previous != now:

@@ -1,0 +1,443 @@
+"""``diffattn adapt``: fine-tune a pretrained model with an adapter method, or with one of the controls.
+
+Methods (methods.md §2–4): ``dex``, ``daa``, ``diffq``, ``diffk``, ``diffv``, ``difflora`` — each through
+:func:`diffattn.adapt` and :func:`diffattn.trainable_parameters`, which freeze exactly what the method's paper
+froze (Dex: W_K, W_V, W_O, W_D, λ; DAA/DiffQ/K/V: the attention modules, optionally lm_head; DiffLoRA: the
+adapters and λ). The controls users compare against:
+
+* ``lora`` — PEFT LoRA on the query and key projections (GPT-2: the fused ``c_attn``). At equal rank r it has
+  exactly DiffLoRA's right-term parameter count: r·(d_model + H·d) + r·(d_model + Hkv·d) per layer (GPT-2:
+  r·(d_model + 3·d_model) = DiffLoRA's 2·r·(d_model + d_model)). Its default rank is DiffLoRA's default, 64.
+* ``attn-ft`` — every attention-module parameter trainable, the rest frozen.
+* ``full-ft`` — every parameter trainable.
+
+All run on the pretraining trainer (:class:`~diffattn.train.trainer.DiffattnTrainer`: atomic checkpoints,
+resume, ``metrics.jsonl``, a stop on a non-finite loss). On top of it: λ(t) of Dex Eq. 4 follows the
+optimiser step (a callback calls :func:`diffattn.set_adapter_step` before every step) and is logged per
+layer; every λ (and GPT-2's fused ``c_attn`` under Dex, whose query part a gradient hook freezes) gets weight
+decay 0; Dex's data-driven head selection runs on the first ``data.calibration_batches`` training batches and
+the chosen heads are recorded in ``summary.json`` and the adapter.
+
+Output folder: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` (validation loss before and
+after, trainable and total parameter counts, λ per layer, Dex heads), and the result:
+``adapter/`` (:func:`diffattn.save_adapter`; PEFT's own folder for ``lora``), ``merged/`` (``--merge``, Dex
+and DiffV: a plain model of the base architecture) or ``final/`` (``attn-ft``, ``full-ft``), each with the
+tokenizer. :func:`load_adapted` rebuilds the trained model from the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from transformers import TrainerCallback
+
+from ..adapters import (
+    METHODS,
+    adapt,
+    adapter_lambdas,
+    attention_modules,
+    get_spec,
+    load_adapter,
+    merge_adapter,
+    no_decay_parameter_names,
+    save_adapter,
+    set_adapter_step,
+    trainable_parameters,
+)
+from ..data import load_corpus, tokenize_and_pack
+from ..models.pretrained import load_pretrained
+from .config import SectionedConfig, TrainConfig, _from_dict
+from .data import PackedDataset
+from .trainer import (
+    METRICS,
+    RUN_CONFIG,
+    STAGING,
+    DiffattnTrainer,
+    MetricsCallback,
+    _final_eval,
+    _step,
+    check_run_dir,
+    training_arguments,
+)
+
+logger = logging.getLogger(__name__)
+
+CONTROLS = ("lora", "attn-ft", "full-ft")
+ADAPT_METHODS = (*METHODS, *CONTROLS)
+MERGEABLE = ("dex", "diffv")
+ADAPTER, MERGED, FINAL = "adapter", "merged", "final"
+_DATA_DRIVEN_HEADS = ("entropy", "low-entropy", "importance")
+
+
+@dataclass
+class LoRAControlConfig:
+    """The PEFT LoRA control on the query and key projections (rank 64 = DiffLoRA's right-term default)."""
+
+    rank: int = 64
+    alpha: float | None = None  # default 2·rank, as DiffLoRA
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ValueError(f"lora rank must be >= 1; got {self.rank}")
+        if self.alpha is None:
+            self.alpha = 2.0 * self.rank
+
+
+@dataclass
+class NoOptions:
+    """``attn-ft`` and ``full-ft`` take no method options."""
+
+
+_OPTION_TYPES = {**METHODS, "lora": LoRAControlConfig, "attn-ft": NoOptions, "full-ft": NoOptions}
+
+
+@dataclass
+class AdaptModelSection:
+    name: str = "smollm2-135m"  # a known offline name (see diffattn.models.PRETRAINED) or a local HF folder
+
+    def validate(self) -> None:
+        if not self.name:
+            raise ValueError("model.name must be a known pretrained name or a local Hugging Face folder")
+
+
+@dataclass
+class AdaptMethodSection:
+    name: str = "dex"
+    options: dict = field(default_factory=dict)  # fields of the method's config dataclass
+    merge: bool = False  # also write merged/ (dex, diffv)
+
+    def validate(self) -> None:
+        if self.name not in ADAPT_METHODS:
+            raise ValueError(f"method.name must be one of {', '.join(ADAPT_METHODS)}; got {self.name!r}")
+        if self.merge and self.name not in MERGEABLE:
+            raise ValueError(
+                f"--merge applies to {' and '.join(MERGEABLE)} only; {self.name} cannot be folded into the base"
+            )
+        allowed = [f.name for f in dataclasses.fields(_OPTION_TYPES[self.name]) if f.name != "selected"]
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)} for method {self.name}; "
+                f"allowed: {', '.join(allowed) or 'none'}"
+            )
+
+
+@dataclass
+class AdaptDataSection:
+    source: str = "shakespeare"  # 'shakespeare', or a .txt/.jsonl/.json file or a directory of them
+    seq_len: int = 256
+    val_sequences: int = 16
+    calibration_batches: int = 4  # training batches for Dex's entropy/importance head selection
+    split_seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("seq_len", "val_sequences", "calibration_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+
+
+def _adapt_train_defaults() -> TrainConfig:
+    # lr 1e-4 (DiffLoRA; DAA on Llama), cosine to 0 (DAA); no weight decay (the papers are silent, and the
+    # base weights the methods move should stay near the pretrained ones); 10% warmup.
+    return TrainConfig(max_steps=200, lr=1e-4, schedule="cosine", min_lr_ratio=0.0, weight_decay=0.0)
+
+
+@dataclass
+class AdaptRunConfig(SectionedConfig):
+    model: AdaptModelSection = field(default_factory=AdaptModelSection)
+    method: AdaptMethodSection = field(default_factory=AdaptMethodSection)
+    data: AdaptDataSection = field(default_factory=AdaptDataSection)
+    train: TrainConfig = field(default_factory=_adapt_train_defaults)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AdaptRunConfig:
+        base = cls().to_dict()  # sections missing from a YAML file keep the adapt defaults, not TrainConfig's
+        for section, values in (d or {}).items():
+            if isinstance(values, dict) and isinstance(base.get(section), dict):
+                base[section] = {**base[section], **values}
+            else:
+                base[section] = values
+        return _from_dict(cls, base, "")
+
+    def _set(self, d: dict, section: str, key: str, value: object) -> None:
+        # method.<field> is shorthand for method.options.<field>: --set method.rank=8
+        if section == "method" and key not in ("name", "options", "merge"):
+            key = key.removeprefix("options.")
+            d["method"]["options"][key] = value
+        else:
+            d[section][key] = value
+
+    def method_config(self):
+        """The method's config dataclass from ``method.options`` (anneal_steps: 20% of the run by default)."""
+        cls = _OPTION_TYPES[self.method.name]
+        options = dict(self.method.options)
+        names = {f.name for f in dataclasses.fields(cls)}
+        if "anneal_steps" in names and options.get("anneal_steps") is None:
+            options["anneal_steps"] = max(1, round(0.2 * self.train.max_steps))  # methods.md §2: T = 20%
+        try:
+            return cls(**options)
+        except TypeError as e:
+            raise ValueError(f"bad options for method {self.method.name}: {e}") from e
+
+
+class AdapterStepCallback(TrainerCallback):
+    """λ(t) follows the optimiser: t = the number of steps already taken when a step begins (Dex Eq. 4)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            set_adapter_step(_unwrap(model), state.global_step)
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            set_adapter_step(_unwrap(model), state.global_step)
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+class AdapterTrainer(DiffattnTrainer):
+    """Weight decay 0 for λ (and GPT-2's fused c_attn under Dex) on top of Trainer's bias/norm exclusions."""
+
+    def __init__(self, *args, extra_no_decay: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.extra_no_decay = set(extra_no_decay)
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        return [n for n in super().get_decay_parameter_names(model) if n not in self.extra_no_decay]
+
+
+def lora_target_modules(model: torch.nn.Module) -> list[str]:
+    """Names (suffixes) PEFT should wrap for the LoRA control: the query and key projections."""
+    spec = get_spec(model)
+    return [spec.fused_qkv] if spec.fused_qkv is not None else [spec.q_proj, spec.k_proj]
+
+
+def apply_control(model: torch.nn.Module, method: str, options) -> torch.nn.Module:
+    """Set up a control: LoRA through PEFT, or which parameters attention/full fine-tuning trains."""
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        fused = get_spec(model).fused_qkv is not None
+        lora = LoraConfig(
+            r=options.rank,
+            lora_alpha=options.alpha,
+            lora_dropout=options.dropout,
+            target_modules=lora_target_modules(model),
+            fan_in_fan_out=fused,  # GPT-2's Conv1D stores W as [in, out]
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+    if method == "attn-ft":
+        attention = {id(p) for _, _, a in attention_modules(model) for p in a.parameters()}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in attention)
+        return model
+    if method == "full-ft":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    raise ValueError(f"unknown control {method!r}; controls: {', '.join(CONTROLS)}")
+
+
+def _calibration(train_ids: torch.Tensor, batch: int, batches: int) -> list[torch.Tensor]:
+    rows = train_ids[: batch * batches]
+    return [rows[i : i + batch] for i in range(0, rows.shape[0], batch)]
+
+
+def _needs_calibration(config) -> bool:
+    return isinstance(getattr(config, "heads", None), str) and config.heads in _DATA_DRIVEN_HEADS
+
+
+def prepare_model(config: AdaptRunConfig, model, train_ids: torch.Tensor | None = None):
+    """Give ``model`` the run's method (or control) and set what trains; returns ``(model, method_config)``."""
+    options = config.method_config()
+    if config.method.name in CONTROLS:
+        return apply_control(model, config.method.name, options), options
+    calibration = None
+    if _needs_calibration(options):
+        if train_ids is None:
+            raise ValueError(f"heads={options.heads!r} needs calibration batches from the training data")
+        calibration = _calibration(train_ids, config.train.global_batch_size, config.data.calibration_batches)
+    adapt(model, options, calibration)
+    trainable_parameters(model)
+    return model, options
+
+
+def _count(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def adapt_pretrained(
+    config: AdaptRunConfig,
+    run_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    callbacks: list[TrainerCallback] | None = None,
+) -> dict:
+    """Fine-tune ``config.model.name`` with ``config.method`` on ``config.data``; returns the summary."""
+    config.validate()
+    run_dir = Path(run_dir)
+    args = training_arguments(config, run_dir)
+    state = PartialState()
+    checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
+    config.method_config()  # bad options fail here, before the model is loaded
+    model, tokenizer = load_pretrained(config.model.name)
+    max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if max_pos is not None and config.data.seq_len > max_pos:
+        raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions")
+    corpus = load_corpus(config.data.source, seed=config.data.split_seed)
+    with args.main_process_first(desc="tokenize"):
+        train = tokenize_and_pack(corpus.train, tokenizer, config.data.seq_len)
+        val = tokenize_and_pack(corpus.val, tokenizer, config.data.seq_len)
+    val_rows = min(config.data.val_sequences, val.input_ids.shape[0])
+    val = dataclasses.replace(
+        val,
+        input_ids=val.input_ids[:val_rows],
+        labels=val.labels[:val_rows],
+        attention_mask=val.attention_mask[:val_rows],
+        num_tokens=int(val.attention_mask[:val_rows].sum()),
+    )
+    model, method_config = prepare_model(config, model, train.input_ids)
+    trainable, total = _count(model)
+    logger.info("%s on %s: %s of %s parameters trainable", config.method.name, config.model.name, trainable, total)
+
+    state.wait_for_everyone()
+    if state.is_main_process:
+        if overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config.save(run_dir / RUN_CONFIG)
+    state.wait_for_everyone()
+
+    is_adapter = config.method.name in METHODS
+    tokens_per_step = config.train.global_batch_size * config.data.seq_len
+    metrics = MetricsCallback(run_dir / METRICS, tokens_per_step, lambdas=adapter_lambdas if is_adapter else _none)
+    extra_no_decay = no_decay_parameter_names(model) if is_adapter else []
+    trainer = AdapterTrainer(
+        model=model,
+        args=args,
+        train_dataset=PackedDataset(train),
+        eval_dataset=PackedDataset(val),
+        callbacks=[metrics, *([AdapterStepCallback()] if is_adapter else []), *(callbacks or [])],
+        run_dir=run_dir,
+        keep_checkpoints=config.train.keep_checkpoints,
+        extra_no_decay=extra_no_decay,
+    )
+    if is_adapter:
+        set_adapter_step(model, 0)
+    val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else None
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    wall = time.perf_counter() - t0
+    val_after = _final_eval(trainer)["eval_loss"]
+    steps_run = trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)
+    summary = {
+        "model": config.model.name,
+        "model_type": model.config.model_type,
+        "method": config.method.name,
+        "method_config": _jsonable(method_config),
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "steps": trainer.state.global_step,
+        "val_loss_before": val_before,
+        "val_loss_after": val_after,
+        "val_ppl_after": math.exp(min(val_after, 50.0)),
+        "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
+        "wall_seconds": wall,
+        "lambda": adapter_lambdas(model) if is_adapter else None,
+        "data": {
+            "source": corpus.name,
+            "split": corpus.split_info,
+            "corpus_fingerprint": corpus.fingerprint,
+            "seq_len": config.data.seq_len,
+            "train_sequences": int(train.input_ids.shape[0]),
+            "val_sequences": val_rows,
+        },
+    }
+    if trainer.args.should_save:
+        _save_result(trainer, tokenizer, config, run_dir, summary)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+    return summary
+
+
+def _none(model):
+    return None
+
+
+def _jsonable(config) -> dict:
+    return {k: v for k, v in dataclasses.asdict(config).items()} if dataclasses.is_dataclass(config) else {}
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summary: dict) -> None:
+    """Write adapter/ (methods, LoRA), merged/ (--merge) or final/ (attn-ft, full-ft), each atomically."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    name = config.method.name
+    if name in METHODS or name == "lora":
+        tmp = run_dir / (ADAPTER + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if name == "lora":
+            model.save_pretrained(tmp)  # PEFT: adapter_config.json + adapter_model.safetensors
+        else:
+            save_adapter(model, tmp)
+        tokenizer.save_pretrained(tmp)
+        _publish(tmp, run_dir / ADAPTER)
+    if config.method.merge:
+        tmp = run_dir / (MERGED + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        merged = merge_adapter(model)
+        merged.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _publish(tmp, run_dir / MERGED)
+        summary["merged"] = str(run_dir / MERGED)
+    if name in ("attn-ft", "full-ft"):
+        tmp = run_dir / (FINAL + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _publish(tmp, run_dir / FINAL)
+
+
+def load_adapted(run_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
+    """Rebuild the model a ``diffattn adapt`` run trained: ``(model, tokenizer)``, in eval mode.
+
+    Prefers ``merged/`` (a plain model) when present; else the base model with ``adapter/`` loaded (diffattn
+    methods: :func:`diffattn.load_adapter`, which refuses another base; LoRA: PEFT); else ``final/``.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_CONFIG).is_file():
+        raise ValueError(f"{str(run_dir)!r} is not a diffattn adapt run folder (no {RUN_CONFIG})")
+    config = AdaptRunConfig.load(run_dir / RUN_CONFIG)
+    if (run_dir / MERGED).is_dir():
+        return load_pretrained(run_dir / MERGED, dtype=dtype)
+    if (run_dir / FINAL).is_dir():
+        return load_pretrained(run_dir / FINAL, dtype=dtype)
+    if not (run_dir / ADAPTER).is_dir():
+        raise ValueError(f"run {str(run_dir)!r} has no {ADAPTER}/, {MERGED}/ or {FINAL}/: did it finish?")
+    model, tokenizer = load_pretrained(config.model.name, dtype=dtype)
+    if config.method.name == "lora":
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, run_dir / ADAPTER).eval(), tokenizer
+    return load_adapter(model, run_dir / ADAPTER).eval(), tokenizer
