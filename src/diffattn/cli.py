@@ -245,7 +245,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
         f"trained, {s['steps']} steps; val loss {before} -> {s['val_loss_after']:.4f}"
     )
     if s["lambda"] is not None:
-        print("lambda per layer: " + " ".join(f"{v:.3f}" for v in s["lambda"]))
+        print("lambda per layer: " + " ".join(f"{v:.3g}" for v in s["lambda"]))
     print(f"outputs in {args.out}")
     return 0
 
