@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import diff_attention
+from ..ops.observe import observing, report
 from .model_types import (
     ModelTypeSpec,
     attention_modules,
@@ -166,6 +167,21 @@ class AdaptedAttention(nn.Module):
             else:  # K2 travels in the cache beside K1: [K1 | K2] along the head dim
                 kk, v = cache.update(torch.cat([k, k2], dim=-1), v, self.layer_idx)
                 k, k2 = kk.split(k.shape[-1], dim=-1)
+        if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
+            report(
+                self,
+                kind="diff" if method.two_maps else "single",
+                q1=q,
+                k1=k,
+                q2=(q if q2 is None else q2) if method.two_maps else None,
+                k2=(k if k2 is None else k2) if method.two_maps else None,
+                v=v,
+                lam=method.map_lambda() if method.two_maps else None,
+                causal=mask is None,
+                attn_mask=mask,
+                scale=logit_scale(base),
+                method=method,
+            )
         if method.two_maps:
             out = diff_attention(
                 q,

@@ -37,6 +37,7 @@ from torch import nn
 from transformers.models.diffllama.modeling_diffllama import apply_rotary_pos_emb
 
 from ..ops import BACKENDS, diff_attention
+from ..ops.observe import observing, report
 
 NORMS = ("rms", "rms_affine", "none")
 
@@ -137,6 +138,20 @@ class DiffLlamaDifferentialAttention(nn.Module):
             )
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
+        if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
+            report(
+                self,
+                kind="diff",
+                q1=q[:, :h],
+                k1=k[:, :hkv],
+                q2=q[:, h:],
+                k2=k[:, hkv:],
+                v=v_pair,
+                lam=self.lambda_full(),
+                causal=attention_mask is None,
+                attn_mask=attention_mask,
+                scale=self.scaling,
+            )
         out = diff_attention(
             q[:, :h],
             k[:, :hkv],
