@@ -25,6 +25,7 @@ from torch import nn
 
 from ..ops import diff_attention
 from ..ops.observe import observing, report
+from ..ops.quantized import logit_bits, quantized_attention
 from .model_types import (
     ModelTypeSpec,
     attention_modules,
@@ -167,34 +168,24 @@ class AdaptedAttention(nn.Module):
             else:  # K2 travels in the cache beside K1: [K1 | K2] along the head dim
                 kk, v = cache.update(torch.cat([k, k2], dim=-1), v, self.layer_idx)
                 k, k2 = kk.split(k.shape[-1], dim=-1)
+        maps = dict(
+            q1=q,
+            k1=k,
+            q2=(q if q2 is None else q2) if method.two_maps else None,
+            k2=(k if k2 is None else k2) if method.two_maps else None,
+            v=v,
+            lam=method.map_lambda() if method.two_maps else None,
+            causal=mask is None,  # bottom-right aligned, so also right for T = 1 decoding
+            attn_mask=mask,
+            scale=logit_scale(base),
+        )
         if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
-            report(
-                self,
-                kind="diff" if method.two_maps else "single",
-                q1=q,
-                k1=k,
-                q2=(q if q2 is None else q2) if method.two_maps else None,
-                k2=(k if k2 is None else k2) if method.two_maps else None,
-                v=v,
-                lam=method.map_lambda() if method.two_maps else None,
-                causal=mask is None,
-                attn_mask=mask,
-                scale=logit_scale(base),
-                method=method,
-            )
-        if method.two_maps:
-            out = diff_attention(
-                q,
-                k,
-                q if q2 is None else q2,
-                k if k2 is None else k2,
-                v,
-                method.map_lambda(),
-                causal=mask is None,  # bottom-right aligned, so also right for T = 1 decoding
-                attn_mask=mask,
-                scale=logit_scale(base),
-                backend=self.backend,
-            )
+            report(self, kind="diff" if method.two_maps else "single", method=method, **maps)
+        bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
+        if bits is not None:
+            out = quantized_attention(**maps, bits=bits)
+        elif method.two_maps:
+            out = diff_attention(**maps, backend=self.backend)
         else:
             t = q.shape[2]
             out = F.scaled_dot_product_attention(

@@ -49,6 +49,7 @@ class AttentionRecord:
     attn2: torch.Tensor | None = None
     lam: torch.Tensor | None = None  # [H]
     effective: torch.Tensor | None = None  # Dex only: the effective attention (also in ``signed``)
+    v: torch.Tensor | None = None  # the values the maps multiply, [B, Hkv, S, dv] (head outputs = signed · V)
 
     @property
     def num_heads(self) -> int:
@@ -227,7 +228,7 @@ class AttentionCapture:
         neg = torch.tensor(float("-inf"), device=q1.device)
         logits1 = _scores(q1, k1, scale)
         attn1 = _safe_softmax(torch.where(keep, logits1, neg))
-        rec = AttentionRecord(layer, kind, keep, logits1, attn1, attn1)
+        rec = AttentionRecord(layer, kind, keep, logits1, attn1, attn1, v=v.detach().float())
         if kind == "diff":
             rec.logits2 = _scores(q2, k2, scale)
             rec.attn2 = _safe_softmax(torch.where(keep, rec.logits2, neg))

@@ -38,6 +38,7 @@ from transformers.models.diffllama.modeling_diffllama import apply_rotary_pos_em
 
 from ..ops import BACKENDS, diff_attention
 from ..ops.observe import observing, report
+from ..ops.quantized import logit_bits, quantized_attention
 
 NORMS = ("rms", "rms_affine", "none")
 
@@ -138,32 +139,24 @@ class DiffLlamaDifferentialAttention(nn.Module):
             )
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
-        if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
-            report(
-                self,
-                kind="diff",
-                q1=q[:, :h],
-                k1=k[:, :hkv],
-                q2=q[:, h:],
-                k2=k[:, hkv:],
-                v=v_pair,
-                lam=self.lambda_full(),
-                causal=attention_mask is None,
-                attn_mask=attention_mask,
-                scale=self.scaling,
-            )
-        out = diff_attention(
-            q[:, :h],
-            k[:, :hkv],
-            q[:, h:],
-            k[:, hkv:],
-            v_pair,
-            self.lambda_full(),
+        maps = dict(
+            q1=q[:, :h],
+            k1=k[:, :hkv],
+            q2=q[:, h:],
+            k2=k[:, hkv:],
+            v=v_pair,
+            lam=self.lambda_full(),
             causal=attention_mask is None,
             attn_mask=attention_mask,
             scale=self.scaling,
-            backend=self.options.backend,
-        )  # [B, h, T, 2d]
+        )
+        if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
+            report(self, kind="diff", **maps)
+        bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
+        if bits is not None:
+            out = quantized_attention(**maps, bits=bits)
+        else:
+            out = diff_attention(**maps, backend=self.options.backend)  # [B, h, T, 2d]
         out = self.groupnorm(out) * (1.0 - self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
         return self.o_proj(out), None

@@ -1,0 +1,81 @@
+"""Helpers every evaluation shares: the model's context limit, texts to evaluate on, JSON-safe results, plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# RULER's repeated-noise haystack (the "noise" filler of Kamradt's needle test and RULER)
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+def model_max_length(model: nn.Module) -> int:
+    """The most positions the model accepts (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError("cannot tell the model's maximum context: its config has no max_position_embeddings")
+
+
+def check_fits(model: nn.Module, tokens: int, what: str) -> None:
+    """Refuse a request for more positions than the model has, saying what was asked and what fits."""
+    limit = model_max_length(model)
+    if tokens > limit:
+        raise ValueError(f"{what} needs {tokens} tokens but the model's maximum context is {limit} positions")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def load_text(source: str, split: str = "test") -> tuple[str, str]:
+    """``(text, description)`` of an evaluation text: ``"shakespeare"`` (a split of the built-in corpus, by play),
+    ``"filler"`` (RULER's repeated sentences), or a path to a .txt/.jsonl/.json file or folder."""
+    if source == "filler":
+        return FILLER * 400, "filler: RULER's repeated noise sentences"
+    from ..data import load_corpus
+
+    corpus = load_corpus(source)
+    docs = getattr(corpus, split)
+    if not docs:
+        raise ValueError(f"the {split} split of {source!r} is empty")
+    return "\n\n".join(docs), f"{corpus.name}, {split} split ({corpus.split_info})"
+
+
+def jsonable(x):
+    """Results as plain JSON types (tensors, numpy scalars and NaN handled)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return jsonable(x.tolist())
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        return jsonable(x.item())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def figure():
+    """A matplotlib (Agg) pyplot module, importable on a headless machine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    figure().close(fig)
+    return path

@@ -1,0 +1,132 @@
+"""Head analysis: redundancy and shape of attention heads, per layer (Dex §2, App. B; evaluation.md).
+
+For every layer, over held-out text windows:
+
+* mean pairwise **cosine distance** between heads' attention maps (each map flattened over its causal entries);
+* mean pairwise **linear CKA** (Kornblith et al. 2019) between heads' outputs O_h = A_h V_h ([T, dv], centred);
+* mean attention **entropy** per row (signed maps: |a| renormalised to sum 1, as evaluation.md says);
+* **sparsity ratio**: the share of kept entries with |a| < ε, for ε = 1e-3 and 1e-2;
+* share of **negative** attention entries and their mean magnitude (signed maps only; 0 for softmax maps);
+* λ per layer (mean over heads) for models that have one.
+
+Maps are the *signed* maps for two-map models (A1 − λA2) and Dex's effective attention (see :mod:`.capture`).
+The per-layer head-distance matrices are kept for the heatmap picture.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ._common import figure, model_device, save_figure
+from .capture import AttentionCapture
+from .outliers import _windows
+
+EPSILONS = (1e-3, 1e-2)
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Linear CKA of two representations ``[n, d1]``, ``[n, d2]`` of the same n items: 1 for x with itself."""
+    x = x.double() - x.double().mean(0)
+    y = y.double() - y.double().mean(0)
+    num = (y.T @ x).pow(2).sum()
+    den = (x.T @ x).pow(2).sum().sqrt() * (y.T @ y).pow(2).sum().sqrt()
+    return float(num / den) if den > 0 else 0.0
+
+
+def cosine_distance_matrix(maps: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``[H, H]`` cosine distances between heads' maps ``[H, T, S]`` over the kept entries ``[T, S]``."""
+    flat = maps[:, keep].double()  # [H, kept]
+    flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return (1 - flat @ flat.T).float()
+
+
+def _entropy(maps: torch.Tensor, keep: torch.Tensor) -> float:
+    a = maps.abs().masked_fill(~keep, 0)
+    p = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
+    ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [H, T]
+    return float(ent.mean())
+
+
+@torch.no_grad()
+def run_heads(
+    model: nn.Module, tokenizer, *, source: str = "shakespeare", tokens: int = 1024, seq_len: int | None = 256,
+    progress: bool = True,
+) -> dict:  # fmt: skip
+    """Per-layer head statistics (see the module doc), averaged over the text windows."""
+    windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
+    device = model_device(model)
+    acc: dict[int, dict] = {}
+    for chunk in tqdm(windows, desc="head analysis", disable=not progress, leave=False):
+        with AttentionCapture(model) as cap:
+            model(chunk[None].to(device))
+        for layer, rec in cap.last().items():
+            keep = rec.keep.expand_as(rec.signed)[0, 0]  # [T, S]
+            maps = rec.signed[0]  # [H, T, S]
+            h = maps.shape[0]
+            dist = cosine_distance_matrix(maps, keep)
+            off = ~torch.eye(h, dtype=torch.bool)
+            stats = acc.setdefault(layer, {"n": 0, "dist": torch.zeros(h, h), "cka": 0.0, "cos": 0.0, "entropy": 0.0,
+                                           "neg_share": 0.0, "neg_mag": 0.0, "lam": None,
+                                           **{f"sparsity@{e:g}": 0.0 for e in EPSILONS}})  # fmt: skip
+            stats["n"] += 1
+            stats["dist"] += dist
+            stats["cos"] += float(dist[off].mean()) if h > 1 else 0.0
+            stats["entropy"] += _entropy(maps, keep)
+            kept = maps[:, keep]
+            for e in EPSILONS:
+                stats[f"sparsity@{e:g}"] += float((kept.abs() < e).float().mean())
+            neg = kept < 0
+            stats["neg_share"] += float(neg.float().mean())
+            stats["neg_mag"] += float(kept[neg].abs().mean()) if neg.any() else 0.0
+            if rec.lam is not None:
+                stats["lam"] = float(rec.lam.mean())
+            v = rec.v
+            if v is not None and h > 1:  # O_h = A_h V_h, [T, dv] per head
+                rep = h // v.shape[1]
+                outs = maps @ (v[0] if rep == 1 else v[0].repeat_interleave(rep, dim=0))
+                pairs = [(i, j) for i in range(h) for j in range(i + 1, h)]
+                stats["cka"] += sum(linear_cka(outs[i], outs[j]) for i, j in pairs) / len(pairs)
+    layers = {}
+    for layer, s in sorted(acc.items()):
+        n = s["n"]
+        layers[layer] = {
+            "cosine_distance": s["cos"] / n,
+            "cka": s["cka"] / n,
+            "entropy": s["entropy"] / n,
+            **{f"sparsity@{e:g}": s[f"sparsity@{e:g}"] / n for e in EPSILONS},
+            "negative_share": s["neg_share"] / n,
+            "negative_magnitude": s["neg_mag"] / n,
+            "lambda": s["lam"],
+            "distance_matrix": (s["dist"] / n).tolist(),
+        }
+    summary = {k: sum(v[k] for v in layers.values()) / len(layers) for k in ("cosine_distance", "cka", "entropy")}
+    return {
+        "layers": layers,
+        "summary": summary,
+        "metadata": {
+            **meta,
+            "maps": "signed maps (A1 − λA2) for two-map models, Dex effective attention, softmax maps otherwise",
+            "entropy": "of |a| renormalised per row, nats",
+            "cka": "linear CKA between head outputs A_h V_h, mean over head pairs",
+        },
+    }
+
+
+def plot_heads(results: dict, path, layers: list[int] | None = None) -> object:
+    """Heatmaps of the head-to-head cosine distance of a few layers (first, middle, last by default)."""
+    plt = figure()
+    all_layers = sorted(int(k) for k in results["layers"])
+    layers = layers or sorted({all_layers[0], all_layers[len(all_layers) // 2], all_layers[-1]})
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3))
+    axes = [axes] if len(layers) == 1 else list(axes)
+    for ax, layer in zip(axes, layers, strict=True):
+        entry = results["layers"].get(layer, results["layers"].get(str(layer)))
+        im = ax.imshow(entry["distance_matrix"], vmin=0, vmax=max(1e-6, max(map(max, entry["distance_matrix"]))))
+        ax.set_title(f"layer {layer}: mean {entry['cosine_distance']:.2f}", fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("head")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("cosine distance between heads' attention maps", fontsize=10)
+    return save_figure(fig, path)

@@ -1,0 +1,158 @@
+"""Multi-needle retrieval (DIFF Transformer §3.4, Table 2, Fig. 5; Dex §4.2; evaluation.md).
+
+Samples come from the seeded generator :func:`diffattn.data.make_needle_sample` (needle ``"The special magic {key}
+number is: {7-digit number}."``, city keys, sentence-boundary insertion, the first queried needle at the requested
+depth, the others and the N − R distractors at random depths). The model answers by greedy decoding; the score is
+RULER's ``string_match_all`` (the fraction of queried numbers found in the output).
+
+Two protocols:
+
+* the (N, R) grid at one context length — default {(1,1), (2,2), (4,2), (6,2)} as DIFF Table 2;
+* the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5).
+
+Choices the papers leave open, stated in the metadata: the haystack (Shakespeare's test plays by default, or
+RULER's filler), how a token length is met (a character window of the haystack, shrunk until the tokenized prompt
+plus the answer fits), the number of new tokens (the answer's length + 4), and samples per cell (paper: 50; Dex:
+20; default here 10 — raise it for real runs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..data.synthetic import make_needle_sample, needle_answer_text, score_string_match_all
+from ._common import check_fits, figure, load_text, model_device, model_max_length, save_figure
+
+GRID = ((1, 1), (2, 2), (4, 2), (6, 2))
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def fit_sample(tokenizer, haystack: str, context_tokens: int, seed: int, **kwargs):
+    """A needle sample whose prompt plus answer is at most ``context_tokens`` tokens (and close to it)."""
+    ratio = max(1.0, len(haystack[:20000]) / max(1, len(tokenizer(haystack[:20000])["input_ids"])))
+    chars = int(context_tokens * ratio)
+    for _ in range(40):
+        sample = make_needle_sample(seed, haystack, context_chars=max(0, chars), **kwargs)
+        need = len(tokenizer(sample.prompt + needle_answer_text(sample))["input_ids"])
+        if need <= context_tokens:
+            return sample
+        chars = int(chars * min(0.97, context_tokens / need))
+    raise ValueError(
+        f"could not fit a needle sample into {context_tokens} tokens (the needles, question and answer alone take "
+        f"{need}); ask for a longer context or fewer needles"
+    )
+
+
+@torch.no_grad()
+def greedy_answer(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """Greedy continuation of ``prompt`` (batch of one: no padding to get wrong)."""
+    enc = tokenizer(prompt, return_tensors="pt")
+    ids = enc["input_ids"].to(model_device(model))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+    )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def _score(model, tokenizer, sample) -> tuple[float, str]:
+    budget = len(tokenizer(needle_answer_text(sample), add_special_tokens=False)["input_ids"]) + 4
+    output = greedy_answer(model, tokenizer, sample.prompt, budget)
+    return score_string_match_all(output, sample.answers), output
+
+
+def run_niah(
+    model: nn.Module,
+    tokenizer,
+    *,
+    haystack: str = "shakespeare",
+    context_tokens: int | None = None,
+    grid=GRID,
+    samples: int = 10,
+    heatmap_lengths: list[int] | None = None,
+    depths=DEPTHS,
+    heatmap_needles: int = 8,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """The (N, R) grid at ``context_tokens`` and the N = 8, R = 1 length × depth heatmap; see the module doc."""
+    limit = model_max_length(model)
+    context_tokens = context_tokens or min(limit, 2048)
+    check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
+    heatmap_lengths = heatmap_lengths or sorted(
+        {max(64, context_tokens // 4), max(64, context_tokens // 2), context_tokens}
+    )
+    for length in heatmap_lengths:
+        check_fits(model, length, f"the needle heatmap at length {length}")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
+    grid_rows = []
+    total = len(grid) * samples + len(heatmap_lengths) * len(depths) * samples
+    bar = tqdm(total=total, desc="needle retrieval", disable=not progress, leave=False)
+    examples = []
+    for n, r in grid:
+        scores = []
+        for i in range(samples):
+            sample = fit_sample(tokenizer, text, context_tokens, seed * 100003 + i, num_needles=n, num_queries=r)
+            score, output = _score(model, tokenizer, sample)
+            scores.append(score)
+            if i == 0:
+                examples.append({"N": n, "R": r, "answers": list(sample.answers), "output": output})
+            bar.update()
+        grid_rows.append({"N": n, "R": r, "accuracy": sum(scores) / len(scores), "samples": samples})
+    heat = []
+    for length in heatmap_lengths:
+        row = []
+        for j, depth in enumerate(depths):
+            scores = []
+            for i in range(samples):
+                sample = fit_sample(
+                    tokenizer, text, length, seed * 100003 + 7919 * (j + 1) + i,
+                    num_needles=heatmap_needles, num_queries=1, depth=depth,
+                )  # fmt: skip
+                scores.append(_score(model, tokenizer, sample)[0])
+                bar.update()
+            row.append(sum(scores) / len(scores))
+        heat.append(row)
+    bar.close()
+    return {
+        "grid": grid_rows,
+        "heatmap": {"lengths": heatmap_lengths, "depths": list(depths), "accuracy": heat, "N": heatmap_needles, "R": 1},
+        "mean_accuracy": sum(r["accuracy"] for r in grid_rows) / len(grid_rows),
+        "examples": examples,
+        "metadata": {
+            "haystack": description,
+            "context_tokens": context_tokens,
+            "samples_per_cell": samples,
+            "decoding": "greedy; max_new_tokens = answer tokens + 4",
+            "scoring": "RULER string_match_all",
+            "placement": "first queried needle at the depth (heatmap) or random; others random; sentence starts",
+            "seed": seed,
+        },
+    }
+
+
+def plot_niah(results: dict, path) -> object:
+    """The length × depth heatmap (DIFF Fig. 5 style) beside the (N, R) grid bars."""
+    plt = figure()
+    fig, (ax_heat, ax_grid) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    heat = results["heatmap"]
+    im = ax_heat.imshow(torch.tensor(heat["accuracy"]).T.numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax_heat.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]])
+    ax_heat.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]])
+    ax_heat.set_xlabel("context length (tokens)")
+    ax_heat.set_ylabel("answer depth")
+    ax_heat.set_title(f"N = {heat['N']}, R = 1")
+    fig.colorbar(im, ax=ax_heat, fraction=0.046)
+    labels = [f"N={g['N']},R={g['R']}" for g in results["grid"]]
+    ax_grid.bar(labels, [g["accuracy"] for g in results["grid"]], color="tab:green")
+    ax_grid.set_ylim(0, 1)
+    ax_grid.set_title(f"at {results['metadata']['context_tokens']} tokens")
+    return save_figure(fig, path)

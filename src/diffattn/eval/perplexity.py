@@ -1,0 +1,98 @@
+"""Perplexity with a strided sliding window (evaluation.md "Perplexity"; Hugging Face's fixed-length-model recipe).
+
+The text is tokenized once; windows of ``window`` tokens start every ``stride`` tokens, and each window scores only
+the tokens the previous one did not (the first window scores all but its first token), each with up to
+``window − stride`` tokens of context before it. PPL = exp(mean NLL over scored tokens). Defaults: window = the
+model's context, stride = window / 2. This is *token*-level perplexity on the model's own tokenizer: it is not
+comparable across tokenizers, and it is not lm-eval's ``wikitext`` number (disjoint windows, word perplexity).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ._common import check_fits, figure, model_device, model_max_length, save_figure
+
+
+@torch.no_grad()
+def sliding_window_nll(
+    model: nn.Module, ids: torch.Tensor, *, window: int, stride: int, progress: bool = True
+) -> tuple[float, int]:
+    """(sum of NLL, number of scored tokens) of a 1-D token tensor ``ids``."""
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError(f"need a 1-D sequence of at least 2 tokens, got shape {tuple(ids.shape)}")
+    if not 0 < stride <= window:
+        raise ValueError(f"stride must be in [1, window={window}], got {stride}")
+    device = model_device(model)
+    n = ids.numel()
+    total, count, scored_to = 0.0, 0, 1  # the first token is never scored: nothing predicts it
+    starts = list(range(0, max(1, n - 1), stride))
+    for start in tqdm(starts, desc="perplexity", disable=not progress, leave=False):
+        end = min(start + window, n)
+        chunk = ids[start:end].to(device)[None]
+        logits = model(chunk).logits[0, :-1].float()
+        targets = chunk[0, 1:]
+        first_new = max(scored_to, start + 1) - (start + 1)  # index into targets of the first unscored token
+        if first_new < targets.numel():
+            nll = F.cross_entropy(logits[first_new:], targets[first_new:], reduction="sum")
+            total += float(nll)
+            count += targets.numel() - first_new
+        scored_to = end
+        if end == n:
+            break
+    return total, count
+
+
+def run_perplexity(
+    model: nn.Module,
+    tokenizer,
+    *,
+    text: str | None = None,
+    source: str = "shakespeare",
+    window: int | None = None,
+    stride: int | None = None,
+    max_tokens: int | None = 8192,
+    progress: bool = True,
+) -> dict:
+    """Token-level perplexity of ``model`` on ``text`` (default: the test split of ``source``)."""
+    from ._common import load_text
+
+    description = "given text"
+    if text is None:
+        text, description = load_text(source, "test")
+    window = window or min(model_max_length(model), 1024)
+    check_fits(model, window, f"perplexity window={window}")
+    stride = stride or max(1, window // 2)
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    nll, count = sliding_window_nll(model, ids, window=window, stride=stride, progress=progress)
+    mean = nll / count
+    return {
+        "nll": mean,
+        "ppl": math.exp(min(mean, 50.0)),
+        "scored_tokens": count,
+        "metadata": {
+            "text": description,
+            "window": window,
+            "stride": stride,
+            "max_tokens": max_tokens,
+            "level": "token (the model's own tokenizer); not lm-eval's word perplexity",
+        },
+    }
+
+
+def plot_perplexity(results: dict[str, dict], path) -> object:
+    """Bar chart of perplexity per model, ``results`` = {model name: run_perplexity result}."""
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(results)), 3))
+    names = list(results)
+    ax.bar(names, [results[n]["ppl"] for n in names], color="tab:blue")
+    ax.set_ylabel("perplexity")
+    ax.set_title("strided sliding-window perplexity")
+    return save_figure(fig, path)

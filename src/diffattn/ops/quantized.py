@@ -1,0 +1,76 @@
+"""Attention with low-bit logits, for the quantization analysis of DIFF Transformer (Table 5, Fig. 8).
+
+Inside ``with quantized_logits(bits):`` the attention modules this library owns compute attention through
+:func:`quantized_attention` instead of their fast backend: the scaled logits Q·Kᵀ·s of each map are quantized by
+absmax per head and sample — ``scale = max|x| / (2^(b−1) − 1)`` over the entries the mask keeps, round, dequantize —
+and then masked, softmaxed and combined as usual (A1 − λA2 for two maps). ``bits=None`` or 16 means no
+quantization (the paper's 16-bit baseline). Plain Hugging Face attention modules are handled by
+:class:`diffattn.eval.outliers.QuantizedLogits`, which reroutes them through the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from ._inputs import validate
+from .reference import _safe_softmax, additive_bias
+
+_BITS: list[int] = []
+
+
+def logit_bits() -> int | None:
+    """The active logit bit width, or None (the normal case: one list check)."""
+    return _BITS[-1] if _BITS else None
+
+
+@contextmanager
+def quantized_logits(bits: int | None) -> Iterator[None]:
+    """Quantize attention logits to ``bits`` in the block (None or 16: unchanged)."""
+    if bits is not None and not (isinstance(bits, int) and 2 <= bits <= 16):
+        raise ValueError(f"bits must be an int in [2, 16] or None, got {bits!r}")
+    if bits is None or bits >= 16:
+        yield
+        return
+    _BITS.append(bits)
+    try:
+        yield
+    finally:
+        _BITS.pop()
+
+
+def quantize_absmax(x: torch.Tensor, bits: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Absmax-quantize ``x`` [B, H, T, S] per (B, H) to signed ``bits`` and dequantize; ``keep`` limits the max."""
+    levels = 2 ** (bits - 1) - 1
+    mag = x.abs() if keep is None else x.abs().masked_fill(~keep, 0)
+    scale = mag.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12) / levels
+    return torch.round(x / scale).clamp(-levels, levels) * scale
+
+
+def quantized_attention(q1, k1, q2, k2, v, lam, *, causal, attn_mask, scale, bits) -> torch.Tensor:
+    """softmax(Q(Q1K1ᵀ·s) + M) V − λ softmax(Q(Q2K2ᵀ·s) + M) V with Q the absmax quantizer; single map if q2 is None.
+
+    Shapes as :func:`diffattn.ops.diff_attention`; returns ``[B, H, T, dv]`` in q1's dtype.
+    """
+    single = q2 is None
+    inp = validate(
+        q1, k1, q1 if single else q2, k1 if single else k2, v, 0.0 if single else lam,
+        causal=causal, attn_mask=attn_mask, scale=scale,
+    )  # fmt: skip
+    rep = inp.num_heads // inp.num_kv_heads
+    bias = additive_bias(inp, torch.float32)
+    keep = None if bias is None else torch.isfinite(bias) & (bias > torch.finfo(torch.float32).min / 2)
+
+    def probs(q, k):
+        k = k if rep == 1 else k.repeat_interleave(rep, dim=1)
+        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * inp.scale
+        s = quantize_absmax(s, bits, None if keep is None else keep.expand_as(s))
+        return _safe_softmax(s if bias is None else s + bias)
+
+    a = probs(inp.q1, inp.k1)
+    if not single:
+        a = a - inp.lam.float() * probs(inp.q2, inp.k2)
+    vv = inp.v if rep == 1 else inp.v.repeat_interleave(rep, dim=1)
+    return torch.matmul(a, vv.float()).to(q1.dtype)

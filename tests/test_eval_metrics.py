@@ -1,0 +1,191 @@
+"""Evaluations of issue 5 other than ICL and lm-eval: generators deterministic, scorers on hand-made inputs, and
+every suite end to end on the `debug` baseline, DIFF and Dex-adapted models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from diffattn.eval.allocation import BUCKETS, allocate, plot_allocation, run_allocation, token_buckets
+from diffattn.eval.heads import cosine_distance_matrix, linear_cka, plot_heads, run_heads
+from diffattn.eval.mqar import ar_hit_mask, run_mqar
+from diffattn.eval.niah import fit_sample, plot_niah, run_niah
+from diffattn.eval.outliers import QuantizedLogits, run_outliers, run_quantization, top_stats
+from diffattn.eval.perplexity import run_perplexity, sliding_window_nll
+from diffattn.ops.quantized import quantize_absmax
+
+from .eval_fixtures import debug_models, tokenizer  # noqa: F401  (pytest fixtures)
+from .tiny_models import ids, tiny
+
+MODELS = ["baseline", "diff", "dex"]
+
+
+# -- perplexity ------------------------------------------------------------------------------------------------
+def test_sliding_window_scores_every_token_once_and_matches_one_full_window():
+    model = tiny("llama")
+    x = ids(b=1, t=40)[0]
+    full_nll, full_n = sliding_window_nll(model, x, window=40, stride=40, progress=False)
+    assert full_n == 39
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(x[None]).logits[0, :-1], x[1:], reduction="sum")
+    assert full_nll == pytest.approx(float(want), rel=1e-5)
+    nll, n = sliding_window_nll(model, x, window=16, stride=8, progress=False)
+    assert n == 39 and nll != pytest.approx(full_nll)  # every token once, with less context
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_perplexity_end_to_end(name, debug_models, tokenizer):  # noqa: F811
+    res = run_perplexity(debug_models[name], tokenizer, source="filler", window=64, max_tokens=300, progress=False)
+    assert res["ppl"] == pytest.approx(math.exp(res["nll"])) and res["scored_tokens"] == 299
+    assert res["metadata"]["window"] == 64 and res["metadata"]["stride"] == 32
+
+
+# -- needle retrieval -------------------------------------------------------------------------------------------
+def test_fit_sample_is_deterministic_and_fits(tokenizer):  # noqa: F811
+    text = "The sky is blue. The grass is green. " * 200
+    a = fit_sample(tokenizer, text, 240, seed=3, num_needles=4, num_queries=2)
+    b = fit_sample(tokenizer, text, 240, seed=3, num_needles=4, num_queries=2)
+    assert a == b and len(a.needles) == 4 and len(a.answers) == 2
+    assert all(f"The special magic {k} number is: {n}." in a.context for k, n, _ in a.needles)
+    assert 200 <= len(tokenizer(a.prompt)["input_ids"]) <= 240  # close to the asked length, never over
+    with pytest.raises(ValueError, match="the needles, question and answer alone take"):
+        fit_sample(tokenizer, text, 60, seed=3, num_needles=4, num_queries=2)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+    res = run_niah(
+        debug_models[name], tokenizer, haystack="filler", context_tokens=192, grid=((1, 1), (2, 2)), samples=1,
+        heatmap_lengths=[160, 192], heatmap_needles=2, depths=(0.0, 1.0), progress=False,
+    )  # fmt: skip
+    assert [(g["N"], g["R"]) for g in res["grid"]] == [(1, 1), (2, 2)]
+    assert all(0 <= g["accuracy"] <= 1 for g in res["grid"])
+    assert np.array(res["heatmap"]["accuracy"]).shape == (2, 2)
+    assert plot_niah(res, tmp_path / "niah.png").stat().st_size > 0
+
+
+def test_niah_refuses_a_context_longer_than_the_model(debug_models, tokenizer):  # noqa: F811
+    with pytest.raises(ValueError, match="needs 4096 tokens but the model's maximum context is 256"):
+        run_niah(debug_models["baseline"], tokenizer, context_tokens=4096, progress=False)
+
+
+# -- attention allocation --------------------------------------------------------------------------------------
+def test_buckets_of_a_constructed_row_sum_to_one_and_land_right():
+    # tokens: BOS, 3 context-before, 2 answer, 2 context-after, 2 query (char offsets)
+    offsets = [(0, 0), (0, 5), (5, 10), (10, 15), (15, 18), (18, 22), (22, 30), (30, 40), (41, 50), (50, 58)]
+    buckets = token_buckets(offsets, answer_span=(15, 22), context_end=40)
+    assert buckets == ["bos", "before", "before", "before", "answer", "answer", "after", "after", "query", "query"]
+    row = torch.tensor([0.1, 0.05, 0.05, 0.1, 0.3, 0.1, 0.1, 0.0, 0.1, 0.1])
+    shares = allocate(row, buckets)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["answer"] == pytest.approx(0.4) and shares["bos"] == pytest.approx(0.1)
+    signed = torch.tensor([0.2, -0.1, 0.0, 0.1, 0.4, 0.2, 0.0, -0.05, 0.05, 0.0])  # sums to 0.8: normalised
+    assert sum(allocate(signed, buckets).values()) == pytest.approx(1.0)
+    assert allocate(signed, buckets)["answer"] == pytest.approx(0.6 / 0.8)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+    res = run_allocation(
+        debug_models[name], tokenizer, haystack="filler", context_tokens=128, samples=2, progress=False
+    )
+    assert set(res["allocation"]) == set(BUCKETS)
+    assert sum(res["allocation"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert res["attention_noise"] == pytest.approx(res["allocation"]["before"] + res["allocation"]["after"])
+    assert plot_allocation({name: res}, tmp_path / "alloc.png").stat().st_size > 0
+
+
+# -- associative recall ----------------------------------------------------------------------------------------
+def test_ar_hit_marks_repeated_bigrams_only():
+    x = torch.tensor([5, 6, 7, 5, 6, 8, 6, 7])
+    assert ar_hit_mask(x).tolist() == [False, False, False, False, True, False, False, True]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_mqar_end_to_end(name, debug_models, tokenizer):  # noqa: F811
+    res = run_mqar(
+        debug_models[name], tokenizer, configs=((64, 4),), samples=4, text_source="filler", text_tokens=200,
+        seq_len=64, progress=False,
+    )  # fmt: skip
+    assert 0 <= res["mqar"][0]["accuracy"] <= 1
+    split = res["ar_hit"]
+    assert split["ar_hit_tokens"] > 0 and split["others_tokens"] > 0  # the filler repeats: many AR hits
+    assert split["ar_hit_tokens"] + split["others_tokens"] == 200 - 4  # 4 disjoint windows, first tokens unscored
+
+
+# -- outliers and quantization ---------------------------------------------------------------------------------
+def test_top_stats_on_known_values():
+    stats = top_stats(np.arange(1, 201, dtype=float))
+    assert stats["top1"] == 200 and stats["top3"] == 198 and stats["top100"] == 101 and stats["median"] == 100.5
+
+
+def test_sixteen_bit_quantization_changes_nothing_and_four_bits_do(debug_models, tokenizer):  # noqa: F811
+    x = torch.randint(0, len(tokenizer), (1, 24))
+    for model in debug_models.values():
+        with torch.no_grad():
+            base = model(x).logits
+            with QuantizedLogits(model, 16):
+                same = model(x).logits
+            with QuantizedLogits(model, 4):
+                low = model(x).logits
+        assert torch.equal(same, base)
+        assert (low - base).abs().max() > 1e-6
+
+
+def test_high_bit_quantized_attention_is_close_to_the_model():
+    model = tiny("qwen3")  # q/k norms and GQA through the plain-module hook
+    x = ids(t=16)
+    with torch.no_grad():
+        base = model(x).logits
+        with QuantizedLogits(model, 14):
+            q14 = model(x).logits
+    torch.testing.assert_close(q14, base, atol=2e-3, rtol=2e-3)
+
+
+def test_absmax_quantizer_levels():
+    x = torch.tensor([[[[-2.0, 1.2, 0.9, 0.0]]]])
+    q = quantize_absmax(x, bits=2)  # levels {-1, 0, 1} · 2
+    assert q.tolist() == [[[[-2.0, 2.0, 0.0, 0.0]]]]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_outliers_and_quantization_end_to_end(name, debug_models, tokenizer):  # noqa: F811
+    model = debug_models[name]
+    out = run_outliers(model, tokenizer, source="filler", tokens=128, seq_len=64, progress=False)
+    assert out["attention_logits"]["top1"] >= out["attention_logits"]["top100"] >= out["attention_logits"]["median"]
+    q = run_quantization(model, tokenizer, bits=(16, 4), source="filler", tokens=128, seq_len=64, progress=False)
+    assert [r["bits"] for r in q["quantization"]] == [16, 4]
+    ppl16 = run_perplexity(model, tokenizer, source="filler", window=64, stride=64, max_tokens=128, progress=False)
+    assert q["quantization"][0]["ppl"] == pytest.approx(ppl16["ppl"], rel=1e-5)
+
+
+# -- heads -----------------------------------------------------------------------------------------------------
+def test_cka_of_a_head_with_itself_is_one_and_invariant_to_rotation():
+    x = torch.randn(50, 8)
+    assert linear_cka(x, x) == pytest.approx(1.0)
+    rot, _ = torch.linalg.qr(torch.randn(8, 8))
+    assert linear_cka(x, x @ rot) == pytest.approx(1.0)
+    assert linear_cka(x, torch.randn(50, 8)) < 0.9
+
+
+def test_cosine_distance_of_identical_heads_is_zero():
+    maps = torch.rand(3, 5, 5)
+    maps[1] = maps[0]
+    d = cosine_distance_matrix(maps, torch.ones(5, 5, dtype=torch.bool))
+    assert d[0, 1].abs() < 1e-6 and d[0, 2] > 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_heads_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+    res = run_heads(debug_models[name], tokenizer, source="filler", tokens=128, seq_len=64, progress=False)
+    assert sorted(res["layers"]) == [0, 1]
+    layer = res["layers"][0]
+    assert 0 <= layer["cka"] <= 1 + 1e-6 and layer["entropy"] > 0
+    assert 0 <= layer["negative_share"] <= 1 and 0 <= layer["sparsity@0.01"] <= 1
+    assert (layer["lambda"] is None) == (name == "baseline")  # λ per layer for DIFF and Dex
+    if name == "baseline":
+        assert layer["negative_share"] == 0  # softmax maps have no negative entries
+    assert plot_heads(res, tmp_path / "heads.png").stat().st_size > 0
