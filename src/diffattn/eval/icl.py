@@ -1,0 +1,815 @@
+"""Many-shot in-context learning and its robustness to demonstration order (DIFF Transformer §3.5, Fig. 6–7 and
+App. F; Dex Table 3; protocol of Bertsch et al. 2024, "In-Context Learning with Long-Context Models";
+../shared/evaluation.md "Many-shot in-context learning").
+
+**Prompt** (exactly evaluation.md's): every demonstration is ``"{x_prefix}{text}\\n{y_prefix}{label}"``, the
+demonstrations are joined by ``"\\n==\\n"``, then the test item follows with an empty label:
+``demo_1 + "\\n==\\n" + … + demo_k + "\\n==\\n" + "{x_prefix}{text}\\n{y_prefix}"``. Defaults:
+``x_prefix="Input: "``, ``y_prefix="Label: "`` (:class:`PromptFormat`).
+
+**Constrained decoding** (Ratner et al. 2023, as used by Bertsch et al. and DIFF): the model may only emit one of
+the data set's label strings. The labels are tokenised in the form they take in the prompt (see *tokenisation*
+below) and put in a token trie (:class:`LabelTrie`). Decoding is greedy over the allowed next tokens only (the
+argmax of the logits restricted to the current node's children) and stops at the shortest unique prefix: once
+only one label remains below the node, that label is the prediction. A label whose tokens are a strict prefix of
+another's (``"cat"`` vs ``"cats"`` when ``" cats"`` is ``" cat" + "s"``) ends with the first token of the
+separator (the token that follows every label in the demonstrations), which competes with the longer labels'
+next tokens. Each trie step is **one forward of one token on the KV cache** of the prompt; moreover the cache of
+the demonstrations (everything before the test item) is computed once per demonstration set and shared by all
+test items (rolled back with ``Cache.crop``, or copied where a cache cannot be cropped, e.g. sliding-window
+layers) — numerically the same as one full forward per test item (``share_prefix=False`` does that instead).
+Accuracy is the exact-match rate of the decoded label, in [0, 1] (the papers print percentages).
+
+**Tokenisation.** The prompt is tokenised piece by piece (the tokenizer's own BOS, if it adds one; each
+demonstration; each separator; the test item), so every demonstration's label has exactly the tokens the
+decoder may emit. The label tokens are ``tokens(y_prefix + label)`` minus the longest prefix of
+``tokens(y_prefix)`` they all share: with BPE the trailing space of ``"Label: "`` merges into the label's first
+token (``" noun"``), so the test item's prompt ends at ``"Label:"`` and the space is part of the label — the
+usual treatment of a target delimiter. Tokenizers that add a prefix space to every encoded string
+(SentencePiece "dummy prefix") are handled by encoding each piece after a newline and dropping the newline's
+tokens. Whether the decoded prompt reproduces the prompt string exactly is checked and recorded
+(``metadata["tokenization_round_trip"]``).
+
+**Many-shot accuracy** (:func:`run_icl`). A fixed test set (``test_size`` items, a seeded sample) and a demo pool
+(the rest, disjoint). Shot counts default to 1, 2, 4, … up to the most that fit the context
+(``max_position_embeddings``, or ``max_length``), plus that maximum. The maximum is computed from the tokenised
+lengths: the largest k with ``BOS + k·(mean demo + separator) + 3·sqrt(k)·std(demo) + longest test item +
+longest label ≤ context``, capped at the pool size (mean and std over the pool, or over a seeded sample of 5,000
+demos of a larger pool, which is tokenised lazily); a draw that still overflows is redrawn (seeded; counted in
+``metadata["redraws"]``). For every shot count, ``draws`` (default 10) demo sets are drawn uniformly without
+replacement from the pool, seeded by ``(seed, shots, draw)``; the mean and the population std (ddof 0) over draws
+are reported. The label set of the decoder is every label of the data set, whether or not a draw shows it.
+
+**Order robustness** (:func:`run_order_robustness`, DIFF Fig. 7). One demo set is fixed: ``rounds`` examples per
+class (a seeded sample per class; by default as many rounds as fit the context), and it is permuted with
+``permutations`` (default 10) seeds in two arrangements: ``"random"`` (a uniform permutation) and ``"by_class"``
+("alternately arranged by class": ``rounds`` rounds, each containing every class once, in one seeded class order
+repeated in every round — the strictly alternating reading of the paper; which example of a class goes into
+which round is seeded too). The margin is best − worst accuracy over the permutations (:func:`order_margin`;
+paper TREC margins in points: Transformer 19.0 vs DIFF 4.0 random, 56.7 vs 13.4 by class).
+
+Choices the papers left open, all recorded in each result's ``"metadata"``: the prefixes, the test-set size
+(default 100; Dex Table 3's granularity suggests ~45), the shot grid, the context-fitting rule, the trie end
+token, the prefix-cache sharing, the class order of the by-class arrangement, the std convention. The data sets
+(:mod:`.icl_data`) replace TREC/Banking-77/Clinic-150, which live on a hub this project may not use.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ._common import figure, model_device, model_max_length, save_figure
+from .icl_data import Pair, load_icl_dataset, validate_pairs
+
+ARRANGEMENTS = ("random", "by_class")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# prompt strings
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """The demonstration template ``"{x_prefix}{text}\\n{y_prefix}{label}"`` and the separator between demos."""
+
+    x_prefix: str = "Input: "
+    y_prefix: str = "Label: "
+    separator: str = "\n==\n"
+
+    def __post_init__(self):
+        for name in ("x_prefix", "y_prefix", "separator"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"PromptFormat.{name} must be a string")
+        if not self.separator:
+            raise ValueError("PromptFormat.separator must not be empty: it ends every label in the prompt")
+
+    def demo(self, text: str, label: str) -> str:
+        return f"{self.x_prefix}{text}\n{self.y_prefix}{label}"
+
+    def query(self, text: str) -> str:
+        return self.demo(text, "")
+
+
+def build_prompt(demos: Sequence[Pair], text: str, fmt: PromptFormat | None = None) -> str:
+    """The prompt string: the demos joined by the separator, then the test item with an empty label."""
+    fmt = fmt or PromptFormat()
+    return fmt.separator.join([fmt.demo(t, y) for t, y in demos] + [fmt.query(text)])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the label trie and constrained greedy decoding
+
+
+class _Node:
+    __slots__ = ("children", "labels", "terminal")
+
+    def __init__(self):
+        self.children: dict[int, _Node] = {}
+        self.labels: set[str] = set()
+        self.terminal: str | None = None
+
+
+class LabelTrie:
+    """A token trie over the labels' token sequences, for constrained greedy decoding.
+
+    Args:
+        sequences: label → its non-empty token ids (as they follow the prompt).
+        end_token: the token that follows a label in the prompt (the separator's first token); needed only when
+            one label's tokens are a strict prefix of another's, where it stands for "the label ends here".
+    """
+
+    def __init__(self, sequences: Mapping[str, Sequence[int]], end_token: int | None = None):
+        if len(sequences) < 2:
+            raise ValueError(f"constrained decoding needs at least 2 labels, got {list(sequences)}")
+        self.root = _Node()
+        self.end_token = end_token
+        self.sequences = {label: [int(t) for t in seq] for label, seq in sequences.items()}
+        for label, seq in self.sequences.items():
+            if not seq:
+                raise ValueError(f"label {label!r} has no tokens")
+            node = self.root
+            node.labels.add(label)
+            for token in seq:
+                node = node.children.setdefault(token, _Node())
+                node.labels.add(label)
+            if node.terminal is not None:
+                raise ValueError(f"labels {node.terminal!r} and {label!r} have the same tokens {seq}")
+            node.terminal = label
+        self._check(self.root)
+
+    def _check(self, node: _Node) -> None:
+        if node.terminal is not None and node.children:
+            if self.end_token is None:
+                longer = sorted(node.labels - {node.terminal})
+                raise ValueError(
+                    f"label {node.terminal!r} is a token prefix of {longer}: an end_token is needed to tell them apart"
+                )
+            if self.end_token in node.children:
+                raise ValueError(f"end_token {self.end_token} is also a label token after {node.terminal!r}")
+        for child in node.children.values():
+            self._check(child)
+
+    @property
+    def max_depth(self) -> int:
+        return max(len(s) for s in self.sequences.values()) + 1
+
+    def allowed(self, node: _Node) -> list[int]:
+        """The tokens the decoder may emit at ``node`` (sorted; the end token where a label ends inside)."""
+        tokens = sorted(node.children)
+        if node.terminal is not None and node.children:
+            tokens.append(int(self.end_token))
+        return tokens
+
+    def decode(self, logits: torch.Tensor, step: Callable[[int], torch.Tensor]) -> str:
+        """Greedy constrained decoding from the prompt's next-token ``logits`` ([vocab]).
+
+        ``step(token)`` feeds one token and returns the next logits; it is called once per trie level that still
+        leaves a choice (never for a token after which only one label remains). Returns the label.
+        """
+        node = self.root
+        while len(node.labels) > 1:
+            allowed = self.allowed(node)
+            scores = logits.float().reshape(-1)[torch.tensor(allowed, device=logits.device)]
+            token = allowed[int(torch.argmax(scores))]  # ties: the smallest token id
+            if token not in node.children:  # the end token: the label ending here
+                return node.terminal  # type: ignore[return-value]
+            node = node.children[token]
+            if len(node.labels) > 1:
+                logits = step(token)
+        return next(iter(node.labels))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tokenisation of prompts in pieces
+
+
+def _ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    if not texts:
+        return []
+    return [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _decode(tokenizer, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+class PromptTokens:
+    """Tokenises demonstrations, separators and test items so that labels have exactly the decoder's tokens."""
+
+    def __init__(self, tokenizer, fmt: PromptFormat, labels: Sequence[str]):
+        self.tokenizer, self.fmt = tokenizer, fmt
+        self.labels = sorted(set(labels))
+        with_special = list(tokenizer("a")["input_ids"])
+        without = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+        n = len(without)
+        starts = [i for i in range(len(with_special) - n + 1) if with_special[i : i + n] == without]
+        self.bos = with_special[: starts[0]] if starts else []
+        # Tokenizers that prepend a space to every encoded string (SentencePiece's dummy prefix) would put a space
+        # at every piece boundary: then each piece is encoded after a newline whose tokens are dropped.
+        probe = ["ab", "a", "b"]
+        ab, a, b = _ids(tokenizer, probe)
+        self.anchor: list[int] | None = None
+        if _decode(tokenizer, a + b) != "ab" and _decode(tokenizer, ab) == "ab":
+            self.anchor = _ids(tokenizer, ["\n"])[0]
+        y_alone = self.encode([fmt.y_prefix])[0]
+        y_full = dict(zip(self.labels, self.encode([fmt.y_prefix + label for label in self.labels]), strict=True))
+        head = len(y_alone)
+        for seq in y_full.values():
+            common = 0
+            while common < min(head, len(seq)) and seq[common] == y_alone[common]:
+                common += 1
+            head = common
+        self.head = y_alone[:head]
+        self.label_ids = {label: seq[head:] for label, seq in y_full.items()}
+        empty = [label for label, seq in self.label_ids.items() if not seq]
+        if empty:
+            raise ValueError(f"labels {empty} tokenise to nothing after y_prefix {fmt.y_prefix!r}")
+        self.sep = self.encode([fmt.separator])[0]
+        if not self.sep:
+            raise ValueError(f"the separator {fmt.separator!r} tokenises to nothing")
+        self.trie = LabelTrie(self.label_ids, end_token=self.sep[0])
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self.anchor is None:
+            return _ids(self.tokenizer, texts)
+        out = []
+        for text, ids in zip(texts, _ids(self.tokenizer, ["\n" + t for t in texts]), strict=True):
+            k = len(self.anchor)
+            out.append(ids[k:] if ids[:k] == self.anchor else _ids(self.tokenizer, [text])[0])
+        return out
+
+    def queries(self, texts: Sequence[str]) -> list[list[int]]:
+        """Test items: ``x_prefix + text + "\\n"`` then the y_prefix tokens shared by all labels."""
+        return [ids + self.head for ids in self.encode([f"{self.fmt.x_prefix}{t}\n" for t in texts])]
+
+    def demos(self, pairs: Sequence[Pair]) -> list[list[int]]:
+        queries = self.queries([t for t, _ in pairs])
+        return [q + self.label_ids[y] for q, (_, y) in zip(queries, pairs, strict=True)]
+
+    def prefix(self, demo_ids: Sequence[Sequence[int]]) -> list[int]:
+        """BOS + demo_1 + sep + … + demo_k + sep: everything before the test item."""
+        out = list(self.bos)
+        for ids in demo_ids:
+            out += list(ids) + self.sep
+        return out
+
+    def round_trip(self, demos: Sequence[Pair], text: str, label: str) -> bool:
+        """Whether the pieces decode to exactly ``build_prompt(demos, text) + label``."""
+        ids = self.prefix(self.demos(demos))[len(self.bos) :] + self.queries([text])[0] + self.label_ids[label]
+        return _decode(self.tokenizer, ids) == build_prompt(demos, text, self.fmt) + label
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# running the model
+
+
+def _context_length(model, max_length: int | None) -> tuple[int, str]:
+    limit = model_max_length(model)
+    if max_length is None:
+        return limit, "config.max_position_embeddings"
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
+    if max_length > limit:
+        raise ValueError(f"max_length {max_length} exceeds the model's maximum context of {limit} positions")
+    return max_length, "max_length argument"
+
+
+class _Runner:
+    """Forwards on a KV cache: a shared demo prefix, then each test item and its trie steps."""
+
+    def __init__(self, model, share_prefix: bool = True):
+        self.model = model
+        self.device = model_device(model)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
+        params = inspect.signature(base.forward).parameters
+        self.kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.share_prefix = share_prefix
+
+    def forward(self, ids: Sequence[int], cache):
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **self.kwargs)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    def predict(self, trie: LabelTrie, prefix: list[int], queries: list[list[int]], bar=None) -> list[str]:
+        preds: list[str] = []
+        if not self.share_prefix:
+            for query in queries:
+                preds.append(self._one(trie, None, prefix + query))
+                if bar is not None:
+                    bar.update(1)
+            return preds
+        _, cache = self.forward(prefix, None)
+        n = len(prefix)
+        # sliding-window layers drop old states, so their rollback needs a copy (their crop refuses)
+        sliding = getattr(cache, "is_sliding", False)
+        sliding = any(sliding) if isinstance(sliding, (list, tuple)) else bool(sliding)
+        croppable = bool(getattr(cache, "is_croppable", False)) and hasattr(cache, "crop") and not sliding
+        snapshot = None if croppable else copy.deepcopy(cache)
+        for query in queries:
+            work = cache if croppable else copy.deepcopy(snapshot)
+            preds.append(self._one(trie, work, query))
+            if croppable:
+                extra = cache.get_seq_length() - n
+                if extra:
+                    cache.crop(-extra)
+            if bar is not None:
+                bar.update(1)
+        return preds
+
+    def _one(self, trie: LabelTrie, cache, ids: list[int]) -> str:
+        logits, cache = self.forward(ids, cache)
+        state = {"cache": cache}
+
+        def step(token: int) -> torch.Tensor:
+            logits, state["cache"] = self.forward([token], state["cache"])
+            return logits
+
+        return trie.decode(logits, step)
+
+
+class _LazyDemos:
+    """The pool's demonstrations, tokenised on first use (a large pool is never tokenised whole)."""
+
+    SAMPLE = 5000  # pool demos whose lengths estimate mean and std for the max-shots rule
+
+    def __init__(self, tokens: PromptTokens, pool: Sequence[Pair]):
+        self.tokens, self.pool = tokens, pool
+        self.cache: dict[int, list[int]] = {}
+
+    def __getitem__(self, indices: Sequence[int]) -> list[list[int]]:
+        missing = sorted({int(i) for i in indices} - self.cache.keys())
+        if missing:
+            self.cache.update(zip(missing, self.tokens.demos([self.pool[i] for i in missing]), strict=True))
+        return [self.cache[int(i)] for i in indices]
+
+    def sample_lengths(self, seed: int) -> list[int]:
+        n = len(self.pool)
+        if n <= self.SAMPLE:
+            indices = list(range(n))
+        else:
+            indices = [int(i) for i in np.random.default_rng([seed, 4]).choice(n, size=self.SAMPLE, replace=False)]
+        return [len(ids) for ids in self[indices]]
+
+
+def _model_info(model) -> dict:
+    config = model.config
+    return {
+        "class": type(model).__name__,
+        "model_type": getattr(config, "model_type", None),
+        "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+    }
+
+
+def _dataset_pairs(dataset, dataset_options: Mapping | None, seed: int) -> tuple[list[Pair], str]:
+    options = dict(dataset_options or {})
+    options.setdefault("seed", seed)
+    name = dataset if isinstance(dataset, str) else "custom"
+    pairs = load_icl_dataset(dataset, **options)
+    return validate_pairs(pairs, what=name), name
+
+
+def _split(pairs: list[Pair], test_size: int, seed: int) -> tuple[list[Pair], list[Pair]]:
+    if not isinstance(test_size, int) or test_size < 1:
+        raise ValueError(f"test_size must be a positive integer, got {test_size!r}")
+    if len(pairs) <= test_size:
+        raise ValueError(f"the data set has {len(pairs)} examples: too few for {test_size} test items and a demo pool")
+    order = np.random.default_rng([seed, 0]).permutation(len(pairs))
+    return [pairs[i] for i in order[:test_size]], [pairs[i] for i in order[test_size:]]
+
+
+def max_shots(demo_lengths: Sequence[int], budget: int, sep_len: int, pool_size: int | None = None) -> int:
+    """The most demos that fit ``budget`` tokens: largest k with k·(mean + sep) + 3·sqrt(k)·std ≤ budget.
+
+    ``demo_lengths`` may be a sample of the pool; k is capped at ``pool_size`` (default: the number of lengths).
+    """
+    lengths = np.asarray(demo_lengths, dtype=float)
+    if lengths.size == 0:
+        return 0
+    cap = lengths.size if pool_size is None else pool_size
+    mean, std = float(lengths.mean()) + sep_len, float(lengths.std())
+    k = 0
+    while k < cap and (k + 1) * mean + 3.0 * math.sqrt(k + 1) * std <= budget:
+        k += 1
+    return k
+
+
+def default_shot_grid(k_max: int) -> list[int]:
+    """1, 2, 4, … ≤ k_max, plus k_max."""
+    grid = [2**i for i in range(int(math.log2(k_max)) + 1)] if k_max >= 1 else []
+    if k_max >= 1 and grid[-1] != k_max:
+        grid.append(k_max)
+    return grid
+
+
+def _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length):
+    context, context_source = _context_length(model, max_length)
+    pairs, name = _dataset_pairs(dataset, dataset_options, seed)
+    fmt = prompt or PromptFormat()
+    labels = sorted({y for _, y in pairs})
+    tokens = PromptTokens(tokenizer, fmt, labels)
+    test, pool = _split(pairs, test_size, seed)
+    test_queries = tokens.queries([t for t, _ in test])
+    pool_demos = _LazyDemos(tokens, pool)
+    longest_label = max(len(s) for s in tokens.label_ids.values())
+    budget = context - len(tokens.bos) - max(len(q) for q in test_queries) - longest_label
+    return pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget
+
+
+def _base_metadata(name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model):
+    round_trip = bool(tokens.round_trip(pool[:1], test[0][0], test[0][1]))
+    if not round_trip:
+        warnings.warn("the tokenised prompt does not decode back to the prompt string exactly", stacklevel=3)
+    return {
+        "dataset": name,
+        "dataset_options": {k: str(v) if isinstance(v, Path) else v for k, v in dict(dataset_options or {}).items()},
+        "num_examples": len(pairs),
+        "num_classes": len(labels),
+        "labels": labels,
+        "test_size": len(test),
+        "test_set": "a seeded uniform sample of the data set (numpy default_rng([seed, 0])), fixed for every run",
+        "demo_pool_size": len(pool),
+        "prompt": {
+            **asdict(fmt),
+            "demo_template": "{x_prefix}{text}\\n{y_prefix}{label}",
+            "layout": "demos joined by the separator, then the separator and the test item with an empty label",
+        },
+        "tokenization": (
+            "piecewise (BOS, demos, separators, test item); label tokens = tokens(y_prefix + label) minus the "
+            "longest prefix of tokens(y_prefix) they all share"
+            + ("; each piece encoded after a newline whose tokens are dropped (dummy prefix)" if tokens.anchor else "")
+        ),
+        "tokenization_round_trip": round_trip,
+        "label_tokens": {label: len(seq) for label, seq in tokens.label_ids.items()},
+        "end_token": int(tokens.trie.end_token),
+        "decoding": (
+            "constrained greedy over a token trie of the labels (argmax over the allowed next tokens), stopping at "
+            "the shortest unique prefix; one single-token forward on the KV cache per trie step; the separator's "
+            "first token ends a label that is a token prefix of another"
+        ),
+        "accuracy": "exact label match, in [0, 1]",
+        "context_length": context,
+        "context_source": context_source,
+        "seed": seed,
+        "model": _model_info(model),
+    }
+
+
+def _check_fit(n: int, context: int, what: str) -> None:
+    if n > context:
+        raise ValueError(f"{what} needs {n} tokens, more than the context of {context}")
+
+
+def run_icl(
+    model,
+    tokenizer,
+    dataset: str | Sequence[Pair] = "wordnet",
+    *,
+    shots: Sequence[int] | None = None,
+    draws: int = 10,
+    test_size: int = 100,
+    seed: int = 0,
+    max_length: int | None = None,
+    prompt: PromptFormat | None = None,
+    dataset_options: Mapping | None = None,
+    share_prefix: bool = True,
+    progress: bool = True,
+) -> dict:
+    """Many-shot ICL accuracy vs number of demonstrations (DIFF Fig. 6; Dex Table 3).
+
+    Args:
+        dataset: ``"wordnet"``, ``"fortunes"``, ``"chatterbot"`` or a list of ``(text, label)`` pairs.
+        shots: shot counts (default: 1, 2, 4, … up to the most that fit, plus that maximum); each ≤ the maximum.
+        draws: demo sets drawn per shot count (evaluation.md: 10).
+        test_size: size of the fixed test set.
+        max_length: context length in tokens (default: ``config.max_position_embeddings``).
+        prompt: the :class:`PromptFormat`.
+        dataset_options: options of the loader / :func:`~.icl_data.prepare_pairs` (``max_classes``,
+            ``max_chars``, ``balanced``, ``per_class``, ``path``; ``seed`` defaults to ``seed``).
+        share_prefix: reuse the demos' KV cache for all test items (same result as recomputing it).
+
+    Returns a JSON-serialisable dict: ``shots``, ``accuracy`` (per shot count, one value per draw), ``mean``,
+    ``std`` (over draws), ``labels``, ``metadata``.
+    """
+    if not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"draws must be a positive integer, got {draws!r}")
+    (pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget) = (
+        _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
+    )
+    k_max = max_shots(pool_demos.sample_lengths(seed), budget, len(tokens.sep), pool_size=len(pool))
+    if k_max < 1:
+        raise ValueError(f"not even one demonstration fits the context of {context} tokens; lower max_chars")
+    if shots is None:
+        grid = default_shot_grid(k_max)
+    else:
+        grid = sorted({int(k) for k in shots})
+        if not grid or grid[0] < 1:
+            raise ValueError(f"shots must be positive integers, got {list(shots)!r}")
+        if grid[-1] > k_max:
+            raise ValueError(f"{grid[-1]} shots do not fit the context of {context} tokens: at most {k_max}")
+
+    runner = _Runner(model, share_prefix)
+    was_training = model.training
+    model.eval()
+    accuracy: list[list[float]] = []
+    redraws = 0
+    longest = 0
+    gold = [y for _, y in test]
+    bar = tqdm(total=len(grid) * draws * len(test), desc=f"icl {name}", disable=not progress)
+    try:
+        with torch.inference_mode():
+            for k in grid:
+                per_draw = []
+                for d in range(draws):
+                    rng = np.random.default_rng([seed, k, d])
+                    for _attempt in range(100):
+                        chosen = [int(i) for i in rng.choice(len(pool), size=k, replace=False)]
+                        if sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen]) <= budget:
+                            break
+                        redraws += 1
+                    else:
+                        raise ValueError(f"could not draw {k} demonstrations that fit the context in 100 tries")
+                    prefix = tokens.prefix(pool_demos[chosen])
+                    longest = max(longest, len(prefix) + max(len(q) for q in test_queries))
+                    _check_fit(longest, context, f"{k} shots")
+                    preds = runner.predict(tokens.trie, prefix, test_queries, bar)
+                    per_draw.append(float(np.mean([p == g for p, g in zip(preds, gold, strict=True)])))
+                accuracy.append(per_draw)
+    finally:
+        bar.close()
+        model.train(was_training)
+
+    metadata = _base_metadata(
+        name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model
+    )
+    metadata.update(
+        {
+            "task": "many-shot in-context learning (DIFF Fig. 6; Dex Table 3; Bertsch et al. 2024)",
+            "shots": grid,
+            "shot_grid": "given" if shots is not None else "1, 2, 4, ... up to the maximum, plus the maximum",
+            "max_shots": k_max,
+            "max_shots_rule": (
+                "largest k with BOS + k*(mean demo + separator) + 3*sqrt(k)*std(demo) + longest test item + "
+                "longest label <= context, capped at the pool size; mean and std over the pool (a seeded sample of "
+                f"{_LazyDemos.SAMPLE} demos if larger); overflowing draws are redrawn"
+            ),
+            "draws": draws,
+            "demo_sampling": "uniform without replacement from the pool, numpy default_rng([seed, shots, draw])",
+            "redraws": redraws,
+            "max_prompt_tokens": longest,
+            "std": "population standard deviation (ddof=0) over draws",
+            "share_prefix": share_prefix,
+        }
+    )
+    return {
+        "shots": grid,
+        "accuracy": accuracy,
+        "mean": [float(np.mean(a)) for a in accuracy],
+        "std": [float(np.std(a)) for a in accuracy],
+        "labels": labels,
+        "metadata": metadata,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# order robustness
+
+
+def order_margin(accuracies: Sequence[float]) -> float:
+    """Best − worst accuracy over permutations (DIFF Fig. 7's margin)."""
+    values = [float(a) for a in accuracies]
+    if not values:
+        raise ValueError("order_margin needs at least one accuracy")
+    return max(values) - min(values)
+
+
+def arrangement_order(labels: Sequence[str], arrangement: str, seed: int) -> list[int]:
+    """A seeded order (indices) of demos with these ``labels``: ``"random"`` or ``"by_class"``.
+
+    ``"random"``: a uniform permutation. ``"by_class"``: rounds that each contain every class once; needs the same
+    number of demos per class; the class order is drawn once and repeated in every round, and which example of a
+    class goes into which round is drawn too.
+    """
+    if arrangement == "random":
+        return [int(i) for i in np.random.default_rng([seed, 1]).permutation(len(labels))]
+    if arrangement != "by_class":
+        raise ValueError(f"arrangement must be one of {ARRANGEMENTS}, got {arrangement!r}")
+    rng = np.random.default_rng([seed, 2])
+    by_class: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_class.setdefault(label, []).append(i)
+    counts = {len(v) for v in by_class.values()}
+    if len(counts) > 1:
+        raise ValueError(f"'by_class' needs the same number of demos per class, got {sorted(counts)}")
+    classes = sorted(by_class)
+    order = [classes[i] for i in rng.permutation(len(classes))]
+    columns = {c: [by_class[c][i] for i in rng.permutation(len(by_class[c]))] for c in order}
+    rounds = counts.pop() if counts else 0
+    return [columns[c][r] for r in range(rounds) for c in order]
+
+
+def arrange_demos(demos: Sequence[Pair], arrangement: str, seed: int) -> list[Pair]:
+    """``demos`` in the seeded order of :func:`arrangement_order`."""
+    return [demos[i] for i in arrangement_order([y for _, y in demos], arrangement, seed)]
+
+
+def run_order_robustness(
+    model,
+    tokenizer,
+    dataset: str | Sequence[Pair] = "wordnet",
+    *,
+    rounds: int | None = None,
+    permutations: int = 10,
+    arrangements: Sequence[str] = ARRANGEMENTS,
+    test_size: int = 100,
+    seed: int = 0,
+    max_length: int | None = None,
+    prompt: PromptFormat | None = None,
+    dataset_options: Mapping | None = None,
+    share_prefix: bool = True,
+    progress: bool = True,
+) -> dict:
+    """Accuracy over permutations of one fixed demo set, and the margin best − worst (DIFF Fig. 7, App. F).
+
+    The demo set holds ``rounds`` examples of every class (default: as many rounds as fit the context).
+    Returns ``labels``, ``rounds``, ``shots`` (= rounds × classes) and, per arrangement, ``accuracies`` (one per
+    permutation), ``mean``, ``std``, ``best``, ``worst``, ``margin``, plus ``metadata``.
+    """
+    if not isinstance(permutations, int) or permutations < 1:
+        raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
+    arrangements = list(arrangements)
+    if not arrangements or any(a not in ARRANGEMENTS for a in arrangements):
+        raise ValueError(f"arrangements must be a non-empty subset of {ARRANGEMENTS}, got {arrangements!r}")
+    (pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget) = (
+        _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
+    )
+    rng = np.random.default_rng([seed, 3])
+    per_class: dict[str, list[int]] = {c: [] for c in labels}
+    for i, (_, y) in enumerate(pool):
+        per_class[y].append(i)
+    columns = {c: [idx[j] for j in rng.permutation(len(idx))] for c, idx in per_class.items()}
+    available = min(len(v) for v in columns.values())
+    if available < 1:
+        missing = sorted(c for c, v in columns.items() if not v)
+        raise ValueError(f"the demo pool has no example of {missing}; lower test_size or use more data")
+
+    def chosen(r: int) -> list[int]:
+        return [columns[c][j] for j in range(r) for c in labels]
+
+    def cost(r: int) -> int:
+        return sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen(r)])
+
+    if rounds is None:
+        rounds = 0
+        while rounds < available and cost(rounds + 1) <= budget:
+            rounds += 1
+        if rounds < 1:
+            raise ValueError(
+                f"one round of {len(labels)} classes does not fit the context of {context} tokens; "
+                "lower max_classes or max_chars"
+            )
+    elif not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    elif rounds > available:
+        raise ValueError(f"{rounds} rounds need {rounds} pool examples per class; the smallest class has {available}")
+    elif cost(rounds) > budget:
+        raise ValueError(f"{rounds} rounds of {len(labels)} classes do not fit the context of {context} tokens")
+    demo_index = chosen(rounds)
+    demo_labels = [pool[i][1] for i in demo_index]
+
+    runner = _Runner(model, share_prefix)
+    was_training = model.training
+    model.eval()
+    gold = [y for _, y in test]
+    results: dict[str, dict] = {}
+    bar = tqdm(total=len(arrangements) * permutations * len(test), desc=f"icl order {name}", disable=not progress)
+    try:
+        with torch.inference_mode():
+            for arrangement in arrangements:
+                accs = []
+                for p in range(permutations):
+                    order = arrangement_order(demo_labels, arrangement, seed=seed * 1000 + p)
+                    prefix = tokens.prefix(pool_demos[[demo_index[i] for i in order]])
+                    _check_fit(len(prefix) + max(len(q) for q in test_queries), context, f"{rounds} rounds")
+                    preds = runner.predict(tokens.trie, prefix, test_queries, bar)
+                    accs.append(float(np.mean([a == b for a, b in zip(preds, gold, strict=True)])))
+                results[arrangement] = {
+                    "accuracies": accs,
+                    "mean": float(np.mean(accs)),
+                    "std": float(np.std(accs)),
+                    "best": max(accs),
+                    "worst": min(accs),
+                    "margin": order_margin(accs),
+                }
+    finally:
+        bar.close()
+        model.train(was_training)
+
+    metadata = _base_metadata(
+        name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model
+    )
+    metadata.update(
+        {
+            "task": "ICL order robustness (DIFF Fig. 7, App. F)",
+            "rounds": rounds,
+            "shots": rounds * len(labels),
+            "demo_set": (
+                "rounds examples per class from the pool (seeded per-class shuffle, numpy default_rng([seed, 3])); "
+                "by default as many rounds as fit the context"
+            ),
+            "permutations": permutations,
+            "permutation_seeds": [seed * 1000 + p for p in range(permutations)],
+            "arrangements": {
+                "random": "uniform permutation of the demo set",
+                "by_class": (
+                    "rounds each containing every class once; one seeded class order repeated in every round; "
+                    "seeded assignment of a class's examples to rounds"
+                ),
+            },
+            "margin": "best - worst accuracy over the permutations (accuracy in [0, 1])",
+            "std": "population standard deviation (ddof=0) over permutations",
+            "share_prefix": share_prefix,
+        }
+    )
+    return {
+        "labels": labels,
+        "rounds": rounds,
+        "shots": rounds * len(labels),
+        "arrangements": results,
+        "metadata": metadata,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plots
+
+
+def _series(results: Mapping) -> dict[str, Mapping]:
+    if "metadata" in results:
+        return {str(results["metadata"].get("model", {}).get("name_or_path") or "model"): results}
+    return dict(results)
+
+
+def plot_icl(results: Mapping, path: str | Path) -> Path:
+    """Accuracy vs number of demonstrations, mean ± std over draws (DIFF Fig. 6).
+
+    ``results``: one :func:`run_icl` result, or a mapping ``{name: result}`` to compare models on one plot.
+    """
+    plt = figure()
+    series = _series(results)
+    if not series:
+        raise ValueError("plot_icl needs at least one result")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, res in series.items():
+        for key in ("shots", "mean", "std"):
+            if key not in res:
+                raise ValueError(f"result {name!r} lacks {key!r}: not a run_icl result")
+        x, mean, std = np.asarray(res["shots"]), np.asarray(res["mean"]), np.asarray(res["std"])
+        ax.plot(x, mean, marker="o", label=name)
+        ax.fill_between(x, np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1), alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("number of demonstrations")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    dataset = next(iter(series.values())).get("metadata", {}).get("dataset", "")
+    ax.set_title(f"many-shot ICL {dataset}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, path)
+
+
+def plot_order_robustness(results: Mapping, path: str | Path) -> Path:
+    """Accuracy of every permutation per arrangement, with the margin in the labels (DIFF Fig. 7)."""
+    plt = figure()
+    series = _series(results)
+    if not series:
+        raise ValueError("plot_order_robustness needs at least one result")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ticks, names = [], []
+    pos = 0
+    for name, res in series.items():
+        if "arrangements" not in res:
+            raise ValueError(f"result {name!r} lacks 'arrangements': not a run_order_robustness result")
+        for arrangement, r in res["arrangements"].items():
+            accs = r["accuracies"]
+            ax.scatter([pos] * len(accs), accs, alpha=0.7)
+            ax.vlines(pos, r["worst"], r["best"])
+            ticks.append(pos)
+            names.append(f"{name}\n{arrangement}\nmargin {100 * r['margin']:.1f}")
+            pos += 1
+    ax.set_xticks(ticks, names, fontsize=7)
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("ICL order robustness")
+    ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, path)
