@@ -58,9 +58,17 @@ def test_fit_sample_is_deterministic_and_fits(tokenizer):  # noqa: F811
 @pytest.mark.parametrize("name", MODELS)
 def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
     res = run_niah(
-        debug_models[name], tokenizer, haystack="filler", context_tokens=192, grid=((1, 1), (2, 2)), samples=1,
-        heatmap_lengths=[160, 192], heatmap_needles=2, depths=(0.0, 1.0), progress=False,
-    )  # fmt: skip
+        debug_models[name],
+        tokenizer,
+        haystack="filler",
+        context_tokens=192,
+        grid=((1, 1), (2, 2)),
+        samples=1,
+        heatmap_lengths=[160, 192],
+        heatmap_needles=2,
+        depths=(0.0, 1.0),
+        progress=False,
+    )
     assert [(g["N"], g["R"]) for g in res["grid"]] == [(1, 1), (2, 2)]
     assert all(0 <= g["accuracy"] <= 1 for g in res["grid"])
     assert np.array(res["heatmap"]["accuracy"]).shape == (2, 2)
@@ -107,9 +115,15 @@ def test_ar_hit_marks_repeated_bigrams_only():
 @pytest.mark.parametrize("name", MODELS)
 def test_mqar_end_to_end(name, debug_models, tokenizer):  # noqa: F811
     res = run_mqar(
-        debug_models[name], tokenizer, configs=((64, 4),), samples=4, text_source="filler", text_tokens=200,
-        seq_len=64, progress=False,
-    )  # fmt: skip
+        debug_models[name],
+        tokenizer,
+        configs=((64, 4),),
+        samples=4,
+        text_source="filler",
+        text_tokens=200,
+        seq_len=64,
+        progress=False,
+    )
     assert 0 <= res["mqar"][0]["accuracy"] <= 1
     split = res["ar_hit"]
     assert split["ar_hit_tokens"] > 0 and split["others_tokens"] > 0  # the filler repeats: many AR hits

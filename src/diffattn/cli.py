@@ -250,6 +250,45 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _niah_grid(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        cells = tuple(tuple(int(x) for x in cell.lower().split("x")) for cell in text.split(","))
+    except ValueError:
+        cells = ()
+    if not cells or any(len(c) != 2 or not 1 <= c[1] <= c[0] for c in cells):
+        raise argparse.ArgumentTypeError(f"--niah-grid wants NxR cells with 1 <= R <= N, e.g. 1x1,4x2; got {text!r}")
+    return cells
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from .eval.suite import SuiteOptions, load_for_eval, parse_suites, run_suites
+
+    suites = parse_suites(args.suite)  # a bad name fails before the model loads
+    options = SuiteOptions(**{f.name: getattr(args, f.name) for f in fields(SuiteOptions) if hasattr(args, f.name)})
+    model, tokenizer, description = load_for_eval(args.model)
+    doc = run_suites(
+        model, tokenizer, suites, args.out, options=options, name=args.name or args.model, description=description
+    )
+    print(f"{len(suites)} suite(s) on {description}: {args.out}/results.json")
+    for suite, res in doc["suites"].items():
+        line = {
+            "ppl": lambda r: f"PPL {r['ppl']:.2f}",
+            "niah": lambda r: f"mean accuracy {r['mean_accuracy']:.3f}",
+            "alloc": lambda r: f"answer {r['attention_to_answer']:.3f}, noise {r['attention_noise']:.3f}",
+            "mqar": lambda r: ", ".join(f"{m['seq_len']}/{m['pairs']}: {m['accuracy']:.3f}" for m in r["mqar"]),
+            "outliers": lambda r: (
+                f"top-1 logit {r['attention_logits']['top1']:.2f}, top-1 hidden {r['hidden_states']['top1']:.2f}"
+            ),
+            "quant": lambda r: ", ".join(f"{q['bits']}-bit PPL {q['ppl']:.2f}" for q in r["quantization"]),
+            "heads": lambda r: f"cosine distance {r['summary']['cosine_distance']:.3f}, CKA {r['summary']['cka']:.3f}",
+            "icl": lambda r: f"best mean accuracy {max(r['many_shot']['mean']):.3f}",
+        }[suite](res)
+        print(f"  {suite:<9} {line}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diffattn",
@@ -320,6 +359,38 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
     p.set_defaults(func=cmd_adapt)
+
+    p = sub.add_parser("eval", help="run evaluation suites on a model or run folder: results.json + pictures")
+    p.add_argument("model", help="a diffattn run folder, a Hugging Face folder, or smollm2-135m")
+    p.add_argument(
+        "--suite",
+        default="ppl,niah,alloc,mqar,outliers,quant,heads",
+        help="comma-separated: ppl,niah,alloc,icl,mqar,outliers,quant,heads",
+    )
+    p.add_argument("--out", required=True, help="folder for results.json and the PNGs")
+    p.add_argument("--name", help="the model's name in results and plots (default: the argument)")
+    p.add_argument("--text", default="shakespeare", help="evaluation text: shakespeare, filler or a path")
+    p.add_argument("--haystack", default="shakespeare", help="NIAH/allocation haystack: shakespeare or filler")
+    p.add_argument("--context-tokens", dest="context_tokens", type=int, help="NIAH/allocation context length")
+    p.add_argument("--samples", type=int, default=5, help="NIAH samples per cell / allocation samples")
+    p.add_argument(
+        "--niah-grid",
+        dest="niah_grid",
+        type=_niah_grid,
+        default=((1, 1), (2, 2), (4, 2), (6, 2)),
+        help="NxR cells of the retrieval grid (default 1x1,2x2,4x2,6x2)",
+    )
+    p.add_argument("--niah-needles", dest="niah_needles", type=int, default=8, help="N of the NIAH heatmap (R = 1)")
+    p.add_argument("--tokens", type=int, default=4096, help="token budget of ppl/outliers/quant/heads")
+    p.add_argument("--window", type=int, help="perplexity window (stride = window / 2)")
+    p.add_argument("--icl-dataset", dest="icl_dataset", default="fortunes", help="wordnet, fortunes or chatterbot")
+    p.add_argument("--icl-draws", dest="icl_draws", type=int, default=3)
+    p.add_argument("--icl-test-size", dest="icl_test_size", type=int, default=30)
+    p.add_argument("--icl-max-chars", dest="icl_max_chars", type=int, default=300, help="cut longer ICL texts")
+    p.add_argument("--icl-max-classes", dest="icl_max_classes", type=int, help="keep the most frequent classes")
+    p.add_argument("--mqar-samples", dest="mqar_samples", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
     p.set_defaults(func=cmd_info)

@@ -51,9 +51,14 @@ def _entropy(maps: torch.Tensor, keep: torch.Tensor) -> float:
 
 @torch.no_grad()
 def run_heads(
-    model: nn.Module, tokenizer, *, source: str = "shakespeare", tokens: int = 1024, seq_len: int | None = 256,
+    model: nn.Module,
+    tokenizer,
+    *,
+    source: str = "shakespeare",
+    tokens: int = 1024,
+    seq_len: int | None = 256,
     progress: bool = True,
-) -> dict:  # fmt: skip
+) -> dict:
     """Per-layer head statistics (see the module doc), averaged over the text windows."""
     windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
     device = model_device(model)
@@ -67,9 +72,20 @@ def run_heads(
             h = maps.shape[0]
             dist = cosine_distance_matrix(maps, keep)
             off = ~torch.eye(h, dtype=torch.bool)
-            stats = acc.setdefault(layer, {"n": 0, "dist": torch.zeros(h, h), "cka": 0.0, "cos": 0.0, "entropy": 0.0,
-                                           "neg_share": 0.0, "neg_mag": 0.0, "lam": None,
-                                           **{f"sparsity@{e:g}": 0.0 for e in EPSILONS}})  # fmt: skip
+            stats = acc.setdefault(
+                layer,
+                {
+                    "n": 0,
+                    "dist": torch.zeros(h, h),
+                    "cka": 0.0,
+                    "cos": 0.0,
+                    "entropy": 0.0,
+                    "neg_share": 0.0,
+                    "neg_mag": 0.0,
+                    "lam": None,
+                    **{f"sparsity@{e:g}": 0.0 for e in EPSILONS},
+                },
+            )
             stats["n"] += 1
             stats["dist"] += dist
             stats["cos"] += float(dist[off].mean()) if h > 1 else 0.0

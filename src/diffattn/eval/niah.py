@@ -85,9 +85,7 @@ def run_niah(
     limit = model_max_length(model)
     context_tokens = context_tokens or min(limit, 2048)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
-    heatmap_lengths = heatmap_lengths or sorted(
-        {max(64, context_tokens // 4), max(64, context_tokens // 2), context_tokens}
-    )
+    heatmap_lengths = heatmap_lengths or sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0})
     for length in heatmap_lengths:
         check_fits(model, length, f"the needle heatmap at length {length}")
     if samples < 1:
@@ -114,9 +112,14 @@ def run_niah(
             scores = []
             for i in range(samples):
                 sample = fit_sample(
-                    tokenizer, text, length, seed * 100003 + 7919 * (j + 1) + i,
-                    num_needles=heatmap_needles, num_queries=1, depth=depth,
-                )  # fmt: skip
+                    tokenizer,
+                    text,
+                    length,
+                    seed * 100003 + 7919 * (j + 1) + i,
+                    num_needles=heatmap_needles,
+                    num_queries=1,
+                    depth=depth,
+                )
                 scores.append(_score(model, tokenizer, sample)[0])
                 bar.update()
             row.append(sum(scores) / len(scores))

@@ -55,9 +55,14 @@ def _windows(model, tokenizer, source: str, tokens: int, seq_len: int | None):
 
 @torch.no_grad()
 def run_outliers(
-    model: nn.Module, tokenizer, *, source: str = "shakespeare", tokens: int = 2048, seq_len: int | None = None,
+    model: nn.Module,
+    tokenizer,
+    *,
+    source: str = "shakespeare",
+    tokens: int = 2048,
+    seq_len: int | None = None,
     progress: bool = True,
-) -> dict:  # fmt: skip
+) -> dict:
     """Top-k and median of |attention logits| and |hidden states| (see the module doc)."""
     windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
     logits: list[np.ndarray] = []
@@ -114,9 +119,17 @@ class QuantizedLogits:
                     entry = _self_attention_cache(cache).layers[module.layer_idx]
                     k, v = entry.keys, entry.values
                 out = quantized_attention(
-                    q, k, None, None, v, None, causal=mask is None, attn_mask=mask, scale=logit_scale(module),
+                    q,
+                    k,
+                    None,
+                    None,
+                    v,
+                    None,
+                    causal=mask is None,
+                    attn_mask=mask,
+                    scale=logit_scale(module),
                     bits=self.bits,
-                )  # fmt: skip
+                )
                 return (project_output(spec, module, out), None)
 
             self._hooks = [a.register_forward_hook(hook, with_kwargs=True) for _, a in plain]
@@ -131,9 +144,15 @@ class QuantizedLogits:
 
 @torch.no_grad()
 def run_quantization(
-    model: nn.Module, tokenizer, *, bits=BITS, source: str = "shakespeare", tokens: int = 2048,
-    seq_len: int | None = None, progress: bool = True,
-) -> dict:  # fmt: skip
+    model: nn.Module,
+    tokenizer,
+    *,
+    bits=BITS,
+    source: str = "shakespeare",
+    tokens: int = 2048,
+    seq_len: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Token perplexity with attention logits quantized to each width in ``bits`` (16 = unquantized)."""
     windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
     ids = torch.cat(windows)

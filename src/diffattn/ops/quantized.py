@@ -56,9 +56,16 @@ def quantized_attention(q1, k1, q2, k2, v, lam, *, causal, attn_mask, scale, bit
     """
     single = q2 is None
     inp = validate(
-        q1, k1, q1 if single else q2, k1 if single else k2, v, 0.0 if single else lam,
-        causal=causal, attn_mask=attn_mask, scale=scale,
-    )  # fmt: skip
+        q1,
+        k1,
+        q1 if single else q2,
+        k1 if single else k2,
+        v,
+        0.0 if single else lam,
+        causal=causal,
+        attn_mask=attn_mask,
+        scale=scale,
+    )
     rep = inp.num_heads // inp.num_kv_heads
     bias = additive_bias(inp, torch.float32)
     keep = None if bias is None else torch.isfinite(bias) & (bias > torch.finfo(torch.float32).min / 2)

@@ -1,0 +1,225 @@
+"""``diffattn eval``: run evaluation suites on one model and write ``results.json`` plus the pictures.
+
+A model is named by any of: a ``diffattn adapt`` run folder (the trained adapter on its base, or ``merged/``), a
+``diffattn pretrain`` run folder (its ``final/``), a Hugging Face folder, or a known offline name
+(``smollm2-135m``). DIFF Transformer checkpoints (``diffllama``) get our attention installed on load.
+
+Suites (``--suite``, comma-separated): ``ppl`` (perplexity), ``niah`` (multi-needle retrieval), ``alloc``
+(attention allocation), ``icl`` (many-shot ICL + order robustness), ``mqar`` (associative recall + AR-Hit),
+``outliers`` (activation outliers), ``quant`` (low-bit attention logits), ``heads`` (head analysis). Sizes are
+set by :class:`SuiteOptions` (the defaults are CPU-friendly; papers used more samples — raise them for real runs).
+
+Nothing is left behind as if complete: ``results.json`` is written once, atomically, after every suite
+succeeded; pictures go to ``<out>/.partial/`` first and move into place with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ._common import jsonable
+
+SUITES = ("ppl", "niah", "alloc", "icl", "mqar", "outliers", "quant", "heads")
+RESULTS = "results.json"
+
+
+@dataclass
+class SuiteOptions:
+    """Sizes of every suite (defaults: minutes on a CPU for a 135M model)."""
+
+    text: str = "shakespeare"  # evaluation text / haystack: 'shakespeare', 'filler' or a file/folder path
+    haystack: str = "shakespeare"
+    context_tokens: int | None = None  # NIAH/allocation context (default: min(model max, 1024))
+    samples: int = 5  # NIAH samples per cell, allocation samples
+    niah_grid: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))  # (N needles, R queried)
+    niah_needles: int = 8  # N of the length × depth heatmap (R = 1)
+    tokens: int = 4096  # token budget of ppl, outliers, quant, heads, AR-Hit
+    window: int | None = None  # ppl window (default: min(model max, 1024)); stride = window / 2
+    icl_dataset: str = "fortunes"
+    icl_draws: int = 3
+    icl_test_size: int = 30
+    icl_shots: tuple[int, ...] | None = None
+    icl_permutations: int = 10
+    icl_max_chars: int = 300  # longer texts are cut (evaluation.md is silent; keeps many shots in context)
+    icl_max_classes: int | None = None  # keep the most frequent classes only
+    mqar_samples: int = 32
+    seed: int = 0
+
+    def icl_dataset_options(self) -> dict:
+        return {"max_chars": self.icl_max_chars, "max_classes": self.icl_max_classes}
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def load_for_eval(name_or_path: str | os.PathLike):
+    """``(model, tokenizer, description)`` for any model the library produces or loads (see the module doc)."""
+    from ..models.pretrained import PRETRAINED, load_pretrained
+
+    path = Path(name_or_path)
+    if path.is_dir() and (path / "run.yaml").is_file():
+        run = _read_yaml(path / "run.yaml")
+        if "method" in run:  # diffattn adapt
+            from ..train.adapt import load_adapted
+
+            model, tok = load_adapted(path)
+            return model.eval(), tok, f"adapt run {path} ({run['method'].get('name')} on {run['model'].get('name')})"
+        if (path / "final").is_dir():
+            model, tok = load_pretrained(path / "final")
+            return _install(model), tok, f"pretrain run {path} (final/)"
+        raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
+    if path.is_dir() and not (path / "config.json").is_file():
+        subs = [p for p in ("standard", "diff") if (path / p / "run.yaml").is_file()]
+        if subs:
+            options = " or ".join(str(path / s) for s in subs)
+            raise ValueError(f"{str(path)!r} is a paired pretraining run: evaluate {options}")
+        raise ValueError(f"{str(path)!r} is neither a diffattn run folder nor a Hugging Face model folder")
+    if not path.is_dir() and str(name_or_path) not in PRETRAINED:
+        raise ValueError(
+            f"model {str(name_or_path)!r} does not exist: give a run folder, a Hugging Face folder or one of "
+            f"{', '.join(PRETRAINED)}"
+        )
+    model, tok = load_pretrained(name_or_path)
+    return _install(model), tok, str(name_or_path)
+
+
+def _install(model):
+    if model.config.model_type == "diffllama":  # our attention (options from config.diffattn), not HF's
+        from ..models.install import install_diff_attention
+
+        install_diff_attention(model)
+    return model.eval()
+
+
+def parse_suites(text: str | list[str]) -> list[str]:
+    names = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown or not names:
+        raise ValueError(f"unknown suite(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SUITES)}")
+    return list(dict.fromkeys(names))
+
+
+def run_suites(
+    model,
+    tokenizer,
+    suites: list[str],
+    out: str | os.PathLike,
+    *,
+    options: SuiteOptions | None = None,
+    name: str = "model",
+    description: str = "",
+) -> dict:
+    """Run ``suites`` on ``model``; write ``<out>/results.json`` and one PNG per picture. Returns the results."""
+    suites = parse_suites(suites)
+    o = options or SuiteOptions()
+    out = Path(out)
+    partial = out / ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    (out / RESULTS).unlink(missing_ok=True)  # an older complete file must not pass for this run's
+    try:
+        return _run(model, tokenizer, suites, out, partial, o, name, description)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # on failure: no half-made pictures either
+
+
+def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, name: str, description: str) -> dict:
+    from . import allocation, heads, icl, mqar, niah, outliers, perplexity
+
+    results: dict = {}
+    pictures: dict[str, str] = {}
+    timings: dict[str, float] = {}
+    for suite in tqdm(suites, desc=f"eval {name}", leave=True):
+        t0 = time.perf_counter()
+        if suite == "ppl":
+            r = perplexity.run_perplexity(model, tokenizer, source=o.text, window=o.window, max_tokens=o.tokens)
+            pictures["ppl"] = perplexity.plot_perplexity({name: r}, partial / "ppl.png").name
+        elif suite == "niah":
+            r = niah.run_niah(
+                model,
+                tokenizer,
+                haystack=o.haystack,
+                context_tokens=o.context_tokens,
+                grid=o.niah_grid,
+                heatmap_needles=o.niah_needles,
+                samples=o.samples,
+                seed=o.seed,
+            )
+            pictures["niah"] = niah.plot_niah(r, partial / "niah_heatmap.png").name
+        elif suite == "alloc":
+            r = allocation.run_allocation(
+                model, tokenizer, haystack=o.haystack, context_tokens=o.context_tokens, samples=o.samples, seed=o.seed
+            )
+            pictures["alloc"] = allocation.plot_allocation({name: r}, partial / "allocation.png").name
+        elif suite == "icl":
+            r = {
+                "many_shot": icl.run_icl(
+                    model,
+                    tokenizer,
+                    o.icl_dataset,
+                    shots=o.icl_shots,
+                    draws=o.icl_draws,
+                    test_size=o.icl_test_size,
+                    seed=o.seed,
+                    dataset_options=o.icl_dataset_options(),
+                ),
+                "order_robustness": icl.run_order_robustness(
+                    model,
+                    tokenizer,
+                    o.icl_dataset,
+                    permutations=o.icl_permutations,
+                    test_size=o.icl_test_size,
+                    seed=o.seed,
+                    dataset_options=o.icl_dataset_options(),
+                ),
+            }
+            pictures["icl"] = icl.plot_icl({name: r["many_shot"]}, partial / "icl_accuracy.png").name
+            pictures["icl_order"] = icl.plot_order_robustness(
+                {name: r["order_robustness"]}, partial / "icl_order.png"
+            ).name
+        elif suite == "mqar":
+            r = mqar.run_mqar(
+                model, tokenizer, samples=o.mqar_samples, seed=o.seed, text_source=o.text, text_tokens=o.tokens
+            )
+        elif suite == "outliers":
+            r = outliers.run_outliers(model, tokenizer, source=o.text, tokens=o.tokens)
+        elif suite == "quant":
+            r = outliers.run_quantization(model, tokenizer, source=o.text, tokens=o.tokens)
+        else:  # heads
+            r = heads.run_heads(model, tokenizer, source=o.text, tokens=min(o.tokens, 1024))
+            pictures["heads"] = heads.plot_heads(r, partial / "head_distance.png").name
+        results[suite] = r
+        timings[suite] = time.perf_counter() - t0
+    document = {
+        "model": name,
+        "description": description,
+        "suites": results,
+        "pictures": pictures,
+        "metadata": {
+            "options": asdict(o),
+            "seconds": timings,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "device": str(next(model.parameters()).device),
+        },
+    }
+    for f in partial.iterdir():  # every suite succeeded: publish the pictures, then the results
+        os.replace(f, out / f.name)
+    tmp = out / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(jsonable(document), indent=2))
+    os.replace(tmp, out / RESULTS)
+    return document

@@ -1,0 +1,88 @@
+"""``diffattn eval`` (issue 5, point 4): every suite end to end from a saved model folder, results.json and the
+pictures, and one clear error (with no results.json left behind) for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffattn import build_model
+from diffattn.cli import main
+
+from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
+
+SMALL = [
+    "--tokens",
+    "160",
+    "--samples",
+    "1",
+    "--context-tokens",
+    "192",
+    "--haystack",
+    "filler",
+    "--text",
+    "filler",
+    "--niah-grid",
+    "1x1,2x2",
+    "--niah-needles",
+    "2",
+]
+
+
+@pytest.fixture(scope="module")
+def diff_folder(tmp_path_factory, tokenizer):  # noqa: F811
+    folder = tmp_path_factory.mktemp("diff-model")
+    build_model("debug", "diff", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
+    out = tmp_path / "eval"
+    suites = "ppl,niah,alloc,icl,mqar,outliers,quant,heads"
+    icl = ["--icl-dataset", "wordnet", "--icl-draws", "1", "--icl-test-size", "4", "--mqar-samples", "2"]
+    icl += ["--icl-max-chars", "40", "--icl-max-classes", "3"]
+    code = main(["eval", str(diff_folder), "--suite", suites, "--out", str(out), "--window", "64", *SMALL, *icl])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    assert list(doc["suites"]) == suites.split(",")
+    assert doc["suites"]["heads"]["layers"]["0"]["lambda"] is not None  # our DIFF attention was installed on load
+    pngs = ("ppl.png", "niah_heatmap.png", "allocation.png", "icl_accuracy.png", "icl_order.png", "head_distance.png")
+    for png in pngs:
+        assert (out / png).stat().st_size > 0
+    assert not (out / ".partial").exists()
+    printed = capsys.readouterr().out
+    assert "PPL" in printed and "answer" in printed
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no/such/model"], "model 'no/such/model' does not exist"),
+        (["{model}", "--suite", "ppl,nope"], "unknown suite.*nope.*choose from ppl, niah"),
+        (["{model}", "--suite", "niah", "--context-tokens", "4096"], "needs 4096 tokens but the model's maximum"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_no_results(args, message, diff_folder, tmp_path, capsys):
+    import re
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "results.json").write_text("{}")  # a previous run's file must not survive as if it were this one's
+    args = [a.replace("{model}", str(diff_folder)) for a in args]
+    code = main(["eval", *args, "--out", str(out)])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
+    if "--context-tokens" in args:  # the run had started: the old results.json is gone, no new one is written
+        assert not (out / "results.json").exists() and not (out / ".partial").exists()
+    else:  # refused before anything ran: the folder is untouched
+        assert (out / "results.json").read_text() == "{}"
+
+
+def test_a_paired_run_folder_asks_which_model(tmp_path, capsys):
+    for sub in ("standard", "diff"):
+        (tmp_path / "run" / sub).mkdir(parents=True)
+        (tmp_path / "run" / sub / "run.yaml").write_text("model: {}\n")
+    assert main(["eval", str(tmp_path / "run"), "--out", str(tmp_path / "o")]) == 2
+    assert "paired pretraining run: evaluate" in capsys.readouterr().err
