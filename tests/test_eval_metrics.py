@@ -203,3 +203,19 @@ def test_heads_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F81
     if name == "baseline":
         assert layer["negative_share"] == 0  # softmax maps have no negative entries
     assert plot_heads(res, tmp_path / "heads.png").stat().st_size > 0
+
+
+# -- many-shot ICL on the three debug models (the loaders and decoder are tested in test_eval_icl.py) -------------
+@pytest.mark.parametrize("name", MODELS)
+def test_icl_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+    from diffattn.eval.icl import plot_icl, run_icl, run_order_robustness
+
+    pairs = [(f"{w} {x} the", w) for w in ("king", "queen", "crow") for x in ("day", "night", "bell", "rose", "sword")]
+    res = run_icl(debug_models[name], tokenizer, pairs, shots=[1, 3], draws=2, test_size=4, progress=False)
+    assert res["shots"] == [1, 3] and all(0 <= m <= 1 for m in res["mean"])
+    order = run_order_robustness(
+        debug_models[name], tokenizer, pairs, rounds=1, permutations=3, test_size=4, progress=False
+    )
+    for arrangement in order["arrangements"].values():
+        assert arrangement["margin"] == pytest.approx(max(arrangement["accuracies"]) - min(arrangement["accuracies"]))
+    assert plot_icl({name: res}, tmp_path / "icl.png").stat().st_size > 0
