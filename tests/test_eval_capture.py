@@ -131,3 +131,21 @@ def test_callback_without_storing_and_bad_rows():
     assert seen == [0, 1] and cap.records == {}
     with pytest.raises(ValueError, match="rows must be"):
         AttentionCapture(model, rows="first")
+
+
+def test_peft_lora_control_maps_include_the_adapter():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    model.eval()
+    model.get_base_model().config._attn_implementation = "eager"
+    x = ids(t=10)
+    with torch.no_grad():
+        eager = model(input_ids=x, output_attentions=True).attentions
+    records = capture_attention(model, x)
+    for layer, rec in records.items():
+        torch.testing.assert_close(rec.attn1, eager[layer], atol=1e-5, rtol=1e-5)
