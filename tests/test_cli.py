@@ -45,7 +45,8 @@ def test_info_reports_every_backend_and_why(capsys):
     assert "torch" in out and "transformers" in out
     for name in ("auto", "reference", "sdpa", "chunked", "triton"):
         assert name in out
-    assert "not implemented yet" in out and "now: chunked" in out
+    assert "now: chunked" in out
+    assert "TRITON_INTERPRET=1" in out  # on this CPU machine: why triton is unusable, and how to use it anyway
 
 
 def test_presets_prints_counts(capsys):

@@ -42,7 +42,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"device        {device}")
     print("backends of diffattn.ops.diff_attention:")
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"  {'auto':<10} usable      picks the fastest backend for the device (now: {auto_backend(here)})")
+    now = auto_backend(here) if here.type == "cpu" else "triton where the shapes are supported, else sdpa"
+    print(f"  {'auto':<10} usable      picks the fastest backend for the device (now: {now})")
     for s in backend_status():
         print(f"  {s.name:<10} {'usable' if s.usable else 'unusable':<11} {s.reason}")
     return 0

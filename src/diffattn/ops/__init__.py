@@ -6,8 +6,8 @@
 Public entry points:
 
 * :func:`diff_attention` — the op, with a ``backend`` switch: ``reference`` (fp32 math), ``sdpa`` (PyTorch's
-  fused attention), ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``auto``;
-  ``triton`` is registered and reports itself unavailable until its kernel lands.
+  fused attention), ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one
+  fused kernel for both maps, forward and backward: :mod:`diffattn.ops.triton_kernel`), ``auto``.
 * :func:`diff_attention_maps` — the same computation through ``reference``, also returning both maps and the
   signed map A1 − λA2 for analysis.
 * :func:`backend_status` — which backends are usable here, and why not.
@@ -15,7 +15,10 @@ Public entry points:
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +37,7 @@ __all__ = [
     "backend_status",
     "diff_attention",
     "diff_attention_maps",
+    "triton_unsupported",
 ]
 
 logger = logging.getLogger(__name__)
@@ -48,9 +52,125 @@ class BackendStatus:
     reason: str
 
 
-def _triton_status() -> BackendStatus:
-    # The fused Triton kernel is the subject of a later issue; until it exists the switch reports why.
-    return BackendStatus("triton", False, "the fused Triton kernel is not implemented yet (planned: issue 6)")
+# What the fused Triton kernel accepts (diffattn/ops/triton_kernel.py). Head dims are padded to a power of two
+# >= 16 inside the kernel; beyond these widths the two fp32 accumulators per row no longer fit a tile.
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TRITON_MAX_HEAD_DIM = 128
+TRITON_MAX_V_DIM = 256
+_TRITON_MODULE = __name__ + ".triton_kernel"
+
+
+def _triton_import_error() -> str | None:
+    try:
+        importlib.import_module("triton")
+    except Exception as err:  # ImportError, or a broken install raising something else at import
+        return f"triton is not importable ({type(err).__name__}: {err}); install it with `pip install triton`"
+    return None
+
+
+def _interpret_env() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _triton_device_reason(device: torch.device) -> str | None:
+    """Why the Triton kernel cannot run on ``device`` (None if it can). ``triton.jit`` decides compiled vs
+    interpreted when our kernel module is first imported, so that moment's mode is what counts afterwards."""
+    return _triton_device_reason_by_type(device.type)
+
+
+def _triton_device_reason_by_type(device_type: str) -> str | None:
+    # cheap device checks first: a CPU without the interpreter needs no triton import to be refused
+    if device_type == "cpu" and not _interpret_env():
+        return (
+            "device cpu: the Triton kernel runs on CUDA, or on CPU only under Triton's (slow) interpreter — "
+            "set TRITON_INTERPRET=1 before first use"
+        )
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "device cuda was asked for but CUDA is not available"
+    if device_type not in ("cuda", "cpu"):
+        return f"device {device_type} is not supported by the Triton kernel (CUDA, or CPU with TRITON_INTERPRET=1)"
+    err = _triton_import_error()
+    if err:
+        return err
+    loaded = sys.modules.get(_TRITON_MODULE)
+    interpreted = loaded.INTERPRETED if loaded is not None else _interpret_env()
+    if device_type == "cuda" and interpreted:
+        return (
+            "TRITON_INTERPRET=1 is set (or was when the kernels were first imported): they run in Triton's "
+            "CPU interpreter; unset it in a fresh process for compiled CUDA kernels"
+        )
+    if device_type == "cpu" and not interpreted:
+        return "device cpu: the kernels were already compiled for CUDA in this process (TRITON_INTERPRET was unset)"
+    return None
+
+
+# torch.compile cannot trace imports and sys.modules, so these run at trace time and their result is taken as a
+# constant. This is what torch.compiler.assume_constant_result does; setting its flag directly avoids importing
+# torch._dynamo (about 3 s) whenever diffattn.ops is imported.
+_triton_device_reason_by_type._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _cuda_major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+_cuda_major._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def triton_unsupported(inp: DiffAttentionInputs) -> str | None:
+    """Why the ``triton`` backend cannot run these inputs — naming each unsupported dtype, head dim, device or
+    layout — or None if it can."""
+    reasons = []
+    device_reason = _triton_device_reason(inp.q1.device)
+    if device_reason:
+        reasons.append(device_reason)
+    if inp.q1.dtype not in TRITON_DTYPES:
+        reasons.append(f"dtype {inp.q1.dtype} is not supported (float16, bfloat16, float32)")
+    if inp.head_dim > TRITON_MAX_HEAD_DIM:
+        reasons.append(f"head dim d={inp.head_dim} is not supported (d <= {TRITON_MAX_HEAD_DIM})")
+    if inp.v_dim > TRITON_MAX_V_DIM:
+        reasons.append(f"value head dim dv={inp.v_dim} is not supported (dv <= {TRITON_MAX_V_DIM})")
+    if device_reason is None and inp.q1.device.type == "cuda" and inp.q1.dtype == torch.bfloat16:
+        major = _cuda_major(inp.q1.device.index)
+        if major < 8:
+            reasons.append(f"bfloat16 needs a GPU of compute capability >= 8.0, this one is {major}.x")
+    if inp.attn_mask is not None and inp.attn_mask.requires_grad:
+        reasons.append("layout: an additive attn_mask that requires grad (the kernel gives the mask no gradient)")
+    return "; ".join(reasons) or None
+
+
+_LOGGED_FALLBACKS: set[str] = set()
+
+
+def _log_auto_fallback(reason: str) -> bool:
+    # once per distinct reason: auto runs in every layer of every step
+    if reason not in _LOGGED_FALLBACKS:
+        _LOGGED_FALLBACKS.add(reason)
+        logger.info("diff_attention backend auto: using sdpa, not triton: %s", reason)
+    return True
+
+
+_log_auto_fallback._dynamo_marked_constant = True  # type: ignore[attr-defined]  # logs at trace time, no break
+
+
+def _triton_status(device: torch.device) -> BackendStatus:
+    reason = _triton_device_reason(device)
+    if reason:
+        return BackendStatus("triton", False, reason)
+    mode = "Triton interpreter (slow, for tests)" if device.type == "cpu" else "compiled"
+    return BackendStatus(
+        "triton",
+        True,
+        f"fused two-map kernel, forward + backward ({mode}); fp16/bf16/fp32, d <= {TRITON_MAX_HEAD_DIM}, "
+        f"dv <= {TRITON_MAX_V_DIM}",
+    )
+
+
+def _triton_impl(inp: DiffAttentionInputs) -> torch.Tensor:
+    # imported on first use: triton.jit fixes compiled vs interpreted at import (see _triton_device_reason)
+    from .triton_kernel import diff_attention_triton
+
+    return diff_attention_triton(inp)
 
 
 def backend_status(device: torch.device | str | None = None) -> list[BackendStatus]:
@@ -62,7 +182,7 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         BackendStatus("reference", True, "fp32 math on any device; materialises both [T, S] maps"),
         BackendStatus("sdpa", True, f"torch.nn.functional.scaled_dot_product_attention on {device.type}"),
         BackendStatus("chunked", True, "query chunks in PyTorch ops, shared dO·Vᵀ backward; fastest on CPU"),
-        _triton_status(),
+        _triton_status(device),
     ]
 
 
@@ -70,23 +190,35 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
     "reference": diff_attention_reference,
     "sdpa": diff_attention_sdpa,
     "chunked": diff_attention_chunked,
+    "triton": _triton_impl,
 }
 
 
-def auto_backend(device: torch.device) -> str:
-    """What ``backend="auto"`` runs on ``device``: ``chunked`` on CPU (measured 1.28× a same-size baseline
-    forward+backward at N = 2048 against 1.86–1.97× for ``sdpa``), ``sdpa`` elsewhere (fused flash kernels)."""
-    return "chunked" if device.type == "cpu" else "sdpa"
+def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -> str:
+    """What ``backend="auto"`` runs. On CPU: ``chunked`` (measured 1.28× a same-size baseline forward+backward
+    at N = 2048 against 1.86–1.97× for ``sdpa``; the Triton interpreter is for tests only). On CUDA: ``triton``
+    when the fused kernel supports ``inp`` (dtype, head dims, compiled kernels), else ``sdpa`` (fused flash
+    kernels), with the reason logged. Without ``inp`` the device default (``sdpa`` on CUDA) is returned."""
+    if device.type == "cpu":
+        return "chunked"
+    if inp is None or device.type != "cuda":
+        return "sdpa"
+    reason = triton_unsupported(inp)
+    if reason is None:
+        return "triton"
+    _log_auto_fallback(reason)
+    return "sdpa"
 
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
-        return auto_backend(inp.q1.device)
-    if backend not in _IMPLS:
-        status = {s.name: s for s in backend_status(inp.q1.device)}[backend]
-        raise ValueError(f"backend {backend!r} is not usable: {status.reason}")
+        return auto_backend(inp.q1.device, inp)
+    if backend == "triton":
+        reason = triton_unsupported(inp)
+        if reason:
+            raise ValueError(f"backend 'triton' is not usable: {reason}")
     return backend
 
 
@@ -115,8 +247,8 @@ def diff_attention(
         attn_mask: optional extra mask, combined with ``causal``: 2-D ``[B, S]`` key padding (True/1 = real
             token) or 4-D broadcastable to ``[B, H, T, S]``; bool = may attend, float = additive.
         scale: logit scale ``s``; default ``1/sqrt(d)``.
-        backend: ``"auto"`` (``chunked`` on CPU, ``sdpa`` on CUDA), ``"reference"``, ``"sdpa"``, ``"chunked"``
-            or ``"triton"``.
+        backend: ``"auto"`` (``chunked`` on CPU; on CUDA ``triton`` when it supports the inputs, else ``sdpa``),
+            ``"reference"``, ``"sdpa"``, ``"chunked"`` or ``"triton"``.
 
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q1``. λ and the subtraction are computed in float32.

@@ -1,0 +1,870 @@
+"""Fused Triton kernels for two-map (differential) attention, forward and backward (DIFF Transformer Eq. 1,
+methods.md §0):
+
+    out = softmax(Q1 K1ᵀ·s + M) V − λ · softmax(Q2 K2ᵀ·s + M) V
+
+The ``triton`` backend of :func:`diffattn.ops.diff_attention`. What it does, and why:
+
+* **Forward, one pass over K/V tiles.** Each program owns a block of query rows and keeps *two* online-softmax
+  accumulators (running max, running sum, un-normalised ``P_i V``), one per map, against the same V tile.
+  Both log-sum-exps are stored for the backward; both per-map outputs ``O1 = P1 V`` and ``O2 = P2 V`` are
+  stored only when a gradient will be needed (they give the backward's row sums ``Δ_i = rowsum(dO ∘ O_i)``
+  without an extra pass). ``O = O1 − λ·O2`` is formed in float32 (methods.md) before the one rounding to the
+  output dtype. The alternative — a first pass for both log-sum-exps and a second for ``(P1 − λP2) V`` — has
+  the same FLOPs (4 QKᵀ + 1 PV vs 2 QKᵀ + 2 PV with V of width 2d) but reads K twice; it was not measured
+  (no GPU was lent when this was written), so the one-pass form is the default.
+* **GQA rows are packed.** A forward program serves one KV head and a block of rows drawn from all
+  ``H/Hkv`` query heads of its group (row r ↦ head r // T, position r % T), so decoding (T = 1) fills a tile
+  with the group's heads and every K/V byte is read once per group, as in the baseline.
+* **Decoding splits the keys** (flash-decoding) when a forward needs no gradient and its programs would leave
+  most SMs idle (few sequences, short T): each split writes per-map partial outputs and log-sum-exps, and a
+  small kernel merges them and forms O1 − λ·O2.
+* **Backward, FlashAttention-2 style** with the differential structure exploited: ``G = dO·Vᵀ`` is computed
+  once per tile and serves both maps (dP1 = G, dP2 = −λ·G), ``dV = (P1 − λP2)ᵀ dO`` is a single product, and
+  ``dλ = −Σ Δ2`` comes for free from the preprocessing. One kernel walks key blocks (dK1, dK2, dV, looping
+  over the query heads of the group, so no atomics and deterministic results), one walks query blocks (dQ1,
+  dQ2) and recomputes P1, P2 and G. :data:`ATOMIC_DQ` switches to FlashAttention-2's scheme instead: the
+  key-block kernel also adds its share of dQ1, dQ2 atomically (float32), which removes the second pass and
+  brings the backward to the FLOP ideal (the baseline's backward); which is faster is for a GPU to measure.
+* **Shared operands.** When ``k1 is k2`` (DAA, DiffQ) the kernels load K once and accumulate one dK; when
+  ``q1 is q2`` (DiffK) likewise for Q.
+* **Masks.** Causal is bottom-right aligned (query i sees keys j <= i + S − T); the mask from
+  :func:`~diffattn.ops._inputs.validate` — 2-D key padding (stored as [B, 1, 1, S]) or any 4-D bool/additive
+  mask broadcastable to [B, H, T, S] — is read through its strides (0 on broadcast dims), never expanded.
+  A row with every key masked gives 0 output and 0 gradient (its log-sum-exp is stored as +inf), like
+  ``reference``.
+* **Any length, head dims up to 128 (V up to 256).** Lengths need not be multiples of the block size and
+  head dims are padded to a power of two >= 16 inside the kernel (loads are masked), so tiny test shapes work.
+* **Autograd and torch.compile.** Forward and backward are ``torch.library.custom_op`` s with fake
+  (meta) implementations and a registered autograd formula, so the op traces under ``torch.compile``.
+
+Precision: dot products take the input dtype (fp16/bf16) with float32 accumulation, probabilities are rounded
+to the input dtype before the P·V and dS·K products (as FlashAttention does); softmax statistics, λ and the
+subtraction are float32. Float32 inputs use IEEE fp32 dots (not TF32) so the fp32 path matches ``reference``.
+
+On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` set *before* this module is first
+imported, because ``triton.jit`` picks compiled or interpreted at decoration time): that is how the tests check
+them without a GPU. The interpreter mis-multiplies bfloat16 (it feeds the raw 16-bit patterns to numpy's
+matmul), so under the interpreter bfloat16 dot operands are widened to float32 after the same rounding —
+numerically what a GPU's bf16 MMA with fp32 accumulation computes.
+
+Block sizes on a GPU are heuristics, not yet tuned on hardware; a launch that runs out of shared memory or
+registers retries with smaller tiles.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from ._inputs import DiffAttentionInputs
+
+logger = logging.getLogger(__name__)
+
+#: True when this module's kernels were built for Triton's interpreter (TRITON_INTERPRET=1 at first import).
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+
+#: Backward dQ scheme: False = a second kernel over query blocks (recomputes QKᵀ and dO·Vᵀ; deterministic, the
+#: default until measured on a GPU), True = atomic float32 adds from the key-block kernel (FlashAttention-2).
+ATOMIC_DQ: bool = False
+
+#: Key splits of the forward when it needs no gradient (flash-decoding), or None for the heuristic: split only when
+#: the row blocks × batch × KV heads leave most of the GPU idle, as in decoding with few sequences.
+SPLIT_OVERRIDE: int | None = None
+
+#: (BLOCK_M, BLOCK_N) forced for every kernel, or None for the heuristics. Under the interpreter the default is
+#: 16 × 16, so tiny test shapes span several (and partial) tiles.
+BLOCK_OVERRIDE: tuple[int, int] | None = None
+
+_LOG2E = 1.4426950408889634  # softmax runs in base 2 (exp2 is the hardware instruction); scores are pre-scaled
+
+# Row max / row sum are tl.reduce with the combine functions tl.max / tl.sum use themselves, and zeros are tl.full:
+# tl.max, tl.sum and tl.zeros are @jit functions decorated when *triton* is imported, so they break the interpreter
+# whenever triton was imported before TRITON_INTERPRET was set (by torch.compile or `diffattn info` earlier in the
+# same process); the interpreter recognises these two combine functions and reduces with numpy.
+_MAX = tl.standard._elementwise_max
+_SUM = tl.standard._sum_combine
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_kernel(
+    Q1, K1, Q2, K2, V, LAM, MASK,
+    OUT, O1, O2, LSE1, LSE2,
+    sq1b, sq1h, sq1t, sq2b, sq2h, sq2t,
+    sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
+    svb, svh, svs,
+    smb, smh, smt, sms,
+    H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN,
+    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
+    SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # program = (block of packed rows, batch × kv head[, key split]); a row is (query head of the group, query
+    # position). SPLIT (decoding, few programs): program_id(2) takes keys [split·SPLIT_LEN, +SPLIT_LEN) and writes
+    # per-split normalised outputs and log-sum-exps (−inf when it saw no key) to O1/O2/LSE1/LSE2, which are then
+    # [splits, R = B·H·T, ...] float32 buffers that _combine_kernel merges (flash-decoding).
+    DT = Q1.dtype.element_ty  # the input dtype: probabilities are rounded to it before the P·V product
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hkv = pid_bh % HKV
+    rep = H // HKV
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < rep * T
+    h_row = hkv * rep + rows // T
+    t_row = rows % T
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q1 = tl.load(
+        Q1 + b * sq1b + h_row[:, None] * sq1h + t_row[:, None] * sq1t + offs_d[None, :], mask=q_mask, other=0.0
+    )
+    if SHARED_Q:
+        q2 = q1
+    else:
+        q2 = tl.load(
+            Q2 + b * sq2b + h_row[:, None] * sq2h + t_row[:, None] * sq2t + offs_d[None, :], mask=q_mask, other=0.0
+        )
+    if UPCAST:  # interpreter + bf16 only (see the module docstring); the values are exact in fp32
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
+    lam = tl.load(LAM + h_row, mask=row_ok, other=0.0).to(tl.float32)
+
+    # causal, bottom-right aligned: row t sees keys j <= t + S − T, so no key past the block's last row's limit
+    shift = S - T
+    if CAUSAL:  # noqa: SIM108 (a compile-time branch of the kernel, clearer than a ternary)
+        kend = tl.minimum(tl.reduce(tl.where(row_ok, t_row, 0), 0, _MAX) + 1 + shift, S)
+    else:
+        kend = S
+
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.full([BLOCK_M], 0.0, tl.float32)
+    l2 = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc1 = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
+    acc2 = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
+
+    k1_base = K1 + b * sk1b + hkv * sk1h
+    k2_base = K2 + b * sk2b + hkv * sk2h
+    v_base = V + b * svb + hkv * svh
+    if SPLIT:  # SPLIT_LEN is a multiple of BLOCK_N, so no tile straddles two splits
+        k_lo = tl.program_id(2) * SPLIT_LEN
+        k_hi = tl.minimum(kend, k_lo + SPLIT_LEN)
+    else:
+        k_lo = 0
+        k_hi = kend
+    for start_n in range(k_lo, k_hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < S
+        k_mask = n_ok[:, None] & d_ok[None, :]
+        k1 = tl.load(k1_base + offs_n[:, None] * sk1s + offs_d[None, :], mask=k_mask, other=0.0)
+        if SHARED_K:  # noqa: SIM108
+            k2 = k1  # DAA / DiffQ: one K read serves both maps
+        else:
+            k2 = tl.load(k2_base + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svs + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        if UPCAST:
+            k1 = k1.to(tl.float32)
+            k2 = k2.to(tl.float32)
+            v = v.to(tl.float32)
+
+        keep = n_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= t_row[:, None] + shift)
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # [BM, BN], log2 units
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
+        if MASK_KIND != 0:
+            if MASK_ROWS:
+                mptr = MASK + b * smb + h_row[:, None] * smh + t_row[:, None] * smt + offs_n[None, :] * sms
+                mval = tl.load(mptr, mask=row_ok[:, None] & n_ok[None, :], other=0)
+            else:  # key padding: one value per key, shared by every row of the block
+                mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[None, :]
+            if MASK_KIND == 1:
+                keep = keep & (mval != 0)
+            else:
+                bias = mval.to(tl.float32) * 1.4426950408889634
+                s1 = s1 + bias
+                s2 = s2 + bias
+        s1 = tl.where(keep, s1, float("-inf"))
+        s2 = tl.where(keep, s2, float("-inf"))
+
+        # online softmax, per map; a row with nothing visible yet keeps max −inf, so subtract 0 instead (no NaN)
+        m1_new = tl.maximum(m1, tl.reduce(s1, 1, _MAX))
+        m1_safe = tl.where(m1_new == float("-inf"), 0.0, m1_new)
+        alpha1 = tl.exp2(m1 - m1_safe)
+        p1 = tl.exp2(s1 - m1_safe[:, None])
+        l1 = l1 * alpha1 + tl.reduce(p1, 1, _SUM)
+        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(DT).to(v.dtype), v, input_precision=PREC)
+        m1 = m1_new
+
+        m2_new = tl.maximum(m2, tl.reduce(s2, 1, _MAX))
+        m2_safe = tl.where(m2_new == float("-inf"), 0.0, m2_new)
+        alpha2 = tl.exp2(m2 - m2_safe)
+        p2 = tl.exp2(s2 - m2_safe[:, None])
+        l2 = l2 * alpha2 + tl.reduce(p2, 1, _SUM)
+        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(DT).to(v.dtype), v, input_precision=PREC)
+        m2 = m2_new
+
+    # a fully masked row (l = 0) attends to nothing: output 0, and lse = +inf makes its backward P exactly 0
+    ok1 = l1 > 0.0
+    ok2 = l2 > 0.0
+    l1 = tl.where(ok1, l1, 1.0)
+    l2 = tl.where(ok2, l2, 1.0)
+    o1 = acc1 / l1[:, None]
+    o2 = acc2 / l2[:, None]
+    row_off = (b * H + h_row) * T + t_row
+    o_mask = row_ok[:, None] & dv_ok[None, :]
+    if SPLIT:
+        part = tl.program_id(2) * R + row_off
+        p_ptr = part[:, None] * DV + offs_dv[None, :]
+        tl.store(O1 + p_ptr, o1, mask=o_mask)
+        tl.store(O2 + p_ptr, o2, mask=o_mask)
+        tl.store(LSE1 + part, tl.where(ok1, m1 + tl.log2(l1), float("-inf")), mask=row_ok)
+        tl.store(LSE2 + part, tl.where(ok2, m2 + tl.log2(l2), float("-inf")), mask=row_ok)
+    else:
+        out = o1 - lam[:, None] * o2  # float32 subtraction (methods.md)
+        o_ptr = row_off[:, None] * DV + offs_dv[None, :]
+        tl.store(OUT + o_ptr, out.to(OUT.dtype.element_ty), mask=o_mask)
+        tl.store(LSE1 + row_off, tl.where(ok1, m1 + tl.log2(l1), float("inf")), mask=row_ok)
+        tl.store(LSE2 + row_off, tl.where(ok2, m2 + tl.log2(l2), float("inf")), mask=row_ok)
+        if SAVE_PARTS:
+            tl.store(O1 + o_ptr, o1.to(O1.dtype.element_ty), mask=o_mask)
+            tl.store(O2 + o_ptr, o2.to(O2.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def _combine_kernel(
+    PO1, PO2, PL1, PL2, LAM, OUT, LSE1, LSE2,
+    H, T, DV, R, NSPLIT,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # merge the key splits of the decoding forward, per map: O = Σ_s 2^(lse_s − lse) O_s, lse = log2 Σ_s 2^lse_s;
+    # then O1 − λ·O2 in float32. A row that saw no key in any split keeps output 0 and lse +inf (see _fwd_kernel).
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < R
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o_mask = ok[:, None] & (offs_dv < DV)[None, :]
+    m1 = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    m2 = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for sp in range(0, NSPLIT):
+        m1 = tl.maximum(m1, tl.load(PL1 + sp * R + rows, mask=ok, other=float("-inf")))
+        m2 = tl.maximum(m2, tl.load(PL2 + sp * R + rows, mask=ok, other=float("-inf")))
+    m1_safe = tl.where(m1 == float("-inf"), 0.0, m1)
+    m2_safe = tl.where(m2 == float("-inf"), 0.0, m2)
+    l1 = tl.full([BLOCK_R], 0.0, tl.float32)
+    l2 = tl.full([BLOCK_R], 0.0, tl.float32)
+    acc1 = tl.full([BLOCK_R, BLOCK_DV], 0.0, tl.float32)
+    acc2 = tl.full([BLOCK_R, BLOCK_DV], 0.0, tl.float32)
+    for sp in range(0, NSPLIT):
+        w1 = tl.exp2(tl.load(PL1 + sp * R + rows, mask=ok, other=float("-inf")) - m1_safe)
+        w2 = tl.exp2(tl.load(PL2 + sp * R + rows, mask=ok, other=float("-inf")) - m2_safe)
+        p_ptr = (sp * R + rows)[:, None] * DV + offs_dv[None, :]
+        acc1 += w1[:, None] * tl.load(PO1 + p_ptr, mask=o_mask, other=0.0)
+        acc2 += w2[:, None] * tl.load(PO2 + p_ptr, mask=o_mask, other=0.0)
+        l1 += w1
+        l2 += w2
+    ok1 = l1 > 0.0
+    ok2 = l2 > 0.0
+    l1 = tl.where(ok1, l1, 1.0)
+    l2 = tl.where(ok2, l2, 1.0)
+    lam = tl.load(LAM + (rows // T) % H, mask=ok, other=0.0).to(tl.float32)
+    out = acc1 / l1[:, None] - lam[:, None] * (acc2 / l2[:, None])
+    tl.store(OUT + rows[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=o_mask)
+    tl.store(LSE1 + rows, tl.where(ok1, m1_safe + tl.log2(l1), float("inf")), mask=ok)
+    tl.store(LSE2 + rows, tl.where(ok2, m2_safe + tl.log2(l2), float("inf")), mask=ok)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q1, K1, Q2, K2, V, LAM, MASK, DO, LSE1, LSE2, DELTA1, DELTA2,
+    DK1, DK2, DV_, DQ1, DQ2,
+    sq1b, sq1h, sq1t, sq2b, sq2h, sq2t,
+    sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
+    svb, svh, svs,
+    smb, smh, smt, sms,
+    H, HKV, T, S, D, DV, scale, qk_scale,
+    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
+    SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # program = (key block, batch × kv head); it owns dK1, dK2, dV of its keys and visits every query head of
+    # the GQA group, so they are accumulated in registers (no atomics, deterministic). ATOMIC_DQ: also add this
+    # key block's share of dQ1, dQ2 atomically into float32 buffers (FlashAttention-2's scheme: the backward then
+    # needs no second pass that recomputes QKᵀ and dO·Vᵀ, at the price of atomics and run-to-run bit noise).
+    DT = Q1.dtype.element_ty
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hkv = pid_bh % HKV
+    rep = H // HKV
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < S
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    k_mask = n_ok[:, None] & d_ok[None, :]
+    k1 = tl.load(K1 + b * sk1b + hkv * sk1h + offs_n[:, None] * sk1s + offs_d[None, :], mask=k_mask, other=0.0)
+    if SHARED_K:
+        k2 = k1
+    else:
+        k2 = tl.load(K2 + b * sk2b + hkv * sk2h + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
+    v = tl.load(
+        V + b * svb + hkv * svh + offs_n[:, None] * svs + offs_dv[None, :],
+        mask=n_ok[:, None] & dv_ok[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        k1 = k1.to(tl.float32)
+        k2 = k2.to(tl.float32)
+        v = v.to(tl.float32)
+    dk1 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+    dk2 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+    dv = tl.full([BLOCK_N, BLOCK_DV], 0.0, tl.float32)
+
+    shift = S - T
+    m_lo = 0
+    if CAUSAL:  # query i sees key j iff i >= j − (S − T): earlier query blocks see none of these keys
+        m_lo = tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M * BLOCK_M
+    for r in range(0, rep):
+        h = hkv * rep + r
+        lam = tl.load(LAM + h).to(tl.float32)
+        row_base = (b * H + h) * T
+        for start_m in range(m_lo, T, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < T
+            q_mask = m_ok[:, None] & d_ok[None, :]
+            q1 = tl.load(Q1 + b * sq1b + h * sq1h + offs_m[:, None] * sq1t + offs_d[None, :], mask=q_mask, other=0.0)
+            if SHARED_Q:
+                q2 = q1
+            else:
+                q2 = tl.load(
+                    Q2 + b * sq2b + h * sq2h + offs_m[:, None] * sq2t + offs_d[None, :], mask=q_mask, other=0.0
+                )
+            do = tl.load(
+                DO + (row_base + offs_m)[:, None] * DV + offs_dv[None, :],
+                mask=m_ok[:, None] & dv_ok[None, :],
+                other=0.0,
+            )
+            if UPCAST:
+                q1 = q1.to(tl.float32)
+                q2 = q2.to(tl.float32)
+                do = do.to(tl.float32)
+            lse1 = tl.load(LSE1 + row_base + offs_m, mask=m_ok, other=float("inf"))
+            lse2 = tl.load(LSE2 + row_base + offs_m, mask=m_ok, other=float("inf"))
+            delta1 = tl.load(DELTA1 + row_base + offs_m, mask=m_ok, other=0.0)
+            delta2 = tl.load(DELTA2 + row_base + offs_m, mask=m_ok, other=0.0)
+
+            # transposed tiles [BN, BM]: keys on rows, so dK/dV accumulate without transposing the big operands
+            s1 = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale
+            s2 = tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale
+            keep = n_ok[:, None] & m_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
+            if MASK_KIND != 0:
+                if MASK_ROWS:
+                    mptr = MASK + b * smb + h * smh + offs_m[None, :] * smt + offs_n[:, None] * sms
+                    mval = tl.load(mptr, mask=n_ok[:, None] & m_ok[None, :], other=0)
+                else:
+                    mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[:, None]
+                if MASK_KIND == 1:
+                    keep = keep & (mval != 0)
+                else:
+                    bias = mval.to(tl.float32) * 1.4426950408889634
+                    s1 = s1 + bias
+                    s2 = s2 + bias
+            p1 = tl.where(keep, tl.exp2(s1 - lse1[None, :]), 0.0)
+            p2 = tl.where(keep, tl.exp2(s2 - lse2[None, :]), 0.0)
+
+            # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
+            dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
+            # G = dO Vᵀ is dP1, and dP2 = −λ·G: one product for both maps
+            g = tl.dot(v, tl.trans(do), input_precision=PREC)
+            ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
+            ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
+            dk1 += tl.dot(ds1, q1, input_precision=PREC)
+            if SHARED_K:
+                dk1 += tl.dot(ds2, q2, input_precision=PREC)
+            else:
+                dk2 += tl.dot(ds2, q2, input_precision=PREC)
+            if ATOMIC_DQ:
+                dq_ptr = (row_base + offs_m)[:, None] * D + offs_d[None, :]
+                dq1 = tl.dot(tl.trans(ds1), k1, input_precision=PREC) * scale
+                dq2 = tl.dot(tl.trans(ds2), k2, input_precision=PREC) * scale
+                if SHARED_Q:
+                    tl.atomic_add(DQ1 + dq_ptr, dq1 + dq2, mask=q_mask)
+                else:
+                    tl.atomic_add(DQ1 + dq_ptr, dq1, mask=q_mask)
+                    tl.atomic_add(DQ2 + dq_ptr, dq2, mask=q_mask)
+
+    kv_row = (b * HKV + hkv) * S + offs_n
+    tl.store(DK1 + kv_row[:, None] * D + offs_d[None, :], (dk1 * scale).to(DK1.dtype.element_ty), mask=k_mask)
+    if not SHARED_K:
+        tl.store(DK2 + kv_row[:, None] * D + offs_d[None, :], (dk2 * scale).to(DK2.dtype.element_ty), mask=k_mask)
+    tl.store(
+        DV_ + kv_row[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=n_ok[:, None] & dv_ok[None, :]
+    )
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q1, K1, Q2, K2, V, LAM, MASK, DO, LSE1, LSE2, DELTA1, DELTA2,
+    DQ1, DQ2,
+    sq1b, sq1h, sq1t, sq2b, sq2h, sq2t,
+    sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
+    svb, svh, svs,
+    smb, smh, smt, sms,
+    H, HKV, T, S, D, DV, scale, qk_scale,
+    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
+    SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # program = (query block, batch × query head); it owns dQ1, dQ2 of its rows
+    DT = Q1.dtype.element_ty
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hkv = h // (H // HKV)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < T
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    q_mask = m_ok[:, None] & d_ok[None, :]
+    q1 = tl.load(Q1 + b * sq1b + h * sq1h + offs_m[:, None] * sq1t + offs_d[None, :], mask=q_mask, other=0.0)
+    if SHARED_Q:
+        q2 = q1
+    else:
+        q2 = tl.load(Q2 + b * sq2b + h * sq2h + offs_m[:, None] * sq2t + offs_d[None, :], mask=q_mask, other=0.0)
+    row_base = (b * H + h) * T
+    do = tl.load(
+        DO + (row_base + offs_m)[:, None] * DV + offs_dv[None, :], mask=m_ok[:, None] & dv_ok[None, :], other=0.0
+    )
+    if UPCAST:
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
+        do = do.to(tl.float32)
+    lse1 = tl.load(LSE1 + row_base + offs_m, mask=m_ok, other=float("inf"))
+    lse2 = tl.load(LSE2 + row_base + offs_m, mask=m_ok, other=float("inf"))
+    delta1 = tl.load(DELTA1 + row_base + offs_m, mask=m_ok, other=0.0)
+    delta2 = tl.load(DELTA2 + row_base + offs_m, mask=m_ok, other=0.0)
+    lam = tl.load(LAM + h).to(tl.float32)
+    dq1 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+    dq2 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+
+    shift = S - T
+    if CAUSAL:  # noqa: SIM108
+        kend = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, T) + shift, S)
+    else:
+        kend = S
+    k1_base = K1 + b * sk1b + hkv * sk1h
+    k2_base = K2 + b * sk2b + hkv * sk2h
+    v_base = V + b * svb + hkv * svh
+    for start_n in range(0, kend, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < S
+        k_mask = n_ok[:, None] & d_ok[None, :]
+        k1 = tl.load(k1_base + offs_n[:, None] * sk1s + offs_d[None, :], mask=k_mask, other=0.0)
+        if SHARED_K:  # noqa: SIM108
+            k2 = k1
+        else:
+            k2 = tl.load(k2_base + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svs + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        if UPCAST:
+            k1 = k1.to(tl.float32)
+            k2 = k2.to(tl.float32)
+            v = v.to(tl.float32)
+
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
+        keep = m_ok[:, None] & n_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
+        if MASK_KIND != 0:
+            if MASK_ROWS:
+                mptr = MASK + b * smb + h * smh + offs_m[:, None] * smt + offs_n[None, :] * sms
+                mval = tl.load(mptr, mask=m_ok[:, None] & n_ok[None, :], other=0)
+            else:
+                mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[None, :]
+            if MASK_KIND == 1:
+                keep = keep & (mval != 0)
+            else:
+                bias = mval.to(tl.float32) * 1.4426950408889634
+                s1 = s1 + bias
+                s2 = s2 + bias
+        p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
+        p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
+        g = tl.dot(do, tl.trans(v), input_precision=PREC)  # dP1; dP2 = −λ·G
+        ds1 = p1 * (g - delta1[:, None])
+        ds2 = (p2 * (g - delta2[:, None])) * (-lam)
+        dq1 += tl.dot(ds1.to(DT).to(k1.dtype), k1, input_precision=PREC)
+        if SHARED_Q:
+            dq1 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+        else:
+            dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+
+    dq_ptr = (row_base + offs_m)[:, None] * D + offs_d[None, :]
+    tl.store(DQ1 + dq_ptr, (dq1 * scale).to(DQ1.dtype.element_ty), mask=q_mask)
+    if not SHARED_Q:
+        tl.store(DQ2 + dq_ptr, (dq2 * scale).to(DQ2.dtype.element_ty), mask=q_mask)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Launch helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
+
+
+def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) per kernel. On a GPU: the largest tiles that compile for sm_90 (bf16) without
+    register spills (checked with cuobjdump's resource usage, since no GPU was at hand to time them); the two
+    fp32 accumulators per row (forward) or three per key (dK1, dK2, dV) bound the tile by d + dv. Float32 inputs
+    (IEEE dots, twice the bytes per tile) spill heavily at those sizes, so they get tiles half as long."""
+    if BLOCK_OVERRIDE is not None:
+        return (*BLOCK_OVERRIDE, 4)
+    if INTERPRETED:
+        return 16, 16, 4
+    narrow = _pow2(d) + _pow2(dv) <= 192  # d = 64 with dv = 64 or 128
+    if kind == "fwd":
+        bm, bn = (64, 64) if narrow else (32, 32)
+    elif kind == "dkdv":
+        bm, bn = (64, 32) if narrow else (32, 32)
+    elif kind == "dkdv_atomic":  # the dQ tiles of the atomic adds take registers too
+        bm, bn = 32, 32
+    else:  # dq
+        bm, bn = (64, 32) if narrow else (32, 64)
+    if fp32:
+        bm, bn = max(16, bm // 2), max(16, bn // 2)
+    if kind == "fwd":
+        bm = min(bm, _pow2(rows))  # decode: rows = (H/Hkv)·T, often < 64
+    return bm, bn, 8
+
+
+def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
+    """Key splits for a forward without gradient: enough programs to fill the GPU about twice when there are
+    fewer programs than SMs (decoding), each split still at least 4 key tiles long."""
+    if SPLIT_OVERRIDE is not None:
+        return max(1, SPLIT_OVERRIDE)
+    if device.type != "cuda":
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, programs), s // (4 * block_n), 128))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+    """Launch with the heuristic tiles; if the GPU runs out of shared memory or registers, halve BLOCK_N then
+    BLOCK_M (down to 16) and remember what worked for this shape class."""
+    cached = None if BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
+    bm, bn, warps = cached or _blocks(kind, d, dv, rows, fp32=consts["PREC"] == "ieee")
+    while True:
+        try:
+            kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=2)
+            if BLOCK_OVERRIDE is None:
+                _LAUNCH_CACHE[key] = (bm, bn, warps)
+            return
+        except triton.runtime.errors.OutOfResources as err:
+            if bn > 16:
+                bn //= 2
+            elif bm > 16:
+                bm //= 2
+            else:
+                raise
+            logger.info("diffattn triton %s: %s; retrying with BLOCK_M=%d, BLOCK_N=%d", kind, err, bm, bn)
+
+
+_LAUNCH_CACHE: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _strides4(x: torch.Tensor | None) -> tuple[int, int, int]:
+    # (batch, head, sequence) strides; the last dim is contiguous (checked by the caller)
+    return (0, 0, 0) if x is None else (x.stride(0), x.stride(1), x.stride(2))
+
+
+def _mask_args(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, int, bool, tuple[int, int, int, int]]:
+    """(tensor, MASK_KIND, MASK_ROWS, strides): kind 0 none, 1 bool (read as uint8), 2 additive. Broadcast dims
+    get stride 0, so a [B, 1, 1, S] key-padding mask is read per key and a 4-D mask is never expanded."""
+    if mask is None:
+        return None, 0, False, (0, 0, 0, 0)
+    kind = 1 if mask.dtype == torch.bool else 2
+    if kind == 1:
+        mask = mask.view(torch.uint8)  # same bytes; Triton loads uint8 more portably than i1
+    strides = tuple(0 if mask.shape[i] == 1 else mask.stride(i) for i in range(4))
+    rows = mask.shape[1] != 1 or mask.shape[2] != 1
+    return mask, kind, rows, strides
+
+
+def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _common(q1, k1, q2, k2, v, mask, causal):
+    b, h, t, d = q1.shape
+    hkv, s, dv = k1.shape[1], k1.shape[2], v.shape[3]
+    mask_t, mask_kind, mask_rows, mstrides = _mask_args(mask)
+    shared_q, shared_k = q2 is None, k2 is None
+    strides = (
+        *_strides4(q1), *_strides4(q1 if shared_q else q2),
+        *_strides4(k1), *_strides4(k1 if shared_k else k2),
+        *_strides4(v), *mstrides,
+    )  # fmt: skip
+    upcast = INTERPRETED and q1.dtype == torch.bfloat16
+    consts = dict(
+        CAUSAL=bool(causal),
+        MASK_KIND=mask_kind,
+        MASK_ROWS=mask_rows,
+        SHARED_Q=shared_q,
+        SHARED_K=shared_k,
+        UPCAST=upcast,
+        PREC="ieee" if q1.dtype == torch.float32 else "tf32",
+        BLOCK_D=_pow2(d),
+        BLOCK_DV=_pow2(dv),
+    )
+    return (b, h, hkv, t, s, d, dv), mask_t, strides, consts
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Custom ops (opaque to torch.compile, with fake implementations) and their autograd formula
+# --------------------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())
+def _fwd_op(
+    q1: torch.Tensor,
+    k1: torch.Tensor,
+    q2: torch.Tensor | None,
+    k2: torch.Tensor | None,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    save_parts: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [H]. lse in log2 units.
+    o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts."""
+    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+    out = torch.empty(b, h, t, dv, device=q1.device, dtype=q1.dtype)
+    parts_shape = (b, h, t, dv) if save_parts else (0,)
+    o1 = torch.empty(parts_shape, device=q1.device, dtype=q1.dtype)
+    o2 = torch.empty(parts_shape, device=q1.device, dtype=q1.dtype)
+    lse1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
+    lse2 = torch.empty_like(lse1)
+    rows = (h // hkv) * t
+    r_total = b * h * t
+    bm, bn, _ = _blocks("fwd", d, dv, rows, fp32=consts["PREC"] == "ieee")
+    nsplit = 1 if save_parts else _num_splits(q1.device, triton.cdiv(rows, bm) * b * hkv, s, bn)
+    split_len = triton.cdiv(triton.cdiv(s, nsplit), bn) * bn  # whole tiles per split
+    nsplit = triton.cdiv(s, split_len)
+    if nsplit > 1:  # per-split partial outputs, merged by _combine_kernel below
+        po1 = torch.empty(nsplit, r_total, dv, device=q1.device, dtype=torch.float32)
+        po2 = torch.empty_like(po1)
+        pl1 = torch.empty(nsplit, r_total, device=q1.device, dtype=torch.float32)
+        pl2 = torch.empty_like(pl1)
+        targets = (po1, po2, pl1, pl2)
+    else:
+        targets = (o1, o2, lse1, lse2)
+    args = (
+        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
+        out, *targets, *strides,
+        h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len,
+    )  # fmt: skip
+    key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
+    _launch(
+        _fwd_kernel,
+        lambda bm, bn: (triton.cdiv(rows, bm), b * hkv, nsplit),
+        args,
+        dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1),
+        "fwd",
+        d,
+        dv,
+        rows,
+        key,
+    )
+    if nsplit > 1:
+        block_r = 16
+        _combine_kernel[(triton.cdiv(r_total, block_r),)](
+            po1, po2, pl1, pl2, lam, out, lse1, lse2, h, t, dv, r_total, nsplit,
+            BLOCK_R=block_r, BLOCK_DV=consts["BLOCK_DV"],
+        )  # fmt: skip
+    return out, o1, o2, lse1, lse2
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts):
+    b, h, t, _ = q1.shape
+    dv = v.shape[3]
+    parts_shape = (b, h, t, dv) if save_parts else (0,)
+    return (
+        q1.new_empty(b, h, t, dv),
+        q1.new_empty(parts_shape),
+        q1.new_empty(parts_shape),
+        q1.new_empty(b, h, t, dtype=torch.float32),
+        q1.new_empty(b, h, t, dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())
+def _bwd_op(
+    dout: torch.Tensor,
+    q1: torch.Tensor,
+    k1: torch.Tensor,
+    q2: torch.Tensor | None,
+    k2: torch.Tensor | None,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    mask: torch.Tensor | None,
+    o1: torch.Tensor,
+    o2: torch.Tensor,
+    lse1: torch.Tensor,
+    lse2: torch.Tensor,
+    causal: bool,
+    scale: float,
+    atomic_dq: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq1, dk1, dq2, dk2, dv, dlam); dq2/dk2 are empty when q2/k2 are shared (their gradient is inside
+    dq1/dk1). dlam: float32 [H]."""
+    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+    dout = dout.contiguous()
+    # preprocessing: Δ_i = rowsum(dO ∘ O_i) = rowsum(P_i ∘ dP_i); dλ = −Σ dO·O2 = −Σ Δ2 (per head)
+    delta1 = (dout.float() * o1.float()).sum(-1)
+    delta2 = (dout.float() * o2.float()).sum(-1)
+    dlam = -delta2.sum(dim=(0, 2))
+    atomic = atomic_dq
+    if atomic:  # float32 accumulators for the atomic adds, rounded to the input dtype at the end
+        dq1 = torch.zeros(q1.shape, device=q1.device, dtype=torch.float32)
+        dq2 = torch.zeros_like(dq1) if q2 is not None else dq1.new_empty(0)
+    else:
+        dq1 = torch.empty_like(q1, memory_format=torch.contiguous_format)
+        dq2 = torch.empty_like(dq1) if q2 is not None else q1.new_empty(0)
+    dk1 = torch.empty_like(k1, memory_format=torch.contiguous_format)
+    dk2 = torch.empty_like(dk1) if k2 is not None else k1.new_empty(0)
+    dvv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    common = (
+        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
+        dout, lse1, lse2, delta1, delta2,
+    )  # fmt: skip
+    sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E)
+    base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
+    _launch(
+        _bwd_dkdv_kernel,
+        lambda bm, bn: (triton.cdiv(s, bn), b * hkv),
+        (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
+        dict(consts, ATOMIC_DQ=atomic),
+        "dkdv_atomic" if atomic else "dkdv",
+        d,
+        dv,
+        t,
+        ("dkdv", *base_key),
+    )
+    if atomic:
+        dq1 = dq1.to(q1.dtype)
+        dq2 = dq2.to(q1.dtype)
+    else:
+        _launch(
+            _bwd_dq_kernel,
+            lambda bm, bn: (triton.cdiv(t, bm), b * h),
+            (*common, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
+            consts,
+            "dq",
+            d,
+            dv,
+            t,
+            ("dq", *base_key),
+        )
+    return dq1, dk1, dq2, dk2, dvv, dlam
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq):
+    return (
+        torch.empty_like(q1, memory_format=torch.contiguous_format),
+        torch.empty_like(k1, memory_format=torch.contiguous_format),
+        torch.empty_like(q1, memory_format=torch.contiguous_format) if q2 is not None else q1.new_empty(0),
+        torch.empty_like(k1, memory_format=torch.contiguous_format) if k2 is not None else k1.new_empty(0),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+        lam.new_empty(lam.shape),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts = inputs
+    _, o1, o2, lse1, lse2 = output
+    ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
+    ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
+    ctx.atomic_dq = bool(ATOMIC_DQ)  # fixed when the forward runs, so a caller can scope the choice to its call
+
+
+def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
+    # o1, o2, lse1, lse2 are internal outputs that nothing differentiates; their cotangents are ignored
+    if not ctx.save_parts:
+        raise RuntimeError("diffattn triton: backward through a forward that was run without saving for it")
+    q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2 = ctx.saved_tensors
+    dq1, dk1, dq2, dk2, dv, dlam = _bwd_op(
+        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, ctx.atomic_dq
+    )
+    return (
+        dq1,
+        dk1,
+        None if q2 is None else dq2,
+        None if k2 is None else dk2,
+        dv,
+        dlam,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Backend entry point
+# --------------------------------------------------------------------------------------------------------------
+
+
+def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``triton`` backend. ``inp`` has passed :func:`diffattn.ops._inputs.validate` and the support check
+    of :mod:`diffattn.ops` (dtype, head dims, device)."""
+    h = inp.num_heads
+    q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v))
+    # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
+    q2 = None if inp.q2 is inp.q1 else _lastdim_contiguous(inp.q2)
+    k2 = None if inp.k2 is inp.k1 else _lastdim_contiguous(inp.k2)
+    # λ as float32 [H] (a scalar is broadcast); autograd carries dλ back through the expand to its shape/dtype
+    lam = inp.lam.to(torch.float32).reshape(-1).expand(h).contiguous()
+    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, inp.v, inp.lam)
+    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad)
+    return out
