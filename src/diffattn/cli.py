@@ -290,6 +290,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from .experiments import ExperimentConfig, run_experiment
+
+    config = ExperimentConfig.load(args.experiment).with_overrides(_parse_sets(args.set))
+    overwrite = True if args.overwrite == [] else set(args.overwrite or ())
+    outcomes = run_experiment(config, args.root, overwrite=overwrite)
+    for o in outcomes:
+        print(f"{o.kind:<9} {o.name:<20} {o.state:<7} {o.seconds:8.1f} s")
+    print(f"report: {args.root}/{config.name}/report.md")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diffattn",
@@ -392,6 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mqar-samples", dest="mqar_samples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("run", help="run an experiment YAML: pretrain, adapt, evaluate, report (skips finished parts)")
+    p.add_argument("experiment", help="the experiment YAML (see diffattn.experiments.config)")
+    p.add_argument("--root", default="runs", help="parent of the experiment's folder (default runs/)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="A.B=VALUE", help="override, e.g. models.0.preset=small"
+    )
+    p.add_argument("--overwrite", nargs="*", metavar="NAME", help="redo these parts (no names: every part)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
     p.set_defaults(func=cmd_info)

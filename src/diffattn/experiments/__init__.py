@@ -1,0 +1,11 @@
+"""Declarative experiments (issue 7): ``diffattn run EXPERIMENT.yaml`` — pretrain, adapt, evaluate, report.
+
+- :mod:`.config` — the YAML schema (:class:`ExperimentConfig`) and ``--set`` overrides.
+- :mod:`.runner` — runs every part, skipping what is done and resuming what was interrupted.
+- :mod:`.report` — ``report.md`` and ``results.json``.
+"""
+
+from .config import AdapterRun, EvalPlan, ExperimentConfig, ScratchModel
+from .runner import PartOutcome, run_experiment
+
+__all__ = ["AdapterRun", "EvalPlan", "ExperimentConfig", "PartOutcome", "ScratchModel", "run_experiment"]

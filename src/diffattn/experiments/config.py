@@ -1,0 +1,182 @@
+"""Declarative experiments (issue 7): one YAML names the models, methods, data, budgets and evaluation suites.
+
+```yaml
+name: quickstart
+data: {source: shakespeare, seq_len: 256, vocab_size: 4096, retrieval_fraction: 0.2}   # pretraining data
+train: {max_steps: 150, global_batch_size: 8}                                            # pretraining budget
+models:                         # trained from scratch (diffattn pretrain), same data order and seed
+  - {name: baseline, preset: tiny, attention: standard}
+  - {name: diff, preset: tiny, attention: diff}
+adapters:                       # diffattn adapt on a model above (by name) or a pretrained one (smollm2-135m, a path)
+  - {name: dex, base: baseline, method: dex, options: {heads: entropy}}
+  - {name: lora, base: baseline, method: lora, options: {rank: 8}}
+adapt_data: {seq_len: 256}      # defaults of every adapter's data section (source: the pretraining data's)
+adapt_train: {max_steps: 60, lr: 1.0e-3}
+eval:
+  suites: [ppl, niah, alloc, outliers]
+  options: {samples: 5, tokens: 2048}
+```
+
+Every section mirrors an existing config: ``data``/``train`` are :class:`~diffattn.train.DataConfig` /
+:class:`~diffattn.train.TrainConfig` fields, a model's ``model`` mapping adds :class:`~diffattn.train.ModelConfig`
+fields (``lambda_init``, ``backend``, …), ``adapt_data``/``adapt_train`` and an adapter's ``data``/``train`` are the
+sections of ``diffattn adapt``'s run.yaml, ``eval.options`` are :class:`~diffattn.eval.suite.SuiteOptions` fields.
+``--set a.b=value`` overrides any of it (``--set train.max_steps=10``, ``--set models.1.preset=small``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class ScratchModel:
+    name: str
+    preset: str = "tiny"
+    attention: str = "standard"  # standard | diff
+    model: dict = field(default_factory=dict)  # further ModelConfig fields (lambda_init, norm, backend, overrides)
+    train: dict = field(default_factory=dict)  # per-model TrainConfig overrides
+
+
+@dataclass
+class AdapterRun:
+    name: str
+    base: str  # a model of this experiment by name, a known pretrained name, or a local HF folder
+    method: str
+    options: dict = field(default_factory=dict)
+    merge: bool = False
+    data: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+
+
+@dataclass
+class EvalPlan:
+    suites: list[str] = field(default_factory=lambda: ["ppl", "niah", "alloc", "outliers"])
+    options: dict = field(default_factory=dict)
+    models: list[str] | None = None  # default: every model and adapter
+
+
+@dataclass
+class ExperimentConfig:
+    name: str
+    data: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+    models: list[ScratchModel] = field(default_factory=list)
+    adapters: list[AdapterRun] = field(default_factory=list)
+    adapt_data: dict = field(default_factory=dict)
+    adapt_train: dict = field(default_factory=dict)
+    eval: EvalPlan = field(default_factory=EvalPlan)
+    seed: int = 0
+
+    # -- reading, writing, overriding -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict) -> ExperimentConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"an experiment must be a mapping, got {type(d).__name__}")
+        d = dict(d)
+        _check_keys("the experiment", d, cls)
+        if "name" not in d:
+            raise ValueError("the experiment needs a name (it names the folder runs/NAME)")
+        d["models"] = [_build(ScratchModel, m, f"models[{i}]") for i, m in enumerate(d.get("models") or [])]
+        d["adapters"] = [_build(AdapterRun, a, f"adapters[{i}]") for i, a in enumerate(d.get("adapters") or [])]
+        d["eval"] = _build(EvalPlan, d.get("eval") or {}, "eval")
+        return cls(**d).validate()
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExperimentConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"experiment file {str(path)!r} does not exist")
+        return cls.from_dict(yaml.safe_load(path.read_text()) or {})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    def with_overrides(self, overrides: dict[str, object]) -> ExperimentConfig:
+        """Dotted overrides; list items by index: ``models.0.preset``, ``adapters.1.options.rank``."""
+        d = self.to_dict()
+        for dotted, value in overrides.items():
+            keys = dotted.split(".")
+            node = d
+            for depth, key in enumerate(keys[:-1]):
+                if isinstance(node, list):
+                    if not key.isdigit() or int(key) >= len(node):
+                        raise ValueError(f"--set {dotted}: {'.'.join(keys[: depth + 1])} is not an item of the list")
+                    node = node[int(key)]
+                elif isinstance(node, dict):
+                    if key not in node:
+                        node[key] = {}
+                    node = node[key]
+                else:
+                    raise ValueError(f"--set {dotted}: {'.'.join(keys[:depth])} is not a section")
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {dotted}: cannot set a key inside a list; give an index")
+            node[keys[-1]] = value
+        return ExperimentConfig.from_dict(d)
+
+    # -- checks -----------------------------------------------------------------------------------------------
+    def validate(self) -> ExperimentConfig:
+        from ..eval.suite import parse_suites
+        from ..train.adapt import ADAPT_METHODS
+
+        if not NAME.match(self.name):
+            raise ValueError(f"experiment name {self.name!r} must be letters, digits, '-', '_' or '.'")
+        names = [m.name for m in self.models] + [a.name for a in self.adapters]
+        for n in names:
+            if not NAME.match(n):
+                raise ValueError(f"model name {n!r} must be letters, digits, '-', '_' or '.'")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
+        for m in self.models:
+            if m.attention not in ("standard", "diff"):
+                raise ValueError(f"models[{m.name}].attention must be standard or diff, got {m.attention!r}")
+        for a in self.adapters:
+            if a.method not in ADAPT_METHODS:
+                raise ValueError(
+                    f"adapters[{a.name}].method must be one of {', '.join(ADAPT_METHODS)}; got {a.method!r}"
+                )
+            if a.base in [x.name for x in self.adapters]:
+                raise ValueError(f"adapters[{a.name}].base {a.base!r} is an adapter; adapt a base model instead")
+        parse_suites(self.eval.suites)
+        if self.eval.models is not None:
+            unknown = sorted(set(self.eval.models) - set(names))
+            if unknown:
+                raise ValueError(f"eval.models names unknown model(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        return self
+
+    def scratch_names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+
+def _check_keys(where: str, d: dict, cls) -> None:
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(allowed)}")
+
+
+def _build(cls, d, where: str):
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be a mapping, got {d!r}")
+    _check_keys(where, d, cls)
+    try:
+        return cls(**d)
+    except TypeError as e:  # a required field is missing
+        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in d]
+        missing = [
+            m
+            for m in missing
+            if next(f for f in dataclasses.fields(cls) if f.name == m).default_factory is dataclasses.MISSING
+        ]
+        raise ValueError(f"{where} is missing {', '.join(missing) or 'a required key'} ({e})") from e

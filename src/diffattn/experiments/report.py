@@ -1,0 +1,156 @@
+"""The experiment report: ``report.md`` and ``results.json`` from the run folders of an experiment.
+
+What it holds now: a table of every model × metric (parameters, trainable parameters, steps, validation loss,
+tokens/s, wall time, and each evaluation's headline numbers), training loss curves of all runs on one plot, λ per
+layer at the end of training, every evaluation's pictures, and the exact config and environment.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from ..eval._common import figure, jsonable, save_figure
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    f = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines()] if f.is_file() else []
+
+
+def _headline(suite: str, r: dict) -> dict[str, float | None]:
+    """The numbers of one suite that go in the model × metric table."""
+    if suite == "ppl":
+        return {"PPL": r["ppl"]}
+    if suite == "niah":
+        return {"NIAH acc": r["mean_accuracy"]}
+    if suite == "alloc":
+        return {"attn→answer": r["attention_to_answer"], "attn noise": r["attention_noise"]}
+    if suite == "mqar":
+        return {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]}
+    if suite == "outliers":
+        return {"top-1 |logit|": r["attention_logits"]["top1"], "top-1 |hidden|": r["hidden_states"]["top1"]}
+    if suite == "quant":
+        return {f"PPL@{q['bits']}b": q["ppl"] for q in r["quantization"]}
+    if suite == "heads":
+        return {"head cos dist": r["summary"]["cosine_distance"], "head CKA": r["summary"]["cka"]}
+    if suite == "icl":
+        return {"ICL best acc": max(r["many_shot"]["mean"])}
+    return {}
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:,.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def write_report(config, out: Path, outcomes) -> Path:
+    """Write ``out/report.md`` and ``out/results.json``; returns the report's path."""
+    rows: dict[str, dict] = {}
+    for o in outcomes:
+        row = rows.setdefault(o.name, {"model": o.name})
+        if o.kind == "pretrain":
+            s = o.summary
+            row.update(
+                kind=f"from scratch ({s.get('attention')})",
+                parameters=s.get("parameters"),
+                trainable=s.get("parameters"),
+                steps=s.get("steps"),
+                val_loss=s.get("final_val_loss"),
+                tokens_per_s=s.get("tokens_per_s"),
+                train_seconds=s.get("wall_seconds"),
+            )
+        elif o.kind == "adapt":
+            s = o.summary
+            row.update(
+                kind=f"{s.get('method')} on {Path(str(s.get('model'))).parent.name or s.get('model')}",
+                parameters=s.get("total_parameters"),
+                trainable=s.get("trainable_parameters"),
+                steps=s.get("steps"),
+                val_loss=s.get("val_loss_after"),
+                tokens_per_s=s.get("tokens_per_s"),
+                train_seconds=s.get("wall_seconds"),
+            )
+        else:
+            for suite, r in o.summary.get("suites", {}).items():
+                row.update(_headline(suite, r))
+    columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
+    metrics = sorted({k for r in rows.values() for k in r} - set(columns))
+    lines = [f"# Experiment `{config.name}`", ""]
+    lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
+    lines += ["|" + "---|" * (len(columns) + len(metrics))]
+    for r in rows.values():
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns + metrics) + " |")
+    lines += [
+        "",
+        "Validation loss is on each run's own tokenizer and data: compare from-scratch models with each "
+        "other and adapters with each other.",
+        "",
+    ]
+
+    curves = _loss_curves(outcomes, out / "loss_curves.png")
+    if curves:
+        lines += ["## Training", "", f"![loss curves]({curves.name})", ""]
+    lams = [(o.name, o.summary.get("lambda")) for o in outcomes if o.kind in ("pretrain", "adapt")]
+    lams = [(n, v) for n, v in lams if v]
+    if lams:
+        lines += ["λ per layer at the end of training:", ""]
+        lines += [f"- {n}: " + ", ".join(f"{x:.3f}" for x in v) for n, v in lams]
+        lines.append("")
+
+    lines += ["## Evaluations", ""]
+    for o in outcomes:
+        if o.kind != "eval":
+            continue
+        pics = o.summary.get("pictures", {})
+        if pics:
+            lines.append(f"### {o.name}")
+            lines += [f"![{k}]({Path(o.path, v).relative_to(out)})" for k, v in pics.items()]
+            lines.append("")
+    lines += ["## Config and environment", "", "```yaml", (out / "experiment.yaml").read_text().rstrip(), "```", ""]
+    import torch
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "threads": torch.get_num_threads(),
+    }
+    lines.append(", ".join(f"{k} {v}" for k, v in env.items()))
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    results = {
+        "experiment": config.name,
+        "models": list(rows.values()),
+        "parts": [{"kind": o.kind, "name": o.name, "state": o.state, "seconds": o.seconds} for o in outcomes],
+        "evaluations": {o.name: o.summary.get("suites", {}) for o in outcomes if o.kind == "eval"},
+        "config": config.to_dict(),
+        "environment": env,
+    }
+    (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
+    return report
+
+
+def _loss_curves(outcomes, path: Path) -> Path | None:
+    series = []
+    for o in outcomes:
+        if o.kind in ("pretrain", "adapt"):
+            points = [(e["step"], e["loss"]) for e in _metrics(o.path) if "loss" in e]
+            if points:
+                series.append((f"{o.name} ({o.kind})", points))
+    if not series:
+        return None
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, points in series:
+        ax.plot(*zip(*points, strict=True), label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)

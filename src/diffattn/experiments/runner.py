@@ -1,0 +1,193 @@
+"""Run an experiment: pretrain the from-scratch models, adapt, evaluate, report — skipping what is done.
+
+Layout of ``<root>/<name>/``::
+
+    experiment.yaml          the resolved config of the last run
+    models/<name>/           diffattn pretrain run folders (run.yaml, metrics.jsonl, checkpoints/, final/, summary.json)
+    adapters/<name>/         diffattn adapt run folders (… adapter/ or merged/ or final/, summary.json)
+    eval/<name>/             diffattn eval outputs (results.json, PNGs)
+
+A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
+equal the requested ones; it is *resumed* from its last checkpoint when it was started with the same settings (a
+larger ``max_steps`` also resumes); a part whose saved settings differ is refused with the difference, unless
+``overwrite`` names it (or is ``True``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import ExperimentConfig
+
+logger = logging.getLogger(__name__)
+
+DONE, RESUME, FRESH = "done", "resume", "fresh"
+
+
+@dataclass
+class PartOutcome:
+    kind: str  # pretrain | adapt | eval
+    name: str
+    path: Path
+    state: str  # done (skipped), resume, fresh
+    seconds: float = 0.0
+    summary: dict = field(default_factory=dict)
+
+
+def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
+    """done, resume or fresh for a training run folder with ``run.yaml`` (raises when settings changed)."""
+    saved_file = run_dir / "run.yaml"
+    if not saved_file.is_file():
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # a start that wrote nothing usable
+        return FRESH
+    saved = type(config).load(saved_file).to_dict()
+    now = config.to_dict()
+    diff = _differences(saved, now)
+    only_steps = all(d.startswith("train.max_steps:") for d in diff)
+    if diff and not only_steps:
+        if overwrite:
+            shutil.rmtree(run_dir)
+            return FRESH
+        raise ValueError(
+            f"{run_dir} was run with other settings ({'; '.join(diff)}); pass --overwrite to redo it, "
+            "or give the new variant another name"
+        )
+    if (run_dir / "summary.json").is_file() and not diff:
+        return DONE
+    return RESUME
+
+
+def _scratch_config(exp: ExperimentConfig, m):
+    from ..train import RunConfig
+
+    return RunConfig.from_dict(
+        {
+            "model": {"preset": m.preset, "attention": m.attention, **m.model},
+            "data": dict(exp.data),
+            "train": {"seed": exp.seed, **exp.train, **m.train},
+        }
+    ).validate()
+
+
+def _adapt_config(exp: ExperimentConfig, a, root: Path):
+    from ..train.adapt import AdaptRunConfig
+
+    base = str(root / "models" / a.base / "final") if a.base in exp.scratch_names() else a.base
+    data = {"source": exp.data.get("source", "shakespeare"), **exp.adapt_data, **a.data}
+    return AdaptRunConfig.from_dict(
+        {
+            "model": {"name": base},
+            "method": {"name": a.method, "options": dict(a.options), "merge": a.merge},
+            "data": data,
+            "train": {"seed": exp.seed, **exp.adapt_train, **a.train},
+        }
+    ).validate()
+
+
+def _wants(overwrite, name: str) -> bool:
+    return overwrite is True or (isinstance(overwrite, (set, list, tuple)) and name in overwrite)
+
+
+def run_experiment(
+    config: ExperimentConfig, root: str | Path = "runs", *, overwrite: bool | set[str] = False, report: bool = True
+) -> list[PartOutcome]:
+    """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened."""
+    from ..eval.suite import RESULTS, SuiteOptions, load_for_eval, run_suites
+    from ..train import pretrain
+    from ..train.adapt import adapt_pretrained
+
+    config.validate()
+    out = Path(root) / config.name
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / "experiment.yaml")
+    outcomes: list[PartOutcome] = []
+
+    # every config is built (and so checked) before any training starts
+    scratch = [(m, _scratch_config(config, m)) for m in config.models]
+    adapters = [(a, _adapt_config(config, a, out)) for a in config.adapters]
+    for a, _ in adapters:
+        if a.base in config.scratch_names():
+            kind = next(m for m in config.models if m.name == a.base).attention
+            if kind != "standard":
+                raise ValueError(
+                    f"adapters[{a.name}]: the adapters give a standard model differential attention; "
+                    f"{a.base!r} is already a DIFF model"
+                )
+
+    for m, run_config in scratch:
+        path = out / "models" / m.name
+        state = run_state(path, run_config, overwrite=_wants(overwrite, m.name))
+        t0 = time.perf_counter()
+        if state == DONE:
+            summary = json.loads((path / "summary.json").read_text())
+            logger.info("pretrain %s: done, skipped", m.name)
+        else:
+            logger.info("pretrain %s: %s", m.name, state)
+            summary = pretrain(run_config, path, resume=state == RESUME)
+        outcomes.append(PartOutcome("pretrain", m.name, path, state, time.perf_counter() - t0, summary))
+
+    for a, run_config in adapters:
+        path = out / "adapters" / a.name
+        state = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
+        t0 = time.perf_counter()
+        if state == DONE:
+            summary = json.loads((path / "summary.json").read_text())
+            logger.info("adapt %s: done, skipped", a.name)
+        else:
+            logger.info("adapt %s: %s", a.name, state)
+            summary = adapt_pretrained(run_config, path, resume=state == RESUME)
+        outcomes.append(PartOutcome("adapt", a.name, path, state, time.perf_counter() - t0, summary))
+
+    options = SuiteOptions(**{"seed": config.seed, **config.eval.options})
+    targets = config.eval.models or [m.name for m in config.models] + [a.name for a in config.adapters]
+    for name in targets:
+        model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
+        path = out / "eval" / name
+        results_file = path / RESULTS
+        wanted = {"suites": list(config.eval.suites), "options": _jsonable_options(options)}
+        if results_file.is_file() and _eval_request(results_file) == wanted and not _wants(overwrite, name):
+            outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, json.loads(results_file.read_text())))
+            continue
+        t0 = time.perf_counter()
+        model, tokenizer, description = load_for_eval(model_dir)
+        doc = run_suites(
+            model, tokenizer, config.eval.suites, path, options=options, name=name, description=description
+        )
+        outcomes.append(PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc))
+        del model
+
+    if report:
+        from .report import write_report
+
+        write_report(config, out, outcomes)
+    return outcomes
+
+
+def _jsonable_options(options) -> dict:
+    from dataclasses import asdict
+
+    from ..eval._common import jsonable
+
+    return jsonable(asdict(options))
+
+
+def _eval_request(results_file: Path) -> dict:
+    doc = json.loads(results_file.read_text())
+    return {"suites": list(doc.get("suites", {})), "options": doc.get("metadata", {}).get("options")}

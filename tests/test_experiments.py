@@ -1,0 +1,131 @@
+"""Declarative experiments (issue 7, first part): config parsing and overrides, a `debug` experiment end to end
+(pretrain, adapt, evaluate, report), and a rerun that skips every finished part."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from diffattn.experiments import ExperimentConfig, run_experiment
+
+WORDS = ["the", "king", "queen", "sword", "crown", "night", "day", "river", "stone", "ghost", "crow", "bell"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exp-corpus")
+    rng = random.Random(0)
+    for i in range(24):
+        (root / f"d{i:02d}.txt").write_text(
+            "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(14))
+        )
+    return root
+
+
+def _debug(corpus) -> dict:
+    return {
+        "name": "debug-exp",
+        "data": {"source": str(corpus), "seq_len": 32, "vocab_size": 300, "val_sequences": 2},
+        "train": {"max_steps": 3, "global_batch_size": 2, "eval_every": 3, "save_every": 3},
+        "models": [
+            {"name": "baseline", "preset": "debug", "attention": "standard"},
+            {"name": "diff", "preset": "debug", "attention": "diff"},
+        ],
+        "adapters": [
+            {"name": "dex", "base": "baseline", "method": "dex", "options": {"heads": "random"}},
+            {"name": "lora", "base": "baseline", "method": "lora", "options": {"rank": 2}},
+        ],
+        "adapt_data": {"seq_len": 32, "val_sequences": 2},
+        "adapt_train": {"max_steps": 2, "global_batch_size": 2, "eval_every": 2, "save_every": 2, "lr": 1e-3},
+        "eval": {
+            "suites": ["ppl", "alloc"],
+            "options": {
+                "tokens": 96,
+                "window": 32,
+                "samples": 1,
+                "context_tokens": 128,
+                "haystack": "filler",
+                "text": "filler",
+            },
+        },
+    }
+
+
+def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_path):
+    config = ExperimentConfig.from_dict(_debug(corpus))
+    outcomes = run_experiment(config, tmp_path)
+    assert [(o.kind, o.name, o.state) for o in outcomes] == [
+        ("pretrain", "baseline", "fresh"),
+        ("pretrain", "diff", "fresh"),
+        ("adapt", "dex", "fresh"),
+        ("adapt", "lora", "fresh"),
+        *[("eval", n, "fresh") for n in ("baseline", "diff", "dex", "lora")],
+    ]
+    out = tmp_path / "debug-exp"
+    report = (out / "report.md").read_text()
+    assert "| baseline |" in report and "| dex |" in report and "attn→answer" in report
+    assert (out / "loss_curves.png").stat().st_size > 0
+    results = json.loads((out / "results.json").read_text())
+    assert {m["model"] for m in results["models"]} == {"baseline", "diff", "dex", "lora"}
+    assert results["evaluations"]["diff"]["ppl"]["ppl"] > 0
+    again = run_experiment(config, tmp_path)
+    assert all(o.state == "done" for o in again)
+    # a longer budget for one model resumes it; changed settings are refused unless overwritten
+    longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
+    states = {(o.kind, o.name): o.state for o in run_experiment(longer, tmp_path, report=False)}
+    assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"
+    changed = config.with_overrides({"models.1.model": {"lambda_init": 0.5}})
+    with pytest.raises(ValueError, match=r"was run with other settings.*lambda_init"):
+        run_experiment(changed, tmp_path, report=False)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.pop("name"), "needs a name"),
+        (lambda d: d.update(modles=[]), "unknown key.*modles"),
+        (lambda d: d["models"].append({"name": "baseline", "preset": "debug"}), "unique; repeated: baseline"),
+        (
+            lambda d: d["adapters"].append({"name": "x", "base": "baseline", "method": "prefix"}),
+            "method must be one of",
+        ),
+        (lambda d: d["eval"].update(suites=["ppl", "vibes"]), "unknown suite"),
+        (lambda d: d["models"][0].update(attention="both"), "attention must be standard or diff"),
+        (lambda d: d["adapters"][0].pop("method"), "adapters\\[0\\] is missing method"),
+    ],
+)
+def test_bad_experiments_are_one_clear_error(edit, message, corpus):
+    d = _debug(corpus)
+    edit(d)
+    with pytest.raises(ValueError, match=message):
+        ExperimentConfig.from_dict(d)
+
+
+def test_adapting_a_diff_model_is_refused_before_anything_runs(corpus, tmp_path):
+    d = _debug(corpus)
+    d["adapters"] = [{"name": "dex", "base": "diff", "method": "dex"}]
+    with pytest.raises(ValueError, match="already a DIFF model"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    assert not (tmp_path / "debug-exp" / "models").exists()
+
+
+def test_cli_run_with_overrides(corpus, tmp_path, capsys):
+    import yaml
+
+    from diffattn.cli import main
+
+    d = _debug(corpus)
+    d["adapters"] = []
+    d["models"] = d["models"][:1]
+    d["eval"]["suites"] = ["ppl"]
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(d))
+    code = main(["run", str(path), "--root", str(tmp_path / "runs"), "--set", "train.max_steps=2"])
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "pretrain  baseline" in printed and "report:" in printed
+    saved = yaml.safe_load((tmp_path / "runs" / "debug-exp" / "experiment.yaml").read_text())
+    assert saved["train"]["max_steps"] == 2
+    assert main(["run", str(path), "--root", str(tmp_path / "runs"), "--set", "models.5.preset=x"]) == 2
