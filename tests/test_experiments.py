@@ -70,6 +70,12 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     results = json.loads((out / "results.json").read_text())
     assert {m["model"] for m in results["models"]} == {"baseline", "diff", "dex", "lora"}
     assert results["evaluations"]["diff"]["ppl"]["ppl"] > 0
+    # the claims the experiment touches: DIFF vs baseline (loss, allocation) and Dex vs its base (allocation)
+    sources = [c["source"] for c in results["claims"]]
+    assert sources == ["DIFF Transformer Fig. 3–4", "DIFF Transformer Table 3", "Dex Table 2"]
+    assert all(c["agrees"] in (True, False, None) and c["ours"] for c in results["claims"])
+    assert "## Paper claims" in report and "| Dex Table 2 |" in report
+    assert (out / "allocation_all.png").stat().st_size > 0
     again = run_experiment(config, tmp_path)
     assert all(o.state == "done" for o in again)
     # a longer budget for one model resumes it; changed settings are refused unless overwritten

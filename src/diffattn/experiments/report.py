@@ -1,8 +1,10 @@
 """The experiment report: ``report.md`` and ``results.json`` from the run folders of an experiment.
 
-What it holds now: a table of every model × metric (parameters, trainable parameters, steps, validation loss,
-tokens/s, wall time, and each evaluation's headline numbers), training loss curves of all runs on one plot, λ per
-layer at the end of training, every evaluation's pictures, and the exact config and environment.
+What it holds: the paper claims the experiment touches (the paper's figure, ours, and whether ours agrees; see
+:mod:`.claims`), a table of every model × metric (parameters, trainable parameters, steps, validation loss,
+tokens/s, wall time, each evaluation's headline numbers), training loss and λ curves of all runs, the evaluations
+side by side (NIAH heatmaps, attention-allocation bars, ICL accuracy, outlier and quantization tables, head
+distances), and the exact config and environment.
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ def write_report(config, out: Path, outcomes) -> Path:
                 row.update(_headline(suite, r))
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
     metrics = sorted({k for r in rows.values() for k in r} - set(columns))
-    lines = [f"# Experiment `{config.name}`", ""]
+    from .claims import claims_json, claims_markdown, paper_claims
+
+    evals = {o.name: o.summary.get("suites", {}) for o in outcomes if o.kind == "eval"}
+    claims = paper_claims(config, rows, evals)
+    lines = [f"# Experiment `{config.name}`", "", "## Paper claims", ""]
+    lines += claims_markdown(claims)
     lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
     for r in rows.values():
@@ -95,6 +102,9 @@ def write_report(config, out: Path, outcomes) -> Path:
     curves = _loss_curves(outcomes, out / "loss_curves.png")
     if curves:
         lines += ["## Training", "", f"![loss curves]({curves.name})", ""]
+    lam_curves = _lambda_curves(outcomes, out / "lambda_curves.png")
+    if lam_curves:
+        lines += [f"![λ curves]({lam_curves.name})", ""]
     lams = [(o.name, o.summary.get("lambda")) for o in outcomes if o.kind in ("pretrain", "adapt")]
     lams = [(n, v) for n, v in lams if v]
     if lams:
@@ -103,6 +113,8 @@ def write_report(config, out: Path, outcomes) -> Path:
         lines.append("")
 
     lines += ["## Evaluations", ""]
+    lines += _side_by_side(evals, out)
+    lines += ["### Every model's pictures", ""]
     for o in outcomes:
         if o.kind != "eval":
             continue
@@ -129,7 +141,8 @@ def write_report(config, out: Path, outcomes) -> Path:
         "experiment": config.name,
         "models": list(rows.values()),
         "parts": [{"kind": o.kind, "name": o.name, "state": o.state, "seconds": o.seconds} for o in outcomes],
-        "evaluations": {o.name: o.summary.get("suites", {}) for o in outcomes if o.kind == "eval"},
+        "claims": claims_json(claims),
+        "evaluations": evals,
         "config": config.to_dict(),
         "environment": env,
     }
@@ -153,4 +166,97 @@ def _loss_curves(outcomes, path: Path) -> Path | None:
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def _lambda_curves(outcomes, path: Path) -> Path | None:
+    """Mean λ over layers vs step for every run that logs λ (DIFF models, adapters)."""
+    series = []
+    for o in outcomes:
+        if o.kind in ("pretrain", "adapt"):
+            points = [(e["step"], sum(e["lambda"]) / len(e["lambda"])) for e in _metrics(o.path) if e.get("lambda")]
+            if points:
+                series.append((o.name, points))
+    if not series:
+        return None
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for label, points in series:
+        ax.plot(*zip(*points, strict=True), label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean λ over layers")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def _side_by_side(evals: dict[str, dict], out: Path) -> list[str]:
+    """Pictures and tables that put every model's evaluation next to the others'."""
+    from ..eval.allocation import plot_allocation
+    from ..eval.icl import plot_icl
+
+    lines: list[str] = []
+    alloc = {n: s["alloc"] for n, s in evals.items() if "alloc" in s}
+    if alloc:
+        lines += [f"![attention allocation]({plot_allocation(alloc, out / 'allocation_all.png').name})", ""]
+    niah = {n: s["niah"] for n, s in evals.items() if "niah" in s}
+    if niah:
+        lines += [f"![needle heatmaps]({_niah_grid(niah, out / 'niah_all.png').name})", ""]
+        cells = [f"N={g['N']},R={g['R']}" for g in next(iter(niah.values()))["grid"]]
+        lines += ["| model | " + " | ".join(cells) + " |", "|---|" + "---|" * len(cells)]
+        lines += [f"| {n} | " + " | ".join(f"{g['accuracy']:.2f}" for g in r["grid"]) + " |" for n, r in niah.items()]
+        lines.append("")
+    icl = {n: s["icl"]["many_shot"] for n, s in evals.items() if "icl" in s}
+    if icl:
+        lines += [f"![ICL accuracy]({plot_icl(icl, out / 'icl_all.png').name})", ""]
+        lines += ["| model | order margin (random) | order margin (by class) |", "|---|---|---|"]
+        for n, s in evals.items():
+            if "icl" in s:
+                arr = s["icl"]["order_robustness"]["arrangements"]
+                lines.append(
+                    f"| {n} | " + " | ".join(_fmt(arr.get(k, {}).get("margin")) for k in ("random", "by_class")) + " |"
+                )
+        lines.append("")
+    outl = {n: s["outliers"] for n, s in evals.items() if "outliers" in s}
+    if outl:
+        keys = ["top1", "top2", "top3", "top10", "top100", "median"]
+        lines += ["Activation outliers (|attention logits| / |hidden states|):", ""]
+        lines += ["| model | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        for n, r in outl.items():
+            cells = [f"{_fmt(r['attention_logits'][k])} / {_fmt(r['hidden_states'][k])}" for k in keys]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    quant = {n: s["quant"] for n, s in evals.items() if "quant" in s}
+    if quant:
+        bits = [q["bits"] for q in next(iter(quant.values()))["quantization"]]
+        lines += ["Perplexity with attention logits quantized (absmax per head):", ""]
+        lines += ["| model | " + " | ".join(f"{b}-bit" for b in bits) + " |", "|---|" + "---|" * len(bits)]
+        lines += [
+            f"| {n} | " + " | ".join(f"{q['ppl']:.3f}" for q in r["quantization"]) + " |" for n, r in quant.items()
+        ]
+        lines.append("")
+    heads = {n: s["heads"] for n, s in evals.items() if "heads" in s}
+    if heads:
+        lines += ["| model | head cosine distance | head CKA | entropy |", "|---|---|---|---|"]
+        lines += [
+            f"| {n} | {_fmt(r['summary']['cosine_distance'])} | {_fmt(r['summary']['cka'])} | "
+            f"{_fmt(r['summary']['entropy'])} |"
+            for n, r in heads.items()
+        ]
+        lines.append("")
+    return lines
+
+
+def _niah_grid(niah: dict[str, dict], path: Path) -> Path:
+    import numpy as np
+
+    plt = figure()
+    fig, axes = plt.subplots(1, len(niah), figsize=(3.2 * len(niah), 3), squeeze=False)
+    for ax, (name, r) in zip(axes[0], niah.items(), strict=True):
+        heat = r["heatmap"]
+        ax.imshow(np.array(heat["accuracy"]).T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]], fontsize=7)
+        ax.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]], fontsize=7)
+        ax.set_title(name, fontsize=9)
+    first = next(iter(niah.values()))["heatmap"]
+    fig.suptitle(f"needle retrieval, N = {first['N']}, R = 1: length × depth", fontsize=10)
     return save_figure(fig, path)
