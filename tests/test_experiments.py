@@ -135,3 +135,16 @@ def test_cli_run_with_overrides(corpus, tmp_path, capsys):
     saved = yaml.safe_load((tmp_path / "runs" / "debug-exp" / "experiment.yaml").read_text())
     assert saved["train"]["max_steps"] == 2
     assert main(["run", str(path), "--root", str(tmp_path / "runs"), "--set", "models.5.preset=x"]) == 2
+
+
+def test_packaged_configs_parse_and_validate():
+    from pathlib import Path
+
+    import diffattn
+
+    folder = Path(diffattn.__file__).parent / "configs"
+    configs = sorted(folder.glob("*.yaml"))
+    assert configs, "no packaged experiment configs"
+    for path in configs:
+        config = ExperimentConfig.load(path)
+        assert config.name == path.stem and config.models and config.eval.suites
