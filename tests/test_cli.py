@@ -56,7 +56,7 @@ def test_presets_prints_counts(capsys):
 
 
 def test_quickstart_checks_pass_and_generates(capsys):
-    assert main(["quickstart", "--new-tokens", "3"]) == 0
+    assert main(["quickstart", "--new-tokens", "3", "--check-only"]) == 0
     out = capsys.readouterr().out
     assert "all checks passed" in out and "[FAIL]" not in out
     assert "op 'sdpa' vs reference" in out and "DIFF model logits, 'auto' vs reference" in out

@@ -148,3 +148,36 @@ def test_packaged_configs_parse_and_validate():
     for path in configs:
         config = ExperimentConfig.load(path)
         assert config.name == path.stem and config.models and config.eval.suites
+
+
+def test_quickstart_runs_the_embedded_experiment(corpus, tmp_path, capsys):
+    """`diffattn quickstart` = the backend check, then configs/quickstart.yaml (shrunk here to debug sizes)."""
+    from diffattn.cli import main
+
+    shrink = {
+        "models.0.preset": "debug",
+        "models.1.preset": "debug",
+        "data.source": str(corpus),
+        "data.vocab_size": 300,
+        "data.seq_len": 32,
+        "data.val_sequences": 2,
+        "train.max_steps": 2,
+        "train.global_batch_size": 2,
+        "train.eval_every": 2,
+        "train.save_every": 2,
+        "adapt_data.seq_len": 32,
+        "adapt_data.val_sequences": 2,
+        "adapt_train.max_steps": 1,
+        "adapt_train.global_batch_size": 2,
+        "adapt_train.eval_every": 1,
+        "adapt_train.save_every": 1,
+        "eval.suites": "[ppl, alloc]",
+        "eval.options": "{tokens: 96, window: 32, samples: 1, context_tokens: 128, haystack: filler, text: filler}",
+    }
+    sets = [x for k, v in shrink.items() for x in ("--set", f"{k}={v}")]
+    code = main(["quickstart", "--new-tokens", "2", "--root", str(tmp_path), *sets])
+    assert code == 0, capsys.readouterr().err
+    out = tmp_path / "quickstart"
+    assert (out / "report.md").is_file() and (out / "results.json").is_file()
+    names = {m["model"] for m in json.loads((out / "results.json").read_text())["models"]}
+    assert names == {"transformer", "diff", "dex", "daa", "difflora", "lora"}

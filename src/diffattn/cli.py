@@ -124,11 +124,15 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    from .quickstart import format_quickstart, run_quickstart
+    from .quickstart import format_quickstart, quickstart_config_path, run_quickstart
 
-    result = run_quickstart(new_tokens=args.new_tokens)
+    result = run_quickstart(new_tokens=args.new_tokens)  # seconds: backends against reference, generation
     print(format_quickstart(result))
-    return 0 if result.ok else 1
+    if not result.ok or args.check_only:
+        return 0 if result.ok else 1
+    print(f"\nrunning the quickstart experiment ({quickstart_config_path()}) into {args.root}/quickstart ...")
+    args.experiment = str(quickstart_config_path())
+    return cmd_run(args)
 
 
 # pretrain flag -> dotted RunConfig field
@@ -311,8 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("quickstart", help="build debug baseline/DIFF models, check backends, generate")
-    p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate per model (default 8)")
+    p = sub.add_parser(
+        "quickstart",
+        help="check the backends, then run the embedded quickstart experiment (about 10 minutes on a CPU)",
+    )
+    p.add_argument("--new-tokens", type=int, default=8, help="tokens generated per debug model in the check")
+    p.add_argument("--check-only", action="store_true", help="only the backend check (seconds)")
+    p.add_argument("--root", default="runs", help="parent of runs/quickstart (default runs/)")
+    p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="override the experiment")
+    p.add_argument("--overwrite", nargs="*", metavar="NAME", help="redo these parts (no names: every part)")
     p.set_defaults(func=cmd_quickstart)
 
     p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")

@@ -1,8 +1,7 @@
-"""The main job, first version: build the ``debug`` baseline and DIFF models, check every usable backend of
-the two-map op (and of the installed DIFF attention) against ``reference``, generate a few tokens with each
-model, and summarise.
-
-A later issue turns this into the real experiment (pretraining, adapters, evaluation, report).
+"""The main job, ``diffattn quickstart``: first a check of seconds — build the ``debug`` baseline and DIFF
+models, check every usable backend of the two-map op (and of the installed DIFF attention) against
+``reference``, generate a few tokens with each model — then the embedded quickstart experiment
+(:func:`quickstart_config_path`: pretraining, adapters, evaluation, report) through ``diffattn run``.
 """
 
 from __future__ import annotations
@@ -17,6 +16,14 @@ from .models import build_model, describe_parameters, install_diff_attention
 from .ops import backend_status, diff_attention
 
 logger = logging.getLogger(__name__)
+
+
+def quickstart_config_path():
+    """The packaged ``configs/quickstart.yaml``."""
+    from pathlib import Path
+
+    return Path(__file__).parent / "configs" / "quickstart.yaml"
+
 
 TOLERANCE = 1e-5  # fp32, as in the test suite
 

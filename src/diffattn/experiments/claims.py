@@ -2,7 +2,8 @@
 
 A claim is checked only where the experiment has what it needs: a from-scratch DIFF model and a same-preset
 baseline (DIFF Transformer claims), an adapter and its base model (Dex, DiffLoRA claims), and the evaluation
-suite the claim is about. "Agrees" compares *directions* (which model is better), never the papers' absolute
+suite the claim is about. Every "ours" reads reference → method (baseline → DIFF, base → adapter, LoRA →
+DiffLoRA). "Agrees" compares *directions* (which model is better), never the papers' absolute
 numbers, which come from billion-parameter models trained on billions of tokens: a miniature can agree or
 disagree in direction, and a disagreement is reported as such.
 """
@@ -55,7 +56,7 @@ def _quant_drop(evals, name) -> float | None:
 def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[Claim]:
     claims: list[Claim] = []
     for base, diff in _pairs(config):
-        tag = f"{diff} vs {base}"
+        tag = f"{base} → {diff}"  # every "ours" below reads baseline value → DIFF value
         lb, ld = rows.get(base, {}).get("val_loss"), rows.get(diff, {}).get("val_loss")
         if lb is not None and ld is not None:
             claims.append(
@@ -63,7 +64,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "DIFF Transformer Fig. 3–4",
                     "lower language-modelling loss than a same-size Transformer",
                     "DIFF needs ~62–65% of the parameters or tokens for the same loss",
-                    f"{tag}: val loss {ld:.4f} vs {lb:.4f}",
+                    f"{tag}: val loss {lb:.4f} → {ld:.4f}",
                     ld < lb if ld != lb else None,
                 )
             )
@@ -88,7 +89,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "DIFF Transformer Table 2",
                     "better multi-needle retrieval",
                     "e.g. N=6, R=2: 0.55 (Transformer) vs 0.85 (DIFF)",
-                    f"{tag}: mean accuracy {nb:.3f} vs {nd:.3f}",
+                    f"{tag}: mean accuracy {nb:.3f} → {nd:.3f}",
                     nd > nb if nd != nb else None,
                 )
             )
@@ -102,7 +103,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "DIFF Transformer Table 5",
                     "smaller attention-logit outliers",
                     "top-1 |logit| 318.0 vs 38.8",
-                    f"{tag}: top-1 |logit| {ob:.2f} vs {od:.2f}",
+                    f"{tag}: top-1 |logit| {ob:.2f} → {od:.2f}",
                     od < ob,
                 )
             )
@@ -113,7 +114,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "DIFF Transformer Fig. 8",
                     "degrades less when attention logits go to low bits",
                     "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more",
-                    f"{tag}: NLL increase at the lowest width {qb:+.4f} vs {qd:+.4f}",
+                    f"{tag}: NLL increase at the lowest width {qb:+.4f} → {qd:+.4f}",
                     qd < qb,
                 )
             )
@@ -125,7 +126,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "DIFF Transformer Fig. 7",
                     "more robust to the order of demonstrations",
                     "TREC margin 19.0 vs 4.0 (random order)",
-                    f"{tag}: margin {mb:.3f} vs {md:.3f}",
+                    f"{tag}: margin {mb:.3f} → {md:.3f}",
                     md < mb if md != mb else None,
                 )
             )
@@ -139,7 +140,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "Dex Table 2",
                     "Dex raises the (effective) attention to the answer",
                     "Llama-3B 0.06 → Dex 0.19",
-                    f"{a.name} vs {a.base}: {ab['attention_to_answer']:.3f} → {ad['attention_to_answer']:.3f}",
+                    f"{a.base} → {a.name}: {ab['attention_to_answer']:.3f} → {ad['attention_to_answer']:.3f}",
                     ad["attention_to_answer"] > ab["attention_to_answer"],
                 )
             )
@@ -150,7 +151,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "Dex §4.2, Fig. 10",
                     "Dex improves multi-needle retrieval",
                     "66.9% → 78.3% (N=8, R=1)",
-                    f"{a.name} vs {a.base}: {nb:.3f} → {nd:.3f}",
+                    f"{a.base} → {a.name}: {nb:.3f} → {nd:.3f}",
                     nd > nb if nd != nb else None,
                 )
             )
@@ -165,7 +166,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                         "DiffLoRA §4",
                         "DiffLoRA falls short of LoRA at matched parameters in most tasks",
                         "below LoRA on most benchmarks (+11 pts on HumanEval)",
-                        f"{d.name} vs {lo.name}: val loss {vd:.4f} vs {vl:.4f}",
+                        f"{lo.name} → {d.name}: val loss {vl:.4f} → {vd:.4f}",
                         vd > vl if vd != vl else None,
                     )
                 )
