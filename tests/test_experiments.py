@@ -9,6 +9,7 @@ import random
 import pytest
 
 from diffattn.experiments import ExperimentConfig, run_experiment
+from diffattn.experiments.schema import validate_results
 
 WORDS = ["the", "king", "queen", "sword", "crown", "night", "day", "river", "stone", "ghost", "crow", "bell"]
 
@@ -68,6 +69,7 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     assert "| baseline |" in report and "| dex |" in report and "attn→answer" in report
     assert (out / "loss_curves.png").stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
+    validate_results(results)
     assert {m["model"] for m in results["models"]} == {"baseline", "diff", "dex", "lora"}
     assert results["evaluations"]["diff"]["ppl"]["ppl"] > 0
     # the claims the experiment touches: DIFF vs baseline (loss, allocation) and Dex vs its base (allocation)
@@ -181,3 +183,52 @@ def test_quickstart_runs_the_embedded_experiment(corpus, tmp_path, capsys):
     assert (out / "report.md").is_file() and (out / "results.json").is_file()
     names = {m["model"] for m in json.loads((out / "results.json").read_text())["models"]}
     assert names == {"transformer", "diff", "dex", "daa", "difflora", "lora"}
+
+
+def test_schema_rejects_a_broken_results_file():
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):
+        validate_results({"experiment": "x", "models": [{"model": "a"}], "parts": [{"kind": "train"}]})
+
+
+def test_a_killed_run_resumes_and_skips_what_finished(corpus, tmp_path):
+    """Kill `diffattn run` (SIGKILL) while the second model trains; the rerun skips the first and resumes the second."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    d = _debug(corpus)
+    d["adapters"] = []
+    d["eval"]["suites"] = ["ppl"]
+    d["models"][1]["train"] = {"max_steps": 60, "save_every": 4, "log_every": 1, "eval_every": 60}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(d))
+    root = tmp_path / "runs"
+    checkpoints = root / "debug-exp" / "models" / "diff" / "checkpoints"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "diffattn.cli", "run", str(path), "--root", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (checkpoints.is_dir() and any(checkpoints.iterdir())):
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        assert checkpoints.is_dir() and any(checkpoints.iterdir()), "no checkpoint appeared in time"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (root / "debug-exp" / "models" / "diff" / "summary.json").exists()
+    outcomes = run_experiment(ExperimentConfig.load(path), root)
+    states = {(o.kind, o.name): o.state for o in outcomes}
+    assert states[("pretrain", "baseline")] == "done" and states[("pretrain", "diff")] == "resume"
+    diff = next(o for o in outcomes if o.name == "diff" and o.kind == "pretrain")
+    assert diff.summary["steps"] == 60
+    validate_results(json.loads((root / "debug-exp" / "results.json").read_text()))
