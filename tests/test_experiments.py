@@ -232,3 +232,24 @@ def test_a_killed_run_resumes_and_skips_what_finished(corpus, tmp_path):
     diff = next(o for o in outcomes if o.name == "diff" and o.kind == "pretrain")
     assert diff.summary["steps"] == 60
     validate_results(json.loads((root / "debug-exp" / "results.json").read_text()))
+
+
+def test_pretrained_models_are_evaluated_and_adapted_by_name(corpus, tmp_path):
+    from diffattn import build_model
+    from diffattn.data import load_corpus, train_tokenizer
+
+    folder = tmp_path / "hf-model"
+    tokenizer = train_tokenizer(load_corpus(corpus), 300, cache_dir=tmp_path / "tok")
+    build_model("debug", "standard", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    d = _debug(corpus)
+    d["models"] = []
+    d["pretrained"] = [{"name": "base", "path": str(folder)}]
+    d["adapters"] = [{"name": "dex", "base": "base", "method": "dex", "options": {"heads": "all"}}]
+    outcomes = run_experiment(ExperimentConfig.from_dict(d), tmp_path / "runs")
+    assert [(o.kind, o.name) for o in outcomes] == [("adapt", "dex"), ("eval", "base"), ("eval", "dex")]
+    results = json.loads((tmp_path / "runs" / "debug-exp" / "results.json").read_text())
+    validate_results(results)
+    base_row = next(m for m in results["models"] if m["model"] == "base")
+    assert base_row["kind"].startswith("pretrained") and base_row["parameters"] > 0
+    assert [c["source"] for c in results["claims"]] == ["Dex Table 2"]  # Dex vs its pretrained base

@@ -5,7 +5,15 @@
 - :mod:`.report` — ``report.md`` and ``results.json``.
 """
 
-from .config import AdapterRun, EvalPlan, ExperimentConfig, ScratchModel
+from .config import AdapterRun, EvalPlan, ExperimentConfig, PretrainedModel, ScratchModel
 from .runner import PartOutcome, run_experiment
 
-__all__ = ["AdapterRun", "EvalPlan", "ExperimentConfig", "PartOutcome", "ScratchModel", "run_experiment"]
+__all__ = [
+    "AdapterRun",
+    "EvalPlan",
+    "ExperimentConfig",
+    "PartOutcome",
+    "PretrainedModel",
+    "ScratchModel",
+    "run_experiment",
+]

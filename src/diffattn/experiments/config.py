@@ -7,6 +7,8 @@ train: {max_steps: 150, global_batch_size: 8}                                   
 models:                         # trained from scratch (diffattn pretrain), same data order and seed
   - {name: baseline, preset: tiny, attention: standard}
   - {name: diff, preset: tiny, attention: diff}
+pretrained:                     # evaluated as they are, and usable as adapter bases by name
+  - {name: smollm2, path: smollm2-135m}
 adapters:                       # diffattn adapt on a model above (by name) or a pretrained one (smollm2-135m, a path)
   - {name: dex, base: baseline, method: dex, options: {heads: entropy}}
   - {name: lora, base: baseline, method: lora, options: {rank: 8}}
@@ -46,9 +48,15 @@ class ScratchModel:
 
 
 @dataclass
+class PretrainedModel:
+    name: str
+    path: str  # a known offline name (smollm2-135m) or a local Hugging Face folder; evaluated as it is
+
+
+@dataclass
 class AdapterRun:
     name: str
-    base: str  # a model of this experiment by name, a known pretrained name, or a local HF folder
+    base: str  # a model of this experiment (from scratch or `pretrained`) by name, a known name, or an HF folder
     method: str
     options: dict = field(default_factory=dict)
     merge: bool = False
@@ -69,6 +77,7 @@ class ExperimentConfig:
     data: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
     models: list[ScratchModel] = field(default_factory=list)
+    pretrained: list[PretrainedModel] = field(default_factory=list)  # evaluated as they are; adapter bases
     adapters: list[AdapterRun] = field(default_factory=list)
     adapt_data: dict = field(default_factory=dict)
     adapt_train: dict = field(default_factory=dict)
@@ -86,6 +95,9 @@ class ExperimentConfig:
             raise ValueError("the experiment needs a name (it names the folder runs/NAME)")
         d["models"] = [_build(ScratchModel, m, f"models[{i}]") for i, m in enumerate(d.get("models") or [])]
         d["adapters"] = [_build(AdapterRun, a, f"adapters[{i}]") for i, a in enumerate(d.get("adapters") or [])]
+        d["pretrained"] = [
+            _build(PretrainedModel, p, f"pretrained[{i}]") for i, p in enumerate(d.get("pretrained") or [])
+        ]
         d["eval"] = _build(EvalPlan, d.get("eval") or {}, "eval")
         return cls(**d).validate()
 
@@ -131,7 +143,7 @@ class ExperimentConfig:
 
         if not NAME.match(self.name):
             raise ValueError(f"experiment name {self.name!r} must be letters, digits, '-', '_' or '.'")
-        names = [m.name for m in self.models] + [a.name for a in self.adapters]
+        names = self.model_names()
         for n in names:
             if not NAME.match(n):
                 raise ValueError(f"model name {n!r} must be letters, digits, '-', '_' or '.'")
@@ -157,6 +169,13 @@ class ExperimentConfig:
 
     def scratch_names(self) -> list[str]:
         return [m.name for m in self.models]
+
+    def model_names(self) -> list[str]:
+        """Every model the experiment trains or evaluates, in order: from scratch, pretrained, adapters."""
+        return [m.name for m in self.models] + [p.name for p in self.pretrained] + [a.name for a in self.adapters]
+
+    def pretrained_path(self, name: str) -> str | None:
+        return next((p.path for p in self.pretrained if p.name == name), None)
 
 
 def _check_keys(where: str, d: dict, cls) -> None:

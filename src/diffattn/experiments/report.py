@@ -52,7 +52,7 @@ def _fmt(x) -> str:
 
 def write_report(config, out: Path, outcomes) -> Path:
     """Write ``out/report.md`` and ``out/results.json``; returns the report's path."""
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict] = {p.name: {"model": p.name, "kind": f"pretrained ({p.path})"} for p in config.pretrained}
     for o in outcomes:
         row = rows.setdefault(o.name, {"model": o.name})
         if o.kind == "pretrain":
@@ -78,6 +78,7 @@ def write_report(config, out: Path, outcomes) -> Path:
                 train_seconds=s.get("wall_seconds"),
             )
         else:
+            row.setdefault("parameters", o.summary.get("metadata", {}).get("parameters"))
             for suite, r in o.summary.get("suites", {}).items():
                 row.update(_headline(suite, r))
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]

@@ -3,6 +3,7 @@
 Layout of ``<root>/<name>/``::
 
     experiment.yaml          the resolved config of the last run
+    (pretrained models are read where they are: a known offline name or a local folder)
     models/<name>/           diffattn pretrain run folders (run.yaml, metrics.jsonl, checkpoints/, final/, summary.json)
     adapters/<name>/         diffattn adapt run folders (… adapter/ or merged/ or final/, summary.json)
     eval/<name>/             diffattn eval outputs (results.json, PNGs)
@@ -89,7 +90,10 @@ def _scratch_config(exp: ExperimentConfig, m):
 def _adapt_config(exp: ExperimentConfig, a, root: Path):
     from ..train.adapt import AdaptRunConfig
 
-    base = str(root / "models" / a.base / "final") if a.base in exp.scratch_names() else a.base
+    if a.base in exp.scratch_names():
+        base = str(root / "models" / a.base / "final")
+    else:
+        base = exp.pretrained_path(a.base) or a.base
     data = {"source": exp.data.get("source", "shakespeare"), **exp.adapt_data, **a.data}
     return AdaptRunConfig.from_dict(
         {
@@ -156,9 +160,12 @@ def run_experiment(
         outcomes.append(PartOutcome("adapt", a.name, path, state, time.perf_counter() - t0, summary))
 
     options = SuiteOptions(**{"seed": config.seed, **config.eval.options})
-    targets = config.eval.models or [m.name for m in config.models] + [a.name for a in config.adapters]
+    targets = config.eval.models or config.model_names()
     for name in targets:
-        model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
+        if config.pretrained_path(name) is not None:
+            model_dir = config.pretrained_path(name)
+        else:
+            model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
         path = out / "eval" / name
         results_file = path / RESULTS
         wanted = {"suites": list(config.eval.suites), "options": _jsonable_options(options)}
