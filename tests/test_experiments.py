@@ -102,6 +102,8 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
         (lambda d: d["eval"].update(suites=["ppl", "vibes"]), "unknown suite"),
         (lambda d: d["models"][0].update(attention="both"), "attention must be standard or diff"),
         (lambda d: d["adapters"][0].pop("method"), "adapters\\[0\\] is missing method"),
+        (lambda d: d["adapters"][0].update(base="no-such-model"), "base 'no-such-model' is not a model of this"),
+        (lambda d: d.update(pretrained=[{"name": "p", "path": "/nowhere"}]), "neither a known name nor a model"),
     ],
 )
 def test_bad_experiments_are_one_clear_error(edit, message, corpus):
@@ -253,3 +255,17 @@ def test_pretrained_models_are_evaluated_and_adapted_by_name(corpus, tmp_path):
     base_row = next(m for m in results["models"] if m["model"] == "base")
     assert base_row["kind"].startswith("pretrained") and base_row["parameters"] > 0
     assert [c["source"] for c in results["claims"]] == ["Dex Table 2"]  # Dex vs its pretrained base
+
+
+def test_zero_steps_and_a_foreign_folder_are_refused_before_anything_runs(corpus, tmp_path):
+    d = _debug(corpus)
+    d["train"]["max_steps"] = 0
+    with pytest.raises(ValueError, match=r"train\.max_steps must be >= 1"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    assert not (tmp_path / "debug-exp").exists()
+    foreign = tmp_path / "other" / "debug-exp"
+    foreign.mkdir(parents=True)
+    (foreign / "run.yaml").write_text("model: {}\n")  # e.g. a pretraining run folder
+    with pytest.raises(ValueError, match="not an experiment folder"):
+        run_experiment(ExperimentConfig.from_dict(_debug(corpus)), tmp_path / "other")
+    assert sorted(p.name for p in foreign.iterdir()) == ["run.yaml"]  # untouched

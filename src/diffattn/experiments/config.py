@@ -160,6 +160,16 @@ class ExperimentConfig:
                 )
             if a.base in [x.name for x in self.adapters]:
                 raise ValueError(f"adapters[{a.name}].base {a.base!r} is an adapter; adapt a base model instead")
+            known = self.scratch_names() + [p.name for p in self.pretrained]
+            if a.base not in known and not _is_model(a.base):
+                ours = ", ".join(known) or "none"
+                raise ValueError(
+                    f"adapters[{a.name}].base {a.base!r} is not a model of this experiment ({ours}), "
+                    "a known pretrained name or a Hugging Face folder"
+                )
+        for p in self.pretrained:
+            if not _is_model(p.path):
+                raise ValueError(f"pretrained[{p.name}].path {p.path!r} is neither a known name nor a model folder")
         parse_suites(self.eval.suites)
         if self.eval.models is not None:
             unknown = sorted(set(self.eval.models) - set(names))
@@ -176,6 +186,12 @@ class ExperimentConfig:
 
     def pretrained_path(self, name: str) -> str | None:
         return next((p.path for p in self.pretrained if p.name == name), None)
+
+
+def _is_model(name_or_path: str) -> bool:
+    from ..models.pretrained import PRETRAINED
+
+    return name_or_path in PRETRAINED or (Path(name_or_path) / "config.json").is_file()
 
 
 def _check_keys(where: str, d: dict, cls) -> None:

@@ -52,19 +52,16 @@ def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
-    """done, resume or fresh for a training run folder with ``run.yaml`` (raises when settings changed)."""
+    """done, resume or fresh for a training run folder with ``run.yaml``; raises when its settings changed and
+    ``overwrite`` is off. Changes nothing on disk (:func:`_prepare` does, when the part runs)."""
     saved_file = run_dir / "run.yaml"
     if not saved_file.is_file():
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # a start that wrote nothing usable
         return FRESH
     saved = type(config).load(saved_file).to_dict()
-    now = config.to_dict()
-    diff = _differences(saved, now)
+    diff = _differences(saved, config.to_dict())
     only_steps = all(d.startswith("train.max_steps:") for d in diff)
     if diff and not only_steps:
         if overwrite:
-            shutil.rmtree(run_dir)
             return FRESH
         raise ValueError(
             f"{run_dir} was run with other settings ({'; '.join(diff)}); pass --overwrite to redo it, "
@@ -73,6 +70,11 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     if (run_dir / "summary.json").is_file() and not diff:
         return DONE
     return RESUME
+
+
+def _prepare(run_dir: Path, state: str) -> None:
+    if state == FRESH and run_dir.exists():
+        shutil.rmtree(run_dir)  # an overwritten part, or a start that wrote nothing usable (no run.yaml)
 
 
 def _scratch_config(exp: ExperimentConfig, m):
@@ -119,8 +121,8 @@ def run_experiment(
 
     config.validate()
     out = Path(root) / config.name
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "experiment.yaml")
+    if out.is_dir() and any(out.iterdir()) and not (out / "experiment.yaml").is_file():
+        raise ValueError(f"{out} exists and is not an experiment folder (no experiment.yaml): choose another --root")
     outcomes: list[PartOutcome] = []
 
     # every config is built (and so checked) before any training starts
@@ -135,9 +137,17 @@ def run_experiment(
                     f"{a.base!r} is already a DIFF model"
                 )
 
+    # every part's state is decided (and a changed part refused) before anything runs or is deleted
+    states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
+    for a, c in adapters:
+        states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / "experiment.yaml")
+
     for m, run_config in scratch:
         path = out / "models" / m.name
-        state = run_state(path, run_config, overwrite=_wants(overwrite, m.name))
+        state = states[m.name]
+        _prepare(path, state)
         t0 = time.perf_counter()
         if state == DONE:
             summary = json.loads((path / "summary.json").read_text())
@@ -149,7 +159,8 @@ def run_experiment(
 
     for a, run_config in adapters:
         path = out / "adapters" / a.name
-        state = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
+        state = states[a.name]
+        _prepare(path, state)
         t0 = time.perf_counter()
         if state == DONE:
             summary = json.loads((path / "summary.json").read_text())
