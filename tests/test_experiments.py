@@ -269,3 +269,15 @@ def test_zero_steps_and_a_foreign_folder_are_refused_before_anything_runs(corpus
     with pytest.raises(ValueError, match="not an experiment folder"):
         run_experiment(ExperimentConfig.from_dict(_debug(corpus)), tmp_path / "other")
     assert sorted(p.name for p in foreign.iterdir()) == ["run.yaml"]  # untouched
+
+
+def test_missing_evaluation_data_is_refused_before_any_training(corpus, tmp_path, monkeypatch):
+    from diffattn.eval import icl_data
+
+    monkeypatch.setattr(icl_data, "WORDNET_DIR", tmp_path / "no-wordnet")  # as on a machine without wordnet-base
+    d = _debug(corpus)
+    d["eval"]["suites"] = ["ppl", "icl"]
+    d["eval"]["options"]["icl_dataset"] = "wordnet"
+    with pytest.raises(ValueError, match=r"WordNet not found.*wordnet-base"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path / "runs")
+    assert not (tmp_path / "runs" / "debug-exp" / "models").exists()

@@ -115,6 +115,7 @@ def run_experiment(
     config: ExperimentConfig, root: str | Path = "runs", *, overwrite: bool | set[str] = False, report: bool = True
 ) -> list[PartOutcome]:
     """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened."""
+    from ..eval.icl_data import load_icl_dataset
     from ..eval.suite import RESULTS, SuiteOptions, load_for_eval, run_suites
     from ..train import pretrain
     from ..train.adapt import adapt_pretrained
@@ -136,6 +137,11 @@ def run_experiment(
                     f"adapters[{a.name}]: the adapters give a standard model differential attention; "
                     f"{a.base!r} is already a DIFF model"
                 )
+
+    # the evaluation data too: a missing ICL data set (say Debian's WordNet) fails now, not after hours of training
+    options = SuiteOptions(**{"seed": config.seed, **config.eval.options})
+    if "icl" in config.eval.suites:
+        load_icl_dataset(options.icl_dataset, **options.icl_dataset_options())
 
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
@@ -170,7 +176,6 @@ def run_experiment(
             summary = adapt_pretrained(run_config, path, resume=state == RESUME)
         outcomes.append(PartOutcome("adapt", a.name, path, state, time.perf_counter() - t0, summary))
 
-    options = SuiteOptions(**{"seed": config.seed, **config.eval.options})
     targets = config.eval.models or config.model_names()
     for name in targets:
         if config.pretrained_path(name) is not None:
