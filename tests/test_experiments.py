@@ -281,3 +281,19 @@ def test_missing_evaluation_data_is_refused_before_any_training(corpus, tmp_path
     with pytest.raises(ValueError, match=r"WordNet not found.*wordnet-base"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path / "runs")
     assert not (tmp_path / "runs" / "debug-exp" / "models").exists()
+
+
+def test_claims_call_a_difference_the_report_cannot_show_a_tie(corpus):
+    from diffattn.experiments.claims import paper_claims
+
+    config = ExperimentConfig.from_dict(_debug(corpus))
+    rows = {"baseline": {"val_loss": 5.00001}, "diff": {"val_loss": 5.00002}}  # equal at the 4 digits printed
+
+    def alloc(answer, noise):
+        return {"alloc": {"attention_to_answer": answer, "attention_noise": noise}}
+
+    evals = {"baseline": alloc(0.02, 0.5), "diff": alloc(0.05, 0.5), "dex": alloc(0.01, 0.4)}
+    verdicts = {(c.source, c.claim.split()[0]): c.agrees for c in paper_claims(config, rows, evals)}
+    assert verdicts[("DIFF Transformer Fig. 3–4", "lower")] is None
+    assert verdicts[("DIFF Transformer Table 3", "more")] is True  # more to the answer, noise tied
+    assert verdicts[("Dex Table 2", "Dex")] is False  # less to the answer than its base
