@@ -129,12 +129,15 @@ def make_needle_sample(
     num_queries: int = 1,
     depth: float | None = None,
     context_chars: int | None = None,
+    value_digits: int = 7,
 ) -> NeedleSample:
     """A multi-needle retrieval sample: ``num_needles`` needles in ``haystack``, ``num_queries`` of them asked.
 
     ``context_chars`` takes a seeded window of the haystack of (at most) that many characters, cut at
     sentence boundaries, before the needles go in; None keeps the whole haystack. ``depth`` in [0, 1] places
     the first queried needle at the sentence start nearest that fraction of the haystack text (None: random).
+    ``value_digits`` is the length of the needle numbers (the papers: 7); shorter numbers (fewer tokens to copy) make
+    a protocol that small models can learn in minutes.
     """
     _check_seed(seed)
     if not isinstance(haystack, str):
@@ -146,12 +149,16 @@ def make_needle_sample(
         raise ValueError(f"depth must be None or a number in [0, 1], got {depth!r}")
     if context_chars is not None:
         _check_int("context_chars", context_chars, 0)
+    _check_int("value_digits", value_digits, 1, 18)
+    lo, hi = 10 ** (value_digits - 1), 10**value_digits - 1
+    if hi - lo + 1 < num_needles:
+        raise ValueError(f"value_digits={value_digits} gives fewer distinct numbers than num_needles={num_needles}")
 
     rng = random.Random(seed)
     keys = rng.sample(CITY_KEYS, num_needles)  # the first num_queries are the queried ones, in question order
     numbers: list[str] = []
     while len(numbers) < num_needles:  # distinct numbers, so string_match_all cannot be fooled by a duplicate
-        n = str(rng.randint(1_000_000, 9_999_999))
+        n = str(rng.randint(lo, hi))
         if n not in numbers:
             numbers.append(n)
     depths = [float(depth) if depth is not None else rng.random()] + [rng.random() for _ in range(num_needles - 1)]

@@ -43,13 +43,14 @@ def _get(evals: dict, name: str, *path):
     return node
 
 
-def _direction(ref: float, new: float, digits: int, *, lower_is_better: bool) -> bool | None:
-    """Whether ``new`` beats ``ref``; None (a tie) when they are equal at the ``digits`` the report prints, so a
-    verdict never rests on a difference the reader cannot see."""
+def _direction(ref: float, new: float, digits: int, *, claimed: str) -> bool | None:
+    """Whether ``new`` moved from ``ref`` the way the paper claims (``claimed``: "lower" or "higher"); None (a tie)
+    when they are equal at the ``digits`` the report prints, so a verdict never rests on a difference the reader
+    cannot see."""
     a, b = round(ref, digits), round(new, digits)
     if a == b:
         return None
-    return b < a if lower_is_better else b > a
+    return b < a if claimed == "lower" else b > a
 
 
 def _both(first: bool | None, second: bool | None) -> bool | None:
@@ -81,13 +82,13 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "lower language-modelling loss than a same-size Transformer",
                     "DIFF needs ~62–65% of the parameters or tokens for the same loss",
                     f"{tag}: val loss {lb:.4f} → {ld:.4f}",
-                    _direction(lb, ld, 4, lower_is_better=True),
+                    _direction(lb, ld, 4, claimed="lower"),
                 )
             )
         ab, ad = _get(evals, base, "alloc"), _get(evals, diff, "alloc")
         if ab and ad:
-            more = _direction(ab["attention_to_answer"], ad["attention_to_answer"], 3, lower_is_better=False)
-            less = _direction(ab["attention_noise"], ad["attention_noise"], 3, lower_is_better=True)
+            more = _direction(ab["attention_to_answer"], ad["attention_to_answer"], 3, claimed="higher")
+            less = _direction(ab["attention_noise"], ad["attention_noise"], 3, claimed="lower")
             claims.append(
                 Claim(
                     "DIFF Transformer Table 3",
@@ -106,7 +107,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "better multi-needle retrieval",
                     "N=6, R=2: 0.35 (Transformer) vs 0.85 (DIFF)",
                     f"{tag}: mean accuracy {nb:.3f} → {nd:.3f}",
-                    _direction(nb, nd, 3, lower_is_better=False),
+                    _direction(nb, nd, 3, claimed="higher"),
                 )
             )
         gb, gd = _get(evals, base, "niah", "grid"), _get(evals, diff, "niah", "grid")
@@ -119,7 +120,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "the retrieval gap grows with the number of needles N",
                     "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6",
                     f"{tag}: gap {g_lo:+.2f} at N={n_lo} → {g_hi:+.2f} at N={n_hi}",
-                    _direction(g_lo, g_hi, 2, lower_is_better=False),
+                    _direction(g_lo, g_hi, 2, claimed="higher"),
                 )
             )
         ob, od = (
@@ -133,7 +134,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "smaller attention-logit outliers",
                     "top-1 |logit| 318.0 vs 38.8",
                     f"{tag}: top-1 |logit| {ob:.2f} → {od:.2f}",
-                    _direction(ob, od, 2, lower_is_better=True),
+                    _direction(ob, od, 2, claimed="lower"),
                 )
             )
         hb, hd = (
@@ -147,7 +148,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "smaller hidden-state outliers",
                     "top-1 |hidden| 3608.6 vs 1688.2",
                     f"{tag}: top-1 |hidden| {hb:.2f} → {hd:.2f}",
-                    _direction(hb, hd, 2, lower_is_better=True),
+                    _direction(hb, hd, 2, claimed="lower"),
                 )
             )
         qb, qd = _quant_drop(evals, base), _quant_drop(evals, diff)
@@ -158,7 +159,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "degrades less when attention logits go to low bits",
                     "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more",
                     f"{tag}: NLL increase at the lowest width {qb:+.4f} → {qd:+.4f}",
-                    _direction(qb, qd, 4, lower_is_better=True),
+                    _direction(qb, qd, 4, claimed="lower"),
                 )
             )
         mb = _get(evals, base, "icl", "order_robustness", "arrangements", "random", "margin")
@@ -170,7 +171,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "more robust to the order of demonstrations",
                     "TREC margin 19.0 vs 4.0 (random order)",
                     f"{tag}: margin {mb:.3f} → {md:.3f}",
-                    _direction(mb, md, 3, lower_is_better=True),
+                    _direction(mb, md, 3, claimed="lower"),
                 )
             )
     for a in config.adapters:
@@ -184,7 +185,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "Dex raises the (effective) attention to the answer",
                     "Llama-3B 0.06 → Dex 0.19",
                     f"{a.base} → {a.name}: {ab['attention_to_answer']:.3f} → {ad['attention_to_answer']:.3f}",
-                    _direction(ab["attention_to_answer"], ad["attention_to_answer"], 3, lower_is_better=False),
+                    _direction(ab["attention_to_answer"], ad["attention_to_answer"], 3, claimed="higher"),
                 )
             )
         nb, nd = _get(evals, a.base, "niah", "mean_accuracy"), _get(evals, a.name, "niah", "mean_accuracy")
@@ -195,7 +196,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                     "Dex improves multi-needle retrieval",
                     "66.9% → 78.3% (N=8, R=1)",
                     f"{a.base} → {a.name}: {nb:.3f} → {nd:.3f}",
-                    _direction(nb, nd, 3, lower_is_better=False),
+                    _direction(nb, nd, 3, claimed="higher"),
                 )
             )
     difflora = [a for a in config.adapters if a.method == "difflora"]
@@ -210,7 +211,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[
                         "DiffLoRA falls short of LoRA at matched parameters in most tasks",
                         "below LoRA on most benchmarks (+11 pts on HumanEval)",
                         f"{lo.name} → {d.name}: val loss {vl:.4f} → {vd:.4f}",
-                        _direction(vl, vd, 4, lower_is_better=False),
+                        _direction(vl, vd, 4, claimed="higher"),
                     )
                 )
     return claims
