@@ -14,7 +14,14 @@ from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
 from diffattn import load_adapter, load_pretrained
 from diffattn.cli import main
 from diffattn.data import load_corpus, train_tokenizer
-from diffattn.train.adapt import AdaptRunConfig, adapt_pretrained, load_adapted
+from diffattn.train.adapt import (
+    INACTIVE_LAMBDA,
+    AdaptRunConfig,
+    _lambda_warnings,
+    adapt_pretrained,
+    default_anneal_steps,
+    load_adapted,
+)
 
 WORDS = [
     "the",
@@ -216,6 +223,9 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path):
         (["--method", "dex", "--set", "method.rnak=4"], "unknown option.*rnak.*allowed: heads"),
         (["--method", "dex", "--set", "method.heads=importance2"], "DexConfig.heads must be one of"),
         (["--model", "no-such-model"], "unknown pretrained model"),
+        # 1 step: T = 1, so a zero W_D and λ_learn = 0 never get a gradient; refused before anything is loaded
+        (["--method", "dex", "--set", "method.init=zero"], "init='zero' and anneal_steps=1.*Use init='identity'"),
+        (["--method", "dex", "--set", "method.init=zero", "--set", "method.anneal=false"], "anneal=False"),
     ],
 )
 def test_bad_input_is_one_clear_error(args, message, corpus_dir, tmp_path, capsys):
@@ -226,3 +236,55 @@ def test_bad_input_is_one_clear_error(args, message, corpus_dir, tmp_path, capsy
 
     assert re.search(message, capsys.readouterr().err)
     assert not out.exists()  # nothing written on a failed start
+
+
+def test_default_anneal_steps_is_twenty_percent_with_a_floor_of_min_10_and_half_the_run():
+    got = {s: default_anneal_steps(s) for s in (1, 2, 3, 6, 20, 30, 50, 200, 1000)}
+    assert got == {1: 1, 2: 1, 3: 1, 6: 3, 20: 10, 30: 10, 50: 10, 200: 40, 1000: 200}
+    for method in ("dex", "daa", "diffq", "diffk", "diffv"):  # one default for every λ(t) method
+        config = AdaptRunConfig().with_overrides({"method.name": method, "train.max_steps": 6})
+        assert config.method_config().anneal_steps == 3
+    explicit = AdaptRunConfig().with_overrides({"method.name": "dex", "method.anneal_steps": 5})
+    assert explicit.method_config().anneal_steps == 5
+
+
+def test_six_step_dex_run_really_adds_differential_attention(base_dir, corpus_dir, tmp_path):
+    out = tmp_path / "dex"
+    summary = adapt_pretrained(_config(base_dir, corpus_dir, "dex", steps=6), out)
+    assert summary["method_config"]["init"] == "identity" and summary["method_config"]["anneal_steps"] == 3
+    assert len(summary["lambda"]) == 2 and all(v != 0.0 for v in summary["lambda"])  # λ = λ_learn (t = 5 > T)
+    assert max(abs(v) for v in summary["lambda"]) >= INACTIVE_LAMBDA and summary["warnings"] == []
+    assert json.loads((out / "summary.json").read_text())["warnings"] == []
+    model, _ = load_pretrained(base_dir)
+    adapted = load_adapter(model, out / "adapter")
+    from diffattn.adapters import attention_modules
+
+    for _, _, w in attention_modules(adapted):
+        eye = torch.eye(w.method.dex_w_d.shape[-1]).expand_as(w.method.dex_w_d)
+        assert (w.method.dex_w_d.detach() - eye).abs().max() > 1e-4  # W_D moved from its identity init
+        assert float(w.method.dex_lambda().detach()) != 0.0
+    # the old default (init="zero", and T = 20% of 6 steps = 1) trained nothing: now refused before any work
+    old = _config(base_dir, corpus_dir, "dex", steps=6, **{"method.init": "zero", "method.anneal_steps": 1})
+    with pytest.raises(ValueError, match=r"init='zero' and anneal_steps=1, .*neither ever moves"):
+        adapt_pretrained(old, tmp_path / "old")
+    assert not (tmp_path / "old").exists()
+
+
+def test_a_run_whose_lambda_stays_near_zero_says_so(base_dir, corpus_dir, tmp_path, capsys):
+    out = tmp_path / "dex"
+    args = ["adapt", "--model", str(base_dir), "--method", "dex", "--data", str(corpus_dir), "--seq-len", "32"]
+    args += ["--max-steps", "4", "--batch-size", "2", "--lr", "1e-6", "--set", "data.val_sequences=4"]
+    assert main([*args, "--out", str(out)]) == 0  # lr 1e-6: λ_learn moves ~1e-6 a step
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert max(abs(v) for v in summary["lambda"]) < INACTIVE_LAMBDA
+    assert len(summary["warnings"]) == 1
+    assert summary["warnings"][0].startswith("Dex contributes nothing: |λ| < 0.001 in every adapted layer")
+    assert "warning: Dex contributes nothing" in printed
+
+
+def test_lambda_warning_names_the_method_and_only_the_annealed_ones():
+    assert "DiffV contributes nothing" in _lambda_warnings("diffv", [1e-4, -5e-4])[0]
+    assert "DAA contributes nothing" in _lambda_warnings("daa", [0.0, 0.0])[0]
+    assert _lambda_warnings("dex", [0.0, -2e-3]) == []  # one active layer is enough
+    assert _lambda_warnings("difflora", [0.0]) == [] and _lambda_warnings("lora", None) == []

@@ -312,3 +312,20 @@ def test_registry_lists_every_method():
 def test_bad_configs_are_one_clear_error(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize("variant", ["daa-pre", "diffq", "diffk", "diffv"])
+@pytest.mark.parametrize("options", [{"anneal": False}, {"anneal_steps": 1}, {"lambda_init": 0.0}])
+def test_the_annealed_methods_have_no_configuration_that_cannot_learn(variant, options):
+    # unlike a zero-init Dex: W_DAA / W_D start at the identity, so the second term is non-zero and λ_learn
+    # gets a gradient as soon as α > 0 (anneal=False: from step 0), with any T or λ_init; nothing is refused
+    config = dataclasses.replace(VARIANTS[variant](), **options)
+    assert config.never_learns() is None
+    model = adapt(tiny("llama"), config)
+    trainable_parameters(model)
+    set_adapter_step(model, 0 if options.get("anneal") is False else 1)
+    x = ids()
+    model(x, labels=x).loss.backward()
+    for _, _, w in attention_modules(model):
+        lam = next(p for n, p in w.method.named_parameters() if n.endswith("lambda_learn"))
+        assert lam.grad is not None and lam.grad.abs() > 0

@@ -326,3 +326,58 @@ def test_logit_softcapping_is_refused():
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     with pytest.raises(ValueError, match="soft-capping"):
         adapt(model, DexConfig(heads="all", anneal_steps=2))
+
+
+def _train_six_steps(model, x):
+    """Six AdamW steps of Dex's training set, t = 0..5, without :func:`trainable_parameters` (which refuses a
+    Dex that cannot learn): what a loop that skipped the check would do."""
+    params = [p for n, p in model.named_parameters() if ".method." in n or "o_proj" in n]
+    opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
+    for step in range(6):
+        set_adapter_step(model, step)
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_identity_is_the_default_init_and_six_steps_move_w_d_and_lambda():
+    cfg = DexConfig(heads="all", anneal_steps=1)  # T = 1: what `diffattn adapt` used to give a 6-step run
+    assert cfg.init == "identity" and cfg.never_learns() is None
+    model = adapt(tiny("llama"), cfg)
+    trainable_parameters(model)  # accepted
+    _train_six_steps(model, ids(b=4, t=16))
+    for _, _, w in attention_modules(model):
+        eye = torch.eye(16).expand_as(w.method.dex_w_d)
+        assert not torch.equal(w.method.dex_w_d.detach(), eye)  # W_D moved from its init
+        assert float(w.method.dex_lambda().detach()) != 0.0  # and λ = λ_learn is no longer 0
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        ({"anneal": False}, "init='zero' and anneal=False"),
+        ({"anneal_steps": 1}, "init='zero' and anneal_steps=1"),
+        ({"anneal_steps": 4, "lambda_init": 0.0}, "init='zero' and lambda_init=0"),
+    ],
+)
+def test_a_zero_init_dex_that_can_never_learn_is_refused_before_training(options, reason):
+    # the refusal is right: trained anyway, W_D and λ end exactly 0 (the old default on a 6-step run)
+    model = adapt(tiny("llama"), DexConfig(heads="all", init="zero", **options))
+    _train_six_steps(model, ids(b=4, t=16))
+    for _, _, w in attention_modules(model):
+        assert torch.count_nonzero(w.method.dex_w_d) == 0
+        assert float(w.method.dex_lambda().detach()) == 0.0 and float(w.method.dex_lambda.lambda_learn.detach()) == 0.0
+    # trainable_parameters (the step before any training) says why and what to do instead
+    model = adapt(tiny("llama"), DexConfig(heads="all", init="zero", **options))
+    with pytest.raises(ValueError, match="would train nothing") as err:
+        trainable_parameters(model)
+    message = str(err.value)
+    assert reason in message and "neither ever moves" in message and "Use init='identity'" in message
+
+
+def test_a_zero_init_dex_with_an_annealing_ramp_is_accepted_and_learns():
+    model = adapt(tiny("llama"), DexConfig(heads="all", init="zero", anneal_steps=3))
+    trainable_parameters(model)
+    _train_six_steps(model, ids(b=4, t=16))
+    for _, _, w in attention_modules(model):
+        assert torch.count_nonzero(w.method.dex_w_d) > 0 and float(w.method.dex_lambda().detach()) != 0.0

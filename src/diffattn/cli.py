@@ -251,6 +251,8 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     )
     if s["lambda"] is not None:
         print("lambda per layer: " + " ".join(f"{v:.3g}" for v in s["lambda"]))
+    for warning in s.get("warnings") or []:
+        print(f"warning: {warning}")
     print(f"outputs in {args.out}")
     return 0
 

@@ -35,7 +35,7 @@ class AnnealedMethodConfig:
 
     lambda_init: str | float = "exponential"  # DIFF's per-layer schedule, or a constant
     anneal: bool = True  # False: λ = λ_learn from the start (ablation)
-    anneal_steps: int | None = None  # T of Dex Eq. 4; the training command defaults it to 20% of the steps
+    anneal_steps: int | None = None  # T of Dex Eq. 4; `diffattn adapt` defaults it (train.adapt.default_anneal_steps)
     train_lm_head: bool = False  # also train lm_head (the paper's Llama runs)
 
     def __post_init__(self):
@@ -47,6 +47,18 @@ class AnnealedMethodConfig:
             raise ValueError(
                 f"{type(self).__name__}.lambda_init must be 'exponential' or a number; got {self.lambda_init!r}"
             )
+
+    def never_learns(self) -> str | None:
+        """None: unlike Dex with ``init="zero"``, no setting of these methods leaves a parameter without a gradient.
+
+        Their new weight (W_DAA, W_D) starts at the identity, so the second term is non-zero from step 0 (DAA,
+        DiffQ, DiffK: the second map equals the first, A2·V = O; DiffV: X·W_Dᵀ·W_Vᵀ = V) and λ_learn's gradient
+        (∝ that term, times α) is non-zero as soon as α > 0, even with ``anneal=False`` (α = 1 from step 0),
+        ``anneal_steps=1`` or ``lambda_init=0``; once λ ≠ 0 the new weight gets its gradient (∝ λ) too."""
+        return None
+
+    def check_learnable(self) -> None:
+        """Nothing to refuse (see :meth:`never_learns`); here so every λ(t) config answers the same call."""
 
 
 @dataclass

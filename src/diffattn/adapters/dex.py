@@ -4,11 +4,19 @@ methods.md §2).
 For each selected head h of layer l:   O'_h = O_h − λ_l(t) · f_D(O_h),   f_D(O) = O W_Dᵀ  (linear d → d)
 
 with λ_l(t) the annealed schedule of Dex Eq. 4 (:class:`AnnealedLambda`). Choices the paper leaves open,
-kept configurable: W_D initialisation (``zero``, the default, or ``identity``: paper silent), W_D per head
-(default) or shared by a layer's heads, the annealing length T (``anneal_steps``; the training command
-defaults it to 20% of the steps). Heads are chosen per layer by attention entropy on calibration batches
-(the paper's best), by lowest head importance (Michel et al. 2019, :func:`head_importance`), by low entropy
-(ablation), all, random, or an explicit list.
+kept configurable: W_D initialisation (``identity``, the default, or ``zero``), W_D per head (default) or
+shared by a layer's heads, the annealing length T (``anneal_steps``; the training command defaults it to
+20% of the steps, at least min(10, half the steps)). Heads are chosen per layer by attention entropy on
+calibration batches (the paper's best), by lowest head importance (Michel et al. 2019,
+:func:`head_importance`), by low entropy (ablation), all, random, or an explicit list.
+
+W_D initialisation: the Dex paper is silent (it only says λ_learn starts "around zero", which we keep: 0);
+we default to ``identity`` because the DAA paper states that DEX's W_D starts at the identity, and because
+it is the only choice under which both new parameters learn from the first steps whatever the schedule:
+the gradient of W_D is ∝ λ and that of λ_learn ∝ O·W_Dᵀ, so with W_D = 0 and λ_learn = 0 the pair only
+leaves zero through the annealed λ_init term, and never when that term is absent (``anneal=False``,
+``anneal_steps=1``, ``lambda_init=0``): :meth:`DexConfig.check_learnable` refuses those combinations
+before training. λ(0) = 0 keeps the adapter the identity at step 0 either way.
 
 Because f_D is linear, ``merge_dex`` folds ``O_h (I − λ W_Dᵀ)`` into the columns of W_O belonging to head h,
 leaving a plain model of the base architecture with zero overhead.
@@ -36,7 +44,7 @@ class DexConfig:
     heads: str | list[list[int]] = "entropy"  # a strategy, or an explicit list of head indices per layer
     k: int | None = None  # heads per layer (default: half of them)
     w_d: str = "per_head"  # per_head | shared
-    init: str = "zero"  # zero | identity (paper silent)
+    init: str = "identity"  # identity | zero (Dex paper silent; DAA paper: identity for DEX)
     lambda_init: str | float = "exponential"
     anneal: bool = True
     anneal_steps: int | None = None  # T of Eq. 4; required (>= 1) before training when anneal is on
@@ -55,6 +63,31 @@ class DexConfig:
             raise ValueError(f"DexConfig.k must be >= 1 (heads per layer); got {self.k}")
         if self.anneal and self.anneal_steps is not None and self.anneal_steps < 1:
             raise ValueError(f"DexConfig.anneal_steps must be >= 1 when anneal is on; got {self.anneal_steps}")
+
+    def never_learns(self) -> str | None:
+        """Why W_D and λ_learn could never receive a gradient under this config, or None if they can.
+
+        d loss/d W_D ∝ λ and d loss/d λ_learn ∝ O·W_Dᵀ: with ``init="zero"`` (W_D = 0) and λ_learn = 0 the
+        only way out of zero is a step 0 < t < T where the annealed term (1 − α)(t/T)·λ_init makes λ ≠ 0."""
+        if self.init != "zero":
+            return None  # W_D = I: λ_learn's gradient ∝ O ≠ 0 from the first step with α > 0
+        why = "W_D's gradient is ∝ λ and λ_learn's is ∝ O·W_Dᵀ = 0, so neither ever moves and Dex stays a no-op"
+        if not self.anneal:
+            return f"with init='zero' and anneal=False, λ = λ_learn = 0 and W_D = 0 from the start: {why}"
+        if self.anneal_steps == 1:
+            return f"with init='zero' and anneal_steps=1, λ(0) = 0 and λ(t ≥ 1) = λ_learn = 0 while W_D = 0: {why}"
+        if not isinstance(self.lambda_init, str) and float(self.lambda_init) == 0.0:
+            return f"with init='zero' and lambda_init=0, λ(t) = α·λ_learn = 0 while W_D = 0: {why}"
+        return None
+
+    def check_learnable(self) -> None:
+        """Refuse (ValueError, with the remedy) a config whose new parameters can never get a gradient."""
+        why = self.never_learns()
+        if why is not None:
+            raise ValueError(
+                f"DexConfig would train nothing: {why}. Use init='identity' (the default), or keep init='zero' "
+                "with anneal on, anneal_steps >= 2 and a non-zero lambda_init"
+            )
 
 
 class DexHeads(AdapterMethod):
@@ -231,10 +264,12 @@ def dex_trained_names(model: nn.Module) -> list[str]:
 
 def dex_trainable_parameters(model: nn.Module) -> list[str]:
     """Freeze everything but Dex's training set (:func:`dex_trained_names`); returns the trainable names.
+    Raises ValueError when the config's W_D and λ_learn could never get a gradient (:meth:`DexConfig.never_learns`).
 
     GPT-2 fuses W_Q with W_K/W_V in ``c_attn``: the whole tensor is marked trainable and a gradient hook
     zeroes its query part. That keeps W_Q fixed only under an optimiser without decoupled weight decay on
     that tensor (AdamW's decay would still shrink it): give fused ``c_attn`` weight_decay=0."""
+    model._diffattn_adapter.config.check_learnable()  # before any training: refuse a Dex that cannot learn
     spec = get_spec(model)
     names = set(dex_trained_names(model))
     for n, p in model.named_parameters():

@@ -19,7 +19,8 @@ decay 0; Dex's data-driven head selection runs on the first ``data.calibration_b
 the chosen heads are recorded in ``summary.json`` and the adapter.
 
 Output folder: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` (validation loss before and
-after, trainable and total parameter counts, λ per layer, Dex heads), and the result:
+after, trainable and total parameter counts, λ per layer, Dex heads, ``warnings``: e.g. a λ(t) method whose
+|λ| ended below :data:`INACTIVE_LAMBDA` in every layer), and the result:
 ``adapter/`` (:func:`diffattn.save_adapter`; PEFT's own folder for ``lora``), ``merged/`` (``--merge``, Dex
 and DiffV: a plain model of the base architecture) or ``final/`` (``attn-ft``, ``full-ft``), each with the
 tokenizer. :func:`load_adapted` rebuilds the trained model from the folder.
@@ -77,6 +78,20 @@ ADAPT_METHODS = (*METHODS, *CONTROLS)
 MERGEABLE = ("dex", "diffv")
 ADAPTER, MERGED, FINAL = "adapter", "merged", "final"
 _DATA_DRIVEN_HEADS = ("entropy", "low-entropy", "importance")
+ANNEALED = ("dex", "daa", "diffq", "diffk", "diffv")  # the methods whose λ follows Dex Eq. 4
+INACTIVE_LAMBDA = 1e-3  # |λ| below this in every adapted layer at the end of a run: the method added nothing
+
+
+def default_anneal_steps(max_steps: int) -> int:
+    """T of Dex Eq. 4 when the run's options leave it unset: ``max(1, round(0.2·S), min(10, S // 2))``.
+
+    20% of the S steps is methods.md §2's default and what long runs get (S ≥ 50). Short runs need a floor:
+    20% of 6 steps is T = 1, a schedule with no annealing step at all (λ(0) = 0, then λ = λ_learn at once), so
+    the λ_init ramp that gives the new weights their first gradient never happens. The floor gives the ramp up
+    to 10 steps but never more than half the run, so λ_learn alone sets λ for at least the second half and the
+    λ that is saved and merged is the learned one, not a point on the ramp (S = 6 → 3, 30 → 10, 200 → 40).
+    """
+    return max(1, round(0.2 * max_steps), min(10, max_steps // 2))
 
 
 @dataclass
@@ -179,16 +194,21 @@ class AdaptRunConfig(SectionedConfig):
             d[section][key] = value
 
     def method_config(self):
-        """The method's config dataclass from ``method.options`` (anneal_steps: 20% of the run by default)."""
+        """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
+        the run's steps when unset). Raises ValueError for a config whose new parameters could never learn."""
         cls = _OPTION_TYPES[self.method.name]
         options = dict(self.method.options)
         names = {f.name for f in dataclasses.fields(cls)}
         if "anneal_steps" in names and options.get("anneal_steps") is None:
-            options["anneal_steps"] = max(1, round(0.2 * self.train.max_steps))  # methods.md §2: T = 20%
+            options["anneal_steps"] = default_anneal_steps(self.train.max_steps)
         try:
-            return cls(**options)
+            method_config = cls(**options)
         except TypeError as e:
             raise ValueError(f"bad options for method {self.method.name}: {e}") from e
+        check = getattr(method_config, "check_learnable", None)
+        if check is not None:  # T is known only here: Dex with init='zero' and T = 1 is refused now, not at the end
+            check()
+        return method_config
 
 
 class AdapterStepCallback(TrainerCallback):
@@ -360,6 +380,7 @@ def adapt_pretrained(
         "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
         "wall_seconds": wall,
         "lambda": adapter_lambdas(model) if is_adapter else None,
+        "warnings": [],
         "data": {
             "source": corpus.name,
             "split": corpus.split_info,
@@ -369,11 +390,28 @@ def adapt_pretrained(
             "val_sequences": val_rows,
         },
     }
+    summary["warnings"] += _lambda_warnings(config.method.name, summary["lambda"])
+    for warning in summary["warnings"]:
+        logger.warning(warning)
     if trainer.args.should_save:
         _save_result(trainer, tokenizer, config, run_dir, summary)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     return summary
+
+
+def _lambda_warnings(method: str, lambdas: list[float] | None) -> list[str]:
+    """Say so when a λ(t) method ended with |λ| < INACTIVE_LAMBDA in every adapted layer: its new term is
+    (almost) absent from the trained model, which is then in effect an attention fine-tune of the base."""
+    if method not in ANNEALED or not lambdas or max(abs(v) for v in lambdas) >= INACTIVE_LAMBDA:
+        return []
+    largest = max(abs(v) for v in lambdas)
+    name = {"dex": "Dex", "daa": "DAA", "diffq": "DiffQ", "diffk": "DiffK", "diffv": "DiffV"}[method]
+    return [
+        f"{name} contributes nothing: |λ| < {INACTIVE_LAMBDA:g} in every adapted layer (largest {largest:.2g}), "
+        "so the result is in effect an attention fine-tune of the base model; train longer, with a higher "
+        "learning rate, or check the λ(t) settings (anneal_steps, lambda_init, init)"
+    ]
 
 
 def _none(model):
