@@ -381,3 +381,47 @@ def test_retrieval_mix_rows_too_short_for_needles_become_mqar(tokenizer, small_c
         mix = retrieval_mix(0, 6, tokenizer, 32, small_corpus.train, mqar_fraction=0.5)
     assert bool(_mqar_rows(mix).all()) and "MQAR rows instead" in caplog.text
     assert mix.input_ids.shape == (6, 32)
+
+
+def test_needle_value_digits_sets_the_number_length_and_keeps_the_papers_default():
+    seven = make_needle_sample(5, "Some text. More text. " * 20, num_needles=3, num_queries=2)
+    assert all(len(n) == 7 and n.isdigit() for _, n, _ in seven.needles)
+    two = make_needle_sample(5, "Some text. More text. " * 20, num_needles=3, num_queries=2, value_digits=2)
+    assert all(len(n) == 2 and n.isdigit() for _, n, _ in two.needles)
+    assert len(set(two.answers)) == 2
+    with pytest.raises(ValueError, match="fewer distinct numbers"):
+        make_needle_sample(0, "x. " * 10, num_needles=12, value_digits=1)
+    with pytest.raises(ValueError, match="value_digits"):
+        make_needle_sample(0, "x. " * 10, value_digits=0)
+
+
+def test_retrieval_mix_answer_loss_scores_only_the_answer_and_separator(tokenizer, small_corpus):
+    seq_len, count = 200, 6
+    mix = retrieval_mix(1, count, tokenizer, seq_len, small_corpus.train, mqar_fraction=0.0, value_digits=2)
+    answer = retrieval_mix(
+        1, count, tokenizer, seq_len, small_corpus.train, mqar_fraction=0.0, value_digits=2, needle_loss="answer"
+    )
+    assert torch.equal(mix.input_ids, answer.input_ids)  # same rows, only the scored tokens differ
+    for row in range(count):
+        scored = answer.labels[row] != -100
+        text = tokenizer.decode(answer.input_ids[row][scored])
+        real = tokenizer.decode(mix.input_ids[row][mix.attention_mask[row].bool()])
+        numbers = re.search(r"\nAnswer: (.*)" + re.escape(SEPARATOR), real).group(1)
+        assert text == " " + numbers + SEPARATOR
+        assert all(len(n) == 2 for n in numbers.split(", "))
+    with pytest.raises(ValueError, match="needle_loss"):
+        retrieval_mix(1, 2, tokenizer, seq_len, small_corpus.train, needle_loss="prompt")
+
+
+def test_needle_vocabulary_text_makes_template_words_keys_and_numbers_single_tokens(small_corpus, tmp_path):
+    import dataclasses
+
+    from diffattn.data.synthetic import CITY_KEYS, needle_vocabulary_text
+
+    extra = needle_vocabulary_text(2)
+    assert extra == needle_vocabulary_text(2) and len(extra) == 4000  # seeded
+    corpus = dataclasses.replace(small_corpus, train=[*small_corpus.train, *extra], fingerprint="with-needles")
+    tok = train_tokenizer(corpus, 2048, cache_dir=tmp_path)
+    for word in (" special", " magic", " number", " 47", " 10", " 99", " Paris", " Reykjavik"):
+        assert len(tok(word, add_special_tokens=False)["input_ids"]) == 1, word
+    assert sum(len(tok(" " + c, add_special_tokens=False)["input_ids"]) == 1 for c in CITY_KEYS) == len(CITY_KEYS)

@@ -54,6 +54,7 @@ CITY_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 # A sentence starts after '. ', '? ', '! ' or a newline; needles go only there.
 _SENTENCE_END = re.compile(r"[.?!] |\n")
+NEEDLE_LOSSES = ("all", "answer")  # which tokens of a needle practice row are scored (retrieval_mix)
 MQAR_POWER_A = 0.01  # Zoology's train/test power_a: query distances follow p(d) ∝ d^(a-1)
 
 
@@ -225,6 +226,26 @@ def score_string_match_all(output: str, answers: Sequence[str]) -> float:
     return sum(str(a).lower() in out for a in answers) / len(answers)
 
 
+def needle_vocabulary_text(value_digits: int = 7, *, seed: int = 0, count: int = 4000) -> list[str]:
+    """Needle prompts with their answers (no haystack), for training a tokenizer that knows the protocol's words.
+
+    A BPE trained on a haystack corpus alone splits "special", "magic", the city keys and every digit of the
+    numbers into pieces (Shakespeare: 4 tokens for " special magic", one per digit), so a small model has to copy
+    several tokens per answer. Adding these texts to the tokenizer's training text makes the template words, the
+    keys and (for ``value_digits`` <= 3) every number single tokens, as they are for a real LM's tokenizer.
+    """
+    _check_int("value_digits", value_digits, 1, 18)
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        n = rng.randint(1, min(6, len(CITY_KEYS)))
+        sample = make_needle_sample(
+            seed * 1_000_003 + i, "", num_needles=n, num_queries=rng.randint(1, min(n, 2)), value_digits=value_digits
+        )
+        out.append(sample.prompt + needle_answer_text(sample))
+    return out
+
+
 # ---------------------------------------------------------------- MQAR
 
 
@@ -310,6 +331,8 @@ def retrieval_mix(
     *,
     mqar_fraction: float = 0.5,
     max_needles: int = 4,
+    value_digits: int = 7,
+    needle_loss: str = "all",
 ) -> PackedSequences:
     """``count`` rows of ``seq_len`` tokens of retrieval practice: ``round(mqar_fraction·count)`` MQAR rows.
 
@@ -320,9 +343,12 @@ def retrieval_mix(
     context starts at ~3 characters per token (refined as rows are measured) and shrinks until the row fits,
     then ``N`` is lowered if even an empty context does not fit; short rows are padded at the end. A needle
     row that cannot fit at all (one needle, no haystack: ~75 tokens with a 512-token vocabulary) becomes an
-    MQAR row, with a warning, so small test settings still work. Needle rows are trained with plain LM loss
-    on every real token (labels = input_ids): tiny models learn retrieval from the answer tokens, and the rest
-    is ordinary text. Row kinds are shuffled; everything follows from ``seed``.
+    MQAR row, with a warning, so small test settings still work. The prompt and the answer are tokenized
+    separately, as the evaluation sees them (the prompt alone, then the model's continuation). ``needle_loss``:
+    ``"all"`` trains needle rows with plain LM loss on every real token (labels = input_ids: the rest is ordinary
+    text), ``"answer"`` only on the answer tokens and the closing separator (as MQAR rows are): the whole gradient
+    of the row then goes to retrieval, which small models learn far sooner. ``value_digits``: the needle numbers'
+    length (:func:`make_needle_sample`). Row kinds are shuffled; everything follows from ``seed``.
     """
     _check_seed(seed)
     _check_int("count", count, 1)
@@ -332,6 +358,9 @@ def retrieval_mix(
         raise ValueError(f"mqar_fraction must be a number in [0, 1], got {mqar_fraction!r}")
     if isinstance(haystack_docs, str):
         raise ValueError("haystack_docs must be a sequence of document strings, got a single str")
+    if needle_loss not in NEEDLE_LOSSES:
+        raise ValueError(f"needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {needle_loss!r}")
+    _check_int("value_digits", value_digits, 1, 18)
     n_mqar = round(mqar_fraction * count)
     docs = [d for d in haystack_docs if d.strip()]
     if n_mqar < count and not docs:
@@ -351,10 +380,13 @@ def retrieval_mix(
     too_long: list[int] = []
     for row, (kind, row_seed) in enumerate(zip(kinds, row_seeds, strict=True)):
         if kind == "needle":
-            ids, chars_per_token = _needle_row(row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token)
+            ids, prompt_len, chars_per_token = _needle_row(
+                row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token, value_digits
+            )
             if len(ids) <= seq_len:
                 input_ids[row, : len(ids)] = torch.tensor(ids)
-                labels[row, : len(ids)] = torch.tensor(ids)
+                first_scored = prompt_len if needle_loss == "answer" else 0
+                labels[row, first_scored : len(ids)] = torch.tensor(ids[first_scored:])
                 attention_mask[row, : len(ids)] = 1
                 continue
             too_long.append(len(ids))  # an MQAR row instead of a needle row cut short
@@ -387,8 +419,10 @@ def _needle_row(
     max_needles: int,
     sep_id: int,
     chars_per_token: float,
-) -> tuple[list[int], float]:
-    """Token ids of one needle row (longer than ``seq_len`` only if nothing fits), and the updated estimate."""
+    value_digits: int = 7,
+) -> tuple[list[int], int, float]:
+    """Token ids of one needle row (longer than ``seq_len`` only if nothing fits), the prompt's length in tokens,
+    and the updated characters-per-token estimate."""
     rng = random.Random(seed)
     haystack = docs[rng.randrange(len(docs))]
     num_needles = rng.randint(1, max_needles)
@@ -404,13 +438,15 @@ def _needle_row(
             num_queries=num_queries,
             depth=depth,
             context_chars=context_chars,
+            value_digits=value_digits,
         )
-        text = sample.prompt + needle_answer_text(sample)
-        ids = [*tokenizer(text, add_special_tokens=False)["input_ids"], sep_id]
+        prompt = tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+        answer = tokenizer(needle_answer_text(sample), add_special_tokens=False)["input_ids"]
+        ids = [*prompt, *answer, sep_id]
         if len(sample.context) > 200:  # long enough for a stable ratio
-            chars_per_token = 0.8 * chars_per_token + 0.2 * len(text) / len(ids)
+            chars_per_token = 0.8 * chars_per_token + 0.2 * len(sample.prompt + needle_answer_text(sample)) / len(ids)
         if len(ids) <= seq_len:
-            return ids, chars_per_token
+            return ids, len(prompt), chars_per_token
         if context_chars > 0:
             # Shrink in proportion to the overshoot, a little more, so that one retry usually suffices.
             context_chars = max(0, min(context_chars - 1, int(context_chars * seq_len / len(ids) * 0.95)))
@@ -418,4 +454,4 @@ def _needle_row(
             num_needles -= 1
             num_queries = min(num_queries, num_needles)
         else:
-            return ids, chars_per_token
+            return ids, len(prompt), chars_per_token

@@ -5,8 +5,8 @@ name: quickstart
 data: {source: shakespeare, seq_len: 256, vocab_size: 4096, retrieval_fraction: 0.2}   # pretraining data
 train: {max_steps: 150, global_batch_size: 8}                                            # pretraining budget
 models:                         # trained from scratch (diffattn pretrain), same data order and seed
-  - {name: baseline, preset: tiny, attention: standard}
-  - {name: diff, preset: tiny, attention: diff}
+  - {name: baseline, preset: tiny, attention: standard, seeds: [0, 1]}   # two replicates: baseline-s0, baseline-s1
+  - {name: diff, preset: tiny, attention: diff, seeds: [0, 1]}
 pretrained:                     # evaluated as they are, and usable as adapter bases by name
   - {name: smollm2, path: smollm2-135m}
 adapters:                       # diffattn adapt on a model above (by name) or a pretrained one (smollm2-135m, a path)
@@ -23,6 +23,8 @@ Every section mirrors an existing config: ``data``/``train`` are :class:`~diffat
 :class:`~diffattn.train.TrainConfig` fields, a model's ``model`` mapping adds :class:`~diffattn.train.ModelConfig`
 fields (``lambda_init``, ``backend``, …), ``adapt_data``/``adapt_train`` and an adapter's ``data``/``train`` are the
 sections of ``diffattn adapt``'s run.yaml, ``eval.options`` are :class:`~diffattn.eval.suite.SuiteOptions` fields.
+``seeds`` on a from-scratch model trains one replicate per seed (named ``NAME-sSEED``, each with ``train.seed`` set;
+the replicates keep ``NAME`` as their ``group``), so that claims can report the spread over seeds.
 ``--set a.b=value`` overrides any of it (``--set train.max_steps=10``, ``--set models.1.preset=small``).
 """
 
@@ -45,6 +47,12 @@ class ScratchModel:
     attention: str = "standard"  # standard | diff
     model: dict = field(default_factory=dict)  # further ModelConfig fields (lambda_init, norm, backend, overrides)
     train: dict = field(default_factory=dict)  # per-model TrainConfig overrides
+    seeds: list[int] | None = None  # one replicate per seed, expanded at load time into NAME-sSEED models
+    group: str | None = None  # the name the replicates of one model share (set by the expansion)
+
+    @property
+    def group_name(self) -> str:
+        return self.group or self.name
 
 
 @dataclass
@@ -93,7 +101,8 @@ class ExperimentConfig:
         _check_keys("the experiment", d, cls)
         if "name" not in d:
             raise ValueError("the experiment needs a name (it names the folder runs/NAME)")
-        d["models"] = [_build(ScratchModel, m, f"models[{i}]") for i, m in enumerate(d.get("models") or [])]
+        models = [_build(ScratchModel, m, f"models[{i}]") for i, m in enumerate(d.get("models") or [])]
+        d["models"] = [r for m in models for r in _replicates(m)]
         d["adapters"] = [_build(AdapterRun, a, f"adapters[{i}]") for i, a in enumerate(d.get("adapters") or [])]
         d["pretrained"] = [
             _build(PretrainedModel, p, f"pretrained[{i}]") for i, p in enumerate(d.get("pretrained") or [])
@@ -161,6 +170,11 @@ class ExperimentConfig:
             if a.base in [x.name for x in self.adapters]:
                 raise ValueError(f"adapters[{a.name}].base {a.base!r} is an adapter; adapt a base model instead")
             known = self.scratch_names() + [p.name for p in self.pretrained]
+            replicas = self.seed_groups().get(a.base, [])
+            if a.base not in known and len(replicas) > 1:
+                raise ValueError(
+                    f"adapters[{a.name}].base {a.base!r} has one model per seed; name one of {', '.join(replicas)}"
+                )
             if a.base not in known and not _is_model(a.base):
                 ours = ", ".join(known) or "none"
                 raise ValueError(
@@ -177,6 +191,13 @@ class ExperimentConfig:
                 raise ValueError(f"eval.models names unknown model(s) {', '.join(unknown)}; known: {', '.join(names)}")
         return self
 
+    def seed_groups(self) -> dict[str, list[str]]:
+        """From-scratch models by replicate group (a model without ``seeds`` is a group of one), in order."""
+        groups: dict[str, list[str]] = {}
+        for m in self.models:
+            groups.setdefault(m.group_name, []).append(m.name)
+        return groups
+
     def scratch_names(self) -> list[str]:
         return [m.name for m in self.models]
 
@@ -186,6 +207,26 @@ class ExperimentConfig:
 
     def pretrained_path(self, name: str) -> str | None:
         return next((p.path for p in self.pretrained if p.name == name), None)
+
+
+def _replicates(m: ScratchModel) -> list[ScratchModel]:
+    """``m`` itself, or one model per seed of ``m.seeds`` (named NAME-sSEED, grouped under NAME)."""
+    if m.seeds is None:
+        return [m]
+    seeds = m.seeds
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or any(isinstance(x, bool) or not isinstance(x, int) for x in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        raise ValueError(f"models[{m.name}].seeds must be a non-empty list of distinct ints, got {seeds!r}")
+    if "seed" in m.train:
+        raise ValueError(f"models[{m.name}]: give either seeds or train.seed, not both")
+    return [
+        dataclasses.replace(m, name=f"{m.name}-s{seed}", train={**m.train, "seed": seed}, seeds=None, group=m.name)
+        for seed in seeds
+    ]
 
 
 def _is_model(name_or_path: str) -> bool:

@@ -7,13 +7,16 @@ models can learn retrieval at all; ``data.retrieval_fraction`` is its share of a
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
 
-from ..data import PackedSequences, load_corpus, retrieval_mix, tokenize_and_pack, train_tokenizer
+from ..data import Corpus, PackedSequences, load_corpus, retrieval_mix, tokenize_and_pack, train_tokenizer
+from ..data.synthetic import needle_vocabulary_text
 from .config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -55,10 +58,21 @@ def _first_rows(p: PackedSequences, n: int) -> PackedSequences:
     return PackedSequences(p.input_ids[:n], p.labels[:n], rows, int(rows.sum()))
 
 
+def _tokenizer_corpus(corpus: Corpus, d) -> Corpus:
+    """The text the tokenizer learns from: the corpus's training split, plus the needle protocol's words
+    (:func:`needle_vocabulary_text`) when ``data.tokenizer_needle_words`` is on (its own fingerprint, so its own
+    tokenizer cache entry)."""
+    if not d.tokenizer_needle_words:
+        return corpus
+    extra = needle_vocabulary_text(d.needle_digits)
+    key = hashlib.sha256(f"{corpus.fingerprint}|needle-words|{d.needle_digits}|{len(extra)}".encode()).hexdigest()
+    return dataclasses.replace(corpus, train=[*corpus.train, *extra], fingerprint=key)
+
+
 def prepare_data(config: RunConfig) -> PreparedData:
     d = config.data
     corpus = load_corpus(d.source, seed=d.split_seed)
-    tokenizer = train_tokenizer(corpus, d.vocab_size)
+    tokenizer = train_tokenizer(_tokenizer_corpus(corpus, d), d.vocab_size)
     train = tokenize_and_pack(corpus.train, tokenizer, d.seq_len)
     try:
         val = tokenize_and_pack(corpus.val, tokenizer, d.seq_len)
@@ -70,7 +84,15 @@ def prepare_data(config: RunConfig) -> PreparedData:
         text_rows = train.input_ids.shape[0]
         mix_rows = max(1, round(d.retrieval_fraction / (1 - d.retrieval_fraction) * text_rows))
         mix = retrieval_mix(
-            config.train.seed, mix_rows, tokenizer, d.seq_len, corpus.train, mqar_fraction=d.mqar_fraction
+            config.train.seed,
+            mix_rows,
+            tokenizer,
+            d.seq_len,
+            corpus.train,
+            mqar_fraction=d.mqar_fraction,
+            max_needles=d.max_needles,
+            value_digits=d.needle_digits,
+            needle_loss=d.needle_loss,
         )
         train = _concat(train, mix)
     info = {
