@@ -419,7 +419,7 @@ def test_needle_vocabulary_text_makes_template_words_keys_and_numbers_single_tok
     from diffattn.data.synthetic import CITY_KEYS, needle_vocabulary_text
 
     extra = needle_vocabulary_text(2)
-    assert extra == needle_vocabulary_text(2) and len(extra) == 4000  # seeded
+    assert extra == needle_vocabulary_text(2) and len(extra) == 20000  # seeded
     corpus = dataclasses.replace(small_corpus, train=[*small_corpus.train, *extra], fingerprint="with-needles")
     tok = train_tokenizer(corpus, 2048, cache_dir=tmp_path)
     for word in (" special", " magic", " number", " 47", " 10", " 99", " Paris", " Reykjavik"):

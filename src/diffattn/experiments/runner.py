@@ -143,6 +143,8 @@ def run_experiment(
     if "icl" in config.eval.suites:
         load_icl_dataset(options.icl_dataset, **options.icl_dataset_options())
 
+    _check_needle_prompts_fit(config, options, scratch)
+
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     for a, c in adapters:
@@ -201,6 +203,51 @@ def run_experiment(
 
         write_report(config, out, outcomes)
     return outcomes
+
+
+def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> None:
+    """The needle prompts of ``niah`` and ``alloc`` (every grid cell, the heatmap, allocation's N = 1) must fit the
+    context the evaluation asks for, with the tokenizer the from-scratch models will be trained with: refused now
+    with the reason, not after the training. Pretrained models and adapter bases are checked when evaluated."""
+    if not {"niah", "alloc"} & set(config.eval.suites) or not scratch:
+        return
+    from ..data.synthetic import CITY_KEYS
+    from ..eval._common import load_text
+    from ..eval.niah import fit_sample
+    from ..models.presets import get_preset
+    from ..train.data import data_tokenizer
+
+    if options.samples < 1:
+        raise ValueError(f"eval.options.samples must be >= 1, got {options.samples}")
+    cells = [(1, 1)] if "alloc" in config.eval.suites else []
+    if "niah" in config.eval.suites:
+        cells += [tuple(c) for c in options.niah_grid] + [(options.niah_needles, 1)]
+    for n, r in cells:
+        if not 1 <= r <= n <= len(CITY_KEYS):
+            raise ValueError(
+                f"eval.options: a needle cell needs 1 <= R <= N <= {len(CITY_KEYS)} (keys), got N={n}, R={r}"
+            )
+        if 9 * 10 ** (options.niah_digits - 1) < n:
+            raise ValueError(f"eval.options.niah_digits={options.niah_digits} gives fewer distinct numbers than N={n}")
+    text = load_text(options.haystack, "test")[0] if options.haystack in ("shakespeare", "filler") else options.haystack
+    seen = set()
+    for m, run_config in scratch:
+        preset = get_preset(run_config.model.preset, **run_config.model.overrides)
+        context = options.context_tokens or min(preset.max_position_embeddings, 1024)
+        if context > preset.max_position_embeddings:
+            raise ValueError(
+                f"eval.options.context_tokens={context} exceeds {m.name}'s {preset.max_position_embeddings} positions"
+            )
+        key = (repr(run_config.data), context)
+        if key in seen:
+            continue
+        seen.add(key)
+        tokenizer = data_tokenizer(run_config.data)
+        for n, r in cells:
+            try:
+                fit_sample(tokenizer, text, context, 0, num_needles=n, num_queries=r, value_digits=options.niah_digits)
+            except ValueError as e:
+                raise ValueError(f"eval.options (niah/alloc) for {m.name}: {e}") from e
 
 
 def _jsonable_options(options) -> dict:

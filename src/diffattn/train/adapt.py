@@ -57,8 +57,8 @@ from ..adapters import (
 )
 from ..data import load_corpus, tokenize_and_pack
 from ..models.pretrained import load_pretrained
-from .config import SectionedConfig, TrainConfig, _from_dict
-from .data import PackedDataset
+from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict
+from .data import PackedDataset, add_retrieval_mix
 from .trainer import (
     METRICS,
     RUN_CONFIG,
@@ -149,7 +149,7 @@ class AdaptMethodSection:
 
 
 @dataclass
-class AdaptDataSection:
+class AdaptDataSection(RetrievalMixFields):
     source: str = "shakespeare"  # 'shakespeare', or a .txt/.jsonl/.json file or a directory of them
     seq_len: int = 256
     val_sequences: int = 16
@@ -160,6 +160,7 @@ class AdaptDataSection:
         for name in ("seq_len", "val_sequences", "calibration_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        self.validate_retrieval()
 
 
 def _adapt_train_defaults() -> TrainConfig:
@@ -324,6 +325,9 @@ def adapt_pretrained(
     with args.main_process_first(desc="tokenize"):
         train = tokenize_and_pack(corpus.train, tokenizer, config.data.seq_len)
         val = tokenize_and_pack(corpus.val, tokenizer, config.data.seq_len)
+        # the retrieval practice mix as in pretraining (none by default), appended after the text rows, so Dex's
+        # head selection still calibrates on the first text rows
+        train, mix_rows = add_retrieval_mix(train, config.data, tokenizer, corpus.train, config.train.seed)
     val_rows = min(config.data.val_sequences, val.input_ids.shape[0])
     val = dataclasses.replace(
         val,
@@ -388,6 +392,7 @@ def adapt_pretrained(
             "seq_len": config.data.seq_len,
             "train_sequences": int(train.input_ids.shape[0]),
             "val_sequences": val_rows,
+            "retrieval_mix_sequences": mix_rows,
         },
     }
     summary["warnings"] += _lambda_warnings(config.method.name, summary["lambda"])

@@ -43,15 +43,34 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
-    source: str = "shakespeare"  # 'shakespeare', or a .txt/.jsonl/.json file or a directory of them
-    vocab_size: int = 8192
-    seq_len: int = 512
+class RetrievalMixFields:
+    """The retrieval practice mix (:func:`diffattn.data.retrieval_mix`) of a training data section: pretraining's
+    ``data`` and ``diffattn adapt``'s ``data`` share these fields, their defaults and their checks."""
+
     retrieval_fraction: float = 0.0  # share of training sequences from the retrieval practice mix
     mqar_fraction: float = 0.5  # of those, the share that are MQAR (the rest multi-needle documents)
     max_needles: int = 4  # needle rows hold 1..max_needles needles
     needle_digits: int = 7  # length of the needle numbers (the papers: 7; 2 makes every number one token)
     needle_loss: str = "all"  # all | answer: which tokens of a needle row are scored
+
+    def validate_retrieval(self) -> None:
+        if not 0.0 <= self.retrieval_fraction < 1.0:
+            raise ValueError(f"data.retrieval_fraction must be in [0, 1), got {self.retrieval_fraction}")
+        if not 0.0 <= self.mqar_fraction <= 1.0:
+            raise ValueError(f"data.mqar_fraction must be in [0, 1], got {self.mqar_fraction}")
+        if not isinstance(self.max_needles, int) or not 1 <= self.max_needles <= len(CITY_KEYS):
+            raise ValueError(f"data.max_needles must be an int in [1, {len(CITY_KEYS)}], got {self.max_needles!r}")
+        if not isinstance(self.needle_digits, int) or not 1 <= self.needle_digits <= 18:
+            raise ValueError(f"data.needle_digits must be an int in [1, 18], got {self.needle_digits!r}")
+        if self.needle_loss not in NEEDLE_LOSSES:
+            raise ValueError(f"data.needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {self.needle_loss!r}")
+
+
+@dataclass
+class DataConfig(RetrievalMixFields):
+    source: str = "shakespeare"  # 'shakespeare', or a .txt/.jsonl/.json file or a directory of them
+    vocab_size: int = 8192
+    seq_len: int = 512
     tokenizer_needle_words: bool = False  # train the tokenizer on the needle template, keys and numbers too
     val_sequences: int = 64  # validation sequences evaluated at each eval (the first ones of the val split)
     split_seed: int = 0
@@ -59,18 +78,9 @@ class DataConfig:
     def validate(self) -> None:
         if self.seq_len < 2:
             raise ValueError(f"data.seq_len must be >= 2, got {self.seq_len}")
-        if not 0.0 <= self.retrieval_fraction < 1.0:
-            raise ValueError(f"data.retrieval_fraction must be in [0, 1), got {self.retrieval_fraction}")
-        if not 0.0 <= self.mqar_fraction <= 1.0:
-            raise ValueError(f"data.mqar_fraction must be in [0, 1], got {self.mqar_fraction}")
         if self.val_sequences < 1:
             raise ValueError(f"data.val_sequences must be >= 1, got {self.val_sequences}")
-        if not isinstance(self.max_needles, int) or not 1 <= self.max_needles <= len(CITY_KEYS):
-            raise ValueError(f"data.max_needles must be an int in [1, {len(CITY_KEYS)}], got {self.max_needles!r}")
-        if not isinstance(self.needle_digits, int) or not 1 <= self.needle_digits <= 18:
-            raise ValueError(f"data.needle_digits must be an int in [1, 18], got {self.needle_digits!r}")
-        if self.needle_loss not in NEEDLE_LOSSES:
-            raise ValueError(f"data.needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {self.needle_loss!r}")
+        self.validate_retrieval()
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from ..data import Corpus, PackedSequences, load_corpus, retrieval_mix, tokenize_and_pack, train_tokenizer
 from ..data.synthetic import needle_vocabulary_text
-from .config import RunConfig
+from .config import RetrievalMixFields, RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,28 @@ def _first_rows(p: PackedSequences, n: int) -> PackedSequences:
     return PackedSequences(p.input_ids[:n], p.labels[:n], rows, int(rows.sum()))
 
 
+def add_retrieval_mix(
+    train: PackedSequences, d: RetrievalMixFields, tokenizer, haystack_docs, seed: int
+) -> tuple[PackedSequences, int]:
+    """``train`` plus ``d.retrieval_fraction`` of retrieval practice rows (the share of all rows), and their count."""
+    if d.retrieval_fraction <= 0:
+        return train, 0
+    text_rows = train.input_ids.shape[0]
+    mix_rows = max(1, round(d.retrieval_fraction / (1 - d.retrieval_fraction) * text_rows))
+    mix = retrieval_mix(
+        seed,
+        mix_rows,
+        tokenizer,
+        train.input_ids.shape[1],
+        haystack_docs,
+        mqar_fraction=d.mqar_fraction,
+        max_needles=d.max_needles,
+        value_digits=d.needle_digits,
+        needle_loss=d.needle_loss,
+    )
+    return _concat(train, mix), mix_rows
+
+
 def _tokenizer_corpus(corpus: Corpus, d) -> Corpus:
     """The text the tokenizer learns from: the corpus's training split, plus the needle protocol's words
     (:func:`needle_vocabulary_text`) when ``data.tokenizer_needle_words`` is on (its own fingerprint, so its own
@@ -69,32 +91,24 @@ def _tokenizer_corpus(corpus: Corpus, d) -> Corpus:
     return dataclasses.replace(corpus, train=[*corpus.train, *extra], fingerprint=key)
 
 
+def data_tokenizer(d, corpus: Corpus | None = None):
+    """The tokenizer a pretraining run with data section ``d`` trains (or finds in the cache): seconds, so an
+    experiment can check its evaluation prompts against it before any training."""
+    corpus = corpus if corpus is not None else load_corpus(d.source, seed=d.split_seed)
+    return train_tokenizer(_tokenizer_corpus(corpus, d), d.vocab_size)
+
+
 def prepare_data(config: RunConfig) -> PreparedData:
     d = config.data
     corpus = load_corpus(d.source, seed=d.split_seed)
-    tokenizer = train_tokenizer(_tokenizer_corpus(corpus, d), d.vocab_size)
+    tokenizer = data_tokenizer(d, corpus)
     train = tokenize_and_pack(corpus.train, tokenizer, d.seq_len)
     try:
         val = tokenize_and_pack(corpus.val, tokenizer, d.seq_len)
     except ValueError as e:
         raise ValueError(f"the validation split of {d.source!r} is empty ({e}); give a larger corpus") from e
     val = _first_rows(val, d.val_sequences)
-    mix_rows = 0
-    if d.retrieval_fraction > 0:
-        text_rows = train.input_ids.shape[0]
-        mix_rows = max(1, round(d.retrieval_fraction / (1 - d.retrieval_fraction) * text_rows))
-        mix = retrieval_mix(
-            config.train.seed,
-            mix_rows,
-            tokenizer,
-            d.seq_len,
-            corpus.train,
-            mqar_fraction=d.mqar_fraction,
-            max_needles=d.max_needles,
-            value_digits=d.needle_digits,
-            needle_loss=d.needle_loss,
-        )
-        train = _concat(train, mix)
+    train, mix_rows = add_retrieval_mix(train, d, tokenizer, corpus.train, config.train.seed)
     info = {
         "source": corpus.name,
         "split": corpus.split_info,

@@ -1,0 +1,87 @@
+"""Experiments: seed replicates, the retrieval protocol options of pretraining and adapter data, and evaluation
+prompts that cannot fit refused before any training."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from diffattn.experiments import ExperimentConfig, run_experiment
+from diffattn.train import RunConfig
+from diffattn.train.adapt import AdaptRunConfig
+
+WORDS = ["the", "king", "queen", "sword", "crown", "night", "day", "river", "stone", "ghost", "crow", "bell"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("protocol-corpus")
+    rng = random.Random(1)
+    for i in range(24):
+        (root / f"d{i:02d}.txt").write_text(
+            "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(14))
+        )
+    return root
+
+
+def test_seeds_expand_into_one_named_replicate_per_seed_and_round_trip():
+    config = ExperimentConfig.from_dict(
+        {
+            "name": "seeds",
+            "models": [
+                {"name": "transformer", "preset": "debug", "seeds": [0, 3]},
+                {"name": "diff", "preset": "debug", "attention": "diff"},
+            ],
+        }
+    )
+    assert config.scratch_names() == ["transformer-s0", "transformer-s3", "diff"]
+    assert [m.train["seed"] for m in config.models[:2]] == [0, 3]
+    assert config.seed_groups() == {"transformer": ["transformer-s0", "transformer-s3"], "diff": ["diff"]}
+    again = ExperimentConfig.from_dict(config.to_dict())  # the saved experiment.yaml is already expanded
+    assert again.scratch_names() == config.scratch_names() and again.seed_groups() == config.seed_groups()
+
+
+@pytest.mark.parametrize(
+    ("model", "adapter", "match"),
+    [
+        ({"seeds": []}, None, "non-empty list of distinct ints"),
+        ({"seeds": [1, 1]}, None, "non-empty list of distinct ints"),
+        ({"seeds": [0], "train": {"seed": 2}}, None, "either seeds or train.seed"),
+        ({"seeds": [0, 1]}, {"name": "dex", "base": "t", "method": "dex"}, "name one of t-s0, t-s1"),
+    ],
+)
+def test_bad_seed_settings_are_one_clear_error(model, adapter, match):
+    d = {"name": "x", "models": [{"name": "t", "preset": "debug", **model}]}
+    if adapter:
+        d["adapters"] = [adapter]
+    with pytest.raises(ValueError, match=match):
+        ExperimentConfig.from_dict(d)
+
+
+def test_adapter_data_takes_the_retrieval_mix_fields_with_the_same_checks():
+    config = AdaptRunConfig.from_dict(
+        {"data": {"retrieval_fraction": 0.5, "needle_digits": 2, "needle_loss": "answer"}}
+    )
+    assert config.data.needle_digits == 2 and config.data.retrieval_fraction == 0.5
+    for section in ({"needle_loss": "prompt"}, {"needle_digits": 0}, {"retrieval_fraction": 1.0}):
+        with pytest.raises(ValueError, match=r"data\."):
+            AdaptRunConfig.from_dict({"data": section}).validate()
+        with pytest.raises(ValueError, match=r"data\."):
+            RunConfig.from_dict({"data": section}).validate()
+
+
+def test_needle_prompts_that_cannot_fit_are_refused_before_any_training(corpus, tmp_path):
+    d = {
+        "name": "nofit",
+        "data": {"source": str(corpus), "seq_len": 32, "vocab_size": 300, "val_sequences": 2},
+        "train": {"max_steps": 2, "global_batch_size": 2, "eval_every": 2, "save_every": 2},
+        "models": [{"name": "baseline", "preset": "debug"}],
+        "eval": {"suites": ["niah"], "options": {"context_tokens": 40, "niah_grid": [[6, 2]], "samples": 50}},
+    }
+    with pytest.raises(ValueError, match=r"eval\.options \(niah/alloc\) for baseline: could not fit a needle sample"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    assert not (tmp_path / "nofit").exists()  # nothing trained, nothing written
+    d["eval"]["options"] = {"context_tokens": 128, "niah_grid": [[12, 2]], "niah_digits": 1}
+    with pytest.raises(ValueError, match="fewer distinct numbers than N=12"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path)
