@@ -42,6 +42,7 @@ class SuiteOptions:
     samples: int = 5  # NIAH samples per cell, allocation samples
     niah_grid: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))  # (N needles, R queried)
     niah_needles: int = 8  # N of the length × depth heatmap (R = 1)
+    niah_digits: int = 7  # length of the needle numbers in niah and alloc (the papers: 7)
     tokens: int = 4096  # token budget of ppl, outliers, quant, heads, AR-Hit
     window: int | None = None  # ppl window (default: min(model max, 1024)); stride = window / 2
     icl_dataset: str = "fortunes"
