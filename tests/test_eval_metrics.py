@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from diffattn.eval.allocation import BUCKETS, allocate, plot_allocation, run_allocation, token_buckets
+from diffattn.eval.allocation import (
+    BUCKETS,
+    allocate,
+    negative_shares,
+    plot_allocation,
+    run_allocation,
+    token_buckets,
+)
 from diffattn.eval.heads import cosine_distance_matrix, linear_cka, plot_heads, run_heads
 from diffattn.eval.mqar import ar_hit_mask, run_mqar
 from diffattn.eval.niah import fit_sample, plot_niah, run_niah
@@ -40,6 +47,8 @@ def test_sliding_window_scores_every_token_once_and_matches_one_full_window():
 def test_perplexity_end_to_end(name, debug_models, tokenizer):  # noqa: F811
     res = run_perplexity(debug_models[name], tokenizer, source="filler", window=64, max_tokens=300, progress=False)
     assert res["ppl"] == pytest.approx(math.exp(res["nll"])) and res["scored_tokens"] == 299
+    windows = res["per_window"]  # every scored token in exactly one window
+    assert sum(windows["tokens"]) == 299 and sum(windows["nll"]) / 299 == pytest.approx(res["nll"])
     assert res["metadata"]["window"] == 64 and res["metadata"]["stride"] == 32
 
 
@@ -72,6 +81,11 @@ def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
     assert [(g["N"], g["R"]) for g in res["grid"]] == [(1, 1), (2, 2)]
     assert all(0 <= g["accuracy"] <= 1 for g in res["grid"])
     assert np.array(res["heatmap"]["accuracy"]).shape == (2, 2)
+    # per-sample scores and Wilson intervals per cell, a bootstrap interval for the mean
+    assert all(len(g["scores"]) == 1 and g["ci"][0] <= g["accuracy"] <= g["ci"][1] for g in res["grid"])
+    assert np.array(res["heatmap"]["scores"]).shape == (2, 2, 1) and np.array(res["heatmap"]["ci"]).shape == (2, 2, 2)
+    lo, hi = res["mean_accuracy_ci"]
+    assert 0 <= lo <= res["mean_accuracy"] <= hi <= 1 and "samples_sha1" in res["metadata"]
     assert plot_niah(res, tmp_path / "niah.png").stat().st_size > 0
 
 
@@ -90,9 +104,17 @@ def test_buckets_of_a_constructed_row_sum_to_one_and_land_right():
     shares = allocate(row, buckets)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["answer"] == pytest.approx(0.4) and shares["bos"] == pytest.approx(0.1)
-    signed = torch.tensor([0.2, -0.1, 0.0, 0.1, 0.4, 0.2, 0.0, -0.05, 0.05, 0.0])  # sums to 0.8: normalised
-    assert sum(allocate(signed, buckets).values()) == pytest.approx(1.0)
-    assert allocate(signed, buckets)["answer"] == pytest.approx(0.6 / 0.8)
+    signed = torch.tensor([0.2, -0.1, 0.0, 0.1, 0.4, 0.2, 0.0, -0.05, 0.05, 0.0])  # sum 0.8, sum of |a| 1.1
+    assert allocate(signed, buckets)["answer"] == pytest.approx(0.6 / 1.1)  # divided by Σ|a|, not by the sum
+    assert sum(allocate(signed, buckets).values()) == pytest.approx(0.8 / 1.1)  # = 1 − 2·negative mass
+    neg = negative_shares(signed, buckets)
+    assert neg["before"] == pytest.approx(0.1 / 1.1) and neg["after"] == pytest.approx(0.05 / 1.1)
+    assert sum(neg.values()) == pytest.approx((1 - 0.8 / 1.1) / 2)
+    assert sum(negative_shares(row, buckets).values()) == 0  # softmax rows: no negative mass
+    near_cancel = torch.tensor([0.3, -0.2, 0.1, -0.1, 0.2, -0.1, 0.05, -0.1, -0.05, -0.05])  # sums to 0.05
+    assert all(-1 <= v <= 1 for v in allocate(near_cancel, buckets).values())
+    with pytest.raises(ValueError, match="all zeros"):
+        allocate(torch.zeros(10), buckets)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -101,9 +123,38 @@ def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa
         debug_models[name], tokenizer, haystack="filler", context_tokens=128, samples=2, progress=False
     )
     assert set(res["allocation"]) == set(BUCKETS)
-    assert sum(res["allocation"].values()) == pytest.approx(1.0, abs=1e-4)
+    # shares sum to 1 − 2·negative mass: 1 for softmax models (baseline), less where signed maps cancel (Dex, DIFF)
+    assert sum(res["allocation"].values()) == pytest.approx(1 - 2 * res["negative_mass"], abs=1e-4)
+    if name == "baseline":
+        assert res["negative_mass"] == 0 and sum(res["allocation"].values()) == pytest.approx(1.0, abs=1e-4)
     assert res["attention_noise"] == pytest.approx(res["allocation"]["before"] + res["allocation"]["after"])
+    assert len(res["per_sample"]) == 2 and {"answer", "noise", "negative_mass"} <= set(res["per_sample"][0])
+    assert res["attention_to_answer"] == pytest.approx(np.mean([p["answer"] for p in res["per_sample"]]))
+    assert res["attention_to_answer_se"] == pytest.approx(
+        np.std([p["answer"] for p in res["per_sample"]], ddof=1) / 2**0.5
+    )
+    assert res["attention_noise_se"] >= 0 and "sum of absolute values" in res["metadata"]["signed_maps"]
+    assert set(res["per_layer"]) == {0, 1} and all("negative_mass" in v for v in res["per_layer"].values())
     assert plot_allocation({name: res}, tmp_path / "alloc.png").stat().st_size > 0
+
+
+def test_allocation_of_a_two_map_model_with_lambda_near_one_stays_in_range(debug_models, tokenizer, tmp_path):  # noqa: F811
+    from diffattn import build_model
+
+    model = build_model("debug", "diff", seed=0, vocab_size=len(tokenizer), lambda_init=0.95).eval()
+    res = run_allocation(model, tokenizer, haystack="filler", context_tokens=128, samples=3, progress=False)
+    shares = [*res["allocation"].values(), *(v for p in res["per_sample"] for v in p["allocation"].values())]
+    shares += [v[b] for v in res["per_layer"].values() for b in BUCKETS]
+    assert all(-1 <= v <= 1 for v in shares)  # dividing by the row sum (≈ 1 − λ = 0.05) gave shares far outside
+    assert 0 < res["negative_mass"] <= 0.5 and all(0 <= v <= 1 for v in res["negative_by_bucket"].values())
+    assert sum(res["allocation"].values()) == pytest.approx(1 - 2 * res["negative_mass"], abs=1e-6)
+    base = run_allocation(
+        debug_models["baseline"], tokenizer, haystack="filler", context_tokens=128, samples=3, progress=False
+    )
+    assert sum(base["allocation"].values()) == pytest.approx(1.0, abs=1e-6) and base["negative_mass"] == 0
+    assert base["metadata"]["samples_sha1"] == res["metadata"]["samples_sha1"]  # the same prompts: paired
+    picture = plot_allocation({"baseline": base, "diff λ=0.95": res}, tmp_path / "alloc2.png")
+    assert picture.stat().st_size > 0
 
 
 # -- associative recall ----------------------------------------------------------------------------------------
@@ -174,6 +225,13 @@ def test_outliers_and_quantization_end_to_end(name, debug_models, tokenizer):  #
     assert [r["bits"] for r in q["quantization"]] == [16, 4]
     ppl16 = run_perplexity(model, tokenizer, source="filler", window=64, stride=64, max_tokens=128, progress=False)
     assert q["quantization"][0]["ppl"] == pytest.approx(ppl16["ppl"], rel=1e-5)
+    # per window: 2 windows of 64 tokens, paired across models and widths by the token fingerprint
+    assert len(out["per_window"]["attention_logits_top1"]) == 2
+    assert max(out["per_window"]["attention_logits_top1"]) == pytest.approx(out["attention_logits"]["top1"])
+    assert max(out["per_window"]["hidden_states_top1"]) == pytest.approx(out["hidden_states"]["top1"])
+    row16 = q["quantization"][0]["per_window"]
+    assert sum(row16["nll"]) / sum(row16["tokens"]) == pytest.approx(q["quantization"][0]["nll"])
+    assert ppl16["metadata"]["tokens_sha1"] == q["metadata"]["tokens_sha1"] == out["metadata"]["tokens_sha1"]
 
 
 # -- heads -----------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
 from diffattn.experiments import ExperimentConfig, run_experiment
@@ -74,8 +75,15 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     assert results["evaluations"]["diff"]["ppl"]["ppl"] > 0
     # the claims the experiment touches: DIFF vs baseline (loss, allocation) and Dex vs its base (allocation)
     sources = [c["source"] for c in results["claims"]]
-    assert sources == ["DIFF Transformer Fig. 3–4", "DIFF Transformer Table 3", "Dex Table 2"]
-    assert all(c["agrees"] in (True, False, None) and c["ours"] for c in results["claims"])
+    assert sources == [
+        "DIFF Transformer Fig. 3–4",
+        "DIFF Transformer Table 3",
+        "DIFF Transformer Table 3",
+        "Dex Table 2",
+    ]
+    assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") and c["ours"] for c in results["claims"])
+    # one sample per model: allocation values have no standard error, the loss is compared on per-window NLL
+    assert "paired bootstrap" in results["claims"][0]["interval"] and results["claims_scope"]
     assert "## Paper claims" in report and "| Dex Table 2 |" in report
     assert (out / "allocation_all.png").stat().st_size > 0
     again = run_experiment(config, tmp_path)
@@ -151,7 +159,7 @@ def test_packaged_configs_parse_and_validate():
     assert configs, "no packaged experiment configs"
     for path in configs:
         config = ExperimentConfig.load(path)
-        assert config.name == path.stem and config.models and config.eval.suites
+        assert config.name == path.stem and config.model_names() and config.eval.suites
 
 
 def test_quickstart_runs_the_embedded_experiment(corpus, tmp_path, capsys):
@@ -283,17 +291,139 @@ def test_missing_evaluation_data_is_refused_before_any_training(corpus, tmp_path
     assert not (tmp_path / "runs" / "debug-exp" / "models").exists()
 
 
-def test_claims_call_a_difference_the_report_cannot_show_a_tie(corpus):
-    from diffattn.experiments.claims import paper_claims
+def _alloc(answers, noises, sha="same-prompts"):
+    return {
+        "attention_to_answer": float(np.mean(answers)),
+        "attention_noise": float(np.mean(noises)),
+        "per_sample": [{"answer": a, "noise": n} for a, n in zip(answers, noises, strict=True)],
+        "metadata": {"samples_sha1": sha},
+    }
+
+
+def _niah(cells, sha="same-prompts"):
+    grid = [{"N": n, "R": 1, "accuracy": float(np.mean(sc)), "scores": sc} for n, sc in cells]
+    return {
+        "grid": grid,
+        "mean_accuracy": float(np.mean([g["accuracy"] for g in grid])),
+        "metadata": {"samples_sha1": sha},
+    }
+
+
+def _by(claims):
+    return {(c.source, c.claim.split()[0]): c for c in claims}
+
+
+def test_claims_give_agrees_disagrees_and_inconclusive_from_per_sample_intervals(corpus):
+    from diffattn.experiments.claims import claims_json, claims_markdown, claims_scope, paper_claims
 
     config = ExperimentConfig.from_dict(_debug(corpus))
-    rows = {"baseline": {"val_loss": 5.00001}, "diff": {"val_loss": 5.00002}}  # equal at the 4 digits printed
+    rng = np.random.default_rng(0)
+    base_answer = rng.uniform(0.01, 0.03, 40)
+    noise = rng.uniform(0.4, 0.6, 40)
+    evals = {
+        "baseline": {
+            "alloc": _alloc(base_answer, noise),
+            "niah": _niah([(1, [1.0] * 20), (4, [0.0, 1.0] * 10)]),
+            "icl": {"order_robustness": {"arrangements": {"random": {"margin": 0.3}}}},
+        },
+        # DIFF: clearly more to the answer (agrees); noise moved by a jitter far inside its spread (inconclusive)
+        "diff": {
+            "alloc": _alloc(base_answer + 0.1, noise + rng.normal(0, 0.05, 40)),
+            "niah": _niah([(1, [1.0] * 20), (4, [1.0] * 20)]),
+            "icl": {"order_robustness": {"arrangements": {"random": {"margin": 0.1}}}},
+        },
+        "dex": {"alloc": _alloc(base_answer - 0.008, noise)},  # Dex: clearly less to the answer (disagrees)
+    }
+    rows = {"baseline": {"val_loss": 5.1}, "diff": {"val_loss": 5.0}}
+    claims = paper_claims(config, rows, evals)
+    by = _by(claims)
+    assert by[("DIFF Transformer Table 3", "more")].verdict == "agrees"
+    assert by[("DIFF Transformer Table 3", "less")].verdict == "inconclusive"
+    assert by[("Dex Table 2", "Dex")].verdict == "disagrees"
+    assert by[("DIFF Transformer Table 2", "better")].verdict == "agrees"  # 0.75 → 1.00 over 40 paired samples
+    gap = by[("DIFF Transformer Table 2", "the")]  # gap 0 at N=1 → +0.5 at N=4
+    assert gap.verdict == "agrees" and gap.ref == "N=1" and gap.new == "N=4"
+    assert gap.diff_value == pytest.approx(0.5)
+    # one seed and no per-window NLL: a loss difference has no interval, so no verdict
+    loss = by[("DIFF Transformer Fig. 3–4", "lower")]
+    assert loss.verdict == "inconclusive" and loss.diff_ci is None and "one seed" in loss.interval
+    icl = by[("DIFF Transformer Fig. 7", "more")]
+    assert icl.verdict == "inconclusive" and "the suite reports one number" in icl.interval
+    more = by[("DIFF Transformer Table 3", "more")]
+    assert more.ours.startswith("baseline → diff: attention to answer ") and more.ref_ci and more.new_ci
+    assert more.diff_ci[0] > 0 and "paired bootstrap over the same 40 samples" in more.interval
+    assert paper_claims(config, rows, evals)[1] == claims[1]  # seeded bootstrap: the same every time
+    table = claims_markdown(claims, claims_scope(config, rows, evals))
+    assert table[0] == "| source | claim | paper | ours (95% CI) | difference (95% CI) | verdict |"
+    assert any("**disagrees**" in line for line in table) and any(
+        '"inconclusive" means the interval includes no difference' in line for line in table
+    )
+    assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in claims_json(claims))
 
-    def alloc(answer, noise):
-        return {"alloc": {"attention_to_answer": answer, "attention_noise": noise}}
 
-    evals = {"baseline": alloc(0.02, 0.5), "diff": alloc(0.05, 0.5), "dex": alloc(0.01, 0.4)}
-    verdicts = {(c.source, c.claim.split()[0]): c.agrees for c in paper_claims(config, rows, evals)}
-    assert verdicts[("DIFF Transformer Fig. 3–4", "lower")] is None
-    assert verdicts[("DIFF Transformer Table 3", "more")] is True  # more to the answer, noise tied
-    assert verdicts[("Dex Table 2", "Dex")] is False  # less to the answer than its base
+def test_claims_use_seeds_or_per_window_nll_for_the_loss_and_rounding_hides_nothing(corpus):
+    from diffattn.experiments.claims import paper_claims, seed_groups
+
+    config = ExperimentConfig.from_dict(_debug(corpus))
+    # replicate seeds: Welch t over the groups' val losses
+    groups = {"baseline": ["b0", "b1", "b2"], "diff": ["d0", "d1", "d2"]}
+    rows = {"b0": {"val_loss": 5.10}, "b1": {"val_loss": 5.12}, "b2": {"val_loss": 5.11}}
+    rows |= {"d0": {"val_loss": 5.00}, "d1": {"val_loss": 5.02}, "d2": {"val_loss": 5.01}}
+    rows |= {"baseline": {"val_loss": 5.10}, "diff": {"val_loss": 5.00}}
+    loss = _by(paper_claims(config, rows, {}, groups=groups))[("DIFF Transformer Fig. 3–4", "lower")]
+    assert loss.verdict == "agrees" and "Welch t over seeds (3 vs 3 runs)" in loss.interval
+    # the config's own seeds: NAME-sSEED replicates grouped under NAME; two runs per side give a wide interval
+    d = _debug(corpus)
+    for m in d["models"]:
+        m["seeds"] = [0, 1]
+    for a in d["adapters"]:
+        a["base"] = "baseline-s0"
+    seeded = ExperimentConfig.from_dict(d)
+    assert seed_groups(seeded) == {
+        "baseline": ["baseline-s0", "baseline-s1"],
+        "diff": ["diff-s0", "diff-s1"],
+        "dex": ["dex"],
+        "lora": ["lora"],
+    }
+    rows = {f"baseline-s{i}": {"val_loss": v} for i, v in enumerate((5.10, 5.30))}
+    rows |= {f"diff-s{i}": {"val_loss": v} for i, v in enumerate((5.00, 5.20))}
+    margins = {"baseline-s0": 0.30, "baseline-s1": 0.32, "diff-s0": 0.10, "diff-s1": 0.11}
+    evals = {n: {"icl": {"order_robustness": {"arrangements": {"random": {"margin": m}}}}} for n, m in margins.items()}
+    by = _by(paper_claims(seeded, rows, evals))
+    loss, icl = by[("DIFF Transformer Fig. 3–4", "lower")], by[("DIFF Transformer Fig. 7", "more")]
+    assert loss.ref == "baseline" and loss.new == "diff" and "(2 vs 2 runs)" in loss.interval
+    assert loss.verdict == "inconclusive" and loss.diff_value == pytest.approx(-0.1)  # the seeds' spread is 0.2
+    assert icl.verdict == "agrees" and "seeds" in icl.interval  # margins: one number per run, spread over runs
+    # one seed, but the ppl suite's per-window NLLs on the same tokens: a paired interval, data uncertainty only
+    windows = np.array([2.0, 2.5, 3.0, 2.2, 2.8, 2.4] * 4)
+    tokens = [64] * len(windows)
+
+    def ppl(shift):
+        nll = ((windows + shift) * 64).tolist()
+        return {
+            "ppl": {
+                "per_window": {"nll": nll, "tokens": tokens},
+                "metadata": {"tokens_sha1": "t", "window": 64, "stride": 32},
+            }
+        }
+
+    evals = {"baseline": ppl(0.0), "diff": ppl(0.05)}  # DIFF worse on every window: disagrees
+    loss = _by(paper_claims(config, {"baseline": {"val_loss": 5.1}, "diff": {"val_loss": 5.0}}, evals))[
+        ("DIFF Transformer Fig. 3–4", "lower")
+    ]
+    assert loss.verdict == "disagrees" and loss.diff_value == pytest.approx(0.05)
+    assert "data uncertainty only, one seed" in loss.note and "text windows" in loss.interval
+    # a consistent allocation difference of 0.0002: its interval excludes 0, but it prints as 0.000 → inconclusive
+    base = np.linspace(0.02, 0.03, 30)
+    evals = {"baseline": {"alloc": _alloc(base, base)}, "diff": {"alloc": _alloc(base + 0.0002, base)}}
+    more = _by(paper_claims(config, {}, evals))[("DIFF Transformer Table 3", "more")]
+    assert more.diff_ci[0] > 0 and more.verdict == "inconclusive"
+    # results without per-sample values (older runs): no interval, never a verdict; other prompts: unpaired
+    old = {"attention_to_answer": 0.02, "attention_noise": 0.5}
+    claims = paper_claims(
+        config, {}, {"baseline": {"alloc": old}, "diff": {"alloc": {**old, "attention_to_answer": 0.3}}}
+    )
+    assert {c.verdict for c in claims} == {"inconclusive"} and all("no per-sample" in c.interval for c in claims)
+    evals = {"baseline": {"alloc": _alloc(base, base, sha="a")}, "diff": {"alloc": _alloc(base + 0.1, base, sha="b")}}
+    more = _by(paper_claims(config, {}, evals))[("DIFF Transformer Table 3", "more")]
+    assert more.verdict == "agrees" and "unpaired" in more.interval

@@ -132,6 +132,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     print(f"\nrunning the quickstart experiment ({quickstart_config_path()}) into {args.root}/quickstart ...")
     args.experiment = str(quickstart_config_path())
+    args.train_only = False
     return cmd_run(args)
 
 
@@ -301,10 +302,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = ExperimentConfig.load(args.experiment).with_overrides(_parse_sets(args.set))
     overwrite = True if args.overwrite == [] else set(args.overwrite or ())
-    outcomes = run_experiment(config, args.root, overwrite=overwrite)
+    outcomes = run_experiment(config, args.root, overwrite=overwrite, evaluate=not args.train_only)
     for o in outcomes:
         print(f"{o.kind:<9} {o.name:<20} {o.state:<7} {o.seconds:8.1f} s")
-    print(f"report: {args.root}/{config.name}/report.md")
+    if args.train_only:
+        print(f"trained; evaluate and report with: diffattn run {args.experiment} --root {args.root}")
+    else:
+        print(f"report: {args.root}/{config.name}/report.md")
     return 0
 
 
@@ -425,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="A.B=VALUE", help="override, e.g. models.0.preset=small"
     )
     p.add_argument("--overwrite", nargs="*", metavar="NAME", help="redo these parts (no names: every part)")
+    p.add_argument(
+        "--train-only", action="store_true", help="pretrain and adapt only; evaluate and report on a later run"
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")

@@ -1,7 +1,7 @@
 """Attention allocation: attention to the answer vs attention noise (DIFF Table 3 / Fig. 1; Dex Table 2).
 
 For the last prompt token's attention row (the token that must produce the answer), the mass is split into five
-buckets by token position, then averaged over heads, layers and samples:
+buckets by token position, per head, then averaged over heads and layers (one value per sample) and over samples:
 
     bos      the first token (the BOS token when the tokenizer adds one; the attention sink otherwise)
     before   context before the answer span (distractor needles included: they are noise)
@@ -9,15 +9,32 @@ buckets by token position, then averaged over heads, layers and samples:
     after    context after the answer span, up to the end of the haystack
     query    the question and "Answer:" (every token after the haystack)
 
-"Attention noise" = before + after. Maps: softmax maps as they are; signed two-map maps (A1 − λA2: DIFF, DAA,
-DiffQ/K, DiffLoRA) and Dex's effective attention are divided by their row sum first, as evaluation.md states, so
-every model's buckets sum to 1. Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer at
-the depths {0, 25, 50, 75, 100}% in turn; both are options. Paper figures: Transformer 0.03 answer / 0.51 noise;
-DIFF 0.27–0.40 / 0.01–0.02.
+"Attention noise" = before + after.
+
+Normalisation. Each head's row ``a`` is divided by its sum of absolute values ``Σ|a|``, not by its sum. Softmax
+rows are non-negative, so nothing changes for them: the shares sum to 1. Signed two-map rows (A1 − λA2: DIFF,
+DAA, DiffQ/K, DiffLoRA) sum to 1 − λ, which is near 0 when λ is near 1 (0.05 at λ = 0.95), so dividing by the
+sum is ill-conditioned (it once gave a −1.33 "query" share); Dex's effective attention can sum to anything.
+Divided by ``Σ|a|`` every bucket share lies in [−1, 1], and the negative entries are reported on their own:
+``negative_mass`` = −Σ(negative entries) / Σ|a| (in [0, 1]; per bucket in ``negative_by_bucket``). A bucket's share
+is its positive minus its negative mass, so for a signed map the shares sum to 1 − 2·negative_mass.
+
+Results: the mean shares (``allocation``, ``attention_to_answer``, ``attention_noise``, ``negative_mass``), their
+standard errors over samples (``*_se``), one value per sample (``per_sample``: the same samples, seeded
+``seed·100003 + i``, for every model evaluated with the same options and tokenizer-independent prompts, so two
+models' values can be compared pair by pair; ``metadata["samples_sha1"]`` fingerprints the prompts), and every
+layer's mean (``per_layer``; the average over layers hides where the cancellation happens).
+
+Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer at the depths
+{0, 25, 50, 75, 100}% in turn; both are options. Paper figures: Transformer 0.03 answer / 0.51 noise; DIFF
+0.27–0.40 / 0.01–0.02 (evaluation.md asks for at least 50 samples).
 """
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -25,8 +42,14 @@ from tqdm.auto import tqdm
 from ._common import check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .capture import AttentionCapture
 from .niah import DEPTHS, fit_sample
+from .stats import mean_se
 
 BUCKETS = ("bos", "before", "answer", "after", "query")
+SIGNED_MAPS = (
+    "each head's row divided by the sum of absolute values of its entries (not by its sum, which is 1 − λ for "
+    "A1 − λA2 and near 0 when λ is near 1); every bucket share lies in [−1, 1], softmax rows are unchanged (shares "
+    "sum to 1); negative mass reported separately (negative_mass = −Σ negative entries / Σ|a|)"
+)
 
 
 def token_buckets(offsets: list[tuple[int, int]], answer_span: tuple[int, int], context_end: int) -> list[str]:
@@ -47,15 +70,44 @@ def token_buckets(offsets: list[tuple[int, int]], answer_span: tuple[int, int], 
     return out
 
 
+def _bucket_index(buckets: list[str]) -> torch.Tensor:
+    return torch.tensor([BUCKETS.index(b) for b in buckets], dtype=torch.long)
+
+
+def allocate_rows(rows: torch.Tensor, buckets: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shares of attention rows ``[R, S]`` per bucket after dividing each row by its sum of absolute values.
+
+    Returns ``(shares [R, 5], negative [R, 5], valid [R])``: the signed share of every bucket (in [−1, 1]) and its
+    negative mass (in [0, 1]), in :data:`BUCKETS` order; ``valid`` is False for an all-zero row (nothing to share)."""
+    if rows.shape[-1] != len(buckets):
+        raise ValueError(f"row has {rows.shape[-1]} entries but {len(buckets)} tokens were bucketed")
+    rows = rows.reshape(-1, rows.shape[-1]).double()
+    idx = _bucket_index(buckets).to(rows.device)
+    scale = rows.abs().sum(-1)
+    valid = scale > 0
+    scale = torch.where(valid, scale, torch.ones_like(scale))
+    shares = torch.zeros(rows.shape[0], len(BUCKETS), dtype=rows.dtype, device=rows.device)
+    negative = torch.zeros_like(shares)
+    shares.index_add_(1, idx, rows)
+    negative.index_add_(1, idx, -rows.clamp(max=0))
+    return (shares / scale[:, None]).cpu(), (negative / scale[:, None]).cpu(), valid.cpu()
+
+
 def allocate(row: torch.Tensor, buckets: list[str]) -> dict[str, float]:
-    """Shares of one attention row (length S) per bucket, after dividing by the row sum (signed maps)."""
+    """Shares of one attention row (length S) per bucket, after dividing by the row's sum of absolute values
+    (see the module doc: softmax rows are unchanged; a signed row's shares lie in [−1, 1])."""
     if row.numel() != len(buckets):
         raise ValueError(f"row has {row.numel()} entries but {len(buckets)} tokens were bucketed")
-    total = row.sum()
-    if float(total.abs()) < 1e-12:
-        raise ValueError("attention row sums to 0: cannot normalise it")
-    row = row / total
-    return {b: float(row[[i for i, x in enumerate(buckets) if x == b]].sum()) for b in BUCKETS}
+    shares, _, valid = allocate_rows(row.reshape(1, -1), buckets)
+    if not bool(valid[0]):
+        raise ValueError("attention row is all zeros: there is no attention to share")
+    return {b: float(shares[0, i]) for i, b in enumerate(BUCKETS)}
+
+
+def negative_shares(row: torch.Tensor, buckets: list[str]) -> dict[str, float]:
+    """Negative mass of one attention row per bucket: −Σ(negative entries) / Σ|row| (0 for softmax rows)."""
+    _, negative, _ = allocate_rows(row.reshape(1, -1), buckets)
+    return {b: float(negative[0, i]) for i, b in enumerate(BUCKETS)}
 
 
 def run_allocation(
@@ -67,21 +119,40 @@ def run_allocation(
     samples: int = 10,
     num_needles: int = 1,
     depths=DEPTHS,
+    value_digits: int = 7,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Mean attention share per bucket of the last prompt token (see the module doc), with per-layer detail."""
+    """Mean attention share per bucket of the last prompt token (see the module doc), with per-sample values,
+    standard errors over samples, negative mass and per-layer detail."""
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("attention allocation needs a fast tokenizer (character offsets of every token)")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
     context_tokens = context_tokens or min(model_max_length(model), 1024)
     check_fits(model, context_tokens, f"attention allocation at context_tokens={context_tokens}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
-    layers: dict[int, dict[str, float]] = {}
-    totals = dict.fromkeys(BUCKETS, 0.0)
-    count = skipped = 0
+    nb = len(BUCKETS)
+    layer_shares: dict[int, torch.Tensor] = {}  # layer -> sum over samples of the head-mean shares [5]
+    layer_negative: dict[int, torch.Tensor] = {}
+    layer_count: dict[int, int] = {}
+    negatives = []  # per sample: negative mass per bucket [5]
+    per_sample = []
+    skipped = 0
+    digest = hashlib.sha1()
     for i in tqdm(range(samples), desc="attention allocation", disable=not progress, leave=False):
         depth = depths[i % len(depths)]
-        sample = fit_sample(tokenizer, text, context_tokens, seed * 100003 + i, num_needles=num_needles, depth=depth)
+        sample_seed = seed * 100003 + i
+        sample = fit_sample(
+            tokenizer,
+            text,
+            context_tokens,
+            sample_seed,
+            num_needles=num_needles,
+            depth=depth,
+            value_digits=value_digits,
+        )
+        digest.update(sample.prompt.encode() + b"\0")
         key, number = sample.keys[0], sample.answers[0]
         offset = next(o for k, n, o in sample.needles if k == key)
         start = offset + sample.context[offset:].index(number)
@@ -91,52 +162,201 @@ def run_allocation(
             raise ValueError("the answer's tokens could not be located in the prompt")
         with AttentionCapture(model, rows="last") as cap, torch.no_grad():
             model(enc["input_ids"].to(model_device(model)))
+        sample_shares, sample_negative = [], []
         for layer, rec in cap.last().items():
-            # per head: normalise each head's row by its own sum (a signed row sums to 1 − λ), then average heads;
-            # a head whose row sums to ~0 (possible for Dex's effective attention) cannot be normalised: skipped
-            rows = [rec.signed[0, h, 0] for h in range(rec.num_heads)]
-            shares = [allocate(r, buckets) for r in rows if float(r.sum().abs()) > 1e-6]
-            skipped += len(rows) - len(shares)
-            per = {b: sum(s[b] for s in shares) / max(1, len(shares)) for b in BUCKETS}
-            acc = layers.setdefault(layer, dict.fromkeys(BUCKETS, 0.0))
-            for b in BUCKETS:
-                acc[b] += per[b]
-                totals[b] += per[b]
-            count += 1
-    n_layers = len(layers)
-    mean = {b: totals[b] / count for b in BUCKETS}
+            # every head's row divided by its sum of |a| (module doc), then the heads averaged; an all-zero row
+            # (nothing attended) has no shares and is skipped
+            shares, negative, valid = allocate_rows(rec.signed[0, :, 0], buckets)
+            skipped += int((~valid).sum())
+            if not bool(valid.any()):
+                continue
+            s_mean, n_mean = shares[valid].mean(0), negative[valid].mean(0)
+            layer_shares[layer] = layer_shares.get(layer, torch.zeros(nb, dtype=s_mean.dtype)) + s_mean
+            layer_negative[layer] = layer_negative.get(layer, torch.zeros(nb, dtype=n_mean.dtype)) + n_mean
+            layer_count[layer] = layer_count.get(layer, 0) + 1
+            sample_shares.append(s_mean)
+            sample_negative.append(n_mean)
+        if not sample_shares:
+            raise ValueError("every attention row was all zeros: there is no attention to share")
+        s = torch.stack(sample_shares).mean(0)
+        n = torch.stack(sample_negative).mean(0)
+        negatives.append(n)
+        per_sample.append(
+            {
+                "answer": float(s[BUCKETS.index("answer")]),
+                "noise": float(s[BUCKETS.index("before")] + s[BUCKETS.index("after")]),
+                "negative_mass": float(n.sum()),
+                "allocation": {b: float(s[j]) for j, b in enumerate(BUCKETS)},
+                "seed": sample_seed,
+                "depth": depth,
+            }
+        )
+    allocation = {b: float(np.mean([p["allocation"][b] for p in per_sample])) for b in BUCKETS}
+    answer, answer_se = mean_se([p["answer"] for p in per_sample])
+    noise, noise_se = mean_se([p["noise"] for p in per_sample])
+    neg, neg_se = mean_se([p["negative_mass"] for p in per_sample])
+    negative_by_bucket = {b: float(v) for b, v in zip(BUCKETS, torch.stack(negatives).mean(0), strict=True)}
+    per_layer = {}
+    for layer in sorted(layer_shares):
+        ls, ln = layer_shares[layer] / layer_count[layer], layer_negative[layer] / layer_count[layer]
+        per_layer[layer] = {
+            **{b: float(ls[j]) for j, b in enumerate(BUCKETS)},
+            "attention_to_answer": float(ls[BUCKETS.index("answer")]),
+            "attention_noise": float(ls[BUCKETS.index("before")] + ls[BUCKETS.index("after")]),
+            "negative_mass": float(ln.sum()),
+        }
     return {
-        "allocation": mean,
-        "attention_to_answer": mean["answer"],
-        "attention_noise": mean["before"] + mean["after"],
-        "per_layer": {layer: {b: v / samples for b, v in acc.items()} for layer, acc in sorted(layers.items())},
+        "allocation": allocation,
+        "attention_to_answer": answer,
+        "attention_noise": noise,
+        "attention_to_answer_se": answer_se,
+        "attention_noise_se": noise_se,
+        "negative_mass": neg,
+        "negative_mass_se": neg_se,
+        "negative_by_bucket": negative_by_bucket,
+        "per_sample": per_sample,
+        "per_layer": per_layer,
         "metadata": {
             "haystack": description,
             "context_tokens": context_tokens,
             "samples": samples,
             "num_needles": num_needles,
+            "value_digits": value_digits,
             "depths": list(depths),
-            "row": "last prompt token; averaged over heads, layers and samples",
-            "signed_maps": "divided by their row sum (per head) before bucketing",
-            "layers": n_layers,
-            "heads_skipped_zero_row_sum": skipped,
+            "row": "last prompt token; every head's row normalised, then averaged over heads and layers (one value "
+            "per sample) and over samples",
+            "signed_maps": SIGNED_MAPS,
+            "standard_error": "sample standard deviation of the per-sample values / sqrt(samples) (NaN for 1 sample)",
+            "pairing": "sample i uses seed seed*100003 + i: models evaluated with the same options see the same "
+            "prompts (same samples_sha1) and can be compared pair by pair",
+            "samples_sha1": digest.hexdigest(),
+            "layers": len(per_layer),
+            "heads_skipped_zero_rows": skipped,
             "seed": seed,
         },
     }
 
 
+COLORS = {"bos": "tab:gray", "before": "tab:orange", "answer": "tab:green", "after": "tab:red", "query": "tab:blue"}
+
+
+def _per_layer_series(r: dict, key: str) -> tuple[list[int], list[float]]:
+    """(layers, values) of a per-layer quantity; layer keys may be strings after a JSON round trip."""
+    layers = sorted(r.get("per_layer", {}).items(), key=lambda kv: int(kv[0]))
+    points = []
+    for k, v in layers:
+        if key == "attention_noise" and key not in v:
+            value = v.get("before", 0.0) + v.get("after", 0.0)  # results written before per-layer noise existed
+        elif key == "attention_to_answer" and key not in v:
+            value = v.get("answer")
+        else:
+            value = v.get(key)
+        if value is not None:
+            points.append((int(k), float(value)))
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _se(r: dict, key: str) -> float:
+    se = r.get(f"{key}_se")
+    return 0.0 if se is None or not np.isfinite(se) else float(se)
+
+
 def plot_allocation(results: dict[str, dict], path) -> object:
-    """Stacked bars of the five buckets per model, ``results`` = {model name: run_allocation result}."""
+    """Every model's attention allocation in one picture, ``results`` = {model name: run_allocation result}.
+
+    Top row, one bar per model: (a) the five buckets, positive mass to the right of 0 and negative mass (signed
+    maps) to the left, shares ≥ 0.08 printed on their segment; (b) attention to the answer and (c) attention noise,
+    each on its own scale (an answer share of 1% stays visible), value printed, bars = 95% interval (±1.96 SE over
+    samples). Bottom row, per layer: (d) answer share, (e) noise, (f) negative mass — the average over layers hides
+    where the cancellation happens. Results without the newer keys (SEs, negative mass) are drawn without them."""
     plt = figure()
     names = list(results)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(names)), 3.4))
-    bottom = [0.0] * len(names)
-    colors = {"bos": "tab:gray", "before": "tab:orange", "answer": "tab:green", "after": "tab:red", "query": "tab:blue"}
+    n = len(names)
+    top_h = max(2.6, 0.42 * n + 1.2)
+    fig = plt.figure(figsize=(16, top_h + 3.6))
+    grid = fig.add_gridspec(2, 3, height_ratios=[top_h, 3.2], width_ratios=[1.5, 1, 1])
+    y = np.arange(n)[::-1]  # first model on top
+
+    ax = fig.add_subplot(grid[0, 0])
+    pos_left = np.zeros(n)
+    neg_right = np.zeros(n)
     for b in BUCKETS:
-        vals = [results[n]["allocation"][b] for n in names]
-        ax.bar(names, vals, bottom=bottom, label=b, color=colors[b])
-        bottom = [x + v for x, v in zip(bottom, vals, strict=True)]
-    ax.set_ylabel("share of the last token's attention")
-    ax.set_title("attention allocation (answer vs noise)")
-    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+        share = np.array([results[m]["allocation"][b] for m in names], dtype=float)
+        neg = np.array([results[m].get("negative_by_bucket", {}).get(b, 0.0) for m in names], dtype=float)
+        pos = share + neg  # a bucket's positive mass; share = positive − negative
+        ax.barh(y, pos, left=pos_left, color=COLORS[b], label=b, height=0.7)
+        ax.barh(y, -neg, left=neg_right, color=COLORS[b], height=0.7, hatch="///", edgecolor="white", linewidth=0)
+        for yi, left, width in zip(y, pos_left, pos, strict=True):
+            if width >= 0.08:
+                ax.text(left + width / 2, yi, f"{width:.2f}", ha="center", va="center", fontsize=7, color="white")
+        pos_left += pos
+        neg_right -= neg
+    for yi, m in zip(y, names, strict=True):
+        total_neg = results[m].get("negative_mass", 0.0) or 0.0
+        if total_neg > 0.005:
+            ax.text(-total_neg - 0.01, yi, f"−{total_neg:.2f}", ha="right", va="center", fontsize=7)
+    lo = min(0.0, float(neg_right.min()))
+    ax.set_xlim(lo - (0.12 if lo < 0 else 0.0), 1.02)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xlabel("share of the last token's attention (left of 0: negative mass, hatched)")
+    ax.set_title("(a) attention allocation, per bucket", fontsize=9, pad=18)
+    ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, handlelength=1.2)
+
+    for col, (key, label, color) in enumerate(
+        [
+            ("attention_to_answer", "(b) attention to the answer", "tab:green"),
+            ("attention_noise", "(c) attention noise", "tab:red"),
+        ],
+        start=1,
+    ):
+        axk = fig.add_subplot(grid[0, col])
+        vals = np.array([results[m][key] for m in names], dtype=float)
+        errs = 1.96 * np.array([_se(results[m], key) for m in names])
+        axk.barh(y, vals, xerr=errs, color=color, height=0.6, error_kw={"elinewidth": 1, "capsize": 2})
+        span = max(float(np.max(np.abs(vals) + errs)), 1e-3)
+        for yi, v, e in zip(y, vals, errs, strict=True):
+            text = f"{v:.3f}" + (f" ± {e:.3f}" if e > 0 else "")
+            axk.text(max(v + e, 0) + 0.02 * span, yi, text, va="center", fontsize=7)
+        left = min(0.0, float(np.min(vals - errs)))
+        axk.set_xlim(left - (0.05 * span if left < 0 else 0), span * 1.45)
+        axk.axvline(0, color="black", linewidth=0.8)
+        axk.set_yticks(y, names if n <= 1 else [""] * n, fontsize=8)
+        axk.set_title(f"{label} (bars: 95% CI, ±1.96 SE)", fontsize=9)
+        axk.tick_params(axis="x", labelsize=7)
+
+    cmap = plt.get_cmap("tab10")
+    styles = ["-", "--", "-.", ":"]
+    for col, (key, label) in enumerate(
+        [
+            ("attention_to_answer", "(d) answer share per layer"),
+            ("attention_noise", "(e) noise per layer"),
+            ("negative_mass", "(f) negative mass per layer"),
+        ]
+    ):
+        axl = fig.add_subplot(grid[1, col])
+        drawn = False
+        for i, m in enumerate(names):
+            layers, vals = _per_layer_series(results[m], key)
+            if layers:
+                axl.plot(
+                    layers,
+                    vals,
+                    styles[(i // 10) % len(styles)],
+                    marker="o",
+                    markersize=3,
+                    color=cmap(i % cmap.N),
+                    label=m,
+                    linewidth=1.2,
+                )
+                drawn = True
+        axl.axhline(0, color="black", linewidth=0.6)
+        axl.set_xlabel("layer", fontsize=8)
+        axl.set_title(label, fontsize=9)
+        axl.tick_params(labelsize=7)
+        if col == 2 and drawn:
+            axl.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if drawn:
+            axl.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle("attention allocation of the last prompt token (rows normalised by Σ|a|)", fontsize=10)
     return save_figure(fig, path)

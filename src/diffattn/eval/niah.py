@@ -14,9 +14,20 @@ Choices the papers leave open, stated in the metadata: the haystack (Shakespeare
 RULER's filler), how a token length is met (a character window of the haystack, shrunk until the tokenized prompt
 plus the answer fits), the number of new tokens (the answer's length + 4), and samples per cell (paper: 50; Dex:
 20; default here 10 — raise it for real runs).
+
+Uncertainty: every grid row and heatmap cell keeps its per-sample scores (``"scores"``) and a Wilson 95% interval
+(``"ci"``; fractional scores of R > 1 count as partial successes); ``mean_accuracy_ci`` is Wilson's interval on the
+pooled grid samples (every cell has the same number of samples, so the pooled mean is ``mean_accuracy``; Wilson
+stays honest at 0 and 1, where a bootstrap of all-equal scores collapses to a point). Pairing: sample ``i`` of a
+grid cell uses the seed ``seed·100003 + i`` (heatmap cells add ``7919·(depth index + 1)``), so two models evaluated
+with the same options see the same samples — the same prompts where their tokenizers fit the same text into the
+context, which ``metadata["samples_sha1"]`` (a fingerprint of every prompt) confirms — and paired comparisons of
+their scores are valid.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 from torch import nn
@@ -24,6 +35,7 @@ from tqdm.auto import tqdm
 
 from ..data.synthetic import make_needle_sample, needle_answer_text, score_string_match_all
 from ._common import check_fits, figure, load_text, model_device, model_max_length, save_figure
+from .stats import wilson_interval
 
 GRID = ((1, 1), (2, 2), (4, 2), (6, 2))
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -61,10 +73,12 @@ def greedy_answer(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def _score(model, tokenizer, sample) -> tuple[float, str]:
+def _score(model, tokenizer, sample) -> tuple[float, str, list[int]]:
+    """(string_match_all score, the output, 1/0 per queried number: found or not)."""
     budget = len(tokenizer(needle_answer_text(sample), add_special_tokens=False)["input_ids"]) + 4
     output = greedy_answer(model, tokenizer, sample.prompt, budget)
-    return score_string_match_all(output, sample.answers), output
+    hits = [int(str(a).lower() in output.lower()) for a in sample.answers]
+    return score_string_match_all(output, sample.answers), output, hits
 
 
 def run_niah(
@@ -78,39 +92,69 @@ def run_niah(
     heatmap_lengths: list[int] | None = None,
     depths=DEPTHS,
     heatmap_needles: int = 8,
+    heatmap_samples: int | None = None,
+    value_digits: int = 7,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """The (N, R) grid at ``context_tokens`` and the N = 8, R = 1 length × depth heatmap; see the module doc."""
+    """The (N, R) grid at ``context_tokens`` and the N = 8, R = 1 length × depth heatmap; see the module doc.
+
+    ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``; ``[]`` = no heatmap.
+    ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
+    length (the papers: 7)."""
     limit = model_max_length(model)
     context_tokens = context_tokens or min(limit, 2048)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
-    heatmap_lengths = heatmap_lengths or sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0})
+    if heatmap_lengths is None:
+        heatmap_lengths = sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0})
+    heatmap_lengths = list(heatmap_lengths)
+    heatmap_samples = samples if heatmap_samples is None else heatmap_samples
     for length in heatmap_lengths:
         check_fits(model, length, f"the needle heatmap at length {length}")
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
+    if samples < 1 or heatmap_samples < 1:
+        raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
     grid_rows = []
-    total = len(grid) * samples + len(heatmap_lengths) * len(depths) * samples
+    total = len(grid) * samples + len(heatmap_lengths) * len(depths) * heatmap_samples
     bar = tqdm(total=total, desc="needle retrieval", disable=not progress, leave=False)
     examples = []
+    digest = hashlib.sha1()
     for n, r in grid:
-        scores = []
+        scores, hits = [], []
         for i in range(samples):
-            sample = fit_sample(tokenizer, text, context_tokens, seed * 100003 + i, num_needles=n, num_queries=r)
-            score, output = _score(model, tokenizer, sample)
+            sample = fit_sample(
+                tokenizer,
+                text,
+                context_tokens,
+                seed * 100003 + i,
+                num_needles=n,
+                num_queries=r,
+                value_digits=value_digits,
+            )
+            digest.update(sample.prompt.encode() + b"\0")
+            score, output, found = _score(model, tokenizer, sample)
             scores.append(score)
+            hits.append(found)
             if i == 0:
                 examples.append({"N": n, "R": r, "answers": list(sample.answers), "output": output})
             bar.update()
-        grid_rows.append({"N": n, "R": r, "accuracy": sum(scores) / len(scores), "samples": samples})
-    heat = []
+        grid_rows.append(
+            {
+                "N": n,
+                "R": r,
+                "accuracy": sum(scores) / len(scores),
+                "samples": samples,
+                "scores": scores,
+                "hits": hits,  # per sample, 1/0 per queried number (paired trials for Newcombe's interval)
+                "ci": list(wilson_interval(sum(scores), len(scores))),
+            }
+        )
+    heat, heat_scores, heat_ci = [], [], []
     for length in heatmap_lengths:
-        row = []
+        row, row_scores, row_ci = [], [], []
         for j, depth in enumerate(depths):
             scores = []
-            for i in range(samples):
+            for i in range(heatmap_samples):
                 sample = fit_sample(
                     tokenizer,
                     text,
@@ -119,43 +163,80 @@ def run_niah(
                     num_needles=heatmap_needles,
                     num_queries=1,
                     depth=depth,
+                    value_digits=value_digits,
                 )
+                digest.update(sample.prompt.encode() + b"\0")
                 scores.append(_score(model, tokenizer, sample)[0])
                 bar.update()
             row.append(sum(scores) / len(scores))
+            row_scores.append(scores)
+            row_ci.append(list(wilson_interval(sum(scores), len(scores))))
         heat.append(row)
+        heat_scores.append(row_scores)
+        heat_ci.append(row_ci)
     bar.close()
+    pooled = [s for g in grid_rows for s in g["scores"]]
+    mean_ci = wilson_interval(sum(pooled), len(pooled))
     return {
         "grid": grid_rows,
-        "heatmap": {"lengths": heatmap_lengths, "depths": list(depths), "accuracy": heat, "N": heatmap_needles, "R": 1},
+        "heatmap": {
+            "lengths": heatmap_lengths,
+            "depths": list(depths),
+            "accuracy": heat,
+            "scores": heat_scores,
+            "ci": heat_ci,
+            "N": heatmap_needles,
+            "R": 1,
+        },
         "mean_accuracy": sum(r["accuracy"] for r in grid_rows) / len(grid_rows),
+        "mean_accuracy_ci": list(mean_ci),
         "examples": examples,
         "metadata": {
             "haystack": description,
             "context_tokens": context_tokens,
             "samples_per_cell": samples,
+            "heatmap_samples_per_cell": heatmap_samples,
+            "value_digits": value_digits,
             "decoding": "greedy; max_new_tokens = answer tokens + 4",
             "scoring": "RULER string_match_all",
             "placement": "first queried needle at the depth (heatmap) or random; others random; sentence starts",
             "seed": seed,
+            "intervals": "cells: Wilson 95% score interval (fractional scores of R > 1 as partial successes); "
+            "mean_accuracy_ci: Wilson 95% interval on the pooled grid samples (equal samples per cell)",
+            "pairing": "sample i of a cell uses seed seed*100003 + i (heatmap: + 7919*(depth index + 1)): models "
+            "evaluated with the same options see the same samples (same samples_sha1): paired comparisons are valid",
+            "samples_sha1": digest.hexdigest(),
         },
     }
 
 
 def plot_niah(results: dict, path) -> object:
-    """The length × depth heatmap (DIFF Fig. 5 style) beside the (N, R) grid bars."""
+    """The length × depth heatmap (DIFF Fig. 5 style) beside the (N, R) grid bars with their 95% intervals."""
     plt = figure()
-    fig, (ax_heat, ax_grid) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     heat = results["heatmap"]
-    im = ax_heat.imshow(torch.tensor(heat["accuracy"]).T.numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    ax_heat.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]])
-    ax_heat.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]])
-    ax_heat.set_xlabel("context length (tokens)")
-    ax_heat.set_ylabel("answer depth")
-    ax_heat.set_title(f"N = {heat['N']}, R = 1")
-    fig.colorbar(im, ax=ax_heat, fraction=0.046)
-    labels = [f"N={g['N']},R={g['R']}" for g in results["grid"]]
-    ax_grid.bar(labels, [g["accuracy"] for g in results["grid"]], color="tab:green")
+    if heat["lengths"]:
+        fig, (ax_heat, ax_grid) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+        im = ax_heat.imshow(torch.tensor(heat["accuracy"]).T.numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax_heat.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]])
+        ax_heat.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]])
+        ax_heat.set_xlabel("context length (tokens)")
+        ax_heat.set_ylabel("answer depth")
+        ax_heat.set_title(f"N = {heat['N']}, R = 1")
+        fig.colorbar(im, ax=ax_heat, fraction=0.046)
+    else:
+        fig, ax_grid = plt.subplots(figsize=(4.5, 3.6))
+    grid = results["grid"]
+    labels = [f"N={g['N']},R={g['R']}" for g in grid]
+    acc = [g["accuracy"] for g in grid]
+    errors = None
+    if all("ci" in g for g in grid):
+        errors = [
+            [a - g["ci"][0] for a, g in zip(acc, grid, strict=True)],
+            [g["ci"][1] - a for a, g in zip(acc, grid, strict=True)],
+        ]
+    ax_grid.bar(labels, acc, color="tab:green", yerr=errors, capsize=3)
+    for x, a in enumerate(acc):
+        ax_grid.text(x, min(a + 0.03, 0.95), f"{a:.2f}", ha="center", fontsize=8)
     ax_grid.set_ylim(0, 1)
-    ax_grid.set_title(f"at {results['metadata']['context_tokens']} tokens")
+    ax_grid.set_title(f"at {results['metadata']['context_tokens']} tokens (95% CI)")
     return save_figure(fig, path)

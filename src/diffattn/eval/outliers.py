@@ -9,6 +9,12 @@ Quantization: the logits of every map are absmax-quantized per head and sample t
 (:mod:`diffattn.ops.quantized`) and the score left is measured: token perplexity on the same held-out text
 (the offline stand-in for the paper's HellaSwag; stated in the metadata). Plain Hugging Face attention modules
 (baselines, pretrained bases) are rerouted through the same quantized attention by :class:`QuantizedLogits`.
+
+Per window: both suites also keep one value per evaluation window (``per_window``): the top-1 |attention logit|
+and |hidden state| of each window, and each window's summed NLL and token count at each width. Two models with
+the same tokenizer and text (same ``metadata["tokens_sha1"]``) see the same windows, so these can be compared pair
+by pair: an interval over windows for the *typical window's* largest value (not for the single largest value over
+all windows, which has no such interval) and for the NLL a width costs.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from tqdm.auto import tqdm
 from ..ops.quantized import quantized_attention, quantized_logits
 from ._common import check_fits, load_text, model_device, model_max_length
 from .capture import AttentionCapture
-from .perplexity import sliding_window_nll
+from .perplexity import sliding_window_nll, tokens_sha1
 
 TOP_K = (1, 2, 3, 10, 100)
 BITS = (16, 8, 6, 4)
@@ -50,6 +56,7 @@ def _windows(model, tokenizer, source: str, tokens: int, seq_len: int | None):
         "text": description,
         "tokens": int(ids.numel()),
         "seq_len": seq_len,
+        "tokens_sha1": tokens_sha1(ids),
     }
 
 
@@ -72,18 +79,26 @@ def run_outliers(
         logits.extend(x.abs().cpu().numpy().ravel() for x in rec.kept_logits())
 
     hidden: list[np.ndarray] = []
+    window_logit_top1: list[float] = []
+    window_hidden_top1: list[float] = []
     for chunk in tqdm(windows, desc="outliers", disable=not progress, leave=False):
+        first_logit, first_hidden = len(logits), len(hidden)
         with AttentionCapture(model, callback=keep, store=False):
             out = model(chunk[None].to(device), output_hidden_states=True)
         hidden.extend(h.abs().float().cpu().numpy().ravel() for h in out.hidden_states[1:])
+        window_logit_top1.append(max(float(x.max()) for x in logits[first_logit:] if x.size))
+        window_hidden_top1.append(max(float(x.max()) for x in hidden[first_hidden:] if x.size))
     return {
         "attention_logits": top_stats(np.concatenate(logits)),
         "hidden_states": top_stats(np.concatenate(hidden)),
+        "per_window": {"attention_logits_top1": window_logit_top1, "hidden_states_top1": window_hidden_top1},
         "metadata": {
             **meta,
             "attention_logits": "scaled Q·Kᵀ of every map (both for two-map models), causal entries only",
             "hidden_states": "output of every decoder layer (hidden_states[1:]; the last is after the final norm "
             "in transformers' convention)",
+            "per_window": "top-1 |attention logit| and |hidden state| of every window (paired across models with the "
+            "same tokens_sha1)",
         },
     }
 
@@ -159,9 +174,17 @@ def run_quantization(
     window = meta["seq_len"]
     rows = []
     for b in tqdm(bits, desc="logit quantization", disable=not progress, leave=False):
+        per: list[tuple[float, int]] = []
         with QuantizedLogits(model, None if b >= 16 else b):
-            nll, count = sliding_window_nll(model, ids, window=window, stride=window, progress=False)
-        rows.append({"bits": b, "nll": nll / count, "ppl": math.exp(min(nll / count, 50.0))})
+            nll, count = sliding_window_nll(model, ids, window=window, stride=window, progress=False, per_window=per)
+        rows.append(
+            {
+                "bits": b,
+                "nll": nll / count,
+                "ppl": math.exp(min(nll / count, 50.0)),
+                "per_window": {"nll": [w[0] for w in per], "tokens": [w[1] for w in per]},
+            }
+        )
     return {
         "quantization": rows,
         "metadata": {
@@ -169,5 +192,7 @@ def run_quantization(
             "quantizer": "absmax per head and sample over kept entries, scale = max|x|/(2^(b-1)-1), round",
             "applied_to": "attention logits of every map only",
             "score": "token perplexity, disjoint windows (stand-in for the paper's HellaSwag accuracy)",
+            "per_window": "summed NLL and tokens of every window at each width (paired across widths and across "
+            "models with the same tokens_sha1)",
         },
     }

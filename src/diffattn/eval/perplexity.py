@@ -5,10 +5,16 @@ the tokens the previous one did not (the first window scores all but its first t
 ``window − stride`` tokens of context before it. PPL = exp(mean NLL over scored tokens). Defaults: window = the
 model's context, stride = window / 2. This is *token*-level perplexity on the model's own tokenizer: it is not
 comparable across tokenizers, and it is not lm-eval's ``wikitext`` number (disjoint windows, word perplexity).
+
+``per_window`` holds each window's summed NLL and scored-token count (the windows score disjoint tokens): two
+models with the same tokenizer and text (same ``metadata["tokens_sha1"]``) score the same tokens in the same
+windows, so their per-window NLLs can be compared pair by pair (an interval for the data's uncertainty; neighbouring
+windows are not independent text, so it is somewhat optimistic).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -21,9 +27,16 @@ from ._common import check_fits, figure, model_device, model_max_length, save_fi
 
 @torch.no_grad()
 def sliding_window_nll(
-    model: nn.Module, ids: torch.Tensor, *, window: int, stride: int, progress: bool = True
+    model: nn.Module,
+    ids: torch.Tensor,
+    *,
+    window: int,
+    stride: int,
+    progress: bool = True,
+    per_window: list[tuple[float, int]] | None = None,
 ) -> tuple[float, int]:
-    """(sum of NLL, number of scored tokens) of a 1-D token tensor ``ids``."""
+    """(sum of NLL, number of scored tokens) of a 1-D token tensor ``ids``; ``per_window``, a list, receives each
+    window's (sum of NLL, scored tokens)."""
     if ids.dim() != 1 or ids.numel() < 2:
         raise ValueError(f"need a 1-D sequence of at least 2 tokens, got shape {tuple(ids.shape)}")
     if not 0 < stride <= window:
@@ -42,6 +55,8 @@ def sliding_window_nll(
             nll = F.cross_entropy(logits[first_new:], targets[first_new:], reduction="sum")
             total += float(nll)
             count += targets.numel() - first_new
+            if per_window is not None:
+                per_window.append((float(nll), targets.numel() - first_new))
         scored_to = end
         if end == n:
             break
@@ -71,13 +86,17 @@ def run_perplexity(
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     if max_tokens is not None:
         ids = ids[:max_tokens]
-    nll, count = sliding_window_nll(model, ids, window=window, stride=stride, progress=progress)
+    windows: list[tuple[float, int]] = []
+    nll, count = sliding_window_nll(model, ids, window=window, stride=stride, progress=progress, per_window=windows)
     mean = nll / count
     return {
         "nll": mean,
         "ppl": math.exp(min(mean, 50.0)),
         "scored_tokens": count,
+        "per_window": {"nll": [w[0] for w in windows], "tokens": [w[1] for w in windows]},
         "metadata": {
+            "tokens_sha1": tokens_sha1(ids),
+            "per_window": "summed NLL and scored tokens of every window (disjoint scored tokens)",
             "text": description,
             "window": window,
             "stride": stride,
@@ -85,6 +104,11 @@ def run_perplexity(
             "level": "token (the model's own tokenizer); not lm-eval's word perplexity",
         },
     }
+
+
+def tokens_sha1(ids: torch.Tensor) -> str:
+    """A fingerprint of the evaluated token ids (equal ids ⇒ per-window results are paired across models)."""
+    return hashlib.sha1(ids.to(torch.int64).cpu().numpy().tobytes()).hexdigest()
 
 
 def plot_perplexity(results: dict[str, dict], path) -> object:

@@ -43,6 +43,8 @@ class SuiteOptions:
     niah_grid: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))  # (N needles, R queried)
     niah_needles: int = 8  # N of the length × depth heatmap (R = 1)
     niah_digits: int = 7  # length of the needle numbers in niah and alloc (the papers: 7)
+    niah_heatmap_lengths: tuple[int, ...] | None = None  # None: 1/2, 3/4 and all of context_tokens; []: no heatmap
+    niah_heatmap_samples: int | None = None  # samples per heatmap cell (default: samples)
     tokens: int = 4096  # token budget of ppl, outliers, quant, heads, AR-Hit
     window: int | None = None  # ppl window (default: min(model max, 1024)); stride = window / 2
     icl_dataset: str = "fortunes"
@@ -156,13 +158,22 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
                 context_tokens=o.context_tokens,
                 grid=o.niah_grid,
                 heatmap_needles=o.niah_needles,
+                heatmap_lengths=o.niah_heatmap_lengths,
+                heatmap_samples=o.niah_heatmap_samples,
                 samples=o.samples,
+                value_digits=o.niah_digits,
                 seed=o.seed,
             )
             pictures["niah"] = niah.plot_niah(r, partial / "niah_heatmap.png").name
         elif suite == "alloc":
             r = allocation.run_allocation(
-                model, tokenizer, haystack=o.haystack, context_tokens=o.context_tokens, samples=o.samples, seed=o.seed
+                model,
+                tokenizer,
+                haystack=o.haystack,
+                context_tokens=o.context_tokens,
+                samples=o.samples,
+                value_digits=o.niah_digits,
+                seed=o.seed,
             )
             pictures["alloc"] = allocation.plot_allocation({name: r}, partial / "allocation.png").name
         elif suite == "icl":

@@ -1,16 +1,48 @@
-"""The paper claims an experiment can check, each with the paper's figure, ours, and whether ours agrees.
+"""The paper claims an experiment can check: the paper's figure, ours with 95% intervals, and a verdict.
 
 A claim is checked only where the experiment has what it needs: a from-scratch DIFF model and a same-preset
 baseline (DIFF Transformer claims), an adapter and its base model (Dex, DiffLoRA claims), and the evaluation
-suite the claim is about. Every "ours" reads reference → method (baseline → DIFF, base → adapter, LoRA →
-DiffLoRA). "Agrees" compares *directions* (which model is better), never the papers' absolute
-numbers, which come from billion-parameter models trained on billions of tokens: a miniature can agree or
-disagree in direction, and a disagreement is reported as such.
+suite the claim is about. Every row reads reference → method (baseline → DIFF, base → adapter, LoRA → DiffLoRA)
+and holds:
+
+* ``ours``: each model's value with its 95% interval where one exists;
+* ``difference``: new − reference with its 95% interval, and ``interval``: what kind of interval it is —
+  a paired bootstrap over the same samples (retrieval, allocation: both models saw the same prompts), over the
+  same text windows (per-window NLL, outliers, quantization), or — when both models were trained with at least
+  two ``seeds`` (replicates ``NAME-sSEED``, :func:`seed_groups`) — a Welch t interval over the runs' values;
+* ``verdict``: "agrees" / "disagrees" when the difference's interval excludes 0 on the claimed / the other side,
+  "inconclusive" when it includes 0 or there is no interval (:func:`diffattn.eval.stats.verdict`). The interval's
+  ends are rounded to the digits the row prints first, so a verdict never rests on a difference the reader
+  cannot see.
+
+Directions only: the papers' numbers come from billion-parameter models trained on billions of tokens, ours from
+miniatures; a miniature can agree or disagree in direction, and a disagreement is reported as such. An interval
+over samples of one trained model measures the uncertainty of the data only (another seed would train another
+model); rows say so.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..eval.stats import (
+    Difference,
+    bootstrap_contrast,
+    mean_se,
+    newcombe_paired_difference,
+    normal_interval,
+    paired_difference,
+    t_interval,
+    unpaired_difference,
+    verdict,
+    wilson_interval,
+)
+
+NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"
+ONE_NUMBER = "none: the suite reports one number"
 
 
 @dataclass
@@ -18,18 +50,47 @@ class Claim:
     source: str  # paper and figure/table
     claim: str
     paper: str  # the paper's figure
-    ours: str
-    agrees: bool | None  # None: measured, but the result is a tie or undefined
+    ours: str  # "ref → new: metric value [95% CI] → value [95% CI]"
+    difference: str  # "+0.021 [+0.010, +0.032]" (new − ref, 95% CI) or "–"
+    interval: str  # what kind of interval the difference has (or why there is none)
+    verdict: str  # agrees | disagrees | inconclusive
+    claimed: str  # the direction of new − ref the paper claims: "higher" | "lower"
+    ref: str  # reference model (or what plays its part)
+    new: str
+    metric: str
+    ref_value: float | None = None
+    ref_ci: list[float] | None = None
+    new_value: float | None = None
+    new_ci: list[float] | None = None
+    diff_value: float | None = None
+    diff_ci: list[float] | None = None
+    note: str = ""  # e.g. "data uncertainty only, one seed"
+
+
+# -- helpers -------------------------------------------------------------------------------------------------------
+def seed_groups(config) -> dict[str, list[str]]:
+    """Every model → the names of its replicate runs: a from-scratch model with ``seeds`` is the group of its
+    ``NAME-sSEED`` replicates (``config.seed_groups()``); every other model (no seeds, pretrained, adapters) is a
+    group of one. Claims compare groups: with at least two runs on both sides they use the spread over seeds."""
+    groups = {g: list(names) for g, names in (config.seed_groups() if hasattr(config, "seed_groups") else {}).items()}
+    grouped = {n for names in groups.values() for n in names}
+    for name in config.model_names():
+        if name not in grouped:
+            groups.setdefault(name, [name])
+    return groups
 
 
 def _pairs(config) -> list[tuple[str, str]]:
-    """(baseline, DIFF) from-scratch model pairs with the same preset."""
+    """(baseline, DIFF) from-scratch model groups with the same preset (a group: the replicates of one model)."""
+    kinds: dict[str, tuple[str, str]] = {}
+    for m in config.models:
+        kinds.setdefault(getattr(m, "group_name", m.name), (m.attention, m.preset))
     out = []
-    for d in config.models:
-        if d.attention == "diff":
-            for b in config.models:
-                if b.attention == "standard" and b.preset == d.preset:
-                    out.append((b.name, d.name))
+    for d, (attention, preset) in kinds.items():
+        if attention == "diff":
+            for b, (other, other_preset) in kinds.items():
+                if other == "standard" and other_preset == preset:
+                    out.append((b, d))
                     break
     return out
 
@@ -43,192 +104,708 @@ def _get(evals: dict, name: str, *path):
     return node
 
 
-def _direction(ref: float, new: float, digits: int, *, claimed: str) -> bool | None:
-    """Whether ``new`` moved from ``ref`` the way the paper claims (``claimed``: "lower" or "higher"); None (a tie)
-    when they are equal at the ``digits`` the report prints, so a verdict never rests on a difference the reader
-    cannot see."""
-    a, b = round(ref, digits), round(new, digits)
-    if a == b:
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _ci(interval) -> list[float] | None:
+    if interval is None:
         return None
-    return b < a if claimed == "lower" else b > a
+    lo, hi = (float(x) for x in interval)
+    return [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def _both(first: bool | None, second: bool | None) -> bool | None:
-    """Two directions that must both hold: any wrong one disagrees, two ties tie."""
-    if first is False or second is False:
+def _value(v: float | None, ci, d: int) -> str:
+    if v is None:
+        return "–"
+    text = f"{v:.{d}f}"
+    ci = _ci(ci)
+    return f"{text} [{ci[0]:.{d}f}, {ci[1]:.{d}f}]" if ci else text
+
+
+def _make(
+    source: str,
+    claim: str,
+    paper: str,
+    *,
+    ref: str,
+    new: str,
+    metric: str,
+    claimed: str,
+    digits: int,
+    ref_value=None,
+    ref_ci=None,
+    new_value=None,
+    new_ci=None,
+    diff: Difference | None = None,
+    kind: str = "",
+    note: str = "",
+    ours: str | None = None,
+) -> Claim:
+    """A claim row; the verdict comes from ``diff``'s interval at the printed ``digits`` (no interval: inconclusive)."""
+    d = digits
+    if diff is not None and _ci(diff.interval) is not None:
+        lo, hi = _ci(diff.interval)
+        difference = f"{diff.estimate:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
+        v = "inconclusive" if round(diff.estimate, d) == 0 else verdict((lo, hi), claimed, digits=d)
+        diff_value, diff_ci = float(diff.estimate), [lo, hi]
+    else:
+        if diff is not None:  # e.g. a single sample or window, or one run per model: no spread to measure
+            kind = f"none: too few samples for an interval (n = {diff.n}); {kind}"
+        diff_value = None if ref_value is None or new_value is None else float(new_value - ref_value)
+        difference = "–" if diff_value is None else f"{diff_value:+.{d}f} (no interval)"
+        v, diff_ci = "inconclusive", None
+    if ours is None:
+        ours = f"{ref} → {new}: {metric} {_value(ref_value, ref_ci, d)} → {_value(new_value, new_ci, d)}"
+    return Claim(
+        source=source,
+        claim=claim,
+        paper=paper,
+        ours=ours,
+        difference=difference,
+        interval=kind,
+        verdict=v,
+        claimed=claimed,
+        ref=ref,
+        new=new,
+        metric=metric,
+        ref_value=None if ref_value is None else float(ref_value),
+        ref_ci=_ci(ref_ci),
+        new_value=None if new_value is None else float(new_value),
+        new_ci=_ci(new_ci),
+        diff_value=diff_value,
+        diff_ci=diff_ci,
+        note=note,
+    )
+
+
+def _same(a: dict | None, b: dict | None, *keys) -> bool:
+    """Whether two results' metadata agree on ``keys`` (all present): the sign that their samples are paired."""
+    if not a or not b:
         return False
-    return None if first is None and second is None else True
+    return all(a.get(k) is not None and a.get(k) == b.get(k) for k in keys)
 
 
-def _quant_drop(evals, name) -> float | None:
-    rows = _get(evals, name, "quant", "quantization")
-    if not rows:
+# -- val loss / NLL ------------------------------------------------------------------------------------------------
+def _per_token_windows(r: dict | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(per-window mean NLL, tokens) of a ``per_window`` {"nll": sums, "tokens": counts} record."""
+    pw = (r or {}).get("per_window")
+    if not pw or not pw.get("nll") or len(pw["nll"]) != len(pw.get("tokens", [])):
         return None
-    by_bits = {r["bits"]: r["nll"] for r in rows}
+    tokens = np.asarray(pw["tokens"], dtype=float)
+    if np.any(tokens <= 0):
+        return None
+    return np.asarray(pw["nll"], dtype=float) / tokens, tokens
+
+
+def _loss_claim(source, claim, paper, ref, new, claimed, rows, evals, seed) -> Claim | None:
+    """One run per model: the val losses have no interval; the ppl suite's per-window NLLs on the same tokens give
+    a paired one (data uncertainty only)."""
+    lr, ln = rows.get(ref, {}).get("val_loss"), rows.get(new, {}).get("val_loss")
+    if not _finite(lr) or not _finite(ln):
+        return None
+    common = dict(ref=ref, new=new, claimed=claimed, digits=4)
+    seeds_note = "one seed"
+    pr, pn = _get(evals, ref, "ppl"), _get(evals, new, "ppl")
+    wr, wn = _per_token_windows(pr), _per_token_windows(pn)
+    paired = (
+        wr is not None
+        and wn is not None
+        and _same(pr.get("metadata"), pn.get("metadata"), "tokens_sha1", "window", "stride")
+        and np.array_equal(wr[1], wn[1])
+    )
+    val = f"val loss {lr:.4f} → {ln:.4f}"
+    if paired:
+        rv, rci = bootstrap_contrast([wr[0]], sample_weights=[wr[1]], seed=seed)
+        nv, nci = bootstrap_contrast([wn[0]], sample_weights=[wn[1]], seed=seed)
+        diff = paired_difference(wr[0], wn[0], weights=wr[1], seed=seed)
+        return _make(
+            source,
+            claim,
+            paper,
+            metric="test NLL/token (ppl suite)",
+            ref_value=rv,
+            ref_ci=rci,
+            new_value=nv,
+            new_ci=nci,
+            diff=diff,
+            kind=f"paired bootstrap over the same {diff.n} text windows (token-weighted)",
+            note=f"data uncertainty only, {seeds_note}; {val}",
+            **common,
+        )
+    why = "no per-window NLL of the same text (ppl suite)" if wr is None or wn is None else "different token windows"
+    return _make(
+        source,
+        claim,
+        paper,
+        metric="val loss",
+        ref_value=lr,
+        new_value=ln,
+        kind=f"none: {seeds_note} and {why}",
+        **common,
+    )
+
+
+# -- attention allocation ------------------------------------------------------------------------------------------
+def _alloc_claim(source, claim, paper, ref, new, key, claimed, evals, seed) -> Claim | None:
+    ar, an = _get(evals, ref, "alloc"), _get(evals, new, "alloc")
+    if not ar or not an or key not in ar or key not in an:
+        return None
+    per_key = {"attention_to_answer": "answer", "attention_noise": "noise"}[key]
+    metric = {"attention_to_answer": "attention to answer", "attention_noise": "attention noise"}[key]
+    common = dict(ref=ref, new=new, metric=metric, claimed=claimed, digits=3)
+    sr = [p[per_key] for p in ar.get("per_sample") or []]
+    sn = [p[per_key] for p in an.get("per_sample") or []]
+    if not sr or not sn:
+        return _make(source, claim, paper, ref_value=ar[key], new_value=an[key], kind=NO_PER_SAMPLE, **common)
+    (rm, rse), (nm, nse) = mean_se(sr), mean_se(sn)
+    rci = normal_interval(rm, rse) if math.isfinite(rse) else None
+    nci = normal_interval(nm, nse) if math.isfinite(nse) else None
+    if len(sr) == len(sn) and _same(ar.get("metadata"), an.get("metadata"), "samples_sha1"):
+        diff = paired_difference(sr, sn, seed=seed)
+        kind = f"paired bootstrap over the same {diff.n} samples; values ± 1.96 SE over samples"
+    else:
+        diff = unpaired_difference(sr, sn, method="welch")
+        kind = f"Welch t over samples ({len(sr)} vs {len(sn)}; unpaired: different prompts); values ± 1.96 SE"
+    note = "data uncertainty only, one seed; rows normalised by their sum of absolute values"
+    return _make(
+        source,
+        claim,
+        paper,
+        ref_value=rm,
+        ref_ci=rci,
+        new_value=nm,
+        new_ci=nci,
+        diff=diff,
+        kind=kind,
+        note=note,
+        **common,
+    )
+
+
+# -- needle retrieval ----------------------------------------------------------------------------------------------
+def _grid_scores(r: dict) -> list[list[float]] | None:
+    grid = r.get("grid") or []
+    if not grid or any(not g.get("scores") for g in grid):
+        return None
+    return [[float(s) for s in g["scores"]] for g in grid]
+
+
+def _grid_hits(r: dict) -> list[int] | None:
+    """Every queried number of the grid, 1 found / 0 not, in a fixed order (None for results without hits)."""
+    grid = r.get("grid") or []
+    if not grid or any(not g.get("hits") for g in grid):
+        return None
+    return [int(h) for g in grid for sample in g["hits"] for h in sample]
+
+
+def _niah_paired(rr: dict, rn: dict) -> bool:
+    gr, gn = rr.get("grid") or [], rn.get("grid") or []
+    return [(g["N"], g["R"], len(g.get("scores") or [])) for g in gr] == [
+        (g["N"], g["R"], len(g.get("scores") or [])) for g in gn
+    ] and _same(rr.get("metadata"), rn.get("metadata"), "samples_sha1")
+
+
+def _niah_mean_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
+    rr, rn = _get(evals, ref, "niah"), _get(evals, new, "niah")
+    if not rr or not rn or rr.get("mean_accuracy") is None or rn.get("mean_accuracy") is None:
+        return None
+    common = dict(ref=ref, new=new, metric="mean accuracy", claimed="higher", digits=3)
+    cr, cn = _grid_scores(rr), _grid_scores(rn)
+    if cr is None or cn is None:
+        return _make(
+            source,
+            claim,
+            paper,
+            ref_value=rr["mean_accuracy"],
+            new_value=rn["mean_accuracy"],
+            kind=NO_PER_SAMPLE,
+            **common,
+        )
+    hr, hn = _grid_hits(rr), _grid_hits(rn)
+    if hr is not None and hn is not None and len(hr) == len(hn) and _niah_paired(rr, rn):
+        # every queried number is a paired binary trial: Newcombe's interval, honest when few pairs disagree
+        diff = newcombe_paired_difference(hr, hn)
+        return _make(
+            source,
+            claim,
+            paper,
+            ref=ref,
+            new=new,
+            metric="accuracy over all queried numbers",
+            claimed="higher",
+            digits=3,
+            ref_value=float(np.mean(hr)),
+            ref_ci=wilson_interval(sum(hr), len(hr)),
+            new_value=float(np.mean(hn)),
+            new_ci=wilson_interval(sum(hn), len(hn)),
+            diff=diff,
+            kind=(
+                f"Newcombe paired score interval over the same {diff.n} queried numbers (all grid cells; the two "
+                "numbers of an R = 2 prompt count as two trials)"
+            ),
+            note="data uncertainty only, one seed",
+        )
+    k_r, k_n = len(cr), len(cn)
+    pooled_r, pooled_n = [s for c in cr for s in c], [s for c in cn for s in c]
+    rv, nv = float(np.mean(pooled_r)), float(np.mean(pooled_n))  # equal samples per cell: the mean of cell means
+    rci, nci = wilson_interval(sum(pooled_r), len(pooled_r)), wilson_interval(sum(pooled_n), len(pooled_n))
+    if _niah_paired(rr, rn):
+        # equal samples per cell: the mean over all pairs is the difference of the means of cell means
+        diff = paired_difference(pooled_r, pooled_n, seed=seed)
+        kind = f"paired bootstrap over the same {diff.n} samples (all grid cells)"
+    else:
+        est, ci = bootstrap_contrast(cn + cr, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
+        diff = Difference(est, ci, "unpaired bootstrap within cells", sum(map(len, cr + cn)))
+        kind = "unpaired bootstrap within grid cells (different prompts)"
+    return _make(
+        source,
+        claim,
+        paper,
+        ref_value=rv,
+        ref_ci=rci,
+        new_value=nv,
+        new_ci=nci,
+        diff=diff,
+        kind=kind,
+        note="data uncertainty only, one seed",
+        **common,
+    )
+
+
+def _niah_gap_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
+    rr, rn = _get(evals, ref, "niah"), _get(evals, new, "niah")
+    gr, gn = (rr or {}).get("grid") or [], (rn or {}).get("grid") or []
+    if len(gr) < 2 or [(g["N"], g["R"]) for g in gr] != [(g["N"], g["R"]) for g in gn]:
+        return None
+    lo = min(range(len(gr)), key=lambda i: gr[i]["N"])
+    hi = max(range(len(gr)), key=lambda i: gr[i]["N"])
+    n_lo, n_hi = gr[lo]["N"], gr[hi]["N"]
+    common = dict(ref=f"N={n_lo}", new=f"N={n_hi}", metric=f"accuracy gap {new} − {ref}", claimed="higher", digits=2)
+    gap_lo = gn[lo]["accuracy"] - gr[lo]["accuracy"]
+    gap_hi = gn[hi]["accuracy"] - gr[hi]["accuracy"]
+    cr, cn = _grid_scores(rr), _grid_scores(rn)
+    if cr is None or cn is None:
+        ours = f"{ref} → {new}: gap {gap_lo:+.2f} at N={n_lo} → {gap_hi:+.2f} at N={n_hi}"
+        return _make(source, claim, paper, ref_value=gap_lo, new_value=gap_hi, kind=NO_PER_SAMPLE, ours=ours, **common)
+    if _niah_paired(rr, rn):
+        d_lo = np.asarray(cn[lo]) - np.asarray(cr[lo])
+        d_hi = np.asarray(cn[hi]) - np.asarray(cr[hi])
+        lo_v, lo_ci = bootstrap_contrast([d_lo], seed=seed)
+        hi_v, hi_ci = bootstrap_contrast([d_hi], seed=seed)
+        est, ci = bootstrap_contrast([d_hi, d_lo], [1.0, -1.0], seed=seed)
+        kind = f"paired bootstrap within the two cells ({d_lo.size} + {d_hi.size} samples)"
+    else:
+        lo_v, lo_ci = bootstrap_contrast([cn[lo], cr[lo]], [1.0, -1.0], seed=seed)
+        hi_v, hi_ci = bootstrap_contrast([cn[hi], cr[hi]], [1.0, -1.0], seed=seed)
+        est, ci = bootstrap_contrast([cn[hi], cr[hi], cn[lo], cr[lo]], [1.0, -1.0, -1.0, 1.0], seed=seed)
+        kind = "unpaired bootstrap within the two cells (different prompts)"
+    diff = Difference(est, ci, kind, 0)
+    ours = f"{ref} → {new}: gap {_value(lo_v, lo_ci, 2)} at N={n_lo} → {_value(hi_v, hi_ci, 2)} at N={n_hi}"
+    return _make(
+        source,
+        claim,
+        paper,
+        ref_value=lo_v,
+        ref_ci=lo_ci,
+        new_value=hi_v,
+        new_ci=hi_ci,
+        diff=diff,
+        kind=kind + "; difference = gap at the largest N − gap at the smallest",
+        ours=ours,
+        note="data uncertainty only, one seed",
+        **common,
+    )
+
+
+# -- outliers, quantization, ICL order -----------------------------------------------------------------------------
+def _outlier_claim(source, claim, paper, ref, new, which, label, evals, seed) -> Claim | None:
+    orr, on = _get(evals, ref, "outliers"), _get(evals, new, "outliers")
+    vr, vn = _get(evals, ref, "outliers", which, "top1"), _get(evals, new, "outliers", which, "top1")
+    if vr is None or vn is None:
+        return None
+    common = dict(ref=ref, new=new, metric=f"top-1 {label}", claimed="lower", digits=2)
+    wr = (orr.get("per_window") or {}).get(f"{which}_top1")
+    wn = (on.get("per_window") or {}).get(f"{which}_top1")
+    headline = f"{ref} → {new}: top-1 {label} {vr:.2f} → {vn:.2f}"
+    if not wr or not wn:
+        return _make(source, claim, paper, ref_value=vr, new_value=vn, kind=NO_PER_SAMPLE, ours=headline, **common)
+    if len(wr) != len(wn) or not _same(orr.get("metadata"), on.get("metadata"), "tokens_sha1", "seq_len"):
+        return _make(
+            source,
+            claim,
+            paper,
+            ref_value=vr,
+            new_value=vn,
+            ours=headline,
+            kind="none: the two models saw different token windows (another tokenizer)",
+            **common,
+        )
+    rm, rci = bootstrap_contrast([wr], seed=seed)
+    nm, nci = bootstrap_contrast([wn], seed=seed)
+    diff = paired_difference(wr, wn, seed=seed)
+    ours = f"{headline}; mean per-window top-1 {_value(rm, rci, 2)} → {_value(nm, nci, 2)}"
+    return _make(
+        source,
+        claim,
+        paper,
+        ref_value=rm,
+        ref_ci=rci,
+        new_value=nm,
+        new_ci=nci,
+        diff=diff,
+        ours=ours,
+        kind=f"paired bootstrap over the same {diff.n} text windows, of the mean per-window top-1 (the "
+        "overall top-1 has no interval)",
+        note="data uncertainty only, one seed",
+        **common,
+    )
+
+
+def _quant_windows(r: dict | None):
+    """(lowest width, per-window NLL/token at 16 bits and at the lowest width, tokens) or None."""
+    rows = (r or {}).get("quantization") or []
+    by_bits = {q["bits"]: q for q in rows}
+    if 16 not in by_bits or min(by_bits) >= 16:
+        return None
+    low = min(by_bits)
+    w16, wlo = _per_token_windows(by_bits[16]), _per_token_windows(by_bits[low])
+    if w16 is None or wlo is None or not np.array_equal(w16[1], wlo[1]):
+        return low, None
+    return low, (w16[0], wlo[0], w16[1])
+
+
+def _quant_drop(r: dict | None) -> float | None:
+    rows = (r or {}).get("quantization") or []
+    by_bits = {q["bits"]: q["nll"] for q in rows}
     if 16 not in by_bits or min(by_bits) >= 16:
         return None
     return by_bits[min(by_bits)] - by_bits[16]
 
 
-def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict]) -> list[Claim]:
-    claims: list[Claim] = []
+def _quant_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
+    qr, qn = _get(evals, ref, "quant"), _get(evals, new, "quant")
+    dr, dn = _quant_drop(qr), _quant_drop(qn)
+    if dr is None or dn is None:
+        return None
+    wr, wn = _quant_windows(qr), _quant_windows(qn)
+    metric = f"NLL increase at {min(wr[0], wn[0])} bits"
+    common = dict(ref=ref, new=new, metric=metric, claimed="lower", digits=4)
+    if wr[1] is None or wn[1] is None:
+        return _make(source, claim, paper, ref_value=dr, new_value=dn, kind=NO_PER_SAMPLE, **common)
+    (r16, rlo, tok_r), (n16, nlo, tok_n) = wr[1], wn[1]
+    if (
+        wr[0] != wn[0]
+        or not np.array_equal(tok_r, tok_n)
+        or not _same(qr.get("metadata"), qn.get("metadata"), "tokens_sha1", "seq_len")
+    ):
+        return _make(
+            source,
+            claim,
+            paper,
+            ref_value=dr,
+            new_value=dn,
+            kind="none: the two models saw different token windows or widths",
+            **common,
+        )
+    ref_d = paired_difference(r16, rlo, weights=tok_r, seed=seed)
+    new_d = paired_difference(n16, nlo, weights=tok_n, seed=seed)
+    diff = paired_difference(rlo - r16, nlo - n16, weights=tok_r, seed=seed)
+    return _make(
+        source,
+        claim,
+        paper,
+        ref_value=ref_d.estimate,
+        ref_ci=ref_d.interval,
+        new_value=new_d.estimate,
+        new_ci=new_d.interval,
+        diff=diff,
+        kind=f"paired bootstrap over the same {diff.n} text windows (token-weighted)",
+        note="data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
+        **common,
+    )
+
+
+def _icl_claim(source, claim, paper, ref, new, evals) -> Claim | None:
+    mr = _get(evals, ref, "icl", "order_robustness", "arrangements", "random", "margin")
+    mn = _get(evals, new, "icl", "order_robustness", "arrangements", "random", "margin")
+    if mr is None or mn is None:
+        return None
+    return _make(
+        source,
+        claim,
+        paper,
+        ref=ref,
+        new=new,
+        metric="order margin (random)",
+        claimed="lower",
+        digits=3,
+        ref_value=mr,
+        new_value=mn,
+        kind=ONE_NUMBER + " (best − worst over permutations)",
+    )
+
+
+# -- replicate seeds ----------------------------------------------------------------------------------------------
+def _over_seeds(source, claim, paper, ref, new, ref_vals, new_vals, *, metric, claimed, digits) -> Claim:
+    """Groups of replicate runs: each side's mean with its t interval, the difference with Welch's interval."""
+    (rm, rci), (nm, nci) = t_interval(ref_vals), t_interval(new_vals)
+    diff = unpaired_difference(ref_vals, new_vals, method="welch")
+    return _make(
+        source,
+        claim,
+        paper,
+        ref=ref,
+        new=new,
+        metric=f"{metric} (mean over seeds)",
+        claimed=claimed,
+        digits=digits,
+        ref_value=rm,
+        ref_ci=rci,
+        new_value=nm,
+        new_ci=nci,
+        diff=diff,
+        kind=f"Welch t over seeds ({len(ref_vals)} vs {len(new_vals)} runs): spread over training runs",
+        note="seeds: run-to-run variation included; few runs give wide intervals",
+    )
+
+
+def _grid_growth(r: dict | None) -> float | None:
+    """Accuracy at the largest N minus at the smallest N of a NIAH grid (one run's part of the gap's growth)."""
+    grid = (r or {}).get("grid") or []
+    if len(grid) < 2:
+        return None
+    lo, hi = min(grid, key=lambda g: g["N"]), max(grid, key=lambda g: g["N"])
+    return hi["accuracy"] - lo["accuracy"]
+
+
+def _dispatch(groups, ref, new, per_run, single, **spec) -> Claim | None:
+    """A claim between two models or two groups of replicates: with at least two runs with a value on both sides,
+    the spread over seeds (``per_run(name)`` gives one run's value); otherwise ``single(ref_run, new_run)`` on the
+    first run of each group (intervals over samples: data uncertainty only)."""
+    ref_runs, new_runs = groups.get(ref, [ref]), groups.get(new, [new])
+    if len(ref_runs) >= 2 and len(new_runs) >= 2:
+        rv = [v for v in map(per_run, ref_runs) if _finite(v)]
+        nv = [v for v in map(per_run, new_runs) if _finite(v)]
+        if len(rv) >= 2 and len(nv) >= 2:
+            return _over_seeds(spec.pop("source"), spec.pop("claim"), spec.pop("paper"), ref, new, rv, nv, **spec)
+    return single(ref_runs[0], new_runs[0])
+
+
+# -- the claims ----------------------------------------------------------------------------------------------------
+def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, groups=None, seed: int = 0) -> list[Claim]:
+    """Every claim the experiment can check (see the module doc). ``rows``: the report's model rows (``val_loss``);
+    ``evals``: {model: {suite: results}}; ``groups``: replicate runs per model (default :func:`seed_groups`);
+    ``seed``: of every bootstrap (deterministic)."""
+    groups = seed_groups(config) if groups is None else groups
+    claims: list[Claim | None] = []
+
+    def loss(source, claim, paper, ref, new, claimed):
+        return _dispatch(
+            groups,
+            ref,
+            new,
+            lambda n: rows.get(n, {}).get("val_loss"),
+            lambda r, n: _loss_claim(source, claim, paper, r, n, claimed, rows, evals, seed),
+            source=source, claim=claim, paper=paper, metric="val loss", claimed=claimed, digits=4,
+        )  # fmt: skip
+
+    def alloc(source, claim, paper, ref, new, key, claimed):
+        metric = {"attention_to_answer": "attention to answer", "attention_noise": "attention noise"}[key]
+        return _dispatch(
+            groups,
+            ref,
+            new,
+            lambda n: _get(evals, n, "alloc", key),
+            lambda r, n: _alloc_claim(source, claim, paper, r, n, key, claimed, evals, seed),
+            source=source, claim=claim, paper=paper, metric=metric, claimed=claimed, digits=3,
+        )  # fmt: skip
+
+    def niah_mean(source, claim, paper, ref, new):
+        return _dispatch(
+            groups,
+            ref,
+            new,
+            lambda n: _get(evals, n, "niah", "mean_accuracy"),
+            lambda r, n: _niah_mean_claim(source, claim, paper, r, n, evals, seed),
+            source=source, claim=claim, paper=paper, metric="mean accuracy", claimed="higher", digits=3,
+        )  # fmt: skip
+
     for base, diff in _pairs(config):
-        tag = f"{base} → {diff}"  # every "ours" below reads baseline value → DIFF value
-        lb, ld = rows.get(base, {}).get("val_loss"), rows.get(diff, {}).get("val_loss")
-        if lb is not None and ld is not None:
-            claims.append(
-                Claim(
-                    "DIFF Transformer Fig. 3–4",
-                    "lower language-modelling loss than a same-size Transformer",
-                    "DIFF needs ~62–65% of the parameters or tokens for the same loss",
-                    f"{tag}: val loss {lb:.4f} → {ld:.4f}",
-                    _direction(lb, ld, 4, claimed="lower"),
-                )
+        claims += [
+            loss(
+                "DIFF Transformer Fig. 3–4",
+                "lower language-modelling loss than a same-size Transformer",
+                "DIFF needs ~62–65% of the parameters or tokens for the same loss",
+                base, diff, "lower",
+            ),
+            alloc(
+                "DIFF Transformer Table 3",
+                "more attention to the answer",
+                "answer 0.03 → 0.27–0.40",
+                base, diff, "attention_to_answer", "higher",
+            ),
+            alloc(
+                "DIFF Transformer Table 3",
+                "less attention noise",
+                "noise 0.51 → 0.01–0.02",
+                base, diff, "attention_noise", "lower",
+            ),
+            niah_mean(
+                "DIFF Transformer Table 2",
+                "better multi-needle retrieval",
+                "N=6, R=2: 0.35 (Transformer) vs 0.85 (DIFF)",
+                base, diff,
+            ),
+        ]  # fmt: skip
+        source, claim = "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N"
+        paper = "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6"
+        claims.append(
+            _dispatch(
+                groups,
+                base,
+                diff,
+                lambda n: _grid_growth(_get(evals, n, "niah")),
+                lambda r, n, s=source, c=claim, p=paper: _niah_gap_claim(s, c, p, r, n, evals, seed),
+                source=source, claim=claim, paper=paper, claimed="higher", digits=2,
+                metric="accuracy at the largest N − at the smallest N (difference = growth of the gap)",
             )
-        ab, ad = _get(evals, base, "alloc"), _get(evals, diff, "alloc")
-        if ab and ad:
-            more = _direction(ab["attention_to_answer"], ad["attention_to_answer"], 3, claimed="higher")
-            less = _direction(ab["attention_noise"], ad["attention_noise"], 3, claimed="lower")
+        )  # fmt: skip
+        for which, label, claim, paper in (
+            ("attention_logits", "|logit|", "smaller attention-logit outliers", "top-1 |logit| 318.0 vs 38.8"),
+            ("hidden_states", "|hidden|", "smaller hidden-state outliers", "top-1 |hidden| 3608.6 vs 1688.2"),
+        ):
             claims.append(
-                Claim(
-                    "DIFF Transformer Table 3",
-                    "more attention to the answer, less attention noise",
-                    "answer 0.03 → 0.27–0.40; noise 0.51 → 0.01–0.02",
-                    f"{tag}: answer {ab['attention_to_answer']:.3f} → {ad['attention_to_answer']:.3f}; "
-                    f"noise {ab['attention_noise']:.3f} → {ad['attention_noise']:.3f}",
-                    _both(more, less),
+                _dispatch(
+                    groups,
+                    base,
+                    diff,
+                    lambda n, w=which: _get(evals, n, "outliers", w, "top1"),
+                    lambda r, n, w=which, lb=label, c=claim, p=paper: _outlier_claim(
+                        "DIFF Transformer Table 5", c, p, r, n, w, lb, evals, seed
+                    ),
+                    source="DIFF Transformer Table 5", claim=claim, paper=paper, metric=f"top-1 {label}",
+                    claimed="lower", digits=2,
                 )
+            )  # fmt: skip
+        source, claim = "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits"
+        paper = "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more"
+        claims.append(
+            _dispatch(
+                groups,
+                base,
+                diff,
+                lambda n: _quant_drop(_get(evals, n, "quant")),
+                lambda r, n, s=source, c=claim, p=paper: _quant_claim(s, c, p, r, n, evals, seed),
+                source=source, claim=claim, paper=paper, metric="NLL increase at the lowest width",
+                claimed="lower", digits=4,
             )
-        nb, nd = _get(evals, base, "niah", "mean_accuracy"), _get(evals, diff, "niah", "mean_accuracy")
-        if nb is not None and nd is not None:
-            claims.append(
-                Claim(
-                    "DIFF Transformer Table 2",
-                    "better multi-needle retrieval",
-                    "N=6, R=2: 0.35 (Transformer) vs 0.85 (DIFF)",
-                    f"{tag}: mean accuracy {nb:.3f} → {nd:.3f}",
-                    _direction(nb, nd, 3, claimed="higher"),
-                )
+        )  # fmt: skip
+        source, claim = "DIFF Transformer Fig. 7", "more robust to the order of demonstrations"
+        paper = "TREC margin 19.0 vs 4.0 (random order)"
+        claims.append(
+            _dispatch(
+                groups,
+                base,
+                diff,
+                lambda n: _get(evals, n, "icl", "order_robustness", "arrangements", "random", "margin"),
+                lambda r, n, s=source, c=claim, p=paper: _icl_claim(s, c, p, r, n, evals),
+                source=source, claim=claim, paper=paper, metric="order margin (random)", claimed="lower", digits=3,
             )
-        gb, gd = _get(evals, base, "niah", "grid"), _get(evals, diff, "niah", "grid")
-        if gb and gd and len(gb) > 1:
-            gaps = [(c["N"], d["accuracy"] - c["accuracy"]) for c, d in zip(gb, gd, strict=True)]
-            (n_lo, g_lo), (n_hi, g_hi) = min(gaps), max(gaps)
-            claims.append(
-                Claim(
-                    "DIFF Transformer Table 2",
-                    "the retrieval gap grows with the number of needles N",
-                    "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6",
-                    f"{tag}: gap {g_lo:+.2f} at N={n_lo} → {g_hi:+.2f} at N={n_hi}",
-                    _direction(g_lo, g_hi, 2, claimed="higher"),
-                )
-            )
-        ob, od = (
-            _get(evals, base, "outliers", "attention_logits", "top1"),
-            _get(evals, diff, "outliers", "attention_logits", "top1"),
-        )
-        if ob is not None and od is not None:
-            claims.append(
-                Claim(
-                    "DIFF Transformer Table 5",
-                    "smaller attention-logit outliers",
-                    "top-1 |logit| 318.0 vs 38.8",
-                    f"{tag}: top-1 |logit| {ob:.2f} → {od:.2f}",
-                    _direction(ob, od, 2, claimed="lower"),
-                )
-            )
-        hb, hd = (
-            _get(evals, base, "outliers", "hidden_states", "top1"),
-            _get(evals, diff, "outliers", "hidden_states", "top1"),
-        )
-        if hb is not None and hd is not None:
-            claims.append(
-                Claim(
-                    "DIFF Transformer Table 5",
-                    "smaller hidden-state outliers",
-                    "top-1 |hidden| 3608.6 vs 1688.2",
-                    f"{tag}: top-1 |hidden| {hb:.2f} → {hd:.2f}",
-                    _direction(hb, hd, 2, claimed="lower"),
-                )
-            )
-        qb, qd = _quant_drop(evals, base), _quant_drop(evals, diff)
-        if qb is not None and qd is not None:
-            claims.append(
-                Claim(
-                    "DIFF Transformer Fig. 8",
-                    "degrades less when attention logits go to low bits",
-                    "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more",
-                    f"{tag}: NLL increase at the lowest width {qb:+.4f} → {qd:+.4f}",
-                    _direction(qb, qd, 4, claimed="lower"),
-                )
-            )
-        mb = _get(evals, base, "icl", "order_robustness", "arrangements", "random", "margin")
-        md = _get(evals, diff, "icl", "order_robustness", "arrangements", "random", "margin")
-        if mb is not None and md is not None:
-            claims.append(
-                Claim(
-                    "DIFF Transformer Fig. 7",
-                    "more robust to the order of demonstrations",
-                    "TREC margin 19.0 vs 4.0 (random order)",
-                    f"{tag}: margin {mb:.3f} → {md:.3f}",
-                    _direction(mb, md, 3, claimed="lower"),
-                )
-            )
+        )  # fmt: skip
     for a in config.adapters:
         if a.method != "dex":
             continue
-        ab, ad = _get(evals, a.base, "alloc"), _get(evals, a.name, "alloc")
-        if ab and ad:
-            claims.append(
-                Claim(
-                    "Dex Table 2",
-                    "Dex raises the (effective) attention to the answer",
-                    "Llama-3B 0.06 → Dex 0.19",
-                    f"{a.base} → {a.name}: {ab['attention_to_answer']:.3f} → {ad['attention_to_answer']:.3f}",
-                    _direction(ab["attention_to_answer"], ad["attention_to_answer"], 3, claimed="higher"),
-                )
-            )
-        nb, nd = _get(evals, a.base, "niah", "mean_accuracy"), _get(evals, a.name, "niah", "mean_accuracy")
-        if nb is not None and nd is not None:
-            claims.append(
-                Claim(
-                    "Dex §4.2, Fig. 10",
-                    "Dex improves multi-needle retrieval",
-                    "66.9% → 78.3% (N=8, R=1)",
-                    f"{a.base} → {a.name}: {nb:.3f} → {nd:.3f}",
-                    _direction(nb, nd, 3, claimed="higher"),
-                )
-            )
+        claims += [
+            alloc(
+                "Dex Table 2",
+                "Dex raises the (effective) attention to the answer",
+                "Llama-3B 0.06 → Dex 0.19",
+                a.base, a.name, "attention_to_answer", "higher",
+            ),
+            niah_mean(
+                "Dex §4.2, Fig. 10",
+                "Dex improves multi-needle retrieval",
+                "66.9% → 78.3% (N=8, R=1)",
+                a.base, a.name,
+            ),
+        ]  # fmt: skip
     difflora = [a for a in config.adapters if a.method == "difflora"]
     lora = [a for a in config.adapters if a.method == "lora"]
     for d in difflora:
         for lo in (x for x in lora if x.base == d.base):
-            vd, vl = rows.get(d.name, {}).get("val_loss"), rows.get(lo.name, {}).get("val_loss")
-            if vd is not None and vl is not None:
-                claims.append(
-                    Claim(
-                        "DiffLoRA §4",
-                        "DiffLoRA falls short of LoRA at matched parameters in most tasks",
-                        "below LoRA on most benchmarks (+11 pts on HumanEval)",
-                        f"{lo.name} → {d.name}: val loss {vl:.4f} → {vd:.4f}",
-                        _direction(vl, vd, 4, claimed="higher"),
-                    )
+            claims.append(
+                loss(
+                    "DiffLoRA §4",
+                    "DiffLoRA falls short of LoRA at matched parameters in most tasks",
+                    "below LoRA on most benchmarks (+11 pts on HumanEval)",
+                    lo.name, d.name, "higher",
                 )
-    return claims
+            )  # fmt: skip
+    return [c for c in claims if c is not None]
 
 
-def claims_markdown(claims: list[Claim]) -> list[str]:
+def claims_scope(config, rows: dict[str, dict] | None = None, evals: dict[str, dict] | None = None) -> str:
+    """A paragraph, in plain words, on what this experiment's scale can and cannot show."""
+    rows, evals = rows or {}, evals or {}
+    presets = sorted({m.preset for m in config.models})
+    steps = sorted({r["steps"] for r in rows.values() if isinstance(r.get("steps"), int)})
+    samples = config.eval.options.get("samples")
+    tokens = config.eval.options.get("tokens")
+    groups = seed_groups(config)
+    seeds = max((len(g) for g in groups.values()), default=1)
+    size = f"{'/'.join(presets)} preset models" if presets else "small models"
+    trained = (
+        f" trained for {steps[0]}–{steps[-1]} steps"
+        if steps and steps[0] != steps[-1]
+        else (f" trained for {steps[0]} steps" if steps else "")
+    )
+    measured = []
+    if samples is not None:
+        measured.append(
+            f"{samples} sample{'s' if samples != 1 else ''} per retrieval cell and for attention allocation"
+        )
+    if tokens is not None:
+        measured.append(f"{tokens} tokens for perplexity, outliers and quantization")
+    measured_text = f" measured on {' and '.join(measured)}" if measured else ""
+    return (
+        f"What this can show: these are {size}{trained} (minutes of CPU, not the papers' billions of parameters and "
+        f"tokens),{measured_text}. They can show the *direction* of a difference when it is large next to the "
+        "sampling noise; they cannot reproduce the papers' magnitudes, and the papers' figures are there for "
+        "orientation only. Each verdict reads the 95% interval of the difference (new − reference): "
+        '"agrees" or "disagrees" only when the whole interval lies on one side of zero at the printed precision; '
+        '"inconclusive" means the interval includes no difference — not that the models are equal; more samples '
+        "or seeds narrow it. Intervals over samples or text windows of one trained model are data uncertainty only: "
+        + (
+            "each model was trained once (one seed), so run-to-run variation of training is not in them."
+            if seeds < 2
+            else f"training's run-to-run variation is not in them. Rows whose interval says 'seeds' use the spread "
+            f"over up to {seeds} replicate runs instead, which includes it (few runs: wide intervals)."
+        )
+    )
+
+
+def claims_markdown(claims: list[Claim], scope: str | None = None) -> list[str]:
     if not claims:
         return ["No paper claim applies to the models and suites of this experiment.", ""]
-    lines = ["| source | claim | paper | ours | agrees |", "|---|---|---|---|---|"]
-    mark = {True: "yes", False: "**no**", None: "tie"}
-    lines += [f"| {c.source} | {c.claim} | {c.paper} | {c.ours} | {mark[c.agrees]} |" for c in claims]
+    lines = [
+        "| source | claim | paper | ours (95% CI) | difference (95% CI) | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    mark = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive"}
+    for c in claims:
+        extra = "; ".join(x for x in (c.interval, c.note) if x)
+        diff = f"{c.difference}<br><small>{extra}</small>" if extra else c.difference
+        cells = [c.source, c.claim, c.paper, c.ours, diff, mark[c.verdict]]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")  # |logit| inside a cell
     lines += [
         "",
-        "Directions only: the papers' numbers come from billion-parameter models. Attention shares of two-map and "
-        "Dex models come from signed maps divided by their row sum, so a bucket can hold negative mass "
-        '(negative attention) and "noise" can fall below zero.',
+        "Differences are new − reference; a claim of *lower* agrees when the whole interval is below zero. "
+        "Attention shares divide every head's row by its sum of absolute values (signed two-map and Dex maps can "
+        "hold negative attention, reported apart as negative mass), so a bucket's share lies in [−1, 1].",
     ]
+    if scope:
+        lines += ["", scope]
     return [*lines, ""]
 
 

@@ -1,10 +1,12 @@
 """The experiment report: ``report.md`` and ``results.json`` from the run folders of an experiment.
 
-What it holds: the paper claims the experiment touches (the paper's figure, ours, and whether ours agrees; see
-:mod:`.claims`), a table of every model × metric (parameters, trainable parameters, steps, validation loss,
-tokens/s, wall time, each evaluation's headline numbers), training loss and λ curves of all runs, the evaluations
-side by side (NIAH heatmaps, attention-allocation bars, ICL accuracy, outlier and quantization tables, head
-distances), and the exact config and environment.
+What it holds: the paper claims the experiment touches (the paper's figure, ours with 95% intervals, the
+difference with its interval and a verdict — agrees, disagrees or inconclusive — and a paragraph on what this
+scale can show; see :mod:`.claims`), a table of every model × metric (parameters, trainable parameters, steps,
+validation loss, tokens/s, wall time, each evaluation's headline numbers), training loss and λ curves of all runs,
+the evaluations side by side (NIAH heatmaps, attention-allocation bars with standard errors, negative mass and
+per-layer values, ICL accuracy, outlier and quantization tables, head distances), and the exact config and
+environment.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ def _headline(suite: str, r: dict) -> dict[str, float | None]:
     if suite == "niah":
         return {"NIAH acc": r["mean_accuracy"]}
     if suite == "alloc":
-        return {"attn→answer": r["attention_to_answer"], "attn noise": r["attention_noise"]}
+        return {
+            "attn→answer": r["attention_to_answer"],
+            "attn noise": r["attention_noise"],
+            "attn neg. mass": r.get("negative_mass"),
+        }
     if suite == "mqar":
         return {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]}
     if suite == "outliers":
@@ -48,6 +54,71 @@ def _fmt(x) -> str:
     if isinstance(x, float):
         return f"{x:,.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
     return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def _protocol(config) -> list[str]:
+    """What was trained on what and measured how, in words, from the experiment's config (the exact YAML is at the
+    end of the report)."""
+    from ..eval.suite import SuiteOptions
+    from ..train import RunConfig
+    from ..train.adapt import AdaptRunConfig
+
+    lines = ["## Protocol", ""]
+    if config.models:
+        d = RunConfig.from_dict({"data": dict(config.data)}).data
+        t = RunConfig.from_dict({"train": dict(config.train)}).train
+        groups = config.seed_groups()
+        seeds = ", ".join(f"{g} × {len(n)} seeds" for g, n in groups.items() if len(n) > 1) or "one seed each"
+        lines.append(
+            f"- From scratch: {', '.join(f'{m.name} ({m.preset}, {m.attention})' for m in config.models)}; {seeds}. "
+            f"{t.max_steps} steps × {t.global_batch_size} sequences × {d.seq_len} tokens, lr {t.lr:g}, "
+            f"{t.schedule} schedule."
+        )
+        lines.append("- Data: " + _data_words(d, tokenizer=True))
+    if config.adapters:
+        a = AdaptRunConfig.from_dict(
+            {"data": {"source": config.data.get("source", "shakespeare"), **config.adapt_data}}
+        )
+        at = AdaptRunConfig.from_dict({"train": dict(config.adapt_train)}).train
+        bases = sorted({x.base for x in config.adapters})
+        lines.append(
+            f"- Adapters on {', '.join(bases)}: {', '.join(x.name for x in config.adapters)}; {at.max_steps} steps × "
+            f"{at.global_batch_size} × {a.data.seq_len} tokens, lr {at.lr:g}, {at.schedule}; "
+            + "data: "
+            + _data_words(a.data, tokenizer=False)
+        )
+    o = SuiteOptions(**{"seed": config.seed, **config.eval.options})
+    suites = config.eval.suites
+    if "niah" in suites or "alloc" in suites:
+        grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid)
+        lines.append(
+            "- Retrieval evaluation: needles "
+            f'"The special magic {{city}} number is: {{{o.niah_digits}-digit number}}." '
+            f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the model maximum of'} tokens; "
+            f"(N needles, R queried) cells {grid}, {o.samples} samples each, greedy decoding, RULER string_match_all; "
+            f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
+            "(seeded), so comparisons are paired."
+        )
+    others = [s for s in suites if s not in ("niah", "alloc")]
+    if others:
+        lines.append(f"- Other suites: {', '.join(others)} over {o.tokens} tokens of {o.text} (test split).")
+    return [*lines, ""]
+
+
+def _data_words(d, *, tokenizer: bool) -> str:
+    words = f"{d.source}"
+    if d.retrieval_fraction > 0:
+        scored = "the answer only" if d.needle_loss == "answer" else "every token"
+        words += (
+            f" plus {d.retrieval_fraction:.0%} retrieval practice rows ({1 - d.mqar_fraction:.0%} needle rows with 1–"
+            f"{d.max_needles} needles and {d.needle_digits}-digit numbers, loss on {scored}; "
+            f"{d.mqar_fraction:.0%} MQAR)"
+        )
+    if tokenizer and hasattr(d, "vocab_size"):
+        words += f"; BPE tokenizer of {d.vocab_size} tokens trained on the training text"
+        if d.tokenizer_needle_words:
+            words += " and the needle template (its words, keys and numbers are single tokens)"
+    return words + "."
 
 
 def write_report(config, out: Path, outcomes) -> Path:
@@ -83,12 +154,14 @@ def write_report(config, out: Path, outcomes) -> Path:
                 row.update(_headline(suite, r))
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
     metrics = sorted({k for r in rows.values() for k in r} - set(columns))
-    from .claims import claims_json, claims_markdown, paper_claims
+    from .claims import claims_json, claims_markdown, claims_scope, paper_claims
 
     evals = {o.name: o.summary.get("suites", {}) for o in outcomes if o.kind == "eval"}
-    claims = paper_claims(config, rows, evals)
+    claims = paper_claims(config, rows, evals, seed=config.seed)
+    scope = claims_scope(config, rows, evals)
     lines = [f"# Experiment `{config.name}`", "", "## Paper claims", ""]
-    lines += claims_markdown(claims)
+    lines += claims_markdown(claims, scope)
+    lines += _protocol(config)
     lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
     for r in rows.values():
@@ -143,6 +216,7 @@ def write_report(config, out: Path, outcomes) -> Path:
         "models": list(rows.values()),
         "parts": [{"kind": o.kind, "name": o.name, "state": o.state, "seconds": o.seconds} for o in outcomes],
         "claims": claims_json(claims),
+        "claims_scope": scope,
         "evaluations": evals,
         "config": config.to_dict(),
         "environment": env,
@@ -199,12 +273,26 @@ def _side_by_side(evals: dict[str, dict], out: Path) -> list[str]:
     alloc = {n: s["alloc"] for n, s in evals.items() if "alloc" in s}
     if alloc:
         lines += [f"![attention allocation]({plot_allocation(alloc, out / 'allocation_all.png').name})", ""]
+        lines += _allocation_table(alloc)
     niah = {n: s["niah"] for n, s in evals.items() if "niah" in s}
     if niah:
-        lines += [f"![needle heatmaps]({_niah_grid(niah, out / 'niah_all.png').name})", ""]
-        cells = [f"N={g['N']},R={g['R']}" for g in next(iter(niah.values()))["grid"]]
-        lines += ["| model | " + " | ".join(cells) + " |", "|---|" + "---|" * len(cells)]
-        lines += [f"| {n} | " + " | ".join(f"{g['accuracy']:.2f}" for g in r["grid"]) + " |" for n, r in niah.items()]
+        lines += [f"![needle retrieval]({_niah_bars(niah, out / 'niah_grid_all.png').name})", ""]
+        if any(r["heatmap"]["lengths"] for r in niah.values()):
+            lines += [f"![needle heatmaps]({_niah_grid(niah, out / 'niah_all.png').name})", ""]
+        first = next(iter(niah.values()))
+        cells = [f"N={g['N']},R={g['R']}" for g in first["grid"]]
+        samples = first["metadata"].get("samples_per_cell")
+        lines += [
+            f"Accuracy per (N needles, R queried) cell, {samples} samples each, with Wilson 95% intervals; the same "
+            "prompts for every model.",
+            "",
+            "| model | " + " | ".join(cells) + " | mean |",
+            "|---|" + "---|" * (len(cells) + 1),
+        ]
+        for n, r in niah.items():
+            row = [_with_ci(g["accuracy"], g.get("ci")) for g in r["grid"]]
+            row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")))
+            lines.append(f"| {n} | " + " | ".join(row) + " |")
         lines.append("")
     icl = {n: s["icl"]["many_shot"] for n, s in evals.items() if "icl" in s}
     if icl:
@@ -247,10 +335,64 @@ def _side_by_side(evals: dict[str, dict], out: Path) -> list[str]:
     return lines
 
 
+def _allocation_table(alloc: dict[str, dict]) -> list[str]:
+    """Answer share, noise and negative mass per model, each ± its standard error over samples."""
+
+    def pm(r: dict, key: str) -> str:
+        v, se = r.get(key), r.get(f"{key}_se")
+        if v is None:
+            return "–"
+        return f"{v:.3f} ± {se:.3f}" if isinstance(se, float) and se == se else f"{v:.3f}"
+
+    lines = [
+        "Attention allocation of the last prompt token (rows normalised by Σ|a|; ± 1 SE over samples):",
+        "",
+        "| model | samples | attention to answer | attention noise | negative mass |",
+        "|---|---|---|---|---|",
+    ]
+    for n, r in alloc.items():
+        samples = r.get("metadata", {}).get("samples", "–")
+        lines.append(
+            f"| {n} | {samples} | {pm(r, 'attention_to_answer')} | {pm(r, 'attention_noise')} | "
+            f"{pm(r, 'negative_mass')} |"
+        )
+    return [*lines, ""]
+
+
+def _with_ci(value: float, ci) -> str:
+    return f"{value:.2f}" if not ci else f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _niah_bars(niah: dict[str, dict], path: Path) -> Path:
+    """Grouped bars: accuracy per (N, R) cell for every model, with the 95% intervals."""
+    import numpy as np
+
+    plt = figure()
+    names = list(niah)
+    cells = [f"N={g['N']},R={g['R']}" for g in niah[names[0]]["grid"]]
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cells) * (1 + 0.25 * len(names))), 3.4))
+    for k, name in enumerate(names):
+        grid = niah[name]["grid"]
+        acc = np.array([g["accuracy"] for g in grid])
+        x = np.arange(len(grid)) + (k - (len(names) - 1) / 2) * width
+        errors = None
+        if all(g.get("ci") for g in grid):
+            errors = [acc - [g["ci"][0] for g in grid], [g["ci"][1] for g in grid] - acc]
+        ax.bar(x, acc, width, yerr=errors, capsize=2, label=name)
+    ax.set_xticks(range(len(cells)), cells)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy (95% CI)")
+    ax.set_title("multi-needle retrieval")
+    ax.legend(fontsize=7, ncol=min(len(names), 5), loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    return save_figure(fig, path)
+
+
 def _niah_grid(niah: dict[str, dict], path: Path) -> Path:
     import numpy as np
 
     plt = figure()
+    niah = {n: r for n, r in niah.items() if r["heatmap"]["lengths"]}
     fig, axes = plt.subplots(1, len(niah), figsize=(3.2 * len(niah), 3), squeeze=False)
     for ax, (name, r) in zip(axes[0], niah.items(), strict=True):
         heat = r["heatmap"]

@@ -112,9 +112,15 @@ def _wants(overwrite, name: str) -> bool:
 
 
 def run_experiment(
-    config: ExperimentConfig, root: str | Path = "runs", *, overwrite: bool | set[str] = False, report: bool = True
+    config: ExperimentConfig,
+    root: str | Path = "runs",
+    *,
+    overwrite: bool | set[str] = False,
+    report: bool = True,
+    evaluate: bool = True,
 ) -> list[PartOutcome]:
-    """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened."""
+    """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened.
+    ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them."""
     from ..eval.icl_data import load_icl_dataset
     from ..eval.suite import RESULTS, SuiteOptions, load_for_eval, run_suites
     from ..train import pretrain
@@ -178,6 +184,8 @@ def run_experiment(
             summary = adapt_pretrained(run_config, path, resume=state == RESUME)
         outcomes.append(PartOutcome("adapt", a.name, path, state, time.perf_counter() - t0, summary))
 
+    if not evaluate:
+        return outcomes
     targets = config.eval.models or config.model_names()
     for name in targets:
         if config.pretrained_path(name) is not None:

@@ -7,6 +7,9 @@ Tools reading results across experiments can rely on these keys; :func:`validate
 from __future__ import annotations
 
 NUMBER_OR_NULL = {"type": ["number", "null"]}
+INTERVAL_OR_NULL = {
+    "oneOf": [{"type": "null"}, {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}]
+}
 
 RESULTS_SCHEMA: dict = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -50,16 +53,42 @@ RESULTS_SCHEMA: dict = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["source", "claim", "paper", "ours", "agrees"],
+                "required": [
+                    "source",
+                    "claim",
+                    "paper",
+                    "ours",
+                    "difference",
+                    "interval",
+                    "verdict",
+                    "claimed",
+                    "ref",
+                    "new",
+                    "metric",
+                ],
                 "properties": {
                     "source": {"type": "string"},
                     "claim": {"type": "string"},
                     "paper": {"type": "string"},
-                    "ours": {"type": "string"},
-                    "agrees": {"type": ["boolean", "null"]},
+                    "ours": {"type": "string"},  # "ref → new: metric value [95% CI] → value [95% CI]"
+                    "difference": {"type": "string"},  # new − ref with its 95% CI, or "–"
+                    "interval": {"type": "string"},  # what kind of interval (or why there is none)
+                    "verdict": {"enum": ["agrees", "disagrees", "inconclusive"]},
+                    "claimed": {"enum": ["higher", "lower"]},
+                    "ref": {"type": "string"},
+                    "new": {"type": "string"},
+                    "metric": {"type": "string"},
+                    "ref_value": NUMBER_OR_NULL,
+                    "new_value": NUMBER_OR_NULL,
+                    "diff_value": NUMBER_OR_NULL,
+                    "ref_ci": INTERVAL_OR_NULL,
+                    "new_ci": INTERVAL_OR_NULL,
+                    "diff_ci": INTERVAL_OR_NULL,
+                    "note": {"type": "string"},
                 },
             },
         },
+        "claims_scope": {"type": "string"},
         "evaluations": {"type": "object", "additionalProperties": {"type": "object"}},
         "config": {"type": "object", "required": ["name", "models", "adapters", "eval"]},
         "environment": {"type": "object", "required": ["python", "torch", "transformers", "device"]},

@@ -8,6 +8,8 @@ whose ``num_heads`` is the *baseline* head count (Hugging Face ``DiffLlama`` use
 Presets:
 
 * ``debug`` — tiny, for tests (2 layers, d_model 64).
+* ``quick`` — the quickstart's models (2 layers, d_model 128, head width 32): learn the quickstart's retrieval
+  protocol in a few CPU minutes.
 * ``tiny``, ``small`` — CPU experiments (head width 64).
 * ``paper-830m`` … ``paper-13.1b`` — the scaling-law sizes of the paper's Appendix E (hidden size, layers,
   heads as we read its table; the shared excerpt lacks it). The paper does not list their FFN width or
@@ -93,6 +95,9 @@ PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in [
         ModelPreset("debug", 64, 2, 4, 2, 128, 256, 256, description="tests only: 2 layers, d_model 64, GQA 4/2"),
+        ModelPreset(
+            "quick", 128, 2, 4, 4, 384, 2048, 1024, description="the quickstart: 2 layers, d_model 128, 2048 tokens"
+        ),
         ModelPreset("tiny", 256, 4, 4, 4, 704, 8192, 1024, description="CPU minutes: 4 layers, d_model 256"),
         ModelPreset("small", 512, 8, 8, 8, 1344, 8192, 1024, description="CPU hours: 8 layers, d_model 512"),
         _paper("paper-830m", 1536, 24, 8),

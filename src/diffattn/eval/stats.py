@@ -1,0 +1,295 @@
+"""The statistics every evaluation and the paper-claims table share, written once.
+
+* :func:`wilson_interval` — the score interval of a binomial proportion (Wilson 1927, *JASA* 22: 209–212); unlike
+  the normal "Wald" interval it stays inside [0, 1] and is not empty at 0/n or n/n.
+* :func:`mean_se` — the mean and its standard error (sample standard deviation / √n).
+* :func:`bootstrap_contrast` — the percentile bootstrap (Efron & Tibshirani 1993, ch. 13) of a weighted sum of
+  group means, resampling within each group; the building block of the three below.
+* :func:`paired_difference` — the mean of ``new − ref`` over the *same* samples: percentile bootstrap over the
+  pairs (default) or the normal interval mean ± z·SE of the differences.
+* :func:`unpaired_difference` — the difference of two independent means (e.g. models trained with different
+  seeds): Welch's t interval (Welch 1947, *Biometrika* 34: 28–35) with the Welch–Satterthwaite degrees of
+  freedom, or an unpaired bootstrap. With two values per side the interval is wide: that is the honest answer.
+* :func:`verdict` — "agrees" / "disagrees" only when the interval excludes 0, in the claimed direction or
+  against it; "inconclusive" otherwise (the interval includes "no difference").
+
+Every bootstrap is deterministic: a seeded ``numpy.random.Generator`` (``seed=0`` by default).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import NamedTuple
+
+import numpy as np
+import scipy.stats
+
+VERDICTS = ("agrees", "disagrees", "inconclusive")
+
+
+class Difference(NamedTuple):
+    """A difference ``new − ref`` (or any contrast) with its interval."""
+
+    estimate: float
+    interval: tuple[float, float]
+    method: str  # what the interval is, in words
+    n: int  # samples (pairs) or values behind it
+
+
+def _z(level: float) -> float:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+def _array(values, what: str) -> np.ndarray:
+    a = np.asarray(values, dtype=float).ravel()
+    if a.size == 0:
+        raise ValueError(f"{what}: no values")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{what}: values must be finite")
+    return a
+
+
+# -- proportions and means ----------------------------------------------------------------------------------------
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's score interval (Wilson 1927) of a proportion ``successes / n`` at normal quantile ``z``.
+
+    ``successes`` may be fractional (e.g. the sum of partial retrieval scores): the interval then treats the mean
+    score as a proportion over ``n`` trials, exact for 0/1 scores. ``n = 0`` gives the uninformative (0, 1)."""
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} / {n}")
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_se(values) -> tuple[float, float]:
+    """``(mean, standard error)``: SE = sample standard deviation (ddof = 1) / √n; NaN for a single value."""
+    a = _array(values, "mean_se")
+    if a.size < 2:
+        return float(a[0]), math.nan
+    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(a.size))
+
+
+def normal_interval(mean: float, se: float, level: float = 0.95) -> tuple[float, float]:
+    """mean ± z·SE (NaN ends when the SE is undefined)."""
+    z = _z(level)
+    return (mean - z * se, mean + z * se)
+
+
+# -- Student's t ---------------------------------------------------------------------------------------------------
+def t_cdf(t: float, df: float) -> float:
+    """CDF of Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
+    return float(scipy.stats.t.cdf(t, df))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (``df`` may be fractional, as Welch's)."""
+    if not 0 < p < 1 or not df > 0:
+        raise ValueError(f"need 0 < p < 1 and df > 0, got p={p}, df={df}")
+    return float(scipy.stats.t.ppf(p, df))
+
+
+# -- paired proportions ----------------------------------------------------------------------------------------------
+def newcombe_paired_difference(ref_hits, new_hits, level: float = 0.95) -> Difference:
+    """``p_new − p_ref`` of paired binary outcomes (the same trials seen by two models) and Newcombe's hybrid score
+    interval (Newcombe 1998, "Improved confidence intervals for the difference between binomial proportions based
+    on paired data", method 10: Wilson intervals of both proportions combined with the phi correlation).
+
+    Unlike a bootstrap or Wald interval it stays honest when few pairs disagree: 4 trials won by the new model and
+    none by the reference out of 40 give [−0.006, +0.23], as McNemar's exact test (p = 0.125) would have it."""
+    ref, new = _array(ref_hits, "newcombe"), _array(new_hits, "newcombe")
+    if ref.size != new.size:
+        raise ValueError(f"paired outcomes must match: {ref.size} reference vs {new.size} new")
+    if not np.isin(ref, (0, 1)).all() or not np.isin(new, (0, 1)).all():
+        raise ValueError("Newcombe's interval needs binary outcomes (0 or 1)")
+    n = ref.size
+    a = float(((ref == 1) & (new == 1)).sum())
+    b = float(((ref == 1) & (new == 0)).sum())
+    c = float(((ref == 0) & (new == 1)).sum())
+    d = float(n - a - b - c)
+    z = _z(level)
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = wilson_interval(a + b, n, z)
+    l2, u2 = wilson_interval(a + c, n, z)
+    denominator = (a + b) * (c + d) * (a + c) * (b + d)
+    phi = (a * d - b * c) / math.sqrt(denominator) if denominator > 0 else 0.0
+    theta = p2 - p1
+    lower = theta - math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    upper = theta + math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2))
+    pct = f"{100 * level:g}%"
+    return Difference(theta, (lower, upper), f"Newcombe paired score interval over {n} trials ({pct})", int(n))
+
+
+# -- bootstrap -----------------------------------------------------------------------------------------------------
+def bootstrap_contrast(
+    groups,
+    weights=None,
+    *,
+    sample_weights=None,
+    seed: int = 0,
+    n_boot: int = 2000,
+    level: float = 0.95,
+) -> tuple[float, tuple[float, float]]:
+    """Percentile bootstrap of ``Σ_g weights[g] · mean(groups[g])``, resampling each group on its own.
+
+    ``groups``: a list of 1-D arrays (independent strata: grid cells, two models' samples, ...); ``weights``: one
+    number per group (default 1 each). ``sample_weights`` (optional, one array per group) turns each group's mean
+    into a weighted mean Σ wᵢxᵢ / Σ wᵢ (e.g. per-window NLL weighted by the window's token count). Returns
+    ``(estimate, (lo, hi))``, deterministic for a given ``seed``. A group of a single value says nothing about its
+    spread, so the interval is then (−inf, inf) (a bootstrap of one value would give a zero-width interval)."""
+    arrays = [_array(g, "bootstrap_contrast") for g in groups]
+    weights = [1.0] * len(arrays) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(arrays):
+        raise ValueError(f"{len(weights)} weights for {len(arrays)} groups")
+    sws = [None] * len(arrays) if sample_weights is None else [_array(w, "sample_weights") for w in sample_weights]
+    if any(w is not None and w.size != a.size for w, a in zip(sws, arrays, strict=True)):
+        raise ValueError("sample_weights must have one weight per value")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    estimate = 0.0
+    boots = np.zeros(n_boot)
+    for a, w, sw in zip(arrays, weights, sws, strict=True):
+        idx = rng.integers(0, a.size, size=(n_boot, a.size))
+        if sw is None:
+            estimate += w * float(a.mean())
+            boots += w * a[idx].mean(axis=1)
+        else:
+            estimate += w * float((a * sw).sum() / sw.sum())
+            boots += w * (a[idx] * sw[idx]).sum(axis=1) / sw[idx].sum(axis=1)
+    if any(a.size < 2 and w != 0 for a, w in zip(arrays, weights, strict=True)):
+        return estimate, (-math.inf, math.inf)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return estimate, (float(lo), float(hi))
+
+
+def bootstrap_mean(values, *, strata=None, seed: int = 0, n_boot: int = 2000, level: float = 0.95):
+    """Percentile-bootstrap interval of a mean; with ``strata`` (a label per value) the mean of the strata's means,
+    resampled within each stratum (e.g. NIAH's mean accuracy over grid cells). Returns ``(estimate, (lo, hi))``."""
+    a = _array(values, "bootstrap_mean")
+    if strata is None:
+        return bootstrap_contrast([a], seed=seed, n_boot=n_boot, level=level)
+    labels = list(strata)
+    if len(labels) != a.size:
+        raise ValueError("strata must give one label per value")
+    keys = list(dict.fromkeys(labels))
+    groups = [a[[i for i, s in enumerate(labels) if s == k]] for k in keys]
+    return bootstrap_contrast(groups, [1 / len(groups)] * len(groups), seed=seed, n_boot=n_boot, level=level)
+
+
+# -- differences ---------------------------------------------------------------------------------------------------
+def paired_difference(
+    ref_values,
+    new_values,
+    *,
+    method: str = "bootstrap",
+    weights=None,
+    seed: int = 0,
+    n_boot: int = 2000,
+    level: float = 0.95,
+) -> Difference:
+    """Mean of ``new − ref`` over paired samples (the same samples seen by two models) and its interval.
+
+    ``method="bootstrap"``: percentile bootstrap over the pairs (seeded, deterministic); ``"normal"``: mean ±
+    z·SE of the paired differences. ``weights`` (one per pair, optional) make it a weighted mean (e.g. tokens per
+    window); the normal interval then uses the linearised SE."""
+    ref, new = _array(ref_values, "paired_difference"), _array(new_values, "paired_difference")
+    if ref.size != new.size:
+        raise ValueError(f"paired samples must match: {ref.size} reference vs {new.size} new values")
+    d = new - ref
+    pct = f"{100 * level:g}%"
+    if method == "bootstrap":
+        sw = None if weights is None else [weights]
+        est, ci = bootstrap_contrast([d], sample_weights=sw, seed=seed, n_boot=n_boot, level=level)
+        return Difference(est, ci, f"paired percentile bootstrap over {d.size} samples ({pct})", int(d.size))
+    if method == "normal":
+        if weights is None:
+            est, se = mean_se(d)
+        else:
+            w = _array(weights, "weights")
+            est = float((w * d).sum() / w.sum())
+            n = d.size
+            se = math.sqrt((w**2 * (d - est) ** 2).sum() / w.sum() ** 2 * n / (n - 1)) if n > 1 else math.nan
+        return Difference(
+            est, normal_interval(est, se, level), f"paired mean ± z·SE over {d.size} samples ({pct})", int(d.size)
+        )
+    raise ValueError(f"method must be 'bootstrap' or 'normal', got {method!r}")
+
+
+def unpaired_difference(
+    ref_values,
+    new_values,
+    *,
+    method: str = "welch",
+    seed: int = 0,
+    n_boot: int = 2000,
+    level: float = 0.95,
+) -> Difference:
+    """``mean(new) − mean(ref)`` of two independent samples (e.g. replicate seeds of two models) and its interval.
+
+    ``method="welch"``: Welch's t interval, df by Welch–Satterthwaite; it needs at least two values per side
+    (otherwise the interval is (−inf, inf): one run per model says nothing about run-to-run spread).
+    ``"bootstrap"``: percentile bootstrap resampling each side on its own."""
+    ref, new = _array(ref_values, "unpaired_difference"), _array(new_values, "unpaired_difference")
+    est = float(new.mean() - ref.mean())
+    pct = f"{100 * level:g}%"
+    if method == "bootstrap":
+        est, ci = bootstrap_contrast([new, ref], [1.0, -1.0], seed=seed, n_boot=n_boot, level=level)
+        return Difference(
+            est, ci, f"unpaired percentile bootstrap, {new.size} vs {ref.size} values ({pct})", int(new.size + ref.size)
+        )
+    if method != "welch":
+        raise ValueError(f"method must be 'welch' or 'bootstrap', got {method!r}")
+    what = f"Welch t interval, {ref.size} vs {new.size} values ({pct})"
+    if ref.size < 2 or new.size < 2:
+        return Difference(est, (-math.inf, math.inf), what, int(new.size + ref.size))
+    vr, vn = ref.var(ddof=1) / ref.size, new.var(ddof=1) / new.size
+    se = math.sqrt(vr + vn)
+    if se == 0:
+        return Difference(est, (est, est), what, int(new.size + ref.size))
+    df = (vr + vn) ** 2 / (vr**2 / (ref.size - 1) + vn**2 / (new.size - 1))
+    t = t_quantile(0.5 + level / 2, df)
+    return Difference(est, (est - t * se, est + t * se), what, int(new.size + ref.size))
+
+
+def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """Mean and Student's t interval (n − 1 df) of independent values, e.g. one metric over seeds."""
+    a = _array(values, "t_interval")
+    if a.size < 2:
+        return float(a[0]), (-math.inf, math.inf)
+    m, se = mean_se(a)
+    t = t_quantile(0.5 + level / 2, a.size - 1)
+    return m, (m - t * se, m + t * se)
+
+
+# -- verdicts ------------------------------------------------------------------------------------------------------
+def verdict(interval, claimed: str, *, digits: int | None = None) -> str:
+    """What an interval of ``new − ref`` says about a claimed direction (``"higher"`` or ``"lower"``).
+
+    "agrees": the whole interval lies on the claimed side of 0; "disagrees": on the other side; "inconclusive":
+    it includes 0 (or is missing / not finite). With ``digits``, the interval's ends are first rounded to the
+    precision a report prints, so a verdict never rests on a difference the reader cannot see."""
+    if claimed not in ("higher", "lower"):
+        raise ValueError(f"claimed must be 'higher' or 'lower', got {claimed!r}")
+    if interval is None:
+        return "inconclusive"
+    lo, hi = (float(x) for x in interval)
+    if math.isnan(lo) or math.isnan(hi):
+        return "inconclusive"
+    if digits is not None:
+        lo, hi = round(lo, digits), round(hi, digits)
+    if lo > 0:
+        side = "higher"
+    elif hi < 0:
+        side = "lower"
+    else:
+        return "inconclusive"
+    return "agrees" if side == claimed else "disagrees"

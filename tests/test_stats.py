@@ -1,0 +1,134 @@
+"""The shared statistics (diffattn.eval.stats) on known values, and the verdict logic on synthetic numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from diffattn.eval.stats import (
+    bootstrap_contrast,
+    bootstrap_mean,
+    mean_se,
+    paired_difference,
+    t_interval,
+    t_quantile,
+    unpaired_difference,
+    verdict,
+    wilson_interval,
+)
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(0, 50)
+    assert lo == 0 and hi == pytest.approx(1.96**2 / (50 + 1.96**2))  # 0.0714: not empty at 0/n
+    lo, hi = wilson_interval(25, 50)
+    assert (lo, hi) == pytest.approx((0.3664, 0.6336), abs=1e-4)
+    lo, hi = wilson_interval(50, 50)
+    assert hi == 1 and lo == pytest.approx(1 - 1.96**2 / (50 + 1.96**2))
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_mean_se_and_t_quantiles():
+    m, se = mean_se([1.0, 2.0, 3.0, 4.0])
+    assert m == 2.5 and se == pytest.approx(np.std([1, 2, 3, 4], ddof=1) / 2)
+    assert math.isnan(mean_se([5.0])[1])
+    for df, want in ((1, 12.7062), (2, 4.3027), (10, 2.2281), (1000, 1.9623)):
+        assert t_quantile(0.975, df) == pytest.approx(want, abs=1e-4)
+    m, (lo, hi) = t_interval([1.0, 3.0])
+    assert m == 2 and hi - m == m - lo == pytest.approx(12.7062, abs=1e-3)  # two seeds: very wide, honestly
+
+
+def test_paired_bootstrap_is_deterministic_and_covers_the_mean():
+    rng = np.random.default_rng(1)
+    ref = rng.normal(0.0, 1.0, 60)
+    new = ref + 0.5 + rng.normal(0.0, 0.1, 60)
+    a = paired_difference(ref, new, seed=3)
+    b = paired_difference(ref, new, seed=3)
+    assert a == b and a.n == 60 and "paired" in a.method
+    assert a.estimate == pytest.approx(float(np.mean(new - ref)))
+    assert a.interval[0] < a.estimate < a.interval[1] and a.interval[0] > 0.4
+    assert paired_difference(ref, new, seed=4).interval != a.interval  # another seed, another resample
+    normal = paired_difference(ref, new, method="normal")
+    assert normal.interval == pytest.approx(a.interval, abs=0.02)
+    with pytest.raises(ValueError, match="paired samples must match"):
+        paired_difference([1, 2], [1, 2, 3])
+
+
+def test_weighted_and_stratified_bootstraps():
+    # weighted mean = Σ w·x / Σ w (per-window NLL weighted by tokens)
+    est, (lo, hi) = bootstrap_contrast([[1.0, 3.0]], sample_weights=[[3.0, 1.0]])
+    assert est == pytest.approx(1.5) and 1.0 <= lo <= hi <= 3.0
+    # strata: the mean of the cells' means, each cell resampled on its own
+    est, (lo, hi) = bootstrap_mean([1, 1, 1, 0, 0, 0, 0, 0], strata=["a", "a", "a", "b", "b", "b", "b", "b"])
+    assert est == pytest.approx(0.5) and lo == hi == pytest.approx(0.5)  # no spread within cells
+    est, _ = bootstrap_contrast([[2.0, 2.0], [1.0, 1.0]], [1.0, -1.0])
+    assert est == pytest.approx(1.0)
+    # one value says nothing about spread: no zero-width interval from a bootstrap of one sample
+    assert bootstrap_contrast([[0.7]]) == (0.7, (-math.inf, math.inf))
+    assert paired_difference([0.1], [0.9]).interval == (-math.inf, math.inf)
+
+
+def test_welch_interval_and_unpaired_bootstrap():
+    ref, new = [5.0, 5.2, 4.9, 5.1], [4.0, 4.1, 3.9, 4.2]
+    d = unpaired_difference(ref, new)
+    assert d.estimate == pytest.approx(np.mean(new) - np.mean(ref)) and d.interval[1] < 0 and "Welch" in d.method
+    one = unpaired_difference([5.0], [4.0])  # one run each: no spread, no interval
+    assert one.interval == (-math.inf, math.inf) and verdict(one.interval, "lower") == "inconclusive"
+    boot = unpaired_difference(ref, new, method="bootstrap", seed=0)
+    assert boot.interval[1] < 0 and boot == unpaired_difference(ref, new, method="bootstrap", seed=0)
+
+
+@pytest.mark.parametrize(
+    "interval, claimed, want",
+    [
+        ((-0.1, 0.2), "higher", "inconclusive"),
+        ((-0.1, 0.2), "lower", "inconclusive"),
+        ((0.05, 0.2), "higher", "agrees"),
+        ((0.05, 0.2), "lower", "disagrees"),
+        ((-0.3, -0.01), "lower", "agrees"),
+        ((-0.3, -0.01), "higher", "disagrees"),
+        ((0.0, 0.3), "higher", "inconclusive"),  # touching 0 is not excluding it
+        ((-math.inf, math.inf), "higher", "inconclusive"),
+        ((math.nan, 1.0), "higher", "inconclusive"),
+        (None, "lower", "inconclusive"),
+    ],
+)
+def test_verdict(interval, claimed, want):
+    assert verdict(interval, claimed) == want
+
+
+def test_verdict_never_rests_on_a_difference_hidden_by_rounding():
+    assert verdict((0.0002, 0.0004), "higher") == "agrees"
+    assert verdict((0.0002, 0.0004), "higher", digits=3) == "inconclusive"  # prints as [0.000, 0.000]
+    assert verdict((0.0006, 0.002), "higher", digits=3) == "agrees"
+    with pytest.raises(ValueError, match="higher"):
+        verdict((0.1, 0.2), "better")
+
+
+def test_newcombe_paired_interval_is_honest_when_few_pairs_disagree():
+    from diffattn.eval.stats import newcombe_paired_difference
+
+    # 4 trials won by the new model, none by the reference, out of 40: McNemar's exact p = 0.125, so no verdict
+    few = newcombe_paired_difference([0] * 40, [1] * 4 + [0] * 36)
+    assert few.estimate == pytest.approx(0.1) and few.interval[0] < 0 < few.interval[1]
+    assert verdict(few.interval, "higher") == "inconclusive"
+    # swapping the models negates the difference and mirrors the interval
+    ref = [1] * 8 + [1] * 5 + [0] * 4 + [0] * 6
+    new = [1] * 8 + [0] * 5 + [1] * 4 + [0] * 6
+    forward, backward = newcombe_paired_difference(ref, new), newcombe_paired_difference(new, ref)
+    assert forward.estimate == pytest.approx(-1 / 23) == -backward.estimate
+    assert forward.interval == pytest.approx((-backward.interval[1], -backward.interval[0]))
+    # with no correlation (phi = 0: the reference never succeeds) it is Newcombe's square-and-add of two Wilson
+    # intervals, computed here independently
+    lo1, hi1 = wilson_interval(0, 40)
+    lo2, hi2 = wilson_interval(4, 40)
+    expected = (0.1 - math.hypot(0.1 - lo2, hi1 - 0.0), 0.1 + math.hypot(hi2 - 0.1, 0.0 - lo1))
+    assert few.interval == pytest.approx(expected, abs=1e-5)  # z = 1.96 here, 1.959964 there
+    clear = newcombe_paired_difference([1] * 20 + [0] * 20, [1] * 40)
+    assert verdict(clear.interval, "higher") == "agrees" and verdict(clear.interval, "lower") == "disagrees"
+    with pytest.raises(ValueError, match="binary"):
+        newcombe_paired_difference([0.5], [1])
