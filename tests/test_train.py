@@ -186,6 +186,38 @@ def test_gradient_accumulation_matches_the_full_batch(corpus_file, tmp_path):
         assert accum[step] == pytest.approx(full[step], rel=1e-5), step
 
 
+def test_row_loss_average_equals_token_average_on_full_text_rows_and_accumulates(corpus_file, tmp_path):
+    """Text rows are full and fully scored, so the per-row mean of per-token losses is the token mean; with the
+    retrieval mix the two differ, and row averaging still matches gradient accumulation."""
+    cfg = debug_config(corpus_file, max_steps=3, eval_every=3, save_every=3)
+    pretrain(cfg, tmp_path / "token")
+    pretrain(cfg.with_overrides({"train.loss_average": "row"}), tmp_path / "row")
+    token, row = losses(tmp_path / "token"), losses(tmp_path / "row")
+    for step in token:
+        assert row[step] == pytest.approx(token[step], rel=1e-5), step
+    mixed = cfg.with_overrides(
+        {"data.retrieval_fraction": 0.5, "data.needle_loss": "answer", "data.mqar_fraction": 0.0, "train.max_steps": 4}
+    )
+    mixed = mixed.with_overrides({"train.eval_every": 4, "train.save_every": 4})
+    pretrain(mixed, tmp_path / "mixed-token")
+    pretrain(mixed.with_overrides({"train.loss_average": "row"}), tmp_path / "mixed-row")
+    pretrain(mixed.with_overrides({"train.loss_average": "row", "train.grad_accum": 2}), tmp_path / "mixed-accum")
+    mt, mr, ma = (losses(tmp_path / n) for n in ("mixed-token", "mixed-row", "mixed-accum"))
+    assert mt[4] != pytest.approx(mr[4], rel=1e-4)  # answer rows now weigh as much as text rows
+    for step in mr:
+        assert ma[step] == pytest.approx(mr[step], rel=1e-4), step
+
+
+def test_max_text_sequences_caps_the_text_rows_and_sizes_the_mix_on_them(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file).with_overrides(
+        {"data.retrieval_fraction": 0.5, "data.mqar_fraction": 0.0, "data.max_text_sequences": 20}
+    )
+    data = train_data.prepare_data(cfg)
+    assert data.info["retrieval_mix_sequences"] == 20 and data.info["train_sequences"] == 40
+    with pytest.raises(ValueError, match="max_text_sequences"):
+        cfg.with_overrides({"data.max_text_sequences": 0}).validate()
+
+
 def test_resume_refuses_changed_settings(corpus_file, tmp_path):
     cfg = debug_config(corpus_file, max_steps=4)
     pretrain(cfg, tmp_path / "run")

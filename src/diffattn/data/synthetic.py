@@ -335,6 +335,7 @@ def retrieval_mix(
     max_needles: int = 4,
     value_digits: int = 7,
     needle_loss: str = "all",
+    varied_context: bool = False,
 ) -> PackedSequences:
     """``count`` rows of ``seq_len`` tokens of retrieval practice: ``round(mqar_fraction·count)`` MQAR rows.
 
@@ -350,7 +351,10 @@ def retrieval_mix(
     ``"all"`` trains needle rows with plain LM loss on every real token (labels = input_ids: the rest is ordinary
     text), ``"answer"`` only on the answer tokens and the closing separator (as MQAR rows are): the whole gradient
     of the row then goes to retrieval, which small models learn far sooner. ``value_digits``: the needle numbers'
-    length (:func:`make_needle_sample`). Row kinds are shuffled; everything follows from ``seed``.
+    length (:func:`make_needle_sample`). ``varied_context``: each needle row's haystack is a uniform fraction of the
+    row instead of filling it, so the rows range from needles and question alone to a full haystack (short rows teach
+    the lookup with few distractors, which small models learn far sooner). Row kinds are shuffled; everything
+    follows from ``seed``.
     """
     _check_seed(seed)
     _check_int("count", count, 1)
@@ -383,7 +387,7 @@ def retrieval_mix(
     for row, (kind, row_seed) in enumerate(zip(kinds, row_seeds, strict=True)):
         if kind == "needle":
             ids, prompt_len, chars_per_token = _needle_row(
-                row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token, value_digits
+                row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token, value_digits, varied_context
             )
             if len(ids) <= seq_len:
                 input_ids[row, : len(ids)] = torch.tensor(ids)
@@ -422,6 +426,7 @@ def _needle_row(
     sep_id: int,
     chars_per_token: float,
     value_digits: int = 7,
+    varied_context: bool = False,
 ) -> tuple[list[int], int, float]:
     """Token ids of one needle row (longer than ``seq_len`` only if nothing fits), the prompt's length in tokens,
     and the updated characters-per-token estimate."""
@@ -431,7 +436,8 @@ def _needle_row(
     num_queries = rng.randint(1, min(num_needles, 2))
     depth = rng.random()
     sample_seed = rng.getrandbits(63)
-    context_chars = int(seq_len * chars_per_token)
+    fill = rng.random() if varied_context else 1.0  # drawn only when varied: full rows keep their old samples
+    context_chars = int(seq_len * chars_per_token * fill)
     while True:
         sample = make_needle_sample(
             sample_seed,

@@ -112,7 +112,9 @@ def _data_words(d, *, tokenizer: bool) -> str:
         words += (
             f" plus {d.retrieval_fraction:.0%} retrieval practice rows ({1 - d.mqar_fraction:.0%} needle rows with 1–"
             f"{d.max_needles} needles and {d.needle_digits}-digit numbers, loss on {scored}; "
-            f"{d.mqar_fraction:.0%} MQAR)"
+            f"{d.mqar_fraction:.0%} MQAR"
+            + ("; haystack lengths uniform from none to the whole row" if d.varied_context else "")
+            + ")"
         )
     if tokenizer and hasattr(d, "vocab_size"):
         words += f"; BPE tokenizer of {d.vocab_size} tokens trained on the training text"

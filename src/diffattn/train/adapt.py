@@ -360,6 +360,7 @@ def adapt_pretrained(
         callbacks=[metrics, *([AdapterStepCallback()] if is_adapter else []), *(callbacks or [])],
         run_dir=run_dir,
         keep_checkpoints=config.train.keep_checkpoints,
+        loss_average=config.train.loss_average,
         extra_no_decay=extra_no_decay,
     )
     if is_adapter:

@@ -45,15 +45,24 @@ class ModelConfig:
 @dataclass
 class RetrievalMixFields:
     """The retrieval practice mix (:func:`diffattn.data.retrieval_mix`) of a training data section: pretraining's
-    ``data`` and ``diffattn adapt``'s ``data`` share these fields, their defaults and their checks."""
+    ``data`` and ``diffattn adapt``'s ``data`` share these fields, their defaults and their checks.
+
+    ``max_text_sequences`` caps the text rows (a seeded sample of the packed corpus) before the mix is added, so a
+    short run does not generate retrieval rows it will never see (``retrieval_fraction`` is of the capped total)."""
 
     retrieval_fraction: float = 0.0  # share of training sequences from the retrieval practice mix
     mqar_fraction: float = 0.5  # of those, the share that are MQAR (the rest multi-needle documents)
     max_needles: int = 4  # needle rows hold 1..max_needles needles
     needle_digits: int = 7  # length of the needle numbers (the papers: 7; 2 makes every number one token)
     needle_loss: str = "all"  # all | answer: which tokens of a needle row are scored
+    max_text_sequences: int | None = None  # use at most this many text rows (seeded sample); the mix is sized on them
+    varied_context: bool = False  # needle rows' haystack: a uniform fraction of the row (True) or the whole row
 
     def validate_retrieval(self) -> None:
+        if self.max_text_sequences is not None and (
+            not isinstance(self.max_text_sequences, int) or self.max_text_sequences < 1
+        ):
+            raise ValueError(f"data.max_text_sequences must be None or an int >= 1, got {self.max_text_sequences!r}")
         if not 0.0 <= self.retrieval_fraction < 1.0:
             raise ValueError(f"data.retrieval_fraction must be in [0, 1), got {self.retrieval_fraction}")
         if not 0.0 <= self.mqar_fraction <= 1.0:
@@ -103,6 +112,7 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
     fsdp: bool = False  # under torchrun: FSDP full sharding instead of DDP
+    loss_average: str = "token"  # token (Hugging Face's) | row: mean per sequence, then over sequences
 
     @property
     def resolved_warmup_steps(self) -> int:
@@ -114,6 +124,8 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule not in ("linear", "cosine"):
             raise ValueError(f"train.schedule must be linear or cosine, got {self.schedule!r}")
+        if self.loss_average not in ("token", "row"):
+            raise ValueError(f"train.loss_average must be token or row, got {self.loss_average!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.save_every % self.log_every:

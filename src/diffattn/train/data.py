@@ -61,7 +61,15 @@ def _first_rows(p: PackedSequences, n: int) -> PackedSequences:
 def add_retrieval_mix(
     train: PackedSequences, d: RetrievalMixFields, tokenizer, haystack_docs, seed: int
 ) -> tuple[PackedSequences, int]:
-    """``train`` plus ``d.retrieval_fraction`` of retrieval practice rows (the share of all rows), and their count."""
+    """``train`` (at most ``d.max_text_sequences`` of its rows, a seeded sample in their original order) plus
+    ``d.retrieval_fraction`` of retrieval practice rows (the share of all rows), and their count."""
+    rows = train.input_ids.shape[0]
+    if d.max_text_sequences is not None and d.max_text_sequences < rows:
+        g = torch.Generator().manual_seed(seed)
+        keep = torch.randperm(rows, generator=g)[: d.max_text_sequences].sort().values
+        train = PackedSequences(
+            train.input_ids[keep], train.labels[keep], train.attention_mask[keep], int(train.attention_mask[keep].sum())
+        )
     if d.retrieval_fraction <= 0:
         return train, 0
     text_rows = train.input_ids.shape[0]
@@ -76,6 +84,7 @@ def add_retrieval_mix(
         max_needles=d.max_needles,
         value_digits=d.needle_digits,
         needle_loss=d.needle_loss,
+        varied_context=d.varied_context,
     )
     return _concat(train, mix), mix_rows
 

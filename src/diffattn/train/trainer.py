@@ -112,11 +112,35 @@ class MetricsCallback(TrainerCallback):
 
 
 class DiffattnTrainer(Trainer):
-    """``Trainer`` whose checkpoints appear atomically in ``checkpoints/`` (see the module docstring)."""
+    """``Trainer`` whose checkpoints appear atomically in ``checkpoints/`` (see the module docstring).
 
-    def __init__(self, *args, run_dir: Path, keep_checkpoints: int, **kwargs):
+    ``loss_average="row"`` (``train.loss_average``) averages the training loss per sequence first, then over the
+    sequences of the batch, instead of over all scored tokens: a retrieval row scores 2–4 answer tokens and a text row
+    ~all of its tokens, so with token averaging the answers get a few percent of the gradient however many
+    retrieval rows the mix holds; per-row averaging gives each row kind its share of rows. Validation loss is
+    always the token average (the text rows are full, so it is the same number)."""
+
+    def __init__(self, *args, run_dir: Path, keep_checkpoints: int, loss_average: str = "token", **kwargs):
         super().__init__(*args, **kwargs)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
+        self.loss_average = loss_average
+        if loss_average == "row":
+            self.loss_is_scaled_for_ga = False  # our loss is a mean per micro-batch: Trainer divides by GA steps
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.loss_average != "row" or not model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+        target = inputs["labels"][:, 1:]
+        per_token = torch.nn.functional.cross_entropy(
+            outputs.logits[:, :-1].float().transpose(1, 2), target, ignore_index=-100, reduction="none"
+        )
+        scored = (target != -100).float()
+        count = scored.sum(1)
+        per_row = (per_token * scored).sum(1) / count.clamp(min=1)
+        has_labels = (count > 0).float()
+        loss = (per_row * has_labels).sum() / has_labels.sum().clamp(min=1)
+        return (loss, outputs) if return_outputs else loss
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)  # into args.output_dir = .staging/
@@ -332,6 +356,7 @@ def pretrain(
         callbacks=[metrics, *(callbacks or [])],
         run_dir=run_dir,
         keep_checkpoints=config.train.keep_checkpoints,
+        loss_average=config.train.loss_average,
     )
     t0 = time.perf_counter()
     if resume and checkpoint is None:
