@@ -116,3 +116,31 @@ def test_unknown_subcommand_exits_with_usage(capsys):
         main(["train-everything"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_eval_needle_options_parse(monkeypatch):
+    from diffattn.cli import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "eval",
+            "m",
+            "--out",
+            "o",
+            "--niah-digits",
+            "2",
+            "--niah-heatmap-lengths",
+            "none",
+            "--niah-heatmap-samples",
+            "3",
+        ]
+    )
+    assert (args.niah_digits, args.niah_heatmap_lengths, args.niah_heatmap_samples) == (2, (), 3)
+    assert build_parser().parse_args(
+        ["eval", "m", "--out", "o", "--niah-heatmap-lengths", "64,128"]
+    ).niah_heatmap_lengths == (
+        64,
+        128,
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["eval", "m", "--out", "o", "--niah-heatmap-lengths", "0"])

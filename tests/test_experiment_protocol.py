@@ -85,3 +85,29 @@ def test_needle_prompts_that_cannot_fit_are_refused_before_any_training(corpus, 
     d["eval"]["options"] = {"context_tokens": 128, "niah_grid": [[12, 2]], "niah_digits": 1}
     with pytest.raises(ValueError, match="fewer distinct numbers than N=12"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+
+
+def test_a_folder_from_an_older_version_is_refused_with_the_differences_or_rerun_when_asked(corpus, tmp_path):
+    """A quickstart folder left by an older version of the experiment: its parts' settings differ from the YAML."""
+    old = {
+        "name": "quickstart-like",
+        "data": {"source": str(corpus), "seq_len": 48, "vocab_size": 300, "val_sequences": 2},
+        "train": {"max_steps": 2, "global_batch_size": 2, "eval_every": 2, "save_every": 2},
+        "models": [{"name": "transformer", "preset": "debug"}],
+        "eval": {"suites": ["ppl"], "options": {"tokens": 96, "window": 32, "text": "filler"}},
+    }
+    run_experiment(ExperimentConfig.from_dict(old), tmp_path)
+    out = tmp_path / "quickstart-like"
+    mine = out / "my-notes.txt"  # something the library did not make
+    mine.write_text("keep me")
+    new = {**old, "data": {**old["data"], "retrieval_fraction": 0.5, "needle_digits": 2, "mqar_fraction": 1.0}}
+    before = (out / "models" / "transformer" / "summary.json").read_bytes()
+    with pytest.raises(
+        ValueError,
+        match=r"was run with other settings \(data\.mqar_fraction: 0\.5 -> 1\.0; data\.needle_digits: 7 -> 2; .*--overwrite",
+    ):
+        run_experiment(ExperimentConfig.from_dict(new), tmp_path)
+    assert (out / "models" / "transformer" / "summary.json").read_bytes() == before  # nothing redone or deleted
+    outcomes = run_experiment(ExperimentConfig.from_dict(new), tmp_path, overwrite=True)
+    assert [(o.kind, o.state) for o in outcomes] == [("pretrain", "fresh"), ("eval", "fresh")]
+    assert mine.read_text() == "keep me"

@@ -268,6 +268,18 @@ def _niah_grid(text: str) -> tuple[tuple[int, int], ...]:
     return cells
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"want comma-separated positive ints or 'none', got {text!r}")
+    return values
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
@@ -411,6 +423,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="NxR cells of the retrieval grid (default 1x1,2x2,4x2,6x2)",
     )
     p.add_argument("--niah-needles", dest="niah_needles", type=int, default=8, help="N of the NIAH heatmap (R = 1)")
+    p.add_argument(
+        "--niah-digits", dest="niah_digits", type=int, default=7, help="needle number length (the papers: 7)"
+    )
+    p.add_argument(
+        "--niah-heatmap-lengths",
+        dest="niah_heatmap_lengths",
+        type=_int_list,
+        help="comma-separated heatmap context lengths; 'none' for no heatmap (default: 1/2, 3/4, all of the context)",
+    )
+    p.add_argument(
+        "--niah-heatmap-samples",
+        dest="niah_heatmap_samples",
+        type=int,
+        help="samples per heatmap cell (default: --samples)",
+    )
     p.add_argument("--tokens", type=int, default=4096, help="token budget of ppl/outliers/quant/heads")
     p.add_argument("--window", type=int, help="perplexity window (stride = window / 2)")
     p.add_argument("--icl-dataset", dest="icl_dataset", default="fortunes", help="wordnet, fortunes or chatterbot")
