@@ -104,7 +104,7 @@ def test_a_folder_from_an_older_version_is_refused_with_the_differences_or_rerun
     before = (out / "models" / "transformer" / "summary.json").read_bytes()
     with pytest.raises(
         ValueError,
-        match=r"was run with other settings \(data\.mqar_fraction: 0\.5 -> 1\.0; data\.needle_digits: 7 -> 2; .*--overwrite",
+        match=r"other settings \(data\.mqar_fraction: 0\.5 -> 1\.0; data\.needle_digits: 7 -> 2; .*--overwrite",
     ):
         run_experiment(ExperimentConfig.from_dict(new), tmp_path)
     assert (out / "models" / "transformer" / "summary.json").read_bytes() == before  # nothing redone or deleted
