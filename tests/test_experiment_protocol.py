@@ -111,3 +111,28 @@ def test_a_folder_from_an_older_version_is_refused_with_the_differences_or_rerun
     outcomes = run_experiment(ExperimentConfig.from_dict(new), tmp_path, overwrite=True)
     assert [(o.kind, o.state) for o in outcomes] == [("pretrain", "fresh"), ("eval", "fresh")]
     assert mine.read_text() == "keep me"
+
+
+def test_export_copies_the_evidence_and_never_replaces_a_folder_it_did_not_make(tmp_path):
+    from diffattn.experiments.report import EXPORT_MARKER, export_report
+
+    src = tmp_path / "runs" / "exp"
+    (src / "eval" / "m").mkdir(parents=True)
+    (src / "report.md").write_text("# r\n![a](a.png)\n![b](eval/m/b.png)\n")
+    (src / "results.json").write_text("{}")
+    (src / "a.png").write_bytes(b"a")
+    (src / "eval" / "m" / "b.png").write_bytes(b"b")
+    (src / "models").mkdir()
+    (src / "models" / "weights.safetensors").write_bytes(b"w")
+    dest = export_report(src, tmp_path / "results" / "exp")
+    assert (dest / "eval" / "m" / "b.png").read_bytes() == b"b" and (dest / EXPORT_MARKER).is_file()
+    assert not (dest / "models").exists()
+    (src / "a.png").write_bytes(b"a2")
+    export_report(src, dest)  # an earlier export is replaced
+    assert (dest / "a.png").read_bytes() == b"a2"
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError, match="not made by diffattn export"):
+        export_report(src, foreign)
+    assert (foreign / "notes.txt").read_text() == "keep" and len(list(foreign.iterdir())) == 1

@@ -309,6 +309,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .experiments.report import export_report
+
+    dest = export_report(args.experiment_dir, args.dest)
+    print(f"exported {args.experiment_dir} (report, results, config, pictures) to {dest}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .experiments import ExperimentConfig, run_experiment
 
@@ -460,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-only", action="store_true", help="pretrain and adapt only; evaluate and report on a later run"
     )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("export", help="copy an experiment's report, results and pictures (no checkpoints) elsewhere")
+    p.add_argument("experiment_dir", help="runs/NAME of a finished experiment")
+    p.add_argument("dest", help="the destination folder, e.g. results/NAME (new, or an earlier export)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
     p.set_defaults(func=cmd_info)

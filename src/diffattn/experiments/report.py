@@ -12,6 +12,7 @@ environment.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -405,3 +406,46 @@ def _niah_grid(niah: dict[str, dict], path: Path) -> Path:
     first = next(iter(niah.values()))["heatmap"]
     fig.suptitle(f"needle retrieval, N = {first['N']}, R = 1: length × depth", fontsize=10)
     return save_figure(fig, path)
+
+
+EXPORT_MARKER = ".diffattn-export"  # marks a folder export_report made (and may replace)
+
+
+def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
+    """Copy an experiment's ``report.md``, ``results.json``, ``experiment.yaml`` and every picture the report links
+    into ``dest`` (e.g. ``results/<experiment>/`` of a repository): the evidence without the checkpoints.
+
+    ``dest`` must not exist or be an earlier export (it holds :data:`EXPORT_MARKER`); the copy is made in a temporary
+    folder beside it and renamed into place, so an interrupted export leaves the earlier one intact."""
+    import re
+    import shutil
+    import tempfile
+
+    src, dest = Path(experiment_dir), Path(dest)
+    report = src / "report.md"
+    if not report.is_file() or not (src / "results.json").is_file():
+        raise ValueError(f"{src} has no report.md and results.json: run the experiment (diffattn run) first")
+    if dest.exists() and not (dest / EXPORT_MARKER).is_file():
+        raise ValueError(f"{dest} exists and was not made by diffattn export: choose another destination")
+    text = report.read_text()
+    pictures = sorted(set(re.findall(r"\]\(([^)\s]+\.png)\)", text)))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for name in ("report.md", "results.json", "experiment.yaml", *pictures):
+            if (src / name).is_file():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / name, tmp / name)
+        (tmp / EXPORT_MARKER).write_text(f"exported from {src.resolve()}\n")
+        old = None
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
