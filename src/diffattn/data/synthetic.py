@@ -216,6 +216,18 @@ def needle_answer_text(sample: NeedleSample) -> str:
     return " " + ", ".join(sample.answers)
 
 
+def score_first_numbers(output: str, answers: Sequence[str]) -> float:
+    """Strict score: the fraction of ``answers`` among the first ``len(answers)`` numbers of ``output`` (a run of
+    digits each). Unlike RULER's ``string_match_all`` it gives no credit for listing extra numbers: with short
+    needle numbers a model that writes every needle's number would otherwise score ~R/N by chance."""
+    if not isinstance(output, str):
+        raise ValueError(f"output must be a str, got {type(output).__name__}")
+    if isinstance(answers, str) or len(answers) == 0:
+        raise ValueError(f"answers must be a non-empty sequence of strings, got {answers!r}")
+    first = re.findall(r"\d+", output)[: len(answers)]
+    return len(set(first) & {str(a) for a in answers}) / len(answers)
+
+
 def score_string_match_all(output: str, answers: Sequence[str]) -> float:
     """RULER ``string_match_all``: the fraction of ``answers`` found (case-insensitively) in ``output``."""
     if not isinstance(output, str):

@@ -181,10 +181,13 @@ def run_allocation(
         s = torch.stack(sample_shares).mean(0)
         n = torch.stack(sample_negative).mean(0)
         negatives.append(n)
+        magnitude = s + 2 * n  # |a| mass per bucket / Σ|a|: positive share + negative share (signed = pos − neg)
         per_sample.append(
             {
                 "answer": float(s[BUCKETS.index("answer")]),
                 "noise": float(s[BUCKETS.index("before")] + s[BUCKETS.index("after")]),
+                "answer_magnitude": float(magnitude[BUCKETS.index("answer")]),
+                "noise_magnitude": float(magnitude[BUCKETS.index("before")] + magnitude[BUCKETS.index("after")]),
                 "negative_mass": float(n.sum()),
                 "allocation": {b: float(s[j]) for j, b in enumerate(BUCKETS)},
                 "seed": sample_seed,
@@ -195,6 +198,8 @@ def run_allocation(
     answer, answer_se = mean_se([p["answer"] for p in per_sample])
     noise, noise_se = mean_se([p["noise"] for p in per_sample])
     neg, neg_se = mean_se([p["negative_mass"] for p in per_sample])
+    answer_mag, answer_mag_se = mean_se([p["answer_magnitude"] for p in per_sample])
+    noise_mag, noise_mag_se = mean_se([p["noise_magnitude"] for p in per_sample])
     negative_by_bucket = {b: float(v) for b, v in zip(BUCKETS, torch.stack(negatives).mean(0), strict=True)}
     per_layer = {}
     for layer in sorted(layer_shares):
@@ -213,6 +218,12 @@ def run_allocation(
         "attention_noise_se": noise_se,
         "negative_mass": neg,
         "negative_mass_se": neg_se,
+        # shares of the attention *magnitude* (Σ|a| of a bucket / Σ|a|): equal to the signed shares for softmax maps;
+        # for signed maps they cannot be lowered by positive and negative entries of one bucket cancelling out
+        "attention_to_answer_magnitude": answer_mag,
+        "attention_to_answer_magnitude_se": answer_mag_se,
+        "attention_noise_magnitude": noise_mag,
+        "attention_noise_magnitude_se": noise_mag_se,
         "negative_by_bucket": negative_by_bucket,
         "per_sample": per_sample,
         "per_layer": per_layer,

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..data.synthetic import make_needle_sample, needle_answer_text, score_string_match_all
+from ..data.synthetic import make_needle_sample, needle_answer_text, score_first_numbers, score_string_match_all
 from ._common import check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .stats import wilson_interval
 
@@ -73,12 +73,12 @@ def greedy_answer(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def _score(model, tokenizer, sample) -> tuple[float, str, list[int]]:
-    """(string_match_all score, the output, 1/0 per queried number: found or not)."""
+def _score(model, tokenizer, sample) -> tuple[float, str, list[int], float]:
+    """(RULER string_match_all score, the output, 1/0 per queried number found, strict first-R-numbers score)."""
     budget = len(tokenizer(needle_answer_text(sample), add_special_tokens=False)["input_ids"]) + 4
     output = greedy_answer(model, tokenizer, sample.prompt, budget)
     hits = [int(str(a).lower() in output.lower()) for a in sample.answers]
-    return score_string_match_all(output, sample.answers), output, hits
+    return score_string_match_all(output, sample.answers), output, hits, score_first_numbers(output, sample.answers)
 
 
 def run_niah(
@@ -120,7 +120,7 @@ def run_niah(
     examples = []
     digest = hashlib.sha1()
     for n, r in grid:
-        scores, hits = [], []
+        scores, hits, strict = [], [], []
         for i in range(samples):
             sample = fit_sample(
                 tokenizer,
@@ -132,9 +132,10 @@ def run_niah(
                 value_digits=value_digits,
             )
             digest.update(sample.prompt.encode() + b"\0")
-            score, output, found = _score(model, tokenizer, sample)
+            score, output, found, first = _score(model, tokenizer, sample)
             scores.append(score)
             hits.append(found)
+            strict.append(first)
             if i == 0:
                 examples.append({"N": n, "R": r, "answers": list(sample.answers), "output": output})
             bar.update()
@@ -145,7 +146,9 @@ def run_niah(
                 "accuracy": sum(scores) / len(scores),
                 "samples": samples,
                 "scores": scores,
-                "hits": hits,  # per sample, 1/0 per queried number (paired trials for Newcombe's interval)
+                "hits": hits,  # per sample, 1/0 per queried number found anywhere in the output
+                "strict_scores": strict,  # per sample, the strict score (first R numbers of the output)
+                "strict_accuracy": sum(strict) / len(strict),
                 "ci": list(wilson_interval(sum(scores), len(scores))),
             }
         )
@@ -189,6 +192,7 @@ def run_niah(
             "R": 1,
         },
         "mean_accuracy": sum(r["accuracy"] for r in grid_rows) / len(grid_rows),
+        "mean_strict_accuracy": sum(r["strict_accuracy"] for r in grid_rows) / len(grid_rows),
         "mean_accuracy_ci": list(mean_ci),
         "examples": examples,
         "metadata": {
@@ -198,7 +202,10 @@ def run_niah(
             "heatmap_samples_per_cell": heatmap_samples,
             "value_digits": value_digits,
             "decoding": "greedy; max_new_tokens = answer tokens + 4",
-            "scoring": "RULER string_match_all",
+            "scoring": (
+                "accuracy: RULER string_match_all (a queried number anywhere in the output); strict_accuracy: the "
+                "queried numbers among the first R numbers of the output (no credit for listing extra numbers)"
+            ),
             "placement": "first queried needle at the depth (heatmap) or random; others random; sentence starts",
             "seed": seed,
             "intervals": "cells: Wilson 95% score interval (fractional scores of R > 1 as partial successes); "

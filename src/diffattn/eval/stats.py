@@ -186,6 +186,9 @@ def bootstrap_mean(values, *, strata=None, seed: int = 0, n_boot: int = 2000, le
 
 
 # -- differences ---------------------------------------------------------------------------------------------------
+SMALL_SAMPLE = 30  # below this many pairs, paired_difference uses Student's t instead of the percentile bootstrap
+
+
 def paired_difference(
     ref_values,
     new_values,
@@ -198,14 +201,29 @@ def paired_difference(
 ) -> Difference:
     """Mean of ``new − ref`` over paired samples (the same samples seen by two models) and its interval.
 
-    ``method="bootstrap"``: percentile bootstrap over the pairs (seeded, deterministic); ``"normal"``: mean ±
-    z·SE of the paired differences. ``weights`` (one per pair, optional) make it a weighted mean (e.g. tokens per
-    window); the normal interval then uses the linearised SE."""
+    ``method="bootstrap"``: percentile bootstrap over the pairs (seeded, deterministic), or Student's t on the
+    paired differences below :data:`SMALL_SAMPLE` pairs, where the bootstrap is too narrow; ``"t"``: always t;
+    ``"normal"``: mean ± z·SE of the paired differences. ``weights`` (one per pair, optional) make it a weighted
+    mean (e.g. tokens per window); the t and normal intervals then use the linearised SE."""
     ref, new = _array(ref_values, "paired_difference"), _array(new_values, "paired_difference")
     if ref.size != new.size:
         raise ValueError(f"paired samples must match: {ref.size} reference vs {new.size} new values")
     d = new - ref
     pct = f"{100 * level:g}%"
+    if method == "bootstrap" and d.size < SMALL_SAMPLE:
+        method = "t"  # a percentile bootstrap of few pairs covers too little (n = 8: ~89% for a 95% interval)
+    if method == "t":
+        if weights is None:
+            est, se = mean_se(d)
+        else:
+            w = _array(weights, "weights")
+            est = float((w * d).sum() / w.sum())
+            n = d.size
+            se = math.sqrt((w**2 * (d - est) ** 2).sum() / w.sum() ** 2 * n / (n - 1)) if n > 1 else math.nan
+        if d.size < 2 or not math.isfinite(se):
+            return Difference(est, (-math.inf, math.inf), f"too few pairs ({d.size}) for an interval", int(d.size))
+        q = t_quantile(0.5 + level / 2, d.size - 1)
+        return Difference(est, (est - q * se, est + q * se), f"paired t over {d.size} samples ({pct})", int(d.size))
     if method == "bootstrap":
         sw = None if weights is None else [weights]
         est, ci = bootstrap_contrast([d], sample_weights=sw, seed=seed, n_boot=n_boot, level=level)
@@ -253,8 +271,8 @@ def unpaired_difference(
         return Difference(est, (-math.inf, math.inf), what, int(new.size + ref.size))
     vr, vn = ref.var(ddof=1) / ref.size, new.var(ddof=1) / new.size
     se = math.sqrt(vr + vn)
-    if se == 0:
-        return Difference(est, (est, est), what, int(new.size + ref.size))
+    if se == 0:  # identical runs on both sides: no spread measured, so no interval (not a zero-width one)
+        return Difference(est, (-math.inf, math.inf), what + "; no spread between runs", int(new.size + ref.size))
     df = (vr + vn) ** 2 / (vr**2 / (ref.size - 1) + vn**2 / (new.size - 1))
     t = t_quantile(0.5 + level / 2, df)
     return Difference(est, (est - t * se, est + t * se), what, int(new.size + ref.size))
