@@ -425,3 +425,16 @@ def test_needle_vocabulary_text_makes_template_words_keys_and_numbers_single_tok
     for word in (" special", " magic", " number", " 47", " 10", " 99", " Paris", " Reykjavik"):
         assert len(tok(word, add_special_tokens=False)["input_ids"]) == 1, word
     assert sum(len(tok(" " + c, add_special_tokens=False)["input_ids"]) == 1 for c in CITY_KEYS) == len(CITY_KEYS)
+
+
+def test_strict_needle_score_takes_the_first_r_numbers_only():
+    from diffattn.data.synthetic import score_first_numbers
+
+    assert score_first_numbers(" 56", ["56"]) == 1.0
+    assert score_first_numbers(" 15, 56 15", ["56"]) == 0.0  # RULER's string_match_all gives 1.0 here
+    assert score_string_match_all(" 15, 56 15", ["56"]) == 1.0
+    assert score_first_numbers(" 15, 56 15", ["56", "15"]) == 1.0  # order within the first R does not matter
+    assert score_first_numbers(" 53y 66", ["66"]) == 0.0 and score_first_numbers("", ["1"]) == 0.0
+    assert score_first_numbers("Answer: 1234567, 7654321.", ["7654321", "1"]) == 0.5
+    with pytest.raises(ValueError, match="answers"):
+        score_first_numbers("1", [])

@@ -153,6 +153,11 @@ def test_allocation_of_a_two_map_model_with_lambda_near_one_stays_in_range(debug
     )
     assert sum(base["allocation"].values()) == pytest.approx(1.0, abs=1e-6) and base["negative_mass"] == 0
     assert base["metadata"]["samples_sha1"] == res["metadata"]["samples_sha1"]  # the same prompts: paired
+    # shares of |attention|: the signed shares for softmax maps; never below the signed ones, and in [0, 1]
+    assert base["attention_noise_magnitude"] == pytest.approx(base["attention_noise"], abs=1e-9)
+    assert base["attention_to_answer_magnitude"] == pytest.approx(base["attention_to_answer"], abs=1e-9)
+    assert res["attention_noise_magnitude"] >= res["attention_noise"] - 1e-9
+    assert all(0 <= p["noise_magnitude"] <= 1 and 0 <= p["answer_magnitude"] <= 1 for p in res["per_sample"])
     picture = plot_allocation({"baseline": base, "diff λ=0.95": res}, tmp_path / "alloc2.png")
     assert picture.stat().st_size > 0
 

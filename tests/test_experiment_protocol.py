@@ -136,3 +136,49 @@ def test_export_copies_the_evidence_and_never_replaces_a_folder_it_did_not_make(
     with pytest.raises(ValueError, match="not made by diffattn export"):
         export_report(src, foreign)
     assert (foreign / "notes.txt").read_text() == "keep" and len(list(foreign.iterdir())) == 1
+
+
+def test_the_gap_claim_needs_diff_ahead_at_the_largest_n():
+    """DIFF far behind at N = 1 and level at N = 4: the gap 'grows', but that is not the paper's claim."""
+    from diffattn.experiments.claims import _niah_gap_claim
+
+    def niah(first, last):
+        grid = [
+            {"N": 1, "R": 1, "accuracy": sum(first) / 60, "scores": first, "strict_scores": first},
+            {"N": 4, "R": 2, "accuracy": sum(last) / 60, "scores": last, "strict_scores": last},
+        ]
+        return {"niah": {"grid": grid, "metadata": {"samples_sha1": "same"}}}
+
+    behind_then_level = {"base": niah([1.0] * 60, [0.0] * 60), "diff": niah([0.0] * 60, [0.0] * 59 + [1.0])}
+    row = _niah_gap_claim("s", "c", "p", "base", "diff", behind_then_level, 0)
+    assert row.diff_ci[0] > 0 and row.verdict == "inconclusive" and "not ahead at N=4" in row.note
+    level_then_ahead = {"base": niah([1.0] * 60, [0.0] * 60), "diff": niah([1.0] * 60, [1.0] * 60)}
+    assert _niah_gap_claim("s", "c", "p", "base", "diff", level_then_ahead, 0).verdict == "agrees"
+
+
+def test_export_refuses_pictures_outside_the_experiment(tmp_path):
+    from diffattn.experiments.report import export_report
+
+    src = tmp_path / "exp"
+    src.mkdir()
+    (src / "report.md").write_text("![x](../secret.png)\n")
+    (src / "results.json").write_text("{}")
+    with pytest.raises(ValueError, match="outside the experiment folder"):
+        export_report(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["exp"]
+
+
+def test_heatmap_lengths_that_cannot_fit_are_refused_before_training(corpus, tmp_path):
+    d = {
+        "name": "heat",
+        "data": {"source": str(corpus), "seq_len": 32, "vocab_size": 300, "val_sequences": 2},
+        "train": {"max_steps": 2, "global_batch_size": 2, "eval_every": 2, "save_every": 2},
+        "models": [{"name": "baseline", "preset": "debug"}],
+        "eval": {
+            "suites": ["niah"],
+            "options": {"context_tokens": 256, "niah_grid": [[1, 1]], "niah_needles": 4, "niah_heatmap_lengths": [24]},
+        },
+    }
+    with pytest.raises(ValueError, match="could not fit a needle sample into 24 tokens"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    assert not (tmp_path / "heat").exists()

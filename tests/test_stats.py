@@ -132,3 +132,17 @@ def test_newcombe_paired_interval_is_honest_when_few_pairs_disagree():
     assert verdict(clear.interval, "higher") == "agrees" and verdict(clear.interval, "lower") == "disagrees"
     with pytest.raises(ValueError, match="binary"):
         newcombe_paired_difference([0.5], [1])
+
+
+def test_few_pairs_use_student_t_and_identical_runs_give_no_interval():
+    from diffattn.eval.stats import SMALL_SAMPLE
+
+    ref = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    new = [x + d for x, d in zip(ref, [0.5, -0.2, 0.4, 0.1, 0.6, -0.1, 0.3, 0.2], strict=True)]
+    small = paired_difference(ref, new)
+    assert len(ref) < SMALL_SAMPLE and "paired t" in small.method
+    d = np.asarray(new) - np.asarray(ref)
+    half = t_quantile(0.975, 7) * d.std(ddof=1) / math.sqrt(8)
+    assert small.interval == pytest.approx((d.mean() - half, d.mean() + half))
+    same = unpaired_difference([0.5, 0.5], [0.7, 0.7])
+    assert same.interval == (-math.inf, math.inf) and verdict(same.interval, "higher") == "inconclusive"

@@ -429,23 +429,29 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
         raise ValueError(f"{dest} exists and was not made by diffattn export: choose another destination")
     text = report.read_text()
     pictures = sorted(set(re.findall(r"\]\(([^)\s]+\.png)\)", text)))
+    for name in pictures:  # only pictures inside the experiment folder are copied, to the same place inside dest
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"report.md links {name!r}, outside the experiment folder: not exported")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.new-", dir=dest.parent))
+    old = None
     try:
         for name in ("report.md", "results.json", "experiment.yaml", *pictures):
             if (src / name).is_file():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / name, tmp / name)
         (tmp / EXPORT_MARKER).write_text(f"exported from {src.resolve()}\n")
-        old = None
         if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(dest, old)
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))  # ours: a fresh name
+            os.replace(dest, old / dest.name)
         os.replace(tmp, dest)
-        if old is not None:
-            shutil.rmtree(old)
     except BaseException:
+        if old is not None and not dest.exists():
+            os.replace(old / dest.name, dest)  # put the earlier export back
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old)
     return dest

@@ -229,8 +229,9 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
         raise ValueError(f"eval.options.samples must be >= 1, got {options.samples}")
     cells = [(1, 1)] if "alloc" in config.eval.suites else []
     if "niah" in config.eval.suites:
-        cells += [tuple(c) for c in options.niah_grid] + [(options.niah_needles, 1)]
-    for n, r in cells:
+        cells += [tuple(c) for c in options.niah_grid]
+    heatmap = (options.niah_needles, 1) if "niah" in config.eval.suites else None
+    for n, r in cells + ([heatmap] if heatmap else []):
         if not 1 <= r <= n <= len(CITY_KEYS):
             raise ValueError(
                 f"eval.options: a needle cell needs 1 <= R <= N <= {len(CITY_KEYS)} (keys), got N={n}, R={r}"
@@ -251,9 +252,17 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
             continue
         seen.add(key)
         tokenizer = data_tokenizer(run_config.data)
-        for n, r in cells:
+        checks = [(n, r, context) for n, r in cells]
+        if heatmap:  # the heatmap's needles at every heatmap length (default: 1/2, 3/4 and all of the context)
+            lengths = options.niah_heatmap_lengths
+            if lengths is None:
+                lengths = sorted({context // 2, 3 * context // 4, context} - {0})
+            checks += [(heatmap[0], 1, length) for length in lengths]
+        for n, r, length in checks:
+            if length > preset.max_position_embeddings:
+                raise ValueError(f"eval.options: a heatmap length {length} exceeds {m.name}'s positions")
             try:
-                fit_sample(tokenizer, text, context, 0, num_needles=n, num_queries=r, value_digits=options.niah_digits)
+                fit_sample(tokenizer, text, length, 0, num_needles=n, num_queries=r, value_digits=options.niah_digits)
             except ValueError as e:
                 raise ValueError(f"eval.options (niah/alloc) for {m.name}: {e}") from e
 

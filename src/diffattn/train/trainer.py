@@ -125,7 +125,10 @@ class DiffattnTrainer(Trainer):
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
         self.loss_average = loss_average
         if loss_average == "row":
-            self.loss_is_scaled_for_ga = False  # our loss is a mean per micro-batch: Trainer divides by GA steps
+            # our loss is a mean per micro-batch, so Trainer must divide it by the accumulation steps: say so both
+            # ways (loss_is_scaled_for_ga from transformers 5.19; model_accepts_loss_kwargs before it)
+            self.loss_is_scaled_for_ga = False
+            self.model_accepts_loss_kwargs = False
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.loss_average != "row" or not model.training:
