@@ -30,6 +30,9 @@ from ._common import jsonable
 
 SUITES = ("ppl", "niah", "alloc", "icl", "mqar", "outliers", "quant", "heads")
 RESULTS = "results.json"
+# Bumped when a suite's outputs change meaning or gain fields the report needs (2: per-sample values, strict needle
+# scores, |attention| shares), so experiments re-evaluate results written by older code instead of reusing them.
+RESULTS_VERSION = 2
 
 
 @dataclass
@@ -221,6 +224,7 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
         "suites": results,
         "pictures": pictures,
         "metadata": {
+            "results_version": RESULTS_VERSION,
             "options": asdict(o),
             "seconds": timings,
             "parameters": sum(p.numel() for p in model.parameters()),

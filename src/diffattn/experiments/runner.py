@@ -122,7 +122,7 @@ def run_experiment(
     """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened.
     ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them."""
     from ..eval.icl_data import load_icl_dataset
-    from ..eval.suite import RESULTS, SuiteOptions, load_for_eval, run_suites
+    from ..eval.suite import RESULTS, RESULTS_VERSION, SuiteOptions, load_for_eval, run_suites
     from ..train import pretrain
     from ..train.adapt import adapt_pretrained
 
@@ -194,7 +194,11 @@ def run_experiment(
             model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
         path = out / "eval" / name
         results_file = path / RESULTS
-        wanted = {"suites": list(config.eval.suites), "options": _jsonable_options(options)}
+        wanted = {
+            "suites": list(config.eval.suites),
+            "options": _jsonable_options(options),
+            "results_version": RESULTS_VERSION,
+        }
         if results_file.is_file() and _eval_request(results_file) == wanted and not _wants(overwrite, name):
             outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, json.loads(results_file.read_text())))
             continue
@@ -277,4 +281,9 @@ def _jsonable_options(options) -> dict:
 
 def _eval_request(results_file: Path) -> dict:
     doc = json.loads(results_file.read_text())
-    return {"suites": list(doc.get("suites", {})), "options": doc.get("metadata", {}).get("options")}
+    meta = doc.get("metadata", {})
+    return {
+        "suites": list(doc.get("suites", {})),
+        "options": meta.get("options"),
+        "results_version": meta.get("results_version"),
+    }
