@@ -29,12 +29,14 @@ def _headline(suite: str, r: dict) -> dict[str, float | None]:
     if suite == "ppl":
         return {"PPL": r["ppl"]}
     if suite == "niah":
-        return {"NIAH acc": r["mean_accuracy"]}
+        return {"NIAH acc": r["mean_accuracy"], "NIAH strict": r.get("mean_strict_accuracy")}
     if suite == "alloc":
         return {
             "attn→answer": r["attention_to_answer"],
             "attn noise": r["attention_noise"],
             "attn neg. mass": r.get("negative_mass"),
+            "|attn|→answer": r.get("attention_to_answer_magnitude"),
+            "|attn| noise": r.get("attention_noise_magnitude"),
         }
     if suite == "mqar":
         return {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]}
@@ -286,15 +288,16 @@ def _side_by_side(evals: dict[str, dict], out: Path) -> list[str]:
         cells = [f"N={g['N']},R={g['R']}" for g in first["grid"]]
         samples = first["metadata"].get("samples_per_cell")
         lines += [
-            f"Accuracy per (N needles, R queried) cell, {samples} samples each, with Wilson 95% intervals; the same "
+            f"Accuracy per (N needles, R queried) cell, {samples} samples each: RULER's string_match_all with its "
+            "Wilson 95% interval, then the strict score (only the first R numbers of the output count); the same "
             "prompts for every model.",
             "",
             "| model | " + " | ".join(cells) + " | mean |",
             "|---|" + "---|" * (len(cells) + 1),
         ]
         for n, r in niah.items():
-            row = [_with_ci(g["accuracy"], g.get("ci")) for g in r["grid"]]
-            row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")))
+            row = [_with_ci(g["accuracy"], g.get("ci")) + _strict(g.get("strict_accuracy")) for g in r["grid"]]
+            row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")) + _strict(r.get("mean_strict_accuracy")))
             lines.append(f"| {n} | " + " | ".join(row) + " |")
         lines.append("")
     icl = {n: s["icl"]["many_shot"] for n, s in evals.items() if "icl" in s}
@@ -360,6 +363,10 @@ def _allocation_table(alloc: dict[str, dict]) -> list[str]:
             f"{pm(r, 'negative_mass')} |"
         )
     return [*lines, ""]
+
+
+def _strict(value) -> str:
+    return "" if value is None else f"; strict {value:.2f}"
 
 
 def _with_ci(value: float, ci) -> str:
