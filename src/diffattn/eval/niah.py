@@ -237,9 +237,9 @@ def plot_niah(results: dict, path) -> object:
     acc = [g["accuracy"] for g in grid]
     errors = None
     if all("ci" in g for g in grid):
-        errors = [
-            [a - g["ci"][0] for a, g in zip(acc, grid, strict=True)],
-            [g["ci"][1] - a for a, g in zip(acc, grid, strict=True)],
+        errors = [  # clipped at 0: the interval's ends can miss the mean by float rounding
+            [max(0.0, a - g["ci"][0]) for a, g in zip(acc, grid, strict=True)],
+            [max(0.0, g["ci"][1] - a) for a, g in zip(acc, grid, strict=True)],
         ]
     ax_grid.bar(labels, acc, color="tab:green", yerr=errors, capsize=3)
     for x, a in enumerate(acc):

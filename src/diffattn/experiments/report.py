@@ -388,7 +388,7 @@ def _niah_bars(niah: dict[str, dict], path: Path) -> Path:
         x = np.arange(len(grid)) + (k - (len(names) - 1) / 2) * width
         errors = None
         if all(g.get("ci") for g in grid):
-            errors = [acc - [g["ci"][0] for g in grid], [g["ci"][1] for g in grid] - acc]
+            errors = np.clip([acc - [g["ci"][0] for g in grid], [g["ci"][1] for g in grid] - acc], 0, None)
         ax.bar(x, acc, width, yerr=errors, capsize=2, label=name)
     ax.set_xticks(range(len(cells)), cells)
     ax.set_ylim(0, 1)
