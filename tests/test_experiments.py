@@ -92,6 +92,8 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
     states = {(o.kind, o.name): o.state for o in run_experiment(longer, tmp_path, report=False)}
     assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"
+    # the model trained further is evaluated again; the others' evaluations are reused
+    assert states[("eval", "baseline")] == "fresh" and states[("eval", "diff")] == "done"
     changed = config.with_overrides({"models.1.model": {"lambda_init": 0.5}})
     with pytest.raises(ValueError, match=r"was run with other settings.*lambda_init"):
         run_experiment(changed, tmp_path, report=False)

@@ -199,7 +199,13 @@ def run_experiment(
             "options": _jsonable_options(options),
             "results_version": RESULTS_VERSION,
         }
-        if results_file.is_file() and _eval_request(results_file) == wanted and not _wants(overwrite, name):
+        trained = _trained_steps(model_dir)
+        if (
+            results_file.is_file()
+            and _eval_request(results_file) == wanted
+            and _evaluated_steps(path) in (None, trained)
+            and not _wants(overwrite, name)
+        ):
             outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, json.loads(results_file.read_text())))
             continue
         t0 = time.perf_counter()
@@ -207,6 +213,8 @@ def run_experiment(
         doc = run_suites(
             model, tokenizer, config.eval.suites, path, options=options, name=name, description=description
         )
+        if trained is not None:  # which training the results are of: a model trained further is evaluated again
+            (path / EVALUATED_STEPS).write_text(json.dumps({"steps": trained}))
         outcomes.append(PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc))
         del model
 
@@ -269,6 +277,22 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
                 fit_sample(tokenizer, text, length, 0, num_needles=n, num_queries=r, value_digits=options.niah_digits)
             except ValueError as e:
                 raise ValueError(f"eval.options (niah/alloc) for {m.name}: {e}") from e
+
+
+EVALUATED_STEPS = "evaluated_steps.json"  # beside results.json: the training steps of the model it evaluated
+
+
+def _trained_steps(model_dir) -> int | None:
+    """Steps of a training part's summary (None for pretrained models, which do not change)."""
+    summary = Path(model_dir) / "summary.json"
+    if not summary.is_file():
+        return None
+    return json.loads(summary.read_text()).get("steps")
+
+
+def _evaluated_steps(eval_dir: Path) -> int | None:
+    f = eval_dir / EVALUATED_STEPS
+    return json.loads(f.read_text()).get("steps") if f.is_file() else None
 
 
 def _jsonable_options(options) -> dict:
