@@ -186,6 +186,17 @@ def bootstrap_mean(values, *, strata=None, seed: int = 0, n_boot: int = 2000, le
 
 
 # -- differences ---------------------------------------------------------------------------------------------------
+def _weighted_mean_se(d: np.ndarray, weights) -> tuple[float, float]:
+    """Mean of ``d`` and its standard error; with ``weights``, the weighted mean and its linearised SE."""
+    if weights is None:
+        return mean_se(d)
+    w = _array(weights, "weights")
+    est = float((w * d).sum() / w.sum())
+    n = d.size
+    se = math.sqrt((w**2 * (d - est) ** 2).sum() / w.sum() ** 2 * n / (n - 1)) if n > 1 else math.nan
+    return est, se
+
+
 SMALL_SAMPLE = 30  # below this many pairs, paired_difference uses Student's t instead of the percentile bootstrap
 
 
@@ -213,13 +224,7 @@ def paired_difference(
     if method == "bootstrap" and d.size < SMALL_SAMPLE:
         method = "t"  # a percentile bootstrap of few pairs covers too little (n = 8: ~89% for a 95% interval)
     if method == "t":
-        if weights is None:
-            est, se = mean_se(d)
-        else:
-            w = _array(weights, "weights")
-            est = float((w * d).sum() / w.sum())
-            n = d.size
-            se = math.sqrt((w**2 * (d - est) ** 2).sum() / w.sum() ** 2 * n / (n - 1)) if n > 1 else math.nan
+        est, se = _weighted_mean_se(d, weights)
         if d.size < 2 or not math.isfinite(se):
             return Difference(est, (-math.inf, math.inf), f"too few pairs ({d.size}) for an interval", int(d.size))
         q = t_quantile(0.5 + level / 2, d.size - 1)
@@ -229,13 +234,7 @@ def paired_difference(
         est, ci = bootstrap_contrast([d], sample_weights=sw, seed=seed, n_boot=n_boot, level=level)
         return Difference(est, ci, f"paired percentile bootstrap over {d.size} samples ({pct})", int(d.size))
     if method == "normal":
-        if weights is None:
-            est, se = mean_se(d)
-        else:
-            w = _array(weights, "weights")
-            est = float((w * d).sum() / w.sum())
-            n = d.size
-            se = math.sqrt((w**2 * (d - est) ** 2).sum() / w.sum() ** 2 * n / (n - 1)) if n > 1 else math.nan
+        est, se = _weighted_mean_se(d, weights)
         return Difference(
             est, normal_interval(est, se, level), f"paired mean ± z·SE over {d.size} samples ({pct})", int(d.size)
         )

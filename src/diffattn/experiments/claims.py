@@ -7,7 +7,8 @@ and holds:
 
 * ``ours``: each model's value with its 95% interval where one exists;
 * ``difference``: new − reference with its 95% interval, and ``interval``: what kind of interval it is —
-  a paired bootstrap over the same samples (retrieval, allocation: both models saw the same prompts), over the
+  a paired bootstrap (Student's t below 30 pairs) over the same samples (allocation: both models saw the same
+  prompts; retrieval: Newcombe's paired interval on prompts solved), over the
   same text windows (per-window NLL, outliers, quantization), or — when both models were trained with at least
   two ``seeds`` (replicates ``NAME-sSEED``, :func:`seed_groups`) — a Welch t interval over the runs' values;
 * ``verdict``: "agrees" / "disagrees" when the difference's interval excludes 0 on the claimed / the other side,
@@ -179,6 +180,12 @@ def _make(
     )
 
 
+def _paired_kind(diff: Difference, what: str) -> str:
+    """ "<the interval paired_difference used> over the same <n> <what>" (a bootstrap, or t for few pairs)."""
+    name = "paired t" if diff.method.startswith("paired t") else "paired bootstrap"
+    return f"{name} over the same {diff.n} {what}"
+
+
 def _same(a: dict | None, b: dict | None, *keys) -> bool:
     """Whether two results' metadata agree on ``keys`` (all present): the sign that their samples are paired."""
     if not a or not b:
@@ -229,7 +236,7 @@ def _loss_claim(source, claim, paper, ref, new, claimed, rows, evals, seed) -> C
             new_value=nv,
             new_ci=nci,
             diff=diff,
-            kind=f"paired bootstrap over the same {diff.n} text windows (token-weighted)",
+            kind=_paired_kind(diff, "text windows (token-weighted)"),
             note=f"data uncertainty only, {seeds_note}; {val}",
             **common,
         )
@@ -266,7 +273,7 @@ def _alloc_claim(source, claim, paper, ref, new, key, claimed, evals, seed) -> C
     nci = normal_interval(nm, nse) if math.isfinite(nse) else None
     if len(sr) == len(sn) and _same(ar.get("metadata"), an.get("metadata"), "samples_sha1"):
         diff = paired_difference(sr, sn, seed=seed)
-        kind = f"paired bootstrap over the same {diff.n} samples; values ± 1.96 SE over samples"
+        kind = _paired_kind(diff, "samples; values ± 1.96 SE over samples")
     else:
         diff = unpaired_difference(sr, sn, method="welch")
         kind = f"Welch t over samples ({len(sr)} vs {len(sn)}; unpaired: different prompts); values ± 1.96 SE"
@@ -361,7 +368,7 @@ def _niah_mean_claim(source, claim, paper, ref, new, evals, seed) -> Claim | Non
     if _niah_paired(rr, rn):
         # equal samples per cell: the mean over all pairs is the difference of the means of cell means
         diff = paired_difference(pooled_r, pooled_n, seed=seed)
-        kind = f"paired bootstrap over the same {diff.n} samples (all grid cells)"
+        kind = _paired_kind(diff, "samples (all grid cells)")
     else:
         est, ci = bootstrap_contrast(cn + cr, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
         diff = Difference(est, ci, "unpaired bootstrap within cells", sum(map(len, cr + cn)))
@@ -472,8 +479,7 @@ def _outlier_claim(source, claim, paper, ref, new, which, label, evals, seed) ->
         new_ci=nci,
         diff=diff,
         ours=ours,
-        kind=f"paired bootstrap over the same {diff.n} text windows, of the mean per-window top-1 (the "
-        "overall top-1 has no interval)",
+        kind=_paired_kind(diff, "text windows, of the mean per-window top-1 (the overall top-1 has no interval)"),
         note="data uncertainty only, one seed",
         **common,
     )
@@ -537,7 +543,7 @@ def _quant_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
         new_value=new_d.estimate,
         new_ci=new_d.interval,
         diff=diff,
-        kind=f"paired bootstrap over the same {diff.n} text windows (token-weighted)",
+        kind=_paired_kind(diff, "text windows (token-weighted)"),
         note="data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
         **common,
     )
