@@ -65,20 +65,29 @@ def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
         (["{model}", "--suite", "niah", "--context-tokens", "4096"], "needs 4096 tokens but the model's maximum"),
     ],
 )
-def test_bad_input_is_one_clear_error_and_no_results(args, message, diff_folder, tmp_path, capsys):
+def test_bad_input_is_one_clear_error_and_the_earlier_results_survive(args, message, diff_folder, tmp_path, capsys):
     import re
 
     out = tmp_path / "eval"
     out.mkdir()
-    (out / "results.json").write_text("{}")  # a previous run's file must not survive as if it were this one's
+    earlier = json.dumps({"suites": {"ppl": {}}, "metadata": {"results_version": 2}})
+    (out / "results.json").write_text(earlier)  # a finished evaluation: a failing rerun must not lose it
     args = [a.replace("{model}", str(diff_folder)) for a in args]
     code = main(["eval", *args, "--out", str(out)])
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
-    if "--context-tokens" in args:  # the run had started: the old results.json is gone, no new one is written
-        assert not (out / "results.json").exists() and not (out / ".partial").exists()
-    else:  # refused before anything ran: the folder is untouched
-        assert (out / "results.json").read_text() == "{}"
+    assert (out / "results.json").read_text() == earlier and not (out / ".partial").exists()
+
+
+def test_eval_refuses_a_folder_of_someone_elses_files(diff_folder, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.json").write_text("my own notes")
+    code = main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), *SMALL])
+    assert code == 2 and "diffattn eval did not write" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == "my own notes" and sorted(p.name for p in out.iterdir()) == [
+        "results.json"
+    ]
 
 
 def test_a_paired_run_folder_asks_which_model(tmp_path, capsys):

@@ -7,6 +7,7 @@ import json
 import logging
 import platform
 import sys
+from pathlib import Path
 
 from . import __version__  # cheap: the package imports torch/transformers only on first use
 
@@ -186,8 +187,6 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     try:
         result = run(config, args.out, resume=args.resume, overwrite=args.overwrite)
     except NonFiniteLossError as e:
-        from pathlib import Path
-
         dirs = (
             [Path(args.out)]
             if config.model.attention != "both"
@@ -240,8 +239,6 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     try:
         s = adapt_pretrained(config, args.out, resume=args.resume, overwrite=args.overwrite)
     except NonFiniteLossError as e:
-        from pathlib import Path
-
         kept = latest_checkpoint(Path(args.out))
         print(f"diffattn: error: {e}; training stopped. Last good checkpoint: {kept or 'none yet'}", file=sys.stderr)
         return 3
@@ -283,9 +280,10 @@ def _int_list(text: str) -> tuple[int, ...]:
 def cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from .eval.suite import SuiteOptions, load_for_eval, parse_suites, run_suites
+    from .eval.suite import SuiteOptions, check_eval_folder, load_for_eval, parse_suites, run_suites
 
     suites = parse_suites(args.suite)  # a bad name fails before the model loads
+    check_eval_folder(Path(args.out))
     options = SuiteOptions(**{f.name: getattr(args, f.name) for f in fields(SuiteOptions) if hasattr(args, f.name)})
     model, tokenizer, description = load_for_eval(args.model)
     doc = run_suites(

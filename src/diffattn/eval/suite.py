@@ -9,8 +9,9 @@ Suites (``--suite``, comma-separated): ``ppl`` (perplexity), ``niah`` (multi-nee
 ``outliers`` (activation outliers), ``quant`` (low-bit attention logits), ``heads`` (head analysis). Sizes are
 set by :class:`SuiteOptions` (the defaults are CPU-friendly; papers used more samples — raise them for real runs).
 
-Nothing is left behind as if complete: ``results.json`` is written once, atomically, after every suite
-succeeded; pictures go to ``<out>/.partial/`` first and move into place with it.
+Nothing is left behind as if complete, and nothing finished is lost: ``results.json`` is replaced once, atomically,
+after every suite succeeded (a failing rerun leaves the earlier results as they were); pictures go to
+``<out>/.partial/`` first and move into place with it. ``--out`` must be new, empty or an evaluation's folder.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..files import mark, marker, write_text_atomic
 from ._common import jsonable
 
 SUITES = ("ppl", "niah", "alloc", "icl", "mqar", "outliers", "quant", "heads")
@@ -65,9 +67,9 @@ class SuiteOptions:
 
 
 def _read_yaml(path: Path) -> dict:
-    import yaml
+    from ..files import read_yaml
 
-    return yaml.safe_load(path.read_text()) or {}
+    return read_yaml(path, "config") or {}
 
 
 def load_for_eval(name_or_path: str | os.PathLike):
@@ -132,14 +134,34 @@ def run_suites(
     suites = parse_suites(suites)
     o = options or SuiteOptions()
     out = Path(out)
+    check_eval_folder(out)
+    mark(out, "eval")
     partial = out / ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    (out / RESULTS).unlink(missing_ok=True)  # an older complete file must not pass for this run's
     try:
         return _run(model, tokenizer, suites, out, partial, o, name, description)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # on failure: no half-made pictures either
+
+
+def check_eval_folder(out: Path) -> None:
+    """``out`` must be new, empty, or an evaluation's folder (ours: it has the marker, or an earlier diffattn
+    ``results.json``), since its results and pictures are replaced there; refused with the reason otherwise."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file: name a folder for results.json and the pictures")
+    if not out.exists() or not any(out.iterdir()) or (marker(out) or {}).get("kind") == "eval":
+        return
+    try:
+        earlier = json.loads((out / RESULTS).read_text())
+        if "results_version" in earlier.get("metadata", {}):
+            return  # written by diffattn eval before the marker existed
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise ValueError(
+        f"--out {str(out)!r} holds files diffattn eval did not write: choose a new or empty folder (its results "
+        "and pictures would replace files of the same names there)"
+    )
 
 
 def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, name: str, description: str) -> dict:
@@ -235,7 +257,5 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
     }
     for f in partial.iterdir():  # every suite succeeded: publish the pictures, then the results
         os.replace(f, out / f.name)
-    tmp = out / (RESULTS + ".tmp")
-    tmp.write_text(json.dumps(jsonable(document), indent=2))
-    os.replace(tmp, out / RESULTS)
+    write_text_atomic(out / RESULTS, json.dumps(jsonable(document), indent=2))
     return document

@@ -34,8 +34,11 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
+
+from ..files import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -91,6 +94,8 @@ class ExperimentConfig:
     adapt_train: dict = field(default_factory=dict)
     eval: EvalPlan = field(default_factory=EvalPlan)
     seed: int = 0
+    # the file it was read from (not a setting: never saved); identifies the experiment in its folder's marker
+    source: ClassVar[str | None] = None
 
     # -- reading, writing, overriding -------------------------------------------------------------------------
     @classmethod
@@ -112,10 +117,9 @@ class ExperimentConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentConfig:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"experiment file {str(path)!r} does not exist")
-        return cls.from_dict(yaml.safe_load(path.read_text()) or {})
+        config = cls.from_dict(read_yaml(path, "experiment file") or {})
+        config.source = str(Path(path).resolve())
+        return config
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -143,7 +147,9 @@ class ExperimentConfig:
             if not isinstance(node, dict):
                 raise ValueError(f"--set {dotted}: cannot set a key inside a list; give an index")
             node[keys[-1]] = value
-        return ExperimentConfig.from_dict(d)
+        config = ExperimentConfig.from_dict(d)
+        config.source = self.source
+        return config
 
     # -- checks -----------------------------------------------------------------------------------------------
     def validate(self) -> ExperimentConfig:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..files import mark, marker, why_protected
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,38 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     return RESUME
 
 
+def check_experiment_folder(out: Path, name: str, source: str | None, *, overwrite: bool) -> None:
+    """``root/NAME`` must be new, empty, or this experiment's: made by ``diffattn run`` from the same experiment
+    file (its marker's ``source``), or an older diffattn experiment of that name (``experiment.yaml``, no marker).
+    Another file with the same name is refused unless every part is redone (``--overwrite`` with no names)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file: the experiment {name!r} needs that path for its folder")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    reason = why_protected(out)
+    if reason:
+        raise ValueError(f"the experiment {name!r} cannot use {str(out)!r}: {reason}")
+    made = marker(out)
+    if made is None:
+        try:
+            earlier = ExperimentConfig.load(out / "experiment.yaml").name
+        except ValueError:
+            earlier = None
+        if earlier != name:
+            raise ValueError(
+                f"{out} exists and was not made by diffattn run for experiment {name!r}: choose another --root or name"
+            )
+        return
+    if made.get("kind") != "experiment":
+        raise ValueError(f"{out} is a diffattn {made.get('kind')} folder, not an experiment's: choose another --root")
+    if made.get("source") != source and not overwrite:
+        raise ValueError(
+            f"{out} holds the experiment {name!r} from {made.get('source') or 'Python code'}; this one is from "
+            f"{source or 'Python code'}: give it another name (--set name=...) or --root, or pass --overwrite with "
+            "no names to redo every part there"
+        )
+
+
 def _prepare(run_dir: Path, state: str) -> None:
     if state == FRESH and run_dir.exists():
         shutil.rmtree(run_dir)  # an overwritten part, or a start that wrote nothing usable (no run.yaml)
@@ -118,9 +151,13 @@ def run_experiment(
     overwrite: bool | set[str] = False,
     report: bool = True,
     evaluate: bool = True,
+    source: str | Path | None = None,
 ) -> list[PartOutcome]:
     """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened.
-    ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them."""
+    ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them.
+    ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
+    marker so that another file with the same ``name`` is refused instead of replacing this one's report
+    (:func:`check_experiment_folder`)."""
     from ..eval.icl_data import load_icl_dataset
     from ..eval.suite import RESULTS, RESULTS_VERSION, SuiteOptions, load_for_eval, run_suites
     from ..train import pretrain
@@ -155,7 +192,9 @@ def run_experiment(
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     for a, c in adapters:
         states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
-    out.mkdir(parents=True, exist_ok=True)
+    source = str(Path(source).resolve()) if source is not None else config.source
+    check_experiment_folder(out, config.name, source, overwrite=overwrite is True)
+    mark(out, "experiment", name=config.name, source=source)
     config.save(out / "experiment.yaml")
 
     for m, run_config in scratch:
@@ -210,6 +249,7 @@ def run_experiment(
             continue
         t0 = time.perf_counter()
         model, tokenizer, description = load_for_eval(model_dir)
+        mark(path, "eval")  # inside this experiment's folder: ours, whatever an older version left there
         doc = run_suites(
             model, tokenizer, config.eval.suites, path, options=options, name=name, description=description
         )

@@ -56,6 +56,7 @@ from ..adapters import (
     trainable_parameters,
 )
 from ..data import load_corpus, tokenize_and_pack
+from ..files import is_inside, publish_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
 from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict
 from .data import PackedDataset, add_retrieval_mix
@@ -65,9 +66,11 @@ from .trainer import (
     STAGING,
     DiffattnTrainer,
     MetricsCallback,
+    RunFolderError,
     _final_eval,
     _step,
     check_run_dir,
+    start_run_folder,
     training_arguments,
 )
 
@@ -316,6 +319,12 @@ def adapt_pretrained(
     args = training_arguments(config, run_dir)
     state = PartialState()
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
+    base = Path(config.model.name)
+    if base.exists() and (is_inside(run_dir, base) or is_inside(base, run_dir)):
+        raise RunFolderError(
+            f"output folder {str(run_dir)!r} and the base model {str(base)!r} overlap: an adapter run must not "
+            "write into (or delete) its base; choose another --out"
+        )
     config.method_config()  # bad options fail here, before the model is loaded
     model, tokenizer = load_pretrained(config.model.name)
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
@@ -342,10 +351,7 @@ def adapt_pretrained(
 
     state.wait_for_everyone()
     if state.is_main_process:
-        if overwrite and run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config.save(run_dir / RUN_CONFIG)
+        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="adapt")
     state.wait_for_everyone()
 
     is_adapter = config.method.name in METHODS
@@ -401,7 +407,7 @@ def adapt_pretrained(
         logger.warning(warning)
     if trainer.args.should_save:
         _save_result(trainer, tokenizer, config, run_dir, summary)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     return summary
 
@@ -428,12 +434,6 @@ def _jsonable(config) -> dict:
     return {k: v for k, v in dataclasses.asdict(config).items()} if dataclasses.is_dataclass(config) else {}
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
 def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summary: dict) -> None:
     """Write adapter/ (methods, LoRA), merged/ (--merge) or final/ (attn-ft, full-ft), each atomically."""
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -446,21 +446,21 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         else:
             save_adapter(model, tmp)
         tokenizer.save_pretrained(tmp)
-        _publish(tmp, run_dir / ADAPTER)
+        publish_folder(tmp, run_dir / ADAPTER)
     if config.method.merge:
         tmp = run_dir / (MERGED + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         merged = merge_adapter(model)
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _publish(tmp, run_dir / MERGED)
+        publish_folder(tmp, run_dir / MERGED)
         summary["merged"] = str(run_dir / MERGED)
     if name in ("attn-ft", "full-ft"):
         tmp = run_dir / (FINAL + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _publish(tmp, run_dir / FINAL)
+        publish_folder(tmp, run_dir / FINAL)
 
 
 def load_adapted(run_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32):

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..data.synthetic import CITY_KEYS, NEEDLE_LOSSES
+from ..files import read_yaml
 from ..models.build import ATTENTIONS
 from ..models.diff_llama import NORMS
 from ..models.presets import PRESETS
@@ -165,10 +166,7 @@ class SectionedConfig:
 
     @classmethod
     def load(cls, path: str | Path):
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path, "config file") or {}
         if not isinstance(data, dict):
             sections = ", ".join(f.name for f in dataclasses.fields(cls))
             raise ValueError(f"config file {str(path)!r} must hold a mapping with sections {sections}")

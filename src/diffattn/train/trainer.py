@@ -33,6 +33,7 @@ from accelerate import PartialState
 from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from ..files import check_removable, mark, publish_folder, remove_folder, write_text_atomic
 from ..models.build import build_model
 from ..models.diff_llama import DiffLlamaDifferentialAttention
 from ..models.presets import get_preset
@@ -145,19 +146,47 @@ class DiffattnTrainer(Trainer):
         loss = (per_row * has_labels).sum() / has_labels.sum().clamp(min=1)
         return (loss, outputs) if return_outputs else loss
 
+    def _get_grad_norm(self, model, grad_norm=None):
+        # remembered so a checkpoint taken after a non-finite gradient is never published (see _save_checkpoint)
+        self.last_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        return self.last_grad_norm
+
     def _save_checkpoint(self, model, trial):
+        grad_norm = getattr(self, "last_grad_norm", None)
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            raise NonFiniteLossError(
+                f"gradient norm became {grad_norm} at step {self.state.global_step}; its checkpoint was not saved"
+            )
         super()._save_checkpoint(model, trial)  # into args.output_dir = .staging/
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             name = f"checkpoint-{self.state.global_step}"
+            staged = Path(self.args.output_dir) / name
+            problem = checkpoint_problem(staged)
+            if problem is not None:  # e.g. NaN weights one step before the loss shows it: never published
+                shutil.rmtree(staged, ignore_errors=True)
+                raise NonFiniteLossError(f"checkpoint at step {self.state.global_step} not saved: {problem}")
             final = self.run_dir / CHECKPOINTS / name
             final.parent.mkdir(parents=True, exist_ok=True)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(Path(self.args.output_dir) / name, final)  # the publish step: atomic
-            for old in sorted(_checkpoint_dirs(self.run_dir), key=_step)[: -self.keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
+            publish_folder(staged, final)  # atomic: an earlier folder of that name is replaced only once this is in
+            rotate_checkpoints(self.run_dir, self.keep_checkpoints, newest_complete=final)
         self.accelerator.wait_for_everyone()
+
+
+def rotate_checkpoints(run_dir: Path, keep: int, *, newest_complete: Path | None = None) -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints — never the newest *complete* one, even when newer folders
+    are corrupt (``newest_complete``: one already known complete, e.g. just verified). Returns what was deleted."""
+    ordered = sorted(_checkpoint_dirs(run_dir), key=_step, reverse=True)
+    kept = ordered[:keep]
+    if newest_complete is None or newest_complete not in kept:
+        newest_complete = next((c for c in ordered if checkpoint_problem(c) is None), None)
+    if newest_complete is not None and newest_complete not in kept:
+        kept.append(newest_complete)
+    deleted = [c for c in ordered if c not in kept]
+    for old in deleted:
+        shutil.rmtree(old, ignore_errors=True)
+    return deleted
 
 
 def _step(path: Path) -> int:
@@ -171,9 +200,16 @@ def _checkpoint_dirs(run_dir: Path) -> list[Path]:
     return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit()]
 
 
+RESUME_STATE = ("trainer_state.json", "optimizer.pt", "scheduler.pt")  # what Trainer needs to resume exactly
+
+
 def checkpoint_problem(path: Path) -> str | None:
-    """Why a checkpoint folder cannot be resumed from, or ``None`` if it looks complete."""
-    for required in ("trainer_state.json", "optimizer.pt", "scheduler.pt"):
+    """Why a checkpoint folder cannot be resumed from, or ``None`` if every file ``--resume`` loads is complete:
+    the weights (readable and finite), the optimizer, scheduler and RNG states (whole archives: ``torch.save``
+    writes zip files, whose checksums catch truncation) and the trainer state (valid JSON)."""
+    import zipfile
+
+    for required in RESUME_STATE:
         f = path / required
         if not f.is_file() or f.stat().st_size == 0:
             return f"{required} is missing or empty"
@@ -184,9 +220,19 @@ def checkpoint_problem(path: Path) -> str | None:
         try:
             with safe_open(w, framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    f.get_slice(key)
+                    t = f.get_tensor(key)
+                    if t.is_floating_point() and not torch.isfinite(t).all():
+                        return f"{w.name} holds non-finite values ({key})"
         except Exception as e:  # truncated or corrupt file
             return f"{w.name} is unreadable ({type(e).__name__}: {e})"
+    for state in ["optimizer.pt", "scheduler.pt", *sorted(p.name for p in path.glob("rng_state*.pth"))]:
+        try:
+            with zipfile.ZipFile(path / state) as z:
+                bad = z.testzip()
+            if bad is not None:
+                return f"{state} is corrupt ({bad})"
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            return f"{state} is unreadable ({type(e).__name__}: {e})"
     try:
         json.loads((path / "trainer_state.json").read_text())
     except json.JSONDecodeError as e:
@@ -270,6 +316,10 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool, overwrite: 
     writes); returns the checkpoint to resume from, or None."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"output folder {str(run_dir)!r} is a file: name a folder (new, empty, or a run's)")
+    if overwrite:
+        check_removable(run_dir)
     saved = run_dir / RUN_CONFIG
     if resume:
         if not saved.is_file():
@@ -292,6 +342,30 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool, overwrite: 
             f"continue that run or --overwrite to replace it"
         )
     return None
+
+
+def start_run_folder(run_dir: Path, config, *, overwrite: bool, checkpoint: Path | None, command: str) -> None:
+    """The first writes of a run, once its inputs are known good (main process only): delete the old folder
+    (``--overwrite``; only one diffattn made), mark the folder as a run's, save its settings, and on a resume drop
+    ``metrics.jsonl`` lines after the resumed step (they are logged again)."""
+    if overwrite:
+        remove_folder(run_dir)
+    mark(run_dir, "run", command=command)
+    config.save(run_dir / RUN_CONFIG)
+    metrics = run_dir / METRICS
+    if metrics.is_file():
+        resumed = _step(checkpoint) if checkpoint is not None else 0
+        lines = [ln for ln in metrics.read_text().splitlines() if ln.strip()]
+        kept = [ln for ln in lines if _logged_step(ln) <= resumed]
+        if len(kept) != len(lines):
+            write_text_atomic(metrics, "".join(ln + "\n" for ln in kept))
+
+
+def _logged_step(line: str) -> float:
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:  # a line cut short by a crash: dropped
+        return math.inf
 
 
 def pretrain(
@@ -332,10 +406,7 @@ def pretrain(
     # only now, with data and model known to be good, is anything written (a failed start leaves nothing)
     state.wait_for_everyone()  # every process has checked before the main one changes anything
     if state.is_main_process:
-        if overwrite and run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config.save(run_dir / RUN_CONFIG)
+        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="pretrain")
     state.wait_for_everyone()
     tok = data.tokenizer
     model.config.bos_token_id = model.config.eos_token_id = tok.eos_token_id
@@ -381,7 +452,7 @@ def pretrain(
     }
     if trainer.args.should_save:
         _save_final(trainer, tok, config, run_dir)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     return summary
 
@@ -401,6 +472,4 @@ def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path) -
     model.save_pretrained(tmp, state_dict=trainer.accelerator.get_state_dict(trainer.model))
     tokenizer.save_pretrained(tmp)
     config.save(tmp / RUN_CONFIG)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    publish_folder(tmp, final)
