@@ -277,7 +277,7 @@ def test_zero_steps_and_a_foreign_folder_are_refused_before_anything_runs(corpus
     foreign = tmp_path / "other" / "debug-exp"
     foreign.mkdir(parents=True)
     (foreign / "run.yaml").write_text("model: {}\n")  # e.g. a pretraining run folder
-    with pytest.raises(ValueError, match="not an experiment folder"):
+    with pytest.raises(ValueError, match="not made by diffattn run"):
         run_experiment(ExperimentConfig.from_dict(_debug(corpus)), tmp_path / "other")
     assert sorted(p.name for p in foreign.iterdir()) == ["run.yaml"]  # untouched
 

@@ -308,8 +308,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_torchrun_two_cpu_processes_match_single_process(corpus_file, tmp_path, sharding):
+def test_torchrun_two_cpu_processes_match_single_process(corpus_file, tmp_path):
+    """DDP over two CPU processes (gloo). FSDP needs CUDA and is refused without it (tests/test_cli_bad_input.py),
+    so what run.yaml records is what ran."""
     cfg = debug_config(corpus_file, max_steps=8, eval_every=8, save_every=8)
     pretrain(cfg, tmp_path / "single")
     cfg.save(tmp_path / "run.yaml")
@@ -341,4 +342,6 @@ def test_torchrun_two_cpu_processes_match_single_process(corpus_file, tmp_path, 
     for step in single:
         assert ddp[step] == pytest.approx(single[step], rel=1e-5), step
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "ddp" / "final") is not None
+    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert summary["distributed"] == {"strategy": "ddp", "processes": 2}
     shutil.rmtree(tmp_path / "ddp")

@@ -70,7 +70,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not set(levels) <= {"op", "module"}:
         raise ValueError(f"--levels must be a comma-separated subset of op,module; got {args.levels!r}")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _bench_device(args.device)
     print(
         f"attention benchmark: device={device}, dtype={args.dtype}, batch={args.batch}, h={args.heads} DIFF "
         f"heads vs {2 * args.heads} baseline heads, d={args.head_dim}, causal, median of {args.reps}, "
@@ -97,13 +97,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_device(asked: str | None) -> str:
+    import torch
+
+    if asked is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if asked not in ("cpu", "cuda") and not asked.startswith("cuda:"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {asked!r}")
+    if asked.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {asked}: CUDA is not available here (torch {torch.__version__}); use cpu")
+    return asked
+
+
 def cmd_bench_train_step(args: argparse.Namespace) -> int:
     import torch
 
     from .bench.train_step import format_table, rows_as_dicts, run_train_step_benchmark
 
     presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _bench_device(args.device)
     print(
         f"train-step benchmark: device={device}, batch={args.batch}, median of {args.reps}, "
         f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW",
@@ -285,6 +297,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     suites = parse_suites(args.suite)  # a bad name fails before the model loads
     check_eval_folder(Path(args.out))
     options = SuiteOptions(**{f.name: getattr(args, f.name) for f in fields(SuiteOptions) if hasattr(args, f.name)})
+    options.validate(suites, style="flag")  # before the model loads
     model, tokenizer, description = load_for_eval(args.model)
     doc = run_suites(
         model, tokenizer, suites, args.out, options=options, name=args.name or args.model, description=description
@@ -330,8 +343,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error format: one line naming what was wrong (no usage block before it), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .models.pretrained import PRETRAINED
+
+    parser = _Parser(
         prog="diffattn",
         description="Differential attention for language models: DIFF Transformer, Dex, DiffLoRA, DAA.",
     )
@@ -385,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
-    p.add_argument("--model", help="smollm2-135m, gemma3-270m or a local Hugging Face folder")
+    p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
     p.add_argument("--method", help="dex, daa, diffq, diffk, diffv, difflora, lora, attn-ft or full-ft (default dex)")
     p.add_argument("--merge", action="store_const", const=True, default=None, help="also write merged/ (dex, diffv)")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")

@@ -157,6 +157,11 @@ def _read_path(path: Path) -> tuple[list[str], list[str]]:
         records = by_file[f] if f in by_file else _load_json_file(f)
         labels += [name] if f in by_file else [f"{name}:{i}" for i in range(len(records))]
         docs += records
+    for label, doc in zip(labels, docs, strict=True):
+        if doc and ("\x00" in doc or doc.count("\ufffd") > 0.01 * len(doc)):  # read with errors="replace"
+            raise ValueError(
+                f"corpus file {label!r} in {str(path)!r} is not text (NUL bytes or invalid UTF-8): give text files"
+            )
     kept = [(label, doc) for label, doc in zip(labels, docs, strict=True) if doc.strip()]
     if len(kept) < len(docs):
         logger.info("corpus %s: skipped %d empty or whitespace-only documents", path, len(docs) - len(kept))

@@ -65,6 +65,40 @@ class SuiteOptions:
     def icl_dataset_options(self) -> dict:
         return {"max_chars": self.icl_max_chars, "max_classes": self.icl_max_classes}
 
+    def validate(self, suites=SUITES, *, style: str = "field") -> SuiteOptions:
+        """Refuse bad values before any model is loaded. ``style`` names them as the user wrote them:
+        ``"flag"`` (``--samples``), ``"experiment"`` (``eval.options.samples``) or ``"field"`` (``samples``)."""
+
+        def name(field: str) -> str:
+            return {"flag": f"--{field.replace('_', '-')}", "experiment": f"eval.options.{field}"}.get(style, field)
+
+        at_least = {
+            "samples": 1, "niah_needles": 1, "tokens": 1, "icl_draws": 1, "icl_test_size": 1, "icl_permutations": 1,
+            "icl_max_chars": 1, "mqar_samples": 1, "niah_heatmap_samples": 1, "context_tokens": 8, "window": 2,
+            "icl_max_classes": 2,
+        }  # fmt: skip
+        for field, low in at_least.items():
+            value = getattr(self, field)
+            if value is None and field in ("niah_heatmap_samples", "context_tokens", "window", "icl_max_classes"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name(field)} must be >= {low}, got {value!r}")
+        if not isinstance(self.niah_digits, int) or not 1 <= self.niah_digits <= 12:
+            raise ValueError(f"{name('niah_digits')} must be between 1 and 12, got {self.niah_digits!r}")
+        for field in ("text", "haystack"):
+            source = getattr(self, field)
+            if source not in ("shakespeare", "filler") and not Path(source).exists():
+                raise ValueError(f"{name(field)} {source!r} does not exist: give shakespeare, filler or a text path")
+        if "icl" in suites:
+            from .icl_data import DATASETS
+
+            if self.icl_dataset not in DATASETS:
+                raise ValueError(
+                    f"{name('icl_dataset')}: unknown ICL dataset {self.icl_dataset!r}; choose one of "
+                    f"{', '.join(DATASETS)}"
+                )
+        return self
+
 
 def _read_yaml(path: Path) -> dict:
     from ..files import read_yaml
@@ -132,7 +166,7 @@ def run_suites(
 ) -> dict:
     """Run ``suites`` on ``model``; write ``<out>/results.json`` and one PNG per picture. Returns the results."""
     suites = parse_suites(suites)
-    o = options or SuiteOptions()
+    o = (options or SuiteOptions()).validate(suites)
     out = Path(out)
     check_eval_folder(out)
     mark(out, "eval")

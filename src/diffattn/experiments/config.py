@@ -190,7 +190,11 @@ class ExperimentConfig:
         for p in self.pretrained:
             if not _is_model(p.path):
                 raise ValueError(f"pretrained[{p.name}].path {p.path!r} is neither a known name nor a model folder")
-        parse_suites(self.eval.suites)
+        suites = parse_suites(self.eval.suites)
+        from ..eval.suite import SuiteOptions
+
+        _check_keys("eval.options", self.eval.options, SuiteOptions)
+        SuiteOptions(**{"seed": self.seed, **self.eval.options}).validate(suites, style="experiment")
         if self.eval.models is not None:
             unknown = sorted(set(self.eval.models) - set(names))
             if unknown:

@@ -164,14 +164,24 @@ def run_experiment(
     from ..train.adapt import adapt_pretrained
 
     config.validate()
+    if isinstance(overwrite, (set, list, tuple)):
+        unknown = sorted(set(overwrite) - set(config.model_names()))
+        if unknown:
+            raise ValueError(
+                f"--overwrite names no part of experiment {config.name!r}: {', '.join(unknown)}; its parts: "
+                f"{', '.join(config.model_names())}"
+            )
     out = Path(root) / config.name
-    if out.is_dir() and any(out.iterdir()) and not (out / "experiment.yaml").is_file():
-        raise ValueError(f"{out} exists and is not an experiment folder (no experiment.yaml): choose another --root")
     outcomes: list[PartOutcome] = []
 
     # every config is built (and so checked) before any training starts
     scratch = [(m, _scratch_config(config, m)) for m in config.models]
     adapters = [(a, _adapt_config(config, a, out)) for a in config.adapters]
+    for a, c in adapters:  # the method's option values too, not only their names: now, not after pretraining
+        try:
+            c.method_config()
+        except ValueError as e:
+            raise ValueError(f"adapters[{a.name}]: {e}") from e
     for a, _ in adapters:
         if a.base in config.scratch_names():
             kind = next(m for m in config.models if m.name == a.base).attention
@@ -182,18 +192,20 @@ def run_experiment(
                 )
 
     # the evaluation data too: a missing ICL data set (say Debian's WordNet) fails now, not after hours of training
-    options = SuiteOptions(**{"seed": config.seed, **config.eval.options})
+    options = SuiteOptions(**{"seed": config.seed, **config.eval.options}).validate(
+        config.eval.suites, style="experiment"
+    )
     if "icl" in config.eval.suites:
         load_icl_dataset(options.icl_dataset, **options.icl_dataset_options())
 
     _check_needle_prompts_fit(config, options, scratch)
 
+    source = str(Path(source).resolve()) if source is not None else config.source
+    check_experiment_folder(out, config.name, source, overwrite=overwrite is True)
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     for a, c in adapters:
         states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
-    source = str(Path(source).resolve()) if source is not None else config.source
-    check_experiment_folder(out, config.name, source, overwrite=overwrite is True)
     mark(out, "experiment", name=config.name, source=source)
     config.save(out / "experiment.yaml")
 

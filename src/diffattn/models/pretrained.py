@@ -96,17 +96,45 @@ def _convert(name: str, source: GGUFSource, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_folder(path: Path) -> None:
+    """A local Hugging Face folder must hold a config, weights and a tokenizer: refused with what is missing (instead
+    of transformers' errors about hub downloads or sentencepiece, which name neither the folder nor the remedy)."""
+    if not (path / "config.json").is_file():
+        if (path / "run.yaml").is_file() and (path / "adapter").is_dir():
+            raise ValueError(
+                f"{str(path)!r} is a diffattn adapt run, not a model: adapting an adapted model is not supported; "
+                "adapt its base, or adapt the plain model it can be merged into (--merge writes merged/)"
+            )
+        raise ValueError(f"{str(path)!r} is a folder but not a Hugging Face model (no config.json)")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise ValueError(f"model folder {str(path)!r} has no weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(
+            f"model folder {str(path)!r} has no tokenizer (tokenizer.json or tokenizer_config.json): save the "
+            "model's tokenizer there with tokenizer.save_pretrained(folder)"
+        )
+
+
 def load_pretrained(
-    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
+    name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, object]:
     """Return ``(model, tokenizer)`` for a known offline name (see :data:`PRETRAINED`) or a local HF folder.
 
-    Use float32 on CPU (bf16 is ~30× slower there).
+    ``dtype`` defaults to float32: use it on CPU (bf16 is ~30× slower there).
     """
+
     path = Path(name_or_path)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{str(path)!r} is a folder but not a Hugging Face model (no config.json)")
+        check_model_folder(path)
         folder = path
     elif str(name_or_path) in PRETRAINED:
         name = str(name_or_path)
@@ -116,12 +144,16 @@ def load_pretrained(
                 logger.warning("discarding an incomplete cache entry %s", folder)
                 shutil.rmtree(folder)
             _convert(name, PRETRAINED[name], folder)
+    elif path.exists():
+        raise ValueError(f"model {str(path)!r} is a file: give a Hugging Face model folder or {', '.join(PRETRAINED)}")
+    elif os.sep in str(name_or_path) or str(name_or_path).startswith("."):
+        raise ValueError(f"model folder {str(path)!r} does not exist")
     else:
         raise ValueError(
             f"unknown pretrained model {str(name_or_path)!r}: give one of {', '.join(PRETRAINED)} "
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
     config = AutoConfig.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype or torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model.eval(), tokenizer

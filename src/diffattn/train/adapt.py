@@ -59,7 +59,7 @@ from ..data import load_corpus, tokenize_and_pack
 from ..files import is_inside, publish_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
 from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict
-from .data import PackedDataset, add_retrieval_mix
+from .data import PackedDataset, add_retrieval_mix, check_enough_text
 from .trainer import (
     METRICS,
     RUN_CONFIG,
@@ -70,6 +70,7 @@ from .trainer import (
     _final_eval,
     _step,
     check_run_dir,
+    distribution,
     start_run_folder,
     training_arguments,
 )
@@ -318,13 +319,13 @@ def adapt_pretrained(
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)
     state = PartialState()
-    checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
     base = Path(config.model.name)
     if base.exists() and (is_inside(run_dir, base) or is_inside(base, run_dir)):
         raise RunFolderError(
             f"output folder {str(run_dir)!r} and the base model {str(base)!r} overlap: an adapter run must not "
             "write into (or delete) its base; choose another --out"
         )
+    checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
     config.method_config()  # bad options fail here, before the model is loaded
     model, tokenizer = load_pretrained(config.model.name)
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
@@ -333,6 +334,7 @@ def adapt_pretrained(
     corpus = load_corpus(config.data.source, seed=config.data.split_seed)
     with args.main_process_first(desc="tokenize"):
         train = tokenize_and_pack(corpus.train, tokenizer, config.data.seq_len)
+        check_enough_text(train, config.train.global_batch_size, config.data.source, config.data.seq_len)
         val = tokenize_and_pack(corpus.val, tokenizer, config.data.seq_len)
         # the retrieval practice mix as in pretraining (none by default), appended after the text rows, so Dex's
         # head selection still calibrates on the first text rows
@@ -391,6 +393,7 @@ def adapt_pretrained(
         "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
         "wall_seconds": wall,
         "lambda": adapter_lambdas(model) if is_adapter else None,
+        "distributed": distribution(config),
         "warnings": [],
         "data": {
             "source": corpus.name,

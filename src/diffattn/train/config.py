@@ -139,7 +139,7 @@ class TrainConfig:
             isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps <= self.max_steps
         ):
             raise ValueError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0 or self.lr <= 0:
+        if not 0.0 <= self.min_lr_ratio <= 1.0 or not 0 < self.lr < float("inf"):  # written so NaN fails too
             raise ValueError(
                 f"train.lr must be > 0 and train.min_lr_ratio in [0, 1]; got {self.lr}, {self.min_lr_ratio}"
             )

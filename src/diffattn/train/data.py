@@ -107,11 +107,23 @@ def data_tokenizer(d, corpus: Corpus | None = None):
     return train_tokenizer(_tokenizer_corpus(corpus, d), d.vocab_size)
 
 
+def check_enough_text(train, batch: int, source, seq_len: int) -> None:
+    """Refuse a corpus whose training split does not fill one batch of distinct sequences: training on it would
+    only repeat a few rows (a 20-character file trained for hundreds of steps without a word before this)."""
+    rows = int(train.input_ids.shape[0])
+    if rows < batch:
+        raise ValueError(
+            f"corpus {str(source)!r} is too small: its training split gives {rows} sequence(s) of {seq_len} tokens, "
+            f"fewer than one batch ({batch}); give a larger corpus, or lower the batch size or sequence length"
+        )
+
+
 def prepare_data(config: RunConfig) -> PreparedData:
     d = config.data
     corpus = load_corpus(d.source, seed=d.split_seed)
     tokenizer = data_tokenizer(d, corpus)
     train = tokenize_and_pack(corpus.train, tokenizer, d.seq_len)
+    check_enough_text(train, config.train.global_batch_size, d.source, d.seq_len)
     try:
         val = tokenize_and_pack(corpus.val, tokenizer, d.seq_len)
     except ValueError as e:

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from .config import RunConfig
-from .trainer import METRICS, pretrain
+from .trainer import METRICS, RUN_CONFIG, RunFolderError, pretrain
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,11 @@ def pretrain_paired(
     config: RunConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False, callbacks=None
 ) -> dict:
     out = Path(out)
+    if (out / RUN_CONFIG).is_file():
+        raise RunFolderError(
+            f"{str(out)!r} holds a single run (its own {RUN_CONFIG}): a paired run writes standard/ and diff/ into "
+            "a folder of its own; choose another --out"
+        )
     summaries = {}
     for attention in ("standard", "diff"):
         cfg = copy.deepcopy(config)

@@ -263,9 +263,22 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def distribution(config) -> dict:
+    """How the run was spread over processes, as it really ran (recorded in ``summary.json``)."""
+    world = _world_size()
+    strategy = "fsdp" if config.train.fsdp else ("ddp" if world > 1 else "single process")
+    return {"strategy": strategy, "processes": world}
+
+
 def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
     t = config.train
     world = _world_size()
+    if t.fsdp and not torch.cuda.is_available():
+        # transformers' Trainer would fall back to DDP (or fail) without saying so, while run.yaml said fsdp
+        raise ValueError(
+            "train.fsdp (--fsdp) needs CUDA GPUs under torchrun, and this machine has none: drop it (torchrun "
+            "without it runs DDP, which gives the same losses)"
+        )
     per_device, rem = divmod(t.global_batch_size, world * t.grad_accum)
     if rem or per_device < 1:
         raise ValueError(
@@ -448,6 +461,7 @@ def pretrain(
         "tokens_per_s": tokens_per_step * (trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)) / wall,
         "wall_seconds": wall,
         "lambda": lambda_per_layer(model),
+        "distributed": distribution(config),
         "data": data.info,
     }
     if trainer.args.should_save:
