@@ -26,7 +26,10 @@ from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
 CASES = [
     # ---- pretrain
     ("pretrain --attention diff", r"the following arguments are required: --out"),
-    ("pretrain --out {new} --attention triple", r"invalid choice: 'triple' \(choose from 'standard', 'diff', 'both'\) \(see diffattn pretrain --help\)"),
+    (
+        "pretrain --out {new} --attention triple",
+        r"invalid choice: 'triple' \(choose from 'standard', 'diff', 'both'\) \(see diffattn pretrain --help",
+    ),
     ("pretrain --out {new} --preset nope", r"unknown preset 'nope'; allowed: debug, quick"),
     ("pretrain --out {new} --set model.preset=null", r"model.preset must be a string, got None"),
     ("pretrain --out {new} --data /no/such/corpus.txt", r"does not exist"),
