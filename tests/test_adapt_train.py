@@ -143,7 +143,7 @@ def test_dex_cli_run_logs_lambda_and_its_adapter_reloads(base_dir, corpus_dir, t
     # the adapter folder rebuilds the trained model; merged/ is a plain Llama with the same logits
     model, tokenizer = load_pretrained(base_dir)
     adapted = load_adapter(model, out / "adapter")
-    merged, _ = load_adapted(out)
+    merged, _ = load_adapted(out, merged=True)
     assert type(merged).__name__ == "LlamaForCausalLM"
     assert set(merged.state_dict()) == set(load_pretrained(base_dir)[0].state_dict())
     x = _val_ids(tokenizer, corpus_dir)
@@ -197,6 +197,9 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
     decayed = {seen["names"][i] for wd, ids in seen["groups"] if wd > 0 for i in ids}
     assert not any("lambda" in n for n in decayed)  # λ is never decayed
     model, _ = load_adapted(out)
+    if not (out / "merged").is_dir():  # the merged form is asked for, never picked silently
+        with pytest.raises(ValueError, match="has no merged/"):
+            load_adapted(out, merged=True)
     x = _val_ids(tokenizer, corpus_dir)
     with torch.no_grad():
         assert torch.isfinite(model(x).logits).all()

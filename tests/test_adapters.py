@@ -329,3 +329,21 @@ def test_the_annealed_methods_have_no_configuration_that_cannot_learn(variant, o
     for _, _, w in attention_modules(model):
         lam = next(p for n, p in w.method.named_parameters() if n.endswith("lambda_learn"))
         assert lam.grad is not None and lam.grad.abs() > 0
+
+
+def test_a_peft_wrapped_adapted_model_is_accepted_or_refused_with_the_remedy(tmp_path):
+    """Users stack PEFT on top (e.g. LoRA on the MLP of a Dex model): the adapter functions find our adapter inside
+    the wrapper; merging, whose plain-model result would drop the PEFT layers, is refused with the remedy."""
+    from peft import LoraConfig, get_peft_model
+
+    model = adapt(tiny("llama"), DexConfig(heads="all", anneal_steps=4))
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["gate_proj"]))
+    set_adapter_step(wrapped, 2)
+    assert adapter_lambdas(wrapped) == adapter_lambdas(model) and adapter_lambdas(model)[0] != 0.0
+    folder = save_adapter(wrapped, tmp_path / "adapter")
+    fresh = load_adapter(tiny("llama"), folder)
+    assert adapter_lambdas(fresh) == adapter_lambdas(model)
+    with pytest.raises(ValueError, match=r"wrapped by PEFT.*merge_and_unload\(\)"):
+        merge_adapter(wrapped)
+    with pytest.raises(ValueError, match="has no diffattn adapter"):
+        adapter_lambdas(tiny("llama"))

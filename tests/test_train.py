@@ -143,6 +143,26 @@ def test_debug_run_outputs_metrics_checkpoint_and_loadable_final(corpus_file, tm
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
 
 
+def test_a_saved_model_generates_like_any_hugging_face_model(corpus_file, tmp_path):
+    """config.json has use_cache on, generation_config.json the tokenizer's eos/pad, so plain transformers'
+    generate stops at the end of text: here the eos logit is made the largest, so it stops after 1 new token."""
+    from transformers import GenerationConfig
+
+    run = tmp_path / "run"
+    pretrain(debug_config(corpus_file, max_steps=2, save_every=2, eval_every=2), run)
+    tok = AutoTokenizer.from_pretrained(run / "final")
+    assert json.loads((run / "final" / "config.json").read_text())["use_cache"] is True
+    gen = GenerationConfig.from_pretrained(run / "final")
+    assert gen.eos_token_id == tok.eos_token_id and gen.pad_token_id == tok.pad_token_id
+    model = AutoModelForCausalLM.from_pretrained(run / "final").eval()
+    ids = tok("To be, or not", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=6, do_sample=False).shape[1] == ids.shape[1] + 6
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] = 50 * model.model.norm(model.model(ids).last_hidden_state[0, -1])
+    out = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 1 and out[0, -1] == tok.eos_token_id
+
+
 def test_loss_decreases_over_50_steps(corpus_file, tmp_path):
     cfg = debug_config(corpus_file, max_steps=50, eval_every=50, save_every=50, warmup_steps=5)
     pretrain(cfg, tmp_path / "run")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .base import AdaptedAttention, remove_adapter, set_adapter_step
+from .base import AdaptedAttention, adapted_model, remove_adapter, set_adapter_step
 from .daa import DAAConfig, DiffKConfig, DiffQConfig, adapt_daa, adapt_input_diff, attention_module_names
 from .dex import (
     DexConfig,
@@ -108,15 +108,12 @@ METHODS: dict[str, type] = {name: entry.config for name, entry in _REGISTRY.item
 
 
 def _info(model: nn.Module, caller: str):
-    info = getattr(model, "_diffattn_adapter", None)
-    if info is None:
-        raise ValueError(f"{caller}: this model has no diffattn adapter")
-    return info
+    return adapted_model(model, caller)._diffattn_adapter
 
 
 def adapter_lambdas(model: nn.Module) -> list[float]:
     """The current λ of every adapted layer, in layer order (what the trainer logs as λ(t))."""
-    _info(model, "adapter_lambdas")
+    model = adapted_model(model, "adapter_lambdas")
     return [
         float(w.method.current_lambda().detach())
         for _, _, w in attention_modules(model)
@@ -164,7 +161,8 @@ def trained_parameter_names(model: nn.Module) -> list[str]:
 def merge_adapter(model: nn.Module) -> nn.Module:
     """Fold the adapter into the base weights (Dex: W_O; DiffV: W_V) and return a plain model of the base
     architecture with zero overhead. The two-map methods raise ``NotImplementedError`` saying why."""
-    info = _info(model, "merge_adapter")
+    model = adapted_model(model, "merge_adapter", allow_peft=False)
+    info = model._diffattn_adapter
     entry = _REGISTRY[info.method]
     if entry.merge is None:
         raise NotImplementedError(f"{info.method} cannot be merged: {entry.why_not_mergeable}")

@@ -243,12 +243,32 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
     return model
 
 
+def adapted_model(model: nn.Module, caller: str, *, allow_peft: bool = True) -> nn.Module:
+    """The module that carries the diffattn adapter: ``model`` itself, or the model inside a PEFT wrapper
+    (``get_base_model()``) or a DDP/accelerate wrapper (``.module``). ``allow_peft=False`` refuses a PEFT-wrapped
+    model with the remedy (for operations whose result would drop the PEFT layers)."""
+    inner = model
+    for _ in range(4):
+        # its own attribute, not getattr: PEFT's wrappers forward unknown attributes to the model inside
+        if vars(inner).get("_diffattn_adapter") is not None:
+            return inner
+        if callable(getattr(inner, "get_base_model", None)):  # peft.PeftModel
+            if not allow_peft:
+                raise ValueError(
+                    f"{caller}: this model is wrapped by PEFT; fold the PEFT adapter in first "
+                    f"(model = model.merge_and_unload()), then call {caller}(model)"
+                )
+            inner = inner.get_base_model()
+        elif isinstance(getattr(inner, "module", None), nn.Module):  # DistributedDataParallel, accelerate
+            inner = inner.module
+        else:
+            break
+    raise ValueError(f"{caller}: this model has no diffattn adapter")
+
+
 def set_adapter_step(model: nn.Module, step: int) -> None:
     """Set the training step t of λ(t) (Dex Eq. 4) for every adapted layer."""
-    info = getattr(model, "_diffattn_adapter", None)
-    if info is None:
-        raise ValueError("set_adapter_step: this model has no diffattn adapter")
-    info.state.step = int(step)
+    adapted_model(model, "set_adapter_step")._diffattn_adapter.state.step = int(step)
 
 
 def remove_adapter(model: nn.Module) -> nn.Module:

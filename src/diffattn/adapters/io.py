@@ -22,6 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .base import adapted_model
+
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
 FORMAT_VERSION = 1
@@ -49,13 +51,18 @@ def base_fingerprint(model: nn.Module) -> str:
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
     from . import trained_parameter_names
 
-    info = getattr(model, "_diffattn_adapter", None)
-    if info is None:
-        raise ValueError("save_adapter: this model has no diffattn adapter")
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    model = adapted_model(model, "save_adapter")
+    info = model._diffattn_adapter
     names = set(trained_parameter_names(model))
     tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if n in names}
+    missing = sorted(names - set(tensors))
+    if missing:  # e.g. PEFT layers wrapped around weights the method trains: their names changed
+        raise ValueError(
+            f"save_adapter: {len(missing)} trained parameter(s) are not where the adapter put them (first: "
+            f"{missing[0]}); if PEFT wraps this model, fold it in first (model = model.merge_and_unload())"
+        )
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     meta = {
         "format_version": FORMAT_VERSION,
         "method": info.method,

@@ -116,8 +116,11 @@ def load_for_eval(name_or_path: str | os.PathLike):
         if "method" in run:  # diffattn adapt
             from ..train.adapt import load_adapted
 
-            model, tok = load_adapted(path)
-            return model.eval(), tok, f"adapt run {path} ({run['method'].get('name')} on {run['model'].get('name')})"
+            merged = (path / "merged").is_dir()  # the zero-overhead form when the run wrote one (equal outputs)
+            model, tok = load_adapted(path, merged=merged)
+            form = " merged/" if merged else ""
+            what = f"{run['method'].get('name')} on {run['model'].get('name')}"
+            return model.eval(), tok, f"adapt run {path} ({what}){form}"
         if (path / "final").is_dir():
             model, tok = load_pretrained(path / "final")
             return _install(model), tok, f"pretrain run {path} (final/)"

@@ -71,6 +71,7 @@ from .trainer import (
     _step,
     check_run_dir,
     distribution,
+    ready_for_inference,
     start_run_folder,
     training_arguments,
 )
@@ -454,6 +455,7 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         tmp = run_dir / (MERGED + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         merged = merge_adapter(model)
+        ready_for_inference(merged, tokenizer)
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         publish_folder(tmp, run_dir / MERGED)
@@ -461,27 +463,35 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
     if name in ("attn-ft", "full-ft"):
         tmp = run_dir / (FINAL + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
+        ready_for_inference(model, tokenizer)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         publish_folder(tmp, run_dir / FINAL)
 
 
-def load_adapted(run_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
+def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: torch.dtype = torch.float32):
     """Rebuild the model a ``diffattn adapt`` run trained: ``(model, tokenizer)``, in eval mode.
 
-    Prefers ``merged/`` (a plain model) when present; else the base model with ``adapter/`` loaded (diffattn
-    methods: :func:`diffattn.load_adapter`, which refuses another base; LoRA: PEFT); else ``final/``.
+    ``merged=False`` (default): the base model with ``adapter/`` loaded, as trained (diffattn methods:
+    :func:`diffattn.load_adapter`, which refuses another base; LoRA: PEFT); ``final/`` for the fine-tuning controls.
+    ``merged=True``: the plain model in ``merged/`` (``--merge``, Dex and DiffV: zero-overhead inference, equal to
+    the unmerged one to float rounding); refused when the run has none.
     """
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).is_file():
         raise ValueError(f"{str(run_dir)!r} is not a diffattn adapt run folder (no {RUN_CONFIG})")
     config = AdaptRunConfig.load(run_dir / RUN_CONFIG)
-    if (run_dir / MERGED).is_dir():
+    if merged:
+        if not (run_dir / MERGED).is_dir():
+            raise ValueError(
+                f"run {str(run_dir)!r} has no {MERGED}/ (only {', '.join(MERGEABLE)} runs with --merge write one); "
+                "load it with merged=False"
+            )
         return load_pretrained(run_dir / MERGED, dtype=dtype)
     if (run_dir / FINAL).is_dir():
         return load_pretrained(run_dir / FINAL, dtype=dtype)
     if not (run_dir / ADAPTER).is_dir():
-        raise ValueError(f"run {str(run_dir)!r} has no {ADAPTER}/, {MERGED}/ or {FINAL}/: did it finish?")
+        raise ValueError(f"run {str(run_dir)!r} has no {ADAPTER}/ or {FINAL}/: did it finish?")
     model, tokenizer = load_pretrained(config.model.name, dtype=dtype)
     if config.method.name == "lora":
         from peft import PeftModel

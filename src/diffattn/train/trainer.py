@@ -479,10 +479,26 @@ def _final_eval(trainer: Trainer) -> dict:
     return trainer.evaluate()
 
 
+def ready_for_inference(model, tokenizer) -> None:
+    """What a saved model needs to behave like any Hugging Face model once loaded: the KV cache on
+    (``use_cache: true``) and a ``generation_config.json`` whose eos/bos/pad are the tokenizer's, so that
+    ``generate`` stops at the end of text (it reads them from there, not from ``config.json``)."""
+    model.config.use_cache = True
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        value = getattr(tokenizer, key, None)
+        if value is None:
+            value = getattr(model.config, key, None)
+        if value is not None:
+            setattr(model.generation_config, key, value)
+            if getattr(model.config, key, None) is None:
+                setattr(model.config, key, value)
+
+
 def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path) -> None:
     tmp, final = run_dir / (FINAL + ".tmp"), run_dir / FINAL
     shutil.rmtree(tmp, ignore_errors=True)
     model = trainer.accelerator.unwrap_model(trainer.model)
+    ready_for_inference(model, tokenizer)
     model.save_pretrained(tmp, state_dict=trainer.accelerator.get_state_dict(trainer.model))
     tokenizer.save_pretrained(tmp)
     config.save(tmp / RUN_CONFIG)
