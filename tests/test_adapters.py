@@ -40,7 +40,7 @@ ATOL = 1e-5
 
 # method variants: name -> (config factory for the identity-at-init case)
 VARIANTS = {
-    "daa-pre": lambda: DAAConfig(anneal_steps=10),
+    "daa-pre": lambda: DAAConfig(anneal_steps=10, position="pre-rope"),
     "daa-post": lambda: DAAConfig(anneal_steps=10, position="post-rope"),
     "diffq": lambda: DiffQConfig(anneal_steps=10),
     "diffk": lambda: DiffKConfig(anneal_steps=10),
@@ -100,7 +100,7 @@ def _first_attention_output(model, x):
 
 
 FIXED_LAMBDA = {
-    "daa-pre": lambda: DAAConfig(anneal=False),
+    "daa-pre": lambda: DAAConfig(anneal=False, position="pre-rope"),
     "daa-post": lambda: DAAConfig(anneal=False, position="post-rope"),
     "diffq": lambda: DiffQConfig(anneal=False),
     "diffk": lambda: DiffKConfig(anneal=False),
@@ -347,3 +347,119 @@ def test_a_peft_wrapped_adapted_model_is_accepted_or_refused_with_the_remedy(tmp
         merge_adapter(wrapped)
     with pytest.raises(ValueError, match="has no diffattn adapter"):
         adapter_lambdas(tiny("llama"))
+
+
+def _layer0_inputs(model, x):
+    """Layer 0's attention input X, RoPE (cos, sin), and the per-head output as it enters W_O."""
+    attn = attention_modules(model)[0][2]
+    base = attn.base_attn if isinstance(attn, AdaptedAttention) else attn
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen["x"] = args[0] if args else kwargs["hidden_states"]
+        seen["rope"] = kwargs["position_embeddings"]
+
+    hooks = [
+        attn.register_forward_pre_hook(grab, with_kwargs=True),
+        base.o_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("out", a[0])),
+    ]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return base, seen
+
+
+def _heads(t, n):  # [B, T, n·d] -> [B, n, T, d]
+    return t.view(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
+
+
+def _two_map_output(q1, k1, q2, k2, v, lam, scale):
+    """(softmax(Q1 K1ᵀ s) − λ softmax(Q2 K2ᵀ s)) V, causal, GQA: DIFF Eq. 1 written out."""
+    rep = q1.shape[1] // k1.shape[1]
+    k1, k2, v = (t.repeat_interleave(rep, dim=1) for t in (k1, k2, v))
+    mask = torch.ones(q1.shape[2], k1.shape[2], dtype=torch.bool).tril()
+
+    def sm(q, k):
+        return torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), dim=-1)
+
+    out = (sm(q1, k1) - lam * sm(q2, k2)) @ v
+    return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+
+
+@pytest.mark.parametrize("position", ["post-rope", "pre-rope"])
+def test_daa_default_places_w_daa_on_the_rotated_query_as_the_paper_s_eq_5(position):
+    """Default post-RoPE: Q2 = RoPE(X W_Q) W_DAA, the query that enters QKᵀ (DAA Eq. 5; its Llama runs);
+    pre-RoPE: Q2 = RoPE(X W_Q W_DAA). A random W_DAA and a fixed λ = 0.3 make the two differ."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    config = DAAConfig(anneal=False) if position == "post-rope" else DAAConfig(anneal=False, position=position)
+    assert config.position == position
+    model = adapt(tiny("llama"), config)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("lambda_learn"):
+                p.fill_(0.3)
+            if n.endswith("daa_w"):
+                p.add_(0.3 * torch.randn_like(p))
+    base, seen = _layer0_inputs(model, ids())
+    w = next(p for n, p in model.named_parameters() if n.endswith("daa_w") and ".0." in n)
+    x, (cos, sin) = seen["x"], seen["rope"]
+    h, hkv = model.config.num_attention_heads, model.config.num_key_value_heads
+    with torch.no_grad():
+        q, k, v = _heads(base.q_proj(x), h), _heads(base.k_proj(x), hkv), _heads(base.v_proj(x), hkv)
+        q_rot, k_rot = apply_rotary_pos_emb(q, k, cos, sin)
+        if position == "post-rope":
+            q2 = torch.einsum("bhtd,hde->bhte", q_rot, w)
+        else:
+            q2, _ = apply_rotary_pos_emb(torch.einsum("bhtd,hde->bhte", q, w), k, cos, sin)
+        want = _two_map_output(q_rot, k_rot, q2, k_rot, v, 0.3, base.scaling)
+    torch.testing.assert_close(seen["out"], want, atol=ATOL, rtol=ATOL)
+
+
+def test_difflora_lora_only_is_the_paper_s_formula_q2_equals_x_b2_a2():
+    """second_term="lora-only": Q2 = X·B_Q2 A_Q2 and K2 = X·B_K2 A_K2 (α/r scaling), no W_Q/W_K (DiffLoRA Sec. 2),
+    B non-zero at init; the default keeps W_Q + B2A2 (the authors' code). λ fixed at 0.1."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = adapt(tiny("llama"), DiffLoRAConfig(rank=4, second_term="lora-only"))
+    base, seen = _layer0_inputs(model, ids())
+    method = attention_modules(model)[0][2].method
+    assert method.lora_q2.lora_B.abs().sum() > 0  # B starts non-zero, or the second map is uniform
+    x, (cos, sin) = seen["x"], seen["rope"]
+    h, hkv = model.config.num_attention_heads, model.config.num_key_value_heads
+
+    def low_rank(m, x):
+        return x @ m.lora_A.T @ m.lora_B.T * m.scaling
+
+    with torch.no_grad():
+        q, k, v = _heads(base.q_proj(x), h), _heads(base.k_proj(x), hkv), _heads(base.v_proj(x), hkv)
+        q2, k2 = _heads(low_rank(method.lora_q2, x), h), _heads(low_rank(method.lora_k2, x), hkv)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q2, k2 = apply_rotary_pos_emb(q2, k2, cos, sin)
+        want = _two_map_output(q, k, q2, k2, v, 0.1, base.scaling)
+    torch.testing.assert_close(seen["out"], want, atol=ATOL, rtol=ATOL)
+    with pytest.raises(ValueError, match="base\\+lora or lora-only"):
+        DiffLoRAConfig(second_term="paper")
+
+
+def test_difflora_exponential_lambda_init_and_norm_gain():
+    """lambda_init="exponential": DIFF's 0.8 − 0.6·exp(−0.3·l) per layer, as a fixed λ and as λ_init of the learnable
+    one; group_norm_gain: a trainable gain (ones at init) on the per-head norm."""
+    import math
+
+    fixed = adapt(tiny("llama"), DiffLoRAConfig(rank=4, lambda_init="exponential"))
+    assert adapter_lambdas(fixed) == pytest.approx([0.8 - 0.6 * math.exp(-0.3 * layer) for layer in range(2)])
+    gained = adapt(tiny("llama"), DiffLoRAConfig(rank=4, group_norm=True, group_norm_gain=True))
+    gains = [n for n, p in gained.named_parameters() if n.endswith("norm_gain")]
+    assert len(gains) == 2 and all(n in trainable_parameters(gained) for n in gains)
+    plain = adapt(tiny("llama"), DiffLoRAConfig(rank=4, group_norm=True))
+    x = ids()
+    with torch.no_grad():  # gain = 1 at init: the same outputs as the norm without a gain
+        torch.testing.assert_close(gained(x).logits, plain(x).logits, atol=ATOL, rtol=ATOL)
+        for n, p in gained.named_parameters():
+            if n.endswith("norm_gain"):
+                p.mul_(1.5)
+        assert not torch.allclose(gained(x).logits, plain(x).logits, atol=1e-3)
+    with pytest.raises(ValueError, match="group_norm_gain needs group_norm"):
+        DiffLoRAConfig(group_norm_gain=True)

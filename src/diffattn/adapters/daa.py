@@ -4,10 +4,11 @@ All three build a second attention map and subtract it, DIFF Eq. 1 on a pretrain
 
     O = (softmax(Q1 K1ᵀ·s) − λ(t)·softmax(Q2 K2ᵀ·s)) V
 
-* **DAA**: Q2 = Q1 W_DAA per head (W_DAA ∈ R^{d×d}, identity init), K2 = K1. The paper used GPT-2 (no RoPE).
-  For RoPE models W_DAA is applied to the query *before* RoPE by default (``position="pre-rope"``): the
-  second map then stays relative-position invariant and W_DAA is exactly a learned second query
-  projection; ``"post-rope"`` applies it to the rotated query, the literal reading of Eq. 5.
+* **DAA**: Q2 = Q1 W_DAA per head (W_DAA ∈ R^{d×d}, identity init), K2 = K1. By default W_DAA acts on the
+  query that enters QKᵀ, i.e. *after* RoPE (``position="post-rope"``): the paper's Eq. 5 and its Llama-3.2-1B /
+  3.1-8B runs (Table 3), which have RoPE. ``"pre-rope"`` (ours, an option) applies it before RoPE, where W_DAA is
+  exactly a learned second query projection and the second map stays relative-position invariant. Without RoPE
+  (GPT-2) the two are the same. The placement is saved with the adapter and in ``summary.json``.
 * **DiffQ**: Q2 = (X W_Dᵀ) W_Q, one W_D ∈ R^{d_model×d_model} per layer, identity init; K2 = K1.
 * **DiffK**: K2 = (X W_Dᵀ) W_K; Q2 = Q1. K2 is stored in the KV cache beside K1.
 
@@ -63,7 +64,7 @@ class AnnealedMethodConfig:
 
 @dataclass
 class DAAConfig(AnnealedMethodConfig):
-    position: str = "pre-rope"  # where W_DAA acts on the query: pre-rope | post-rope
+    position: str = "post-rope"  # where W_DAA acts on the query: post-rope (the paper's) | pre-rope
 
     def __post_init__(self):
         super().__post_init__()
