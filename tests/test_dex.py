@@ -381,3 +381,17 @@ def test_a_zero_init_dex_with_an_annealing_ramp_is_accepted_and_learns():
     _train_six_steps(model, ids(b=4, t=16))
     for _, _, w in attention_modules(model):
         assert torch.count_nonzero(w.method.dex_w_d) > 0 and float(w.method.dex_lambda().detach()) != 0.0
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_head_entropy_is_the_entropy_of_the_model_s_own_attention_maps(model_type):
+    """Dex's selection signal equals the entropy of the maps transformers' eager path returns, over 64 tokens:
+    beyond the 32-token sliding window of Mistral's and Gemma-3's layers, so the window must be respected."""
+    model = tiny(model_type)
+    x = ids(t=64)
+    entropy = head_entropy(model, [x])
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        maps = model(x, output_attentions=True).attentions
+    want = torch.stack([-(a * torch.log(a.clamp_min(1e-30))).sum(-1).mean(dim=(0, 2)) for a in maps])
+    torch.testing.assert_close(entropy, want.float(), atol=1e-4, rtol=1e-4)

@@ -292,3 +292,37 @@ def test_public_api_exports():
 def test_bad_input_gives_clear_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_output_attentions_returns_the_maps_transformers_diffllama_eager_returns():
+    """Per layer [B, H, T, S]: heads [0, H/2) map 1, [H/2, H) map 2, equal to plain DiffLlama's eager path; also
+    under SDPA (where plain DiffLlama returns an empty tuple), and with a padded batch."""
+    ours = build_model("debug", "diff", seed=0, vocab_size=100).eval()
+    plain = DiffLlamaForCausalLM(ours.config).eval()
+    plain.load_state_dict(ours.state_dict())
+    plain.set_attn_implementation("eager")
+    x = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0  # left padding in the second row
+    with torch.no_grad():
+        got = ours(x, attention_mask=mask, output_attentions=True).attentions
+        want = plain(x, attention_mask=mask, output_attentions=True).attentions
+    assert len(got) == ours.config.num_hidden_layers and got[0].shape == (2, ours.config.num_attention_heads, 9, 9)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g[:, :, 3:], w[:, :, 3:], atol=1e-5, rtol=1e-5)  # rows of real tokens
+    assert ours(x).attentions is None  # not computed unless asked
+
+
+def test_lambda_is_initialised_however_the_model_is_built():
+    """transformers initialises meta-device builds (and weights a checkpoint lacks) through _init_weights, which
+    must know our attention: λ vectors ~ N(0, lambda_std_dev), never uninitialised memory."""
+    with torch.device("meta"):
+        model = build_model("debug", "diff", seed=0, vocab_size=100)
+    model.to_empty(device="cpu")
+    attn = model.model.layers[0].self_attn
+    assert type(attn).__name__ == "DiffLlamaDifferentialAttention"
+    for p in (attn.lambda_q1, attn.lambda_k1, attn.lambda_q2, attn.lambda_k2):
+        p.data.fill_(float("nan"))
+    model.init_weights()
+    lam = torch.cat([attn.lambda_q1, attn.lambda_k1, attn.lambda_q2, attn.lambda_k2]).detach()
+    assert torch.isfinite(lam).all() and 0.05 < lam.std().item() < 0.2

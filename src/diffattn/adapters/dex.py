@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..ops import diff_attention_maps
 from .base import AdaptedAttention, AdapterMethod, AnnealedLambda, lambda_init_for_layer, remove_adapter, wrap_attention
 from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout, logit_scale, project_qkv
 
@@ -151,7 +152,8 @@ def head_entropy(model: nn.Module, calibration: list[torch.Tensor]) -> torch.Ten
                 args, kwargs = seen[i]
                 hidden = args[0] if args else kwargs["hidden_states"]
                 pos = kwargs.get("position_embeddings") if spec.rope else None
-                totals[i] += _entropy(spec, attn, hidden, pos).double().sum(dim=(0, 2))
+                mask = kwargs.get("attention_mask")  # the layer's own: sliding-window layers see only their window
+                totals[i] += _entropy(spec, attn, hidden, pos, mask).double().sum(dim=(0, 2))
             rows += ids.shape[0] * ids.shape[1]
     finally:
         for h in hooks:
@@ -202,14 +204,16 @@ def head_importance(model: nn.Module, calibration: list[torch.Tensor]) -> torch.
     return (totals / max(1, len(calibration))).float()
 
 
-def _entropy(spec: ModelTypeSpec, attn: nn.Module, hidden, pos) -> torch.Tensor:
-    q, k, _ = project_qkv(spec, attn, hidden, pos)
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    t = q.shape[2]
-    scores = (q.float() @ k.float().transpose(-1, -2)) * logit_scale(attn)
-    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    p = torch.softmax(scores, dim=-1)
-    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [B, H, T]
+def _entropy(spec: ModelTypeSpec, attn: nn.Module, hidden, pos, mask=None) -> torch.Tensor:
+    """Entropy of each row of the layer's attention map, [B, H, T], with the mask the model gave the layer (causal
+    when None; a sliding window or padding when a tensor), through the reference op's mask handling."""
+    q, k, v = project_qkv(spec, attn, hidden, pos)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        mask = mask[..., : k.shape[2]]
+    elif not isinstance(mask, torch.Tensor):
+        mask = None
+    p = diff_attention_maps(q, k, q, k, v, 0.0, causal=mask is None, attn_mask=mask, scale=logit_scale(attn)).attn1
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
 def select_heads(model: nn.Module, config: DexConfig, calibration: list[torch.Tensor] | None) -> list[list[int]]:

@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from transformers.models.diffllama.modeling_diffllama import apply_rotary_pos_emb
+from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, apply_rotary_pos_emb
 
-from ..ops import BACKENDS, diff_attention
+from ..ops import BACKENDS, diff_attention, diff_attention_maps
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 
@@ -74,11 +74,16 @@ def lambda_init_value(layer_idx: int, schedule: str | float) -> float:
     return float(schedule)
 
 
-class DiffLlamaDifferentialAttention(nn.Module):
-    """Drop-in replacement of one ``DiffLlamaAttention`` instance (same parameters, same tensors)."""
+class DiffLlamaDifferentialAttention(DiffLlamaAttention):
+    """Drop-in replacement of one ``DiffLlamaAttention`` instance (same parameters, same tensors).
+
+    A subclass, so that what transformers does by class sees it as DiffLlama's attention: ``_init_weights``
+    initialises its λ vectors (meta-device builds, checkpoints without λ keys) and ``output_attentions=True``
+    records its maps. Its own ``__init__`` takes the parameters of the module it replaces instead of making new
+    ones, so the parent's ``__init__`` is skipped on purpose."""
 
     def __init__(self, hf_attention: nn.Module, options: DiffAttentionOptions):
-        super().__init__()
+        nn.Module.__init__(self)
         config = hf_attention.config
         self.config = config
         self.layer_idx = hf_attention.layer_idx
@@ -119,7 +124,7 @@ class DiffLlamaDifferentialAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values=None,
         **kwargs,
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         bsz, q_len = hidden_states.shape[:2]
         hidden_shape = (bsz, q_len, -1, self.head_dim)
         q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H, T, d]
@@ -159,4 +164,10 @@ class DiffLlamaDifferentialAttention(nn.Module):
             out = diff_attention(**maps, backend=self.options.backend)  # [B, h, T, 2d]
         out = self.groupnorm(out) * (1.0 - self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
-        return self.o_proj(out), None
+        weights = None
+        if kwargs.get("output_attentions"):
+            # laid out as transformers' DiffLlama eager path returns them: [B, H, T, S], heads [0, H/2) map 1
+            # and [H/2, H) map 2; from the reference op (the fused backends never form the maps)
+            ref = diff_attention_maps(**maps)
+            weights = torch.cat([ref.attn1, ref.attn2], dim=1).to(q.dtype)
+        return self.o_proj(out), weights
