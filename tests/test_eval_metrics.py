@@ -282,3 +282,20 @@ def test_icl_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
     for arrangement in order["arrangements"].values():
         assert arrangement["margin"] == pytest.approx(max(arrangement["accuracies"]) - min(arrangement["accuracies"]))
     assert plot_icl({name: res}, tmp_path / "icl.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_hidden_state_outliers_are_each_layer_s_raw_output_not_the_final_norm(name, debug_models, tokenizer):  # noqa: F811
+    """The last layer counts with its raw output (the residual stream), as the others do: scaling the final norm's
+    gain by 100 — which multiplies transformers' hidden_states[-1] by 100 — leaves the hidden-state outliers as
+    they were (with hidden_states[1:] the top-1 would grow about 100×)."""
+    import copy
+
+    model = copy.deepcopy(debug_models[name])
+    before = run_outliers(model, tokenizer, source="filler", tokens=64, seq_len=64, progress=False)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with torch.no_grad():
+        base.model.norm.weight.mul_(100.0)
+    after = run_outliers(model, tokenizer, source="filler", tokens=64, seq_len=64, progress=False)
+    assert after["hidden_states"] == pytest.approx(before["hidden_states"])
+    assert after["attention_logits"] == pytest.approx(before["attention_logits"])

@@ -70,7 +70,7 @@ def test_bad_input_is_one_clear_error_and_the_earlier_results_survive(args, mess
 
     out = tmp_path / "eval"
     out.mkdir()
-    earlier = json.dumps({"suites": {"ppl": {}}, "metadata": {"results_version": 2}})
+    earlier = json.dumps({"suites": {"ppl": {}}, "metadata": {"results_version": 3}})
     (out / "results.json").write_text(earlier)  # a finished evaluation: a failing rerun must not lose it
     args = [a.replace("{model}", str(diff_folder)) for a in args]
     code = main(["eval", *args, "--out", str(out)])

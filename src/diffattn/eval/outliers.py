@@ -2,8 +2,8 @@
 
 Outliers: over a fixed token budget of held-out text (disjoint windows), collect |attention logits| — the scaled
 pre-softmax scores of every map (both maps for two-map models), at the entries the causal mask keeps — and
-|hidden states| (the output of every decoder layer), and report the top-1/2/3/10/100 values and the median of
-each. Paper: top-1 attention logit 318.0 (Transformer) vs 38.8 (DIFF).
+|hidden states| (the raw output of every decoder layer, the last one before the final norm), and report the
+top-1/2/3/10/100 values and the median of each. Paper: top-1 attention logit 318.0 (Transformer) vs 38.8 (DIFF).
 
 Quantization: the logits of every map are absmax-quantized per head and sample to 16 (none), 8, 6 and 4 bits
 (:mod:`diffattn.ops.quantized`) and the score left is measured: token perplexity on the same held-out text
@@ -81,13 +81,21 @@ def run_outliers(
     hidden: list[np.ndarray] = []
     window_logit_top1: list[float] = []
     window_hidden_top1: list[float] = []
-    for chunk in tqdm(windows, desc="outliers", disable=not progress, leave=False):
-        first_logit, first_hidden = len(logits), len(hidden)
-        with AttentionCapture(model, callback=keep, store=False):
-            out = model(chunk[None].to(device), output_hidden_states=True)
-        hidden.extend(h.abs().float().cpu().numpy().ravel() for h in out.hidden_states[1:])
-        window_logit_top1.append(max(float(x.max()) for x in logits[first_logit:] if x.size))
-        window_hidden_top1.append(max(float(x.max()) for x in hidden[first_hidden:] if x.size))
+    def keep_layer_output(module, args, output):
+        h = output[0] if isinstance(output, tuple) else output
+        hidden.append(h.detach().abs().float().cpu().numpy().ravel())
+
+    hooks = [layer.register_forward_hook(keep_layer_output) for layer in decoder_layers(model)]
+    try:
+        for chunk in tqdm(windows, desc="outliers", disable=not progress, leave=False):
+            first_logit, first_hidden = len(logits), len(hidden)
+            with AttentionCapture(model, callback=keep, store=False):
+                model(chunk[None].to(device))
+            window_logit_top1.append(max(float(x.max()) for x in logits[first_logit:] if x.size))
+            window_hidden_top1.append(max(float(x.max()) for x in hidden[first_hidden:] if x.size))
+    finally:
+        for h in hooks:
+            h.remove()
     return {
         "attention_logits": top_stats(np.concatenate(logits)),
         "hidden_states": top_stats(np.concatenate(hidden)),
@@ -95,12 +103,22 @@ def run_outliers(
         "metadata": {
             **meta,
             "attention_logits": "scaled Q·Kᵀ of every map (both for two-map models), causal entries only",
-            "hidden_states": "output of every decoder layer (hidden_states[1:]; the last is after the final norm "
-            "in transformers' convention)",
+            "hidden_states": "raw output of every decoder layer (the residual stream after it; the last layer's "
+            "before the final norm, unlike transformers' hidden_states[-1])",
             "per_window": "top-1 |attention logit| and |hidden state| of every window (paired across models with the "
             "same tokens_sha1)",
         },
     }
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a causal LM (PEFT-wrapped or not), in order: ``get_decoder().layers``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
+    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)  # GPT-2 names them h
+    if layers is None:
+        raise ValueError(f"cannot find the decoder layers of {type(base).__name__}")
+    return list(layers)
 
 
 class QuantizedLogits:

@@ -33,8 +33,9 @@ from ._common import jsonable
 SUITES = ("ppl", "niah", "alloc", "icl", "mqar", "outliers", "quant", "heads")
 RESULTS = "results.json"
 # Bumped when a suite's outputs change meaning or gain fields the report needs (2: per-sample values, strict needle
-# scores, |attention| shares), so experiments re-evaluate results written by older code instead of reusing them.
-RESULTS_VERSION = 2
+# scores, |attention| shares; 3: hidden-state outliers of every layer's raw output, the last before the final norm),
+# so experiments re-evaluate results written by older code instead of reusing them.
+RESULTS_VERSION = 3
 
 
 @dataclass
