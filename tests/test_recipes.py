@@ -1,0 +1,54 @@
+"""Per-method paper recipes (issue 15, point 5): the values each paper states, chosen by model type, refused when a
+fixed warm-up exceeds the run, and written into run.yaml by ``diffattn adapt --recipe paper`` under explicit flags."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from diffattn.cli import main
+from diffattn.models.pretrained import model_type_of
+from diffattn.train.recipes import PAPER_RECIPES, paper_recipe
+
+from .test_adapt_train import base_dir, corpus_dir  # noqa: F401  (pytest fixtures)
+
+
+@pytest.mark.parametrize(
+    "method, model_type, want",
+    [
+        ("dex", "llama", {"lr": 1e-4, "schedule": "cosine", "min_lr_ratio": 0.0, "warmup_steps": 30}),
+        ("attn-ft", "qwen2", {"lr": 1e-4, "schedule": "cosine", "warmup_steps": 30}),
+        ("full-ft", "llama", {"lr": 1e-5, "schedule": "cosine", "warmup_steps": 30}),
+        ("daa", "gpt2", {"lr": 3e-5, "schedule": "cosine", "warmup_steps": 500, "weight_decay": 0.01}),
+        ("diffq", "llama", {"lr": 1e-4, "schedule": "cosine", "warmup_steps": 500, "grad_clip": 1.0}),
+        ("difflora", "llama", {"lr": 1e-4}),
+        ("lora", "gemma3_text", {"lr": 1e-4}),
+    ],
+)
+def test_paper_recipe_values(method, model_type, want):
+    values, source = paper_recipe(method, model_type, max_steps=1000)
+    assert {k.split(".", 1)[1]: v for k, v in values.items() if k.split(".", 1)[1] in want} == want
+    assert source  # every recipe names where it comes from
+    if method in ("difflora", "lora"):  # what the paper does not state stays ours
+        assert set(values) == {"train.lr"}
+
+
+def test_every_adapt_method_has_a_paper_recipe_and_a_long_warmup_is_refused():
+    from diffattn.train.adapt import ADAPT_METHODS
+
+    assert set(PAPER_RECIPES) == set(ADAPT_METHODS)
+    with pytest.raises(ValueError, match=r"warms up for 500 steps.*--max-steps > 500"):
+        paper_recipe("daa", "llama", max_steps=40)
+    assert model_type_of("smollm2-135m") == "llama" and model_type_of("/no/such") is None
+
+
+def test_adapt_recipe_paper_writes_the_values_and_flags_win(base_dir, corpus_dir, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "dex"
+    common = ["--model", str(base_dir), "--data", str(corpus_dir), "--seq-len", "32", "--batch-size", "2"]
+    code = main(["adapt", "--out", str(out), "--method", "dex", "--max-steps", "2", "--recipe", "paper", *common,
+                 "--lr", "5e-4", "--set", "method.heads=all"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert "paper recipe of dex (Dex" in capsys.readouterr().out
+    train = yaml.safe_load((out / "run.yaml").read_text())["train"]
+    assert train["schedule"] == "cosine" and train["min_lr_ratio"] == 0.0 and train["warmup_steps"] == 0
+    assert train["lr"] == 5e-4  # the explicit flag over the recipe's 1e-4
