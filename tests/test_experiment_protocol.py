@@ -111,6 +111,13 @@ def test_a_folder_from_an_older_version_is_refused_with_the_differences_or_rerun
     outcomes = run_experiment(ExperimentConfig.from_dict(new), tmp_path, overwrite=True)
     assert [(o.kind, o.state) for o in outcomes] == [("pretrain", "fresh"), ("eval", "fresh")]
     assert mine.read_text() == "keep me"
+    # --overwrite NAME redoes that part even with unchanged settings (e.g. after a code default changed), and its
+    # evaluation follows: a retrained model is never scored by the previous one's results
+    summary = (out / "models" / "transformer" / "summary.json").read_bytes()
+    outcomes = run_experiment(ExperimentConfig.from_dict(new), tmp_path, overwrite={"transformer"})
+    assert [(o.kind, o.state) for o in outcomes] == [("pretrain", "fresh"), ("eval", "fresh")]
+    assert (out / "models" / "transformer" / "summary.json").read_bytes() != summary
+    assert [o.state for o in run_experiment(ExperimentConfig.from_dict(new), tmp_path)] == ["done", "done"]
 
 
 def test_export_copies_the_evidence_and_never_replaces_a_folder_it_did_not_make(tmp_path):

@@ -166,6 +166,43 @@ def test_rotation_never_deletes_the_newest_complete_checkpoint(corpus_file, tmp_
 # ---------------------------------------------------------------- atomic replacement, experiments
 
 
+def test_publish_folder_puts_the_old_result_back_when_the_move_fails(tmp_path, monkeypatch):
+    import diffattn.files as files
+
+    final, new = tmp_path / "final", tmp_path / "final.tmp"
+    final.mkdir()
+    (final / "w").write_text("old")
+    new.mkdir()
+    real_replace, calls = os.replace, []
+
+    def failing_second_replace(src, dst):
+        calls.append(src)
+        if len(calls) == 2:  # the new folder's move into place
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", failing_second_replace)
+    with pytest.raises(OSError, match="disk full"):
+        publish_folder(new, final)
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    assert (final / "w").read_text() == "old"
+
+
+def test_overwrite_refuses_a_symbolic_link_and_atomic_files_are_world_readable(tmp_path):
+    target = tmp_path / "real"
+    mark(target, "run")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(UnsafeDeleteError, match="symbolic link"):
+        check_removable(link)
+    old = os.umask(0o022)
+    try:
+        f = write_text_atomic(tmp_path / "results.json", "{}")
+    finally:
+        os.umask(old)
+    assert f.stat().st_mode & 0o777 == 0o644
+
+
 def test_publish_folder_and_atomic_text_keep_the_old_result_until_the_new_one_is_in(tmp_path):
     final = tmp_path / "final"
     final.mkdir()
@@ -185,12 +222,14 @@ def test_a_same_name_experiment_from_another_file_is_refused(tmp_path):
     out = tmp_path / "runs" / "demo"
     mark(out, "experiment", name="demo", source="/a/first.yaml")
     (out / "report.md").write_text("the first experiment's report")
-    check_experiment_folder(out, "demo", "/a/first.yaml", overwrite=False)  # the same file again: fine
+    check_experiment_folder(out, "demo", "/a/first.yaml")  # the same file again: fine
     with pytest.raises(ValueError, match=r"holds the experiment 'demo' from /a/first\.yaml; this one is from"):
-        check_experiment_folder(out, "demo", "/b/second.yaml", overwrite=False)
-    check_experiment_folder(out, "demo", "/b/second.yaml", overwrite=True)  # every part redone: allowed
+        check_experiment_folder(out, "demo", "/b/second.yaml")
     someone = tmp_path / "runs" / "mine"
     someone.mkdir()
     (someone / "x.txt").write_text("x")
     with pytest.raises(ValueError, match="not made by diffattn run"):
-        check_experiment_folder(someone, "mine", None, overwrite=False)
+        check_experiment_folder(someone, "mine", None)
+    (someone / MARKER).write_text("1")  # a marker that is not ours in form counts as no kind, not a crash
+    with pytest.raises(ValueError, match="not an experiment's"):
+        check_experiment_folder(someone, "mine", None)

@@ -39,6 +39,8 @@ def test_every_adapt_method_has_a_paper_recipe_and_a_long_warmup_is_refused():
     assert set(PAPER_RECIPES) == set(ADAPT_METHODS)
     with pytest.raises(ValueError, match=r"warms up for 500 steps.*--max-steps > 500"):
         paper_recipe("daa", "llama", max_steps=40)
+    values, _ = paper_recipe("daa", "llama", max_steps=40, given={"train.warmup_steps"})  # the user's warm-up wins
+    assert "train.warmup_steps" not in values and values["train.lr"] == 1e-4
     assert model_type_of("smollm2-135m") == "llama" and model_type_of("/no/such") is None
 
 

@@ -253,7 +253,9 @@ def cmd_adapt(args: argparse.Namespace) -> int:
         from .train.recipes import paper_recipe
 
         chosen = config.with_overrides(overrides)
-        recipe, source = paper_recipe(chosen.method.name, model_type_of(chosen.model.name), chosen.train.max_steps)
+        recipe, source = paper_recipe(
+            chosen.method.name, model_type_of(chosen.model.name), chosen.train.max_steps, given=set(overrides)
+        )
         overrides = {**recipe, **overrides}
         shown = ", ".join(f"{k.split('.', 1)[1]}={overrides[k]}" for k in recipe)
         print(f"paper recipe of {chosen.method.name} ({source}): {shown}")

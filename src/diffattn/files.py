@@ -1,12 +1,13 @@
 """What diffattn may delete, and how it replaces a finished result: the one home of the file-safety rules.
 
-* Every folder diffattn makes for a run, an evaluation, an experiment or an export holds a marker file,
-  :data:`MARKER`, naming what made it. ``--overwrite`` (and an experiment's redo of a part) deletes only such a
-  folder, and never the working folder, one of its parents, the home folder or ``/``
-  (:func:`check_removable`). A folder without the marker is a user's, whatever it holds.
+* Every folder diffattn makes for a run, an evaluation or an experiment holds a marker file, :data:`MARKER`,
+  naming what made it (an export has its own: :func:`diffattn.experiments.report.export_report`).
+  ``--overwrite`` deletes only such a folder, never a symbolic link, the working folder, one of its parents,
+  the home folder or ``/`` (:func:`check_removable`). A folder without the marker is a user's, whatever it holds.
 * A finished result is never deleted before its replacement exists: the new one is written under a temporary name
-  beside it and renamed over it (:func:`publish_folder`, :func:`write_text_atomic`), so a failure at any point
-  leaves either the old result or the new one, complete.
+  beside it and renamed over it (:func:`publish_folder`, :func:`write_text_atomic`), so an exception at any
+  point leaves the old result or the new one, complete. (A folder is replaced with two renames: a process killed
+  between them leaves the old copy in ``.NAME.old-*/NAME`` beside it.)
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ def marker(folder: str | os.PathLike) -> dict | None:
     if not f.is_file():
         return None
     try:
-        return json.loads(f.read_text() or "{}")
-    except json.JSONDecodeError:
+        data = json.loads(f.read_text() or "{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def why_protected(folder: str | os.PathLike) -> str | None:
@@ -60,6 +62,8 @@ def check_removable(folder: str | os.PathLike, *, what: str = "--overwrite") -> 
     """Raise :class:`UnsafeDeleteError` unless ``folder`` may be deleted: it does not exist, is empty, or holds
     :data:`MARKER` — and is not a protected folder (root, home, the working folder or a parent of it)."""
     folder = Path(folder)
+    if folder.is_symlink():
+        raise UnsafeDeleteError(f"{what}: {str(folder)!r} is a symbolic link; name the folder itself, not a link to it")
     if not folder.exists():
         return
     if not folder.is_dir():
@@ -87,6 +91,9 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # what a plain open() would give; mkstemp makes 0600
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

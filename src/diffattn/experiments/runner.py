@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import mark, marker, why_protected
+from ..files import MARKER, mark, marker, why_protected, write_text_atomic
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -53,17 +53,15 @@ def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
-    """done, resume or fresh for a training run folder with ``run.yaml``; raises when its settings changed and
-    ``overwrite`` is off. Changes nothing on disk (:func:`_prepare` does, when the part runs)."""
+    """done, resume or fresh for a training run folder with ``run.yaml``: fresh whenever ``overwrite`` names it;
+    raises when its settings changed and it is not named. Changes nothing on disk (:func:`_prepare` does)."""
     saved_file = run_dir / "run.yaml"
-    if not saved_file.is_file():
+    if not saved_file.is_file() or overwrite:  # --overwrite NAME redoes the part, changed or not
         return FRESH
     saved = type(config).load(saved_file).to_dict()
     diff = _differences(saved, config.to_dict())
     only_steps = all(d.startswith("train.max_steps:") for d in diff)
     if diff and not only_steps:
-        if overwrite:
-            return FRESH
         raise ValueError(
             f"{run_dir} was run with other settings ({'; '.join(diff)}); pass --overwrite to redo it, "
             "or give the new variant another name"
@@ -73,10 +71,11 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     return RESUME
 
 
-def check_experiment_folder(out: Path, name: str, source: str | None, *, overwrite: bool) -> None:
+def check_experiment_folder(out: Path, name: str, source: str | None) -> None:
     """``root/NAME`` must be new, empty, or this experiment's: made by ``diffattn run`` from the same experiment
     file (its marker's ``source``), or an older diffattn experiment of that name (``experiment.yaml``, no marker).
-    Another file with the same name is refused unless every part is redone (``--overwrite`` with no names)."""
+    Another file with the same name is refused, whatever ``--overwrite`` says (redoing parts would not make the
+    folder's other contents this file's)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the experiment {name!r} needs that path for its folder")
     if not out.exists() or not any(out.iterdir()):
@@ -97,11 +96,11 @@ def check_experiment_folder(out: Path, name: str, source: str | None, *, overwri
         return
     if made.get("kind") != "experiment":
         raise ValueError(f"{out} is a diffattn {made.get('kind')} folder, not an experiment's: choose another --root")
-    if made.get("source") != source and not overwrite:
+    if made.get("source") != source:
         raise ValueError(
             f"{out} holds the experiment {name!r} from {made.get('source') or 'Python code'}; this one is from "
-            f"{source or 'Python code'}: give it another name (--set name=...) or --root, or pass --overwrite with "
-            "no names to redo every part there"
+            f"{source or 'Python code'}: give it another name (--set name=...) or --root; if it is the same "
+            f"experiment whose file moved, delete {out / MARKER} and run again"
         )
 
 
@@ -201,7 +200,7 @@ def run_experiment(
     _check_needle_prompts_fit(config, options, scratch)
 
     source = str(Path(source).resolve()) if source is not None else config.source
-    check_experiment_folder(out, config.name, source, overwrite=overwrite is True)
+    check_experiment_folder(out, config.name, source)
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     for a, c in adapters:
@@ -254,7 +253,7 @@ def run_experiment(
         if (
             results_file.is_file()
             and _eval_request(results_file) == wanted
-            and _evaluated_steps(path) in (None, trained)
+            and _same_training(_evaluated_steps(path), trained)
             and not _wants(overwrite, name)
         ):
             outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, json.loads(results_file.read_text())))
@@ -266,7 +265,7 @@ def run_experiment(
             model, tokenizer, config.eval.suites, path, options=options, name=name, description=description
         )
         if trained is not None:  # which training the results are of: a model trained further is evaluated again
-            (path / EVALUATED_STEPS).write_text(json.dumps({"steps": trained}))
+            write_text_atomic(path / EVALUATED_STEPS, json.dumps(trained))
         outcomes.append(PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc))
         del model
 
@@ -334,17 +333,29 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
 EVALUATED_STEPS = "evaluated_steps.json"  # beside results.json: the training steps of the model it evaluated
 
 
-def _trained_steps(model_dir) -> int | None:
-    """Steps of a training part's summary (None for pretrained models, which do not change)."""
+def _trained_steps(model_dir) -> dict | None:
+    """Which training a part's model is (None for pretrained models, which do not change): its steps and a hash of
+    its summary.json, so a model retrained with the same step count (``--overwrite``) is evaluated again too."""
+    import hashlib
+
     summary = Path(model_dir) / "summary.json"
     if not summary.is_file():
         return None
-    return json.loads(summary.read_text()).get("steps")
+    text = summary.read_bytes()
+    return {"steps": json.loads(text).get("steps"), "summary_sha1": hashlib.sha1(text).hexdigest()}
 
 
-def _evaluated_steps(eval_dir: Path) -> int | None:
+def _same_training(evaluated: dict | None, trained: dict | None) -> bool:
+    """Were the results of this training? Files written before the summary hash was recorded hold the steps only,
+    and are judged on the steps (as they were then)."""
+    if evaluated is None or evaluated == trained:
+        return True
+    return trained is not None and set(evaluated) == {"steps"} and evaluated["steps"] == trained["steps"]
+
+
+def _evaluated_steps(eval_dir: Path) -> dict | None:
     f = eval_dir / EVALUATED_STEPS
-    return json.loads(f.read_text()).get("steps") if f.is_file() else None
+    return json.loads(f.read_text()) if f.is_file() else None
 
 
 def _jsonable_options(options) -> dict:

@@ -56,9 +56,12 @@ PAPER_RECIPES: dict[str, dict[str, Recipe]] = {
 RECIPES = ("ours", "paper")
 
 
-def paper_recipe(method: str, model_type: str | None, max_steps: int) -> tuple[dict[str, object], str]:
+def paper_recipe(
+    method: str, model_type: str | None, max_steps: int, *, given: frozenset[str] | set[str] = frozenset()
+) -> tuple[dict[str, object], str]:
     """``(dotted train overrides, source)`` of the paper's recipe for ``method`` on a model of ``model_type``
-    trained for ``max_steps`` steps. A fixed warm-up longer than the run is refused, not shortened silently."""
+    trained for ``max_steps`` steps. A fixed warm-up longer than the run is refused, not shortened silently,
+    unless the user gives the warm-up (``"train.warmup_steps"`` in ``given``: what they set themselves)."""
     if method not in PAPER_RECIPES:
         raise ValueError(f"no paper recipe for method {method!r}; known: {', '.join(PAPER_RECIPES)}")
     by_type = PAPER_RECIPES[method]
@@ -72,7 +75,7 @@ def paper_recipe(method: str, model_type: str | None, max_steps: int) -> tuple[d
     }
     if r.warmup_ratio is not None:
         values["warmup_steps"] = round(r.warmup_ratio * max_steps)
-    if r.warmup_steps is not None:
+    if r.warmup_steps is not None and "train.warmup_steps" not in given:
         if r.warmup_steps >= max_steps:
             raise ValueError(
                 f"the paper recipe of {method} warms up for {r.warmup_steps} steps ({r.source}), more than the "

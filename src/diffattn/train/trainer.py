@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
 from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -160,13 +161,20 @@ class DiffattnTrainer(Trainer):
             )
         super()._save_checkpoint(model, trial)  # into args.output_dir = .staging/
         self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            name = f"checkpoint-{self.state.global_step}"
-            staged = Path(self.args.output_dir) / name
+        name = f"checkpoint-{self.state.global_step}"
+        staged = Path(self.args.output_dir) / name
+        problem = None
+        # FSDP checkpoints have accelerate's sharded layout (optimizer.bin, *_fsdp_* folders), which
+        # checkpoint_problem does not know: they are published unchecked, as before
+        if self.args.should_save and not self.is_fsdp_enabled:
             problem = checkpoint_problem(staged)
-            if problem is not None:  # e.g. NaN weights one step before the loss shows it: never published
+        problem = broadcast_object_list([problem])[0]  # every process takes the main one's decision
+        if problem is not None:  # e.g. NaN weights one step before the loss shows it: never published
+            if self.args.should_save:
                 shutil.rmtree(staged, ignore_errors=True)
-                raise NonFiniteLossError(f"checkpoint at step {self.state.global_step} not saved: {problem}")
+            error = NonFiniteLossError if "non-finite" in problem else RuntimeError
+            raise error(f"checkpoint at step {self.state.global_step} not saved: {problem}")
+        if self.args.should_save:
             final = self.run_dir / CHECKPOINTS / name
             final.parent.mkdir(parents=True, exist_ok=True)
             publish_folder(staged, final)  # atomic: an earlier folder of that name is replaced only once this is in
