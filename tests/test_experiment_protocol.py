@@ -118,6 +118,12 @@ def test_a_folder_from_an_older_version_is_refused_with_the_differences_or_rerun
     assert [(o.kind, o.state) for o in outcomes] == [("pretrain", "fresh"), ("eval", "fresh")]
     assert (out / "models" / "transformer" / "summary.json").read_bytes() != summary
     assert [o.state for o in run_experiment(ExperimentConfig.from_dict(new), tmp_path)] == ["done", "done"]
+    # a redo whose new settings fail the trainer's checks keeps the finished part
+    summary = (out / "models" / "transformer" / "summary.json").read_bytes()
+    bad = {**new, "train": {**new["train"], "global_batch_size": 4096}}
+    with pytest.raises(ValueError, match="too small"):
+        run_experiment(ExperimentConfig.from_dict(bad), tmp_path, overwrite={"transformer"})
+    assert (out / "models" / "transformer" / "summary.json").read_bytes() == summary
 
 
 def test_export_copies_the_evidence_and_never_replaces_a_folder_it_did_not_make(tmp_path):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
 
 def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     """done, resume or fresh for a training run folder with ``run.yaml``: fresh whenever ``overwrite`` names it;
-    raises when its settings changed and it is not named. Changes nothing on disk (:func:`_prepare` does)."""
+    raises when its settings changed and it is not named. Changes nothing on disk."""
     saved_file = run_dir / "run.yaml"
     if not saved_file.is_file() or overwrite:  # --overwrite NAME redoes the part, changed or not
         return FRESH
@@ -104,9 +103,16 @@ def check_experiment_folder(out: Path, name: str, source: str | None) -> None:
         )
 
 
-def _prepare(run_dir: Path, state: str) -> None:
-    if state == FRESH and run_dir.exists():
-        shutil.rmtree(run_dir)  # an overwritten part, or a start that wrote nothing usable (no run.yaml)
+def _replace_old(run_dir: Path, state: str) -> bool:
+    """For a fresh part over an old folder (an overwritten part, or a start that wrote nothing usable): mark the
+    folder as a run's (it lies inside this experiment's folder, which is ours) and return True, so that the
+    trainer replaces it — only after its own checks of the data and settings passed, so a bad new setting never
+    costs the finished old part."""
+    if state != FRESH or not run_dir.exists() or not any(run_dir.iterdir()):
+        return False
+    if marker(run_dir) is None:
+        mark(run_dir, "run")
+    return True
 
 
 def _scratch_config(exp: ExperimentConfig, m):
@@ -211,27 +217,27 @@ def run_experiment(
     for m, run_config in scratch:
         path = out / "models" / m.name
         state = states[m.name]
-        _prepare(path, state)
+        replace = _replace_old(path, state)
         t0 = time.perf_counter()
         if state == DONE:
             summary = json.loads((path / "summary.json").read_text())
             logger.info("pretrain %s: done, skipped", m.name)
         else:
             logger.info("pretrain %s: %s", m.name, state)
-            summary = pretrain(run_config, path, resume=state == RESUME)
+            summary = pretrain(run_config, path, resume=state == RESUME, overwrite=replace)
         outcomes.append(PartOutcome("pretrain", m.name, path, state, time.perf_counter() - t0, summary))
 
     for a, run_config in adapters:
         path = out / "adapters" / a.name
         state = states[a.name]
-        _prepare(path, state)
+        replace = _replace_old(path, state)
         t0 = time.perf_counter()
         if state == DONE:
             summary = json.loads((path / "summary.json").read_text())
             logger.info("adapt %s: done, skipped", a.name)
         else:
             logger.info("adapt %s: %s", a.name, state)
-            summary = adapt_pretrained(run_config, path, resume=state == RESUME)
+            summary = adapt_pretrained(run_config, path, resume=state == RESUME, overwrite=replace)
         outcomes.append(PartOutcome("adapt", a.name, path, state, time.perf_counter() - t0, summary))
 
     if not evaluate:
