@@ -218,6 +218,21 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path):
         adapt_pretrained(_config(base_dir, corpus_dir, "dex", steps=4), out, resume=True)
 
 
+def test_resume_sees_a_changed_code_default_and_accepts_its_old_value_given(base_dir, corpus_dir, tmp_path):
+    """run.yaml holds the options given; method_options.json the resolved ones. A run made when DAA's default
+    placement was pre-RoPE (simulated by editing the saved file) must not resume as post-RoPE unannounced."""
+    out = tmp_path / "run"
+    adapt_pretrained(_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
+    saved = json.loads((out / "method_options.json").read_text())
+    assert saved["position"] == "post-rope"
+    (out / "method_options.json").write_text(json.dumps({**saved, "position": "pre-rope"}))
+    longer = {"train.save_every": 2}
+    with pytest.raises(ValueError, match=r"resolve differently.*position: 'pre-rope' -> 'post-rope'"):
+        adapt_pretrained(_config(base_dir, corpus_dir, "daa", steps=4, **longer), out, resume=True)
+    given = _config(base_dir, corpus_dir, "daa", steps=4, **longer, **{"method.options.position": "pre-rope"})
+    assert adapt_pretrained(given, out, resume=True)["method_config"]["position"] == "pre-rope"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -326,8 +326,19 @@ def adapt_pretrained(
             f"output folder {str(run_dir)!r} and the base model {str(base)!r} overlap: an adapter run must not "
             "write into (or delete) its base; choose another --out"
         )
-    checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
-    config.method_config()  # bad options fail here, before the model is loaded
+    options = resolved_method_options(config)  # bad options fail here, before the model is loaded
+    # with a saved resolved form, the method's options are compared resolved (so giving a changed default's old
+    # value explicitly resumes), not as written in run.yaml
+    resolved_saved = resume and (run_dir / RESOLVED_OPTIONS).is_file()
+    checkpoint = check_run_dir(
+        run_dir,
+        config,
+        resume=resume,
+        overwrite=overwrite,
+        compared_elsewhere=("method.options",) if resolved_saved else (),
+    )
+    if resolved_saved:
+        check_resolved_options(run_dir, options)
     model, tokenizer = load_pretrained(config.model.name)
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if max_pos is not None and config.data.seq_len > max_pos:
@@ -355,6 +366,7 @@ def adapt_pretrained(
     state.wait_for_everyone()
     if state.is_main_process:
         start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="adapt")
+        write_text_atomic(run_dir / RESOLVED_OPTIONS, json.dumps(options, indent=2))
     state.wait_for_everyone()
 
     is_adapter = config.method.name in METHODS
@@ -414,6 +426,34 @@ def adapt_pretrained(
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     return summary
+
+
+RESOLVED_OPTIONS = "method_options.json"  # the method's options with every code default filled in
+
+
+def resolved_method_options(config: AdaptRunConfig) -> dict:
+    """The method's full config as the code resolves it now (defaults included), for comparison on resume: run.yaml
+    holds only the options given, so a changed code default (DAA's placement, Dex's init) would pass unseen.
+    A defaulted ``anneal_steps`` is left out: it follows ``max_steps``, which a resume may extend."""
+    resolved = _jsonable(config.method_config())
+    if "anneal_steps" not in config.method.options:
+        resolved.pop("anneal_steps", None)
+    return json.loads(json.dumps(resolved, default=str))
+
+
+def check_resolved_options(run_dir: Path, options: dict) -> None:
+    saved_file = run_dir / RESOLVED_OPTIONS
+    if not saved_file.is_file():  # a run started before this file existed: nothing to compare
+        return
+    saved = json.loads(saved_file.read_text())
+    diff = [f"{k}: {saved.get(k)!r} -> {options.get(k)!r}" for k in sorted(set(saved) | set(options))
+            if saved.get(k) != options.get(k)]  # fmt: skip
+    if diff:
+        raise RunFolderError(
+            f"--resume: the method's options now resolve differently from the saved run's ({'; '.join(diff)}), "
+            "e.g. a default changed in this version; give the saved values with --set method.NAME=VALUE, or "
+            "--overwrite to start again"
+        )
 
 
 def _lambda_warnings(method: str, lambdas: list[float] | None) -> list[str]:

@@ -332,9 +332,12 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
     )
 
 
-def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool, overwrite: bool) -> Path | None:
+def check_run_dir(
+    run_dir: Path, config: RunConfig, *, resume: bool, overwrite: bool, compared_elsewhere: tuple[str, ...] = ()
+) -> Path | None:
     """Check the output folder against the request, changing nothing (every process runs it before any
-    writes); returns the checkpoint to resume from, or None."""
+    writes); returns the checkpoint to resume from, or None. ``compared_elsewhere``: dotted settings
+    (``"method.options"``) the caller compares itself on resume, in resolved form."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
@@ -348,6 +351,9 @@ def check_run_dir(run_dir: Path, config: RunConfig, *, resume: bool, overwrite: 
         previous = type(config).load(saved).to_dict()
         now = config.to_dict()
         previous["train"].pop("max_steps"), now["train"].pop("max_steps")  # a resume may extend a run
+        for dotted in compared_elsewhere:
+            section, key = dotted.split(".", 1)
+            previous.get(section, {}).pop(key, None), now.get(section, {}).pop(key, None)
         if previous != now:
             diff = [
                 f"{s}.{k}: {previous[s][k]!r} -> {now[s][k]!r}"
