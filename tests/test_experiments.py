@@ -68,6 +68,8 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     out = tmp_path / "debug-exp"
     report = (out / "report.md").read_text()
     assert "| baseline |" in report and "| dex |" in report and "attn→answer" in report
+    # the adapters' resolved settings (defaults included) are in the protocol, e.g. Dex's heads and W_D init
+    assert "- dex (dex): heads random, k " in report and "init identity" in report and "- lora (lora): rank 2" in report
     assert (out / "loss_curves.png").stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
     validate_results(results)

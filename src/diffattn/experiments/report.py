@@ -59,6 +59,32 @@ def _fmt(x) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
+# per method, the resolved settings a reader needs to know which variant ran (defaults included: a default that
+# changes between versions, e.g. DAA's placement, is then visible in every report)
+METHOD_SETTINGS = {
+    "dex": ("heads", "k", "init", "anneal_steps"),
+    "daa": ("position", "anneal_steps"),
+    "diffq": ("anneal_steps",),
+    "diffk": ("anneal_steps",),
+    "diffv": ("anneal_steps",),
+    "difflora": ("terms", "second_term", "rank", "lambda_init", "learn_lambda", "group_norm"),
+    "lora": ("rank",),
+}
+
+
+def _method_settings(outcomes) -> list[str]:
+    """One protocol line per adapter: the method's resolved settings from its summary.json."""
+    lines = []
+    for o in outcomes:
+        if o.kind != "adapt":
+            continue
+        method, resolved = o.summary.get("method"), o.summary.get("method_config") or {}
+        shown = [f"{k} {resolved[k]}" for k in METHOD_SETTINGS.get(method, ()) if k in resolved]
+        if shown:
+            lines.append(f"- {o.name} ({method}): " + ", ".join(shown))
+    return lines
+
+
 def _protocol(config) -> list[str]:
     """What was trained on what and measured how, in words, from the experiment's config (the exact YAML is at the
     end of the report)."""
@@ -166,7 +192,7 @@ def write_report(config, out: Path, outcomes) -> Path:
     scope = claims_scope(config, rows, evals)
     lines = [f"# Experiment `{config.name}`", "", "## Paper claims", ""]
     lines += claims_markdown(claims, scope)
-    lines += _protocol(config)
+    lines += [*_protocol(config)[:-1], *_method_settings(outcomes), ""]  # the adapters' settings end the list
     lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
     for r in rows.values():
