@@ -233,3 +233,21 @@ def test_a_same_name_experiment_from_another_file_is_refused(tmp_path):
     (someone / MARKER).write_text("1")  # a marker that is not ours in form counts as no kind, not a crash
     with pytest.raises(ValueError, match="not an experiment's"):
         check_experiment_folder(someone, "mine", None)
+
+
+def test_a_checkpoint_after_a_non_finite_gradient_norm_is_never_published(corpus_file, tmp_path, monkeypatch):  # noqa: F811
+    """The gradient norm of the step a checkpoint ends (clipping may keep the weights finite a while longer)."""
+    from diffattn.train.trainer import DiffattnTrainer
+
+    real = DiffattnTrainer._get_grad_norm
+
+    def inf_at_step_4(self, model, grad_norm=None):
+        value = real(self, model, grad_norm=grad_norm)
+        self.last_grad_norm = float("inf") if self.state.global_step == 3 else value  # step 4 is being taken
+        return value
+
+    monkeypatch.setattr(DiffattnTrainer, "_get_grad_norm", inf_at_step_4)
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match="gradient norm became inf at step 4"):
+        pretrain(debug_config(corpus_file, save_every=2), run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
