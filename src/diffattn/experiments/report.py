@@ -12,11 +12,11 @@ environment.
 from __future__ import annotations
 
 import json
-import os
 import platform
 from pathlib import Path
 
 from ..eval._common import figure, jsonable, save_figure
+from ..files import publish_folder
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -467,24 +467,12 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
             raise ValueError(f"report.md links {name!r}, outside the experiment folder: not exported")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.new-", dir=dest.parent))
-    old = None
     try:
         for name in ("report.md", "results.json", "experiment.yaml", *pictures):
             if (src / name).is_file():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / name, tmp / name)
         (tmp / EXPORT_MARKER).write_text(f"exported from {src.resolve()}\n")
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))  # ours: a fresh name
-            os.replace(dest, old / dest.name)
-        os.replace(tmp, dest)
-    except BaseException:
-        if old is not None and not dest.exists():
-            os.replace(old / dest.name, dest)  # put the earlier export back
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old)
-    return dest
+        return publish_folder(tmp, dest)  # the earlier export is replaced only once this one is in place
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # left only when the copy or the move failed

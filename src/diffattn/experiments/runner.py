@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import MARKER, mark, marker, why_protected, write_text_atomic
+from ..train.config import setting_differences
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -40,17 +41,6 @@ class PartOutcome:
     summary: dict = field(default_factory=dict)
 
 
-def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(saved) | set(now)):
-        a, b = saved.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return out
-
-
 def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     """done, resume or fresh for a training run folder with ``run.yaml``: fresh whenever ``overwrite`` names it;
     raises when its settings changed and it is not named. Changes nothing on disk."""
@@ -58,7 +48,7 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     if not saved_file.is_file() or overwrite:  # --overwrite NAME redoes the part, changed or not
         return FRESH
     saved = type(config).load(saved_file).to_dict()
-    diff = _differences(saved, config.to_dict())
+    diff = setting_differences(saved, config.to_dict())
     only_steps = all(d.startswith("train.max_steps:") for d in diff)
     if diff and not only_steps:
         raise ValueError(

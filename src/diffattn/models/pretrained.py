@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +112,7 @@ def model_type_of(name_or_path: str | os.PathLike) -> str | None:
         return None
 
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)  # transformers' names
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
@@ -140,13 +136,12 @@ def check_model_folder(path: Path) -> None:
 
 
 def load_pretrained(
-    name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None
+    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, object]:
     """Return ``(model, tokenizer)`` for a known offline name (see :data:`PRETRAINED`) or a local HF folder.
 
-    ``dtype`` defaults to float32: use it on CPU (bf16 is ~30× slower there).
+    Use float32 on CPU (bf16 is ~30× slower there).
     """
-
     path = Path(name_or_path)
     if path.is_dir():
         check_model_folder(path)
@@ -169,6 +164,6 @@ def load_pretrained(
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
     config = AutoConfig.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model.eval(), tokenizer

@@ -58,7 +58,7 @@ from ..adapters import (
 from ..data import load_corpus, tokenize_and_pack
 from ..files import is_inside, publish_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
-from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict
+from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict, setting_differences
 from .data import PackedDataset, add_retrieval_mix, check_enough_text
 from .trainer import (
     METRICS,
@@ -445,9 +445,7 @@ def check_resolved_options(run_dir: Path, options: dict) -> None:
     saved_file = run_dir / RESOLVED_OPTIONS
     if not saved_file.is_file():  # a run started before this file existed: nothing to compare
         return
-    saved = json.loads(saved_file.read_text())
-    diff = [f"{k}: {saved.get(k)!r} -> {options.get(k)!r}" for k in sorted(set(saved) | set(options))
-            if saved.get(k) != options.get(k)]  # fmt: skip
+    diff = setting_differences(json.loads(saved_file.read_text()), options)
     if diff:
         raise RunFolderError(
             f"--resume: the method's options now resolve differently from the saved run's ({'; '.join(diff)}), "

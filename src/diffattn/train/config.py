@@ -145,6 +145,19 @@ class TrainConfig:
             )
 
 
+def setting_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """``"a.b: old -> new"`` for every setting that differs between two nested dicts (keys on either side),
+    sorted; the one wording of every "settings differ" refusal (resume, experiment parts, resolved options)."""
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += setting_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
 class SectionedConfig:
     """YAML round trip, dotted overrides and validation for a dataclass made of section dataclasses
     (``run.yaml`` of ``diffattn pretrain`` and of ``diffattn adapt``)."""

@@ -38,7 +38,7 @@ from ..files import check_removable, mark, publish_folder, remove_folder, write_
 from ..models.build import build_model
 from ..models.diff_llama import DiffLlamaDifferentialAttention
 from ..models.presets import get_preset
-from .config import RunConfig
+from .config import RunConfig, setting_differences
 from .data import PackedDataset, prepare_data
 
 logger = logging.getLogger(__name__)
@@ -354,13 +354,8 @@ def check_run_dir(
         for dotted in compared_elsewhere:
             section, key = dotted.split(".", 1)
             previous.get(section, {}).pop(key, None), now.get(section, {}).pop(key, None)
-        if previous != now:
-            diff = [
-                f"{s}.{k}: {previous[s][k]!r} -> {now[s][k]!r}"
-                for s in now
-                for k in now[s]
-                if previous[s].get(k) != now[s][k]
-            ]
+        diff = setting_differences(previous, now)
+        if diff:
             raise RunFolderError(f"--resume with settings that differ from the saved run ({'; '.join(diff)})")
         return latest_checkpoint(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
