@@ -76,6 +76,7 @@ CASES = [
     ("eval {model} --out {new} --niah-grid 2x3", r"NxR cells with 1 <= R <= N"),
     ("eval {model} --out {new} --niah-digits 0", r"--niah-digits must be between 1 and 12"),
     ("eval {model} --out {new} --suite icl --icl-dataset nope", r"unknown ICL dataset 'nope'"),
+    ("eval {model} --out {new} --suite icl --icl-context-tokens 4", r"--icl-context-tokens must be >= 8"),
     ("eval {model} --out {a_file}", r"is a file"),
     ("eval {model} --out {decoy}", r"did not write"),
     ("eval {no_weights} --out {new}", r"no weights"),

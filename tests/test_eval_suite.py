@@ -43,11 +43,15 @@ def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
     suites = "ppl,niah,alloc,icl,mqar,outliers,quant,heads"
     # chatterbot comes from PyPI with `make install`; the Debian data sets have their own (skippable) tests
     icl = ["--icl-dataset", "chatterbot", "--icl-draws", "1", "--icl-test-size", "4", "--mqar-samples", "2"]
-    icl += ["--icl-max-chars", "40", "--icl-max-classes", "3"]
+    icl += ["--icl-max-chars", "40", "--icl-max-classes", "3", "--icl-context-tokens", "240", "--icl-permutations", "2"]
     code = main(["eval", str(diff_folder), "--suite", suites, "--out", str(out), "--window", "64", *SMALL, *icl])
     assert code == 0, capsys.readouterr().err
     doc = json.loads((out / "results.json").read_text())
     assert list(doc["suites"]) == suites.split(",")
+    order = doc["suites"]["icl"]["order_robustness"]
+    for part in (order, doc["suites"]["icl"]["many_shot"]):  # --icl-context-tokens bounds both ICL prompts
+        assert (part["metadata"]["context_length"], part["metadata"]["context_source"]) == (240, "max_length argument")
+    assert len(order["arrangements"]["random"]["accuracies"]) == 2
     assert doc["suites"]["heads"]["layers"]["0"]["lambda"] is not None  # our DIFF attention was installed on load
     pngs = ("ppl.png", "niah_heatmap.png", "allocation.png", "icl_accuracy.png", "icl_order.png", "head_distance.png")
     for png in pngs:

@@ -492,6 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--icl-test-size", dest="icl_test_size", type=int, default=30)
     p.add_argument("--icl-max-chars", dest="icl_max_chars", type=int, default=300, help="cut longer ICL texts")
     p.add_argument("--icl-max-classes", dest="icl_max_classes", type=int, help="keep the most frequent classes")
+    p.add_argument(
+        "--icl-permutations", dest="icl_permutations", type=int, default=10, help="orders of the order-robustness set"
+    )
+    p.add_argument(
+        "--icl-context-tokens",
+        dest="icl_context_tokens",
+        type=int,
+        help="ICL prompt length in tokens (default: the model's maximum; the order-robustness set fills it)",
+    )
     p.add_argument("--mqar-samples", dest="mqar_samples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_eval)

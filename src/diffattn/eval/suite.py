@@ -60,6 +60,9 @@ class SuiteOptions:
     icl_permutations: int = 10
     icl_max_chars: int = 300  # longer texts are cut (evaluation.md is silent; keeps many shots in context)
     icl_max_classes: int | None = None  # keep the most frequent classes only
+    # ICL prompt length in tokens (default: the model's maximum). The order-robustness demo set fills it, so on a
+    # model with 8,192 positions every permutation is an 8k-token prefill: this is the suite's cost knob.
+    icl_context_tokens: int | None = None
     mqar_samples: int = 32
     seed: int = 0
 
@@ -76,11 +79,12 @@ class SuiteOptions:
         at_least = {
             "samples": 1, "niah_needles": 1, "tokens": 1, "icl_draws": 1, "icl_test_size": 1, "icl_permutations": 1,
             "icl_max_chars": 1, "mqar_samples": 1, "niah_heatmap_samples": 1, "context_tokens": 8, "window": 2,
-            "icl_max_classes": 2,
+            "icl_max_classes": 2, "icl_context_tokens": 8,
         }  # fmt: skip
         for field, low in at_least.items():
             value = getattr(self, field)
-            if value is None and field in ("niah_heatmap_samples", "context_tokens", "window", "icl_max_classes"):
+            optional = ("niah_heatmap_samples", "context_tokens", "window", "icl_max_classes", "icl_context_tokens")
+            if value is None and field in optional:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name(field)} must be >= {low}, got {value!r}")
@@ -249,6 +253,7 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
                     draws=o.icl_draws,
                     test_size=o.icl_test_size,
                     seed=o.seed,
+                    max_length=o.icl_context_tokens,
                     dataset_options=o.icl_dataset_options(),
                 ),
                 "order_robustness": icl.run_order_robustness(
@@ -258,6 +263,7 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
                     permutations=o.icl_permutations,
                     test_size=o.icl_test_size,
                     seed=o.seed,
+                    max_length=o.icl_context_tokens,
                     dataset_options=o.icl_dataset_options(),
                 ),
             }
