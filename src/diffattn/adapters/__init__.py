@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ..lambdas import lambda_per_layer
 from .base import AdaptedAttention, adapted_model, remove_adapter, set_adapter_step
 from .daa import DAAConfig, DiffKConfig, DiffQConfig, adapt_daa, adapt_input_diff, attention_module_names
 from .dex import (
@@ -113,12 +114,7 @@ def _info(model: nn.Module, caller: str):
 
 def adapter_lambdas(model: nn.Module) -> list[float]:
     """The current λ of every adapted layer, in layer order (what the trainer logs as λ(t))."""
-    model = adapted_model(model, "adapter_lambdas")
-    return [
-        float(w.method.current_lambda().detach())
-        for _, _, w in attention_modules(model)
-        if isinstance(w, AdaptedAttention)
-    ]
+    return lambda_per_layer(adapted_model(model, "adapter_lambdas")) or []
 
 
 def no_decay_parameter_names(model: nn.Module) -> list[str]:

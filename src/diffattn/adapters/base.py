@@ -16,13 +16,13 @@ attention output to the method. ``remove_adapter`` puts the original module back
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..lambdas import HasLambda, annealed_lambda
 from ..ops import diff_attention
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
@@ -38,13 +38,6 @@ from .model_types import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def lambda_init_for_layer(layer_idx: int, schedule: str | float) -> float:
-    """The DIFF λ_init schedule 0.8 − 0.6·exp(−0.3·layer_idx), or a constant."""
-    if schedule == "exponential":
-        return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
-    return float(schedule)
 
 
 class AdapterState:
@@ -66,15 +59,9 @@ class AnnealedLambda(nn.Module):
         self.lambda_learn = nn.Parameter(torch.zeros((), dtype=torch.float32))
 
     def forward(self) -> torch.Tensor:
-        if not self.anneal:  # ablation: λ = λ_learn from the start
-            return self.lambda_learn
-        t, total = self.state.step, self.state.anneal_steps
-        if total is None:
-            if t == 0:  # λ(0) = 0 whatever T is
-                return self.lambda_learn * 0.0
-            raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
-        alpha = min(1.0, t / total)
-        return (1.0 - alpha) * (t / total) * self.lambda_init + alpha * self.lambda_learn
+        return annealed_lambda(
+            self.state.step, self.state.anneal_steps, self.lambda_init, self.lambda_learn, anneal=self.anneal
+        )
 
 
 def _call_args(spec: ModelTypeSpec, args: tuple, kwargs: dict):
@@ -131,7 +118,7 @@ class AdapterMethod(nn.Module):
         return self.transform_output(out)
 
 
-class AdaptedAttention(nn.Module):
+class AdaptedAttention(nn.Module, HasLambda):
     """Wraps one attention module and applies its :class:`AdapterMethod` (see its hooks for the order)."""
 
     def __init__(self, base_attn: nn.Module, spec: ModelTypeSpec, layer_idx: int, method: AdapterMethod):
@@ -141,6 +128,9 @@ class AdaptedAttention(nn.Module):
         self.layer_idx = layer_idx
         self.method = method
         self.backend = "auto"  # of the two-map op (diffattn.ops.diff_attention)
+
+    def current_lambda(self) -> torch.Tensor:
+        return self.method.current_lambda()
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         spec, base, method = self.spec, self.base_attn, self.method

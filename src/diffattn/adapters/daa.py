@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import AdapterMethod, AnnealedLambda, lambda_init_for_layer, wrap_attention
+from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
+from .base import AdapterMethod, AnnealedLambda, wrap_attention
 from .model_types import attention_modules, get_spec, head_layout, linear_part
 
 
@@ -40,14 +41,8 @@ class AnnealedMethodConfig:
     train_lm_head: bool = False  # also train lm_head (the paper's Llama runs)
 
     def __post_init__(self):
-        if self.anneal and self.anneal_steps is not None and self.anneal_steps < 1:
-            raise ValueError(
-                f"{type(self).__name__}.anneal_steps must be >= 1 when anneal is on; got {self.anneal_steps}"
-            )
-        if isinstance(self.lambda_init, str) and self.lambda_init != "exponential":
-            raise ValueError(
-                f"{type(self).__name__}.lambda_init must be 'exponential' or a number; got {self.lambda_init!r}"
-            )
+        check_annealing(self.anneal, self.anneal_steps, type(self).__name__)
+        check_lambda_init(self.lambda_init, f"{type(self).__name__}.lambda_init")
 
     def never_learns(self) -> str | None:
         """None: unlike Dex with ``init="zero"``, no setting of these methods leaves a parameter without a gradient.
@@ -121,7 +116,7 @@ class InputDiffMaps(_AnnealedTwoMaps):
 
 
 def _annealed_lambda(config: AnnealedMethodConfig, layer_idx: int, state, device) -> AnnealedLambda:
-    return AnnealedLambda(lambda_init_for_layer(layer_idx, config.lambda_init), state, config.anneal).to(device)
+    return AnnealedLambda(lambda_init_schedule(layer_idx, config.lambda_init), state, config.anneal).to(device)
 
 
 def adapt_daa(model: nn.Module, config: DAAConfig) -> nn.Module:

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
 from ..ops import diff_attention_maps
-from .base import AdaptedAttention, AdapterMethod, AnnealedLambda, lambda_init_for_layer, remove_adapter, wrap_attention
+from .base import AdaptedAttention, AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
 from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout, logit_scale, project_qkv
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,8 @@ class DexConfig:
             raise ValueError(f"DexConfig.init must be zero or identity; got {self.init!r}")
         if self.k is not None and self.k < 1:
             raise ValueError(f"DexConfig.k must be >= 1 (heads per layer); got {self.k}")
-        if self.anneal and self.anneal_steps is not None and self.anneal_steps < 1:
-            raise ValueError(f"DexConfig.anneal_steps must be >= 1 when anneal is on; got {self.anneal_steps}")
+        check_annealing(self.anneal, self.anneal_steps, "DexConfig")
+        check_lambda_init(self.lambda_init, "DexConfig.lambda_init")
 
     def never_learns(self) -> str | None:
         """Why W_D and λ_learn could never receive a gradient under this config, or None if they can.
@@ -246,7 +247,7 @@ def adapt_dex(model: nn.Module, config: DexConfig, calibration: list[torch.Tenso
     param = next(model.parameters())
 
     def make(layer_idx, attn, state):
-        lam = AnnealedLambda(lambda_init_for_layer(layer_idx, config.lambda_init), state, config.anneal)
+        lam = AnnealedLambda(lambda_init_schedule(layer_idx, config.lambda_init), state, config.anneal)
         return DexHeads(
             selected[layer_idx], head_layout(attn).head_dim, config, lam.to(param.device), param.device, param.dtype
         )

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import AdapterMethod, lambda_init_for_layer, wrap_attention
+from ..lambdas import check_lambda_init, lambda_init_schedule, output_scale, reparameterized_lambda
+from .base import AdapterMethod, wrap_attention
 from .model_types import attention_modules, get_spec, head_layout
 
 
@@ -55,13 +56,10 @@ class DiffLoRAConfig:
             raise ValueError(f"DiffLoRAConfig.rank must be >= 1; got {self.rank}")
         if self.alpha is None:
             self.alpha = 2.0 * self.rank
-        if isinstance(self.lambda_init, str):
-            if self.lambda_init != "exponential":
-                raise ValueError(
-                    f"DiffLoRAConfig.lambda_init must be a number or 'exponential'; got {self.lambda_init!r}"
-                )
-        elif not 0.0 <= self.lambda_init < 1.0:
-            raise ValueError(f"DiffLoRAConfig.lambda_init must be in [0, 1); got {self.lambda_init}")
+        check_lambda_init(
+            self.lambda_init, "DiffLoRAConfig.lambda_init", low=0.0, high=1.0, low_open=False,
+            message="in [0, 1) or 'exponential'",
+        )  # fmt: skip
         if self.second_term not in ("base+lora", "lora-only"):
             raise ValueError(f"DiffLoRAConfig.second_term must be base+lora or lora-only; got {self.second_term!r}")
         if self.group_norm_gain and not self.group_norm:
@@ -110,7 +108,7 @@ class DiffLoRAMaps(AdapterMethod):
         if config.terms == "both":
             self.lora_q1 = LowRank(d_model, q_width, r, a, gen, dev, dt)
             self.lora_k1 = LowRank(d_model, k_width, r, a, gen, dev, dt)
-        self.lambda_init = lambda_init_for_layer(layer_idx, config.lambda_init)
+        self.lambda_init = lambda_init_schedule(layer_idx, config.lambda_init)
         self.group_norm = config.group_norm
         self.norm_gain = nn.Parameter(torch.ones(head_dim, device=dev, dtype=dt)) if config.group_norm_gain else None
         if config.learn_lambda:
@@ -132,15 +130,14 @@ class DiffLoRAMaps(AdapterMethod):
     def map_lambda(self) -> torch.Tensor:
         if self.lambda_vectors is None:
             return torch.tensor(self.lambda_init)
-        lq1, lk1, lq2, lk2 = self.lambda_vectors
-        return torch.exp((lq1 * lk1).sum()) - torch.exp((lq2 * lk2).sum()) + self.lambda_init
+        return reparameterized_lambda(*self.lambda_vectors, self.lambda_init)
 
     def transform_output(self, out: torch.Tensor) -> torch.Tensor:
         if not self.group_norm:
             return out
         weight = self.norm_gain.float() if self.norm_gain is not None else None
         normed = F.rms_norm(out.float(), (out.shape[-1],), weight, eps=1e-5).to(out.dtype)
-        return normed * (1.0 - self.lambda_init)
+        return normed * output_scale(self.lambda_init)
 
 
 def adapt_difflora(model: nn.Module, config: DiffLoRAConfig) -> nn.Module:

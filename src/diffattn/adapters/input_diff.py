@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import AdapterMethod, AnnealedLambda, lambda_init_for_layer, remove_adapter, wrap_attention
+from ..lambdas import lambda_init_schedule
+from .base import AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
 from .daa import AnnealedMethodConfig
 from .model_types import attention_modules, get_spec, head_layout
 
@@ -46,7 +47,7 @@ def adapt_diffv(model: nn.Module, config: DiffVConfig) -> nn.Module:
     d_model = model.get_input_embeddings().weight.shape[1]
 
     def make(layer_idx, attn, state):
-        lam = AnnealedLambda(lambda_init_for_layer(layer_idx, config.lambda_init), state, config.anneal)
+        lam = AnnealedLambda(lambda_init_schedule(layer_idx, config.lambda_init), state, config.anneal)
         return DiffVInput(d_model, lam.to(param.device), param.device, param.dtype)
 
     return wrap_attention(model, make, config, "diffv", config.anneal_steps)

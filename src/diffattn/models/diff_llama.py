@@ -29,13 +29,13 @@ The options are recorded in ``config.diffattn`` so they are saved beside the wei
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, apply_rotary_pos_emb
 
+from ..lambdas import HasLambda, check_lambda_init, lambda_init_schedule, output_scale, reparameterized_lambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
@@ -52,11 +52,7 @@ class DiffAttentionOptions:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
-        if isinstance(self.lambda_init, str):
-            if self.lambda_init != "exponential":
-                raise ValueError(f"lambda_init must be 'exponential' or a float in (0, 1); got {self.lambda_init!r}")
-        elif not (isinstance(self.lambda_init, (int, float)) and 0.0 < float(self.lambda_init) < 1.0):
-            raise ValueError(f"lambda_init must be 'exponential' or a float in (0, 1); got {self.lambda_init!r}")
+        check_lambda_init(self.lambda_init, "lambda_init", low=0.0, high=1.0)
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {', '.join(NORMS)}; got {self.norm!r}")
 
@@ -67,14 +63,10 @@ class DiffAttentionOptions:
         return d
 
 
-def lambda_init_value(layer_idx: int, schedule: str | float) -> float:
-    """λ_init of a layer: the paper's 0.8 − 0.6·exp(−0.3·(l − 1)) with l = layer_idx + 1, or a constant."""
-    if schedule == "exponential":
-        return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
-    return float(schedule)
+lambda_init_value = lambda_init_schedule  # the public name of diffattn.lambdas.lambda_init_schedule
 
 
-class DiffLlamaDifferentialAttention(DiffLlamaAttention):
+class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
     """Drop-in replacement of one ``DiffLlamaAttention`` instance (same parameters, same tensors).
 
     A subclass, so that what transformers does by class sees it as DiffLlama's attention: ``_init_weights``
@@ -98,7 +90,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention):
         self.v_proj, self.o_proj = hf_attention.v_proj, hf_attention.o_proj
         self.lambda_q1, self.lambda_k1 = hf_attention.lambda_q1, hf_attention.lambda_k1
         self.lambda_q2, self.lambda_k2 = hf_attention.lambda_q2, hf_attention.lambda_k2
-        self.lambda_init = lambda_init_value(self.layer_idx, options.lambda_init)
+        self.lambda_init = lambda_init_schedule(self.layer_idx, options.lambda_init)
         if options.norm == "none":
             self.groupnorm = nn.Identity()
         else:
@@ -113,9 +105,9 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention):
 
     def lambda_full(self) -> torch.Tensor:
         """λ of Eq. 2, in float32 (a 0-d tensor)."""
-        lam1 = torch.exp(torch.sum(self.lambda_q1.float() * self.lambda_k1.float()))
-        lam2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
-        return lam1 - lam2 + self.lambda_init
+        return reparameterized_lambda(self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.lambda_init)
+
+    current_lambda = lambda_full  # the read-out convention of diffattn.lambdas
 
     def forward(
         self,
@@ -162,7 +154,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention):
             out = quantized_attention(**maps, bits=bits)
         else:
             out = diff_attention(**maps, backend=self.options.backend)  # [B, h, T, 2d]
-        out = self.groupnorm(out) * (1.0 - self.lambda_init)
+        out = self.groupnorm(out) * output_scale(self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
         weights = None
         if kwargs.get("output_attentions"):

@@ -35,8 +35,8 @@ from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from ..files import check_removable, mark, publish_folder, remove_folder, write_text_atomic
+from ..lambdas import lambda_per_layer
 from ..models.build import build_model
-from ..models.diff_llama import DiffLlamaDifferentialAttention
 from ..models.presets import get_preset
 from .config import RunConfig, setting_differences
 from .data import PackedDataset, prepare_data
@@ -56,24 +56,6 @@ class NonFiniteLossError(RuntimeError):
 
 class RunFolderError(ValueError):
     """The output folder cannot be used as asked (exists, or has nothing to resume)."""
-
-
-def lambda_per_layer(model: torch.nn.Module) -> list[float] | None:
-    """λ (DIFF Eq. 2) of every layer, in layer order; ``None`` for a model without DIFF attention."""
-    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
-
-    values = []
-    for module in model.modules():
-        if isinstance(module, DiffLlamaDifferentialAttention):
-            values.append(module.lambda_full().item())
-        elif isinstance(module, DiffLlamaAttention):  # Hugging Face's own module, same Eq. 2
-            lam = (
-                torch.exp((module.lambda_q1.float() * module.lambda_k1.float()).sum())
-                - torch.exp((module.lambda_q2.float() * module.lambda_k2.float()).sum())
-                + module.lambda_init
-            )
-            values.append(lam.item())
-    return values or None
 
 
 class MetricsCallback(TrainerCallback):

@@ -1,0 +1,137 @@
+"""λ of differential attention: every formula about it, written once (methods.md §1–2).
+
+* :func:`lambda_init_schedule` — DIFF §2.1's per-layer λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) with l = layer_idx + 1
+  (``"exponential"``), or a constant; :func:`check_lambda_init` validates either form.
+* :func:`reparameterized_lambda` — DIFF Eq. 2: λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, in float32.
+* :func:`output_scale` — DIFF Eq. 3's (1 − λ_init) factor after the per-head norm.
+* :func:`annealed_lambda` — Dex Eq. 4: λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn with α = min(1, t/T), so λ(0) = 0
+  (DAA and DiffQ/K/V use the same schedule).
+* :func:`lambda_per_layer` — the one read-out of a model's λ, for logging, reports, capture and the CLI.
+
+**The read-out convention.** An attention module that has a λ — our DIFF attention, Hugging Face's
+``DiffLlamaAttention``, an adapter's wrapper — is a :class:`HasLambda` and exposes it as ``current_lambda()`` (a 0-d
+float32 tensor, the value the next forward uses). :func:`lambda_per_layer` reads exactly those modules, in module
+order (= layer order), so a new kind of module with a λ only has to subclass :class:`HasLambda`.
+
+This module imports only torch: every package may use it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+EXPONENTIAL = "exponential"
+
+
+class HasLambda:
+    """Mixin of an attention module whose ``current_lambda()`` is its layer's λ. Only these are read out, so an
+    adapter method nested inside its wrapper (which also has a ``current_lambda``) is not counted twice."""
+
+    def current_lambda(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def lambda_init_schedule(layer_idx: int, schedule: str | float) -> float:
+    """λ_init of layer ``layer_idx`` (0-based): DIFF's 0.8 − 0.6·exp(−0.3·layer_idx) for ``"exponential"``, else
+    the constant ``schedule``."""
+    if schedule == EXPONENTIAL:
+        return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+    return float(schedule)
+
+
+def check_lambda_init(
+    value: object,
+    owner: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = True,
+    message: str | None = None,
+) -> None:
+    """Refuse a λ_init that is neither ``"exponential"`` nor a number in the owner's range.
+
+    ``low``/``high`` bound a constant (``high`` exclusive, ``low`` exclusive unless ``low_open=False``; None: no
+    bound). ``message`` replaces the range's wording after ``"{owner} must be "``."""
+    what = message or _range_words(low, high, low_open)
+    if isinstance(value, str):
+        ok = value == EXPONENTIAL
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok = False
+    else:
+        v = float(value)
+        ok = math.isfinite(v)
+        if low is not None:
+            ok = ok and (v > low if low_open else v >= low)
+        if high is not None:
+            ok = ok and v < high
+    if not ok:
+        raise ValueError(f"{owner} must be {what}; got {value!r}")
+
+
+def check_annealing(anneal: bool, anneal_steps: int | None, owner: str) -> None:
+    """T of Dex Eq. 4 must be >= 1 when annealing is on (None: to be set before training)."""
+    if anneal and anneal_steps is not None and anneal_steps < 1:
+        raise ValueError(f"{owner}.anneal_steps must be >= 1 when anneal is on; got {anneal_steps}")
+
+
+def _range_words(low, high, low_open) -> str:
+    if low is None and high is None:
+        return "'exponential' or a number"
+    left = "(" if low_open else "["
+    return f"'exponential' or a float in {left}{low:g}, {high:g})"
+
+
+def reparameterized_lambda(
+    lambda_q1: torch.Tensor, lambda_k1: torch.Tensor, lambda_q2: torch.Tensor, lambda_k2: torch.Tensor, lambda_init
+) -> torch.Tensor:
+    """DIFF Eq. 2 in float32: exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init (a 0-d tensor)."""
+    lam1 = torch.exp(torch.sum(lambda_q1.float() * lambda_k1.float()))
+    lam2 = torch.exp(torch.sum(lambda_q2.float() * lambda_k2.float()))
+    return lam1 - lam2 + lambda_init
+
+
+def output_scale(lambda_init: float) -> float:
+    """DIFF Eq. 3's multiplier of the normalised head output: 1 − λ_init (aligns its gradient flow with a
+    Transformer's)."""
+    return 1.0 - lambda_init
+
+
+def annealed_lambda(
+    step: int, anneal_steps: int | None, lambda_init: float, lambda_learn: torch.Tensor, anneal: bool = True
+) -> torch.Tensor:
+    """Dex Eq. 4 at step ``step`` with T = ``anneal_steps``: (1 − α)(t/T)·λ_init + α·λ_learn, α = min(1, t/T).
+
+    ``anneal=False`` is the ablation λ = λ_learn from the start. λ(0) = 0 whatever T is; a later step needs T."""
+    if not anneal:
+        return lambda_learn
+    if anneal_steps is None:
+        if step == 0:
+            return lambda_learn * 0.0
+        raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
+    alpha = min(1.0, step / anneal_steps)
+    return (1.0 - alpha) * (step / anneal_steps) * lambda_init + alpha * lambda_learn
+
+
+def lambda_per_layer(model: nn.Module) -> list[float] | None:
+    """λ of every attention module that has one, in layer order; ``None`` for a model without any.
+
+    Reads our DIFF attention, Hugging Face's own ``DiffLlamaAttention`` (Eq. 2 on its parameters) and every
+    adapter wrapper (its method's current λ(t)) — see the module doc's convention."""
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    values = []
+    for module in model.modules():
+        if isinstance(module, HasLambda):
+            values.append(float(module.current_lambda().detach()))
+        elif isinstance(module, DiffLlamaAttention):  # Hugging Face's own module: the same Eq. 2
+            values.append(
+                float(
+                    reparameterized_lambda(
+                        module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2, module.lambda_init
+                    ).detach()
+                )
+            )
+    return values or None
