@@ -71,7 +71,7 @@ def test_lambda_init_validation(value, kwargs, ok):
     else:
         with pytest.raises(ValueError, match=r"X\.lambda_init must be 'exponential' or "):
             check_lambda_init(value, "X.lambda_init", **kwargs)
-    with pytest.raises(ValueError, match="X.anneal_steps must be >= 1 when anneal is on; got 0"):
+    with pytest.raises(ValueError, match=r"X\.anneal_steps must be >= 1 when anneal is on; got 0"):
         check_annealing(True, 0, "X")
     check_annealing(False, 0, "X")
 

@@ -15,6 +15,8 @@ attention output to the method. ``remove_adapter`` puts the original module back
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 
@@ -114,6 +116,11 @@ class AdapterMethod(nn.Module):
     def transform_output(self, out: torch.Tensor) -> torch.Tensor:
         return out
 
+    def effective_attention(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """For analysis (diffattn.eval.capture): the single map ``attn`` [B, H, T, S] as this method changes it,
+        given the values ``v`` [B, Hkv, S, d]; None when it does not (the map is what the model attends with)."""
+        return None
+
     def forward(self, out: torch.Tensor) -> torch.Tensor:  # calling a method applies its output transform
         return self.transform_output(out)
 
@@ -207,7 +214,28 @@ class AdapterInfo:
     method: str
     config: object
     state: AdapterState
-    fingerprint: str  # of the base model when the adapter was created (see io.base_fingerprint)
+    fingerprint: str  # of the base model when the adapter was created (base_fingerprint)
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    """Architecture sizes + a hash of the input embedding matrix (which no method trains): save_adapter records it,
+    load_adapter refuses another base."""
+    config = model.config
+    keys = (
+        "model_type",
+        "hidden_size",
+        "n_embd",
+        "num_hidden_layers",
+        "n_layer",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "vocab_size",
+    )
+    h = hashlib.sha256(json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True).encode())
+    emb = model.get_input_embeddings().weight.detach().float().cpu().contiguous()
+    h.update(emb.numpy().tobytes())
+    return h.hexdigest()
 
 
 def wrap_attention(model: nn.Module, make_method, config, method_name: str, anneal_steps: int | None):
@@ -222,8 +250,6 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
         )
     if model.config._attn_implementation not in ("sdpa", "eager"):
         model.set_attn_implementation("sdpa")
-    from .io import base_fingerprint
-
     fingerprint = base_fingerprint(model)
     state = AdapterState(anneal_steps)
     for layer_idx, layer, attn in attention_modules(model, spec):

@@ -29,6 +29,7 @@ from torch import nn
 from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
 from .base import AdapterMethod, AnnealedLambda, wrap_attention
 from .model_types import attention_modules, get_spec, head_layout, linear_part
+from .registry import TWO_MAPS, MethodSpec, Recipe, register
 
 
 @dataclass
@@ -154,3 +155,71 @@ def attention_module_names(model: nn.Module, lm_head: bool = False) -> list[str]
         head = model.get_output_embeddings().weight
         names += [n for n, p in model.named_parameters() if p is head]  # tied models: the embedding's name
     return names
+
+
+ATTN_NEW = "W_Q,K,V,O + new"
+
+# DAA App. E.1 (GPT-2) and E.2 (Llama): the recipe of DAA and of its DiffQ/K/V variants (DiffV lives in input_diff)
+ANNEALED_PAPER_RECIPES = {
+    "gpt2": Recipe(
+        "DAA (2025), App. E.1 (GPT-2)",
+        lr=3e-5,
+        schedule="cosine",
+        min_lr_ratio=0.0,
+        warmup_steps=500,
+        weight_decay=0.01,
+    ),
+    "*": Recipe(
+        "DAA (2025), App. E.2 (Llama)", lr=1e-4, schedule="cosine", min_lr_ratio=0.0, warmup_steps=500, grad_clip=1.0
+    ),
+}
+
+
+def attention_and_head_names(model: nn.Module) -> list[str]:
+    """What DAA and DiffQ/K/V train: the attention modules (with their new weights), and lm_head if asked."""
+    return attention_module_names(model, model._diffattn_adapter.config.train_lm_head)
+
+
+def _annealed_spec(name: str, display: str, config: type, adapt, bench_variants, **kwargs) -> MethodSpec:
+    return MethodSpec(
+        name=name,
+        display=display,
+        config=config,
+        adapt=lambda model, c, calibration=None: adapt(model, c),
+        trained_names=attention_and_head_names,
+        annealed=True,
+        paper_recipes=ANNEALED_PAPER_RECIPES,
+        report_settings=kwargs.pop("report_settings", ("anneal_steps",)),
+        bench_variants=bench_variants,
+        **kwargs,
+    )
+
+
+def _daa_rows(shape, anneal_steps: int, second_map_flops) -> list:
+    extra = 2 * shape.batch * shape.seq * shape.heads * shape.head_dim**2 + second_map_flops(shape)  # Q1·W_DAA
+    return [
+        (f"daa {p}", DAAConfig(position=p, anneal_steps=anneal_steps), False, extra, ATTN_NEW)
+        for p in ("pre-rope", "post-rope")
+    ]
+
+
+def _input_rows(part: str):
+    def rows(shape, anneal_steps: int, second_map_flops) -> list:
+        n, dm = shape.batch * shape.seq, shape.d_model
+        width = (shape.heads if part == "q" else shape.kv_heads) * shape.head_dim
+        extra = 2 * n * dm * dm + 2 * n * dm * width + second_map_flops(shape)  # X·W_Dᵀ, its projection, map 2
+        config = (DiffQConfig if part == "q" else DiffKConfig)(anneal_steps=anneal_steps)
+        return [(f"diff{part}", config, False, extra, ATTN_NEW)]
+
+    return rows
+
+
+for _spec in (
+    _annealed_spec(
+        "daa", "DAA", DAAConfig, adapt_daa, _daa_rows, why_not_mergeable=TWO_MAPS,
+        report_settings=("position", "anneal_steps"),
+    ),
+    _annealed_spec("diffq", "DiffQ", DiffQConfig, adapt_input_diff, _input_rows("q"), why_not_mergeable=TWO_MAPS),
+    _annealed_spec("diffk", "DiffK", DiffKConfig, adapt_input_diff, _input_rows("k"), why_not_mergeable=TWO_MAPS),
+):  # fmt: skip
+    register(_spec)

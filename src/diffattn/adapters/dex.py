@@ -35,10 +35,12 @@ from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
 from ..ops import diff_attention_maps
 from .base import AdaptedAttention, AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
 from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout, logit_scale, project_qkv
+from .registry import MethodSpec, Recipe, register
 
 logger = logging.getLogger(__name__)
 
 HEAD_SELECTIONS = ("entropy", "importance", "low-entropy", "all", "random")
+DATA_DRIVEN_HEADS = ("entropy", "low-entropy", "importance")  # need calibration batches
 
 
 @dataclass
@@ -110,6 +112,21 @@ class DexHeads(AdapterMethod):
 
     def weights(self) -> torch.Tensor:
         return self.dex_w_d.expand(len(self.selected), -1, -1)  # [k, d, d]
+
+    @torch.no_grad()
+    def effective_attention(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """X = A V (I − λ W_Dᵀ) V⁺ for the selected heads (Kong et al. App. F.3); A for the others."""
+        selected = self.selected.tolist()
+        if not selected:
+            return attn
+        rep = attn.shape[1] // v.shape[1]
+        v = (v if rep == 1 else v.repeat_interleave(rep, dim=1)).float()[:, selected]  # [B, k, S, d]
+        lam = self.current_lambda().float()
+        w = self.weights().float()  # [k, d, d]
+        m = torch.eye(w.shape[-1], device=w.device) - lam * w.transpose(-1, -2)  # O' = O (I − λ W_Dᵀ)
+        out = attn.clone()
+        out[:, selected] = attn[:, selected] @ v @ m @ torch.linalg.pinv(v)  # [B, k, T, S]
+        return out
 
     def transform_output(self, out: torch.Tensor) -> torch.Tensor:  # out [B, H, T, d]
         if len(self.selected) == 0:
@@ -308,3 +325,51 @@ def merge_dex(model: nn.Module) -> nn.Module:
             else:  # GPT-2 Conv1D, y = x W: the head's rows W[cols] ← mᵀ W[cols]
                 o_proj.weight[cols] = (m.T @ o_proj.weight[cols].float()).to(o_proj.weight.dtype)
     return remove_adapter(model)
+
+
+DEX_PAPER = Recipe("Dex (Kong et al. 2025), App. F.1", lr=1e-4, schedule="cosine", min_lr_ratio=0.0, warmup_ratio=0.03)
+
+
+def _needs_calibration(config: DexConfig) -> bool:
+    return isinstance(config.heads, str) and config.heads in DATA_DRIVEN_HEADS
+
+
+def _config_from_saved(saved: dict) -> DexConfig:
+    options = dict(saved)
+    options["heads"] = options.pop("selected")  # re-create exactly the heads that were chosen
+    return DexConfig(**options)
+
+
+def _fused_qkv_no_decay(model: nn.Module) -> list[str]:
+    """GPT-2's fused ``c_attn``, whose query part a gradient hook keeps frozen (see dex_trainable_parameters)."""
+    spec = get_spec(model)
+    if spec.fused_qkv is None:
+        return []
+    return [n for n, p in model.named_parameters() if p.requires_grad and f".base_attn.{spec.fused_qkv}." in n]
+
+
+def _bench_rows(shape, anneal_steps: int, second_map_flops) -> list:
+    selected = max(1, shape.heads // 2)
+    extra = 2 * shape.batch * shape.seq * selected * shape.head_dim**2  # f_D on the selected heads' outputs
+    config = DexConfig(heads="random", anneal_steps=anneal_steps)  # which heads does not change the cost
+    return [("dex unmerged", config, False, extra, "W_K,V,O + W_D, λ"), ("dex merged", config, True, 0.0, None)]
+
+
+register(
+    MethodSpec(
+        name="dex",
+        display="Dex",
+        config=DexConfig,
+        adapt=adapt_dex,
+        trained_names=dex_trained_names,
+        freeze=dex_trainable_parameters,
+        merge=merge_dex,
+        annealed=True,
+        needs_calibration=_needs_calibration,
+        config_from_saved=_config_from_saved,
+        no_decay=_fused_qkv_no_decay,
+        paper_recipes={"*": DEX_PAPER},
+        report_settings=("heads", "k", "init", "anneal_steps"),
+        bench_variants=_bench_rows,
+    )
+)

@@ -33,6 +33,7 @@ from torch import nn
 from ..lambdas import check_lambda_init, lambda_init_schedule, output_scale, reparameterized_lambda
 from .base import AdapterMethod, wrap_attention
 from .model_types import attention_modules, get_spec, head_layout
+from .registry import TWO_MAPS, MethodSpec, Recipe, register
 
 
 @dataclass
@@ -161,3 +162,37 @@ def difflora_trained_names(model: nn.Module) -> list[str]:
         root = next(n for n, m in model.named_modules() if m is layer)
         prefixes.append(f"{root}.{spec.attention}.method.")
     return [n for n, _ in model.named_parameters() if n.startswith(tuple(prefixes))]
+
+
+DIFFLORA_PAPER = Recipe("DiffLoRA (Misrahi et al. 2025), App. B, Table 2", lr=1e-4)  # schedule not stated: ours
+
+
+def lora_flops(shape, rank: int, terms: int) -> float:
+    """Forward FLOPs per layer of ``terms`` pairs of rank-r adapters on the query and key projections."""
+    n = shape.batch * shape.seq
+    return terms * 2 * n * rank * (2 * shape.d_model + shape.heads * shape.head_dim + shape.kv_heads * shape.head_dim)
+
+
+def _bench_rows(shape, anneal_steps: int, second_map_flops) -> list:
+    right, both = DiffLoRAConfig(terms="right"), DiffLoRAConfig(terms="both")
+    return [
+        ("difflora right", right, False, lora_flops(shape, right.rank, 1) + second_map_flops(shape),
+         f"LoRA r{right.rank} (Q2,K2)"),
+        ("difflora both", both, False, lora_flops(shape, both.rank, 2) + second_map_flops(shape),
+         f"LoRA r{both.rank} (Q1,K1,Q2,K2)"),
+    ]  # fmt: skip
+
+
+register(
+    MethodSpec(
+        name="difflora",
+        display="DiffLoRA",
+        config=DiffLoRAConfig,
+        adapt=lambda model, config, calibration=None: adapt_difflora(model, config),
+        trained_names=difflora_trained_names,
+        why_not_mergeable=TWO_MAPS,
+        paper_recipes={"*": DIFFLORA_PAPER},
+        report_settings=("terms", "second_term", "rank", "lambda_init", "learn_lambda", "group_norm"),
+        bench_variants=_bench_rows,
+    )
+)

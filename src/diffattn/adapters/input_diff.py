@@ -18,8 +18,9 @@ from torch import nn
 
 from ..lambdas import lambda_init_schedule
 from .base import AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
-from .daa import AnnealedMethodConfig
+from .daa import ANNEALED_PAPER_RECIPES, ATTN_NEW, AnnealedMethodConfig, attention_and_head_names
 from .model_types import attention_modules, get_spec, head_layout
+from .registry import MethodSpec, register
 
 
 @dataclass
@@ -72,3 +73,25 @@ def merge_diffv(model: nn.Module) -> nn.Module:
             cols = slice(2 * width, 3 * width)
             fused.weight[:, cols] = (m.T @ fused.weight[:, cols].float()).to(fused.weight.dtype)
     return remove_adapter(model)
+
+
+def _bench_rows(shape, anneal_steps: int, second_map_flops) -> list:
+    extra = 2 * shape.batch * shape.seq * shape.d_model**2  # X·W_Dᵀ before the value projection
+    config = DiffVConfig(anneal_steps=anneal_steps)
+    return [("diffv unmerged", config, False, extra, ATTN_NEW), ("diffv merged", config, True, 0.0, None)]
+
+
+register(
+    MethodSpec(
+        name="diffv",
+        display="DiffV",
+        config=DiffVConfig,
+        adapt=lambda model, config, calibration=None: adapt_diffv(model, config),
+        trained_names=attention_and_head_names,
+        merge=merge_diffv,
+        annealed=True,
+        paper_recipes=ANNEALED_PAPER_RECIPES,
+        report_settings=("anneal_steps",),
+        bench_variants=_bench_rows,
+    )
+)

@@ -12,7 +12,6 @@ names or shapes do not fit: a bad adapter folder leaves the model unchanged.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,38 +21,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .base import adapted_model
+from .base import adapted_model, base_fingerprint, remove_adapter
+from .registry import get_method, method_names
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
 FORMAT_VERSION = 1
 
 
-def base_fingerprint(model: nn.Module) -> str:
-    config = model.config
-    keys = (
-        "model_type",
-        "hidden_size",
-        "n_embd",
-        "num_hidden_layers",
-        "n_layer",
-        "num_attention_heads",
-        "n_head",
-        "num_key_value_heads",
-        "vocab_size",
-    )
-    h = hashlib.sha256(json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True).encode())
-    emb = model.get_input_embeddings().weight.detach().float().cpu().contiguous()
-    h.update(emb.numpy().tobytes())
-    return h.hexdigest()
-
-
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
-    from . import trained_parameter_names
-
     model = adapted_model(model, "save_adapter")
     info = model._diffattn_adapter
-    names = set(trained_parameter_names(model))
+    names = set(get_method(info.method).trained_names(model))
     tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if n in names}
     missing = sorted(names - set(tensors))
     if missing:  # e.g. PEFT layers wrapped around weights the method trains: their names changed
@@ -97,14 +76,13 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None = None) -> nn.Module:
     """Adapt a fresh base ``model`` as the saved adapter was, and load its trained parameters (every one of
     them: a folder missing any is refused). ``method``: refuse a folder holding another method's adapter."""
-    from . import METHODS, adapt, remove_adapter, trained_parameter_names
-
     meta, tensors = _read(Path(path))
     if getattr(model, "_diffattn_adapter", None) is not None:
         raise ValueError("load_adapter needs a base model without an adapter; remove_adapter(model) first")
     saved = meta.get("method")
-    if saved not in METHODS:
-        raise ValueError(f"unsupported adapter method {saved!r} in {path}; this version loads: {', '.join(METHODS)}")
+    if saved not in method_names("method"):
+        known = ", ".join(method_names("method"))
+        raise ValueError(f"unsupported adapter method {saved!r} in {path}; this version loads: {known}")
     if method is not None and saved != method:
         raise ValueError(f"{path} holds a {saved!r} adapter, not the {method!r} adapter asked for")
     fingerprint = base_fingerprint(model)
@@ -114,14 +92,12 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
             f"({meta.get('base_model_type')!r}, fingerprint {str(meta.get('base_fingerprint'))[:12]}…) "
             f"than this one ({model.config.model_type!r}, {fingerprint[:12]}…)"
         )
-    cfg = dict(meta["config"])
-    if saved == "dex":
-        cfg["heads"] = cfg.pop("selected")  # re-create exactly the heads that were chosen
-    config = METHODS[saved](**cfg)
-    adapt(model, config)
+    spec = get_method(saved)
+    config = spec.load_config(dict(meta["config"]))  # Dex: exactly the heads that were chosen
+    spec.adapt(model, config, None)
     params = dict(model.named_parameters())
     problems = [n for n, t in tensors.items() if n not in params or params[n].shape != t.shape]
-    problems += sorted(set(trained_parameter_names(model)) - set(tensors))
+    problems += sorted(set(spec.trained_names(model)) - set(tensors))
     if problems:
         remove_adapter(model)
         raise ValueError(f"{path} does not fit this model: parameter(s) {problems[:5]} missing or of another shape")

@@ -38,20 +38,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..adapters import (
-    DAAConfig,
-    DexConfig,
-    DiffKConfig,
-    DiffLoRAConfig,
-    DiffQConfig,
-    DiffVConfig,
-    adapt,
-    adapter_lambdas,
-    merge_adapter,
-    set_adapter_step,
-    trainable_parameters,
-)
+from ..adapters import adapt, adapter_lambdas, merge_adapter, set_adapter_step, trainable_parameters
 from ..adapters.daa import attention_module_names
+from ..adapters.registry import specs
 
 ANNEAL_STEPS = 1000  # T of λ(t); the models are set to step T // 2, where λ(t) = ¼·λ_init > 0
 SOFTMAX_FLOPS = 5  # per score element: max, subtract, exp, sum, divide
@@ -137,11 +126,6 @@ def second_map_flops(s: ModelShape) -> float:
     return s.heads * pairs * (2 * s.head_dim + SOFTMAX_FLOPS + 2)
 
 
-def _lora_flops(s: ModelShape, rank: int, terms: int) -> float:
-    n = s.batch * s.seq
-    return terms * 2 * n * rank * (2 * s.d_model + s.heads * s.head_dim + s.kv_heads * s.head_dim)
-
-
 def _train_attention(model: nn.Module) -> nn.Module:
     """The base's training set: W_Q, W_K, W_V, W_O (every attention-module parameter); the rest frozen."""
     names = set(attention_module_names(model))
@@ -166,65 +150,18 @@ def _adapted(config, merge: bool = False) -> Callable[[nn.Module], nn.Module]:
 
 
 ATTN_FT = "W_Q,K,V,O (attention fine-tune)"
-ATTN_NEW = "W_Q,K,V,O + new"
 
 
 def variants(shape: ModelShape) -> list[Variant]:
-    """Every row of the benchmark, base first."""
-    t = ANNEAL_STEPS
-    dex_sel = max(1, shape.heads // 2)
-    d, dm = shape.head_dim, shape.d_model
-    n = shape.batch * shape.seq
-    second = second_map_flops
-    right, both = DiffLoRAConfig(terms="right"), DiffLoRAConfig(terms="both")
-    return [
-        Variant("base", lambda b: _train_attention(copy.deepcopy(b)), lambda s: 0.0, ATTN_FT),
-        Variant(
-            "dex unmerged",
-            _adapted(DexConfig(heads="random", anneal_steps=t)),
-            lambda s: 2 * n * dex_sel * d * d,
-            "W_K,V,O + W_D, λ",
-        ),
-        Variant("dex merged", _adapted(DexConfig(heads="random", anneal_steps=t), merge=True), lambda s: 0.0, ATTN_FT),
-        Variant(
-            "daa pre-rope",
-            _adapted(DAAConfig(position="pre-rope", anneal_steps=t)),
-            lambda s: 2 * n * s.heads * d * d + second(s),
-            ATTN_NEW,
-        ),
-        Variant(
-            "daa post-rope",
-            _adapted(DAAConfig(position="post-rope", anneal_steps=t)),
-            lambda s: 2 * n * s.heads * d * d + second(s),
-            ATTN_NEW,
-        ),
-        Variant(
-            "diffq",
-            _adapted(DiffQConfig(anneal_steps=t)),
-            lambda s: 2 * n * dm * dm + 2 * n * dm * s.heads * d + second(s),
-            ATTN_NEW,
-        ),
-        Variant(
-            "diffk",
-            _adapted(DiffKConfig(anneal_steps=t)),
-            lambda s: 2 * n * dm * dm + 2 * n * dm * s.kv_heads * d + second(s),
-            ATTN_NEW,
-        ),
-        Variant("diffv unmerged", _adapted(DiffVConfig(anneal_steps=t)), lambda s: 2 * n * dm * dm, ATTN_NEW),
-        Variant("diffv merged", _adapted(DiffVConfig(anneal_steps=t), merge=True), lambda s: 0.0, ATTN_FT),
-        Variant(
-            "difflora right",
-            _adapted(right),
-            lambda s: _lora_flops(s, right.rank, 1) + second(s),
-            f"LoRA r{right.rank} (Q2,K2)",
-        ),
-        Variant(
-            "difflora both",
-            _adapted(both),
-            lambda s: _lora_flops(s, both.rank, 2) + second(s),
-            f"LoRA r{both.rank} (Q1,K1,Q2,K2)",
-        ),
-    ]
+    """Every row of the benchmark, base first, then each registered method's rows (its registry entry's
+    ``bench_variants``: the configs to time and the forward FLOPs each adds per layer)."""
+    rows = [Variant("base", lambda b: _train_attention(copy.deepcopy(b)), lambda s: 0.0, ATTN_FT)]
+    for spec in specs("method"):
+        if spec.bench_variants is None:
+            continue
+        for name, config, merge, extra, trains in spec.bench_variants(shape, ANNEAL_STEPS, second_map_flops):
+            rows.append(Variant(name, _adapted(config, merge), lambda s, e=extra: e, trains or ATTN_FT))
+    return rows
 
 
 def is_base_graph(base: nn.Module, model: nn.Module) -> bool:

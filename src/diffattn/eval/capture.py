@@ -87,23 +87,6 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
 
 
-def _dex_effective(attn: torch.Tensor, v: torch.Tensor, method, num_heads: int) -> torch.Tensor:
-    """X = A V (I − λ W_Dᵀ) V⁺ for Dex's selected heads (Kong et al. App. F.3); A for the others."""
-    selected = method.selected.tolist()
-    if not selected:
-        return attn
-    rep = num_heads // v.shape[1]
-    v = (v if rep == 1 else v.repeat_interleave(rep, dim=1)).float()[:, selected]  # [B, k, S, d]
-    lam = method.current_lambda().detach().float()
-    w = method.weights().detach().float()  # [k, d, d]
-    eye = torch.eye(w.shape[-1], device=w.device)
-    m = eye - lam * w.transpose(-1, -2)  # O' = O (I − λ W_Dᵀ)
-    x = attn[:, selected] @ v @ m @ torch.linalg.pinv(v)  # [B, k, T, S]
-    out = attn.clone()
-    out[:, selected] = x
-    return out
-
-
 class AttentionCapture:
     """Records an :class:`AttentionRecord` per attention layer and call while the ``with`` block runs.
 
@@ -235,8 +218,8 @@ class AttentionCapture:
             lam_h = torch.as_tensor(lam).detach().float().reshape(-1)
             rec.lam = lam_h.expand(q1.shape[1]).clone() if lam_h.numel() == 1 else lam_h
             rec.signed = attn1 - rec.lam[None, :, None, None] * rec.attn2
-        elif method is not None and hasattr(method, "dex_w_d"):
-            rec.effective = rec.signed = _dex_effective(attn1, v, method, q1.shape[1])
+        elif method is not None and (effective := method.effective_attention(attn1, v)) is not None:
+            rec.effective = rec.signed = effective  # a single-map method that changes what attention does (Dex)
             rec.lam = torch.full((q1.shape[1],), float(method.current_lambda().detach()))
         if self.callback is not None:
             self.callback(rec)

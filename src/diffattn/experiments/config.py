@@ -153,8 +153,8 @@ class ExperimentConfig:
 
     # -- checks -----------------------------------------------------------------------------------------------
     def validate(self) -> ExperimentConfig:
+        from ..adapters.registry import method_names
         from ..eval.suite import parse_suites
-        from ..train.adapt import ADAPT_METHODS
 
         if not NAME.match(self.name):
             raise ValueError(f"experiment name {self.name!r} must be letters, digits, '-', '_' or '.'")
@@ -169,9 +169,9 @@ class ExperimentConfig:
             if m.attention not in ("standard", "diff"):
                 raise ValueError(f"models[{m.name}].attention must be standard or diff, got {m.attention!r}")
         for a in self.adapters:
-            if a.method not in ADAPT_METHODS:
+            if a.method not in method_names():
                 raise ValueError(
-                    f"adapters[{a.name}].method must be one of {', '.join(ADAPT_METHODS)}; got {a.method!r}"
+                    f"adapters[{a.name}].method must be one of {', '.join(method_names())}; got {a.method!r}"
                 )
             if a.base in [x.name for x in self.adapters]:
                 raise ValueError(f"adapters[{a.name}].base {a.base!r} is an adapter; adapt a base model instead")

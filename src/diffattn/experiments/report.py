@@ -59,27 +59,18 @@ def _fmt(x) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-# per method, the resolved settings a reader needs to know which variant ran (defaults included: a default that
-# changes between versions, e.g. DAA's placement, is then visible in every report)
-METHOD_SETTINGS = {
-    "dex": ("heads", "k", "init", "anneal_steps"),
-    "daa": ("position", "anneal_steps"),
-    "diffq": ("anneal_steps",),
-    "diffk": ("anneal_steps",),
-    "diffv": ("anneal_steps",),
-    "difflora": ("terms", "second_term", "rank", "lambda_init", "learn_lambda", "group_norm"),
-    "lora": ("rank",),
-}
-
-
 def _method_settings(outcomes) -> list[str]:
-    """One protocol line per adapter: the method's resolved settings from its summary.json."""
+    """One protocol line per adapter: the method's resolved settings from its summary.json (those its registry
+    entry names: defaults that may change between versions, e.g. DAA's placement, so they are in every report)."""
+    from ..adapters.registry import get_method, method_names
+
     lines = []
     for o in outcomes:
         if o.kind != "adapt":
             continue
         method, resolved = o.summary.get("method"), o.summary.get("method_config") or {}
-        shown = [f"{k} {resolved[k]}" for k in METHOD_SETTINGS.get(method, ()) if k in resolved]
+        settings = get_method(method).report_settings if method in method_names() else ()
+        shown = [f"{k} {resolved[k]}" for k in settings if k in resolved]
         if shown:
             lines.append(f"- {o.name} ({method}): " + ", ".join(shown))
     return lines

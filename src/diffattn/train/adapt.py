@@ -1,15 +1,9 @@
 """``diffattn adapt``: fine-tune a pretrained model with an adapter method, or with one of the controls.
 
-Methods (methods.md §2–4): ``dex``, ``daa``, ``diffq``, ``diffk``, ``diffv``, ``difflora`` — each through
-:func:`diffattn.adapt` and :func:`diffattn.trainable_parameters`, which freeze exactly what the method's paper
-froze (Dex: W_K, W_V, W_O, W_D, λ; DAA/DiffQ/K/V: the attention modules, optionally lm_head; DiffLoRA: the
-adapters and λ). The controls users compare against:
-
-* ``lora`` — PEFT LoRA on the query and key projections (GPT-2: the fused ``c_attn``). At equal rank r it has
-  exactly DiffLoRA's right-term parameter count: r·(d_model + H·d) + r·(d_model + Hkv·d) per layer (GPT-2:
-  r·(d_model + 3·d_model) = DiffLoRA's 2·r·(d_model + d_model)). Its default rank is DiffLoRA's default, 64.
-* ``attn-ft`` — every attention-module parameter trainable, the rest frozen.
-* ``full-ft`` — every parameter trainable.
+Methods and controls are the entries of the method registry (:mod:`diffattn.adapters.registry`): each method
+(methods.md §2–4) goes through :func:`diffattn.adapt` and :func:`diffattn.trainable_parameters`, which freeze
+exactly what the method's paper froze; the controls users compare against (LoRA at DiffLoRA's parameter count,
+attention-only and full fine-tuning) are described in :mod:`diffattn.adapters.controls`.
 
 All run on the pretraining trainer (:class:`~diffattn.train.trainer.DiffattnTrainer`: atomic checkpoints,
 resume, ``metrics.jsonl``, a stop on a non-finite loss). On top of it: λ(t) of Dex Eq. 4 follows the
@@ -43,11 +37,8 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from ..adapters import (
-    METHODS,
     adapt,
     adapter_lambdas,
-    attention_modules,
-    get_spec,
     load_adapter,
     merge_adapter,
     no_decay_parameter_names,
@@ -55,6 +46,7 @@ from ..adapters import (
     set_adapter_step,
     trainable_parameters,
 )
+from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names, specs
 from ..data import load_corpus, tokenize_and_pack
 from ..files import is_inside, publish_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
@@ -78,13 +70,18 @@ from .trainer import (
 
 logger = logging.getLogger(__name__)
 
-CONTROLS = ("lora", "attn-ft", "full-ft")
-ADAPT_METHODS = (*METHODS, *CONTROLS)
-MERGEABLE = ("dex", "diffv")
-ADAPTER, MERGED, FINAL = "adapter", "merged", "final"
-_DATA_DRIVEN_HEADS = ("entropy", "low-entropy", "importance")
-ANNEALED = ("dex", "daa", "diffq", "diffk", "diffv")  # the methods whose λ follows Dex Eq. 4
 INACTIVE_LAMBDA = 1e-3  # |λ| below this in every adapted layer at the end of a run: the method added nothing
+
+
+def __getattr__(name: str):
+    # from the method registry on access, so a method registered after import is included
+    if name == "ADAPT_METHODS":
+        return method_names()
+    if name == "CONTROLS":
+        return method_names("control")
+    if name == "MERGEABLE":
+        return tuple(s.name for s in specs() if s.mergeable)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def default_anneal_steps(max_steps: int) -> int:
@@ -97,29 +94,6 @@ def default_anneal_steps(max_steps: int) -> int:
     λ that is saved and merged is the learned one, not a point on the ramp (S = 6 → 3, 30 → 10, 200 → 40).
     """
     return max(1, round(0.2 * max_steps), min(10, max_steps // 2))
-
-
-@dataclass
-class LoRAControlConfig:
-    """The PEFT LoRA control on the query and key projections (rank 64 = DiffLoRA's right-term default)."""
-
-    rank: int = 64
-    alpha: float | None = None  # default 2·rank, as DiffLoRA
-    dropout: float = 0.0
-
-    def __post_init__(self):
-        if self.rank < 1:
-            raise ValueError(f"lora rank must be >= 1; got {self.rank}")
-        if self.alpha is None:
-            self.alpha = 2.0 * self.rank
-
-
-@dataclass
-class NoOptions:
-    """``attn-ft`` and ``full-ft`` take no method options."""
-
-
-_OPTION_TYPES = {**METHODS, "lora": LoRAControlConfig, "attn-ft": NoOptions, "full-ft": NoOptions}
 
 
 @dataclass
@@ -138,13 +112,14 @@ class AdaptMethodSection:
     merge: bool = False  # also write merged/ (dex, diffv)
 
     def validate(self) -> None:
-        if self.name not in ADAPT_METHODS:
-            raise ValueError(f"method.name must be one of {', '.join(ADAPT_METHODS)}; got {self.name!r}")
-        if self.merge and self.name not in MERGEABLE:
+        if self.name not in method_names():
+            raise ValueError(f"method.name must be one of {', '.join(method_names())}; got {self.name!r}")
+        if self.merge and not get_method(self.name).mergeable:
+            mergeable = [s.name for s in specs() if s.mergeable]
             raise ValueError(
-                f"--merge applies to {' and '.join(MERGEABLE)} only; {self.name} cannot be folded into the base"
+                f"--merge applies to {' and '.join(mergeable)} only; {self.name} cannot be folded into the base"
             )
-        allowed = [f.name for f in dataclasses.fields(_OPTION_TYPES[self.name]) if f.name != "selected"]
+        allowed = [f.name for f in dataclasses.fields(get_method(self.name).config) if f.name != "selected"]
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
             raise ValueError(
@@ -202,7 +177,7 @@ class AdaptRunConfig(SectionedConfig):
     def method_config(self):
         """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
         the run's steps when unset). Raises ValueError for a config whose new parameters could never learn."""
-        cls = _OPTION_TYPES[self.method.name]
+        cls = get_method(self.method.name).config
         options = dict(self.method.options)
         names = {f.name for f in dataclasses.fields(cls)}
         if "anneal_steps" in names and options.get("anneal_steps") is None:
@@ -244,58 +219,23 @@ class AdapterTrainer(DiffattnTrainer):
         return [n for n in super().get_decay_parameter_names(model) if n not in self.extra_no_decay]
 
 
-def lora_target_modules(model: torch.nn.Module) -> list[str]:
-    """Names (suffixes) PEFT should wrap for the LoRA control: the query and key projections."""
-    spec = get_spec(model)
-    return [spec.fused_qkv] if spec.fused_qkv is not None else [spec.q_proj, spec.k_proj]
-
-
-def apply_control(model: torch.nn.Module, method: str, options) -> torch.nn.Module:
-    """Set up a control: LoRA through PEFT, or which parameters attention/full fine-tuning trains."""
-    if method == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        fused = get_spec(model).fused_qkv is not None
-        lora = LoraConfig(
-            r=options.rank,
-            lora_alpha=options.alpha,
-            lora_dropout=options.dropout,
-            target_modules=lora_target_modules(model),
-            fan_in_fan_out=fused,  # GPT-2's Conv1D stores W as [in, out]
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        return get_peft_model(model, lora)
-    if method == "attn-ft":
-        attention = {id(p) for _, _, a in attention_modules(model) for p in a.parameters()}
-        for p in model.parameters():
-            p.requires_grad_(id(p) in attention)
-        return model
-    if method == "full-ft":
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model
-    raise ValueError(f"unknown control {method!r}; controls: {', '.join(CONTROLS)}")
-
-
 def _calibration(train_ids: torch.Tensor, batch: int, batches: int) -> list[torch.Tensor]:
     rows = train_ids[: batch * batches]
     return [rows[i : i + batch] for i in range(0, rows.shape[0], batch)]
 
 
-def _needs_calibration(config) -> bool:
-    return isinstance(getattr(config, "heads", None), str) and config.heads in _DATA_DRIVEN_HEADS
-
-
 def prepare_model(config: AdaptRunConfig, model, train_ids: torch.Tensor | None = None):
     """Give ``model`` the run's method (or control) and set what trains; returns ``(model, method_config)``."""
     options = config.method_config()
-    if config.method.name in CONTROLS:
-        return apply_control(model, config.method.name, options), options
+    spec = get_method(config.method.name)
+    if spec.kind == "control":
+        model = spec.adapt(model, options, None)
+        spec.trainable_parameters(model)
+        return model, options
     calibration = None
-    if _needs_calibration(options):
+    if spec.needs_calibration(options):
         if train_ids is None:
-            raise ValueError(f"heads={options.heads!r} needs calibration batches from the training data")
+            raise ValueError(f"{spec.display} with these options needs calibration batches from the training data")
         calibration = _calibration(train_ids, config.train.global_batch_size, config.data.calibration_batches)
     adapt(model, options, calibration)
     trainable_parameters(model)
@@ -369,7 +309,7 @@ def adapt_pretrained(
         write_text_atomic(run_dir / RESOLVED_OPTIONS, json.dumps(options, indent=2))
     state.wait_for_everyone()
 
-    is_adapter = config.method.name in METHODS
+    is_adapter = get_method(config.method.name).kind == "method"
     tokens_per_step = config.train.global_batch_size * config.data.seq_len
     metrics = MetricsCallback(run_dir / METRICS, tokens_per_step, lambdas=adapter_lambdas if is_adapter else _none)
     extra_no_decay = no_decay_parameter_names(model) if is_adapter else []
@@ -457,10 +397,11 @@ def check_resolved_options(run_dir: Path, options: dict) -> None:
 def _lambda_warnings(method: str, lambdas: list[float] | None) -> list[str]:
     """Say so when a λ(t) method ended with |λ| < INACTIVE_LAMBDA in every adapted layer: its new term is
     (almost) absent from the trained model, which is then in effect an attention fine-tune of the base."""
-    if method not in ANNEALED or not lambdas or max(abs(v) for v in lambdas) >= INACTIVE_LAMBDA:
+    spec = get_method(method)
+    if not spec.annealed or not lambdas or max(abs(v) for v in lambdas) >= INACTIVE_LAMBDA:
         return []
     largest = max(abs(v) for v in lambdas)
-    name = {"dex": "Dex", "daa": "DAA", "diffq": "DiffQ", "diffk": "DiffK", "diffv": "DiffV"}[method]
+    name = spec.display
     return [
         f"{name} contributes nothing: |λ| < {INACTIVE_LAMBDA:g} in every adapted layer (largest {largest:.2g}), "
         "so the result is in effect an attention fine-tune of the base model; train longer, with a higher "
@@ -479,12 +420,12 @@ def _jsonable(config) -> dict:
 def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summary: dict) -> None:
     """Write adapter/ (methods, LoRA), merged/ (--merge) or final/ (attn-ft, full-ft), each atomically."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    name = config.method.name
-    if name in METHODS or name == "lora":
+    spec = get_method(config.method.name)
+    if spec.result == ADAPTER:
         tmp = run_dir / (ADAPTER + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        if name == "lora":
-            model.save_pretrained(tmp)  # PEFT: adapter_config.json + adapter_model.safetensors
+        if spec.kind == "control":
+            model.save_pretrained(tmp)  # PEFT (the LoRA control): adapter_config.json + adapter_model.safetensors
         else:
             save_adapter(model, tmp)
         tokenizer.save_pretrained(tmp)
@@ -498,7 +439,7 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         tokenizer.save_pretrained(tmp)
         publish_folder(tmp, run_dir / MERGED)
         summary["merged"] = str(run_dir / MERGED)
-    if name in ("attn-ft", "full-ft"):
+    if spec.result == FINAL:
         tmp = run_dir / (FINAL + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         ready_for_inference(model, tokenizer)
@@ -522,7 +463,8 @@ def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: tor
     if merged:
         if not (run_dir / MERGED).is_dir():
             raise ValueError(
-                f"run {str(run_dir)!r} has no {MERGED}/ (only {', '.join(MERGEABLE)} runs with --merge write one); "
+                f"run {str(run_dir)!r} has no {MERGED}/ (only {', '.join(s.name for s in specs() if s.mergeable)} "
+                "runs with --merge write one); "
                 "load it with merged=False"
             )
         return load_pretrained(run_dir / MERGED, dtype=dtype)
@@ -531,7 +473,7 @@ def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: tor
     if not (run_dir / ADAPTER).is_dir():
         raise ValueError(f"run {str(run_dir)!r} has no {ADAPTER}/ or {FINAL}/: did it finish?")
     model, tokenizer = load_pretrained(config.model.name, dtype=dtype)
-    if config.method.name == "lora":
+    if get_method(config.method.name).kind == "control":  # the LoRA control: PEFT's own folder
         from peft import PeftModel
 
         return PeftModel.from_pretrained(model, run_dir / ADAPTER).eval(), tokenizer

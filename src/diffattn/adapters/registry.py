@@ -1,0 +1,133 @@
+"""The method registry: every fact about an adapter method or a fine-tuning control lives in its one entry.
+
+An entry (:class:`MethodSpec`) says what the rest of the library needs to know about a method — its options
+dataclass, how it adapts a model, what it trains and freezes, whether and how it merges, whether its λ follows
+Dex Eq. 4, whether it needs calibration data, how its saved options are read back, its paper recipe, the settings
+a report prints, how a run saves its result, and its benchmark rows — so nothing outside the method's own module
+and this table names a method. Each method module registers its entries when it is imported; the package
+``diffattn.adapters`` imports them all.
+
+**Adding a method** (two files): write ``adapters/<name>.py`` with its config dataclass, its
+:class:`~diffattn.adapters.base.AdapterMethod` and an adapt function, ending with ``register(MethodSpec(...))``;
+add one import line to ``adapters/__init__.py``. ``diffattn adapt --method <name>``, experiments, reports, save/load
+and the benchmarks then know it. ``tests/adapters/test_registry.py`` does exactly this with a toy method.
+
+This module imports nothing from the method modules (they import it), so the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+ADAPTER, MERGED, FINAL = "adapter", "merged", "final"  # the result folders of an adapt run (diffattn.train.adapt)
+TWO_MAPS = "its second softmax map cannot be folded into a linear weight"  # why two-map methods do not merge
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A paper's training recipe (``diffattn adapt --recipe paper``); None: the paper is silent (ours is kept).
+    A cosine decays to 0 (``min_lr_ratio 0``), the usual meaning."""
+
+    source: str
+    lr: float | None = None
+    schedule: str | None = None
+    min_lr_ratio: float | None = None
+    warmup_ratio: float | None = None
+    warmup_steps: int | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None
+
+
+def _never(config) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything the library knows about one method or control (see the module doc)."""
+
+    name: str  # what `diffattn adapt --method` and experiments call it
+    display: str  # its name in prose ("Dex", "DiffLoRA")
+    config: type  # the options dataclass
+    adapt: Callable  # (model, config, calibration) -> model, changed in place
+    kind: str = "method"  # "method" (a diffattn adapter: save_adapter/load_adapter) or "control"
+    trained_names: Callable | None = None  # model -> names of every parameter it trains
+    freeze: Callable | None = None  # model -> trainable names, after freezing the rest (default: trained_names)
+    merge: Callable | None = None  # model -> plain model of the base architecture; None: not mergeable
+    why_not_mergeable: str = ""
+    annealed: bool = False  # λ follows Dex Eq. 4 (so "contributes nothing" is checked at the end of a run)
+    needs_calibration: Callable = _never  # config -> whether adapting needs calibration batches
+    config_from_saved: Callable | None = None  # saved config dict -> config (default: config(**saved))
+    no_decay: Callable | None = None  # model -> extra trainable names that must get weight decay 0
+    paper_recipes: dict[str, Recipe] = field(default_factory=dict)  # model type ("*": any other) -> recipe
+    report_settings: tuple[str, ...] = ()  # resolved options a report prints (defaults that may change)
+    result: str = ADAPTER  # what a run saves: ADAPTER (save_adapter / PEFT's folder) or FINAL (the whole model)
+    bench_variants: Callable | None = None  # (shape, anneal_steps) -> [(row name, config, merge?)] for bench
+
+    def __post_init__(self):
+        if self.kind not in ("method", "control"):
+            raise ValueError(f"MethodSpec.kind must be method or control; got {self.kind!r}")
+        if self.result not in (ADAPTER, FINAL):
+            raise ValueError(f"MethodSpec.result must be {ADAPTER} or {FINAL}; got {self.result!r}")
+
+    @property
+    def mergeable(self) -> bool:
+        return self.merge is not None
+
+    def load_config(self, saved: dict):
+        return self.config_from_saved(saved) if self.config_from_saved else self.config(**saved)
+
+    def trainable_parameters(self, model: nn.Module) -> list[str]:
+        if self.freeze is not None:
+            return self.freeze(model)
+        names = set(self.trained_names(model))
+        for n, p in model.named_parameters():
+            p.requires_grad_(n in names)
+        return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+_REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add a method (its module calls this on import). A second entry of one name, or one config type for two
+    methods, is refused."""
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
+        raise ValueError(f"method {spec.name!r} is registered twice")
+    clash = [s.name for s in _REGISTRY.values() if s.config is spec.config and s.kind == "method" and s is not spec]
+    if clash and spec.kind == "method":
+        raise ValueError(f"{spec.config.__name__} is already the config of method {clash[0]!r}")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a method (tests that register a toy method clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_method(name: str) -> MethodSpec:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def method_names(kind: str | None = None) -> tuple[str, ...]:
+    """Registered names in registration order; ``kind``: only ``"method"`` or only ``"control"`` entries."""
+    return tuple(n for n, s in _REGISTRY.items() if kind is None or s.kind == kind)
+
+
+def specs(kind: str | None = None) -> list[MethodSpec]:
+    return [s for s in _REGISTRY.values() if kind is None or s.kind == kind]
+
+
+def spec_for_config(config) -> MethodSpec:
+    """The method whose options dataclass ``config`` is an instance of (exact type)."""
+    for s in _REGISTRY.values():
+        if s.kind == "method" and type(config) is s.config:
+            return s
+    names = ", ".join(s.config.__name__ for s in specs("method"))
+    raise ValueError(f"unsupported adapter config {type(config).__name__}; implemented: {names}")
