@@ -1,4 +1,4 @@
-"""Shared fixtures of the evaluation tests: a small BPE tokenizer and the three `debug` models issue 5 names —
+"""Shared fixtures of the evaluation tests: a small BPE tokenizer and three `debug` models —
 a baseline, a DIFF model and a Dex-adapted baseline — with the tokenizer's vocabulary (random weights)."""
 
 from __future__ import annotations

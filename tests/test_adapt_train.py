@@ -1,4 +1,4 @@
-"""``diffattn adapt`` (issue 4, point 4): every method and control trains end to end on a tiny local Hugging Face
+"""``diffattn adapt``: every method and control trains end to end on a tiny local Hugging Face
 folder, freezes what its paper froze, logs λ(t), and leaves a folder :func:`load_adapted` rebuilds the model from.
 """
 

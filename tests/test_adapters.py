@@ -1,4 +1,4 @@
-"""Every adapter method × every model type of the table (issue 4): DAA (pre-/post-RoPE), DiffQ, DiffK, DiffV,
+"""Every adapter method × every model type of the table: DAA (pre-/post-RoPE), DiffQ, DiffK, DiffV,
 DiffLoRA (right term / both terms; fixed / learnable λ) and Dex, through the one API.
 
 What is checked for each: identity at init (λ(0) = 0), (1 − λ)·base attention output for fixed λ with an

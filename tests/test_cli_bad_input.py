@@ -1,4 +1,4 @@
-"""One clear message for every bad input (issue 15, point 2): a table of bad command lines, each of which must end
+"""One clear message for every bad input: a table of bad command lines, each of which must end
 with exit code 2 and one line on stderr naming what was wrong (and what is allowed), no traceback, and every file
 that existed before unchanged (checksums over the whole fixture folder).
 

@@ -1,4 +1,4 @@
-"""Attention capture (issue 5, point 1): leaves outputs unchanged, and what it records is the model's attention —
+"""Attention capture: leaves outputs unchanged, and what it records is the model's attention —
 checked against transformers' own eager attention maps, against the DIFF module's pre-norm output (signed map ·
 V), and against Dex's extended head output (effective attention · V)."""
 

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness bridge (issue 5, point 3): a user's local YAML task over a local JSON-lines file is
+"""The lm-evaluation-harness bridge: a user's local YAML task over a local JSON-lines file is
 scored offline through ``HFLM(pretrained=<model>, tokenizer=<tokenizer>)`` for a from-scratch ``debug`` DIFF model
 and a Dex-adapted tiny Llama loaded from a local Hugging Face folder; the harness's log-likelihoods equal our own
 forward pass; bad input is one clear error each; nothing touches the network.

@@ -1,4 +1,4 @@
-"""Evaluations of issue 5 other than ICL and lm-eval: generators deterministic, scorers on hand-made inputs, and
+"""Evaluations other than ICL and lm-eval: generators deterministic, scorers on hand-made inputs, and
 every suite end to end on the `debug` baseline, DIFF and Dex-adapted models."""
 
 from __future__ import annotations

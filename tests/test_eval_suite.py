@@ -1,4 +1,4 @@
-"""``diffattn eval`` (issue 5, point 4): every suite end to end from a saved model folder, results.json and the
+"""``diffattn eval``: every suite end to end from a saved model folder, results.json and the
 pictures, and one clear error (with no results.json left behind) for each kind of bad input."""
 
 from __future__ import annotations

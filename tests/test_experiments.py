@@ -1,4 +1,4 @@
-"""Declarative experiments (issue 7, first part): config parsing and overrides, a `debug` experiment end to end
+"""Declarative experiments: config parsing and overrides, a `debug` experiment end to end
 (pretrain, adapt, evaluate, report), and a rerun that skips every finished part."""
 
 from __future__ import annotations

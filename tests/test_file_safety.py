@@ -1,4 +1,4 @@
-"""Nothing lost, ever (issue 15, point 1): ``--overwrite`` deletes only folders diffattn made and never the working
+"""Nothing lost, ever: ``--overwrite`` deletes only folders diffattn made and never the working
 folder; an adapter run cannot write into its base; only finite, complete checkpoints are published, kept by rotation
 and resumed from; ``metrics.jsonl`` holds each step once after a resume; a same-name experiment from another file is
 refused. Each case checks that every pre-existing file is unchanged (checksums), not only that an error was raised."""

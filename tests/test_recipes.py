@@ -1,4 +1,4 @@
-"""Per-method paper recipes (issue 15, point 5): the values each paper states, chosen by model type, refused when a
+"""Per-method paper recipes: the values each paper states, chosen by model type, refused when a
 fixed warm-up exceeds the run, and written into run.yaml by ``diffattn adapt --recipe paper`` under explicit flags."""
 
 from __future__ import annotations

@@ -57,6 +57,12 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
+    if name.endswith("Config"):  # a registered method's options (one added later needs no line here)
+        from .adapters.registry import specs
+
+        for spec in specs():
+            if spec.config.__name__ == name:
+                return spec.config
     raise AttributeError(f"module 'diffattn' has no attribute {name!r}")
 
 

@@ -33,7 +33,7 @@ from torch import nn
 from ..lambdas import check_lambda_init, lambda_init_schedule, output_scale, reparameterized_lambda
 from .base import AdapterMethod, wrap_attention
 from .model_types import attention_modules, get_spec, head_layout
-from .registry import TWO_MAPS, MethodSpec, Recipe, register
+from .registry import TWO_MAPS, MethodSpec, PaperClaim, Recipe, register
 
 
 @dataclass
@@ -194,5 +194,11 @@ register(
         paper_recipes={"*": DIFFLORA_PAPER},
         report_settings=("terms", "second_term", "rank", "lambda_init", "learn_lambda", "group_norm"),
         bench_variants=_bench_rows,
+        paper_claims=(
+            PaperClaim(
+                "DiffLoRA §4", "DiffLoRA falls short of LoRA at matched parameters in most tasks",
+                "below LoRA on most benchmarks (+11 pts on HumanEval)", "loss", claimed="higher", reference="lora",
+            ),
+        ),
     )
-)
+)  # fmt: skip

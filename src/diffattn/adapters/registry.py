@@ -41,6 +41,29 @@ class Recipe:
     grad_clip: float | None = None
 
 
+@dataclass(frozen=True)
+class PaperClaim:
+    """A claim of the method's paper that an experiment checks (diffattn.experiments.claims).
+
+    ``measure``: ``"loss"`` (validation loss), ``"niah"`` (mean strict retrieval accuracy) or ``"alloc:<key>"``
+    (an attention-allocation share, e.g. ``alloc:attention_to_answer``). The model of this method is compared with
+    ``reference``: ``"base"`` (the model it adapted) or another method's name (trained on the same base)."""
+
+    source: str
+    claim: str
+    paper: str
+    measure: str
+    claimed: str = "higher"  # the paper's direction for this model against the reference
+    reference: str = "base"
+
+    def __post_init__(self):
+        measures = ("loss", "niah", "alloc:attention_to_answer", "alloc:attention_noise")
+        if self.measure not in measures:
+            raise ValueError(f"PaperClaim.measure must be one of {', '.join(measures)}; got {self.measure!r}")
+        if self.claimed not in ("higher", "lower"):
+            raise ValueError(f"PaperClaim.claimed must be higher or lower; got {self.claimed!r}")
+
+
 def _never(config) -> bool:
     return False
 
@@ -65,7 +88,9 @@ class MethodSpec:
     paper_recipes: dict[str, Recipe] = field(default_factory=dict)  # model type ("*": any other) -> recipe
     report_settings: tuple[str, ...] = ()  # resolved options a report prints (defaults that may change)
     result: str = ADAPTER  # what a run saves: ADAPTER (save_adapter / PEFT's folder) or FINAL (the whole model)
-    bench_variants: Callable | None = None  # (shape, anneal_steps) -> [(row name, config, merge?)] for bench
+    # (shape, anneal_steps, second_map_flops) -> [(row name, config, merge?, forward FLOPs added per layer, trains)]
+    bench_variants: Callable | None = None
+    paper_claims: tuple[PaperClaim, ...] = ()  # what an experiment with this method checks
 
     def __post_init__(self):
         if self.kind not in ("method", "control"):

@@ -348,7 +348,7 @@ def format_table(rows: list[Row]) -> str:
 
 def target_lines(rows: list[Row], seq_len: int = 2048) -> list[str]:
     """The issues' targets, checked against the measured rows (never asserted in tests): the foundation issue's
-    CPU targets for ``auto`` at ``seq_len``, and issue 6's GPU targets for ``triton`` at N = 4096."""
+    CPU targets for ``auto`` at ``seq_len``, and the fused kernel's GPU targets for ``triton`` at N = 4096."""
     out = []
     op = {r.impl: r for r in rows if r.level == "op" and r.seq_len == seq_len}
     auto, ref = op.get("diff auto"), op.get("diff reference")

@@ -1,4 +1,4 @@
-"""Evaluation and analysis (issue 5; ../shared/evaluation.md): every measurement the four papers made.
+"""Evaluation and analysis (../shared/evaluation.md): every measurement the four papers made.
 
 Conventions every evaluation follows:
 

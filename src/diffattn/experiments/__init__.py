@@ -1,4 +1,4 @@
-"""Declarative experiments (issue 7): ``diffattn run EXPERIMENT.yaml`` — pretrain, adapt, evaluate, report.
+"""Declarative experiments: ``diffattn run EXPERIMENT.yaml`` — pretrain, adapt, evaluate, report.
 
 - :mod:`.config` — the YAML schema (:class:`ExperimentConfig`) and ``--set`` overrides.
 - :mod:`.runner` — runs every part, skipping what is done and resuming what was interrupted.

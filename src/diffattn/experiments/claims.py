@@ -764,35 +764,22 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
                 source=source, claim=claim, paper=paper, metric="order margin (random)", claimed="lower", digits=3,
             )
         )  # fmt: skip
-    for a in config.adapters:
-        if a.method != "dex":
-            continue
-        claims += [
-            alloc(
-                "Dex Table 2",
-                "Dex raises the (effective) attention to the answer",
-                "Llama-3B 0.06 → Dex 0.19",
-                a.base, a.name, "attention_to_answer", "higher",
-            ),
-            niah_mean(
-                "Dex §4.2, Fig. 10",
-                "Dex improves multi-needle retrieval",
-                "66.9% → 78.3% (N=8, R=1)",
-                a.base, a.name,
-            ),
-        ]  # fmt: skip
-    difflora = [a for a in config.adapters if a.method == "difflora"]
-    lora = [a for a in config.adapters if a.method == "lora"]
-    for d in difflora:
-        for lo in (x for x in lora if x.base == d.base):
-            claims.append(
-                loss(
-                    "DiffLoRA §4",
-                    "DiffLoRA falls short of LoRA at matched parameters in most tasks",
-                    "below LoRA on most benchmarks (+11 pts on HumanEval)",
-                    lo.name, d.name, "higher",
-                )
-            )  # fmt: skip
+    from ..adapters.registry import get_method
+
+    for a in config.adapters:  # each method's own paper claims (its registry entry)
+        for pc in get_method(a.method).paper_claims:
+            if pc.reference == "base":
+                references = [a.base]
+            else:  # another method trained on the same base (DiffLoRA against LoRA)
+                references = [x.name for x in config.adapters if x.method == pc.reference and x.base == a.base]
+            for ref in references:
+                if pc.measure == "loss":
+                    claims.append(loss(pc.source, pc.claim, pc.paper, ref, a.name, pc.claimed))
+                elif pc.measure == "niah":
+                    claims.append(niah_mean(pc.source, pc.claim, pc.paper, ref, a.name))
+                else:
+                    key = pc.measure.removeprefix("alloc:")
+                    claims.append(alloc(pc.source, pc.claim, pc.paper, ref, a.name, key, pc.claimed))
     return [c for c in claims if c is not None]
 
 

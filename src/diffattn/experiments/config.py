@@ -1,4 +1,4 @@
-"""Declarative experiments (issue 7): one YAML names the models, methods, data, budgets and evaluation suites.
+"""Declarative experiments: one YAML names the models, methods, data, budgets and evaluation suites.
 
 ```yaml
 name: quickstart
