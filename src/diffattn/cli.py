@@ -304,7 +304,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 def cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from .eval.suite import SuiteOptions, check_eval_folder, load_for_eval, parse_suites, run_suites
+    from .eval._common import fmt
+    from .eval.suite import SUITE_TABLE, SuiteOptions, check_eval_folder, load_for_eval, parse_suites, run_suites
 
     suites = parse_suites(args.suite)  # a bad name fails before the model loads
     check_eval_folder(Path(args.out))
@@ -316,18 +317,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     print(f"{len(suites)} suite(s) on {description}: {args.out}/results.json")
     for suite, res in doc["suites"].items():
-        line = {
-            "ppl": lambda r: f"PPL {r['ppl']:.2f}",
-            "niah": lambda r: f"mean accuracy {r['mean_accuracy']:.3f}",
-            "alloc": lambda r: f"answer {r['attention_to_answer']:.3f}, noise {r['attention_noise']:.3f}",
-            "mqar": lambda r: ", ".join(f"{m['seq_len']}/{m['pairs']}: {m['accuracy']:.3f}" for m in r["mqar"]),
-            "outliers": lambda r: (
-                f"top-1 logit {r['attention_logits']['top1']:.2f}, top-1 hidden {r['hidden_states']['top1']:.2f}"
-            ),
-            "quant": lambda r: ", ".join(f"{q['bits']}-bit PPL {q['ppl']:.2f}" for q in r["quantization"]),
-            "heads": lambda r: f"cosine distance {r['summary']['cosine_distance']:.3f}, CKA {r['summary']['cka']:.3f}",
-            "icl": lambda r: f"best mean accuracy {max(r['many_shot']['mean']):.3f}",
-        }[suite](res)
+        line = ", ".join(f"{k} {fmt(v)}" for k, v in SUITE_TABLE[suite].headline(res).items() if v is not None)
         print(f"  {suite:<9} {line}")
     return 0
 

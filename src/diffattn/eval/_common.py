@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -60,6 +62,30 @@ def jsonable(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One evaluation suite's entry in the suite table (:data:`diffattn.eval.suite.SUITE_TABLE`).
+
+    ``run(model, tokenizer, options, folder, name) -> (results, {picture key: file name})``: runs it with the
+    :class:`~diffattn.eval.suite.SuiteOptions` and writes its pictures into ``folder``. ``headline(results) ->
+    {column: number}``: the numbers of the report's model × metric table, which ``diffattn eval`` also prints.
+    ``compare({model: results}, folder) -> report lines``: pictures and tables that put the models side by side."""
+
+    name: str
+    run: Callable
+    headline: Callable
+    compare: Callable | None = None
+
+
+def fmt(x) -> str:
+    """A number as the report prints it (4 significant digits; – for missing)."""
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:,.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
 
 
 def figure():

@@ -33,13 +33,14 @@ Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer a
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._common import check_fits, figure, load_text, model_device, model_max_length, save_figure
+from ._common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .capture import AttentionCapture
 from .niah import DEPTHS, fit_sample
 from .stats import mean_se
@@ -371,3 +372,58 @@ def plot_allocation(results: dict[str, dict], path) -> object:
             axl.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle("attention allocation of the last prompt token (rows normalised by Σ|a|)", fontsize=10)
     return save_figure(fig, path)
+
+
+def _run_suite(model, tokenizer, o, folder, name):
+    r = run_allocation(
+        model,
+        tokenizer,
+        haystack=o.haystack,
+        context_tokens=o.context_tokens,
+        samples=o.samples,
+        value_digits=o.niah_digits,
+        seed=o.seed,
+    )
+    return r, {"alloc": plot_allocation({name: r}, folder / "allocation.png").name}
+
+
+def _headline(r: dict) -> dict:
+    return {
+        "attn→answer": r["attention_to_answer"],
+        "attn noise": r["attention_noise"],
+        "attn neg. mass": r.get("negative_mass"),
+        "|attn|→answer": r.get("attention_to_answer_magnitude"),
+        "|attn| noise": r.get("attention_noise_magnitude"),
+    }
+
+
+def allocation_table(alloc: dict[str, dict]) -> list[str]:
+    """Answer share, noise and negative mass per model, each ± its standard error over samples."""
+
+    def pm(r: dict, key: str) -> str:
+        v, se = r.get(key), r.get(f"{key}_se")
+        if v is None:
+            return "–"
+        return f"{v:.3f} ± {se:.3f}" if isinstance(se, float) and se == se else f"{v:.3f}"
+
+    lines = [
+        "Attention allocation of the last prompt token (rows normalised by Σ|a|; ± 1 SE over samples):",
+        "",
+        "| model | samples | attention to answer | attention noise | negative mass |",
+        "|---|---|---|---|---|",
+    ]
+    for n, r in alloc.items():
+        samples = r.get("metadata", {}).get("samples", "–")
+        lines.append(
+            f"| {n} | {samples} | {pm(r, 'attention_to_answer')} | {pm(r, 'attention_noise')} | "
+            f"{pm(r, 'negative_mass')} |"
+        )
+    return [*lines, ""]
+
+
+def compare(alloc: dict[str, dict], out: Path) -> list[str]:
+    return [f"![attention allocation]({plot_allocation(alloc, out / 'allocation_all.png').name})", "",
+            *allocation_table(alloc)]  # fmt: skip
+
+
+SUITE = Suite("alloc", _run_suite, headline=_headline, compare=compare)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._common import figure, model_device, save_figure
+from ._common import Suite, figure, fmt, model_device, save_figure
 from .capture import AttentionCapture
 from .outliers import _windows
 
@@ -146,3 +146,25 @@ def plot_heads(results: dict, path, layers: list[int] | None = None) -> object:
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle("cosine distance between heads' attention maps", fontsize=10)
     return save_figure(fig, path)
+
+
+def _run_suite(model, tokenizer, o, folder, name):
+    r = run_heads(model, tokenizer, source=o.text, tokens=min(o.tokens, 1024))
+    return r, {"heads": plot_heads(r, folder / "head_distance.png").name}
+
+
+def _compare(heads: dict[str, dict], out) -> list[str]:
+    lines = ["| model | head cosine distance | head CKA | entropy |", "|---|---|---|---|"]
+    lines += [
+        "| " + " | ".join([n, *(fmt(r["summary"][k]) for k in ("cosine_distance", "cka", "entropy"))]) + " |"
+        for n, r in heads.items()
+    ]
+    return [*lines, ""]
+
+
+SUITE = Suite(
+    "heads",
+    _run_suite,
+    headline=lambda r: {"head cos dist": r["summary"]["cosine_distance"], "head CKA": r["summary"]["cka"]},
+    compare=_compare,
+)

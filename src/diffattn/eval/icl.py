@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._common import figure, model_device, model_max_length, save_figure
+from ._common import Suite, figure, model_device, model_max_length, save_figure
 from .icl_data import Pair, load_icl_dataset, validate_pairs
 
 ARRANGEMENTS = ("random", "by_class")
@@ -813,3 +813,50 @@ def plot_order_robustness(results: Mapping, path: str | Path) -> Path:
     ax.set_title("ICL order robustness")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)
+
+
+def _run_suite(model, tokenizer, o, folder, name):
+    r = {
+        "many_shot": run_icl(
+            model,
+            tokenizer,
+            o.icl_dataset,
+            shots=o.icl_shots,
+            draws=o.icl_draws,
+            test_size=o.icl_test_size,
+            seed=o.seed,
+            max_length=o.icl_context_tokens,
+            dataset_options=o.icl_dataset_options(),
+        ),
+        "order_robustness": run_order_robustness(
+            model,
+            tokenizer,
+            o.icl_dataset,
+            permutations=o.icl_permutations,
+            test_size=o.icl_test_size,
+            seed=o.seed,
+            max_length=o.icl_context_tokens,
+            dataset_options=o.icl_dataset_options(),
+        ),
+    }
+    pictures = {
+        "icl": plot_icl({name: r["many_shot"]}, folder / "icl_accuracy.png").name,
+        "icl_order": plot_order_robustness({name: r["order_robustness"]}, folder / "icl_order.png").name,
+    }
+    return r, pictures
+
+
+def compare(icl: dict[str, dict], out: Path) -> list[str]:
+    """Many-shot accuracy of every model in one picture, and the order margins."""
+    from ._common import fmt
+
+    many = {n: r["many_shot"] for n, r in icl.items()}
+    lines = [f"![ICL accuracy]({plot_icl(many, out / 'icl_all.png').name})", ""]
+    lines += ["| model | order margin (random) | order margin (by class) |", "|---|---|---|"]
+    for n, r in icl.items():
+        arr = r["order_robustness"]["arrangements"]
+        lines.append(f"| {n} | " + " | ".join(fmt(arr.get(k, {}).get("margin")) for k in ("random", "by_class")) + " |")
+    return [*lines, ""]
+
+
+SUITE = Suite("icl", _run_suite, headline=lambda r: {"ICL best acc": max(r["many_shot"]["mean"])}, compare=compare)

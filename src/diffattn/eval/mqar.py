@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..data.packing import special_token_ids
 from ..data.synthetic import make_mqar_sample
-from ._common import check_fits, load_text, model_device, model_max_length
+from ._common import Suite, check_fits, load_text, model_device, model_max_length
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 
@@ -126,3 +126,13 @@ def ar_hit_split(model: nn.Module, tokenizer, source: str, *, tokens: int, seq_l
         "others_tokens": counts["others"],
         "metadata": {"text": description, "seq_len": seq_len, "tokens": int(ids.numel())},
     }
+
+
+def _run_suite(model, tokenizer, o, folder, name):
+    r = run_mqar(model, tokenizer, samples=o.mqar_samples, seed=o.seed, text_source=o.text, text_tokens=o.tokens)
+    return r, {}
+
+
+SUITE = Suite(
+    "mqar", _run_suite, headline=lambda r: {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]}
+)

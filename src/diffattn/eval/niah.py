@@ -28,13 +28,14 @@ their scores are valid.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..data.synthetic import make_needle_sample, needle_answer_text, score_first_numbers, score_string_match_all
-from ._common import check_fits, figure, load_text, model_device, model_max_length, save_figure
+from ._common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .stats import wilson_interval
 
 GRID = ((1, 1), (2, 2), (4, 2), (6, 2))
@@ -247,3 +248,101 @@ def plot_niah(results: dict, path) -> object:
     ax_grid.set_ylim(0, 1)
     ax_grid.set_title(f"at {results['metadata']['context_tokens']} tokens (95% CI)")
     return save_figure(fig, path)
+
+
+def _run_suite(model, tokenizer, o, folder, name):
+    r = run_niah(
+        model,
+        tokenizer,
+        haystack=o.haystack,
+        context_tokens=o.context_tokens,
+        grid=o.niah_grid,
+        heatmap_needles=o.niah_needles,
+        heatmap_lengths=o.niah_heatmap_lengths,
+        heatmap_samples=o.niah_heatmap_samples,
+        samples=o.samples,
+        value_digits=o.niah_digits,
+        seed=o.seed,
+    )
+    return r, {"niah": plot_niah(r, folder / "niah_heatmap.png").name}
+
+
+def plot_niah_grid_all(niah: dict[str, dict], path: Path) -> Path:
+    """Grouped bars: accuracy per (N, R) cell for every model, with the 95% intervals."""
+    import numpy as np
+
+    plt = figure()
+    names = list(niah)
+    cells = [f"N={g['N']},R={g['R']}" for g in niah[names[0]]["grid"]]
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cells) * (1 + 0.25 * len(names))), 3.4))
+    for k, name in enumerate(names):
+        grid = niah[name]["grid"]
+        acc = np.array([g["accuracy"] for g in grid])
+        x = np.arange(len(grid)) + (k - (len(names) - 1) / 2) * width
+        errors = None
+        if all(g.get("ci") for g in grid):
+            errors = np.clip([acc - [g["ci"][0] for g in grid], [g["ci"][1] for g in grid] - acc], 0, None)
+        ax.bar(x, acc, width, yerr=errors, capsize=2, label=name)
+    ax.set_xticks(range(len(cells)), cells)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy (95% CI)")
+    ax.set_title("multi-needle retrieval")
+    ax.legend(fontsize=7, ncol=min(len(names), 5), loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    return save_figure(fig, path)
+
+
+def plot_niah_heatmaps_all(niah: dict[str, dict], path: Path) -> Path:
+    import numpy as np
+
+    plt = figure()
+    niah = {n: r for n, r in niah.items() if r["heatmap"]["lengths"]}
+    fig, axes = plt.subplots(1, len(niah), figsize=(3.2 * len(niah), 3), squeeze=False)
+    for ax, (name, r) in zip(axes[0], niah.items(), strict=True):
+        heat = r["heatmap"]
+        ax.imshow(np.array(heat["accuracy"]).T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]], fontsize=7)
+        ax.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]], fontsize=7)
+        ax.set_title(name, fontsize=9)
+    first = next(iter(niah.values()))["heatmap"]
+    fig.suptitle(f"needle retrieval, N = {first['N']}, R = 1: length × depth", fontsize=10)
+    return save_figure(fig, path)
+
+
+def _strict(value) -> str:
+    return "" if value is None else f"; strict {value:.2f}"
+
+
+def _with_ci(value: float, ci) -> str:
+    return f"{value:.2f}" if not ci else f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def compare(niah: dict[str, dict], out: Path) -> list[str]:
+    """Grid bars and heatmaps of every model, then the per-cell table with intervals and strict scores."""
+    lines = [f"![needle retrieval]({plot_niah_grid_all(niah, out / 'niah_grid_all.png').name})", ""]
+    if any(r["heatmap"]["lengths"] for r in niah.values()):
+        lines += [f"![needle heatmaps]({plot_niah_heatmaps_all(niah, out / 'niah_all.png').name})", ""]
+    first = next(iter(niah.values()))
+    cells = [f"N={g['N']},R={g['R']}" for g in first["grid"]]
+    samples = first["metadata"].get("samples_per_cell")
+    lines += [
+        f"Accuracy per (N needles, R queried) cell, {samples} samples each: RULER's string_match_all with its "
+        "Wilson 95% interval, then the strict score (only the first R numbers of the output count); the same "
+        "prompts for every model.",
+        "",
+        "| model | " + " | ".join(cells) + " | mean |",
+        "|---|" + "---|" * (len(cells) + 1),
+    ]
+    for n, r in niah.items():
+        row = [_with_ci(g["accuracy"], g.get("ci")) + _strict(g.get("strict_accuracy")) for g in r["grid"]]
+        row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")) + _strict(r.get("mean_strict_accuracy")))
+        lines.append(f"| {n} | " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
+SUITE = Suite(
+    "niah",
+    _run_suite,
+    headline=lambda r: {"NIAH acc": r["mean_accuracy"], "NIAH strict": r.get("mean_strict_accuracy")},
+    compare=compare,
+)

@@ -27,7 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..ops.quantized import quantized_attention, quantized_logits
-from ._common import check_fits, load_text, model_device, model_max_length
+from ._common import Suite, check_fits, fmt, load_text, model_device, model_max_length
 from .capture import AttentionCapture
 from .perplexity import sliding_window_nll, tokens_sha1
 
@@ -215,3 +215,35 @@ def run_quantization(
             "models with the same tokens_sha1)",
         },
     }
+
+
+def _compare_outliers(outl: dict[str, dict], out) -> list[str]:
+    keys = ["top1", "top2", "top3", "top10", "top100", "median"]
+    lines = ["Activation outliers (|attention logits| / |hidden states|):", ""]
+    lines += ["| model | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for n, r in outl.items():
+        cells = [f"{fmt(r['attention_logits'][k])} / {fmt(r['hidden_states'][k])}" for k in keys]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _compare_quant(quant: dict[str, dict], out) -> list[str]:
+    bits = [q["bits"] for q in next(iter(quant.values()))["quantization"]]
+    lines = ["Perplexity with attention logits quantized (absmax per head):", ""]
+    lines += ["| model | " + " | ".join(f"{b}-bit" for b in bits) + " |", "|---|" + "---|" * len(bits)]
+    lines += [f"| {n} | " + " | ".join(f"{q['ppl']:.3f}" for q in r["quantization"]) + " |" for n, r in quant.items()]
+    return [*lines, ""]
+
+
+OUTLIERS_SUITE = Suite(
+    "outliers",
+    lambda model, tokenizer, o, folder, name: (run_outliers(model, tokenizer, source=o.text, tokens=o.tokens), {}),
+    headline=lambda r: {"top-1 |logit|": r["attention_logits"]["top1"], "top-1 |hidden|": r["hidden_states"]["top1"]},
+    compare=_compare_outliers,
+)
+QUANT_SUITE = Suite(
+    "quant",
+    lambda model, tokenizer, o, folder, name: (run_quantization(model, tokenizer, source=o.text, tokens=o.tokens), {}),
+    headline=lambda r: {f"PPL@{q['bits']}b": q["ppl"] for q in r["quantization"]},
+    compare=_compare_quant,
+)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._common import check_fits, figure, model_device, model_max_length, save_figure
+from ._common import Suite, check_fits, figure, model_device, model_max_length, save_figure
 
 
 @torch.no_grad()
@@ -120,3 +120,11 @@ def plot_perplexity(results: dict[str, dict], path) -> object:
     ax.set_ylabel("perplexity")
     ax.set_title("strided sliding-window perplexity")
     return save_figure(fig, path)
+
+
+def _run_suite(model, tokenizer, o, folder, name):
+    r = run_perplexity(model, tokenizer, source=o.text, window=o.window, max_tokens=o.tokens)
+    return r, {"ppl": plot_perplexity({name: r}, folder / "ppl.png").name}
+
+
+SUITE = Suite("ppl", _run_suite, headline=lambda r: {"PPL": r["ppl"]})

@@ -6,8 +6,10 @@ A model is named by any of: a ``diffattn adapt`` run folder (the trained adapter
 
 Suites (``--suite``, comma-separated): ``ppl`` (perplexity), ``niah`` (multi-needle retrieval), ``alloc``
 (attention allocation), ``icl`` (many-shot ICL + order robustness), ``mqar`` (associative recall + AR-Hit),
-``outliers`` (activation outliers), ``quant`` (low-bit attention logits), ``heads`` (head analysis). Sizes are
-set by :class:`SuiteOptions` (the defaults are CPU-friendly; papers used more samples — raise them for real runs).
+``outliers`` (activation outliers), ``quant`` (low-bit attention logits), ``heads`` (head analysis) — the entries of
+:data:`SUITE_TABLE`, each defined in its own module (:class:`~diffattn.eval._common.Suite`: how it runs, its headline
+numbers, its side-by-side report section). Sizes are set by :class:`SuiteOptions` (the defaults are CPU-friendly;
+papers used more samples — raise them for real runs).
 
 Nothing is left behind as if complete, and nothing finished is lost: ``results.json`` is replaced once, atomically,
 after every suite succeeded (a failing rerun leaves the earlier results as they were); pictures go to
@@ -28,9 +30,24 @@ import torch
 from tqdm.auto import tqdm
 
 from ..files import mark, marker, write_text_atomic
-from ._common import jsonable
+from . import allocation, heads, icl, mqar, niah, outliers, perplexity
+from ._common import Suite, jsonable
 
-SUITES = ("ppl", "niah", "alloc", "icl", "mqar", "outliers", "quant", "heads")
+# The suite table: a new suite is a module with its `Suite` entry (run, headline, compare) and one name here.
+SUITE_TABLE: dict[str, Suite] = {
+    entry.name: entry
+    for entry in (
+        perplexity.SUITE,
+        niah.SUITE,
+        allocation.SUITE,
+        icl.SUITE,
+        mqar.SUITE,
+        outliers.OUTLIERS_SUITE,
+        outliers.QUANT_SUITE,
+        heads.SUITE,
+    )
+}
+SUITES = tuple(SUITE_TABLE)
 RESULTS = "results.json"
 # Bumped when a suite's outputs change meaning or gain fields the report needs (2: per-sample values, strict needle
 # scores, |attention| shares; 3: hidden-state outliers of every layer's raw output, the last before the final norm),
@@ -156,9 +173,9 @@ def _install(model):
 def parse_suites(text: str | list[str]) -> list[str]:
     names = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
     names = [n for n in names if n]
-    unknown = [n for n in names if n not in SUITES]
+    unknown = [n for n in names if n not in SUITE_TABLE]
     if unknown or not names:
-        raise ValueError(f"unknown suite(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SUITES)}")
+        raise ValueError(f"unknown suite(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SUITE_TABLE)}")
     return list(dict.fromkeys(names))
 
 
@@ -207,82 +224,13 @@ def check_eval_folder(out: Path) -> None:
 
 
 def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, name: str, description: str) -> dict:
-    from . import allocation, heads, icl, mqar, niah, outliers, perplexity
-
     results: dict = {}
     pictures: dict[str, str] = {}
     timings: dict[str, float] = {}
     for suite in tqdm(suites, desc=f"eval {name}", leave=True):
         t0 = time.perf_counter()
-        if suite == "ppl":
-            r = perplexity.run_perplexity(model, tokenizer, source=o.text, window=o.window, max_tokens=o.tokens)
-            pictures["ppl"] = perplexity.plot_perplexity({name: r}, partial / "ppl.png").name
-        elif suite == "niah":
-            r = niah.run_niah(
-                model,
-                tokenizer,
-                haystack=o.haystack,
-                context_tokens=o.context_tokens,
-                grid=o.niah_grid,
-                heatmap_needles=o.niah_needles,
-                heatmap_lengths=o.niah_heatmap_lengths,
-                heatmap_samples=o.niah_heatmap_samples,
-                samples=o.samples,
-                value_digits=o.niah_digits,
-                seed=o.seed,
-            )
-            pictures["niah"] = niah.plot_niah(r, partial / "niah_heatmap.png").name
-        elif suite == "alloc":
-            r = allocation.run_allocation(
-                model,
-                tokenizer,
-                haystack=o.haystack,
-                context_tokens=o.context_tokens,
-                samples=o.samples,
-                value_digits=o.niah_digits,
-                seed=o.seed,
-            )
-            pictures["alloc"] = allocation.plot_allocation({name: r}, partial / "allocation.png").name
-        elif suite == "icl":
-            r = {
-                "many_shot": icl.run_icl(
-                    model,
-                    tokenizer,
-                    o.icl_dataset,
-                    shots=o.icl_shots,
-                    draws=o.icl_draws,
-                    test_size=o.icl_test_size,
-                    seed=o.seed,
-                    max_length=o.icl_context_tokens,
-                    dataset_options=o.icl_dataset_options(),
-                ),
-                "order_robustness": icl.run_order_robustness(
-                    model,
-                    tokenizer,
-                    o.icl_dataset,
-                    permutations=o.icl_permutations,
-                    test_size=o.icl_test_size,
-                    seed=o.seed,
-                    max_length=o.icl_context_tokens,
-                    dataset_options=o.icl_dataset_options(),
-                ),
-            }
-            pictures["icl"] = icl.plot_icl({name: r["many_shot"]}, partial / "icl_accuracy.png").name
-            pictures["icl_order"] = icl.plot_order_robustness(
-                {name: r["order_robustness"]}, partial / "icl_order.png"
-            ).name
-        elif suite == "mqar":
-            r = mqar.run_mqar(
-                model, tokenizer, samples=o.mqar_samples, seed=o.seed, text_source=o.text, text_tokens=o.tokens
-            )
-        elif suite == "outliers":
-            r = outliers.run_outliers(model, tokenizer, source=o.text, tokens=o.tokens)
-        elif suite == "quant":
-            r = outliers.run_quantization(model, tokenizer, source=o.text, tokens=o.tokens)
-        else:  # heads
-            r = heads.run_heads(model, tokenizer, source=o.text, tokens=min(o.tokens, 1024))
-            pictures["heads"] = heads.plot_heads(r, partial / "head_distance.png").name
-        results[suite] = r
+        results[suite], made = SUITE_TABLE[suite].run(model, tokenizer, o, partial, name)
+        pictures.update(made)
         timings[suite] = time.perf_counter() - t0
     document = {
         "model": name,

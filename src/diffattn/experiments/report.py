@@ -15,48 +15,13 @@ import json
 import platform
 from pathlib import Path
 
-from ..eval._common import figure, jsonable, save_figure
+from ..eval._common import figure, fmt, jsonable, save_figure
 from ..files import publish_folder
 
 
 def _metrics(run_dir: Path) -> list[dict]:
     f = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines()] if f.is_file() else []
-
-
-def _headline(suite: str, r: dict) -> dict[str, float | None]:
-    """The numbers of one suite that go in the model × metric table."""
-    if suite == "ppl":
-        return {"PPL": r["ppl"]}
-    if suite == "niah":
-        return {"NIAH acc": r["mean_accuracy"], "NIAH strict": r.get("mean_strict_accuracy")}
-    if suite == "alloc":
-        return {
-            "attn→answer": r["attention_to_answer"],
-            "attn noise": r["attention_noise"],
-            "attn neg. mass": r.get("negative_mass"),
-            "|attn|→answer": r.get("attention_to_answer_magnitude"),
-            "|attn| noise": r.get("attention_noise_magnitude"),
-        }
-    if suite == "mqar":
-        return {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]}
-    if suite == "outliers":
-        return {"top-1 |logit|": r["attention_logits"]["top1"], "top-1 |hidden|": r["hidden_states"]["top1"]}
-    if suite == "quant":
-        return {f"PPL@{q['bits']}b": q["ppl"] for q in r["quantization"]}
-    if suite == "heads":
-        return {"head cos dist": r["summary"]["cosine_distance"], "head CKA": r["summary"]["cka"]}
-    if suite == "icl":
-        return {"ICL best acc": max(r["many_shot"]["mean"])}
-    return {}
-
-
-def _fmt(x) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:,.4g}" if abs(x) < 1e5 else f"{x:,.0f}"
-    return f"{x:,}" if isinstance(x, int) else str(x)
 
 
 def _method_settings(outcomes) -> list[str]:
@@ -171,9 +136,12 @@ def write_report(config, out: Path, outcomes) -> Path:
                 train_seconds=s.get("wall_seconds"),
             )
         else:
+            from ..eval.suite import SUITE_TABLE
+
             row.setdefault("parameters", o.summary.get("metadata", {}).get("parameters"))
             for suite, r in o.summary.get("suites", {}).items():
-                row.update(_headline(suite, r))
+                if suite in SUITE_TABLE:
+                    row.update(SUITE_TABLE[suite].headline(r))
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
     metrics = sorted({k for r in rows.values() for k in r} - set(columns))
     from .claims import claims_json, claims_markdown, claims_scope, paper_claims
@@ -187,7 +155,7 @@ def write_report(config, out: Path, outcomes) -> Path:
     lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
     for r in rows.values():
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns + metrics) + " |")
+        lines.append("| " + " | ".join(fmt(r.get(c)) for c in columns + metrics) + " |")
     lines += [
         "",
         "Validation loss is on each run's own tokenizer and data: compare from-scratch models with each "
@@ -287,149 +255,16 @@ def _lambda_curves(outcomes, path: Path) -> Path | None:
 
 
 def _side_by_side(evals: dict[str, dict], out: Path) -> list[str]:
-    """Pictures and tables that put every model's evaluation next to the others'."""
-    from ..eval.allocation import plot_allocation
-    from ..eval.icl import plot_icl
+    """Pictures and tables that put every model's evaluation next to the others', suite by suite (each suite's
+    ``compare`` in the suite table)."""
+    from ..eval.suite import SUITE_TABLE
 
     lines: list[str] = []
-    alloc = {n: s["alloc"] for n, s in evals.items() if "alloc" in s}
-    if alloc:
-        lines += [f"![attention allocation]({plot_allocation(alloc, out / 'allocation_all.png').name})", ""]
-        lines += _allocation_table(alloc)
-    niah = {n: s["niah"] for n, s in evals.items() if "niah" in s}
-    if niah:
-        lines += [f"![needle retrieval]({_niah_bars(niah, out / 'niah_grid_all.png').name})", ""]
-        if any(r["heatmap"]["lengths"] for r in niah.values()):
-            lines += [f"![needle heatmaps]({_niah_grid(niah, out / 'niah_all.png').name})", ""]
-        first = next(iter(niah.values()))
-        cells = [f"N={g['N']},R={g['R']}" for g in first["grid"]]
-        samples = first["metadata"].get("samples_per_cell")
-        lines += [
-            f"Accuracy per (N needles, R queried) cell, {samples} samples each: RULER's string_match_all with its "
-            "Wilson 95% interval, then the strict score (only the first R numbers of the output count); the same "
-            "prompts for every model.",
-            "",
-            "| model | " + " | ".join(cells) + " | mean |",
-            "|---|" + "---|" * (len(cells) + 1),
-        ]
-        for n, r in niah.items():
-            row = [_with_ci(g["accuracy"], g.get("ci")) + _strict(g.get("strict_accuracy")) for g in r["grid"]]
-            row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")) + _strict(r.get("mean_strict_accuracy")))
-            lines.append(f"| {n} | " + " | ".join(row) + " |")
-        lines.append("")
-    icl = {n: s["icl"]["many_shot"] for n, s in evals.items() if "icl" in s}
-    if icl:
-        lines += [f"![ICL accuracy]({plot_icl(icl, out / 'icl_all.png').name})", ""]
-        lines += ["| model | order margin (random) | order margin (by class) |", "|---|---|---|"]
-        for n, s in evals.items():
-            if "icl" in s:
-                arr = s["icl"]["order_robustness"]["arrangements"]
-                lines.append(
-                    f"| {n} | " + " | ".join(_fmt(arr.get(k, {}).get("margin")) for k in ("random", "by_class")) + " |"
-                )
-        lines.append("")
-    outl = {n: s["outliers"] for n, s in evals.items() if "outliers" in s}
-    if outl:
-        keys = ["top1", "top2", "top3", "top10", "top100", "median"]
-        lines += ["Activation outliers (|attention logits| / |hidden states|):", ""]
-        lines += ["| model | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-        for n, r in outl.items():
-            cells = [f"{_fmt(r['attention_logits'][k])} / {_fmt(r['hidden_states'][k])}" for k in keys]
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines.append("")
-    quant = {n: s["quant"] for n, s in evals.items() if "quant" in s}
-    if quant:
-        bits = [q["bits"] for q in next(iter(quant.values()))["quantization"]]
-        lines += ["Perplexity with attention logits quantized (absmax per head):", ""]
-        lines += ["| model | " + " | ".join(f"{b}-bit" for b in bits) + " |", "|---|" + "---|" * len(bits)]
-        lines += [
-            f"| {n} | " + " | ".join(f"{q['ppl']:.3f}" for q in r["quantization"]) + " |" for n, r in quant.items()
-        ]
-        lines.append("")
-    heads = {n: s["heads"] for n, s in evals.items() if "heads" in s}
-    if heads:
-        lines += ["| model | head cosine distance | head CKA | entropy |", "|---|---|---|---|"]
-        lines += [
-            f"| {n} | {_fmt(r['summary']['cosine_distance'])} | {_fmt(r['summary']['cka'])} | "
-            f"{_fmt(r['summary']['entropy'])} |"
-            for n, r in heads.items()
-        ]
-        lines.append("")
+    for name, suite in SUITE_TABLE.items():
+        results = {n: s[name] for n, s in evals.items() if name in s}
+        if results and suite.compare is not None:
+            lines += suite.compare(results, out)
     return lines
-
-
-def _allocation_table(alloc: dict[str, dict]) -> list[str]:
-    """Answer share, noise and negative mass per model, each ± its standard error over samples."""
-
-    def pm(r: dict, key: str) -> str:
-        v, se = r.get(key), r.get(f"{key}_se")
-        if v is None:
-            return "–"
-        return f"{v:.3f} ± {se:.3f}" if isinstance(se, float) and se == se else f"{v:.3f}"
-
-    lines = [
-        "Attention allocation of the last prompt token (rows normalised by Σ|a|; ± 1 SE over samples):",
-        "",
-        "| model | samples | attention to answer | attention noise | negative mass |",
-        "|---|---|---|---|---|",
-    ]
-    for n, r in alloc.items():
-        samples = r.get("metadata", {}).get("samples", "–")
-        lines.append(
-            f"| {n} | {samples} | {pm(r, 'attention_to_answer')} | {pm(r, 'attention_noise')} | "
-            f"{pm(r, 'negative_mass')} |"
-        )
-    return [*lines, ""]
-
-
-def _strict(value) -> str:
-    return "" if value is None else f"; strict {value:.2f}"
-
-
-def _with_ci(value: float, ci) -> str:
-    return f"{value:.2f}" if not ci else f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
-
-
-def _niah_bars(niah: dict[str, dict], path: Path) -> Path:
-    """Grouped bars: accuracy per (N, R) cell for every model, with the 95% intervals."""
-    import numpy as np
-
-    plt = figure()
-    names = list(niah)
-    cells = [f"N={g['N']},R={g['R']}" for g in niah[names[0]]["grid"]]
-    width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cells) * (1 + 0.25 * len(names))), 3.4))
-    for k, name in enumerate(names):
-        grid = niah[name]["grid"]
-        acc = np.array([g["accuracy"] for g in grid])
-        x = np.arange(len(grid)) + (k - (len(names) - 1) / 2) * width
-        errors = None
-        if all(g.get("ci") for g in grid):
-            errors = np.clip([acc - [g["ci"][0] for g in grid], [g["ci"][1] for g in grid] - acc], 0, None)
-        ax.bar(x, acc, width, yerr=errors, capsize=2, label=name)
-    ax.set_xticks(range(len(cells)), cells)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy (95% CI)")
-    ax.set_title("multi-needle retrieval")
-    ax.legend(fontsize=7, ncol=min(len(names), 5), loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    return save_figure(fig, path)
-
-
-def _niah_grid(niah: dict[str, dict], path: Path) -> Path:
-    import numpy as np
-
-    plt = figure()
-    niah = {n: r for n, r in niah.items() if r["heatmap"]["lengths"]}
-    fig, axes = plt.subplots(1, len(niah), figsize=(3.2 * len(niah), 3), squeeze=False)
-    for ax, (name, r) in zip(axes[0], niah.items(), strict=True):
-        heat = r["heatmap"]
-        ax.imshow(np.array(heat["accuracy"]).T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]], fontsize=7)
-        ax.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]], fontsize=7)
-        ax.set_title(name, fontsize=9)
-    first = next(iter(niah.values()))["heatmap"]
-    fig.suptitle(f"needle retrieval, N = {first['N']}, R = 1: length × depth", fontsize=10)
-    return save_figure(fig, path)
 
 
 EXPORT_MARKER = ".diffattn-export"  # marks a folder export_report made (and may replace)
