@@ -17,8 +17,8 @@ from diffattn.eval._common import Suite
 from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
 
 
-def _run_toy(model, tokenizer, options, folder, name):
-    ids = tokenizer("to be or not to be", return_tensors="pt").input_ids
+def _run_toy(model, tok, options, folder, name):
+    ids = tok("to be or not to be", return_tensors="pt").input_ids
     with torch.no_grad():
         logits = model(ids).logits
     return {"max_logit": float(logits.abs().max()), "tokens": ids.shape[1]}, {}
@@ -53,5 +53,5 @@ def test_a_suite_in_the_table_runs_prints_and_reports(toy_suite, tokenizer, tmp_
 
 
 def test_an_unknown_suite_is_refused_with_the_table():
-    with pytest.raises(ValueError, match="unknown suite.*nope.*choose from ppl, niah"):
+    with pytest.raises(ValueError, match=r"unknown suite.*nope.*choose from ppl, niah"):
         suite_module.parse_suites("nope")

@@ -175,7 +175,8 @@ def parse_suites(text: str | list[str]) -> list[str]:
     names = [n for n in names if n]
     unknown = [n for n in names if n not in SUITE_TABLE]
     if unknown or not names:
-        raise ValueError(f"unknown suite(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SUITE_TABLE)}")
+        known = ", ".join(SUITE_TABLE)
+        raise ValueError(f"unknown suite(s) {', '.join(unknown) or '(none given)'}; choose from {known}")
     return list(dict.fromkeys(names))
 
 
