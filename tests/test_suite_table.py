@@ -12,7 +12,7 @@ import torch
 from diffattn import build_model
 from diffattn.cli import main
 from diffattn.eval import suite as suite_module
-from diffattn.eval._common import Suite
+from diffattn.eval.common import Suite
 
 from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
 

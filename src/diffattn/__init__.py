@@ -44,7 +44,7 @@ _LAZY = {
             "trainable_parameters",
         )
     },
-    "load_adapted": "diffattn.train.adapt",
+    "load_adapted": "diffattn.adapters",
     "diff_attention": "diffattn.ops",
     "diff_attention_maps": "diffattn.ops",
 }

@@ -304,7 +304,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 def cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from .eval._common import fmt
+    from .eval.common import fmt
     from .eval.suite import SUITE_TABLE, SuiteOptions, check_eval_folder, load_for_eval, parse_suites, run_suites
 
     suites = parse_suites(args.suite)  # a bad name fails before the model loads

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+RUN_CONFIG = "run.yaml"  # every run folder's config (pretrain and adapt runs)
 MARKER = ".diffattn"  # JSON: {"kind": run | eval | experiment | export, ...}; its presence makes a folder ours
 
 

@@ -29,6 +29,7 @@ from .input_diff import DiffVConfig
 from .io import load_adapter, save_adapter
 from .model_types import MODEL_TYPES, ModelTypeSpec, attention_modules, get_spec, project_output, project_qkv
 from .registry import MethodSpec, get_method, method_names, spec_for_config, specs
+from .runs import load_adapted
 
 __all__ = [
     "CONTROLS",
@@ -51,6 +52,7 @@ __all__ = [
     "get_spec",
     "head_entropy",
     "head_importance",
+    "load_adapted",
     "load_adapter",
     "merge_adapter",
     "no_decay_parameter_names",

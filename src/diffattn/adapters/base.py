@@ -31,11 +31,13 @@ from ..ops.quantized import logit_bits, quantized_attention
 from .model_types import (
     ModelTypeSpec,
     attention_modules,
+    call_arguments,
     get_spec,
     linear_qkv,
     logit_scale,
     project_output,
     rope,
+    self_attention_cache,
     to_heads,
 )
 
@@ -64,21 +66,6 @@ class AnnealedLambda(nn.Module):
         return annealed_lambda(
             self.state.step, self.state.anneal_steps, self.lambda_init, self.lambda_learn, anneal=self.anneal
         )
-
-
-def _call_args(spec: ModelTypeSpec, args: tuple, kwargs: dict):
-    """(position_embeddings, attention_mask, past_key_values) from whatever the decoder layer passed."""
-    if spec.call_style == "gpt2":
-        names = ("past_key_values", "attention_mask")
-        got = {**dict(zip(names, args, strict=False)), **kwargs}
-        return None, got.get("attention_mask"), got.get("past_key_values")
-    names = ("position_embeddings", "attention_mask", "past_key_values")
-    got = {**dict(zip(names, args, strict=False)), **kwargs}
-    return got.get("position_embeddings"), got.get("attention_mask"), got.get("past_key_values")
-
-
-def _self_attention_cache(cache):
-    return getattr(cache, "self_attention_cache", cache)  # GPT-2 may hand an EncoderDecoderCache
 
 
 class AdapterMethod(nn.Module):
@@ -141,7 +128,7 @@ class AdaptedAttention(nn.Module, HasLambda):
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         spec, base, method = self.spec, self.base_attn, self.method
-        position_embeddings, mask, cache = _call_args(spec, args, kwargs)
+        position_embeddings, mask, cache = call_arguments(spec, args, kwargs)
         if mask is not None and not isinstance(mask, torch.Tensor):
             raise ValueError(
                 f"adapters need a tensor attention mask (attn_implementation 'sdpa' or 'eager'); got "
@@ -159,7 +146,7 @@ class AdaptedAttention(nn.Module, HasLambda):
         if method.second_query_stage == "post-rope":
             q2 = method.second_query(q)
         if cache is not None:
-            cache = _self_attention_cache(cache)
+            cache = self_attention_cache(cache)
             if k2 is None:
                 k, v = cache.update(k, v, self.layer_idx)
             else:  # K2 travels in the cache beside K1: [K1 | K2] along the head dim

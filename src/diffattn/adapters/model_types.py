@@ -185,3 +185,50 @@ def project_output(spec: ModelTypeSpec, attn: nn.Module, out: torch.Tensor) -> t
     if spec.output_dropout is not None:
         merged = getattr(attn, spec.output_dropout)(merged)
     return merged
+
+
+# -- inspection: what an attention module computed, for analysis hooks (diffattn.eval.capture, .outliers) ---------
+def call_arguments(spec: ModelTypeSpec, args: tuple, kwargs: dict):
+    """(position_embeddings, attention_mask, past_key_values) from whatever the decoder layer passed to the
+    attention module (positional or keyword, per the architecture's call style)."""
+    if spec.call_style == "gpt2":
+        names = ("past_key_values", "attention_mask")
+        got = {**dict(zip(names, args, strict=False)), **kwargs}
+        return None, got.get("attention_mask"), got.get("past_key_values")
+    names = ("position_embeddings", "attention_mask", "past_key_values")
+    got = {**dict(zip(names, args, strict=False)), **kwargs}
+    return got.get("position_embeddings"), got.get("attention_mask"), got.get("past_key_values")
+
+
+def self_attention_cache(cache):
+    """The self-attention part of a KV cache (GPT-2 may hand an ``EncoderDecoderCache``)."""
+    return getattr(cache, "self_attention_cache", cache)
+
+
+@dataclass
+class AttentionCall:
+    """The inputs one call of a plain attention module attended with: Q ``[B, H, T, d]``, the full K and V
+    ``[B, Hkv, S, d]`` (cached keys included), the mask (None: plain causality) and the logit scale."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_mask: torch.Tensor | None
+    scale: float
+
+    @property
+    def causal(self) -> bool:
+        return self.attn_mask is None
+
+
+def recompute_attention_call(spec: ModelTypeSpec, module: nn.Module, args: tuple, kwargs: dict) -> AttentionCall:
+    """Recompute, in a forward hook (``register_forward_hook(..., with_kwargs=True)``) of a plain attention module,
+    the Q, K, V it attended with. With a KV cache the forward already appended this call's keys, so the full keys
+    and values are read back from the cache."""
+    hidden = args[0] if args else kwargs["hidden_states"]
+    position_embeddings, mask, cache = call_arguments(spec, args[1:], kwargs)
+    q, k, v = project_qkv(spec, module, hidden, position_embeddings)
+    if cache is not None:
+        entry = self_attention_cache(cache).layers[module.layer_idx]
+        k, v = entry.keys, entry.values
+    return AttentionCall(q, k, v, mask, logit_scale(module))

@@ -40,8 +40,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .capture import AttentionCapture
+from .common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .niah import DEPTHS, fit_sample
 from .stats import mean_se
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..ops._inputs import causal_keep_mask
+from ..ops import causal_keep_mask
 from ..ops.observe import observe
 
 __all__ = ["AttentionCapture", "AttentionRecord", "capture_attention"]
@@ -87,6 +87,27 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
 
 
+def reporting_and_plain_attention(model: nn.Module) -> tuple[list[tuple[int, nn.Module]], list[tuple[int, nn.Module]]]:
+    """The attention modules of ``model`` as (layer, module) pairs, split into those that report their call through
+    :mod:`diffattn.ops.observe` (our DIFF attention, adapter wrappers) and plain Hugging Face modules, which an
+    analysis has to hook (:func:`diffattn.adapters.model_types.recompute_attention_call`)."""
+    from ..adapters import attention_modules
+    from ..adapters.base import AdaptedAttention
+    from ..models.diff_llama import DiffLlamaDifferentialAttention
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+    ours = (AdaptedAttention, DiffLlamaDifferentialAttention)
+    own = [(m.layer_idx, m) for m in base.modules() if isinstance(m, ours)]
+    if own and len(own) == getattr(base.config, "num_hidden_layers", len(own)):
+        return own, []
+    try:
+        modules = attention_modules(base)  # raises naming the supported model types
+    except ValueError as e:
+        raise ValueError(f"cannot capture attention of this model: {e}") from e
+    owned = {id(m) for _, m in own}
+    return own, [(i, a) for i, _, a in modules if id(a) not in owned]
+
+
 class AttentionCapture:
     """Records an :class:`AttentionRecord` per attention layer and call while the ``with`` block runs.
 
@@ -121,26 +142,8 @@ class AttentionCapture:
         self._layer_of: dict[int, int] = {}
 
     # -- which modules, and how they report -------------------------------------------------------------------
-    def _attention_modules(self) -> tuple[list[tuple[int, nn.Module]], list[tuple[int, nn.Module]]]:
-        """(modules that report through diffattn.ops.observe, plain HF modules that need a hook)."""
-        from ..adapters import attention_modules
-        from ..adapters.base import AdaptedAttention
-        from ..models.diff_llama import DiffLlamaDifferentialAttention
-
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
-        ours = (AdaptedAttention, DiffLlamaDifferentialAttention)
-        own = [(m.layer_idx, m) for m in base.modules() if isinstance(m, ours)]
-        if own and len(own) == getattr(base.config, "num_hidden_layers", len(own)):
-            return own, []
-        try:
-            modules = attention_modules(base)  # raises naming the supported model types
-        except ValueError as e:
-            raise ValueError(f"cannot capture attention of this model: {e}") from e
-        owned = {id(m) for _, m in own}
-        return own, [(i, a) for i, _, a in modules if id(a) not in owned]
-
     def __enter__(self) -> AttentionCapture:
-        own, plain = self._attention_modules()
+        own, plain = reporting_and_plain_attention(self.model)
         self._layer_of = {id(m): i for i, m in own}
         for i, attn in plain:
             self._hooks.append(attn.register_forward_hook(self._plain_hook(i), with_kwargs=True))
@@ -168,31 +171,25 @@ class AttentionCapture:
         self._record(layer, **f)
 
     def _plain_hook(self, layer: int):
-        from ..adapters.base import _call_args, _self_attention_cache
-        from ..adapters.model_types import get_spec, logit_scale, project_qkv
+        from ..adapters.model_types import get_spec, recompute_attention_call
 
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         spec = get_spec(base)
 
         def hook(module, args, kwargs, output):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            position_embeddings, mask, cache = _call_args(spec, args[1:], kwargs)
-            q, k, v = project_qkv(spec, module, hidden, position_embeddings)
-            if cache is not None:  # the forward already appended this call's keys: read the full ones back
-                entry = _self_attention_cache(cache).layers[module.layer_idx]
-                k, v = entry.keys, entry.values
+            call = recompute_attention_call(spec, module, args, kwargs)
             self._record(
                 layer,
                 kind="single",
-                q1=q,
-                k1=k,
+                q1=call.q,
+                k1=call.k,
                 q2=None,
                 k2=None,
-                v=v,
+                v=call.v,
                 lam=None,
-                causal=mask is None,
-                attn_mask=mask,
-                scale=logit_scale(module),
+                causal=call.causal,
+                attn_mask=call.attn_mask,
+                scale=call.scale,
             )
 
         return hook

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._common import Suite, figure, fmt, model_device, save_figure
 from .capture import AttentionCapture
+from .common import Suite, figure, fmt, model_device, save_figure
 from .outliers import _windows
 
 EPSILONS = (1e-3, 1e-2)

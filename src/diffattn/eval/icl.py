@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._common import Suite, figure, model_device, model_max_length, save_figure
+from .common import Suite, figure, model_device, model_max_length, save_figure
 from .icl_data import Pair, load_icl_dataset, validate_pairs
 
 ARRANGEMENTS = ("random", "by_class")
@@ -848,7 +848,7 @@ def _run_suite(model, tokenizer, o, folder, name):
 
 def compare(icl: dict[str, dict], out: Path) -> list[str]:
     """Many-shot accuracy of every model in one picture, and the order margins."""
-    from ._common import fmt
+    from .common import fmt
 
     many = {n: r["many_shot"] for n, r in icl.items()}
     lines = [f"![ICL accuracy]({plot_icl(many, out / 'icl_all.png').name})", ""]

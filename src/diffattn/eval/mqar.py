@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..data.packing import special_token_ids
 from ..data.synthetic import make_mqar_sample
-from ._common import Suite, check_fits, load_text, model_device, model_max_length
+from .common import Suite, check_fits, load_text, model_device, model_max_length
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 

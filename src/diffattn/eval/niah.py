@@ -35,7 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data.synthetic import make_needle_sample, needle_answer_text, score_first_numbers, score_string_match_all
-from ._common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
+from .common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
 from .stats import wilson_interval
 
 GRID = ((1, 1), (2, 2), (4, 2), (6, 2))

@@ -27,8 +27,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..ops.quantized import quantized_attention, quantized_logits
-from ._common import Suite, check_fits, fmt, load_text, model_device, model_max_length
-from .capture import AttentionCapture
+from .capture import AttentionCapture, reporting_and_plain_attention
+from .common import Suite, check_fits, fmt, load_text, model_device, model_max_length
 from .perplexity import sliding_window_nll, tokens_sha1
 
 TOP_K = (1, 2, 3, 10, 100)
@@ -132,38 +132,23 @@ class QuantizedLogits:
         self.model, self.bits, self._hooks, self._ctx = model, bits, [], None
 
     def __enter__(self):
-        from ..adapters.base import _call_args, _self_attention_cache
-        from ..adapters.model_types import get_spec, logit_scale, project_output, project_qkv
+        from ..adapters.model_types import get_spec, project_output, recompute_attention_call
 
         self._ctx = quantized_logits(self.bits)
         self._ctx.__enter__()
         if self.bits is None or self.bits >= 16:
             return self
-        cap = AttentionCapture(self.model)
-        _, plain = cap._attention_modules()
+        _, plain = reporting_and_plain_attention(self.model)
         if plain:
             base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
             spec = get_spec(base)
 
             def hook(module, args, kwargs, output):
-                hidden = args[0] if args else kwargs["hidden_states"]
-                pos, mask, cache = _call_args(spec, args[1:], kwargs)
-                q, k, v = project_qkv(spec, module, hidden, pos)
-                if cache is not None:
-                    entry = _self_attention_cache(cache).layers[module.layer_idx]
-                    k, v = entry.keys, entry.values
+                c = recompute_attention_call(spec, module, args, kwargs)
                 out = quantized_attention(
-                    q,
-                    k,
-                    None,
-                    None,
-                    v,
-                    None,
-                    causal=mask is None,
-                    attn_mask=mask,
-                    scale=logit_scale(module),
+                    c.q, c.k, None, None, c.v, None, causal=c.causal, attn_mask=c.attn_mask, scale=c.scale,
                     bits=self.bits,
-                )
+                )  # fmt: skip
                 return (project_output(spec, module, out), None)
 
             self._hooks = [a.register_forward_hook(hook, with_kwargs=True) for _, a in plain]

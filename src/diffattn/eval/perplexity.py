@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._common import Suite, check_fits, figure, model_device, model_max_length, save_figure
+from .common import Suite, check_fits, figure, model_device, model_max_length, save_figure
 
 
 @torch.no_grad()
@@ -75,7 +75,7 @@ def run_perplexity(
     progress: bool = True,
 ) -> dict:
     """Token-level perplexity of ``model`` on ``text`` (default: the test split of ``source``)."""
-    from ._common import load_text
+    from .common import load_text
 
     description = "given text"
     if text is None:

@@ -7,7 +7,7 @@ A model is named by any of: a ``diffattn adapt`` run folder (the trained adapter
 Suites (``--suite``, comma-separated): ``ppl`` (perplexity), ``niah`` (multi-needle retrieval), ``alloc``
 (attention allocation), ``icl`` (many-shot ICL + order robustness), ``mqar`` (associative recall + AR-Hit),
 ``outliers`` (activation outliers), ``quant`` (low-bit attention logits), ``heads`` (head analysis) — the entries of
-:data:`SUITE_TABLE`, each defined in its own module (:class:`~diffattn.eval._common.Suite`: how it runs, its headline
+:data:`SUITE_TABLE`, each defined in its own module (:class:`~diffattn.eval.common.Suite`: how it runs, its headline
 numbers, its side-by-side report section). Sizes are set by :class:`SuiteOptions` (the defaults are CPU-friendly;
 papers used more samples — raise them for real runs).
 
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..files import mark, marker, write_text_atomic
+from ..files import RUN_CONFIG, mark, marker, write_text_atomic
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
-from ._common import Suite, jsonable
+from .common import Suite, jsonable
 
 # The suite table: a new suite is a module with its `Suite` entry (run, headline, compare) and one name here.
 SUITE_TABLE: dict[str, Suite] = {
@@ -133,10 +133,10 @@ def load_for_eval(name_or_path: str | os.PathLike):
     from ..models.pretrained import PRETRAINED, load_pretrained
 
     path = Path(name_or_path)
-    if path.is_dir() and (path / "run.yaml").is_file():
-        run = _read_yaml(path / "run.yaml")
+    if path.is_dir() and (path / RUN_CONFIG).is_file():
+        run = _read_yaml(path / RUN_CONFIG)
         if "method" in run:  # diffattn adapt
-            from ..train.adapt import load_adapted
+            from ..adapters.runs import load_adapted
 
             merged = (path / "merged").is_dir()  # the zero-overhead form when the run wrote one (equal outputs)
             model, tok = load_adapted(path, merged=merged)
@@ -148,7 +148,7 @@ def load_for_eval(name_or_path: str | os.PathLike):
             return _install(model), tok, f"pretrain run {path} (final/)"
         raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
     if path.is_dir() and not (path / "config.json").is_file():
-        subs = [p for p in ("standard", "diff") if (path / p / "run.yaml").is_file()]
+        subs = [p for p in ("standard", "diff") if (path / p / RUN_CONFIG).is_file()]
         if subs:
             options = " or ".join(str(path / s) for s in subs)
             raise ValueError(f"{str(path)!r} is a paired pretraining run: evaluate {options}")

@@ -15,7 +15,7 @@ import json
 import platform
 from pathlib import Path
 
-from ..eval._common import figure, fmt, jsonable, save_figure
+from ..eval.common import figure, fmt, jsonable, save_figure
 from ..files import publish_folder
 
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import MARKER, mark, marker, why_protected, write_text_atomic
+from ..files import MARKER, RUN_CONFIG, mark, marker, why_protected, write_text_atomic
 from ..train.config import setting_differences
 from .config import ExperimentConfig
 
@@ -44,7 +44,7 @@ class PartOutcome:
 def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     """done, resume or fresh for a training run folder with ``run.yaml``: fresh whenever ``overwrite`` names it;
     raises when its settings changed and it is not named. Changes nothing on disk."""
-    saved_file = run_dir / "run.yaml"
+    saved_file = run_dir / RUN_CONFIG
     if not saved_file.is_file() or overwrite:  # --overwrite NAME redoes the part, changed or not
         return FRESH
     saved = type(config).load(saved_file).to_dict()
@@ -279,7 +279,7 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
     if not {"niah", "alloc"} & set(config.eval.suites) or not scratch:
         return
     from ..data.synthetic import CITY_KEYS
-    from ..eval._common import load_text
+    from ..eval.common import load_text
     from ..eval.niah import fit_sample
     from ..models.presets import get_preset
     from ..train.data import data_tokenizer
@@ -357,7 +357,7 @@ def _evaluated_steps(eval_dir: Path) -> dict | None:
 def _jsonable_options(options) -> dict:
     from dataclasses import asdict
 
-    from ..eval._common import jsonable
+    from ..eval.common import jsonable
 
     return jsonable(asdict(options))
 

@@ -32,6 +32,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
+from ..files import RUN_CONFIG
+
 logger = logging.getLogger(__name__)
 
 
@@ -120,7 +122,7 @@ def check_model_folder(path: Path) -> None:
     """A local Hugging Face folder must hold a config, weights and a tokenizer: refused with what is missing (instead
     of transformers' errors about hub downloads or sentencepiece, which name neither the folder nor the remedy)."""
     if not (path / "config.json").is_file():
-        if (path / "run.yaml").is_file() and (path / "adapter").is_dir():
+        if (path / RUN_CONFIG).is_file() and (path / "adapter").is_dir():
             raise ValueError(
                 f"{str(path)!r} is a diffattn adapt run, not a model: adapting an adapted model is not supported; "
                 "adapt its base, or adapt the plain model it can be merged into (--merge writes merged/)"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._inputs import DiffAttentionInputs, validate
+from ._inputs import DiffAttentionInputs, causal_keep_mask, validate
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference
 from .sdpa import diff_attention_sdpa
@@ -35,6 +35,7 @@ __all__ = [
     "DiffAttentionMaps",
     "auto_backend",
     "backend_status",
+    "causal_keep_mask",
     "diff_attention",
     "diff_attention_maps",
     "triton_unsupported",

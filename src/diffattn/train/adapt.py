@@ -39,7 +39,6 @@ from transformers import TrainerCallback
 from ..adapters import (
     adapt,
     adapter_lambdas,
-    load_adapter,
     merge_adapter,
     no_decay_parameter_names,
     save_adapter,
@@ -47,6 +46,7 @@ from ..adapters import (
     trainable_parameters,
 )
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names, specs
+from ..adapters.runs import load_adapted  # noqa: F401  (re-exported: it was defined here)
 from ..data import load_corpus, tokenize_and_pack
 from ..files import is_inside, publish_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
@@ -54,7 +54,6 @@ from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict
 from .data import PackedDataset, add_retrieval_mix, check_enough_text
 from .trainer import (
     METRICS,
-    RUN_CONFIG,
     STAGING,
     DiffattnTrainer,
     MetricsCallback,
@@ -446,35 +445,3 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         publish_folder(tmp, run_dir / FINAL)
-
-
-def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: torch.dtype = torch.float32):
-    """Rebuild the model a ``diffattn adapt`` run trained: ``(model, tokenizer)``, in eval mode.
-
-    ``merged=False`` (default): the base model with ``adapter/`` loaded, as trained (diffattn methods:
-    :func:`diffattn.load_adapter`, which refuses another base; LoRA: PEFT); ``final/`` for the fine-tuning controls.
-    ``merged=True``: the plain model in ``merged/`` (``--merge``, Dex and DiffV: zero-overhead inference, equal to
-    the unmerged one to float rounding); refused when the run has none.
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / RUN_CONFIG).is_file():
-        raise ValueError(f"{str(run_dir)!r} is not a diffattn adapt run folder (no {RUN_CONFIG})")
-    config = AdaptRunConfig.load(run_dir / RUN_CONFIG)
-    if merged:
-        if not (run_dir / MERGED).is_dir():
-            raise ValueError(
-                f"run {str(run_dir)!r} has no {MERGED}/ (only {', '.join(s.name for s in specs() if s.mergeable)} "
-                "runs with --merge write one); "
-                "load it with merged=False"
-            )
-        return load_pretrained(run_dir / MERGED, dtype=dtype)
-    if (run_dir / FINAL).is_dir():
-        return load_pretrained(run_dir / FINAL, dtype=dtype)
-    if not (run_dir / ADAPTER).is_dir():
-        raise ValueError(f"run {str(run_dir)!r} has no {ADAPTER}/ or {FINAL}/: did it finish?")
-    model, tokenizer = load_pretrained(config.model.name, dtype=dtype)
-    if get_method(config.method.name).kind == "control":  # the LoRA control: PEFT's own folder
-        from peft import PeftModel
-
-        return PeftModel.from_pretrained(model, run_dir / ADAPTER).eval(), tokenizer
-    return load_adapter(model, run_dir / ADAPTER).eval(), tokenizer

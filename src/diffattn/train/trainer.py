@@ -34,7 +34,7 @@ from accelerate.utils import broadcast_object_list
 from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from ..files import check_removable, mark, publish_folder, remove_folder, write_text_atomic
+from ..files import RUN_CONFIG, check_removable, mark, publish_folder, remove_folder, write_text_atomic
 from ..lambdas import lambda_per_layer
 from ..models.build import build_model
 from ..models.presets import get_preset
@@ -47,7 +47,6 @@ CHECKPOINTS = "checkpoints"
 STAGING = ".staging"
 FINAL = "final"
 METRICS = "metrics.jsonl"
-RUN_CONFIG = "run.yaml"
 
 
 class NonFiniteLossError(RuntimeError):
