@@ -36,9 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import yaml
-
-from ..files import read_yaml
+from ..config import YamlConfig, check_keys, from_dict
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -83,7 +81,7 @@ class EvalPlan:
 
 
 @dataclass
-class ExperimentConfig:
+class ExperimentConfig(YamlConfig):
     name: str
     data: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
@@ -98,56 +96,27 @@ class ExperimentConfig:
     source: ClassVar[str | None] = None
 
     # -- reading, writing, overriding -------------------------------------------------------------------------
+    WHAT = "experiment file"
+
     @classmethod
     def from_dict(cls, d: dict) -> ExperimentConfig:
         if not isinstance(d, dict):
             raise ValueError(f"an experiment must be a mapping, got {type(d).__name__}")
-        d = dict(d)
-        _check_keys("the experiment", d, cls)
-        if "name" not in d:
+        if "name" not in d and not (set(d) - {f.name for f in dataclasses.fields(cls)}):
             raise ValueError("the experiment needs a name (it names the folder runs/NAME)")
-        models = [_build(ScratchModel, m, f"models[{i}]") for i, m in enumerate(d.get("models") or [])]
-        d["models"] = [r for m in models for r in _replicates(m)]
-        d["adapters"] = [_build(AdapterRun, a, f"adapters[{i}]") for i, a in enumerate(d.get("adapters") or [])]
-        d["pretrained"] = [
-            _build(PretrainedModel, p, f"pretrained[{i}]") for i, p in enumerate(d.get("pretrained") or [])
-        ]
-        d["eval"] = _build(EvalPlan, d.get("eval") or {}, "eval")
-        return cls(**d).validate()
+        config = from_dict(cls, {**d, "eval": d.get("eval") or {}})
+        config.models = [r for m in config.models for r in _replicates(m)]
+        return config.validate()
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentConfig:
-        config = cls.from_dict(read_yaml(path, "experiment file") or {})
+        config = super().load(path)
         config.source = str(Path(path).resolve())
         return config
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
     def with_overrides(self, overrides: dict[str, object]) -> ExperimentConfig:
         """Dotted overrides; list items by index: ``models.0.preset``, ``adapters.1.options.rank``."""
-        d = self.to_dict()
-        for dotted, value in overrides.items():
-            keys = dotted.split(".")
-            node = d
-            for depth, key in enumerate(keys[:-1]):
-                if isinstance(node, list):
-                    if not key.isdigit() or int(key) >= len(node):
-                        raise ValueError(f"--set {dotted}: {'.'.join(keys[: depth + 1])} is not an item of the list")
-                    node = node[int(key)]
-                elif isinstance(node, dict):
-                    if key not in node:
-                        node[key] = {}
-                    node = node[key]
-                else:
-                    raise ValueError(f"--set {dotted}: {'.'.join(keys[:depth])} is not a section")
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {dotted}: cannot set a key inside a list; give an index")
-            node[keys[-1]] = value
-        config = ExperimentConfig.from_dict(d)
+        config = super().with_overrides(overrides)
         config.source = self.source
         return config
 
@@ -193,7 +162,7 @@ class ExperimentConfig:
         suites = parse_suites(self.eval.suites)
         from ..eval.suite import SuiteOptions
 
-        _check_keys("eval.options", self.eval.options, SuiteOptions)
+        check_keys(self.eval.options, SuiteOptions, "eval.options")
         SuiteOptions(**{"seed": self.seed, **self.eval.options}).validate(suites, style="experiment")
         if self.eval.models is not None:
             unknown = sorted(set(self.eval.models) - set(names))
@@ -243,26 +212,3 @@ def _is_model(name_or_path: str) -> bool:
     from ..models.pretrained import PRETRAINED
 
     return name_or_path in PRETRAINED or (Path(name_or_path) / "config.json").is_file()
-
-
-def _check_keys(where: str, d: dict, cls) -> None:
-    allowed = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(allowed)}")
-
-
-def _build(cls, d, where: str):
-    if not isinstance(d, dict):
-        raise ValueError(f"{where} must be a mapping, got {d!r}")
-    _check_keys(where, d, cls)
-    try:
-        return cls(**d)
-    except TypeError as e:  # a required field is missing
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in d]
-        missing = [
-            m
-            for m in missing
-            if next(f for f in dataclasses.fields(cls) if f.name == m).default_factory is dataclasses.MISSING
-        ]
-        raise ValueError(f"{where} is missing {', '.join(missing) or 'a required key'} ({e})") from e

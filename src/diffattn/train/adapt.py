@@ -47,10 +47,11 @@ from ..adapters import (
 )
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names, specs
 from ..adapters.runs import load_adapted  # noqa: F401  (re-exported: it was defined here)
+from ..config import from_dict
 from ..data import load_corpus, tokenize_and_pack
 from ..files import is_inside, publish_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
-from .config import RetrievalMixFields, SectionedConfig, TrainConfig, _from_dict, setting_differences
+from .config import RetrievalMixFields, SectionedConfig, TrainConfig, setting_differences
 from .data import PackedDataset, add_retrieval_mix, check_enough_text
 from .trainer import (
     METRICS,
@@ -163,15 +164,15 @@ class AdaptRunConfig(SectionedConfig):
                 base[section] = {**base[section], **values}
             else:
                 base[section] = values
-        return _from_dict(cls, base, "")
+        return from_dict(cls, base)
 
-    def _set(self, d: dict, section: str, key: str, value: object) -> None:
+    def _set(self, d: dict, dotted: str, value: object) -> None:
         # method.<field> is shorthand for method.options.<field>: --set method.rank=8
+        section, _, key = dotted.partition(".")
         if section == "method" and key not in ("name", "options", "merge"):
-            key = key.removeprefix("options.")
-            d["method"]["options"][key] = value
+            d["method"]["options"][key.removeprefix("options.")] = value
         else:
-            d[section][key] = value
+            super()._set(d, dotted, value)
 
     def method_config(self):
         """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of

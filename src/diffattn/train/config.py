@@ -9,14 +9,10 @@ default to 1e-3.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
+from ..config import YamlConfig, set_dotted
 from ..data.synthetic import CITY_KEYS, NEEDLE_LOSSES
-from ..files import read_yaml
 from ..models.build import ATTENTIONS
 from ..models.diff_llama import NORMS
 from ..models.presets import PRESETS
@@ -158,46 +154,21 @@ def setting_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
     return out
 
 
-class SectionedConfig:
-    """YAML round trip, dotted overrides and validation for a dataclass made of section dataclasses
-    (``run.yaml`` of ``diffattn pretrain`` and of ``diffattn adapt``)."""
+class SectionedConfig(YamlConfig):
+    """A config made of section dataclasses (``run.yaml`` of ``diffattn pretrain`` and of ``diffattn adapt``):
+    the shared YAML mechanism (:mod:`diffattn.config`), overrides only into existing sections, every section
+    validated."""
 
     def validate(self):
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
         return self
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict):
-        return _from_dict(cls, d, "")
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
-    @classmethod
-    def load(cls, path: str | Path):
-        data = read_yaml(path, "config file") or {}
-        if not isinstance(data, dict):
-            sections = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise ValueError(f"config file {str(path)!r} must hold a mapping with sections {sections}")
-        return cls.from_dict(data)
-
-    def with_overrides(self, overrides: dict[str, object]):
-        """Apply dotted overrides such as ``{"train.max_steps": 10}`` (type-checked like YAML values)."""
-        d = self.to_dict()
-        for dotted, value in overrides.items():
-            section, _, key = dotted.partition(".")
-            if section not in d or not key:
-                sections = ", ".join(d)
-                raise ValueError(f"unknown setting {dotted!r}; sections are {sections}")
-            self._set(d, section, key, value)
-        return type(self).from_dict(d)
-
-    def _set(self, d: dict, section: str, key: str, value: object) -> None:
-        d[section][key] = value
+    def _set(self, d: dict, dotted: str, value: object) -> None:
+        section, _, key = dotted.partition(".")
+        if section not in d or not key:
+            raise ValueError(f"unknown setting {dotted!r}; sections are {', '.join(d)}")
+        set_dotted(d, dotted, value)
 
 
 @dataclass
@@ -205,49 +176,3 @@ class RunConfig(SectionedConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-
-
-def _from_dict(cls, d: dict, prefix: str):
-    if not isinstance(d, dict):
-        raise ValueError(f"{prefix or 'config'} must be a mapping, got {type(d).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {', '.join(prefix + k for k in unknown)}; allowed in "
-            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
-        )
-    kwargs = {}
-    for name, value in d.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _from_dict(hint, value or {}, f"{prefix}{name}.")
-        else:
-            kwargs[name] = _coerce(value, hint, prefix + name)
-    return cls(**kwargs)
-
-
-def _coerce(value, hint, name: str):
-    """YAML/CLI values to the field's type: ints for int fields, floats accept ints, clear errors."""
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError(f"{name} must be a string, got {value!r}")
-    if hint is dict:
-        if isinstance(value, dict):
-            return value
-        raise ValueError(f"{name} must be a mapping, got {value!r}")
-    return value  # unions such as str | float: validated by the section
