@@ -21,8 +21,6 @@ from diffattn import build_model
 from diffattn.cli import main
 from diffattn.files import mark
 
-from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
-
 CASES = [
     # ---- pretrain
     ("pretrain --attention diff", r"the following arguments are required: --out"),
@@ -117,7 +115,7 @@ def _experiment(corpus: Path, name: str, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, tokenizer):  # noqa: F811
+def world(tmp_path_factory, tokenizer):
     """Every file the table's command lines name, in one folder (checksummed around each case)."""
     root = tmp_path_factory.mktemp("world")
     files = {"new": root / "does-not-exist-yet", "root": root / "runs"}

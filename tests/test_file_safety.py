@@ -20,9 +20,9 @@ from diffattn.train import NonFiniteLossError, RunFolderError, checkpoint_proble
 from diffattn.train.adapt import adapt_pretrained
 from diffattn.train.trainer import rotate_checkpoints
 
-from .test_adapt_train import _config as adapt_config
-from .test_adapt_train import base_dir, corpus_dir  # noqa: F401  (pytest fixtures)
-from .test_train import corpus_file, debug_config, losses, tokenizer_cache  # noqa: F401  (pytest fixtures)
+from .helpers import adapt_config, debug_config
+
+pytestmark = pytest.mark.usefixtures("tokenizer_cache")
 
 
 def checksums(folder: Path) -> dict[str, str]:
@@ -46,7 +46,7 @@ def decoy(tmp_path) -> Path:
 # ---------------------------------------------------------------- what --overwrite may delete
 
 
-def test_overwrite_refuses_a_folder_diffattn_did_not_make(corpus_file, decoy):  # noqa: F811
+def test_overwrite_refuses_a_folder_diffattn_did_not_make(corpus_file, decoy):
     before = checksums(decoy)
     with pytest.raises(UnsafeDeleteError, match="did not make it"):
         pretrain(debug_config(corpus_file, max_steps=2), decoy, overwrite=True)
@@ -76,7 +76,7 @@ def test_overwrite_refuses_home_and_root_and_files(tmp_path):
         check_removable(f)
 
 
-def test_overwrite_replaces_a_run_diffattn_made(corpus_file, tmp_path):  # noqa: F811
+def test_overwrite_replaces_a_run_diffattn_made(corpus_file, tmp_path):
     run = tmp_path / "run"
     pretrain(debug_config(corpus_file, max_steps=2, save_every=2, eval_every=2), run)
     assert json.loads((run / MARKER).read_text())["kind"] == "run"
@@ -85,7 +85,7 @@ def test_overwrite_replaces_a_run_diffattn_made(corpus_file, tmp_path):  # noqa:
     assert not (run / "stale.txt").exists() and (run / "summary.json").is_file()
 
 
-def test_out_naming_a_file_is_refused(corpus_file, tmp_path):  # noqa: F811
+def test_out_naming_a_file_is_refused(corpus_file, tmp_path):
     f = tmp_path / "model.bin"
     f.write_bytes(b"\x00" * 10)
     with pytest.raises(RunFolderError, match="is a file"):
@@ -94,7 +94,7 @@ def test_out_naming_a_file_is_refused(corpus_file, tmp_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("inside", [False, True])
-def test_an_adapter_run_cannot_write_into_its_base(inside, base_dir, corpus_dir, tmp_path):  # noqa: F811
+def test_an_adapter_run_cannot_write_into_its_base(inside, base_dir, corpus_dir, tmp_path):
     import shutil
 
     base = tmp_path / "base-run"
@@ -123,7 +123,7 @@ class _PoisonAfterStep(TrainerCallback):
                 next(model.parameters()).fill_(float("nan"))
 
 
-def test_a_checkpoint_with_non_finite_weights_is_never_published(corpus_file, tmp_path):  # noqa: F811
+def test_a_checkpoint_with_non_finite_weights_is_never_published(corpus_file, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(NonFiniteLossError, match=r"step 4 not saved: .*non-finite"):
         pretrain(debug_config(corpus_file, save_every=2), run, callbacks=[_PoisonAfterStep(4)])
@@ -132,11 +132,11 @@ def test_a_checkpoint_with_non_finite_weights_is_never_published(corpus_file, tm
     assert good.name == "checkpoint-2" and checkpoint_problem(good) is None
 
 
-def _complete_run(corpus_file, run: Path, **train) -> None:  # noqa: F811
+def _complete_run(corpus_file, run: Path, **train) -> None:
     pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, **train), run)
 
 
-def test_a_truncated_optimizer_state_is_skipped_by_resume(corpus_file, tmp_path):  # noqa: F811
+def test_a_truncated_optimizer_state_is_skipped_by_resume(corpus_file, tmp_path):
     run = tmp_path / "run"
     _complete_run(corpus_file, run)
     optimizer = run / "checkpoints" / "checkpoint-12" / "optimizer.pt"
@@ -149,7 +149,7 @@ def test_a_truncated_optimizer_state_is_skipped_by_resume(corpus_file, tmp_path)
     assert steps == list(range(1, 15))
 
 
-def test_rotation_never_deletes_the_newest_complete_checkpoint(corpus_file, tmp_path):  # noqa: F811
+def test_rotation_never_deletes_the_newest_complete_checkpoint(corpus_file, tmp_path):
     run = tmp_path / "run"
     _complete_run(corpus_file, run)  # checkpoints 4, 8, 12
     for step in (16, 20):  # two newer folders, both corrupt (a crash, a full disk)
@@ -235,7 +235,7 @@ def test_a_same_name_experiment_from_another_file_is_refused(tmp_path):
         check_experiment_folder(someone, "mine", None)
 
 
-def test_a_checkpoint_after_a_non_finite_gradient_norm_is_never_published(corpus_file, tmp_path, monkeypatch):  # noqa: F811
+def test_a_checkpoint_after_a_non_finite_gradient_norm_is_never_published(corpus_file, tmp_path, monkeypatch):
     """The gradient norm of the step a checkpoint ends (clipping may keep the weights finite a while longer)."""
     from diffattn.train.trainer import DiffattnTrainer
 

@@ -25,13 +25,22 @@ _COMMON = dict(
 )
 
 CONFIGS = {
-    "llama": lambda: LlamaConfig(**_COMMON),
-    "mistral": lambda: MistralConfig(**_COMMON, sliding_window=32),
-    "qwen2": lambda: Qwen2Config(**_COMMON),
-    "qwen3": lambda: Qwen3Config(**_COMMON, head_dim=16),
-    "gemma3_text": lambda: Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=32, query_pre_attn_scalar=24),
-    "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64),
+    "llama": lambda **kw: LlamaConfig(**{**_COMMON, **kw}),
+    "mistral": lambda **kw: MistralConfig(**{**_COMMON, "sliding_window": 32, **kw}),
+    "qwen2": lambda **kw: Qwen2Config(**{**_COMMON, **kw}),
+    "qwen3": lambda **kw: Qwen3Config(**{**_COMMON, "head_dim": 16, **kw}),
+    "gemma3_text": lambda **kw: Gemma3TextConfig(
+        **{**_COMMON, "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 24, **kw}
+    ),
+    "gpt2": lambda **kw: GPT2Config(
+        **{"vocab_size": VOCAB, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, **kw}
+    ),
 }
+
+
+def tiny_config(model_type: str, **overrides):
+    """The tiny config of ``model_type`` (the one copy the tests use), with ``overrides`` (e.g. ``vocab_size``)."""
+    return CONFIGS[model_type](**overrides)
 
 
 def tiny(model_type: str, seed: int = 0):

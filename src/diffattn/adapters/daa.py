@@ -180,7 +180,8 @@ def attention_and_head_names(model: nn.Module) -> list[str]:
     return attention_module_names(model, model._diffattn_adapter.config.train_lm_head)
 
 
-def _annealed_spec(name: str, display: str, config: type, adapt, bench_variants, **kwargs) -> MethodSpec:
+def annealed_spec(name: str, display: str, config: type, adapt, bench_variants, **kwargs) -> MethodSpec:
+    """The registry entry of a λ(t) method trained like DAA (attention modules, optionally lm_head; DAA's recipes)."""
     return MethodSpec(
         name=name,
         display=display,
@@ -215,11 +216,11 @@ def _input_rows(part: str):
 
 
 for _spec in (
-    _annealed_spec(
+    annealed_spec(
         "daa", "DAA", DAAConfig, adapt_daa, _daa_rows, why_not_mergeable=TWO_MAPS,
         report_settings=("position", "anneal_steps"),
     ),
-    _annealed_spec("diffq", "DiffQ", DiffQConfig, adapt_input_diff, _input_rows("q"), why_not_mergeable=TWO_MAPS),
-    _annealed_spec("diffk", "DiffK", DiffKConfig, adapt_input_diff, _input_rows("k"), why_not_mergeable=TWO_MAPS),
+    annealed_spec("diffq", "DiffQ", DiffQConfig, adapt_input_diff, _input_rows("q"), why_not_mergeable=TWO_MAPS),
+    annealed_spec("diffk", "DiffK", DiffKConfig, adapt_input_diff, _input_rows("k"), why_not_mergeable=TWO_MAPS),
 ):  # fmt: skip
     register(_spec)

@@ -18,9 +18,9 @@ from torch import nn
 
 from ..lambdas import lambda_init_schedule
 from .base import AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
-from .daa import ANNEALED_PAPER_RECIPES, ATTN_NEW, AnnealedMethodConfig, attention_and_head_names
+from .daa import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .model_types import attention_modules, get_spec, head_layout
-from .registry import MethodSpec, register
+from .registry import register
 
 
 @dataclass
@@ -82,16 +82,7 @@ def _bench_rows(shape, anneal_steps: int, second_map_flops) -> list:
 
 
 register(
-    MethodSpec(
-        name="diffv",
-        display="DiffV",
-        config=DiffVConfig,
-        adapt=lambda model, config, calibration=None: adapt_diffv(model, config),
-        trained_names=attention_and_head_names,
-        merge=merge_diffv,
-        annealed=True,
-        paper_recipes=ANNEALED_PAPER_RECIPES,
-        report_settings=("anneal_steps",),
-        bench_variants=_bench_rows,
-    )
+    annealed_spec(
+        "diffv", "DiffV", DiffVConfig, adapt_diffv, _bench_rows, merge=merge_diffv
+    )  # one map: it folds into W_V
 )

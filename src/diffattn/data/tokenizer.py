@@ -124,7 +124,7 @@ def _train(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     # BPE training is deterministic for the same input in the same order (ties between equally frequent
-    # pairs are broken by the pair itself, not by hash order); tests/test_data.py checks it.
+    # pairs are broken by the pair itself, not by hash order); tests/data/test_data.py checks it.
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -375,15 +375,7 @@ def plot_allocation(results: dict[str, dict], path) -> object:
 
 
 def _run_suite(model, tokenizer, o, folder, name):
-    r = run_allocation(
-        model,
-        tokenizer,
-        haystack=o.haystack,
-        context_tokens=o.context_tokens,
-        samples=o.samples,
-        value_digits=o.niah_digits,
-        seed=o.seed,
-    )
+    r = run_allocation(model, tokenizer, **o.needle_prompts())
     return r, {"alloc": plot_allocation({name: r}, folder / "allocation.png").name}
 
 

@@ -254,15 +254,11 @@ def _run_suite(model, tokenizer, o, folder, name):
     r = run_niah(
         model,
         tokenizer,
-        haystack=o.haystack,
-        context_tokens=o.context_tokens,
         grid=o.niah_grid,
         heatmap_needles=o.niah_needles,
         heatmap_lengths=o.niah_heatmap_lengths,
         heatmap_samples=o.niah_heatmap_samples,
-        samples=o.samples,
-        value_digits=o.niah_digits,
-        seed=o.seed,
+        **o.needle_prompts(),
     )
     return r, {"niah": plot_niah(r, folder / "niah_heatmap.png").name}
 

@@ -83,6 +83,13 @@ class SuiteOptions:
     mqar_samples: int = 32
     seed: int = 0
 
+    def needle_prompts(self) -> dict:
+        """The options the needle suites (niah, alloc) share: the same seeded prompts for both."""
+        return {
+            "haystack": self.haystack, "context_tokens": self.context_tokens, "samples": self.samples,
+            "value_digits": self.niah_digits, "seed": self.seed,
+        }  # fmt: skip
+
     def icl_dataset_options(self) -> dict:
         return {"max_chars": self.icl_max_chars, "max_classes": self.icl_max_classes}
 

@@ -14,8 +14,6 @@ from diffattn.cli import main
 from diffattn.eval import suite as suite_module
 from diffattn.eval.common import Suite
 
-from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
-
 
 def _run_toy(model, tok, options, folder, name):
     ids = tok("to be or not to be", return_tensors="pt").input_ids
@@ -37,7 +35,7 @@ def toy_suite():
     del suite_module.SUITE_TABLE["toy"]
 
 
-def test_a_suite_in_the_table_runs_prints_and_reports(toy_suite, tokenizer, tmp_path, capsys):  # noqa: F811
+def test_a_suite_in_the_table_runs_prints_and_reports(toy_suite, tokenizer, tmp_path, capsys):
     folder = tmp_path / "model"
     build_model("debug", "standard", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

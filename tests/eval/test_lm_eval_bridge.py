@@ -13,11 +13,13 @@ import socket
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from diffattn import DexConfig, adapt, build_model, load_pretrained, set_adapter_step
 from diffattn.data import load_corpus, train_tokenizer
 from diffattn.eval.lm_eval_bridge import evaluate_with_lm_eval, list_local_tasks
+
+from ..tiny_models import tiny_config
 
 pytest.importorskip("lm_eval", reason="the lm-eval bridge needs the 'eval' extra (pip install 'diffattn[eval]')")
 
@@ -73,16 +75,7 @@ def llama_dir(tmp_path_factory, tokenizer):
     """A tiny random Llama saved with the tokenizer: what a user's local Hugging Face folder looks like."""
     folder = tmp_path_factory.mktemp("lm-eval-llama")
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=len(tokenizer))).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

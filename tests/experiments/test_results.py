@@ -12,7 +12,7 @@ import pytest
 from diffattn.experiments.report import EXPORT_MARKER
 from diffattn.experiments.schema import validate_results
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 EXPORTS = sorted(p.parent for p in RESULTS.glob(f"*/{EXPORT_MARKER}"))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from diffattn.data import load_corpus, train_tokenizer
 from diffattn.eval.icl import (
@@ -45,7 +45,7 @@ from diffattn.eval.icl_data import (
 )
 from diffattn.models.build import build_model
 
-from .tiny_models import CONFIGS
+from ..tiny_models import CONFIGS, tiny_config
 
 WORDS = [
     "the",
@@ -97,14 +97,8 @@ def tokenizer(tmp_path_factory):
 
 def _model(tokenizer, seed=0, positions=256):
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=positions,
+    config = tiny_config(
+        "llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, max_position_embeddings=positions
     )
     return LlamaForCausalLM(config).eval()
 

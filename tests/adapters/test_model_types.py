@@ -17,7 +17,7 @@ from diffattn.adapters.model_types import (
 )
 from diffattn.ops import diff_attention
 
-from .tiny_models import CONFIGS, tiny
+from ..tiny_models import CONFIGS, tiny
 
 
 def test_every_table_entry_has_a_test_config():

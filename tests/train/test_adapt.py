@@ -5,15 +5,14 @@ folder, freezes what its paper froze, logs λ(t), and leaves a folder :func:`loa
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
+from transformers import TrainerCallback
 
 from diffattn import load_adapter, load_pretrained
 from diffattn.cli import main
-from diffattn.data import load_corpus, train_tokenizer
+from diffattn.data import load_corpus
 from diffattn.train.adapt import (
     INACTIVE_LAMBDA,
     AdaptRunConfig,
@@ -23,74 +22,7 @@ from diffattn.train.adapt import (
     load_adapted,
 )
 
-WORDS = [
-    "the",
-    "king",
-    "queen",
-    "sword",
-    "crown",
-    "night",
-    "day",
-    "river",
-    "stone",
-    "ghost",
-    "crow",
-    "bell",
-    "rose",
-    "thorn",
-    "letter",
-    "storm",
-]
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
-    for i in range(24):  # >= 20 documents: a document split, so val is non-empty
-        lines = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(12)]
-        (root / f"doc{i:02d}.txt").write_text("\n".join(lines))
-    return root
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory, corpus_dir):
-    """A tiny random Llama saved with a BPE tokenizer of the corpus: what a user's local HF folder looks like."""
-    folder = tmp_path_factory.mktemp("base")
-    tokenizer = train_tokenizer(load_corpus(corpus_dir), 300, cache_dir=tmp_path_factory.mktemp("tok"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def _config(base_dir, corpus_dir, method, steps=3, **sets):
-    config = AdaptRunConfig().with_overrides(
-        {
-            "model.name": str(base_dir),
-            "method.name": method,
-            "data.source": str(corpus_dir),
-            "data.seq_len": 32,
-            "data.val_sequences": 4,
-            "data.calibration_batches": 2,
-            "train.max_steps": steps,
-            "train.global_batch_size": 2,
-            "train.lr": 1e-2,
-            "train.eval_every": 100,
-            "train.save_every": 100,
-            **sets,
-        }
-    )
-    return config.validate()
+from ..helpers import adapt_config
 
 
 def _metrics(run):
@@ -178,7 +110,7 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
             seen["groups"] = [(g["weight_decay"], {id(p) for p in g["params"]}) for g in optimizer.param_groups]
             seen["names"] = {id(p): n for n, p in model.named_parameters()}
 
-    summary = adapt_pretrained(_config(base_dir, corpus_dir, method, **sets), out, callbacks=[Grab()])
+    summary = adapt_pretrained(adapt_config(base_dir, corpus_dir, method, **sets), out, callbacks=[Grab()])
     assert summary["steps"] == 3 and summary["val_loss_after"] < summary["val_loss_before"]
     base, tokenizer = load_pretrained(base_dir)
     total = sum(p.numel() for p in base.parameters())
@@ -210,26 +142,26 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
 
 def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path):
     out = tmp_path / "run"
-    adapt_pretrained(_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
-    config = _config(base_dir, corpus_dir, "daa", steps=4, **{"train.save_every": 2})
+    adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
+    config = adapt_config(base_dir, corpus_dir, "daa", steps=4, **{"train.save_every": 2})
     summary = adapt_pretrained(config, out, resume=True)
     assert summary["steps"] == 4 and summary["val_loss_before"] is None
     with pytest.raises(ValueError, match="differ from the saved run"):
-        adapt_pretrained(_config(base_dir, corpus_dir, "dex", steps=4), out, resume=True)
+        adapt_pretrained(adapt_config(base_dir, corpus_dir, "dex", steps=4), out, resume=True)
 
 
 def test_resume_sees_a_changed_code_default_and_accepts_its_old_value_given(base_dir, corpus_dir, tmp_path):
     """run.yaml holds the options given; method_options.json the resolved ones. A run made when DAA's default
     placement was pre-RoPE (simulated by editing the saved file) must not resume as post-RoPE unannounced."""
     out = tmp_path / "run"
-    adapt_pretrained(_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
+    adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
     saved = json.loads((out / "method_options.json").read_text())
     assert saved["position"] == "post-rope"
     (out / "method_options.json").write_text(json.dumps({**saved, "position": "pre-rope"}))
     longer = {"train.save_every": 2}
     with pytest.raises(ValueError, match=r"resolve differently.*position: 'pre-rope' -> 'post-rope'"):
-        adapt_pretrained(_config(base_dir, corpus_dir, "daa", steps=4, **longer), out, resume=True)
-    given = _config(base_dir, corpus_dir, "daa", steps=4, **longer, **{"method.options.position": "pre-rope"})
+        adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=4, **longer), out, resume=True)
+    given = adapt_config(base_dir, corpus_dir, "daa", steps=4, **longer, **{"method.options.position": "pre-rope"})
     assert adapt_pretrained(given, out, resume=True)["method_config"]["position"] == "pre-rope"
 
 
@@ -268,7 +200,7 @@ def test_default_anneal_steps_is_twenty_percent_with_a_floor_of_min_10_and_half_
 
 def test_six_step_dex_run_really_adds_differential_attention(base_dir, corpus_dir, tmp_path):
     out = tmp_path / "dex"
-    summary = adapt_pretrained(_config(base_dir, corpus_dir, "dex", steps=6), out)
+    summary = adapt_pretrained(adapt_config(base_dir, corpus_dir, "dex", steps=6), out)
     assert summary["method_config"]["init"] == "identity" and summary["method_config"]["anneal_steps"] == 3
     assert len(summary["lambda"]) == 2 and all(v != 0.0 for v in summary["lambda"])  # λ = λ_learn (t = 5 > T)
     assert max(abs(v) for v in summary["lambda"]) >= INACTIVE_LAMBDA and summary["warnings"] == []
@@ -282,7 +214,7 @@ def test_six_step_dex_run_really_adds_differential_attention(base_dir, corpus_di
         assert (w.method.dex_w_d.detach() - eye).abs().max() > 1e-4  # W_D moved from its identity init
         assert float(w.method.dex_lambda().detach()) != 0.0
     # the old default (init="zero", and T = 20% of 6 steps = 1) trained nothing: now refused before any work
-    old = _config(base_dir, corpus_dir, "dex", steps=6, **{"method.init": "zero", "method.anneal_steps": 1})
+    old = adapt_config(base_dir, corpus_dir, "dex", steps=6, **{"method.init": "zero", "method.anneal_steps": 1})
     with pytest.raises(ValueError, match=r"init='zero' and anneal_steps=1, .*neither ever moves"):
         adapt_pretrained(old, tmp_path / "old")
     assert not (tmp_path / "old").exists()
