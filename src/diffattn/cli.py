@@ -47,6 +47,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  {'auto':<10} usable      picks the fastest backend for the device (now: {now})")
     for s in backend_status():
         print(f"  {s.name:<10} {'usable' if s.usable else 'unusable':<11} {s.reason}")
+    from .adapters.registry import specs
+    from .eval.suite import SUITE_TABLE
+
+    print("adapter methods (diffattn adapt --method):")
+    for spec in specs():
+        merge = "merges" if spec.mergeable else "does not merge"
+        lam = "λ(t) of Dex Eq. 4" if spec.annealed else ""
+        print(f"  {spec.name:<10} {spec.kind:<8} {spec.display}; {merge}" + (f"; {lam}" if lam else ""))
+    print(f"evaluation suites (diffattn eval --suite): {', '.join(SUITE_TABLE)}")
     return 0
 
 
@@ -410,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
     p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
-    p.add_argument("--method", help="dex, daa, diffq, diffk, diffv, difflora, lora, attn-ft or full-ft (default dex)")
+    p.add_argument("--method", help="a registered method or control (default dex; `diffattn info` lists them)")
     p.add_argument("--merge", action="store_const", const=True, default=None, help="also write merged/ (dex, diffv)")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
     p.add_argument("--seq-len", type=int, help="training sequence length (default 256)")
@@ -444,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="ppl,niah,alloc,mqar,outliers,quant,heads",
-        help="comma-separated: ppl,niah,alloc,icl,mqar,outliers,quant,heads",
+        help="comma-separated suites of the suite table (`diffattn info` lists them)",
     )
     p.add_argument("--out", required=True, help="folder for results.json and the PNGs")
     p.add_argument("--name", help="the model's name in results and plots (default: the argument)")
