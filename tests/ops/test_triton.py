@@ -457,8 +457,8 @@ def test_gpu_torch_compile_inductor():
 
 
 def test_flop_ideal_note():
-    # the stated FLOP ratios, as the benchmark uses them (bench/attention.py): forward 1.5×, backward
-    # 1×, forward+backward 1.14× a same-size baseline when V has width 2d
+    # the fused kernel's stated FLOP ratios, as the benchmark uses them (bench/attention.py): forward 1.5×,
+    # backward 1×, forward+backward 1.14× a same-size baseline when V has width 2d
     from diffattn.bench.attention import attention_flops
 
     base = attention_flops(1, 8, 1024, 1024, 64, 64, causal=True, kind="baseline")

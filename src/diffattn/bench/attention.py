@@ -22,10 +22,10 @@ TFLOP/s (op level) use stated formulas, not each implementation's own work (:fun
 FLOPs over the visible (causal) query–key pairs, FlashAttention-2 accounting (the backward recomputes QKᵀ).
 Baseline per head: forward 2·(d + dv), backward 2·(3d + 2dv) per pair. DIFF per head (two maps, one V):
 forward 2·(2d + 2dv) (both QKᵀ and both P·V), backward 2·(6d + 2dv) (both QKᵀ recomputed, dV = (P1 − λP2)ᵀdO
-and G = dO·Vᵀ once for both maps, dQ1, dK1, dQ2, dK2). With V of width 2d this is the issue's ideal: forward
+and G = dO·Vᵀ once for both maps, dQ1, dK1, dQ2, dK2). With V of width 2d this is the ideal: forward
 1.5×, backward 1×, forward+backward 8/7 = 1.14× the baseline.
 
-On a GPU, the issue's comparison: ``python benchmarks/attention.py --dtype bfloat16 --sizes
+On a GPU, the comparison to run: ``python benchmarks/attention.py --dtype bfloat16 --sizes
 1024,2048,4096,8192,16384 --head-dim 64 --levels op`` (and ``--head-dim 128``).
 """
 
@@ -347,8 +347,8 @@ def format_table(rows: list[Row]) -> str:
 
 
 def target_lines(rows: list[Row], seq_len: int = 2048) -> list[str]:
-    """The issues' targets, checked against the measured rows (never asserted in tests): the foundation issue's
-    CPU targets for ``auto`` at ``seq_len``, and the fused kernel's GPU targets for ``triton`` at N = 4096."""
+    """The targets the op was built to, checked against the measured rows (never asserted in tests): the CPU
+    targets for ``auto`` at ``seq_len``, and the fused kernel's GPU targets for ``triton`` at N = 4096."""
     out = []
     op = {r.impl: r for r in rows if r.level == "op" and r.seq_len == seq_len}
     auto, ref = op.get("diff auto"), op.get("diff reference")
