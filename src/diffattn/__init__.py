@@ -55,7 +55,8 @@ __all__ = ["__version__", *_LAZY]
 def __getattr__(name: str):
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip __getattr__
+        if name != "METHODS":  # METHODS follows the registry (a method registered later is in it): never cached
+            globals()[name] = value  # later lookups skip __getattr__
         return value
     if name.endswith("Config"):  # a registered method's options (one added later needs no line here)
         from .adapters.registry import specs

@@ -122,8 +122,10 @@ def set_dotted(d: dict, dotted: str, value) -> None:
             node = node.setdefault(key, {})
         else:
             raise ValueError(f"--set {dotted}: {'.'.join(keys[:depth])} is not a section")
-    if not isinstance(node, dict):
+    if isinstance(node, list):
         raise ValueError(f"--set {dotted}: cannot set a key inside a list; give an index")
+    if not isinstance(node, dict):
+        raise ValueError(f"--set {dotted}: {'.'.join(keys[:-1])} is a value ({node!r}), not a section")
     node[keys[-1]] = value
 
 

@@ -19,6 +19,7 @@ This module imports only torch: every package may use it.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
@@ -58,7 +59,7 @@ def check_lambda_init(
     what = message or _range_words(low, high, low_open)
     if isinstance(value, str):
         ok = value == EXPONENTIAL
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars are Real too
         ok = False
     else:
         v = float(value)

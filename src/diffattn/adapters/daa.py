@@ -26,36 +26,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
+from .annealed import (  # noqa: F401  (attention_module_names: re-exported, it was defined here)
+    ATTN_NEW,
+    AnnealedMethodConfig,
+    annealed_lambda_for,
+    annealed_spec,
+    attention_module_names,
+)
 from .base import AdapterMethod, AnnealedLambda, wrap_attention
-from .model_types import attention_modules, get_spec, head_layout, linear_part
-from .registry import TWO_MAPS, MethodSpec, Recipe, register
-
-
-@dataclass
-class AnnealedMethodConfig:
-    """Options shared by the λ(t)-annealed methods (DAA, DiffQ, DiffK, DiffV)."""
-
-    lambda_init: str | float = "exponential"  # DIFF's per-layer schedule, or a constant
-    anneal: bool = True  # False: λ = λ_learn from the start (ablation)
-    anneal_steps: int | None = None  # T of Dex Eq. 4; `diffattn adapt` defaults it (train.adapt.default_anneal_steps)
-    train_lm_head: bool = False  # also train lm_head (the paper's Llama runs)
-
-    def __post_init__(self):
-        check_annealing(self.anneal, self.anneal_steps, type(self).__name__)
-        check_lambda_init(self.lambda_init, f"{type(self).__name__}.lambda_init")
-
-    def never_learns(self) -> str | None:
-        """None: unlike Dex with ``init="zero"``, no setting of these methods leaves a parameter without a gradient.
-
-        Their new weight (W_DAA, W_D) starts at the identity, so the second term is non-zero from step 0 (DAA,
-        DiffQ, DiffK: the second map equals the first, A2·V = O; DiffV: X·W_Dᵀ·W_Vᵀ = V) and λ_learn's gradient
-        (∝ that term, times α) is non-zero as soon as α > 0, even with ``anneal=False`` (α = 1 from step 0),
-        ``anneal_steps=1`` or ``lambda_init=0``; once λ ≠ 0 the new weight gets its gradient (∝ λ) too."""
-        return None
-
-    def check_learnable(self) -> None:
-        """Nothing to refuse (see :meth:`never_learns`); here so every λ(t) config answers the same call."""
+from .model_types import get_spec, head_layout, linear_part
+from .registry import TWO_MAPS, register
 
 
 @dataclass
@@ -116,16 +96,12 @@ class InputDiffMaps(_AnnealedTwoMaps):
         return (q, k, second, None) if self.part == "q" else (q, k, None, second)
 
 
-def _annealed_lambda(config: AnnealedMethodConfig, layer_idx: int, state, device) -> AnnealedLambda:
-    return AnnealedLambda(lambda_init_schedule(layer_idx, config.lambda_init), state, config.anneal).to(device)
-
-
 def adapt_daa(model: nn.Module, config: DAAConfig) -> nn.Module:
     param = next(model.parameters())
 
     def make(layer_idx, attn, state):
         layout = head_layout(attn)
-        lam = _annealed_lambda(config, layer_idx, state, param.device)
+        lam = annealed_lambda_for(config, layer_idx, state, param.device)
         return DAAMaps(layout.num_heads, layout.head_dim, config.position, lam, param.device, param.dtype)
 
     return wrap_attention(model, make, config, "daa", config.anneal_steps)
@@ -137,63 +113,10 @@ def adapt_input_diff(model: nn.Module, config: DiffQConfig | DiffKConfig) -> nn.
     part, name = ("q", "diffq") if isinstance(config, DiffQConfig) else ("k", "diffk")
 
     def make(layer_idx, attn, state):
-        lam = _annealed_lambda(config, layer_idx, state, param.device)
+        lam = annealed_lambda_for(config, layer_idx, state, param.device)
         return InputDiffMaps(part, attn, d_model, lam, param.device, param.dtype)
 
     return wrap_attention(model, make, config, name, config.anneal_steps)
-
-
-def attention_module_names(model: nn.Module, lm_head: bool = False) -> list[str]:
-    """Every parameter of the (wrapped) attention modules, plus the output embedding's when ``lm_head``."""
-    spec = get_spec(model)
-    prefixes = []
-    for _, layer, _ in attention_modules(model, spec):
-        root = next(n for n, m in model.named_modules() if m is layer)
-        prefixes.append(f"{root}.{spec.attention}.")
-    names = [n for n, _ in model.named_parameters() if n.startswith(tuple(prefixes))]
-    if lm_head:
-        head = model.get_output_embeddings().weight
-        names += [n for n, p in model.named_parameters() if p is head]  # tied models: the embedding's name
-    return names
-
-
-ATTN_NEW = "W_Q,K,V,O + new"
-
-# DAA App. E.1 (GPT-2) and E.2 (Llama): the recipe of DAA and of its DiffQ/K/V variants (DiffV lives in input_diff)
-ANNEALED_PAPER_RECIPES = {
-    "gpt2": Recipe(
-        "DAA (2025), App. E.1 (GPT-2)",
-        lr=3e-5,
-        schedule="cosine",
-        min_lr_ratio=0.0,
-        warmup_steps=500,
-        weight_decay=0.01,
-    ),
-    "*": Recipe(
-        "DAA (2025), App. E.2 (Llama)", lr=1e-4, schedule="cosine", min_lr_ratio=0.0, warmup_steps=500, grad_clip=1.0
-    ),
-}
-
-
-def attention_and_head_names(model: nn.Module) -> list[str]:
-    """What DAA and DiffQ/K/V train: the attention modules (with their new weights), and lm_head if asked."""
-    return attention_module_names(model, model._diffattn_adapter.config.train_lm_head)
-
-
-def annealed_spec(name: str, display: str, config: type, adapt, bench_variants, **kwargs) -> MethodSpec:
-    """The registry entry of a λ(t) method trained like DAA (attention modules, optionally lm_head; DAA's recipes)."""
-    return MethodSpec(
-        name=name,
-        display=display,
-        config=config,
-        adapt=lambda model, c, calibration=None: adapt(model, c),
-        trained_names=attention_and_head_names,
-        annealed=True,
-        paper_recipes=ANNEALED_PAPER_RECIPES,
-        report_settings=kwargs.pop("report_settings", ("anneal_steps",)),
-        bench_variants=bench_variants,
-        **kwargs,
-    )
 
 
 def _daa_rows(shape, anneal_steps: int, second_map_flops) -> list:

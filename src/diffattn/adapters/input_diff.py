@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..lambdas import lambda_init_schedule
+from .annealed import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .base import AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
-from .daa import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .model_types import attention_modules, get_spec, head_layout
 from .registry import register
 

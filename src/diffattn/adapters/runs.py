@@ -17,7 +17,7 @@ import torch
 from ..files import RUN_CONFIG, read_yaml
 from ..models.pretrained import load_pretrained
 from .io import load_adapter
-from .registry import ADAPTER, FINAL, MERGED, get_method, specs
+from .registry import ADAPTER, FINAL, MERGED, get_method, method_names, specs
 
 
 def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: torch.dtype = torch.float32):
@@ -46,6 +46,11 @@ def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: tor
         raise ValueError(f"run {str(run_dir)!r} has no {ADAPTER}/ or {FINAL}/: did it finish?")
     base = (run.get("model") or {}).get("name")
     method = (run.get("method") or {}).get("name")
+    if not base or method not in method_names():
+        raise ValueError(
+            f"{run_dir / RUN_CONFIG} names no base model (model.name) or an unknown method ({method!r}); this "
+            f"version loads: {', '.join(method_names())}"
+        )
     model, tokenizer = load_pretrained(base, dtype=dtype)
     if get_method(method).kind == "control":  # the LoRA control: PEFT's own folder
         from peft import PeftModel

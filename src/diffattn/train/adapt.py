@@ -48,10 +48,17 @@ from ..adapters import (
     set_adapter_step,
     trainable_parameters,
 )
-from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method
+from ..adapters.controls import LoRAControlConfig, NoOptions, lora_target_modules  # noqa: F401  (were here)
+from ..adapters.io import load_adapter  # noqa: F401  (importable from here before)
+from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
 from ..adapters.runs import load_adapted  # noqa: F401  (re-exported: it was defined here)
 from ..data import load_corpus, tokenize_and_pack
-from ..files import is_inside, publish_folder, write_text_atomic
+from ..files import (
+    RUN_CONFIG,  # noqa: F401  (importable from here before)
+    is_inside,
+    publish_folder,
+    write_text_atomic,
+)
 from ..models.pretrained import load_pretrained
 from .adapt_config import (  # noqa: F401  (re-exported: the public names of a run's config)
     RESOLVED_OPTIONS,
@@ -87,6 +94,14 @@ logger = logging.getLogger(__name__)
 def _calibration(train_ids: torch.Tensor, batch: int, batches: int) -> list[torch.Tensor]:
     rows = train_ids[: batch * batches]
     return [rows[i : i + batch] for i in range(0, rows.shape[0], batch)]
+
+
+def apply_control(model: torch.nn.Module, method: str, options) -> torch.nn.Module:
+    """Set up a control (its registry entry's adapt): LoRA through PEFT, or what attention/full fine-tuning trains."""
+    spec = get_method(method) if method in method_names() else None
+    if spec is None or spec.kind != "control":
+        raise ValueError(f"unknown control {method!r}; controls: {', '.join(method_names('control'))}")
+    return spec.adapt(model, options, None)
 
 
 def prepare_model(config: AdaptRunConfig, model, train_ids: torch.Tensor | None = None):

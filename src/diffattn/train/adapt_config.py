@@ -21,6 +21,12 @@ def __getattr__(name: str):
         return method_names()
     if name == "CONTROLS":
         return method_names("control")
+    if name == "METHODS":
+        from ..adapters import METHODS
+
+        return METHODS
+    if name == "ANNEALED":  # the methods whose λ follows Dex Eq. 4
+        return tuple(s.name for s in specs() if s.annealed)
     if name == "MERGEABLE":
         return tuple(s.name for s in specs() if s.mergeable)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ meaning; ours decays to 4% (DIFF's linear schedule).
 
 from __future__ import annotations
 
-from ..adapters.registry import get_method, method_names
+from ..adapters.registry import Recipe, get_method, method_names
 
 
 def __getattr__(name: str):
@@ -20,6 +20,7 @@ def __getattr__(name: str):
 
 
 RECIPES = ("ours", "paper")
+__all__ = ["RECIPES", "Recipe", "paper_recipe"]  # and PAPER_RECIPES, built on access
 
 
 def paper_recipe(
