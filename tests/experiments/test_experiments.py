@@ -432,3 +432,19 @@ def test_claims_use_seeds_or_per_window_nll_for_the_loss_and_rounding_hides_noth
     evals = {"baseline": {"alloc": _alloc(base, base, sha="a")}, "diff": {"alloc": _alloc(base + 0.1, base, sha="b")}}
     more = _by(paper_claims(config, {}, evals))[("DIFF Transformer Table 3", "more")]
     assert more.verdict == "agrees" and "unpaired" in more.interval
+
+
+def test_a_methods_claims_against_a_control_trained_on_the_same_base(corpus):
+    from diffattn.experiments.claims import paper_claims
+
+    d = _debug(corpus)
+    dex = next(a for a in d["adapters"] if a["method"] == "dex")
+    d["adapters"].append({"name": "attn", "base": dex["base"], "method": "attn-ft"})
+    config = ExperimentConfig.from_dict(d)
+    rng = np.random.default_rng(0)
+    answer, noise = rng.uniform(0.01, 0.03, 40), rng.uniform(0.4, 0.6, 40)
+    evals = {dex["base"]: {"alloc": _alloc(answer, noise)}, "attn": {"alloc": _alloc(answer + 0.05, noise)},
+             dex["name"]: {"alloc": _alloc(answer + 0.05, noise)}}  # fmt: skip
+    claims = [c for c in paper_claims(config, {}, evals) if c.source == "Dex Table 2 (vs attn-ft)"]
+    assert len(claims) == 1 and (claims[0].ref, claims[0].new) == ("attn", dex["name"])
+    assert claims[0].verdict == "inconclusive"  # the same shares: what the fine-tune did, Dex did not add to
