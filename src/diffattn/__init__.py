@@ -51,6 +51,12 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
+# DIFF V2 checkpoints load through transformers' Auto classes after `import diffattn` (registered when
+# transformers' auto module loads, so this import stays light)
+from .hf_auto import register_when_transformers_loads as _register_when_transformers_loads  # noqa: E402
+
+_register_when_transformers_loads()
+
 
 def __getattr__(name: str):
     if name in _LAZY:

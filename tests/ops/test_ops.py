@@ -27,8 +27,8 @@ def naive_diff_attention(q1, k1, q2, k2, v, lam, *, causal, key_padding=None, sc
     for bi in range(b):
         for hi in range(h):
             kv = hi // (h // hkv)
-            lam_h = lam if lam.dim() == 0 else lam[hi]
             for i in range(t):
+                lam_h = lam if lam.dim() == 0 else lam[hi] if lam.dim() == 1 else lam[bi, hi, i]
                 allowed = [
                     j
                     for j in range(s)
@@ -44,12 +44,14 @@ def naive_diff_attention(q1, k1, q2, k2, v, lam, *, causal, key_padding=None, sc
     return out
 
 
-def make_inputs(b=2, h=4, hkv=2, t=5, s=5, d=8, dv=16, per_head_lam=False, dtype=torch.float32, seed=0):
+def make_inputs(b=2, h=4, hkv=2, t=5, s=5, d=8, dv=16, lam_kind="scalar", dtype=torch.float32, seed=0):
+    """lam_kind: "scalar", "head" (one per query head [H]) or "token" (DIFF V2's gate, [B, H, T])."""
     g = torch.Generator().manual_seed(seed)
     q1, q2 = (torch.randn(b, h, t, d, generator=g, dtype=dtype) for _ in range(2))
     k1, k2 = (torch.randn(b, hkv, s, d, generator=g, dtype=dtype) for _ in range(2))
     v = torch.randn(b, hkv, s, dv, generator=g, dtype=dtype)
-    lam = (torch.rand(h, generator=g) if per_head_lam else torch.rand((), generator=g)).to(dtype)
+    lam_shape = {"scalar": (), "head": (h,), "token": (b, h, t)}[lam_kind]
+    lam = torch.rand(lam_shape, generator=g).to(dtype)
     return q1, k1, q2, k2, v, lam
 
 
@@ -62,7 +64,10 @@ CASES = {
     "t-not-mult-16": dict(t=19, s=19, d=4, dv=8),
     "dv=d": dict(d=8, dv=8),
     "dv<d": dict(d=8, dv=4),
-    "per-head-lam": dict(per_head_lam=True),
+    "per-head-lam": dict(lam_kind="head"),
+    "per-token-lam": dict(lam_kind="token", t=7, s=7),
+    "per-token-lam-t<s": dict(lam_kind="token", t=3, s=9),
+    "per-token-lam-t=1": dict(lam_kind="token", t=1, s=6),
 }
 
 
@@ -134,6 +139,32 @@ def test_fast_backends_match_reference_outputs_and_grads(backend, case, mask_kin
         torch.testing.assert_close(a, r, atol=ATOL, rtol=1e-5, msg=lambda m, n=name: f"grad {n}: {m}")
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+@pytest.mark.parametrize("mask_kind", ["none", "key-padding-2d", "bool-4d-per-head"])
+@pytest.mark.parametrize(("t", "s"), [(7, 7), (3, 9), (1, 6)])
+def test_shared_keys_with_per_token_lambda_match_reference(backend, mask_kind, t, s, small_chunks):
+    """DIFF V2's case (methods.md §5): both maps read the same K tensor (the sdpa backend's one-call path over
+    interleaved query heads), λ per head and token; the gradient of the shared K sums both maps'."""
+    q1, k, q2, _, v, lam = make_inputs(b=2, h=4, hkv=2, t=t, s=s, lam_kind="token")
+    mask = _masks(2, 4, t, s)[mask_kind]
+    leaves = [x.clone().requires_grad_(True) for x in (q1, k, q2, v, lam)]
+
+    def run(backend):
+        a, kk, b_, vv, lm = leaves
+        return lambda: diff_attention(a, kk, b_, kk, vv, lm, attn_mask=mask, backend=backend)
+
+    out_ref, g_ref = _grads(run("reference"), leaves)
+    out_fast, g_fast = _grads(run(backend), leaves)
+    naive = naive_diff_attention(
+        q1, k, q2, k, v, lam, causal=True, key_padding=mask if mask_kind != "bool-4d-per-head" else None
+    )
+    if mask_kind != "bool-4d-per-head":
+        torch.testing.assert_close(out_ref.double(), naive, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(out_fast, out_ref, atol=ATOL, rtol=1e-5)
+    for name, a, r in zip(["q1", "k", "q2", "v", "lam"], g_fast, g_ref, strict=True):
+        torch.testing.assert_close(a, r, atol=ATOL, rtol=1e-5, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
 def test_auto_is_chunked_on_cpu_and_matches():
     assert auto_backend(torch.device("cpu")) == "chunked"
     assert auto_backend(torch.device("cuda")) == "sdpa"
@@ -154,8 +185,9 @@ def test_chunked_low_precision_computes_in_fp32(dtype, small_chunks):
     torch.testing.assert_close(out.float(), ref, atol=2 * torch.finfo(dtype).eps * ref.abs().max().item(), rtol=0)
 
 
-def test_chunked_gradcheck_fp64(small_chunks):
-    args = make_inputs(b=1, h=2, hkv=1, t=6, s=7, d=3, dv=5, per_head_lam=True, dtype=torch.float64)
+@pytest.mark.parametrize("lam_kind", ["head", "token"])
+def test_chunked_gradcheck_fp64(lam_kind, small_chunks):
+    args = make_inputs(b=1, h=2, hkv=1, t=6, s=7, d=3, dv=5, lam_kind=lam_kind, dtype=torch.float64)
     pad = torch.tensor([[False, True, True, True, True, True, True]])
     leaves = tuple(x.requires_grad_(True) for x in args)
     assert torch.autograd.gradcheck(
@@ -165,7 +197,7 @@ def test_chunked_gradcheck_fp64(small_chunks):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_reference_gradcheck_fp64(causal):
-    args = make_inputs(b=1, h=2, hkv=1, t=3, s=4, d=3, dv=5, per_head_lam=True, dtype=torch.float64)
+    args = make_inputs(b=1, h=2, hkv=1, t=3, s=4, d=3, dv=5, lam_kind="head", dtype=torch.float64)
     leaves = tuple(x.requires_grad_(True) for x in args)
     assert torch.autograd.gradcheck(
         lambda *a: diff_attention(*a, causal=causal, backend="reference"), leaves, eps=1e-6, atol=1e-7
@@ -234,7 +266,8 @@ BAD = {
     "v shape": (lambda a: (*a[:4], a[4][:, :, :3]), {}, "v must be"),
     "head dim": (lambda a: (a[0], a[1][..., :4], a[2], a[3][..., :4], a[4]), {}, "head dim"),
     "dtype": (lambda a: (a[0], a[1].double(), *a[2:]), {}, "k1 dtype"),
-    "lam shape": (lambda a: a, {"lam": torch.ones(3)}, "lam must be a scalar or have one value per query"),
+    "lam shape": (lambda a: a, {"lam": torch.ones(3)}, r"lam must be a scalar, \[4\] .* or \[2, 4, 5\]"),
+    "lam per token shape": (lambda a: a, {"lam": torch.ones(2, 4, 4)}, r"got shape \[2, 4, 4\]"),
     "mask shape": (lambda a: a, {"attn_mask": torch.ones(2, 4)}, "key-padding mask of shape"),
     "mask rank": (lambda a: a, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)[None]}, "attn_mask must be 2-D"),
     "mask 4d": (lambda a: a, {"attn_mask": torch.ones(2, 3, 5, 5, dtype=torch.bool)}, "must broadcast"),

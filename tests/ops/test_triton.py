@@ -57,12 +57,13 @@ def _triton_mode(monkeypatch, request):
 # ------------------------------------------------------------------------------------------------------------
 
 
-def make_inputs(b=1, h=4, hkv=2, t=19, s=23, d=8, dv=16, per_head_lam=True, seed=0, device=DEVICE):
+def make_inputs(b=1, h=4, hkv=2, t=19, s=23, d=8, dv=16, lam_kind="head", seed=0, device=DEVICE):
+    """lam_kind: "scalar", "head" ([H]) or "token" ([B, H, T], DIFF V2's per-token gate)."""
     g = torch.Generator().manual_seed(seed)
     q1, q2 = (torch.randn(b, h, t, d, generator=g) for _ in range(2))
     k1, k2 = (torch.randn(b, hkv, s, d, generator=g) for _ in range(2))
     v = torch.randn(b, hkv, s, dv, generator=g)
-    lam = torch.rand(h, generator=g) if per_head_lam else torch.rand((), generator=g)
+    lam = torch.rand({"scalar": (), "head": (h,), "token": (b, h, t)}[lam_kind], generator=g)
     return [x.to(device) for x in (q1, k1, q2, k2, v, lam)]
 
 
@@ -158,13 +159,16 @@ CASES = {
     # causal with T < S (bottom-right), GQA 2:1, odd lengths spanning 2 tiles, V of width 2d, λ per head
     "causal-t<s-gqa-dv2d": (dict(t=19, s=23), dict()),
     # non-causal, MHA, V of width d, scalar λ, lengths exactly one and a bit tiles
-    "noncausal-mha-dv=d-scalar-lam": (dict(h=2, hkv=2, t=17, s=20, dv=8, per_head_lam=False), dict(causal=False)),
+    "noncausal-mha-dv=d-scalar-lam": (dict(h=2, hkv=2, t=17, s=20, dv=8, lam_kind="scalar"), dict(causal=False)),
     # decode: one query against a cache; GQA 4:1 rows are packed into one tile
     "decode-t=1-gqa4": (dict(h=4, hkv=1, t=1, s=37), dict()),
     # head dims that need no padding
     "d16-dv32": (dict(h=2, hkv=1, t=18, s=18, d=16, dv=32), dict()),
     # V narrower than Q/K
     "dv<d": (dict(h=2, hkv=1, t=9, s=9, d=8, dv=4), dict()),
+    # DIFF V2: λ per head and token, batch 2 (the λ rows of each batch and head), T < S, V of width d
+    "per-token-lam": (dict(b=2, h=4, hkv=2, t=19, s=23, dv=8, lam_kind="token"), dict()),
+    "per-token-lam-noncausal": (dict(b=2, h=2, hkv=1, t=17, s=20, lam_kind="token"), dict(causal=False)),
 }
 
 
@@ -207,9 +211,10 @@ def test_4d_additive_mask_broadcast_over_heads():
 
 
 @pytest.mark.parametrize("share", ["k", "q"])
-def test_shared_key_or_query(share):
-    # DAA/DiffQ pass the same K to both maps (loaded once, one dK); DiffK the same Q
-    check_against_reference(make_inputs(h=2, hkv=1, t=18, s=18), share=share)
+@pytest.mark.parametrize("lam_kind", ["head", "token"])
+def test_shared_key_or_query(share, lam_kind):
+    # DAA/DiffQ and DIFF V2 pass the same K to both maps (loaded once, one dK); DiffK the same Q
+    check_against_reference(make_inputs(b=2, h=2, hkv=1, t=18, s=18, lam_kind=lam_kind), share=share)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -226,12 +231,12 @@ def test_atomic_dq_backward(monkeypatch):
     check_against_reference(args, attn_mask=_left_padding(2, 23, 7), share="q")
 
 
-@pytest.mark.parametrize(("t", "s"), [(1, 37), (3, 50)])
-def test_split_kv_decode_forward(monkeypatch, t, s):
+@pytest.mark.parametrize(("t", "s", "lam_kind"), [(1, 37, "head"), (3, 50, "head"), (3, 50, "token")])
+def test_split_kv_decode_forward(monkeypatch, t, s, lam_kind):
     # flash-decoding: keys split over 3 programs per row block and merged; batch 0's padding empties the first
     # split, batch 1 is fully padded (no key anywhere: output 0)
     monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", 3)
-    q1, k1, q2, k2, v, lam = make_inputs(b=2, h=4, hkv=2, t=t, s=s)
+    q1, k1, q2, k2, v, lam = make_inputs(b=2, h=4, hkv=2, t=t, s=s, lam_kind=lam_kind)
     pad = torch.ones(2, s, dtype=torch.bool, device=DEVICE)
     pad[0, :20] = False
     pad[1] = False

@@ -1,7 +1,8 @@
-"""Models: named presets, from-scratch baseline/DIFF builders, and our DIFF attention installed into them."""
+"""Models: named presets, from-scratch baseline/DIFF/DIFF V2 builders, and our DIFF attention installed into them."""
 
 from .build import ATTENTIONS, build_model, count_parameters, describe_parameters, model_config
 from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, lambda_init_value
+from .diff_v2 import DiffV2Attention, DiffV2Config, DiffV2ForCausalLM, DiffV2Model, set_v2_backend
 from .install import install_diff_attention, remove_diff_attention
 from .presets import PRESETS, ModelPreset, get_preset
 from .pretrained import PRETRAINED, load_pretrained
@@ -12,6 +13,10 @@ __all__ = [
     "PRETRAINED",
     "DiffAttentionOptions",
     "DiffLlamaDifferentialAttention",
+    "DiffV2Attention",
+    "DiffV2Config",
+    "DiffV2ForCausalLM",
+    "DiffV2Model",
     "ModelPreset",
     "build_model",
     "count_parameters",
@@ -22,4 +27,5 @@ __all__ = [
     "load_pretrained",
     "model_config",
     "remove_diff_attention",
+    "set_v2_backend",
 ]

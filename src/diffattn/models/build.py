@@ -1,8 +1,11 @@
-"""From-scratch models: a Llama-style baseline or a DIFF Transformer of the same size, from a named preset.
+"""From-scratch models: a Llama-style baseline, a DIFF Transformer or a DIFF V2 model of the same size, from a
+named preset.
 
 The baseline is Hugging Face ``LlamaForCausalLM`` (RMSNorm, SwiGLU, no bias, RoPE — the paper's
-"Transformer"); the DIFF model is ``DiffLlamaForCausalLM`` with our attention installed. We build configs
-and let transformers build the model: no model class is written by hand.
+"Transformer"); the DIFF model is ``DiffLlamaForCausalLM`` with our attention installed; DIFF V2 is
+:class:`diffattn.models.diff_v2.DiffV2ForCausalLM` (a Llama model with V2 attention, methods.md §5). V2 adds
+H·d·d_model query and d_model·H gate weights per layer; its FFN is narrowed by the width that pays for them, so
+the three models of a preset have the same parameter count (within one FFN unit per layer).
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import logging
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from .diff_v2 import DiffV2Config, DiffV2ForCausalLM, set_v2_backend
 from .install import install_diff_attention
 from .presets import ModelPreset, get_preset
 
 logger = logging.getLogger(__name__)
 
-ATTENTIONS = ("standard", "diff")
+ATTENTIONS = ("standard", "diff", "diff-v2")
 
 
 def _check_attention(attention: str) -> None:
@@ -49,7 +53,17 @@ def model_config(preset: str | ModelPreset, attention: str = "standard", **overr
     )
     if attention == "diff":
         return DiffLlamaConfig(**common, lambda_std_dev=0.1)
+    if attention == "diff-v2":
+        common["intermediate_size"] = v2_intermediate_size(p)
+        return DiffV2Config(**common, mlp_bias=False, use_diff_v2=True)
     return LlamaConfig(**common, mlp_bias=False)
+
+
+def v2_intermediate_size(preset: ModelPreset) -> int:
+    """FFN width of a preset's V2 model: the baseline's minus what pays for V2's extra weights per layer
+    (H·d·d_model more query weights and d_model·H gate weights; a SwiGLU unit costs 3·d_model)."""
+    extra = preset.num_heads * preset.head_dim * preset.hidden_size + preset.hidden_size * preset.num_heads
+    return preset.intermediate_size - round(extra / (3 * preset.hidden_size))
 
 
 def build_model(
@@ -67,20 +81,25 @@ def build_model(
 
     Args:
         preset: a name from :data:`diffattn.models.presets.PRESETS` or a :class:`ModelPreset`.
-        attention: ``"standard"`` → ``LlamaForCausalLM``; ``"diff"`` → ``DiffLlamaForCausalLM``.
-        backend: for DIFF, the backend of our installed attention; ``None`` keeps Hugging Face's own
-            ``DiffLlamaAttention``.
+        attention: ``"standard"`` → ``LlamaForCausalLM``; ``"diff"`` → ``DiffLlamaForCausalLM``;
+            ``"diff-v2"`` → ``DiffV2ForCausalLM`` (methods.md §5).
+        backend: for DIFF, the backend of our installed attention (``None`` keeps Hugging Face's own
+            ``DiffLlamaAttention``); for DIFF V2 the backend of its op (``None`` = ``auto``).
         lambda_init, norm: DIFF options, see :func:`diffattn.install_diff_attention`.
         seed: seeds the weight initialisation.
         dtype: parameter dtype (default float32; use float32 on CPU).
         **overrides: preset fields, e.g. ``num_layers=3, max_position_embeddings=512``.
     """
     config = model_config(preset, attention, **overrides)
-    cls = DiffLlamaForCausalLM if attention == "diff" else LlamaForCausalLM
+    cls = {"diff": DiffLlamaForCausalLM, "diff-v2": DiffV2ForCausalLM}.get(attention, LlamaForCausalLM)
     if seed is not None:
         torch.manual_seed(seed)
     model = cls._from_config(config, attn_implementation="sdpa", dtype=dtype or torch.float32)
-    if attention == "diff" and backend is not None:
+    if attention == "diff-v2":
+        if lambda_init is not None or norm is not None:
+            raise ValueError("lambda_init and norm are DIFF V1 options; DIFF V2 has a per-token gate and no norm")
+        set_v2_backend(model, backend or "auto")
+    elif attention == "diff" and backend is not None:
         install_diff_attention(model, backend, lambda_init=lambda_init, norm=norm)
     elif attention != "diff" and (lambda_init is not None or norm is not None):
         raise ValueError("lambda_init and norm are DIFF options; they need attention='diff'")
@@ -95,12 +114,18 @@ def count_parameters(preset: str | ModelPreset, attention: str = "standard", **o
 
 
 def describe_parameters(preset: str | ModelPreset, **overrides) -> str:
-    """One line comparing the baseline's and the DIFF model's parameter counts for a preset."""
+    """One line comparing the baseline's, the DIFF model's and the DIFF V2 model's parameter counts."""
     p = get_preset(preset, **overrides)
     base = count_parameters(p, "standard")
     diff = count_parameters(p, "diff")
-    return (
+    line = (
         f"{p.name}: baseline {base:,} params ({p.num_heads} heads × d={p.head_dim}) | "
-        f"DIFF {diff:,} params ({p.diff_heads} heads × d={p.head_dim}, V 2d) | "
-        f"difference {100 * (diff - base) / base:+.3f}%"
+        f"DIFF {diff:,} params ({p.diff_heads} heads × d={p.head_dim}, V 2d; {100 * (diff - base) / base:+.3f}%)"
     )
+    if p.num_heads % p.num_kv_heads == 0:
+        v2 = count_parameters(p, "diff-v2")
+        line += (
+            f" | DIFF V2 {v2:,} params ({p.num_heads} pairs × d={p.head_dim}, FFN {v2_intermediate_size(p)}; "
+            f"{100 * (v2 - base) / base:+.3f}%)"
+        )
+    return line

@@ -63,6 +63,11 @@ class ModelPreset:
                 problems.append(f"DIFF needs an even num_heads (Q1/Q2 halves), got {self.num_heads}")
             if self.num_kv_heads % 2:
                 problems.append(f"DIFF needs an even num_kv_heads (K1/K2 halves), got {self.num_kv_heads}")
+        if attention == "diff-v2" and self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads:
+            problems.append(
+                f"DIFF V2 pairs its 2H query heads on the Hkv key heads: num_heads={self.num_heads} must be a "
+                f"multiple of num_kv_heads={self.num_kv_heads}"
+            )
         for field in ("num_layers", "intermediate_size", "vocab_size", "max_position_embeddings"):
             if getattr(self, field) <= 0:
                 problems.append(f"{field} must be positive, got {getattr(self, field)}")

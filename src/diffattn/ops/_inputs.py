@@ -8,7 +8,8 @@ Conventions (methods.md §0):
     q1, q2  [B, H, T, d]      query heads of the first and second map
     k1, k2  [B, Hkv, S, d]    key heads (GQA: H % Hkv == 0, query head i reads key head i // (H // Hkv))
     v       [B, Hkv, S, dv]   shared values, dv may differ from d (DIFF V1 uses dv = 2d)
-    lam     scalar, or one per query head [H]
+    lam     scalar, one per query head [H], or one per query head and token [B, H, T] (DIFF V2's gate,
+            methods.md §5)
     mask    causal (bottom-right aligned when T < S) and/or ``attn_mask``:
             2-D ``[B, S]`` key padding (True/1 = real token), or 4-D broadcastable to ``[B, H, T, S]``;
             bool masks mean "may attend", floating masks are added to the logits.
@@ -31,10 +32,15 @@ class DiffAttentionInputs:
     q2: torch.Tensor
     k2: torch.Tensor
     v: torch.Tensor
-    lam: torch.Tensor  # 0-d, or [1, H, 1, 1] for one λ per query head
+    lam: torch.Tensor  # 0-d, [1, H, 1, 1] for one λ per query head, or [B, H, T, 1] for one per head and token
     causal: bool
     attn_mask: torch.Tensor | None  # None, or 4-D [B|1, H|1, T, S] (bool "may attend" or additive float)
     scale: float
+
+    @property
+    def per_token_lambda(self) -> bool:
+        # [1, H, 1, 1] is one λ per head; a [B, H, T, 1] λ with B = T = 1 means the same thing
+        return self.lam.dim() == 4 and (self.lam.shape[0], self.lam.shape[2]) != (1, 1)
 
     @property
     def batch(self) -> int:
@@ -126,7 +132,7 @@ def validate(
             f"causal attention needs the query length T <= the key length S (bottom-right alignment), got T={t}, S={s}"
         )
 
-    lam_t = _normalise_lambda(lam, h, q1.device)
+    lam_t = _normalise_lambda(lam, b, h, t, q1.device)
     mask = _normalise_mask(attn_mask, b, h, t, s, q1)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
@@ -135,26 +141,23 @@ def validate(
     return DiffAttentionInputs(q1, k1, q2, k2, v, lam_t, bool(causal), mask, float(scale))
 
 
-def _normalise_lambda(lam: torch.Tensor | float, num_heads: int, device: torch.device) -> torch.Tensor:
+def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int, device: torch.device) -> torch.Tensor:
+    allowed = f"a scalar, [{num_heads}] (one per query head) or [{b}, {num_heads}, {t}] (one per head and token)"
     if isinstance(lam, (int, float)):
         return torch.tensor(float(lam), device=device)
     if not isinstance(lam, torch.Tensor):
-        raise ValueError(
-            f"lam must be a float, a scalar tensor or a tensor of {num_heads} (one per query head), "
-            f"got {type(lam).__name__}"
-        )
+        raise ValueError(f"lam must be a float or a tensor: {allowed}; got {type(lam).__name__}")
     if not lam.is_floating_point():
         raise ValueError(f"lam must be a floating tensor, got {lam.dtype}")
     if lam.device != device:
         raise ValueError(f"lam device must equal q1's ({device}), got {lam.device}")
-    if lam.numel() == 1:
+    if lam.numel() == 1 and lam.dim() <= 1:
         return lam.reshape(())
-    if lam.numel() == num_heads and lam.dim() == 1:
+    if lam.dim() == 1 and lam.numel() == num_heads:
         return lam.view(1, num_heads, 1, 1)
-    raise ValueError(
-        f"lam must be a scalar or have one value per query head (shape [{num_heads}]), got shape "
-        f"[{', '.join(map(str, lam.shape))}]"
-    )
+    if lam.dim() == 3 and tuple(lam.shape) == (b, num_heads, t):
+        return lam.unsqueeze(-1)  # [B, H, T, 1]
+    raise ValueError(f"lam must be {allowed}; got shape [{', '.join(map(str, lam.shape))}]")
 
 
 def _normalise_mask(

@@ -85,6 +85,11 @@ def _probs(q: torch.Tensor, k_t: torch.Tensor, scale: float, bias, fully_masked,
     return p
 
 
+def _rows(lam: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
+    """λ for query rows [i0, i1): a per-token λ [B, H, T, 1] is sliced; a scalar or per-head λ broadcasts."""
+    return lam[:, :, i0:i1] if lam.dim() == 4 and lam.shape[2] > 1 else lam
+
+
 class _ChunkedDiffAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q1, k1, q2, k2, v, lam, inp: DiffAttentionInputs, chunk: int):
@@ -98,7 +103,7 @@ class _ChunkedDiffAttention(torch.autograd.Function):
         for i0, i1, kend, (bias, fully) in plan.chunks():
             p1 = _probs(q1c[:, :, i0:i1], k1t[..., :kend], inp.scale, bias, fully, hkv)
             p2 = _probs(q2c[:, :, i0:i1], k2t[..., :kend], inp.scale, bias, fully, hkv)
-            signed = p1.sub_(p2.mul_(lamc))  # P1 − λ·P2
+            signed = p1.sub_(p2.mul_(_rows(lamc, i0, i1)))  # P1 − λ·P2
             out[:, :, i0:i1] = _ungrouped(_grouped(signed, hkv) @ vc[:, :, :kend], q1.shape[1])
         ctx.save_for_backward(q1c, k1c, q2c, k2c, vc, lamc)
         ctx.inp, ctx.chunk, ctx.in_dtypes = inp, chunk, (q1.dtype, lam.dtype)
@@ -114,20 +119,24 @@ class _ChunkedDiffAttention(torch.autograd.Function):
         dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
         dk1, dk2, dv = torch.zeros_like(k1), torch.zeros_like(k2), torch.zeros_like(v)
         dlam = torch.zeros_like(lam)
-        reduce_lam = (0, 2, 3) if lam.dim() == 4 else None  # per-head λ [1, H, 1, 1] or a scalar
+        per_token = lam.dim() == 4 and lam.shape[2] > 1  # [B, H, T, 1]: dλ is −Δ2 row by row
         k1t, k2t, vt = k1.transpose(-1, -2), k2.transpose(-1, -2), v.transpose(-1, -2)
         for i0, i1, kend, (bias, fully) in _ChunkPlan(inp, ctx.chunk, compute).chunks():
             qa, qb, do = q1[:, :, i0:i1], q2[:, :, i0:i1], dout[:, :, i0:i1]
+            lam_rows = _rows(lam, i0, i1)
             p1 = _probs(qa, k1t[..., :kend], inp.scale, bias, fully, hkv)
             p2 = _probs(qb, k2t[..., :kend], inp.scale, bias, fully, hkv)
             g = _ungrouped(_grouped(do, hkv) @ vt[..., :kend], h)  # dO Vᵀ, shared by both maps
-            signed_t = _grouped(p1 - lam * p2, hkv).transpose(-1, -2)
+            signed_t = _grouped(p1 - lam_rows * p2, hkv).transpose(-1, -2)
             dv[:, :, :kend] += signed_t @ _grouped(do, hkv)
             d1 = (p1 * g).sum(-1, keepdim=True)  # rowsum(dP1 ⊙ P1) = dO·O1
             d2 = (p2 * g).sum(-1, keepdim=True)  # rowsum(G ⊙ P2)   = dO·O2
-            dlam -= d2.sum() if reduce_lam is None else d2.sum(reduce_lam, keepdim=True)
+            if per_token:
+                dlam[:, :, i0:i1] = -d2
+            else:  # a scalar, per head [1, H, 1, 1], or per token with T = 1 [B, H, 1, 1]
+                dlam -= d2.sum() if lam.dim() == 0 else d2.sum_to_size(lam.shape)
             ds1 = p1.mul_(g - d1).mul_(inp.scale)  # softmax backward of map 1
-            ds2 = p2.mul_(g.sub_(d2)).mul_(-lam * inp.scale)  # map 2, through −λ
+            ds2 = p2.mul_(g.sub_(d2)).mul_(-lam_rows * inp.scale)  # map 2, through −λ
             dq1[:, :, i0:i1] = _ungrouped(_grouped(ds1, hkv) @ k1[:, :, :kend], h)
             dq2[:, :, i0:i1] = _ungrouped(_grouped(ds2, hkv) @ k2[:, :, :kend], h)
             dk1[:, :, :kend] += _grouped(ds1, hkv).transpose(-1, -2) @ _grouped(qa, hkv)

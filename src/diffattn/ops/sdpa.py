@@ -10,8 +10,11 @@ Arrangement, chosen by measurement (see ``benchmarks/attention.py``):
   stays 1/sqrt(d), passed explicitly), which leaves Q·Kᵀ unchanged and keeps the fused kernel. On a
   2-core CPU at N = 2048, d = 64, forward+backward: padded 1.86× the same-size baseline, the four-call
   route (one call per map and V half) 2.2×, the unfused math kernel 2.75×.
-* λ and the subtraction ``O1 − λ·O2`` are done in float32 (methods.md), gradients come from autograd
-  through SDPA's fused backward.
+* When both maps read the **same keys** (DIFF V2, methods.md §5: the query heads of a pair share K and V),
+  the query heads are interleaved instead and K, V are passed once: GQA pairs each query head with its key
+  head, so no K/V copy is made and the call is an ordinary attention over 2H query heads.
+* λ (a scalar, one per head, or DIFF V2's one per head and token) and the subtraction ``O1 − λ·O2`` are done
+  in float32 (methods.md), gradients come from autograd through SDPA's fused backward.
 
 No [T, S]-sized tensor is allocated for causal self-attention (T = S) without an extra mask. With a
 padding mask, or a causal block with 1 < T < S, a boolean mask of [B, 1, T, S] / [T, S] is built, as
@@ -26,12 +29,13 @@ import torch.nn.functional as F
 from ._inputs import DiffAttentionInputs, causal_keep_mask
 
 
-def _sdpa_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
-    """The (attn_mask, is_causal) pair for the stacked call: is_causal when it is exact, else a mask."""
+def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[torch.Tensor | None, bool]:
+    """The (attn_mask, is_causal) pair for the call over both maps' query heads — ``stacked`` [map 1; map 2]
+    or ``interleaved`` (map 1, map 2 of head 0, then of head 1 …): is_causal when it is exact, else a mask."""
     t, s = inp.q_len, inp.kv_len
     mask = inp.attn_mask
-    if mask is not None and mask.shape[1] != 1:
-        mask = torch.cat([mask, mask], dim=1)  # per-head mask follows the stacked [map 1; map 2] heads
+    if mask is not None and mask.shape[1] != 1:  # a per-head mask follows the query heads' layout
+        mask = torch.cat([mask, mask], dim=1) if head_layout == "stacked" else mask.repeat_interleave(2, dim=1)
     if not inp.causal or t == 1:
         # T == 1 with bottom-right alignment sees every key: no causal mask needed
         return mask, False
@@ -45,7 +49,37 @@ def _sdpa_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
     return mask.masked_fill(~keep, float("-inf")), False
 
 
+def _shares_keys(inp: DiffAttentionInputs) -> bool:
+    """Both maps read the same keys (DIFF V2, methods.md §5; the DAA-family adapters with shared K)."""
+    k1, k2 = inp.k1, inp.k2
+    return k1 is k2 or (k1.data_ptr() == k2.data_ptr() and k1.stride() == k2.stride() and k1.shape == k2.shape)
+
+
+def _diff_attention_sdpa_shared_keys(inp: DiffAttentionInputs) -> torch.Tensor:
+    """K1 = K2 (DIFF V2): one SDPA call over 2H interleaved query heads against the Hkv key/value heads, so K
+    and V are read once and never duplicated. Query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong
+    to key head i // (H/Hkv), the grouping GQA gives them."""
+    b, h, t, d = inp.q1.shape
+    q = torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)  # heads 0::2 map 1, 1::2 map 2
+    k, v = inp.k1, inp.v
+    width = max(d, inp.v_dim)
+    if d < width:
+        q, k = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
+    elif inp.v_dim < width:
+        v = F.pad(v, (0, width - inp.v_dim))
+    mask, is_causal = _sdpa_mask(inp, head_layout="interleaved")
+    o = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=2 * h != inp.num_kv_heads
+    )[..., : inp.v_dim]  # [B, 2H, T, dv]
+    o = o.view(b, h, 2, t, inp.v_dim)
+    acc = torch.promote_types(o.dtype, torch.float32)
+    out = o[:, :, 0].to(acc) - inp.lam.to(acc) * o[:, :, 1].to(acc)
+    return out.to(inp.q1.dtype)
+
+
 def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
+    if _shares_keys(inp):
+        return _diff_attention_sdpa_shared_keys(inp)
     h, d, dv = inp.num_heads, inp.head_dim, inp.v_dim
     width = max(d, dv)
     q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]

@@ -140,7 +140,7 @@ def _fwd_kernel(
     if UPCAST:  # interpreter + bf16 only (see the module docstring); the values are exact in fp32
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
-    lam = tl.load(LAM + h_row, mask=row_ok, other=0.0).to(tl.float32)
+    lam = tl.load(LAM + (b * H + h_row) * T + t_row, mask=row_ok, other=0.0)  # λ per row: [B, H, T] float32
 
     # causal, bottom-right aligned: row t sees keys j <= t + S − T, so no key past the block's last row's limit
     shift = S - T
@@ -279,7 +279,7 @@ def _combine_kernel(
     ok2 = l2 > 0.0
     l1 = tl.where(ok1, l1, 1.0)
     l2 = tl.where(ok2, l2, 1.0)
-    lam = tl.load(LAM + (rows // T) % H, mask=ok, other=0.0).to(tl.float32)
+    lam = tl.load(LAM + rows, mask=ok, other=0.0)  # rows index [B, H, T] like λ
     out = acc1 / l1[:, None] - lam[:, None] * (acc2 / l2[:, None])
     tl.store(OUT + rows[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=o_mask)
     tl.store(LSE1 + rows, tl.where(ok1, m1_safe + tl.log2(l1), float("inf")), mask=ok)
@@ -341,7 +341,6 @@ def _bwd_dkdv_kernel(
         m_lo = tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M * BLOCK_M
     for r in range(0, rep):
         h = hkv * rep + r
-        lam = tl.load(LAM + h).to(tl.float32)
         row_base = (b * H + h) * T
         for start_m in range(m_lo, T, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -367,6 +366,7 @@ def _bwd_dkdv_kernel(
             lse2 = tl.load(LSE2 + row_base + offs_m, mask=m_ok, other=float("inf"))
             delta1 = tl.load(DELTA1 + row_base + offs_m, mask=m_ok, other=0.0)
             delta2 = tl.load(DELTA2 + row_base + offs_m, mask=m_ok, other=0.0)
+            lam = tl.load(LAM + row_base + offs_m, mask=m_ok, other=0.0)[None, :]  # λ of each query (column)
 
             # transposed tiles [BN, BM]: keys on rows, so dK/dV accumulate without transposing the big operands
             s1 = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale
@@ -464,7 +464,7 @@ def _bwd_dq_kernel(
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=m_ok, other=float("inf"))
     delta1 = tl.load(DELTA1 + row_base + offs_m, mask=m_ok, other=0.0)
     delta2 = tl.load(DELTA2 + row_base + offs_m, mask=m_ok, other=0.0)
-    lam = tl.load(LAM + h).to(tl.float32)
+    lam = tl.load(LAM + row_base + offs_m, mask=m_ok, other=0.0)[:, None]  # λ of each query row
     dq1 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     dq2 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
@@ -670,7 +670,7 @@ def _fwd_op(
     scale: float,
     save_parts: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [H]. lse in log2 units.
+    """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [B, H, T]. lse in log2 units.
     o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts."""
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
     out = torch.empty(b, h, t, dv, device=q1.device, dtype=q1.dtype)
@@ -752,13 +752,14 @@ def _bwd_op(
     atomic_dq: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq1, dk1, dq2, dk2, dv, dlam); dq2/dk2 are empty when q2/k2 are shared (their gradient is inside
-    dq1/dk1). dlam: float32 [H]."""
+    dq1/dk1). dlam: float32 [B, H, T]."""
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
     dout = dout.contiguous()
-    # preprocessing: Δ_i = rowsum(dO ∘ O_i) = rowsum(P_i ∘ dP_i); dλ = −Σ dO·O2 = −Σ Δ2 (per head)
+    # preprocessing: Δ_i = rowsum(dO ∘ O_i) = rowsum(P_i ∘ dP_i); dλ = −dO·O2 = −Δ2 per row (autograd sums it
+    # to λ's own shape: per head, or a scalar)
     delta1 = (dout.float() * o1.float()).sum(-1)
     delta2 = (dout.float() * o2.float()).sum(-1)
-    dlam = -delta2.sum(dim=(0, 2))
+    dlam = -delta2
     atomic = atomic_dq
     if atomic:  # float32 accumulators for the atomic adds, rounded to the input dtype at the end
         dq1 = torch.zeros(q1.shape, device=q1.device, dtype=torch.float32)
@@ -862,8 +863,10 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
     q2 = None if inp.q2 is inp.q1 else _lastdim_contiguous(inp.q2)
     k2 = None if inp.k2 is inp.k1 else _lastdim_contiguous(inp.k2)
-    # λ as float32 [H] (a scalar is broadcast); autograd carries dλ back through the expand to its shape/dtype
-    lam = inp.lam.to(torch.float32).reshape(-1).expand(h).contiguous()
+    # λ as float32 [B, H, T] (a scalar or per-head λ is broadcast); autograd carries dλ back through the
+    # broadcast to its own shape and dtype
+    lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
+    lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
     leaves = (inp.q1, inp.k1, inp.q2, inp.k2, inp.v, inp.lam)
     need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
     out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad)

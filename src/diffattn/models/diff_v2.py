@@ -1,0 +1,190 @@
+"""DIFF Transformer V2 as a Hugging Face model (methods.md §5; the DIFF authors' ``Diff-Transformer-V2``, 2026).
+
+Per layer, with H heads of the baseline's width d and Hkv key/value heads:
+
+    q_proj: d_model → 2H·d      k_proj, v_proj: d_model → Hkv·d      o_proj: H·d → d_model
+    lambda_proj: Linear(d_model, H, bias=False)
+    Q = RoPE(x W_q) as 2H heads; heads 0::2 give map 1, heads 1::2 map 2 (the two maps of a pair read the
+    same K and V: one attention over 2H query heads against Hkv key heads)
+    out_h = A1_h V − sigmoid(x·w_λ,h) · A2_h V        (λ per token and head, from the layer input x)
+    out = concat(out_h) W_O                            (no GroupNorm, no (1 − λ_init), no λ re-parameterisation)
+
+With ``use_diff_v2=False`` the very same model class is the Llama baseline (H query heads, no gate), which gives
+the parameter-matched comparison the reference makes: V2 adds H·d·d_model query and d_model·H gate weights per
+layer. :func:`diffattn.models.build_model` with ``attention="diff-v2"`` shrinks the FFN to pay for them so that a
+preset's V2 model has the baseline's parameter count (``diffattn presets`` lists the three counts).
+
+The model is a :class:`transformers.LlamaForCausalLM` whose attention modules are :class:`DiffV2Attention`; its
+config class :class:`DiffV2Config` (``model_type "diffattn_v2"``) is registered with ``AutoConfig``,
+``AutoModel`` and ``AutoModelForCausalLM`` when ``import diffattn`` has run (:mod:`diffattn.hf_auto`),
+so ``save_pretrained`` / ``from_pretrained`` need no ``trust_remote_code`` and no remote code. The parameter
+names are those of the layout above (``model.layers.{i}.self_attn.{q,k,v,o,lambda}_proj.weight``); query/key
+rows follow Hugging Face's rotate-half RoPE (a checkpoint that rotates interleaved pairs is converted by the
+row permutation transformers' Llama conversion applies).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaModel,
+    LlamaPreTrainedModel,
+    apply_rotary_pos_emb,
+)
+
+from ..lambdas import HasLambda
+from ..ops import BACKENDS, diff_attention, diff_attention_maps
+from ..ops.observe import observing, report
+from ..ops.quantized import logit_bits, quantized_attention
+
+MODEL_TYPE = "diffattn_v2"
+
+
+class DiffV2Config(LlamaConfig):
+    """A Llama config plus ``use_diff_v2`` (True: DIFF V2 attention; False: the baseline, same class)."""
+
+    model_type = MODEL_TYPE
+
+    def __init__(self, use_diff_v2: bool = True, **kwargs):
+        self.use_diff_v2 = bool(use_diff_v2)
+        super().__init__(**kwargs)
+        if self.use_diff_v2 and self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"diff-v2 pairs 2H query heads with Hkv key/value heads: "
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+
+def v2_gate(lambda_proj: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+    """λ of every head and token, sigmoid(x·w_λ) in float32: [B, T, d_model] → [B, H, T]."""
+    return torch.sigmoid(lambda_proj(hidden_states).float()).transpose(1, 2)
+
+
+def v2_attention(
+    module: nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+    backend: str,
+) -> torch.Tensor:
+    """The V2 attention of one layer after RoPE and the cache: q [B, 2H, T, d] (pairs interleaved), k, v
+    [B, Hkv, S, d], λ [B, H, T] → [B, H, T, d]. Shared by the from-scratch model and the retrofit."""
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(
+            f"DIFF V2 attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
+            f"{type(attention_mask).__name__}"
+        )
+    maps = dict(
+        q1=q[:, 0::2],
+        k1=k,
+        q2=q[:, 1::2],
+        k2=k,  # the same tensor: the op's shared-key path reads K and V once
+        v=v,
+        lam=lam.to(torch.float32),
+        causal=attention_mask is None,
+        attn_mask=attention_mask,
+        scale=scale,
+    )
+    if observing():  # attention capture for analysis (diffattn.eval.capture)
+        report(module, kind="diff", **maps)
+    bits = logit_bits()
+    if bits is not None:
+        return quantized_attention(**maps, bits=bits)
+    return diff_attention(**maps, backend=backend)
+
+
+class DiffV2Attention(LlamaAttention, HasLambda):
+    """DIFF V2 attention with Llama's projections and a doubled ``q_proj`` (methods.md §5).
+
+    A subclass of ``LlamaAttention`` so that transformers' weight initialisation and attention bookkeeping see
+    it as Llama's; its ``q_proj`` has 2H heads and it adds ``lambda_proj``."""
+
+    backend = "auto"  # the op's backend (a run-time choice, not saved); set per instance or via set_backend
+
+    def __init__(self, config: DiffV2Config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.num_heads = config.num_attention_heads
+        self.q_proj = nn.Linear(
+            config.hidden_size, 2 * self.num_heads * self.head_dim, bias=getattr(config, "attention_bias", False)
+        )
+        self.lambda_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
+        self._last_lambda: torch.Tensor | None = None
+
+    def current_lambda(self) -> torch.Tensor:
+        """Mean gate of the last forward, one value per head (float32 [H]); λ itself is per token."""
+        if self._last_lambda is None:
+            return torch.zeros(self.num_heads)
+        return self._last_lambda
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        bsz, q_len = hidden_states.shape[:2]
+        shape = (bsz, q_len, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # [B, 2H, T, d]
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)  # [B, Hkv, T, d]
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        lam = v2_gate(self.lambda_proj, hidden_states)  # [B, H, T]
+        self._last_lambda = lam.detach().mean(dim=(0, 2)).cpu()
+        out = v2_attention(self, q, k, v, lam, attention_mask, self.scaling, self.backend)  # [B, H, T, d]
+        weights = None
+        if kwargs.get("output_attentions"):  # both maps, interleaved like the query heads, from the reference op
+            ref = diff_attention_maps(q[:, 0::2], k, q[:, 1::2], k, v, lam, attn_mask=attention_mask,
+                                      causal=attention_mask is None, scale=self.scaling)  # fmt: skip
+            weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
+        out = out.transpose(1, 2).reshape(bsz, q_len, -1)
+        return self.o_proj(out), weights
+
+
+class DiffV2PreTrainedModel(LlamaPreTrainedModel):
+    config_class = DiffV2Config
+    base_model_prefix = "model"
+
+
+class DiffV2Model(DiffV2PreTrainedModel, LlamaModel):
+    """``LlamaModel`` whose attention modules are :class:`DiffV2Attention` when ``config.use_diff_v2``."""
+
+    def __init__(self, config: DiffV2Config):
+        LlamaModel.__init__(self, config)
+        if config.use_diff_v2:
+            for idx, layer in enumerate(self.layers):
+                layer.self_attn = DiffV2Attention(config, idx)
+            self.post_init()  # initialise the new modules like every other Linear
+
+
+class DiffV2ForCausalLM(DiffV2PreTrainedModel, LlamaForCausalLM):
+    """``LlamaForCausalLM`` over :class:`DiffV2Model`: generation, KV cache and losses are Llama's."""
+
+    def __init__(self, config: DiffV2Config):
+        DiffV2PreTrainedModel.__init__(self, config)
+        self.model = DiffV2Model(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+
+def set_v2_backend(model: nn.Module, backend: str) -> nn.Module:
+    """Choose the op backend of every :class:`DiffV2Attention` of ``model`` (``auto``, ``sdpa``, …)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    for module in model.modules():
+        if isinstance(module, DiffV2Attention):
+            module.backend = backend
+    return model
