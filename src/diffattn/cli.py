@@ -198,20 +198,21 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     import os
 
     from .train import NonFiniteLossError, RunConfig, latest_checkpoint, pretrain, pretrain_paired
+    from .train.config import PAIRED
 
     config = RunConfig.load(args.config) if args.config else RunConfig()
     overrides = {
         field: getattr(args, flag) for flag, field in _PRETRAIN_FLAGS.items() if getattr(args, flag) is not None
     }
     config = config.with_overrides({**overrides, **_parse_sets(args.set)}).validate()
-    run = pretrain_paired if config.model.attention == "both" else pretrain
+    run = pretrain_paired if config.model.attention in PAIRED else pretrain
     try:
         result = run(config, args.out, resume=args.resume, overwrite=args.overwrite)
     except NonFiniteLossError as e:
         dirs = (
             [Path(args.out)]
-            if config.model.attention != "both"
-            else [Path(args.out) / "standard", Path(args.out) / "diff"]
+            if config.model.attention not in PAIRED
+            else [Path(args.out) / a for a in PAIRED[config.model.attention]]
         )
         kept = [str(c) for c in map(latest_checkpoint, dirs) if c is not None]
         print(
@@ -220,7 +221,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         )
         return 3
     if int(os.environ.get("RANK", "0")) == 0:
-        summaries = result if config.model.attention == "both" else {config.model.attention: result}
+        summaries = result if config.model.attention in PAIRED else {config.model.attention: result}
         for attention, s in summaries.items():
             print(
                 f"{attention:>8}: {s['parameters']:,} params, {s['steps']} steps, val loss "
@@ -387,7 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, data, train); flags override it")
     p.add_argument("--preset", help="model preset (see `diffattn presets`)")
-    p.add_argument("--attention", choices=["standard", "diff", "both"], help="both = paired runs")
+    p.add_argument(
+        "--attention",
+        choices=["standard", "diff", "diff-v2", "both", "all"],
+        help="both = paired standard and diff runs; all = standard, diff and diff-v2",
+    )
     p.add_argument("--backend", help="DIFF attention backend (auto, reference, sdpa, chunked)")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary (default 8192)")

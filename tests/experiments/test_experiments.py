@@ -113,7 +113,7 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
             "method must be one of",
         ),
         (lambda d: d["eval"].update(suites=["ppl", "vibes"]), "unknown suite"),
-        (lambda d: d["models"][0].update(attention="both"), "attention must be standard or diff"),
+        (lambda d: d["models"][0].update(attention="both"), "attention must be one of standard, diff, diff-v2"),
         (lambda d: d["adapters"][0].pop("method"), "adapters\\[0\\] is missing method"),
         (lambda d: d["adapters"][0].update(base="no-such-model"), "base 'no-such-model' is not a model of this"),
         (lambda d: d.update(pretrained=[{"name": "p", "path": "/nowhere"}]), "neither a known name nor a model"),

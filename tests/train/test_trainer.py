@@ -258,17 +258,19 @@ def test_paired_runs_share_data_order_and_write_comparison(corpus_file, tmp_path
     original = train_data.PackedDataset.__getitem__
     monkeypatch.setattr(train_data.PackedDataset, "__getitem__", lambda self, i: (seen.append(i), original(self, i))[1])
     cfg = debug_config(corpus_file, max_steps=6, eval_every=6, save_every=6).with_overrides(
-        {"data.retrieval_fraction": 0.25}
+        {"data.retrieval_fraction": 0.25, "model.attention": "all"}
     )
     summaries = pretrain_paired(cfg, tmp_path / "pair")
-    assert set(summaries) == {"standard", "diff"}
-    half = len(seen) // 2
-    assert seen[:half] == seen[half:]  # identical sample order (train batches and evals) for both models
+    assert list(summaries) == ["standard", "diff", "diff-v2"]
+    third = len(seen) // 3
+    # identical sample order (train batches and evals) for the three models
+    assert seen[:third] == seen[third : 2 * third] == seen[2 * third :]
     for name in ("comparison.md", "comparison.json", "loss_curves.png"):
         assert (tmp_path / "pair" / name).stat().st_size > 0
     table = json.loads((tmp_path / "pair" / "comparison.json").read_text())
-    assert [r["model"] for r in table] == ["Transformer (baseline)", "DIFF Transformer"]
-    assert abs(table[0]["parameters"] - table[1]["parameters"]) / table[0]["parameters"] < 0.01
+    assert [r["model"] for r in table] == ["Transformer (baseline)", "DIFF Transformer", "DIFF Transformer V2"]
+    assert all(abs(r["parameters"] - table[0]["parameters"]) / table[0]["parameters"] < 0.01 for r in table)
+    assert summaries["diff-v2"]["parameters"] == table[2]["parameters"]
     assert summaries["diff"]["data"]["retrieval_mix_sequences"] > 0
 
 

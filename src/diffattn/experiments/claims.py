@@ -25,7 +25,7 @@ model); rows say so.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -82,13 +82,14 @@ def seed_groups(config) -> dict[str, list[str]]:
 
 
 def _pairs(config) -> list[tuple[str, str]]:
-    """(baseline, DIFF) from-scratch model groups with the same preset (a group: the replicates of one model)."""
+    """(baseline, DIFF) from-scratch model groups with the same preset (a group: the replicates of one model); a
+    DIFF V2 model is paired with the baseline too (the V1 paper's claims, applied to V2: the rows say so)."""
     kinds: dict[str, tuple[str, str]] = {}
     for m in config.models:
         kinds.setdefault(getattr(m, "group_name", m.name), (m.attention, m.preset))
     out = []
     for d, (attention, preset) in kinds.items():
-        if attention == "diff":
+        if attention in ("diff", "diff-v2"):
             for b, (other, other_preset) in kinds.items():
                 if other == "standard" and other_preset == preset:
                     out.append((b, d))
@@ -683,7 +684,9 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
             source=source, claim=claim, paper=paper, metric="mean strict accuracy", claimed="higher", digits=3,
         )  # fmt: skip
 
+    v2_models = {getattr(m, "group_name", m.name) for m in config.models if m.attention == "diff-v2"}
     for base, diff in _pairs(config):
+        first = len(claims)
         claims += [
             loss(
                 "DIFF Transformer Fig. 3–4",
@@ -764,6 +767,8 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
                 source=source, claim=claim, paper=paper, metric="order margin (random)", claimed="lower", digits=3,
             )
         )  # fmt: skip
+        if diff in v2_models:  # the DIFF V1 paper's claims measured on a V2 model: the source says so
+            claims[first:] = [c and replace(c, source=f"{c.source} (applied to V2)") for c in claims[first:]]
     from ..adapters.registry import get_method
 
     for a in config.adapters:  # each method's own paper claims (its registry entry)

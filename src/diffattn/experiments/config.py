@@ -45,7 +45,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class ScratchModel:
     name: str
     preset: str = "tiny"
-    attention: str = "standard"  # standard | diff
+    attention: str = "standard"  # standard | diff | diff-v2
     model: dict = field(default_factory=dict)  # further ModelConfig fields (lambda_init, norm, backend, overrides)
     train: dict = field(default_factory=dict)  # per-model TrainConfig overrides
     seeds: list[int] | None = None  # one replicate per seed, expanded at load time into NAME-sSEED models
@@ -124,6 +124,7 @@ class ExperimentConfig(YamlConfig):
     def validate(self) -> ExperimentConfig:
         from ..adapters.registry import method_names
         from ..eval.suite import parse_suites
+        from ..models.build import ATTENTIONS
 
         if not NAME.match(self.name):
             raise ValueError(f"experiment name {self.name!r} must be letters, digits, '-', '_' or '.'")
@@ -135,8 +136,10 @@ class ExperimentConfig(YamlConfig):
         if dupes:
             raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
         for m in self.models:
-            if m.attention not in ("standard", "diff"):
-                raise ValueError(f"models[{m.name}].attention must be standard or diff, got {m.attention!r}")
+            if m.attention not in ATTENTIONS:
+                raise ValueError(
+                    f"models[{m.name}].attention must be one of {', '.join(ATTENTIONS)}, got {m.attention!r}"
+                )
         for a in self.adapters:
             if a.method not in method_names():
                 raise ValueError(

@@ -119,10 +119,9 @@ class DiffV2Attention(LlamaAttention, HasLambda):
         self._last_lambda: torch.Tensor | None = None
 
     def current_lambda(self) -> torch.Tensor:
-        """Mean gate of the last forward, one value per head (float32 [H]); λ itself is per token."""
-        if self._last_lambda is None:
-            return torch.zeros(self.num_heads)
-        return self._last_lambda
+        """The mean gate of the last forward over heads and tokens (a 0-d float32 tensor; 0 before any): λ itself
+        is per token, this is the one number per layer that training logs and reports read."""
+        return torch.tensor(0.0) if self._last_lambda is None else self._last_lambda
 
     def forward(
         self,
@@ -142,7 +141,7 @@ class DiffV2Attention(LlamaAttention, HasLambda):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         lam = v2_gate(self.lambda_proj, hidden_states)  # [B, H, T]
-        self._last_lambda = lam.detach().mean(dim=(0, 2)).cpu()
+        self._last_lambda = lam.detach().mean()
         out = v2_attention(self, q, k, v, lam, attention_mask, self.scaling, self.backend)  # [B, H, T, d]
         weights = None
         if kwargs.get("output_attentions"):  # both maps, interleaved like the query heads, from the reference op

@@ -18,11 +18,14 @@ from ..models.diff_llama import NORMS
 from ..models.presets import PRESETS
 from ..ops import BACKENDS
 
+# runs of several architectures on the same data, seed and budget (one folder each, then a comparison)
+PAIRED = {"both": ("standard", "diff"), "all": ("standard", "diff", "diff-v2")}
+
 
 @dataclass
 class ModelConfig:
     preset: str = "tiny"
-    attention: str = "diff"  # standard | diff | both (paired runs)
+    attention: str = "diff"  # standard | diff | diff-v2 | both (standard + diff) | all (the three)
     backend: str = "auto"  # backend of the DIFF attention op
     lambda_init: str | float = "exponential"
     norm: str = "rms"
@@ -31,8 +34,10 @@ class ModelConfig:
     def validate(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"model.preset: unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
-        if self.attention not in (*ATTENTIONS, "both"):
-            raise ValueError(f"model.attention must be one of standard, diff, both; got {self.attention!r}")
+        if self.attention not in (*ATTENTIONS, *PAIRED):
+            raise ValueError(
+                f"model.attention must be one of {', '.join((*ATTENTIONS, *PAIRED))}; got {self.attention!r}"
+            )
         if self.backend not in BACKENDS:
             raise ValueError(f"model.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         if self.norm not in NORMS:

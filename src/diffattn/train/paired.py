@@ -13,12 +13,12 @@ import json
 import logging
 from pathlib import Path
 
-from .config import RunConfig
+from .config import PAIRED, RunConfig
 from .trainer import METRICS, RUN_CONFIG, RunFolderError, pretrain
 
 logger = logging.getLogger(__name__)
 
-LABELS = {"standard": "Transformer (baseline)", "diff": "DIFF Transformer"}
+LABELS = {"standard": "Transformer (baseline)", "diff": "DIFF Transformer", "diff-v2": "DIFF Transformer V2"}
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -43,7 +43,8 @@ def pretrain_paired(
             "a folder of its own; choose another --out"
         )
     summaries = {}
-    for attention in ("standard", "diff"):
+    # "all": standard, diff and diff-v2; "both" (or a config naming one architecture): standard and diff
+    for attention in PAIRED.get(config.model.attention, PAIRED["both"]):
         cfg = copy.deepcopy(config)
         cfg.model.attention = attention
         logger.info("paired run: %s", LABELS[attention])

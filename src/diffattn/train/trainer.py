@@ -36,7 +36,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from ..files import RUN_CONFIG, check_removable, mark, publish_folder, remove_folder, write_text_atomic
 from ..lambdas import lambda_per_layer
-from ..models.build import build_model
+from ..models.build import ATTENTIONS, build_model
 from ..models.presets import get_preset
 from .config import RunConfig, setting_differences
 from .data import PackedDataset, prepare_data
@@ -379,11 +379,12 @@ def pretrain(
     overwrite: bool = False,
     callbacks: list[TrainerCallback] | None = None,
 ) -> dict:
-    """Train one model (``config.model.attention`` is ``standard`` or ``diff``) and return its summary."""
+    """Train one model (``config.model.attention`` is ``standard``, ``diff`` or ``diff-v2``); return its summary."""
     config.validate()
-    if config.model.attention not in ("standard", "diff"):
+    if config.model.attention not in ATTENTIONS:
         raise ValueError(
-            "pretrain trains one model: model.attention must be standard or diff (use pretrain_paired for both)"
+            f"pretrain trains one model: model.attention must be one of {', '.join(ATTENTIONS)} "
+            f"(use pretrain_paired for {config.model.attention!r})"
         )
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
@@ -400,7 +401,7 @@ def pretrain(
     model = build_model(
         config.model.preset,
         config.model.attention,
-        backend=config.model.backend if config.model.attention == "diff" else None,
+        backend=config.model.backend if config.model.attention in ("diff", "diff-v2") else None,
         lambda_init=config.model.lambda_init if config.model.attention == "diff" else None,
         norm=config.model.norm if config.model.attention == "diff" else None,
         seed=config.train.seed,
