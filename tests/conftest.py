@@ -1,7 +1,8 @@
 """Fixtures shared across the test packages (each test folder mirrors a package of ``src/diffattn``).
 
 * ``tokenizer`` / ``debug_models``: a small BPE tokenizer of a word corpus with the papers' needle template, and
-  three `debug` models with its vocabulary (random weights): a baseline, a DIFF model and a Dex-adapted baseline.
+  four `debug` models with its vocabulary (random weights): a baseline, a DIFF model, a Dex-adapted baseline and
+  a DIFF V2 model.
 * ``corpus_dir`` / ``base_dir``: a folder of word documents, and a tiny random Llama saved with a BPE tokenizer of
   it — what a user's local Hugging Face folder looks like (for ``diffattn adapt``).
 * ``corpus_file``: ~60 documents of real text (Shakespeare) as JSON lines (for ``diffattn pretrain``).
@@ -62,7 +63,8 @@ def debug_models(tokenizer):
     diff = build_model("debug", "diff", seed=0, vocab_size=vocab).eval()
     dex = adapt(build_model("debug", "standard", seed=0, vocab_size=vocab), DexConfig(heads="all", anneal_steps=2))
     set_adapter_step(dex, 1)  # λ(1) > 0: the extension is active
-    return {"baseline": baseline, "diff": diff, "dex": dex.eval()}
+    diff_v2 = build_model("debug", "diff-v2", seed=0, vocab_size=vocab).eval()
+    return {"baseline": baseline, "diff": diff, "dex": dex.eval(), "diff-v2": diff_v2}
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,8 @@ CASES = [
     ("pretrain --attention diff", r"the following arguments are required: --out"),
     (
         "pretrain --out {new} --attention triple",
-        r"invalid choice: 'triple' \(choose from 'standard', 'diff', 'diff-v2', 'both', 'all'\) \(see diffattn pretrain --help",
+        r"invalid choice: 'triple' \(choose from 'standard', 'diff', 'diff-v2', 'both', 'all'\) "
+        r"\(see diffattn pretrain --help",
     ),
     ("pretrain --out {new} --preset nope", r"unknown preset 'nope'; allowed: debug, quick"),
     ("pretrain --out {new} --set model.preset=null", r"model.preset must be a string, got None"),

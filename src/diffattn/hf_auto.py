@@ -23,18 +23,23 @@ _registered = False
 
 
 def register_auto_classes() -> None:
-    """Register ``DiffV2Config`` / ``DiffV2Model`` / ``DiffV2ForCausalLM`` with transformers (once)."""
+    """Register the ``DiffTransformerV2`` config, model and causal-LM classes with transformers (once)."""
     global _registered
     if _registered:
         return
     _registered = True
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from .models.diff_v2 import MODEL_TYPE, DiffV2Config, DiffV2ForCausalLM, DiffV2Model
+    from .models.diff_v2 import (
+        MODEL_TYPE,
+        DiffTransformerV2Config,
+        DiffTransformerV2ForCausalLM,
+        DiffTransformerV2Model,
+    )
 
-    AutoConfig.register(MODEL_TYPE, DiffV2Config, exist_ok=True)
-    AutoModel.register(DiffV2Config, DiffV2Model, exist_ok=True)
-    AutoModelForCausalLM.register(DiffV2Config, DiffV2ForCausalLM, exist_ok=True)
+    AutoConfig.register(MODEL_TYPE, DiffTransformerV2Config, exist_ok=True)
+    AutoModel.register(DiffTransformerV2Config, DiffTransformerV2Model, exist_ok=True)
+    AutoModelForCausalLM.register(DiffTransformerV2Config, DiffTransformerV2ForCausalLM, exist_ok=True)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -22,6 +22,7 @@ from diffattn.adapters import (
     DiffKConfig,
     DiffLoRAConfig,
     DiffQConfig,
+    DiffV2Config,
     DiffVConfig,
     adapt,
     adapter_lambdas,
@@ -50,6 +51,8 @@ VARIANTS = {
     "difflora-learned": lambda: DiffLoRAConfig(learn_lambda=True, rank=4),
     "dex": lambda: DexConfig(heads="all", init="identity", anneal_steps=10),
     "dex-k2": lambda: DexConfig(heads="random", k=2, anneal_steps=10),  # a subset of heads: the others untouched
+    "diff-v2": lambda: DiffV2Config(anneal_steps=10),
+    "diff-v2-noise": lambda: DiffV2Config(anneal_steps=10, second_query="noise"),
 }
 
 
@@ -181,6 +184,9 @@ def _expected_count(variant, model_type) -> int:
         return attn + L * (h * d * d + 1)  # W_DAA per head + λ_learn per layer
     if variant in ("diffq", "diffk", "diffv"):
         return attn + L * (DM * DM + 1)  # W_D (d_model²) + λ_learn per layer
+    if variant.startswith("diff-v2"):  # a second query projection (with the base's query bias, if any) + the gate
+        q_bias = h * d if model_type == "gpt2" else 0
+        return attn + L * (DM * h * d + q_bias + DM * h + h)
     assert variant.startswith("difflora"), "Dex's set is counted in test_dex.py"
     r = 4 if variant != "difflora-both" else 2
     per_pair = r * DM + h * d * r + r * DM + hkv * d * r  # A, B on Q and on K
@@ -293,7 +299,7 @@ def test_two_map_methods_refuse_to_merge_saying_why(variant):
 
 
 def test_registry_lists_every_method():
-    assert set(METHODS) == {"dex", "daa", "diffq", "diffk", "diffv", "difflora"}
+    assert set(METHODS) == {"dex", "daa", "diffq", "diffk", "diffv", "difflora", "diff-v2"}
 
 
 @pytest.mark.parametrize(
@@ -327,6 +333,33 @@ def test_the_annealed_methods_have_no_configuration_that_cannot_learn(variant, o
     for _, _, w in attention_modules(model):
         lam = next(p for n, p in w.method.named_parameters() if n.endswith("lambda_learn"))
         assert lam.grad is not None and lam.grad.abs() > 0
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_diff_v2_retrofit_gate_scales_the_base_output_and_learns_per_token(model_type):
+    """With the second query copied from the first (A2 = A1) and the gate's weights at 0, the head output is
+    (1 − gate_init)·O; after one step the gate depends on the token (its weights got a gradient)."""
+    base = tiny(model_type)
+    x = ids()
+    want = _first_attention_output(base, x)
+    model = adapt(base, DiffV2Config(anneal=False, gate_init=0.3))
+    torch.testing.assert_close(_first_attention_output(model, x), 0.7 * want, atol=ATOL, rtol=ATOL)
+    trainable_parameters(model)
+    model(x, labels=x).loss.backward()
+    gates = [w.method.diffv2_gate for _, _, w in attention_modules(model)]
+    assert all(g.weight.grad.abs().max() > 0 and g.bias.grad.abs().max() > 0 for g in gates)
+    # the KV cache keeps the base's size: K2 = K1, nothing is added to it
+    with torch.no_grad():
+        cache = model(x, use_cache=True).past_key_values
+        base_cache = tiny(model_type)(x, use_cache=True).past_key_values
+    assert cache.layers[0].keys.shape == base_cache.layers[0].keys.shape
+
+
+def test_diff_v2_retrofit_refuses_a_gate_that_cannot_open():
+    with pytest.raises(ValueError, match=r"would \(almost\) never open"):
+        adapt(tiny("llama"), DiffV2Config(gate_init=1e-5))
+    with pytest.raises(ValueError, match="second_query must be one of copy, noise"):
+        DiffV2Config(second_query="zeros")
 
 
 def test_a_peft_wrapped_adapted_model_is_accepted_or_refused_with_the_remedy(tmp_path):

@@ -84,6 +84,32 @@ def test_diff_signed_map_times_v_is_the_module_output_before_its_norm():
     torch.testing.assert_close(out, seen["pre_norm"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [None, "last"])
+def test_diff_v2_signed_map_with_per_token_lambda_times_v_is_the_module_output(rows):
+    """DIFF V2 (methods.md §5): the record's signed map is A1 − λ_t·A2 with each row's own gate, so signed · V
+    is the head output that enters o_proj."""
+    model = build_model("debug", "diff-v2", seed=0).eval()
+    attn = model.model.layers[1].self_attn
+    seen = {}
+    attn.o_proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("heads", a[0]))
+    attn.register_forward_pre_hook(lambda m, a, k: seen.__setitem__("hidden", k["hidden_states"]), with_kwargs=True)
+    x = ids(t=9)
+    with torch.no_grad():
+        want = model(x).logits
+        with AttentionCapture(model, rows=rows) as cap:
+            got = model(x).logits
+    assert torch.equal(got, want)
+    rec = cap.last()[1]
+    hidden = seen["hidden"]
+    b, t = hidden.shape[:2]
+    v = attn.v_proj(hidden).view(b, t, -1, attn.head_dim).transpose(1, 2)
+    out = rec.signed @ v.repeat_interleave(rec.num_heads // v.shape[1], dim=1)  # [B, H, rows, d]
+    heads = seen["heads"].view(b, t, rec.num_heads, attn.head_dim).transpose(1, 2)
+    torch.testing.assert_close(out, heads if rows is None else heads[:, :, -1:], atol=1e-5, rtol=1e-5)
+    gate = torch.sigmoid(attn.lambda_proj(hidden)).transpose(1, 2)  # [B, H, T]
+    torch.testing.assert_close(rec.lam, (gate if rows is None else gate[:, :, -1:]).mean(dim=(0, 2)))
+
+
 def test_dex_effective_attention_times_v_is_the_extended_head_output():
     model = adapt(tiny("llama"), DexConfig(heads=[[0, 2], [1]], init="zero", anneal=False, lambda_init=0.5))
     with torch.no_grad():

@@ -26,7 +26,7 @@ from diffattn.ops.quantized import quantize_absmax
 
 from ..tiny_models import ids, tiny
 
-MODELS = ["baseline", "diff", "dex"]
+MODELS = ["baseline", "diff", "dex", "diff-v2"]
 
 
 # -- perplexity ------------------------------------------------------------------------------------------------

@@ -12,18 +12,24 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import diffattn  # noqa: F401  (registers the V2 classes with the Auto classes)
-from diffattn.models import DiffV2Attention, DiffV2Config, DiffV2ForCausalLM, build_model, count_parameters
+from diffattn.models import (
+    DiffTransformerV2Config,
+    DiffTransformerV2ForCausalLM,
+    DiffV2Attention,
+    build_model,
+    count_parameters,
+)
 from diffattn.models.build import v2_intermediate_size
 from diffattn.models.presets import get_preset
 
 
-def small_config(**kw) -> DiffV2Config:
+def small_config(**kw) -> DiffTransformerV2Config:
     base = dict(
         vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=12, max_position_embeddings=64, rope_parameters={"rope_type": "default",
         "rope_theta": 10000.0}, bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
-    return DiffV2Config(**{**base, **kw})
+    return DiffTransformerV2Config(**{**base, **kw})
 
 
 def reference_v2_layer(attn: DiffV2Attention, x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -65,7 +71,7 @@ def reference_v2_layer(attn: DiffV2Attention, x: torch.Tensor, theta: float = 10
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
 def test_layer_matches_an_independent_implementation_outputs_and_gradients(backend):
     torch.manual_seed(0)
-    model = DiffV2ForCausalLM(small_config()).eval()
+    model = DiffTransformerV2ForCausalLM(small_config()).eval()
     attn = model.model.layers[0].self_attn
     attn.backend = backend
     x = torch.randn(2, 7, 48, requires_grad=True)
@@ -83,14 +89,14 @@ def test_layer_matches_an_independent_implementation_outputs_and_gradients(backe
 
 def test_layout_and_parameter_counts():
     cfg = small_config()
-    model = DiffV2ForCausalLM(cfg)
+    model = DiffTransformerV2ForCausalLM(cfg)
     attn = model.model.layers[0].self_attn
     h, d, dm = 4, 12, 48
     assert attn.q_proj.weight.shape == (2 * h * d, dm)
     assert attn.k_proj.weight.shape == (2 * d, dm) and attn.v_proj.weight.shape == (2 * d, dm)
     assert attn.o_proj.weight.shape == (dm, h * d) and attn.lambda_proj.weight.shape == (h, dm)
     assert attn.lambda_proj.bias is None
-    baseline = DiffV2ForCausalLM(small_config(use_diff_v2=False))
+    baseline = DiffTransformerV2ForCausalLM(small_config(use_diff_v2=False))
     extra = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in baseline.parameters())
     assert extra == cfg.num_hidden_layers * (h * d * dm + dm * h)  # the statement of what V2 adds
     # presets: the V2 model pays for its extra weights with a narrower FFN, matching the baseline within one
@@ -105,7 +111,7 @@ def test_layout_and_parameter_counts():
 def test_use_diff_v2_false_is_the_llama_baseline():
     torch.manual_seed(0)
     cfg = small_config(use_diff_v2=False)
-    ours = DiffV2ForCausalLM(cfg).eval()
+    ours = DiffTransformerV2ForCausalLM(cfg).eval()
     llama = LlamaForCausalLM(cfg).eval()
     llama.load_state_dict(ours.state_dict())
     ids = torch.randint(0, 97, (2, 9))
@@ -138,7 +144,7 @@ def test_save_and_plain_from_pretrained_after_import_diffattn(tmp_path):
     ids = torch.randint(0, 256, (1, 6))
     want = model(ids).logits
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert isinstance(loaded, DiffV2ForCausalLM)
+    assert isinstance(loaded, DiffTransformerV2ForCausalLM)
     torch.testing.assert_close(loaded(ids).logits, want)
     # in a fresh interpreter, `import diffattn` before transformers is enough (registration on import of the
     # Auto classes, torch and transformers not loaded by `import diffattn` itself)
@@ -149,7 +155,7 @@ def test_save_and_plain_from_pretrained_after_import_diffattn(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().endswith("DiffV2ForCausalLM")
+    assert done.stdout.strip().endswith("DiffTransformerV2ForCausalLM")
     # without it, transformers refuses the unknown model type, and says which one
     code = f"from transformers import AutoModelForCausalLM\nAutoModelForCausalLM.from_pretrained({str(tmp_path)!r})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

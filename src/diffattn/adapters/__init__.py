@@ -17,7 +17,7 @@ from ..lambdas import lambda_per_layer
 # isort: off
 # The method modules register themselves (registry.register) when imported, in this order (the order of
 # `diffattn adapt --help` and of the reports). A new method: one more name here.
-from . import dex, input_diff, daa, difflora, controls  # noqa: F401
+from . import dex, input_diff, daa, difflora, diff_v2, controls  # noqa: F401
 
 # isort: on
 from .base import AdaptedAttention, adapted_model, remove_adapter, set_adapter_step
@@ -32,6 +32,7 @@ from .dex import (  # noqa: F401  (the method functions were importable from her
     head_importance,
     merge_dex,
 )
+from .diff_v2 import DiffV2Config, adapt_diff_v2  # noqa: F401
 from .difflora import DiffLoRAConfig, adapt_difflora, difflora_trained_names  # noqa: F401
 from .input_diff import DiffVConfig, adapt_diffv, merge_diffv  # noqa: F401
 from .io import load_adapter, save_adapter
@@ -49,6 +50,7 @@ __all__ = [
     "DiffKConfig",
     "DiffLoRAConfig",
     "DiffQConfig",
+    "DiffV2Config",
     "DiffVConfig",
     "LoRAControlConfig",
     "MethodSpec",

@@ -47,7 +47,7 @@ class AttentionRecord:
     signed: torch.Tensor  # A1 − λ·A2 (two maps), Dex's effective attention, or A1
     logits2: torch.Tensor | None = None
     attn2: torch.Tensor | None = None
-    lam: torch.Tensor | None = None  # [H]
+    lam: torch.Tensor | None = None  # [H]; for DIFF V2's per-token gate, its mean over the batch and recorded rows
     effective: torch.Tensor | None = None  # Dex only: the effective attention (also in ``signed``)
     v: torch.Tensor | None = None  # the values the maps multiply, [B, Hkv, S, dv] (head outputs = signed · V)
 
@@ -94,9 +94,10 @@ def reporting_and_plain_attention(model: nn.Module) -> tuple[list[tuple[int, nn.
     from ..adapters import attention_modules
     from ..adapters.base import AdaptedAttention
     from ..models.diff_llama import DiffLlamaDifferentialAttention
+    from ..models.diff_v2 import DiffV2Attention
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
-    ours = (AdaptedAttention, DiffLlamaDifferentialAttention)
+    ours = (AdaptedAttention, DiffLlamaDifferentialAttention, DiffV2Attention)
     own = [(m.layer_idx, m) for m in base.modules() if isinstance(m, ours)]
     if own and len(own) == getattr(base.config, "num_hidden_layers", len(own)):
         return own, []
@@ -200,11 +201,14 @@ class AttentionCapture:
             return
         t, s = q1.shape[2], k1.shape[2]
         keep = _keep_mask(t, s, causal, attn_mask, q1.device)
+        lam = None if lam is None else torch.as_tensor(lam).detach().float()
+        per_token = lam is not None and lam.dim() == 3  # DIFF V2's gate [B, H, T]
         if self.rows is not None:
             idx = t - 1 if self.rows == "last" else self.rows
             q1 = q1[:, :, idx : idx + 1]
             q2 = None if q2 is None else q2[:, :, idx : idx + 1]
             keep = keep[..., idx : idx + 1, :]
+            lam = lam[:, :, idx : idx + 1] if per_token else lam
         neg = torch.tensor(float("-inf"), device=q1.device)
         logits1 = _scores(q1, k1, scale)
         attn1 = _safe_softmax(torch.where(keep, logits1, neg))
@@ -212,9 +216,13 @@ class AttentionCapture:
         if kind == "diff":
             rec.logits2 = _scores(q2, k2, scale)
             rec.attn2 = _safe_softmax(torch.where(keep, rec.logits2, neg))
-            lam_h = torch.as_tensor(lam).detach().float().reshape(-1)
-            rec.lam = lam_h.expand(q1.shape[1]).clone() if lam_h.numel() == 1 else lam_h
-            rec.signed = attn1 - rec.lam[None, :, None, None] * rec.attn2
+            if per_token:  # λ of each row: A1 − λ_t·A2 row by row
+                rec.lam = lam.mean(dim=(0, 2))
+                rec.signed = attn1 - lam[..., None] * rec.attn2
+            else:
+                lam_h = lam.reshape(-1)
+                rec.lam = lam_h.expand(q1.shape[1]).clone() if lam_h.numel() == 1 else lam_h
+                rec.signed = attn1 - rec.lam[None, :, None, None] * rec.attn2
         elif method is not None and (effective := method.effective_attention(attn1, v)) is not None:
             rec.effective = rec.signed = effective  # a single-map method that changes what attention does (Dex)
             rec.lam = torch.full((q1.shape[1],), float(method.current_lambda().detach()))

@@ -155,7 +155,7 @@ def load_for_eval(name_or_path: str | os.PathLike):
             return _install(model), tok, f"pretrain run {path} (final/)"
         raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
     if path.is_dir() and not (path / "config.json").is_file():
-        subs = [p for p in ("standard", "diff") if (path / p / RUN_CONFIG).is_file()]
+        subs = [p for p in ("standard", "diff", "diff-v2") if (path / p / RUN_CONFIG).is_file()]
         if subs:
             options = " or ".join(str(path / s) for s in subs)
             raise ValueError(f"{str(path)!r} is a paired pretraining run: evaluate {options}")

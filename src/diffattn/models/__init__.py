@@ -2,7 +2,13 @@
 
 from .build import ATTENTIONS, build_model, count_parameters, describe_parameters, model_config
 from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, lambda_init_value
-from .diff_v2 import DiffV2Attention, DiffV2Config, DiffV2ForCausalLM, DiffV2Model, set_v2_backend
+from .diff_v2 import (
+    DiffTransformerV2Config,
+    DiffTransformerV2ForCausalLM,
+    DiffTransformerV2Model,
+    DiffV2Attention,
+    set_v2_backend,
+)
 from .install import install_diff_attention, remove_diff_attention
 from .presets import PRESETS, ModelPreset, get_preset
 from .pretrained import PRETRAINED, load_pretrained
@@ -13,10 +19,10 @@ __all__ = [
     "PRETRAINED",
     "DiffAttentionOptions",
     "DiffLlamaDifferentialAttention",
+    "DiffTransformerV2Config",
+    "DiffTransformerV2ForCausalLM",
+    "DiffTransformerV2Model",
     "DiffV2Attention",
-    "DiffV2Config",
-    "DiffV2ForCausalLM",
-    "DiffV2Model",
     "ModelPreset",
     "build_model",
     "count_parameters",

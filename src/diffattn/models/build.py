@@ -3,7 +3,7 @@ named preset.
 
 The baseline is Hugging Face ``LlamaForCausalLM`` (RMSNorm, SwiGLU, no bias, RoPE — the paper's
 "Transformer"); the DIFF model is ``DiffLlamaForCausalLM`` with our attention installed; DIFF V2 is
-:class:`diffattn.models.diff_v2.DiffV2ForCausalLM` (a Llama model with V2 attention, methods.md §5). V2 adds
+:class:`diffattn.models.diff_v2.DiffTransformerV2ForCausalLM` (a Llama model with V2 attention, methods.md §5). V2 adds
 H·d·d_model query and d_model·H gate weights per layer; its FFN is narrowed by the width that pays for them, so
 the three models of a preset have the same parameter count (within one FFN unit per layer).
 """
@@ -15,7 +15,7 @@ import logging
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from .diff_v2 import DiffV2Config, DiffV2ForCausalLM, set_v2_backend
+from .diff_v2 import DiffTransformerV2Config, DiffTransformerV2ForCausalLM, set_v2_backend
 from .install import install_diff_attention
 from .presets import ModelPreset, get_preset
 
@@ -55,7 +55,7 @@ def model_config(preset: str | ModelPreset, attention: str = "standard", **overr
         return DiffLlamaConfig(**common, lambda_std_dev=0.1)
     if attention == "diff-v2":
         common["intermediate_size"] = v2_intermediate_size(p)
-        return DiffV2Config(**common, mlp_bias=False, use_diff_v2=True)
+        return DiffTransformerV2Config(**common, mlp_bias=False, use_diff_v2=True)
     return LlamaConfig(**common, mlp_bias=False)
 
 
@@ -82,7 +82,7 @@ def build_model(
     Args:
         preset: a name from :data:`diffattn.models.presets.PRESETS` or a :class:`ModelPreset`.
         attention: ``"standard"`` → ``LlamaForCausalLM``; ``"diff"`` → ``DiffLlamaForCausalLM``;
-            ``"diff-v2"`` → ``DiffV2ForCausalLM`` (methods.md §5).
+            ``"diff-v2"`` → ``DiffTransformerV2ForCausalLM`` (methods.md §5).
         backend: for DIFF, the backend of our installed attention (``None`` keeps Hugging Face's own
             ``DiffLlamaAttention``); for DIFF V2 the backend of its op (``None`` = ``auto``).
         lambda_init, norm: DIFF options, see :func:`diffattn.install_diff_attention`.
@@ -91,7 +91,7 @@ def build_model(
         **overrides: preset fields, e.g. ``num_layers=3, max_position_embeddings=512``.
     """
     config = model_config(preset, attention, **overrides)
-    cls = {"diff": DiffLlamaForCausalLM, "diff-v2": DiffV2ForCausalLM}.get(attention, LlamaForCausalLM)
+    cls = {"diff": DiffLlamaForCausalLM, "diff-v2": DiffTransformerV2ForCausalLM}.get(attention, LlamaForCausalLM)
     if seed is not None:
         torch.manual_seed(seed)
     model = cls._from_config(config, attn_implementation="sdpa", dtype=dtype or torch.float32)

@@ -15,7 +15,7 @@ layer. :func:`diffattn.models.build_model` with ``attention="diff-v2"`` shrinks 
 preset's V2 model has the baseline's parameter count (``diffattn presets`` lists the three counts).
 
 The model is a :class:`transformers.LlamaForCausalLM` whose attention modules are :class:`DiffV2Attention`; its
-config class :class:`DiffV2Config` (``model_type "diffattn_v2"``) is registered with ``AutoConfig``,
+config class :class:`DiffTransformerV2Config` (``model_type "diffattn_v2"``) is registered with ``AutoConfig``,
 ``AutoModel`` and ``AutoModelForCausalLM`` when ``import diffattn`` has run (:mod:`diffattn.hf_auto`),
 so ``save_pretrained`` / ``from_pretrained`` need no ``trust_remote_code`` and no remote code. The parameter
 names are those of the layout above (``model.layers.{i}.self_attn.{q,k,v,o,lambda}_proj.weight``); query/key
@@ -44,7 +44,7 @@ from ..ops.quantized import logit_bits, quantized_attention
 MODEL_TYPE = "diffattn_v2"
 
 
-class DiffV2Config(LlamaConfig):
+class DiffTransformerV2Config(LlamaConfig):
     """A Llama config plus ``use_diff_v2`` (True: DIFF V2 attention; False: the baseline, same class)."""
 
     model_type = MODEL_TYPE
@@ -109,7 +109,7 @@ class DiffV2Attention(LlamaAttention, HasLambda):
 
     backend = "auto"  # the op's backend (a run-time choice, not saved); set per instance or via set_backend
 
-    def __init__(self, config: DiffV2Config, layer_idx: int):
+    def __init__(self, config: DiffTransformerV2Config, layer_idx: int):
         super().__init__(config, layer_idx)
         self.num_heads = config.num_attention_heads
         self.q_proj = nn.Linear(
@@ -152,15 +152,15 @@ class DiffV2Attention(LlamaAttention, HasLambda):
         return self.o_proj(out), weights
 
 
-class DiffV2PreTrainedModel(LlamaPreTrainedModel):
-    config_class = DiffV2Config
+class DiffTransformerV2PreTrainedModel(LlamaPreTrainedModel):
+    config_class = DiffTransformerV2Config
     base_model_prefix = "model"
 
 
-class DiffV2Model(DiffV2PreTrainedModel, LlamaModel):
+class DiffTransformerV2Model(DiffTransformerV2PreTrainedModel, LlamaModel):
     """``LlamaModel`` whose attention modules are :class:`DiffV2Attention` when ``config.use_diff_v2``."""
 
-    def __init__(self, config: DiffV2Config):
+    def __init__(self, config: DiffTransformerV2Config):
         LlamaModel.__init__(self, config)
         if config.use_diff_v2:
             for idx, layer in enumerate(self.layers):
@@ -168,12 +168,12 @@ class DiffV2Model(DiffV2PreTrainedModel, LlamaModel):
             self.post_init()  # initialise the new modules like every other Linear
 
 
-class DiffV2ForCausalLM(DiffV2PreTrainedModel, LlamaForCausalLM):
-    """``LlamaForCausalLM`` over :class:`DiffV2Model`: generation, KV cache and losses are Llama's."""
+class DiffTransformerV2ForCausalLM(DiffTransformerV2PreTrainedModel, LlamaForCausalLM):
+    """``LlamaForCausalLM`` over :class:`DiffTransformerV2Model`: generation, KV cache and losses are Llama's."""
 
-    def __init__(self, config: DiffV2Config):
-        DiffV2PreTrainedModel.__init__(self, config)
-        self.model = DiffV2Model(config)
+    def __init__(self, config: DiffTransformerV2Config):
+        DiffTransformerV2PreTrainedModel.__init__(self, config)
+        self.model = DiffTransformerV2Model(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
