@@ -366,6 +366,26 @@ def test_claims_give_agrees_disagrees_and_inconclusive_from_per_sample_intervals
     assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in claims_json(claims))
 
 
+def test_a_diff_v2_model_gets_the_diff_claims_against_the_baseline_marked_as_applied_to_v2(corpus):
+    from diffattn.experiments.claims import paper_claims
+
+    raw = _debug(corpus)
+    raw["models"].append({"name": "v2", "preset": "debug", "attention": "diff-v2"})
+    config = ExperimentConfig.from_dict(raw)
+    rng = np.random.default_rng(0)
+    base_answer, noise = rng.uniform(0.01, 0.03, 40), rng.uniform(0.4, 0.6, 40)
+    evals = {
+        "baseline": {"alloc": _alloc(base_answer, noise)},
+        "diff": {"alloc": _alloc(base_answer + 0.1, noise)},
+        "v2": {"alloc": _alloc(base_answer - 0.01, noise)},
+    }
+    claims = [c for c in paper_claims(config, {}, evals) if c.claim == "more attention to the answer"]
+    by_new = {c.new: c for c in claims}
+    assert by_new["diff"].source == "DIFF Transformer Table 3" and by_new["diff"].verdict == "agrees"
+    assert by_new["v2"].source == "DIFF Transformer Table 3 (applied to V2)" and by_new["v2"].ref == "baseline"
+    assert by_new["v2"].verdict == "disagrees"
+
+
 def test_claims_use_seeds_or_per_window_nll_for_the_loss_and_rounding_hides_nothing(corpus):
     from diffattn.experiments.claims import paper_claims, seed_groups
 

@@ -96,6 +96,7 @@ def _difflora_count(layers, d_model, q_width, k_width, rank):
         ("diffk", {}),
         ("diffv", {"method.merge": True}),
         ("difflora", {"method.rank": 4}),
+        ("diff-v2", {}),
         ("lora", {"method.rank": 4}),
         ("attn-ft", {}),
         ("full-ft", {}),
@@ -121,6 +122,7 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
         "diffk": attention + 2 * (64 * 64 + 1),
         "diffv": attention + 2 * (64 * 64 + 1),
         "difflora": _difflora_count(2, 64, 64, 32, 4),
+        "diff-v2": attention + 2 * (64 * 64 + 64 * 4 + 4),  # W_Q2 and the gate (weights, bias) per layer
         "lora": _difflora_count(2, 64, 64, 32, 4),  # matched: LoRA on W_Q, W_K at DiffLoRA's rank
         "attn-ft": attention,
         "full-ft": total,

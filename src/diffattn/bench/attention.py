@@ -11,8 +11,13 @@ inputs with the implementations interleaved round-robin (so drift in machine loa
   code's four-call route (one SDPA call per map and V half, as with FlashAttention that cannot take V of width
   2d), and FlexAttention (one compiled call over the stacked maps) when it is available. Each row also times
   **decode**: one new token (T = 1) against a KV cache of N keys, forward only.
+  **DIFF V2** rows (methods.md §5) at the same d_model: 2h heads of width d, each with two query heads that share
+  K and V (2h key heads of width d), λ per head and token: :func:`diffattn.ops.diff_attention` with K1 = K2, per
+  backend (``sdpa`` takes its one-call path over the interleaved query heads). Its ideal is 2× the baseline's
+  matmul FLOPs (twice the query heads), forward and backward.
 * **module** — a whole attention layer (projections, RoPE, norm): transformers' ``LlamaAttention``
-  (baseline), transformers' own ``DiffLlamaAttention``, and ours installed with the ``auto`` backend.
+  (baseline), transformers' own ``DiffLlamaAttention``, ours installed with the ``auto`` backend, and our DIFF V2
+  attention (``auto``).
 
 Forward is timed under ``no_grad``; forward+backward back-propagates a random cotangent into every input
 (op) or every parameter and the input (module). The statistic is the median over repetitions. An
@@ -198,6 +203,9 @@ def _op_impls(n: int, heads: int, d: int, batch: int, device, dtype, backends: l
     q1, q2, k1, k2 = rnd(batch, heads, t, d), rnd(batch, heads, t, d), rnd(batch, heads, n, d), rnd(batch, heads, n, d)
     v2 = rnd(batch, heads, n, 2 * d)
     lam = torch.tensor(0.5, device=device, requires_grad=True)
+    # DIFF V2 at the same d_model: 2h heads of width d, two query heads each, shared K and V, λ per head and token
+    qa, qb, kv_k, kv_v = rnd(batch, 2 * heads, t, d), rnd(batch, 2 * heads, t, d), rnd(*k.shape), rnd(*v.shape)
+    gate = torch.rand(batch, 2 * heads, t, generator=g).to(device=device).requires_grad_(True)
     # T = 1 sees every key (bottom-right alignment); SDPA's is_causal would align top-left, so drop it there
     causal = t > 1
     impls = {
@@ -208,6 +216,12 @@ def _op_impls(n: int, heads: int, d: int, batch: int, device, dtype, backends: l
             lambda backend=backend: diff_attention(q1, k1, q2, k2, v2, lam, backend=backend),
             [q1, k1, q2, k2, v2, lam],
             "diff",
+        )
+    for backend in backends:
+        impls[f"diff-v2 {backend}"] = (
+            lambda backend=backend: diff_attention(qa, kv_k, qb, kv_k, kv_v, gate, backend=backend),
+            [qa, kv_k, qb, kv_v, gate],
+            "diff-v2",
         )
     if "triton" in backends:
 
@@ -254,15 +268,19 @@ def _module_impls(n: int, heads: int, d: int, batch: int, device, dtype):
     torch.manual_seed(0)
     x = torch.randn(batch, n, 2 * heads * d, device=device, dtype=dtype, requires_grad=True)
     pos = torch.arange(n, device=device)[None]
+    from ..models.diff_v2 import DiffV2Attention
+
     for name, attention in (
         ("llama attention (baseline)", "standard"),
         ("HF DiffLlamaAttention", "diff"),
         ("diffattn DIFF attention (auto)", "diff"),
+        ("diffattn DIFF V2 attention (auto)", "diff-v2"),
     ):
         config = model_config(preset, attention)
         config._attn_implementation = "sdpa"
-        module = (LlamaAttention if attention == "standard" else DiffLlamaAttention)(config, layer_idx=0)
-        if name.startswith("diffattn"):
+        cls = {"standard": LlamaAttention, "diff": DiffLlamaAttention, "diff-v2": DiffV2Attention}[attention]
+        module = cls(config, layer_idx=0)
+        if name.startswith("diffattn DIFF attention"):
             module = DiffLlamaDifferentialAttention(module, DiffAttentionOptions(backend="auto"))
         module = module.to(device=device, dtype=dtype)
         rope = DiffLlamaRotaryEmbedding(config).to(device)
@@ -318,6 +336,8 @@ def run_attention_benchmark(
                 if level == "op":
                     kind = "baseline" if name == base else "diff"
                     h, dv = (2 * heads, head_dim) if kind == "baseline" else (heads, 2 * head_dim)
+                    if name.startswith("diff-v2"):  # 2h pairs of query heads, V of width d
+                        h, dv = 2 * heads, head_dim
                     flops = attention_flops(batch, h, n, n, head_dim, dv, causal=True, kind=kind)
                     row.fwd_tflops = flops["fwd"] / (f_ms[name] * 1e9)
                     row.fwd_bwd_tflops = flops["fwd_bwd"] / (fb_ms[name] * 1e9)

@@ -1,5 +1,6 @@
 """Training-step time, side by side: DIFF Transformer (our attention, ``auto`` backend) vs the same-size Llama
-baseline, with Hugging Face's own ``DiffLlama`` attention as a third column.
+baseline, with Hugging Face's own ``DiffLlama`` attention as a third column and DIFF V2 (methods.md §5: twice the
+query heads, a per-token gate, the FFN narrowed to the same parameter count) as a fourth.
 
 One step = forward + backward + AdamW update on a random batch, the three models built from the same preset
 and fed identical batches, timed interleaved round-robin; the statistic is the median over repetitions.
@@ -15,7 +16,12 @@ import torch
 
 from ..models.build import build_model
 
-COLUMNS = {"baseline": ("standard", None), "diffattn DIFF (auto)": ("diff", "auto"), "HF DiffLlama": ("diff", None)}
+COLUMNS = {
+    "baseline": ("standard", None),
+    "diffattn DIFF (auto)": ("diff", "auto"),
+    "HF DiffLlama": ("diff", None),
+    "diffattn DIFF V2 (auto)": ("diff-v2", "auto"),
+}
 
 
 @dataclass
@@ -79,13 +85,15 @@ def run_train_step_benchmark(
 def format_table(rows: list[StepRow]) -> str:
     names = list(COLUMNS)
     head = f"{'preset':<7} {'seq':>5} " + " ".join(f"{n + ' ms':>22}" for n in names)
-    head += "   DIFF/base   HF/base   HF/DIFF"
+    head += "   DIFF/base   HF/base   HF/DIFF   V2/base   V2/DIFF"
     lines = [head]
     for r in rows:
         cells = " ".join(f"{r.ms[n]:>22.1f}" for n in names)
         lines.append(
             f"{r.preset:<7} {r.seq_len:>5} {cells}   {r.ratio('diffattn DIFF (auto)'):>9.2f} "
-            f"{r.ratio('HF DiffLlama'):>9.2f} {r.ms['HF DiffLlama'] / r.ms['diffattn DIFF (auto)']:>9.2f}"
+            f"{r.ratio('HF DiffLlama'):>9.2f} {r.ms['HF DiffLlama'] / r.ms['diffattn DIFF (auto)']:>9.2f} "
+            f"{r.ratio('diffattn DIFF V2 (auto)'):>9.2f} "
+            f"{r.ms['diffattn DIFF V2 (auto)'] / r.ms['diffattn DIFF (auto)']:>9.2f}"
         )
     return "\n".join(lines)
 
