@@ -20,6 +20,7 @@ from diffattn.models import (
     count_parameters,
 )
 from diffattn.models.build import v2_intermediate_size
+from diffattn.models.diff_v2 import convert_interleaved_rope_state_dict
 from diffattn.models.presets import get_preset
 
 
@@ -32,13 +33,16 @@ def small_config(**kw) -> DiffTransformerV2Config:
     return DiffTransformerV2Config(**{**base, **kw})
 
 
-def reference_v2_layer(attn: DiffV2Attention, x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+def reference_v2_layer(
+    attn: DiffV2Attention, x: torch.Tensor, theta: float = 10000.0, *, weights=None, rope_kind="rotate-half"
+) -> torch.Tensor:
     """The reference semantics from the raw weights, in float64, one head and one token at a time: 2H query heads
-    (pairs interleaved), RoPE (rotate-half), causal softmax per map, out_h = A1 V − sigmoid(x·w_λ,h)·A2 V, o_proj."""
+    (pairs interleaved), RoPE (``rotate-half`` as Hugging Face, or ``interleaved`` pairs as the reference code),
+    causal softmax per map, out_h = A1 V − sigmoid(x·w_λ,h)·A2 V, o_proj."""
     x = x.double()
-    wq, wk, wv, wo, wl = (
-        getattr(attn, n).weight.double() for n in ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_proj")
-    )
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_proj")
+    weights = weights or {n: getattr(attn, n).weight for n in names}
+    wq, wk, wv, wo, wl = (weights[n].double() for n in names)
     b, t, _ = x.shape
     d = attn.head_dim
     h = wl.shape[0]
@@ -51,6 +55,10 @@ def reference_v2_layer(attn: DiffV2Attention, x: torch.Tensor, theta: float = 10
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
 
     def rope(z):  # z [B, T, heads, d]
+        if rope_kind == "interleaved":  # pairs (z_2i, z_2i+1) rotated by the angle of frequency i
+            c, s_ = ang.cos()[None, :, None], ang.sin()[None, :, None]
+            even, odd = z[..., 0::2], z[..., 1::2]
+            return torch.stack([even * c - odd * s_, even * s_ + odd * c], -1).flatten(-2)
         half = torch.cat([-z[..., d // 2 :], z[..., : d // 2]], -1)
         return z * cos[None, :, None] + half * sin[None, :, None]
 
@@ -85,6 +93,28 @@ def test_layer_matches_an_independent_implementation_outputs_and_gradients(backe
     g_want = torch.autograd.grad((want * cot.double()).sum(), params)
     for name, a, r in zip(["x", "q", "k", "v", "o", "lambda"], g_got, g_want, strict=True):
         torch.testing.assert_close(a.double(), r.double(), atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+def test_a_checkpoint_written_for_interleaved_rope_loads_after_the_row_permutation():
+    """The reference code rotates interleaved pairs; its weights, with q/k rows permuted per head, give the same
+    layer in our (rotate-half) model."""
+    torch.manual_seed(0)
+    cfg = small_config(num_hidden_layers=1)
+    model = DiffTransformerV2ForCausalLM(cfg).eval()
+    attn = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(3)
+    reference = {n: torch.randn(getattr(attn, n).weight.shape, generator=g) * 0.2 for n in
+                 ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_proj")}  # fmt: skip
+    x = torch.randn(2, 7, 48, generator=g)
+    want = reference_v2_layer(attn, x, weights=reference, rope_kind="interleaved")
+    state = {f"model.layers.0.self_attn.{n}.weight": w for n, w in reference.items()}
+    converted = convert_interleaved_rope_state_dict(state, cfg)
+    model.load_state_dict(converted, strict=False)
+    got, _ = attn(x, model.model.rotary_emb(x, torch.arange(7)[None].expand(2, -1)), attention_mask=None)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    model.load_state_dict(state, strict=False)  # without the permutation the layer differs
+    unconverted, _ = attn(x, model.model.rotary_emb(x, torch.arange(7)[None].expand(2, -1)), attention_mask=None)
+    assert (unconverted.double() - want).abs().max() > 1e-3
 
 
 def test_layout_and_parameter_counts():
@@ -141,6 +171,7 @@ def test_save_and_plain_from_pretrained_after_import_diffattn(tmp_path):
     model = build_model("debug", "diff-v2", seed=0).eval()
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "diffattn_v2"
+    assert "import diffattn" in (tmp_path / "README.md").read_text()  # the card says how to load it
     ids = torch.randint(0, 256, (1, 6))
     want = model(ids).logits
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()

@@ -156,6 +156,10 @@ class DiffTransformerV2PreTrainedModel(LlamaPreTrainedModel):
     config_class = DiffTransformerV2Config
     base_model_prefix = "model"
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        super().save_pretrained(save_directory, *args, **kwargs)
+        save_readme(save_directory)
+
 
 class DiffTransformerV2Model(DiffTransformerV2PreTrainedModel, LlamaModel):
     """``LlamaModel`` whose attention modules are :class:`DiffV2Attention` when ``config.use_diff_v2``."""
@@ -177,6 +181,44 @@ class DiffTransformerV2ForCausalLM(DiffTransformerV2PreTrainedModel, LlamaForCau
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+
+def rotate_half_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Rows of a q/k projection that rotates interleaved pairs (x_2i, x_2i+1) → the rows Hugging Face's
+    rotate-half RoPE needs for the same attention: within each head, even rows first, then odd rows (the
+    permutation transformers' Llama conversion applies)."""
+    rows, cols = weight.shape
+    head_dim = rows // num_heads
+    return weight.view(num_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def convert_interleaved_rope_state_dict(state_dict: dict, config: DiffTransformerV2Config) -> dict:
+    """A V2 state dict in this module's parameter layout but written for interleaved-pair RoPE (the reference
+    code's rotary) → the same model for :class:`DiffTransformerV2ForCausalLM`: q_proj and k_proj rows permuted
+    per head (:func:`rotate_half_rows`); every other tensor unchanged."""
+    q_heads = (2 if config.use_diff_v2 else 1) * config.num_attention_heads
+    out = dict(state_dict)
+    for name, weight in state_dict.items():
+        if name.endswith("self_attn.q_proj.weight"):
+            out[name] = rotate_half_rows(weight, q_heads)
+        elif name.endswith("self_attn.k_proj.weight"):
+            out[name] = rotate_half_rows(weight, config.num_key_value_heads)
+    return out
+
+
+def save_readme(folder, model_type: str = MODEL_TYPE) -> None:
+    """A model card that says how to load the checkpoint (transformers' own error for an unknown model type
+    suggests upgrading transformers, which does not help)."""
+    from pathlib import Path
+
+    path = Path(folder) / "README.md"
+    if not path.exists():  # never overwrite a card the user wrote
+        path.write_text(
+            f"# DIFF Transformer V2 checkpoint (diffattn)\n\n"
+            f"`model_type: {model_type}` is registered by the `diffattn` library, not by transformers:\n\n"
+            f"```python\nimport diffattn  # registers DiffTransformerV2 with the Auto classes\n"
+            f"from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(...)\n```\n"
+        )
 
 
 def set_v2_backend(model: nn.Module, backend: str) -> nn.Module:
