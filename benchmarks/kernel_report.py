@@ -1,0 +1,667 @@
+"""Static report on the fused Triton kernels (diffattn/ops/triton_kernel.py), compiled ahead of time for a GPU
+that need not be present: registers, spills, shared memory, which tensor-core instructions each matmul became,
+and the matmul FLOPs per query–key pair the kernels actually issue against the FLOP model's ideal.
+
+Usage: python benchmarks/kernel_report.py [--target sm90] [--dtype bf16] [--kernels fwd,dkdv,dq]
+                                          [--variants V1,V2] [--configs KIND:KEY=VAL,...] [--json OUT] [--dump DIR]
+
+How the kernels are compiled. The script runs the real launch path of the ``triton`` backend (``_fwd_op`` /
+``_bwd_op`` on empty CPU tensors of a representative problem, ``--shape``) with the launcher replaced by a
+recorder, so every argument, constexpr and tile size is exactly what a GPU launch would pass: tiles from
+``_blocks`` as on a GPU (the module's ``INTERPRETED`` is forced off while recording), ``num_warps`` from there
+and ``num_stages=2``. Each recorded launch is then specialised as Triton's JIT would (16-divisible integers and
+pointers, ints equal to 1 and ``None`` become constants) and compiled with ``triton.compile`` for ``--target``.
+Kernels picked at import: the script must run where ``TRITON_INTERPRET`` is unset (``main`` removes it before
+importing Triton); under the interpreter the kernels cannot be compiled.
+
+Variants: ``V1`` = DIFF Transformer heads (Q1, Q2, K1, K2 of width d = 64, V of width dv = 128); ``V2`` = DIFF
+V2 heads (two query heads sharing one K of width 64, V of width 64, so ``SHARED_K``). Kernels: ``fwd`` (the
+training forward, saving O1, O2 for the backward), ``dkdv`` and ``dq`` (the default two-kernel backward),
+``dkdv_atomic`` (the FlashAttention-2 backward with atomic dQ, ``ATOMIC_DQ``), ``decode`` (the key-split
+forward at T = 1 and its combine kernel).
+
+How to read the columns:
+
+* ``regs`` — registers per thread (``cuobjdump -res-usage``). 255 is the hardware ceiling; at 8 warps
+  (256 threads) one CTA per SM fits up to 255 registers, two CTAs need <= 128.
+* ``spill`` — ``spill_bytes`` = ptxas's "bytes spill stores" + "bytes spill loads" (``ptxas -v``, the log of
+  the very ptxas run that built the cubin; static bytes of spill instructions, not traffic). If the log is not
+  available it falls back to cuobjdump's STACK + LOCAL (``spill_source`` says which). Anything above 0 means
+  the tile does not fit in registers: local-memory round trips inside the loop.
+* ``smem`` — dynamic shared memory per CTA (``metadata.shared``); 228 KiB per SM on an H100.
+* ``mma`` — ``wgmma`` if the PTX has ``wgmma.mma_async`` (Hopper warpgroup MMA), ``mma.sync`` if it has
+  only Ampere-style ``mma.sync``, ``none`` for neither (FMA). On sm_90, ``mma.sync`` reaches about half of peak.
+* ``dots`` (JSON, and the lines under the table) — every ``tt.dot`` / ``ttng.warp_group_dot`` of the TTGIR with
+  its shape M×N×K, whether it sits in a loop, its MMA version (3 = wgmma, 2 = mma.sync) and ``warpsPerCTA``.
+  A wgmma warpgroup (4 warps) owns 64 rows, so a dot of M rows computed by ``warpsPerCTA[0]`` warps along M is
+  done ``64·warpsPerCTA[0]/4 / M`` times over when that exceeds 1 (e.g. M = 64 with warpsPerCTA [8, 1]: twice,
+  every warpgroup computing the same product); mma.sync tiles are 16 rows × 8 columns per warp, so its
+  duplication is ``max(1, 16·w[0]/M)·max(1, 8·w[1]/N)``. Duplication is wasted tensor-core time, never wrong
+  results.
+* ``flops/pair`` — matmul FLOPs per query–key pair as the kernel is written and laid out: Σ over dots in the
+  main loop of 2·M·N·K·duplication / (BLOCK_M·BLOCK_N) (one iteration covers a BLOCK_M × BLOCK_N tile of
+  queries × keys; the dK/dV kernel's tiles are [keys, queries], the same count). ``ideal`` is the FLOP model of
+  :func:`diffattn.bench.attention.attention_flops` for one DIFF head pair: forward 2·(2d + 2dv), backward
+  2·(6d + 2dv). The backward is judged as a whole (row "backward (dkdv + dq)", or ``dkdv_atomic`` alone); its
+  two kernels have no separate ideal (null). ratio > 1 = recomputation (the dq pass recomputes QKᵀ and dO·Vᵀ)
+  plus layout duplication.
+
+Compiles take a few seconds each; the default is 3 kernels × 2 variants. Exit code 2 when Triton or its bundled
+CUDA toolchain (ptxas, cuobjdump) is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KINDS = ("fwd", "dkdv", "dq", "dkdv_atomic", "decode")
+DEFAULT_KINDS = ("fwd", "dkdv", "dq")
+VARIANTS: dict[str, dict] = {
+    "V1": {"d": 64, "dv": 128, "shared_q": False, "shared_k": False},  # DIFF Transformer: V of width 2d
+    "V2": {"d": 64, "dv": 64, "shared_q": False, "shared_k": True},  # DIFF V2: two query heads share K and V
+}
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DEFAULT_SHAPE = (2, 16, 16, 2048, 2048)  # B, H, HKV, T, S: only divisibility by 16 (and == 1) reaches the code
+COMBINED_BWD = "backward (dkdv + dq)"
+_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+_MMA_RANK = {"none": 0, "mma.sync": 1, "wgmma": 2}
+
+
+class ToolchainMissing(RuntimeError):
+    """Triton, or the CUDA tools it bundles (ptxas, cuobjdump), is not installed."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parsing compiler output (pure text; no Triton needed)
+# --------------------------------------------------------------------------------------------------------------
+
+_ALIAS_RE = re.compile(r"^(#[\w.]+)\s*=\s*(.*)$")
+_DOT_RE = re.compile(r"^\s*(%[\w#:.]+)\s*=\s*(tt\.dot|ttng\.warp_group_dot)\b")  # \b: not warp_group_dot_wait
+_TYPE_RE = re.compile(r"(?:tensor|!ttg\.memdesc)<(\d+(?:x\d+)+)x([A-Za-z]\w*)")
+_INTS_RE = r"\[([\d,\s]*)\]"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def dot_duplication(version: int | None, warps: list[int] | None, m: int, n: int) -> float:
+    """How many times the warp layout computes each element of an M×N dot result (1 = no waste).
+
+    wgmma (version 3): a warpgroup of 4 warps owns 64 rows, so warpsPerCTA[0] warps along M cover
+    64·warpsPerCTA[0]/4 rows. mma.sync (version 2): a warp's tile is 16 × 8."""
+    if not warps:
+        return 1.0
+    wm = warps[0]
+    wn = warps[1] if len(warps) > 1 else 1
+    if version == 3:
+        return max(1.0, 64 * wm / 4 / m)
+    if version == 2:
+        return max(1.0, 16 * wm / m) * max(1.0, 8 * wn / n)
+    return 1.0
+
+
+def parse_ttgir_dots(ttgir: str) -> list[dict]:
+    """Every dot op of a TTGIR module: result name, op, M, N, K, loop nesting, MMA version and warp layout.
+
+    The encoding of a dot's result type is resolved through the ``#name = ...`` aliases at the top of the
+    module. Loop nesting is read from the printer's indentation: a region opener (a line ending in ``{``) holds
+    every following line indented deeper, so a dot is in a loop when an open ``scf.for``/``scf.while`` holds it.
+    """
+    aliases: dict[str, str] = {}
+    dots: list[dict] = []
+    stack: list[tuple[int, bool]] = []  # (indent, is a loop) of the open regions
+    for line in ttgir.splitlines():
+        if not line.strip():
+            continue
+        m_alias = _ALIAS_RE.match(line)
+        if m_alias:
+            aliases[m_alias.group(1)] = m_alias.group(2)
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        m_dot = _DOT_RE.match(line)
+        if m_dot:
+            dots.append(_parse_dot(line, m_dot, aliases, sum(is_loop for _, is_loop in stack)))
+        code = re.sub(r"\s+loc\(.*\)\s*$", "", line).rstrip()
+        if code.endswith("{"):
+            stack.append((indent, bool(re.search(r"\bscf\.(for|while)\b", code))))
+    return dots
+
+
+def _parse_dot(line: str, match: re.Match, aliases: dict[str, str], loop_depth: int) -> dict:
+    code = re.sub(r"\s+loc\([^()]*(\([^()]*\))?[^()]*\)\s*$", "", line)
+    types = _TYPE_RE.findall(code)
+    if len(types) < 3:
+        raise ValueError(f"cannot read the operand types of this dot: {line.strip()[:200]}")
+    a_dims, c_dims = _ints(types[-3][0].replace("x", ",")), _ints(types[-1][0].replace("x", ","))
+    m, n, k = c_dims[-2], c_dims[-1], a_dims[-1]
+    result_type = code.rsplit("->", 1)[-1]
+    enc_name = re.search(r"#[\w.]+", result_type)
+    enc = ""
+    if enc_name:
+        enc = aliases.get(enc_name.group(0), result_type)
+    version = re.search(r"versionMajor\s*=\s*(\d+)", enc)
+    warps = re.search(r"warpsPerCTA\s*=\s*" + _INTS_RE, enc)
+    instr = re.search(r"instrShape\s*=\s*" + _INTS_RE, enc)
+    ver = int(version.group(1)) if version and "mma" in enc else None
+    warps_l = _ints(warps.group(1)) if warps else None
+    return {
+        "result": match.group(1),
+        "op": match.group(2),
+        "m": m,
+        "n": n,
+        "k": k,
+        "in_loop": loop_depth > 0,
+        "loop_depth": loop_depth,
+        "mma_version": ver,
+        "mma": {3: "wgmma", 2: "mma.sync"}.get(ver, "fma") if ver is not None else "fma",
+        "warps_per_cta": warps_l,
+        "instr_shape": _ints(instr.group(1)) if instr else None,
+        "operand_dtype": types[-3][1],
+        "duplication": dot_duplication(ver, warps_l, m, n),
+    }
+
+
+def add_dot_flops(dots: list[dict], block_m: int | None, block_n: int | None) -> float:
+    """Fill each dot's ``flops_per_pair`` (0 outside the main loop) and return the sum: 2·M·N·K·duplication
+    per iteration over the BLOCK_M·BLOCK_N query–key pairs an iteration covers."""
+    total = 0.0
+    for dot in dots:
+        if dot["in_loop"] and block_m and block_n:
+            dot["flops_per_pair"] = 2 * dot["m"] * dot["n"] * dot["k"] * dot["duplication"] / (block_m * block_n)
+        else:
+            dot["flops_per_pair"] = 0.0
+        total += dot["flops_per_pair"]
+    return total
+
+
+def mma_kind(ptx: str) -> str:
+    if "wgmma.mma_async" in ptx:
+        return "wgmma"
+    if "mma.sync" in ptx:
+        return "mma.sync"
+    return "none"
+
+
+def parse_res_usage(text: str) -> dict[str, int]:
+    """REG, STACK, SHARED, LOCAL of the (single) function in ``cuobjdump -res-usage`` output."""
+    out = {}
+    for key in ("REG", "STACK", "SHARED", "LOCAL"):
+        m = re.search(rf"\b{key}:(\d+)", text)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+def parse_ptxas_log(text: str) -> dict[str, int]:
+    out = {}
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if m:
+        out["stack"], out["spill_stores"], out["spill_loads"] = (int(x) for x in m.groups())
+    m = re.search(r"Used (\d+) registers", text)
+    if m:
+        out["registers"] = int(m.group(1))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Toolchain and compilation
+# --------------------------------------------------------------------------------------------------------------
+
+
+def parse_target(target: str) -> int:
+    m = re.fullmatch(r"sm_?(\d+)a?", target.strip().lower())
+    if not m:
+        raise ValueError(f"--target must look like sm90 or sm_80, got {target!r}")
+    return int(m.group(1))
+
+
+def toolchain(capability: int = 90) -> dict[str, str]:
+    """Paths of the ptxas and cuobjdump that Triton bundles; ToolchainMissing if either (or Triton) is absent."""
+    try:
+        import triton
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError as err:
+        raise ToolchainMissing(f"triton (with its NVIDIA backend) is not installed: {err}") from err
+    try:
+        return {"ptxas": get_ptxas(capability).path, "cuobjdump": triton.knobs.nvidia.cuobjdump.path}
+    except RuntimeError as err:  # knobs raise "Cannot find <tool>"
+        raise ToolchainMissing(f"triton's bundled CUDA toolchain is incomplete: {err}") from err
+
+
+@dataclass
+class Launch:
+    """One kernel launch as the backend would issue it."""
+
+    kernel: object  # a triton JITFunction
+    args: tuple
+    consts: dict  # constexpr keyword arguments, tiles included
+    options: dict = field(default_factory=dict)  # num_warps / num_stages (absent = Triton's default)
+    kind: str = ""
+
+
+def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, ...]) -> list[Launch]:
+    """Run the backend's launch path on empty CPU tensors with the launcher swapped for a recorder."""
+    import torch
+    import triton
+
+    from diffattn.ops import triton_kernel as tk
+
+    for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_combine_kernel"):
+        if not isinstance(getattr(tk, name), triton.runtime.jit.JITFunction):
+            raise RuntimeError(
+                "diffattn.ops.triton_kernel was imported with TRITON_INTERPRET=1, so its kernels are interpreted and "
+                "cannot be compiled; run this in a process without TRITON_INTERPRET"
+            )
+    dtype = getattr(torch, DTYPES[dtype_name])
+    b, h, hkv, t, s = shape
+    if kind == "decode":
+        t = 1
+    d, dv, causal = spec["d"], spec["dv"], spec.get("causal", True)
+
+    def empty(*size, dt=dtype):
+        return torch.empty(*size, dtype=dt)
+
+    q1, k1, v = empty(b, h, t, d), empty(b, hkv, s, d), empty(b, hkv, s, dv)
+    q2 = None if spec["shared_q"] else empty(b, h, t, d)
+    k2 = None if spec["shared_k"] else empty(b, hkv, s, d)
+    lam = empty(b, h, t, dt=torch.float32)
+    scale = d**-0.5
+    recorded: list[Launch] = []
+    combine = tk._combine_kernel
+
+    def launch(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
+        # the tiles _launch would start from on a GPU (its retry on OutOfResources needs a GPU to trigger)
+        bm, bn, warps = tk._blocks(kind_, d_, dv_, rows, fp32=consts["PREC"] == "ieee")
+        tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
+        recorded.append(Launch(kernel, tuple(args), {**consts, **tiles}, {"num_warps": warps, "num_stages": 2}, kind_))
+
+    class CombineRecorder:  # _combine_kernel is launched directly as kernel[grid](...)
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+                recorded.append(Launch(combine, args, kwargs, options, "combine"))
+
+            return run
+
+    saved = {
+        n: getattr(tk, n) for n in ("_launch", "_combine_kernel", "INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE")
+    }
+    tk._launch, tk._combine_kernel = launch, CombineRecorder()
+    tk.INTERPRETED, tk.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
+    tk.SPLIT_OVERRIDE = 4 if kind == "decode" else None  # CPU tensors would never split
+    try:
+        if kind in ("fwd", "decode"):
+            tk._fwd_op(q1, k1, q2, k2, v, lam, None, causal, scale, kind == "fwd")
+        else:
+            o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
+            lse1, lse2 = empty(b, h, t, dt=torch.float32), empty(b, h, t, dt=torch.float32)
+            atomic = kind == "dkdv_atomic"
+            tk._bwd_op(dout, q1, k1, q2, k2, v, lam, None, o1, o2, lse1, lse2, causal, scale, atomic)
+    finally:
+        for n, val in saved.items():
+            setattr(tk, n, val)
+    if kind in ("dkdv", "dq"):
+        recorded = [r for r in recorded if r.kind == kind]
+    return recorded
+
+
+def _specialize(launch: Launch) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for ASTSource, as Triton's JIT derives them from the launch arguments."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    kernel = launch.kernel
+    bound = inspect.signature(kernel.fn).bind(*launch.args, **launch.consts).arguments
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(kernel.params):
+        value = bound.get(p.name, p.default)
+        if p.is_constexpr:
+            signature[p.name], constexprs[(i,)] = "constexpr", value
+            continue
+        ty, spec = native_specialize_impl(
+            CUDABackend, value, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        )
+        signature[p.name] = ty
+        if ty == "constexpr":  # None, or an int equal to 1
+            constexprs[(i,)] = spec
+        elif isinstance(spec, str):
+            attrs[(i,)] = CUDABackend.parse_attr(spec)
+    return signature, constexprs, attrs
+
+
+def _compile(launch: Launch, capability: int, tools: dict[str, str]) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constexprs, attrs = _specialize(launch)
+    src = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    knobs = triton.knobs
+    saved = (knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log)
+    # a cache hit would skip ptxas, and its -v log is where the spill counts are
+    knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = True, True
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+            compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=dict(launch.options))
+    finally:
+        knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = saved
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        res = subprocess.run([tools["cuobjdump"], "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
+    return {
+        "compiled": compiled,
+        "res_usage": parse_res_usage(res.stdout),
+        "ptxas": parse_ptxas_log(log.getvalue()),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _ideal(kind: str, d: int, dv: int) -> float | None:
+    """Ideal matmul FLOPs per query–key pair of one DIFF head pair, from the benchmark's FLOP model. None for
+    the two kernels of the split backward (only their sum has an ideal) and for the combine kernel."""
+    from diffattn.bench.attention import attention_flops
+
+    direction = {"fwd": "fwd", "decode": "fwd", "backward": "bwd", "dkdv_atomic": "bwd"}.get(kind)
+    if direction is None:
+        return None
+    return attention_flops(1, 1, 1, 1, d, dv, causal=False, kind="diff")[direction]  # one pair: t = s = 1
+
+
+def parse_config_spec(text: str) -> tuple[str, dict]:
+    """``KIND[:KEY=VAL,...]`` → (kind, settings). Keys: variant, d, dv, shared_q, shared_k, causal, BLOCK_M,
+    BLOCK_N, num_warps, num_stages."""
+    kind, _, rest = text.partition(":")
+    if kind not in KINDS:
+        raise ValueError(f"unknown kernel {kind!r} in --configs {text!r}; choose from {', '.join(KINDS)}")
+    settings: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ValueError(f"--configs entries are KEY=VAL, got {item!r}")
+        if key == "variant":
+            settings[key] = val
+        elif key in ("shared_q", "shared_k", "causal"):
+            settings[key] = val.lower() in ("1", "true", "yes")
+        elif key in ("d", "dv", *_TILE_KEYS):
+            settings[key] = int(val)
+        else:
+            raise ValueError(f"unknown key {key!r} in --configs {text!r}")
+    return kind, settings
+
+
+def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target: str, shape) -> dict:
+    compiled = built["compiled"]
+    dots = parse_ttgir_dots(compiled.asm["ttgir"])
+    bm, bn = launch.consts.get("BLOCK_M"), launch.consts.get("BLOCK_N")
+    flops = add_dot_flops(dots, bm, bn)
+    res, ptxas = built["res_usage"], built["ptxas"]
+    if "spill_stores" in ptxas:
+        spill, source = ptxas["spill_stores"] + ptxas["spill_loads"], "ptxas -v: spill stores + spill loads"
+    else:
+        spill, source = res.get("STACK", 0) + res.get("LOCAL", 0), "cuobjdump: STACK + LOCAL"
+    decode = bool(launch.consts.get("SPLIT"))
+    kind = "decode" if decode else launch.kind  # the key-split forward is its own row
+    ideal = _ideal(kind, spec["d"], spec["dv"])
+    return {
+        "kernel": compiled.metadata.name,
+        "kind": kind,
+        "config": {
+            "variant": label,
+            "target": target,
+            "dtype": dtype,
+            "d": spec["d"],
+            "dv": spec["dv"],
+            "causal": spec.get("causal", True),
+            "shared_q": spec["shared_q"],
+            "shared_k": spec["shared_k"],
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "num_warps": compiled.metadata.num_warps,
+            "num_stages": compiled.metadata.num_stages,
+            "shape_BHHkvTS": [*shape[:3], 1, shape[4]] if decode else list(shape),
+            "constexprs": dict(launch.consts),
+        },
+        "registers": res.get("REG", ptxas.get("registers")),
+        "spill_bytes": spill,
+        "spill_source": source,
+        "spill_stores": ptxas.get("spill_stores"),
+        "spill_loads": ptxas.get("spill_loads"),
+        "stack_bytes": res.get("STACK"),
+        "local_bytes": res.get("LOCAL"),
+        "shared_bytes": compiled.metadata.shared,
+        "mma": mma_kind(compiled.asm["ptx"]),
+        "dots": dots,
+        "pairs_per_iteration": bm * bn if bm and bn else None,
+        "flops_per_pair": flops,
+        "ideal_flops_per_pair": ideal,
+        "flops_ratio": flops / ideal if ideal else None,
+    }
+
+
+def _combined_backward(dkdv: dict, dq: dict) -> dict:
+    flops = dkdv["flops_per_pair"] + dq["flops_per_pair"]
+    ideal = _ideal("backward", dkdv["config"]["d"], dkdv["config"]["dv"])
+    config = {k: v for k, v in dkdv["config"].items() if k not in (*_TILE_KEYS, "constexprs")}
+    config["tiles"] = {r["kind"]: {k: r["config"][k] for k in _TILE_KEYS} for r in (dkdv, dq)}
+    return {
+        "kernel": COMBINED_BWD,
+        "kind": "backward",
+        "config": config,
+        "registers": max(dkdv["registers"], dq["registers"]),  # the worse of the two
+        "spill_bytes": dkdv["spill_bytes"] + dq["spill_bytes"],
+        "spill_source": dkdv["spill_source"],
+        "shared_bytes": max(dkdv["shared_bytes"], dq["shared_bytes"]),
+        "mma": min(dkdv["mma"], dq["mma"], key=_MMA_RANK.__getitem__),  # the weaker of the two
+        "dots": [{"kernel": r["kernel"], **dot} for r in (dkdv, dq) for dot in r["dots"]],
+        "flops_per_pair": flops,
+        "ideal_flops_per_pair": ideal,
+        "flops_ratio": flops / ideal if ideal else None,
+    }
+
+
+def kernel_report(
+    target: str = "sm90",
+    dtype: str = "bf16",
+    kernels: tuple[str, ...] | list[str] = DEFAULT_KINDS,
+    variants: tuple[str, ...] | list[str] = ("V1", "V2"),
+    configs: tuple[str, ...] | list[str] = (),
+    shape: tuple[int, ...] = DEFAULT_SHAPE,
+    dump: str | Path | None = None,
+    progress=None,
+) -> list[dict]:
+    """Compile the requested kernels for ``target`` and return one row per compiled kernel (plus a combined
+    backward row per variant that has both ``dkdv`` and ``dq``). ``configs``: extra ``KIND[:KEY=VAL,...]``
+    specs (see :func:`parse_config_spec`). Raises ToolchainMissing without Triton's CUDA tools."""
+    capability = parse_target(target)
+    tools = toolchain(capability)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    jobs: list[tuple[str, str, dict, dict]] = []  # (kind, label, head spec, tile overrides)
+    for name in variants:
+        if name not in VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+        for kind in kernels:
+            if kind not in KINDS:
+                raise ValueError(f"unknown kernel {kind!r}; choose from {', '.join(KINDS)}")
+            jobs.append((kind, name, dict(VARIANTS[name]), {}))
+    for text in configs:
+        kind, settings = parse_config_spec(text)
+        base = settings.pop("variant", "V1")
+        spec = {**VARIANTS[base], **{k: v for k, v in settings.items() if k not in _TILE_KEYS}}
+        jobs.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in _TILE_KEYS}))
+
+    rows: list[dict] = []
+    for kind, label, spec, overrides in jobs:
+        for launch in _record_launches(kind, spec, dtype, tuple(shape)):
+            if overrides and "BLOCK_M" in launch.consts:
+                launch.consts.update({k: v for k, v in overrides.items() if k in ("BLOCK_M", "BLOCK_N")})
+                launch.options.update({k: v for k, v in overrides.items() if k in ("num_warps", "num_stages")})
+            if progress:
+                progress(f"compiling {launch.kernel.__name__} ({label}, {kind}) ...")
+            built = _compile(launch, capability, tools)
+            row = _row(launch, built, label, spec, dtype, target, tuple(shape))
+            rows.append(row)
+            if dump:
+                out = Path(dump)
+                out.mkdir(parents=True, exist_ok=True)
+                stem = re.sub(r"[^\w.-]+", "_", f"{row['kernel']}_{label}_{kind}")
+                for ext in ("ttgir", "ptx"):
+                    (out / f"{stem}.{ext}").write_text(built["compiled"].asm[ext])
+    for label in dict.fromkeys(r["config"]["variant"] for r in rows):
+        parts = {r["kind"]: r for r in rows if r["config"]["variant"] == label}
+        if "dkdv" in parts and "dq" in parts:
+            rows.append(_combined_backward(parts["dkdv"], parts["dq"]))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Printing
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(x, spec: str = "") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _dot_text(dot: dict) -> str:
+    where = "loop" if dot["in_loop"] else "once"
+    layout = f"{dot['mma']}{dot['warps_per_cta'] or ''}".replace(" ", "")
+    dup = f" x{dot['duplication']:g} dup" if dot["duplication"] > 1 else ""
+    return f"{dot['result']} {dot['m']}x{dot['n']}x{dot['k']} {where} {layout}{dup}"
+
+
+def format_report(rows: list[dict]) -> str:
+    head = (
+        "kernel",
+        "kind",
+        "variant",
+        "d/dv",
+        "tile",
+        "regs",
+        "spill",
+        "smem KiB",
+        "mma",
+        "flops/pair",
+        "ideal",
+        "ratio",
+    )
+    table = [head]
+    for r in rows:
+        c = r["config"]
+        if "tiles" in c:  # the combined backward: its parts' rows carry the tiles
+            tile = "see parts"
+        elif c.get("BLOCK_M"):
+            tile = f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']}"
+        else:
+            tile = f"w{c['num_warps']}"
+        table.append(
+            (
+                r["kernel"],
+                r["kind"],
+                c["variant"],
+                f"{c['d']}/{c['dv']}",
+                tile,
+                _fmt(r["registers"]),
+                _fmt(r["spill_bytes"]),
+                f"{r['shared_bytes'] / 1024:.0f}",
+                r["mma"],
+                f"{r['flops_per_pair']:.0f}",
+                _fmt(r["ideal_flops_per_pair"], ".0f"),
+                _fmt(r["flops_ratio"], ".2f"),
+            )
+        )
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append("Dots (TTGIR; M x N x K, in the main loop or once, MMA kind + warpsPerCTA, duplication):")
+    for r in rows:
+        if r["kind"] == "backward":
+            continue
+        dots = "; ".join(_dot_text(d) for d in r["dots"]) or "none"
+        lines.append(f"  {r['kernel']} ({r['config']['variant']}): {dots}")
+    lines.append("")
+    lines.append(
+        "FLOP model (matmul FLOPs per query-key pair; ideal = diffattn.bench.attention.attention_flops, one DIFF "
+        "head pair: forward 2(2d + 2dv), backward 2(6d + 2dv)):"
+    )
+    for r in rows:
+        if r["flops_ratio"] is None:
+            continue
+        dup = sum(d["flops_per_pair"] * (1 - 1 / d["duplication"]) for d in r["dots"])
+        lines.append(
+            f"  {r['kernel']} ({r['config']['variant']}): {r['flops_per_pair']:.0f} / {r['ideal_flops_per_pair']:.0f}"
+            f" = {r['flops_ratio']:.2f}x ideal ({dup:.0f} per pair of it is warp-layout duplication)"
+        )
+    spill = [f"{r['kernel']} ({r['config']['variant']})" for r in rows if r["spill_bytes"] and r["kind"] != "backward"]
+    lines.append(
+        f"Spills: {', '.join(spill) if spill else 'none'} (source: {rows[0]['spill_source'] if rows else '-'})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--target", default="sm90", help="GPU architecture to compile for (default sm90 = H100)")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--kernels", default=",".join(DEFAULT_KINDS), help=f"comma list of {', '.join(KINDS)}")
+    parser.add_argument(
+        "--variants", default="V1,V2", help="comma list of V1 (d 64, dv 128), V2 (d 64, dv 64, K shared)"
+    )
+    parser.add_argument(
+        "--configs", nargs="*", default=[], help="extra rows: KIND[:KEY=VAL,...], e.g. fwd:variant=V2,BLOCK_M=128"
+    )
+    parser.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="B,H,HKV,T,S of the launches")
+    parser.add_argument("--json", help="write the rows as a JSON list to this path")
+    parser.add_argument("--dump", help="also write each kernel's TTGIR and PTX into this folder")
+    args = parser.parse_args(argv)
+    # the kernels are compiled or interpreted from the moment their module is imported
+    os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        rows = kernel_report(
+            target=args.target,
+            dtype=args.dtype,
+            kernels=[k for k in args.kernels.split(",") if k],
+            variants=[v for v in args.variants.split(",") if v],
+            configs=args.configs,
+            shape=tuple(int(x) for x in args.shape.split(",")),
+            dump=args.dump,
+            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+    except ToolchainMissing as err:
+        print(f"kernel_report: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        parser.error(str(err))
+    print(format_report(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
