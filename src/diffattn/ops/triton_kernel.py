@@ -48,7 +48,9 @@ them without a GPU. The interpreter mis-multiplies bfloat16 (it feeds the raw 16
 matmul), so under the interpreter bfloat16 dot operands are widened to float32 after the same rounding —
 numerically what a GPU's bf16 MMA with fp32 accumulation computes.
 
-Block sizes on a GPU are heuristics, not yet tuned on hardware; a launch that runs out of shared memory or
+Block sizes on a GPU are heuristics, not yet timed on hardware but checked ahead of time for sm_90 with
+``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot): the training forward
+takes 128-row tiles on 8 warps so no warpgroup repeats another's dots. A launch that runs out of shared memory or
 registers retries with smaller tiles.
 """
 
@@ -544,7 +546,17 @@ def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[
     if INTERPRETED:
         return 16, 16, 4
     narrow = _pow2(d) + _pow2(dv) <= 192  # d = 64 with dv = 64 or 128
-    if kind == "fwd":
+    if kind == "fwd" and rows >= 128:
+        # 128 query rows on 8 warps: each warpgroup owns 64 rows of every dot, so none repeats another's QKᵀ (64
+        # rows on 8 warps did: 1.33x / 1.50x the FLOP ideal). BLOCK_N 64 fits d = dv = 64 (DIFF V2) in 217
+        # registers, 32 fits dv = 128 (DIFF V1) in 227, neither spilling (benchmarks/kernel_report.py, sm_90)
+        if _pow2(d) + _pow2(dv) <= 128:
+            bm, bn = 128, 64
+        elif narrow:
+            bm, bn = 128, 32
+        else:
+            bm, bn = 32, 32
+    elif kind == "fwd":  # decode and short blocks: rows = (H/Hkv)·T < 128
         bm, bn = (64, 64) if narrow else (32, 32)
     elif kind == "dkdv":
         bm, bn = (64, 32) if narrow else (32, 32)
