@@ -135,10 +135,12 @@ def test_text_parsers():
     )
 
 
-def test_report_compiles_the_forward_for_sm90_without_spills_on_wgmma_at_the_flop_ideal(tmp_path):
-    """The forward's contract on the H100's instruction set, proven without one: for DIFF V1 (d 64, dv 128) and
-    DIFF V2 (d 64, dv 64, shared K) heads, registers <= 255 and no spills, every dot of the main loop a wgmma, and
-    no warpgroup repeating another's dots (matmul FLOPs per pair = the FLOP model's ideal)."""
+def test_report_compiles_the_kernels_for_sm90_without_spills_on_wgmma(tmp_path):
+    """The contract on the H100's instruction set, proven without one: for DIFF V1 (d 64, dv 128) and DIFF V2
+    (d 64, dv 64, shared K) heads, every kernel of the forward and the backward has registers <= 255 and no spills,
+    every dot of its main loop a wgmma issued once (no warpgroup repeating another's); the forward's matmul FLOPs
+    per pair are the FLOP model's ideal. The two-kernel backward recomputes QKᵀ and dO·Vᵀ in its dQ pass, so it
+    is above its single-pass ideal (reported, not asserted here)."""
     try:
         kr.toolchain(90)
     except kr.ToolchainMissing as err:
@@ -146,23 +148,24 @@ def test_report_compiles_the_forward_for_sm90_without_spills_on_wgmma_at_the_flo
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, str(SCRIPT), "--target", "sm90", "--kernels", "fwd", "--variants", "V1,V2"]
+    cmd = [sys.executable, str(SCRIPT), "--target", "sm90", "--kernels", "fwd,dkdv,dq", "--variants", "V1,V2"]
     proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "_fwd_kernel" in proc.stdout and "FLOP model" in proc.stdout
 
     rows = json.loads(out.read_text())
-    assert len(rows) == 2
-    for row, dv in zip(rows, (128, 64), strict=True):
+    kernels = [r for r in rows if r["kind"] != "backward"]
+    assert len(kernels) == 6
+    for row in kernels:
         for key in ("kernel", "config", "registers", "spill_bytes", "mma", "flops_per_pair", "ideal_flops_per_pair"):
             assert key in row, key
-        assert row["kernel"] == "_fwd_kernel"
         config = row["config"]
-        assert (config["dtype"], config["d"], config["dv"], config["causal"]) == ("bf16", 64, dv, True)
-        assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0 and row["shared_bytes"] > 0
+        assert (config["dtype"], config["d"], config["causal"]) == ("bf16", 64, True)
+        assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0 and row["shared_bytes"] > 0, row["kernel"]
         loop_dots = [d for d in row["dots"] if d["in_loop"]]
-        assert len(loop_dots) == 4 and row["mma"] == "wgmma"
-        assert all(d["mma_version"] == 3 and d["duplication"] == 1 for d in loop_dots), loop_dots
-        # ideal: attention_flops for one DIFF head pair, forward 2·(2d + 2dv)
-        assert row["ideal_flops_per_pair"] == 2 * (2 * 64 + 2 * dv)
+        assert loop_dots and row["mma"] == "wgmma"
+        assert all(d["mma_version"] == 3 and d["duplication"] == 1 for d in loop_dots), (row["kernel"], loop_dots)
+    for row in (r for r in kernels if r["kernel"] == "_fwd_kernel"):
+        dv = row["config"]["dv"]
+        assert row["ideal_flops_per_pair"] == 2 * (2 * 64 + 2 * dv)  # attention_flops, forward 2·(2d + 2dv)
         assert row["flops_per_pair"] == row["ideal_flops_per_pair"]

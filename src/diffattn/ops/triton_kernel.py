@@ -559,11 +559,24 @@ def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[
     elif kind == "fwd":  # decode and short blocks: rows = (H/Hkv)·T < 128
         bm, bn = (64, 64) if narrow else (32, 32)
     elif kind == "dkdv":
-        bm, bn = (64, 32) if narrow else (32, 32)
+        # 128 keys per program on 8 warps: the [keys, queries] tiles have the 64 rows per warpgroup that wgmma
+        # needs (32 keys fell back to mma.sync); 32 (V2) or 16 (V1) queries per step keep dK1, dK2, dV in 222 / 226
+        # registers without spills (benchmarks/kernel_report.py, sm_90)
+        if _pow2(d) + _pow2(dv) <= 128:
+            bm, bn = 32, 128
+        elif narrow:
+            bm, bn = 16, 128
+        else:
+            bm, bn = 32, 32
     elif kind == "dkdv_atomic":  # the dQ tiles of the atomic adds take registers too
         bm, bn = 32, 32
-    else:  # dq
-        bm, bn = (64, 32) if narrow else (32, 64)
+    else:  # dq: 128 query rows on 8 warps, so no warpgroup repeats the recomputed QKᵀ and dO·Vᵀ (214 / 168 registers)
+        if _pow2(d) + _pow2(dv) <= 128:
+            bm, bn = 128, 64
+        elif narrow:
+            bm, bn = 128, 32
+        else:
+            bm, bn = 32, 64
     if fp32:
         bm, bn = max(16, bm // 2), max(16, bn // 2)
     if kind == "fwd":
