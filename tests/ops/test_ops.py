@@ -13,6 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from diffattn.ops import auto_backend, backend_status, chunked, diff_attention, diff_attention_maps
+from diffattn.ops._inputs import validate
 
 ATOL = 1e-5
 
@@ -163,6 +164,14 @@ def test_shared_keys_with_per_token_lambda_match_reference(backend, mask_kind, t
     torch.testing.assert_close(out_fast, out_ref, atol=ATOL, rtol=1e-5)
     for name, a, r in zip(["q1", "k", "q2", "v", "lam"], g_fast, g_ref, strict=True):
         torch.testing.assert_close(a, r, atol=ATOL, rtol=1e-5, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+def test_auto_on_cpu_is_sdpa_when_both_maps_share_the_keys():
+    q1, k, q2, _, v, lam = make_inputs(lam_kind="token")
+    inp = validate(q1, k, q2, k, v, lam, causal=True, attn_mask=None, scale=None)
+    assert auto_backend(torch.device("cpu"), inp) == "sdpa"
+    separate = validate(*make_inputs(), causal=True, attn_mask=None, scale=None)
+    assert auto_backend(torch.device("cpu"), separate) == "chunked"
 
 
 def test_auto_is_chunked_on_cpu_and_matches():

@@ -27,7 +27,7 @@ import torch
 from ._inputs import DiffAttentionInputs, causal_keep_mask, validate
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference
-from .sdpa import diff_attention_sdpa
+from .sdpa import diff_attention_sdpa, shares_keys
 
 __all__ = [
     "BACKENDS",
@@ -197,11 +197,14 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
 
 def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -> str:
     """What ``backend="auto"`` runs. On CPU: ``chunked`` (measured 1.28× a same-size baseline forward+backward
-    at N = 2048 against 1.86–1.97× for ``sdpa``; the Triton interpreter is for tests only). On CUDA: ``triton``
+    at N = 2048 against 1.86–1.97× for ``sdpa``; the Triton interpreter is for tests only), except when both maps
+    read the same K, where ``sdpa``'s one-call path is faster. On CUDA: ``triton``
     when the fused kernel supports ``inp`` (dtype, head dims, compiled kernels), else ``sdpa`` (fused flash
     kernels), with the reason logged. Without ``inp`` the device default (``sdpa`` on CUDA) is returned."""
     if device.type == "cpu":
-        return "chunked"
+        # both maps on the same K (DIFF V2, DAA, DiffQ): sdpa's one call over interleaved query heads measured
+        # 1.70–2.42x the baseline fwd+bwd at N = 1024–4096 against 2.24–2.70x for chunked (benchmarks/RESULTS.md)
+        return "sdpa" if inp is not None and shares_keys(inp) else "chunked"
     if inp is None or device.type != "cuda":
         return "sdpa"
     reason = triton_unsupported(inp)

@@ -49,7 +49,7 @@ def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[
     return mask.masked_fill(~keep, float("-inf")), False
 
 
-def _shares_keys(inp: DiffAttentionInputs) -> bool:
+def shares_keys(inp: DiffAttentionInputs) -> bool:
     """Both maps read the same keys (DIFF V2, methods.md §5; the DAA-family adapters with shared K)."""
     k1, k2 = inp.k1, inp.k2
     return k1 is k2 or (k1.data_ptr() == k2.data_ptr() and k1.stride() == k2.stride() and k1.shape == k2.shape)
@@ -78,7 +78,7 @@ def _diff_attention_sdpa_shared_keys(inp: DiffAttentionInputs) -> torch.Tensor:
 
 
 def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
-    if _shares_keys(inp):
+    if shares_keys(inp):
         return _diff_attention_sdpa_shared_keys(inp)
     h, d, dv = inp.num_heads, inp.head_dim, inp.v_dim
     width = max(d, dv)
