@@ -190,14 +190,19 @@ def project_output(spec: ModelTypeSpec, attn: nn.Module, out: torch.Tensor) -> t
 # -- inspection: what an attention module computed, for analysis hooks (diffattn.eval.capture, .outliers) ---------
 def call_arguments(spec: ModelTypeSpec, args: tuple, kwargs: dict):
     """(position_embeddings, attention_mask, past_key_values) from whatever the decoder layer passed to the
-    attention module (positional or keyword, per the architecture's call style)."""
+    attention module (positional or keyword, per the architecture's call style). The KV cache's keyword is
+    ``past_key_values`` up to transformers 5.23 and ``cache`` from 5.24."""
     if spec.call_style == "gpt2":
         names = ("past_key_values", "attention_mask")
         got = {**dict(zip(names, args, strict=False)), **kwargs}
-        return None, got.get("attention_mask"), got.get("past_key_values")
+        return None, got.get("attention_mask"), _cache_of(got)
     names = ("position_embeddings", "attention_mask", "past_key_values")
     got = {**dict(zip(names, args, strict=False)), **kwargs}
-    return got.get("position_embeddings"), got.get("attention_mask"), got.get("past_key_values")
+    return got.get("position_embeddings"), got.get("attention_mask"), _cache_of(got)
+
+
+def _cache_of(got: dict):
+    return got["cache"] if got.get("cache") is not None else got.get("past_key_values")
 
 
 def self_attention_cache(cache):

@@ -115,8 +115,10 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         past_key_values=None,
+        cache=None,  # transformers >= 5.24 passes the KV cache under this name
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        past_key_values = cache if cache is not None else past_key_values
         bsz, q_len = hidden_states.shape[:2]
         hidden_shape = (bsz, q_len, -1, self.head_dim)
         q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H, T, d]
