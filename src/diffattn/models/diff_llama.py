@@ -66,6 +66,22 @@ class DiffAttentionOptions:
 lambda_init_value = lambda_init_schedule  # the public name of diffattn.lambdas.lambda_init_schedule
 
 
+def rotated_heads(module: nn.Module, hidden_states: torch.Tensor, position_embeddings, cache):
+    """Q, K, V heads ``[B, heads, T|S, d]`` of a Llama-layout attention module as transformers computes them:
+    the projections split into heads of ``module.head_dim``, RoPE on Q and K, then K and V through the KV cache
+    (``cache``: ``past_key_values`` up to transformers 5.23, ``cache`` from 5.24; None without one)."""
+    bsz, q_len = hidden_states.shape[:2]
+    shape = (bsz, q_len, -1, module.head_dim)
+    q = module.q_proj(hidden_states).view(shape).transpose(1, 2)
+    k = module.k_proj(hidden_states).view(shape).transpose(1, 2)
+    v = module.v_proj(hidden_states).view(shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if cache is not None:
+        k, v = cache.update(k, v, module.layer_idx)
+    return q, k, v
+
+
 class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
     """Drop-in replacement of one ``DiffLlamaAttention`` instance (same parameters, same tensors).
 
@@ -118,16 +134,11 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         cache=None,  # transformers >= 5.24 passes the KV cache under this name
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        past_key_values = cache if cache is not None else past_key_values
         bsz, q_len = hidden_states.shape[:2]
-        hidden_shape = (bsz, q_len, -1, self.head_dim)
-        q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H, T, d]
-        k = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, Hkv, T, d]
-        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, Hkv, T, d]
-        cos, sin = position_embeddings
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)  # [B, Hkv, S, d]
+        # q [B, H, T, d]; k, v [B, Hkv, S, d]
+        q, k, v = rotated_heads(
+            self, hidden_states, position_embeddings, cache if cache is not None else past_key_values
+        )
 
         h, hkv = self.num_heads // 2, self.num_kv_heads // 2
         v_pair = torch.cat([v[:, :hkv], v[:, hkv:]], dim=-1)  # [B, Hkv/2, S, 2d]

@@ -33,13 +33,13 @@ from transformers.models.llama.modeling_llama import (
     LlamaForCausalLM,
     LlamaModel,
     LlamaPreTrainedModel,
-    apply_rotary_pos_emb,
 )
 
 from ..lambdas import HasLambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
+from .diff_llama import rotated_heads
 
 MODEL_TYPE = "diffattn_v2"
 
@@ -132,16 +132,11 @@ class DiffV2Attention(LlamaAttention, HasLambda):
         cache=None,  # transformers >= 5.24 passes the KV cache under this name
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        past_key_values = cache if cache is not None else past_key_values
         bsz, q_len = hidden_states.shape[:2]
-        shape = (bsz, q_len, -1, self.head_dim)
-        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # [B, 2H, T, d]
-        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)  # [B, Hkv, T, d]
-        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        # q [B, 2H, T, d] (pairs interleaved); k, v [B, Hkv, S, d]
+        q, k, v = rotated_heads(
+            self, hidden_states, position_embeddings, cache if cache is not None else past_key_values
+        )
         lam = v2_gate(self.lambda_proj, hidden_states)  # [B, H, T]
         self._last_lambda = lam.detach().mean()
         out = v2_attention(self, q, k, v, lam, attention_mask, self.scaling, self.backend)  # [B, H, T, d]
