@@ -536,51 +536,42 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
 
 
+# (BLOCK_M, BLOCK_N) per kernel and head-width class on a GPU (bf16/fp16), read off the ahead-of-time report for
+# sm_90 (benchmarks/kernel_report.py; registers, spills, MMA kind and warp layout of every dot), all on 8 warps:
+# * fwd: 128 query rows, so each of the two warpgroups owns 64 rows of every dot and none repeats another's QKᵀ
+#   (64 rows on 8 warps did: 1.33x / 1.50x the FLOP ideal); BLOCK_N 64 fits d = dv = 64 in 217 registers, 32 fits
+#   dv = 128 in 227. Decode and short blocks (fewer than 128 rows) keep 64 x 64.
+# * dkdv: 128 keys per program, the 64 rows per warpgroup wgmma needs (32 keys fell back to mma.sync); 32 or 16
+#   queries per step keep dK1, dK2, dV in 222 / 226 registers.
+# * dq: 128 query rows (no warpgroup repeats the recomputed QKᵀ and dO·Vᵀ), 214 / 168 registers.
+# * dkdv_atomic: the dQ tiles of the atomic adds take registers too.
+# "v2": d + dv <= 128 (d = dv = 64); "v1": <= 192 (d = 64, dv = 128); "wide": larger heads. None of these spills.
+_TILES = {
+    "fwd": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 32)},
+    "fwd_short": {"v2": (64, 64), "v1": (64, 64), "wide": (32, 32)},
+    "dkdv": {"v2": (32, 128), "v1": (16, 128), "wide": (32, 32)},
+    "dkdv_atomic": {"v2": (32, 32), "v1": (32, 32), "wide": (32, 32)},
+    "dq": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 64)},
+}
+
+
 def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) per kernel. On a GPU: the largest tiles that compile for sm_90 (bf16) without
-    register spills (checked with cuobjdump's resource usage, since no GPU was at hand to time them); the two
-    fp32 accumulators per row (forward) or three per key (dK1, dK2, dV) bound the tile by d + dv. Float32 inputs
-    (IEEE dots, twice the bytes per tile) spill heavily at those sizes, so they get tiles half as long."""
+    """(BLOCK_M, BLOCK_N, num_warps) per kernel: :data:`_TILES` on a GPU. Float32 inputs (IEEE dots, twice the
+    bytes per tile) spill heavily at those sizes, so they get tiles half as long; a forward with fewer rows than
+    the tile (decoding: rows = (H/Hkv)·T) gets a tile of its row count."""
     if BLOCK_OVERRIDE is not None:
         return (*BLOCK_OVERRIDE, 4)
     if INTERPRETED:
         return 16, 16, 4
-    narrow = _pow2(d) + _pow2(dv) <= 192  # d = 64 with dv = 64 or 128
-    if kind == "fwd" and rows >= 128:
-        # 128 query rows on 8 warps: each warpgroup owns 64 rows of every dot, so none repeats another's QKᵀ (64
-        # rows on 8 warps did: 1.33x / 1.50x the FLOP ideal). BLOCK_N 64 fits d = dv = 64 (DIFF V2) in 217
-        # registers, 32 fits dv = 128 (DIFF V1) in 227, neither spilling (benchmarks/kernel_report.py, sm_90)
-        if _pow2(d) + _pow2(dv) <= 128:
-            bm, bn = 128, 64
-        elif narrow:
-            bm, bn = 128, 32
-        else:
-            bm, bn = 32, 32
-    elif kind == "fwd":  # decode and short blocks: rows = (H/Hkv)·T < 128
-        bm, bn = (64, 64) if narrow else (32, 32)
-    elif kind == "dkdv":
-        # 128 keys per program on 8 warps: the [keys, queries] tiles have the 64 rows per warpgroup that wgmma
-        # needs (32 keys fell back to mma.sync); 32 (V2) or 16 (V1) queries per step keep dK1, dK2, dV in 222 / 226
-        # registers without spills (benchmarks/kernel_report.py, sm_90)
-        if _pow2(d) + _pow2(dv) <= 128:
-            bm, bn = 32, 128
-        elif narrow:
-            bm, bn = 16, 128
-        else:
-            bm, bn = 32, 32
-    elif kind == "dkdv_atomic":  # the dQ tiles of the atomic adds take registers too
-        bm, bn = 32, 32
-    else:  # dq: 128 query rows on 8 warps, so no warpgroup repeats the recomputed QKᵀ and dO·Vᵀ (214 / 168 registers)
-        if _pow2(d) + _pow2(dv) <= 128:
-            bm, bn = 128, 64
-        elif narrow:
-            bm, bn = 128, 32
-        else:
-            bm, bn = 32, 64
+    width = _pow2(d) + _pow2(dv)
+    cls = "v2" if width <= 128 else "v1" if width <= 192 else "wide"
+    if kind == "fwd" and rows < 128:
+        kind = "fwd_short"
+    bm, bn = _TILES[kind][cls]
     if fp32:
         bm, bn = max(16, bm // 2), max(16, bn // 2)
-    if kind == "fwd":
-        bm = min(bm, _pow2(rows))  # decode: rows = (H/Hkv)·T, often < 64
+    if kind.startswith("fwd"):
+        bm = min(bm, _pow2(rows))
     return bm, bn, 8
 
 
