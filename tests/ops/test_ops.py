@@ -166,6 +166,24 @@ def test_shared_keys_with_per_token_lambda_match_reference(backend, mask_kind, t
         torch.testing.assert_close(a, r, atol=ATOL, rtol=1e-5, msg=lambda m, n=name: f"grad {n}: {m}")
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+def test_two_views_of_one_key_tensor_are_two_gradient_paths(backend):
+    """Only the very same K tensor takes the shared-key path: two views of one storage are separate autograd paths
+    (reading one of them twice would drop the other's gradient)."""
+    q1, k, q2, _, v, lam = make_inputs(lam_kind="head")
+    base = k.clone().requires_grad_(True)
+
+    def grad_of(backend):
+        base.grad = None
+        out = diff_attention(q1, base.view_as(base), q2, base.view_as(base), v, lam, backend=backend)
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+        return base.grad.clone()
+
+    assert not validate(q1, base.view_as(base), q2, base.view_as(base), v, lam, causal=True, attn_mask=None,
+                        scale=None).shares_keys  # fmt: skip
+    torch.testing.assert_close(grad_of(backend), grad_of("reference"), atol=ATOL, rtol=1e-5)
+
+
 def test_auto_on_cpu_is_sdpa_when_both_maps_share_the_keys():
     q1, k, q2, _, v, lam = make_inputs(lam_kind="token")
     inp = validate(q1, k, q2, k, v, lam, causal=True, attn_mask=None, scale=None)

@@ -27,7 +27,7 @@ import torch
 from ._inputs import DiffAttentionInputs, causal_keep_mask, validate
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference
-from .sdpa import diff_attention_sdpa, shares_keys
+from .sdpa import diff_attention_sdpa
 
 __all__ = [
     "BACKENDS",
@@ -204,7 +204,7 @@ def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -
     if device.type == "cpu":
         # both maps on the same K (DIFF V2, DAA, DiffQ): sdpa's one call over interleaved query heads measured
         # 1.70–2.42x the baseline fwd+bwd at N = 1024–4096 against 2.24–2.70x for chunked (benchmarks/RESULTS.md)
-        return "sdpa" if inp is not None and shares_keys(inp) else "chunked"
+        return "sdpa" if inp is not None and inp.shares_keys else "chunked"
     if inp is None or device.type != "cuda":
         return "sdpa"
     reason = triton_unsupported(inp)

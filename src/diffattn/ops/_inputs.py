@@ -38,9 +38,10 @@ class DiffAttentionInputs:
     scale: float
 
     @property
-    def per_token_lambda(self) -> bool:
-        # [1, H, 1, 1] is one λ per head; a [B, H, T, 1] λ with B = T = 1 means the same thing
-        return self.lam.dim() == 4 and (self.lam.shape[0], self.lam.shape[2]) != (1, 1)
+    def shares_keys(self) -> bool:
+        """Both maps read the very same K tensor (DIFF V2; DAA and DiffQ pass theirs twice). Identity, not equal
+        storage: two different views of one tensor are two autograd paths, and each needs its own gradient."""
+        return self.k1 is self.k2
 
     @property
     def batch(self) -> int:

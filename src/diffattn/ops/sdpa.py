@@ -49,48 +49,27 @@ def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[
     return mask.masked_fill(~keep, float("-inf")), False
 
 
-def shares_keys(inp: DiffAttentionInputs) -> bool:
-    """Both maps read the same keys (DIFF V2, methods.md §5; the DAA-family adapters with shared K)."""
-    k1, k2 = inp.k1, inp.k2
-    return k1 is k2 or (k1.data_ptr() == k2.data_ptr() and k1.stride() == k2.stride() and k1.shape == k2.shape)
-
-
-def _diff_attention_sdpa_shared_keys(inp: DiffAttentionInputs) -> torch.Tensor:
-    """K1 = K2 (DIFF V2): one SDPA call over 2H interleaved query heads against the Hkv key/value heads, so K
-    and V are read once and never duplicated. Query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong
-    to key head i // (H/Hkv), the grouping GQA gives them."""
-    b, h, t, d = inp.q1.shape
-    q = torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)  # heads 0::2 map 1, 1::2 map 2
-    k, v = inp.k1, inp.v
-    width = max(d, inp.v_dim)
-    if d < width:
-        q, k = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
-    elif inp.v_dim < width:
-        v = F.pad(v, (0, width - inp.v_dim))
-    mask, is_causal = _sdpa_mask(inp, head_layout="interleaved")
-    o = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=2 * h != inp.num_kv_heads
-    )[..., : inp.v_dim]  # [B, 2H, T, dv]
-    o = o.view(b, h, 2, t, inp.v_dim)
-    acc = torch.promote_types(o.dtype, torch.float32)
-    out = o[:, :, 0].to(acc) - inp.lam.to(acc) * o[:, :, 1].to(acc)
-    return out.to(inp.q1.dtype)
-
-
 def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
-    if shares_keys(inp):
-        return _diff_attention_sdpa_shared_keys(inp)
     h, d, dv = inp.num_heads, inp.head_dim, inp.v_dim
+    b, t = inp.batch, inp.q_len
+    if inp.shares_keys:
+        # K1 is K2 (DIFF V2): 2H interleaved query heads against the Hkv key/value heads, K and V passed once;
+        # query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong to key head i // (H/Hkv) under GQA
+        layout = "interleaved"
+        q = torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)
+        k, v = inp.k1, inp.v
+    else:
+        layout = "stacked"
+        q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
+        k = torch.cat([inp.k1, inp.k2], dim=1)  # [B, 2Hkv, S, d]
+        v = torch.cat([inp.v, inp.v], dim=1)  # [B, 2Hkv, S, dv]
     width = max(d, dv)
-    q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
-    k = torch.cat([inp.k1, inp.k2], dim=1)  # [B, 2Hkv, S, d]
-    v = torch.cat([inp.v, inp.v], dim=1)  # [B, 2Hkv, S, dv]
     if d < width:
         q = F.pad(q, (0, width - d))
         k = F.pad(k, (0, width - d))
     elif dv < width:
         v = F.pad(v, (0, width - dv))
-    mask, is_causal = _sdpa_mask(inp)
+    mask, is_causal = _sdpa_mask(inp, head_layout=layout)
     o = F.scaled_dot_product_attention(
         q,
         k,
@@ -98,11 +77,12 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
         attn_mask=mask,
         is_causal=is_causal,
         scale=inp.scale,
-        enable_gqa=inp.num_heads != inp.num_kv_heads,
-    )  # [B, 2H, T, width]
-    if dv < width:
-        o = o[..., :dv]
-    o1, o2 = o[:, :h], o[:, h:]
+        enable_gqa=q.shape[1] != k.shape[1],
+    )[..., :dv]  # [B, 2H, T, dv]
+    if layout == "interleaved":
+        o1, o2 = o.view(b, h, 2, t, dv).unbind(2)
+    else:
+        o1, o2 = o[:, :h], o[:, h:]
     acc = torch.promote_types(o.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
     out = o1.to(acc) - inp.lam.to(acc) * o2.to(acc)
     return out.to(inp.q1.dtype)

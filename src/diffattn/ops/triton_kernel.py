@@ -878,7 +878,7 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v))
     # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
     q2 = None if inp.q2 is inp.q1 else _lastdim_contiguous(inp.q2)
-    k2 = None if inp.k2 is inp.k1 else _lastdim_contiguous(inp.k2)
+    k2 = None if inp.shares_keys else _lastdim_contiguous(inp.k2)
     # λ as float32 [B, H, T] (a scalar or per-head λ is broadcast); autograd carries dλ back through the
     # broadcast to its own shape and dtype
     lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
