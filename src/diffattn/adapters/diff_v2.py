@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..models.diff_v2 import v2_gate
 from .annealed import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .base import AdapterMethod, AdapterState, wrap_attention
 from .model_types import get_spec, head_layout, linear_part
@@ -120,7 +121,7 @@ class DiffV2Maps(AdapterMethod):
 
     def projections(self, x, q, k):
         # λ of every head and token, from this layer's input: α(t)·sigmoid(x·w_λ + b), float32 [B, H, T]
-        self._lam = self.alpha() * torch.sigmoid(self.diffv2_gate(x.float())).transpose(1, 2)
+        self._lam = self.alpha() * v2_gate(self.diffv2_gate, x.float())  # the gate is float32
         return q, k, self.diffv2_q(x), None  # K2 = K1: the pair shares K and V
 
     def map_lambda(self) -> torch.Tensor:

@@ -25,6 +25,8 @@ row permutation transformers' Llama conversion applies).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 from transformers import LlamaConfig
@@ -206,8 +208,6 @@ def convert_interleaved_rope_state_dict(state_dict: dict, config: DiffTransforme
 def save_readme(folder, model_type: str = MODEL_TYPE) -> None:
     """A model card that says how to load the checkpoint (transformers' own error for an unknown model type
     suggests upgrading transformers, which does not help)."""
-    from pathlib import Path
-
     path = Path(folder) / "README.md"
     if not path.exists():  # never overwrite a card the user wrote
         path.write_text(

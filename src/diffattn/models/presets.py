@@ -57,17 +57,13 @@ class ModelPreset:
         if self.hidden_size % self.num_heads:
             problems.append(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
-            problems.append(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+            why = " (DIFF V2 pairs its 2H query heads on the Hkv key heads)" if attention == "diff-v2" else ""
+            problems.append(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}{why}")
         if attention == "diff":
             if self.num_heads % 2:
                 problems.append(f"DIFF needs an even num_heads (Q1/Q2 halves), got {self.num_heads}")
             if self.num_kv_heads % 2:
                 problems.append(f"DIFF needs an even num_kv_heads (K1/K2 halves), got {self.num_kv_heads}")
-        if attention == "diff-v2" and self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads:
-            problems.append(
-                f"DIFF V2 pairs its 2H query heads on the Hkv key heads: num_heads={self.num_heads} must be a "
-                f"multiple of num_kv_heads={self.num_kv_heads}"
-            )
         for field in ("num_layers", "intermediate_size", "vocab_size", "max_position_embeddings"):
             if getattr(self, field) <= 0:
                 problems.append(f"{field} must be positive, got {getattr(self, field)}")
