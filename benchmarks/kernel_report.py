@@ -16,9 +16,10 @@ importing Triton); under the interpreter the kernels cannot be compiled.
 
 Variants: ``V1`` = DIFF Transformer heads (Q1, Q2, K1, K2 of width d = 64, V of width dv = 128); ``V2`` = DIFF
 V2 heads (two query heads sharing one K of width 64, V of width 64, so ``SHARED_K``). Kernels: ``fwd`` (the
-training forward, saving O1, O2 for the backward), ``dkdv`` and ``dq`` (the default two-kernel backward),
-``dkdv_atomic`` (the FlashAttention-2 backward with atomic dQ, ``ATOMIC_DQ``), ``decode`` (the key-split
-forward at T = 1 and its combine kernel).
+training forward, saving O1, O2 for the backward), ``dkdv_atomic`` (the default single-pass backward with atomic
+dQ, FlashAttention-2's scheme), ``preprocess`` (its row statistics Δ1, Δ2, dλ), ``dkdv`` and ``dq`` (the
+deterministic two-kernel backward: ``ATOMIC_DQ = False`` or ``torch.use_deterministic_algorithms``), ``decode``
+(the key-split forward at T = 1 and its combine kernel).
 
 How to read the columns:
 
@@ -66,8 +67,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("fwd", "dkdv", "dq", "dkdv_atomic", "decode")
-DEFAULT_KINDS = ("fwd", "dkdv", "dq")
+KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "decode")
+DEFAULT_KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq")
 VARIANTS: dict[str, dict] = {
     "V1": {"d": 64, "dv": 128, "shared_q": False, "shared_k": False},  # DIFF Transformer: V of width 2d
     "V2": {"d": 64, "dv": 64, "shared_q": False, "shared_k": True},  # DIFF V2: two query heads share K and V
@@ -261,7 +262,7 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
 
     from diffattn.ops import triton_kernel as tk
 
-    for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_combine_kernel"):
+    for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_combine_kernel", "_bwd_preprocess_kernel"):
         if not isinstance(getattr(tk, name), triton.runtime.jit.JITFunction):
             raise RuntimeError(
                 "diffattn.ops.triton_kernel was imported with TRITON_INTERPRET=1, so its kernels are interpreted and "
@@ -282,7 +283,6 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     lam = empty(b, h, t, dt=torch.float32)
     scale = d**-0.5
     recorded: list[Launch] = []
-    combine = tk._combine_kernel
 
     def launch(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
         # the tiles _launch would start from on a GPU (its retry on OutOfResources needs a GPU to trigger)
@@ -290,18 +290,23 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
         tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
         recorded.append(Launch(kernel, tuple(args), {**consts, **tiles}, {"num_warps": warps, "num_stages": 2}, kind_))
 
-    class CombineRecorder:  # _combine_kernel is launched directly as kernel[grid](...)
+    class Recorder:  # for the small kernels launched directly as kernel[grid](...)
+        def __init__(self, kernel, kind_):
+            self.kernel, self.kind = kernel, kind_
+
         def __getitem__(self, grid):
             def run(*args, **kwargs):
                 options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
-                recorded.append(Launch(combine, args, kwargs, options, "combine"))
+                recorded.append(Launch(self.kernel, args, kwargs, options, self.kind))
 
             return run
 
-    saved = {
-        n: getattr(tk, n) for n in ("_launch", "_combine_kernel", "INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE")
-    }
-    tk._launch, tk._combine_kernel = launch, CombineRecorder()
+    direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
+    names = ("_launch", *direct, "INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE")
+    saved = {n: getattr(tk, n) for n in names}
+    tk._launch = launch
+    for name, kind_ in direct.items():
+        setattr(tk, name, Recorder(saved[name], kind_))
     tk.INTERPRETED, tk.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
     tk.SPLIT_OVERRIDE = 4 if kind == "decode" else None  # CPU tensors would never split
     try:
@@ -310,12 +315,12 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
             lse1, lse2 = empty(b, h, t, dt=torch.float32), empty(b, h, t, dt=torch.float32)
-            atomic = kind == "dkdv_atomic"
+            atomic = kind in ("dkdv_atomic", "preprocess")
             tk._bwd_op(dout, q1, k1, q2, k2, v, lam, None, o1, o2, lse1, lse2, causal, scale, atomic)
     finally:
         for n, val in saved.items():
             setattr(tk, n, val)
-    if kind in ("dkdv", "dq"):
+    if kind not in ("fwd", "decode"):  # one kernel of the backward's launches
         recorded = [r for r in recorded if r.kind == kind]
     return recorded
 

@@ -1,11 +1,11 @@
 """Tests of benchmarks/kernel_report.py: the static report on the fused Triton kernels (registers, spills, MMA
 instructions, matmul FLOPs per query–key pair against the FLOP model).
 
-The TTGIR/ptxas/cuobjdump parsers are checked on handwritten text (no compiler needed). One real compile — the
-DIFF V2 forward for sm_90 — runs in a subprocess without ``TRITON_INTERPRET``: other test modules set it while
-importing the kernels, and a kernel is compiled or interpreted from the moment its module is imported. That test
-is skipped only when Triton or its bundled ptxas/cuobjdump is missing. It asserts the report's contract and sane
-values, not that the kernels are free of spills or duplication: finding those is what the report is for.
+The TTGIR/ptxas/cuobjdump parsers are checked on handwritten text (no compiler needed). The real compile — every
+kernel of the forward and of both backwards for sm_90 — runs in a subprocess without ``TRITON_INTERPRET``: other
+test modules set it while importing the kernels, and a kernel is compiled or interpreted from the moment its
+module is imported. That test is skipped only when Triton or its bundled ptxas/cuobjdump is missing, and it holds
+the kernels to issue 18's contract: no spills, wgmma for every main-loop dot, the backward at its FLOP ideal.
 """
 
 from __future__ import annotations
@@ -137,10 +137,10 @@ def test_text_parsers():
 
 def test_report_compiles_the_kernels_for_sm90_without_spills_on_wgmma(tmp_path):
     """The contract on the H100's instruction set, proven without one: for DIFF V1 (d 64, dv 128) and DIFF V2
-    (d 64, dv 64, shared K) heads, every kernel of the forward and the backward has registers <= 255 and no spills,
-    every dot of its main loop a wgmma issued once (no warpgroup repeating another's); the forward's matmul FLOPs
-    per pair are the FLOP model's ideal. The two-kernel backward recomputes QKᵀ and dO·Vᵀ in its dQ pass, so it
-    is above its single-pass ideal (reported, not asserted here)."""
+    (d 64, dv 64, shared K) heads, every kernel of the forward and of both backwards has registers <= 255 and no
+    spills, every dot of a main loop is a wgmma issued once (no warpgroup repeating another's); the forward's and
+    the default single-pass backward's matmul FLOPs per pair are the FLOP model's ideal (the issue asks <= 1.15x).
+    The deterministic two-kernel backward recomputes QKᵀ and dO·Vᵀ in its dQ pass: reported, about 1.4x."""
     try:
         kr.toolchain(90)
     except kr.ToolchainMissing as err:
@@ -148,24 +148,35 @@ def test_report_compiles_the_kernels_for_sm90_without_spills_on_wgmma(tmp_path):
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, str(SCRIPT), "--target", "sm90", "--kernels", "fwd,dkdv,dq", "--variants", "V1,V2"]
+    cmd = [sys.executable, str(SCRIPT), "--target", "sm90", "--variants", "V1,V2"]  # the default kernels
     proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "_fwd_kernel" in proc.stdout and "FLOP model" in proc.stdout
 
     rows = json.loads(out.read_text())
     kernels = [r for r in rows if r["kind"] != "backward"]
-    assert len(kernels) == 6
+    assert sorted(r["kind"] for r in kernels) == sorted(["fwd", "dkdv_atomic", "preprocess", "dkdv", "dq"] * 2)
     for row in kernels:
         for key in ("kernel", "config", "registers", "spill_bytes", "mma", "flops_per_pair", "ideal_flops_per_pair"):
             assert key in row, key
         config = row["config"]
         assert (config["dtype"], config["d"], config["causal"]) == ("bf16", 64, True)
-        assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0 and row["shared_bytes"] > 0, row["kernel"]
+        assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0, row["kernel"]
+        if row["kind"] == "preprocess":  # row sums only: no matmul
+            assert row["dots"] == [] and row["flops_per_pair"] == 0
+            continue
+        assert row["shared_bytes"] > 0
         loop_dots = [d for d in row["dots"] if d["in_loop"]]
         assert loop_dots and row["mma"] == "wgmma"
         assert all(d["mma_version"] == 3 and d["duplication"] == 1 for d in loop_dots), (row["kernel"], loop_dots)
-    for row in (r for r in kernels if r["kernel"] == "_fwd_kernel"):
+    for row in kernels:
         dv = row["config"]["dv"]
-        assert row["ideal_flops_per_pair"] == 2 * (2 * 64 + 2 * dv)  # attention_flops, forward 2·(2d + 2dv)
-        assert row["flops_per_pair"] == row["ideal_flops_per_pair"]
+        if row["kind"] == "fwd":
+            assert row["ideal_flops_per_pair"] == 2 * (2 * 64 + 2 * dv)  # attention_flops, forward 2·(2d + 2dv)
+            assert row["flops_per_pair"] == row["ideal_flops_per_pair"]
+        if row["kind"] == "dkdv_atomic":
+            assert row["ideal_flops_per_pair"] == 2 * (6 * 64 + 2 * dv)  # backward 2·(6d + 2dv)
+            assert row["flops_per_pair"] <= 1.15 * row["ideal_flops_per_pair"]
+            assert row["flops_per_pair"] == row["ideal_flops_per_pair"]
+    two_kernel = [r for r in rows if r["kind"] == "backward"]
+    assert len(two_kernel) == 2 and all(1.3 < r["flops_ratio"] < 1.5 for r in two_kernel)

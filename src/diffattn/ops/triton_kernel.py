@@ -19,13 +19,16 @@ The ``triton`` backend of :func:`diffattn.ops.diff_attention`. What it does, and
 * **Decoding splits the keys** (flash-decoding) when a forward needs no gradient and its programs would leave
   most SMs idle (few sequences, short T): each split writes per-map partial outputs and log-sum-exps, and a
   small kernel merges them and forms O1 − λ·O2.
-* **Backward, FlashAttention-2 style** with the differential structure exploited: ``G = dO·Vᵀ`` is computed
-  once per tile and serves both maps (dP1 = G, dP2 = −λ·G), ``dV = (P1 − λP2)ᵀ dO`` is a single product, and
-  ``dλ = −Σ Δ2`` comes for free from the preprocessing. One kernel walks key blocks (dK1, dK2, dV, looping
-  over the query heads of the group, so no atomics and deterministic results), one walks query blocks (dQ1,
-  dQ2) and recomputes P1, P2 and G. :data:`ATOMIC_DQ` switches to FlashAttention-2's scheme instead: the
-  key-block kernel also adds its share of dQ1, dQ2 atomically (float32), which removes the second pass and
-  brings the backward to the FLOP ideal (the baseline's backward); which is faster is for a GPU to measure.
+* **Backward in one pass, FlashAttention-2 style**, with the differential structure exploited: ``G = dO·Vᵀ``
+  is computed once per tile and serves both maps (dP1 = G, dP2 = −λ·G), ``dV = (P1 − λP2)ᵀ dO`` is a single
+  product, and ``dλ = −Σ Δ2`` comes for free from the preprocessing. A program owns a block of 128 keys and
+  walks the query blocks of every query head of its GQA group, accumulating dK1, dK2, dV in registers and
+  adding its share of dQ1, dQ2 to float32 buffers atomically: 6d + 2dv matmul FLOPs per query–key pair, the
+  ideal (the baseline's backward at the same d_model). All tiles are laid out transposed (keys on rows), dQ
+  as ``dQᵀ = Kᵀ·dSᵀ``, so every product has >= 64 rows and is a Hopper warpgroup MMA. The atomics make dQ's
+  last bits vary run to run; :data:`ATOMIC_DQ` = False, ``torch.use_deterministic_algorithms(True)`` and heads
+  wider than d = 64, dv = 128 take the deterministic two-kernel scheme instead (the key-block kernel without
+  dQ, then one over query blocks that recomputes P1, P2 and G for dQ1, dQ2: 1.4x the ideal).
 * **Shared operands.** When ``k1 is k2`` (DAA, DiffQ) the kernels load K once and accumulate one dK; when
   ``q1 is q2`` (DiffK) likewise for Q.
 * **Masks.** Causal is bottom-right aligned (query i sees keys j <= i + S − T); the mask from
@@ -69,9 +72,12 @@ logger = logging.getLogger(__name__)
 #: True when this module's kernels were built for Triton's interpreter (TRITON_INTERPRET=1 at first import).
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
-#: Backward dQ scheme: False = a second kernel over query blocks (recomputes QKᵀ and dO·Vᵀ; deterministic, the
-#: default until measured on a GPU), True = atomic float32 adds from the key-block kernel (FlashAttention-2).
-ATOMIC_DQ: bool = False
+#: Backward dQ scheme. True (default) = one pass over key blocks that also adds its share of dQ1, dQ2 with atomic
+#: float32 adds (FlashAttention-2): the FLOP ideal, every product a warpgroup MMA on sm_90. False = a second kernel
+#: over query blocks that recomputes QKᵀ and dO·Vᵀ (1.4x the ideal) but is bit-for-bit deterministic; it is also
+#: used under ``torch.use_deterministic_algorithms(True)`` and for heads wider than d = 64, dv = 128 (whose dK1,
+#: dK2, dV accumulators for 128 keys do not fit in registers).
+ATOMIC_DQ: bool = True
 
 #: Key splits of the forward when it needs no gradient (flash-decoding), or None for the heuristic: split only when
 #: the row blocks × batch × KV heads leave most of the GPU idle, as in decoding with few sequences.
@@ -289,6 +295,36 @@ def _combine_kernel(
 
 
 @triton.jit
+def _bwd_preprocess_kernel(
+    DO, O1, O2, DELTA1, DELTA2, DLAM, DQ1, DQ2,
+    R, D, DV,
+    ZERO_DQ1: tl.constexpr, ZERO_DQ2: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # the backward's row statistics in one pass over dO, O1, O2 (rows = B·H·T, all contiguous [R, DV]):
+    # Δ_i = rowsum(dO ∘ O_i) = rowsum(P_i ∘ dP_i), dλ = −dO·O2 = −Δ2 (per row; autograd sums it to λ's shape),
+    # all in float32; for the atomic-dQ backward also zero its float32 dQ rows, which are [R, D]
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < R
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o_mask = ok[:, None] & (offs_dv < DV)[None, :]
+    o_ptr = rows[:, None] * DV + offs_dv[None, :]
+    do = tl.load(DO + o_ptr, mask=o_mask, other=0.0).to(tl.float32)
+    delta1 = tl.reduce(do * tl.load(O1 + o_ptr, mask=o_mask, other=0.0).to(tl.float32), 1, _SUM)
+    delta2 = tl.reduce(do * tl.load(O2 + o_ptr, mask=o_mask, other=0.0).to(tl.float32), 1, _SUM)
+    tl.store(DELTA1 + rows, delta1, mask=ok)
+    tl.store(DELTA2 + rows, delta2, mask=ok)
+    tl.store(DLAM + rows, -delta2, mask=ok)
+    if ZERO_DQ1:
+        offs_d = tl.arange(0, BLOCK_D)
+        q_ptr = rows[:, None] * D + offs_d[None, :]
+        q_mask = ok[:, None] & (offs_d < D)[None, :]
+        tl.store(DQ1 + q_ptr, tl.full([BLOCK_R, BLOCK_D], 0.0, tl.float32), mask=q_mask)
+        if ZERO_DQ2:
+            tl.store(DQ2 + q_ptr, tl.full([BLOCK_R, BLOCK_D], 0.0, tl.float32), mask=q_mask)
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     Q1, K1, Q2, K2, V, LAM, MASK, DO, LSE1, LSE2, DELTA1, DELTA2,
     DK1, DK2, DV_, DQ1, DQ2,
@@ -303,9 +339,9 @@ def _bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (key block, batch × kv head); it owns dK1, dK2, dV of its keys and visits every query head of
-    # the GQA group, so they are accumulated in registers (no atomics, deterministic). ATOMIC_DQ: also add this
-    # key block's share of dQ1, dQ2 atomically into float32 buffers (FlashAttention-2's scheme: the backward then
-    # needs no second pass that recomputes QKᵀ and dO·Vᵀ, at the price of atomics and run-to-run bit noise).
+    # the GQA group, so they are accumulated in registers without atomics. ATOMIC_DQ (the default): also add
+    # this key block's share of dQ1, dQ2 atomically into float32 buffers (FlashAttention-2's scheme: no second
+    # pass that recomputes QKᵀ and dO·Vᵀ, at the price of atomics and run-to-run bit noise in dQ).
     DT = Q1.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -403,14 +439,17 @@ def _bwd_dkdv_kernel(
             else:
                 dk2 += tl.dot(ds2, q2, input_precision=PREC)
             if ATOMIC_DQ:
-                dq_ptr = (row_base + offs_m)[:, None] * D + offs_d[None, :]
-                dq1 = tl.dot(tl.trans(ds1), k1, input_precision=PREC) * scale
-                dq2 = tl.dot(tl.trans(ds2), k2, input_precision=PREC) * scale
+                # dQᵀ = Kᵀ dSᵀ, [d, BM]: its rows are the head dim (64), not the few query rows of the step, so
+                # this product is a warpgroup MMA too (dS·K would have BM = 16–32 rows: mma.sync only)
+                dq_ptr = (row_base + offs_m)[None, :] * D + offs_d[:, None]
+                dq_mask = m_ok[None, :] & d_ok[:, None]
+                dq1 = tl.dot(tl.trans(k1), ds1, input_precision=PREC) * scale
+                dq2 = tl.dot(tl.trans(k2), ds2, input_precision=PREC) * scale
                 if SHARED_Q:
-                    tl.atomic_add(DQ1 + dq_ptr, dq1 + dq2, mask=q_mask)
+                    tl.atomic_add(DQ1 + dq_ptr, dq1 + dq2, mask=dq_mask)
                 else:
-                    tl.atomic_add(DQ1 + dq_ptr, dq1, mask=q_mask)
-                    tl.atomic_add(DQ2 + dq_ptr, dq2, mask=q_mask)
+                    tl.atomic_add(DQ1 + dq_ptr, dq1, mask=dq_mask)
+                    tl.atomic_add(DQ2 + dq_ptr, dq2, mask=dq_mask)
 
     kv_row = (b * HKV + hkv) * S + offs_n
     tl.store(DK1 + kv_row[:, None] * D + offs_d[None, :], (dk1 * scale).to(DK1.dtype.element_ty), mask=k_mask)
@@ -544,13 +583,15 @@ def _pow2(n: int) -> int:
 # * dkdv: 128 keys per program, the 64 rows per warpgroup wgmma needs (32 keys fell back to mma.sync); 32 or 16
 #   queries per step keep dK1, dK2, dV in 222 / 226 registers.
 # * dq: 128 query rows (no warpgroup repeats the recomputed QKᵀ and dO·Vᵀ), 214 / 168 registers.
-# * dkdv_atomic: the dQ tiles of the atomic adds take registers too.
+# * dkdv_atomic (the default, single-pass backward): 128 keys per program, 32 / 16 queries per step; dQᵀ = Kᵀ·dSᵀ
+#   has the head dim (64) as rows, so all eight products per step are wgmma; 237 / 244 registers. Wide heads have
+#   none (their accumulators for 128 keys need more than 255 registers): they take dkdv + dq.
 # "v2": d + dv <= 128 (d = dv = 64); "v1": <= 192 (d = 64, dv = 128); "wide": larger heads. None of these spills.
 _TILES = {
     "fwd": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 32)},
     "fwd_short": {"v2": (64, 64), "v1": (64, 64), "wide": (32, 32)},
     "dkdv": {"v2": (32, 128), "v1": (16, 128), "wide": (32, 32)},
-    "dkdv_atomic": {"v2": (32, 32), "v1": (32, 32), "wide": (32, 32)},
+    "dkdv_atomic": {"v2": (32, 128), "v1": (16, 128)},
     "dq": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 64)},
 }
 
@@ -563,8 +604,7 @@ def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[
         return (*BLOCK_OVERRIDE, 4)
     if INTERPRETED:
         return 16, 16, 4
-    width = _pow2(d) + _pow2(dv)
-    cls = "v2" if width <= 128 else "v1" if width <= 192 else "wide"
+    cls = _width_class(d, dv)
     if kind == "fwd" and rows < 128:
         kind = "fwd_short"
     bm, bn = _TILES[kind][cls]
@@ -573,6 +613,17 @@ def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[
     if kind.startswith("fwd"):
         bm = min(bm, _pow2(rows))
     return bm, bn, 8
+
+
+def _width_class(d: int, dv: int) -> str:
+    """The head-width class of :data:`_TILES`: "v2" (d + dv <= 128, DIFF V2), "v1" (<= 192, DIFF V1), "wide"."""
+    width = _pow2(d) + _pow2(dv)
+    return "v2" if width <= 128 else "v1" if width <= 192 else "wide"
+
+
+def _single_pass_fits(d: int, dv: int) -> bool:
+    """Whether the one-pass (atomic dQ) backward has tiles for these head widths (not for "wide" heads)."""
+    return INTERPRETED or BLOCK_OVERRIDE is not None or _width_class(d, dv) in _TILES["dkdv_atomic"]
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
@@ -771,18 +822,22 @@ def _bwd_op(
     dq1/dk1). dlam: float32 [B, H, T]."""
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
     dout = dout.contiguous()
-    # preprocessing: Δ_i = rowsum(dO ∘ O_i) = rowsum(P_i ∘ dP_i); dλ = −dO·O2 = −Δ2 per row (autograd sums it
-    # to λ's own shape: per head, or a scalar)
-    delta1 = (dout.float() * o1.float()).sum(-1)
-    delta2 = (dout.float() * o2.float()).sum(-1)
-    dlam = -delta2
-    atomic = atomic_dq
-    if atomic:  # float32 accumulators for the atomic adds, rounded to the input dtype at the end
-        dq1 = torch.zeros(q1.shape, device=q1.device, dtype=torch.float32)
-        dq2 = torch.zeros_like(dq1) if q2 is not None else dq1.new_empty(0)
+    atomic = atomic_dq and _single_pass_fits(d, dv)
+    if atomic:  # float32 accumulators for the atomic adds (zeroed below), rounded to the input dtype at the end
+        dq1 = torch.empty(q1.shape, device=q1.device, dtype=torch.float32)
+        dq2 = torch.empty_like(dq1) if q2 is not None else dq1.new_empty(0)
     else:
         dq1 = torch.empty_like(q1, memory_format=torch.contiguous_format)
         dq2 = torch.empty_like(dq1) if q2 is not None else q1.new_empty(0)
+    # preprocessing, one small kernel: Δ1, Δ2, dλ = −Δ2 per row, and the atomic path's dQ buffers zeroed
+    delta1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
+    delta2, dlam = torch.empty_like(delta1), torch.empty_like(delta1)
+    rows, block_r = b * h * t, 16
+    _bwd_preprocess_kernel[(triton.cdiv(rows, block_r),)](
+        dout, o1, o2, delta1, delta2, dlam, dq1, dq1 if q2 is None else dq2, rows, d, dv,
+        ZERO_DQ1=atomic, ZERO_DQ2=atomic and q2 is not None,
+        BLOCK_R=block_r, BLOCK_D=consts["BLOCK_D"], BLOCK_DV=consts["BLOCK_DV"],
+    )  # fmt: skip
     dk1 = torch.empty_like(k1, memory_format=torch.contiguous_format)
     dk2 = torch.empty_like(dk1) if k2 is not None else k1.new_empty(0)
     dvv = torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -838,7 +893,8 @@ def _setup_context(ctx, inputs, output):
     _, o1, o2, lse1, lse2 = output
     ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
     ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
-    ctx.atomic_dq = bool(ATOMIC_DQ)  # fixed when the forward runs, so a caller can scope the choice to its call
+    # fixed when the forward runs, so a caller can scope the choice (or deterministic mode) to its call
+    ctx.atomic_dq = ATOMIC_DQ and not torch.are_deterministic_algorithms_enabled()
 
 
 def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
