@@ -123,7 +123,8 @@ def parse_ttgir_dots(ttgir: str) -> list[dict]:
     """
     aliases: dict[str, str] = {}
     dots: list[dict] = []
-    stack: list[tuple[int, bool]] = []  # (indent, is a loop) of the open regions
+    stack: list[tuple[int, int | None]] = []  # (indent, loop number or None) of the open regions
+    loops = 0
     for line in ttgir.splitlines():
         if not line.strip():
             continue
@@ -136,14 +137,17 @@ def parse_ttgir_dots(ttgir: str) -> list[dict]:
             stack.pop()
         m_dot = _DOT_RE.match(line)
         if m_dot:
-            dots.append(_parse_dot(line, m_dot, aliases, sum(is_loop for _, is_loop in stack)))
+            in_loops = [n for _, n in stack if n is not None]
+            dots.append(_parse_dot(line, m_dot, aliases, len(in_loops), in_loops[0] if in_loops else None))
         code = re.sub(r"\s+loc\(.*\)\s*$", "", line).rstrip()
         if code.endswith("{"):
-            stack.append((indent, bool(re.search(r"\bscf\.(for|while)\b", code))))
+            is_loop = bool(re.search(r"\bscf\.(for|while)\b", code))
+            loops += is_loop
+            stack.append((indent, loops if is_loop else None))
     return dots
 
 
-def _parse_dot(line: str, match: re.Match, aliases: dict[str, str], loop_depth: int) -> dict:
+def _parse_dot(line: str, match: re.Match, aliases: dict[str, str], loop_depth: int, loop: int | None) -> dict:
     code = re.sub(r"\s+loc\([^()]*(\([^()]*\))?[^()]*\)\s*$", "", line)
     types = _TYPE_RE.findall(code)
     if len(types) < 3:
@@ -168,6 +172,7 @@ def _parse_dot(line: str, match: re.Match, aliases: dict[str, str], loop_depth: 
         "k": k,
         "in_loop": loop_depth > 0,
         "loop_depth": loop_depth,
+        "loop": loop,  # the outermost loop holding it (numbered in program order), None outside loops
         "mma_version": ver,
         "mma": {3: "wgmma", 2: "mma.sync"}.get(ver, "fma") if ver is not None else "fma",
         "warps_per_cta": warps_l,
@@ -178,16 +183,19 @@ def _parse_dot(line: str, match: re.Match, aliases: dict[str, str], loop_depth: 
 
 
 def add_dot_flops(dots: list[dict], block_m: int | None, block_n: int | None) -> float:
-    """Fill each dot's ``flops_per_pair`` (0 outside the main loop) and return the sum: 2·M·N·K·duplication
-    per iteration over the BLOCK_M·BLOCK_N query–key pairs an iteration covers."""
-    total = 0.0
+    """Fill each dot's ``flops_per_pair`` (0 outside the main loop): 2·M·N·K·duplication per iteration over the
+    BLOCK_M·BLOCK_N query–key pairs an iteration covers; return the per-pair total of the costliest top-level
+    loop (with the loops nested in it). A kernel that walks its keys in phases (the forward: whole tiles without a
+    mask, then the diagonal ones) has one loop per phase and each pair goes through exactly one of them, so the
+    phases are not added up."""
+    per_loop: dict[int | None, float] = {}
     for dot in dots:
         if dot["in_loop"] and block_m and block_n:
             dot["flops_per_pair"] = 2 * dot["m"] * dot["n"] * dot["k"] * dot["duplication"] / (block_m * block_n)
+            per_loop[dot.get("loop")] = per_loop.get(dot.get("loop"), 0.0) + dot["flops_per_pair"]
         else:
             dot["flops_per_pair"] = 0.0
-        total += dot["flops_per_pair"]
-    return total
+    return max(per_loop.values(), default=0.0)
 
 
 def mma_kind(ptx: str) -> str:
@@ -253,6 +261,7 @@ class Launch:
     consts: dict  # constexpr keyword arguments, tiles included
     options: dict = field(default_factory=dict)  # num_warps / num_stages (absent = Triton's default)
     kind: str = ""
+    candidate: int = 0  # 0 = the default tiles; 1.. = the autotuner's alternatives (triton_kernel._TUNING)
 
 
 def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, ...]) -> list[Launch]:
@@ -285,10 +294,15 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     recorded: list[Launch] = []
 
     def launch(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
-        # the tiles _launch would start from on a GPU (its retry on OutOfResources needs a GPU to trigger)
-        bm, bn, warps = tk._blocks(kind_, d_, dv_, rows, fp32=consts["PREC"] == "ieee")
-        tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
-        recorded.append(Launch(kernel, tuple(args), {**consts, **tiles}, {"num_warps": warps, "num_stages": 2}, kind_))
+        # every configuration _launch may run on a GPU: the default tiles and, where the launch is autotuned, each
+        # alternative the autotuner times (its retry on OutOfResources needs a GPU to trigger)
+        candidates = tk._candidates(kind_, d_, dv_, rows, fp32=consts["PREC"] == "ieee")
+        if consts.get("SPLIT"):  # the key-split (decoding) forward is never autotuned
+            candidates = candidates[:1]
+        for i, (bm, bn, warps, stages) in enumerate(candidates):
+            tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
+            options = {"num_warps": warps, "num_stages": stages}
+            recorded.append(Launch(kernel, tuple(args), {**consts, **tiles}, options, kind_, candidate=i))
 
     class Recorder:  # for the small kernels launched directly as kernel[grid](...)
         def __init__(self, kernel, kind_):
@@ -445,6 +459,7 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
             "BLOCK_N": bn,
             "num_warps": compiled.metadata.num_warps,
             "num_stages": compiled.metadata.num_stages,
+            "candidate": launch.candidate,
             "shape_BHHkvTS": [*shape[:3], 1, shape[4]] if decode else list(shape),
             "constexprs": dict(launch.consts),
         },
@@ -520,6 +535,8 @@ def kernel_report(
     rows: list[dict] = []
     for kind, label, spec, overrides in jobs:
         for launch in _record_launches(kind, spec, dtype, tuple(shape)):
+            if overrides and launch.candidate > 0:  # overridden tiles replace the default; one row
+                continue
             if overrides and "BLOCK_M" in launch.consts:
                 launch.consts.update({k: v for k, v in overrides.items() if k in ("BLOCK_M", "BLOCK_N")})
                 launch.options.update({k: v for k, v in overrides.items() if k in ("num_warps", "num_stages")})
@@ -535,7 +552,7 @@ def kernel_report(
                 for ext in ("ttgir", "ptx"):
                     (out / f"{stem}.{ext}").write_text(built["compiled"].asm[ext])
     for label in dict.fromkeys(r["config"]["variant"] for r in rows):
-        parts = {r["kind"]: r for r in rows if r["config"]["variant"] == label}
+        parts = {r["kind"]: r for r in rows if r["config"]["variant"] == label and not r["config"].get("candidate")}
         if "dkdv" in parts and "dq" in parts:
             rows.append(_combined_backward(parts["dkdv"], parts["dq"]))
     return rows
@@ -578,7 +595,8 @@ def format_report(rows: list[dict]) -> str:
         if "tiles" in c:  # the combined backward: its parts' rows carry the tiles
             tile = "see parts"
         elif c.get("BLOCK_M"):
-            tile = f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']}"
+            tile = f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
+            tile += " (tuned)" if c.get("candidate") else ""
         else:
             tile = f"w{c['num_warps']}"
         table.append(

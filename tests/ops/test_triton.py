@@ -168,6 +168,8 @@ CASES = {
     "d16-dv32": (dict(h=2, hkv=1, t=18, s=18, d=16, dv=32), dict()),
     # V narrower than Q/K
     "dv<d": (dict(h=2, hkv=1, t=9, s=9, d=8, dv=4), dict()),
+    # tiles below the diagonal skip the causal mask: rows 32–47 see keys 0–31 + 16 whole (T < S, MHA, not packed)
+    "causal-unmasked-tiles": (dict(h=2, hkv=2, t=45, s=61), dict()),
     # DIFF V2: λ per head and token, batch 2 (the λ rows of each batch and head), T < S, V of width d
     "per-token-lam": (dict(b=2, h=4, hkv=2, t=19, s=23, dv=8, lam_kind="token"), dict()),
     "per-token-lam-noncausal": (dict(b=2, h=2, hkv=1, t=17, s=20, lam_kind="token"), dict(causal=False)),
@@ -264,6 +266,28 @@ def test_deterministic_two_kernel_backward(monkeypatch, how):
         torch.use_deterministic_algorithms(was)
     assert kinds == ["fwd", "dkdv", "dq"] * 2
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
+    # on a GPU the training forward and the single-pass backward are triton.autotune'd over the default tiles and
+    # the _TUNING alternatives, the very list benchmarks/kernel_report.py compiles and checks for sm_90
+    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)
+    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(triton_kernel, "_AUTOTUNERS", {})
+    for kind, kernel in (("fwd", triton_kernel._fwd_kernel), ("dkdv_atomic", triton_kernel._bwd_dkdv_kernel)):
+        tuner = triton_kernel._autotuner(kernel, kind, 64, 64)
+        tiles = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs]
+        assert tiles == triton_kernel._candidates(kind, 64, 64, rows=4096) and len(tiles) > 1
+        assert tiles[0] == (*triton_kernel._TILES[kind]["v2"], 8, 2)  # the default first
+        assert {"N_BUCKET", "D", "DV", "CAUSAL"} <= set(tuner.keys)
+        assert tuner.reset_to_zero == (["DQ1", "DQ2"] if kind == "dkdv_atomic" else [])
+    assert triton_kernel._tunable("fwd", 64, 128, rows=4096, fp32=False)
+    assert not triton_kernel._tunable("fwd", 64, 128, rows=4, fp32=False)  # decoding keeps its heuristic tile
+    assert not triton_kernel._tunable("fwd", 64, 128, rows=4096, fp32=True)  # fp32: half tiles, not tuned
+    assert not triton_kernel._tunable("dq", 64, 128, rows=4096, fp32=False)
+    assert not triton_kernel._tunable("dkdv_atomic", 128, 256, rows=4096, fp32=False)  # wide: two-kernel
+    monkeypatch.setattr(triton_kernel, "INTERPRETED", True)
+    assert triton_kernel._candidates("fwd", 64, 64, rows=4096) == [(16, 16, 4, 2)]  # interpreter: no tuning
 
 
 @pytest.mark.parametrize(("t", "s", "lam_kind"), [(1, 37, "head"), (3, 50, "head"), (3, 50, "token")])

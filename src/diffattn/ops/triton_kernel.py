@@ -51,10 +51,14 @@ them without a GPU. The interpreter mis-multiplies bfloat16 (it feeds the raw 16
 matmul), so under the interpreter bfloat16 dot operands are widened to float32 after the same rounding —
 numerically what a GPU's bf16 MMA with fp32 accumulation computes.
 
-Block sizes on a GPU are heuristics, not yet timed on hardware but checked ahead of time for sm_90 with
-``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot): the training forward
-takes 128-row tiles on 8 warps so no warpgroup repeats another's dots. A launch that runs out of shared memory or
-registers retries with smaller tiles.
+Tiles on a GPU: a default per kernel and head width (:data:`_TILES`), and for the training forward and the
+single-pass backward a few alternatives that ``triton.autotune`` times on first use of each shape class
+(:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
+``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot) and held by the tests to
+no spills and wgmma for every dot, issued once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats
+another's dots. The forward masks only the tiles that need it (the causal diagonal, the last partial tile); causal
+row blocks run longest-first. None of this has been timed on hardware yet. A launch that is not autotuned and runs
+out of shared memory or registers retries with smaller tiles.
 """
 
 from __future__ import annotations
@@ -103,6 +107,75 @@ _SUM = tl.standard._sum_combine
 
 
 @triton.jit
+def _fwd_tile(
+    acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
+    MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
+    SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # one key tile of the forward: both maps' scores against it, their online-softmax updates, P_i·V.
+    # MASKED = False: a tile every row of the block sees whole (below the causal diagonal, inside [0, S)), so no
+    # causal or bounds mask is formed; only a user mask (MASK_KIND) still applies there
+    DT = k1_base.dtype.element_ty  # the input dtype: probabilities are rounded to it before the P·V product
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < S
+    if MASKED:
+        k_mask = n_ok[:, None] & d_ok[None, :]
+        v_mask = n_ok[:, None] & dv_ok[None, :]
+    else:
+        k_mask = d_ok[None, :]
+        v_mask = dv_ok[None, :]
+    k1 = tl.load(k1_base + offs_n[:, None] * sk1s + offs_d[None, :], mask=k_mask, other=0.0)
+    if SHARED_K:  # noqa: SIM108
+        k2 = k1  # DAA / DiffQ / DIFF V2: one K read serves both maps
+    else:
+        k2 = tl.load(k2_base + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * svs + offs_dv[None, :], mask=v_mask, other=0.0)
+    if UPCAST:
+        k1 = k1.to(tl.float32)
+        k2 = k2.to(tl.float32)
+        v = v.to(tl.float32)
+
+    s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # [BM, BN], log2 units
+    s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
+    if MASKED:
+        keep = n_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= t_row[:, None] + shift)
+        s1 = tl.where(keep, s1, float("-inf"))
+        s2 = tl.where(keep, s2, float("-inf"))
+    if MASK_KIND != 0:
+        if MASK_ROWS:
+            mptr = MASK + m_off + h_row[:, None] * smh + t_row[:, None] * smt + offs_n[None, :] * sms
+            mval = tl.load(mptr, mask=row_ok[:, None] & n_ok[None, :], other=0)
+        else:  # key padding: one value per key, shared by every row of the block
+            mval = tl.load(MASK + m_off + offs_n * sms, mask=n_ok, other=0)[None, :]
+        if MASK_KIND == 1:
+            s1 = tl.where(mval != 0, s1, float("-inf"))
+            s2 = tl.where(mval != 0, s2, float("-inf"))
+        else:
+            bias = mval.to(tl.float32) * 1.4426950408889634
+            s1 = s1 + bias
+            s2 = s2 + bias
+
+    # online softmax, per map; a row with nothing visible yet keeps max −inf, so subtract 0 instead (no NaN)
+    m1_new = tl.maximum(m1, tl.reduce(s1, 1, _MAX))
+    m1_safe = tl.where(m1_new == float("-inf"), 0.0, m1_new)
+    alpha1 = tl.exp2(m1 - m1_safe)
+    p1 = tl.exp2(s1 - m1_safe[:, None])
+    l1 = l1 * alpha1 + tl.reduce(p1, 1, _SUM)
+    acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(DT).to(v.dtype), v, input_precision=PREC)
+
+    m2_new = tl.maximum(m2, tl.reduce(s2, 1, _MAX))
+    m2_safe = tl.where(m2_new == float("-inf"), 0.0, m2_new)
+    alpha2 = tl.exp2(m2 - m2_safe)
+    p2 = tl.exp2(s2 - m2_safe[:, None])
+    l2 = l2 * alpha2 + tl.reduce(p2, 1, _SUM)
+    acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(DT).to(v.dtype), v, input_precision=PREC)
+    return acc1, acc2, m1_new, m2_new, l1, l2
+
+
+@triton.jit
 def _fwd_kernel(
     Q1, K1, Q2, K2, V, LAM, MASK,
     OUT, O1, O2, LSE1, LSE2,
@@ -110,7 +183,7 @@ def _fwd_kernel(
     sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
     svb, svh, svs,
     smb, smh, smt, sms,
-    H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN,
+    H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN, N_BUCKET,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, SPLIT: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -120,9 +193,12 @@ def _fwd_kernel(
     # position). SPLIT (decoding, few programs): program_id(2) takes keys [split·SPLIT_LEN, +SPLIT_LEN) and writes
     # per-split normalised outputs and log-sum-exps (−inf when it saw no key) to O1/O2/LSE1/LSE2, which are then
     # [splits, R = B·H·T, ...] float32 buffers that _combine_kernel merges (flash-decoding).
-    DT = Q1.dtype.element_ty  # the input dtype: probabilities are rounded to it before the P·V product
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # Batch × head is the grid's fastest axis and, when causal, the row blocks run last-first: the blocks with the
+    # most keys start first and the short ones fill the tail of the launch
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(1) - 1 - pid_m
     b = pid_bh // HKV
     hkv = pid_bh % HKV
     rep = H // HKV
@@ -150,12 +226,17 @@ def _fwd_kernel(
         q2 = q2.to(tl.float32)
     lam = tl.load(LAM + (b * H + h_row) * T + t_row, mask=row_ok, other=0.0)  # λ per row: [B, H, T] float32
 
-    # causal, bottom-right aligned: row t sees keys j <= t + S − T, so no key past the block's last row's limit
+    # causal, bottom-right aligned: row t sees keys j <= t + S − T, so no key past the block's last row's limit.
+    # Keys below k_full are visible to every row of the block and lie inside [0, S): their tiles need no causal
+    # or boundary mask (only the diagonal and the last partial tile do, as in FlashAttention)
     shift = S - T
-    if CAUSAL:  # noqa: SIM108 (a compile-time branch of the kernel, clearer than a ternary)
+    if CAUSAL:
         kend = tl.minimum(tl.reduce(tl.where(row_ok, t_row, 0), 0, _MAX) + 1 + shift, S)
+        k_full = -tl.reduce(tl.where(row_ok, -t_row, -T), 0, _MAX) + 1 + shift  # the block's smallest t, + 1
     else:
         kend = S
+        k_full = S
+    k_full = tl.minimum(k_full, S) // BLOCK_N * BLOCK_N
 
     m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -167,63 +248,26 @@ def _fwd_kernel(
     k1_base = K1 + b * sk1b + hkv * sk1h
     k2_base = K2 + b * sk2b + hkv * sk2h
     v_base = V + b * svb + hkv * svh
+    m_off = b * smb
     if SPLIT:  # SPLIT_LEN is a multiple of BLOCK_N, so no tile straddles two splits
         k_lo = tl.program_id(2) * SPLIT_LEN
         k_hi = tl.minimum(kend, k_lo + SPLIT_LEN)
     else:
         k_lo = 0
         k_hi = kend
-    for start_n in range(k_lo, k_hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < S
-        k_mask = n_ok[:, None] & d_ok[None, :]
-        k1 = tl.load(k1_base + offs_n[:, None] * sk1s + offs_d[None, :], mask=k_mask, other=0.0)
-        if SHARED_K:  # noqa: SIM108
-            k2 = k1  # DAA / DiffQ: one K read serves both maps
-        else:
-            k2 = tl.load(k2_base + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svs + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        if UPCAST:
-            k1 = k1.to(tl.float32)
-            k2 = k2.to(tl.float32)
-            v = v.to(tl.float32)
-
-        keep = n_ok[None, :] & row_ok[:, None]
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= t_row[:, None] + shift)
-        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # [BM, BN], log2 units
-        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
-        if MASK_KIND != 0:
-            if MASK_ROWS:
-                mptr = MASK + b * smb + h_row[:, None] * smh + t_row[:, None] * smt + offs_n[None, :] * sms
-                mval = tl.load(mptr, mask=row_ok[:, None] & n_ok[None, :], other=0)
-            else:  # key padding: one value per key, shared by every row of the block
-                mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[None, :]
-            if MASK_KIND == 1:
-                keep = keep & (mval != 0)
-            else:
-                bias = mval.to(tl.float32) * 1.4426950408889634
-                s1 = s1 + bias
-                s2 = s2 + bias
-        s1 = tl.where(keep, s1, float("-inf"))
-        s2 = tl.where(keep, s2, float("-inf"))
-
-        # online softmax, per map; a row with nothing visible yet keeps max −inf, so subtract 0 instead (no NaN)
-        m1_new = tl.maximum(m1, tl.reduce(s1, 1, _MAX))
-        m1_safe = tl.where(m1_new == float("-inf"), 0.0, m1_new)
-        alpha1 = tl.exp2(m1 - m1_safe)
-        p1 = tl.exp2(s1 - m1_safe[:, None])
-        l1 = l1 * alpha1 + tl.reduce(p1, 1, _SUM)
-        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(DT).to(v.dtype), v, input_precision=PREC)
-        m1 = m1_new
-
-        m2_new = tl.maximum(m2, tl.reduce(s2, 1, _MAX))
-        m2_safe = tl.where(m2_new == float("-inf"), 0.0, m2_new)
-        alpha2 = tl.exp2(m2 - m2_safe)
-        p2 = tl.exp2(s2 - m2_safe[:, None])
-        l2 = l2 * alpha2 + tl.reduce(p2, 1, _SUM)
-        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(DT).to(v.dtype), v, input_precision=PREC)
-        m2 = m2_new
+    k_mid = tl.maximum(tl.minimum(k_full, k_hi), k_lo)
+    for start_n in range(k_lo, k_mid, BLOCK_N):
+        acc1, acc2, m1, m2, l1, l2 = _fwd_tile(
+            acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
+            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+            False, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N,
+        )  # fmt: skip
+    for start_n in range(k_mid, k_hi, BLOCK_N):
+        acc1, acc2, m1, m2, l1, l2 = _fwd_tile(
+            acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
+            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+            True, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N,
+        )  # fmt: skip
 
     # a fully masked row (l = 0) attends to nothing: output 0, and lse = +inf makes its backward P exactly 0
     ok1 = l1 > 0.0
@@ -332,7 +376,7 @@ def _bwd_dkdv_kernel(
     sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
     svb, svh, svs,
     smb, smh, smt, sms,
-    H, HKV, T, S, D, DV, scale, qk_scale,
+    H, HKV, T, S, D, DV, scale, qk_scale, N_BUCKET,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
@@ -468,7 +512,7 @@ def _bwd_dq_kernel(
     sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
     svb, svh, svs,
     smb, smh, smt, sms,
-    H, HKV, T, S, D, DV, scale, qk_scale,
+    H, HKV, T, S, D, DV, scale, qk_scale, N_BUCKET,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -596,6 +640,60 @@ _TILES = {
 }
 
 
+# Alternatives the autotuner times against the _TILES default on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
+# num_stages), for the kernels that dominate training: the forward and the single-pass backward. Every one was
+# compiled ahead of time for sm_90 with no spills and every dot a wgmma issued once (benchmarks/kernel_report.py
+# compiles them all, and tests/ops/test_kernel_report.py holds them to it), so whichever wins is a clean kernel.
+_TUNING = {
+    "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 4, 2)], "v1": [(128, 32, 8, 3), (64, 32, 4, 2)]},
+    "dkdv_atomic": {
+        "v2": [(32, 128, 8, 3), (32, 128, 8, 1), (16, 128, 8, 2), (32, 64, 4, 2)],
+        "v1": [(16, 128, 8, 3)],
+    },
+}
+
+#: Time the :data:`_TUNING` alternatives on a GPU (``triton.autotune``, once per kernel, head widths, causality,
+#: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles.
+AUTOTUNE: bool = True
+
+
+def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool) -> bool:
+    """Whether this launch is autotuned: a GPU, 16-bit inputs, a kernel and head-width class with alternatives,
+    and for the forward a training-size row count (decoding and short rows keep their heuristic tile)."""
+    if not AUTOTUNE or INTERPRETED or BLOCK_OVERRIDE is not None or fp32:
+        return False
+    return _width_class(d, dv) in _TUNING.get(kind, {}) and (kind != "fwd" or rows >= 128)
+
+
+def _candidates(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) this launch may run with: the default first, then the
+    autotuner's alternatives when it is tuned."""
+    default = (*_blocks(kind, d, dv, rows, fp32), 2)
+    if not _tunable(kind, d, dv, rows, fp32):
+        return [default]
+    return [default, *_TUNING[kind][_width_class(d, dv)]]
+
+
+_AUTOTUNERS: dict[tuple, object] = {}
+
+
+def _autotuner(kernel, kind: str, d: int, dv: int):
+    """The ``triton.autotune`` wrapper of ``kernel`` over this kind and width class's candidates (one per class,
+    made on first use). The atomic backward's dQ buffers are zeroed before every timed run and the final one."""
+    key = (kind, _width_class(d, dv))
+    if key not in _AUTOTUNERS:
+        configs = [
+            triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bm, bn, w, st in _candidates(kind, d, dv, rows=1 << 30)
+        ]
+        _AUTOTUNERS[key] = triton.autotune(
+            configs,
+            key=["N_BUCKET", "D", "DV", "CAUSAL", "MASK_KIND", "MASK_ROWS", "SHARED_Q", "SHARED_K"],
+            reset_to_zero=["DQ1", "DQ2"] if kind == "dkdv_atomic" else None,
+        )(kernel)
+    return _AUTOTUNERS[key]
+
+
 def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) per kernel: :data:`_TILES` on a GPU. Float32 inputs (IEEE dots, twice the
     bytes per tile) spill heavily at those sizes, so they get tiles half as long; a forward with fewer rows than
@@ -649,8 +747,12 @@ def _sm_count(index: int) -> int:
 
 
 def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
-    """Launch with the heuristic tiles; if the GPU runs out of shared memory or registers, halve BLOCK_N then
-    BLOCK_M (down to 16) and remember what worked for this shape class."""
+    """Launch with the autotuner where the launch is tuned (:func:`_tunable`; it skips configurations that run
+    out of resources), else with the heuristic tiles; if the GPU runs out of shared memory or registers, halve
+    BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class."""
+    if _tunable(kind, d, dv, rows, consts["PREC"] == "ieee") and not consts.get("SPLIT"):
+        _autotuner(kernel, kind, d, dv)[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
+        return
     cached = None if BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
     bm, bn, warps = cached or _blocks(kind, d, dv, rows, fp32=consts["PREC"] == "ieee")
     while True:
@@ -763,12 +865,12 @@ def _fwd_op(
     args = (
         q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
         out, *targets, *strides,
-        h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len,
+        h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)),
     )  # fmt: skip
     key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
     _launch(
         _fwd_kernel,
-        lambda bm, bn: (triton.cdiv(rows, bm), b * hkv, nsplit),
+        lambda bm, bn: (b * hkv, triton.cdiv(rows, bm), nsplit),
         args,
         dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1),
         "fwd",
@@ -845,7 +947,7 @@ def _bwd_op(
         q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
         dout, lse1, lse2, delta1, delta2,
     )  # fmt: skip
-    sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E)
+    sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E, _pow2(max(t, s)))
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
     _launch(
         _bwd_dkdv_kernel,
