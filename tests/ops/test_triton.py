@@ -202,6 +202,25 @@ def test_key_padding_non_causal_t_lt_s():
     check_against_reference(args, attn_mask=pad, causal=False)
 
 
+@pytest.mark.parametrize(("t", "s"), [(20, 20), (7, 21)])
+def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
+    # transformers hands a padded batch's layers a [B, 1, T, S] bool mask = causality ∧ key padding (causal=False);
+    # the backend reads it back as causal + key padding, so tiles above the diagonal are skipped, same result
+    seen = []
+    fwd = triton_kernel._fwd_op
+    monkeypatch.setattr(triton_kernel, "_fwd_op", lambda *a: (seen.append((a[6], a[7])), fwd(*a))[1])
+    pad = _left_padding(2, s, 5)[:, None, None, :]
+    hf_mask = torch.ones(t, s, dtype=torch.bool, device=DEVICE).tril(s - t) & pad
+    check_against_reference(make_inputs(b=2, h=4, hkv=2, t=t, s=s), attn_mask=hf_mask, causal=False)
+    mask, causal = seen[0]
+    assert causal and mask.shape == (2, 1, 1, s) and torch.equal(mask, pad)
+    other = hf_mask.clone()
+    other[1, 0, -1, 0] = False  # no longer causal ∧ padding: passed through as given
+    with torch.no_grad():
+        diff_attention(*make_inputs(b=2, h=4, hkv=2, t=t, s=s), causal=False, attn_mask=other, backend="triton")
+    assert seen[-1][1] is False and seen[-1][0].shape == (2, 1, t, s)
+
+
 def test_4d_bool_mask_per_head():
     args = make_inputs(b=1, h=2, hkv=1, t=18, s=18)
     mask = (torch.rand(1, 2, 18, 18, generator=torch.Generator().manual_seed(3)) > 0.3).to(DEVICE)

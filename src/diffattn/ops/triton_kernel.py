@@ -64,6 +64,7 @@ out of shared memory or registers retries with smaller tiles.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 import triton
@@ -386,9 +387,11 @@ def _bwd_dkdv_kernel(
     # the GQA group, so they are accumulated in registers without atomics. ATOMIC_DQ (the default): also add
     # this key block's share of dQ1, dQ2 atomically into float32 buffers (FlashAttention-2's scheme: no second
     # pass that recomputes QKᵀ and dO·Vᵀ, at the price of atomics and run-to-run bit noise in dQ).
+    # batch × kv head is the grid's fastest axis, so the first key blocks (when causal, those seen by the most
+    # queries: the longest programs) of every head start first
     DT = Q1.dtype.element_ty
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = pid_bh // HKV
     hkv = pid_bh % HKV
     rep = H // HKV
@@ -518,10 +521,13 @@ def _bwd_dq_kernel(
     UPCAST: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    # program = (query block, batch × query head); it owns dQ1, dQ2 of its rows
+    # program = (batch × query head, query block); it owns dQ1, dQ2 of its rows. Causal: the last query blocks
+    # (the most keys) run first, as in the forward
     DT = Q1.dtype.element_ty
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(1) - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
     hkv = h // (H // HKV)
@@ -726,7 +732,8 @@ def _single_pass_fits(d: int, dv: int) -> bool:
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
     """Key splits for a forward without gradient: enough programs to fill the GPU about twice when there are
-    fewer programs than SMs (decoding), each split still at least 4 key tiles long."""
+    fewer programs than SMs (decoding), each split at least one key tile long (four tiles, as before, left half
+    the SMs idle at B = 1 below 2K keys)."""
     if SPLIT_OVERRIDE is not None:
         return max(1, SPLIT_OVERRIDE)
     if device.type != "cuda":
@@ -734,7 +741,7 @@ def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> in
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     if programs >= sms:
         return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), s // (4 * block_n), 128))
+    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(s, block_n), 128))
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -951,7 +958,7 @@ def _bwd_op(
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
     _launch(
         _bwd_dkdv_kernel,
-        lambda bm, bn: (triton.cdiv(s, bn), b * hkv),
+        lambda bm, bn: (b * hkv, triton.cdiv(s, bn)),
         (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
         dict(consts, ATOMIC_DQ=atomic),
         "dkdv_atomic" if atomic else "dkdv",
@@ -966,7 +973,7 @@ def _bwd_op(
     else:
         _launch(
             _bwd_dq_kernel,
-            lambda bm, bn: (triton.cdiv(t, bm), b * h),
+            lambda bm, bn: (b * h, triton.cdiv(t, bm)),
             (*common, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
             consts,
             "dq",
@@ -1029,6 +1036,26 @@ torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, set
 # --------------------------------------------------------------------------------------------------------------
 
 
+_CAUSAL_PADDING: list = [None]  # (weak reference to the last mask, its version, what it reduced to)
+
+
+def _causal_key_padding(mask: torch.Tensor | None, t: int, s: int) -> torch.Tensor | None:
+    """A [B, 1, T, S] bool mask that is exactly bottom-right causality ∧ key padding — what transformers builds for
+    a padded batch (its SDPA path has no other way to say "causal and padded") — as its [B, 1, 1, S] key-padding
+    row, so the kernels run causal and skip the tiles above the diagonal; None for any other mask. The check
+    costs one comparison per mask, not per layer: the model hands every layer the same mask tensor."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != t or t == 1:
+        return None
+    cached = _CAUSAL_PADDING[0]
+    if cached is not None and cached[0]() is mask and cached[1] == mask._version:
+        return cached[2]
+    padding = mask[:, :, -1:, :]  # the last query sees every key that the padding lets through
+    causal = torch.ones(t, s, dtype=torch.bool, device=mask.device).tril(s - t)
+    result = padding if torch.equal(mask, causal & padding) else None
+    _CAUSAL_PADDING[0] = (weakref.ref(mask), mask._version, result)
+    return result
+
+
 def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     """The ``triton`` backend. ``inp`` has passed :func:`diffattn.ops._inputs.validate` and the support check
     of :mod:`diffattn.ops` (dtype, head dims, device)."""
@@ -1043,5 +1070,9 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
     leaves = (inp.q1, inp.k1, inp.q2, inp.k2, inp.v, inp.lam)
     need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
-    out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad)
+    mask, causal = inp.attn_mask, inp.causal
+    padding = None if causal else _causal_key_padding(mask, inp.q_len, inp.kv_len)
+    if padding is not None:
+        mask, causal = padding, True
+    out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad)
     return out
