@@ -19,7 +19,7 @@ V2 heads (two query heads sharing one K of width 64, V of width 64, so ``SHARED_
 training forward, saving O1, O2 for the backward), ``dkdv_atomic`` (the default single-pass backward with atomic
 dQ, FlashAttention-2's scheme), ``preprocess`` (its row statistics Δ1, Δ2, dλ), ``dkdv`` and ``dq`` (the
 deterministic two-kernel backward: ``ATOMIC_DQ = False`` or ``torch.use_deterministic_algorithms``), ``decode``
-(the key-split forward at T = 1 and its combine kernel).
+(the key-split forward at T = 1 and its combine kernel; V1 reads V's two halves in place, as DiffLlama decodes).
 
 How to read the columns:
 
@@ -324,7 +324,10 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     tk.INTERPRETED, tk.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
     tk.SPLIT_OVERRIDE = 4 if kind == "decode" else None  # CPU tensors would never split
     try:
-        if kind in ("fwd", "decode"):
+        if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
+            v_heads = empty(b, 2 * hkv, s, d)
+            tk._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, None, causal, scale, False, hkv * s * d)
+        elif kind in ("fwd", "decode"):
             tk._fwd_op(q1, k1, q2, k2, v, lam, None, causal, scale, kind == "fwd")
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)

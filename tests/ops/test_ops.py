@@ -291,6 +291,8 @@ BAD = {
         "multiple of the number of key/value heads",
     ),
     "v shape": (lambda a: (*a[:4], a[4][:, :, :3]), {}, "v must be"),
+    "v parts": (lambda a: (*a[:4], (a[4], a[4], a[4])), {}, r"two tensors \(va, vb\)"),
+    "v parts shape": (lambda a: (*a[:4], (a[4], a[4][:, :, :3])), {}, "must agree in"),
     "head dim": (lambda a: (a[0], a[1][..., :4], a[2], a[3][..., :4], a[4]), {}, "head dim"),
     "dtype": (lambda a: (a[0], a[1].double(), *a[2:]), {}, "k1 dtype"),
     "lam shape": (lambda a: a, {"lam": torch.ones(3)}, r"lam must be a scalar, \[4\] .* or \[2, 4, 5\]"),
@@ -313,3 +315,17 @@ def test_bad_input_raises_value_error_naming_the_argument(case):
     lam = kwargs.pop("lam", lam)
     with pytest.raises(ValueError, match=message):
         diff_attention(*args, lam, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
+def test_values_given_as_two_halves_are_their_concatenation(backend):
+    # V = [va | vb] (DiffLlama's value heads j and j + Hkv): the same output and gradients as the one tensor
+    q1, k1, q2, k2, _, lam = make_inputs(t=5, s=7)
+    va, vb = (torch.randn(2, 2, 7, 3, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in (1, 2))
+    out = diff_attention(q1, k1, q2, k2, (va, vb), lam, backend=backend)
+    v = torch.cat([va, vb], -1).detach().requires_grad_()
+    ref = diff_attention(q1, k1, q2, k2, v, lam, backend=backend)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(torch.cat([va.grad, vb.grad], -1), v.grad)

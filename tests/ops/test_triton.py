@@ -221,6 +221,34 @@ def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
     assert seen[-1][1] is False and seen[-1][0].shape == (2, 1, t, s)
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_value_halves_read_in_place(monkeypatch, split):
+    # DiffLlama hands V over as its two halves (value heads j and j + Hkv of one tensor): a forward without
+    # gradient reads them in place (v_half > 0, no concatenation), with or without key splits, GQA, T < S
+    monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", split)
+    seen = []
+    fwd = triton_kernel._fwd_op
+    monkeypatch.setattr(triton_kernel, "_fwd_op", lambda *a: (seen.append(a[-1]), fwd(*a))[1])
+    q1, k1, q2, k2, _, lam = make_inputs(b=2, h=4, hkv=2, t=3, s=40)
+    v_heads = torch.randn(2, 4, 40, 8, device=DEVICE)  # [B, 2·Hkv, S, d], as the KV cache holds them
+    halves = (v_heads[:, :2], v_heads[:, 2:])
+    with torch.no_grad():
+        out = diff_attention(q1, k1, q2, k2, halves, lam, attn_mask=_left_padding(2, 40, 9), backend="triton")
+    ref = diff_attention(
+        q1, k1, q2, k2, torch.cat(halves, -1), lam, attn_mask=_left_padding(2, 40, 9), backend="reference"
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert seen == [2 * 40 * 8]  # the second half starts Hkv heads after the first
+    # with a gradient (training) the halves are concatenated, and every gradient still matches
+    v_parts = [x.clone().requires_grad_(True) for x in halves]
+    out = diff_attention(q1, k1, q2, k2, tuple(v_parts), lam, backend="triton")
+    out.sum().backward()
+    v_cat = torch.cat(halves, -1).requires_grad_(True)
+    diff_attention(q1, k1, q2, k2, v_cat, lam, backend="reference").sum().backward()
+    torch.testing.assert_close(torch.cat([p.grad for p in v_parts], -1), v_cat.grad, atol=1e-5, rtol=1e-5)
+    assert seen[-1] == 0
+
+
 def test_4d_bool_mask_per_head():
     args = make_inputs(b=1, h=2, hkv=1, t=18, s=18)
     mask = (torch.rand(1, 2, 18, 18, generator=torch.Generator().manual_seed(3)) > 0.3).to(DEVICE)

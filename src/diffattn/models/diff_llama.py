@@ -141,7 +141,9 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         )
 
         h, hkv = self.num_heads // 2, self.num_kv_heads // 2
-        v_pair = torch.cat([v[:, :hkv], v[:, hkv:]], dim=-1)  # [B, Hkv/2, S, 2d]
+        # V of a DIFF head is [v_j | v_(j + Hkv/2)], [B, Hkv/2, S, 2d]: handed over as its two halves, which the
+        # triton backend reads in place (no concatenation of the whole KV cache at every decoding step)
+        v_halves = (v[:, :hkv], v[:, hkv:])
         if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
             raise ValueError(
                 f"DIFF attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
@@ -154,17 +156,17 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             k1=k[:, :hkv],
             q2=q[:, h:],
             k2=k[:, hkv:],
-            v=v_pair,
+            v=v_halves,
             lam=self.lambda_full(),
             causal=attention_mask is None,
             attn_mask=attention_mask,
             scale=self.scaling,
         )
         if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
-            report(self, kind="diff", **maps)
+            report(self, kind="diff", **{**maps, "v": torch.cat(v_halves, dim=-1)})
         bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
         if bits is not None:
-            out = quantized_attention(**maps, bits=bits)
+            out = quantized_attention(**{**maps, "v": torch.cat(v_halves, dim=-1)}, bits=bits)
         else:
             out = diff_attention(**maps, backend=self.options.backend)  # [B, h, T, 2d]
         out = self.groupnorm(out) * output_scale(self.lambda_init)

@@ -231,7 +231,7 @@ def diff_attention(
     k1: torch.Tensor,
     q2: torch.Tensor,
     k2: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     lam: torch.Tensor | float,
     *,
     causal: bool = True,
@@ -244,7 +244,9 @@ def diff_attention(
     Args:
         q1, q2: queries of the two maps, ``[B, H, T, d]``.
         k1, k2: keys of the two maps, ``[B, Hkv, S, d]``; ``H % Hkv == 0`` (GQA).
-        v: shared values ``[B, Hkv, S, dv]``; ``dv`` may differ from ``d``.
+        v: shared values ``[B, Hkv, S, dv]``; ``dv`` may differ from ``d``. Or a pair ``(va, vb)`` with
+            ``V = [va | vb]`` along the feature axis: the triton backend reads two halves of one tensor in place
+            (a forward without gradient: DiffLlama's decoding), the others concatenate them.
         lam: λ — a float, a scalar tensor, or one value per query head ``[H]``. Gradients flow into it.
         causal: causal mask, aligned bottom-right when ``T < S`` (decoding against a KV cache:
             query i sees keys ``j <= i + S − T``).

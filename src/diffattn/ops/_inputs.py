@@ -7,7 +7,10 @@ the argument, what was given and what is allowed — never deep inside a kernel.
 Conventions (methods.md §0):
     q1, q2  [B, H, T, d]      query heads of the first and second map
     k1, k2  [B, Hkv, S, d]    key heads (GQA: H % Hkv == 0, query head i reads key head i // (H // Hkv))
-    v       [B, Hkv, S, dv]   shared values, dv may differ from d (DIFF V1 uses dv = 2d)
+    v       [B, Hkv, S, dv]   shared values, dv may differ from d (DIFF V1 uses dv = 2d); or a pair of tensors
+                              (va, vb), V = [va | vb] along the feature axis, which the triton backend reads in
+                              place (DiffLlama's layer: its value heads' two halves, no per-step concatenation
+                              of the KV cache) and the others concatenate
     lam     scalar, one per query head [H], or one per query head and token [B, H, T] (DIFF V2's gate,
             methods.md §5)
     mask    causal (bottom-right aligned when T < S) and/or ``attn_mask``:
@@ -31,11 +34,17 @@ class DiffAttentionInputs:
     k1: torch.Tensor
     q2: torch.Tensor
     k2: torch.Tensor
-    v: torch.Tensor
+    v_parts: tuple[torch.Tensor, ...]  # V, or its two column halves (va, vb): V = [va | vb]
     lam: torch.Tensor  # 0-d, [1, H, 1, 1] for one λ per query head, or [B, H, T, 1] for one per head and token
     causal: bool
     attn_mask: torch.Tensor | None  # None, or 4-D [B|1, H|1, T, S] (bool "may attend" or additive float)
     scale: float
+
+    @property
+    def v(self) -> torch.Tensor:
+        """V as one [B, Hkv, S, dv] tensor: given halves are concatenated on each read, so a backend reads it once.
+        (Not a cached_property: its lock stops torch.compile from tracing the backends.)"""
+        return self.v_parts[0] if len(self.v_parts) == 1 else torch.cat(self.v_parts, dim=-1)
 
     @property
     def shares_keys(self) -> bool:
@@ -69,7 +78,7 @@ class DiffAttentionInputs:
 
     @property
     def v_dim(self) -> int:
-        return self.v.shape[3]
+        return sum(part.shape[3] for part in self.v_parts)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -91,7 +100,7 @@ def validate(
     k1: torch.Tensor,
     q2: torch.Tensor,
     k2: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     lam: torch.Tensor | float,
     *,
     causal: bool,
@@ -103,7 +112,15 @@ def validate(
     _check_rank("q2", q2, "[B, H, T, d]")
     _check_rank("k1", k1, "[B, Hkv, S, d]")
     _check_rank("k2", k2, "[B, Hkv, S, d]")
-    _check_rank("v", v, "[B, Hkv, S, dv]")
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"v given in parts must be two tensors (va, vb) with V = [va | vb], got {len(v)}")
+        parts = (_check_rank("v[0]", v[0], "[B, Hkv, S, dv/2]"), _check_rank("v[1]", v[1], "[B, Hkv, S, dv/2]"))
+        if parts[0].shape[:3] != parts[1].shape[:3]:
+            raise ValueError(f"v's two parts must agree in [B, Hkv, S], got {_shape(parts[0])} and {_shape(parts[1])}")
+    else:
+        parts = (_check_rank("v", v, "[B, Hkv, S, dv]"),)
+    v = parts[0]
     if q2.shape != q1.shape:
         raise ValueError(f"q2 must have the shape of q1 {_shape(q1)}, got {_shape(q2)}")
     if k2.shape != k1.shape:
@@ -121,9 +138,9 @@ def validate(
         )
     if v.shape[:3] != k1.shape[:3]:
         raise ValueError(f"v must be [B, Hkv, S, dv] = [{b}, {hkv}, {s}, dv] like k1, got {_shape(v)}")
-    if t == 0 or s == 0 or d == 0 or v.shape[3] == 0:
+    if t == 0 or s == 0 or d == 0 or any(part.shape[3] == 0 for part in parts):
         raise ValueError(f"empty dimension: q1 {_shape(q1)}, k1 {_shape(k1)}, v {_shape(v)}")
-    for name, other in (("q2", q2), ("k1", k1), ("k2", k2), ("v", v)):
+    for name, other in (("q2", q2), ("k1", k1), ("k2", k2), *((f"v part {i}", p) for i, p in enumerate(parts))):
         if other.dtype != q1.dtype:
             raise ValueError(f"{name} dtype must equal q1's ({q1.dtype}), got {other.dtype}")
         if other.device != q1.device:
@@ -139,7 +156,7 @@ def validate(
         scale = 1.0 / math.sqrt(d)
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
-    return DiffAttentionInputs(q1, k1, q2, k2, v, lam_t, bool(causal), mask, float(scale))
+    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale))
 
 
 def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int, device: torch.device) -> torch.Tensor:

@@ -62,7 +62,8 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
         layout = "stacked"
         q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
         k = torch.cat([inp.k1, inp.k2], dim=1)  # [B, 2Hkv, S, d]
-        v = torch.cat([inp.v, inp.v], dim=1)  # [B, 2Hkv, S, dv]
+        v = inp.v
+        v = torch.cat([v, v], dim=1)  # [B, 2Hkv, S, dv]
     width = max(d, dv)
     if d < width:
         q = F.pad(q, (0, width - d))

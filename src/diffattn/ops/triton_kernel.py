@@ -111,6 +111,7 @@ _SUM = tl.standard._sum_combine
 def _fwd_tile(
     acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
     MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+    v_cols,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
     SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -131,7 +132,7 @@ def _fwd_tile(
         k2 = k1  # DAA / DiffQ / DIFF V2: one K read serves both maps
     else:
         k2 = tl.load(k2_base + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * svs + offs_dv[None, :], mask=v_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * svs + v_cols[None, :], mask=v_mask, other=0.0)
     if UPCAST:
         k1 = k1.to(tl.float32)
         k2 = k2.to(tl.float32)
@@ -184,9 +185,10 @@ def _fwd_kernel(
     sk1b, sk1h, sk1s, sk2b, sk2h, sk2s,
     svb, svh, svs,
     smb, smh, smt, sms,
-    H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN, N_BUCKET,
+    H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN, N_BUCKET, V_HALF,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, SPLIT: tl.constexpr,
+    DV_HALF: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
@@ -257,16 +259,20 @@ def _fwd_kernel(
         k_lo = 0
         k_hi = kend
     k_mid = tl.maximum(tl.minimum(k_full, k_hi), k_lo)
+    if DV_HALF > 0:  # noqa: SIM108 (compile-time branch) V as two halves: columns >= DV_HALF are V_HALF past va
+        v_cols = tl.where(offs_dv < DV_HALF, offs_dv, offs_dv + (V_HALF - DV_HALF))
+    else:
+        v_cols = offs_dv
     for start_n in range(k_lo, k_mid, BLOCK_N):
         acc1, acc2, m1, m2, l1, l2 = _fwd_tile(
             acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
-            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale, v_cols,
             False, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N,
         )  # fmt: skip
     for start_n in range(k_mid, k_hi, BLOCK_N):
         acc1, acc2, m1, m2, l1, l2 = _fwd_tile(
             acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
-            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale, v_cols,
             True, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N,
         )  # fmt: skip
 
@@ -845,10 +851,16 @@ def _fwd_op(
     causal: bool,
     scale: float,
     save_parts: bool,
+    v_half: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [B, H, T]. lse in log2 units.
-    o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts."""
+    o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v_half > 0: ``v`` is the first
+    half of V's columns and the second half, of the same shape and strides, starts v_half elements after it
+    (DiffLlama's value heads h and h + Hkv, read in place); forward without gradient only."""
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+    if v_half:
+        dv *= 2
+        consts["BLOCK_DV"] = _pow2(dv)
     out = torch.empty(b, h, t, dv, device=q1.device, dtype=q1.dtype)
     parts_shape = (b, h, t, dv) if save_parts else (0,)
     o1 = torch.empty(parts_shape, device=q1.device, dtype=q1.dtype)
@@ -872,14 +884,14 @@ def _fwd_op(
     args = (
         q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
         out, *targets, *strides,
-        h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)),
+        h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)), v_half,
     )  # fmt: skip
     key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
     _launch(
         _fwd_kernel,
         lambda bm, bn: (b * hkv, triton.cdiv(rows, bm), nsplit),
         args,
-        dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1),
+        dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0),
         "fwd",
         d,
         dv,
@@ -896,9 +908,9 @@ def _fwd_op(
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts):
+def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v_half=0):
     b, h, t, _ = q1.shape
-    dv = v.shape[3]
+    dv = v.shape[3] * (2 if v_half else 1)
     parts_shape = (b, h, t, dv) if save_parts else (0,)
     return (
         q1.new_empty(b, h, t, dv),
@@ -998,7 +1010,7 @@ def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sc
 
 
 def _setup_context(ctx, inputs, output):
-    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts = inputs
+    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v_half = inputs
     _, o1, o2, lse1, lse2 = output
     ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
     ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
@@ -1021,6 +1033,7 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
         None if k2 is None else dk2,
         dv,
         dlam,
+        None,
         None,
         None,
         None,
@@ -1056,11 +1069,28 @@ def _causal_key_padding(mask: torch.Tensor | None, t: int, s: int) -> torch.Tens
     return result
 
 
+def _in_place_halves(parts: tuple[torch.Tensor, ...]) -> int:
+    """For V given as two halves (va, vb): the element offset from va to vb when the kernel can read both in
+    place (equal shapes and strides, contiguous last dim, one storage, vb after va), else 0 (concatenate)."""
+    if len(parts) != 2:
+        return 0
+    va, vb = parts
+    if va.shape != vb.shape or va.stride() != vb.stride() or va.stride(-1) != 1:
+        return 0
+    if va.untyped_storage().data_ptr() != vb.untyped_storage().data_ptr():
+        return 0
+    offset = vb.storage_offset() - va.storage_offset()
+    return offset if offset > 0 else 0
+
+
 def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     """The ``triton`` backend. ``inp`` has passed :func:`diffattn.ops._inputs.validate` and the support check
     of :mod:`diffattn.ops` (dtype, head dims, device)."""
     h = inp.num_heads
-    q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v))
+    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
+    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    v_half = 0 if need_grad else _in_place_halves(inp.v_parts)
+    q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v_parts[0] if v_half else inp.v))
     # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
     q2 = None if inp.q2 is inp.q1 else _lastdim_contiguous(inp.q2)
     k2 = None if inp.shares_keys else _lastdim_contiguous(inp.k2)
@@ -1068,11 +1098,9 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     # broadcast to its own shape and dtype
     lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
     lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
-    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, inp.v, inp.lam)
-    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
     mask, causal = inp.attn_mask, inp.causal
     padding = None if causal else _causal_key_padding(mask, inp.q_len, inp.kv_len)
     if padding is not None:
         mask, causal = padding, True
-    out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad)
+    out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad, v_half)
     return out
