@@ -207,8 +207,8 @@ def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
     # transformers hands a padded batch's layers a [B, 1, T, S] bool mask = causality ∧ key padding (causal=False);
     # the backend reads it back as causal + key padding, so tiles above the diagonal are skipped, same result
     seen = []
-    fwd = triton_kernel._fwd_op
-    monkeypatch.setattr(triton_kernel, "_fwd_op", lambda *a: (seen.append((a[6], a[7])), fwd(*a))[1])
+    fwd = triton_kernel._fwd_impl
+    monkeypatch.setattr(triton_kernel, "_fwd_impl", lambda *a: (seen.append((a[6], a[7])), fwd(*a))[1])
     pad = _left_padding(2, s, 5)[:, None, None, :]
     hf_mask = torch.ones(t, s, dtype=torch.bool, device=DEVICE).tril(s - t) & pad
     check_against_reference(make_inputs(b=2, h=4, hkv=2, t=t, s=s), attn_mask=hf_mask, causal=False)
@@ -227,8 +227,8 @@ def test_value_halves_read_in_place(monkeypatch, split):
     # gradient reads them in place (v_half > 0, no concatenation), with or without key splits, GQA, T < S
     monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", split)
     seen = []
-    fwd = triton_kernel._fwd_op
-    monkeypatch.setattr(triton_kernel, "_fwd_op", lambda *a: (seen.append(a[-1]), fwd(*a))[1])
+    fwd = triton_kernel._fwd_impl
+    monkeypatch.setattr(triton_kernel, "_fwd_impl", lambda *a: (seen.append(a[-1]), fwd(*a))[1])
     q1, k1, q2, k2, _, lam = make_inputs(b=2, h=4, hkv=2, t=3, s=40)
     v_heads = torch.randn(2, 4, 40, 8, device=DEVICE)  # [B, 2·Hkv, S, d], as the KV cache holds them
     halves = (v_heads[:, :2], v_heads[:, 2:])

@@ -627,8 +627,14 @@ def _bwd_dq_kernel(
 # --------------------------------------------------------------------------------------------------------------
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are wrapped for use inside
+# kernels too, and cost ~3 µs a call on the host (about half of a decoding step's launch overhead went there).
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
+    return max(16, 1 << (n - 1).bit_length())  # the next power of two; tl.dot needs every dimension >= 16
 
 
 # (BLOCK_M, BLOCK_N) per kernel and head-width class on a GPU (bf16/fp16), read off the ahead-of-time report for
@@ -747,7 +753,7 @@ def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> in
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     if programs >= sms:
         return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(s, block_n), 128))
+    return max(1, min(_cdiv(2 * sms, programs), _cdiv(s, block_n), 128))
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -839,8 +845,7 @@ def _common(q1, k1, q2, k2, v, mask, causal):
 # --------------------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())
-def _fwd_op(
+def _fwd_impl(
     q1: torch.Tensor,
     k1: torch.Tensor,
     q2: torch.Tensor | None,
@@ -870,9 +875,9 @@ def _fwd_op(
     rows = (h // hkv) * t
     r_total = b * h * t
     bm, bn, _ = _blocks("fwd", d, dv, rows, fp32=consts["PREC"] == "ieee")
-    nsplit = 1 if save_parts else _num_splits(q1.device, triton.cdiv(rows, bm) * b * hkv, s, bn)
-    split_len = triton.cdiv(triton.cdiv(s, nsplit), bn) * bn  # whole tiles per split
-    nsplit = triton.cdiv(s, split_len)
+    nsplit = 1 if save_parts else _num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
+    split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
+    nsplit = _cdiv(s, split_len)
     if nsplit > 1:  # per-split partial outputs, merged by _combine_kernel below
         po1 = torch.empty(nsplit, r_total, dv, device=q1.device, dtype=torch.float32)
         po2 = torch.empty_like(po1)
@@ -889,7 +894,7 @@ def _fwd_op(
     key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
     _launch(
         _fwd_kernel,
-        lambda bm, bn: (b * hkv, triton.cdiv(rows, bm), nsplit),
+        lambda bm, bn: (b * hkv, _cdiv(rows, bm), nsplit),
         args,
         dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0),
         "fwd",
@@ -900,11 +905,31 @@ def _fwd_op(
     )
     if nsplit > 1:
         block_r = 16
-        _combine_kernel[(triton.cdiv(r_total, block_r),)](
+        _combine_kernel[(_cdiv(r_total, block_r),)](
             po1, po2, pl1, pl2, lam, out, lse1, lse2, h, t, dv, r_total, nsplit,
             BLOCK_R=block_r, BLOCK_DV=consts["BLOCK_DV"],
         )  # fmt: skip
     return out, o1, o2, lse1, lse2
+
+
+@torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())
+def _fwd_op(
+    q1: torch.Tensor,
+    k1: torch.Tensor,
+    q2: torch.Tensor | None,
+    k2: torch.Tensor | None,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    save_parts: bool,
+    v_half: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_fwd_impl` as a custom op: opaque to torch.compile (fake implementation below) and differentiable
+    (the autograd formula at the end of this section). A forward that needs neither calls ``_fwd_impl`` directly:
+    the dispatcher costs ~35 µs of host time a call, most of a decoding step's launch overhead."""
+    return _fwd_impl(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v_half)
 
 
 @_fwd_op.register_fake
@@ -954,7 +979,7 @@ def _bwd_op(
     delta1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
     delta2, dlam = torch.empty_like(delta1), torch.empty_like(delta1)
     rows, block_r = b * h * t, 16
-    _bwd_preprocess_kernel[(triton.cdiv(rows, block_r),)](
+    _bwd_preprocess_kernel[(_cdiv(rows, block_r),)](
         dout, o1, o2, delta1, delta2, dlam, dq1, dq1 if q2 is None else dq2, rows, d, dv,
         ZERO_DQ1=atomic, ZERO_DQ2=atomic and q2 is not None,
         BLOCK_R=block_r, BLOCK_D=consts["BLOCK_D"], BLOCK_DV=consts["BLOCK_DV"],
@@ -970,7 +995,7 @@ def _bwd_op(
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
     _launch(
         _bwd_dkdv_kernel,
-        lambda bm, bn: (b * hkv, triton.cdiv(s, bn)),
+        lambda bm, bn: (b * hkv, _cdiv(s, bn)),
         (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
         dict(consts, ATOMIC_DQ=atomic),
         "dkdv_atomic" if atomic else "dkdv",
@@ -985,7 +1010,7 @@ def _bwd_op(
     else:
         _launch(
             _bwd_dq_kernel,
-            lambda bm, bn: (b * h, triton.cdiv(t, bm)),
+            lambda bm, bn: (b * h, _cdiv(t, bm)),
             (*common, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
             consts,
             "dq",
@@ -1102,5 +1127,6 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     padding = None if causal else _causal_key_padding(mask, inp.q_len, inp.kv_len)
     if padding is not None:
         mask, causal = padding, True
-    out, *_ = _fwd_op(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad, v_half)
+    forward = _fwd_op if need_grad or torch.compiler.is_compiling() else _fwd_impl
+    out, *_ = forward(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad, v_half)
     return out
