@@ -637,8 +637,11 @@ def format_report(rows: list[dict]) -> str:
         if r["flops_ratio"] is None:
             continue
         dup = sum(d["flops_per_pair"] * (1 - 1 / d["duplication"]) for d in r["dots"])
+        c = r["config"]
+        tile = f", {c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}" if c.get("BLOCK_M") else ""
         lines.append(
-            f"  {r['kernel']} ({r['config']['variant']}): {r['flops_per_pair']:.0f} / {r['ideal_flops_per_pair']:.0f}"
+            f"  {r['kernel']} ({c['variant']}, {r['kind']}{tile}): "
+            f"{r['flops_per_pair']:.0f} / {r['ideal_flops_per_pair']:.0f}"
             f" = {r['flops_ratio']:.2f}x ideal ({dup:.0f} per pair of it is warp-layout duplication)"
         )
     spill = [f"{r['kernel']} ({r['config']['variant']})" for r in rows if r["spill_bytes"] and r["kind"] != "backward"]
