@@ -326,7 +326,7 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     try:
         if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
-            tk._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, None, causal, scale, False, hkv * s * d)
+            tk._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, None, causal, scale, False, v_heads[:, hkv:])
         elif kind in ("fwd", "decode"):
             tk._fwd_op(q1, k1, q2, k2, v, lam, None, causal, scale, kind == "fwd")
         else:

@@ -224,11 +224,11 @@ def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
 @pytest.mark.parametrize("split", [1, 3])
 def test_value_halves_read_in_place(monkeypatch, split):
     # DiffLlama hands V over as its two halves (value heads j and j + Hkv of one tensor): a forward without
-    # gradient reads them in place (v_half > 0, no concatenation), with or without key splits, GQA, T < S
+    # gradient reads them in place (an element offset, no concatenation), with or without key splits, GQA, T < S
     monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", split)
     seen = []
-    fwd = triton_kernel._fwd_impl
-    monkeypatch.setattr(triton_kernel, "_fwd_impl", lambda *a: (seen.append(a[-1]), fwd(*a))[1])
+    halves_of = triton_kernel._in_place_halves
+    monkeypatch.setattr(triton_kernel, "_in_place_halves", lambda p: (seen.append(halves_of(p)), seen[-1])[1])
     q1, k1, q2, k2, _, lam = make_inputs(b=2, h=4, hkv=2, t=3, s=40)
     v_heads = torch.randn(2, 4, 40, 8, device=DEVICE)  # [B, 2·Hkv, S, d], as the KV cache holds them
     halves = (v_heads[:, :2], v_heads[:, 2:])
@@ -246,6 +246,11 @@ def test_value_halves_read_in_place(monkeypatch, split):
     v_cat = torch.cat(halves, -1).requires_grad_(True)
     diff_attention(q1, k1, q2, k2, v_cat, lam, backend="reference").sum().backward()
     torch.testing.assert_close(torch.cat([p.grad for p in v_parts], -1), v_cat.grad, atol=1e-5, rtol=1e-5)
+    assert seen == [2 * 40 * 8]  # not asked again: the training forward took V whole
+    # two halves that are not views of one tensor are concatenated, same result
+    with torch.no_grad():
+        out = diff_attention(q1, k1, q2, k2, (halves[0].clone(), halves[1].clone()), lam, backend="triton")
+    torch.testing.assert_close(out, diff_attention(q1, k1, q2, k2, v_cat.detach(), lam, backend="reference"))
     assert seen[-1] == 0
 
 
@@ -576,3 +581,59 @@ def test_flop_ideal_note():
     diff = attention_flops(1, 4, 1024, 1024, 64, 128, causal=True, kind="diff")
     assert math.isclose(diff["fwd"] / base["fwd"], 1.5)
     assert math.isclose(diff["fwd_bwd"] / base["fwd_bwd"], 8 / 7, rel_tol=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the backend inside a model (interpreter on CPU): DiffLlama's decoding path
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _diffllama(backend, seed=0):
+    from diffattn.models import build_model, install_diff_attention
+
+    model = build_model("debug", "diff", backend=None, seed=seed, num_layers=2).eval()
+    return install_diff_attention(model, backend)
+
+
+def test_diffllama_generation_on_the_triton_backend(monkeypatch):
+    # a left-padded batch: the prefill's causal ∧ padding mask is read back as causal + key padding, every
+    # decoding step reads V's two halves in place; tokens and logits are the reference backend's
+    offsets, paddings = [], []
+    halves_of, padding_of = triton_kernel._in_place_halves, triton_kernel._causal_key_padding
+    monkeypatch.setattr(triton_kernel, "_in_place_halves", lambda p: (offsets.append(halves_of(p)), offsets[-1])[1])
+    monkeypatch.setattr(
+        triton_kernel, "_causal_key_padding", lambda *a: (paddings.append(padding_of(*a)), paddings[-1])[1]
+    )
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    attention_mask = torch.ones(2, 9, dtype=torch.long)
+    attention_mask[0, :3] = 0
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        got = _diffllama("triton").generate(ids, attention_mask=attention_mask, **kw)
+        want = _diffllama("reference").generate(ids, attention_mask=attention_mask, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=1e-4, rtol=1e-4)
+    assert offsets and all(o > 0 for o in offsets)  # every call, prefill and steps: no concatenation of V
+    assert paddings[0] is not None and paddings[0].shape == (2, 1, 1, 9)  # the prefill ran causal
+
+
+def test_decoding_step_traces_as_one_graph():
+    # what CUDA graphs need (transformers' static cache + torch.compile "reduce-overhead"): a decoding step of the
+    # model on the triton backend traces with fullgraph=True (the kernels are opaque custom ops, V's halves are
+    # resolved inside the op at run time) and gives the eager step's logits
+    from transformers import StaticCache
+
+    model = _diffllama("triton")
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(4))
+    caches = [StaticCache(config=model.config, max_cache_len=16) for _ in range(2)]
+    position = torch.tensor([8])
+    with torch.no_grad():
+        for cache in caches:
+            model(ids, past_key_values=cache, use_cache=True)
+        eager = model(ids[:, :1], past_key_values=caches[0], use_cache=True, cache_position=position).logits
+
+        def step(token, pos):
+            return model(token, past_key_values=caches[1], use_cache=True, cache_position=pos).logits
+
+        traced = torch.compile(step, backend="eager", fullgraph=True)(ids[:, :1], position)
+    torch.testing.assert_close(traced, eager)

@@ -856,12 +856,18 @@ def _fwd_impl(
     causal: bool,
     scale: float,
     save_parts: bool,
-    v_half: int = 0,
+    v2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [B, H, T]. lse in log2 units.
-    o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v_half > 0: ``v`` is the first
-    half of V's columns and the second half, of the same shape and strides, starts v_half elements after it
-    (DiffLlama's value heads h and h + Hkv, read in place); forward without gradient only."""
+    o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v2: the second half of V's
+    columns (V = [v | v2]; forward without gradient only): read in place when it lies in v's storage with v's
+    shape and strides (DiffLlama's value heads j and j + Hkv), else concatenated. Decided here, at run time,
+    because a traced graph (torch.compile, CUDA graphs) cannot look at storage."""
+    v_half = 0
+    if v2 is not None:
+        v_half = _in_place_halves((v, v2))
+        if not v_half:
+            v = torch.cat([v, v2], dim=-1)
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
     if v_half:
         dv *= 2
@@ -924,18 +930,18 @@ def _fwd_op(
     causal: bool,
     scale: float,
     save_parts: bool,
-    v_half: int = 0,
+    v2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_fwd_impl` as a custom op: opaque to torch.compile (fake implementation below) and differentiable
     (the autograd formula at the end of this section). A forward that needs neither calls ``_fwd_impl`` directly:
     the dispatcher costs ~35 µs of host time a call, most of a decoding step's launch overhead."""
-    return _fwd_impl(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v_half)
+    return _fwd_impl(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v_half=0):
+def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None):
     b, h, t, _ = q1.shape
-    dv = v.shape[3] * (2 if v_half else 1)
+    dv = v.shape[3] + (0 if v2 is None else v2.shape[3])
     parts_shape = (b, h, t, dv) if save_parts else (0,)
     return (
         q1.new_empty(b, h, t, dv),
@@ -1035,7 +1041,7 @@ def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sc
 
 
 def _setup_context(ctx, inputs, output):
-    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v_half = inputs
+    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v2 = inputs
     _, o1, o2, lse1, lse2 = output
     ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
     ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
@@ -1114,8 +1120,11 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     h = inp.num_heads
     leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
     need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
-    v_half = 0 if need_grad else _in_place_halves(inp.v_parts)
-    q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v_parts[0] if v_half else inp.v))
+    # V as two halves goes to the forward as such when no gradient is needed (the kernel reads them in place
+    # where it can); a training forward takes V whole, as its backward writes one dV
+    halves = len(inp.v_parts) == 2 and not need_grad
+    q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v_parts[0] if halves else inp.v))
+    v2 = _lastdim_contiguous(inp.v_parts[1]) if halves else None
     # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
     q2 = None if inp.q2 is inp.q1 else _lastdim_contiguous(inp.q2)
     k2 = None if inp.shares_keys else _lastdim_contiguous(inp.k2)
@@ -1128,5 +1137,5 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     if padding is not None:
         mask, causal = padding, True
     forward = _fwd_op if need_grad or torch.compiler.is_compiling() else _fwd_impl
-    out, *_ = forward(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad, v_half)
+    out, *_ = forward(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad, v2)
     return out
