@@ -160,21 +160,22 @@ def _fwd_tile(
             s1 = s1 + bias
             s2 = s2 + bias
 
-    # online softmax, per map; a row with nothing visible yet keeps max −inf, so subtract 0 instead (no NaN)
-    m1_new = tl.maximum(m1, tl.reduce(s1, 1, _MAX))
-    m1_safe = tl.where(m1_new == float("-inf"), 0.0, m1_new)
-    alpha1 = tl.exp2(m1 - m1_safe)
-    p1 = tl.exp2(s1 - m1_safe[:, None])
-    l1 = l1 * alpha1 + tl.reduce(p1, 1, _SUM)
-    acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(DT).to(v.dtype), v, input_precision=PREC)
+    acc1, m1, l1 = _online_softmax(acc1, m1, l1, s1, v, DT, PREC)
+    acc2, m2, l2 = _online_softmax(acc2, m2, l2, s2, v, DT, PREC)
+    return acc1, acc2, m1, m2, l1, l2
 
-    m2_new = tl.maximum(m2, tl.reduce(s2, 1, _MAX))
-    m2_safe = tl.where(m2_new == float("-inf"), 0.0, m2_new)
-    alpha2 = tl.exp2(m2 - m2_safe)
-    p2 = tl.exp2(s2 - m2_safe[:, None])
-    l2 = l2 * alpha2 + tl.reduce(p2, 1, _SUM)
-    acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(DT).to(v.dtype), v, input_precision=PREC)
-    return acc1, acc2, m1_new, m2_new, l1, l2
+
+@triton.jit
+def _online_softmax(acc, row_max, row_sum, s, v, DT: tl.constexpr, PREC: tl.constexpr):
+    # one map's online-softmax update against a key tile (scores s in log2 units): running max, running sum and
+    # un-normalised P·V (acc). A row with nothing visible yet keeps max −inf, so subtract 0 instead (no NaN)
+    max_new = tl.maximum(row_max, tl.reduce(s, 1, _MAX))
+    max_safe = tl.where(max_new == float("-inf"), 0.0, max_new)
+    alpha = tl.exp2(row_max - max_safe)
+    p = tl.exp2(s - max_safe[:, None])
+    row_sum = row_sum * alpha + tl.reduce(p, 1, _SUM)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DT).to(v.dtype), v, input_precision=PREC)
+    return acc, max_new, row_sum
 
 
 @triton.jit
@@ -918,24 +919,10 @@ def _fwd_impl(
     return out, o1, o2, lse1, lse2
 
 
-@torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())
-def _fwd_op(
-    q1: torch.Tensor,
-    k1: torch.Tensor,
-    q2: torch.Tensor | None,
-    k2: torch.Tensor | None,
-    v: torch.Tensor,
-    lam: torch.Tensor,
-    mask: torch.Tensor | None,
-    causal: bool,
-    scale: float,
-    save_parts: bool,
-    v2: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_fwd_impl` as a custom op: opaque to torch.compile (fake implementation below) and differentiable
-    (the autograd formula at the end of this section). A forward that needs neither calls ``_fwd_impl`` directly:
-    the dispatcher costs ~35 µs of host time a call, most of a decoding step's launch overhead."""
-    return _fwd_impl(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2)
+# _fwd_impl as a custom op: opaque to torch.compile (fake implementation below) and differentiable (the autograd
+# formula at the end of this section). A forward that needs neither calls _fwd_impl directly: the dispatcher
+# costs ~25 µs of host time a call, about half of a decoding step's launch overhead (benchmarks/host_overhead.py).
+_fwd_op = torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())(_fwd_impl)
 
 
 @_fwd_op.register_fake
