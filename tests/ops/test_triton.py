@@ -13,6 +13,7 @@ of a result to a low-precision dtype).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 
@@ -628,16 +629,18 @@ def test_decoding_step_traces_as_one_graph():
     from transformers import StaticCache
 
     model = _diffllama("triton")
+    # transformers 5.24 renamed the KV-cache argument (`past_key_values` is deprecated there)
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(4))
     caches = [StaticCache(config=model.config, max_cache_len=16) for _ in range(2)]
     position = torch.tensor([8])
     with torch.no_grad():
         for cache in caches:
-            model(ids, past_key_values=cache, use_cache=True)
-        eager = model(ids[:, :1], past_key_values=caches[0], use_cache=True, cache_position=position).logits
+            model(ids, use_cache=True, **{cache_kw: cache})
+        eager = model(ids[:, :1], use_cache=True, cache_position=position, **{cache_kw: caches[0]}).logits
 
         def step(token, pos):
-            return model(token, past_key_values=caches[1], use_cache=True, cache_position=pos).logits
+            return model(token, use_cache=True, cache_position=pos, **{cache_kw: caches[1]}).logits
 
         traced = torch.compile(step, backend="eager", fullgraph=True)(ids[:, :1], position)
     torch.testing.assert_close(traced, eager)

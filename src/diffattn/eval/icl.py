@@ -293,11 +293,13 @@ class _Runner:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
         params = inspect.signature(base.forward).parameters
         self.kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # transformers 5.24 renamed the KV-cache argument to `cache` (`past_key_values` deprecated, gone in 5.40)
+        self.cache_keyword = "cache" if "cache" in params else "past_key_values"
         self.share_prefix = share_prefix
 
     def forward(self, ids: Sequence[int], cache):
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **self.kwargs)
+        out = self.model(input_ids=input_ids, use_cache=True, **{self.cache_keyword: cache}, **self.kwargs)
         return out.logits[0, -1].float(), out.past_key_values
 
     def predict(self, trie: LabelTrie, prefix: list[int], queries: list[list[int]], bar=None) -> list[str]:
