@@ -550,6 +550,27 @@ def test_gpu_decode_against_cache(s):
     out = diff_attention(*args, attn_mask=pad, backend="triton")
     ref = diff_attention(*(x.float() for x in args), attn_mask=pad, backend="reference")
     assert (out.float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    # DiffLlama's layout: V = [heads j | heads j + Hkv] of one tensor, read in place by the key-split kernel
+    q1, k1, q2, k2, v, lam = args
+    v_heads = torch.cat([v[..., :64], v[..., 64:]], dim=1)  # [B, 2·Hkv, S, 64]
+    halves = (v_heads[:, :8], v_heads[:, 8:])
+    out = diff_attention(q1, k1, q2, k2, halves, lam, attn_mask=pad, backend="triton")
+    assert (out.float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dv", [128, 64])
+def test_gpu_single_pass_and_deterministic_backwards_agree(monkeypatch, dv):
+    # the default backward (atomic dQ, autotuned) against the two-kernel one, at a training shape; the latter
+    # gives bit-identical gradients run to run
+    args = _gpu_inputs(2, 16, 4, 2048, 2048, 64, dv, torch.bfloat16)
+    fast = _grads_of("triton", args)
+    monkeypatch.setattr(triton_kernel, "ATOMIC_DQ", False)
+    slow, again = _grads_of("triton", args), _grads_of("triton", args)
+    assert all(torch.equal(a, b) for a, b in zip(slow, again, strict=True))
+    for name, a, b in zip(NAMES, fast, slow, strict=True):
+        assert (a - b).abs().max().item() <= 1e-2 * b.abs().max().item() + 1e-3, name
 
 
 @pytest.mark.gpu
