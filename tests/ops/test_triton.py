@@ -259,6 +259,40 @@ def test_value_halves_read_in_place(monkeypatch, split):
     assert seen[-1] == 0
 
 
+def test_padded_prefill_mask_in_inference_mode_and_after_an_edit():
+    # inference-mode masks have no version counter (compared every call); an in-place edit of a mask seen before
+    # bumps its version, so the edited mask is compared again rather than taken from the cache
+    q1, k1, q2, k2, v, lam = make_inputs(b=2, h=4, hkv=2, t=20, s=20)
+    pad = _left_padding(2, 20, 5)[:, None, None, :]
+    with torch.inference_mode():
+        hf_mask = torch.ones(20, 20, dtype=torch.bool, device=DEVICE).tril() & pad
+        out = diff_attention(q1, k1, q2, k2, v, lam, causal=False, attn_mask=hf_mask, backend="triton")
+    ref = diff_attention(q1, k1, q2, k2, v, lam, causal=False, attn_mask=hf_mask.clone(), backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    mask = torch.ones(20, 20, dtype=torch.bool, device=DEVICE).tril() & pad
+    with torch.no_grad():
+        diff_attention(q1, k1, q2, k2, v, lam, causal=False, attn_mask=mask, backend="triton")
+        mask[1, 0, 10:, 3] = False  # no longer causal ∧ padding
+        out = diff_attention(q1, k1, q2, k2, v, lam, causal=False, attn_mask=mask, backend="triton")
+    ref = diff_attention(q1, k1, q2, k2, v, lam, causal=False, attn_mask=mask, backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_prefill_mask_traces_as_one_graph():
+    # the causal ∧ padding check runs inside the ops at run time, so a compiled prefill with such a mask traces
+    # whole (fullgraph) and still runs causal
+    q1, k1, q2, k2, v, lam = make_inputs(b=2, h=4, hkv=2, t=20, s=20)
+    mask = torch.ones(20, 20, dtype=torch.bool, device=DEVICE).tril() & _left_padding(2, 20, 5)[:, None, None, :]
+
+    def attend(*a):
+        return diff_attention(*a, causal=False, attn_mask=mask, backend="triton")
+
+    with torch.no_grad():
+        traced = torch.compile(attend, backend="eager", fullgraph=True)(q1, k1, q2, k2, v, lam)
+    ref = diff_attention(q1, k1, q2, k2, v, lam, causal=False, attn_mask=mask, backend="reference")
+    torch.testing.assert_close(traced, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_4d_bool_mask_per_head():
     args = make_inputs(b=1, h=2, hkv=1, t=18, s=18)
     mask = (torch.rand(1, 2, 18, 18, generator=torch.Generator().manual_seed(3)) > 0.3).to(DEVICE)
@@ -307,22 +341,19 @@ def test_single_pass_backward_is_the_default(monkeypatch):
 
 @pytest.mark.parametrize("how", ["flag", "deterministic mode"])
 def test_deterministic_two_kernel_backward(monkeypatch, how):
-    # ATOMIC_DQ = False or torch.use_deterministic_algorithms(True): dK/dV kernel, then a dQ kernel, no atomics;
-    # the same inputs give bit-identical gradients twice
+    # ATOMIC_DQ = False or torch.use_deterministic_algorithms(True): dK/dV kernel, then a dQ kernel, no atomics
+    # (that this gives bit-identical gradients run to run is for a GPU to show: the interpreter runs programs one
+    # after another, so even the atomic path repeats itself here; test_gpu_single_pass_and_deterministic_...)
     kinds = _record_kinds(monkeypatch)
     if how == "flag":
         monkeypatch.setattr(triton_kernel, "ATOMIC_DQ", False)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(how == "deterministic mode")
     try:
-        first, second = (
-            check_against_reference(make_inputs(b=2, h=4, hkv=2, t=19, s=23), attn_mask=_left_padding(2, 23, 7))
-            for _ in range(2)
-        )
+        check_against_reference(make_inputs(b=2, h=4, hkv=2, t=19, s=23), attn_mask=_left_padding(2, 23, 7))
     finally:
         torch.use_deterministic_algorithms(was)
-    assert kinds == ["fwd", "dkdv", "dq"] * 2
-    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert kinds == ["fwd", "dkdv", "dq"]
 
 
 def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
@@ -347,8 +378,9 @@ def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
     assert triton_kernel._candidates("fwd", 64, 64, rows=4096) == [(16, 16, 4, 2)]  # interpreter: no tuning
 
 
-@pytest.mark.parametrize(("t", "s", "lam_kind"), [(1, 37, "head"), (3, 50, "head"), (3, 50, "token")])
+@pytest.mark.parametrize(("t", "s", "lam_kind"), [(1, 37, "head"), (3, 50, "head"), (3, 50, "token"), (40, 64, "head")])
 def test_split_kv_decode_forward(monkeypatch, t, s, lam_kind):
+    # (40, 64): causal rows past a tile, so splits start beyond some row blocks' unmasked tiles
     # flash-decoding: keys split over 3 programs per row block and merged; batch 0's padding empties the first
     # split, batch 1 is fully padded (no key anywhere: output 0)
     monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", 3)
@@ -665,3 +697,53 @@ def test_decoding_step_traces_as_one_graph():
 
         traced = torch.compile(step, backend="eager", fullgraph=True)(ids[:, :1], position)
     torch.testing.assert_close(traced, eager)
+
+
+def test_autotuned_launch_path_runs_every_candidate_and_matches(monkeypatch):
+    # the launch path a GPU takes for the training forward and the single-pass backward: triton.autotune times
+    # every candidate (here a stand-in timer that runs each once and ranks the last one fastest, so a non-default
+    # tile wins), with the grid read from each candidate's tiles and the atomic backward's dQ buffers zeroed
+    # between the timed runs and before the final one; then output and gradients against the reference
+    import diffattn.ops
+
+    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)  # GPU tiles and the tuned path, still interpreted
+    monkeypatch.setattr(diffattn.ops, "triton_unsupported", lambda inp: None)  # it reads INTERPRETED too
+    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(triton_kernel, "_AUTOTUNERS", {})
+    ran: list[tuple[str, int, int]] = []
+    clock = iter(range(1000, 0, -1))
+
+    def stand_in_timer(kernel_call, quantiles):
+        kernel_call()
+        t = float(next(clock))
+        return [t, t, t]
+
+    autotune = triton_kernel.triton.autotune
+    monkeypatch.setattr(
+        triton_kernel.triton, "autotune", lambda configs, **kw: autotune(configs, do_bench=stand_in_timer, **kw)
+    )
+    launch = triton_kernel._launch
+
+    def recording(kernel, grid_of, args, consts, kind, *rest):
+        ran.append(kind)
+        return launch(kernel, grid_of, args, consts, kind, *rest)
+
+    monkeypatch.setattr(triton_kernel, "_launch", recording)
+    args = make_inputs(b=1, h=2, hkv=1, t=130, s=130, d=16, dv=32)
+    check_against_reference(args, torch.float16)
+    assert ran == ["fwd", "dkdv_atomic"]
+    tuners = triton_kernel._AUTOTUNERS
+    assert set(tuners) == {("fwd", "v2"), ("dkdv_atomic", "v2")}
+    for tuner in tuners.values():
+        assert len(tuner.configs_timings) == len(tuner.configs) > 1  # every candidate was run
+        assert tuner.best_config is tuner.configs[-1]  # the stand-in ranked the last fastest
+
+
+def test_launch_limits_are_clear_errors():
+    assert triton_kernel._grid(2**20, 65535, 3) == (2**20, 65535, 3)  # axis 0 may be huge, axes 1 and 2 may not
+    with pytest.raises(ValueError, match="exceeds CUDA's 65535 blocks"):
+        triton_kernel._grid(4, 65536)
+    q1, k1, q2, k2, v, lam = make_inputs(b=1, h=2, hkv=1, t=5, s=5)
+    lam3 = lam.reshape(1, 2, 1).expand(1, 2, 5).contiguous()
+    with pytest.raises(ValueError, match="two halves is for a forward without gradient"):
+        triton_kernel._fwd_impl(q1, k1, q2, k2, v[..., :8], lam3, None, True, 0.3, True, v[..., 8:])

@@ -816,9 +816,52 @@ def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+_CAUSAL_PADDING: list = [None]  # (weak reference to the last mask, its version, what it reduced to)
+
+
+def _causal_key_padding(mask: torch.Tensor | None, t: int, s: int) -> torch.Tensor | None:
+    """A [B, 1, T, S] bool mask that is exactly bottom-right causality ∧ key padding — what transformers builds for
+    a padded batch (its SDPA path has no other way to say "causal and padded") — as its [B, 1, 1, S] key-padding
+    row, so the kernels run causal and skip the tiles above the diagonal; None for any other mask.
+
+    Called inside the forward and backward ops, at run time: a traced graph (torch.compile) cannot branch on the
+    comparison. It costs one comparison per mask, not per layer: the model hands every layer the same mask
+    tensor, remembered by identity and version counter (an edit through ``mask.data`` is not seen; inference-mode
+    tensors have no version counter, so theirs is compared every call)."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != t or t == 1:
+        return None
+    version = None if mask.is_inference() else mask._version
+    cached = _CAUSAL_PADDING[0]
+    if version is not None and cached is not None and cached[0]() is mask and cached[1] == version:
+        return cached[2]
+    padding = mask[:, :, -1:, :]  # the last query sees every key that the padding lets through
+    causal = torch.ones(t, s, dtype=torch.bool, device=mask.device).tril(s - t)
+    result = padding.clone() if torch.equal(mask, causal & padding) else None  # a copy: not holding the mask
+    if version is not None:
+        _CAUSAL_PADDING[0] = (weakref.ref(mask), version, result)
+    return result
+
+
+_GRID_LIMIT = 65535  # CUDA's limit on the grid's y and z axes (x goes to 2³¹ − 1)
+
+
+def _grid(*dims: int) -> tuple[int, ...]:
+    """A launch grid, with a clear error where a CUDA limit would make the launch fail."""
+    if any(n > _GRID_LIMIT for n in dims[1:]):
+        raise ValueError(
+            f"diffattn triton: grid {dims} exceeds CUDA's {_GRID_LIMIT} blocks on its second or third axis "
+            "(a sequence of more than ~8M query rows per KV head or keys); use the chunked backend"
+        )
+    return dims
+
+
 def _common(q1, k1, q2, k2, v, mask, causal):
     b, h, t, d = q1.shape
     hkv, s, dv = k1.shape[1], k1.shape[2], v.shape[3]
+    if not causal:  # transformers' causal ∧ padding mask: run causal with the padding row (tile skipping)
+        padding = _causal_key_padding(mask, t, s)
+        if padding is not None:
+            mask, causal = padding, True
     mask_t, mask_kind, mask_rows, mstrides = _mask_args(mask)
     shared_q, shared_k = q2 is None, k2 is None
     strides = (
@@ -866,6 +909,8 @@ def _fwd_impl(
     because a traced graph (torch.compile, CUDA graphs) cannot look at storage."""
     v_half = 0
     if v2 is not None:
+        if save_parts:  # the backward differentiates one V; the caller concatenates when it needs gradients
+            raise ValueError("diffattn triton: V in two halves is for a forward without gradient")
         v_half = _in_place_halves((v, v2))
         if not v_half:
             v = torch.cat([v, v2], dim=-1)
@@ -901,7 +946,7 @@ def _fwd_impl(
     key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
     _launch(
         _fwd_kernel,
-        lambda bm, bn: (b * hkv, _cdiv(rows, bm), nsplit),
+        lambda bm, bn: _grid(b * hkv, _cdiv(rows, bm), nsplit),
         args,
         dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0),
         "fwd",
@@ -988,7 +1033,7 @@ def _bwd_op(
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
     _launch(
         _bwd_dkdv_kernel,
-        lambda bm, bn: (b * hkv, _cdiv(s, bn)),
+        lambda bm, bn: _grid(b * hkv, _cdiv(s, bn)),
         (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
         dict(consts, ATOMIC_DQ=atomic),
         "dkdv_atomic" if atomic else "dkdv",
@@ -1003,7 +1048,7 @@ def _bwd_op(
     else:
         _launch(
             _bwd_dq_kernel,
-            lambda bm, bn: (b * h, _cdiv(t, bm)),
+            lambda bm, bn: _grid(b * h, _cdiv(t, bm)),
             (*common, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
             consts,
             "dq",
@@ -1067,26 +1112,6 @@ torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, set
 # --------------------------------------------------------------------------------------------------------------
 
 
-_CAUSAL_PADDING: list = [None]  # (weak reference to the last mask, its version, what it reduced to)
-
-
-def _causal_key_padding(mask: torch.Tensor | None, t: int, s: int) -> torch.Tensor | None:
-    """A [B, 1, T, S] bool mask that is exactly bottom-right causality ∧ key padding — what transformers builds for
-    a padded batch (its SDPA path has no other way to say "causal and padded") — as its [B, 1, 1, S] key-padding
-    row, so the kernels run causal and skip the tiles above the diagonal; None for any other mask. The check
-    costs one comparison per mask, not per layer: the model hands every layer the same mask tensor."""
-    if mask is None or mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != t or t == 1:
-        return None
-    cached = _CAUSAL_PADDING[0]
-    if cached is not None and cached[0]() is mask and cached[1] == mask._version:
-        return cached[2]
-    padding = mask[:, :, -1:, :]  # the last query sees every key that the padding lets through
-    causal = torch.ones(t, s, dtype=torch.bool, device=mask.device).tril(s - t)
-    result = padding if torch.equal(mask, causal & padding) else None
-    _CAUSAL_PADDING[0] = (weakref.ref(mask), mask._version, result)
-    return result
-
-
 def _in_place_halves(parts: tuple[torch.Tensor, ...]) -> int:
     """For V given as two halves (va, vb): the element offset from va to vb when the kernel can read both in
     place (equal shapes and strides, contiguous last dim, one storage, vb after va), else 0 (concatenate)."""
@@ -1119,10 +1144,6 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     # broadcast to its own shape and dtype
     lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
     lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
-    mask, causal = inp.attn_mask, inp.causal
-    padding = None if causal else _causal_key_padding(mask, inp.q_len, inp.kv_len)
-    if padding is not None:
-        mask, causal = padding, True
     forward = _fwd_op if need_grad or torch.compiler.is_compiling() else _fwd_impl
-    out, *_ = forward(q1, k1, q2, k2, v, lam, mask, causal, inp.scale, need_grad, v2)
+    out, *_ = forward(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2)
     return out
