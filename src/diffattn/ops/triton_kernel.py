@@ -56,8 +56,8 @@ single-pass backward a few alternatives that ``triton.autotune`` times on first 
 (:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
 ``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot) and held by the tests to
 no spills and wgmma for every dot, issued once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats
-another's dots. The forward masks only the tiles that need it (the causal diagonal, the last partial tile); causal
-row blocks run longest-first. None of this has been timed on hardware yet. A launch that is not autotuned and runs
+another's dots. The forward masks only the tiles that need it (the causal diagonal, the last partial tile), the
+backward only the query blocks on its key block's diagonal or of a partial key block; causal blocks run longest-first. None of this has been timed on hardware yet. A launch that is not autotuned and runs
 out of shared memory or registers retries with smaller tiles.
 """
 
@@ -431,6 +431,12 @@ def _bwd_dkdv_kernel(
     m_lo = 0
     if CAUSAL:  # query i sees key j iff i >= j − (S − T): earlier query blocks see none of these keys
         m_lo = tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M * BLOCK_M
+    # query blocks from m_full on see every key of this block (all below the diagonal, the block inside [0, S))
+    m_full = m_lo
+    if CAUSAL:  # the first query block whose first row sees this block's last key, rounded up to a block
+        m_full = (tl.maximum((pid_n + 1) * BLOCK_N - 1 - shift, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        m_full = tl.minimum(tl.maximum(m_full, m_lo), T)
+    m_full = tl.where((pid_n + 1) * BLOCK_N > S, T, m_full)
     for r in range(0, rep):
         h = hkv * rep + r
         row_base = (b * H + h) * T
@@ -463,9 +469,6 @@ def _bwd_dkdv_kernel(
             # transposed tiles [BN, BM]: keys on rows, so dK/dV accumulate without transposing the big operands
             s1 = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale
             s2 = tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale
-            keep = n_ok[:, None] & m_ok[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
             if MASK_KIND != 0:
                 if MASK_ROWS:
                     mptr = MASK + b * smb + h * smh + offs_m[None, :] * smt + offs_n[:, None] * sms
@@ -473,13 +476,22 @@ def _bwd_dkdv_kernel(
                 else:
                     mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[:, None]
                 if MASK_KIND == 1:
-                    keep = keep & (mval != 0)
+                    s1 = tl.where(mval != 0, s1, float("-inf"))
+                    s2 = tl.where(mval != 0, s2, float("-inf"))
                 else:
                     bias = mval.to(tl.float32) * 1.4426950408889634
                     s1 = s1 + bias
                     s2 = s2 + bias
-            p1 = tl.where(keep, tl.exp2(s1 - lse1[None, :]), 0.0)
-            p2 = tl.where(keep, tl.exp2(s2 - lse2[None, :]), 0.0)
+            # queries past T load lse = +inf, so their P is 0 unmasked; causality and the key bounds are applied
+            # only where this block needs them (the diagonal blocks, a partial key block)
+            p1 = tl.exp2(s1 - lse1[None, :])
+            p2 = tl.exp2(s2 - lse2[None, :])
+            if start_m < m_full:
+                keep = n_ok[:, None] & m_ok[None, :]
+                if CAUSAL:
+                    keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
+                p1 = tl.where(keep, p1, 0.0)
+                p2 = tl.where(keep, p2, 0.0)
 
             # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
             dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
