@@ -57,8 +57,9 @@ single-pass backward a few alternatives that ``triton.autotune`` times on first 
 ``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot) and held by the tests to
 no spills and wgmma for every dot, issued once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats
 another's dots. The forward masks only the tiles that need it (the causal diagonal, the last partial tile), the
-backward only the query blocks on its key block's diagonal or of a partial key block; causal blocks run longest-first. None of this has been timed on hardware yet. A launch that is not autotuned and runs
-out of shared memory or registers retries with smaller tiles.
+backward only the query blocks on its key block's diagonal or of a partial key block; causal blocks run
+longest-first. None of this has been timed on hardware yet. A launch that is not autotuned and runs out of shared
+memory or registers retries with smaller tiles.
 """
 
 from __future__ import annotations
