@@ -153,17 +153,25 @@ def _fwd_tile(
             mval = tl.load(mptr, mask=row_ok[:, None] & n_ok[None, :], other=0)
         else:  # key padding: one value per key, shared by every row of the block
             mval = tl.load(MASK + m_off + offs_n * sms, mask=n_ok, other=0)[None, :]
-        if MASK_KIND == 1:
-            s1 = tl.where(mval != 0, s1, float("-inf"))
-            s2 = tl.where(mval != 0, s2, float("-inf"))
-        else:
-            bias = mval.to(tl.float32) * 1.4426950408889634
-            s1 = s1 + bias
-            s2 = s2 + bias
+        s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
 
     acc1, m1, l1 = _online_softmax(acc1, m1, l1, s1, v, DT, PREC)
     acc2, m2, l2 = _online_softmax(acc2, m2, l2, s2, v, DT, PREC)
     return acc1, acc2, m1, m2, l1, l2
+
+
+@triton.jit
+def _masked_scores(s1, s2, mval, MASK_KIND: tl.constexpr):
+    # the user mask's value for each score of both maps (broadcast over rows for key padding): a bool mask
+    # (MASK_KIND 1) hides the scores where it is 0; an additive one (2) is added, converted to log2 units
+    if MASK_KIND == 1:
+        s1 = tl.where(mval != 0, s1, float("-inf"))
+        s2 = tl.where(mval != 0, s2, float("-inf"))
+    else:
+        bias = mval.to(tl.float32) * 1.4426950408889634
+        s1 = s1 + bias
+        s2 = s2 + bias
+    return s1, s2
 
 
 @triton.jit
@@ -476,13 +484,7 @@ def _bwd_dkdv_kernel(
                     mval = tl.load(mptr, mask=n_ok[:, None] & m_ok[None, :], other=0)
                 else:
                     mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[:, None]
-                if MASK_KIND == 1:
-                    s1 = tl.where(mval != 0, s1, float("-inf"))
-                    s2 = tl.where(mval != 0, s2, float("-inf"))
-                else:
-                    bias = mval.to(tl.float32) * 1.4426950408889634
-                    s1 = s1 + bias
-                    s2 = s2 + bias
+                s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
             # queries past T load lse = +inf, so their P is 0 unmasked; causality and the key bounds are applied
             # only where this block needs them (the diagonal blocks, a partial key block)
             p1 = tl.exp2(s1 - lse1[None, :])
@@ -613,12 +615,7 @@ def _bwd_dq_kernel(
                 mval = tl.load(mptr, mask=m_ok[:, None] & n_ok[None, :], other=0)
             else:
                 mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[None, :]
-            if MASK_KIND == 1:
-                keep = keep & (mval != 0)
-            else:
-                bias = mval.to(tl.float32) * 1.4426950408889634
-                s1 = s1 + bias
-                s2 = s2 + bias
+            s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
         p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
         p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
         g = tl.dot(do, tl.trans(v), input_precision=PREC)  # dP1; dP2 = −λ·G
