@@ -1,9 +1,12 @@
-"""Helpers shared by the training tests (plain functions, not fixtures)."""
+"""Helpers shared by the tests (plain functions, not fixtures)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from diffattn.eval.common import cache_keyword
 from diffattn.train import RunConfig, read_metrics
 from diffattn.train.adapt import AdaptRunConfig
 
@@ -54,3 +57,16 @@ def adapt_config(base_dir, corpus_dir, method, steps=3, **sets):
         }
     )
     return config.validate()
+
+
+def decode_token_by_token(model, ids: torch.Tensor, prefill: int) -> tuple[torch.Tensor, object]:
+    """Logits of ``ids`` [B, T] computed with a KV cache: one forward over the first ``prefill`` tokens, then one
+    token at a time (the cache passed under the keyword the model takes). Returns (logits [B, T, V], the cache)."""
+    out = model(ids[:, :prefill], use_cache=True)
+    steps, cache = [out.logits], out.past_key_values
+    keyword = cache_keyword(model)
+    for i in range(prefill, ids.shape[1]):
+        out = model(ids[:, i : i + 1], use_cache=True, **{keyword: cache})
+        steps.append(out.logits)
+        cache = out.past_key_values
+    return torch.cat(steps, 1), cache

@@ -10,6 +10,7 @@ import torch
 from diffattn import DAAConfig, DexConfig, adapt, build_model, set_adapter_step
 from diffattn.adapters import attention_modules
 from diffattn.eval.capture import AttentionCapture, capture_attention
+from diffattn.eval.common import cache_keyword
 
 from ..tiny_models import CONFIGS, ids, tiny
 
@@ -145,7 +146,7 @@ def test_last_row_and_cached_decoding_records_match_the_full_forward():
     torch.testing.assert_close(last[1].attn1, full[1].attn1[:, :, -1:])
     with AttentionCapture(model, rows="last") as cap, torch.no_grad():
         out = model(x[:, :9], use_cache=True)
-        model(x[:, 9:], past_key_values=out.past_key_values, use_cache=True)
+        model(x[:, 9:], use_cache=True, **{cache_keyword(model): out.past_key_values})
     torch.testing.assert_close(cap.records[1][-1].attn1, full[1].attn1[:, :, -1:], atol=1e-6, rtol=1e-5)
 
 

@@ -23,6 +23,8 @@ from diffattn.models.build import v2_intermediate_size
 from diffattn.models.diff_v2 import convert_interleaved_rope_state_dict
 from diffattn.models.presets import get_preset
 
+from ..helpers import decode_token_by_token
+
 
 def small_config(**kw) -> DiffTransformerV2Config:
     base = dict(
@@ -153,13 +155,8 @@ def test_cached_decoding_equals_the_full_forward():
     model = build_model("debug", "diff-v2", seed=0).eval()
     ids = torch.randint(0, 256, (2, 12))
     full = model(ids).logits
-    out = model(ids[:, :8], use_cache=True)
-    logits, cache = [out.logits], out.past_key_values
-    for i in range(8, 12):
-        out = model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-        logits.append(out.logits)
-        cache = out.past_key_values
-    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-5, rtol=1e-5)
+    logits, cache = decode_token_by_token(model, ids, prefill=8)
+    torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
     # the KV cache holds the baseline's Hkv heads of width d (V2's second query heads need no keys)
     k = cache.layers[0].keys
     assert k.shape == (2, model.config.num_key_value_heads, 12, model.config.head_dim)

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, DiffLlamaForCausalLM, LlamaForCausalLM
 
 import diffattn
+from diffattn.eval.common import cache_keyword
 from diffattn.models import (
     PRESETS,
     DiffLlamaDifferentialAttention,
@@ -24,6 +25,8 @@ from diffattn.models import (
     remove_diff_attention,
 )
 from diffattn.ops import chunked
+
+from ..helpers import decode_token_by_token
 
 BACKENDS = ["reference", "sdpa", "chunked", "auto"]
 ATOL = 1e-5
@@ -150,15 +153,10 @@ def test_cached_token_by_token_decoding_equals_full_forward(hf_diff, backend):
     ids = _ids(b=2, t=10)
     with torch.no_grad():
         full = model(ids).logits
-        out = model(ids[:, :4], use_cache=True)  # prefill a chunk (T == S), then one token at a time
-        steps, cache = [out.logits], out.past_key_values
-        for i in range(4, 10):
-            out = model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-            steps.append(out.logits)
-            cache = out.past_key_values
+        steps, _ = decode_token_by_token(model, ids, prefill=4)  # a chunk (T == S), then one token at a time
         chunk = model(ids[:, :6], use_cache=True)  # a multi-token block against a cache: 1 < T < S
-        block = model(ids[:, 6:], past_key_values=chunk.past_key_values, use_cache=True).logits
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=ATOL, rtol=1e-5)
+        block = model(ids[:, 6:], use_cache=True, **{cache_keyword(model): chunk.past_key_values}).logits
+    torch.testing.assert_close(steps, full, atol=ATOL, rtol=1e-5)
     torch.testing.assert_close(block, full[:, 6:], atol=ATOL, rtol=1e-5)
 
 

@@ -13,13 +13,13 @@ of a result to a low-precision dtype).
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 
 import pytest
 import torch
 
+from diffattn.eval.common import cache_keyword
 from diffattn.ops import auto_backend, backend_status, diff_attention
 from diffattn.ops._inputs import validate
 
@@ -682,8 +682,7 @@ def test_decoding_step_traces_as_one_graph():
     from transformers import StaticCache
 
     model = _diffllama("triton")
-    # transformers 5.24 renamed the KV-cache argument (`past_key_values` is deprecated there)
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_kw = cache_keyword(model)
     ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(4))
     caches = [StaticCache(config=model.config, max_cache_len=16) for _ in range(2)]
     position = torch.tensor([8])

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def check_fits(model: nn.Module, tokens: int, what: str) -> None:
 
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The keyword parameters of the model's forward (of the model under a PEFT wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(base.forward).parameters
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The name under which this model's forward takes the KV cache: transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name warns there and is gone in 5.40)."""
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
 def load_text(source: str, split: str = "test") -> tuple[str, str]:

@@ -57,7 +57,6 @@ token, the prefix-cache sharing, the class order of the by-class arrangement, th
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -68,7 +67,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .common import Suite, figure, model_device, model_max_length, save_figure
+from .common import Suite, cache_keyword, figure, forward_parameters, model_device, model_max_length, save_figure
 from .icl_data import Pair, load_icl_dataset, validate_pairs
 
 ARRANGEMENTS = ("random", "by_class")
@@ -290,11 +289,8 @@ class _Runner:
     def __init__(self, model, share_prefix: bool = True):
         self.model = model
         self.device = model_device(model)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
-        params = inspect.signature(base.forward).parameters
-        self.kwargs = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        # transformers 5.24 renamed the KV-cache argument to `cache` (`past_key_values` deprecated, gone in 5.40)
-        self.cache_keyword = "cache" if "cache" in params else "past_key_values"
+        self.kwargs = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
+        self.cache_keyword = cache_keyword(model)
         self.share_prefix = share_prefix
 
     def forward(self, ids: Sequence[int], cache):
