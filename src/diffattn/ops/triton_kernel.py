@@ -649,17 +649,18 @@ def _pow2(n: int) -> int:
 
 
 # (BLOCK_M, BLOCK_N) per kernel and head-width class on a GPU (bf16/fp16), read off the ahead-of-time report for
-# sm_90 (benchmarks/kernel_report.py; registers, spills, MMA kind and warp layout of every dot), all on 8 warps:
+# sm_90 (benchmarks/kernel_report.py; its registers, spills and dots per tile are in benchmarks/RESULTS.md), all on
+# 8 warps, none spilling:
 # * fwd: 128 query rows, so each of the two warpgroups owns 64 rows of every dot and none repeats another's QKᵀ
-#   (64 rows on 8 warps did: 1.33x / 1.50x the FLOP ideal); BLOCK_N 64 fits d = dv = 64 in 217 registers, 32 fits
-#   dv = 128 in 227. Decode and short blocks (fewer than 128 rows) keep 64 x 64.
-# * dkdv: 128 keys per program, the 64 rows per warpgroup wgmma needs (32 keys fell back to mma.sync); 32 or 16
-#   queries per step keep dK1, dK2, dV in 222 / 226 registers.
-# * dq: 128 query rows (no warpgroup repeats the recomputed QKᵀ and dO·Vᵀ), 214 / 168 registers.
-# * dkdv_atomic (the default, single-pass backward): 128 keys per program, 32 / 16 queries per step; dQᵀ = Kᵀ·dSᵀ
-#   has the head dim (64) as rows, so all eight products per step are wgmma; 237 / 244 registers. Wide heads have
-#   none (their accumulators for 128 keys need more than 255 registers): they take dkdv + dq.
-# "v2": d + dv <= 128 (d = dv = 64); "v1": <= 192 (d = 64, dv = 128); "wide": larger heads. None of these spills.
+#   (64 rows on 8 warps did: 1.33x / 1.50x the FLOP ideal); BLOCK_N 64 for d = dv = 64, 32 for dv = 128. Decode
+#   and short blocks (fewer than 128 rows) keep 64 x 64.
+# * dkdv_atomic (the default, single-pass backward): 128 keys per program, the 64 rows per warpgroup wgmma needs,
+#   32 / 16 queries per step to keep dK1, dK2, dV in registers; dQᵀ = Kᵀ·dSᵀ has the head dim (64) as rows, so all
+#   eight products per step are wgmma. Wide heads have none (their accumulators for 128 keys need more than 255
+#   registers): they take dkdv + dq.
+# * dkdv, dq (the deterministic backward): the same key tiles without dQ; dq on 128 query rows, so no warpgroup
+#   repeats the recomputed QKᵀ and dO·Vᵀ.
+# "v2": d + dv <= 128 (d = dv = 64); "v1": <= 192 (d = 64, dv = 128); "wide": larger heads.
 _TILES = {
     "fwd": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 32)},
     "fwd_short": {"v2": (64, 64), "v1": (64, 64), "wide": (32, 32)},
