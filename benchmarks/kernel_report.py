@@ -296,9 +296,7 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     def launch(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
         # every configuration _launch may run on a GPU: the default tiles and, where the launch is autotuned, each
         # alternative the autotuner times (its retry on OutOfResources needs a GPU to trigger)
-        candidates = tk._candidates(kind_, d_, dv_, rows, fp32=consts["PREC"] == "ieee")
-        if consts.get("SPLIT"):  # the key-split (decoding) forward is never autotuned
-            candidates = candidates[:1]
+        candidates = tk._candidates(kind_, d_, dv_, rows, consts["PREC"] == "ieee", consts.get("SPLIT", False))
         for i, (bm, bn, warps, stages) in enumerate(candidates):
             tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
             options = {"num_warps": warps, "num_stages": stages}

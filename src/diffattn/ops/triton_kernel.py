@@ -687,19 +687,22 @@ _TUNING = {
 AUTOTUNE: bool = True
 
 
-def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool) -> bool:
+def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool = False) -> bool:
     """Whether this launch is autotuned: a GPU, 16-bit inputs, a kernel and head-width class with alternatives,
-    and for the forward a training-size row count (decoding and short rows keep their heuristic tile)."""
-    if not AUTOTUNE or INTERPRETED or BLOCK_OVERRIDE is not None or fp32:
+    and for the forward a training-size row count without key splits (decoding and short rows keep their
+    heuristic tile)."""
+    if not AUTOTUNE or INTERPRETED or BLOCK_OVERRIDE is not None or fp32 or split:
         return False
     return _width_class(d, dv) in _TUNING.get(kind, {}) and (kind != "fwd" or rows >= 128)
 
 
-def _candidates(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> list[tuple[int, int, int, int]]:
+def _candidates(
+    kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False
+) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) this launch may run with: the default first, then the
     autotuner's alternatives when it is tuned."""
     default = (*_blocks(kind, d, dv, rows, fp32), 2)
-    if not _tunable(kind, d, dv, rows, fp32):
+    if not _tunable(kind, d, dv, rows, fp32, split):
         return [default]
     return [default, *_TUNING[kind][_width_class(d, dv)]]
 
@@ -781,7 +784,7 @@ def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
     """Launch with the autotuner where the launch is tuned (:func:`_tunable`; it skips configurations that run
     out of resources), else with the heuristic tiles; if the GPU runs out of shared memory or registers, halve
     BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class."""
-    if _tunable(kind, d, dv, rows, consts["PREC"] == "ieee") and not consts.get("SPLIT"):
+    if _tunable(kind, d, dv, rows, consts["PREC"] == "ieee", consts.get("SPLIT", False)):
         _autotuner(kernel, kind, d, dv)[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
         return
     cached = None if BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
