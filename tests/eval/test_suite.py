@@ -98,3 +98,34 @@ def test_a_paired_run_folder_asks_which_model(tmp_path, capsys):
         (tmp_path / "run" / sub / "run.yaml").write_text("model: {}\n")
     assert main(["eval", str(tmp_path / "run"), "--out", str(tmp_path / "o")]) == 2
     assert "paired pretraining run: evaluate" in capsys.readouterr().err
+
+
+def test_suites_measure_at_the_trained_length_unless_a_window_is_given(diff_folder, tmp_path):
+    """A model trained at L is measured at L by outliers, quant, ppl and heads (issue: outliers at 4× the training
+    length were out of distribution), and at an explicit window when one is given."""
+    import shutil
+
+    from diffattn.eval.suite import SuiteOptions, load_for_eval, run_suites
+
+    run = tmp_path / "run"
+    shutil.copytree(diff_folder, run / "final")
+    (run / "run.yaml").write_text("data: {seq_len: 48}\n")
+    model, tokenizer, _ = load_for_eval(run)
+    suites = ["ppl", "outliers", "quant", "heads"]
+    small = SuiteOptions(text="filler", tokens=200)
+    doc = run_suites(model, tokenizer, suites, tmp_path / "a", options=small, name="m")
+    s = doc["suites"]
+    assert doc["metadata"]["trained_length"] == 48
+    assert s["ppl"]["metadata"]["window"] == 48
+    assert s["outliers"]["metadata"]["seq_len"] == s["quant"]["metadata"]["seq_len"] == 48
+    assert s["heads"]["metadata"]["seq_len"] == 48
+    assert max(s["quant"]["quantization"][0]["per_window"]["tokens"]) <= 48
+    small.window = 32
+    doc = run_suites(model, tokenizer, suites, tmp_path / "b", options=small, name="m")
+    s = doc["suites"]
+    assert s["ppl"]["metadata"]["window"] == s["outliers"]["metadata"]["seq_len"] == s["quant"]["metadata"]["seq_len"]
+    assert s["ppl"]["metadata"]["window"] == 32
+    # a final/ folder holding run.yaml (what a pretraining run writes) is a model, with its length recorded
+    (run / "final" / "run.yaml").write_text("data: {seq_len: 40}\n")
+    model, _, description = load_for_eval(run / "final")
+    assert getattr(model, "diffattn_trained_length") == 40 and "pretrained model" in description

@@ -41,7 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
-from .common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
+from .common import Suite, check_fits, evaluation_window, figure, load_text, model_device, save_figure
 from .niah import DEPTHS, fit_sample
 from .stats import mean_se
 
@@ -130,7 +130,7 @@ def run_allocation(
         raise ValueError("attention allocation needs a fast tokenizer (character offsets of every token)")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    context_tokens = context_tokens or min(model_max_length(model), 1024)
+    context_tokens = evaluation_window(model, context_tokens)
     check_fits(model, context_tokens, f"attention allocation at context_tokens={context_tokens}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
     nb = len(BUCKETS)

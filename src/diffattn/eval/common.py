@@ -32,6 +32,24 @@ def check_fits(model: nn.Module, tokens: int, what: str) -> None:
         raise ValueError(f"{what} needs {tokens} tokens but the model's maximum context is {limit} positions")
 
 
+# Where :func:`diffattn.eval.suite.load_for_eval` records the sequence length a diffattn run trained the model at
+# (``data.seq_len`` of the run's ``run.yaml``): a plain attribute of the loaded model, not saved with it.
+TRAINED_LENGTH = "diffattn_trained_length"
+
+
+def trained_length(model: nn.Module) -> int | None:
+    """The sequence length ``model`` was trained at, when its run recorded it (:data:`TRAINED_LENGTH`)."""
+    value = getattr(model, TRAINED_LENGTH, None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def evaluation_window(model: nn.Module, requested: int | None, *, cap: int = 1024) -> int:
+    """The window a suite measures in: ``requested`` (the evaluation's ``window``) when given, else the length the
+    model was trained at (a model measured beyond it is out of distribution: a ``quick`` model trained on 128
+    tokens has perplexity 246 at 512 against 104 at 128), else the model's maximum context up to ``cap``."""
+    return requested or trained_length(model) or min(model_max_length(model), cap)
+
+
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 

@@ -56,7 +56,7 @@ def run_heads(
     *,
     source: str = "shakespeare",
     tokens: int = 1024,
-    seq_len: int | None = 256,
+    seq_len: int | None = None,
     progress: bool = True,
 ) -> dict:
     """Per-layer head statistics (see the module doc), averaged over the text windows."""
@@ -149,7 +149,7 @@ def plot_heads(results: dict, path, layers: list[int] | None = None) -> object:
 
 
 def _run_suite(model, tokenizer, o, folder, name):
-    r = run_heads(model, tokenizer, source=o.text, tokens=min(o.tokens, 1024))
+    r = run_heads(model, tokenizer, source=o.text, tokens=min(o.tokens, 1024), seq_len=o.window)
     return r, {"heads": plot_heads(r, folder / "head_distance.png").name}
 
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..data.packing import special_token_ids
 from ..data.synthetic import make_mqar_sample
-from .common import Suite, check_fits, load_text, model_device, model_max_length
+from .common import Suite, check_fits, evaluation_window, load_text, model_device
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 
@@ -84,7 +84,7 @@ def run_mqar(
     }
     if text_source is not None:
         result["ar_hit"] = ar_hit_split(
-            model, tokenizer, text_source, tokens=text_tokens, seq_len=seq_len or min(model_max_length(model), 1024)
+            model, tokenizer, text_source, tokens=text_tokens, seq_len=evaluation_window(model, seq_len)
         )
     return result
 
@@ -129,7 +129,15 @@ def ar_hit_split(model: nn.Module, tokenizer, source: str, *, tokens: int, seq_l
 
 
 def _run_suite(model, tokenizer, o, folder, name):
-    r = run_mqar(model, tokenizer, samples=o.mqar_samples, seed=o.seed, text_source=o.text, text_tokens=o.tokens)
+    r = run_mqar(
+        model,
+        tokenizer,
+        samples=o.mqar_samples,
+        seed=o.seed,
+        text_source=o.text,
+        text_tokens=o.tokens,
+        seq_len=o.window,
+    )
     return r, {}
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data.synthetic import make_needle_sample, needle_answer_text, score_first_numbers, score_string_match_all
-from .common import Suite, check_fits, figure, load_text, model_device, model_max_length, save_figure
+from .common import Suite, check_fits, evaluation_window, figure, load_text, model_device, save_figure
 from .stats import wilson_interval
 
 GRID = ((1, 1), (2, 2), (4, 2), (6, 2))
@@ -103,8 +103,7 @@ def run_niah(
     ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``; ``[]`` = no heatmap.
     ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
     length (the papers: 7)."""
-    limit = model_max_length(model)
-    context_tokens = context_tokens or min(limit, 2048)
+    context_tokens = evaluation_window(model, context_tokens, cap=2048)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
     if heatmap_lengths is None:
         heatmap_lengths = sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0})

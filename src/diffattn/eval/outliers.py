@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ..ops.quantized import quantized_attention, quantized_logits
 from .capture import AttentionCapture, reporting_and_plain_attention
-from .common import Suite, check_fits, fmt, load_text, model_device, model_max_length
+from .common import Suite, check_fits, evaluation_window, fmt, load_text, model_device
 from .perplexity import sliding_window_nll, tokens_sha1
 
 TOP_K = (1, 2, 3, 10, 100)
@@ -49,7 +49,7 @@ def top_stats(values: np.ndarray) -> dict[str, float]:
 
 def _windows(model, tokenizer, source: str, tokens: int, seq_len: int | None):
     text, description = load_text(source, "test")
-    seq_len = seq_len or min(model_max_length(model), 512)
+    seq_len = evaluation_window(model, seq_len)
     check_fits(model, seq_len, f"windows of {seq_len} tokens")
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:tokens])
     return [ids[i : i + seq_len] for i in range(0, ids.numel(), seq_len) if ids[i : i + seq_len].numel() > 1], {
@@ -222,13 +222,19 @@ def _compare_quant(quant: dict[str, dict], out) -> list[str]:
 
 OUTLIERS_SUITE = Suite(
     "outliers",
-    lambda model, tokenizer, o, folder, name: (run_outliers(model, tokenizer, source=o.text, tokens=o.tokens), {}),
+    lambda model, tokenizer, o, folder, name: (
+        run_outliers(model, tokenizer, source=o.text, tokens=o.tokens, seq_len=o.window),
+        {},
+    ),
     headline=lambda r: {"top-1 |logit|": r["attention_logits"]["top1"], "top-1 |hidden|": r["hidden_states"]["top1"]},
     compare=_compare_outliers,
 )
 QUANT_SUITE = Suite(
     "quant",
-    lambda model, tokenizer, o, folder, name: (run_quantization(model, tokenizer, source=o.text, tokens=o.tokens), {}),
+    lambda model, tokenizer, o, folder, name: (
+        run_quantization(model, tokenizer, source=o.text, tokens=o.tokens, seq_len=o.window),
+        {},
+    ),
     headline=lambda r: {f"PPL@{q['bits']}b": q["ppl"] for q in r["quantization"]},
     compare=_compare_quant,
 )

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from .common import Suite, check_fits, figure, model_device, model_max_length, save_figure
+from .common import Suite, check_fits, evaluation_window, figure, model_device, save_figure
 
 
 @torch.no_grad()
@@ -80,7 +80,7 @@ def run_perplexity(
     description = "given text"
     if text is None:
         text, description = load_text(source, "test")
-    window = window or min(model_max_length(model), 1024)
+    window = evaluation_window(model, window)
     check_fits(model, window, f"perplexity window={window}")
     stride = stride or max(1, window // 2)
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..files import RUN_CONFIG, mark, marker, write_text_atomic
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
-from .common import Suite, jsonable
+from .common import TRAINED_LENGTH, Suite, jsonable, trained_length
 
 # The suite table: a new suite is a module with its `Suite` entry (run, headline, compare) and one name here.
 SUITE_TABLE: dict[str, Suite] = {
@@ -50,9 +50,10 @@ SUITE_TABLE: dict[str, Suite] = {
 SUITES = tuple(SUITE_TABLE)
 RESULTS = "results.json"
 # Bumped when a suite's outputs change meaning or gain fields the report needs (2: per-sample values, strict needle
-# scores, |attention| shares; 3: hidden-state outliers of every layer's raw output, the last before the final norm),
+# scores, |attention| shares; 3: hidden-state outliers of every layer's raw output, the last before the final norm;
+# 4: every suite measured at the model's training length by default, NIAH R = 1 cells across N with chance levels),
 # so experiments re-evaluate results written by older code instead of reusing them.
-RESULTS_VERSION = 3
+RESULTS_VERSION = 4
 
 
 @dataclass
@@ -61,7 +62,8 @@ class SuiteOptions:
 
     text: str = "shakespeare"  # evaluation text / haystack: 'shakespeare', 'filler' or a file/folder path
     haystack: str = "shakespeare"
-    context_tokens: int | None = None  # NIAH/allocation context (default: min(model max, 1024))
+    # NIAH/allocation context (default: the length the model was trained at, else min(model max, 1024))
+    context_tokens: int | None = None
     samples: int = 5  # NIAH samples per cell, allocation samples
     niah_grid: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))  # (N needles, R queried)
     niah_needles: int = 8  # N of the length × depth heatmap (R = 1)
@@ -69,7 +71,9 @@ class SuiteOptions:
     niah_heatmap_lengths: tuple[int, ...] | None = None  # None: 1/2, 3/4 and all of context_tokens; []: no heatmap
     niah_heatmap_samples: int | None = None  # samples per heatmap cell (default: samples)
     tokens: int = 4096  # token budget of ppl, outliers, quant, heads, AR-Hit
-    window: int | None = None  # ppl window (default: min(model max, 1024)); stride = window / 2
+    # the window of ppl (stride = window / 2), outliers, quant, heads and AR-Hit (default: the length the model was
+    # trained at, recorded in its run; else min(model max, 1024)): a model measured beyond it is out of distribution
+    window: int | None = None
     icl_dataset: str = "fortunes"
     icl_draws: int = 3
     icl_test_size: int = 30
@@ -142,6 +146,7 @@ def load_for_eval(name_or_path: str | os.PathLike):
     path = Path(name_or_path)
     if path.is_dir() and (path / RUN_CONFIG).is_file():
         run = _read_yaml(path / RUN_CONFIG)
+        length = ((run.get("data") or {}) if isinstance(run, dict) else {}).get("seq_len")
         if "method" in run:  # diffattn adapt
             from ..adapters.runs import load_adapted
 
@@ -149,10 +154,13 @@ def load_for_eval(name_or_path: str | os.PathLike):
             model, tok = load_adapted(path, merged=merged)
             form = " merged/" if merged else ""
             what = f"{run['method'].get('name')} on {run['model'].get('name')}"
-            return model.eval(), tok, f"adapt run {path} ({what}){form}"
+            return _trained_at(model.eval(), length), tok, f"adapt run {path} ({what}){form}"
         if (path / "final").is_dir():
             model, tok = load_pretrained(path / "final")
-            return _install(model), tok, f"pretrain run {path} (final/)"
+            return _trained_at(_install(model), length), tok, f"pretrain run {path} (final/)"
+        if (path / "config.json").is_file():  # a pretraining run's final/ folder (it holds a copy of run.yaml)
+            model, tok = load_pretrained(path)
+            return _trained_at(_install(model), length), tok, f"pretrained model {path}"
         raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
     if path.is_dir() and not (path / "config.json").is_file():
         subs = [p for p in ("standard", "diff", "diff-v2") if (path / p / RUN_CONFIG).is_file()]
@@ -167,6 +175,14 @@ def load_for_eval(name_or_path: str | os.PathLike):
         )
     model, tok = load_pretrained(name_or_path)
     return _install(model), tok, str(name_or_path)
+
+
+def _trained_at(model, length):
+    """Record the sequence length the run trained at: the suites measure there by default
+    (:func:`diffattn.eval.common.evaluation_window`)."""
+    if isinstance(length, int) and length > 0:
+        setattr(model, TRAINED_LENGTH, length)
+    return model
 
 
 def _install(model):
@@ -250,6 +266,7 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
             "options": asdict(o),
             "seconds": timings,
             "parameters": sum(p.numel() for p in model.parameters()),
+            "trained_length": trained_length(model),
             "torch": torch.__version__,
             "python": platform.python_version(),
             "device": str(next(model.parameters()).device),
