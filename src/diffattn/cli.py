@@ -470,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--niah-grid",
         dest="niah_grid",
         type=_niah_grid,
-        default=((1, 1), (2, 2), (4, 2), (6, 2)),
-        help="NxR cells of the retrieval grid (default 1x1,2x2,4x2,6x2)",
+        default=None,
+        help="NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,6x2,8x1 where they fit the context)",
     )
     p.add_argument("--niah-needles", dest="niah_needles", type=int, default=8, help="N of the NIAH heatmap (R = 1)")
     p.add_argument(

@@ -298,3 +298,31 @@ def test_hidden_state_outliers_are_each_layer_s_raw_output_not_the_final_norm(na
     after = run_outliers(model, tokenizer, source="filler", tokens=64, seq_len=64, progress=False)
     assert after["hidden_states"] == pytest.approx(before["hidden_states"])
     assert after["attention_logits"] == pytest.approx(before["attention_logits"])
+
+
+def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models, tokenizer, tmp_path):
+    """The default grid holds R = 1 cells across N (scored alike: one queried needle, solved or not) plus the papers'
+    cells where they fit; every cell carries its chance level 1/N, the table prints it, and cells that do not fit
+    the context are left out and named."""
+    from diffattn.eval.niah import GRID, compare
+
+    res = run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=72, samples=2,
+                   heatmap_lengths=[], progress=False)  # fmt: skip
+    cells = [(g["N"], g["R"]) for g in res["grid"]]
+    left_out = [(c["N"], c["R"]) for c in res["metadata"]["cells_left_out"]]
+    assert left_out and cells and sorted(cells + left_out) == sorted(GRID)  # 72 tokens cannot hold 8 needles
+    assert all("tokens" in c["why"] for c in res["metadata"]["cells_left_out"])
+    for g in res["grid"]:
+        assert g["chance"] == pytest.approx(1 / g["N"])
+        assert g["solved"] == np.mean([s == 1.0 for s in g["strict_scores"]])
+        if g["R"] == 1:  # one queried needle: per-needle credit and prompts solved are the same number
+            assert g["solved"] == g["strict_accuracy"]
+    r1 = [g for g in res["grid"] if g["R"] == 1]
+    assert res["r1_cells"] == [g["N"] for g in r1]
+    assert res["r1_solved"] == pytest.approx(np.mean([g["solved"] for g in r1]))
+    table = "\n".join(compare({"a": res, "b": res}, tmp_path))
+    assert "| chance | " + " | ".join(f"{1 / n:.2f}" for n, _ in cells) + " | |" in table
+    assert (tmp_path / "niah_grid_all.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="could not fit a needle sample into 72 tokens"):  # explicit: fit whole
+        run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=72, samples=1,
+                 grid=((8, 1),), heatmap_lengths=[], progress=False)  # fmt: skip

@@ -129,6 +129,31 @@ def figure():
     return plt
 
 
+def seed_group(name: str) -> str:
+    """The model a replicate run belongs to: ``NAME-sSEED`` → ``NAME`` (the experiments' naming of seeds)."""
+    import re
+
+    return re.sub(r"-s\d+$", "", name)
+
+
+def group_colors(names) -> dict[str, object]:
+    """One colour per model group in every picture: the replicate runs of one architecture share a colour."""
+    plt = figure()
+    palette = plt.get_cmap("tab10").colors
+    groups = list(dict.fromkeys(seed_group(n) for n in names))
+    return {n: palette[groups.index(seed_group(n)) % len(palette)] for n in names}
+
+
+def ema(values, alpha: float = 0.05) -> list[float]:
+    """Exponential moving average (bias-corrected, as TensorBoard's smoothing): the trend of a noisy curve."""
+    out, avg, weight = [], 0.0, 0.0
+    for v in values:
+        avg = (1 - alpha) * avg + alpha * v
+        weight = (1 - alpha) * weight + alpha
+        out.append(avg / weight)
+    return out
+
+
 def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .common import Suite, cache_keyword, figure, forward_parameters, model_device, model_max_length, save_figure
+from .common import (
+    Suite,
+    cache_keyword,
+    figure,
+    forward_parameters,
+    group_colors,
+    model_device,
+    model_max_length,
+    save_figure,
+)
 from .icl_data import Pair, load_icl_dataset, validate_pairs
 
 ARRANGEMENTS = ("random", "by_class")
@@ -768,13 +777,17 @@ def plot_icl(results: Mapping, path: str | Path) -> Path:
     if not series:
         raise ValueError("plot_icl needs at least one result")
     fig, ax = plt.subplots(figsize=(6, 4))
+    colors = group_colors(list(series))
     for name, res in series.items():
         for key in ("shots", "mean", "std"):
             if key not in res:
                 raise ValueError(f"result {name!r} lacks {key!r}: not a run_icl result")
         x, mean, std = np.asarray(res["shots"]), np.asarray(res["mean"]), np.asarray(res["std"])
-        ax.plot(x, mean, marker="o", label=name)
-        ax.fill_between(x, np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1), alpha=0.2)
+        ax.plot(x, mean, marker="o", label=name, color=colors[name])
+        ax.fill_between(x, np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1), alpha=0.2, color=colors[name])
+    labels = next(iter(series.values())).get("labels")
+    if labels:  # constrained decoding to one of the K labels: a guess is right 1/K of the time
+        ax.axhline(1 / len(labels), color="black", linestyle="--", linewidth=1, label=f"chance (1/{len(labels)})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("number of demonstrations")
     ax.set_ylabel("accuracy")
@@ -808,6 +821,10 @@ def plot_order_robustness(results: Mapping, path: str | Path) -> Path:
     ax.set_xticks(ticks, names, fontsize=7)
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
+    labels = next(iter(series.values())).get("labels") or next(iter(series.values())).get("metadata", {}).get("labels")
+    if labels:
+        ax.axhline(1 / len(labels), color="black", linestyle="--", linewidth=1, label=f"chance (1/{len(labels)})")
+        ax.legend(fontsize=7)
     ax.set_title("ICL order robustness")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, path)

@@ -7,8 +7,17 @@ RULER's ``string_match_all`` (the fraction of queried numbers found in the outpu
 
 Two protocols:
 
-* the (N, R) grid at one context length — default {(1,1), (2,2), (4,2), (6,2)} as DIFF Table 2;
+* the (N, R) grid at one context length — default :data:`GRID`: R = 1 at N = 1, 2, 4, 6 (so that N is the only thing
+  that changes between cells: every cell is scored the same way, one queried needle, solved or not), plus the papers'
+  own cells, DIFF Table 2's N = 6, R = 2 and Dex's N = 8, R = 1; with the default grid, cells that do not fit the
+  context are left out (``metadata["cells_left_out"]``), an explicit grid must fit whole;
 * the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5).
+
+Per cell: ``accuracy`` (RULER string_match_all), ``strict_accuracy`` (per-needle credit: the queried numbers among the
+first R numbers of the output), ``solved`` (prompts whose every queried needle is among the first R numbers; at
+R = 1 the same as the strict score) and ``chance`` = 1/N, the per-needle score of a model that copies one of the N
+needles at random — the floor the tables and pictures draw. ``r1_solved`` is the mean of ``solved`` over the R = 1
+cells, the like-for-like retrieval number across N (``r1_cells`` names them).
 
 Choices the papers leave open, stated in the metadata: the haystack (Shakespeare's test plays by default, or
 RULER's filler), how a token length is met (a character window of the haystack, shrunk until the tokenized prompt
@@ -38,7 +47,7 @@ from ..data.synthetic import make_needle_sample, needle_answer_text, score_first
 from .common import Suite, check_fits, evaluation_window, figure, load_text, model_device, save_figure
 from .stats import wilson_interval
 
-GRID = ((1, 1), (2, 2), (4, 2), (6, 2))
+GRID = ((1, 1), (2, 1), (4, 1), (6, 1), (6, 2), (8, 1))
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -88,7 +97,7 @@ def run_niah(
     *,
     haystack: str = "shakespeare",
     context_tokens: int | None = None,
-    grid=GRID,
+    grid: tuple[tuple[int, int], ...] | None = None,
     samples: int = 10,
     heatmap_lengths: list[int] | None = None,
     depths=DEPTHS,
@@ -100,6 +109,7 @@ def run_niah(
 ) -> dict:
     """The (N, R) grid at ``context_tokens`` and the N = 8, R = 1 length × depth heatmap; see the module doc.
 
+    ``grid``: (N, R) cells; None = :data:`GRID` where it fits the context.
     ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``; ``[]`` = no heatmap.
     ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
     length (the papers: 7)."""
@@ -114,6 +124,20 @@ def run_niah(
     if samples < 1 or heatmap_samples < 1:
         raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
+    if grid is None:  # the default grid where the context fits (the seed-0 sample of each cell decides)
+        fits, left_out = [], []
+        for n, r in GRID:
+            try:
+                fit_sample(tokenizer, text, context_tokens, seed * 100003, num_needles=n, num_queries=r,
+                           value_digits=value_digits)  # fmt: skip
+                fits.append((n, r))
+            except ValueError as e:
+                left_out.append({"N": n, "R": r, "why": str(e)})
+        if not fits:
+            raise ValueError(f"no needle cell fits {context_tokens} tokens: {left_out[0]['why']}")
+        grid = fits
+    else:
+        left_out = []
     grid_rows = []
     total = len(grid) * samples + len(heatmap_lengths) * len(depths) * heatmap_samples
     bar = tqdm(total=total, desc="needle retrieval", disable=not progress, leave=False)
@@ -149,14 +173,16 @@ def run_niah(
                 "hits": hits,  # per sample, 1/0 per queried number found anywhere in the output
                 "strict_scores": strict,  # per sample, the strict score (first R numbers of the output)
                 "strict_accuracy": sum(strict) / len(strict),
+                "solved": sum(s == 1.0 for s in strict) / len(strict),
+                "chance": 1.0 / n,
                 "ci": list(wilson_interval(sum(scores), len(scores))),
             }
         )
-    heat, heat_scores, heat_ci = [], [], []
+    heat, heat_scores, heat_ci, heat_strict = [], [], [], []
     for length in heatmap_lengths:
-        row, row_scores, row_ci = [], [], []
+        row, row_scores, row_ci, row_strict = [], [], [], []
         for j, depth in enumerate(depths):
-            scores = []
+            scores, strict = [], []
             for i in range(heatmap_samples):
                 sample = fit_sample(
                     tokenizer,
@@ -169,17 +195,22 @@ def run_niah(
                     value_digits=value_digits,
                 )
                 digest.update(sample.prompt.encode() + b"\0")
-                scores.append(_score(model, tokenizer, sample)[0])
+                score, _, _, first = _score(model, tokenizer, sample)
+                scores.append(score)
+                strict.append(first)
                 bar.update()
             row.append(sum(scores) / len(scores))
             row_scores.append(scores)
+            row_strict.append(strict)
             row_ci.append(list(wilson_interval(sum(scores), len(scores))))
         heat.append(row)
         heat_scores.append(row_scores)
         heat_ci.append(row_ci)
+        heat_strict.append(row_strict)
     bar.close()
     pooled = [s for g in grid_rows for s in g["scores"]]
     mean_ci = wilson_interval(sum(pooled), len(pooled))
+    r1 = [g for g in grid_rows if g["R"] == 1]
     return {
         "grid": grid_rows,
         "heatmap": {
@@ -187,12 +218,15 @@ def run_niah(
             "depths": list(depths),
             "accuracy": heat,
             "scores": heat_scores,
+            "strict_scores": heat_strict,
             "ci": heat_ci,
             "N": heatmap_needles,
             "R": 1,
         },
         "mean_accuracy": sum(r["accuracy"] for r in grid_rows) / len(grid_rows),
         "mean_strict_accuracy": sum(r["strict_accuracy"] for r in grid_rows) / len(grid_rows),
+        "r1_solved": sum(g["solved"] for g in r1) / len(r1) if r1 else None,
+        "r1_cells": [g["N"] for g in r1],
         "mean_accuracy_ci": list(mean_ci),
         "examples": examples,
         "metadata": {
@@ -213,6 +247,8 @@ def run_niah(
             "pairing": "sample i of a cell uses seed seed*100003 + i (heatmap: + 7919*(depth index + 1)): models "
             "evaluated with the same options see the same samples (same samples_sha1): paired comparisons are valid",
             "samples_sha1": digest.hexdigest(),
+            "chance": "1/N per queried needle: copying one of the N needles at random",
+            "cells_left_out": left_out,
         },
     }
 
@@ -244,9 +280,20 @@ def plot_niah(results: dict, path) -> object:
     ax_grid.bar(labels, acc, color="tab:green", yerr=errors, capsize=3)
     for x, a in enumerate(acc):
         ax_grid.text(x, min(a + 0.03, 0.95), f"{a:.2f}", ha="center", fontsize=8)
+    _chance_marks(ax_grid, grid, 0.8)
     ax_grid.set_ylim(0, 1)
+    ax_grid.set_ylabel("accuracy (string_match_all)")
+    ax_grid.set_xlabel("cell (N needles, R queried)")
+    ax_grid.tick_params(axis="x", labelsize=7)
     ax_grid.set_title(f"at {results['metadata']['context_tokens']} tokens (95% CI)")
     return save_figure(fig, path)
+
+
+def _chance_marks(ax, grid: list[dict], width: float) -> None:
+    """A black dash over each cell at its chance level (1/N: copying a random needle), labelled once."""
+    for x, g in enumerate(grid):
+        ax.hlines(1.0 / g["N"], x - width / 2, x + width / 2, colors="black", linestyles="--", linewidth=1,
+                  label="chance (1/N)" if x == 0 else None)  # fmt: skip
 
 
 def _run_suite(model, tokenizer, o, folder, name):
@@ -268,20 +315,24 @@ def plot_niah_grid_all(niah: dict[str, dict], path: Path) -> Path:
 
     plt = figure()
     names = list(niah)
+    colors = _model_colors(names)
     cells = [f"N={g['N']},R={g['R']}" for g in niah[names[0]]["grid"]]
     width = 0.8 / len(names)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cells) * (1 + 0.25 * len(names))), 3.4))
     for k, name in enumerate(names):
         grid = niah[name]["grid"]
-        acc = np.array([g["accuracy"] for g in grid])
+        per_needle = np.array([g.get("strict_accuracy", g["accuracy"]) for g in grid])
         x = np.arange(len(grid)) + (k - (len(names) - 1) / 2) * width
         errors = None
-        if all(g.get("ci") for g in grid):
-            errors = np.clip([acc - [g["ci"][0] for g in grid], [g["ci"][1] for g in grid] - acc], 0, None)
-        ax.bar(x, acc, width, yerr=errors, capsize=2, label=name)
-    ax.set_xticks(range(len(cells)), cells)
+        if all(g.get("strict_scores") for g in grid):
+            ci = [wilson_interval(sum(g["strict_scores"]), len(g["strict_scores"])) for g in grid]
+            errors = np.clip([per_needle - [c[0] for c in ci], [c[1] for c in ci] - per_needle], 0, None)
+        ax.bar(x, per_needle, width, yerr=errors, capsize=2, label=name, color=colors[name])
+    _chance_marks(ax, niah[names[0]]["grid"], 0.8)
+    ax.set_xticks(range(len(cells)), cells, fontsize=7)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy (95% CI)")
+    ax.set_xlabel("cell (N needles, R queried)")
+    ax.set_ylabel("per-needle credit, strict (95% CI)")
     ax.set_title("multi-needle retrieval")
     ax.legend(fontsize=7, ncol=min(len(names), 5), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     return save_figure(fig, path)
@@ -293,19 +344,31 @@ def plot_niah_heatmaps_all(niah: dict[str, dict], path: Path) -> Path:
     plt = figure()
     niah = {n: r for n, r in niah.items() if r["heatmap"]["lengths"]}
     fig, axes = plt.subplots(1, len(niah), figsize=(3.2 * len(niah), 3), squeeze=False)
+    image = None
     for ax, (name, r) in zip(axes[0], niah.items(), strict=True):
         heat = r["heatmap"]
-        ax.imshow(np.array(heat["accuracy"]).T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        image = ax.imshow(np.array(heat["accuracy"]).T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]], fontsize=7)
         ax.set_yticks(range(len(heat["depths"])), [f"{int(100 * d)}%" for d in heat["depths"]], fontsize=7)
+        ax.set_xlabel("context length (tokens)", fontsize=8)
         ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel("answer depth", fontsize=8)
+    fig.colorbar(image, ax=list(axes[0]), fraction=0.03, label=f"accuracy (chance {1 / first_n(niah):.2f})")
     first = next(iter(niah.values()))["heatmap"]
     fig.suptitle(f"needle retrieval, N = {first['N']}, R = 1: length × depth", fontsize=10)
     return save_figure(fig, path)
 
 
-def _strict(value) -> str:
-    return "" if value is None else f"; strict {value:.2f}"
+def first_n(niah: dict[str, dict]) -> int:
+    """N of the heatmap of the first model with one."""
+    return next(r["heatmap"]["N"] for r in niah.values() if r["heatmap"]["lengths"])
+
+
+def _model_colors(names: list[str]) -> dict[str, object]:
+    """One colour per model group: the replicate runs of one architecture (``NAME-sSEED``) share a colour."""
+    from .common import group_colors
+
+    return group_colors(names)
 
 
 def _with_ci(value: float, ci) -> str:
@@ -321,23 +384,45 @@ def compare(niah: dict[str, dict], out: Path) -> list[str]:
     cells = [f"N={g['N']},R={g['R']}" for g in first["grid"]]
     samples = first["metadata"].get("samples_per_cell")
     lines += [
-        f"Accuracy per (N needles, R queried) cell, {samples} samples each: RULER's string_match_all with its "
-        "Wilson 95% interval, then the strict score (only the first R numbers of the output count); the same "
-        "prompts for every model.",
+        f"Per (N needles, R queried) cell, {samples} samples each, the same prompts for every model: per-needle "
+        "credit (strict: the queried numbers among the first R numbers of the output) with its Wilson 95% interval "
+        "/ prompts solved (every queried needle found; at R = 1 the same); RULER's string_match_all below. Chance "
+        "is 1/N per queried needle (copying one of the N needles at random). The R = 1 mean compares like with "
+        "like across N.",
         "",
-        "| model | " + " | ".join(cells) + " | mean |",
+        "| model | " + " | ".join(cells) + " | R = 1 mean solved |",
         "|---|" + "---|" * (len(cells) + 1),
+        "| chance | " + " | ".join(f"{1 / g['N']:.2f}" for g in first["grid"]) + " | |",
     ]
     for n, r in niah.items():
-        row = [_with_ci(g["accuracy"], g.get("ci")) + _strict(g.get("strict_accuracy")) for g in r["grid"]]
-        row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")) + _strict(r.get("mean_strict_accuracy")))
+        row = [_credit_solved(g) for g in r["grid"]]
+        row.append("–" if r.get("r1_solved") is None else f"{r['r1_solved']:.2f}")
+        lines.append(f"| {n} | " + " | ".join(row) + " |")
+    lines += ["", "RULER string_match_all (any queried number anywhere in the output), 95% interval:", ""]
+    lines += ["| model | " + " | ".join(cells) + " | mean |", "|---|" + "---|" * (len(cells) + 1)]
+    for n, r in niah.items():
+        row = [_with_ci(g["accuracy"], g.get("ci")) for g in r["grid"]]
+        row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")))
         lines.append(f"| {n} | " + " | ".join(row) + " |")
     return [*lines, ""]
+
+
+def _credit_solved(g: dict) -> str:
+    """ "per-needle credit [95% CI] / solved" of one grid cell (older results: string_match_all only)."""
+    if "strict_scores" not in g:
+        return _with_ci(g["accuracy"], g.get("ci"))
+    credit = _with_ci(g["strict_accuracy"], wilson_interval(sum(g["strict_scores"]), len(g["strict_scores"])))
+    solved = g.get("solved", sum(s == 1.0 for s in g["strict_scores"]) / len(g["strict_scores"]))
+    return f"{credit} / {solved:.2f}"
 
 
 SUITE = Suite(
     "niah",
     _run_suite,
-    headline=lambda r: {"NIAH acc": r["mean_accuracy"], "NIAH strict": r.get("mean_strict_accuracy")},
+    headline=lambda r: {
+        "NIAH acc": r["mean_accuracy"],
+        "NIAH strict": r.get("mean_strict_accuracy"),
+        "NIAH R=1 solved": r.get("r1_solved"),
+    },
     compare=compare,
 )

@@ -12,6 +12,10 @@
   freedom, or an unpaired bootstrap. With two values per side the interval is wide: that is the honest answer.
 * :func:`verdict` — "agrees" / "disagrees" only when the interval excludes 0, in the claimed direction or
   against it; "inconclusive" otherwise (the interval includes "no difference").
+* :func:`welch_power`, :func:`minimum_detectable_difference`, :func:`runs_for_power` — what a comparison of two
+  groups of replicate runs could detect: the two-sided Welch t test's power at a true difference (noncentral t),
+  the smallest difference it detects with 80% power given the measured spread, and the runs per group that a
+  given difference needs. An "inconclusive" over seeds says which differences it rules out.
 
 Every bootstrap is deterministic: a seeded ``numpy.random.Generator`` (``seed=0`` by default).
 """
@@ -285,6 +289,54 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
     m, se = mean_se(a)
     t = t_quantile(0.5 + level / 2, a.size - 1)
     return m, (m - t * se, m + t * se)
+
+
+# -- power over replicate runs --------------------------------------------------------------------------------------
+def welch_power(difference: float, sd_ref: float, n_ref: int, sd_new: float, n_new: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided Welch t test at level ``alpha`` when the true ``new − ref`` is ``difference`` and
+    the groups have standard deviations ``sd_*`` over ``n_*`` runs (Welch–Satterthwaite df, noncentral t)."""
+    if n_ref < 2 or n_new < 2:
+        raise ValueError(f"power needs at least two runs per group, got {n_ref} and {n_new}")
+    vr, vn = sd_ref**2 / n_ref, sd_new**2 / n_new
+    se = math.sqrt(vr + vn)
+    if se == 0:
+        return 1.0 if difference != 0 else alpha
+    df = (vr + vn) ** 2 / (vr**2 / (n_ref - 1) + vn**2 / (n_new - 1)) if vr + vn > 0 else n_ref + n_new - 2
+    t = t_quantile(1 - alpha / 2, df)
+    nc = abs(difference) / se
+    return float(scipy.stats.nct.sf(t, df, nc) + scipy.stats.nct.cdf(-t, df, nc))
+
+
+def minimum_detectable_difference(
+    sd_ref: float, n_ref: int, sd_new: float, n_new: int, power: float = 0.8, alpha: float = 0.05
+) -> float:
+    """The smallest |new − ref| that the Welch test of these groups detects with ``power`` (80%): the effect size
+    a comparison with this spread and these run counts can rule out when it finds none."""
+    if not 0 < power < 1:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    se = math.sqrt(sd_ref**2 / n_ref + sd_new**2 / n_new)
+    if se == 0:
+        return 0.0
+    lo, hi = 0.0, se
+    while welch_power(hi, sd_ref, n_ref, sd_new, n_new, alpha) < power:
+        hi *= 2
+    for _ in range(60):  # bisection: power grows with the difference
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if welch_power(mid, sd_ref, n_ref, sd_new, n_new, alpha) < power else (lo, mid)
+    return hi
+
+
+def runs_for_power(
+    difference: float, sd_ref: float, sd_new: float | None = None, power: float = 0.8, alpha: float = 0.05,
+    max_runs: int = 1000,
+) -> int | None:  # fmt: skip
+    """The fewest runs per group (equal groups) for which the Welch test detects ``difference`` with ``power``;
+    None when even ``max_runs`` do not."""
+    sd_new = sd_ref if sd_new is None else sd_new
+    for n in range(2, max_runs + 1):
+        if welch_power(difference, sd_ref, n, sd_new, n, alpha) >= power:
+            return n
+    return None
 
 
 # -- verdicts ------------------------------------------------------------------------------------------------------

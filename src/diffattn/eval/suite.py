@@ -2,7 +2,8 @@
 
 A model is named by any of: a ``diffattn adapt`` run folder (the trained adapter on its base, or ``merged/``), a
 ``diffattn pretrain`` run folder (its ``final/``), a Hugging Face folder, or a known offline name
-(``smollm2-135m``). DIFF Transformer checkpoints (``diffllama``) get our attention installed on load.
+(``smollm2-135m``). DIFF Transformer checkpoints (``diffllama``, ``diffattn_diff``) get our attention installed on
+load.
 
 Suites (``--suite``, comma-separated): ``ppl`` (perplexity), ``niah`` (multi-needle retrieval), ``alloc``
 (attention allocation), ``icl`` (many-shot ICL + order robustness), ``mqar`` (associative recall + AR-Hit),
@@ -65,7 +66,9 @@ class SuiteOptions:
     # NIAH/allocation context (default: the length the model was trained at, else min(model max, 1024))
     context_tokens: int | None = None
     samples: int = 5  # NIAH samples per cell, allocation samples
-    niah_grid: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))  # (N needles, R queried)
+    # (N needles, R queried) cells; None: diffattn.eval.niah.GRID (R = 1 at N = 1, 2, 4, 6 and the papers' N = 6,
+    # R = 2 and N = 8, R = 1) where they fit the context
+    niah_grid: tuple[tuple[int, int], ...] | None = None
     niah_needles: int = 8  # N of the length × depth heatmap (R = 1)
     niah_digits: int = 7  # length of the needle numbers in niah and alloc (the papers: 7)
     niah_heatmap_lengths: tuple[int, ...] | None = None  # None: 1/2, 3/4 and all of context_tokens; []: no heatmap
@@ -186,9 +189,9 @@ def _trained_at(model, length):
 
 
 def _install(model):
-    if model.config.model_type == "diffllama":  # our attention (options from config.diffattn), not HF's
-        from ..models.install import install_diff_attention
+    from ..models.install import DIFF_MODEL_TYPES, install_diff_attention
 
+    if model.config.model_type in DIFF_MODEL_TYPES:  # our attention (options from config.diffattn), not HF's
         install_diff_attention(model)
     return model.eval()
 

@@ -12,11 +12,17 @@ environment.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import platform
+import shutil
+import socket
 from pathlib import Path
 
-from ..eval.common import figure, fmt, jsonable, save_figure
-from ..files import publish_folder
+from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
+from ..files import new_id, write_text_atomic
+
+logger = logging.getLogger(__name__)
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -75,18 +81,24 @@ def _protocol(config) -> list[str]:
     o = SuiteOptions(**{"seed": config.seed, **config.eval.options})
     suites = config.eval.suites
     if "niah" in suites or "alloc" in suites:
-        grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid)
+        from ..eval.niah import GRID
+
+        grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid or GRID) + ("" if o.niah_grid else " where they fit")
         lines.append(
             "- Retrieval evaluation: needles "
             f'"The special magic {{city}} number is: {{{o.niah_digits}-digit number}}." '
-            f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the model maximum of'} tokens; "
+            f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the training length of'} tokens; "
             f"(N needles, R queried) cells {grid}, {o.samples} samples each, greedy decoding, RULER string_match_all; "
             f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
             "(seeded), so comparisons are paired."
         )
     others = [s for s in suites if s not in ("niah", "alloc")]
     if others:
-        lines.append(f"- Other suites: {', '.join(others)} over {o.tokens} tokens of {o.text} (test split).")
+        window = o.window or "the training length of"
+        lines.append(
+            f"- Other suites: {', '.join(others)} over {o.tokens} tokens of {o.text} (test split), in windows of "
+            f"{window} tokens."
+        )
     return [*lines, ""]
 
 
@@ -151,6 +163,10 @@ def write_report(config, out: Path, outcomes) -> Path:
     scope = claims_scope(config, rows, evals)
     lines = [f"# Experiment `{config.name}`", "", "## Paper claims", ""]
     lines += claims_markdown(claims, scope)
+    from .claim_list import PAPER_CLAIM_LIST, not_testable_markdown
+
+    touched = {e.paper for e in PAPER_CLAIM_LIST for c in claims if c.source.startswith(e.paper)}
+    lines += not_testable_markdown(touched)
     lines += [*_protocol(config)[:-1], *_method_settings(outcomes), ""]  # the adapters' settings end the list
     lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
@@ -216,41 +232,60 @@ def write_report(config, out: Path, outcomes) -> Path:
 
 
 def _loss_curves(outcomes, path: Path) -> Path | None:
+    """Training loss of every run: the EMA trend drawn over the raw curve (faint), one colour per model group (the
+    seeds of one architecture share it)."""
     series = []
     for o in outcomes:
         if o.kind in ("pretrain", "adapt"):
             points = [(e["step"], e["loss"]) for e in _metrics(o.path) if "loss" in e]
             if points:
-                series.append((f"{o.name} ({o.kind})", points))
+                series.append((o.name, o.kind, points))
     if not series:
         return None
     plt = figure()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for label, points in series:
-        ax.plot(*zip(*points, strict=True), label=label)
+    colors = group_colors([name for name, _, _ in series])
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    labelled = set()
+    for name, kind, points in series:
+        steps, losses = zip(*points, strict=True)
+        group = seed_group(name)
+        ax.plot(steps, losses, color=colors[name], alpha=0.15, linewidth=0.8)
+        label = None if group in labelled else f"{group} ({kind})"
+        labelled.add(group)
+        ax.plot(steps, ema(losses), color=colors[name], linewidth=1.4, label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("training loss (EMA; raw faint)")
     ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 
 def _lambda_curves(outcomes, path: Path) -> Path | None:
-    """Mean λ over layers vs step for every run that logs λ (DIFF models, adapters)."""
+    """Mean λ over layers vs step for every run that logs λ (DIFF models, adapters); DIFF V2's value is its gate
+    (the mean of sigmoid(x·w_λ) over tokens and heads), on its own axis and labelled so."""
     series = []
     for o in outcomes:
         if o.kind in ("pretrain", "adapt"):
             points = [(e["step"], sum(e["lambda"]) / len(e["lambda"])) for e in _metrics(o.path) if e.get("lambda")]
             if points:
-                series.append((o.name, points))
+                series.append((o.name, (o.summary or {}).get("attention") == "diff-v2", points))
     if not series:
         return None
     plt = figure()
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for label, points in series:
-        ax.plot(*zip(*points, strict=True), label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean λ over layers")
-    ax.legend(fontsize=7)
+    colors = group_colors([name for name, _, _ in series])
+    panels = [(False, "mean λ over layers"), (True, "DIFF V2 gate: mean sigmoid(x·w_λ)")]
+    panels = [(gate, title) for gate, title in panels if any(g == gate for _, g, _ in series)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.2), squeeze=False)
+    for ax, (gate, title) in zip(axes[0], panels, strict=True):
+        labelled = set()
+        for name, is_gate, points in series:
+            if is_gate != gate:
+                continue
+            group = seed_group(name)
+            ax.plot(*zip(*points, strict=True), color=colors[name], label=None if group in labelled else group)
+            labelled.add(group)
+        ax.set_xlabel("step")
+        ax.set_ylabel(title)
+        ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 
@@ -267,38 +302,211 @@ def _side_by_side(evals: dict[str, dict], out: Path) -> list[str]:
     return lines
 
 
-EXPORT_MARKER = ".diffattn-export"  # marks a folder export_report made (and may replace)
+EXPORT_MARKER = ".diffattn-export"  # marks a folder export_report made: JSON, what it wrote (see export_report)
+EXPORT_STAGING = ".diffattn-export-staging"  # marks export_report's temporary copy beside the destination
 
 
 def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
     """Copy an experiment's ``report.md``, ``results.json``, ``experiment.yaml`` and every picture the report links
     into ``dest`` (e.g. ``results/<experiment>/`` of a repository): the evidence without the checkpoints.
 
-    ``dest`` must not exist or be an earlier export (it holds :data:`EXPORT_MARKER`); the copy is made in a temporary
-    folder beside it and renamed into place, so an interrupted export leaves the earlier one intact."""
+    ``dest`` must be new, empty or an earlier export (it holds :data:`EXPORT_MARKER`: JSON naming every file the
+    export wrote with its SHA-256; an earlier version wrote ``exported from SRC``). Only the export's own files are
+    written: a file of the previous export is replaced (or removed, once no longer exported) only while it is as
+    that export wrote it; a changed one, or a file at an exported name that the previous export did not write, is
+    refused, naming it; every other file (``notes.md``) is left as it is. Symbolic links in the experiment folder
+    are not followed: a picture that is one is skipped with a warning; ``report.md`` or ``results.json`` being one
+    is refused. The copy is made in ``.DEST.export-ID`` beside ``dest`` (marked :data:`EXPORT_STAGING`) and moved in
+    file by file, the marker listing old and new contents meanwhile, so an interrupted export leaves files that the
+    next one recognises; a temporary copy a killed export left is removed by the next export to ``dest``."""
     import re
-    import shutil
-    import tempfile
 
     src, dest = Path(experiment_dir), Path(dest)
     report = src / "report.md"
     if not report.is_file() or not (src / "results.json").is_file():
         raise ValueError(f"{src} has no report.md and results.json: run the experiment (diffattn run) first")
-    if dest.exists() and not (dest / EXPORT_MARKER).is_file():
+    for required in ("report.md", "results.json"):
+        if _link_on_the_way(src, required):
+            raise ValueError(
+                f"{src / required} is (or lies under) a symbolic link: export copies no links (one could point "
+                "anywhere); put the file itself there"
+            )
+    if dest.is_symlink():
+        raise ValueError(f"{dest} is a symbolic link: name the destination folder itself")
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"{dest} is a file: choose a folder as the destination")
+    owned = _exported_files(dest)  # name -> the contents the previous export wrote; None: not an export's folder
+    if owned is None and dest.exists() and any(dest.iterdir()):
         raise ValueError(f"{dest} exists and was not made by diffattn export: choose another destination")
     text = report.read_text()
     pictures = sorted(set(re.findall(r"\]\(([^)\s]+\.png)\)", text)))
     for name in pictures:  # only pictures inside the experiment folder are copied, to the same place inside dest
         if Path(name).is_absolute() or ".." in Path(name).parts:
             raise ValueError(f"report.md links {name!r}, outside the experiment folder: not exported")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.new-", dir=dest.parent))
+    names = []
+    for name in ("report.md", "results.json", "experiment.yaml", *pictures):
+        if _link_on_the_way(src, name):
+            logger.warning("export: %s is (or lies under) a symbolic link: not followed, not exported", src / name)
+        elif (src / name).is_file():
+            names.append(name)
+    _remove_left_copies(dest)
+    staging = dest.parent / f".{dest.name}.export-{new_id()}"
+    staging.mkdir(parents=True)
     try:
-        for name in ("report.md", "results.json", "experiment.yaml", *pictures):
-            if (src / name).is_file():
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src / name, tmp / name)
-        (tmp / EXPORT_MARKER).write_text(f"exported from {src.resolve()}\n")
-        return publish_folder(tmp, dest)  # the earlier export is replaced only once this one is in place
+        info = {"dest": dest.name, "id": staging.name.rsplit("-", 1)[1], "pid": os.getpid()}
+        (staging / EXPORT_STAGING).write_text(json.dumps({**info, "host": socket.gethostname()}) + "\n")
+        new = {}
+        for name in names:
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / name, staging / name, follow_symlinks=False)
+            new[name] = _sha256(staging / name)
+        _check_export_destination(dest, new, owned)
+        stale = {n: h for n, h in (owned or {}).items() if n not in new and _sha256(dest / n) in h}
+        # while files move in, the marker accepts each file's old contents and its new ones
+        current = {n: [new[n], _sha256(dest / n)] for n in new}
+        dest.mkdir(parents=True, exist_ok=True)
+        _write_export_marker(dest, src, {**stale, **{n: [h for h in hs if h] for n, hs in current.items()}})
+        for name in names:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / name, dest / name)
+        for name in stale:  # the previous export's files that this one no longer has, as it wrote them
+            (dest / name).unlink()
+            _remove_empty_parents(dest / name, dest)
+        _write_export_marker(dest, src, {n: [h] for n, h in new.items()})
+        return dest
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # left only when the copy or the move failed
+        shutil.rmtree(staging, ignore_errors=True)  # left only when the process was killed: removed next time
+
+
+def _sha256(path: Path) -> str | None:
+    """A regular file's SHA-256; ``None`` for a missing file, a link or a folder."""
+    import hashlib
+
+    if path.is_symlink() or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _link_on_the_way(folder: Path, name: str) -> bool:
+    """Whether ``folder/name`` or a folder between them is a symbolic link (``folder`` itself may be one)."""
+    p = folder
+    for part in Path(name).parts:
+        p = p / part
+        if p.is_symlink():
+            return True
+    return False
+
+
+def _exported_files(dest: Path) -> dict[str, list[str]] | None:
+    """What the previous export to ``dest`` wrote (name -> accepted SHA-256s); ``{}`` for an earlier version's
+    export (which recorded nothing: its files may be replaced, never removed); ``None`` when ``dest`` is not an
+    export's folder. A marker diffattn export did not write is refused."""
+    f = dest / EXPORT_MARKER
+    if f.is_symlink() or not f.exists():
+        return None
+    try:
+        text = f.read_text()
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    if text.startswith("exported from ") and text.count("\n") <= 1:
+        return {}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(n, str) and isinstance(h, list) and all(isinstance(x, str) for x in h) for n, h in files.items()
+    ):
+        raise ValueError(
+            f"{dest} has a {EXPORT_MARKER} file diffattn export did not write (empty or not its form), so nothing "
+            "says which files there are the export's: choose another destination"
+        )
+    return files
+
+
+def _check_export_destination(dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None) -> None:
+    """Refuse, naming them, the files the export would overwrite without knowing them its own: a file the previous
+    export did not write, one changed since, a link or a folder in the way."""
+    problems = []
+    for name in new:
+        p = dest
+        for part in Path(name).parts[:-1]:
+            p = p / part
+            if p.is_symlink() or (p.exists() and not p.is_dir()):
+                problems.append(f"{p.relative_to(dest)} (a link or a file where export puts a folder)")
+        target = dest / name
+        if not (target.exists() or target.is_symlink()):
+            continue
+        have = _sha256(target)
+        if have is None:
+            problems.append(f"{name} (a link or a folder)")
+        elif have == new[name] or owned == {}:
+            continue  # the same contents, or an earlier version's export: its files are the export's
+        elif owned is None or name not in owned:
+            problems.append(f"{name} (not written by diffattn export)")
+        elif have not in owned[name]:
+            problems.append(f"{name} (changed since the last export)")
+    if problems:
+        raise ValueError(
+            f"export to {dest} would overwrite {', '.join(sorted(set(problems)))}: move them away (or delete them) "
+            "and export again"
+        )
+
+
+def _write_export_marker(dest: Path, src: Path, files: dict[str, list[str]]) -> None:
+    doc = {"exported_from": str(src.resolve()), "files": dict(sorted(files.items()))}
+    write_text_atomic(dest / EXPORT_MARKER, json.dumps(doc, indent=1) + "\n")
+
+
+def _remove_empty_parents(path: Path, top: Path) -> None:
+    for parent in path.parents:
+        if parent == top or top not in parent.parents:
+            return
+        try:
+            parent.rmdir()
+        except OSError:  # not empty
+            return
+
+
+def _remove_left_copies(dest: Path) -> None:
+    """Remove the temporary copies killed exports to ``dest`` left beside it: only a folder named as
+    :func:`export_report` names them whose marker says so (and whose process is gone), and an earlier version's
+    (``.DEST.new-*`` holding its export marker)."""
+    import glob
+
+    for p in sorted(dest.parent.glob(f".{glob.escape(dest.name)}.*")):
+        if p.is_symlink() or not p.is_dir():
+            continue
+        kind, _, ident = p.name[len(dest.name) + 2 :].partition("-")
+        if kind == "export":
+            try:
+                info = json.loads((p / EXPORT_STAGING).read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(info, dict) or info.get("id") != ident or info.get("dest") != dest.name:
+                continue
+            if info.get("host") == socket.gethostname() and _alive(info.get("pid")):
+                continue  # an export still running
+        elif kind == "new" and len(ident) == 8:  # tempfile.mkdtemp's names, as an earlier version made them
+            try:
+                if not (p / EXPORT_MARKER).read_text().startswith("exported from "):
+                    continue
+            except (OSError, UnicodeDecodeError):
+                continue
+        else:
+            continue
+        logger.warning("export: removing %s, the temporary copy of an export that was killed", p)
+        shutil.rmtree(p)
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()  # this process is exporting nothing else now
