@@ -564,9 +564,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except ValueError as e:  # bad input: one clear line, no traceback
-        print(f"diffattn: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("diffattn: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every failure is one clear line; the traceback only with --verbose
+        message, status = failure_line(e)
+        if args.verbose:
+            logging.getLogger("diffattn").exception("traceback of the failure below")
+        print(f"diffattn: error: {message}", file=sys.stderr, flush=True)
+        return status
+
+
+# errno values that are a fault of the machine, not of the input: exit status 1 (bad input: 2)
+_MACHINE_FAULTS = {"ENOSPC", "EIO", "ENOMEM", "EDQUOT", "EROFS_DEVICE"}
+
+
+def failure_line(e: BaseException) -> tuple[str, int]:
+    """One line for any failure, and the exit status: 2 for bad input (what the user can fix: a value, a path, a
+    file's contents), 1 for a fault of the machine (a full disk, an I/O error) or a failure of the library."""
+    import errno
+
+    if isinstance(e, ValueError):  # the library's own refusals, and JSON errors (ValueError subclasses)
+        return _one_line(e) or type(e).__name__, 2
+    if isinstance(e, OSError):
+        name = errno.errorcode.get(e.errno or 0, "")
+        where = f": {e.filename}" if e.filename else ""
+        what = e.strerror or str(e)
+        if name == "ENOSPC":
+            what = "no space left on the device (free some space and rerun: finished parts are kept)"
+        return f"{what}{where}", 1 if name in _MACHINE_FAULTS else 2
+    if isinstance(e, RecursionError):
+        return "an input nests without end (a YAML alias that refers to itself?)", 2
+    try:
+        import yaml
+
+        if isinstance(e, yaml.YAMLError):
+            return f"not valid YAML: {str(e).splitlines()[0]}", 2
+    except ImportError:  # pragma: no cover - yaml is a dependency
+        pass
+    return f"{type(e).__name__}: {_one_line(e)} (rerun with --verbose for the traceback)", 1
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line (multi-line messages joined with '; ')."""
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""Every failure of the command line is one line, with its exit status (2: bad input, 1: a fault of the machine or
+an unexpected failure, the traceback only with --verbose), and nothing is written: corrupt model folders (garbage
+or NaN config.json, a truncated tokenizer.json, a tensor of the wrong shape), unusable --out / --root paths, a full
+disk, a YAML alias that refers to itself."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+
+import pytest
+
+from diffattn import build_model
+from diffattn.cli import failure_line, main
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory, tokenizer):
+    folder = tmp_path_factory.mktemp("model")
+    build_model("debug", "diff", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _damaged(model_folder, tmp_path, how: str):
+    folder = tmp_path / how
+    shutil.copytree(model_folder, folder)
+    if how == "garbage-config":
+        (folder / "config.json").write_text("{garbage")
+    elif how == "nan-config":
+        config = json.loads((folder / "config.json").read_text())
+        config["hidden_size"] = float("nan")
+        (folder / "config.json").write_text(json.dumps(config))
+    elif how == "truncated-tokenizer":
+        text = (folder / "tokenizer.json").read_text()
+        (folder / "tokenizer.json").write_text(text[: len(text) // 2])
+    elif how == "wrong-shape":
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        name = next(k for k in tensors if "q_proj" in k)
+        tensors[name] = tensors[name][:-1]
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def _one_line(capsys, code: int, status: int, pattern: str) -> None:
+    import re
+
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("diffattn: error:")]
+    assert code == status, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+@pytest.mark.parametrize(
+    "how, pattern",
+    [
+        ("garbage-config", r"garbage-config/config.json is not valid JSON"),
+        ("nan-config", r"cannot load a model from .*nan-config.*hidden_size"),
+        ("truncated-tokenizer", r"tokenizer.json is not valid JSON"),
+        ("wrong-shape", r"cannot load a model from .*wrong-shape"),
+    ],
+)
+def test_a_corrupt_model_folder_is_one_line_naming_it(how, pattern, model_folder, tmp_path, capsys):
+    folder = _damaged(model_folder, tmp_path, how)
+    out = tmp_path / "eval"
+    code = main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--tokens", "32", "--text", "filler"])
+    _one_line(capsys, code, 2, pattern)
+    assert not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "out, pattern",
+    [
+        ("/proc/diffattn-test/out", r"(No such file or directory|Permission denied|Read-only).*: /proc/diffattn-test"),
+        ("{file}/sub", r"Not a directory: .*afile/sub"),
+        ("{tmp}/" + "x" * 300, r"File name too long"),
+    ],
+)
+def test_an_unusable_out_is_one_line_naming_it(out, pattern, model_folder, tmp_path, capsys):
+    (tmp_path / "afile").write_text("precious")
+    out = out.replace("{file}", str(tmp_path / "afile")).replace("{tmp}", str(tmp_path))
+    code = main(["eval", str(model_folder), "--suite", "ppl", "--out", out, "--tokens", "32", "--text", "filler"])
+    _one_line(capsys, code, 2, pattern)
+    assert (tmp_path / "afile").read_text() == "precious"
+
+
+def test_run_with_a_file_as_root_is_one_line(tmp_path, capsys):
+    from importlib.resources import files
+
+    (tmp_path / "afile").write_text("precious")
+    experiment = str(files("diffattn") / "configs" / "quickstart.yaml")
+    code = main(["run", experiment, "--root", str(tmp_path / "afile"), "--train-only"])
+    _one_line(capsys, code, 2, r"Not a directory: .*afile")
+    assert (tmp_path / "afile").read_text() == "precious"
+
+
+def test_a_recursive_yaml_alias_is_one_line(tmp_path, capsys):
+    config = tmp_path / "rec.yaml"
+    config.write_text("model: &a\n  overrides: *a\n")
+    code = main(["pretrain", "--config", str(config), "--out", str(tmp_path / "run")])
+    _one_line(capsys, code, 2, r"nests without end")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_is_a_fault_of_the_machine_and_an_unexpected_failure_names_itself(tmp_path, capsys, monkeypatch):
+    import diffattn.cli as cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out"))
+
+    monkeypatch.setattr(cli, "cmd_info", full)
+    _one_line(capsys, main(["info"]), 1, r"no space left on the device.*: .*out")
+
+    def bug(args):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(cli, "cmd_info", bug)
+    _one_line(capsys, main(["info"]), 1, r"KeyError: 'oops' \(rerun with --verbose for the traceback\)")
+    assert failure_line(ValueError("a\nb")) == ("a; b", 2)
