@@ -51,12 +51,6 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
-# DIFF V2 checkpoints load through transformers' Auto classes after `import diffattn` (registered when
-# transformers' auto module loads, so this import stays light)
-from .hf_auto import register_when_transformers_loads as _register_when_transformers_loads  # noqa: E402
-
-_register_when_transformers_loads()
-
 
 def __getattr__(name: str):
     if name in _LAZY:
@@ -75,3 +69,11 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+# diffattn's checkpoints (DIFF V2, DIFF with non-default options) load through transformers' Auto classes after
+# `import diffattn`: registered once transformers is imported (diffattn.hf_auto), so this import stays light. Last,
+# because registering imports diffattn.models, which may read the names above.
+from .hf_auto import register_when_transformers_loads as _register_when_transformers_loads  # noqa: E402
+
+_register_when_transformers_loads()

@@ -1,71 +1,114 @@
-"""Registration of the DIFF V2 model (:mod:`diffattn.models.diff_v2`) with transformers' Auto classes.
+"""Registration of diffattn's own model types with transformers' Auto classes (``AutoConfig``, ``AutoModel``,
+``AutoModelForCausalLM``): DIFF V2 (``diffattn_v2``, :mod:`diffattn.models.diff_v2`) and DIFF models whose options
+plain DiffLlama does not compute (``diffattn_diff``, :mod:`diffattn.models.diff_model`).
 
-``import diffattn`` must make ``AutoModelForCausalLM.from_pretrained(v2_checkpoint)`` work, yet it must not load
-torch and transformers (the ``diffattn`` command starts in a fraction of a second). So:
+After ``import diffattn``, ``AutoModelForCausalLM.from_pretrained(checkpoint)`` must work whatever was imported
+first, yet ``import diffattn`` must not load torch and transformers (the ``diffattn`` command starts in a fraction
+of a second) and must never break an import of transformers. So registration runs
 
-* if transformers' Auto classes are already imported, :func:`register_auto_classes` runs at once;
-* otherwise a one-shot import hook (:class:`_AfterImport`) runs it right after Python executes
-  ``transformers.models.auto.modeling_auto`` — the module every ``AutoModel*`` lookup goes through — so the
-  classes are there before any checkpoint can be resolved.
+* at once, if ``transformers`` is already imported when ``import diffattn`` runs;
+* otherwise from a one-shot import hook (:class:`_AfterImport`), right after the top-level ``transformers``
+  package has executed. At that point no transformers module is half-imported (Python imports a submodule only
+  after its package), so importing transformers' Llama modeling and ours is safe. The Auto classes' own module,
+  ``transformers.models.auto.modeling_auto``, is no such point: transformers first imports it from inside the
+  class definitions of its model modules (``auto_docstring`` looks classes up in it), and importing more models
+  there fails with a circular import;
+* whenever :mod:`diffattn.models` is imported (a model built before any Auto class was imported, or a
+  registration that failed in the hook).
 
-Registration is idempotent. Without ``import diffattn`` transformers reports the unknown model type
-``diffattn_v2`` (the name says which library it needs).
+Registration is idempotent. A failure inside the hook is logged, never raised into the import of transformers.
+Without ``import diffattn`` transformers refuses the unknown model types, whose names say which library they need,
+and :func:`save_readme` leaves a card in the folder that says so.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import logging
 import sys
+from pathlib import Path
 
-_AUTO_MODULE = "transformers.models.auto.modeling_auto"
+logger = logging.getLogger(__name__)
+
+_TOP_LEVEL = "transformers"
 _registered = False
 
 
 def register_auto_classes() -> None:
-    """Register the ``DiffTransformerV2`` config, model and causal-LM classes with transformers (once)."""
+    """Register the config, model and causal-LM classes of ``diffattn_v2`` and ``diffattn_diff`` (once)."""
     global _registered
     if _registered:
         return
-    _registered = True
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from .models.diff_v2 import (
-        MODEL_TYPE,
-        DiffTransformerV2Config,
-        DiffTransformerV2ForCausalLM,
-        DiffTransformerV2Model,
-    )
+    # the submodules, not diffattn.models itself: this may run while that package is still being imported
+    from .models.diff_llama import DiffTransformerConfig
+    from .models.diff_model import DiffTransformerForCausalLM, DiffTransformerModel
+    from .models.diff_v2 import DiffTransformerV2Config, DiffTransformerV2ForCausalLM, DiffTransformerV2Model
 
-    AutoConfig.register(MODEL_TYPE, DiffTransformerV2Config, exist_ok=True)
-    AutoModel.register(DiffTransformerV2Config, DiffTransformerV2Model, exist_ok=True)
-    AutoModelForCausalLM.register(DiffTransformerV2Config, DiffTransformerV2ForCausalLM, exist_ok=True)
+    for config, model, causal_lm in (
+        (DiffTransformerV2Config, DiffTransformerV2Model, DiffTransformerV2ForCausalLM),
+        (DiffTransformerConfig, DiffTransformerModel, DiffTransformerForCausalLM),
+    ):
+        AutoConfig.register(config.model_type, config, exist_ok=True)
+        AutoModel.register(config, model, exist_ok=True)
+        AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
+    _registered = True
+
+
+def _register_quietly() -> None:
+    try:
+        register_auto_classes()
+    except Exception as error:  # never break the user's import of transformers; diffattn.models retries
+        logger.warning(
+            "diffattn could not register its model types with transformers' Auto classes after transformers was "
+            "imported (%s: %s); they are registered when diffattn.models is imported",
+            type(error).__name__,
+            error,
+        )
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``transformers.models.auto.modeling_auto`` with the normal finders, then registers after it runs."""
+    """Finds the top-level ``transformers`` package with the normal finders, then registers after it executes."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _AUTO_MODULE:
+        if fullname != _TOP_LEVEL:
             return None
         sys.meta_path.remove(self)  # one shot; the normal finders do the finding
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        loader_exec = spec.loader.exec_module
+        loader = spec.loader
+        loader_exec = loader.exec_module
 
         def exec_module(module):
-            loader_exec(module)
-            sys.modules[fullname] = module  # register_auto_classes imports it by name
-            register_auto_classes()
+            try:
+                loader_exec(module)
+            finally:
+                del loader.exec_module  # transformers' own loader again (this instance attribute shadowed it)
+            _register_quietly()
 
-        spec.loader.exec_module = exec_module
+        loader.exec_module = exec_module
         return spec
 
 
 def register_when_transformers_loads() -> None:
-    """Register now if transformers' Auto classes are loaded, else as soon as they are."""
-    if _AUTO_MODULE in sys.modules:
-        register_auto_classes()
+    """Register now if transformers is imported, else as soon as its top-level package has executed."""
+    if _TOP_LEVEL in sys.modules:
+        _register_quietly()
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
+
+
+def save_readme(folder, model_type: str, title: str) -> None:
+    """A model card that says how to load a checkpoint of one of our model types (transformers' own error for an
+    unknown model type suggests upgrading transformers, which does not help)."""
+    path = Path(folder) / "README.md"
+    if not path.exists():  # never overwrite a card the user wrote
+        path.write_text(
+            f"# {title} (diffattn)\n\n"
+            f"`model_type: {model_type}` is registered by the `diffattn` library, not by transformers:\n\n"
+            f"```python\nimport diffattn  # registers its model types with the Auto classes\n"
+            f"from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(...)\n```\n"
+        )

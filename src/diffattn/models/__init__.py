@@ -1,7 +1,8 @@
 """Models: named presets, from-scratch baseline/DIFF/DIFF V2 builders, and our DIFF attention installed into them."""
 
 from .build import ATTENTIONS, build_model, count_parameters, describe_parameters, model_config
-from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, lambda_init_value
+from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, DiffTransformerConfig, lambda_init_value
+from .diff_model import DiffTransformerForCausalLM, DiffTransformerModel
 from .diff_v2 import (
     DiffTransformerV2Config,
     DiffTransformerV2ForCausalLM,
@@ -19,6 +20,9 @@ __all__ = [
     "PRETRAINED",
     "DiffAttentionOptions",
     "DiffLlamaDifferentialAttention",
+    "DiffTransformerConfig",
+    "DiffTransformerForCausalLM",
+    "DiffTransformerModel",
     "DiffTransformerV2Config",
     "DiffTransformerV2ForCausalLM",
     "DiffTransformerV2Model",
@@ -35,3 +39,9 @@ __all__ = [
     "remove_diff_attention",
     "set_v2_backend",
 ]
+
+# importing the model classes registers their model types with transformers' Auto classes (a model built before any
+# Auto class was imported loads back through them too; diffattn.hf_auto)
+from ..hf_auto import register_auto_classes
+
+register_auto_classes()

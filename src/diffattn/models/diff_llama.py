@@ -10,8 +10,7 @@ Per layer, with H query heads of width d split into halves (``h = H/2`` differen
     out = concat(heads) W_O
 
 Parameter names are those of ``transformers``' ``DiffLlamaAttention`` (``q_proj``, ``k_proj``, ``v_proj``,
-``o_proj``, ``lambda_q1`` … ``lambda_k2``) and the very same tensors are reused, so a model with this module
-installed saves checkpoints that plain transformers loads. λ and the subtraction are float32.
+``o_proj``, ``lambda_q1`` … ``lambda_k2``) and the very same tensors are reused. λ and the subtraction are float32.
 
 Options (:class:`DiffAttentionOptions`):
 
@@ -20,11 +19,15 @@ Options (:class:`DiffAttentionOptions`):
   which always uses the exponential schedule.
 * ``norm``: ``"rms"`` (per-head RMSNorm without gain: the paper's equations and Hugging Face's
   ``DiffLlama``), ``"rms_affine"`` (learnable gain, the official code after October 2024 — it adds
-  ``groupnorm.weight`` parameters, which plain ``DiffLlama`` does not have and drops on loading, so
-  such checkpoints only reload exactly through diffattn), or ``"none"`` (ablation, Table 6: the paper is
-  silent on the multiplier without the norm; we keep ``(1 − λ_init)`` so the ablation changes one thing).
+  ``groupnorm.weight`` parameters, which plain ``DiffLlama`` does not have), or ``"none"`` (ablation, Table 6:
+  the paper is silent on the multiplier without the norm; we keep ``(1 − λ_init)`` so the ablation changes one
+  thing).
 
-The options are recorded in ``config.diffattn`` so they are saved beside the weights.
+The options are recorded in ``config.diffattn`` so they are saved beside the weights. Plain ``DiffLlama`` computes
+the default options only (:attr:`DiffAttentionOptions.computed_by_plain_diffllama`): a model with those saves a
+``diffllama`` checkpoint that plain transformers loads exactly; with any other, its config is a
+:class:`DiffTransformerConfig` (``model_type "diffattn_diff"``, registered with the Auto classes by ``import
+diffattn``), which plain transformers refuses instead of loading it silently wrong.
 """
 
 from __future__ import annotations
@@ -33,14 +36,25 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from transformers import DiffLlamaConfig
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, apply_rotary_pos_emb
 
-from ..lambdas import HasLambda, check_lambda_init, lambda_init_schedule, output_scale, reparameterized_lambda
+from ..hf_auto import save_readme
+from ..lambdas import (
+    EXPONENTIAL,
+    HasLambda,
+    check_lambda_init,
+    lambda_init_schedule,
+    output_scale,
+    reparameterized_lambda,
+)
 from ..ops import BACKENDS, diff_attention, diff_attention_maps
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 
 NORMS = ("rms", "rms_affine", "none")
+# what our module takes over from the DiffLlamaAttention it replaces (the same objects, under the same names)
+SHARED_WITH_HF = ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,38 @@ class DiffAttentionOptions:
         d = asdict(self)
         d.pop("backend")
         return d
+
+    @property
+    def computed_by_plain_diffllama(self) -> bool:
+        """Whether transformers' own ``DiffLlamaAttention`` computes these options: the exponential λ_init and the
+        gainless RMS norm are what it hard-codes; a constant λ_init, no norm or a learnt gain give other logits than
+        it does on the same weights (compared in tests/models/test_hf_interop.py). Every checkpoint-type decision
+        reads this."""
+        return self.lambda_init == EXPONENTIAL and self.norm == "rms"
+
+
+MODEL_TYPE = "diffattn_diff"
+
+
+class DiffTransformerConfig(DiffLlamaConfig):
+    """The config of a DIFF model whose options plain ``DiffLlama`` does not compute: ``DiffLlamaConfig`` under
+    its own ``model_type``, so plain transformers refuses the checkpoint (it does not know the type) instead of
+    loading it as ``diffllama`` with other outputs. ``import diffattn`` registers it with the Auto classes, which
+    load it as :class:`diffattn.models.diff_model.DiffTransformerForCausalLM`."""
+
+    model_type = MODEL_TYPE
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        super().save_pretrained(save_directory, *args, **kwargs)
+        save_readme(save_directory, MODEL_TYPE, "DIFF Transformer checkpoint with non-default options")
+
+
+def attention_maps_requested(config, kwargs: dict) -> bool:
+    """Whether an attention forward must return its maps: the ``output_attentions`` keyword when the caller gave
+    one, else ``config.output_attentions`` — the rule by which transformers' output recorder
+    (``utils.output_capturing.capture_outputs``) decides to collect what the attention modules return, so the maps
+    are there whichever way they were asked for."""
+    return bool(kwargs.get("output_attentions", getattr(config, "output_attentions", False)))
 
 
 lambda_init_value = lambda_init_schedule  # the public name of diffattn.lambdas.lambda_init_schedule
@@ -101,11 +147,8 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         self.scaling = hf_attention.scaling
         self.is_causal = True
         self.options = options
-        # reuse the very same modules and Parameters: no copy, identical names
-        self.q_proj, self.k_proj = hf_attention.q_proj, hf_attention.k_proj
-        self.v_proj, self.o_proj = hf_attention.v_proj, hf_attention.o_proj
-        self.lambda_q1, self.lambda_k1 = hf_attention.lambda_q1, hf_attention.lambda_k1
-        self.lambda_q2, self.lambda_k2 = hf_attention.lambda_q2, hf_attention.lambda_k2
+        for name in SHARED_WITH_HF:  # reuse the very same modules and Parameters: no copy, identical names
+            setattr(self, name, getattr(hf_attention, name))
         self.lambda_init = lambda_init_schedule(self.layer_idx, options.lambda_init)
         if options.norm == "none":
             self.groupnorm = nn.Identity()
@@ -117,7 +160,13 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
 
     @property
     def original(self) -> nn.Module:
-        return self._original[0]
+        """The ``DiffLlamaAttention`` this module replaced, holding this module's current parameters: loading a
+        checkpoint into the model may have replaced the Parameter objects here (not in place), which the original,
+        no submodule of the model, never sees."""
+        original = self._original[0]
+        for name in SHARED_WITH_HF:
+            setattr(original, name, getattr(self, name))
+        return original
 
     def lambda_full(self) -> torch.Tensor:
         """λ of Eq. 2, in float32 (a 0-d tensor)."""
@@ -172,7 +221,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         out = self.groupnorm(out) * output_scale(self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
         weights = None
-        if kwargs.get("output_attentions"):
+        if attention_maps_requested(self.config, kwargs):
             # laid out as transformers' DiffLlama eager path returns them: [B, H, T, S], heads [0, H/2) map 1
             # and [H/2, H) map 2; from the reference op (the fused backends never form the maps)
             ref = diff_attention_maps(**maps)

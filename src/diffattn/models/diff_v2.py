@@ -25,8 +25,6 @@ row permutation transformers' Llama conversion applies).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 from transformers import LlamaConfig
@@ -37,11 +35,12 @@ from transformers.models.llama.modeling_llama import (
     LlamaPreTrainedModel,
 )
 
+from ..hf_auto import save_readme
 from ..lambdas import HasLambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
-from .diff_llama import rotated_heads
+from .diff_llama import attention_maps_requested, rotated_heads
 
 MODEL_TYPE = "diffattn_v2"
 
@@ -143,7 +142,8 @@ class DiffV2Attention(LlamaAttention, HasLambda):
         self._last_lambda = lam.detach().mean()
         out = v2_attention(self, q, k, v, lam, attention_mask, self.scaling, self.backend)  # [B, H, T, d]
         weights = None
-        if kwargs.get("output_attentions"):  # both maps, interleaved like the query heads, from the reference op
+        if attention_maps_requested(self.config, kwargs):
+            # both maps, interleaved like the query heads, from the reference op
             ref = diff_attention_maps(q[:, 0::2], k, q[:, 1::2], k, v, lam, attn_mask=attention_mask,
                                       causal=attention_mask is None, scale=self.scaling)  # fmt: skip
             weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
@@ -157,7 +157,7 @@ class DiffTransformerV2PreTrainedModel(LlamaPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
-        save_readme(save_directory)
+        save_readme(save_directory, MODEL_TYPE, "DIFF Transformer V2 checkpoint")
 
 
 class DiffTransformerV2Model(DiffTransformerV2PreTrainedModel, LlamaModel):
@@ -203,19 +203,6 @@ def convert_interleaved_rope_state_dict(state_dict: dict, config: DiffTransforme
         elif name.endswith("self_attn.k_proj.weight"):
             out[name] = rotate_half_rows(weight, config.num_key_value_heads)
     return out
-
-
-def save_readme(folder, model_type: str = MODEL_TYPE) -> None:
-    """A model card that says how to load the checkpoint (transformers' own error for an unknown model type
-    suggests upgrading transformers, which does not help)."""
-    path = Path(folder) / "README.md"
-    if not path.exists():  # never overwrite a card the user wrote
-        path.write_text(
-            f"# DIFF Transformer V2 checkpoint (diffattn)\n\n"
-            f"`model_type: {model_type}` is registered by the `diffattn` library, not by transformers:\n\n"
-            f"```python\nimport diffattn  # registers DiffTransformerV2 with the Auto classes\n"
-            f"from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(...)\n```\n"
-        )
 
 
 def set_v2_backend(model: nn.Module, backend: str) -> nn.Module:

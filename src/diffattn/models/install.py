@@ -1,8 +1,13 @@
 """Swap every ``DiffLlamaAttention`` of a Hugging Face model for our differential attention module.
 
 Module instances are replaced in their parents (the PEFT way); no transformers class is patched. The new
-module reuses the original's parameters under the same names, so ``save_pretrained`` output still loads in
-plain transformers, and :func:`remove_diff_attention` puts the originals back.
+module reuses the original's parameters under the same names, and :func:`remove_diff_attention` puts the
+originals back.
+
+What ``save_pretrained`` writes follows the options (:func:`set_checkpoint_type`): with those plain ``DiffLlama``
+computes, a ``diffllama`` checkpoint that plain transformers loads exactly; with any other, the config becomes a
+:class:`~diffattn.models.diff_llama.DiffTransformerConfig` (``diffattn_diff``: refused by plain transformers, loaded
+with its options and norm gains after ``import diffattn``).
 """
 
 from __future__ import annotations
@@ -10,13 +15,36 @@ from __future__ import annotations
 import logging
 
 from torch import nn
+from transformers import DiffLlamaConfig
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
 
-from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention
+from .diff_llama import MODEL_TYPE, DiffAttentionOptions, DiffLlamaDifferentialAttention, DiffTransformerConfig
 
 logger = logging.getLogger(__name__)
 
 _MASK_FORMATS_WE_READ = ("sdpa", "eager")
+DIFF_MODEL_TYPES = ("diffllama", MODEL_TYPE)  # the model types our DIFF attention installs into
+
+
+def recorded_options(config, backend: str = "auto") -> DiffAttentionOptions:
+    """The options ``config.diffattn`` records (the defaults where it records none)."""
+    recorded = dict(getattr(config, "diffattn", None) or {})
+    return DiffAttentionOptions(
+        backend=backend,
+        lambda_init=recorded.get("lambda_init", "exponential"),
+        norm=recorded.get("norm", "rms"),
+    )
+
+
+def set_checkpoint_type(config, options: DiffAttentionOptions | None) -> None:
+    """Make ``config`` (a DiffLlama config, changed in place so every module holding it sees the change) save the
+    checkpoint type that ``options`` needs: plain ``DiffLlamaConfig`` when plain DiffLlama computes them (or
+    ``None``: no diffattn attention), else :class:`DiffTransformerConfig`. The two classes differ only in
+    ``model_type``; a config of any other class is left alone."""
+    if type(config) not in (DiffLlamaConfig, DiffTransformerConfig):
+        return
+    plain = options is None or options.computed_by_plain_diffllama
+    config.__class__ = DiffLlamaConfig if plain else DiffTransformerConfig
 
 
 def _attention_modules(model: nn.Module):
@@ -41,10 +69,10 @@ def install_diff_attention(
         backend: backend of the two-map op (``auto``, ``reference``, ``sdpa``, ``triton``).
         lambda_init: ``"exponential"`` (default) or a constant in (0, 1); ``None`` keeps what
             ``config.diffattn`` recorded, else the default.
-        norm: ``"rms"`` (default; no gain, loadable by plain transformers), ``"rms_affine"`` (learnable
-            gain: adds ``groupnorm.weight`` parameters that plain ``DiffLlama`` drops on loading, so such a
-            checkpoint reloads exactly only through diffattn) or ``"none"`` (ablation). ``None`` keeps
-            ``config.diffattn``'s value, else the default.
+        norm: ``"rms"`` (default; no gain), ``"rms_affine"`` (learnable gain: adds ``groupnorm.weight``
+            parameters; re-installing with ``rms_affine`` again keeps the learnt gains) or ``"none"`` (ablation).
+            ``None`` keeps ``config.diffattn``'s value, else the default. Any option but the defaults makes the
+            model save a ``diffattn_diff`` checkpoint (module doc).
 
     Returns:
         The same model, modified in place.
@@ -52,17 +80,17 @@ def install_diff_attention(
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     targets = list(_attention_modules(model))
-    if model_type != "diffllama" or not targets:
+    if model_type not in DIFF_MODEL_TYPES or not targets:
         raise ValueError(
             f"install_diff_attention needs a DiffLlama model (config.model_type 'diffllama'); got "
             f"{type(model).__name__} with model_type {model_type!r}. For a baseline, build attention='diff'; to "
             f"add differential attention to a pretrained model use the adapters (Dex, DAA, DiffLoRA)."
         )
-    recorded = dict(getattr(config, "diffattn", None) or {})
+    recorded = recorded_options(config, backend)
     options = DiffAttentionOptions(
         backend=backend,
-        lambda_init=lambda_init if lambda_init is not None else recorded.get("lambda_init", "exponential"),
-        norm=norm if norm is not None else recorded.get("norm", "rms"),
+        lambda_init=lambda_init if lambda_init is not None else recorded.lambda_init,
+        norm=norm if norm is not None else recorded.norm,
     )
     if config._attn_implementation not in _MASK_FORMATS_WE_READ:
         logger.info(
@@ -70,9 +98,13 @@ def install_diff_attention(
         )
         model.set_attn_implementation("sdpa")
     for parent, child, module in targets:
-        original = module.original if isinstance(module, DiffLlamaDifferentialAttention) else module
-        setattr(parent, child, DiffLlamaDifferentialAttention(original, options))
+        ours = isinstance(module, DiffLlamaDifferentialAttention)
+        new = DiffLlamaDifferentialAttention(module.original if ours else module, options)
+        if ours and module.options.norm == options.norm:
+            new.groupnorm = module.groupnorm  # a re-install (another backend, λ_init) keeps the learnt norm gains
+        setattr(parent, child, new)
     config.diffattn = options.to_config()
+    set_checkpoint_type(config, options)
     logger.info("installed diffattn DIFF attention in %d layers (%s)", len(targets), options)
     return model
 
@@ -88,4 +120,5 @@ def remove_diff_attention(model: nn.Module) -> nn.Module:
         raise ValueError("remove_diff_attention: this model has no diffattn DIFF attention installed")
     if getattr(model.config, "diffattn", None) is not None:
         del model.config.diffattn
+    set_checkpoint_type(model.config, None)  # HF's own attention again: a plain diffllama checkpoint
     return model

@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from ..files import RUN_CONFIG
+from .install import recorded_options, set_checkpoint_type
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,10 @@ def load_pretrained(
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
     config = AutoConfig.from_pretrained(folder)
+    if config.model_type == "diffllama" and getattr(config, "diffattn", None):
+        # saved by diffattn before non-default DIFF options had their own model type: load it as what it records
+        # (our attention with those options, norm gains included) instead of as plain DiffLlama
+        set_checkpoint_type(config, recorded_options(config))
     model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model.eval(), tokenizer
