@@ -121,3 +121,31 @@ def test_a_full_disk_is_a_fault_of_the_machine_and_an_unexpected_failure_names_i
     monkeypatch.setattr(cli, "cmd_info", bug)
     _one_line(capsys, main(["info"]), 1, r"KeyError: 'oops' \(rerun with --verbose for the traceback\)")
     assert failure_line(ValueError("a\nb")) == ("a; b", 2)
+
+
+def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(model_folder, tmp_path, capsys, monkeypatch):
+    """Loading never lets transformers ask [y/N] and run a folder's Python: an auto_map is refused with one line,
+    nothing loaded; the explicit flag reaches transformers as trust_remote_code=True."""
+    folder = tmp_path / "remote"
+    shutil.copytree(model_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_evil.py").write_text("raise SystemExit('the folder code ran')\n")
+    out = tmp_path / "eval"
+    code = main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--tokens", "32", "--text", "filler"])
+    _one_line(capsys, code, 2, r"asks to run its own Python code \(config.json: auto_map\)")
+    assert not (out / "results.json").exists()
+
+    import transformers
+
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", record)
+    main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--trust-remote-code"])
+    main(["eval", str(model_folder), "--suite", "ppl", "--out", str(out)])
+    assert seen == [True, False]

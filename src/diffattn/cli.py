@@ -321,7 +321,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_eval_folder(Path(args.out))
     options = SuiteOptions(**{f.name: getattr(args, f.name) for f in fields(SuiteOptions) if hasattr(args, f.name)})
     options.validate(suites, style="flag")  # before the model loads
-    model, tokenizer, description = load_for_eval(args.model)
+    model, tokenizer, description = load_for_eval(args.model, trust_remote_code=args.trust_remote_code)
     doc = run_suites(
         model, tokenizer, suites, args.out, options=options, name=args.name or args.model, description=description
     )
@@ -462,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="folder for results.json and the PNGs")
     p.add_argument("--name", help="the model's name in results and plots (default: the argument)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a model folder with an auto_map run its own Python code (only for code you have read)",
+    )
     p.add_argument("--text", default="shakespeare", help="evaluation text: shakespeare, filler or a path")
     p.add_argument("--haystack", default="shakespeare", help="NIAH/allocation haystack: shakespeare or filler")
     p.add_argument("--context-tokens", dest="context_tokens", type=int, help="NIAH/allocation context length")

@@ -142,7 +142,7 @@ def _read_yaml(path: Path) -> dict:
     return read_yaml(path, "config") or {}
 
 
-def load_for_eval(name_or_path: str | os.PathLike):
+def load_for_eval(name_or_path: str | os.PathLike, *, trust_remote_code: bool = False):
     """``(model, tokenizer, description)`` for any model the library produces or loads (see the module doc).
 
     A folder that cannot be loaded — a JSON file that does not parse, a config value of the wrong type, a tensor of
@@ -151,7 +151,7 @@ def load_for_eval(name_or_path: str | os.PathLike):
     for folder in (path, path / "final", path / "merged", path / "adapter"):
         _check_json_files(folder)
     try:
-        return _load_for_eval(name_or_path)
+        return _load_for_eval(name_or_path, trust_remote_code)
     except (ValueError, OSError):
         raise  # already a sentence (OSError: a file-system problem, reported with its path)
     except Exception as e:
@@ -170,7 +170,7 @@ def _check_json_files(folder: Path) -> None:
             raise ValueError(f"{f} is not valid JSON ({e}): the folder is damaged; restore or re-export it") from e
 
 
-def _load_for_eval(name_or_path: str | os.PathLike):
+def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
     from ..models.pretrained import PRETRAINED, load_pretrained
 
     path = Path(name_or_path)
@@ -186,10 +186,10 @@ def _load_for_eval(name_or_path: str | os.PathLike):
             what = f"{run['method'].get('name')} on {run['model'].get('name')}"
             return _trained_at(model.eval(), length), tok, f"adapt run {path} ({what}){form}"
         if (path / "final").is_dir():
-            model, tok = load_pretrained(path / "final")
+            model, tok = load_pretrained(path / "final", trust_remote_code=trust_remote_code)
             return _trained_at(_install(model), length), tok, f"pretrain run {path} (final/)"
         if (path / "config.json").is_file():  # a pretraining run's final/ folder (it holds a copy of run.yaml)
-            model, tok = load_pretrained(path)
+            model, tok = load_pretrained(path, trust_remote_code=trust_remote_code)
             return _trained_at(_install(model), length), tok, f"pretrained model {path}"
         raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
     if path.is_dir() and not (path / "config.json").is_file():
@@ -203,7 +203,7 @@ def _load_for_eval(name_or_path: str | os.PathLike):
             f"model {str(name_or_path)!r} does not exist: give a run folder, a Hugging Face folder or one of "
             f"{', '.join(PRETRAINED)}"
         )
-    model, tok = load_pretrained(name_or_path)
+    model, tok = load_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     return _install(model), tok, str(name_or_path)
 
 

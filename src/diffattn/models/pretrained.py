@@ -138,16 +138,40 @@ def check_model_folder(path: Path) -> None:
         )
 
 
+def remote_code_files(path: Path) -> list[str]:
+    """The files of a model folder that ask transformers to run the folder's own Python (an ``auto_map``)."""
+    import json
+
+    found = []
+    for name in ("config.json", "tokenizer_config.json"):
+        f = path / name
+        try:
+            if f.is_file() and json.loads(f.read_text()).get("auto_map"):
+                found.append(name)
+        except (ValueError, AttributeError):
+            continue  # not JSON or not an object: the loader's own check reports it
+    return found
+
+
 def load_pretrained(
-    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32
+    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
 ) -> tuple[PreTrainedModel, object]:
     """Return ``(model, tokenizer)`` for a known offline name (see :data:`PRETRAINED`) or a local HF folder.
 
-    Use float32 on CPU (bf16 is ~30× slower there).
+    Use float32 on CPU (bf16 is ~30× slower there). A folder whose config asks to run its own Python (``auto_map``)
+    is refused unless ``trust_remote_code=True`` (transformers would otherwise ask ``[y/N]`` and, answered ``y``,
+    run the folder's code); diffattn's own model types need no remote code.
     """
     path = Path(name_or_path)
     if path.is_dir():
         check_model_folder(path)
+        asking = remote_code_files(path)
+        if asking and not trust_remote_code:
+            raise ValueError(
+                f"model folder {str(path)!r} asks to run its own Python code ({', '.join(asking)}: auto_map); "
+                "diffattn does not run a folder's code unless told to (trust_remote_code=True, or "
+                "--trust-remote-code on the command line), so only do that for code you have read"
+            )
         folder = path
     elif str(name_or_path) in PRETRAINED:
         name = str(name_or_path)
@@ -166,11 +190,13 @@ def load_pretrained(
             f"unknown pretrained model {str(name_or_path)!r}: give one of {', '.join(PRETRAINED)} "
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if config.model_type == "diffllama" and getattr(config, "diffattn", None):
         # saved by diffattn before non-default DIFF options had their own model type: load it as what it records
         # (our attention with those options, norm gains included) instead of as plain DiffLlama
         set_checkpoint_type(config, recorded_options(config))
-    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, config=config, dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer
