@@ -119,6 +119,8 @@ def get_preset(preset: str | ModelPreset, **overrides) -> ModelPreset:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
         preset = PRESETS[preset]
+    elif not isinstance(preset, ModelPreset):
+        raise ValueError(f"preset must be a preset name ({', '.join(PRESETS)}) or a ModelPreset, got {preset!r}")
     unknown = sorted(set(overrides) - set(PRESET_FIELDS))
     if unknown:
         raise ValueError(f"unknown preset override(s) {', '.join(unknown)}; allowed: {', '.join(PRESET_FIELDS)}")
