@@ -104,10 +104,20 @@ class AdapterMethod(nn.Module):
     def transform_output(self, out: torch.Tensor) -> torch.Tensor:
         return out
 
-    def effective_attention(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    def effective_attention(
+        self, attn: torch.Tensor, v: torch.Tensor, lam: float | torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """For analysis (diffattn.eval.capture): the single map ``attn`` [B, H, T, S] as this method changes it,
-        given the values ``v`` [B, Hkv, S, d]; None when it does not (the map is what the model attends with)."""
+        given the values ``v`` [B, Hkv, S, d]; None when it does not (the map is what the model attends with).
+        ``lam``: evaluate it at this λ instead of the method's current λ(t)."""
         return None
+
+    def projection_reference(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """The effective attention with λ forced to 0, from the same ``attn`` and ``v``: what the method's effective
+        attention is without its λ term (Dex: A·V·V⁺, the projection onto the span of V alone, which is not A).
+        Comparing a model's effective attention with this isolates the λ term; None when there is no effective
+        attention."""
+        return self.effective_attention(attn, v, lam=0.0)
 
     def forward(self, out: torch.Tensor) -> torch.Tensor:  # calling a method applies its output transform
         return self.transform_output(out)

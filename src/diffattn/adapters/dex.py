@@ -114,18 +114,25 @@ class DexHeads(AdapterMethod):
         return self.dex_w_d.expand(len(self.selected), -1, -1)  # [k, d, d]
 
     @torch.no_grad()
-    def effective_attention(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """X = A V (I − λ W_Dᵀ) V⁺ for the selected heads (Kong et al. App. F.3); A for the others."""
+    def effective_attention(
+        self, attn: torch.Tensor, v: torch.Tensor, lam: float | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """X = A V (I − λ W_Dᵀ) V⁺ for the selected heads (Kong et al. App. F.3); A for the others. ``lam``: this λ
+        instead of the current λ(t); at λ = 0 it is A V V⁺ (:meth:`projection_reference`), the projection of A's
+        rows onto the span of V's columns, which is not A (V⁺ is the pseudo-inverse; S > d: V V⁺ has rank d)."""
         selected = self.selected.tolist()
         if not selected:
             return attn
         rep = attn.shape[1] // v.shape[1]
         v = (v if rep == 1 else v.repeat_interleave(rep, dim=1)).float()[:, selected]  # [B, k, S, d]
-        lam = self.current_lambda().float()
-        w = self.weights().float()  # [k, d, d]
-        m = torch.eye(w.shape[-1], device=w.device) - lam * w.transpose(-1, -2)  # O' = O (I − λ W_Dᵀ)
         out = attn.clone()
-        out[:, selected] = attn[:, selected] @ v @ m @ torch.linalg.pinv(v)  # [B, k, T, S]
+        av = attn[:, selected] @ v  # [B, k, T, d]: the heads' outputs O
+        lam = self.current_lambda() if lam is None else torch.as_tensor(lam)
+        if float(lam) != 0.0:
+            w = self.weights().float()  # [k, d, d]
+            eye = torch.eye(w.shape[-1], device=w.device)
+            av = av @ (eye - lam.float().to(w.device) * w.transpose(-1, -2))  # O' = O (I − λ W_Dᵀ)
+        out[:, selected] = av @ torch.linalg.pinv(v)  # [B, k, T, S]
         return out
 
     def transform_output(self, out: torch.Tensor) -> torch.Tensor:  # out [B, H, T, d]
@@ -365,6 +372,7 @@ register(
         freeze=dex_trainable_parameters,
         merge=merge_dex,
         annealed=True,
+        differential_weights=("dex_w_d",),
         needs_calibration=_needs_calibration,
         config_from_saved=_config_from_saved,
         no_decay=_fused_qkv_no_decay,

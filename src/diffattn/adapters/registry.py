@@ -82,6 +82,10 @@ class MethodSpec:
     merge: Callable | None = None  # model -> plain model of the base architecture; None: not mergeable
     why_not_mergeable: str = ""
     annealed: bool = False  # λ follows Dex Eq. 4 (so "contributes nothing" is checked at the end of a run)
+    # the attributes of the method's per-layer module (its AdapterMethod) that hold the weights of its λ(t) term
+    # (Dex: "dex_w_d"); with every λ_learn of an annealed method they are its differential parameters, which get a
+    # learning rate of their own (train.lambda_lr of `diffattn adapt`; adapters.differential_parameter_names)
+    differential_weights: tuple[str, ...] = ()
     needs_calibration: Callable = _never  # config -> whether adapting needs calibration batches
     config_from_saved: Callable | None = None  # saved config dict -> config (default: config(**saved))
     no_decay: Callable | None = None  # model -> extra trainable names that must get weight decay 0

@@ -25,6 +25,16 @@ standard errors over samples (``*_se``), one value per sample (``per_sample``: t
 models' values can be compared pair by pair; ``metadata["samples_sha1"]`` fingerprints the prompts), and every
 layer's mean (``per_layer``; the average over layers hides where the cancellation happens).
 
+The λ = 0 reference (``lambda0_reference``, models whose method has an effective attention: Dex). Dex's effective
+attention X = A·V·(I − λW_Dᵀ)·V⁺ is not A even at λ = 0: it is then A·V·V⁺, A's rows projected onto the span of V's
+d columns, which spreads mass over every token and makes some of it negative. Comparing Dex's shares with the base
+model's plain attention therefore measures the projection as much as λ. So for such a model the same shares are also
+computed, in the same forward passes, from the effective attention with λ forced to 0
+(:meth:`~diffattn.adapters.base.AdapterMethod.projection_reference`), and stored under ``lambda0_reference`` with
+the top level's fields (means, ``*_se``, ``*_magnitude``, ``negative_mass``, ``negative_by_bucket``, ``per_sample``
+in the same sample order with the same keys, ``per_layer``) and ``metadata["what"]``. Models without an effective
+attention have no such key.
+
 Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer at the depths
 {0, 25, 50, 75, 100}% in turn; both are options. Paper figures: Transformer 0.03 answer / 0.51 noise; DIFF
 0.27–0.40 / 0.01–0.02 (evaluation.md asks for at least 50 samples).
@@ -46,6 +56,12 @@ from .niah import DEPTHS, fit_sample
 from .stats import mean_se
 
 BUCKETS = ("bos", "before", "answer", "after", "query")
+LAMBDA0_REFERENCE = (
+    "the same shares, prompts and forward passes, computed from the model's effective attention with λ forced to 0 "
+    "(Dex: A·V·V⁺ on its selected heads with the model's own A and V, A on the others): the low-rank projection "
+    "without the λ term. The model's shares minus these are what its λ term does; the difference between these and "
+    "another model's plain attention is the projection, which a comparison of the two models would also count"
+)
 SIGNED_MAPS = (
     "each head's row divided by the sum of absolute values of its entries (not by its sum, which is 1 − λ for "
     "A1 − λA2 and near 0 when λ is near 1); every bucket share lies in [−1, 1], softmax rows are unchanged (shares "
@@ -133,13 +149,8 @@ def run_allocation(
     context_tokens = evaluation_window(model, context_tokens)
     check_fits(model, context_tokens, f"attention allocation at context_tokens={context_tokens}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
-    nb = len(BUCKETS)
-    layer_shares: dict[int, torch.Tensor] = {}  # layer -> sum over samples of the head-mean shares [5]
-    layer_negative: dict[int, torch.Tensor] = {}
-    layer_count: dict[int, int] = {}
-    negatives = []  # per sample: negative mass per bucket [5]
-    per_sample = []
-    skipped = 0
+    tally = _Tally()  # the model's own maps (rec.signed)
+    reference = _Tally()  # the same rows of the effective attention at λ = 0 (rec.reference), when there is one
     digest = hashlib.sha1()
     for i in tqdm(range(samples), desc="attention allocation", disable=not progress, leave=False):
         depth = depths[i % len(depths)]
@@ -161,73 +172,17 @@ def run_allocation(
         buckets = token_buckets(enc["offset_mapping"][0].tolist(), (start, start + len(number)), len(sample.context))
         if "answer" not in buckets:
             raise ValueError("the answer's tokens could not be located in the prompt")
-        with AttentionCapture(model, rows="last") as cap, torch.no_grad():
+        with AttentionCapture(model, rows="last", reference=True) as cap, torch.no_grad():
             model(enc["input_ids"].to(model_device(model)))
-        sample_shares, sample_negative = [], []
-        for layer, rec in cap.last().items():
-            # every head's row divided by its sum of |a| (module doc), then the heads averaged; an all-zero row
-            # (nothing attended) has no shares and is skipped
-            shares, negative, valid = allocate_rows(rec.signed[0, :, 0], buckets)
-            skipped += int((~valid).sum())
-            if not bool(valid.any()):
-                continue
-            s_mean, n_mean = shares[valid].mean(0), negative[valid].mean(0)
-            layer_shares[layer] = layer_shares.get(layer, torch.zeros(nb, dtype=s_mean.dtype)) + s_mean
-            layer_negative[layer] = layer_negative.get(layer, torch.zeros(nb, dtype=n_mean.dtype)) + n_mean
-            layer_count[layer] = layer_count.get(layer, 0) + 1
-            sample_shares.append(s_mean)
-            sample_negative.append(n_mean)
-        if not sample_shares:
-            raise ValueError("every attention row was all zeros: there is no attention to share")
-        s = torch.stack(sample_shares).mean(0)
-        n = torch.stack(sample_negative).mean(0)
-        negatives.append(n)
-        magnitude = s + 2 * n  # |a| mass per bucket / Σ|a|: positive share + negative share (signed = pos − neg)
-        per_sample.append(
-            {
-                "answer": float(s[BUCKETS.index("answer")]),
-                "noise": float(s[BUCKETS.index("before")] + s[BUCKETS.index("after")]),
-                "answer_magnitude": float(magnitude[BUCKETS.index("answer")]),
-                "noise_magnitude": float(magnitude[BUCKETS.index("before")] + magnitude[BUCKETS.index("after")]),
-                "negative_mass": float(n.sum()),
-                "allocation": {b: float(s[j]) for j, b in enumerate(BUCKETS)},
-                "seed": sample_seed,
-                "depth": depth,
-            }
-        )
-    allocation = {b: float(np.mean([p["allocation"][b] for p in per_sample])) for b in BUCKETS}
-    answer, answer_se = mean_se([p["answer"] for p in per_sample])
-    noise, noise_se = mean_se([p["noise"] for p in per_sample])
-    neg, neg_se = mean_se([p["negative_mass"] for p in per_sample])
-    answer_mag, answer_mag_se = mean_se([p["answer_magnitude"] for p in per_sample])
-    noise_mag, noise_mag_se = mean_se([p["noise_magnitude"] for p in per_sample])
-    negative_by_bucket = {b: float(v) for b, v in zip(BUCKETS, torch.stack(negatives).mean(0), strict=True)}
-    per_layer = {}
-    for layer in sorted(layer_shares):
-        ls, ln = layer_shares[layer] / layer_count[layer], layer_negative[layer] / layer_count[layer]
-        per_layer[layer] = {
-            **{b: float(ls[j]) for j, b in enumerate(BUCKETS)},
-            "attention_to_answer": float(ls[BUCKETS.index("answer")]),
-            "attention_noise": float(ls[BUCKETS.index("before")] + ls[BUCKETS.index("after")]),
-            "negative_mass": float(ln.sum()),
-        }
-    return {
-        "allocation": allocation,
-        "attention_to_answer": answer,
-        "attention_noise": noise,
-        "attention_to_answer_se": answer_se,
-        "attention_noise_se": noise_se,
-        "negative_mass": neg,
-        "negative_mass_se": neg_se,
-        # shares of the attention *magnitude* (Σ|a| of a bucket / Σ|a|): equal to the signed shares for softmax maps;
-        # for signed maps they cannot be lowered by positive and negative entries of one bucket cancelling out
-        "attention_to_answer_magnitude": answer_mag,
-        "attention_to_answer_magnitude_se": answer_mag_se,
-        "attention_noise_magnitude": noise_mag,
-        "attention_noise_magnitude_se": noise_mag_se,
-        "negative_by_bucket": negative_by_bucket,
-        "per_sample": per_sample,
-        "per_layer": per_layer,
+        records = cap.last()
+        label = {"seed": sample_seed, "depth": depth}
+        tally.add({layer: rec.signed[0, :, 0] for layer, rec in records.items()}, buckets, label)
+        if any(rec.reference is not None for rec in records.values()):
+            # a layer the method leaves alone has no λ term: its own map is its reference
+            rows = {layer: (rec.signed if rec.reference is None else rec.reference) for layer, rec in records.items()}
+            reference.add({layer: r[0, :, 0] for layer, r in rows.items()}, buckets, label)
+    result = {
+        **tally.result(),
         "metadata": {
             "haystack": description,
             "context_tokens": context_tokens,
@@ -242,11 +197,107 @@ def run_allocation(
             "pairing": "sample i uses seed seed*100003 + i: models evaluated with the same options see the same "
             "prompts (same samples_sha1) and can be compared pair by pair",
             "samples_sha1": digest.hexdigest(),
-            "layers": len(per_layer),
-            "heads_skipped_zero_rows": skipped,
+            "layers": len(tally.per_layer()),
+            "heads_skipped_zero_rows": tally.skipped,
             "seed": seed,
         },
     }
+    if reference.per_sample:
+        result["lambda0_reference"] = {
+            **reference.result(),
+            "metadata": {"what": LAMBDA0_REFERENCE, "heads_skipped_zero_rows": reference.skipped},
+        }
+        result["metadata"]["lambda0_reference"] = LAMBDA0_REFERENCE
+    return result
+
+
+class _Tally:
+    """The allocation of one kind of map over the samples: per sample (head- then layer-mean shares), per layer."""
+
+    def __init__(self):
+        self.layer_shares: dict[int, torch.Tensor] = {}  # layer -> sum over samples of the head-mean shares [5]
+        self.layer_negative: dict[int, torch.Tensor] = {}
+        self.layer_count: dict[int, int] = {}
+        self.negatives: list[torch.Tensor] = []  # per sample: negative mass per bucket [5]
+        self.per_sample: list[dict] = []
+        self.skipped = 0
+
+    def add(self, rows: dict[int, torch.Tensor], buckets: list[str], label: dict) -> None:
+        """One sample: ``rows`` = every layer's last-token rows ``[H, S]``; ``label`` is kept with its values."""
+        nb = len(BUCKETS)
+        sample_shares, sample_negative = [], []
+        for layer, heads in rows.items():
+            # every head's row divided by its sum of |a| (module doc), then the heads averaged; an all-zero row
+            # (nothing attended) has no shares and is skipped
+            shares, negative, valid = allocate_rows(heads, buckets)
+            self.skipped += int((~valid).sum())
+            if not bool(valid.any()):
+                continue
+            s_mean, n_mean = shares[valid].mean(0), negative[valid].mean(0)
+            self.layer_shares[layer] = self.layer_shares.get(layer, torch.zeros(nb, dtype=s_mean.dtype)) + s_mean
+            self.layer_negative[layer] = self.layer_negative.get(layer, torch.zeros(nb, dtype=n_mean.dtype)) + n_mean
+            self.layer_count[layer] = self.layer_count.get(layer, 0) + 1
+            sample_shares.append(s_mean)
+            sample_negative.append(n_mean)
+        if not sample_shares:
+            raise ValueError("every attention row was all zeros: there is no attention to share")
+        s = torch.stack(sample_shares).mean(0)
+        n = torch.stack(sample_negative).mean(0)
+        self.negatives.append(n)
+        magnitude = s + 2 * n  # |a| mass per bucket / Σ|a|: positive share + negative share (signed = pos − neg)
+        self.per_sample.append(
+            {
+                "answer": float(s[BUCKETS.index("answer")]),
+                "noise": float(s[BUCKETS.index("before")] + s[BUCKETS.index("after")]),
+                "answer_magnitude": float(magnitude[BUCKETS.index("answer")]),
+                "noise_magnitude": float(magnitude[BUCKETS.index("before")] + magnitude[BUCKETS.index("after")]),
+                "negative_mass": float(n.sum()),
+                "allocation": {b: float(s[j]) for j, b in enumerate(BUCKETS)},
+                **label,
+            }
+        )
+
+    def per_layer(self) -> dict[int, dict]:
+        out = {}
+        for layer in sorted(self.layer_shares):
+            ls = self.layer_shares[layer] / self.layer_count[layer]
+            ln = self.layer_negative[layer] / self.layer_count[layer]
+            out[layer] = {
+                **{b: float(ls[j]) for j, b in enumerate(BUCKETS)},
+                "attention_to_answer": float(ls[BUCKETS.index("answer")]),
+                "attention_noise": float(ls[BUCKETS.index("before")] + ls[BUCKETS.index("after")]),
+                "negative_mass": float(ln.sum()),
+            }
+        return out
+
+    def result(self) -> dict:
+        """Means over samples, their standard errors, per-sample values and per-layer means (no metadata)."""
+        per_sample = self.per_sample
+        allocation = {b: float(np.mean([p["allocation"][b] for p in per_sample])) for b in BUCKETS}
+        answer, answer_se = mean_se([p["answer"] for p in per_sample])
+        noise, noise_se = mean_se([p["noise"] for p in per_sample])
+        neg, neg_se = mean_se([p["negative_mass"] for p in per_sample])
+        answer_mag, answer_mag_se = mean_se([p["answer_magnitude"] for p in per_sample])
+        noise_mag, noise_mag_se = mean_se([p["noise_magnitude"] for p in per_sample])
+        negative_by_bucket = {b: float(v) for b, v in zip(BUCKETS, torch.stack(self.negatives).mean(0), strict=True)}
+        return {
+            "allocation": allocation,
+            "attention_to_answer": answer,
+            "attention_noise": noise,
+            "attention_to_answer_se": answer_se,
+            "attention_noise_se": noise_se,
+            "negative_mass": neg,
+            "negative_mass_se": neg_se,
+            # shares of the attention *magnitude* (Σ|a| of a bucket / Σ|a|): equal to the signed shares for softmax
+            # maps; for signed maps they cannot be lowered by positive and negative entries of one bucket cancelling
+            "attention_to_answer_magnitude": answer_mag,
+            "attention_to_answer_magnitude_se": answer_mag_se,
+            "attention_noise_magnitude": noise_mag,
+            "attention_noise_magnitude_se": noise_mag_se,
+            "negative_by_bucket": negative_by_bucket,
+            "per_sample": per_sample,
+            "per_layer": self.per_layer(),
+        }
 
 
 COLORS = {"bos": "tab:gray", "before": "tab:orange", "answer": "tab:green", "after": "tab:red", "query": "tab:blue"}

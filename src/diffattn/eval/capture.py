@@ -8,7 +8,9 @@ What is recorded for each attention call (:class:`AttentionRecord`, float32, ``[
   the **signed** map ``A1 − λ·A2`` — what multiplies V, and what ``output_attentions`` cannot give;
 * Dex (Kong et al. App. F.3): the **effective attention** ``X = A V (I − λ W_Dᵀ) V⁺`` of each selected head (the
   map that, applied to the same V, gives the extended output O' = O − λ O W_Dᵀ; V⁺ the pseudo-inverse), and A
-  for the other heads; ``signed`` is X for Dex models, A1 for single-map ones.
+  for the other heads; ``signed`` is X for Dex models, A1 for single-map ones. With ``reference=True`` also
+  ``reference``: the same effective attention with λ forced to 0 (Dex: ``A V V⁺``, the projection alone), from the
+  same A and V, so that what the λ term does can be told from what the projection does.
 
 How: the modules this library owns report their post-RoPE tensors through :mod:`diffattn.ops.observe`; the
 attention modules of plain Hugging Face models (baselines, pretrained bases of the adapter table) get a forward
@@ -49,6 +51,7 @@ class AttentionRecord:
     attn2: torch.Tensor | None = None
     lam: torch.Tensor | None = None  # [H]; for DIFF V2's per-token gate, its mean over the batch and recorded rows
     effective: torch.Tensor | None = None  # Dex only: the effective attention (also in ``signed``)
+    reference: torch.Tensor | None = None  # with reference=True: the effective attention at λ = 0 (Dex: A V V⁺)
     v: torch.Tensor | None = None  # the values the maps multiply, [B, Hkv, S, dv] (head outputs = signed · V)
 
     @property
@@ -119,6 +122,9 @@ class AttentionCapture:
         rows: ``None`` (all query rows), ``"last"`` (the last row only) or an ``int`` row index.
         callback: called with each record as it is made.
         store: keep the records in :attr:`records` (turn off with a callback, to bound memory).
+        reference: for a method with an effective attention (Dex), also record it with λ forced to 0
+            (:meth:`~diffattn.adapters.base.AdapterMethod.projection_reference`) as ``reference``; off by default
+            (one more map per layer).
 
     After the block, ``records[layer]`` is the list of that layer's records, one per forward call, and
     :meth:`last` the latest of each layer.
@@ -132,10 +138,12 @@ class AttentionCapture:
         rows: str | int | None = None,
         callback: Callable[[AttentionRecord], None] | None = None,
         store: bool = True,
+        reference: bool = False,
     ):
         if rows not in (None, "last") and not isinstance(rows, int):
             raise ValueError(f"rows must be None, 'last' or a row index; got {rows!r}")
         self.model, self.rows, self.callback, self.store = model, rows, callback, store
+        self.reference = reference
         self.layers = None if layers is None else set(layers)
         self.records: dict[int, list[AttentionRecord]] = {}
         self._hooks: list = []
@@ -226,6 +234,8 @@ class AttentionCapture:
         elif method is not None and (effective := method.effective_attention(attn1, v)) is not None:
             rec.effective = rec.signed = effective  # a single-map method that changes what attention does (Dex)
             rec.lam = torch.full((q1.shape[1],), float(method.current_lambda().detach()))
+            if self.reference:
+                rec.reference = method.projection_reference(attn1, v)
         if self.callback is not None:
             self.callback(rec)
         if self.store:
