@@ -226,6 +226,7 @@ def test_a_run_whose_lambda_stays_near_zero_says_so(base_dir, corpus_dir, tmp_pa
     out = tmp_path / "dex"
     args = ["adapt", "--model", str(base_dir), "--method", "dex", "--data", str(corpus_dir), "--seq-len", "32"]
     args += ["--max-steps", "4", "--batch-size", "2", "--lr", "1e-6", "--set", "data.val_sequences=4"]
+    args += ["--set", "train.lambda_lr=1e-6"]  # λ's own rate (default 1e-2) as low as the rest
     assert main([*args, "--out", str(out)]) == 0  # lr 1e-6: λ_learn moves ~1e-6 a step
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())

@@ -20,7 +20,7 @@ from ..lambdas import lambda_per_layer
 from . import dex, input_diff, daa, difflora, diff_v2, controls  # noqa: F401
 
 # isort: on
-from .base import AdaptedAttention, adapted_model, remove_adapter, set_adapter_step
+from .base import AdaptedAttention, AnnealedLambda, adapted_model, remove_adapter, set_adapter_step
 from .controls import LoRAControlConfig
 from .daa import DAAConfig, DiffKConfig, DiffQConfig, adapt_daa, adapt_input_diff, attention_module_names  # noqa: F401
 from .dex import (  # noqa: F401  (the method functions were importable from here)
@@ -58,6 +58,7 @@ __all__ = [
     "adapt",
     "adapter_lambdas",
     "attention_modules",
+    "differential_parameter_names",
     "get_method",
     "get_spec",
     "head_entropy",
@@ -101,6 +102,21 @@ def no_decay_parameter_names(model: nn.Module) -> list[str]:
     spec = get_method(_info(model, "no_decay_parameter_names").method)
     names = [n for n, p in model.named_parameters() if p.requires_grad and "lambda" in n.rsplit(".", 1)[-1]]
     return names + (spec.no_decay(model) if spec.no_decay is not None else [])
+
+
+def differential_parameter_names(model: nn.Module) -> list[str]:
+    """The trainable parameters of the model's λ(t) term, by name: every λ_learn (Dex Eq. 4) and the weights its
+    registry entry names (:attr:`MethodSpec.differential_weights`: Dex's W_D, DAA's W_DAA, DiffQ/K/V's W_D).
+    ``diffattn adapt`` trains them at their own learning rate (``train.lambda_lr``), without weight decay. Empty for
+    a method without such a term (DiffLoRA, DIFF V2, the controls)."""
+    inner = adapted_model(model, "differential_parameter_names")
+    spec = get_method(inner._diffattn_adapter.method)
+    wanted = set()
+    for module in inner.modules():
+        if isinstance(module, AdaptedAttention):
+            wanted |= {id(m.lambda_learn) for m in module.method.modules() if isinstance(m, AnnealedLambda)}
+            wanted |= {id(getattr(module.method, attr)) for attr in spec.differential_weights}
+    return [n for n, p in model.named_parameters() if id(p) in wanted and p.requires_grad]
 
 
 def adapt(model: nn.Module, config, calibration=None) -> nn.Module:

@@ -141,9 +141,15 @@ def _input_rows(part: str):
 for _spec in (
     annealed_spec(
         "daa", "DAA", DAAConfig, adapt_daa, _daa_rows, why_not_mergeable=TWO_MAPS,
-        report_settings=("position", "anneal_steps"),
+        report_settings=("position", "anneal_steps"), differential_weights=("daa_w",),
     ),
-    annealed_spec("diffq", "DiffQ", DiffQConfig, adapt_input_diff, _input_rows("q"), why_not_mergeable=TWO_MAPS),
-    annealed_spec("diffk", "DiffK", DiffKConfig, adapt_input_diff, _input_rows("k"), why_not_mergeable=TWO_MAPS),
+    annealed_spec(
+        "diffq", "DiffQ", DiffQConfig, adapt_input_diff, _input_rows("q"), why_not_mergeable=TWO_MAPS,
+        differential_weights=("diff_w_d",),
+    ),
+    annealed_spec(
+        "diffk", "DiffK", DiffKConfig, adapt_input_diff, _input_rows("k"), why_not_mergeable=TWO_MAPS,
+        differential_weights=("diff_w_d",),
+    ),
 ):  # fmt: skip
     register(_spec)

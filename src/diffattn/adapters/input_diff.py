@@ -83,6 +83,6 @@ def _bench_rows(shape, anneal_steps: int, second_map_flops) -> list:
 
 register(
     annealed_spec(
-        "diffv", "DiffV", DiffVConfig, adapt_diffv, _bench_rows, merge=merge_diffv
+        "diffv", "DiffV", DiffVConfig, adapt_diffv, _bench_rows, merge=merge_diffv, differential_weights=("diffv_w_d",)
     )  # one map: it folds into W_V
 )

@@ -13,8 +13,10 @@ All run on the pretraining trainer (:class:`~diffattn.train.trainer.DiffattnTrai
 resume, ``metrics.jsonl``, a stop on a non-finite loss). On top of it: λ(t) of Dex Eq. 4 follows the
 optimiser step (a callback calls :func:`diffattn.set_adapter_step` before every step) and is logged per
 layer; every λ (and GPT-2's fused ``c_attn`` under Dex, whose query part a gradient hook freezes) gets weight
-decay 0; Dex's data-driven head selection runs on the first ``data.calibration_batches`` training batches and
-the chosen heads are recorded in ``summary.json`` and the adapter.
+decay 0; the differential parameters of the λ(t) methods (λ_learn and W_D, W_DAA) train at ``train.lambda_lr`` in
+an optimiser group of their own, never decayed (recorded in ``summary.json`` as ``lambda_lr``); Dex's data-driven
+head selection runs on the first ``data.calibration_batches`` training batches and the chosen heads are recorded
+in ``summary.json`` and the adapter.
 
 Output folder: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` (validation loss before and
 after, trainable and total parameter counts, λ per layer, Dex heads, ``warnings``: e.g. a λ(t) method whose
@@ -42,6 +44,7 @@ from transformers import TrainerCallback
 from ..adapters import (
     adapt,
     adapter_lambdas,
+    differential_parameter_names,
     merge_adapter,
     no_decay_parameter_names,
     save_adapter,
@@ -66,6 +69,7 @@ from .adapt_config import (  # noqa: F401  (re-exported: the public names of a r
     AdaptMethodSection,
     AdaptModelSection,
     AdaptRunConfig,
+    AdaptTrainConfig,
     __getattr__,
     _jsonable,
     check_resolved_options,
@@ -193,6 +197,10 @@ def adapt_pretrained(
     tokens_per_step = config.train.global_batch_size * config.data.seq_len
     metrics = MetricsCallback(run_dir / METRICS, tokens_per_step, lambdas=adapter_lambdas if is_adapter else _none)
     extra_no_decay = no_decay_parameter_names(model) if is_adapter else []
+    differential = differential_parameter_names(model) if is_adapter else []  # λ_learn, W_D: at train.lambda_lr
+    lambda_lr = config.train.resolved_lambda_lr if differential else None
+    if config.train.lambda_lr is not None and not differential:
+        logger.warning("train.lambda_lr is ignored: %s has no λ(t) term", config.method.name)
     trainer = AdapterTrainer(
         model=model,
         args=args,
@@ -203,6 +211,8 @@ def adapt_pretrained(
         keep_checkpoints=config.train.keep_checkpoints,
         loss_average=config.train.loss_average,
         extra_no_decay=extra_no_decay,
+        differential=differential,
+        lambda_lr=lambda_lr,
     )
     if is_adapter:
         set_adapter_step(model, 0)
@@ -226,6 +236,9 @@ def adapt_pretrained(
         "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
         "wall_seconds": wall,
         "lambda": adapter_lambdas(model) if is_adapter else None,
+        # the learning rate of the differential parameters (their own optimiser group; None: the method has none)
+        "lambda_lr": lambda_lr,
+        "lambda_lr_parameters": sum(p.numel() for n, p in model.named_parameters() if n in differential),
         "distributed": distribution(config),
         "warnings": [],
         "data": {

@@ -4,6 +4,7 @@ options are resolved (defaults filled in, T of Dex Eq. 4 from the run's length) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -91,10 +92,53 @@ class AdaptDataSection(RetrievalMixFields):
         self.validate_retrieval()
 
 
-def _adapt_train_defaults() -> TrainConfig:
+# The default learning rate of the differential parameters (train.lambda_lr unset; see AdaptTrainConfig), chosen by
+# measurement. When the gradient pushes λ the same way every step, Adam moves it by the sum of the scheduled rates:
+# over 40 steps (10% warm-up, cosine to 0, no gradient at t = 0) that is 20·lambda_lr, so 3e-3 reaches 0.06 and 1e-2
+# reaches 0.2, enough margin for a gradient whose sign wavers. On a briefly pretrained 2-layer d-128 model (40 steps,
+# batch 4 × 128 tokens, lr 1e-4, a quarter retrieval rows) the largest |λ| at the end was, for lambda_lr = 1e-4 (the
+# shared rate, as before) / 1e-3 / 3e-3 / 1e-2 / 3e-2: Dex 0.0013 / 0.011 / 0.016 / 0.10 / 0.30, DAA 0.0013 / 0.012 /
+# 0.032 / 0.053 / 0.11, DiffV 0.0013 / 0.010 / 0.037 / 0.099 / 0.068; validation loss 4.752 before, after 1e-2
+# within +0.001 (Dex), +0.005 (DAA), +0.010 (DiffV) of the shared-rate runs, after 3e-2 Dex's rose by +0.056. So
+# 1e-2, and a fixed rate rather than a multiple of lr: lr × 100 would be 0.1 at the lr 1e-3 experiments use, past
+# what was seen to be harmless, while at lr 1e-3 a fixed 1e-2 still moved |λ| to 0.026-0.034.
+DEFAULT_LAMBDA_LR = 1e-2
+
+
+@dataclass
+class AdaptTrainConfig(TrainConfig):
+    """The pretraining trainer's settings plus ``lambda_lr``: the learning rate of the λ(t) methods' differential
+    parameters (every λ_learn, and Dex's W_D, DAA's W_DAA, DiffQ/K/V's W_D: ``adapters.differential_parameter_names``),
+    an optimiser parameter group of its own that follows the same schedule (warm-up and decay scale both groups
+    alike) and is never weight-decayed. Methods without a λ(t) term ignore it.
+
+    Why a rate of its own: λ_learn starts at 0, and Adam moves a parameter by at most about the learning rate per
+    step, so at the shared 1e-4 a 40-step run can move λ by ~4e-3 in all (with warm-up and cosine decay ~2e-3; the
+    largest |λ| of the committed mini-adapters run was 1.4e-3): the λ(t) methods were attention fine-tunes by
+    construction. ``None`` means :data:`DEFAULT_LAMBDA_LR`."""
+
+    lambda_lr: float | None = None  # None: DEFAULT_LAMBDA_LR
+
+    def __post_init__(self):
+        if isinstance(self.lambda_lr, str):  # `--set train.lambda_lr=1e-2`: YAML 1.1 reads 1e-2 (no dot) as a string
+            with contextlib.suppress(ValueError):  # not a number: refused by validate, in its words
+                self.lambda_lr = float(self.lambda_lr)
+
+    @property
+    def resolved_lambda_lr(self) -> float:
+        return DEFAULT_LAMBDA_LR if self.lambda_lr is None else float(self.lambda_lr)
+
+    def validate(self) -> None:
+        super().validate()
+        v = self.lambda_lr
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+            raise ValueError(f"train.lambda_lr must be a learning rate > 0 (or null for the default), got {v!r}")
+
+
+def _adapt_train_defaults() -> AdaptTrainConfig:
     # lr 1e-4 (DiffLoRA; DAA on Llama), cosine to 0 (DAA); no weight decay (the papers are silent, and the
     # base weights the methods move should stay near the pretrained ones); 10% warmup.
-    return TrainConfig(max_steps=200, lr=1e-4, schedule="cosine", min_lr_ratio=0.0, weight_decay=0.0)
+    return AdaptTrainConfig(max_steps=200, lr=1e-4, schedule="cosine", min_lr_ratio=0.0, weight_decay=0.0)
 
 
 @dataclass
@@ -102,7 +146,7 @@ class AdaptRunConfig(SectionedConfig):
     model: AdaptModelSection = field(default_factory=AdaptModelSection)
     method: AdaptMethodSection = field(default_factory=AdaptMethodSection)
     data: AdaptDataSection = field(default_factory=AdaptDataSection)
-    train: TrainConfig = field(default_factory=_adapt_train_defaults)
+    train: AdaptTrainConfig = field(default_factory=_adapt_train_defaults)
 
     @classmethod
     def from_dict(cls, d: dict) -> AdaptRunConfig:

@@ -1,6 +1,7 @@
 """Training pieces of ``diffattn adapt`` on top of the pretraining trainer: λ(t) of Dex Eq. 4 follows the optimiser
-step, weight decay 0 for every λ and what a method asks (its registry entry's ``no_decay``), and the end-of-run
-check that a λ(t) method contributed something."""
+step, weight decay 0 for every λ and what a method asks (its registry entry's ``no_decay``), the differential
+parameters (λ_learn, W_D) at their own learning rate (``train.lambda_lr``), and the end-of-run check that a λ(t)
+method contributed something."""
 
 from __future__ import annotations
 
@@ -29,15 +30,53 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-class AdapterTrainer(DiffattnTrainer):
-    """Weight decay 0 for λ (and GPT-2's fused c_attn under Dex) on top of Trainer's bias/norm exclusions."""
+LAMBDA_GROUP = "differential"  # the "group" key of the optimiser's parameter group of the differential parameters
 
-    def __init__(self, *args, extra_no_decay: list[str], **kwargs):
+
+def _plain_name(name: str) -> str:
+    """A parameter's name without the wrappers' prefixes (DDP's ``module.``, FSDP's wrapped-module parts)."""
+    for part in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(part, "")
+    return name.removeprefix("module.")
+
+
+class AdapterTrainer(DiffattnTrainer):
+    """Weight decay 0 for λ (and GPT-2's fused c_attn under Dex) on top of Trainer's bias/norm exclusions, and the
+    differential parameters (``differential``: names, :func:`diffattn.adapters.differential_parameter_names`) in a
+    parameter group of their own at learning rate ``lambda_lr``, never decayed. The schedule scales every group's
+    rate by the same factor (LambdaLR on each group's initial rate), so the λ group keeps its ratio to the rest."""
+
+    def __init__(
+        self, *args, extra_no_decay: list[str], differential: list[str] = (), lambda_lr: float | None = None, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.extra_no_decay = set(extra_no_decay)
+        self.differential = set(differential)
+        if self.differential and not (lambda_lr is not None and lambda_lr > 0):
+            raise ValueError(f"AdapterTrainer: differential parameters need a lambda_lr > 0, got {lambda_lr!r}")
+        self.lambda_lr = lambda_lr
 
     def get_decay_parameter_names(self, model) -> list[str]:
         return [n for n in super().get_decay_parameter_names(model) if n not in self.extra_no_decay]
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if not self.differential or any(g.get("group") == LAMBDA_GROUP for g in optimizer.param_groups):
+            return optimizer
+        opt_model = self.model if model is None else model
+        wanted = {id(p) for n, p in opt_model.named_parameters() if _plain_name(n) in self.differential}
+        moved = []
+        for group in optimizer.param_groups:
+            moved += [p for p in group["params"] if id(p) in wanted]
+            group["params"] = [p for p in group["params"] if id(p) not in wanted]
+        if len(moved) != len(self.differential):
+            raise ValueError(
+                f"AdapterTrainer: {len(moved)} of the {len(self.differential)} differential parameters were found "
+                "among the optimiser's parameters; their learning rate (train.lambda_lr) cannot be applied"
+            )
+        optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+        optimizer.add_param_group({"params": moved, "lr": self.lambda_lr, "weight_decay": 0.0, "group": LAMBDA_GROUP})
+        return optimizer
 
 
 def _lambda_warnings(method: str, lambdas: list[float] | None) -> list[str]:
@@ -51,5 +90,5 @@ def _lambda_warnings(method: str, lambdas: list[float] | None) -> list[str]:
     return [
         f"{name} contributes nothing: |λ| < {INACTIVE_LAMBDA:g} in every adapted layer (largest {largest:.2g}), "
         "so the result is in effect an attention fine-tune of the base model; train longer, with a higher "
-        "learning rate, or check the λ(t) settings (anneal_steps, lambda_init, init)"
+        "train.lambda_lr (λ's own learning rate), or check the λ(t) settings (anneal_steps, lambda_init, init)"
     ]
