@@ -128,4 +128,4 @@ def test_suites_measure_at_the_trained_length_unless_a_window_is_given(diff_fold
     # a final/ folder holding run.yaml (what a pretraining run writes) is a model, with its length recorded
     (run / "final" / "run.yaml").write_text("data: {seq_len: 40}\n")
     model, _, description = load_for_eval(run / "final")
-    assert getattr(model, "diffattn_trained_length") == 40 and "pretrained model" in description
+    assert model.diffattn_trained_length == 40 and "pretrained model" in description

@@ -35,7 +35,7 @@ from .annealed import (  # noqa: F401  (attention_module_names: re-exported, it 
 )
 from .base import AdapterMethod, AnnealedLambda, wrap_attention
 from .model_types import get_spec, head_layout, linear_part
-from .registry import TWO_MAPS, register
+from .registry import TWO_MAPS, PaperClaim, register
 
 
 @dataclass
@@ -142,6 +142,12 @@ for _spec in (
     annealed_spec(
         "daa", "DAA", DAAConfig, adapt_daa, _daa_rows, why_not_mergeable=TWO_MAPS,
         report_settings=("position", "anneal_steps"), differential_weights=("daa_w",),
+        paper_claims=(
+            PaperClaim(
+                "DAA Table 2", "DAA retrieves needles better than fine-tuning the same attention",
+                "NIAH above the fine-tuned model", "niah", reference="attn-ft",
+            ),
+        ),
     ),
     annealed_spec(
         "diffq", "DiffQ", DiffQConfig, adapt_input_diff, _input_rows("q"), why_not_mergeable=TWO_MAPS,

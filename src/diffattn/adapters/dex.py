@@ -385,6 +385,16 @@ register(
                 "alloc:attention_to_answer",
             ),
             PaperClaim("Dex §4.2, Fig. 10", "Dex improves multi-needle retrieval", "66.9% → 78.3% (N=8, R=1)", "niah"),
+            PaperClaim(
+                "Dex Fig. 11b", "Dex lowers inter-head redundancy (linear CKA between head outputs)",
+                "lower CKA than the base in most layers", "heads:cka", claimed="lower",
+            ),
+            # against the same projection at λ = 0 (A·V·V⁺ with the model's own A and V): the effective attention is
+            # a low-rank projection even at λ = 0, so against the base's plain A the row would measure the projection
+            PaperClaim(
+                "Dex Table 2 (vs λ = 0)", "Dex's λ term raises the effective attention to the answer",
+                "paper: vs the base only", "alloc:attention_to_answer", reference="lambda0",
+            ),
             # the same claims against our control: an attention-only fine-tune on the same data and budget, which
             # separates what Dex adds from what the fine-tuning data alone does (the paper compares with the base)
             PaperClaim(

@@ -41,13 +41,19 @@ class Recipe:
     grad_clip: float | None = None
 
 
+CLAIM_MEASURES = ("loss", "niah", "alloc:attention_to_answer", "alloc:attention_noise", "heads:cka")
+
+
 @dataclass(frozen=True)
 class PaperClaim:
     """A claim of the method's paper that an experiment checks (diffattn.experiments.claims).
 
-    ``measure``: ``"loss"`` (validation loss), ``"niah"`` (mean strict retrieval accuracy) or ``"alloc:<key>"``
-    (an attention-allocation share, e.g. ``alloc:attention_to_answer``). The model of this method is compared with
-    ``reference``: ``"base"`` (the model it adapted) or another method's name (trained on the same base)."""
+    ``measure``: one of :data:`CLAIM_MEASURES`: ``"loss"`` (validation loss), ``"niah"`` (prompts solved over the R = 1
+    retrieval cells), ``"alloc:<key>"`` (an attention-allocation share, e.g. ``alloc:attention_to_answer``) or
+    ``"heads:<key>"`` (a head statistic, e.g. ``heads:cka``). The model of this method is compared with
+    ``reference``: ``"base"`` (the model it adapted), another method's name (trained on the same base), or
+    ``"lambda0"`` (the model's own effective attention with λ forced to 0: the allocation suite's
+    ``lambda0_reference``, which isolates the λ term from the projection)."""
 
     source: str
     claim: str
@@ -57,9 +63,10 @@ class PaperClaim:
     reference: str = "base"
 
     def __post_init__(self):
-        measures = ("loss", "niah", "alloc:attention_to_answer", "alloc:attention_noise")
-        if self.measure not in measures:
-            raise ValueError(f"PaperClaim.measure must be one of {', '.join(measures)}; got {self.measure!r}")
+        if self.measure not in CLAIM_MEASURES:
+            raise ValueError(f"PaperClaim.measure must be one of {', '.join(CLAIM_MEASURES)}; got {self.measure!r}")
+        if self.reference == "lambda0" and not self.measure.startswith("alloc:"):
+            raise ValueError("PaperClaim: the λ = 0 reference exists for allocation measures only")
         if self.claimed not in ("higher", "lower"):
             raise ValueError(f"PaperClaim.claimed must be higher or lower; got {self.claimed!r}")
 

@@ -1017,6 +1017,13 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
         for pc in get_method(a.method).paper_claims:
             if pc.reference == "base":
                 references = [a.base]
+            elif pc.reference == "lambda0":  # the model's own effective attention at λ = 0, as a pseudo-model
+                reference = f"{a.name} at λ = 0"
+                own = _get(evals, a.name, "alloc", "lambda0_reference")
+                if own is None:
+                    continue
+                evals = {**evals, reference: {"alloc": {**own, "metadata": _get(evals, a.name, "alloc", "metadata")}}}
+                references = [reference]
             else:  # another method trained on the same base (DiffLoRA against LoRA)
                 references = [x.name for x in config.adapters if x.method == pc.reference and x.base == a.base]
             for ref in references:
@@ -1024,6 +1031,9 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
                     claims.append(loss(pc.source, pc.claim, pc.paper, ref, a.name, pc.claimed))
                 elif pc.measure == "niah":
                     claims.append(niah_mean(pc.source, pc.claim, pc.paper, ref, a.name))
+                elif pc.measure.startswith("heads:"):
+                    key = pc.measure.removeprefix("heads:")
+                    claims.append(_heads_claim(pc.source, pc.claim, pc.paper, ref, a.name, key, pc.claimed, evals))
                 else:
                     key = pc.measure.removeprefix("alloc:")
                     claims.append(alloc(pc.source, pc.claim, pc.paper, ref, a.name, key, pc.claimed))
