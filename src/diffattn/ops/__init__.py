@@ -11,6 +11,11 @@ Public entry points:
 * :func:`diff_attention_maps` — the same computation through ``reference``, also returning both maps and the
   signed map A1 − λA2 for analysis.
 * :func:`backend_status` — which backends are usable here, and why not.
+
+Masks: every backend masks the same keys and gives a query row whose every key is masked the same answer — it
+attends to nothing: output 0, no gradient to q1, k1, q2, k2, v or λ, and zero maps — for bool masks, ``-inf``
+additive masks and additive masks at transformers' ``finfo(dtype).min``. The rule, with its threshold for
+additive masks, is stated once, in :mod:`diffattn.ops._inputs`.
 """
 
 from __future__ import annotations
@@ -251,7 +256,9 @@ def diff_attention(
         causal: causal mask, aligned bottom-right when ``T < S`` (decoding against a KV cache:
             query i sees keys ``j <= i + S − T``).
         attn_mask: optional extra mask, combined with ``causal``: 2-D ``[B, S]`` key padding (True/1 = real
-            token) or 4-D broadcastable to ``[B, H, T, S]``; bool = may attend, float = additive.
+            token) or 4-D broadcastable to ``[B, H, T, S]``; bool = may attend, float = additive. Which keys it
+            masks (an additive value at or below ``finfo(dtype).min / 2`` does) and what a row with every key
+            masked gives (0, and no gradient): the rule in :mod:`diffattn.ops._inputs`.
         scale: logit scale ``s``; default ``1/sqrt(d)``.
         backend: ``"auto"`` (``chunked`` on CPU; on CUDA ``triton`` when it supports the inputs, else ``sdpa``),
             ``"reference"``, ``"sdpa"``, ``"chunked"`` or ``"triton"``.
@@ -279,6 +286,7 @@ def diff_attention_maps(
     scale: float | None = None,
 ) -> DiffAttentionMaps:
     """:func:`diff_attention` through the ``reference`` backend, also returning ``attn1``, ``attn2`` and the
-    signed map ``attn1 − λ·attn2`` (all float32 ``[B, H, T, S]``), for analysis and plots."""
+    signed map ``attn1 − λ·attn2`` (all float32 ``[B, H, T, S]``), for analysis and plots. A query row whose every
+    key is masked (the rule in :mod:`diffattn.ops._inputs`) has all three maps 0 there, not a uniform row."""
     inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
     return diff_attention_reference(inp, return_maps=True)

@@ -16,6 +16,22 @@ Conventions (methods.md §0):
     mask    causal (bottom-right aligned when T < S) and/or ``attn_mask``:
             2-D ``[B, S]`` key padding (True/1 = real token), or 4-D broadcastable to ``[B, H, T, S]``;
             bool masks mean "may attend", floating masks are added to the logits.
+
+Masked keys and fully masked rows — the one rule every backend follows (``reference``, ``sdpa``, ``chunked``,
+``triton``, hence ``auto`` and :func:`~diffattn.ops.diff_attention_maps`):
+
+* A key is **masked** for a query when causality hides it, when a bool mask is False there, or when an additive
+  mask's value there is at or below :func:`mask_floor` of the dtype the mask was given in,
+  ``torch.finfo(dtype).min / 2`` (``-inf`` included). Transformers' eager masks put ``finfo(dtype).min`` there,
+  sometimes plus other biases, which this threshold still catches. In a row that keeps some key, a masked key
+  gets probability exactly 0 (as ``-inf`` would give it; ``finfo.min`` already did).
+* A query row whose every key is masked **attends to nothing**: both maps' rows are 0, so its output is 0 and it
+  passes no gradient to q1, k1, q2, k2, v or λ — what PyTorch's fused SDPA kernels do for a row of ``-inf``,
+  and not the mean of V that a softmax over all-equal ``finfo.min`` scores would give.
+
+Causality alone never masks a whole row (query i sees keys j <= i + S − T, and T <= S). An additive mask of
+another dtype than q1's is cast to q1's dtype here, with every entry that was masked in its own dtype set to
+``-inf``, so that the backends can read the rule off the cast mask with q1's dtype.
 """
 
 from __future__ import annotations
@@ -211,10 +227,50 @@ def _normalise_mask(
     if attn_mask.dtype == torch.bool:
         return attn_mask
     if attn_mask.is_floating_point():
-        return attn_mask.to(q.dtype)
+        if attn_mask.dtype == q.dtype:
+            return attn_mask
+        # the rule reads a mask in the dtype it was given in: what it masked there stays masked in q1's dtype
+        return attn_mask.to(q.dtype).masked_fill_(hidden_keys(attn_mask), float("-inf"))
     raise ValueError(f"attn_mask must be bool (True = may attend) or floating (additive), got {attn_mask.dtype}")
 
 
 def causal_keep_mask(t: int, s: int, device: torch.device) -> torch.Tensor:
     """[T, S] bool, True where query i may see key j: j <= i + (S - T) (bottom-right aligned)."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def mask_floor(dtype: torch.dtype) -> float:
+    """The threshold of the masking rule (module docstring): an additive mask value at or below this, in a mask
+    of ``dtype``, masks its key. Half of ``finfo(dtype).min``: far below any real bias, and still met by
+    ``finfo.min`` with a bias added to it."""
+    return torch.finfo(dtype).min / 2
+
+
+def hidden_keys(mask: torch.Tensor) -> torch.Tensor:
+    """Bool, True where ``mask`` (a bool "may attend" or an additive mask) masks the key (module docstring)."""
+    return ~mask if mask.dtype == torch.bool else mask <= mask_floor(mask.dtype)
+
+
+def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` as an additive bias in ``dtype`` with every masked key at ``-inf`` (0 elsewhere for a bool mask,
+    the mask's value for an additive one). A softmax over a row of it gives a masked key exactly the 0 that
+    ``finfo.min`` gives it in a row that keeps some key, and a fully masked row shows as all ``-inf``."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return mask.to(dtype).masked_fill(hidden_keys(mask), float("-inf"))
+
+
+def fully_masked_rows(inp: DiffAttentionInputs) -> torch.Tensor | None:
+    """Bool ``[B|1, H|1, T, 1]``, True for each query row whose every key is masked (module docstring), or None
+    without an ``attn_mask`` (causality alone masks no whole row). One reduction over the mask; with causality,
+    no [T, S] causal mask is built: a row is empty when its first kept key lies past its last visible one."""
+    if inp.attn_mask is None:
+        return None
+    keep = ~hidden_keys(inp.attn_mask)  # [B|1, H|1, T|1, S]
+    empty = ~keep.any(dim=-1, keepdim=True)
+    if not inp.causal:
+        return empty
+    t, s = inp.q_len, inp.kv_len
+    first = keep.view(torch.uint8).argmax(dim=-1, keepdim=True)  # the first kept key (0 for an empty row)
+    last_visible = torch.arange(t, device=keep.device).unsqueeze(-1) + (s - t)  # [T, 1]: keys j <= i + S − T
+    return empty | (first > last_visible)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import DiffAttentionInputs
+from ._inputs import DiffAttentionInputs, fully_masked_rows
 
 DEFAULT_CHUNK = 128
 
@@ -41,11 +41,16 @@ def _ungrouped(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class _ChunkPlan:
-    """Per-chunk key range and additive bias (causal and/or attn_mask), shared by forward and backward."""
+    """Per-chunk key range, additive bias (causal and/or attn_mask) and fully masked rows, shared by forward and
+    backward. Fully masked rows follow the rule of :mod:`diffattn.ops._inputs`, found once for all chunks (one
+    reduction over the mask); a masked key of a row that keeps some key gets probability 0 from its bias as is
+    (``-inf``, or an additive ``finfo.min``), so the bias is not rewritten."""
 
     def __init__(self, inp: DiffAttentionInputs, chunk: int, dtype: torch.dtype):
         self.t, self.s, self.chunk = inp.q_len, inp.kv_len, chunk
         self.causal, self.mask, self.dtype, self.device = inp.causal, inp.attn_mask, dtype, inp.q1.device
+        fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1] or None
+        self.fully = fully if fully is not None and bool(fully.any()) else None
 
     def chunks(self):
         for i0 in range(0, self.t, self.chunk):
@@ -68,14 +73,13 @@ class _ChunkPlan:
             keep = torch.arange(kend, device=self.device)[None, :] <= rows  # [c, kend]
             causal = torch.zeros(keep.shape, dtype=self.dtype, device=self.device).masked_fill_(~keep, float("-inf"))
             bias = causal if bias is None else bias + causal
-        if bias is None:
-            return None, None
-        fully_masked = torch.isneginf(bias).all(dim=-1, keepdim=True)
-        return bias, (fully_masked if bool(fully_masked.any()) else None)
+        fully = None if self.fully is None else self.fully[:, :, i0:i1]
+        return bias, (fully if fully is not None and bool(fully.any()) else None)
 
 
 def _probs(q: torch.Tensor, k_t: torch.Tensor, scale: float, bias, fully_masked, hkv: int) -> torch.Tensor:
-    """softmax(q kᵀ·s + bias) for one chunk; a fully masked row attends to nothing (zeros, not NaN)."""
+    """softmax(q kᵀ·s + bias) for one chunk; a fully masked row attends to nothing (zeros, not NaN, not the
+    uniform row that all-equal ``finfo.min`` scores give)."""
     scores = _ungrouped(_grouped(q, hkv) @ k_t, q.shape[1]).mul_(scale)  # [B, H, c, kend]
     if bias is not None:
         scores = scores.add_(bias)

@@ -7,8 +7,11 @@ Everything is computed in float32 (float64 stays float64, for gradcheck) and mat
 backends are tested against, and the only backend that can hand the maps to analysis code
 (:func:`diffattn.ops.diff_attention_maps`).
 
-Rows whose every key is masked (e.g. a left-padding query) give zero attention rather than NaN,
-matching PyTorch's fused SDPA kernels.
+Which keys are masked, and what a row with every key masked gives, is the one rule stated in
+:mod:`diffattn.ops._inputs` (its docstring) and followed by every backend: such a row (e.g. a left-padding query)
+attends to nothing — both maps' rows, its output and the gradients it passes are 0, not NaN and not the mean of
+V — matching PyTorch's fused SDPA kernels. Here the mask becomes one additive bias with every masked key at
+``-inf`` (:func:`~diffattn.ops._inputs.mask_bias`), so such a row is all ``-inf``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._inputs import DiffAttentionInputs, causal_keep_mask
+from ._inputs import DiffAttentionInputs, causal_keep_mask, mask_bias
 
 
 class DiffAttentionMaps(NamedTuple):
@@ -36,23 +39,24 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def additive_bias(inp: DiffAttentionInputs, dtype: torch.dtype) -> torch.Tensor | None:
-    """The mask (causal and/or attn_mask) as one additive bias broadcastable to [B, H, T, S]."""
+    """The mask (causal and/or attn_mask) as one additive bias broadcastable to [B, H, T, S], every masked key
+    (the rule of :mod:`diffattn.ops._inputs`) at ``-inf``: a fully masked row is a row of ``-inf``."""
     keep = causal_keep_mask(inp.q_len, inp.kv_len, inp.q1.device) if inp.causal else None
     bias = None
     if inp.attn_mask is not None:
         if inp.attn_mask.dtype == torch.bool:
             keep = inp.attn_mask if keep is None else keep & inp.attn_mask
         else:
-            bias = inp.attn_mask.to(dtype)
+            bias = mask_bias(inp.attn_mask, dtype)
     if keep is not None:
-        keep_bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
+        keep_bias = mask_bias(keep, dtype)
         bias = keep_bias if bias is None else bias + keep_bias
     return bias
 
 
 def _safe_softmax(scores: torch.Tensor) -> torch.Tensor:
-    # A fully masked row is all -inf: softmax would give NaN (and NaN gradients). Define it as attending to
-    # nothing: neutral scores in, zeros out, so its gradient is zero too.
+    # A fully masked row is all -inf (additive_bias puts every masked key there): softmax would give NaN (and NaN
+    # gradients). Define it as attending to nothing: neutral scores in, zeros out, so its gradient is zero too.
     fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)
     probs = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=-1)
     return probs.masked_fill(fully_masked, 0.0)

@@ -19,6 +19,11 @@ Arrangement, chosen by measurement (see ``benchmarks/attention.py``):
 No [T, S]-sized tensor is allocated for causal self-attention (T = S) without an extra mask. With a
 padding mask, or a causal block with 1 < T < S, a boolean mask of [B, 1, T, S] / [T, S] is built, as
 transformers itself does for SDPA.
+
+Fully masked rows follow the rule of :mod:`diffattn.ops._inputs`: with an ``attn_mask``, one reduction over it
+finds the query rows whose every key is masked and their output is set to 0 after the call, so they pass no
+gradient either. SDPA's own answer is not relied on: its fused CPU kernel gives a row of ``-inf`` 0, but a row of
+additive ``finfo.min`` a uniform softmax (the mean of V, and gradients to match).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._inputs import DiffAttentionInputs, causal_keep_mask
+from ._inputs import DiffAttentionInputs, causal_keep_mask, fully_masked_rows
 
 
 def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[torch.Tensor | None, bool]:
@@ -86,4 +91,7 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
         o1, o2 = o[:, :h], o[:, h:]
     acc = torch.promote_types(o.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
     out = o1.to(acc) - inp.lam.to(acc) * o2.to(acc)
+    fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1], or None without an attn_mask
+    if fully is not None:
+        out = out.masked_fill(fully, 0.0)  # the row attends to nothing: zero output, zero gradient through it
     return out.to(inp.q1.dtype)

@@ -34,8 +34,9 @@ The ``triton`` backend of :func:`diffattn.ops.diff_attention`. What it does, and
 * **Masks.** Causal is bottom-right aligned (query i sees keys j <= i + S − T); the mask from
   :func:`~diffattn.ops._inputs.validate` — 2-D key padding (stored as [B, 1, 1, S]) or any 4-D bool/additive
   mask broadcastable to [B, H, T, S] — is read through its strides (0 on broadcast dims), never expanded.
-  A row with every key masked gives 0 output and 0 gradient (its log-sum-exp is stored as +inf), like
-  ``reference``.
+  Masked keys follow the rule of :mod:`diffattn.ops._inputs` (an additive value at or below its threshold,
+  :func:`~diffattn.ops._inputs.mask_floor`, is read as ``-inf``), and a row with every key masked gives 0 output
+  and 0 gradient (its log-sum-exp is stored as +inf), like every backend.
 * **Any length, head dims up to 128 (V up to 256).** Lengths need not be multiples of the block size and
   head dims are padded to a power of two >= 16 inside the kernel (loads are masked), so tiny test shapes work.
 * **Autograd and torch.compile.** Forward and backward are ``torch.library.custom_op`` s with fake
@@ -71,7 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inputs import DiffAttentionInputs
+from ._inputs import DiffAttentionInputs, mask_floor
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,12 @@ _LOG2E = 1.4426950408889634  # softmax runs in base 2 (exp2 is the hardware inst
 # same process); the interpreter recognises these two combine functions and reduces with numpy.
 _MAX = tl.standard._elementwise_max
 _SUM = tl.standard._sum_combine
+
+# The masking rule's threshold (diffattn.ops._inputs.mask_floor) for each mask dtype the kernels read: an additive
+# mask value at or below it masks its key (-inf), so a row of finfo.min attends to nothing, as in every backend
+_MASK_FLOOR_F16 = tl.constexpr(mask_floor(torch.float16))
+_MASK_FLOOR_BF16 = tl.constexpr(mask_floor(torch.bfloat16))
+_MASK_FLOOR_F32 = tl.constexpr(mask_floor(torch.float32))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -163,12 +170,20 @@ def _fwd_tile(
 @triton.jit
 def _masked_scores(s1, s2, mval, MASK_KIND: tl.constexpr):
     # the user mask's value for each score of both maps (broadcast over rows for key padding): a bool mask
-    # (MASK_KIND 1) hides the scores where it is 0; an additive one (2) is added, converted to log2 units
+    # (MASK_KIND 1) hides the scores where it is 0; an additive one (2) is added, converted to log2 units, except
+    # at or below the masking rule's threshold for its dtype, where it hides the score (-inf)
     if MASK_KIND == 1:
         s1 = tl.where(mval != 0, s1, float("-inf"))
         s2 = tl.where(mval != 0, s2, float("-inf"))
     else:
-        bias = mval.to(tl.float32) * 1.4426950408889634
+        if mval.dtype == tl.float16:
+            floor = _MASK_FLOOR_F16
+        elif mval.dtype == tl.bfloat16:
+            floor = _MASK_FLOOR_BF16
+        else:
+            floor = _MASK_FLOOR_F32
+        mval = mval.to(tl.float32)
+        bias = tl.where(mval <= floor, float("-inf"), mval) * 1.4426950408889634
         s1 = s1 + bias
         s2 = s2 + bias
     return s1, s2
