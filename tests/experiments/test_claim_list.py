@@ -78,7 +78,7 @@ def test_every_claim_of_the_papers_is_a_row_or_a_stated_reason(tmp_path):
                     ("difflora", "difflora"),
                     ("lora", "lora"),
                 ]
-            ],  # fmt: skip
+            ],
             "eval": {"suites": ["ppl", "niah", "alloc", "icl", "outliers", "quant", "heads"]},
         }
     )
