@@ -153,5 +153,5 @@ def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(model_folder
 
 @pytest.mark.parametrize("preset", [None, 3, ["debug"]])
 def test_build_model_with_a_bad_preset_is_the_librarys_error_with_a_sentence(preset):
-    with pytest.raises(ValueError, match="preset must be a preset name .* or a ModelPreset, got"):
+    with pytest.raises(ValueError, match=r"preset must be a preset name .* or a ModelPreset, got"):
         build_model(preset, "diff")
