@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..ops import causal_keep_mask
+from ..ops import causal_keep_mask, hidden_keys
 from ..ops.observe import observe
 
 __all__ = ["AttentionCapture", "AttentionRecord", "capture_attention"]
@@ -79,7 +79,7 @@ def _keep_mask(q_len: int, kv_len: int, causal: bool, attn_mask: torch.Tensor | 
         elif attn_mask.dtype == torch.bool:
             m = attn_mask
         else:  # additive float mask: transformers marks blocked entries with finfo.min (or -inf)
-            m = attn_mask > torch.finfo(attn_mask.dtype).min / 2
+            m = ~hidden_keys(attn_mask)  # the masking rule of diffattn.ops._inputs
         keep = keep & m[..., -q_len:, -kv_len:]
     return keep
 

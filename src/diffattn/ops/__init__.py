@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._inputs import DiffAttentionInputs, causal_keep_mask, validate
+from ._inputs import DiffAttentionInputs, causal_keep_mask, hidden_keys, validate
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference
 from .sdpa import diff_attention_sdpa
@@ -43,6 +43,7 @@ __all__ = [
     "causal_keep_mask",
     "diff_attention",
     "diff_attention_maps",
+    "hidden_keys",
     "triton_unsupported",
 ]
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ._inputs import validate
+from ._inputs import hidden_keys, validate
 from .reference import _safe_softmax, additive_bias
 
 _BITS: list[int] = []
@@ -68,7 +68,7 @@ def quantized_attention(q1, k1, q2, k2, v, lam, *, causal, attn_mask, scale, bit
     )
     rep = inp.num_heads // inp.num_kv_heads
     bias = additive_bias(inp, torch.float32)
-    keep = None if bias is None else torch.isfinite(bias) & (bias > torch.finfo(torch.float32).min / 2)
+    keep = None if bias is None else ~hidden_keys(bias)  # the masking rule of diffattn.ops._inputs
 
     def probs(q, k):
         k = k if rep == 1 else k.repeat_interleave(rep, dim=1)
