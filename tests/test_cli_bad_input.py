@@ -8,9 +8,12 @@ the other placeholders are the bad files made by :func:`world`."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ import yaml
 
 from diffattn import build_model
 from diffattn.cli import main
-from diffattn.files import mark
+from diffattn.experiments.report import EXPORT_MARKER, export_report
+from diffattn.files import LOCK, MARKER, mark
 
 CASES = [
     # ---- pretrain
@@ -47,6 +51,22 @@ CASES = [
     ("pretrain --out {new} --resume --overwrite", r"not allowed with argument"),
     ("pretrain --out {a_file} --data {corpus}", r"is a file"),
     ("pretrain --out {decoy} --overwrite --data {corpus}", r"did not make it"),
+    # a marker alone licenses no deletion: empty, garbage, copied from another run, an earlier version's (no
+    # identity), or another kind's (a whole experiment); a folder a running process holds is refused, naming it
+    (
+        "pretrain --out {planted} --overwrite --data {corpus}",
+        r"refuses to delete .*\.diffattn file is not one diffattn",
+    ),
+    ("pretrain --out {garbage_marker} --overwrite --data {corpus}", r"\.diffattn file is not one diffattn wrote"),
+    ("pretrain --out {copied_marker} --overwrite --data {corpus}", r"do not name the same run \(a copied"),
+    ("pretrain --out {old_run} --overwrite --data {corpus}", r"records no identity \(it was made by an earlier"),
+    ("pretrain --out {root}/demo --overwrite --data {corpus}", r"it is a diffattn experiment folder, not a run"),
+    (
+        "pretrain --out {busy} --data {corpus}",
+        r"'.*busy' is in use by diffattn process \d+ on .* \(diffattn pretrain\)",
+    ),
+    ("pretrain --out {busy} --overwrite --data {corpus}", r"is in use by diffattn process \d+"),
+    ("pretrain --out {busy} --resume --data {corpus}", r"is in use by diffattn process \d+"),
     ("pretrain --out . --overwrite --data {corpus}", r"working folder"),
     ("pretrain --out {new} --resume --data {corpus}", r"nothing to resume"),
     ("pretrain --out {single_run} --attention both --data {corpus}", r"holds a single run"),
@@ -89,10 +109,15 @@ CASES = [
     ("run {exp} --root {root} --overwrite nope", r"--overwrite names no part.*nope"),
     ("run {exp} --root {root} --set models.9.preset=small", r"is not an item of the list"),
     ("run {exp_same_name} --root {root}", r"holds the experiment"),
+    ("run {exp} --root {root} --overwrite t", r"demo/models/t cannot be redone: .*records no identity"),
+    ("run {exp} --root {copied_root}", r"do not name the same experiment \(a copied marker\?\)"),
     # ---- bench, export
     ("bench attention --device cuda", r"CUDA is not available"),
     ("export {decoy} {new}", r"no report.md"),
     ("export {finished_exp} {decoy}", r"not made by diffattn export"),
+    ("export {linked_exp} {new}", r"report\.md is \(or lies under\) a symbolic link"),
+    ("export {finished_exp} {edited_export}", r"would overwrite report\.md \(changed since the last export\)"),
+    ("export {finished_exp} {planted_export}", r"\.diffattn-export file diffattn export did not write"),
 ]
 
 
@@ -182,7 +207,53 @@ def world(tmp_path_factory, tokenizer):
     (finished / "report.md").write_text("# report\n")
     (finished / "results.json").write_text("{}")
     files["finished_exp"] = finished
-    return root, files
+    # ---- marker and lock cases: someone's files beside a marker diffattn did not write (or not for them)
+    for key, text in {
+        "planted": "",
+        "garbage_marker": "{not json",
+        "copied_marker": (single / MARKER).read_text(),
+    }.items():
+        folder = root / key.replace("_", "-")
+        folder.mkdir()
+        (folder / MARKER).write_text(text)
+        (folder / "precious.txt").write_text("mine")
+        files[key] = folder
+    old_run = root / "old-run"  # as an earlier version left a run: a marker without identity
+    old_run.mkdir()
+    (old_run / MARKER).write_text(json.dumps({"kind": "run", "command": "pretrain"}))
+    (old_run / "run.yaml").write_text((single / "run.yaml").read_text())
+    files["old_run"] = old_run
+    part = files["root"] / "demo" / "models" / "t"  # an experiment's part left by an earlier version
+    shutil.copytree(old_run, part)
+    copied_root = root / "copied-root"  # an experiment folder whose marker is not its experiment.yaml's
+    copied = mark(copied_root / "demo", "experiment", ident="a" * 32, name="demo", source=str(files["exp"].resolve()))
+    (copied / "experiment.yaml").write_text(files["exp"].read_text() + "# diffattn-id: " + "b" * 32 + "\n")
+    files["copied_root"] = copied_root
+    busy = root / "busy"  # a run in progress elsewhere: its lock file held (here by this process, as another would)
+    busy.mkdir()
+    (busy / MARKER).write_text(json.dumps({"kind": "run", "id": "c" * 32, "command": "pretrain"}))
+    lock = os.open(busy / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    os.write(
+        lock, json.dumps({"pid": 4242, "host": "elsewhere", "since": "now", "command": "diffattn pretrain"}).encode()
+    )
+    files["busy"] = busy
+    # ---- export cases
+    linked = root / "runs" / "linked"
+    linked.mkdir()
+    (linked / "report.md").symlink_to(finished / "report.md")
+    (linked / "results.json").write_text("{}")
+    files["linked_exp"] = linked
+    edited = export_report(finished, root / "exported")
+    (edited / "report.md").write_text("# report\nmy own conclusions\n")
+    files["edited_export"] = edited
+    planted_export = root / "planted-export"
+    planted_export.mkdir()
+    (planted_export / EXPORT_MARKER).write_text("")
+    (planted_export / "notes.md").write_text("mine")
+    files["planted_export"] = planted_export
+    yield root, files
+    os.close(lock)
 
 
 @pytest.mark.parametrize("command, message", CASES, ids=[c for c, _ in CASES])

@@ -1,24 +1,49 @@
-"""Nothing lost, ever: ``--overwrite`` deletes only folders diffattn made and never the working
-folder; an adapter run cannot write into its base; only finite, complete checkpoints are published, kept by rotation
-and resumed from; ``metrics.jsonl`` holds each step once after a resume; a same-name experiment from another file is
-refused. Each case checks that every pre-existing file is unchanged (checksums), not only that an error was raised."""
+"""Nothing lost, ever: ``--overwrite`` deletes only folders diffattn provably made (a marker alone proves
+nothing) and never the working folder; one run at a time writes into a folder (its lock); an adapter run cannot write
+into its base; only finite, complete checkpoints are published, kept by rotation and resumed from, and a resume checks
+them before it writes; ``metrics.jsonl`` holds each step once after a resume; a same-name experiment from another file
+is refused; an export writes only its own files and follows no link. Each case checks that every pre-existing file
+is unchanged (checksums), not only that an error was raised."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import TrainerCallback
 
-from diffattn.experiments.runner import check_experiment_folder
-from diffattn.files import MARKER, UnsafeDeleteError, check_removable, mark, publish_folder, write_text_atomic
+from diffattn.cli import main
+from diffattn.experiments.report import EXPORT_MARKER, export_report
+from diffattn.experiments.runner import check_experiment_folder, run_state
+from diffattn.files import (
+    LOCK,
+    MARKER,
+    RUN_CONFIG,
+    FolderInUseError,
+    UnsafeDeleteError,
+    check_removable,
+    empty_folder,
+    lock_folder,
+    lock_holder,
+    mark,
+    new_id,
+    publish_folder,
+    recorded_id,
+    release_folder,
+    save_record,
+    write_text_atomic,
+)
 from diffattn.train import NonFiniteLossError, RunFolderError, checkpoint_problem, latest_checkpoint, pretrain
 from diffattn.train.adapt import adapt_pretrained
-from diffattn.train.trainer import rotate_checkpoints
+from diffattn.train.trainer import check_run_dir, rotate_checkpoints, start_run_folder
 
 from .helpers import adapt_config, debug_config
 
@@ -61,19 +86,19 @@ def test_overwrite_refuses_the_working_folder_and_its_parents(where, tmp_path, m
     mark(work, "run")  # even a folder diffattn made is never deleted while it is the working folder
     monkeypatch.chdir(work)
     with pytest.raises(UnsafeDeleteError, match="working folder"):
-        check_removable(Path(where))
+        check_removable(Path(where), kind="run")
     assert (work / "notes.txt").read_text() == "keep me"
 
 
 def test_overwrite_refuses_home_and_root_and_files(tmp_path):
     with pytest.raises(UnsafeDeleteError, match="home folder"):
-        check_removable(Path.home())
+        check_removable(Path.home(), kind="run")
     with pytest.raises(UnsafeDeleteError, match="root"):
-        check_removable(Path("/"))
+        check_removable(Path("/"), kind="run")
     f = tmp_path / "a-file"
     f.write_text("x")
     with pytest.raises(UnsafeDeleteError, match="is a file"):
-        check_removable(f)
+        check_removable(f, kind="run")
 
 
 def test_overwrite_replaces_a_run_diffattn_made(corpus_file, tmp_path):
@@ -194,7 +219,7 @@ def test_overwrite_refuses_a_symbolic_link_and_atomic_files_are_world_readable(t
     link = tmp_path / "link"
     link.symlink_to(target)
     with pytest.raises(UnsafeDeleteError, match="symbolic link"):
-        check_removable(link)
+        check_removable(link, kind="run")
     old = os.umask(0o022)
     try:
         f = write_text_atomic(tmp_path / "results.json", "{}")
@@ -251,3 +276,309 @@ def test_a_checkpoint_after_a_non_finite_gradient_norm_is_never_published(corpus
     with pytest.raises(NonFiniteLossError, match="gradient norm became inf at step 4"):
         pretrain(debug_config(corpus_file, save_every=2), run)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
+
+
+# ---------------------------------------------------------------- what proves a folder is diffattn's (issue 29)
+
+
+def _proven_run(folder: Path, corpus_file) -> Path:
+    """A run folder as start_run_folder leaves it: a marker and a run.yaml naming the same identity."""
+    ident = new_id()
+    mark(folder, "run", ident=ident, command="pretrain")
+    save_record(debug_config(corpus_file), folder / RUN_CONFIG, ident)
+    (folder / "metrics.jsonl").write_text("{}\n")
+    return folder
+
+
+@pytest.mark.parametrize("how", ["empty", "garbage", "copied", "earlier version", "experiment", "edited run.yaml"])
+def test_a_marker_alone_licenses_no_deletion(how, corpus_file, tmp_path):
+    run = _proven_run(tmp_path / "run", corpus_file)
+    folder = tmp_path / "thesis"
+    folder.mkdir()
+    (folder / "chapter.tex").write_text("\\chapter{One}")
+    message = {
+        "empty": "not one diffattn wrote",
+        "garbage": "not one diffattn wrote",
+        "copied": r"do not name the same run \(a copied or hand-made marker\?\)",
+        "earlier version": "records no identity",
+        "experiment": "it is a diffattn experiment folder, not a run folder",
+        "edited run.yaml": "do not name the same run",
+    }[how]
+    if how == "empty":
+        (folder / MARKER).write_text("")
+    elif how == "garbage":
+        (folder / MARKER).write_text("\x00\x01 not json")
+    elif how == "copied":  # the marker of a real run, and even a run.yaml of one (without its identity line)
+        (folder / MARKER).write_text((run / MARKER).read_text())
+        debug_config(corpus_file).save(folder / RUN_CONFIG)
+    elif how == "earlier version":
+        (folder / MARKER).write_text(json.dumps({"kind": "run", "command": "pretrain"}))
+        debug_config(corpus_file).save(folder / RUN_CONFIG)
+    elif how == "experiment":  # a whole experiment folder, given to pretrain --overwrite as its --out
+        ident = new_id()
+        save_record(debug_config(corpus_file), folder / "experiment.yaml", ident)
+        mark(folder, "experiment", ident=ident, name="demo", source=None)
+    else:  # a run whose run.yaml someone rewrote: nothing proves the folder is still only the run's
+        folder = run
+        debug_config(corpus_file).save(run / RUN_CONFIG)
+    before = checksums(tmp_path)
+    with pytest.raises(UnsafeDeleteError, match=message):
+        check_removable(folder, kind="run")
+    with pytest.raises(UnsafeDeleteError, match=message):
+        pretrain(debug_config(corpus_file, max_steps=2), folder, overwrite=True)
+    assert checksums(tmp_path) == before
+    if how != "edited run.yaml":
+        check_removable(run, kind="run")  # the real run: provably ours
+        proof = _proven_run(tmp_path / "bookkeeping-only", corpus_file)
+        for p in proof.iterdir():
+            if p.name != MARKER:
+                p.unlink()
+        (proof / MARKER).write_text("")
+        check_removable(proof, kind="run")  # a marker alone, of any form, and nothing else: nothing to lose
+
+
+def test_an_earlier_versions_run_resumes_and_is_then_provably_ours(corpus_file, tmp_path):
+    run = tmp_path / "run"
+    _complete_run(corpus_file, run)
+    (run / MARKER).write_text(json.dumps({"kind": "run", "command": "pretrain"}))  # as an earlier version wrote it
+    debug_config(corpus_file, save_every=4, keep_checkpoints=3).save(run / RUN_CONFIG)
+    with pytest.raises(UnsafeDeleteError, match="records no identity"):
+        check_removable(run, kind="run")
+    pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, max_steps=14), run, resume=True)
+    check_removable(run, kind="run")  # resumed: its marker and run.yaml now name one identity
+    ident = json.loads((run / MARKER).read_text())["id"]
+    assert recorded_id(run / RUN_CONFIG) == ident
+    assert yaml.safe_load((run / RUN_CONFIG).read_text())["train"]["max_steps"] == 14  # the comment is ignored
+    pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, max_steps=16), run, resume=True)
+    assert json.loads((run / MARKER).read_text())["id"] == ident  # a resume keeps the run's identity
+
+
+def test_overwrite_empties_the_folder_but_keeps_its_lock_file(corpus_file, tmp_path):
+    run = _proven_run(tmp_path / "run", corpus_file)
+    (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    lock_folder(run)
+    try:
+        empty_folder(run, kind="run")
+        assert sorted(p.name for p in run.iterdir()) == [LOCK]
+        assert lock_holder(run) is None  # still held by this process
+    finally:
+        release_folder(run)
+
+
+def test_resume_with_an_unloadable_optimizer_state_changes_nothing(corpus_file, tmp_path, capsys):
+    """A whole zip archive (so checkpoint_problem's checksums pass) that is no optimizer state: refused by
+    --resume before run.yaml is rewritten or metrics.jsonl cut, with one line and exit 2."""
+    import zipfile
+
+    run = tmp_path / "run"
+    _complete_run(corpus_file, run)
+    for step in (4, 8, 12):
+        with zipfile.ZipFile(run / "checkpoints" / f"checkpoint-{step}" / "optimizer.pt", "w") as z:
+            z.writestr("junk", "not an optimizer state")
+    before = checksums(tmp_path)
+    capsys.readouterr()  # the first run's progress bars
+    code = main(["pretrain", "--out", str(run), "--config", str(run / RUN_CONFIG), "--resume", "--max-steps", "14"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(r"cannot resume .* from checkpoint-12: optimizer\.pt cannot be loaded .*nothing was changed", err)
+    assert checksums(tmp_path) == before
+
+
+# ---------------------------------------------------------------- one run at a time in a folder
+
+
+def test_a_second_run_into_a_locked_folder_is_refused_at_once_naming_the_first(corpus_file, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT)  # another run's lock (another open file: flock conflicts)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": 4242, "host": "gpu-7", "since": "09:00", "command": "diffattn pretrain"}).encode())
+    try:
+        before = checksums(tmp_path)
+        named = r"in use by diffattn process 4242 on gpu-7 \(diffattn pretrain\), since 09:00"
+        for kwargs in ({}, {"overwrite": True}, {"resume": True}):
+            with pytest.raises(RunFolderError, match=named):
+                check_run_dir(out, debug_config(corpus_file), **{"resume": False, "overwrite": False, **kwargs})
+        # both runs checked the new folder before either wrote: the second is refused when it takes the lock
+        with pytest.raises(FolderInUseError, match=named):
+            start_run_folder(out, debug_config(corpus_file), overwrite=False, checkpoint=None, command="pretrain")
+        assert checksums(tmp_path) == before
+    finally:
+        os.close(fd)
+    assert lock_holder(out) is None
+
+
+def test_a_fresh_run_refuses_a_folder_another_run_filled_after_its_check(corpus_file, tmp_path):
+    out = tmp_path / "run"
+    check_run_dir(out, debug_config(corpus_file), resume=False, overwrite=False)  # new: fine
+    _proven_run(out, corpus_file)  # meanwhile another run started and finished there
+    before = checksums(tmp_path)
+    cfg = debug_config(corpus_file)
+    try:
+        with pytest.raises(RunFolderError, match="was filled by another run after it was checked"):
+            start_run_folder(out, cfg, overwrite=False, checkpoint=None, command="pretrain", resume=False)
+    finally:
+        release_folder(out)
+    assert {k: v for k, v in checksums(tmp_path).items() if not k.endswith(LOCK)} == before
+
+
+def test_the_lock_is_released_when_its_process_is_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from diffattn.files import lock_folder; lock_folder({str(out)!r}); print(1); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "1"
+        assert f"diffattn process {holder.pid} on" in lock_holder(out)
+        with pytest.raises(FolderInUseError, match=f"in use by diffattn process {holder.pid}"):
+            lock_folder(out)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert lock_holder(out) is None
+    lock_folder(out)  # free again
+    release_folder(out)
+
+
+# ---------------------------------------------------------------- experiments
+
+
+def test_an_experiment_part_that_is_not_provably_a_run_is_never_redone(corpus_file, tmp_path):
+    part = tmp_path / "demo" / "models" / "t"
+    part.mkdir(parents=True)
+    (part / MARKER).write_text(json.dumps({"kind": "run"}))  # an earlier version's part
+    debug_config(corpus_file).save(part / RUN_CONFIG)
+    (part / "summary.json").write_text("{}")
+    before = checksums(tmp_path)
+    assert run_state(part, debug_config(corpus_file), overwrite=False) == "done"  # skipped: usable as it is
+    with pytest.raises(ValueError, match=r"t cannot be redone: that would delete it, and .*records no identity"):
+        run_state(part, debug_config(corpus_file), overwrite=True)
+    assert checksums(tmp_path) == before
+    _proven_run(part, corpus_file)
+    assert run_state(part, debug_config(corpus_file), overwrite=True) == "fresh"
+
+
+def test_an_experiment_folder_whose_marker_is_not_its_own_is_refused(tmp_path):
+    out = tmp_path / "runs" / "demo"
+    mark(out, "experiment", ident="a" * 32, name="demo", source="/a/first.yaml")
+    (out / "experiment.yaml").write_text("name: demo\n# diffattn-id: " + "b" * 32 + "\n")
+    before = checksums(tmp_path)
+    with pytest.raises(ValueError, match=r"do not name the same experiment \(a copied marker\?\)"):
+        check_experiment_folder(out, "demo", "/a/first.yaml")
+    assert checksums(tmp_path) == before
+
+
+# ---------------------------------------------------------------- export
+
+
+def _experiment_folder(root: Path) -> Path:
+    src = root / "runs" / "exp"
+    (src / "eval" / "m").mkdir(parents=True)
+    (src / "report.md").write_text("# r\n![a](a.png)\n![b](eval/m/b.png)\n")
+    (src / "results.json").write_text("{}")
+    (src / "experiment.yaml").write_text("name: exp\n")
+    (src / "a.png").write_bytes(b"a")
+    (src / "eval" / "m" / "b.png").write_bytes(b"b")
+    return src
+
+
+def test_export_writes_only_its_own_files(tmp_path):
+    src = _experiment_folder(tmp_path)
+    dest = export_report(src, tmp_path / "results" / "exp")
+    (dest / "notes.md").write_text("what I make of it")  # the user's, beside the export
+    (dest / "eval" / "m" / "mine.txt").write_text("mine")
+    (src / "a.png").write_bytes(b"a2")
+    (src / "report.md").write_text("# r\n![a](a.png)\n")  # b.png is no longer in the report
+    export_report(src, dest)
+    assert (dest / "notes.md").read_text() == "what I make of it" and (dest / "eval" / "m" / "mine.txt").is_file()
+    assert (dest / "a.png").read_bytes() == b"a2" and not (dest / "eval" / "m" / "b.png").exists()
+    # a file of the export changed by hand is never overwritten: refused, naming it, nothing touched
+    (dest / "results.json").write_text('{"edited": true}')
+    (src / "results.json").write_text('{"new": 1}')
+    before = checksums(tmp_path)
+    with pytest.raises(ValueError, match=r"would overwrite results\.json \(changed since the last export\)"):
+        export_report(src, dest)
+    assert checksums(tmp_path) == before
+    # nor is a file at an exported name that the export did not write (b.png is linked again, and is the user's)
+    (dest / "results.json").write_bytes((src / "results.json").read_bytes())  # the same contents: fine
+    (dest / "eval" / "m" / "b.png").write_bytes(b"the user's own picture")
+    (src / "report.md").write_text("# r\n![a](a.png)\n![b](eval/m/b.png)\n")
+    with pytest.raises(ValueError, match=r"would overwrite eval/m/b\.png \(not written by diffattn export\)"):
+        export_report(src, dest)
+    assert (dest / "eval" / "m" / "b.png").read_bytes() == b"the user's own picture"
+    assert sorted(p.name for p in tmp_path.joinpath("results").iterdir()) == ["exp"]  # no temporary copy left
+
+
+def test_export_into_an_earlier_versions_export_keeps_the_users_files(tmp_path):
+    src = _experiment_folder(tmp_path)
+    dest = tmp_path / "results" / "exp"
+    dest.mkdir(parents=True)
+    (dest / EXPORT_MARKER).write_text(f"exported from {src}\n")  # as an earlier version wrote it
+    (dest / "report.md").write_text("the earlier export's report")
+    (dest / "notes.md").write_text("mine")
+    export_report(src, dest)
+    assert (dest / "report.md").read_text() == (src / "report.md").read_text()
+    assert (dest / "notes.md").read_text() == "mine"
+    assert set(json.loads((dest / EXPORT_MARKER).read_text())["files"]) == {
+        "report.md",
+        "results.json",
+        "experiment.yaml",
+        "a.png",
+        "eval/m/b.png",
+    }
+
+
+def test_export_follows_no_symbolic_link(tmp_path, caplog):
+    src = _experiment_folder(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not evidence")
+    (src / "a.png").unlink()
+    (src / "a.png").symlink_to(secret)  # a picture that is a link out of the experiment folder
+    shutil.rmtree(src / "eval")
+    (tmp_path / "elsewhere" / "m").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "m" / "b.png").write_bytes(b"x")
+    (src / "eval").symlink_to(tmp_path / "elsewhere")  # a folder on the way that is a link
+    with caplog.at_level("WARNING", logger="diffattn.experiments.report"):
+        dest = export_report(src, tmp_path / "results" / "exp")
+    assert not (dest / "a.png").exists() and not (dest / "eval").exists()
+    assert "a.png is (or lies under) a symbolic link" in caplog.text and "b.png is (or lies under)" in caplog.text
+    assert (dest / "report.md").is_file()
+
+
+def test_a_killed_exports_temporary_copy_is_removed_by_the_next_export(tmp_path):
+    import subprocess
+    import sys
+
+    src = _experiment_folder(tmp_path)
+    dest = tmp_path / "results" / "exp"
+    script = (
+        "import os, shutil, sys\n"
+        "from diffattn.experiments import report\n"
+        "real = shutil.copy2\n"
+        "def copy_then_die(a, b, **kw):\n"
+        "    real(a, b, **kw)\n"
+        "    os._exit(9)  # killed in the middle of the copy: nothing cleans up\n"
+        "report.shutil.copy2 = copy_then_die\n"
+        "report.export_report(sys.argv[1], sys.argv[2])\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script, str(src), str(dest)], check=False)
+    assert killed.returncode == 9
+    left = [p for p in dest.parent.iterdir() if p.name.startswith(".exp.export-")]
+    assert len(left) == 1 and (left[0] / "report.md").is_file()
+    old = dest.parent / ".exp.new-abcd1234"  # an earlier version's temporary copy, holding its export marker
+    old.mkdir()
+    (old / EXPORT_MARKER).write_text(f"exported from {src}\n")
+    mine = dest.parent / ".exp.export-notes"  # named alike, but no marker of a copy: not the library's
+    mine.mkdir()
+    (mine / "keep.txt").write_text("keep")
+    export_report(src, dest)
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".exp.export-notes", "exp"]
+    assert (mine / "keep.txt").read_text() == "keep"

@@ -1,9 +1,16 @@
 """What diffattn may delete, and how it replaces a finished result: the one home of the file-safety rules.
 
-* Every folder diffattn makes for a run, an evaluation or an experiment holds a marker file, :data:`MARKER`,
-  naming what made it (an export has its own: :func:`diffattn.experiments.report.export_report`).
-  ``--overwrite`` deletes only such a folder, never a symbolic link, the working folder, one of its parents,
-  the home folder or ``/`` (:func:`check_removable`). A folder without the marker is a user's, whatever it holds.
+* Every folder diffattn makes for a run, an evaluation or an experiment holds a marker file, :data:`MARKER`
+  (JSON: its kind and a random identity; an export has its own: :func:`diffattn.experiments.report.export_report`).
+  A marker alone proves nothing — an empty or copied one is easy to come by — so a folder that is deleted must
+  also repeat the marker's identity in its own record (:data:`RECORDS`: ``run.yaml`` of a run, ``experiment.yaml``
+  of an experiment; :func:`save_record`). ``--overwrite`` deletes only a folder of the asked kind whose marker and
+  record agree (:func:`proof_problem`), never a symbolic link, the working folder, one of its parents, the home
+  folder or ``/`` (:func:`check_removable`). Folders of earlier versions (a marker without identity) may still be
+  resumed or skipped; to be deleted they must be deleted by hand.
+* A run holds its folder's lock (:data:`LOCK`, ``flock``: released when the process ends, however it ends) from
+  its first write to its end (:func:`lock_folder`), so a second run into the same folder is refused, naming the
+  first, instead of replacing it.
 * A finished result is never deleted before its replacement exists: the new one is written under a temporary name
   beside it and renamed over it (:func:`publish_folder`, :func:`write_text_atomic`), so an exception at any
   point leaves the old result or the new one, complete. (A folder is replaced with two renames: a process killed
@@ -13,29 +20,57 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 import shutil
+import socket
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: folders are not locked
+    fcntl = None
+
+logger = logging.getLogger(__name__)
+
 RUN_CONFIG = "run.yaml"  # every run folder's config (pretrain and adapt runs)
-MARKER = ".diffattn"  # JSON: {"kind": run | eval | experiment | export, ...}; its presence makes a folder ours
+MARKER = ".diffattn"  # JSON: {"kind": run | eval | experiment, "id": random hex, ...}; see the module doc
+LOCK = ".diffattn.lock"  # held (flock) by the process writing into the folder; JSON: who holds it
+BOOKKEEPING = frozenset({MARKER, LOCK})  # a folder holding only these holds nothing of anyone's
+RECORDS = {"run": RUN_CONFIG, "experiment": "experiment.yaml"}  # the file of each kind that repeats the marker's id
+ID_LINE = "# diffattn-id: "  # how a record (a YAML file) repeats its folder's identity: a comment, ignored on load
 
 
 class UnsafeDeleteError(ValueError):
     """A folder diffattn was asked to delete or replace is not one it made, or is a folder no tool should delete."""
 
 
-def mark(folder: str | os.PathLike, kind: str, **info) -> Path:
-    """Create ``folder`` (and parents) if needed and record that diffattn made it, for what."""
+class FolderInUseError(ValueError):
+    """Another process holds the folder's lock (a run is writing into it)."""
+
+
+def new_id() -> str:
+    """A fresh random identity for a folder's marker and record."""
+    return secrets.token_hex(16)
+
+
+def mark(folder: str | os.PathLike, kind: str, *, ident: str | None = None, **info) -> Path:
+    """Create ``folder`` (and parents) if needed and record that diffattn made it, for what, with identity
+    ``ident`` (a new one by default). A kind with a record (:data:`RECORDS`) is provably ours only once that
+    record repeats the identity (:func:`save_record`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(folder / MARKER, json.dumps({"kind": kind, **info}) + "\n")
+    write_text_atomic(folder / MARKER, json.dumps({"kind": kind, "id": ident or new_id(), **info}) + "\n")
     return folder
 
 
 def marker(folder: str | os.PathLike) -> dict | None:
-    """The marker's contents, or ``None`` for a folder diffattn did not make (or that does not exist)."""
+    """The marker's contents, or ``None`` for a folder diffattn did not make (or that does not exist); ``{}`` for
+    a marker diffattn did not write (empty, not JSON, not a mapping)."""
     f = Path(folder) / MARKER
     if not f.is_file():
         return None
@@ -44,6 +79,69 @@ def marker(folder: str | os.PathLike) -> dict | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def recorded_id(path: str | os.PathLike) -> str | None:
+    """The identity a record file repeats (its last :data:`ID_LINE`), or ``None``."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    ids = [line[len(ID_LINE) :].strip() for line in lines if line.startswith(ID_LINE)]
+    return ids[-1] if ids else None
+
+
+def save_record(config, path: str | os.PathLike, ident: str) -> Path:
+    """Save ``config`` (``config.save``) to ``path`` with the folder's identity as a trailing comment, atomically."""
+
+    def write(tmp: Path) -> None:
+        config.save(tmp)
+        with open(tmp, "a", encoding="utf-8") as f:
+            f.write(f"{ID_LINE}{ident}\n")
+
+    return _replace_via_temp(path, write)
+
+
+def proof_problem(folder: str | os.PathLike, kind: str) -> str | None:
+    """Why nothing proves that diffattn made ``folder`` as a ``kind`` folder, or ``None`` when it does: its marker
+    (of that kind, with an identity) and its record (:data:`RECORDS`) name the same identity."""
+    folder = Path(folder)
+    made = marker(folder)
+    if made is None:
+        return f"diffattn did not make it (it has no {MARKER} file), so it may hold someone's files"
+    if not isinstance(made.get("kind"), str):
+        return f"its {MARKER} file is not one diffattn wrote (empty or not diffattn's form)"
+    if made["kind"] != kind:
+        return f"it is a diffattn {made['kind']} folder, not a {kind} folder"
+    ident = made.get("id")
+    if not isinstance(ident, str) or not ident:
+        return (
+            f"its {MARKER} file records no identity (it was made by an earlier diffattn version), so nothing proves "
+            "the folder holds only what diffattn wrote"
+        )
+    record = RECORDS.get(kind)
+    if record is None:
+        return f"diffattn never deletes a {kind} folder"
+    if recorded_id(folder / record) != ident:
+        return f"its {MARKER} file and its {record} do not name the same {kind} (a copied or hand-made marker?)"
+    return None
+
+
+def claim_id(folder: str | os.PathLike, kind: str) -> str:
+    """The identity to keep writing a ``kind`` folder under: its own when its marker and record agree, else new."""
+    made = marker(folder) or {}
+    return made["id"] if proof_problem(folder, kind) is None else new_id()
+
+
+def contents(folder: str | os.PathLike) -> list[Path]:
+    """What ``folder`` holds besides diffattn's bookkeeping (marker, lock); ``[]`` when it does not exist."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.name not in BOOKKEEPING]
 
 
 def why_protected(folder: str | os.PathLike) -> str | None:
@@ -59,9 +157,10 @@ def why_protected(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def check_removable(folder: str | os.PathLike, *, what: str = "--overwrite") -> None:
-    """Raise :class:`UnsafeDeleteError` unless ``folder`` may be deleted: it does not exist, is empty, or holds
-    :data:`MARKER` — and is not a protected folder (root, home, the working folder or a parent of it)."""
+def check_removable(folder: str | os.PathLike, *, kind: str, what: str = "--overwrite") -> None:
+    """Raise :class:`UnsafeDeleteError` unless ``folder`` may be emptied to hold a new ``kind`` folder: it does not
+    exist, holds nothing but diffattn's bookkeeping, or is provably diffattn's ``kind`` folder
+    (:func:`proof_problem`) — and is not a protected folder (root, home, the working folder or a parent of it)."""
     folder = Path(folder)
     if folder.is_symlink():
         raise UnsafeDeleteError(f"{what}: {str(folder)!r} is a symbolic link; name the folder itself, not a link to it")
@@ -72,36 +171,135 @@ def check_removable(folder: str | os.PathLike, *, what: str = "--overwrite") -> 
     reason = why_protected(folder)
     if reason:
         raise UnsafeDeleteError(f"{what} refuses to delete {str(folder)!r}: {reason}; choose another folder")
-    if marker(folder) is None and any(folder.iterdir()):
+    if not contents(folder):
+        return
+    problem = proof_problem(folder, kind)
+    if problem:
         raise UnsafeDeleteError(
-            f"{what} refuses to delete {str(folder)!r}: diffattn did not make it (it has no {MARKER} file), so it "
-            "may hold someone's files; choose another folder, or delete it yourself if you are sure"
+            f"{what} refuses to delete {str(folder)!r}: {problem}; choose another folder, or delete it yourself if "
+            "you are sure"
         )
 
 
-def remove_folder(folder: str | os.PathLike, *, what: str = "--overwrite") -> None:
-    """Delete a folder diffattn made (checked by :func:`check_removable` first)."""
-    check_removable(folder, what=what)
-    if Path(folder).exists():
-        shutil.rmtree(folder)
+def empty_folder(folder: str | os.PathLike, *, kind: str, what: str = "--overwrite") -> None:
+    """Delete what a ``kind`` folder diffattn made holds (checked by :func:`check_removable` first), keeping the
+    folder and its lock file (held by the caller). The record and the marker go last, so a process killed midway
+    leaves a folder that is still provably ours."""
+    check_removable(folder, kind=kind, what=what)
+    folder = Path(folder)
+    last = [RECORDS.get(kind), MARKER]
+    entries = sorted(contents(folder), key=lambda p: p.name in last)
+    for p in [*entries, folder / MARKER]:
+        if p.is_symlink() or p.is_file():
+            p.unlink(missing_ok=True)
+        elif p.is_dir():
+            shutil.rmtree(p)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a reader sees the old
-    contents or the new, never a part."""
+# ---------------------------------------------------------------- the lock a run holds on its folder
+
+_HELD: dict[str, int] = {}  # resolved folder -> the open, locked file descriptor of its lock file
+
+
+def _key(folder: Path) -> str:
+    return str(folder.resolve())
+
+
+def _describe(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another diffattn process (it has not said which yet)"
+    what = f" ({info['command']})" if info.get("command") else ""
+    return f"diffattn process {info['pid']} on {info.get('host', '?')}{what}, since {info.get('since', '?')}"
+
+
+def lock_holder(folder: str | os.PathLike) -> str | None:
+    """Who holds ``folder``'s lock (another process, or another lock in this one), or ``None`` when no one does.
+    Creates nothing."""
+    folder = Path(folder)
+    f = folder / LOCK
+    if fcntl is None or f.is_symlink() or not f.is_file() or _key(folder) in _HELD:
+        return None
+    try:
+        fd = os.open(f, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _describe(fd)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def lock_folder(folder: str | os.PathLike, **info) -> None:
+    """Create ``folder`` if needed and take its lock for this process (kept until :func:`release_folder` or the
+    process's end, however it ends; taking it again in the same process is a no-op). Raises
+    :class:`FolderInUseError`, naming the holder, when another process holds it."""
+    folder = Path(folder)
+    if fcntl is None or _key(folder) in _HELD:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as e:
+        raise FolderInUseError(f"cannot lock {str(folder)!r}: {folder / LOCK} cannot be opened ({e.strerror})") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _describe(fd)
+        os.close(fd)
+        raise FolderInUseError(
+            f"{str(folder)!r} is in use by {holder}: wait for it to finish, or choose another folder"
+        ) from None
+    since = time.strftime("%Y-%m-%d %H:%M:%S")
+    text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since, **info}) + "\n"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
+    _HELD[_key(folder)] = fd
+
+
+def release_folder(folder: str | os.PathLike) -> None:
+    """Give up ``folder``'s lock if this process holds it (the lock file stays: removing it would let two
+    processes lock two different files)."""
+    fd = _HELD.pop(_key(Path(folder)), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- atomic replacement
+
+
+def _replace_via_temp(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Write ``path`` through a temporary file in the same folder (``write(tmp)``) and a rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # what a plain open() would give; mkstemp makes 0600
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # what a plain open() would give; mkstemp makes 0600
+        finally:
+            os.close(fd)
+        write(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a reader sees the old
+    contents or the new, never a part."""
+    return _replace_via_temp(path, lambda tmp: tmp.write_text(text))
 
 
 def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:

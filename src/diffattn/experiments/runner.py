@@ -22,7 +22,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..files import MARKER, RUN_CONFIG, mark, marker, why_protected, write_text_atomic
+from ..files import (
+    MARKER,
+    RECORDS,
+    RUN_CONFIG,
+    claim_id,
+    contents,
+    mark,
+    marker,
+    proof_problem,
+    recorded_id,
+    save_record,
+    why_protected,
+    write_text_atomic,
+)
 from ..train.config import setting_differences
 from .config import ExperimentConfig
 
@@ -43,9 +56,16 @@ class PartOutcome:
 
 def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     """done, resume or fresh for a training run folder with ``run.yaml``: fresh whenever ``overwrite`` names it;
-    raises when its settings changed and it is not named. Changes nothing on disk."""
+    raises when its settings changed and it is not named, and when a fresh part's folder holds something that is
+    not provably a run diffattn made (the trainer would have to delete it). Changes nothing on disk."""
     saved_file = run_dir / RUN_CONFIG
     if not saved_file.is_file() or overwrite:  # --overwrite NAME redoes the part, changed or not
+        problem = proof_problem(run_dir, "run") if contents(run_dir) else None
+        if problem:
+            raise ValueError(
+                f"{run_dir} cannot be redone: that would delete it, and {problem}; move it away or delete it "
+                "yourself, then run again"
+            )
         return FRESH
     saved = type(config).load(saved_file).to_dict()
     diff = setting_differences(saved, config.to_dict())
@@ -83,8 +103,19 @@ def check_experiment_folder(out: Path, name: str, source: str | None) -> None:
                 f"{out} exists and was not made by diffattn run for experiment {name!r}: choose another --root or name"
             )
         return
-    if made.get("kind") != "experiment":
-        raise ValueError(f"{out} is a diffattn {made.get('kind')} folder, not an experiment's: choose another --root")
+    if not isinstance(made.get("kind"), str):
+        raise ValueError(
+            f"{out} has a {MARKER} file diffattn did not write (empty or not diffattn's form), so it is not an "
+            "experiment's folder: choose another --root or name"
+        )
+    if made["kind"] != "experiment":
+        raise ValueError(f"{out} is a diffattn {made['kind']} folder, not an experiment's: choose another --root")
+    recorded = recorded_id(out / RECORDS["experiment"])
+    if made.get("id") and recorded and recorded != made["id"]:
+        raise ValueError(
+            f"{out}'s {MARKER} file and its experiment.yaml do not name the same experiment (a copied marker?): "
+            "choose another --root or name"
+        )
     if made.get("source") != source:
         raise ValueError(
             f"{out} holds the experiment {name!r} from {made.get('source') or 'Python code'}; this one is from "
@@ -94,15 +125,10 @@ def check_experiment_folder(out: Path, name: str, source: str | None) -> None:
 
 
 def _replace_old(run_dir: Path, state: str) -> bool:
-    """For a fresh part over an old folder (an overwritten part, or a start that wrote nothing usable): mark the
-    folder as a run's (it lies inside this experiment's folder, which is ours) and return True, so that the
-    trainer replaces it — only after its own checks of the data and settings passed, so a bad new setting never
-    costs the finished old part."""
-    if state != FRESH or not run_dir.exists() or not any(run_dir.iterdir()):
-        return False
-    if marker(run_dir) is None:
-        mark(run_dir, "run")
-    return True
+    """For a fresh part over an old folder (an overwritten part): True, so that the trainer replaces it — only
+    after its own checks of the data and settings passed, so a bad new setting never costs the finished old part.
+    :func:`run_state` has made sure that the folder is provably a run diffattn made; nothing marks it as one here."""
+    return state == FRESH and bool(contents(run_dir))
 
 
 def _scratch_config(exp: ExperimentConfig, m):
@@ -201,8 +227,10 @@ def run_experiment(
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     for a, c in adapters:
         states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
-    mark(out, "experiment", name=config.name, source=source)
-    config.save(out / "experiment.yaml")
+    ident = claim_id(out, "experiment")  # the record first: a marker is never left naming an identity alone
+    out.mkdir(parents=True, exist_ok=True)
+    save_record(config, out / RECORDS["experiment"], ident)
+    mark(out, "experiment", ident=ident, name=config.name, source=source)
 
     for m, run_config in scratch:
         path = out / "models" / m.name

@@ -34,7 +34,20 @@ from accelerate.utils import broadcast_object_list
 from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from ..files import RUN_CONFIG, check_removable, mark, publish_folder, remove_folder, write_text_atomic
+from ..files import (
+    RUN_CONFIG,
+    check_removable,
+    claim_id,
+    contents,
+    empty_folder,
+    lock_folder,
+    lock_holder,
+    mark,
+    publish_folder,
+    release_folder,
+    save_record,
+    write_text_atomic,
+)
 from ..lambdas import lambda_per_layer
 from ..models.build import ATTENTIONS, build_model
 from ..models.presets import get_preset
@@ -229,6 +242,28 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
+def resume_problem(path: Path) -> str | None:
+    """What :func:`checkpoint_problem` cannot see without loading: the optimizer and scheduler states must load as
+    Trainer loads them (``torch.load``, weights only) and be states. ``None`` when they are (or are not there: an
+    FSDP checkpoint's layout)."""
+    for name in ("optimizer.pt", "scheduler.pt"):
+        if not (path / name).is_file():
+            continue
+        try:
+            state = torch.load(path / name, map_location="cpu", weights_only=True)
+        except Exception as e:  # not an archive torch wrote, or one holding something else
+            return f"{name} cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+        if not isinstance(state, dict):
+            return f"{name} holds a {type(state).__name__}, not a saved state"
+        if name == "optimizer.pt" and not (
+            isinstance(state.get("state"), dict)
+            and isinstance(state.get("param_groups"), list)
+            and all(isinstance(g, dict) and "params" in g for g in state["param_groups"])
+        ):
+            return f"{name} is not an optimizer state (no state and param_groups)"
+    return None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint that passes :func:`checkpoint_problem`; corrupt ones are skipped with a warning."""
     for path in sorted(_checkpoint_dirs(run_dir), key=_step, reverse=True):
@@ -323,8 +358,13 @@ def check_run_dir(
         raise RunFolderError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"output folder {str(run_dir)!r} is a file: name a folder (new, empty, or a run's)")
+    holder = lock_holder(run_dir)
+    if holder:
+        raise RunFolderError(
+            f"output folder {str(run_dir)!r} is in use by {holder}: wait for it to finish, or choose another --out"
+        )
     if overwrite:
-        check_removable(run_dir)
+        check_removable(run_dir, kind="run")
     saved = run_dir / RUN_CONFIG
     if resume:
         if not saved.is_file():
@@ -338,8 +378,15 @@ def check_run_dir(
         diff = setting_differences(previous, now)
         if diff:
             raise RunFolderError(f"--resume with settings that differ from the saved run ({'; '.join(diff)})")
-        return latest_checkpoint(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+        checkpoint = latest_checkpoint(run_dir)
+        problem = resume_problem(checkpoint) if checkpoint is not None else None
+        if problem:  # found now, before anything is written, not by Trainer after run.yaml was rewritten
+            raise RunFolderError(
+                f"cannot resume {str(run_dir)!r} from {checkpoint.name}: {problem}; nothing was changed (move that "
+                "checkpoint folder away to resume from the one before it)"
+            )
+        return checkpoint
+    if contents(run_dir) and not overwrite:
         raise RunFolderError(
             f"output folder {str(run_dir)!r} exists and is not empty: pass --resume to "
             f"continue that run or --overwrite to replace it"
@@ -347,14 +394,24 @@ def check_run_dir(
     return None
 
 
-def start_run_folder(run_dir: Path, config, *, overwrite: bool, checkpoint: Path | None, command: str) -> None:
-    """The first writes of a run, once its inputs are known good (main process only): delete the old folder
-    (``--overwrite``; only one diffattn made), mark the folder as a run's, save its settings, and on a resume drop
-    ``metrics.jsonl`` lines after the resumed step (they are logged again)."""
+def start_run_folder(
+    run_dir: Path, config, *, overwrite: bool, checkpoint: Path | None, command: str, resume: bool | None = None
+) -> None:
+    """The first writes of a run, once its inputs are known good (main process only): take the folder's lock (held
+    to the end of the run: a second run into it is refused), empty the old folder (``--overwrite``; only a run
+    diffattn provably made), mark the folder as a run's, save its settings with the run's identity, and on a resume
+    drop ``metrics.jsonl`` lines after the resumed step (they are logged again). ``resume=False`` (a new run):
+    refused if another process filled the folder since :func:`check_run_dir` saw it empty."""
+    lock_folder(run_dir, command=f"diffattn {command}")
     if overwrite:
-        remove_folder(run_dir)
-    mark(run_dir, "run", command=command)
-    config.save(run_dir / RUN_CONFIG)
+        empty_folder(run_dir, kind="run")
+    elif resume is False and contents(run_dir):
+        raise RunFolderError(
+            f"output folder {str(run_dir)!r} was filled by another run after it was checked: choose another --out"
+        )
+    ident = claim_id(run_dir, "run")  # a resumed run keeps its identity; an earlier version's run gets one
+    mark(run_dir, "run", ident=ident, command=command)
+    save_record(config, run_dir / RUN_CONFIG, ident)
     metrics = run_dir / METRICS
     if metrics.is_file():
         resumed = _step(checkpoint) if checkpoint is not None else 0
@@ -410,7 +467,7 @@ def pretrain(
     # only now, with data and model known to be good, is anything written (a failed start leaves nothing)
     state.wait_for_everyone()  # every process has checked before the main one changes anything
     if state.is_main_process:
-        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="pretrain")
+        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="pretrain", resume=resume)
     state.wait_for_everyone()
     tok = data.tokenizer
     model.config.bos_token_id = model.config.eos_token_id = tok.eos_token_id
@@ -459,6 +516,7 @@ def pretrain(
         _save_final(trainer, tok, config, run_dir)
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+    release_folder(run_dir)  # (a run that fails keeps it until its process ends, or resumes in this process)
     return summary
 
 
