@@ -66,10 +66,9 @@ def write_model_card(
         parts.append(f"## Base model\n\n`{base_model}`" + (f" (license {license_})" if license_ else ""))
     if data or budget:
         parts.append("## Training\n\n" + "\n".join(f"- {x}" for x in (data, budget) if x))
-    if headline:
-        rows = [f"| {k} | {v:.4g} |" for k, v in headline.items() if isinstance(v, (int, float))]
-        if rows:
-            parts.append("## Evaluation (the experiment's report)\n\n| metric | value |\n|---|---|\n" + "\n".join(rows))
+    evaluation = _evaluation_section(headline)
+    if evaluation:
+        parts.append(evaluation)
     parts.append("## Loading\n\n" + (loading or _plain_loading()))
     template = "---\n{{ card_data }}\n---\n\n" + CARD_MARK + "\n\n# {{ title }}\n\n{{ body }}\n"
     card = ModelCard.from_template(data_card, template_str=template, title=title, body="\n\n".join(parts))
@@ -78,6 +77,73 @@ def write_model_card(
     tmp.write_text(card.content)
     os.replace(tmp, folder / CARD)
     return folder / CARD
+
+
+def _evaluation_section(headline: dict | None) -> str:
+    rows = [f"| {k} | {v:.4g} |" for k, v in (headline or {}).items() if isinstance(v, (int, float))]
+    return (
+        "## Evaluation (the experiment's report)\n\n| metric | value |\n|---|---|\n" + "\n".join(rows) if rows else ""
+    )
+
+
+def add_headline(folder: str | os.PathLike, headline: dict[str, float]) -> bool:
+    """Put an experiment's headline numbers into the card of ``folder`` (ours only; its evaluation section is
+    replaced, or added before the loading section). Returns whether the card was updated."""
+    import re
+
+    path = Path(folder) / CARD
+    section = _evaluation_section(headline)
+    if not path.is_file() or not section or not is_ours(folder):
+        return False
+    text = path.read_text()
+    text = re.sub(r"## Evaluation \(the experiment's report\)\n.*?(?=\n## )", "", text, flags=re.S)
+    text = text.replace("## Loading", section + "\n\n## Loading", 1)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return True
+
+
+def run_card_fields(config, summary: dict, *, form: str) -> dict:
+    """The card of a folder a ``diffattn pretrain`` or ``diffattn adapt`` run wrote (``form``: final, merged or
+    adapter), from the run's config and summary."""
+    data = summary.get("data") or {}
+    d, t = config.data, config.train
+    rows = data.get("train_sequences")
+    mix = data.get("retrieval_mix_sequences")
+    data_text = f"data: {data.get('source', d.source)}" + (f", {rows:,} training sequences" if rows else "")
+    data_text += f" of {d.seq_len} tokens" + (f" ({mix:,} from the retrieval practice mix)" if mix else "")
+    budget = f"budget: {summary.get('steps', t.max_steps)} steps × {t.global_batch_size} sequences, lr {t.lr:g}"
+    method = getattr(config, "method", None)
+    if method is None:  # pretraining from scratch
+        attention = summary.get("attention") or config.model.attention
+        loading = diffattn_loading(summary["model_type"]) if summary.get("model_type") in OUR_TYPES else None
+        return {
+            "title": f"{config.model.preset} {attention} model (diffattn, from scratch)",
+            "summary": f"A `{config.model.preset}` model with `{attention}` attention trained from scratch by "
+            f"`diffattn pretrain` ({summary.get('parameters', 0):,} parameters).",
+            "method": attention, "options": {"preset": config.model.preset}, "data": data_text, "budget": budget,
+            "loading": loading,
+        }  # fmt: skip
+    name = method.name
+    loading = {"adapter": adapter_loading() if name != "lora" else _peft_loading()}.get(form)
+    what = {"adapter": "the adapter", "merged": "merged into the base's weights", "final": "the fine-tuned model"}
+    return {
+        "title": f"{name} on {Path(str(config.model.name)).name} ({form})",
+        "summary": f"`{name}` trained by `diffattn adapt` on `{config.model.name}`: {what.get(form, form)}.",
+        "base_model": str(config.model.name), "method": name, "options": summary.get("method_config") or {},
+        "data": data_text, "budget": budget, "loading": loading,
+    }  # fmt: skip
+
+
+OUR_TYPES = ("diffattn_v2", "diffattn_diff")  # model types transformers learns from `import diffattn`
+
+
+def _peft_loading() -> str:
+    return (
+        "A PEFT LoRA adapter:\n\n```python\nfrom peft import PeftModel\n\n"
+        'model = PeftModel.from_pretrained(base_model, "<this folder>")\n```'
+    )
 
 
 def _plain_loading() -> str:

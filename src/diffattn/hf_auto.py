@@ -27,7 +27,6 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
-from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +103,10 @@ def register_when_transformers_loads() -> None:
 def save_readme(folder, model_type: str, title: str) -> None:
     """A model card that says how to load a checkpoint of one of our model types (transformers' own error for an
     unknown model type suggests upgrading transformers, which does not help)."""
-    path = Path(folder) / "README.md"
-    if not path.exists():  # never overwrite a card the user wrote
-        path.write_text(
-            f"# {title} (diffattn)\n\n"
-            f"`model_type: {model_type}` is registered by the `diffattn` library, not by transformers:\n\n"
-            f"```python\nimport diffattn  # registers its model types with the Auto classes\n"
-            f"from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(...)\n```\n"
-        )
+    from .cards import diffattn_loading, write_model_card
+
+    # never replaces a card the user wrote; a run's fuller card replaces this one later (diffattn.cards)
+    write_model_card(
+        folder, title=f"{title} (diffattn)", summary=f"A `{model_type}` checkpoint written by diffattn.",
+        loading=diffattn_loading(model_type),
+    )  # fmt: skip

@@ -140,6 +140,11 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
         assert (model(x).logits - base(x).logits).abs().max() > 1e-4  # the trained weights came back
     if method == "diffv":  # --merge: a plain model with the adapter's logits
         assert (out / "merged").is_dir() and type(model).__name__ == "LlamaForCausalLM"
+    for form in ("adapter", "merged", "final"):  # every folder gets a Hub model card with the run's facts
+        if (out / form).is_dir():
+            card = (out / form / "README.md").read_text()
+            assert card.startswith("---\n") and "library_name: transformers" in card and f"method: `{method}`" in card
+            assert "budget: 3 steps ×" in card and "## Loading" in card
 
 
 def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path):

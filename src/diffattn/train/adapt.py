@@ -55,6 +55,7 @@ from ..adapters.controls import LoRAControlConfig, NoOptions, lora_target_module
 from ..adapters.io import load_adapter  # noqa: F401  (importable from here before)
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
 from ..adapters.runs import load_adapted  # noqa: F401  (re-exported: it was defined here)
+from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
 from ..files import (
     RUN_CONFIG,  # noqa: F401  (importable from here before)
@@ -274,9 +275,11 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         shutil.rmtree(tmp, ignore_errors=True)
         if spec.kind == "control":
             model.save_pretrained(tmp)  # PEFT (the LoRA control): adapter_config.json + adapter_model.safetensors
+            (tmp / "README.md").unlink(missing_ok=True)  # PEFT's blank template card: ours below says what ran
         else:
             save_adapter(model, tmp)
         tokenizer.save_pretrained(tmp)
+        write_model_card(tmp, **run_card_fields(config, summary, form=ADAPTER))
         publish_folder(tmp, run_dir / ADAPTER)
     if config.method.merge:
         tmp = run_dir / (MERGED + ".tmp")
@@ -285,6 +288,7 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         ready_for_inference(merged, tokenizer)
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_model_card(tmp, **run_card_fields(config, summary, form=MERGED))
         publish_folder(tmp, run_dir / MERGED)
         summary["merged"] = str(run_dir / MERGED)
     if spec.result == FINAL:
@@ -293,4 +297,5 @@ def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summ
         ready_for_inference(model, tokenizer)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_model_card(tmp, **run_card_fields(config, summary, form=FINAL))
         publish_folder(tmp, run_dir / FINAL)
