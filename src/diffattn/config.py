@@ -14,6 +14,7 @@ Error format (each a one-line ``ValueError`` naming the place in the file):
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def _list_item_type(hint):
     return None
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def coerce(value, hint, name: str):
     """A YAML/CLI value checked against the field's type: ints for int fields, floats accept ints, clear errors."""
     if hint is bool:
@@ -87,6 +91,8 @@ def coerce(value, hint, name: str):
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-2 (an exponent without a dot) as a string
         raise ValueError(f"{name} must be a number, got {value!r}")
     if hint is str:
         if isinstance(value, str):

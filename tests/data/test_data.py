@@ -438,3 +438,16 @@ def test_strict_needle_score_takes_the_first_r_numbers_only():
     assert score_first_numbers("Answer: 1234567, 7654321.", ["7654321", "1"]) == 0.5
     with pytest.raises(ValueError, match="answers"):
         score_first_numbers("1", [])
+
+
+@pytest.mark.parametrize("text, value", [("1e-2", 0.01), ("3E-4", 3e-4), (".5", 0.5), ("2", 2.0)])
+def test_a_float_field_takes_yaml_1_1_exponents_written_without_a_dot(text, value):
+    """YAML 1.1 reads `1e-2` as a string, so `--set train.lr=1e-2` (or `lr: 1e-2` in a file) was refused."""
+    import yaml
+
+    from diffattn.train import RunConfig
+
+    config = RunConfig.from_dict({"train": {"lr": yaml.safe_load(text)}})
+    assert config.train.lr == value
+    with pytest.raises(ValueError, match="train.lr must be a number, got 'fast'"):
+        RunConfig.from_dict({"train": {"lr": "fast"}})
