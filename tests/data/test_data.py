@@ -449,5 +449,5 @@ def test_a_float_field_takes_yaml_1_1_exponents_written_without_a_dot(text, valu
 
     config = RunConfig.from_dict({"train": {"lr": yaml.safe_load(text)}})
     assert config.train.lr == value
-    with pytest.raises(ValueError, match="train.lr must be a number, got 'fast'"):
+    with pytest.raises(ValueError, match=r"train\.lr must be a number, got 'fast'"):
         RunConfig.from_dict({"train": {"lr": "fast"}})
