@@ -127,6 +127,8 @@ def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):
     if name == "baseline":
         assert res["negative_mass"] == 0 and sum(res["allocation"].values()) == pytest.approx(1.0, abs=1e-4)
     assert res["attention_noise"] == pytest.approx(res["allocation"]["before"] + res["allocation"]["after"])
+    for layer in res["per_layer"].values():  # per-layer error bars: the spread over samples of each layer's share
+        assert all(layer[f"{k}_se"] >= 0 for k in ("attention_to_answer", "attention_noise", "negative_mass"))
     assert len(res["per_sample"]) == 2 and {"answer", "noise", "negative_mass"} <= set(res["per_sample"][0])
     assert res["attention_to_answer"] == pytest.approx(np.mean([p["answer"] for p in res["per_sample"]]))
     assert res["attention_to_answer_se"] == pytest.approx(

@@ -51,7 +51,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
-from .common import Suite, check_fits, evaluation_window, figure, load_text, model_device, save_figure
+from .common import Suite, check_fits, evaluation_window, figure, group_colors, load_text, model_device, save_figure
 from .niah import DEPTHS, fit_sample
 from .stats import mean_se
 
@@ -218,6 +218,7 @@ class _Tally:
         self.layer_shares: dict[int, torch.Tensor] = {}  # layer -> sum over samples of the head-mean shares [5]
         self.layer_negative: dict[int, torch.Tensor] = {}
         self.layer_count: dict[int, int] = {}
+        self.layer_samples: dict[int, list[tuple[float, float, float]]] = {}  # per sample: answer, noise, negative
         self.negatives: list[torch.Tensor] = []  # per sample: negative mass per bucket [5]
         self.per_sample: list[dict] = []
         self.skipped = 0
@@ -237,6 +238,11 @@ class _Tally:
             self.layer_shares[layer] = self.layer_shares.get(layer, torch.zeros(nb, dtype=s_mean.dtype)) + s_mean
             self.layer_negative[layer] = self.layer_negative.get(layer, torch.zeros(nb, dtype=n_mean.dtype)) + n_mean
             self.layer_count[layer] = self.layer_count.get(layer, 0) + 1
+            answer, noise = (
+                s_mean[BUCKETS.index("answer")],
+                s_mean[BUCKETS.index("before")] + s_mean[BUCKETS.index("after")],
+            )
+            self.layer_samples.setdefault(layer, []).append((float(answer), float(noise), float(n_mean.sum())))
             sample_shares.append(s_mean)
             sample_negative.append(n_mean)
         if not sample_shares:
@@ -262,11 +268,16 @@ class _Tally:
         for layer in sorted(self.layer_shares):
             ls = self.layer_shares[layer] / self.layer_count[layer]
             ln = self.layer_negative[layer] / self.layer_count[layer]
+            samples = np.array(self.layer_samples[layer])  # the per-layer spread over samples, for error bars
             out[layer] = {
                 **{b: float(ls[j]) for j, b in enumerate(BUCKETS)},
                 "attention_to_answer": float(ls[BUCKETS.index("answer")]),
                 "attention_noise": float(ls[BUCKETS.index("before")] + ls[BUCKETS.index("after")]),
                 "negative_mass": float(ln.sum()),
+                **{
+                    f"{key}_se": mean_se(samples[:, j])[1] if len(samples) > 1 else None
+                    for j, key in enumerate(("attention_to_answer", "attention_noise", "negative_mass"))
+                },
             }
         return out
 
@@ -388,7 +399,7 @@ def plot_allocation(results: dict[str, dict], path) -> object:
         axk.set_title(f"{label} (bars: 95% CI, ±1.96 SE)", fontsize=9)
         axk.tick_params(axis="x", labelsize=7)
 
-    cmap = plt.get_cmap("tab10")
+    colors = group_colors(names)  # one colour per model group (seeds of one architecture share it)
     styles = ["-", "--", "-.", ":"]
     for col, (key, label) in enumerate(
         [
@@ -402,13 +413,16 @@ def plot_allocation(results: dict[str, dict], path) -> object:
         for i, m in enumerate(names):
             layers, vals = _per_layer_series(results[m], key)
             if layers:
-                axl.plot(
+                _, ses = _per_layer_series(results[m], f"{key}_se")
+                axl.errorbar(
                     layers,
                     vals,
-                    styles[(i // 10) % len(styles)],
+                    yerr=[1.96 * s for s in ses] if len(ses) == len(vals) else None,  # 95% over samples
+                    fmt=styles[(i // 10) % len(styles)],
                     marker="o",
                     markersize=3,
-                    color=cmap(i % cmap.N),
+                    capsize=2,
+                    color=colors[m],
                     label=m,
                     linewidth=1.2,
                 )
