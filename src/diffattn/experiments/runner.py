@@ -315,8 +315,8 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
     if options.samples < 1:
         raise ValueError(f"eval.options.samples must be >= 1, got {options.samples}")
     cells = [(1, 1)] if "alloc" in config.eval.suites else []
-    if "niah" in config.eval.suites:
-        cells += [tuple(c) for c in options.niah_grid]
+    if "niah" in config.eval.suites:  # the default grid is used where it fits: its N = 1 cell must
+        cells += [tuple(c) for c in options.niah_grid] if options.niah_grid is not None else [(1, 1)]
     heatmap = (options.niah_needles, 1) if "niah" in config.eval.suites else None
     for n, r in cells + ([heatmap] if heatmap else []):
         if not 1 <= r <= n <= len(CITY_KEYS):
@@ -329,7 +329,7 @@ def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> Non
     seen = set()
     for m, run_config in scratch:
         preset = get_preset(run_config.model.preset, **run_config.model.overrides)
-        context = options.context_tokens or min(preset.max_position_embeddings, 1024)
+        context = options.context_tokens or run_config.data.seq_len  # the suites' default: the trained length
         if context > preset.max_position_embeddings:
             raise ValueError(
                 f"eval.options.context_tokens={context} exceeds {m.name}'s {preset.max_position_embeddings} positions"
