@@ -362,6 +362,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+REPORT_TO_HELP = (
+    "where training reports loss, lr, grad norm and λ per layer besides metrics.jsonl: tensorboard (suggested; "
+    "event files in each run's tensorboard/), or trackio, wandb (offline), mlflow, … when installed; default none"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.pretrained import PRETRAINED
 
@@ -377,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quickstart",
         help="check the backends, then run the embedded quickstart experiment (about 10 minutes on a CPU)",
     )
+    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
     p.add_argument("--new-tokens", type=int, default=8, help="tokens generated per debug model in the check")
     p.add_argument("--check-only", action="store_true", help="only the backend check (seconds)")
     p.add_argument("--root", default="runs", help="parent of runs/quickstart (default runs/)")
@@ -385,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_quickstart)
 
     p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
+    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, data, train); flags override it")
     p.add_argument("--preset", help="model preset (see `diffattn presets`)")
@@ -421,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fine-tune a pretrained model with an adapter method (dex, daa, diffq, diffk, diffv, difflora) "
         "or a control (lora, attn-ft, full-ft)",
     )
+    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
     p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
@@ -515,6 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("run", help="run an experiment YAML: pretrain, adapt, evaluate, report (skips finished parts)")
+    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
     p.add_argument("experiment", help="the experiment YAML (see diffattn.experiments.config)")
     p.add_argument("--root", default="runs", help="parent of the experiment's folder (default runs/)")
     p.add_argument(
@@ -563,12 +573,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        return args.func(args)
+        if getattr(args, "report_to", None) is None:
+            return args.func(args)
+        from .train.tracking import reporting
+
+        with reporting(args.report_to):  # an integration that is not installed: one line, before any training
+            return args.func(args)
     except KeyboardInterrupt:
         print("diffattn: interrupted", file=sys.stderr)
         return 130

@@ -79,6 +79,7 @@ from .adapt_config import (  # noqa: F401  (re-exported: the public names of a r
 )
 from .adapt_trainer import INACTIVE_LAMBDA, AdapterStepCallback, AdapterTrainer, _lambda_warnings  # noqa: F401
 from .data import PackedDataset, add_retrieval_mix, check_enough_text
+from .tracking import report_to, tracker_environment
 from .trainer import (
     METRICS,
     STAGING,
@@ -202,19 +203,20 @@ def adapt_pretrained(
     lambda_lr = config.train.resolved_lambda_lr if differential else None
     if config.train.lambda_lr is not None and not differential:
         logger.warning("train.lambda_lr is ignored: %s has no λ(t) term", config.method.name)
-    trainer = AdapterTrainer(
-        model=model,
-        args=args,
-        train_dataset=PackedDataset(train),
-        eval_dataset=PackedDataset(val),
-        callbacks=[metrics, *([AdapterStepCallback()] if is_adapter else []), *(callbacks or [])],
-        run_dir=run_dir,
-        keep_checkpoints=config.train.keep_checkpoints,
-        loss_average=config.train.loss_average,
-        extra_no_decay=extra_no_decay,
-        differential=differential,
-        lambda_lr=lambda_lr,
-    )
+    with tracker_environment(run_dir):
+        trainer = AdapterTrainer(
+            model=model,
+            args=args,
+            train_dataset=PackedDataset(train),
+            eval_dataset=PackedDataset(val),
+            callbacks=[metrics, *([AdapterStepCallback()] if is_adapter else []), *(callbacks or [])],
+            run_dir=run_dir,
+            keep_checkpoints=config.train.keep_checkpoints,
+            loss_average=config.train.loss_average,
+            extra_no_decay=extra_no_decay,
+            differential=differential,
+            lambda_lr=lambda_lr,
+        )
     if is_adapter:
         set_adapter_step(model, 0)
     val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else None
@@ -241,6 +243,7 @@ def adapt_pretrained(
         "lambda_lr": lambda_lr,
         "lambda_lr_parameters": sum(p.numel() for n, p in model.named_parameters() if n in differential),
         "distributed": distribution(config),
+        "report_to": [r for r in report_to() if r != "none"],
         "warnings": [],
         "data": {
             "source": corpus.name,

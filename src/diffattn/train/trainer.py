@@ -53,6 +53,7 @@ from ..models.build import ATTENTIONS, build_model
 from ..models.presets import get_preset
 from .config import RunConfig, setting_differences
 from .data import PackedDataset, prepare_data
+from .tracking import lambda_logs, report_to, tracker_environment
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,15 @@ class DiffattnTrainer(Trainer):
             # ways (loss_is_scaled_for_ga from transformers 5.19; model_accepts_loss_kwargs before it)
             self.loss_is_scaled_for_ga = False
             self.model_accepts_loss_kwargs = False
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """Trackers (--report-to) get λ per layer with the loss: the same read-out as metrics.jsonl."""
+        if "loss" in logs:
+            metrics = next((c for c in self.callback_handler.callbacks if isinstance(c, MetricsCallback)), None)
+            if metrics is not None:
+                model = self.accelerator.unwrap_model(self.model)
+                logs = {**logs, **lambda_logs(metrics.lambdas(model), model)}
+        super().log(logs, *args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.loss_average != "row" or not model.training:
@@ -339,7 +349,7 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         data_seed=t.seed,
         bf16=_precision(config),
         use_cpu=not torch.cuda.is_available(),
-        report_to="none",
+        report_to=report_to(),  # diffattn.train.tracking: --report-to
         dataloader_num_workers=0,
         remove_unused_columns=False,
         fsdp="full_shard auto_wrap" if t.fsdp else "",
@@ -483,16 +493,17 @@ def pretrain(
 
     tokens_per_step = config.train.global_batch_size * config.data.seq_len
     metrics = MetricsCallback(run_dir / METRICS, tokens_per_step)
-    trainer = DiffattnTrainer(
-        model=model,
-        args=args,
-        train_dataset=PackedDataset(data.train),
-        eval_dataset=PackedDataset(data.val),
-        callbacks=[metrics, *(callbacks or [])],
-        run_dir=run_dir,
-        keep_checkpoints=config.train.keep_checkpoints,
-        loss_average=config.train.loss_average,
-    )
+    with tracker_environment(run_dir):
+        trainer = DiffattnTrainer(
+            model=model,
+            args=args,
+            train_dataset=PackedDataset(data.train),
+            eval_dataset=PackedDataset(data.val),
+            callbacks=[metrics, *(callbacks or [])],
+            run_dir=run_dir,
+            keep_checkpoints=config.train.keep_checkpoints,
+            loss_average=config.train.loss_average,
+        )
     t0 = time.perf_counter()
     if resume and checkpoint is None:
         logger.warning("no valid checkpoint in %s: starting from step 0", run_dir)
@@ -511,9 +522,11 @@ def pretrain(
         "lambda": lambda_per_layer(model),
         "distributed": distribution(config),
         "data": data.info,
+        "model_type": model.config.model_type,
+        "report_to": [r for r in report_to() if r != "none"],
     }
     if trainer.args.should_save:
-        _save_final(trainer, tok, config, run_dir)
+        _save_final(trainer, tok, config, run_dir, summary)
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     release_folder(run_dir)  # (a run that fails keeps it until its process ends, or resumes in this process)
@@ -543,7 +556,9 @@ def ready_for_inference(model, tokenizer) -> None:
                 setattr(model.config, key, value)
 
 
-def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path) -> None:
+def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path, summary: dict) -> None:
+    from ..cards import run_card_fields, write_model_card
+
     tmp, final = run_dir / (FINAL + ".tmp"), run_dir / FINAL
     shutil.rmtree(tmp, ignore_errors=True)
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -551,4 +566,5 @@ def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path) -
     model.save_pretrained(tmp, state_dict=trainer.accelerator.get_state_dict(trainer.model))
     tokenizer.save_pretrained(tmp)
     config.save(tmp / RUN_CONFIG)
+    write_model_card(tmp, **run_card_fields(config, summary, form=FINAL))
     publish_folder(tmp, final)
