@@ -61,6 +61,7 @@ from ..files import (
     RUN_CONFIG,  # noqa: F401  (importable from here before)
     is_inside,
     publish_folder,
+    release_folder,
     write_text_atomic,
 )
 from ..models.pretrained import load_pretrained
@@ -191,7 +192,7 @@ def adapt_pretrained(
 
     state.wait_for_everyone()
     if state.is_main_process:
-        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="adapt")
+        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="adapt", resume=resume)
         write_text_atomic(run_dir / RESOLVED_OPTIONS, json.dumps(options, indent=2))
     state.wait_for_everyone()
 
@@ -262,6 +263,7 @@ def adapt_pretrained(
         _save_result(trainer, tokenizer, config, run_dir, summary)
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+    release_folder(run_dir)  # the run's lock on its folder (a failed run keeps it until its process ends)
     return summary
 
 
