@@ -375,6 +375,15 @@ def test_a_peft_wrapped_adapted_model_is_accepted_or_refused_with_the_remedy(tmp
     with pytest.raises(ValueError, match="has no diffattn adapter"):
         adapter_lambdas(tiny("llama"))
 
+    # PEFT on a weight the method trains (Dex: W_V): its base_layer / lora_* tensors could never be loaded back, so
+    # saving is refused with the remedy (they used to be written, and load_adapter then refused the folder)
+    inside = get_peft_model(adapt(tiny("llama"), DexConfig(heads="all")), LoraConfig(r=2, target_modules=["v_proj"]))
+    with pytest.raises(ValueError, match=r"PEFT layers wrap weights the adapter trains.*save_adapter\(model, path\)"):
+        save_adapter(inside, tmp_path / "inside")
+    assert not (tmp_path / "inside").exists()
+    with pytest.raises(ValueError, match=r"wrapped by PEFT; PEFT decides what trains.*before get_peft_model"):
+        trainable_parameters(wrapped)  # used to raise AttributeError
+
 
 def _layer0_inputs(model, x):
     """Layer 0's attention input X, RoPE (cos, sin), and the per-head output as it enters W_O."""

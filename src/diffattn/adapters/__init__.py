@@ -126,8 +126,16 @@ def adapt(model: nn.Module, config, calibration=None) -> nn.Module:
 
 
 def trainable_parameters(model: nn.Module) -> list[str]:
-    """Freeze what the method's paper froze; returns the names left trainable."""
-    return get_method(_info(model, "trainable_parameters").method).trainable_parameters(model)
+    """Freeze what the method's paper froze; returns the names left trainable. A PEFT-wrapped model is refused
+    with the remedy: PEFT decides what trains inside its wrapper (call this before ``get_peft_model``)."""
+    inner = adapted_model(model, "trainable_parameters", allow_peft=False, peft_remedy=PEFT_TRAINABLE)
+    return get_method(inner._diffattn_adapter.method).trainable_parameters(inner)
+
+
+PEFT_TRAINABLE = (
+    "PEFT decides what trains inside its wrapper: call diffattn.trainable_parameters(model) before get_peft_model, "
+    "or fold the PEFT adapter in first (model = model.merge_and_unload())"
+)
 
 
 def trained_parameter_names(model: nn.Module) -> list[str]:

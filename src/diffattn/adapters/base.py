@@ -257,7 +257,9 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
     return model
 
 
-def adapted_model(model: nn.Module, caller: str, *, allow_peft: bool = True) -> nn.Module:
+def adapted_model(
+    model: nn.Module, caller: str, *, allow_peft: bool = True, peft_remedy: str | None = None
+) -> nn.Module:
     """The module that carries the diffattn adapter: ``model`` itself, or the model inside a PEFT wrapper
     (``get_base_model()``) or a DDP/accelerate wrapper (``.module``). ``allow_peft=False`` refuses a PEFT-wrapped
     model with the remedy (for operations whose result would drop the PEFT layers)."""
@@ -268,10 +270,10 @@ def adapted_model(model: nn.Module, caller: str, *, allow_peft: bool = True) -> 
             return inner
         if callable(getattr(inner, "get_base_model", None)):  # peft.PeftModel
             if not allow_peft:
-                raise ValueError(
-                    f"{caller}: this model is wrapped by PEFT; fold the PEFT adapter in first "
-                    f"(model = model.merge_and_unload()), then call {caller}(model)"
+                remedy = peft_remedy or (
+                    f"fold the PEFT adapter in first (model = model.merge_and_unload()), then call {caller}(model)"
                 )
+                raise ValueError(f"{caller}: this model is wrapped by PEFT; {remedy}")
             inner = inner.get_base_model()
         elif isinstance(getattr(inner, "module", None), nn.Module):  # DistributedDataParallel, accelerate
             inner = inner.module

@@ -29,10 +29,21 @@ WEIGHTS_NAME = "adapter.safetensors"
 FORMAT_VERSION = 1
 
 
+PEFT_SAVE = (
+    "save the diffattn adapter before wrapping (save_adapter(model, path), then get_peft_model) and PEFT's with "
+    "peft_model.save_pretrained(path2), or fold the PEFT adapter in first (model = model.merge_and_unload())"
+)
+
+
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
     model = adapted_model(model, "save_adapter")
     info = model._diffattn_adapter
     names = set(get_method(info.method).trained_names(model))
+    inside_peft = sorted(n for n in names if ".base_layer." in n or ".lora_" in n)
+    if inside_peft:  # PEFT wraps weights the method trains: no load_adapter could place base_layer / lora_* tensors
+        raise ValueError(
+            f"save_adapter: PEFT layers wrap weights the adapter trains (first: {inside_peft[0]}); {PEFT_SAVE}"
+        )
     tensors = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if n in names}
     missing = sorted(names - set(tensors))
     if missing:  # e.g. PEFT layers wrapped around weights the method trains: their names changed
