@@ -75,14 +75,17 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     validate_results(results)
     assert {m["model"] for m in results["models"]} == {"baseline", "diff", "dex", "lora"}
     assert results["evaluations"]["diff"]["ppl"]["ppl"] > 0
-    # the claims the experiment touches: DIFF vs baseline (loss, allocation) and Dex vs its base (allocation)
+    # the claims the experiment touches: DIFF vs baseline (loss, allocation), Dex vs its base and vs its own
+    # projection at λ = 0 (allocation)
     sources = [c["source"] for c in results["claims"]]
     assert sources == [
         "DIFF Transformer Fig. 3–4",
         "DIFF Transformer Table 3",
         "DIFF Transformer Table 3",
         "Dex Table 2",
+        "Dex Table 2 (vs λ = 0)",
     ]
+    assert "### Not testable here" in report  # the claims of the papers touched that this scale cannot check
     assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") and c["ours"] for c in results["claims"])
     # one sample per model: allocation values have no standard error, the loss is compared on per-window NLL,
     # of which a debug run has fewer than 30: Student's t, not the bootstrap, and the row says so

@@ -35,11 +35,20 @@ PEFT_SAVE = (
 )
 
 
+def _peft_layer_prefixes(model: nn.Module) -> list[str]:
+    """``name.`` of every PEFT tuner layer (LoRA's wrappers of a Linear, …) inside ``model``; none without PEFT."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # PEFT is not installed: nothing can be wrapped by it
+        return []
+    return [f"{n}." for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
     model = adapted_model(model, "save_adapter")
     info = model._diffattn_adapter
     names = set(get_method(info.method).trained_names(model))
-    inside_peft = sorted(n for n in names if ".base_layer." in n or ".lora_" in n)
+    inside_peft = sorted(n for n in names if any(n.startswith(p) for p in _peft_layer_prefixes(model)))
     if inside_peft:  # PEFT wraps weights the method trains: no load_adapter could place base_layer / lora_* tensors
         raise ValueError(
             f"save_adapter: PEFT layers wrap weights the adapter trains (first: {inside_peft[0]}); {PEFT_SAVE}"
