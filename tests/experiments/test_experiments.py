@@ -270,7 +270,8 @@ def test_pretrained_models_are_evaluated_and_adapted_by_name(corpus, tmp_path):
     validate_results(results)
     base_row = next(m for m in results["models"] if m["model"] == "base")
     assert base_row["kind"].startswith("pretrained") and base_row["parameters"] > 0
-    assert [c["source"] for c in results["claims"]] == ["Dex Table 2"]  # Dex vs its pretrained base
+    # Dex vs its pretrained base, and vs its own projection at λ = 0
+    assert [c["source"] for c in results["claims"]] == ["Dex Table 2", "Dex Table 2 (vs λ = 0)"]
 
 
 def test_zero_steps_and_a_foreign_folder_are_refused_before_anything_runs(corpus, tmp_path):
