@@ -116,7 +116,7 @@ FIXED_LAMBDA = {
 @pytest.mark.parametrize("variant", list(FIXED_LAMBDA))
 def test_fixed_lambda_scales_the_base_attention_output_by_one_minus_lambda(variant, model_type):
     base = tiny(model_type)
-    if variant == "diffv":  # methods.md's V' = X(I − λW_D)W_V leaves a value bias unscaled: take it out
+    if variant == "diffv":  # the V' of docs/methods.md §4.3 leaves a value bias unscaled: take it out
         with torch.no_grad():
             for n, p in base.named_parameters():
                 if n.endswith("v_proj.bias"):
@@ -499,3 +499,28 @@ def test_difflora_exponential_lambda_init_and_norm_gain():
         assert not torch.allclose(gained(x).logits, plain(x).logits, atol=1e-3)
     with pytest.raises(ValueError, match="group_norm_gain needs group_norm"):
         DiffLoRAConfig(group_norm_gain=True)
+
+
+def test_an_adapter_refuses_a_base_changed_anywhere_and_reads_older_fingerprints(tmp_path, caplog):
+    """The base fingerprint covers every tensor the adapter's output depends on: scaling one MLP weight of the base
+    is another base (the fingerprint of the embeddings alone let it through). An adapter saved before (version 1)
+    is still read, with a warning that says what it cannot check."""
+    import json
+
+    model = adapt(tiny("llama"), DexConfig(heads="all", anneal_steps=4))
+    folder = save_adapter(model, tmp_path / "adapter")
+    assert load_adapter(tiny("llama"), folder) is not None
+    changed = tiny("llama")
+    with torch.no_grad():
+        changed.model.layers[0].mlp.up_proj.weight.mul_(1.01)
+    with pytest.raises(ValueError, match="was trained on a different base model"):
+        load_adapter(changed, folder)
+    meta = json.loads((folder / "adapter_config.json").read_text())
+    from diffattn.adapters.base import base_fingerprint
+
+    meta["base_fingerprint"], meta["base_fingerprint_version"] = base_fingerprint(tiny("llama"), version=1), None
+    del meta["base_fingerprint_version"]
+    (folder / "adapter_config.json").write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        assert load_adapter(tiny("llama"), folder) is not None
+    assert "covers the input embeddings only" in caplog.text

@@ -1,6 +1,6 @@
 """The adapter machinery shared by every method: the annealed λ(t), the attention wrapper, adapt/remove.
 
-λ(t) is Dex Eq. 4 (methods.md §2, also used by DAA and DiffQ/K/V):
+λ(t) is Dex Eq. 4 (docs/methods.md §2.2, also used by DAA and DiffQ/K/V):
 
     λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn,      α = min(1, t/T)
 
@@ -215,9 +215,25 @@ class AdapterInfo:
     fingerprint: str  # of the base model when the adapter was created (base_fingerprint)
 
 
-def base_fingerprint(model: nn.Module) -> str:
-    """Architecture sizes + a hash of the input embedding matrix (which no method trains): save_adapter records it,
-    load_adapter refuses another base."""
+FINGERPRINT_VERSION = 2  # 2: every tensor of the base; 1 (adapters saved before): the input embeddings only
+
+
+def base_fingerprint(model: nn.Module, version: int = FINGERPRINT_VERSION) -> str:
+    """Architecture sizes + a hash of every parameter and buffer of the base model, in name order (the adapter's
+    output depends on all of them: a base with one MLP weight scaled is another base). Hashing is cheap next to
+    loading the weights (~1 s for 135M parameters). save_adapter records it, load_adapter refuses another base.
+    ``version=1``: the embeddings only (what adapters saved before version 2 recorded)."""
+    if version == 1:
+        return _embedding_fingerprint(model)
+    h = hashlib.sha256(_fingerprint_sizes(model).encode())
+    for name, tensor in sorted(model.state_dict(keep_vars=False).items()):
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _fingerprint_sizes(model: nn.Module) -> str:
     config = model.config
     keys = (
         "model_type",
@@ -230,7 +246,11 @@ def base_fingerprint(model: nn.Module) -> str:
         "num_key_value_heads",
         "vocab_size",
     )
-    h = hashlib.sha256(json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True).encode())
+    return json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True)
+
+
+def _embedding_fingerprint(model: nn.Module) -> str:
+    h = hashlib.sha256(_fingerprint_sizes(model).encode())
     emb = model.get_input_embeddings().weight.detach().float().cpu().contiguous()
     h.update(emb.numpy().tobytes())
     return h.hexdigest()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -21,12 +22,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .base import adapted_model, base_fingerprint, remove_adapter
+from .base import FINGERPRINT_VERSION, adapted_model, base_fingerprint, remove_adapter
 from .registry import get_method, method_names
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
 FORMAT_VERSION = 1
+
+logger = logging.getLogger(__name__)
 
 
 PEFT_SAVE = (
@@ -68,6 +71,7 @@ def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
         "config": dataclasses.asdict(info.config),
         "step": info.state.step,
         "base_fingerprint": info.fingerprint,
+        "base_fingerprint_version": FINGERPRINT_VERSION,
         "base_model_type": model.config.model_type,
     }
     tmp = path / (WEIGHTS_NAME + ".tmp")
@@ -105,7 +109,14 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
         raise ValueError(f"unsupported adapter method {saved!r} in {path}; this version loads: {known}")
     if method is not None and saved != method:
         raise ValueError(f"{path} holds a {saved!r} adapter, not the {method!r} adapter asked for")
-    fingerprint = base_fingerprint(model)
+    version = meta.get("base_fingerprint_version", 1)
+    fingerprint = base_fingerprint(model, version=version)
+    if version < FINGERPRINT_VERSION:
+        logger.warning(
+            "%s was saved by an older diffattn whose base fingerprint covers the input embeddings only: a base that "
+            "differs elsewhere would not be noticed; save the adapter again to record every tensor",
+            path,
+        )
     if meta.get("base_fingerprint") != fingerprint:
         raise ValueError(
             f"the adapter in {path} was trained on a different base model "
