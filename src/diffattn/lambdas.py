@@ -1,4 +1,4 @@
-"""λ of differential attention: every formula about it, written once (methods.md §1–2).
+"""λ of differential attention: every formula about it, written once (docs/methods.md §1–2).
 
 * :func:`lambda_init_schedule` — DIFF §2.1's per-layer λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) with l = layer_idx + 1
   (``"exponential"``), or a constant; :func:`check_lambda_init` validates either form.

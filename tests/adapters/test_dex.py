@@ -1,4 +1,4 @@
-"""Dex (Kong et al. 2025, Eq. 3–5; methods.md §2) on every architecture of the adapter table."""
+"""Dex (Kong et al. 2025, Eq. 3–5; docs/methods.md §2) on every architecture of the adapter table."""
 
 from __future__ import annotations
 

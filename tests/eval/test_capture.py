@@ -87,7 +87,7 @@ def test_diff_signed_map_times_v_is_the_module_output_before_its_norm():
 
 @pytest.mark.parametrize("rows", [None, "last"])
 def test_diff_v2_signed_map_with_per_token_lambda_times_v_is_the_module_output(rows):
-    """DIFF V2 (methods.md §5): the record's signed map is A1 − λ_t·A2 with each row's own gate, so signed · V
+    """DIFF V2 (docs/methods.md §5): the record's signed map is A1 − λ_t·A2 with each row's own gate, so signed · V
     is the head output that enters o_proj."""
     model = build_model("debug", "diff-v2", seed=0).eval()
     attn = model.model.layers[1].self_attn

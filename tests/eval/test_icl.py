@@ -1,6 +1,6 @@
 """Many-shot in-context learning (DIFF Transformer Fig. 6–7; Dex Table 3; Bertsch et al. 2024): the offline data
-loaders (WordNet supersenses, fortunes, chatterbot-corpus), the evaluation.md prompt, constrained decoding over a
-label token trie (labels sharing prefixes included), many-shot accuracy and order robustness on a tiny random
+loaders (WordNet supersenses, fortunes, chatterbot-corpus), the docs/evaluation.md §7.2 prompt, constrained decoding
+over a label token trie (labels sharing prefixes included), many-shot accuracy and order robustness on a tiny random
 Llama with a BPE tokenizer trained in the test. Torch runs single-threaded here: on a busy 2-core machine the tiny
 model is ~50x faster that way."""
 

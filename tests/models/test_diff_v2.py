@@ -1,4 +1,4 @@
-"""DIFF V2 models (methods.md §5): the layer against an independent implementation of the reference semantics
+"""DIFF V2 models (docs/methods.md §5): the layer against an independent implementation of the reference semantics
 written here from the raw weights, cached decoding, the Auto-class round trip, parameter counts, bad input."""
 
 from __future__ import annotations

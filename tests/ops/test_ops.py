@@ -1,4 +1,4 @@
-"""Tests of the two-map attention primitive (DIFF Transformer Eq. 1; methods.md §0).
+"""Tests of the two-map attention primitive (DIFF Transformer Eq. 1; docs/methods.md §0).
 
 `reference` is checked against an independent, deliberately naive per-(batch, head, query) loop written
 here; `sdpa` is checked against `reference` for outputs and every gradient (q1, k1, q2, k2, v, λ).
@@ -144,7 +144,7 @@ def test_fast_backends_match_reference_outputs_and_grads(backend, case, mask_kin
 @pytest.mark.parametrize("mask_kind", ["none", "key-padding-2d", "bool-4d-per-head"])
 @pytest.mark.parametrize(("t", "s"), [(7, 7), (3, 9), (1, 6)])
 def test_shared_keys_with_per_token_lambda_match_reference(backend, mask_kind, t, s, small_chunks):
-    """DIFF V2's case (methods.md §5): both maps read the same K tensor (the sdpa backend's one-call path over
+    """DIFF V2's case (docs/methods.md §5): both maps read the same K tensor (the sdpa backend's one-call path over
     interleaved query heads), λ per head and token; the gradient of the shared K sums both maps'."""
     q1, k, q2, _, v, lam = make_inputs(b=2, h=4, hkv=2, t=t, s=s, lam_kind="token")
     mask = _masks(2, 4, t, s)[mask_kind]

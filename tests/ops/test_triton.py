@@ -1,4 +1,4 @@
-"""Tests of the fused Triton backend for two-map attention (DIFF Transformer Eq. 1, methods.md §0;
+"""Tests of the fused Triton backend for two-map attention (DIFF Transformer Eq. 1, docs/methods.md §0;
 diffattn/ops/triton_kernel.py).
 
 Without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), at tiny shapes with 16 × 16

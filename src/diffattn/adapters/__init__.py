@@ -1,4 +1,4 @@
-"""Adapters that give pretrained models differential attention (methods.md §2–4).
+"""Adapters that give pretrained models differential attention (docs/methods.md §2–5).
 
 The model-type table (``model_types``), the shared wrapper, method hooks and annealed λ(t) (``base``), the
 method registry (``registry``: every fact about a method, in its entry), the methods Dex (``dex``), DAA, DiffQ,

@@ -1,4 +1,4 @@
-"""DAA and the input-differentiation variants DiffQ / DiffK (DAA paper, Eq. 3–7 and App. D; methods.md §4).
+"""DAA and the input-differentiation variants DiffQ / DiffK (DAA paper, Eq. 3–7 and App. D; docs/methods.md §4).
 
 All three build a second attention map and subtract it, DIFF Eq. 1 on a pretrained model:
 

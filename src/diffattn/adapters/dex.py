@@ -1,5 +1,5 @@
 """Dex: differential extension of a pretrained model's attention output (Kong et al. 2025, Eq. 3–5, Fig. 9;
-methods.md §2).
+docs/methods.md §2).
 
 For each selected head h of layer l:   O'_h = O_h − λ_l(t) · f_D(O_h),   f_D(O) = O W_Dᵀ  (linear d → d)
 

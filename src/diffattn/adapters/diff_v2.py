@@ -1,4 +1,4 @@
-"""DIFF V2 as a retrofit of a pretrained model (ours; methods.md §5, the retrofit paragraph).
+"""DIFF V2 as a retrofit of a pretrained model (ours; docs/methods.md §5.3).
 
 Each attention module of the base keeps its projections and gains, per layer:
 

@@ -1,5 +1,5 @@
 """DiffLoRA: low-rank adapters that create the second attention map (Misrahi et al. 2025, Sec. 2–3.4, App. B;
-methods.md §3).
+docs/methods.md §3).
 
     Q2 = X (W_Q + B_Q2 A_Q2),   K2 = X (W_K + B_K2 A_K2)     (LoRA scaling α/r on B A)
     O  = (softmax(Q1 K1ᵀ·s) − λ·softmax(Q2 K2ᵀ·s)) V

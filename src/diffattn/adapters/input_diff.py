@@ -1,4 +1,4 @@
-"""DiffV: input differentiation on the value path (DAA paper, App. D; methods.md §4).
+"""DiffV: input differentiation on the value path (DAA paper, App. D; docs/methods.md §4.3).
 
     V' = (X − λ(t)·f_D(X)) W_Vᵀ,     f_D(X) = X W_Dᵀ,  W_D ∈ R^{d_model × d_model}, identity init
 

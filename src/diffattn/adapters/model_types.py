@@ -1,6 +1,6 @@
 """One way to reach attention, per architecture: where the attention modules are and how to get Q/K/V/O.
 
-Every method that changes attention on a pretrained model (Dex, DAA, DiffQ/K/V, DiffLoRA; methods.md §2–4)
+Every method that changes attention on a pretrained model (Dex, DAA, DiffQ/K/V, DiffLoRA; docs/methods.md §2–4)
 needs the same few things from an attention module: its query/key/value projections (after the q/k norms
 and RoPE the architecture applies), its logit scale, and its output projection. This table, keyed by
 ``config.model_type``, says where those are, in the manner of PEFT's target-module tables, so that adapters

@@ -1,4 +1,4 @@
-"""Attention speed, side by side: DIFF attention (DIFF Transformer Eq. 1, methods.md §0; every usable backend,
+"""Attention speed, side by side: DIFF attention (DIFF Transformer Eq. 1, docs/methods.md §0; every usable backend,
 the fused ``triton`` kernel included) vs a same-size baseline and the other ways people compute it.
 
 Two tables, each printed as milliseconds and as a ratio to the baseline, measured in one run on the same
@@ -11,7 +11,7 @@ inputs with the implementations interleaved round-robin (so drift in machine loa
   code's four-call route (one SDPA call per map and V half, as with FlashAttention that cannot take V of width
   2d), and FlexAttention (one compiled call over the stacked maps) when it is available. Each row also times
   **decode**: one new token (T = 1) against a KV cache of N keys, forward only.
-  **DIFF V2** rows (methods.md §5) at the same d_model: 2h heads of width d, each with two query heads that share
+  **DIFF V2** rows (docs/methods.md §5) at the same d_model: 2h heads of width d, each with two query heads that share
   K and V (2h key heads of width d), λ per head and token: :func:`diffattn.ops.diff_attention` with K1 = K2, per
   backend (``sdpa`` takes its one-call path over the interleaved query heads). Its ideal is 2× the baseline's
   matmul FLOPs (twice the query heads), forward and backward.

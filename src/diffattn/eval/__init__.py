@@ -1,4 +1,4 @@
-"""Evaluation and analysis (../shared/evaluation.md): every measurement the four papers made.
+"""Evaluation and analysis (docs/evaluation.md): every measurement the four papers made.
 
 Conventions every evaluation follows:
 

@@ -37,7 +37,7 @@ attention have no such key.
 
 Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer at the depths
 {0, 25, 50, 75, 100}% in turn; both are options. Paper figures: Transformer 0.03 answer / 0.51 noise; DIFF
-0.27–0.40 / 0.01–0.02 (evaluation.md asks for at least 50 samples).
+0.27–0.40 / 0.01–0.02 (docs/evaluation.md §6.1: a real run should use at least 50 samples).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Head analysis: redundancy and shape of attention heads, per layer (Dex §2, App. B; evaluation.md).
+"""Head analysis: redundancy and shape of attention heads, per layer (Dex §2, App. B; docs/evaluation.md §11).
 
 For every layer, over held-out text windows:
 
 * mean pairwise **cosine distance** between heads' attention maps (each map flattened over its causal entries);
 * mean pairwise **linear CKA** (Kornblith et al. 2019) between heads' outputs O_h = A_h V_h ([T, dv], centred);
-* mean attention **entropy** per row (signed maps: |a| renormalised to sum 1, as evaluation.md says);
+* mean attention **entropy** per row (signed maps: |a| renormalised to sum 1, as docs/evaluation.md §11 says);
 * **sparsity ratio**: the share of kept entries with |a| < ε, for ε = 1e-3 and 1e-2;
 * share of **negative** attention entries and their mean magnitude (signed maps only; 0 for softmax maps);
 * λ per layer (mean over heads) for models that have one.

@@ -1,8 +1,8 @@
 """Many-shot in-context learning and its robustness to demonstration order (DIFF Transformer §3.5, Fig. 6–7 and
 App. F; Dex Table 3; protocol of Bertsch et al. 2024, "In-Context Learning with Long-Context Models";
-../shared/evaluation.md "Many-shot in-context learning").
+docs/evaluation.md §7).
 
-**Prompt** (exactly evaluation.md's): every demonstration is ``"{x_prefix}{text}\\n{y_prefix}{label}"``, the
+**Prompt** (docs/evaluation.md §7.2): every demonstration is ``"{x_prefix}{text}\\n{y_prefix}{label}"``, the
 demonstrations are joined by ``"\\n==\\n"``, then the test item follows with an empty label:
 ``demo_1 + "\\n==\\n" + … + demo_k + "\\n==\\n" + "{x_prefix}{text}\\n{y_prefix}"``. Defaults:
 ``x_prefix="Input: "``, ``y_prefix="Label: "`` (:class:`PromptFormat`).
@@ -497,7 +497,7 @@ def run_icl(
     Args:
         dataset: ``"wordnet"``, ``"fortunes"``, ``"chatterbot"`` or a list of ``(text, label)`` pairs.
         shots: shot counts (default: 1, 2, 4, … up to the most that fit, plus that maximum); each ≤ the maximum.
-        draws: demo sets drawn per shot count (evaluation.md: 10).
+        draws: demo sets drawn per shot count (docs/evaluation.md §7.3: 10).
         test_size: size of the fixed test set.
         max_length: context length in tokens (default: ``config.max_position_embeddings``).
         prompt: the :class:`PromptFormat`.

@@ -1,5 +1,5 @@
 """Offline classification data sets for many-shot in-context learning (DIFF Transformer Fig. 6–7; Dex Table 3;
-Bertsch et al. 2024, "In-Context Learning with Long-Context Models"; ../shared/evaluation.md).
+Bertsch et al. 2024, "In-Context Learning with Long-Context Models"; docs/evaluation.md §7.1).
 
 The papers evaluate on TREC, TREC-fine, Banking-77 and Clinic-150, which live on a model/dataset hub that this
 project may not use. These loaders build comparable many-class text-classification sets from files that come

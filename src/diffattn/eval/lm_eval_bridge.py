@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness bridge (../shared/evaluation.md, last section).
+"""The lm-evaluation-harness bridge (docs/evaluation.md §12).
 
 :func:`evaluate_with_lm_eval` scores any model this library produces — a from-scratch baseline or DIFF model, a
 model adapted with :func:`diffattn.adapt` (wrapped attention modules), a merged adapter, or a plain Hugging Face

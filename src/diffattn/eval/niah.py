@@ -1,4 +1,4 @@
-"""Multi-needle retrieval (DIFF Transformer §3.4, Table 2, Fig. 5; Dex §4.2; evaluation.md).
+"""Multi-needle retrieval (DIFF Transformer §3.4, Table 2, Fig. 5; Dex §4.2; docs/evaluation.md §5).
 
 Samples come from the seeded generator :func:`diffattn.data.make_needle_sample` (needle ``"The special magic {key}
 number is: {7-digit number}."``, city keys, sentence-boundary insertion, the first queried needle at the requested

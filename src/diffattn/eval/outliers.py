@@ -1,4 +1,4 @@
-"""Activation outliers and low-bit attention logits (DIFF Transformer Table 5, Fig. 8; evaluation.md).
+"""Activation outliers and low-bit attention logits (DIFF Transformer Table 5, Fig. 8; docs/evaluation.md §9–10).
 
 Outliers: over a fixed token budget of held-out text (disjoint windows), collect |attention logits| — the scaled
 pre-softmax scores of every map (both maps for two-map models), at the entries the causal mask keeps — and

@@ -1,4 +1,4 @@
-"""Perplexity with a strided sliding window (evaluation.md "Perplexity"; Hugging Face's fixed-length-model recipe).
+"""Perplexity with a strided sliding window (docs/evaluation.md §4; Hugging Face's fixed-length-model recipe).
 
 The text is tokenized once; windows of ``window`` tokens start every ``stride`` tokens, and each window scores only
 the tokens the previous one did not (the first window scores all but its first token), each with up to

@@ -82,7 +82,8 @@ class SuiteOptions:
     icl_test_size: int = 30
     icl_shots: tuple[int, ...] | None = None
     icl_permutations: int = 10
-    icl_max_chars: int = 300  # longer texts are cut (evaluation.md is silent; keeps many shots in context)
+    # longer texts are cut (the papers are silent; keeps many shots in context: docs/evaluation.md §7.1)
+    icl_max_chars: int = 300
     icl_max_classes: int | None = None  # keep the most frequent classes only
     # ICL prompt length in tokens (default: the model's maximum). The order-robustness demo set fills it, so on a
     # model with 8,192 positions every permutation is an 8k-token prefill: this is the suite's cost knob.

@@ -3,9 +3,9 @@ named preset.
 
 The baseline is Hugging Face ``LlamaForCausalLM`` (RMSNorm, SwiGLU, no bias, RoPE — the paper's
 "Transformer"); the DIFF model is ``DiffLlamaForCausalLM`` with our attention installed; DIFF V2 is
-:class:`diffattn.models.diff_v2.DiffTransformerV2ForCausalLM` (a Llama model with V2 attention, methods.md §5). V2 adds
-H·d·d_model query and d_model·H gate weights per layer; its FFN is narrowed by the width that pays for them, so
-the three models of a preset have the same parameter count (within one FFN unit per layer).
+:class:`diffattn.models.diff_v2.DiffTransformerV2ForCausalLM` (a Llama model with V2 attention, docs/methods.md §5).
+V2 adds H·d·d_model query and d_model·H gate weights per layer; its FFN is narrowed by the width that pays for them,
+so the three models of a preset have the same parameter count (within one FFN unit per layer).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def build_model(
     Args:
         preset: a name from :data:`diffattn.models.presets.PRESETS` or a :class:`ModelPreset`.
         attention: ``"standard"`` → ``LlamaForCausalLM``; ``"diff"`` → ``DiffLlamaForCausalLM``;
-            ``"diff-v2"`` → ``DiffTransformerV2ForCausalLM`` (methods.md §5).
+            ``"diff-v2"`` → ``DiffTransformerV2ForCausalLM`` (docs/methods.md §5).
         backend: for DIFF, the backend of our installed attention (``None`` keeps Hugging Face's own
             ``DiffLlamaAttention``); for DIFF V2 the backend of its op (``None`` = ``auto``).
         lambda_init, norm: DIFF options, see :func:`diffattn.install_diff_attention`.

@@ -1,5 +1,5 @@
 """Our DIFF Transformer V1 attention module for Hugging Face ``DiffLlama`` (DIFF Transformer Eq. 1–3,
-methods.md §1), built on :func:`diffattn.ops.diff_attention`.
+docs/methods.md §1), built on :func:`diffattn.ops.diff_attention`.
 
 Per layer, with H query heads of width d split into halves (``h = H/2`` differential heads) and Hkv KV heads:
 

@@ -1,4 +1,4 @@
-"""DIFF Transformer V2 as a Hugging Face model (methods.md §5; the DIFF authors' ``Diff-Transformer-V2``, 2026).
+"""DIFF Transformer V2 as a Hugging Face model (docs/methods.md §5; the DIFF authors' ``Diff-Transformer-V2``, 2026).
 
 Per layer, with H heads of the baseline's width d and Hkv key/value heads:
 
@@ -103,7 +103,7 @@ def v2_attention(
 
 
 class DiffV2Attention(LlamaAttention, HasLambda):
-    """DIFF V2 attention with Llama's projections and a doubled ``q_proj`` (methods.md §5).
+    """DIFF V2 attention with Llama's projections and a doubled ``q_proj`` (docs/methods.md §5.1).
 
     A subclass of ``LlamaAttention`` so that transformers' weight initialisation and attention bookkeeping see
     it as Llama's; its ``q_proj`` has 2H heads and it adds ``lambda_proj``."""

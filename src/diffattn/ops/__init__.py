@@ -1,7 +1,7 @@
 """Two-map (differential) attention, the one primitive every method of this library reduces to.
 
     out = softmax(Q1 K1ᵀ·s + M) V − λ · softmax(Q2 K2ᵀ·s + M) V          (DIFF Transformer Eq. 1,
-                                                                          methods.md §0)
+                                                                          docs/methods.md §0)
 
 Public entry points:
 

@@ -4,7 +4,7 @@ Every backend of :func:`diffattn.ops.diff_attention` receives a :class:`DiffAtte
 dtypes, λ and mask have already been checked here, so a bad argument fails with one ``ValueError`` that names
 the argument, what was given and what is allowed — never deep inside a kernel.
 
-Conventions (methods.md §0):
+Conventions (docs/methods.md §0.2):
     q1, q2  [B, H, T, d]      query heads of the first and second map
     k1, k2  [B, Hkv, S, d]    key heads (GQA: H % Hkv == 0, query head i reads key head i // (H // Hkv))
     v       [B, Hkv, S, dv]   shared values, dv may differ from d (DIFF V1 uses dv = 2d); or a pair of tensors
@@ -12,7 +12,7 @@ Conventions (methods.md §0):
                               place (DiffLlama's layer: its value heads' two halves, no per-step concatenation
                               of the KV cache) and the others concatenate
     lam     scalar, one per query head [H], or one per query head and token [B, H, T] (DIFF V2's gate,
-            methods.md §5)
+            docs/methods.md §5)
     mask    causal (bottom-right aligned when T < S) and/or ``attn_mask``:
             2-D ``[B, S]`` key padding (True/1 = real token), or 4-D broadcastable to ``[B, H, T, S]``;
             bool masks mean "may attend", floating masks are added to the logits.

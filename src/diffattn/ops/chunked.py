@@ -1,4 +1,4 @@
-"""Two-map attention over query chunks in PyTorch ops, with a hand-written backward (methods.md §0, DIFF Eq. 1).
+"""Two-map attention over query chunks in PyTorch ops, with a hand-written backward (docs/methods.md §0, DIFF Eq. 1).
 
 The FlashAttention idea — never hold the whole [T, S] score matrix — applied one query chunk at a time, but
 with both maps of a chunk materialised together, which lets the differential structure save work that two

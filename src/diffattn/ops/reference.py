@@ -1,4 +1,4 @@
-"""Reference two-map attention: the plain fp32 math of DIFF Transformer Eq. 1 (methods.md §0).
+"""Reference two-map attention: the plain fp32 math of DIFF Transformer Eq. 1 (docs/methods.md §0).
 
     A1 = softmax(Q1 K1ᵀ·s + M),  A2 = softmax(Q2 K2ᵀ·s + M),  out = (A1 − λ·A2) V
 

@@ -1,4 +1,4 @@
-"""Two-map attention on PyTorch's fused ``scaled_dot_product_attention`` (methods.md §0, DIFF Eq. 1).
+"""Two-map attention on PyTorch's fused ``scaled_dot_product_attention`` (docs/methods.md §0, DIFF Eq. 1).
 
 Arrangement, chosen by measurement (see ``benchmarks/attention.py``):
 
@@ -10,11 +10,11 @@ Arrangement, chosen by measurement (see ``benchmarks/attention.py``):
   stays 1/sqrt(d), passed explicitly), which leaves Q·Kᵀ unchanged and keeps the fused kernel. On a
   2-core CPU at N = 2048, d = 64, forward+backward: padded 1.86× the same-size baseline, the four-call
   route (one call per map and V half) 2.2×, the unfused math kernel 2.75×.
-* When both maps read the **same keys** (DIFF V2, methods.md §5: the query heads of a pair share K and V),
+* When both maps read the **same keys** (DIFF V2, docs/methods.md §5: the query heads of a pair share K and V),
   the query heads are interleaved instead and K, V are passed once: GQA pairs each query head with its key
   head, so no K/V copy is made and the call is an ordinary attention over 2H query heads.
 * λ (a scalar, one per head, or DIFF V2's one per head and token) and the subtraction ``O1 − λ·O2`` are done
-  in float32 (methods.md), gradients come from autograd through SDPA's fused backward.
+  in float32 (docs/methods.md §0.2), gradients come from autograd through SDPA's fused backward.
 
 No [T, S]-sized tensor is allocated for causal self-attention (T = S) without an extra mask. With a
 padding mask, or a causal block with 1 < T < S, a boolean mask of [B, 1, T, S] / [T, S] is built, as

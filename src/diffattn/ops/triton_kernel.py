@@ -1,5 +1,5 @@
 """Fused Triton kernels for two-map (differential) attention, forward and backward (DIFF Transformer Eq. 1,
-methods.md §0):
+docs/methods.md §0):
 
     out = softmax(Q1 K1ᵀ·s + M) V − λ · softmax(Q2 K2ᵀ·s + M) V
 
@@ -9,7 +9,7 @@ The ``triton`` backend of :func:`diffattn.ops.diff_attention`. What it does, and
   accumulators (running max, running sum, un-normalised ``P_i V``), one per map, against the same V tile.
   Both log-sum-exps are stored for the backward; both per-map outputs ``O1 = P1 V`` and ``O2 = P2 V`` are
   stored only when a gradient will be needed (they give the backward's row sums ``Δ_i = rowsum(dO ∘ O_i)``
-  without an extra pass). ``O = O1 − λ·O2`` is formed in float32 (methods.md) before the one rounding to the
+  without an extra pass). ``O = O1 − λ·O2`` is formed in float32 (docs/methods.md §0.2) before the one rounding to the
   output dtype. The alternative — a first pass for both log-sum-exps and a second for ``(P1 − λP2) V`` — has
   the same FLOPs (4 QKᵀ + 1 PV vs 2 QKᵀ + 2 PV with V of width 2d) but reads K twice; it was not measured
   (no GPU was lent when this was written), so the one-pass form is the default.
@@ -318,7 +318,7 @@ def _fwd_kernel(
         tl.store(LSE1 + part, tl.where(ok1, m1 + tl.log2(l1), float("-inf")), mask=row_ok)
         tl.store(LSE2 + part, tl.where(ok2, m2 + tl.log2(l2), float("-inf")), mask=row_ok)
     else:
-        out = o1 - lam[:, None] * o2  # float32 subtraction (methods.md)
+        out = o1 - lam[:, None] * o2  # float32 subtraction (docs/methods.md §0.2)
         o_ptr = row_off[:, None] * DV + offs_dv[None, :]
         tl.store(OUT + o_ptr, out.to(OUT.dtype.element_ty), mask=o_mask)
         tl.store(LSE1 + row_off, tl.where(ok1, m1 + tl.log2(l1), float("inf")), mask=row_ok)

@@ -1,9 +1,10 @@
 """``diffattn adapt``: fine-tune a pretrained model with an adapter method, or with one of the controls.
 
 Methods and controls are the entries of the method registry (:mod:`diffattn.adapters.registry`): each method
-(methods.md §2–4) goes through :func:`diffattn.adapt` and :func:`diffattn.trainable_parameters`, which freeze
-exactly what the method's paper froze; the controls users compare against (LoRA at DiffLoRA's parameter count,
-attention-only and full fine-tuning) are described in :mod:`diffattn.adapters.controls`.
+(docs/methods.md §2–5; their training: docs/methods.md §6.3) goes through :func:`diffattn.adapt` and
+:func:`diffattn.trainable_parameters`, which freeze exactly what the method's paper froze; the controls users compare
+against (LoRA at DiffLoRA's parameter count, attention-only and full fine-tuning) are described in
+:mod:`diffattn.adapters.controls`.
 
 This module runs the fine-tune and publishes its result; the run's config (``run.yaml``, a method's resolved
 options) is :mod:`.adapt_config`, the trainer's additions (λ(t) callback, weight-decay exclusions, the "contributes

@@ -36,7 +36,7 @@ def __getattr__(name: str):
 def default_anneal_steps(max_steps: int) -> int:
     """T of Dex Eq. 4 when the run's options leave it unset: ``max(1, round(0.2·S), min(10, S // 2))``.
 
-    20% of the S steps is methods.md §2's default and what long runs get (S ≥ 50). Short runs need a floor:
+    20% of the S steps is what long runs get (docs/methods.md §2.2) (S ≥ 50). Short runs need a floor:
     20% of 6 steps is T = 1, a schedule with no annealing step at all (λ(0) = 0, then λ = λ_learn at once), so
     the λ_init ramp that gives the new weights their first gradient never happens. The floor gives the ramp up
     to 10 steps but never more than half the run, so λ_learn alone sets λ for at least the second half and the

@@ -1,6 +1,6 @@
 """Typed configuration of a pretraining run; ``run.yaml`` mirrors these dataclasses section by section.
 
-Defaults follow DIFF Transformer's training recipe (methods.md §1): AdamW β = (0.9, 0.95), weight decay
+Defaults follow DIFF Transformer's training recipe (docs/methods.md §1.6): AdamW β = (0.9, 0.95), weight decay
 0.1, linear warmup then linear decay to 4% of the peak learning rate (cosine as an option), gradient
 clipping 1.0. The paper's peak learning rates are for 830M–13B models (1.5e-3 … 3.2e-4); our CPU presets
 default to 1e-3.

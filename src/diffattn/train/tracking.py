@@ -82,7 +82,7 @@ def tracker_environment(run_dir):
 
 def lambda_logs(values: list[float] | None, model) -> dict[str, float]:
     """λ per layer as scalars for the trackers: ``lambda/layer_i``, or ``gate/layer_i`` for DIFF V2, whose per-layer
-    value is the mean of its gate sigmoid(x·w_λ) (methods.md §5), not a λ."""
+    value is the mean of its gate sigmoid(x·w_λ) (docs/methods.md §5.1), not a λ."""
     if not values:
         return {}
     name = "gate" if getattr(getattr(model, "config", None), "model_type", "") == "diffattn_v2" else "lambda"
