@@ -86,6 +86,8 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
         "Dex Table 2 (vs λ = 0)",
     ]
     assert "### Not testable here" in report  # the claims of the papers touched that this scale cannot check
+    card = (out / "models" / "diff" / "final" / "README.md").read_text()  # the report's numbers reach the cards
+    assert "## Evaluation (the experiment's report)" in card and "| val_loss |" in card
     assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") and c["ours"] for c in results["claims"])
     # one sample per model: allocation values have no standard error, the loss is compared on per-window NLL,
     # of which a debug run has fewer than 30: Student's t, not the bootstrap, and the row says so

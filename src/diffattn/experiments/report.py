@@ -156,6 +156,7 @@ def write_report(config, out: Path, outcomes) -> Path:
                     row.update(SUITE_TABLE[suite].headline(r))
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
     metrics = sorted({k for r in rows.values() for k in r} - set(columns))
+    _cards_get_headlines(outcomes, rows, metrics)
     from .claims import claims_json, claims_markdown, claims_scope, paper_claims
 
     evals = {o.name: o.summary.get("suites", {}) for o in outcomes if o.kind == "eval"}
@@ -229,6 +230,21 @@ def write_report(config, out: Path, outcomes) -> Path:
     }
     (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
     return report
+
+
+def _cards_get_headlines(outcomes, rows: dict[str, dict], metrics: list[str]) -> None:
+    """Each trained model's folders (final/, merged/, adapter/) get the report's headline numbers in their model cards
+    (diffattn.cards; a card the user wrote is left alone)."""
+    from ..cards import add_headline
+
+    for o in outcomes:
+        if o.kind not in ("pretrain", "adapt"):
+            continue
+        row = rows.get(o.name, {})
+        headline = {k: row[k] for k in ["val_loss", *metrics] if isinstance(row.get(k), (int, float))}
+        for form in ("final", "merged", "adapter"):
+            if (Path(o.path) / form).is_dir():
+                add_headline(Path(o.path) / form, headline)
 
 
 def _loss_curves(outcomes, path: Path) -> Path | None:
