@@ -155,3 +155,20 @@ def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(model_folder
 def test_build_model_with_a_bad_preset_is_the_librarys_error_with_a_sentence(preset):
     with pytest.raises(ValueError, match=r"preset must be a preset name .* or a ModelPreset, got"):
         build_model(preset, "diff")
+
+
+def test_a_planted_eval_marker_does_not_let_eval_replace_files(model_folder, tmp_path, capsys):
+    """An evaluation folder is ours when its results.json repeats its marker's identity: a hand-made {"kind": "eval"}
+    marker beside someone's files does not let `diffattn eval` write results and pictures there; a folder an
+    evaluation made is evaluated into again."""
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / ".diffattn").write_text('{"kind": "eval"}\n')
+    (out / "ppl.png").write_text("my picture")
+    args = ["--suite", "ppl", "--tokens", "32", "--text", "filler"]
+    code = main(["eval", str(model_folder), "--out", str(out), *args])
+    _one_line(capsys, code, 2, r"holds files diffattn eval did not write")
+    assert (out / "ppl.png").read_text() == "my picture" and not (out / "results.json").exists()
+    ours = tmp_path / "ours"
+    assert main(["eval", str(model_folder), "--out", str(ours), *args]) == 0
+    assert main(["eval", str(model_folder), "--out", str(ours), *args]) == 0  # ours: evaluated again

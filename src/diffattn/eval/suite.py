@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..files import RUN_CONFIG, mark, marker, write_text_atomic
+from ..files import MARKER, RUN_CONFIG, mark, marker, write_text_atomic
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
 from .common import TRAINED_LENGTH, Suite, jsonable, trained_length
 
@@ -249,7 +249,8 @@ def run_suites(
     o = (options or SuiteOptions()).validate(suites)
     out = Path(out)
     check_eval_folder(out)
-    mark(out, "eval")
+    ident = claim_eval_id(out)
+    mark(out, "eval", ident=ident)
     partial = out / ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -259,19 +260,42 @@ def run_suites(
         shutil.rmtree(partial, ignore_errors=True)  # on failure: no half-made pictures either
 
 
+def claim_eval_id(out: Path) -> str:
+    """The identity an evaluation folder's marker and results.json share: its own once proven, else a new one."""
+    from ..files import new_id
+
+    made = marker(out) or {}
+    try:
+        meta = json.loads((out / RESULTS).read_text()).get("metadata", {})
+    except (OSError, ValueError, AttributeError):
+        meta = {}
+    same = made.get("id") and isinstance(meta, dict) and meta.get("diffattn_id") == made.get("id")
+    return made["id"] if same else new_id()
+
+
 def check_eval_folder(out: Path) -> None:
     """``out`` must be new, empty, or an evaluation's folder (ours: it has the marker, or an earlier diffattn
     ``results.json``), since its results and pictures are replaced there; refused with the reason otherwise."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file: name a folder for results.json and the pictures")
-    if not out.exists() or not any(out.iterdir()) or (marker(out) or {}).get("kind") == "eval":
+    if not out.exists() or not any(out.iterdir()):
         return
+    made = marker(out) or {}
     try:
         earlier = json.loads((out / RESULTS).read_text())
-        if "results_version" in earlier.get("metadata", {}):
-            return  # written by diffattn eval before the marker existed
+        meta = earlier.get("metadata", {})
     except (OSError, ValueError, AttributeError):
-        pass
+        earlier, meta = None, {}
+    meta = meta if isinstance(meta, dict) else {}
+    if "results_version" in meta and "diffattn_id" not in meta:
+        return  # an evaluation written by an earlier version (before results repeated the marker's identity)
+    if made.get("kind") == "eval":
+        # the marker proves the folder ours only with the results that repeat its identity (a planted marker does
+        # not), or when it is all there is (an evaluation that failed before writing results)
+        if made.get("id") and meta.get("diffattn_id") == made.get("id"):
+            return
+        if {p.name for p in out.iterdir()} <= {MARKER, ".partial"}:
+            return
     raise ValueError(
         f"--out {str(out)!r} holds files diffattn eval did not write: choose a new or empty folder (its results "
         "and pictures would replace files of the same names there)"
@@ -294,6 +318,7 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, na
         "pictures": pictures,
         "metadata": {
             "results_version": RESULTS_VERSION,
+            "diffattn_id": (marker(out) or {}).get("id"),  # repeats the folder marker's: the proof it is ours
             "options": asdict(o),
             "seconds": timings,
             "parameters": sum(p.numel() for p in model.parameters()),

@@ -284,7 +284,10 @@ def run_experiment(
             continue
         t0 = time.perf_counter()
         model, tokenizer, description = load_for_eval(model_dir)
-        mark(path, "eval")  # inside this experiment's folder: ours, whatever an older version left there
+        from ..eval.suite import claim_eval_id
+
+        # inside this experiment's folder: ours, whatever an older version left there
+        mark(path, "eval", ident=claim_eval_id(path) if path.is_dir() else None)
         doc = run_suites(
             model, tokenizer, config.eval.suites, path, options=options, name=name, description=description
         )
