@@ -592,7 +592,10 @@ def main(argv: list[str] | None = None) -> int:
         message, status = failure_line(e)
         if args.verbose:
             logging.getLogger("diffattn").exception("traceback of the failure below")
-        print(f"diffattn: error: {message}", file=sys.stderr, flush=True)
+        # on a terminal a progress bar may have been left mid-line (e.g. training stopped on a NaN loss): start a
+        # line of our own so the bar's next redraw cannot overwrite the message
+        lead = "\n" if sys.stderr.isatty() else ""
+        print(f"{lead}diffattn: error: {message}", file=sys.stderr, flush=True)
         return status
 
 
