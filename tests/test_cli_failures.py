@@ -172,3 +172,15 @@ def test_a_planted_eval_marker_does_not_let_eval_replace_files(model_folder, tmp
     ours = tmp_path / "ours"
     assert main(["eval", str(model_folder), "--out", str(ours), *args]) == 0
     assert main(["eval", str(model_folder), "--out", str(ours), *args]) == 0  # ours: evaluated again
+
+
+@pytest.mark.parametrize("content", [[1, 2, 3], {"method": "dex", "config": [1, 2]}, "text"])
+def test_an_adapter_config_of_the_wrong_shape_is_the_librarys_error(content, tmp_path):
+    from diffattn import DexConfig, adapt, load_adapter, save_adapter
+
+    from .tiny_models import tiny
+
+    folder = save_adapter(adapt(tiny("llama"), DexConfig(heads="all")), tmp_path / "adapter")
+    (folder / "adapter_config.json").write_text(json.dumps(content))
+    with pytest.raises(ValueError, match="is not an adapter config"):
+        load_adapter(tiny("llama"), folder)

@@ -89,6 +89,11 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         meta = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e})") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("config", {}), dict):
+        raise ValueError(
+            f"{cfg_file} is not an adapter config (a JSON object with 'method', 'config', 'base_fingerprint'): "
+            "it was edited or is another library's file"
+        )
     try:
         with safe_open(str(weights), framework="pt") as f:
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
