@@ -169,7 +169,7 @@ def write_report(config, out: Path, outcomes) -> Path:
     touched = {e.paper for e in PAPER_CLAIM_LIST for c in claims if c.source.startswith(e.paper)}
     lines += not_testable_markdown(touched)
     lines += [*_protocol(config)[:-1], *_method_settings(outcomes), ""]  # the adapters' settings end the list
-    lines += ["## Models × metrics", "", "| " + " | ".join(columns + metrics) + " |"]
+    lines += ["## Models × metrics", "", "| " + " | ".join(c.replace("|", "\\|") for c in columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
     for r in rows.values():
         lines.append("| " + " | ".join(fmt(r.get(c)) for c in columns + metrics) + " |")
@@ -259,7 +259,7 @@ def _loss_curves(outcomes, path: Path) -> Path | None:
     if not series:
         return None
     plt = figure()
-    colors = group_colors([name for name, _, _ in series])
+    colors = group_colors([o.name for o in outcomes if o.kind in ("pretrain", "adapt")])  # the same in every picture
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     labelled = set()
     for name, kind, points in series:
@@ -287,7 +287,7 @@ def _lambda_curves(outcomes, path: Path) -> Path | None:
     if not series:
         return None
     plt = figure()
-    colors = group_colors([name for name, _, _ in series])
+    colors = group_colors([o.name for o in outcomes if o.kind in ("pretrain", "adapt")])  # the same in every picture
     panels = [(False, "mean λ over layers"), (True, "DIFF V2 gate: mean sigmoid(x·w_λ)")]
     panels = [(gate, title) for gate, title in panels if any(g == gate for _, g, _ in series)]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.2), squeeze=False)
