@@ -184,3 +184,19 @@ def test_an_adapter_config_of_the_wrong_shape_is_the_librarys_error(content, tmp
     (folder / "adapter_config.json").write_text(json.dumps(content))
     with pytest.raises(ValueError, match="is not an adapter config"):
         load_adapter(tiny("llama"), folder)
+
+
+def test_a_negative_size_override_is_one_line_before_anything_is_written(corpus_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(["pretrain", "--preset", "debug", "--data", str(corpus_file), "--max-steps", "1", "--seq-len", "32",
+                 "--out", str(run), "--set", "model.overrides.hidden_size=-4"])  # fmt: skip
+    _one_line(capsys, code, 2, r"hidden_size must be a positive integer, got -4")
+    assert not run.exists()
+
+
+def test_a_damaged_results_json_of_an_experiment_is_named(tmp_path):
+    from diffattn.experiments.runner import _eval_request
+
+    (tmp_path / "results.json").write_text('{"suites": ')
+    with pytest.raises(ValueError, match=r"results.json is not valid JSON .*rerun with --overwrite"):
+        _eval_request(tmp_path / "results.json")

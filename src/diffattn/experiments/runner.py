@@ -238,7 +238,7 @@ def run_experiment(
         replace = _replace_old(path, state)
         t0 = time.perf_counter()
         if state == DONE:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = _read_json(path / "summary.json")
             logger.info("pretrain %s: done, skipped", m.name)
         else:
             logger.info("pretrain %s: %s", m.name, state)
@@ -251,7 +251,7 @@ def run_experiment(
         replace = _replace_old(path, state)
         t0 = time.perf_counter()
         if state == DONE:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = _read_json(path / "summary.json")
             logger.info("adapt %s: done, skipped", a.name)
         else:
             logger.info("adapt %s: %s", a.name, state)
@@ -280,7 +280,7 @@ def run_experiment(
             and _same_training(_evaluated_steps(path), trained)
             and not _wants(overwrite, name)
         ):
-            outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, json.loads(results_file.read_text())))
+            outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, _read_json(results_file)))
             continue
         t0 = time.perf_counter()
         model, tokenizer, description = load_for_eval(model_dir)
@@ -393,8 +393,16 @@ def _jsonable_options(options) -> dict:
     return jsonable(asdict(options))
 
 
+def _read_json(path: Path) -> dict:
+    """A part's summary.json or results.json; a damaged one is refused naming the file and the remedy."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): rerun with --overwrite naming its part") from e
+
+
 def _eval_request(results_file: Path) -> dict:
-    doc = json.loads(results_file.read_text())
+    doc = _read_json(results_file)
     meta = doc.get("metadata", {})
     return {
         "suites": list(doc.get("suites", {})),

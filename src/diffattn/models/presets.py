@@ -53,7 +53,15 @@ class ModelPreset:
         return self.num_heads // 2
 
     def validate(self, attention: str) -> None:
-        problems = []
+        sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+                 "max_position_embeddings")  # fmt: skip
+        problems = [
+            f"{f} must be a positive integer, got {getattr(self, f)!r}"
+            for f in sizes
+            if not isinstance(getattr(self, f), int) or isinstance(getattr(self, f), bool) or getattr(self, f) <= 0
+        ]
+        if problems:  # the divisibility checks below need positive sizes
+            raise ValueError(f"preset {self.name!r} is invalid for attention={attention!r}: " + "; ".join(problems))
         if self.hidden_size % self.num_heads:
             problems.append(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
@@ -64,9 +72,6 @@ class ModelPreset:
                 problems.append(f"DIFF needs an even num_heads (Q1/Q2 halves), got {self.num_heads}")
             if self.num_kv_heads % 2:
                 problems.append(f"DIFF needs an even num_kv_heads (K1/K2 halves), got {self.num_kv_heads}")
-        for field in ("num_layers", "intermediate_size", "vocab_size", "max_position_embeddings"):
-            if getattr(self, field) <= 0:
-                problems.append(f"{field} must be positive, got {getattr(self, field)}")
         if problems:
             raise ValueError(f"preset {self.name!r} is invalid for attention={attention!r}: " + "; ".join(problems))
 
