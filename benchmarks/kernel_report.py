@@ -3,23 +3,33 @@ that need not be present: registers, spills, shared memory, which tensor-core in
 and the matmul FLOPs per query–key pair the kernels actually issue against the FLOP model's ideal.
 
 Usage: python benchmarks/kernel_report.py [--target sm90] [--dtype bf16] [--kernels fwd,dkdv,dq]
-                                          [--variants V1,V2] [--configs KIND:KEY=VAL,...] [--json OUT] [--dump DIR]
+                                          [--variants V1,V2,W] [--masks none,padding,bool,additive]
+                                          [--configs KIND:KEY=VAL,...] [--json OUT] [--dump DIR]
 
 How the kernels are compiled. The script runs the real launch path of the ``triton`` backend (``_fwd_op`` /
 ``_bwd_op`` on empty CPU tensors of a representative problem, ``--shape``) with the launcher replaced by a
 recorder, so every argument, constexpr and tile size is exactly what a GPU launch would pass: tiles from
-``_blocks`` as on a GPU (the module's ``INTERPRETED`` is forced off while recording), ``num_warps`` from there
-and ``num_stages=2``. Each recorded launch is then specialised as Triton's JIT would (16-divisible integers and
-pointers, ints equal to 1 and ``None`` become constants) and compiled with ``triton.compile`` for ``--target``.
+``_blocks`` as on a GPU (the module's ``INTERPRETED`` is forced off while recording), ``num_warps`` and
+``num_stages`` from there, and every alternative the autotuner may time (``_candidates``). Each recorded launch is
+then specialised as Triton's JIT would (16-divisible integers and pointers, ints equal to 1 and ``None`` become
+constants) and compiled with ``triton.compile`` for ``--target``.
 Kernels picked at import: the script must run where ``TRITON_INTERPRET`` is unset (``main`` removes it before
 importing Triton); under the interpreter the kernels cannot be compiled.
 
 Variants: ``V1`` = DIFF Transformer heads (Q1, Q2, K1, K2 of width d = 64, V of width dv = 128); ``V2`` = DIFF
-V2 heads (two query heads sharing one K of width 64, V of width 64, so ``SHARED_K``). Kernels: ``fwd`` (the
-training forward, saving O1, O2 for the backward), ``dkdv_atomic`` (the default single-pass backward with atomic
-dQ, FlashAttention-2's scheme), ``preprocess`` (its row statistics Δ1, Δ2, dλ), ``dkdv`` and ``dq`` (the
-deterministic two-kernel backward: ``ATOMIC_DQ = False`` or ``torch.use_deterministic_algorithms``), ``decode``
-(the key-split forward at T = 1 and its combine kernel; V1 reads V's two halves in place, as DiffLlama decodes).
+V2 heads (two query heads sharing one K of width 64, V of width 64, so ``SHARED_K``); ``W`` = the widest heads the
+kernels take (d = 128, dv = 256: the two-kernel backward, 32-row tiles). Each is compiled with every user mask of
+``--masks``: none, ``padding`` (2-D key padding, one value per key), ``bool`` and ``additive`` (per-row 4-D masks,
+[B, 1, T, S] as transformers builds them, the additive one in q's dtype); a masked variant is labelled e.g.
+``V1+bool``. Kernels: ``fwd`` (the training forward, saving O1, O2 for the backward), ``dkdv_atomic`` (the default
+single-pass backward with atomic dQ, FlashAttention-2's scheme), ``preprocess`` (its row statistics Δ1, Δ2, dλ),
+``dkdv`` and ``dq`` (the deterministic two-kernel backward: ``ATOMIC_DQ = False`` or
+``torch.use_deterministic_algorithms``, wide heads, and "v1" heads with a 4-D mask), ``short`` (the training
+forward at T = 64 rows, ``--short-t``: the 64-row tiles of short sequences), ``prefill`` (the forward without
+gradient split over keys, and its combine kernel, at ``--short-t`` and at the shape's T: a few long prompts leave
+SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
+reads V's two halves in place, as DiffLlama decodes). A kernel a variant never launches has no row (e.g.
+``dkdv_atomic`` for ``W``, or for ``V1`` with a 4-D mask).
 
 How to read the columns:
 
@@ -30,6 +40,8 @@ How to read the columns:
   available it falls back to cuobjdump's STACK + LOCAL (``spill_source`` says which). Anything above 0 means
   the tile does not fit in registers: local-memory round trips inside the loop.
 * ``smem`` — dynamic shared memory per CTA (``metadata.shared``); 228 KiB per SM on an H100.
+* ``i64 mul`` — 64-bit integer multiplies in the TTGIR (``arith.muli`` on i64): the batch, head and row offsets
+  that may pass 2³¹ elements are computed in 64 bits (0 would mean 32-bit offsets only).
 * ``mma`` — ``wgmma`` if the PTX has ``wgmma.mma_async`` (Hopper warpgroup MMA), ``mma.sync`` if it has
   only Ampere-style ``mma.sync``, ``none`` for neither (FMA). On sm_90, ``mma.sync`` reaches about half of peak.
 * ``dots`` (JSON, and the lines under the table) — every ``tt.dot`` / ``ttng.warp_group_dot`` of the TTGIR with
@@ -47,8 +59,9 @@ How to read the columns:
   two kernels have no separate ideal (null). ratio > 1 = recomputation (the dq pass recomputes QKᵀ and dO·Vᵀ)
   plus layout duplication.
 
-Compiles take a few seconds each; the default is 3 kernels × 2 variants. Exit code 2 when Triton or its bundled
-CUDA toolchain (ptxas, cuobjdump) is missing.
+Compiles take a second or two each (identical specialisations once); the default, every kernel × 3 variants × 4
+masks, about 170 of them, takes ~3–4 minutes on 2 CPU cores. Exit code 2 when Triton or its bundled CUDA toolchain
+(ptxas, cuobjdump) is missing.
 """
 
 from __future__ import annotations
@@ -67,16 +80,24 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "decode")
-DEFAULT_KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq")
+KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "short", "prefill", "decode")
+DEFAULT_KINDS = KINDS
+SHORT_T = (64,)  # query lengths of the "short" and "prefill" forwards (rows per KV head with the default H = HKV)
 VARIANTS: dict[str, dict] = {
     "V1": {"d": 64, "dv": 128, "shared_q": False, "shared_k": False},  # DIFF Transformer: V of width 2d
     "V2": {"d": 64, "dv": 64, "shared_q": False, "shared_k": True},  # DIFF V2: two query heads share K and V
+    "W": {"d": 128, "dv": 256, "shared_q": False, "shared_k": False},  # the widest heads the kernels take
 }
+DEFAULT_VARIANTS = ("V1", "V2", "W")
+#: user masks the kernels read (besides causality): none, 2-D key padding (one value per key, [B, 1, 1, S]) and the
+#: per-row 4-D masks, bool and additive ([B, 1, T, S] as transformers builds them: MASK_ROWS)
+MASKS = ("none", "padding", "bool", "additive")
+DEFAULT_MASKS = MASKS
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_SHAPE = (2, 16, 16, 2048, 2048)  # B, H, HKV, T, S: only divisibility by 16 (and == 1) reaches the code
 COMBINED_BWD = "backward (dkdv + dq)"
 _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+FORWARD_KINDS = ("fwd", "short", "prefill", "decode")
 _MMA_RANK = {"none": 0, "mma.sync": 1, "wgmma": 2}
 
 
@@ -198,6 +219,9 @@ def add_dot_flops(dots: list[dict], block_m: int | None, block_n: int | None) ->
     return max(per_loop.values(), default=0.0)
 
 
+_I64_MUL_RE = re.compile(r"^\s*%\S+ = arith\.muli [^\n]*(?:: |x)i64\b", re.MULTILINE)  # ": i64", "<..xi64"
+
+
 def mma_kind(ptx: str) -> str:
     if "wgmma.mma_async" in ptx:
         return "wgmma"
@@ -262,9 +286,12 @@ class Launch:
     options: dict = field(default_factory=dict)  # num_warps / num_stages (absent = Triton's default)
     kind: str = ""
     candidate: int = 0  # 0 = the default tiles; 1.. = the autotuner's alternatives (triton_kernel._TUNING)
+    shape: tuple[int, ...] = ()  # B, H, HKV, T, S of the recorded problem
 
 
-def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, ...]) -> list[Launch]:
+def _record_launches(
+    kind: str, spec: dict, dtype_name: str, shape: tuple[int, ...], short_t: int | None = None
+) -> list[Launch]:
     """Run the backend's launch path on empty CPU tensors with the launcher swapped for a recorder."""
     import torch
     import triton
@@ -281,6 +308,8 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     b, h, hkv, t, s = shape
     if kind == "decode":
         t = 1
+    elif kind in ("short", "prefill"):
+        t = short_t or SHORT_T[0]
     d, dv, causal = spec["d"], spec["dv"], spec.get("causal", True)
 
     def empty(*size, dt=dtype):
@@ -290,16 +319,24 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     q2 = None if spec["shared_q"] else empty(b, h, t, d)
     k2 = None if spec["shared_k"] else empty(b, hkv, s, d)
     lam = empty(b, h, t, dt=torch.float32)
+    mask = {
+        None: None,
+        "padding": lambda: empty(b, 1, 1, s, dt=torch.bool),  # 2-D key padding, as validate stores it
+        "bool": lambda: empty(b, 1, t, s, dt=torch.bool),  # a per-row 4-D mask, transformers' [B, 1, T, S]
+        "additive": lambda: empty(b, 1, t, s),  # additive, in q's dtype (validate casts it so)
+    }[spec.get("mask")]
+    mask = mask() if mask else None
     scale = d**-0.5
     recorded: list[Launch] = []
 
     def launch(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
         # every configuration _launch may run on a GPU: the default tiles and, where the launch is autotuned, each
         # alternative the autotuner times (its retry on OutOfResources needs a GPU to trigger)
-        candidates = tk._candidates(kind_, d_, dv_, rows, consts["PREC"] == "ieee", consts.get("SPLIT", False))
+        fp32, split = consts["PREC"] == "ieee", consts.get("SPLIT", False)
+        candidates = tk._candidates(kind_, d_, dv_, rows, fp32, split, tk._mask_class(consts))
         for i, (bm, bn, warps, stages) in enumerate(candidates):
             tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
-            options = {"num_warps": warps, "num_stages": stages}
+            options = {"num_warps": warps, "num_stages": stages, **tk._compile_options(kind_, rows)}
             recorded.append(Launch(kernel, tuple(args), {**consts, **tiles}, options, kind_, candidate=i))
 
     class Recorder:  # for the small kernels launched directly as kernel[grid](...)
@@ -320,23 +357,28 @@ def _record_launches(kind: str, spec: dict, dtype_name: str, shape: tuple[int, .
     for name, kind_ in direct.items():
         setattr(tk, name, Recorder(saved[name], kind_))
     tk.INTERPRETED, tk.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
-    tk.SPLIT_OVERRIDE = 4 if kind == "decode" else None  # CPU tensors would never split
+    tk.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
     try:
         if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
-            tk._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, None, causal, scale, False, v_heads[:, hkv:])
-        elif kind in ("fwd", "decode"):
-            tk._fwd_op(q1, k1, q2, k2, v, lam, None, causal, scale, kind == "fwd")
+            tk._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, mask, causal, scale, False, v_heads[:, hkv:])
+        elif kind in ("fwd", "short", "decode", "prefill"):
+            tk._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, kind in ("fwd", "short"))
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
             lse1, lse2 = empty(b, h, t, dt=torch.float32), empty(b, h, t, dt=torch.float32)
             atomic = kind in ("dkdv_atomic", "preprocess")
-            tk._bwd_op(dout, q1, k1, q2, k2, v, lam, None, o1, o2, lse1, lse2, causal, scale, atomic)
+            tk._bwd_op(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic)
     finally:
         for n, val in saved.items():
             setattr(tk, n, val)
-    if kind not in ("fwd", "decode"):  # one kernel of the backward's launches
+    if kind in ("short", "prefill"):  # the forward at a short length: its own rows of the report
+        for r in recorded:
+            r.kind = kind if r.kind == "fwd" else r.kind
+    elif kind not in ("fwd", "decode"):  # one kernel of the backward's launches
         recorded = [r for r in recorded if r.kind == kind]
+    for r in recorded:
+        r.shape = (b, h, hkv, t, s)
     return recorded
 
 
@@ -364,12 +406,25 @@ def _specialize(launch: Launch) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
+_COMPILED: dict[tuple, dict] = {}
+
+
 def _compile(launch: Launch, capability: int, tools: dict[str, str]) -> dict:
+    """Compile one launch (once per distinct specialisation: e.g. the preprocess kernel, which reads no mask,
+    is the same kernel under every mask)."""
+    signature, constexprs, attrs = _specialize(launch)
+    key = (launch.kernel.fn.__name__, capability, *(repr(sorted(x.items())) for x in (signature, constexprs, attrs)))
+    key = (*key, repr(sorted(launch.options.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile_new(launch, capability, tools, signature, constexprs, attrs)
+    return _COMPILED[key]
+
+
+def _compile_new(launch: Launch, capability: int, tools: dict[str, str], signature, constexprs, attrs) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature, constexprs, attrs = _specialize(launch)
     src = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     knobs = triton.knobs
     saved = (knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log)
@@ -403,15 +458,15 @@ def _ideal(kind: str, d: int, dv: int) -> float | None:
     the two kernels of the split backward (only their sum has an ideal) and for the combine kernel."""
     from diffattn.bench.attention import attention_flops
 
-    direction = {"fwd": "fwd", "decode": "fwd", "backward": "bwd", "dkdv_atomic": "bwd"}.get(kind)
+    direction = {"backward": "bwd", "dkdv_atomic": "bwd"}.get(kind, "fwd" if kind in FORWARD_KINDS else None)
     if direction is None:
         return None
     return attention_flops(1, 1, 1, 1, d, dv, causal=False, kind="diff")[direction]  # one pair: t = s = 1
 
 
 def parse_config_spec(text: str) -> tuple[str, dict]:
-    """``KIND[:KEY=VAL,...]`` → (kind, settings). Keys: variant, d, dv, shared_q, shared_k, causal, BLOCK_M,
-    BLOCK_N, num_warps, num_stages."""
+    """``KIND[:KEY=VAL,...]`` → (kind, settings). Keys: variant, mask (one of :data:`MASKS`), d, dv, shared_q,
+    shared_k, causal, BLOCK_M, BLOCK_N, num_warps, num_stages."""
     kind, _, rest = text.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown kernel {kind!r} in --configs {text!r}; choose from {', '.join(KINDS)}")
@@ -422,6 +477,10 @@ def parse_config_spec(text: str) -> tuple[str, dict]:
             raise ValueError(f"--configs entries are KEY=VAL, got {item!r}")
         if key == "variant":
             settings[key] = val
+        elif key == "mask":
+            if val not in MASKS:
+                raise ValueError(f"unknown mask {val!r} in --configs {text!r}; choose from {', '.join(MASKS)}")
+            settings[key] = None if val == "none" else val
         elif key in ("shared_q", "shared_k", "causal"):
             settings[key] = val.lower() in ("1", "true", "yes")
         elif key in ("d", "dv", *_TILE_KEYS):
@@ -441,8 +500,8 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
         spill, source = ptxas["spill_stores"] + ptxas["spill_loads"], "ptxas -v: spill stores + spill loads"
     else:
         spill, source = res.get("STACK", 0) + res.get("LOCAL", 0), "cuobjdump: STACK + LOCAL"
-    decode = bool(launch.consts.get("SPLIT"))
-    kind = "decode" if decode else launch.kind  # the key-split forward is its own row
+    decode = launch.kind == "fwd" and bool(launch.consts.get("SPLIT"))
+    kind = "decode" if decode else launch.kind  # the key-split forward at T = 1 is its own row
     ideal = _ideal(kind, spec["d"], spec["dv"])
     return {
         "kernel": compiled.metadata.name,
@@ -454,6 +513,7 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
             "d": spec["d"],
             "dv": spec["dv"],
             "causal": spec.get("causal", True),
+            "mask": spec.get("mask") or "none",
             "shared_q": spec["shared_q"],
             "shared_k": spec["shared_k"],
             "BLOCK_M": bm,
@@ -461,7 +521,7 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
             "num_warps": compiled.metadata.num_warps,
             "num_stages": compiled.metadata.num_stages,
             "candidate": launch.candidate,
-            "shape_BHHkvTS": [*shape[:3], 1, shape[4]] if decode else list(shape),
+            "shape_BHHkvTS": list(launch.shape or shape),
             "constexprs": dict(launch.consts),
         },
         "registers": res.get("REG", ptxas.get("registers")),
@@ -472,6 +532,7 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
         "stack_bytes": res.get("STACK"),
         "local_bytes": res.get("LOCAL"),
         "shared_bytes": compiled.metadata.shared,
+        "i64_multiplies": len(_I64_MUL_RE.findall(compiled.asm["ttgir"])),
         "mma": mma_kind(compiled.asm["ptx"]),
         "dots": dots,
         "pairs_per_iteration": bm * bn if bm and bn else None,
@@ -506,36 +567,49 @@ def kernel_report(
     target: str = "sm90",
     dtype: str = "bf16",
     kernels: tuple[str, ...] | list[str] = DEFAULT_KINDS,
-    variants: tuple[str, ...] | list[str] = ("V1", "V2"),
+    variants: tuple[str, ...] | list[str] = DEFAULT_VARIANTS,
+    masks: tuple[str, ...] | list[str] = DEFAULT_MASKS,
+    short_t: tuple[int, ...] | list[int] = SHORT_T,
     configs: tuple[str, ...] | list[str] = (),
     shape: tuple[int, ...] = DEFAULT_SHAPE,
     dump: str | Path | None = None,
     progress=None,
 ) -> list[dict]:
     """Compile the requested kernels for ``target`` and return one row per compiled kernel (plus a combined
-    backward row per variant that has both ``dkdv`` and ``dq``). ``configs``: extra ``KIND[:KEY=VAL,...]``
-    specs (see :func:`parse_config_spec`). Raises ToolchainMissing without Triton's CUDA tools."""
+    backward row per variant and mask that has both ``dkdv`` and ``dq``). ``masks``: the user masks each variant
+    is compiled with (:data:`MASKS`; a masked variant is labelled e.g. ``V1+bool``). ``short_t``: the query
+    lengths of the ``short`` and ``prefill`` forwards (a row each). ``configs``: extra
+    ``KIND[:KEY=VAL,...]`` specs (see :func:`parse_config_spec`). Raises ToolchainMissing without Triton's CUDA
+    tools."""
     capability = parse_target(target)
     tools = toolchain(capability)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    jobs: list[tuple[str, str, dict, dict]] = []  # (kind, label, head spec, tile overrides)
+    jobs: list[tuple[str, str, dict, dict, int | None]] = []  # (kind, label, head spec, tile overrides, T)
+    for mask in masks:
+        if mask not in MASKS:
+            raise ValueError(f"unknown mask {mask!r}; choose from {', '.join(MASKS)}")
     for name in variants:
         if name not in VARIANTS:
             raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
-        for kind in kernels:
-            if kind not in KINDS:
-                raise ValueError(f"unknown kernel {kind!r}; choose from {', '.join(KINDS)}")
-            jobs.append((kind, name, dict(VARIANTS[name]), {}))
+        for mask in masks:
+            label = name if mask == "none" else f"{name}+{mask}"
+            for kind in kernels:
+                if kind not in KINDS:
+                    raise ValueError(f"unknown kernel {kind!r}; choose from {', '.join(KINDS)}")
+                spec = {**VARIANTS[name], "mask": None if mask == "none" else mask}
+                lengths = {"short": tuple(short_t), "prefill": (*short_t, shape[3])}.get(kind, (None,))
+                for t in lengths:
+                    jobs.append((kind, label, spec, {}, t))
     for text in configs:
         kind, settings = parse_config_spec(text)
         base = settings.pop("variant", "V1")
         spec = {**VARIANTS[base], **{k: v for k, v in settings.items() if k not in _TILE_KEYS}}
-        jobs.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in _TILE_KEYS}))
+        jobs.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in _TILE_KEYS}, None))
 
     rows: list[dict] = []
-    for kind, label, spec, overrides in jobs:
-        for launch in _record_launches(kind, spec, dtype, tuple(shape)):
+    for kind, label, spec, overrides, t in jobs:
+        for launch in _record_launches(kind, spec, dtype, tuple(shape), t):
             if overrides and launch.candidate > 0:  # overridden tiles replace the default; one row
                 continue
             if overrides and "BLOCK_M" in launch.consts:
@@ -585,6 +659,7 @@ def format_report(rows: list[dict]) -> str:
         "regs",
         "spill",
         "smem KiB",
+        "i64 mul",
         "mma",
         "flops/pair",
         "ideal",
@@ -610,6 +685,7 @@ def format_report(rows: list[dict]) -> str:
                 _fmt(r["registers"]),
                 _fmt(r["spill_bytes"]),
                 f"{r['shared_bytes'] / 1024:.0f}",
+                _fmt(r.get("i64_multiplies")),
                 r["mma"],
                 f"{r['flops_per_pair']:.0f}",
                 _fmt(r["ideal_flops_per_pair"], ".0f"),
@@ -657,7 +733,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--kernels", default=",".join(DEFAULT_KINDS), help=f"comma list of {', '.join(KINDS)}")
     parser.add_argument(
-        "--variants", default="V1,V2", help="comma list of V1 (d 64, dv 128), V2 (d 64, dv 64, K shared)"
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help="comma list of V1 (d 64, dv 128), V2 (d 64, dv 64, K shared), W (d 128, dv 256)",
+    )
+    parser.add_argument(
+        "--masks",
+        default=",".join(DEFAULT_MASKS),
+        help="comma list of user masks to compile each variant with: none, padding (2-D key padding), bool and "
+        "additive (per-row 4-D [B, 1, T, S])",
+    )
+    parser.add_argument(
+        "--short-t",
+        default=",".join(map(str, SHORT_T)),
+        help="comma list of query lengths T at which the short and prefill forwards are compiled",
     )
     parser.add_argument(
         "--configs", nargs="*", default=[], help="extra rows: KIND[:KEY=VAL,...], e.g. fwd:variant=V2,BLOCK_M=128"
@@ -674,6 +763,8 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             kernels=[k for k in args.kernels.split(",") if k],
             variants=[v for v in args.variants.split(",") if v],
+            masks=[m for m in args.masks.split(",") if m],
+            short_t=tuple(int(x) for x in args.short_t.split(",") if x),
             configs=args.configs,
             shape=tuple(int(x) for x in args.shape.split(",")),
             dump=args.dump,

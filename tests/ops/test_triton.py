@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from diffattn.eval.common import cache_keyword
-from diffattn.ops import auto_backend, backend_status, diff_attention
+from diffattn.ops import auto_backend, backend_status, diff_attention, triton_unsupported
 from diffattn.ops._inputs import validate
 
 _CUDA = torch.cuda.is_available()
@@ -620,12 +620,23 @@ def test_gpu_matches_reference(dtype, d, dv, t, s):
 def test_gpu_16k_context_fits_and_matches_chunked(d):
     n = 16384
     args = _gpu_inputs(1, 8, 8, n, n, d, 2 * d, torch.bfloat16)
+    # the test's own tensors are made first and not counted (measured across _grads_of, its input clones, float32
+    # cotangent and float32 products came to ~770 MiB at d = 128 with the backend's): the peak is what the backend
+    # allocates in forward + backward — its output, the per-map outputs and row statistics it saves, the gradients
+    # (~390 MiB at d = 128 by their sizes) — and nothing of size [T, S] (one bf16 map of one head is 512 MiB)
+    leaves = [x.detach().clone().requires_grad_(True) for x in args]
+    cot = torch.randn(1, 8, n, 2 * d, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    cot = cot.to(torch.bfloat16)  # d(out.float() · cot)/d out, as _grads_of takes it, in out's dtype
+    torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    got = _grads_of("triton", args)
+    out = diff_attention(*leaves, backend="triton")
+    out.backward(cot)
+    torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
-    # nothing of size [T, S]: one bf16 map of one head alone would be 512 MiB
     assert peak < n * n * 2, f"peak {peak / 2**20:.0f} MiB"
+    got = [out.detach().float()] + [x.grad.float() for x in leaves]
+    del out, leaves, cot
     want = _grads_of("chunked", [x.float() if x.is_floating_point() else x for x in args])
     for name, a, w in zip(NAMES, got, want, strict=True):
         assert (a - w).abs().max().item() <= 3e-2 * w.abs().max().item() + 1e-3, name
@@ -706,10 +717,12 @@ def test_flop_ideal_note():
 
 
 def _diffllama(backend, seed=0, dtype=torch.float32):
+    """A 2-layer DiffLlama on ``backend``, on this machine's device (CUDA where there is one: the compiled kernels
+    refuse CPU tensors there), in ``dtype``."""
     from diffattn.models import build_model, install_diff_attention
 
     model = build_model("debug", "diff", backend=None, seed=seed, num_layers=2).eval()
-    return install_diff_attention(model, backend).to(dtype)
+    return install_diff_attention(model, backend).to(DEVICE, dtype)
 
 
 PLAIN_BACKENDS = ("reference", "chunked", "sdpa")  # a model's float32 yardsticks: three PyTorch implementations
@@ -732,8 +745,8 @@ def test_diffllama_generation_on_the_triton_backend(monkeypatch):
     monkeypatch.setattr(
         triton_kernel, "_causal_key_padding", lambda *a: (paddings.append(padding_of(*a)), paddings[-1])[1]
     )
-    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
-    attention_mask = torch.ones(2, 9, dtype=torch.long)
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    attention_mask = torch.ones(2, 9, dtype=torch.long, device=DEVICE)
     attention_mask[0, :3] = 0
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
@@ -760,8 +773,8 @@ def test_decoding_step_traces_as_one_graph():
 
     model = _diffllama("triton")
     cache_kw = cache_keyword(model)
-    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(4))
-    position = torch.tensor([8])
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    position = torch.tensor([8], device=DEVICE)
 
     def prefill(model):
         cache = StaticCache(config=model.config, max_cache_len=16)
@@ -817,7 +830,7 @@ def test_autotuned_launch_path_runs_every_candidate_and_matches(monkeypatch):
     check_against_reference(args, torch.float16)
     assert ran == ["fwd", "dkdv_atomic"]
     tuners = triton_kernel._AUTOTUNERS
-    assert set(tuners) == {("fwd", "v2"), ("dkdv_atomic", "v2")}
+    assert set(tuners) == {("fwd", "v2", "none"), ("dkdv_atomic", "v2", "none")}  # (kind, widths, mask class)
     for tuner in tuners.values():
         assert len(tuner.configs_timings) == len(tuner.configs) > 1  # every candidate was run
         assert tuner.best_config is tuner.configs[-1]  # the stand-in ranked the last fastest
@@ -831,3 +844,319 @@ def test_launch_limits_are_clear_errors():
     lam3 = lam.reshape(1, 2, 1).expand(1, 2, 5).contiguous()
     with pytest.raises(ValueError, match="two halves is for a forward without gradient"):
         triton_kernel._fwd_impl(q1, k1, q2, k2, v[..., :8], lam3, None, True, 0.3, True, v[..., 8:])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the paths a GPU takes, checked without one (issue 27 §2): backend choice and launches with CUDA faked, the
+# backward's choice made when it runs, the device guard, 64-bit offsets, the tiles a 4-D mask gets
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA faked as available, for the construction paths a GPU takes: tensors made on "cuda" under the returned
+    FakeTensorMode have that device and no storage; the backend's device checks see an sm_90 GPU with 132 SMs and
+    compiled kernels; kernel launches are recorded instead of run (kind, mask class, whether autotuned, the tiles
+    and compile options :func:`triton_kernel._launch` would use), and so is every device guard entered."""
+    if _CUDA:
+        pytest.skip("a real GPU is here: the gpu-marked tests run these paths")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import diffattn.ops
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 9)
+    monkeypatch.setattr(diffattn.ops, "_LOGGED_FALLBACKS", set())
+    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)
+    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(triton_kernel, "_sm_count", lambda index: 132)
+    launches: list[dict] = []
+    guards: list[torch.device] = []
+
+    def launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+        fp32, split, mask = consts["PREC"] == "ieee", consts.get("SPLIT", False), triton_kernel._mask_class(consts)
+        launches.append(
+            dict(
+                kind=kind,
+                mask=mask,
+                split=split,
+                tuned=triton_kernel._tunable(kind, d, dv, rows, fp32, split, mask),
+                tiles=triton_kernel._candidates(kind, d, dv, rows, fp32, split, mask),
+                options=triton_kernel._compile_options(kind, rows),
+            )
+        )
+
+    class Direct:  # the small kernels, launched as kernel[grid](...)
+        def __init__(self, kind):
+            self.kind = kind
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(dict(kind=self.kind))
+
+    class Guard:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            guards.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(triton_kernel, "_launch", launch)
+    monkeypatch.setattr(triton_kernel, "_combine_kernel", Direct("combine"))
+    monkeypatch.setattr(triton_kernel, "_bwd_preprocess_kernel", Direct("preprocess"))
+    monkeypatch.setattr(triton_kernel, "_on_device", Guard)
+    return FakeTensorMode(), launches, guards
+
+
+def _cuda_inputs(b, h, hkv, t, s, d, dv, dtype=torch.bfloat16):
+    """q1, k1, q2, k2, v, λ per head on "cuda" (inside a FakeTensorMode: no storage)."""
+    q1, q2 = (torch.empty(b, h, t, d, device="cuda", dtype=dtype) for _ in range(2))
+    k1, k2 = (torch.empty(b, hkv, s, d, device="cuda", dtype=dtype) for _ in range(2))
+    v = torch.empty(b, hkv, s, dv, device="cuda", dtype=dtype)
+    return q1, k1, q2, k2, v, torch.empty(h, device="cuda")
+
+
+def test_auto_on_faked_cuda_picks_triton_or_logs_the_fallback(fake_cuda, monkeypatch, caplog):
+    # the selection a CUDA machine makes: triton where the kernel supports the shapes, else sdpa with the reason
+    # logged (head dim, a GPU without bfloat16, kernels imported for the interpreter)
+    import diffattn.ops
+
+    mode, launches, _ = fake_cuda
+    with mode, caplog.at_level("INFO", logger="diffattn.ops"):
+        inp = validate(*_cuda_inputs(2, 16, 8, 2048, 2048, 64, 128), causal=True, attn_mask=None, scale=None)
+        assert inp.q1.device == torch.device("cuda", 0)
+        assert triton_unsupported(inp) is None
+        assert {s.name: s for s in backend_status("cuda")}["triton"].usable
+        assert auto_backend(torch.device("cuda"), inp) == "triton"
+        wide = validate(*_cuda_inputs(1, 4, 2, 64, 64, 160, 160), causal=True, attn_mask=None, scale=None)
+        assert auto_backend(torch.device("cuda"), wide) == "sdpa"
+        monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 7)  # a V100: no bfloat16
+        assert auto_backend(torch.device("cuda"), inp) == "sdpa"
+        monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 9)
+        monkeypatch.setattr(triton_kernel, "INTERPRETED", True)
+        assert auto_backend(torch.device("cuda"), inp) == "sdpa"
+    assert "using sdpa, not triton: head dim d=160 is not supported" in caplog.text
+    assert "bfloat16 needs a GPU of compute capability >= 8.0, this one is 7.x" in caplog.text
+    assert "TRITON_INTERPRET=1 is set" in caplog.text
+    assert launches == []  # choosing launches nothing
+
+
+def test_gpu_launch_path_on_faked_cuda(fake_cuda):
+    # what the launches of a GPU get, with none here: a device guard for the tensors' GPU around every launch; the
+    # training forward and single-pass backward autotuned over the tiles benchmarks/kernel_report.py compiles for
+    # sm_90; a per-row 4-D mask's own tiles, and the two-kernel backward for DIFF V1 heads with one; decoding split
+    # over the SMs' worth of programs, with its compile options
+    mode, launches, guards = fake_cuda
+    tk = triton_kernel
+    with mode:
+        q1, k1, q2, k2, v, _ = _cuda_inputs(2, 16, 16, 2048, 2048, 64, 128)
+        lam = torch.empty(2, 16, 2048, device="cuda")
+        rows_mask = torch.empty(2, 1, 2048, 2048, dtype=torch.bool, device="cuda")
+        for mask in (None, rows_mask):
+            out, o1, o2, lse1, lse2 = tk._fwd_impl(q1, k1, q2, k2, v, lam, mask, True, 0.125, True)
+            grads = tk._bwd_impl(out, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, True, 0.125, True)
+            assert out.device == torch.device("cuda", 0) and grads[0].shape == q1.shape
+        q1, k1, q2, k2, v, _ = _cuda_inputs(2, 16, 16, 1, 2048, 64, 128)
+        tk._fwd_impl(q1, k1, q2, k2, v, torch.empty(2, 16, 1, device="cuda"), None, True, 0.125, False)
+    assert guards == [torch.device("cuda", 0)] * 5
+    assert [x["kind"] for x in launches] == [
+        *("fwd", "preprocess", "dkdv_atomic"),
+        *("fwd", "preprocess", "dkdv", "dq"),
+        *("fwd", "combine"),
+    ]
+    fwd, _, bwd, fwd_rows, _, dkdv_rows, dq_rows, decode, _ = launches
+    assert fwd["tuned"] and fwd["tiles"] == [(128, 32, 8, 2), *tk._TUNING["none"]["fwd"]["v1"]]
+    assert bwd["tuned"] and bwd["tiles"] == [(16, 128, 8, 2), *tk._TUNING["none"]["dkdv_atomic"]["v1"]]
+    assert fwd_rows["mask"] == "rows" and fwd_rows["tiles"] == [(128, 16, 8, 2), *tk._TUNING["rows"]["fwd"]["v1"]]
+    assert not dkdv_rows["tuned"] and dkdv_rows["tiles"] == [(16, 128, 8, 2)] and dq_rows["tiles"] == [(128, 32, 8, 2)]
+    assert decode["split"] and decode["tiles"] == [(16, 32, 8, 2)] and decode["options"] == {"maxnreg": 255}
+
+
+def test_the_backward_decides_atomic_or_deterministic_when_it_runs(monkeypatch):
+    # torch.use_deterministic_algorithms (and ATOMIC_DQ) are read when the backward runs, as PyTorch's own ops do:
+    # switched on between forward and backward, the two-kernel backward runs; switched off, the atomic one
+    kinds = _record_kinds(monkeypatch)
+    args = make_inputs(b=1, h=2, hkv=1, t=19, s=23)
+
+    def forward():
+        return diff_attention(*(x.clone().requires_grad_(True) for x in args), backend="triton")
+
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        out = forward()
+        torch.use_deterministic_algorithms(True)
+        out.sum().backward()
+        out = forward()
+        torch.use_deterministic_algorithms(False)
+        out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert kinds == ["fwd", "dkdv", "dq", "fwd", "dkdv_atomic"]
+    kinds.clear()
+    out = forward()
+    monkeypatch.setattr(triton_kernel, "ATOMIC_DQ", False)
+    out.sum().backward()
+    assert kinds == ["fwd", "dkdv", "dq"]
+
+
+def test_launches_enter_a_device_guard_for_the_tensors_device(monkeypatch):
+    # Triton launches on the current device: a tensor on another GPU needs the guard, entered with its device
+    import contextlib
+
+    assert isinstance(triton_kernel._on_device(torch.device("cpu")), contextlib.nullcontext)
+    guard = triton_kernel._on_device(torch.device("cuda", 1))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    entered = []
+
+    class Guard:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(triton_kernel, "_on_device", Guard)
+    args = make_inputs(b=1, h=2, hkv=1, t=5, s=9)
+    check_against_reference(args)  # the forward and the backward of the triton backend, each in its guard
+    assert entered == [args[0].device] * 2
+
+
+_HUGE_OFFSETS = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from diffattn.ops import diff_attention
+from diffattn.ops import triton_kernel as tk
+
+tk.BLOCK_OVERRIDE = (16, 16)
+STRIDE = 2**30 + 2**12  # a batch stride below 2**31 whose multiple for batch 2 is not
+B, H, HKV, T, S, D, DV, ROW = 3, 2, 1, 20, 23, 8, 16, 32
+try:  # reserved, never touched but where written: the process uses a few MB
+    big = torch.empty(2 * STRIDE + 4096, dtype=torch.float16)
+    mbig = torch.empty(2 * STRIDE + 4096, dtype=torch.bool)
+except RuntimeError as err:
+    print("cannot reserve the address space:", err)
+    sys.exit(3)
+g = torch.Generator().manual_seed(0)
+views, offset = [], 0
+for h, n, d in ((H, T, D), (HKV, S, D), (H, T, D), (HKV, S, D), (HKV, S, DV)):  # q1, k1, q2, k2, v
+    x = big.as_strided((B, h, n, d), (STRIDE, n * d, d, 1), offset)
+    for b in range(B):
+        x[b].copy_(torch.randn(h, n, d, generator=g))
+    views.append(x)
+    offset += h * n * d
+mask = mbig.as_strided((B, 1, T, S), (STRIDE, 0, ROW, 1))  # rows 32 apart: read in place, not copied
+for b in range(B):
+    mask[b].copy_(torch.rand(1, T, S, generator=g) > 0.3)
+lam = torch.rand(H, generator=g)
+cot = torch.randn(B, H, T, DV, generator=g).half()
+
+
+def run(inputs, m):
+    leaves = [x.detach().requires_grad_(True) for x in inputs]
+    out = diff_attention(*leaves, lam, attn_mask=m, causal=False, backend="triton")
+    out.backward(cot)
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+for atomic in (True, False):
+    tk.ATOMIC_DQ = atomic
+    far = run(views, mask)
+    near = run([x.contiguous() for x in views], mask.contiguous())
+    assert all(torch.equal(a, b) for a, b in zip(far, near, strict=True)), atomic
+print("equal")
+"""
+
+
+def test_offsets_past_2_31_elements_match_small_tensors():
+    # q1, k1, q2, k2, v and a 4-D mask whose batch 2 starts 2³¹ + 8192 elements into its storage (views with a batch
+    # stride of 2³⁰ + 4096, on storage reserved but never touched there): output and every gradient, through the
+    # single-pass and the two-kernel backward, equal bit for bit those of the same values in small contiguous
+    # tensors. With 32-bit batch offsets the interpreter followed the wrapped address and crashed (SIGSEGV), so the
+    # run is a subprocess of its own. (The outputs' offsets pass 2³¹ only with outputs that large: the AOT report's
+    # 64-bit multiplies check those, tests/ops/test_kernel_report.py.)
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _HUGE_OFFSETS], capture_output=True, text=True, timeout=600, env=env)
+    if proc.returncode == 3:
+        pytest.skip(proc.stdout.strip())
+    assert proc.returncode == 0, f"exit status {proc.returncode}: {proc.stderr[-3000:]}"
+    assert proc.stdout.strip() == "equal"
+
+
+def test_32_bit_offset_limits_copy_or_refuse():
+    # what the kernels still compute in 32 bits (offsets within one head, row indices) is kept below 2³¹: a view
+    # whose head spans more is copied contiguous, what cannot fit is a clear error (meta tensors: no memory)
+    meta = dict(device="meta", dtype=torch.float16)
+    x = torch.empty(1, 2**22, 64, 128, **meta).transpose(1, 2)  # [B, S, H, d] seen as [B, H, S, d], 4M tokens
+    assert triton_kernel._head_span(x) > 2**31
+    y = triton_kernel._kernel_layout(x)
+    assert y.is_contiguous() and triton_kernel._head_span(y) == 2**22 * 128
+    fits = torch.empty(1, 64, 2**22, 128, **meta)
+    assert triton_kernel._kernel_layout(fits) is fits
+    long = torch.empty(1, 1, 2**24, 128, **meta)  # one head of 2³¹ elements
+    with pytest.raises(ValueError, match="one head"):
+        triton_kernel._check_offsets(long, long, None, None, long, None, 1, 1, 2**24, 2**24, 128, 128)
+    with pytest.raises(ValueError, match="query rows"):
+        triton_kernel._check_offsets(fits, fits, None, None, fits, None, 2**15, 2**8, 2**8, 2**8, 128, 128)
+    # V's two halves are read in place only while the offset from one to the other fits too
+    heads = torch.empty(1, 2, 2**20, 2**10, **meta)
+    assert triton_kernel._in_place_halves((heads[:, :1], heads[:, 1:])) == 0
+    heads = torch.empty(1, 2, 2**10, 2**10, **meta)
+    assert triton_kernel._in_place_halves((heads[:, :1], heads[:, 1:])) == 2**20
+
+
+def test_unaligned_mask_rows_are_copied_once():
+    # a 4-D mask whose rows do not start at multiples of 16 elements (S = 23) is read from a copy with rows padded
+    # to 32 (Triton vectorises its loads only then: the forward spilled otherwise); the layers share the copy
+    # (remembered by identity and version), an edit makes a new one, an aligned mask is read as it is
+    mask = (torch.rand(2, 1, 5, 23, generator=torch.Generator().manual_seed(8)) > 0.5).to(DEVICE)
+    copy = triton_kernel._mask_for_kernels(mask)
+    assert torch.equal(copy, mask) and copy.stride(2) == 32 and copy.data_ptr() != mask.data_ptr()
+    assert triton_kernel._mask_for_kernels(mask) is copy
+    mask[0, 0, 0, 0] = ~mask[0, 0, 0, 0]
+    again = triton_kernel._mask_for_kernels(mask)
+    assert again is not copy and torch.equal(again, mask)
+    aligned = torch.zeros(2, 1, 5, 32, dtype=torch.bool, device=DEVICE)
+    assert triton_kernel._mask_for_kernels(aligned) is aligned
+    padding = torch.ones(3, 1, 1, 23, dtype=torch.bool, device=DEVICE)  # key padding, batch stride 23
+    assert triton_kernel._mask_for_kernels(padding).stride(0) == 32
+
+
+@pytest.mark.parametrize(("dv", "kinds"), [(128, ["fwd", "dkdv", "dq"]), (64, ["fwd", "dkdv_atomic"])])
+def test_4d_mask_on_gpu_tiles(monkeypatch, dv, kinds):
+    # the tiles a GPU takes, run by the interpreter: with a per-row 4-D mask, DIFF V1 heads (dv = 2d) take the
+    # two-kernel backward (the single pass spilled with a mask tile on sm_90), DIFF V2 heads the single pass on
+    # their masked tiles; output and gradients match the reference either way
+    import diffattn.ops
+
+    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)  # GPU tiles, still interpreted
+    monkeypatch.setattr(diffattn.ops, "triton_unsupported", lambda inp: None)  # it reads INTERPRETED too
+    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(triton_kernel, "AUTOTUNE", False)
+    monkeypatch.setattr(triton_kernel, "_LAUNCH_CACHE", {})
+    seen = _record_kinds(monkeypatch)
+    args = make_inputs(b=1, h=2, hkv=1, t=20, s=21, d=64, dv=dv)
+    mask = (torch.rand(1, 1, 20, 21, generator=torch.Generator().manual_seed(6)) > 0.3).to(DEVICE)
+    check_against_reference(args, torch.float16, attn_mask=mask, causal=False)
+    assert seen == kinds
+    assert not triton_kernel._single_pass_fits(64, 128, "rows") and triton_kernel._single_pass_fits(64, 128, "keys")
+
+
+def test_autocast_runs_the_kernels_on_the_cast_inputs():
+    # mixed precision (the trainer's default on a GPU): Q, K in float32 from RoPE, V in bf16; diff_attention casts
+    # them to bf16 as autocast does for SDPA and runs the kernels as on those (tests/ops/test_autocast.py)
+    q1, k1, q2, k2, v, lam = make_inputs(b=1, h=2, hkv=1, t=9, s=11)
+    leaves = [q1, k1, q2, k2, v.bfloat16()]
+    with torch.autocast(q1.device.type, dtype=torch.bfloat16):
+        out = diff_attention(*leaves, lam, backend="triton")
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, diff_attention(*(x.bfloat16() for x in leaves), lam, backend="triton"))

@@ -1,14 +1,24 @@
 """Training-step time, side by side: DIFF Transformer (our attention, ``auto`` backend) vs the same-size Llama
-baseline, with Hugging Face's own ``DiffLlama`` attention as a third column and DIFF V2 (docs/methods.md §5: twice the
+baseline, with Hugging Face's own ``DiffLlama`` attention as a third column and DIFF V2 (methods.md §5: twice the
 query heads, a per-token gate, the FFN narrowed to the same parameter count) as a fourth.
 
 One step = forward + backward + AdamW update on a random batch, the three models built from the same preset
 and fed identical batches, timed interleaved round-robin; the statistic is the median over repetitions.
+
+Precision, as training runs (diffattn.train: ``train.precision`` "auto"): ``bf16`` by default on CUDA — float32
+weights and optimizer, the forward under ``torch.autocast`` in bfloat16, so the attention kernels run in bf16 —
+and ``fp32`` on CPU (bf16 is ~30x slower there). ``fp16`` on request: autocast in float16 with a gradient scaler.
+On a GPU, timing float32 would time the fused kernels where they are not meant to run (float32 IEEE dots on half
+tiles; the deterministic dQ kernel spills 1,392 bytes there, benchmarks/RESULTS.md). The dtype is in every row.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -23,6 +33,14 @@ COLUMNS = {
     "diffattn DIFF V2 (auto)": ("diff-v2", "auto"),
 }
 
+#: the precisions a step can run in: autocast dtype (None: plain float32)
+DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def default_dtype(device: str) -> str:
+    """The precision training runs in on ``device``: bf16 (mixed precision) on CUDA, fp32 on CPU."""
+    return "bf16" if str(device).startswith("cuda") else "fp32"
+
 
 @dataclass
 class StepRow:
@@ -30,18 +48,27 @@ class StepRow:
     seq_len: int
     batch: int
     ms: dict[str, float]
+    dtype: str = "fp32"
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
 
 
-def _step_fn(model, batch):
+def _step_fn(model, batch, dtype: str = "fp32"):
+    """One training step in ``dtype`` (see the module docstring): float32 weights and AdamW; bf16/fp16 run the
+    forward under autocast, fp16 with a gradient scaler."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    device_type = batch.device.type
+    amp = DTYPES[dtype]
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
 
     def step():
         opt.zero_grad(set_to_none=True)
-        model(input_ids=batch, labels=batch).loss.backward()
-        opt.step()
+        with torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext():
+            loss = model(input_ids=batch, labels=batch).loss
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
     return step
 
@@ -53,44 +80,49 @@ def run_train_step_benchmark(
     reps: int = 5,
     device: str | None = None,
     progress=None,
+    dtype: str | None = None,
 ) -> list[StepRow]:
+    """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or default_dtype(device)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     rows = []
     for preset in presets:
         for n in seq_lens:
             if progress:
-                progress(f"{preset} seq {n}")
+                progress(f"{preset} seq {n} ({dtype})")
             steps = {}
             for name, (attention, backend) in COLUMNS.items():
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))
                 model.to(device).train()
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
-                steps[name] = _step_fn(model, ids.to(device))
+                steps[name] = _step_fn(model, ids.to(device), dtype)
             for fn in steps.values():  # warm-up
                 fn()
             times = {name: [] for name in steps}
             for _ in range(reps):
                 for name, fn in steps.items():
-                    if device == "cuda":
+                    if device.startswith("cuda"):
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     fn()
-                    if device == "cuda":
+                    if device.startswith("cuda"):
                         torch.cuda.synchronize()
                     times[name].append(time.perf_counter() - t0)
-            rows.append(StepRow(preset, n, batch, {k: 1e3 * statistics.median(v) for k, v in times.items()}))
+            rows.append(StepRow(preset, n, batch, {k: 1e3 * statistics.median(v) for k, v in times.items()}, dtype))
     return rows
 
 
 def format_table(rows: list[StepRow]) -> str:
     names = list(COLUMNS)
-    head = f"{'preset':<7} {'seq':>5} " + " ".join(f"{n + ' ms':>22}" for n in names)
+    head = f"{'preset':<7} {'seq':>5} {'dtype':>5} " + " ".join(f"{n + ' ms':>22}" for n in names)
     head += "   DIFF/base   HF/base   HF/DIFF   V2/base   V2/DIFF"
     lines = [head]
     for r in rows:
         cells = " ".join(f"{r.ms[n]:>22.1f}" for n in names)
         lines.append(
-            f"{r.preset:<7} {r.seq_len:>5} {cells}   {r.ratio('diffattn DIFF (auto)'):>9.2f} "
+            f"{r.preset:<7} {r.seq_len:>5} {r.dtype:>5} {cells}   {r.ratio('diffattn DIFF (auto)'):>9.2f} "
             f"{r.ratio('HF DiffLlama'):>9.2f} {r.ms['HF DiffLlama'] / r.ms['diffattn DIFF (auto)']:>9.2f} "
             f"{r.ratio('diffattn DIFF V2 (auto)'):>9.2f} "
             f"{r.ms['diffattn DIFF V2 (auto)'] / r.ms['diffattn DIFF (auto)']:>9.2f}"
@@ -100,3 +132,49 @@ def format_table(rows: list[StepRow]) -> str:
 
 def rows_as_dicts(rows: list[StepRow]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``benchmarks/train_step.py``: ``diffattn bench train-step``'s options, and ``--dtype``."""
+    from ..cli import _bench_device, _positive_ints
+
+    parser = argparse.ArgumentParser(description="training step time: DIFF vs baseline vs HF DiffLlama vs DIFF V2")
+    parser.add_argument("--presets", default="tiny,small")
+    parser.add_argument("--seq-lens", default="512,1024")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="bf16 / fp16: mixed precision (autocast, float32 weights), as training runs on a GPU; fp32. "
+        "Default: bf16 on CUDA, fp32 on CPU",
+    )
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
+        device = _bench_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    dtype = args.dtype or default_dtype(device)
+    print(
+        f"train-step benchmark: device={device}, dtype={dtype}, batch={args.batch}, median of {args.reps}, "
+        f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW",
+        flush=True,
+    )
+    rows = run_train_step_benchmark(
+        presets,
+        seq_lens,
+        batch=args.batch,
+        reps=args.reps,
+        device=device,
+        progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
+        dtype=dtype,
+    )
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}, f, indent=2)
+    return 0

@@ -265,13 +265,39 @@ def diff_attention(
             ``"reference"``, ``"sdpa"``, ``"chunked"`` or ``"triton"``.
 
     Returns:
-        ``[B, H, T, dv]`` in the dtype of ``q1``. λ and the subtraction are computed in float32.
+        ``[B, H, T, dv]`` in the dtype of ``q1``. λ and the subtraction are computed in float32. Under
+        ``torch.autocast`` the op is one of autocast's lower-precision ops, like ``scaled_dot_product_attention``:
+        q1, k1, q2, k2 and v are cast to the autocast dtype and the op runs as it would on those outside autocast
+        (mixed-precision training, the trainer's default on a GPU, hands it Q and K in float32 from RoPE and V in
+        bfloat16 from its projection).
 
     Raises:
         ValueError: naming the argument, what was given and what is allowed.
     """
+    if isinstance(q1, torch.Tensor) and torch.is_autocast_enabled(q1.device.type):
+        q1, k1, q2, k2, v = _autocast_inputs(q1, k1, q2, k2, v)
+        with torch.autocast(q1.device.type, enabled=False):
+            inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
+            return _IMPLS[_resolve(backend, inp)](inp)
     inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
     return _IMPLS[_resolve(backend, inp)](inp)
+
+
+def _autocast_inputs(q1, k1, q2, k2, v):
+    """q1, k1, q2, k2, v in the autocast dtype of q1's device (floating tensors only; the same tensor stays one
+    tensor, so a shared K or Q is still recognised)."""
+    dtype = torch.get_autocast_dtype(q1.device.type)
+    cast: dict[int, torch.Tensor] = {}
+
+    def to(x):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == dtype:
+            return x
+        if id(x) not in cast:
+            cast[id(x)] = x.to(dtype)
+        return cast[id(x)]
+
+    v = tuple(to(x) for x in v) if isinstance(v, (tuple, list)) else to(v)
+    return to(q1), to(k1), to(q2), to(k2), v
 
 
 def diff_attention_maps(

@@ -26,14 +26,17 @@ The ``triton`` backend of :func:`diffattn.ops.diff_attention`. What it does, and
   adding its share of dQ1, dQ2 to float32 buffers atomically: 6d + 2dv matmul FLOPs per query–key pair, the
   ideal (the baseline's backward at the same d_model). All tiles are laid out transposed (keys on rows), dQ
   as ``dQᵀ = Kᵀ·dSᵀ``, so every product has >= 64 rows and is a Hopper warpgroup MMA. The atomics make dQ's
-  last bits vary run to run; :data:`ATOMIC_DQ` = False, ``torch.use_deterministic_algorithms(True)`` and heads
-  wider than d = 64, dv = 128 take the deterministic two-kernel scheme instead (the key-block kernel without
-  dQ, then one over query blocks that recomputes P1, P2 and G for dQ1, dQ2: 1.4x the ideal).
+  last bits vary run to run; :data:`ATOMIC_DQ` = False, ``torch.use_deterministic_algorithms(True)`` (both read
+  when the backward runs, not at the forward), heads wider than d = 64, dv = 128 and DIFF V1 heads with a per-row
+  4-D mask take the deterministic two-kernel scheme instead (the key-block kernel without dQ, then one over query
+  blocks that recomputes P1, P2 and G for dQ1, dQ2: 1.4x the ideal).
 * **Shared operands.** When ``k1 is k2`` (DAA, DiffQ) the kernels load K once and accumulate one dK; when
   ``q1 is q2`` (DiffK) likewise for Q.
 * **Masks.** Causal is bottom-right aligned (query i sees keys j <= i + S − T); the mask from
   :func:`~diffattn.ops._inputs.validate` — 2-D key padding (stored as [B, 1, 1, S]) or any 4-D bool/additive
-  mask broadcastable to [B, H, T, S] — is read through its strides (0 on broadcast dims), never expanded.
+  mask broadcastable to [B, H, T, S] — is read through its strides (0 on broadcast dims), never expanded (a
+  mask whose rows do not start at multiples of 16 elements is read from a copy with padded rows, made once per
+  mask: Triton vectorises only aligned loads).
   Masked keys follow the rule of :mod:`diffattn.ops._inputs` (an additive value at or below its threshold,
   :func:`~diffattn.ops._inputs.mask_floor`, is read as ``-inf``), and a row with every key masked gives 0 output
   and 0 gradient (its log-sum-exp is stored as +inf), like every backend.
@@ -52,19 +55,26 @@ them without a GPU. The interpreter mis-multiplies bfloat16 (it feeds the raw 16
 matmul), so under the interpreter bfloat16 dot operands are widened to float32 after the same rounding —
 numerically what a GPU's bf16 MMA with fp32 accumulation computes.
 
-Tiles on a GPU: a default per kernel and head width (:data:`_TILES`), and for the training forward and the
-single-pass backward a few alternatives that ``triton.autotune`` times on first use of each shape class
-(:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
-``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot) and held by the tests to
-no spills and wgmma for every dot, issued once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats
-another's dots. The forward masks only the tiles that need it (the causal diagonal, the last partial tile), the
-backward only the query blocks on its key block's diagonal or of a partial key block; causal blocks run
-longest-first. None of this has been timed on hardware yet. A launch that is not autotuned and runs out of shared
-memory or registers retries with smaller tiles.
+Addresses: batch and head offsets, a block's rows and the rows of a 4-D mask are 64-bit (a tensor may hold more
+than 2³¹ elements); offsets within one head and row indices of [B, H, T] are 32-bit, kept in range by the host
+(:func:`_kernel_layout`, :func:`_check_offsets`). Launches run under a device guard for the tensors' GPU
+(:func:`_on_device`: Triton launches on the current device).
+
+Tiles on a GPU: a default per kernel, head width and mask class (:data:`_TILES`, :data:`_MASK_TILES`), and for
+the training forward and the single-pass backward a few alternatives that ``triton.autotune`` times on first use of
+each shape class (:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
+``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot), without a mask, with key
+padding and with bool and additive 4-D masks, and held by the tests to no spills and wgmma for every dot, issued
+once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats another's dots. The forward masks only
+the tiles that need it (the causal diagonal, the last partial tile), the backward only the query blocks on its key
+block's diagonal or of a partial key block; causal blocks run longest-first. None of this has been timed on
+hardware yet. A launch that is not autotuned and runs out of shared memory or registers retries with smaller
+tiles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 
@@ -82,8 +92,9 @@ INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 #: Backward dQ scheme. True (default) = one pass over key blocks that also adds its share of dQ1, dQ2 with atomic
 #: float32 adds (FlashAttention-2): the FLOP ideal, every product a warpgroup MMA on sm_90. False = a second kernel
 #: over query blocks that recomputes QKᵀ and dO·Vᵀ (1.4x the ideal) but is bit-for-bit deterministic; it is also
-#: used under ``torch.use_deterministic_algorithms(True)`` and for heads wider than d = 64, dv = 128 (whose dK1,
-#: dK2, dV accumulators for 128 keys do not fit in registers).
+#: used under ``torch.use_deterministic_algorithms(True)``, for heads wider than d = 64, dv = 128 (whose dK1, dK2,
+#: dV accumulators for 128 keys do not fit in registers) and for d = 64, dv = 128 with a per-row 4-D mask. Read,
+#: like deterministic mode, when the backward runs.
 ATOMIC_DQ: bool = True
 
 #: Key splits of the forward when it needs no gradient (flash-decoding), or None for the heuristic: split only when
@@ -118,14 +129,18 @@ _MASK_FLOOR_F32 = tl.constexpr(mask_floor(torch.float32))
 @triton.jit
 def _fwd_tile(
     acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
-    MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
+    mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale,
     v_cols,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
     SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # one key tile of the forward: both maps' scores against it, their online-softmax updates, P_i·V.
     # MASKED = False: a tile every row of the block sees whole (below the causal diagonal, inside [0, S)), so no
-    # causal or bounds mask is formed; only a user mask (MASK_KIND) still applies there
+    # causal or bounds mask is formed; only a user mask (MASK_KIND) still applies there.
+    # Addresses: k1_base, k2_base, v_base point at this batch and KV head (64-bit), keys are 32-bit offsets from
+    # there (_kernel_layout keeps one head's span below 2³¹ elements); mask_base is the user mask at this batch
+    # (key padding), mask_rows the [BM] pointers to the block's rows in a 4-D mask (MASK_ROWS: 64-bit, since
+    # T · S may pass 2³¹)
     DT = k1_base.dtype.element_ty  # the input dtype: probabilities are rounded to it before the P·V product
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < S
@@ -156,10 +171,10 @@ def _fwd_tile(
         s2 = tl.where(keep, s2, float("-inf"))
     if MASK_KIND != 0:
         if MASK_ROWS:
-            mptr = MASK + m_off + h_row[:, None] * smh + t_row[:, None] * smt + offs_n[None, :] * sms
+            mptr = mask_rows[:, None] + offs_n[None, :] * sms
             mval = tl.load(mptr, mask=row_ok[:, None] & n_ok[None, :], other=0)
         else:  # key padding: one value per key, shared by every row of the block
-            mval = tl.load(MASK + m_off + offs_n * sms, mask=n_ok, other=0)[None, :]
+            mval = tl.load(mask_base + offs_n * sms, mask=n_ok, other=0)[None, :]
         s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
 
     acc1, m1, l1 = _online_softmax(acc1, m1, l1, s1, v, DT, PREC)
@@ -238,17 +253,19 @@ def _fwd_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
+    # 64-bit element offsets wherever a tensor may hold 2³¹ elements or more: batch and head offsets, this block's
+    # rows (they span query heads), the rows of a 4-D mask and of the outputs. 32-bit: keys within one KV head
+    # (_kernel_layout keeps each head's span below 2³¹) and row indices b·H·T + h·T + t (B·H·T < 2³¹, checked)
+    b64 = b.to(tl.int64)
+    h64 = h_row.to(tl.int64)
+    t64 = t_row.to(tl.int64)
 
     q_mask = row_ok[:, None] & d_ok[None, :]
-    q1 = tl.load(
-        Q1 + b * sq1b + h_row[:, None] * sq1h + t_row[:, None] * sq1t + offs_d[None, :], mask=q_mask, other=0.0
-    )
+    q1 = tl.load(Q1 + b64 * sq1b + (h64 * sq1h + t64 * sq1t)[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
     if SHARED_Q:
         q2 = q1
     else:
-        q2 = tl.load(
-            Q2 + b * sq2b + h_row[:, None] * sq2h + t_row[:, None] * sq2t + offs_d[None, :], mask=q_mask, other=0.0
-        )
+        q2 = tl.load(Q2 + b64 * sq2b + (h64 * sq2h + t64 * sq2t)[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
     if UPCAST:  # interpreter + bf16 only (see the module docstring); the values are exact in fp32
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
@@ -273,10 +290,15 @@ def _fwd_kernel(
     acc1 = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
     acc2 = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
 
-    k1_base = K1 + b * sk1b + hkv * sk1h
-    k2_base = K2 + b * sk2b + hkv * sk2h
-    v_base = V + b * svb + hkv * svh
-    m_off = b * smb
+    hkv64 = hkv.to(tl.int64)
+    k1_base = K1 + b64 * sk1b + hkv64 * sk1h
+    k2_base = K2 + b64 * sk2b + hkv64 * sk2h
+    v_base = V + b64 * svb + hkv64 * svh
+    mask_base = MASK  # None without a user mask
+    mask_rows = MASK
+    if MASK_KIND != 0:
+        mask_base = MASK + b64 * smb
+        mask_rows = mask_base + (h64 * smh + t64 * smt)  # the block's rows in a 4-D mask (MASK_ROWS)
     if SPLIT:  # SPLIT_LEN is a multiple of BLOCK_N, so no tile straddles two splits
         k_lo = tl.program_id(2) * SPLIT_LEN
         k_hi = tl.minimum(kend, k_lo + SPLIT_LEN)
@@ -291,13 +313,13 @@ def _fwd_kernel(
     for start_n in range(k_lo, k_mid, BLOCK_N):
         acc1, acc2, m1, m2, l1, l2 = _fwd_tile(
             acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
-            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale, v_cols,
+            mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale, v_cols,
             False, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N,
         )  # fmt: skip
     for start_n in range(k_mid, k_hi, BLOCK_N):
         acc1, acc2, m1, m2, l1, l2 = _fwd_tile(
             acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
-            MASK, m_off, smh, smt, sms, h_row, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale, v_cols,
+            mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, offs_dv, dv_ok, qk_scale, v_cols,
             True, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N,
         )  # fmt: skip
 
@@ -311,7 +333,7 @@ def _fwd_kernel(
     row_off = (b * H + h_row) * T + t_row
     o_mask = row_ok[:, None] & dv_ok[None, :]
     if SPLIT:
-        part = tl.program_id(2) * R + row_off
+        part = tl.program_id(2).to(tl.int64) * R + row_off
         p_ptr = part[:, None] * DV + offs_dv[None, :]
         tl.store(O1 + p_ptr, o1, mask=o_mask)
         tl.store(O2 + p_ptr, o2, mask=o_mask)
@@ -319,7 +341,7 @@ def _fwd_kernel(
         tl.store(LSE2 + part, tl.where(ok2, m2 + tl.log2(l2), float("-inf")), mask=row_ok)
     else:
         out = o1 - lam[:, None] * o2  # float32 subtraction (docs/methods.md §0.2)
-        o_ptr = row_off[:, None] * DV + offs_dv[None, :]
+        o_ptr = row_off.to(tl.int64)[:, None] * DV + offs_dv[None, :]
         tl.store(OUT + o_ptr, out.to(OUT.dtype.element_ty), mask=o_mask)
         tl.store(LSE1 + row_off, tl.where(ok1, m1 + tl.log2(l1), float("inf")), mask=row_ok)
         tl.store(LSE2 + row_off, tl.where(ok2, m2 + tl.log2(l2), float("inf")), mask=row_ok)
@@ -338,34 +360,39 @@ def _combine_kernel(
     # then O1 − λ·O2 in float32. A row that saw no key in any split keeps output 0 and lse +inf (see _fwd_kernel).
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < R
+    rows64 = rows.to(tl.int64)  # splits · R · DV may pass 2³¹
     offs_dv = tl.arange(0, BLOCK_DV)
     o_mask = ok[:, None] & (offs_dv < DV)[None, :]
     m1 = tl.full([BLOCK_R], float("-inf"), tl.float32)
     m2 = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for sp in range(0, NSPLIT):
-        m1 = tl.maximum(m1, tl.load(PL1 + sp * R + rows, mask=ok, other=float("-inf")))
-        m2 = tl.maximum(m2, tl.load(PL2 + sp * R + rows, mask=ok, other=float("-inf")))
+    part = rows64  # sp · R + rows, stepped in 64 bits (sp · R itself would be a 32-bit product)
+    for _sp in range(0, NSPLIT):
+        m1 = tl.maximum(m1, tl.load(PL1 + part, mask=ok, other=float("-inf")))
+        m2 = tl.maximum(m2, tl.load(PL2 + part, mask=ok, other=float("-inf")))
+        part += R
     m1_safe = tl.where(m1 == float("-inf"), 0.0, m1)
     m2_safe = tl.where(m2 == float("-inf"), 0.0, m2)
     l1 = tl.full([BLOCK_R], 0.0, tl.float32)
     l2 = tl.full([BLOCK_R], 0.0, tl.float32)
     acc1 = tl.full([BLOCK_R, BLOCK_DV], 0.0, tl.float32)
     acc2 = tl.full([BLOCK_R, BLOCK_DV], 0.0, tl.float32)
-    for sp in range(0, NSPLIT):
-        w1 = tl.exp2(tl.load(PL1 + sp * R + rows, mask=ok, other=float("-inf")) - m1_safe)
-        w2 = tl.exp2(tl.load(PL2 + sp * R + rows, mask=ok, other=float("-inf")) - m2_safe)
-        p_ptr = (sp * R + rows)[:, None] * DV + offs_dv[None, :]
+    part = rows64
+    for _sp in range(0, NSPLIT):
+        w1 = tl.exp2(tl.load(PL1 + part, mask=ok, other=float("-inf")) - m1_safe)
+        w2 = tl.exp2(tl.load(PL2 + part, mask=ok, other=float("-inf")) - m2_safe)
+        p_ptr = part[:, None] * DV + offs_dv[None, :]
         acc1 += w1[:, None] * tl.load(PO1 + p_ptr, mask=o_mask, other=0.0)
         acc2 += w2[:, None] * tl.load(PO2 + p_ptr, mask=o_mask, other=0.0)
         l1 += w1
         l2 += w2
+        part += R
     ok1 = l1 > 0.0
     ok2 = l2 > 0.0
     l1 = tl.where(ok1, l1, 1.0)
     l2 = tl.where(ok2, l2, 1.0)
     lam = tl.load(LAM + rows, mask=ok, other=0.0)  # rows index [B, H, T] like λ
     out = acc1 / l1[:, None] - lam[:, None] * (acc2 / l2[:, None])
-    tl.store(OUT + rows[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=o_mask)
+    tl.store(OUT + rows64[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=o_mask)
     tl.store(LSE1 + rows, tl.where(ok1, m1_safe + tl.log2(l1), float("inf")), mask=ok)
     tl.store(LSE2 + rows, tl.where(ok2, m2_safe + tl.log2(l2), float("inf")), mask=ok)
 
@@ -384,7 +411,8 @@ def _bwd_preprocess_kernel(
     ok = rows < R
     offs_dv = tl.arange(0, BLOCK_DV)
     o_mask = ok[:, None] & (offs_dv < DV)[None, :]
-    o_ptr = rows[:, None] * DV + offs_dv[None, :]
+    rows64 = rows.to(tl.int64)  # R · DV may pass 2³¹
+    o_ptr = rows64[:, None] * DV + offs_dv[None, :]
     do = tl.load(DO + o_ptr, mask=o_mask, other=0.0).to(tl.float32)
     delta1 = tl.reduce(do * tl.load(O1 + o_ptr, mask=o_mask, other=0.0).to(tl.float32), 1, _SUM)
     delta2 = tl.reduce(do * tl.load(O2 + o_ptr, mask=o_mask, other=0.0).to(tl.float32), 1, _SUM)
@@ -393,7 +421,7 @@ def _bwd_preprocess_kernel(
     tl.store(DLAM + rows, -delta2, mask=ok)
     if ZERO_DQ1:
         offs_d = tl.arange(0, BLOCK_D)
-        q_ptr = rows[:, None] * D + offs_d[None, :]
+        q_ptr = rows64[:, None] * D + offs_d[None, :]
         q_mask = ok[:, None] & (offs_d < D)[None, :]
         tl.store(DQ1 + q_ptr, tl.full([BLOCK_R, BLOCK_D], 0.0, tl.float32), mask=q_mask)
         if ZERO_DQ2:
@@ -426,20 +454,28 @@ def _bwd_dkdv_kernel(
     b = pid_bh // HKV
     hkv = pid_bh % HKV
     rep = H // HKV
+    loc_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < S
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
+    # addresses: 64-bit scalar offsets to this batch and KV head (below: each query head, and a mask's step),
+    # 32-bit offsets within one head (_kernel_layout keeps each head's span below 2³¹ elements) or a mask tile.
+    # No 64-bit vector lives across the loops (one did, and spilled)
+    b64 = b.to(tl.int64)
+    hkv64 = hkv.to(tl.int64)
     k_mask = n_ok[:, None] & d_ok[None, :]
-    k1 = tl.load(K1 + b * sk1b + hkv * sk1h + offs_n[:, None] * sk1s + offs_d[None, :], mask=k_mask, other=0.0)
+    k1 = tl.load(K1 + b64 * sk1b + hkv64 * sk1h + (offs_n[:, None] * sk1s + offs_d[None, :]), mask=k_mask, other=0.0)
     if SHARED_K:
         k2 = k1
     else:
-        k2 = tl.load(K2 + b * sk2b + hkv * sk2h + offs_n[:, None] * sk2s + offs_d[None, :], mask=k_mask, other=0.0)
+        k2 = tl.load(
+            K2 + b64 * sk2b + hkv64 * sk2h + (offs_n[:, None] * sk2s + offs_d[None, :]), mask=k_mask, other=0.0
+        )
     v = tl.load(
-        V + b * svb + hkv * svh + offs_n[:, None] * svs + offs_dv[None, :],
+        V + b64 * svb + hkv64 * svh + (offs_n[:, None] * svs + offs_dv[None, :]),
         mask=n_ok[:, None] & dv_ok[None, :],
         other=0.0,
     )
@@ -461,22 +497,32 @@ def _bwd_dkdv_kernel(
         m_full = (tl.maximum((pid_n + 1) * BLOCK_N - 1 - shift, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         m_full = tl.minimum(tl.maximum(m_full, m_lo), T)
     m_full = tl.where((pid_n + 1) * BLOCK_N > S, T, m_full)
+    if MASK_KIND != 0 and not MASK_ROWS:  # key padding: one value per key of this block, read once
+        key_mask = tl.load(MASK + b64 * smb + offs_n * sms, mask=n_ok, other=0)[:, None]
     for r in range(0, rep):
         h = hkv * rep + r
+        h64 = h.to(tl.int64)
         row_base = (b * H + h) * T
+        q1_head = Q1 + b64 * sq1b + h64 * sq1h
+        q2_head = Q2 + b64 * sq2b + h64 * sq2h
+        row64 = tl.cast(row_base, tl.int64)
+        do_head = DO + row64 * DV
+        dq1_head = DQ1 + row64 * D
+        dq2_head = DQ2 + row64 * D
+        mask_head = MASK  # None without a user mask; else (a 4-D mask) at this batch and head
+        if MASK_ROWS:
+            mask_head = MASK + b64 * smb + h64 * smh
         for start_m in range(m_lo, T, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
+            offs_m = start_m + loc_m
             m_ok = offs_m < T
             q_mask = m_ok[:, None] & d_ok[None, :]
-            q1 = tl.load(Q1 + b * sq1b + h * sq1h + offs_m[:, None] * sq1t + offs_d[None, :], mask=q_mask, other=0.0)
+            q1 = tl.load(q1_head + (offs_m[:, None] * sq1t + offs_d[None, :]), mask=q_mask, other=0.0)
             if SHARED_Q:
                 q2 = q1
             else:
-                q2 = tl.load(
-                    Q2 + b * sq2b + h * sq2h + offs_m[:, None] * sq2t + offs_d[None, :], mask=q_mask, other=0.0
-                )
+                q2 = tl.load(q2_head + (offs_m[:, None] * sq2t + offs_d[None, :]), mask=q_mask, other=0.0)
             do = tl.load(
-                DO + (row_base + offs_m)[:, None] * DV + offs_dv[None, :],
+                do_head + (offs_m[:, None] * DV + offs_dv[None, :]),
                 mask=m_ok[:, None] & dv_ok[None, :],
                 other=0.0,
             )
@@ -495,10 +541,15 @@ def _bwd_dkdv_kernel(
             s2 = tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale
             if MASK_KIND != 0:
                 if MASK_ROWS:
-                    mptr = MASK + b * smb + h * smh + offs_m[None, :] * smt + offs_n[:, None] * sms
-                    mval = tl.load(mptr, mask=n_ok[:, None] & m_ok[None, :], other=0)
+                    # the step's first row in 64 bits (T · S may pass 2³¹), then 32-bit offsets within the tile
+                    step = mask_head + tl.cast(start_m, tl.int64) * smt  # (start_m: a Python int when interpreted)
+                    mval = tl.load(
+                        step + (loc_m[None, :] * smt + offs_n[:, None] * sms),
+                        mask=n_ok[:, None] & m_ok[None, :],
+                        other=0,
+                    )
                 else:
-                    mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[:, None]
+                    mval = key_mask
                 s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
             # queries past T load lse = +inf, so their P is 0 unmasked; causality and the key bounds are applied
             # only where this block needs them (the diagonal blocks, a partial key block)
@@ -525,23 +576,23 @@ def _bwd_dkdv_kernel(
             if ATOMIC_DQ:
                 # dQᵀ = Kᵀ dSᵀ, [d, BM]: its rows are the head dim (64), not the few query rows of the step, so
                 # this product is a warpgroup MMA too (dS·K would have BM = 16–32 rows: mma.sync only)
-                dq_ptr = (row_base + offs_m)[None, :] * D + offs_d[:, None]
+                dq_ptr = offs_m[None, :] * D + offs_d[:, None]
                 dq_mask = m_ok[None, :] & d_ok[:, None]
                 dq1 = tl.dot(tl.trans(k1), ds1, input_precision=PREC) * scale
                 dq2 = tl.dot(tl.trans(k2), ds2, input_precision=PREC) * scale
                 if SHARED_Q:
-                    tl.atomic_add(DQ1 + dq_ptr, dq1 + dq2, mask=dq_mask)
+                    tl.atomic_add(dq1_head + dq_ptr, dq1 + dq2, mask=dq_mask)
                 else:
-                    tl.atomic_add(DQ1 + dq_ptr, dq1, mask=dq_mask)
-                    tl.atomic_add(DQ2 + dq_ptr, dq2, mask=dq_mask)
+                    tl.atomic_add(dq1_head + dq_ptr, dq1, mask=dq_mask)
+                    tl.atomic_add(dq2_head + dq_ptr, dq2, mask=dq_mask)
 
-    kv_row = (b * HKV + hkv) * S + offs_n
-    tl.store(DK1 + kv_row[:, None] * D + offs_d[None, :], (dk1 * scale).to(DK1.dtype.element_ty), mask=k_mask)
+    kv_head = (b64 * HKV + hkv64) * S  # this batch and KV head's first row of [B, Hkv, S]
+    dk_ptr = kv_head * D + (offs_n[:, None] * D + offs_d[None, :])
+    tl.store(DK1 + dk_ptr, (dk1 * scale).to(DK1.dtype.element_ty), mask=k_mask)
     if not SHARED_K:
-        tl.store(DK2 + kv_row[:, None] * D + offs_d[None, :], (dk2 * scale).to(DK2.dtype.element_ty), mask=k_mask)
-    tl.store(
-        DV_ + kv_row[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=n_ok[:, None] & dv_ok[None, :]
-    )
+        tl.store(DK2 + dk_ptr, (dk2 * scale).to(DK2.dtype.element_ty), mask=k_mask)
+    dv_ptr = kv_head * DV + (offs_n[:, None] * DV + offs_dv[None, :])
+    tl.store(DV_ + dv_ptr, dv.to(DV_.dtype.element_ty), mask=n_ok[:, None] & dv_ok[None, :])
 
 
 @triton.jit
@@ -574,15 +625,21 @@ def _bwd_dq_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
+    # addresses: 64-bit scalar offsets to this batch and head (the mask: to this block's first row), 32-bit offsets
+    # within one head (_kernel_layout keeps each head's span below 2³¹ elements) and within a mask tile
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    hkv64 = hkv.to(tl.int64)
     q_mask = m_ok[:, None] & d_ok[None, :]
-    q1 = tl.load(Q1 + b * sq1b + h * sq1h + offs_m[:, None] * sq1t + offs_d[None, :], mask=q_mask, other=0.0)
+    q1 = tl.load(Q1 + b64 * sq1b + h64 * sq1h + (offs_m[:, None] * sq1t + offs_d[None, :]), mask=q_mask, other=0.0)
     if SHARED_Q:
         q2 = q1
     else:
-        q2 = tl.load(Q2 + b * sq2b + h * sq2h + offs_m[:, None] * sq2t + offs_d[None, :], mask=q_mask, other=0.0)
-    row_base = (b * H + h) * T
+        q2 = tl.load(Q2 + b64 * sq2b + h64 * sq2h + (offs_m[:, None] * sq2t + offs_d[None, :]), mask=q_mask, other=0.0)
+    row_base = (b * H + h) * T  # rows of [B, H, T] (32-bit); dO and dQ hold each row's DV or D elements
+    row64 = tl.cast(row_base, tl.int64)
     do = tl.load(
-        DO + (row_base + offs_m)[:, None] * DV + offs_dv[None, :], mask=m_ok[:, None] & dv_ok[None, :], other=0.0
+        DO + row64 * DV + (offs_m[:, None] * DV + offs_dv[None, :]), mask=m_ok[:, None] & dv_ok[None, :], other=0.0
     )
     if UPCAST:
         q1 = q1.to(tl.float32)
@@ -601,9 +658,15 @@ def _bwd_dq_kernel(
         kend = tl.minimum(tl.minimum((pid_m + 1) * BLOCK_M, T) + shift, S)
     else:
         kend = S
-    k1_base = K1 + b * sk1b + hkv * sk1h
-    k2_base = K2 + b * sk2b + hkv * sk2h
-    v_base = V + b * svb + hkv * svh
+    k1_base = K1 + b64 * sk1b + hkv64 * sk1h
+    k2_base = K2 + b64 * sk2b + hkv64 * sk2h
+    v_base = V + b64 * svb + hkv64 * svh
+    mask_base = MASK  # None without a user mask; else at this batch (and, for 4-D masks, head and first row)
+    if MASK_KIND != 0:
+        mask_base = MASK + b64 * smb
+        if MASK_ROWS:
+            mask_base += h64 * smh + (pid_m * BLOCK_M).to(tl.int64) * smt
+    loc_m = tl.arange(0, BLOCK_M)
     for start_n in range(0, kend, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
@@ -626,10 +689,10 @@ def _bwd_dq_kernel(
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
         if MASK_KIND != 0:
             if MASK_ROWS:
-                mptr = MASK + b * smb + h * smh + offs_m[:, None] * smt + offs_n[None, :] * sms
+                mptr = mask_base + (loc_m[:, None] * smt + offs_n[None, :] * sms)
                 mval = tl.load(mptr, mask=m_ok[:, None] & n_ok[None, :], other=0)
             else:
-                mval = tl.load(MASK + b * smb + offs_n * sms, mask=n_ok, other=0)[None, :]
+                mval = tl.load(mask_base + offs_n * sms, mask=n_ok, other=0)[None, :]
             s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
         p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
         p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
@@ -642,7 +705,7 @@ def _bwd_dq_kernel(
         else:
             dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
 
-    dq_ptr = (row_base + offs_m)[:, None] * D + offs_d[None, :]
+    dq_ptr = row64 * D + (offs_m[:, None] * D + offs_d[None, :])
     tl.store(DQ1 + dq_ptr, (dq1 * scale).to(DQ1.dtype.element_ty), mask=q_mask)
     if not SHARED_Q:
         tl.store(DQ2 + dq_ptr, (dq2 * scale).to(DQ2.dtype.element_ty), mask=q_mask)
@@ -667,8 +730,9 @@ def _pow2(n: int) -> int:
 # sm_90 (benchmarks/kernel_report.py; its registers, spills and dots per tile are in benchmarks/RESULTS.md), all on
 # 8 warps, none spilling:
 # * fwd: 128 query rows, so each of the two warpgroups owns 64 rows of every dot and none repeats another's QKᵀ
-#   (64 rows on 8 warps did: 1.33x / 1.50x the FLOP ideal); BLOCK_N 64 for d = dv = 64, 32 for dv = 128. Decode
-#   and short blocks (fewer than 128 rows) keep 64 x 64.
+#   (64 rows on 8 warps did: 1.33x / 1.50x the FLOP ideal); BLOCK_N 64 for d = dv = 64, 32 for dv = 128. Shorter
+#   blocks: fwd_mid (33–127 rows: 64-row tiles) and fwd_short (decoding, up to 32 rows: a tile of the row count);
+#   "v1" on 32 keys there (64 spilled, with a mask or at 16 rows even without: ptxas held them to 128 registers).
 # * dkdv_atomic (the default, single-pass backward): 128 keys per program, the 64 rows per warpgroup wgmma needs,
 #   32 / 16 queries per step to keep dK1, dK2, dV in registers; dQᵀ = Kᵀ·dSᵀ has the head dim (64) as rows, so all
 #   eight products per step are wgmma. Wide heads have none (their accumulators for 128 keys need more than 255
@@ -678,22 +742,64 @@ def _pow2(n: int) -> int:
 # "v2": d + dv <= 128 (d = dv = 64); "v1": <= 192 (d = 64, dv = 128); "wide": larger heads.
 _TILES = {
     "fwd": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 32)},
-    "fwd_short": {"v2": (64, 64), "v1": (64, 64), "wide": (32, 32)},
+    "fwd_mid": {"v2": (64, 64), "v1": (64, 32), "wide": (32, 32)},
+    "fwd_short": {"v2": (64, 64), "v1": (64, 32), "wide": (32, 32)},
     "dkdv": {"v2": (32, 128), "v1": (16, 128), "wide": (32, 32)},
     "dkdv_atomic": {"v2": (32, 128), "v1": (16, 128)},
     "dq": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 64)},
 }
 
+# Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
+# "rows": a per-row 4-D mask, bool or additive, [B, H|1, T, S], a mask tile loaded next to every score tile). On
+# _TILES the forward spilled 12–284 bytes on sm_90 with a 4-D mask, and "v2" heads 16–32 with key padding when S is
+# not a multiple of 16 (benchmarks/RESULTS.md). With a 4-D mask the forward takes half as many keys per step ("wide":
+# half as many rows), the single-pass backward of "v2" heads 16 queries per step, the wide dK/dV kernel 16. The
+# single-pass backward of "v1" heads spills with a mask tile at every tile and stage count tried (its dK1, dK2, dV
+# accumulators fill the registers), so with a 4-D mask those heads take the deterministic two-kernel backward (no
+# spills; 1.4x the backward FLOP ideal, not 1.0x).
+_MASK_TILES = {
+    "keys": {"fwd": {"v2": (128, 32)}, "fwd_mid": {"v2": (64, 32)}},
+    "rows": {
+        "fwd": {"v2": (128, 32), "v1": (128, 16), "wide": (16, 32)},
+        "fwd_mid": {"v2": (64, 32), "wide": (16, 32)},
+        "fwd_short": {"v2": (64, 16), "wide": (16, 32)},
+        "dkdv_atomic": {"v2": (16, 128)},  # no "v1": the two-kernel backward
+        "dkdv": {"wide": (16, 32)},
+    },
+}
 
-# Alternatives the autotuner times against the _TILES default on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
-# num_stages), for the kernels that dominate training: the forward and the single-pass backward. Every one was
-# compiled ahead of time for sm_90 with no spills and every dot a wgmma issued once (benchmarks/kernel_report.py
-# compiles them all, and tests/ops/test_kernel_report.py holds them to it), so whichever wins is a clean kernel.
+
+# A forward split over keys (no gradient, too few programs for the SMs: decoding, and prefill of a few long
+# prompts) stores float32 partial outputs instead of O1, O2: "v1" on 128-row tiles spilled 88–140 bytes on 32 keys.
+_SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
+
+
+def _mask_class(consts: dict) -> str:
+    """The mask class of a launch's constexprs: "none", "keys" (key padding) or "rows" (a per-row 4-D mask)."""
+    return "none" if consts["MASK_KIND"] == 0 else "rows" if consts["MASK_ROWS"] else "keys"
+
+
+# Alternatives the autotuner times against the default tiles on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
+# num_stages), for the kernels that dominate training: the forward and the single-pass backward, per mask class.
+# Every one was compiled ahead of time for sm_90 with no spills and every dot a wgmma issued once
+# (benchmarks/kernel_report.py compiles them all, with each kind of mask, and tests/ops/test_kernel_report.py holds
+# them to it), so whichever wins is a clean kernel.
+_DKDV_TUNING = {
+    "v2": [(32, 128, 8, 1), (16, 128, 8, 2), (32, 64, 4, 2)],
+    "v1": [(16, 128, 8, 1), (16, 64, 4, 1)],
+}
 _TUNING = {
-    "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 4, 2)], "v1": [(128, 32, 8, 3), (64, 32, 4, 2)]},
-    "dkdv_atomic": {
-        "v2": [(32, 128, 8, 3), (32, 128, 8, 1), (16, 128, 8, 2), (32, 64, 4, 2)],
-        "v1": [(16, 128, 8, 3)],
+    "none": {
+        "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
+        "dkdv_atomic": _DKDV_TUNING,
+    },
+    "keys": {
+        "fwd": {"v2": [(128, 32, 8, 3), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
+        "dkdv_atomic": _DKDV_TUNING,
+    },
+    "rows": {
+        "fwd": {"v2": [(128, 32, 8, 3), (64, 16, 4, 2)], "v1": [(128, 16, 8, 1), (64, 16, 4, 2)]},
+        "dkdv_atomic": {"v2": [(16, 128, 8, 1), (16, 64, 4, 2)]},
     },
 }
 
@@ -702,37 +808,38 @@ _TUNING = {
 AUTOTUNE: bool = True
 
 
-def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool = False) -> bool:
-    """Whether this launch is autotuned: a GPU, 16-bit inputs, a kernel and head-width class with alternatives,
-    and for the forward a training-size row count without key splits (decoding and short rows keep their
-    heuristic tile)."""
+def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool = False, mask: str = "none") -> bool:
+    """Whether this launch is autotuned: a GPU, 16-bit inputs, a kernel, head-width class and mask class (see
+    :func:`_mask_class`) with alternatives, and for the forward a training-size row count without key splits
+    (decoding and short rows keep their heuristic tile)."""
     if not AUTOTUNE or INTERPRETED or BLOCK_OVERRIDE is not None or fp32 or split:
         return False
-    return _width_class(d, dv) in _TUNING.get(kind, {}) and (kind != "fwd" or rows >= 128)
+    return _width_class(d, dv) in _TUNING[mask].get(kind, {}) and (kind != "fwd" or rows >= 128)
 
 
 def _candidates(
-    kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False
+    kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False, mask: str = "none"
 ) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) this launch may run with: the default first, then the
-    autotuner's alternatives when it is tuned."""
-    default = (*_blocks(kind, d, dv, rows, fp32), 2)
-    if not _tunable(kind, d, dv, rows, fp32, split):
+    autotuner's alternatives when it is tuned. ``mask``: the mask class (:func:`_mask_class`)."""
+    default = (*_blocks(kind, d, dv, rows, fp32, mask, split), 2)
+    if not _tunable(kind, d, dv, rows, fp32, split, mask):
         return [default]
-    return [default, *_TUNING[kind][_width_class(d, dv)]]
+    return [default, *_TUNING[mask][kind][_width_class(d, dv)]]
 
 
 _AUTOTUNERS: dict[tuple, object] = {}
 
 
-def _autotuner(kernel, kind: str, d: int, dv: int):
-    """The ``triton.autotune`` wrapper of ``kernel`` over this kind and width class's candidates (one per class,
-    made on first use). The atomic backward's dQ buffers are zeroed before every timed run and the final one."""
-    key = (kind, _width_class(d, dv))
+def _autotuner(kernel, kind: str, d: int, dv: int, mask: str = "none"):
+    """The ``triton.autotune`` wrapper of ``kernel`` over this kind, width class and mask class's candidates (one
+    per class, made on first use). The atomic backward's dQ buffers are zeroed before every timed run and the
+    final one."""
+    key = (kind, _width_class(d, dv), mask)
     if key not in _AUTOTUNERS:
         configs = [
             triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-            for bm, bn, w, st in _candidates(kind, d, dv, rows=1 << 30)
+            for bm, bn, w, st in _candidates(kind, d, dv, rows=1 << 30, mask=mask)
         ]
         _AUTOTUNERS[key] = triton.autotune(
             configs,
@@ -742,23 +849,36 @@ def _autotuner(kernel, kind: str, d: int, dv: int):
     return _AUTOTUNERS[key]
 
 
-def _blocks(kind: str, d: int, dv: int, rows: int, fp32: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) per kernel: :data:`_TILES` on a GPU. Float32 inputs (IEEE dots, twice the
-    bytes per tile) spill heavily at those sizes, so they get tiles half as long; a forward with fewer rows than
-    the tile (decoding: rows = (H/Hkv)·T) gets a tile of its row count."""
+def _blocks(
+    kind: str, d: int, dv: int, rows: int, fp32: bool = False, mask: str = "none", split: bool = False
+) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) per kernel: :data:`_TILES` on a GPU, or :data:`_MASK_TILES` where it has
+    tiles for the mask class, or :data:`_SPLIT_TILES` for a key-split forward. Float32 inputs (IEEE dots, twice
+    the bytes per tile) spill heavily at those sizes, so they get tiles half as long; a forward with fewer rows
+    than the tile (decoding: rows = (H/Hkv)·T) gets a tile of its row count."""
     if BLOCK_OVERRIDE is not None:
         return (*BLOCK_OVERRIDE, 4)
     if INTERPRETED:
         return 16, 16, 4
     cls = _width_class(d, dv)
     if kind == "fwd" and rows < 128:
-        kind = "fwd_short"
-    bm, bn = _TILES[kind][cls]
+        kind = "fwd_short" if rows <= 32 else "fwd_mid"
+    bm, bn = _MASK_TILES.get(mask, {}).get(kind, {}).get(cls) or _TILES[kind][cls]
+    if split:
+        bm, bn = _SPLIT_TILES.get(kind, {}).get(cls, (bm, bn))
     if fp32:
         bm, bn = max(16, bm // 2), max(16, bn // 2)
     if kind.startswith("fwd"):
         bm = min(bm, _pow2(rows))
     return bm, bn, 8
+
+
+def _compile_options(kind: str, rows: int) -> dict:
+    """Extra Triton compile options of a launch. Forwards of fewer than 128 rows (decoding, prefill and training
+    blocks of short sequences: 8 warps on 16–64-row tiles) get ``maxnreg`` = 255: ptxas otherwise held some of
+    them to 128 registers (two CTAs per SM) and spilled 16–80 bytes rather than use more
+    (benchmarks/kernel_report.py, the short, prefill and decode rows)."""
+    return {"maxnreg": 255} if kind == "fwd" and rows < 128 else {}
 
 
 def _width_class(d: int, dv: int) -> str:
@@ -767,9 +887,12 @@ def _width_class(d: int, dv: int) -> str:
     return "v2" if width <= 128 else "v1" if width <= 192 else "wide"
 
 
-def _single_pass_fits(d: int, dv: int) -> bool:
-    """Whether the one-pass (atomic dQ) backward has tiles for these head widths (not for "wide" heads)."""
-    return INTERPRETED or BLOCK_OVERRIDE is not None or _width_class(d, dv) in _TILES["dkdv_atomic"]
+def _single_pass_fits(d: int, dv: int, mask: str = "none") -> bool:
+    """Whether the one-pass (atomic dQ) backward has spill-free tiles for these head widths and mask class (not for
+    "wide" heads, nor for "v1" heads with a per-row 4-D mask: :data:`_MASK_TILES`)."""
+    if INTERPRETED or BLOCK_OVERRIDE is not None:
+        return True
+    return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("dkdv_atomic", _TILES["dkdv_atomic"])
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
@@ -799,14 +922,18 @@ def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
     """Launch with the autotuner where the launch is tuned (:func:`_tunable`; it skips configurations that run
     out of resources), else with the heuristic tiles; if the GPU runs out of shared memory or registers, halve
     BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class."""
-    if _tunable(kind, d, dv, rows, consts["PREC"] == "ieee", consts.get("SPLIT", False)):
-        _autotuner(kernel, kind, d, dv)[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
+    fp32, mask = consts["PREC"] == "ieee", _mask_class(consts)
+    if _tunable(kind, d, dv, rows, fp32, consts.get("SPLIT", False), mask):
+        tuner = _autotuner(kernel, kind, d, dv, mask)
+        tuner[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
         return
+    key = (*key, mask, consts.get("SPLIT", False))
     cached = None if BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
-    bm, bn, warps = cached or _blocks(kind, d, dv, rows, fp32=consts["PREC"] == "ieee")
+    bm, bn, warps = cached or _blocks(kind, d, dv, rows, fp32, mask, consts.get("SPLIT", False))
     while True:
         try:
-            kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=2)
+            options = dict(num_warps=warps, num_stages=2, **_compile_options(kind, rows))
+            kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, **options)
             if BLOCK_OVERRIDE is None:
                 _LAUNCH_CACHE[key] = (bm, bn, warps)
             return
@@ -841,8 +968,85 @@ def _mask_args(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, int, boo
     return mask, kind, rows, strides
 
 
-def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+def _on_device(device: torch.device):
+    """A CUDA device guard for ``device`` (Triton launches on the *current* device and its stream, so a tensor on
+    another GPU than the current one would otherwise be read by a kernel running elsewhere); nothing off CUDA."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+# What the kernels compute in 32 bits (everything else is 64-bit: batch and head offsets, a block's packed rows,
+# the rows of a 4-D mask): row indices of [B, H, T], offsets within one head of Q, K, V and of the outputs, and
+# within a mask row plus a block of mask rows. The host keeps each below 2³¹ (a strided view whose head spans more
+# is copied contiguous; what still does not fit is a clear error).
+_INT32_LIMIT = 2**31
+_MASK_ROW_BLOCK = 128  # the most query rows of one block a mask tile spans in 32 bits (BLOCK_M <= 128)
+
+
+def _head_span(x: torch.Tensor) -> int:
+    """Elements from the first of one [batch, head] slice of a 4-D tensor to its last, plus one."""
+    return (x.shape[2] - 1) * x.stride(2) + (x.shape[3] - 1) * x.stride(3) + 1
+
+
+def _mask_span(mask: torch.Tensor) -> int:
+    """Elements a mask tile's 32-bit offsets span: one row of keys plus a block of query rows (MASK_ROWS)."""
+    return (mask.shape[3] - 1) * mask.stride(3) + (min(mask.shape[2], _MASK_ROW_BLOCK) - 1) * mask.stride(2) + 1
+
+
+def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the kernels read it: a contiguous last dim, and one head's span within 32-bit offsets (a strided
+    view over more than 2³¹ elements per head, e.g. [B, S, H, d] transposed at millions of tokens, is copied)."""
+    return x if x.stride(-1) == 1 and _head_span(x) < _INT32_LIMIT else x.contiguous()
+
+
+_ALIGNED_MASK: list = [None]  # (weak reference to the last mask copied, its version, the copy)
+
+
+def _mask_aligned(mask: torch.Tensor) -> bool:
+    """Whether the kernels can read ``mask`` as it is: keys contiguous, every other stride (of a dim not broadcast)
+    and the start a multiple of 16 elements, and its tiles within 32-bit offsets."""
+    strides_ok = all(mask.stride(i) % 16 == 0 for i in range(3) if mask.shape[i] != 1)
+    keys_ok = mask.shape[3] == 1 or mask.stride(3) == 1
+    return strides_ok and keys_ok and mask.storage_offset() % 16 == 0 and _mask_span(mask) < _INT32_LIMIT
+
+
+def _mask_for_kernels(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``mask`` as the kernels read it. A mask whose rows do not start at multiples of 16 elements (S not a multiple
+    of 16, as transformers builds them for any other length) is copied into rows padded to a multiple of 16 (a view
+    of the first S columns): Triton cannot vectorise its loads otherwise, and on sm_90 the forward then spilled
+    hundreds of bytes (benchmarks/RESULTS.md). Called inside the ops at run time, like :func:`_causal_key_padding`;
+    the copy is remembered for the last mask by identity and version counter, so the layers of a model, forward and
+    backward, share one copy."""
+    if mask is None or _mask_aligned(mask):
+        return mask
+    version = None if mask.is_inference() else mask._version
+    cached = _ALIGNED_MASK[0]
+    if version is not None and cached is not None and cached[0]() is mask and cached[1] == version:
+        return cached[2]
+    s = mask.shape[3]
+    copy = torch.empty(*mask.shape[:3], _cdiv(s, 16) * 16, dtype=mask.dtype, device=mask.device)[..., :s]
+    copy.copy_(mask)
+    if version is not None:
+        _ALIGNED_MASK[0] = (weakref.ref(mask), version, copy)
+    return copy
+
+
+def _check_offsets(q1, k1, q2, k2, v, mask, b, h, t, s, d, dv) -> None:
+    """ValueError where an offset the kernels compute in 32 bits would overflow (see :data:`_INT32_LIMIT`)."""
+    problems = []
+    if b * h * t >= _INT32_LIMIT:
+        problems.append(f"B·H·T = {b * h * t} query rows (the kernels index rows in 32 bits)")
+    if max(t, s) * max(d, dv) >= _INT32_LIMIT:
+        problems.append(f"sequence {max(t, s)} × head width {max(d, dv)} elements in one head")
+    for name, x in (("q1", q1), ("k1", k1), ("q2", q2), ("k2", k2), ("v", v)):
+        if x is not None and _head_span(x) >= _INT32_LIMIT:
+            problems.append(f"{name} spans {_head_span(x)} elements in one head")
+    if mask is not None and _mask_span(mask) >= _INT32_LIMIT:
+        problems.append(f"the mask's tiles span {_mask_span(mask)} elements")
+    if problems:
+        raise ValueError(
+            f"diffattn triton: {'; '.join(problems)}: beyond 2³¹ − 1, the kernels' 32-bit offsets within a head; "
+            "use the chunked backend or split the batch"
+        )
 
 
 _CAUSAL_PADDING: list = [None]  # (weak reference to the last mask, its version, what it reduced to)
@@ -891,7 +1095,8 @@ def _common(q1, k1, q2, k2, v, mask, causal):
         padding = _causal_key_padding(mask, t, s)
         if padding is not None:
             mask, causal = padding, True
-    mask_t, mask_kind, mask_rows, mstrides = _mask_args(mask)
+    mask_t, mask_kind, mask_rows, mstrides = _mask_args(_mask_for_kernels(mask))
+    _check_offsets(q1, k1, q2, k2, v, mask_t if mask_rows else None, b, h, t, s, d, dv)
     shared_q, shared_k = q2 is None, k2 is None
     strides = (
         *_strides4(q1), *_strides4(q1 if shared_q else q2),
@@ -935,7 +1140,12 @@ def _fwd_impl(
     o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v2: the second half of V's
     columns (V = [v | v2]; forward without gradient only): read in place when it lies in v's storage with v's
     shape and strides (DiffLlama's value heads j and j + Hkv), else concatenated. Decided here, at run time,
-    because a traced graph (torch.compile, CUDA graphs) cannot look at storage."""
+    because a traced graph (torch.compile, CUDA graphs) cannot look at storage. Launches on q1's device."""
+    with _on_device(q1.device):
+        return _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2)
+
+
+def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2):
     v_half = 0
     if v2 is not None:
         if save_parts:  # the backward differentiates one V; the caller concatenates when it needs gradients
@@ -955,8 +1165,11 @@ def _fwd_impl(
     lse2 = torch.empty_like(lse1)
     rows = (h // hkv) * t
     r_total = b * h * t
-    bm, bn, _ = _blocks("fwd", d, dv, rows, fp32=consts["PREC"] == "ieee")
+    fp32, mask_class = consts["PREC"] == "ieee", _mask_class(consts)
+    bm, bn, _ = _blocks("fwd", d, dv, rows, fp32, mask_class)
     nsplit = 1 if save_parts else _num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
+    if nsplit > 1:  # the split forward's own tiles (_SPLIT_TILES): whole tiles of them per split
+        bn = max(bn, _blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
     nsplit = _cdiv(s, split_len)
     if nsplit > 1:  # per-split partial outputs, merged by _combine_kernel below
@@ -1013,8 +1226,7 @@ def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None):
     )
 
 
-@torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())
-def _bwd_op(
+def _bwd_impl(
     dout: torch.Tensor,
     q1: torch.Tensor,
     k1: torch.Tensor,
@@ -1032,10 +1244,27 @@ def _bwd_op(
     atomic_dq: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq1, dk1, dq2, dk2, dv, dlam); dq2/dk2 are empty when q2/k2 are shared (their gradient is inside
-    dq1/dk1). dlam: float32 [B, H, T]."""
+    dq1/dk1). dlam: float32 [B, H, T]. ``atomic_dq`` False forces the deterministic two-kernel backward; True
+    leaves the choice to this call, i.e. to when the backward runs (not the forward): the single-pass atomic one
+    unless :data:`ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or it has no
+    spill-free tiles for these heads and mask (:func:`_single_pass_fits`). Launches on q1's device."""
+    with _on_device(q1.device):
+        return _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq)
+
+
+# the backward as a custom op (opaque to torch.compile; fake implementation below)
+_bwd_op = torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())(_bwd_impl)
+
+
+def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq):
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
     dout = dout.contiguous()
-    atomic = atomic_dq and _single_pass_fits(d, dv)
+    atomic = (
+        atomic_dq
+        and ATOMIC_DQ
+        and not torch.are_deterministic_algorithms_enabled()
+        and _single_pass_fits(d, dv, _mask_class(consts))
+    )
     if atomic:  # float32 accumulators for the atomic adds (zeroed below), rounded to the input dtype at the end
         dq1 = torch.empty(q1.shape, device=q1.device, dtype=torch.float32)
         dq2 = torch.empty_like(dq1) if q2 is not None else dq1.new_empty(0)
@@ -1106,8 +1335,8 @@ def _setup_context(ctx, inputs, output):
     _, o1, o2, lse1, lse2 = output
     ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
     ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
-    # fixed when the forward runs, so a caller can scope the choice (or deterministic mode) to its call
-    ctx.atomic_dq = ATOMIC_DQ and not torch.are_deterministic_algorithms_enabled()
+    # the atomic or deterministic backward is not chosen here but when the backward runs (_bwd_op), so that
+    # torch.use_deterministic_algorithms(True) set between forward and backward is obeyed, as by PyTorch's own ops
 
 
 def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
@@ -1116,7 +1345,7 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
         raise RuntimeError("diffattn triton: backward through a forward that was run without saving for it")
     q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2 = ctx.saved_tensors
     dq1, dk1, dq2, dk2, dv, dlam = _bwd_op(
-        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, ctx.atomic_dq
+        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True
     )
     return (
         dq1,
@@ -1152,7 +1381,8 @@ def _in_place_halves(parts: tuple[torch.Tensor, ...]) -> int:
     if va.untyped_storage().data_ptr() != vb.untyped_storage().data_ptr():
         return 0
     offset = vb.storage_offset() - va.storage_offset()
-    return offset if offset > 0 else 0
+    # the kernel adds the offset to the second half within a head's 32-bit offsets
+    return offset if offset > 0 and offset + _head_span(va) < _INT32_LIMIT else 0
 
 
 def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
@@ -1164,11 +1394,11 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     # V as two halves goes to the forward as such when no gradient is needed (the kernel reads them in place
     # where it can); a training forward takes V whole, as its backward writes one dV
     halves = len(inp.v_parts) == 2 and not need_grad
-    q1, k1, v = (_lastdim_contiguous(x) for x in (inp.q1, inp.k1, inp.v_parts[0] if halves else inp.v))
-    v2 = _lastdim_contiguous(inp.v_parts[1]) if halves else None
+    q1, k1, v = (_kernel_layout(x) for x in (inp.q1, inp.k1, inp.v_parts[0] if halves else inp.v))
+    v2 = _kernel_layout(inp.v_parts[1]) if halves else None
     # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
-    q2 = None if inp.q2 is inp.q1 else _lastdim_contiguous(inp.q2)
-    k2 = None if inp.shares_keys else _lastdim_contiguous(inp.k2)
+    q2 = None if inp.q2 is inp.q1 else _kernel_layout(inp.q2)
+    k2 = None if inp.shares_keys else _kernel_layout(inp.k2)
     # λ as float32 [B, H, T] (a scalar or per-head λ is broadcast); autograd carries dλ back through the
     # broadcast to its own shape and dtype
     lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)

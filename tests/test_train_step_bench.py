@@ -1,0 +1,51 @@
+"""benchmarks/train_step.py (diffattn.bench.train_step): the precision it times — bf16 mixed precision by default on
+CUDA, as training runs there, fp32 on CPU, fp16 on request — and that it says which in its output."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import diffattn.ops
+from diffattn.bench import train_step
+
+
+def test_default_dtype_is_what_training_runs_in():
+    assert train_step.default_dtype("cuda") == "bf16" and train_step.default_dtype("cuda:1") == "bf16"
+    assert train_step.default_dtype("cpu") == "fp32"
+
+
+def test_a_bf16_step_runs_the_attention_in_bf16(monkeypatch):
+    # the step's forward runs under autocast: every attention call of the DIFF models gets bf16 inputs
+    seen = []
+    validate = diffattn.ops.validate
+
+    def recording(*args, **kwargs):
+        inp = validate(*args, **kwargs)
+        seen.append(inp.q1.dtype)
+        return inp
+
+    monkeypatch.setattr(diffattn.ops, "validate", recording)
+    model = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    train_step._step_fn(model, ids, "bf16")()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # float32 weights, as the trainer keeps
+    seen.clear()
+    train_step._step_fn(model, ids, "fp32")()
+    assert set(seen) == {torch.float32}
+
+
+def test_the_script_takes_dtype_and_prints_it(capsys, tmp_path):
+    out = tmp_path / "rows.json"
+    argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--dtype", "fp16"]
+    assert train_step.main([*argv, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "dtype=fp16" in text
+    header, row = text.strip().splitlines()[-2:]
+    assert "dtype" in header.split() and row.split()[:3] == ["debug", "16", "fp16"]
+    saved = json.loads(out.read_text())
+    assert saved["dtype"] == "fp16" and saved["rows"][0]["dtype"] == "fp16"
+    assert train_step.main(argv[:-2]) == 0  # no --dtype on a CPU: fp32
+    assert "dtype=fp32" in capsys.readouterr().out
