@@ -1,5 +1,5 @@
 """Training-step time, side by side: DIFF Transformer (our attention, ``auto`` backend) vs the same-size Llama
-baseline, with Hugging Face's own ``DiffLlama`` attention as a third column and DIFF V2 (methods.md §5: twice the
+baseline, with Hugging Face's own ``DiffLlama`` attention as a third column and DIFF V2 (docs/methods.md §5: twice the
 query heads, a per-token gate, the FFN narrowed to the same parameter count) as a fourth.
 
 One step = forward + backward + AdamW update on a random batch, the three models built from the same preset
