@@ -24,6 +24,7 @@ model); rows say so.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -855,6 +856,14 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
             digits=3,
         )  # fmt: skip
 
+    def pair_claim(base, diff, source, claim, paper, per_run, single, **spec):
+        """A DIFF claim of one (baseline, DIFF) pair: over seeds ``per_run(run)``; with one run each
+        ``single(source, claim, paper, ref_run, new_run)`` (see :func:`_dispatch`)."""
+        return _dispatch(
+            groups, base, diff, per_run, lambda r, n: single(source, claim, paper, r, n),
+            source=source, claim=claim, paper=paper, **spec,
+        )  # fmt: skip
+
     v2_models = {getattr(m, "group_name", m.name) for m in config.models if m.attention == "diff-v2"}
     for base, diff in _pairs(config):
         first = len(claims)
@@ -884,86 +893,36 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
                 base, diff,
             ),
         ]  # fmt: skip
-        claims.append(
-            _dispatch(
-                groups,
-                base,
-                diff,
+        pair = functools.partial(pair_claim, base, diff)
+
+        claims += [
+            pair(
+                "DIFF Transformer Table 2", "better retrieval in the paper's own cell", "N=6, R=2: 0.35 vs 0.85",
                 lambda n: _cell_value(_get(evals, n, "niah"), 6, 2),
-                lambda r, n: _niah_cell_claim(
-                    "DIFF Transformer Table 2",
-                    "better retrieval in the paper's own cell",
-                    "N=6, R=2: 0.35 vs 0.85",
-                    r,
-                    n,
-                    6,
-                    2,
-                    evals,
-                    seed,
-                ),
-                source="DIFF Transformer Table 2",
-                claim="better retrieval in the paper's own cell",
-                paper="N=6, R=2: 0.35 vs 0.85",
-                metric="per-needle credit at N=6, R=2",
-                claimed="higher",
-                digits=3,
-            )
-        )
-        claims.append(
-            _dispatch(
-                groups,
-                base,
-                diff,
+                lambda *a: _niah_cell_claim(*a, 6, 2, evals, seed),
+                metric="per-needle credit at N=6, R=2", claimed="higher", digits=3,
+            ),
+            pair(
+                "DIFF Transformer Fig. 5", "better retrieval across context lengths and depths",
+                "DIFF near-perfect across 4K–64K and all depths; the Transformer degrades",
                 lambda n: _heatmap_solved(_get(evals, n, "niah")),
-                lambda r, n: _niah_heatmap_claim(
-                    "DIFF Transformer Fig. 5",
-                    "better retrieval across context lengths and depths",
-                    "DIFF near-perfect across 4K–64K and all depths; the Transformer degrades",
-                    r,
-                    n,
-                    evals,
-                    seed,
-                ),
-                source="DIFF Transformer Fig. 5",
-                claim="better retrieval across context lengths and depths",
-                paper="DIFF near-perfect across 4K–64K and all depths; the Transformer degrades",
-                metric="heatmap prompts solved",
-                claimed="higher",
-                digits=3,
-            )
-        )
-        claims.append(
-            _dispatch(
-                groups,
-                base,
-                diff,
+                lambda *a: _niah_heatmap_claim(*a, evals, seed),
+                metric="heatmap prompts solved", claimed="higher", digits=3,
+            ),
+            pair(
+                "DIFF Transformer Fig. 6", "better many-shot in-context learning",
+                "+5.2 to +21.6 points at 64K-token prompts",
                 lambda n: _icl_at_largest(_get(evals, n, "icl", "many_shot")),
-                lambda r, n: _icl_shots_claim(
-                    "DIFF Transformer Fig. 6",
-                    "better many-shot in-context learning",
-                    "+5.2 to +21.6 points at 64K-token prompts",
-                    r,
-                    n,
-                    evals,
-                    seed,
-                ),
-                source="DIFF Transformer Fig. 6",
-                claim="better many-shot in-context learning",
-                paper="+5.2 to +21.6 points at 64K-token prompts",
-                metric="accuracy at the largest shot count",
-                claimed="higher",
-                digits=3,
-            )
-        )
-        source, claim = "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N"
-        paper = "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6"
-        gap = _dispatch(
-            groups,
-            base,
-            diff,
+                lambda *a: _icl_shots_claim(*a, evals, seed),
+                metric="accuracy at the largest shot count", claimed="higher", digits=3,
+            ),
+        ]  # fmt: skip
+        gap = pair(
+            "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N",
+            "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6",
             lambda n: _grid_growth(_get(evals, n, "niah")),
-            lambda r, n, s=source, c=claim, p=paper: _niah_gap_claim(s, c, p, r, n, evals, seed),
-            source=source, claim=claim, paper=paper, claimed="higher", digits=2,
+            lambda *a: _niah_gap_claim(*a, evals, seed),
+            claimed="higher", digits=2,
             metric="accuracy at the largest N − at the smallest N (difference = growth of the gap)",
         )  # fmt: skip
         claims.append(_ahead_at_largest_n(gap, groups, base, diff, evals))
@@ -972,43 +931,29 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
             ("hidden_states", "|hidden|", "smaller hidden-state outliers", "top-1 |hidden| 3608.6 vs 1688.2"),
         ):
             claims.append(
-                _dispatch(
-                    groups,
-                    base,
-                    diff,
+                pair(
+                    "DIFF Transformer Table 5", claim, paper,
                     lambda n, w=which: _get(evals, n, "outliers", w, "top1"),
-                    lambda r, n, w=which, lb=label, c=claim, p=paper: _outlier_claim(
-                        "DIFF Transformer Table 5", c, p, r, n, w, lb, evals, seed
-                    ),
-                    source="DIFF Transformer Table 5", claim=claim, paper=paper, metric=f"top-1 {label}",
-                    claimed="lower", digits=2,
+                    lambda s, c, p, r, n, w=which, lb=label: _outlier_claim(s, c, p, r, n, w, lb, evals, seed),
+                    metric=f"top-1 {label}", claimed="lower", digits=2,
                 )
             )  # fmt: skip
-        source, claim = "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits"
-        paper = "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more"
-        claims.append(
-            _dispatch(
-                groups,
-                base,
-                diff,
+        claims += [
+            pair(
+                "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits",
+                "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more",
                 lambda n: _quant_drop(_get(evals, n, "quant")),
-                lambda r, n, s=source, c=claim, p=paper: _quant_claim(s, c, p, r, n, evals, seed),
-                source=source, claim=claim, paper=paper, metric="NLL increase at the lowest width",
-                claimed="lower", digits=4,
-            )
-        )  # fmt: skip
-        source, claim = "DIFF Transformer Fig. 7", "more robust to the order of demonstrations"
-        paper = "TREC margin 19.0 vs 4.0 (random order)"
-        claims.append(
-            _dispatch(
-                groups,
-                base,
-                diff,
+                lambda *a: _quant_claim(*a, evals, seed),
+                metric="NLL increase at the lowest width", claimed="lower", digits=4,
+            ),
+            pair(
+                "DIFF Transformer Fig. 7", "more robust to the order of demonstrations",
+                "TREC margin 19.0 vs 4.0 (random order)",
                 lambda n: _get(evals, n, "icl", "order_robustness", "arrangements", "random", "margin"),
-                lambda r, n, s=source, c=claim, p=paper: _icl_claim(s, c, p, r, n, evals),
-                source=source, claim=claim, paper=paper, metric="order margin (random)", claimed="lower", digits=3,
-            )
-        )  # fmt: skip
+                lambda *a: _icl_claim(*a, evals),
+                metric="order margin (random)", claimed="lower", digits=3,
+            ),
+        ]  # fmt: skip
         if diff in v2_models:  # the DIFF V1 paper's claims measured on a V2 model: the source says so
             claims[first:] = [c and replace(c, source=f"{c.source} (applied to V2)") for c in claims[first:]]
     from ..adapters.registry import get_method
