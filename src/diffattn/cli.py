@@ -121,12 +121,15 @@ def _bench_device(asked: str | None) -> str:
 def cmd_bench_train_step(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench.train_step import format_table, rows_as_dicts, run_train_step_benchmark
+    from .bench.train_step import DTYPES, default_dtype, format_table, rows_as_dicts, run_train_step_benchmark
 
     presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
     device = _bench_device(args.device)
+    dtype = args.dtype or default_dtype(device)
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(sorted(DTYPES))}, got {dtype!r}")
     print(
-        f"train-step benchmark: device={device}, batch={args.batch}, median of {args.reps}, "
+        f"train-step benchmark: device={device}, dtype={dtype}, batch={args.batch}, median of {args.reps}, "
         f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW",
         flush=True,
     )
@@ -137,11 +140,12 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         reps=args.reps,
         device=device,
         progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
+        dtype=dtype,
     )
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "rows": rows_as_dicts(rows)}, f, indent=2)
+            json.dump({"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}, f, indent=2)
     return 0
 
 
@@ -566,8 +570,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seq-lens", default="512,1024")
     b.add_argument("--batch", type=int, default=2)
     b.add_argument("--reps", type=int, default=5)
-    b.add_argument("--device", default=None)
-    b.add_argument("--json", default=None)
+    b.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    b.add_argument(
+        "--dtype",
+        default=None,
+        help="bf16 / fp16: mixed precision (autocast, float32 weights), as training runs on a GPU; fp32. "
+        "Default: bf16 on CUDA, fp32 on CPU",
+    )
+    b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)
     return parser
 

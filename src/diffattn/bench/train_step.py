@@ -14,9 +14,7 @@ tiles; the deterministic dQ kernel spills 1,392 bytes there, benchmarks/RESULTS.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -135,46 +133,8 @@ def rows_as_dicts(rows: list[StepRow]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``benchmarks/train_step.py``: ``diffattn bench train-step``'s options, and ``--dtype``."""
-    from ..cli import _bench_device, _positive_ints
+    """``benchmarks/train_step.py``: ``diffattn bench train-step`` with the same options (one home: the command line's
+    parser and :func:`diffattn.cli.cmd_bench_train_step`)."""
+    from ..cli import main as cli_main
 
-    parser = argparse.ArgumentParser(description="training step time: DIFF vs baseline vs HF DiffLlama vs DIFF V2")
-    parser.add_argument("--presets", default="tiny,small")
-    parser.add_argument("--seq-lens", default="512,1024")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    parser.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default=None,
-        help="bf16 / fp16: mixed precision (autocast, float32 weights), as training runs on a GPU; fp32. "
-        "Default: bf16 on CUDA, fp32 on CPU",
-    )
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    args = parser.parse_args(argv)
-    try:
-        presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
-        device = _bench_device(args.device)
-    except ValueError as err:
-        parser.error(str(err))
-    dtype = args.dtype or default_dtype(device)
-    print(
-        f"train-step benchmark: device={device}, dtype={dtype}, batch={args.batch}, median of {args.reps}, "
-        f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW",
-        flush=True,
-    )
-    rows = run_train_step_benchmark(
-        presets,
-        seq_lens,
-        batch=args.batch,
-        reps=args.reps,
-        device=device,
-        progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
-        dtype=dtype,
-    )
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}, f, indent=2)
-    return 0
+    return cli_main(["bench", "train-step", *(argv if argv is not None else sys.argv[1:])])
