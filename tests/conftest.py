@@ -68,6 +68,15 @@ def debug_models(tokenizer):
 
 
 @pytest.fixture(scope="session")
+def diff_folder(tmp_path_factory, tokenizer):
+    """A saved debug DIFF model with the eval tokenizer: what `diffattn eval` reads from a Hugging Face folder."""
+    folder = tmp_path_factory.mktemp("diff-model")
+    build_model("debug", "diff", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     rng = random.Random(0)

@@ -15,17 +15,9 @@ from diffattn import build_model
 from diffattn.cli import failure_line, main
 
 
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory, tokenizer):
-    folder = tmp_path_factory.mktemp("model")
-    build_model("debug", "diff", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def _damaged(model_folder, tmp_path, how: str):
+def _damaged(diff_folder, tmp_path, how: str):
     folder = tmp_path / how
-    shutil.copytree(model_folder, folder)
+    shutil.copytree(diff_folder, folder)
     if how == "garbage-config":
         (folder / "config.json").write_text("{garbage")
     elif how == "nan-config":
@@ -64,8 +56,8 @@ def _one_line(capsys, code: int, status: int, pattern: str) -> None:
         ("wrong-shape", r"cannot load a model from .*wrong-shape"),
     ],
 )
-def test_a_corrupt_model_folder_is_one_line_naming_it(how, pattern, model_folder, tmp_path, capsys):
-    folder = _damaged(model_folder, tmp_path, how)
+def test_a_corrupt_diff_folder_is_one_line_naming_it(how, pattern, diff_folder, tmp_path, capsys):
+    folder = _damaged(diff_folder, tmp_path, how)
     out = tmp_path / "eval"
     code = main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--tokens", "32", "--text", "filler"])
     _one_line(capsys, code, 2, pattern)
@@ -80,10 +72,10 @@ def test_a_corrupt_model_folder_is_one_line_naming_it(how, pattern, model_folder
         ("{tmp}/" + "x" * 300, r"File name too long"),
     ],
 )
-def test_an_unusable_out_is_one_line_naming_it(out, pattern, model_folder, tmp_path, capsys):
+def test_an_unusable_out_is_one_line_naming_it(out, pattern, diff_folder, tmp_path, capsys):
     (tmp_path / "afile").write_text("precious")
     out = out.replace("{file}", str(tmp_path / "afile")).replace("{tmp}", str(tmp_path))
-    code = main(["eval", str(model_folder), "--suite", "ppl", "--out", out, "--tokens", "32", "--text", "filler"])
+    code = main(["eval", str(diff_folder), "--suite", "ppl", "--out", out, "--tokens", "32", "--text", "filler"])
     _one_line(capsys, code, 2, pattern)
     assert (tmp_path / "afile").read_text() == "precious"
 
@@ -123,11 +115,11 @@ def test_a_full_disk_is_a_fault_of_the_machine_and_an_unexpected_failure_names_i
     assert failure_line(ValueError("a\nb")) == ("a; b", 2)
 
 
-def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(model_folder, tmp_path, capsys, monkeypatch):
+def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(diff_folder, tmp_path, capsys, monkeypatch):
     """Loading never lets transformers ask [y/N] and run a folder's Python: an auto_map is refused with one line,
     nothing loaded; the explicit flag reaches transformers as trust_remote_code=True."""
     folder = tmp_path / "remote"
-    shutil.copytree(model_folder, folder)
+    shutil.copytree(diff_folder, folder)
     config = json.loads((folder / "config.json").read_text())
     config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}
     (folder / "config.json").write_text(json.dumps(config))
@@ -147,7 +139,7 @@ def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(model_folder
 
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", record)
     main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--trust-remote-code"])
-    main(["eval", str(model_folder), "--suite", "ppl", "--out", str(out)])
+    main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out)])
     assert seen == [True, False]
 
 
@@ -157,7 +149,7 @@ def test_build_model_with_a_bad_preset_is_the_librarys_error_with_a_sentence(pre
         build_model(preset, "diff")
 
 
-def test_a_planted_eval_marker_does_not_let_eval_replace_files(model_folder, tmp_path, capsys):
+def test_a_planted_eval_marker_does_not_let_eval_replace_files(diff_folder, tmp_path, capsys):
     """An evaluation folder is ours when its results.json repeats its marker's identity: a hand-made {"kind": "eval"}
     marker beside someone's files does not let `diffattn eval` write results and pictures there; a folder an
     evaluation made is evaluated into again."""
@@ -166,12 +158,12 @@ def test_a_planted_eval_marker_does_not_let_eval_replace_files(model_folder, tmp
     (out / ".diffattn").write_text('{"kind": "eval"}\n')
     (out / "ppl.png").write_text("my picture")
     args = ["--suite", "ppl", "--tokens", "32", "--text", "filler"]
-    code = main(["eval", str(model_folder), "--out", str(out), *args])
+    code = main(["eval", str(diff_folder), "--out", str(out), *args])
     _one_line(capsys, code, 2, r"holds files diffattn eval did not write")
     assert (out / "ppl.png").read_text() == "my picture" and not (out / "results.json").exists()
     ours = tmp_path / "ours"
-    assert main(["eval", str(model_folder), "--out", str(ours), *args]) == 0
-    assert main(["eval", str(model_folder), "--out", str(ours), *args]) == 0  # ours: evaluated again
+    assert main(["eval", str(diff_folder), "--out", str(ours), *args]) == 0
+    assert main(["eval", str(diff_folder), "--out", str(ours), *args]) == 0  # ours: evaluated again
 
 
 @pytest.mark.parametrize("content", [[1, 2, 3], {"method": "dex", "config": [1, 2]}, "text"])

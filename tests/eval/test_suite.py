@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from diffattn import build_model
 from diffattn.cli import main
 
 SMALL = [
@@ -26,14 +25,6 @@ SMALL = [
     "--niah-needles",
     "2",
 ]
-
-
-@pytest.fixture(scope="module")
-def diff_folder(tmp_path_factory, tokenizer):
-    folder = tmp_path_factory.mktemp("diff-model")
-    build_model("debug", "diff", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
