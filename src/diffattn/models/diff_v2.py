@@ -25,6 +25,8 @@ row permutation transformers' Llama conversion applies).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from transformers import LlamaConfig
@@ -49,6 +51,14 @@ class DiffTransformerV2Config(LlamaConfig):
     """A Llama config plus ``use_diff_v2`` (True: DIFF V2 attention; False: the baseline, same class)."""
 
     model_type = MODEL_TYPE
+    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")``): Llama's plan plus the gate. A colwise q_proj
+    # gives each rank a contiguous block of the 2H interleaved query heads (2h: map 1, 2h + 1: map 2), so whole
+    # pairs when H is a multiple of the ranks; a colwise lambda_proj gives it those heads' gates, and colwise k/v
+    # the key/value heads its pairs read (tests/train/test_tensor_parallel.py).
+    base_model_tp_plan: ClassVar[dict[str, str]] = {
+        **LlamaConfig.base_model_tp_plan,
+        "layers.*.self_attn.lambda_proj": "colwise",
+    }
 
     def __init__(self, use_diff_v2: bool = True, **kwargs):
         self.use_diff_v2 = bool(use_diff_v2)
