@@ -240,6 +240,7 @@ _ADAPT_FLAGS = {
     "model": "model.name",
     "method": "method.name",
     "merge": "method.merge",
+    "backend": "method.backend",
     "data": "data.source",
     "seq_len": "data.seq_len",
     "max_steps": "train.max_steps",
@@ -428,17 +429,22 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
     p.set_defaults(func=cmd_pretrain)
 
+    from .adapters import method_names, specs  # the registry: every method's name comes from its entry
+    from .ops import BACKENDS
+
     p = sub.add_parser(
         "adapt",
-        help="fine-tune a pretrained model with an adapter method (dex, daa, diffq, diffk, diffv, difflora) "
-        "or a control (lora, attn-ft, full-ft)",
+        help=f"fine-tune a pretrained model with an adapter method ({', '.join(method_names('method'))}) "
+        f"or a control ({', '.join(method_names('control'))})",
     )
     p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
     p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
-    p.add_argument("--method", help="a registered method or control (default dex; `diffattn info` lists them)")
-    p.add_argument("--merge", action="store_const", const=True, default=None, help="also write merged/ (dex, diffv)")
+    p.add_argument("--method", help="a registered method or control (`diffattn info` lists them)")
+    mergeable = ", ".join(s.name for s in specs() if s.mergeable)
+    p.add_argument("--merge", action="store_const", const=True, default=None, help=f"also write merged/ ({mergeable})")
+    p.add_argument("--backend", help=f"backend of the adapters' two-map attention op ({', '.join(BACKENDS)})")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
     p.add_argument("--seq-len", type=int, help="training sequence length (default 256)")
     p.add_argument("--max-steps", type=int, help="optimiser steps (default 200)")

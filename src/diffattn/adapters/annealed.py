@@ -1,10 +1,25 @@
-"""What the λ(t) methods share (DAA, DiffQ, DiffK: ``daa``; DiffV: ``input_diff``): their options (λ_init, the
-Dex Eq. 4 annealing), their annealed λ per layer, what they train (the attention modules, optionally lm_head),
-their paper recipes (DAA App. E.1/E.2) and the registry entry built from these."""
+"""The base of every λ(t) method (docs/methods.md §2.2): a method whose λ follows Dex Eq. 4 subclasses
+:class:`AnnealedOptions` for its options dataclass and so inherits, with no other file changed:
+
+* the options ``lambda_init`` (DIFF's per-layer schedule or a constant), ``anneal`` and ``anneal_steps`` (T), checked
+  when the config is made;
+* T's default from the run's length (``diffattn adapt`` fills an unset ``anneal_steps``:
+  :func:`diffattn.train.adapt_config.default_anneal_steps`);
+* :meth:`~AnnealedOptions.never_learns` / :meth:`~AnnealedOptions.check_learnable`: the refusal, before any training,
+  of a setting whose new parameters could never get a gradient (a method overrides ``never_learns`` to say when);
+* the registry's ``annealed`` (:attr:`diffattn.adapters.registry.MethodSpec.annealed`): the end-of-run check that
+  λ(t) moved, and ``diffattn info``.
+
+DAA, DiffQ, DiffK (``daa``), DiffV (``input_diff``) and the DIFF V2 retrofit (``diff_v2``) share more: the options
+of :class:`AnnealedMethodConfig` (``train_lm_head``), their annealed λ per layer, what they train (the attention
+modules, optionally lm_head), DAA's paper recipes (App. E.1/E.2) and the registry entry built from these
+(:func:`annealed_spec`). Dex subclasses :class:`AnnealedOptions` only (it trains other weights).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
 
@@ -15,32 +30,47 @@ from .registry import MethodSpec, Recipe
 
 
 @dataclass
-class AnnealedMethodConfig:
-    """Options shared by the λ(t)-annealed methods (DAA, DiffQ, DiffK, DiffV)."""
+class AnnealedOptions:
+    """The options of λ(t), Dex Eq. 4, and their checks: the base of every λ(t) method's config (module doc)."""
 
     lambda_init: str | float = "exponential"  # DIFF's per-layer schedule, or a constant
     anneal: bool = True  # False: λ = λ_learn from the start (ablation)
-    anneal_steps: int | None = None  # T of Dex Eq. 4; `diffattn adapt` defaults it (train.adapt.default_anneal_steps)
-    train_lm_head: bool = False  # also train lm_head (the paper's Llama runs)
+    anneal_steps: int | None = None  # T of Dex Eq. 4; `diffattn adapt` defaults it (adapt_config.default_anneal_steps)
+
+    # what to do instead, appended to check_learnable's refusal (a subclass whose never_learns can say something)
+    learnable_remedy: ClassVar[str] = ""
 
     def __post_init__(self):
         check_annealing(self.anneal, self.anneal_steps, type(self).__name__)
         check_lambda_init(self.lambda_init, f"{type(self).__name__}.lambda_init")
 
     def never_learns(self) -> str | None:
-        """None: unlike Dex with ``init="zero"``, no setting of these methods leaves a parameter without a gradient.
-
-        Their new weight (W_DAA, W_D) starts at the identity, so the second term is non-zero from step 0 (DAA,
-        DiffQ, DiffK: the second map equals the first, A2·V = O; DiffV: X·W_Dᵀ·W_Vᵀ = V) and λ_learn's gradient
-        (∝ that term, times α) is non-zero as soon as α > 0, even with ``anneal=False`` (α = 1 from step 0),
-        ``anneal_steps=1`` or ``lambda_init=0``; once λ ≠ 0 the new weight gets its gradient (∝ λ) too."""
+        """Why the method's new parameters could never receive a gradient under these options, or None if they can.
+        None here: a method whose new weight starts non-zero gets λ_learn's gradient as soon as α > 0."""
         return None
 
     def check_learnable(self) -> None:
-        """Nothing to refuse (see :meth:`never_learns`); here so every λ(t) config answers the same call."""
+        """Refuse (ValueError, with the remedy) options whose new parameters can never get a gradient."""
+        why = self.never_learns()
+        if why is not None:
+            remedy = f". {self.learnable_remedy}" if self.learnable_remedy else ""
+            raise ValueError(f"{type(self).__name__} would train nothing: {why}{remedy}")
 
 
-def annealed_lambda_for(config: AnnealedMethodConfig, layer_idx: int, state, device) -> AnnealedLambda:
+@dataclass
+class AnnealedMethodConfig(AnnealedOptions):
+    """Options shared by the λ(t) methods trained like DAA (DAA, DiffQ, DiffK, DiffV, the DIFF V2 retrofit).
+
+    None of DAA, DiffQ, DiffK, DiffV has a setting that leaves a parameter without a gradient (so
+    :meth:`never_learns` stays None): their new weight (W_DAA, W_D) starts at the identity, so the second term is
+    non-zero from step 0 (DAA, DiffQ, DiffK: the second map equals the first, A2·V = O; DiffV: X·W_Dᵀ·W_Vᵀ = V) and
+    λ_learn's gradient (∝ that term, times α) is non-zero as soon as α > 0, even with ``anneal=False`` (α = 1 from
+    step 0), ``anneal_steps=1`` or ``lambda_init=0``; once λ ≠ 0 the new weight gets its gradient (∝ λ) too."""
+
+    train_lm_head: bool = False  # also train lm_head (the paper's Llama runs)
+
+
+def annealed_lambda_for(config: AnnealedOptions, layer_idx: int, state, device) -> AnnealedLambda:
     return AnnealedLambda(lambda_init_schedule(layer_idx, config.lambda_init), state, config.anneal).to(device)
 
 
@@ -89,7 +119,6 @@ def annealed_spec(name: str, display: str, config: type, adapt, bench_variants, 
         config=config,
         adapt=lambda model, c, calibration=None: adapt(model, c),
         trained_names=attention_and_head_names,
-        annealed=True,
         paper_recipes=ANNEALED_PAPER_RECIPES,
         report_settings=kwargs.pop("report_settings", ("anneal_steps",)),
         bench_variants=bench_variants,

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..lambdas import HasLambda, annealed_lambda
 from ..lambdas import lambda_init_schedule as lambda_init_for_layer  # noqa: F401  (its old name here)
-from ..ops import diff_attention
+from ..ops import BACKENDS, diff_attention
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .model_types import (
@@ -132,7 +132,7 @@ class AdaptedAttention(nn.Module, HasLambda):
         self.spec = spec
         self.layer_idx = layer_idx
         self.method = method
-        self.backend = "auto"  # of the two-map op (diffattn.ops.diff_attention)
+        self.backend = "auto"  # of the two-map op (diffattn.ops.diff_attention); set_adapter_backend changes it
 
     def current_lambda(self) -> torch.Tensor:
         return self.method.current_lambda()
@@ -305,6 +305,16 @@ def adapted_model(
 def set_adapter_step(model: nn.Module, step: int) -> None:
     """Set the training step t of λ(t) (Dex Eq. 4) for every adapted layer."""
     adapted_model(model, "set_adapter_step")._diffattn_adapter.state.step = int(step)
+
+
+def set_adapter_backend(model: nn.Module, backend: str) -> None:
+    """Choose the backend of every adapted layer's two-map op (:func:`diffattn.ops.diff_attention`; ``auto`` by
+    default); ``diffattn adapt`` sets the run's ``method.backend``. One-map methods ignore it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    for module in adapted_model(model, "set_adapter_backend").modules():
+        if isinstance(module, AdaptedAttention):
+            module.backend = backend
 
 
 def remove_adapter(model: nn.Module) -> nn.Module:

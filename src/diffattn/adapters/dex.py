@@ -27,15 +27,17 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
+from ..lambdas import lambda_init_schedule
 from ..ops import diff_attention_maps
+from .annealed import AnnealedOptions
 from .base import AdaptedAttention, AdapterMethod, AnnealedLambda, remove_adapter, wrap_attention
 from .model_types import ModelTypeSpec, attention_modules, get_spec, head_layout, logit_scale, project_qkv
-from .registry import MethodSpec, PaperClaim, Recipe, register
+from .registry import SET_BY_ADAPT, MethodSpec, PaperClaim, Recipe, register
 
 logger = logging.getLogger(__name__)
 
@@ -44,18 +46,24 @@ DATA_DRIVEN_HEADS = ("entropy", "low-entropy", "importance")  # need calibration
 
 
 @dataclass
-class DexConfig:
+class DexConfig(AnnealedOptions):
+    """Dex's options; λ_init, ``anneal`` and T (``anneal_steps``), with their checks, from :class:`AnnealedOptions`."""
+
     heads: str | list[list[int]] = "entropy"  # a strategy, or an explicit list of head indices per layer
     k: int | None = None  # heads per layer (default: half of them)
     w_d: str = "per_head"  # per_head | shared
     init: str = "identity"  # identity | zero (Dex paper silent; DAA paper: identity for DEX)
-    lambda_init: str | float = "exponential"
-    anneal: bool = True
-    anneal_steps: int | None = None  # T of Eq. 4; required (>= 1) before training when anneal is on
     seed: int = 0  # for heads="random"
-    selected: list[list[int]] | None = field(default=None, repr=False)  # filled by adapt: what was chosen
+    # filled by adapt (what was chosen), so not an option a run may set
+    selected: list[list[int]] | None = field(default=None, repr=False, metadata={SET_BY_ADAPT: True})
+
+    learnable_remedy: ClassVar[str] = (
+        "Use init='identity' (the default), or keep init='zero' with anneal on, anneal_steps >= 2 and a non-zero "
+        "lambda_init"
+    )
 
     def __post_init__(self):
+        super().__post_init__()
         if isinstance(self.heads, str) and self.heads not in HEAD_SELECTIONS:
             allowed = ", ".join((*HEAD_SELECTIONS, "an explicit list per layer"))
             raise ValueError(f"DexConfig.heads must be one of {allowed}; got {self.heads!r}")
@@ -65,8 +73,6 @@ class DexConfig:
             raise ValueError(f"DexConfig.init must be zero or identity; got {self.init!r}")
         if self.k is not None and self.k < 1:
             raise ValueError(f"DexConfig.k must be >= 1 (heads per layer); got {self.k}")
-        check_annealing(self.anneal, self.anneal_steps, "DexConfig")
-        check_lambda_init(self.lambda_init, "DexConfig.lambda_init")
 
     def never_learns(self) -> str | None:
         """Why W_D and λ_learn could never receive a gradient under this config, or None if they can.
@@ -83,15 +89,6 @@ class DexConfig:
         if not isinstance(self.lambda_init, str) and float(self.lambda_init) == 0.0:
             return f"with init='zero' and lambda_init=0, λ(t) = α·λ_learn = 0 while W_D = 0: {why}"
         return None
-
-    def check_learnable(self) -> None:
-        """Refuse (ValueError, with the remedy) a config whose new parameters can never get a gradient."""
-        why = self.never_learns()
-        if why is not None:
-            raise ValueError(
-                f"DexConfig would train nothing: {why}. Use init='identity' (the default), or keep init='zero' "
-                "with anneal on, anneal_steps >= 2 and a non-zero lambda_init"
-            )
 
 
 class DexHeads(AdapterMethod):
@@ -371,7 +368,6 @@ register(
         trained_names=dex_trained_names,
         freeze=dex_trainable_parameters,
         merge=merge_dex,
-        annealed=True,
         differential_weights=("dex_w_d",),
         needs_calibration=_needs_calibration,
         config_from_saved=_config_from_saved,

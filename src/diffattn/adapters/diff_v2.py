@@ -62,11 +62,6 @@ class DiffV2Config(AnnealedMethodConfig):
             )
         return None
 
-    def check_learnable(self) -> None:
-        reason = self.never_learns()
-        if reason:
-            raise ValueError(f"DiffV2Config: {reason}")
-
 
 def _query_has_bias(spec, attn: nn.Module) -> bool:
     if spec.fused_qkv is not None:  # GPT-2's Conv1D always has one

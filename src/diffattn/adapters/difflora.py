@@ -191,6 +191,7 @@ register(
         adapt=lambda model, config, calibration=None: adapt_difflora(model, config),
         trained_names=difflora_trained_names,
         why_not_mergeable=TWO_MAPS,
+        identity_at_init=False,  # the fixed λ = 0.1 with A2 = A1 at init: O = (1 − λ)·(base attention output)
         paper_recipes={"*": DIFFLORA_PAPER},
         report_settings=("terms", "second_term", "rank", "lambda_init", "learn_lambda", "group_norm"),
         bench_variants=_bench_rows,

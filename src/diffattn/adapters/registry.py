@@ -10,13 +10,20 @@ and this table names a method. Each method module registers its entries when it 
 **Adding a method** (two files): write ``adapters/<name>.py`` with its config dataclass, its
 :class:`~diffattn.adapters.base.AdapterMethod` and an adapt function, ending with ``register(MethodSpec(...))``;
 add one import line to ``adapters/__init__.py``. ``diffattn adapt --method <name>``, experiments, reports, save/load
-and the benchmarks then know it. ``tests/adapters/test_registry.py`` does exactly this with a toy method.
+and the benchmarks then know it, and the conformance tests (``tests/adapters/test_conformance.py``: save/load,
+identity at init where the entry claims it, cached decoding, merge-or-refuse) run on it. A method whose λ follows
+Dex Eq. 4 subclasses :class:`diffattn.adapters.annealed.AnnealedOptions` for its config and so inherits λ_init,
+``anneal``, ``anneal_steps`` (defaulted from the run's length by ``diffattn adapt``), their checks and
+``check_learnable``; its entry is then :attr:`MethodSpec.annealed`. ``tests/adapters/test_registry.py`` and
+``tests/adapters/test_toy_method.py`` do exactly this with toy methods.
 
 This module imports nothing from the method modules (they import it), so the package has no import cycle.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +31,8 @@ from torch import nn
 
 ADAPTER, MERGED, FINAL = "adapter", "merged", "final"  # the result folders of an adapt run (diffattn.train.adapt)
 TWO_MAPS = "its second softmax map cannot be folded into a linear weight"  # why two-map methods do not merge
+# the metadata key of a config field that adapt fills in (Dex's chosen heads): saved, but not an option a run sets
+SET_BY_ADAPT = "set_by_adapt"
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,9 @@ class MethodSpec:
     freeze: Callable | None = None  # model -> trainable names, after freezing the rest (default: trained_names)
     merge: Callable | None = None  # model -> plain model of the base architecture; None: not mergeable
     why_not_mergeable: str = ""
-    annealed: bool = False  # λ follows Dex Eq. 4 (so "contributes nothing" is checked at the end of a run)
+    # the adapted model equals its base before training with the default options (λ(0) = 0, a zero-init update);
+    # the conformance tests check it where claimed (DiffLoRA's fixed λ = 0.1 scales the output by 1 − λ)
+    identity_at_init: bool = True
     # the attributes of the method's per-layer module (its AdapterMethod) that hold the weights of its λ(t) term
     # (Dex: "dex_w_d"); with every λ_learn of an annealed method they are its differential parameters, which get a
     # learning rate of their own (train.lambda_lr of `diffattn adapt`; adapters.differential_parameter_names)
@@ -112,6 +123,26 @@ class MethodSpec:
     @property
     def mergeable(self) -> bool:
         return self.merge is not None
+
+    @property
+    def annealed(self) -> bool:
+        """λ follows Dex Eq. 4: the config subclasses :class:`~diffattn.adapters.annealed.AnnealedOptions` (so
+        "contributes nothing" is checked at the end of a run, and ``anneal_steps`` defaults from its length)."""
+        from .annealed import AnnealedOptions  # here: annealed.py imports this module
+
+        return issubclass(self.config, AnnealedOptions)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The option names a run may set (``method.options``): the config's fields but those adapt fills in, the
+        method's own first (then those it inherits, e.g. the λ(t) options of AnnealedOptions)."""
+        mro = self.config.__mro__
+
+        def owner(name: str) -> int:  # 0: declared by the config class itself
+            return next(i for i, c in enumerate(mro) if name in inspect.get_annotations(c))
+
+        fields = [f for f in dataclasses.fields(self.config) if not f.metadata.get(SET_BY_ADAPT)]
+        return tuple(f.name for f in sorted(fields, key=lambda f: owner(f.name)))
 
     def load_config(self, saved: dict):
         return self.config_from_saved(saved) if self.config_from_saved else self.config(**saved)

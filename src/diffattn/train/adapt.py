@@ -52,6 +52,7 @@ from ..adapters import (
     set_adapter_step,
     trainable_parameters,
 )
+from ..adapters.base import set_adapter_backend
 from ..adapters.controls import LoRAControlConfig, NoOptions, lora_target_modules  # noqa: F401  (were here)
 from ..adapters.io import load_adapter  # noqa: F401  (importable from here before)
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
@@ -126,6 +127,7 @@ def prepare_model(config: AdaptRunConfig, model, train_ids: torch.Tensor | None 
             raise ValueError(f"{spec.display} with these options needs calibration batches from the training data")
         calibration = _calibration(train_ids, config.train.global_batch_size, config.data.calibration_batches)
     adapt(model, options, calibration)
+    set_adapter_backend(model, config.method.backend)
     trainable_parameters(model)
     return model, options
 

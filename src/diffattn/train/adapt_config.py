@@ -10,8 +10,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..adapters.annealed import AnnealedOptions
 from ..adapters.registry import get_method, method_names, specs
 from ..config import from_dict
+from ..ops import BACKENDS
 from .config import RetrievalMixFields, SectionedConfig, TrainConfig, setting_differences
 from .trainer import RunFolderError
 
@@ -58,7 +60,8 @@ class AdaptModelSection:
 class AdaptMethodSection:
     name: str = "dex"
     options: dict = field(default_factory=dict)  # fields of the method's config dataclass
-    merge: bool = False  # also write merged/ (dex, diffv)
+    merge: bool = False  # also write merged/ (the mergeable methods: `diffattn info` lists them)
+    backend: str = "auto"  # of the two-map op of the adapted attention (diffattn.ops.diff_attention), as model.backend
 
     def validate(self) -> None:
         if self.name not in method_names():
@@ -68,7 +71,9 @@ class AdaptMethodSection:
             raise ValueError(
                 f"--merge applies to {' and '.join(mergeable)} only; {self.name} cannot be folded into the base"
             )
-        allowed = [f.name for f in dataclasses.fields(get_method(self.name).config) if f.name != "selected"]
+        if self.backend not in BACKENDS:
+            raise ValueError(f"method.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        allowed = get_method(self.name).options
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
             raise ValueError(
@@ -161,7 +166,7 @@ class AdaptRunConfig(SectionedConfig):
     def _set(self, d: dict, dotted: str, value: object) -> None:
         # method.<field> is shorthand for method.options.<field>: --set method.rank=8
         section, _, key = dotted.partition(".")
-        if section == "method" and key not in ("name", "options", "merge"):
+        if section == "method" and key not in {f.name for f in dataclasses.fields(AdaptMethodSection)}:
             d["method"]["options"][key.removeprefix("options.")] = value
         else:
             super()._set(d, dotted, value)
@@ -169,18 +174,16 @@ class AdaptRunConfig(SectionedConfig):
     def method_config(self):
         """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
         the run's steps when unset). Raises ValueError for a config whose new parameters could never learn."""
-        cls = get_method(self.method.name).config
+        spec = get_method(self.method.name)
         options = dict(self.method.options)
-        names = {f.name for f in dataclasses.fields(cls)}
-        if "anneal_steps" in names and options.get("anneal_steps") is None:
+        if spec.annealed and options.get("anneal_steps") is None:
             options["anneal_steps"] = default_anneal_steps(self.train.max_steps)
         try:
-            method_config = cls(**options)
+            method_config = spec.config(**options)
         except TypeError as e:
             raise ValueError(f"bad options for method {self.method.name}: {e}") from e
-        check = getattr(method_config, "check_learnable", None)
-        if check is not None:  # T is known only here: Dex with init='zero' and T = 1 is refused now, not at the end
-            check()
+        if isinstance(method_config, AnnealedOptions):  # T is known only here: a no-op config is refused now
+            method_config.check_learnable()
         return method_config
 
 
