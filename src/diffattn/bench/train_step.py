@@ -18,7 +18,7 @@ import contextlib
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -47,6 +47,9 @@ class StepRow:
     batch: int
     ms: dict[str, float]
     dtype: str = "fp32"
+    #: CUDA, on request: MiB one step allocates at its peak beyond the weights and AdamW state resident before it
+    #: (gradients, activations, temporaries), per column
+    peak_mib: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
@@ -79,8 +82,10 @@ def run_train_step_benchmark(
     device: str | None = None,
     progress=None,
     dtype: str | None = None,
+    memory: bool = False,
 ) -> list[StepRow]:
-    """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`)."""
+    """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
+    ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
     if dtype not in DTYPES:
@@ -90,10 +95,11 @@ def run_train_step_benchmark(
         for n in seq_lens:
             if progress:
                 progress(f"{preset} seq {n} ({dtype})")
-            steps = {}
+            steps, models = {}, {}
             for name, (attention, backend) in COLUMNS.items():
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))
                 model.to(device).train()
+                models[name] = model
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
                 steps[name] = _step_fn(model, ids.to(device), dtype)
             for fn in steps.values():  # warm-up
@@ -108,8 +114,25 @@ def run_train_step_benchmark(
                     if device.startswith("cuda"):
                         torch.cuda.synchronize()
                     times[name].append(time.perf_counter() - t0)
-            rows.append(StepRow(preset, n, batch, {k: 1e3 * statistics.median(v) for k, v in times.items()}, dtype))
+            peak = _step_peak_mib(steps, models) if memory and device.startswith("cuda") else {}
+            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            rows.append(StepRow(preset, n, batch, ms, dtype, peak))
     return rows
+
+
+def _step_peak_mib(steps: dict, models: dict) -> dict[str, float]:
+    """Per column: ``torch.cuda.max_memory_allocated`` during one step, less what was allocated before it with that
+    model's gradients freed (all four models' weights and AdamW state stay resident)."""
+    out = {}
+    for name, step in steps.items():
+        models[name].zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        out[name] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    return out
 
 
 def format_table(rows: list[StepRow]) -> str:
