@@ -192,3 +192,36 @@ def test_a_damaged_results_json_of_an_experiment_is_named(tmp_path):
     (tmp_path / "results.json").write_text('{"suites": ')
     with pytest.raises(ValueError, match=r"results.json is not valid JSON .*rerun with --overwrite"):
         _eval_request(tmp_path / "results.json")
+
+
+def test_a_diff_folder_saved_by_a_newer_diffattn_is_one_line(diff_folder, tmp_path, capsys):
+    folder = tmp_path / "newer"
+    shutil.copytree(diff_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["diffattn"] = {"lambda_init": "exponential", "norm": "rms", "sliding_window": 64}
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "eval"
+    code = main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--tokens", "32", "--text", "filler"])
+    _one_line(capsys, code, 2, r"records option\(s\) sliding_window .*newer version.*upgrade diffattn")
+    assert not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        ({"format_version": 2}, r"adapter format 2, newer than this diffattn reads \(1\)"),
+        ({"config": {"heads": "all", "gate_temperature": 2.0}}, r"records option\(s\) gate_temperature .*newer"),
+    ],
+)
+def test_an_adapter_saved_by_a_newer_diffattn_is_refused_in_one_line(change, pattern, tmp_path):
+    from diffattn import DexConfig, adapt, load_adapter, save_adapter
+
+    from .tiny_models import tiny
+
+    folder = save_adapter(adapt(tiny("llama"), DexConfig(heads="all")), tmp_path / "adapter")
+    meta = json.loads((folder / "adapter_config.json").read_text())
+    if "config" in change:
+        change = {"config": {**meta["config"], **change["config"]}}
+    (folder / "adapter_config.json").write_text(json.dumps({**meta, **change}))
+    with pytest.raises(ValueError, match=pattern):
+        load_adapter(tiny("llama"), folder)

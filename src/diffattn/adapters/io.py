@@ -102,6 +102,23 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return meta, tensors
 
 
+def _refuse_newer(path, format_version, saved_options: dict, config_class) -> None:
+    """A folder written by a newer diffattn (a newer format, or options this version has no field for) is refused
+    in one line: guessing the unknown options' defaults would load a different model without a word."""
+    if not isinstance(format_version, int) or format_version > FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has adapter format {format_version!r}, newer than this diffattn reads ({FORMAT_VERSION}): "
+            "upgrade diffattn to load it"
+        )
+    known = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else None
+    unknown = sorted(set(saved_options) - known) if known is not None else []
+    if unknown:
+        raise ValueError(
+            f"{path} records option(s) {', '.join(unknown)} that this diffattn does not know (it was saved by a "
+            "newer version): upgrade diffattn to load it"
+        )
+
+
 def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None = None) -> nn.Module:
     """Adapt a fresh base ``model`` as the saved adapter was, and load its trained parameters (every one of
     them: a folder missing any is refused). ``method``: refuse a folder holding another method's adapter."""
@@ -129,7 +146,9 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
             f"than this one ({model.config.model_type!r}, {fingerprint[:12]}…)"
         )
     spec = get_method(saved)
-    config = spec.load_config(dict(meta["config"]))  # Dex: exactly the heads that were chosen
+    saved_options = dict(meta["config"])
+    _refuse_newer(path, meta.get("format_version", 1), saved_options, spec.config)
+    config = spec.load_config(saved_options)  # Dex: exactly the heads that were chosen
     spec.adapt(model, config, None)
     params = dict(model.named_parameters())
     problems = [n for n, t in tensors.items() if n not in params or params[n].shape != t.shape]

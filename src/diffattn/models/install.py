@@ -29,6 +29,12 @@ DIFF_MODEL_TYPES = ("diffllama", MODEL_TYPE)  # the model types our DIFF attenti
 def recorded_options(config, backend: str = "auto") -> DiffAttentionOptions:
     """The options ``config.diffattn`` records (the defaults where it records none)."""
     recorded = dict(getattr(config, "diffattn", None) or {})
+    unknown = sorted(set(recorded) - set(DiffAttentionOptions().to_config()))
+    if unknown:  # a newer diffattn's option: its default here could give other logits without a word
+        raise ValueError(
+            f"this model's config.diffattn records option(s) {', '.join(unknown)} that this diffattn does not know "
+            "(it was saved by a newer version): upgrade diffattn to load it"
+        )
     return DiffAttentionOptions(
         backend=backend,
         lambda_init=recorded.get("lambda_init", "exponential"),
