@@ -14,7 +14,7 @@ ifeq ($(origin PYTHON),undefined)
 endif
 PIP := $(PYTHON) -m pip
 
-.PHONY: install quickstart test test-slow lint bench
+.PHONY: install quickstart test test-slow lint bench gpu-report
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV) || { echo "could not make $(VENV) with $(BASE_PYTHON); on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 2; }
@@ -48,3 +48,9 @@ lint: install
 
 bench: install
 	$(PYTHON) -m diffattn bench attention
+
+# every GPU number in one run of at most ten minutes (benchmarks/gpu_report.py; OUT=dir to write elsewhere). On a lent
+# GPU the minutes count and the machine may have no index to install from, so install only when diffattn is missing.
+gpu-report:
+	@$(PYTHON) -c "import diffattn" 2>/dev/null || $(MAKE) install
+	$(PYTHON) benchmarks/gpu_report.py $(if $(OUT),--out $(OUT))
