@@ -432,11 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .adapters import method_names, specs  # the registry: every method's name comes from its entry
     from .ops import BACKENDS
 
-    p = sub.add_parser(
-        "adapt",
-        help=f"fine-tune a pretrained model with an adapter method ({', '.join(method_names('method'))}) "
-        f"or a control ({', '.join(method_names('control'))})",
+    adapt_help = (
+        f"fine-tune a pretrained model with an adapter method ({', '.join(method_names('method'))}) "
+        f"or a control ({', '.join(method_names('control'))})"
     )
+    p = sub.add_parser("adapt", help=adapt_help, description=adapt_help)
     p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
     p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
     p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
