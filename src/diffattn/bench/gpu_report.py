@@ -698,7 +698,8 @@ def run_report(out: Path, progress: Callable[[str], None]) -> dict:
         "sections": {name: {"status": "not run yet"} for name in SECTIONS},
         "targets": [],
     }
-    progress(f"GPU report on {report['device']['name']} (sm_{report['device']['capability']}); into {out}")
+    dev = report["device"]
+    progress(f"GPU report on {dev['name']} (sm_{dev['capability'].replace('.', '')}); into {out}")
     names = list(SECTIONS)
     for i, name in enumerate(names):
         later = sum(BUDGET_S[n] for n in names[i + 1 :])
