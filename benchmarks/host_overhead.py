@@ -5,7 +5,7 @@ alone breaks the decode target). Runs without a GPU.
 Usage: python benchmarks/host_overhead.py [--calls 2000] [--rounds 7] [--batch 1] [--heads 16] [--kv-heads 8]
                                           [--kv-len 1024]
 
-What is timed: ``diffattn.ops.triton_kernel.diff_attention_triton`` on a DiffLlama decoding step's inputs (one
+What is timed: ``diffattn.ops.triton.launch.diff_attention_triton`` on a DiffLlama decoding step's inputs (one
 query per sequence, V as two halves of the value heads, λ a scalar) after ``validate``, with every kernel launch
 replaced by a no-op — so the numbers are the library's own host work (argument checks, buffer allocation, tile
 choice, the custom-op dispatch), not Triton's launcher or the GPU. Two routes, interleaved round by round on the
@@ -43,15 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from diffattn.ops import _inputs
-    from diffattn.ops import triton_kernel as tk
+    from diffattn.ops.triton import launch, tuning
 
     class NoLaunch:  # kernels launched as kernel[grid](...)
         def __getitem__(self, grid):
             return lambda *a, **k: None
 
-    tk._launch = lambda *a, **k: None
-    tk._combine_kernel = tk._bwd_preprocess_kernel = NoLaunch()
-    tk.INTERPRETED = False
+    launch._launch = lambda *a, **k: None
+    launch._combine_kernel = launch._bwd_preprocess_kernel = NoLaunch()
+    tuning.INTERPRETED = False
 
     b, h, hkv, s, d = args.batch, args.heads, args.kv_heads, args.kv_len, args.head_dim
     q = torch.randn(b, 2 * h, 1, d)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inp = validate()
     compiling = torch.compiler.is_compiling
-    routes = {"validate": validate, "direct": lambda: tk.diff_attention_triton(inp)}
+    routes = {"validate": validate, "direct": lambda: launch.diff_attention_triton(inp)}
     routes["custom-op"] = routes["direct"]  # the same call, told it is being compiled: it takes the custom op
     samples: dict[str, list[float]] = {name: [] for name in routes}
     try:

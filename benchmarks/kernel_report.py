@@ -1,4 +1,4 @@
-"""Static report on the fused Triton kernels (diffattn/ops/triton_kernel.py), compiled ahead of time for a GPU
+"""Static report on the fused Triton kernels (diffattn/ops/triton/), compiled ahead of time for a GPU
 that need not be present: registers, spills, shared memory, which tensor-core instructions each matmul became,
 and the matmul FLOPs per query–key pair the kernels actually issue against the FLOP model's ideal.
 
@@ -285,7 +285,7 @@ class Launch:
     consts: dict  # constexpr keyword arguments, tiles included
     options: dict = field(default_factory=dict)  # num_warps / num_stages (absent = Triton's default)
     kind: str = ""
-    candidate: int = 0  # 0 = the default tiles; 1.. = the autotuner's alternatives (triton_kernel._TUNING)
+    candidate: int = 0  # 0 = the default tiles; 1.. = the autotuner's alternatives (tuning._TUNING)
     shape: tuple[int, ...] = ()  # B, H, HKV, T, S of the recorded problem
 
 
@@ -296,14 +296,20 @@ def _record_launches(
     import torch
     import triton
 
-    from diffattn.ops import triton_kernel as tk
+    from diffattn.ops.triton import backward, decode, forward, launch, tuning
 
-    for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_combine_kernel", "_bwd_preprocess_kernel"):
-        if not isinstance(getattr(tk, name), triton.runtime.jit.JITFunction):
-            raise RuntimeError(
-                "diffattn.ops.triton_kernel was imported with TRITON_INTERPRET=1, so its kernels are interpreted and "
-                "cannot be compiled; run this in a process without TRITON_INTERPRET"
-            )
+    kernels = (
+        forward._fwd_kernel,
+        backward._bwd_dkdv_kernel,
+        backward._bwd_dq_kernel,
+        decode._combine_kernel,
+        backward._bwd_preprocess_kernel,
+    )
+    if not all(isinstance(kernel, triton.runtime.jit.JITFunction) for kernel in kernels):
+        raise RuntimeError(
+            "diffattn.ops.triton was imported with TRITON_INTERPRET=1, so its kernels are interpreted and "
+            "cannot be compiled; run this in a process without TRITON_INTERPRET"
+        )
     dtype = getattr(torch, DTYPES[dtype_name])
     b, h, hkv, t, s = shape
     if kind == "decode":
@@ -329,14 +335,14 @@ def _record_launches(
     scale = d**-0.5
     recorded: list[Launch] = []
 
-    def launch(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
+    def record(kernel, grid_of, args, consts, kind_, d_, dv_, rows, *_rest, **_kw):
         # every configuration _launch may run on a GPU: the default tiles and, where the launch is autotuned, each
         # alternative the autotuner times (its retry on OutOfResources needs a GPU to trigger)
         fp32, split = consts["PREC"] == "ieee", consts.get("SPLIT", False)
-        candidates = tk._candidates(kind_, d_, dv_, rows, fp32, split, tk._mask_class(consts))
+        candidates = tuning._candidates(kind_, d_, dv_, rows, fp32, split, tuning._mask_class(consts))
         for i, (bm, bn, warps, stages) in enumerate(candidates):
             tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
-            options = {"num_warps": warps, "num_stages": stages, **tk._compile_options(kind_, rows)}
+            options = {"num_warps": warps, "num_stages": stages, **tuning._compile_options(kind_, rows)}
             recorded.append(Launch(kernel, tuple(args), {**consts, **tiles}, options, kind_, candidate=i))
 
     class Recorder:  # for the small kernels launched directly as kernel[grid](...)
@@ -351,27 +357,29 @@ def _record_launches(
             return run
 
     direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
-    names = ("_launch", *direct, "INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE")
-    saved = {n: getattr(tk, n) for n in names}
-    tk._launch = launch
+    patched = [(launch, n) for n in ("_launch", *direct)] + [
+        (tuning, n) for n in ("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE")
+    ]
+    saved = {(module, n): getattr(module, n) for module, n in patched}
+    launch._launch = record
     for name, kind_ in direct.items():
-        setattr(tk, name, Recorder(saved[name], kind_))
-    tk.INTERPRETED, tk.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
-    tk.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
+        setattr(launch, name, Recorder(saved[launch, name], kind_))
+    tuning.INTERPRETED, tuning.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
+    tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
     try:
         if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
-            tk._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, mask, causal, scale, False, v_heads[:, hkv:])
+            launch._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, mask, causal, scale, False, v_heads[:, hkv:])
         elif kind in ("fwd", "short", "decode", "prefill"):
-            tk._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, kind in ("fwd", "short"))
+            launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, kind in ("fwd", "short"))
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
             lse1, lse2 = empty(b, h, t, dt=torch.float32), empty(b, h, t, dt=torch.float32)
             atomic = kind in ("dkdv_atomic", "preprocess")
-            tk._bwd_op(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic)
+            launch._bwd_op(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic)
     finally:
-        for n, val in saved.items():
-            setattr(tk, n, val)
+        for (module, n), val in saved.items():
+            setattr(module, n, val)
     if kind in ("short", "prefill"):  # the forward at a short length: its own rows of the report
         for r in recorded:
             r.kind = kind if r.kind == "fwd" else r.kind

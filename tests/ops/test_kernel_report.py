@@ -40,7 +40,7 @@ kr = _load_script()
 # inline encoding in the outer loop, and a dot after the loops.
 TTGIR = """\
 #blocked = #ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [8, 1], order = [1, 0]}>
-#loc = loc("/x/triton_kernel.py":98:1)
+#loc = loc("/x/forward.py":98:1)
 #mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = [16, 64, 16]}>
 #mma1 = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [2, 4], instrShape = [16, 8]}>
 #shared = #ttg.nvmma_shared<{swizzlingByteWidth = 128, transposed = false, elementBitWidth = 16}>
@@ -205,7 +205,7 @@ def _check_contract(
         assert sorted(r["kind"] for r in defaults) == _launched_kinds(variant, mask, kinds, short_lengths), label
         assert all(r["config"]["mask"] == mask for r in defaults)
     if "fwd" in kinds and "dkdv_atomic" in kinds:
-        # the autotuner's alternatives (triton_kernel._TUNING, per mask class) are compiled too, with every mask,
+        # the autotuner's alternatives (tuning._TUNING, per mask class) are compiled too, with every mask,
         # and held to the same contract
         tuned = [r for r in kernels if r["config"]["candidate"] > 0]
         assert {r["kind"] for r in tuned} == {"fwd", "dkdv_atomic"}

@@ -13,6 +13,7 @@ three key orders, as one order's error may be luckily small) plus one float32 ul
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -221,30 +222,30 @@ def test_fully_masked_rows_finds_exactly_the_empty_rows(causal, t, s, layout):
 
 
 @pytest.fixture
-def triton_kernel(monkeypatch):
-    """The kernel module, interpreted on CPU: TRITON_INTERPRET=1 must be set when it is first imported (triton.jit
-    decides then) and while it runs; it is restored after the import so other modules still see a CPU without
-    Triton."""
+def triton_kernels(monkeypatch):
+    """The kernels, interpreted on CPU: TRITON_INTERPRET=1 must be set when they are first imported (triton.jit
+    decides then) and while they run; it is restored after the import so other modules still see a CPU without
+    Triton. Gives the module of their settings (diffattn.ops.triton.tuning)."""
     pytest.importorskip("triton", reason="triton is not installed (it is in the `test` extra)")
     cuda = torch.cuda.is_available()
-    if not cuda and "diffattn.ops.triton_kernel" not in sys.modules:
+    if not cuda and "diffattn.ops.triton.launch" not in sys.modules:
         saved = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1"
         try:
-            from diffattn.ops import triton_kernel as tk
+            importlib.import_module("diffattn.ops.triton.launch")  # imports, and so decorates, every kernel
         finally:
             if saved is None:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = saved
-    from diffattn.ops import triton_kernel as tk
+    from diffattn.ops.triton import tuning
 
     if not cuda:
-        if not tk.INTERPRETED:
+        if not tuning.INTERPRETED:
             pytest.skip("the Triton kernels were compiled (not interpreted) before this module set TRITON_INTERPRET=1")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(tk, "BLOCK_OVERRIDE", (16, 16))
-    return tk
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", (16, 16))
+    return tuning
 
 
 def _on(device, xs):
@@ -252,7 +253,7 @@ def _on(device, xs):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_triton_gives_fully_masked_rows_zero_output_and_gradient(triton_kernel, causal):
+def test_triton_gives_fully_masked_rows_zero_output_and_gradient(triton_kernels, causal):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     keep = _keep()
     empty = _empty_rows(keep, causal)
@@ -264,7 +265,7 @@ def test_triton_gives_fully_masked_rows_zero_output_and_gradient(triton_kernel, 
         _check([x.cpu() for x in got], gold, yard, empty, f"triton {form}")
 
 
-def test_triton_float16_finfo_min_is_minus_infinity(triton_kernel):
+def test_triton_float16_finfo_min_is_minus_infinity(triton_kernels):
     """float16's finfo.min (-65504) is a finite −94 500 in the kernel's log2 units: before the rule it left a fully
     masked row a softmax of its scores. Now it is -inf, output and gradients bit for bit those of a -inf mask."""
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,5 +1,5 @@
 """Tests of the fused Triton backend for two-map attention (DIFF Transformer Eq. 1, docs/methods.md §0;
-diffattn/ops/triton_kernel.py).
+diffattn/ops/triton/).
 
 Without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), at tiny shapes with 16 × 16
 tiles so that every case spans several, partly filled tiles; with CUDA the same tiny cases run compiled, and
@@ -29,7 +29,7 @@ from diffattn.ops._inputs import validate
 _CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if _CUDA else "cpu"
 
-# triton.jit picks compiled or interpreted when a kernel is *decorated*, i.e. when diffattn.ops.triton_kernel is
+# triton.jit picks compiled or interpreted when a kernel is *decorated*, i.e. when diffattn.ops.triton is
 # first imported. Without CUDA they must be interpreted, so the variable is set around that import — and restored
 # after it, so that the other test modules still see a CPU on which `triton` is not usable.
 _saved_env = os.environ.get("TRITON_INTERPRET")
@@ -37,7 +37,7 @@ if not _CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 try:
     pytest.importorskip("triton", reason="triton is not installed (it is in the `test` extra: pip install -e .[test])")
-    from diffattn.ops import triton_kernel
+    from diffattn.ops.triton import backward, forward, launch, layout, tuning
 finally:
     if _saved_env is None:
         os.environ.pop("TRITON_INTERPRET", None)
@@ -50,10 +50,10 @@ def _triton_mode(monkeypatch, request):
     if "gpu" in request.keywords:
         return
     if not _CUDA:
-        if not triton_kernel.INTERPRETED:
+        if not tuning.INTERPRETED:
             pytest.skip("the Triton kernels were compiled (not interpreted) before this module set TRITON_INTERPRET=1")
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter reads it while running, too
-    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", (16, 16))  # tiny shapes still span several tiles
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", (16, 16))  # tiny shapes still span several tiles
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -284,13 +284,13 @@ def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
     # transformers hands a padded batch's layers a [B, 1, T, S] bool mask = causality ∧ key padding (causal=False);
     # the backend reads it back as causal + key padding, so tiles above the diagonal are skipped, same result
     seen = []
-    launch = triton_kernel._launch
+    real_launch = launch._launch
 
     def recording(kernel, grid_of, args, consts, kind, *rest):
         seen.append((kind, consts["CAUSAL"], consts["MASK_ROWS"]))
-        return launch(kernel, grid_of, args, consts, kind, *rest)
+        return real_launch(kernel, grid_of, args, consts, kind, *rest)
 
-    monkeypatch.setattr(triton_kernel, "_launch", recording)
+    monkeypatch.setattr(launch, "_launch", recording)
     pad = _left_padding(2, s, 5)[:, None, None, :]
     hf_mask = torch.ones(t, s, dtype=torch.bool, device=DEVICE).tril(s - t) & pad
     check_against_reference(make_inputs(b=2, h=4, hkv=2, t=t, s=s), attn_mask=hf_mask, causal=False)
@@ -306,10 +306,10 @@ def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
 def test_value_halves_read_in_place(monkeypatch, split):
     # DiffLlama hands V over as its two halves (value heads j and j + Hkv of one tensor): a forward without
     # gradient reads them in place (an element offset, no concatenation), with or without key splits, GQA, T < S
-    monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", split)
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", split)
     seen = []
-    halves_of = triton_kernel._in_place_halves
-    monkeypatch.setattr(triton_kernel, "_in_place_halves", lambda p: (seen.append(halves_of(p)), seen[-1])[1])
+    halves_of = launch._in_place_halves
+    monkeypatch.setattr(launch, "_in_place_halves", lambda p: (seen.append(halves_of(p)), seen[-1])[1])
     q1, k1, q2, k2, _, lam = make_inputs(b=2, h=4, hkv=2, t=3, s=40)
     v_heads = torch.randn(2, 4, 40, 8, device=DEVICE)  # [B, 2·Hkv, S, d], as the KV cache holds them
     halves = (v_heads[:, :2], v_heads[:, 2:])
@@ -390,13 +390,13 @@ def test_low_precision_within_twice_plain_pytorch(dtype):
 
 def _record_kinds(monkeypatch) -> list[str]:
     kinds: list[str] = []
-    launch = triton_kernel._launch
+    real_launch = launch._launch
 
     def recording(kernel, grid_of, args, consts, kind, *rest):
         kinds.append(kind)
-        return launch(kernel, grid_of, args, consts, kind, *rest)
+        return real_launch(kernel, grid_of, args, consts, kind, *rest)
 
-    monkeypatch.setattr(triton_kernel, "_launch", recording)
+    monkeypatch.setattr(launch, "_launch", recording)
     return kinds
 
 
@@ -416,7 +416,7 @@ def test_deterministic_two_kernel_backward(monkeypatch, how):
     # after another, so even the atomic path repeats itself here; test_gpu_single_pass_and_deterministic_...)
     kinds = _record_kinds(monkeypatch)
     if how == "flag":
-        monkeypatch.setattr(triton_kernel, "ATOMIC_DQ", False)
+        monkeypatch.setattr(tuning, "ATOMIC_DQ", False)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(how == "deterministic mode")
     try:
@@ -429,23 +429,23 @@ def test_deterministic_two_kernel_backward(monkeypatch, how):
 def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
     # on a GPU the training forward and the single-pass backward are triton.autotune'd over the default tiles and
     # the _TUNING alternatives, the very list benchmarks/kernel_report.py compiles and checks for sm_90
-    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)
-    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
-    monkeypatch.setattr(triton_kernel, "_AUTOTUNERS", {})
-    for kind, kernel in (("fwd", triton_kernel._fwd_kernel), ("dkdv_atomic", triton_kernel._bwd_dkdv_kernel)):
-        tuner = triton_kernel._autotuner(kernel, kind, 64, 64)
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "_AUTOTUNERS", {})
+    for kind, kernel in (("fwd", forward._fwd_kernel), ("dkdv_atomic", backward._bwd_dkdv_kernel)):
+        tuner = tuning._autotuner(kernel, kind, 64, 64)
         tiles = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs]
-        assert tiles == triton_kernel._candidates(kind, 64, 64, rows=4096) and len(tiles) > 1
-        assert tiles[0] == (*triton_kernel._TILES[kind]["v2"], 8, 2)  # the default first
+        assert tiles == tuning._candidates(kind, 64, 64, rows=4096) and len(tiles) > 1
+        assert tiles[0] == (*tuning._TILES[kind]["v2"], 8, 2)  # the default first
         assert {"N_BUCKET", "D", "DV", "CAUSAL"} <= set(tuner.keys)
         assert tuner.reset_to_zero == (["DQ1", "DQ2"] if kind == "dkdv_atomic" else [])
-    assert triton_kernel._tunable("fwd", 64, 128, rows=4096, fp32=False)
-    assert not triton_kernel._tunable("fwd", 64, 128, rows=4, fp32=False)  # decoding keeps its heuristic tile
-    assert not triton_kernel._tunable("fwd", 64, 128, rows=4096, fp32=True)  # fp32: half tiles, not tuned
-    assert not triton_kernel._tunable("dq", 64, 128, rows=4096, fp32=False)
-    assert not triton_kernel._tunable("dkdv_atomic", 128, 256, rows=4096, fp32=False)  # wide: two-kernel
-    monkeypatch.setattr(triton_kernel, "INTERPRETED", True)
-    assert triton_kernel._candidates("fwd", 64, 64, rows=4096) == [(16, 16, 4, 2)]  # interpreter: no tuning
+    assert tuning._tunable("fwd", 64, 128, rows=4096, fp32=False)
+    assert not tuning._tunable("fwd", 64, 128, rows=4, fp32=False)  # decoding keeps its heuristic tile
+    assert not tuning._tunable("fwd", 64, 128, rows=4096, fp32=True)  # fp32: half tiles, not tuned
+    assert not tuning._tunable("dq", 64, 128, rows=4096, fp32=False)
+    assert not tuning._tunable("dkdv_atomic", 128, 256, rows=4096, fp32=False)  # wide: two-kernel
+    monkeypatch.setattr(tuning, "INTERPRETED", True)
+    assert tuning._candidates("fwd", 64, 64, rows=4096) == [(16, 16, 4, 2)]  # interpreter: no tuning
 
 
 @pytest.mark.parametrize(("t", "s", "lam_kind"), [(1, 37, "head"), (3, 50, "head"), (3, 50, "token"), (40, 64, "head")])
@@ -453,7 +453,7 @@ def test_split_kv_decode_forward(monkeypatch, t, s, lam_kind):
     # (40, 64): causal rows past a tile, so splits start beyond some row blocks' unmasked tiles
     # flash-decoding: keys split over 3 programs per row block and merged; batch 0's padding empties the first
     # split, batch 1 is fully padded (no key anywhere: output 0)
-    monkeypatch.setattr(triton_kernel, "SPLIT_OVERRIDE", 3)
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", 3)
     q1, k1, q2, k2, v, lam = make_inputs(b=2, h=4, hkv=2, t=t, s=s, lam_kind=lam_kind)
     pad = torch.ones(2, s, dtype=torch.bool, device=DEVICE)
     pad[0, :20] = False
@@ -668,7 +668,7 @@ def test_gpu_single_pass_and_deterministic_backwards_agree(monkeypatch, dv):
     # gives bit-identical gradients run to run
     args = _gpu_inputs(2, 16, 4, 2048, 2048, 64, dv, torch.bfloat16)
     fast = _grads_of("triton", args)
-    monkeypatch.setattr(triton_kernel, "ATOMIC_DQ", False)
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", False)
     slow, again = _grads_of("triton", args), _grads_of("triton", args)
     assert all(torch.equal(a, b) for a, b in zip(slow, again, strict=True))
     for name, a, b in zip(NAMES, fast, slow, strict=True):
@@ -740,11 +740,9 @@ def test_diffllama_generation_on_the_triton_backend(monkeypatch):
     # a left-padded batch: the prefill's causal ∧ padding mask is read back as causal + key padding, every
     # decoding step reads V's two halves in place; tokens and logits are the reference backend's
     offsets, paddings = [], []
-    halves_of, padding_of = triton_kernel._in_place_halves, triton_kernel._causal_key_padding
-    monkeypatch.setattr(triton_kernel, "_in_place_halves", lambda p: (offsets.append(halves_of(p)), offsets[-1])[1])
-    monkeypatch.setattr(
-        triton_kernel, "_causal_key_padding", lambda *a: (paddings.append(padding_of(*a)), paddings[-1])[1]
-    )
+    halves_of, padding_of = launch._in_place_halves, launch._causal_key_padding
+    monkeypatch.setattr(launch, "_in_place_halves", lambda p: (offsets.append(halves_of(p)), offsets[-1])[1])
+    monkeypatch.setattr(launch, "_causal_key_padding", lambda *a: (paddings.append(padding_of(*a)), paddings[-1])[1])
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     attention_mask = torch.ones(2, 9, dtype=torch.long, device=DEVICE)
     attention_mask[0, :3] = 0
@@ -803,10 +801,10 @@ def test_autotuned_launch_path_runs_every_candidate_and_matches(monkeypatch):
     # between the timed runs and before the final one; then output and gradients against the reference
     import diffattn.ops
 
-    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)  # GPU tiles and the tuned path, still interpreted
+    monkeypatch.setattr(tuning, "INTERPRETED", False)  # GPU tiles and the tuned path, still interpreted
     monkeypatch.setattr(diffattn.ops, "triton_unsupported", lambda inp: None)  # it reads INTERPRETED too
-    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
-    monkeypatch.setattr(triton_kernel, "_AUTOTUNERS", {})
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "_AUTOTUNERS", {})
     ran: list[tuple[str, int, int]] = []
     clock = iter(range(1000, 0, -1))
 
@@ -815,21 +813,21 @@ def test_autotuned_launch_path_runs_every_candidate_and_matches(monkeypatch):
         t = float(next(clock))
         return [t, t, t]
 
-    autotune = triton_kernel.triton.autotune
+    autotune = tuning.triton.autotune
     monkeypatch.setattr(
-        triton_kernel.triton, "autotune", lambda configs, **kw: autotune(configs, do_bench=stand_in_timer, **kw)
+        tuning.triton, "autotune", lambda configs, **kw: autotune(configs, do_bench=stand_in_timer, **kw)
     )
-    launch = triton_kernel._launch
+    real_launch = launch._launch
 
     def recording(kernel, grid_of, args, consts, kind, *rest):
         ran.append(kind)
-        return launch(kernel, grid_of, args, consts, kind, *rest)
+        return real_launch(kernel, grid_of, args, consts, kind, *rest)
 
-    monkeypatch.setattr(triton_kernel, "_launch", recording)
+    monkeypatch.setattr(launch, "_launch", recording)
     args = make_inputs(b=1, h=2, hkv=1, t=130, s=130, d=16, dv=32)
     check_against_reference(args, torch.float16)
     assert ran == ["fwd", "dkdv_atomic"]
-    tuners = triton_kernel._AUTOTUNERS
+    tuners = tuning._AUTOTUNERS
     assert set(tuners) == {("fwd", "v2", "none"), ("dkdv_atomic", "v2", "none")}  # (kind, widths, mask class)
     for tuner in tuners.values():
         assert len(tuner.configs_timings) == len(tuner.configs) > 1  # every candidate was run
@@ -837,13 +835,13 @@ def test_autotuned_launch_path_runs_every_candidate_and_matches(monkeypatch):
 
 
 def test_launch_limits_are_clear_errors():
-    assert triton_kernel._grid(2**20, 65535, 3) == (2**20, 65535, 3)  # axis 0 may be huge, axes 1 and 2 may not
+    assert launch._grid(2**20, 65535, 3) == (2**20, 65535, 3)  # axis 0 may be huge, axes 1 and 2 may not
     with pytest.raises(ValueError, match="exceeds CUDA's 65535 blocks"):
-        triton_kernel._grid(4, 65536)
+        launch._grid(4, 65536)
     q1, k1, q2, k2, v, lam = make_inputs(b=1, h=2, hkv=1, t=5, s=5)
     lam3 = lam.reshape(1, 2, 1).expand(1, 2, 5).contiguous()
     with pytest.raises(ValueError, match="two halves is for a forward without gradient"):
-        triton_kernel._fwd_impl(q1, k1, q2, k2, v[..., :8], lam3, None, True, 0.3, True, v[..., 8:])
+        launch._fwd_impl(q1, k1, q2, k2, v[..., :8], lam3, None, True, 0.3, True, v[..., 8:])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -857,7 +855,7 @@ def fake_cuda(monkeypatch):
     """CUDA faked as available, for the construction paths a GPU takes: tensors made on "cuda" under the returned
     FakeTensorMode have that device and no storage; the backend's device checks see an sm_90 GPU with 132 SMs and
     compiled kernels; kernel launches are recorded instead of run (kind, mask class, whether autotuned, the tiles
-    and compile options :func:`triton_kernel._launch` would use), and so is every device guard entered."""
+    and compile options :func:`launch._launch` would use), and so is every device guard entered."""
     if _CUDA:
         pytest.skip("a real GPU is here: the gpu-marked tests run these paths")
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -867,22 +865,22 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 9)
     monkeypatch.setattr(diffattn.ops, "_LOGGED_FALLBACKS", set())
-    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)
-    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
-    monkeypatch.setattr(triton_kernel, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "_sm_count", lambda index: 132)
     launches: list[dict] = []
     guards: list[torch.device] = []
 
-    def launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
-        fp32, split, mask = consts["PREC"] == "ieee", consts.get("SPLIT", False), triton_kernel._mask_class(consts)
+    def record_launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+        fp32, split, mask = consts["PREC"] == "ieee", consts.get("SPLIT", False), tuning._mask_class(consts)
         launches.append(
             dict(
                 kind=kind,
                 mask=mask,
                 split=split,
-                tuned=triton_kernel._tunable(kind, d, dv, rows, fp32, split, mask),
-                tiles=triton_kernel._candidates(kind, d, dv, rows, fp32, split, mask),
-                options=triton_kernel._compile_options(kind, rows),
+                tuned=tuning._tunable(kind, d, dv, rows, fp32, split, mask),
+                tiles=tuning._candidates(kind, d, dv, rows, fp32, split, mask),
+                options=tuning._compile_options(kind, rows),
             )
         )
 
@@ -903,10 +901,10 @@ def fake_cuda(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(triton_kernel, "_launch", launch)
-    monkeypatch.setattr(triton_kernel, "_combine_kernel", Direct("combine"))
-    monkeypatch.setattr(triton_kernel, "_bwd_preprocess_kernel", Direct("preprocess"))
-    monkeypatch.setattr(triton_kernel, "_on_device", Guard)
+    monkeypatch.setattr(launch, "_launch", record_launch)
+    monkeypatch.setattr(launch, "_combine_kernel", Direct("combine"))
+    monkeypatch.setattr(launch, "_bwd_preprocess_kernel", Direct("preprocess"))
+    monkeypatch.setattr(launch, "_on_device", Guard)
     return FakeTensorMode(), launches, guards
 
 
@@ -935,7 +933,7 @@ def test_auto_on_faked_cuda_picks_triton_or_logs_the_fallback(fake_cuda, monkeyp
         monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 7)  # a V100: no bfloat16
         assert auto_backend(torch.device("cuda"), inp) == "sdpa"
         monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 9)
-        monkeypatch.setattr(triton_kernel, "INTERPRETED", True)
+        monkeypatch.setattr(tuning, "INTERPRETED", True)
         assert auto_backend(torch.device("cuda"), inp) == "sdpa"
     assert "using sdpa, not triton: head dim d=160 is not supported" in caplog.text
     assert "bfloat16 needs a GPU of compute capability >= 8.0, this one is 7.x" in caplog.text
@@ -949,17 +947,16 @@ def test_gpu_launch_path_on_faked_cuda(fake_cuda):
     # sm_90; a per-row 4-D mask's own tiles, and the two-kernel backward for DIFF V1 heads with one; decoding split
     # over the SMs' worth of programs, with its compile options
     mode, launches, guards = fake_cuda
-    tk = triton_kernel
     with mode:
         q1, k1, q2, k2, v, _ = _cuda_inputs(2, 16, 16, 2048, 2048, 64, 128)
         lam = torch.empty(2, 16, 2048, device="cuda")
         rows_mask = torch.empty(2, 1, 2048, 2048, dtype=torch.bool, device="cuda")
         for mask in (None, rows_mask):
-            out, o1, o2, lse1, lse2 = tk._fwd_impl(q1, k1, q2, k2, v, lam, mask, True, 0.125, True)
-            grads = tk._bwd_impl(out, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, True, 0.125, True)
+            out, o1, o2, lse1, lse2 = launch._fwd_impl(q1, k1, q2, k2, v, lam, mask, True, 0.125, True)
+            grads = launch._bwd_impl(out, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, True, 0.125, True)
             assert out.device == torch.device("cuda", 0) and grads[0].shape == q1.shape
         q1, k1, q2, k2, v, _ = _cuda_inputs(2, 16, 16, 1, 2048, 64, 128)
-        tk._fwd_impl(q1, k1, q2, k2, v, torch.empty(2, 16, 1, device="cuda"), None, True, 0.125, False)
+        launch._fwd_impl(q1, k1, q2, k2, v, torch.empty(2, 16, 1, device="cuda"), None, True, 0.125, False)
     assert guards == [torch.device("cuda", 0)] * 5
     assert [x["kind"] for x in launches] == [
         *("fwd", "preprocess", "dkdv_atomic"),
@@ -967,9 +964,9 @@ def test_gpu_launch_path_on_faked_cuda(fake_cuda):
         *("fwd", "combine"),
     ]
     fwd, _, bwd, fwd_rows, _, dkdv_rows, dq_rows, decode, _ = launches
-    assert fwd["tuned"] and fwd["tiles"] == [(128, 32, 8, 2), *tk._TUNING["none"]["fwd"]["v1"]]
-    assert bwd["tuned"] and bwd["tiles"] == [(16, 128, 8, 2), *tk._TUNING["none"]["dkdv_atomic"]["v1"]]
-    assert fwd_rows["mask"] == "rows" and fwd_rows["tiles"] == [(128, 16, 8, 2), *tk._TUNING["rows"]["fwd"]["v1"]]
+    assert fwd["tuned"] and fwd["tiles"] == [(128, 32, 8, 2), *tuning._TUNING["none"]["fwd"]["v1"]]
+    assert bwd["tuned"] and bwd["tiles"] == [(16, 128, 8, 2), *tuning._TUNING["none"]["dkdv_atomic"]["v1"]]
+    assert fwd_rows["mask"] == "rows" and fwd_rows["tiles"] == [(128, 16, 8, 2), *tuning._TUNING["rows"]["fwd"]["v1"]]
     assert not dkdv_rows["tuned"] and dkdv_rows["tiles"] == [(16, 128, 8, 2)] and dq_rows["tiles"] == [(128, 32, 8, 2)]
     assert decode["split"] and decode["tiles"] == [(16, 32, 8, 2)] and decode["options"] == {"maxnreg": 255}
 
@@ -997,7 +994,7 @@ def test_the_backward_decides_atomic_or_deterministic_when_it_runs(monkeypatch):
     assert kinds == ["fwd", "dkdv", "dq", "fwd", "dkdv_atomic"]
     kinds.clear()
     out = forward()
-    monkeypatch.setattr(triton_kernel, "ATOMIC_DQ", False)
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", False)
     out.sum().backward()
     assert kinds == ["fwd", "dkdv", "dq"]
 
@@ -1006,8 +1003,8 @@ def test_launches_enter_a_device_guard_for_the_tensors_device(monkeypatch):
     # Triton launches on the current device: a tensor on another GPU needs the guard, entered with its device
     import contextlib
 
-    assert isinstance(triton_kernel._on_device(torch.device("cpu")), contextlib.nullcontext)
-    guard = triton_kernel._on_device(torch.device("cuda", 1))
+    assert isinstance(launch._on_device(torch.device("cpu")), contextlib.nullcontext)
+    guard = launch._on_device(torch.device("cuda", 1))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1
     entered = []
 
@@ -1021,7 +1018,7 @@ def test_launches_enter_a_device_guard_for_the_tensors_device(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(triton_kernel, "_on_device", Guard)
+    monkeypatch.setattr(launch, "_on_device", Guard)
     args = make_inputs(b=1, h=2, hkv=1, t=5, s=9)
     check_against_reference(args)  # the forward and the backward of the triton backend, each in its guard
     assert entered == [args[0].device] * 2
@@ -1032,9 +1029,9 @@ import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from diffattn.ops import diff_attention
-from diffattn.ops import triton_kernel as tk
+from diffattn.ops.triton import tuning
 
-tk.BLOCK_OVERRIDE = (16, 16)
+tuning.BLOCK_OVERRIDE = (16, 16)
 STRIDE = 2**30 + 2**12  # a batch stride below 2**31 whose multiple for batch 2 is not
 B, H, HKV, T, S, D, DV, ROW = 3, 2, 1, 20, 23, 8, 16, 32
 try:  # reserved, never touched but where written: the process uses a few MB
@@ -1066,7 +1063,7 @@ def run(inputs, m):
 
 
 for atomic in (True, False):
-    tk.ATOMIC_DQ = atomic
+    tuning.ATOMIC_DQ = atomic
     far = run(views, mask)
     near = run([x.contiguous() for x in views], mask.contiguous())
     assert all(torch.equal(a, b) for a, b in zip(far, near, strict=True)), atomic
@@ -1097,21 +1094,21 @@ def test_32_bit_offset_limits_copy_or_refuse():
     # whose head spans more is copied contiguous, what cannot fit is a clear error (meta tensors: no memory)
     meta = dict(device="meta", dtype=torch.float16)
     x = torch.empty(1, 2**22, 64, 128, **meta).transpose(1, 2)  # [B, S, H, d] seen as [B, H, S, d], 4M tokens
-    assert triton_kernel._head_span(x) > 2**31
-    y = triton_kernel._kernel_layout(x)
-    assert y.is_contiguous() and triton_kernel._head_span(y) == 2**22 * 128
+    assert layout._head_span(x) > 2**31
+    y = layout._kernel_layout(x)
+    assert y.is_contiguous() and layout._head_span(y) == 2**22 * 128
     fits = torch.empty(1, 64, 2**22, 128, **meta)
-    assert triton_kernel._kernel_layout(fits) is fits
+    assert layout._kernel_layout(fits) is fits
     long = torch.empty(1, 1, 2**24, 128, **meta)  # one head of 2³¹ elements
     with pytest.raises(ValueError, match="one head"):
-        triton_kernel._check_offsets(long, long, None, None, long, None, 1, 1, 2**24, 2**24, 128, 128)
+        layout._check_offsets(long, long, None, None, long, None, 1, 1, 2**24, 2**24, 128, 128)
     with pytest.raises(ValueError, match="query rows"):
-        triton_kernel._check_offsets(fits, fits, None, None, fits, None, 2**15, 2**8, 2**8, 2**8, 128, 128)
+        layout._check_offsets(fits, fits, None, None, fits, None, 2**15, 2**8, 2**8, 2**8, 128, 128)
     # V's two halves are read in place only while the offset from one to the other fits too
     heads = torch.empty(1, 2, 2**20, 2**10, **meta)
-    assert triton_kernel._in_place_halves((heads[:, :1], heads[:, 1:])) == 0
+    assert layout._in_place_halves((heads[:, :1], heads[:, 1:])) == 0
     heads = torch.empty(1, 2, 2**10, 2**10, **meta)
-    assert triton_kernel._in_place_halves((heads[:, :1], heads[:, 1:])) == 2**20
+    assert layout._in_place_halves((heads[:, :1], heads[:, 1:])) == 2**20
 
 
 def test_unaligned_mask_rows_are_copied_once():
@@ -1119,16 +1116,16 @@ def test_unaligned_mask_rows_are_copied_once():
     # to 32 (Triton vectorises its loads only then: the forward spilled otherwise); the layers share the copy
     # (remembered by identity and version), an edit makes a new one, an aligned mask is read as it is
     mask = (torch.rand(2, 1, 5, 23, generator=torch.Generator().manual_seed(8)) > 0.5).to(DEVICE)
-    copy = triton_kernel._mask_for_kernels(mask)
+    copy = layout._mask_for_kernels(mask)
     assert torch.equal(copy, mask) and copy.stride(2) == 32 and copy.data_ptr() != mask.data_ptr()
-    assert triton_kernel._mask_for_kernels(mask) is copy
+    assert layout._mask_for_kernels(mask) is copy
     mask[0, 0, 0, 0] = ~mask[0, 0, 0, 0]
-    again = triton_kernel._mask_for_kernels(mask)
+    again = layout._mask_for_kernels(mask)
     assert again is not copy and torch.equal(again, mask)
     aligned = torch.zeros(2, 1, 5, 32, dtype=torch.bool, device=DEVICE)
-    assert triton_kernel._mask_for_kernels(aligned) is aligned
+    assert layout._mask_for_kernels(aligned) is aligned
     padding = torch.ones(3, 1, 1, 23, dtype=torch.bool, device=DEVICE)  # key padding, batch stride 23
-    assert triton_kernel._mask_for_kernels(padding).stride(0) == 32
+    assert layout._mask_for_kernels(padding).stride(0) == 32
 
 
 @pytest.mark.parametrize(("dv", "kinds"), [(128, ["fwd", "dkdv", "dq"]), (64, ["fwd", "dkdv_atomic"])])
@@ -1138,17 +1135,17 @@ def test_4d_mask_on_gpu_tiles(monkeypatch, dv, kinds):
     # their masked tiles; output and gradients match the reference either way
     import diffattn.ops
 
-    monkeypatch.setattr(triton_kernel, "INTERPRETED", False)  # GPU tiles, still interpreted
+    monkeypatch.setattr(tuning, "INTERPRETED", False)  # GPU tiles, still interpreted
     monkeypatch.setattr(diffattn.ops, "triton_unsupported", lambda inp: None)  # it reads INTERPRETED too
-    monkeypatch.setattr(triton_kernel, "BLOCK_OVERRIDE", None)
-    monkeypatch.setattr(triton_kernel, "AUTOTUNE", False)
-    monkeypatch.setattr(triton_kernel, "_LAUNCH_CACHE", {})
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "AUTOTUNE", False)
+    monkeypatch.setattr(launch, "_LAUNCH_CACHE", {})
     seen = _record_kinds(monkeypatch)
     args = make_inputs(b=1, h=2, hkv=1, t=20, s=21, d=64, dv=dv)
     mask = (torch.rand(1, 1, 20, 21, generator=torch.Generator().manual_seed(6)) > 0.3).to(DEVICE)
     check_against_reference(args, torch.float16, attn_mask=mask, causal=False)
     assert seen == kinds
-    assert not triton_kernel._single_pass_fits(64, 128, "rows") and triton_kernel._single_pass_fits(64, 128, "keys")
+    assert not tuning._single_pass_fits(64, 128, "rows") and tuning._single_pass_fits(64, 128, "keys")
 
 
 def test_autocast_runs_the_kernels_on_the_cast_inputs():

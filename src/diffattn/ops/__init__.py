@@ -7,7 +7,7 @@ Public entry points:
 
 * :func:`diff_attention` — the op, with a ``backend`` switch: ``reference`` (fp32 math), ``sdpa`` (PyTorch's
   fused attention), ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one
-  fused kernel for both maps, forward and backward: :mod:`diffattn.ops.triton_kernel`), ``auto``.
+  fused kernel for both maps, forward and backward: :mod:`diffattn.ops.triton`), ``auto``.
 * :func:`diff_attention_maps` — the same computation through ``reference``, also returning both maps and the
   signed map A1 − λA2 for analysis.
 * :func:`backend_status` — which backends are usable here, and why not.
@@ -59,12 +59,12 @@ class BackendStatus:
     reason: str
 
 
-# What the fused Triton kernel accepts (diffattn/ops/triton_kernel.py). Head dims are padded to a power of two
+# What the fused Triton kernel accepts (diffattn/ops/triton/). Head dims are padded to a power of two
 # >= 16 inside the kernel; beyond these widths the two fp32 accumulators per row no longer fit a tile.
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TRITON_MAX_HEAD_DIM = 128
 TRITON_MAX_V_DIM = 256
-_TRITON_MODULE = __name__ + ".triton_kernel"
+_TRITON_MODULE = __name__ + ".triton.tuning"  # holds INTERPRETED; .triton.launch imports it with the kernels
 
 
 def _triton_import_error() -> str | None:
@@ -175,7 +175,7 @@ def _triton_status(device: torch.device) -> BackendStatus:
 
 def _triton_impl(inp: DiffAttentionInputs) -> torch.Tensor:
     # imported on first use: triton.jit fixes compiled vs interpreted at import (see _triton_device_reason)
-    from .triton_kernel import diff_attention_triton
+    from .triton.launch import diff_attention_triton
 
     return diff_attention_triton(inp)
 

@@ -1,0 +1,371 @@
+"""The host side of the fused kernel for two-map attention (DIFF Transformer Eq. 1, docs/methods.md §0), the
+``triton`` backend of :func:`diffattn.ops.diff_attention`: the entry point, the forward and backward as
+``torch.library`` custom ops with their autograd formula, the launches of the kernels of :mod:`.forward`,
+:mod:`.backward` and :mod:`.decode` with the tiles :mod:`.tuning` picks, under a device guard.
+
+* **Autograd and torch.compile.** Forward and backward are ``torch.library.custom_op`` s with fake (meta)
+  implementations and a registered autograd formula, so the op traces under ``torch.compile``. A forward that needs
+  neither calls the implementation directly (the dispatcher costs ~25 µs of host time a call).
+* **The backward is chosen when it runs**, not at the forward: the single-pass atomic one unless
+  :data:`.tuning.ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or its tiles would spill
+  for these heads and mask; then the deterministic two-kernel one.
+* **Shared operands.** ``k1 is k2`` (DAA, DiffQ, DIFF V2) or ``q1 is q2`` (DiffK) reaches the kernels as
+  ``SHARED_K`` / ``SHARED_Q``: the operand is loaded once and accumulates one gradient.
+* **Launches** run under a device guard for the tensors' GPU (:func:`_on_device`: Triton launches on the current
+  device); a launch that is not autotuned and runs out of shared memory or registers retries with smaller tiles.
+  Tensors reach the kernels through :mod:`.layout` (strides, masks, 32-bit offsets in range).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+import triton
+from torch import Tensor
+
+from .._inputs import DiffAttentionInputs
+from . import tuning
+from .backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel
+from .decode import _combine_kernel
+from .forward import _fwd_kernel
+from .layout import (
+    _causal_key_padding,
+    _check_offsets,
+    _in_place_halves,
+    _kernel_layout,
+    _mask_args,
+    _mask_for_kernels,
+    _strides4,
+)
+from .tuning import _cdiv, _pow2
+
+logger = logging.getLogger(__name__)
+
+_LOG2E = 1.4426950408889634  # softmax runs in base 2 (exp2 is the hardware instruction); scores are pre-scaled
+
+
+def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+    """Launch with the autotuner where the launch is tuned (:func:`_tunable`; it skips configurations that run
+    out of resources), else with the heuristic tiles; if the GPU runs out of shared memory or registers, halve
+    BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class."""
+    fp32, mask = consts["PREC"] == "ieee", tuning._mask_class(consts)
+    if tuning._tunable(kind, d, dv, rows, fp32, consts.get("SPLIT", False), mask):
+        tuner = tuning._autotuner(kernel, kind, d, dv, mask)
+        tuner[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
+        return
+    key = (*key, mask, consts.get("SPLIT", False))
+    cached = None if tuning.BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
+    bm, bn, warps = cached or tuning._blocks(kind, d, dv, rows, fp32, mask, consts.get("SPLIT", False))
+    while True:
+        try:
+            options = dict(num_warps=warps, num_stages=2, **tuning._compile_options(kind, rows))
+            kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, **options)
+            if tuning.BLOCK_OVERRIDE is None:
+                _LAUNCH_CACHE[key] = (bm, bn, warps)
+            return
+        except triton.runtime.errors.OutOfResources as err:
+            if bn > 16:
+                bn //= 2
+            elif bm > 16:
+                bm //= 2
+            else:
+                raise
+            logger.info("diffattn triton %s: %s; retrying with BLOCK_M=%d, BLOCK_N=%d", kind, err, bm, bn)
+
+
+_LAUNCH_CACHE: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _on_device(device: torch.device):
+    """A CUDA device guard for ``device`` (Triton launches on the *current* device and its stream, so a tensor on
+    another GPU than the current one would otherwise be read by a kernel running elsewhere); nothing off CUDA."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+_GRID_LIMIT = 65535  # CUDA's limit on the grid's y and z axes (x goes to 2³¹ − 1)
+
+
+def _grid(*dims: int) -> tuple[int, ...]:
+    """A launch grid, with a clear error where a CUDA limit would make the launch fail."""
+    if any(n > _GRID_LIMIT for n in dims[1:]):
+        raise ValueError(
+            f"diffattn triton: grid {dims} exceeds CUDA's {_GRID_LIMIT} blocks on its second or third axis "
+            "(a sequence of more than ~8M query rows per KV head or keys); use the chunked backend"
+        )
+    return dims
+
+
+def _common(q1, k1, q2, k2, v, mask, causal):
+    b, h, t, d = q1.shape
+    hkv, s, dv = k1.shape[1], k1.shape[2], v.shape[3]
+    if not causal:  # transformers' causal ∧ padding mask: run causal with the padding row (tile skipping)
+        padding = _causal_key_padding(mask, t, s)
+        if padding is not None:
+            mask, causal = padding, True
+    mask_t, mask_kind, mask_rows, mstrides = _mask_args(_mask_for_kernels(mask))
+    _check_offsets(q1, k1, q2, k2, v, mask_t if mask_rows else None, b, h, t, s, d, dv)
+    shared_q, shared_k = q2 is None, k2 is None
+    strides = (
+        *_strides4(q1), *_strides4(q1 if shared_q else q2),
+        *_strides4(k1), *_strides4(k1 if shared_k else k2),
+        *_strides4(v), *mstrides,
+    )  # fmt: skip
+    upcast = tuning.INTERPRETED and q1.dtype == torch.bfloat16
+    consts = dict(
+        CAUSAL=bool(causal),
+        MASK_KIND=mask_kind,
+        MASK_ROWS=mask_rows,
+        SHARED_Q=shared_q,
+        SHARED_K=shared_k,
+        UPCAST=upcast,
+        PREC="ieee" if q1.dtype == torch.float32 else "tf32",
+        BLOCK_D=_pow2(d),
+        BLOCK_DV=_pow2(dv),
+    )
+    return (b, h, hkv, t, s, d, dv), mask_t, strides, consts
+
+
+def _fwd_impl(
+    q1: Tensor, k1: Tensor, q2: Tensor | None, k2: Tensor | None, v: Tensor, lam: Tensor, mask: Tensor | None,
+    causal: bool, scale: float, save_parts: bool, v2: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [B, H, T]. lse in log2 units.
+    o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v2: the second half of V's
+    columns (V = [v | v2]; forward without gradient only): read in place when it lies in v's storage with v's
+    shape and strides (DiffLlama's value heads j and j + Hkv), else concatenated. Decided here, at run time,
+    because a traced graph (torch.compile, CUDA graphs) cannot look at storage. Launches on q1's device."""
+    with _on_device(q1.device):
+        return _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2)
+
+
+def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2):
+    v_half = 0
+    if v2 is not None:
+        if save_parts:  # the backward differentiates one V; the caller concatenates when it needs gradients
+            raise ValueError("diffattn triton: V in two halves is for a forward without gradient")
+        v_half = _in_place_halves((v, v2))
+        if not v_half:
+            v = torch.cat([v, v2], dim=-1)
+    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+    if v_half:
+        dv *= 2
+        consts["BLOCK_DV"] = _pow2(dv)
+    out = torch.empty(b, h, t, dv, device=q1.device, dtype=q1.dtype)
+    parts_shape = (b, h, t, dv) if save_parts else (0,)
+    o1 = torch.empty(parts_shape, device=q1.device, dtype=q1.dtype)
+    o2 = torch.empty(parts_shape, device=q1.device, dtype=q1.dtype)
+    lse1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
+    lse2 = torch.empty_like(lse1)
+    rows = (h // hkv) * t
+    r_total = b * h * t
+    fp32, mask_class = consts["PREC"] == "ieee", tuning._mask_class(consts)
+    bm, bn, _ = tuning._blocks("fwd", d, dv, rows, fp32, mask_class)
+    nsplit = 1 if save_parts else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
+    if nsplit > 1:  # the split forward's own tiles (_SPLIT_TILES): whole tiles of them per split
+        bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
+    split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
+    nsplit = _cdiv(s, split_len)
+    if nsplit > 1:  # per-split partial outputs, merged by _combine_kernel below
+        po1 = torch.empty(nsplit, r_total, dv, device=q1.device, dtype=torch.float32)
+        po2 = torch.empty_like(po1)
+        pl1 = torch.empty(nsplit, r_total, device=q1.device, dtype=torch.float32)
+        pl2 = torch.empty_like(pl1)
+        targets = (po1, po2, pl1, pl2)
+    else:
+        targets = (o1, o2, lse1, lse2)
+    args = (
+        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
+        out, *targets, *strides,
+        h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)), v_half,
+    )  # fmt: skip
+    key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
+    _launch(
+        _fwd_kernel,
+        lambda bm, bn: _grid(b * hkv, _cdiv(rows, bm), nsplit),
+        args,
+        dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0),
+        "fwd",
+        d,
+        dv,
+        rows,
+        key,
+    )
+    if nsplit > 1:
+        block_r = 16
+        _combine_kernel[(_cdiv(r_total, block_r),)](
+            po1, po2, pl1, pl2, lam, out, lse1, lse2, h, t, dv, r_total, nsplit,
+            BLOCK_R=block_r, BLOCK_DV=consts["BLOCK_DV"],
+        )  # fmt: skip
+    return out, o1, o2, lse1, lse2
+
+
+# _fwd_impl as a custom op: opaque to torch.compile (fake implementation below) and differentiable (the autograd
+# formula at the end of this section). A forward that needs neither calls _fwd_impl directly: the dispatcher
+# costs ~25 µs of host time a call, about half of a decoding step's launch overhead (benchmarks/host_overhead.py).
+_fwd_op = torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())(_fwd_impl)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None):
+    b, h, t, _ = q1.shape
+    dv = v.shape[3] + (0 if v2 is None else v2.shape[3])
+    parts_shape = (b, h, t, dv) if save_parts else (0,)
+    return (
+        q1.new_empty(b, h, t, dv),
+        q1.new_empty(parts_shape),
+        q1.new_empty(parts_shape),
+        q1.new_empty(b, h, t, dtype=torch.float32),
+        q1.new_empty(b, h, t, dtype=torch.float32),
+    )
+
+
+def _bwd_impl(
+    dout: Tensor, q1: Tensor, k1: Tensor, q2: Tensor | None, k2: Tensor | None, v: Tensor, lam: Tensor,
+    mask: Tensor | None, o1: Tensor, o2: Tensor, lse1: Tensor, lse2: Tensor, causal: bool, scale: float,
+    atomic_dq: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq1, dk1, dq2, dk2, dv, dlam); dq2/dk2 are empty when q2/k2 are shared (their gradient is inside
+    dq1/dk1). dlam: float32 [B, H, T]. ``atomic_dq`` False forces the deterministic two-kernel backward; True
+    leaves the choice to this call, i.e. to when the backward runs (not the forward): the single-pass atomic one
+    unless :data:`.tuning.ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or it has no
+    spill-free tiles for these heads and mask (:func:`.tuning._single_pass_fits`). Launches on q1's device."""
+    with _on_device(q1.device):
+        return _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq)
+
+
+# the backward as a custom op (opaque to torch.compile; fake implementation below)
+_bwd_op = torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())(_bwd_impl)
+
+
+def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq):
+    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+    dout = dout.contiguous()
+    atomic = (
+        atomic_dq
+        and tuning.ATOMIC_DQ
+        and not torch.are_deterministic_algorithms_enabled()
+        and tuning._single_pass_fits(d, dv, tuning._mask_class(consts))
+    )
+    if atomic:  # float32 accumulators for the atomic adds (zeroed below), rounded to the input dtype at the end
+        dq1 = torch.empty(q1.shape, device=q1.device, dtype=torch.float32)
+        dq2 = torch.empty_like(dq1) if q2 is not None else dq1.new_empty(0)
+    else:
+        dq1 = torch.empty_like(q1, memory_format=torch.contiguous_format)
+        dq2 = torch.empty_like(dq1) if q2 is not None else q1.new_empty(0)
+    # preprocessing, one small kernel: Δ1, Δ2, dλ = −Δ2 per row, and the atomic path's dQ buffers zeroed
+    delta1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
+    delta2, dlam = torch.empty_like(delta1), torch.empty_like(delta1)
+    rows, block_r = b * h * t, 16
+    _bwd_preprocess_kernel[(_cdiv(rows, block_r),)](
+        dout, o1, o2, delta1, delta2, dlam, dq1, dq1 if q2 is None else dq2, rows, d, dv,
+        ZERO_DQ1=atomic, ZERO_DQ2=atomic and q2 is not None,
+        BLOCK_R=block_r, BLOCK_D=consts["BLOCK_D"], BLOCK_DV=consts["BLOCK_DV"],
+    )  # fmt: skip
+    dk1 = torch.empty_like(k1, memory_format=torch.contiguous_format)
+    dk2 = torch.empty_like(dk1) if k2 is not None else k1.new_empty(0)
+    dvv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    common = (
+        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
+        dout, lse1, lse2, delta1, delta2,
+    )  # fmt: skip
+    sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E, _pow2(max(t, s)))
+    base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
+    _launch(
+        _bwd_dkdv_kernel,
+        lambda bm, bn: _grid(b * hkv, _cdiv(s, bn)),
+        (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
+        dict(consts, ATOMIC_DQ=atomic),
+        "dkdv_atomic" if atomic else "dkdv",
+        d,
+        dv,
+        t,
+        ("dkdv", *base_key),
+    )
+    if atomic:
+        dq1 = dq1.to(q1.dtype)
+        dq2 = dq2.to(q1.dtype)
+    else:
+        _launch(
+            _bwd_dq_kernel,
+            lambda bm, bn: _grid(b * h, _cdiv(t, bm)),
+            (*common, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
+            consts,
+            "dq",
+            d,
+            dv,
+            t,
+            ("dq", *base_key),
+        )
+    return dq1, dk1, dq2, dk2, dvv, dlam
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq):
+    return (
+        torch.empty_like(q1, memory_format=torch.contiguous_format),
+        torch.empty_like(k1, memory_format=torch.contiguous_format),
+        torch.empty_like(q1, memory_format=torch.contiguous_format) if q2 is not None else q1.new_empty(0),
+        torch.empty_like(k1, memory_format=torch.contiguous_format) if k2 is not None else k1.new_empty(0),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+        lam.new_empty(lam.shape),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v2 = inputs
+    _, o1, o2, lse1, lse2 = output
+    ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
+    ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
+    # the atomic or deterministic backward is not chosen here but when the backward runs (_bwd_op), so that
+    # torch.use_deterministic_algorithms(True) set between forward and backward is obeyed, as by PyTorch's own ops
+
+
+def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
+    # o1, o2, lse1, lse2 are internal outputs that nothing differentiates; their cotangents are ignored
+    if not ctx.save_parts:
+        raise RuntimeError("diffattn triton: backward through a forward that was run without saving for it")
+    q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2 = ctx.saved_tensors
+    dq1, dk1, dq2, dk2, dv, dlam = _bwd_op(
+        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True
+    )
+    return (
+        dq1,
+        dk1,
+        None if q2 is None else dq2,
+        None if k2 is None else dk2,
+        dv,
+        dlam,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, setup_context=_setup_context)
+
+
+def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``triton`` backend. ``inp`` has passed :func:`diffattn.ops._inputs.validate` and the support check
+    of :mod:`diffattn.ops` (dtype, head dims, device)."""
+    h = inp.num_heads
+    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
+    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    # V as two halves goes to the forward as such when no gradient is needed (the kernel reads them in place
+    # where it can); a training forward takes V whole, as its backward writes one dV
+    halves = len(inp.v_parts) == 2 and not need_grad
+    q1, k1, v = (_kernel_layout(x) for x in (inp.q1, inp.k1, inp.v_parts[0] if halves else inp.v))
+    v2 = _kernel_layout(inp.v_parts[1]) if halves else None
+    # identity, not equality: DAA/DiffQ pass the same K tensor to both maps, DiffK the same Q
+    q2 = None if inp.q2 is inp.q1 else _kernel_layout(inp.q2)
+    k2 = None if inp.shares_keys else _kernel_layout(inp.k2)
+    # λ as float32 [B, H, T] (a scalar or per-head λ is broadcast); autograd carries dλ back through the
+    # broadcast to its own shape and dtype
+    lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
+    lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
+    forward = _fwd_op if need_grad or torch.compiler.is_compiling() else _fwd_impl
+    out, *_ = forward(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2)
+    return out

@@ -1,0 +1,142 @@
+"""The ``@triton.jit`` steps the fused kernels share (two-map attention, DIFF Transformer Eq. 1, docs/methods.md §0):
+a head's column offsets, loading a pair of operands that the two maps may share, a key/value tile, a query block
+with its gradient and row statistics, and the user mask applied to both maps' scores under the masking rule of
+:mod:`diffattn.ops._inputs` (docs/methods.md §0.2).
+
+Triton inlines every one of them into the kernel that calls it, so they change no generated code (the sm_90 report
+of ``benchmarks/kernel_report.py`` is the same with them as with the steps written out); each exists so that the
+forward (:mod:`.forward`), the backward (:mod:`.backward`) and the decoding merge (:mod:`.decode`) state it once.
+
+Addresses follow the kernels' rule (:mod:`.launch`): the ``*_base`` / ``*_head`` pointers passed in already hold the
+64-bit batch and head offsets, and the offsets added here are 32-bit offsets within one head.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._inputs import mask_floor
+
+# Row max / row sum are tl.reduce with the combine functions tl.max / tl.sum use themselves, and zeros are tl.full:
+# tl.max, tl.sum and tl.zeros are @jit functions decorated when *triton* is imported, so they break the interpreter
+# whenever triton was imported before TRITON_INTERPRET was set (by torch.compile or `diffattn info` earlier in the
+# same process); the interpreter recognises these two combine functions and reduces with numpy.
+_MAX = tl.standard._elementwise_max
+_SUM = tl.standard._sum_combine
+
+# The masking rule's threshold (diffattn.ops._inputs.mask_floor) for each mask dtype the kernels read: an additive
+# mask value at or below it masks its key (-inf), so a row of finfo.min attends to nothing, as in every backend
+_MASK_FLOOR_F16 = tl.constexpr(mask_floor(torch.float16))
+_MASK_FLOOR_BF16 = tl.constexpr(mask_floor(torch.bfloat16))
+_MASK_FLOOR_F32 = tl.constexpr(mask_floor(torch.float32))
+
+
+@triton.jit
+def _row_block_longest_first(CAUSAL: tl.constexpr):
+    # the program's block of query rows (grid axis 1). Causal: the last blocks, which see the most keys, run first
+    # and the short ones fill the tail of the launch
+    pid_m = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(1) - 1 - pid_m
+    return pid_m
+
+
+@triton.jit
+def _head_offsets(D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # the columns of a Q/K row (d, padded to BLOCK_D) and of a V/O row (dv, padded to BLOCK_DV), and which are real
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    return offs_d, offs_dv, d_ok, dv_ok
+
+
+@triton.jit
+def _load_tile(ptrs, mask, UPCAST: tl.constexpr):
+    # UPCAST: interpreter + bf16 only (see diffattn.ops.triton); the values are exact in fp32
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _load_pair(ptrs1, ptrs2, mask, SHARED: tl.constexpr, UPCAST: tl.constexpr):
+    # the two maps' operands (Q1, Q2 or K1, K2). SHARED: one tensor serves both maps (DAA / DiffQ / DIFF V2 share
+    # K, DiffK shares Q), read once; ptrs2 is then never loaded
+    x1 = tl.load(ptrs1, mask=mask, other=0.0)
+    if SHARED:  # noqa: SIM108 (compile-time branch)
+        x2 = x1
+    else:
+        x2 = tl.load(ptrs2, mask=mask, other=0.0)
+    if UPCAST:
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _load_keys(
+    k1_base, k2_base, v_base, offs_n, sk1s, sk2s, svs, offs_d, v_cols, k_mask, v_mask,
+    SHARED_K: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    # the key tile offs_n of K1, K2 ([BN, BLOCK_D]) and V ([BN, BLOCK_DV], columns v_cols) of one KV head
+    k1, k2 = _load_pair(
+        k1_base + offs_n[:, None] * sk1s + offs_d[None, :],
+        k2_base + offs_n[:, None] * sk2s + offs_d[None, :],
+        k_mask, SHARED_K, UPCAST,
+    )  # fmt: skip
+    v = _load_tile(v_base + offs_n[:, None] * svs + v_cols[None, :], v_mask, UPCAST)
+    return k1, k2, v
+
+
+@triton.jit
+def _load_queries(
+    q1_head, q2_head, do_head, offs_m, m_ok, sq1t, sq2t, offs_d, d_ok, offs_dv, dv_ok, DV,
+    SHARED_Q: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    # the backward's query block offs_m of one query head: Q1, Q2 ([BM, BLOCK_D]) and dO ([BM, BLOCK_DV], rows of DV
+    # contiguous elements)
+    q1, q2 = _load_pair(
+        q1_head + (offs_m[:, None] * sq1t + offs_d[None, :]),
+        q2_head + (offs_m[:, None] * sq2t + offs_d[None, :]),
+        m_ok[:, None] & d_ok[None, :], SHARED_Q, UPCAST,
+    )  # fmt: skip
+    do = _load_tile(do_head + (offs_m[:, None] * DV + offs_dv[None, :]), m_ok[:, None] & dv_ok[None, :], UPCAST)
+    return q1, q2, do
+
+
+@triton.jit
+def _row_statistics(LSE1, LSE2, DELTA1, DELTA2, LAM, row_base, offs_m, m_ok):
+    # what the backward reads per query row of [B, H, T] (row_base: the head's first row): both maps' log-sum-exps
+    # (+inf past T, so P is 0 there), Δ1, Δ2 of the preprocessing, and λ
+    lse1 = tl.load(LSE1 + row_base + offs_m, mask=m_ok, other=float("inf"))
+    lse2 = tl.load(LSE2 + row_base + offs_m, mask=m_ok, other=float("inf"))
+    delta1 = tl.load(DELTA1 + row_base + offs_m, mask=m_ok, other=0.0)
+    delta2 = tl.load(DELTA2 + row_base + offs_m, mask=m_ok, other=0.0)
+    lam = tl.load(LAM + row_base + offs_m, mask=m_ok, other=0.0)
+    return lse1, lse2, delta1, delta2, lam
+
+
+@triton.jit
+def _masked_scores(s1, s2, mval, MASK_KIND: tl.constexpr):
+    # the user mask's value for each score of both maps (broadcast over rows for key padding): a bool mask
+    # (MASK_KIND 1) hides the scores where it is 0; an additive one (2) is added, converted to log2 units, except
+    # at or below the masking rule's threshold for its dtype, where it hides the score (-inf)
+    if MASK_KIND == 1:
+        s1 = tl.where(mval != 0, s1, float("-inf"))
+        s2 = tl.where(mval != 0, s2, float("-inf"))
+    else:
+        if mval.dtype == tl.float16:
+            floor = _MASK_FLOOR_F16
+        elif mval.dtype == tl.bfloat16:
+            floor = _MASK_FLOOR_BF16
+        else:
+            floor = _MASK_FLOOR_F32
+        mval = mval.to(tl.float32)
+        bias = tl.where(mval <= floor, float("-inf"), mval) * 1.4426950408889634
+        s1 = s1 + bias
+        s2 = s2 + bias
+    return s1, s2

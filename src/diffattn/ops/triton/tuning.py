@@ -1,0 +1,244 @@
+"""Which tiles, which backward and how many key splits each launch of the fused kernel gets (DIFF Transformer
+Eq. 1, docs/methods.md §0), and the settings that override those choices.
+
+Tiles on a GPU: a default per kernel, head width and mask class (:data:`_TILES`, :data:`_MASK_TILES`), and for the
+training forward and the single-pass backward a few alternatives that ``triton.autotune`` times on first use of
+each shape class (:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
+``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot), without a mask, with key
+padding and with bool and additive 4-D masks, and held by the tests to no spills and wgmma for every dot, issued
+once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats another's dots. None of this has been timed
+on hardware yet. A launch that is not autotuned and runs out of shared memory or registers retries with smaller
+tiles (:func:`.launch._launch`). Under the interpreter every kernel takes 16 × 16 tiles, so tiny test shapes span
+several, partly filled ones.
+
+The backward's scheme (:data:`ATOMIC_DQ`, :func:`_single_pass_fits`) and the decoding forward's key splits
+(:data:`SPLIT_OVERRIDE`, :func:`_num_splits`) are chosen here too; :mod:`.launch` reads the settings when it
+launches, so a change takes effect on the next call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+#: True when the kernels were built for Triton's interpreter: TRITON_INTERPRET=1 when this package was first imported
+#: (:mod:`.launch` imports the kernel modules and this one together; triton.jit decides at decoration).
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+
+#: Backward dQ scheme. True (default) = one pass over key blocks that also adds its share of dQ1, dQ2 with atomic
+#: float32 adds (FlashAttention-2): the FLOP ideal, every product a warpgroup MMA on sm_90. False = a second kernel
+#: over query blocks that recomputes QKᵀ and dO·Vᵀ (1.4x the ideal) but is bit-for-bit deterministic; it is also
+#: used under ``torch.use_deterministic_algorithms(True)``, for heads wider than d = 64, dv = 128 (whose dK1, dK2,
+#: dV accumulators for 128 keys do not fit in registers) and for d = 64, dv = 128 with a per-row 4-D mask. Read,
+#: like deterministic mode, when the backward runs.
+ATOMIC_DQ: bool = True
+
+#: Time the :data:`_TUNING` alternatives on a GPU (``triton.autotune``, once per kernel, head widths, causality,
+#: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles.
+AUTOTUNE: bool = True
+
+#: Key splits of the forward when it needs no gradient (flash-decoding), or None for the heuristic: split only when
+#: the row blocks × batch × KV heads leave most of the GPU idle, as in decoding with few sequences.
+SPLIT_OVERRIDE: int | None = None
+
+#: (BLOCK_M, BLOCK_N) forced for every kernel, or None for the heuristics. Under the interpreter the default is
+#: 16 × 16, so tiny test shapes span several (and partial) tiles.
+BLOCK_OVERRIDE: tuple[int, int] | None = None
+
+
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are wrapped for use inside
+# kernels too, and cost ~3 µs a call on the host (about half of a decoding step's launch overhead went there).
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())  # the next power of two; tl.dot needs every dimension >= 16
+
+
+# (BLOCK_M, BLOCK_N) per kernel and head-width class on a GPU (bf16/fp16), read off the ahead-of-time report for
+# sm_90 (benchmarks/kernel_report.py; its registers, spills and dots per tile are in benchmarks/RESULTS.md), all on
+# 8 warps, none spilling:
+# * fwd: 128 query rows, so each of the two warpgroups owns 64 rows of every dot and none repeats another's QKᵀ
+#   (64 rows on 8 warps did: 1.33x / 1.50x the FLOP ideal); BLOCK_N 64 for d = dv = 64, 32 for dv = 128. Shorter
+#   blocks: fwd_mid (33–127 rows: 64-row tiles) and fwd_short (decoding, up to 32 rows: a tile of the row count);
+#   "v1" on 32 keys there (64 spilled, with a mask or at 16 rows even without: ptxas held them to 128 registers).
+# * dkdv_atomic (the default, single-pass backward): 128 keys per program, the 64 rows per warpgroup wgmma needs,
+#   32 / 16 queries per step to keep dK1, dK2, dV in registers; dQᵀ = Kᵀ·dSᵀ has the head dim (64) as rows, so all
+#   eight products per step are wgmma. Wide heads have none (their accumulators for 128 keys need more than 255
+#   registers): they take dkdv + dq.
+# * dkdv, dq (the deterministic backward): the same key tiles without dQ; dq on 128 query rows, so no warpgroup
+#   repeats the recomputed QKᵀ and dO·Vᵀ.
+# "v2": d + dv <= 128 (d = dv = 64); "v1": <= 192 (d = 64, dv = 128); "wide": larger heads.
+_TILES = {
+    "fwd": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 32)},
+    "fwd_mid": {"v2": (64, 64), "v1": (64, 32), "wide": (32, 32)},
+    "fwd_short": {"v2": (64, 64), "v1": (64, 32), "wide": (32, 32)},
+    "dkdv": {"v2": (32, 128), "v1": (16, 128), "wide": (32, 32)},
+    "dkdv_atomic": {"v2": (32, 128), "v1": (16, 128)},
+    "dq": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 64)},
+}
+
+# Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
+# "rows": a per-row 4-D mask, bool or additive, [B, H|1, T, S], a mask tile loaded next to every score tile). On
+# _TILES the forward spilled 12–284 bytes on sm_90 with a 4-D mask, and "v2" heads 16–32 with key padding when S is
+# not a multiple of 16 (benchmarks/RESULTS.md). With a 4-D mask the forward takes half as many keys per step ("wide":
+# half as many rows), the single-pass backward of "v2" heads 16 queries per step, the wide dK/dV kernel 16. The
+# single-pass backward of "v1" heads spills with a mask tile at every tile and stage count tried (its dK1, dK2, dV
+# accumulators fill the registers), so with a 4-D mask those heads take the deterministic two-kernel backward (no
+# spills; 1.4x the backward FLOP ideal, not 1.0x).
+_MASK_TILES = {
+    "keys": {"fwd": {"v2": (128, 32)}, "fwd_mid": {"v2": (64, 32)}},
+    "rows": {
+        "fwd": {"v2": (128, 32), "v1": (128, 16), "wide": (16, 32)},
+        "fwd_mid": {"v2": (64, 32), "wide": (16, 32)},
+        "fwd_short": {"v2": (64, 16), "wide": (16, 32)},
+        "dkdv_atomic": {"v2": (16, 128)},  # no "v1": the two-kernel backward
+        "dkdv": {"wide": (16, 32)},
+    },
+}
+
+
+# A forward split over keys (no gradient, too few programs for the SMs: decoding, and prefill of a few long
+# prompts) stores float32 partial outputs instead of O1, O2: "v1" on 128-row tiles spilled 88–140 bytes on 32 keys.
+_SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
+
+
+def _mask_class(consts: dict) -> str:
+    """The mask class of a launch's constexprs: "none", "keys" (key padding) or "rows" (a per-row 4-D mask)."""
+    return "none" if consts["MASK_KIND"] == 0 else "rows" if consts["MASK_ROWS"] else "keys"
+
+
+# Alternatives the autotuner times against the default tiles on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
+# num_stages), for the kernels that dominate training: the forward and the single-pass backward, per mask class.
+# Every one was compiled ahead of time for sm_90 with no spills and every dot a wgmma issued once
+# (benchmarks/kernel_report.py compiles them all, with each kind of mask, and tests/ops/test_kernel_report.py holds
+# them to it), so whichever wins is a clean kernel.
+_DKDV_TUNING = {
+    "v2": [(32, 128, 8, 1), (16, 128, 8, 2), (32, 64, 4, 2)],
+    "v1": [(16, 128, 8, 1), (16, 64, 4, 1)],
+}
+_TUNING = {
+    "none": {
+        "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
+        "dkdv_atomic": _DKDV_TUNING,
+    },
+    "keys": {
+        "fwd": {"v2": [(128, 32, 8, 3), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
+        "dkdv_atomic": _DKDV_TUNING,
+    },
+    "rows": {
+        "fwd": {"v2": [(128, 32, 8, 3), (64, 16, 4, 2)], "v1": [(128, 16, 8, 1), (64, 16, 4, 2)]},
+        "dkdv_atomic": {"v2": [(16, 128, 8, 1), (16, 64, 4, 2)]},
+    },
+}
+
+
+def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool = False, mask: str = "none") -> bool:
+    """Whether this launch is autotuned: a GPU, 16-bit inputs, a kernel, head-width class and mask class (see
+    :func:`_mask_class`) with alternatives, and for the forward a training-size row count without key splits
+    (decoding and short rows keep their heuristic tile)."""
+    if not AUTOTUNE or INTERPRETED or BLOCK_OVERRIDE is not None or fp32 or split:
+        return False
+    return _width_class(d, dv) in _TUNING[mask].get(kind, {}) and (kind != "fwd" or rows >= 128)
+
+
+def _candidates(
+    kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False, mask: str = "none"
+) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) this launch may run with: the default first, then the
+    autotuner's alternatives when it is tuned. ``mask``: the mask class (:func:`_mask_class`)."""
+    default = (*_blocks(kind, d, dv, rows, fp32, mask, split), 2)
+    if not _tunable(kind, d, dv, rows, fp32, split, mask):
+        return [default]
+    return [default, *_TUNING[mask][kind][_width_class(d, dv)]]
+
+
+_AUTOTUNERS: dict[tuple, object] = {}
+
+
+def _autotuner(kernel, kind: str, d: int, dv: int, mask: str = "none"):
+    """The ``triton.autotune`` wrapper of ``kernel`` over this kind, width class and mask class's candidates (one
+    per class, made on first use). The atomic backward's dQ buffers are zeroed before every timed run and the
+    final one."""
+    key = (kind, _width_class(d, dv), mask)
+    if key not in _AUTOTUNERS:
+        configs = [
+            triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bm, bn, w, st in _candidates(kind, d, dv, rows=1 << 30, mask=mask)
+        ]
+        _AUTOTUNERS[key] = triton.autotune(
+            configs,
+            key=["N_BUCKET", "D", "DV", "CAUSAL", "MASK_KIND", "MASK_ROWS", "SHARED_Q", "SHARED_K"],
+            reset_to_zero=["DQ1", "DQ2"] if kind == "dkdv_atomic" else None,
+        )(kernel)
+    return _AUTOTUNERS[key]
+
+
+def _blocks(
+    kind: str, d: int, dv: int, rows: int, fp32: bool = False, mask: str = "none", split: bool = False
+) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) per kernel: :data:`_TILES` on a GPU, or :data:`_MASK_TILES` where it has
+    tiles for the mask class, or :data:`_SPLIT_TILES` for a key-split forward. Float32 inputs (IEEE dots, twice
+    the bytes per tile) spill heavily at those sizes, so they get tiles half as long; a forward with fewer rows
+    than the tile (decoding: rows = (H/Hkv)·T) gets a tile of its row count."""
+    if BLOCK_OVERRIDE is not None:
+        return (*BLOCK_OVERRIDE, 4)
+    if INTERPRETED:
+        return 16, 16, 4
+    cls = _width_class(d, dv)
+    if kind == "fwd" and rows < 128:
+        kind = "fwd_short" if rows <= 32 else "fwd_mid"
+    bm, bn = _MASK_TILES.get(mask, {}).get(kind, {}).get(cls) or _TILES[kind][cls]
+    if split:
+        bm, bn = _SPLIT_TILES.get(kind, {}).get(cls, (bm, bn))
+    if fp32:
+        bm, bn = max(16, bm // 2), max(16, bn // 2)
+    if kind.startswith("fwd"):
+        bm = min(bm, _pow2(rows))
+    return bm, bn, 8
+
+
+def _compile_options(kind: str, rows: int) -> dict:
+    """Extra Triton compile options of a launch. Forwards of fewer than 128 rows (decoding, prefill and training
+    blocks of short sequences: 8 warps on 16–64-row tiles) get ``maxnreg`` = 255: ptxas otherwise held some of
+    them to 128 registers (two CTAs per SM) and spilled 16–80 bytes rather than use more
+    (benchmarks/kernel_report.py, the short, prefill and decode rows)."""
+    return {"maxnreg": 255} if kind == "fwd" and rows < 128 else {}
+
+
+def _width_class(d: int, dv: int) -> str:
+    """The head-width class of :data:`_TILES`: "v2" (d + dv <= 128, DIFF V2), "v1" (<= 192, DIFF V1), "wide"."""
+    width = _pow2(d) + _pow2(dv)
+    return "v2" if width <= 128 else "v1" if width <= 192 else "wide"
+
+
+def _single_pass_fits(d: int, dv: int, mask: str = "none") -> bool:
+    """Whether the one-pass (atomic dQ) backward has spill-free tiles for these head widths and mask class (not for
+    "wide" heads, nor for "v1" heads with a per-row 4-D mask: :data:`_MASK_TILES`)."""
+    if INTERPRETED or BLOCK_OVERRIDE is not None:
+        return True
+    return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("dkdv_atomic", _TILES["dkdv_atomic"])
+
+
+def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
+    """Key splits for a forward without gradient: enough programs to fill the GPU about twice when there are
+    fewer programs than SMs (decoding), each split at least one key tile long (four tiles, as before, left half
+    the SMs idle at B = 1 below 2K keys)."""
+    if SPLIT_OVERRIDE is not None:
+        return max(1, SPLIT_OVERRIDE)
+    if device.type != "cuda":
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    if programs >= sms:
+        return 1
+    return max(1, min(_cdiv(2 * sms, programs), _cdiv(s, block_n), 128))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
