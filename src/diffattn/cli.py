@@ -374,6 +374,7 @@ REPORT_TO_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .models.architectures import ARCHITECTURES
     from .models.pretrained import PRETRAINED
 
     parser = _Parser(
@@ -403,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="model preset (see `diffattn presets`)")
     p.add_argument(
         "--attention",
-        choices=["standard", "diff", "diff-v2", "both", "all"],
-        help="both = paired standard and diff runs; all = standard, diff and diff-v2",
+        choices=[*ARCHITECTURES, "both", "all"],
+        help=f"both = paired standard and diff runs; all = every architecture ({', '.join(ARCHITECTURES)})",
     )
     p.add_argument("--backend", help="DIFF attention backend (auto, reference, sdpa, chunked)")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")

@@ -17,7 +17,7 @@ from diffattn.models import (
     build_model,
     count_parameters,
 )
-from diffattn.models.build import v2_intermediate_size
+from diffattn.models.architectures import get_architecture, matched_intermediate_size
 from diffattn.models.diff_v2 import convert_interleaved_rope_state_dict
 from diffattn.models.presets import get_preset
 
@@ -135,7 +135,7 @@ def test_layout_and_parameter_counts():
         p = get_preset(name)
         base, v2 = count_parameters(p, "standard"), count_parameters(p, "diff-v2")
         assert abs(v2 - base) <= p.num_layers * 3 * p.hidden_size // 2, name
-        assert v2_intermediate_size(p) < p.intermediate_size
+        assert matched_intermediate_size(p, get_architecture("diff-v2")) < p.intermediate_size
 
 
 def test_use_diff_v2_false_is_the_llama_baseline():
@@ -180,5 +180,5 @@ def test_heads_that_cannot_pair_are_refused():
         build_model("debug", "diff-v2", num_heads=4, num_kv_heads=3)
     with pytest.raises(ValueError, match="must be a multiple of num_key_value_heads"):
         small_config(num_attention_heads=4, num_key_value_heads=3)
-    with pytest.raises(ValueError, match="DIFF V1 options"):
+    with pytest.raises(ValueError, match="lambda_init: they need attention='diff'"):
         build_model("debug", "diff-v2", lambda_init=0.5)

@@ -324,3 +324,81 @@ def test_lambda_is_initialised_however_the_model_is_built():
     model.init_weights()
     lam = torch.cat([attn.lambda_q1, attn.lambda_k1, attn.lambda_q2, attn.lambda_k2]).detach()
     assert torch.isfinite(lam).all() and 0.05 < lam.std().item() < 0.2
+
+
+# -- the architecture table: a toy row reaches build, parameter matching, paired runs and the claims --------------
+
+
+@pytest.fixture
+def toy_architecture():
+    from transformers import LlamaConfig
+
+    from diffattn.models.architectures import Architecture, register_architecture, unregister_architecture
+
+    row = register_architecture(
+        Architecture(
+            name="toy-arch", label="Toy Transformer", short_label="toy", config_class=LlamaConfig,
+            model_class=LlamaForCausalLM,
+            config_options={"mlp_bias": False}, shape=lambda p: f"{p.num_heads} toy heads", differential=True,
+            extra_layer_weights=lambda p: 2 * 3 * p.hidden_size,  # pays two SwiGLU units per layer
+            claims_label="applied to the toy",
+        )
+    )  # fmt: skip
+    yield row
+    unregister_architecture(row.name)
+
+
+def test_a_registered_architecture_builds_matches_parameters_pairs_and_labels_its_claims(toy_architecture, tmp_path):
+    import json
+
+    import numpy as np
+
+    from diffattn.experiments import ExperimentConfig
+    from diffattn.experiments.claims import paper_claims
+    from diffattn.train.config import PAIRED, RunConfig
+    from diffattn.train.paired import write_comparison
+
+    p = get_preset("debug")
+    model = build_model("debug", "toy-arch", seed=0)  # builds like the baseline, FFN narrowed by two units
+    assert isinstance(model, LlamaForCausalLM) and model.config.intermediate_size == p.intermediate_size - 2
+    assert count_parameters(p, "standard") - count_parameters(p, "toy-arch") == p.num_layers * 2 * 3 * p.hidden_size
+    toy = count_parameters(p, "toy-arch")
+    assert f" | toy {toy:,} params (4 toy heads, FFN {p.intermediate_size - 2}; " in diffattn.describe_parameters(p)
+    with pytest.raises(ValueError, match="norm: they need attention='diff'"):
+        build_model("debug", "toy-arch", norm="rms")
+
+    RunConfig().with_overrides({"model.attention": "toy-arch"}).validate()  # pretrain accepts it
+    assert PAIRED["all"][-1] == "toy-arch"  # `--attention all` trains it beside the others
+    summaries = {
+        a: {"parameters": count_parameters(p, a), "steps": 1, "final_val_loss": 1.0, "final_val_ppl": 2.7,
+            "tokens_per_s": 1.0}
+        for a in ("standard", "toy-arch")
+    }  # fmt: skip
+    write_comparison(tmp_path, summaries)
+    assert [r["model"] for r in json.loads((tmp_path / "comparison.json").read_text())] == [
+        "Transformer (baseline)",
+        "Toy Transformer",
+    ]
+
+    config = ExperimentConfig.from_dict(
+        {
+            "name": "toy",
+            "models": [
+                {"name": "baseline", "preset": "debug", "attention": "standard"},
+                {"name": "toy", "preset": "debug", "attention": "toy-arch"},
+            ],
+            "eval": {"suites": ["alloc"]},
+        }
+    )
+    rng = np.random.default_rng(0)
+    answer, noise = rng.uniform(0.01, 0.03, 40), rng.uniform(0.4, 0.6, 40)
+
+    def alloc(a):
+        per_sample = [{"answer": x, "noise": n} for x, n in zip(a, noise, strict=True)]
+        return {"alloc": {"attention_to_answer": float(np.mean(a)), "attention_noise": float(np.mean(noise)),
+                          "per_sample": per_sample, "metadata": {"samples_sha1": "same"}}}  # fmt: skip
+
+    claims = paper_claims(config, {}, {"baseline": alloc(answer), "toy": alloc(answer + 0.1)})
+    claim = next(c for c in claims if c and c.claim == "more attention to the answer")
+    assert (claim.ref, claim.new) == ("baseline", "toy")  # paired with the baseline of its preset
+    assert claim.source == "DIFF Transformer Table 3 (applied to the toy)" and claim.verdict == "agrees"

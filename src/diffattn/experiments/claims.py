@@ -43,6 +43,7 @@ from ..eval.stats import (
     verdict,
     wilson_interval,
 )
+from ..models.architectures import ARCHITECTURES
 
 NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"
 ONE_NUMBER = "none: the suite reports one number"
@@ -95,9 +96,9 @@ def _pairs(config) -> list[tuple[str, str]]:
         kinds.setdefault(getattr(m, "group_name", m.name), (m.attention, m.preset))
     out = []
     for d, (attention, preset) in kinds.items():
-        if attention in ("diff", "diff-v2"):
+        if ARCHITECTURES[attention].differential:
             for b, (other, other_preset) in kinds.items():
-                if other == "standard" and other_preset == preset:
+                if not ARCHITECTURES[other].differential and other_preset == preset:
                     out.append((b, d))
                     break
     return out
@@ -864,7 +865,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
             source=source, claim=claim, paper=paper, **spec,
         )  # fmt: skip
 
-    v2_models = {getattr(m, "group_name", m.name) for m in config.models if m.attention == "diff-v2"}
+    claims_labels = {getattr(m, "group_name", m.name): ARCHITECTURES[m.attention].claims_label for m in config.models}
     for base, diff in _pairs(config):
         first = len(claims)
         claims += [
@@ -954,8 +955,8 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
                 metric="order margin (random)", claimed="lower", digits=3,
             ),
         ]  # fmt: skip
-        if diff in v2_models:  # the DIFF V1 paper's claims measured on a V2 model: the source says so
-            claims[first:] = [c and replace(c, source=f"{c.source} (applied to V2)") for c in claims[first:]]
+        if claims_labels[diff]:  # the DIFF V1 paper's claims measured on another architecture: the source says so
+            claims[first:] = [c and replace(c, source=f"{c.source} ({claims_labels[diff]})") for c in claims[first:]]
     from ..adapters.registry import get_method
 
     for a in config.adapters:  # each method's own paper claims (its registry entry)

@@ -124,7 +124,7 @@ class ExperimentConfig(YamlConfig):
     def validate(self) -> ExperimentConfig:
         from ..adapters.registry import method_names
         from ..eval.suite import parse_suites
-        from ..models.build import ATTENTIONS
+        from ..models.architectures import ARCHITECTURES
 
         if not NAME.match(self.name):
             raise ValueError(f"experiment name {self.name!r} must be letters, digits, '-', '_' or '.'")
@@ -136,9 +136,9 @@ class ExperimentConfig(YamlConfig):
         if dupes:
             raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
         for m in self.models:
-            if m.attention not in ATTENTIONS:
+            if m.attention not in ARCHITECTURES:
                 raise ValueError(
-                    f"models[{m.name}].attention must be one of {', '.join(ATTENTIONS)}, got {m.attention!r}"
+                    f"models[{m.name}].attention must be one of {', '.join(ARCHITECTURES)}, got {m.attention!r}"
                 )
         for a in self.adapters:
             if a.method not in method_names():

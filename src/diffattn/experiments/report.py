@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
 from ..files import new_id, write_text_atomic
+from ..models.architectures import ARCHITECTURES, MEAN_LAMBDA
 
 logger = logging.getLogger(__name__)
 
@@ -283,18 +284,19 @@ def _lambda_curves(outcomes, path: Path) -> Path | None:
         if o.kind in ("pretrain", "adapt"):
             points = [(e["step"], sum(e["lambda"]) / len(e["lambda"])) for e in _metrics(o.path) if e.get("lambda")]
             if points:
-                series.append((o.name, (o.summary or {}).get("attention") == "diff-v2", points))
+                attention = (o.summary or {}).get("attention")  # adapters: none; their λ(t) reads as DIFF's
+                readout = ARCHITECTURES[attention].lambda_readout if attention in ARCHITECTURES else None
+                series.append((o.name, readout or MEAN_LAMBDA, points))
     if not series:
         return None
     plt = figure()
     colors = group_colors([o.name for o in outcomes if o.kind in ("pretrain", "adapt")])  # the same in every picture
-    panels = [(False, "mean λ over layers"), (True, "DIFF V2 gate: mean sigmoid(x·w_λ)")]
-    panels = [(gate, title) for gate, title in panels if any(g == gate for _, g, _ in series)]
+    panels = list(dict.fromkeys(readout for _, readout, _ in series))  # one axis per meaning of λ
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.2), squeeze=False)
-    for ax, (gate, title) in zip(axes[0], panels, strict=True):
+    for ax, title in zip(axes[0], panels, strict=True):
         labelled = set()
-        for name, is_gate, points in series:
-            if is_gate != gate:
+        for name, readout, points in series:
+            if readout != title:
                 continue
             group = seed_group(name)
             ax.plot(*zip(*points, strict=True), color=colors[name], label=None if group in labelled else group)

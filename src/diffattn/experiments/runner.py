@@ -36,6 +36,7 @@ from ..files import (
     why_protected,
     write_text_atomic,
 )
+from ..models.architectures import ARCHITECTURES
 from ..train.config import setting_differences
 from .config import ExperimentConfig
 
@@ -206,7 +207,7 @@ def run_experiment(
     for a, _ in adapters:
         if a.base in config.scratch_names():
             kind = next(m for m in config.models if m.name == a.base).attention
-            if kind != "standard":
+            if ARCHITECTURES[kind].differential:
                 raise ValueError(
                     f"adapters[{a.name}]: the adapters give a standard model differential attention; "
                     f"{a.base!r} is already a DIFF model"

@@ -1,6 +1,8 @@
-"""Models: named presets, from-scratch baseline/DIFF/DIFF V2 builders, and our DIFF attention installed into them."""
+"""Models: named presets, the from-scratch architectures (baseline, DIFF, DIFF V2) and their builder, and our DIFF
+attention installed into them."""
 
-from .build import ATTENTIONS, build_model, count_parameters, describe_parameters, model_config
+from .architectures import ARCHITECTURES, Architecture, get_architecture, register_architecture
+from .build import build_model, count_parameters, describe_parameters, model_config
 from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, DiffTransformerConfig, lambda_init_value
 from .diff_model import DiffTransformerForCausalLM, DiffTransformerModel
 from .diff_v2 import (
@@ -15,9 +17,10 @@ from .presets import PRESETS, ModelPreset, get_preset
 from .pretrained import PRETRAINED, load_pretrained
 
 __all__ = [
-    "ATTENTIONS",
+    "ARCHITECTURES",
     "PRESETS",
     "PRETRAINED",
+    "Architecture",
     "DiffAttentionOptions",
     "DiffLlamaDifferentialAttention",
     "DiffTransformerConfig",
@@ -31,11 +34,13 @@ __all__ = [
     "build_model",
     "count_parameters",
     "describe_parameters",
+    "get_architecture",
     "get_preset",
     "install_diff_attention",
     "lambda_init_value",
     "load_pretrained",
     "model_config",
+    "register_architecture",
     "remove_diff_attention",
     "set_v2_backend",
 ]

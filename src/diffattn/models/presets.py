@@ -52,7 +52,9 @@ class ModelPreset:
     def diff_heads(self) -> int:
         return self.num_heads // 2
 
-    def validate(self, attention: str) -> None:
+    def validate(self, attention: str, architecture_problems=None) -> None:
+        """Refuse sizes no model can have; ``architecture_problems(preset)``: what the architecture ``attention``
+        needs beyond them (its row's ``preset_problems``, :mod:`diffattn.models.architectures`)."""
         sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
                  "max_position_embeddings")  # fmt: skip
         problems = [
@@ -65,13 +67,9 @@ class ModelPreset:
         if self.hidden_size % self.num_heads:
             problems.append(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
-            why = " (DIFF V2 pairs its 2H query heads on the Hkv key heads)" if attention == "diff-v2" else ""
-            problems.append(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}{why}")
-        if attention == "diff":
-            if self.num_heads % 2:
-                problems.append(f"DIFF needs an even num_heads (Q1/Q2 halves), got {self.num_heads}")
-            if self.num_kv_heads % 2:
-                problems.append(f"DIFF needs an even num_kv_heads (K1/K2 halves), got {self.num_kv_heads}")
+            problems.append(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if architecture_problems is not None:
+            problems += architecture_problems(self)
         if problems:
             raise ValueError(f"preset {self.name!r} is invalid for attention={attention!r}: " + "; ".join(problems))
 

@@ -9,23 +9,43 @@ default to 1e-3.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config import YamlConfig, set_dotted
 from ..data.synthetic import CITY_KEYS, NEEDLE_LOSSES
-from ..models.build import ATTENTIONS
+from ..models.architectures import ARCHITECTURES
 from ..models.diff_llama import NORMS
 from ..models.presets import PRESETS
 from ..ops import BACKENDS
 
-# runs of several architectures on the same data, seed and budget (one folder each, then a comparison)
-PAIRED = {"both": ("standard", "diff"), "all": ("standard", "diff", "diff-v2")}
+
+class _PairedRuns(Mapping):
+    """Runs of several architectures on the same data, seed and budget (one folder each, then a comparison):
+    ``both`` = the baseline and DIFF, ``all`` = every architecture of the table (read when asked, so a registered
+    architecture is in it)."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        if name == "both":
+            return ("standard", "diff")
+        if name == "all":
+            return tuple(ARCHITECTURES)
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(("both", "all"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+PAIRED = _PairedRuns()
 
 
 @dataclass
 class ModelConfig:
     preset: str = "tiny"
-    attention: str = "diff"  # standard | diff | diff-v2 | both (standard + diff) | all (the three)
+    attention: str = "diff"  # an architecture (models.architectures: standard, diff, diff-v2) | both | all
     backend: str = "auto"  # backend of the DIFF attention op
     lambda_init: str | float = "exponential"
     norm: str = "rms"
@@ -34,9 +54,9 @@ class ModelConfig:
     def validate(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"model.preset: unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
-        if self.attention not in (*ATTENTIONS, *PAIRED):
+        if self.attention not in (*ARCHITECTURES, *PAIRED):
             raise ValueError(
-                f"model.attention must be one of {', '.join((*ATTENTIONS, *PAIRED))}; got {self.attention!r}"
+                f"model.attention must be one of {', '.join((*ARCHITECTURES, *PAIRED))}; got {self.attention!r}"
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"model.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")

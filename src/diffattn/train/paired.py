@@ -13,12 +13,15 @@ import json
 import logging
 from pathlib import Path
 
+from ..models.architectures import ARCHITECTURES
 from .config import PAIRED, RunConfig
 from .trainer import METRICS, RUN_CONFIG, RunFolderError, pretrain
 
 logger = logging.getLogger(__name__)
 
-LABELS = {"standard": "Transformer (baseline)", "diff": "DIFF Transformer", "diff-v2": "DIFF Transformer V2"}
+
+def _label(attention: str) -> str:
+    return ARCHITECTURES[attention].label
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -47,7 +50,7 @@ def pretrain_paired(
     for attention in PAIRED.get(config.model.attention, PAIRED["both"]):
         cfg = copy.deepcopy(config)
         cfg.model.attention = attention
-        logger.info("paired run: %s", LABELS[attention])
+        logger.info("paired run: %s", _label(attention))
         summaries[attention] = pretrain(cfg, out / attention, resume=resume, overwrite=overwrite, callbacks=callbacks)
     write_comparison(out, summaries)
     return summaries
@@ -58,7 +61,7 @@ def write_comparison(out: Path, summaries: dict[str, dict]) -> None:
     for attention, s in summaries.items():
         rows.append(
             {
-                "model": LABELS[attention],
+                "model": _label(attention),
                 "parameters": s["parameters"],
                 "steps": s["steps"],
                 "final_val_loss": s["final_val_loss"],
@@ -92,7 +95,7 @@ def plot_loss_curves(metric_files: dict[str, Path], path: Path) -> None:
         train = [r for r in recs if "loss" in r]
         val = [r for r in recs if "val_loss" in r]
         (line,) = ax_loss.plot(
-            [r["step"] for r in train], [r["loss"] for r in train], alpha=0.8, label=f"{LABELS[attention]} train"
+            [r["step"] for r in train], [r["loss"] for r in train], alpha=0.8, label=f"{_label(attention)} train"
         )
         if val:
             ax_loss.plot(
@@ -100,7 +103,7 @@ def plot_loss_curves(metric_files: dict[str, Path], path: Path) -> None:
                 [r["val_loss"] for r in val],
                 "o--",
                 color=line.get_color(),
-                label=f"{LABELS[attention]} val",
+                label=f"{_label(attention)} val",
             )
         lam = [r for r in train if r.get("lambda")]
         if lam:

@@ -49,7 +49,8 @@ from ..files import (
     write_text_atomic,
 )
 from ..lambdas import lambda_per_layer
-from ..models.build import ATTENTIONS, build_model
+from ..models.architectures import ARCHITECTURES
+from ..models.build import build_model
 from ..models.presets import get_preset
 from .config import RunConfig, setting_differences
 from .data import PackedDataset, prepare_data
@@ -310,8 +311,9 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
     if t.fsdp and not torch.cuda.is_available():
         # transformers' Trainer would fall back to DDP (or fail) without saying so, while run.yaml said fsdp
         raise ValueError(
-            "train.fsdp (--fsdp) needs CUDA GPUs under torchrun, and this machine has none: drop it (torchrun "
-            "without it runs DDP, which gives the same losses)"
+            "train.fsdp (--fsdp) needs CUDA GPUs under torchrun (transformers' Trainer shards with FSDP2 through "
+            "accelerate there); this machine has none: drop it (torchrun without it runs DDP, same losses), or "
+            "shard on CPU processes with diffattn.train.sharded (FSDP2 over gloo, README 'Training on a cluster')"
         )
     per_device, rem = divmod(t.global_batch_size, world * t.grad_accum)
     if rem or per_device < 1:
@@ -446,11 +448,11 @@ def pretrain(
     overwrite: bool = False,
     callbacks: list[TrainerCallback] | None = None,
 ) -> dict:
-    """Train one model (``config.model.attention`` is ``standard``, ``diff`` or ``diff-v2``); return its summary."""
+    """Train one model (``config.model.attention`` is one architecture of the table); return its summary."""
     config.validate()
-    if config.model.attention not in ATTENTIONS:
+    if config.model.attention not in ARCHITECTURES:
         raise ValueError(
-            f"pretrain trains one model: model.attention must be one of {', '.join(ATTENTIONS)} "
+            f"pretrain trains one model: model.attention must be one of {', '.join(ARCHITECTURES)} "
             f"(use pretrain_paired for {config.model.attention!r})"
         )
     run_dir = Path(run_dir)
@@ -465,12 +467,11 @@ def pretrain(
         )
     with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
         data = prepare_data(config)
+    options = {"backend": None, **{k: getattr(config.model, k) for k in ARCHITECTURES[config.model.attention].options}}
     model = build_model(
         config.model.preset,
         config.model.attention,
-        backend=config.model.backend if config.model.attention in ("diff", "diff-v2") else None,
-        lambda_init=config.model.lambda_init if config.model.attention == "diff" else None,
-        norm=config.model.norm if config.model.attention == "diff" else None,
+        **options,  # the model.* settings its architecture takes
         seed=config.train.seed,
         **{**config.model.overrides, "vocab_size": len(data.tokenizer)},
     )
