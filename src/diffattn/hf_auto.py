@@ -1,6 +1,7 @@
 """Registration of diffattn's own model types with transformers' Auto classes (``AutoConfig``, ``AutoModel``,
 ``AutoModelForCausalLM``): DIFF V2 (``diffattn_v2``, :mod:`diffattn.models.diff_v2`) and DIFF models whose options
-plain DiffLlama does not compute (``diffattn_diff``, :mod:`diffattn.models.diff_model`).
+plain DiffLlama does not compute (``diffattn_diff``, :mod:`diffattn.models.diff_model`); and of our fused two-map
+op as an attention implementation (``attn_implementation="diffattn"``, :mod:`diffattn.models.attention_interface`).
 
 After ``import diffattn``, ``AutoModelForCausalLM.from_pretrained(checkpoint)`` must work whatever was imported
 first, yet ``import diffattn`` must not load torch and transformers (the ``diffattn`` command starts in a fraction
@@ -41,6 +42,8 @@ def register_auto_classes() -> None:
         return
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+    from .models.attention_interface import register_fused_attention
+
     # the submodules, not diffattn.models itself: this may run while that package is still being imported
     from .models.diff_llama import DiffTransformerConfig
     from .models.diff_model import DiffTransformerForCausalLM, DiffTransformerModel
@@ -53,6 +56,7 @@ def register_auto_classes() -> None:
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
         AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
+    register_fused_attention()  # attn_implementation="diffattn": our fused two-map op, the V2 models' default
     _registered = True
 
 

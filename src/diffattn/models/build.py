@@ -82,7 +82,8 @@ def build_model(
         )
     if seed is not None:
         torch.manual_seed(seed)
-    model = architecture.model_class._from_config(config, attn_implementation="sdpa", dtype=dtype or torch.float32)
+    # each class's default attention implementation: sdpa for Llama and DiffLlama, our fused op for DIFF V2
+    model = architecture.model_class._from_config(config, dtype=dtype or torch.float32)
     if architecture.install is not None:
         options = {"backend": backend, **given}
         architecture.install(model, **{k: options[k] for k in architecture.options})

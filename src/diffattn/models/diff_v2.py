@@ -42,6 +42,7 @@ from ..lambdas import HasLambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
+from .attention_interface import FUSED, paired_attention, register_fused_attention, uses_fused_op
 from .diff_llama import attention_maps_requested, rotated_heads
 
 MODEL_TYPE = "diffattn_v2"
@@ -127,6 +128,8 @@ class DiffV2Attention(LlamaAttention, HasLambda):
             config.hidden_size, 2 * self.num_heads * self.head_dim, bias=getattr(config, "attention_bias", False)
         )
         self.lambda_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
+        # the 2H pair-interleaved query heads against Hkv key/value heads, as attention implementations group them
+        self.num_key_value_groups = 2 * self.num_heads // config.num_key_value_heads
         self._last_lambda: torch.Tensor | None = None
 
     def current_lambda(self) -> torch.Tensor:
@@ -150,9 +153,15 @@ class DiffV2Attention(LlamaAttention, HasLambda):
         )
         lam = v2_gate(self.lambda_proj, hidden_states)  # [B, H, T]
         self._last_lambda = lam.detach().mean()
+        maps_requested = attention_maps_requested(self.config, kwargs)
+        if not uses_fused_op(self.config):  # transformers' eager / sdpa / flex / flash: both maps in one call
+            dropout = self.attention_dropout if self.training else 0.0
+            kwargs["output_attentions"] = maps_requested
+            out, weights = paired_attention(self, q, k, v, lam, attention_mask, self.scaling, dropout, **kwargs)
+            return self.o_proj(out.reshape(bsz, q_len, -1)), weights
         out = v2_attention(self, q, k, v, lam, attention_mask, self.scaling, self.backend)  # [B, H, T, d]
         weights = None
-        if attention_maps_requested(self.config, kwargs):
+        if maps_requested:
             # both maps, interleaved like the query heads, from the reference op
             ref = diff_attention_maps(q[:, 0::2], k, q[:, 1::2], k, v, lam, attn_mask=attention_mask,
                                       causal=attention_mask is None, scale=self.scaling)  # fmt: skip
@@ -164,6 +173,15 @@ class DiffV2Attention(LlamaAttention, HasLambda):
 class DiffTransformerV2PreTrainedModel(LlamaPreTrainedModel):
     config_class = DiffTransformerV2Config
     base_model_prefix = "model"
+    _supports_attention_backend = True  # any implementation of ALL_ATTENTION_FUNCTIONS (vLLM's backend checks it)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """Our fused two-map op (attn_implementation "diffattn") unless another implementation is asked for; the
+        baseline (``use_diff_v2=False``) is Llama's and keeps transformers' default."""
+        register_fused_attention()
+        if requested_attention is None and getattr(self.config, "use_diff_v2", True):
+            return FUSED
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)

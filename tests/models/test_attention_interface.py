@@ -1,0 +1,124 @@
+"""Differential attention through transformers' attention interface (diffattn.models.attention_interface): every
+implementation transformers can run here gives the logits of the float64 eager model within fp32 rounding, for the
+modules whose two maps share K (DIFF V2; docs/methods.md §0.1), and our fused op is a registered implementation.
+
+Tolerance (the rule of tests/ops/test_triton.py): an implementation's error against the float64 model is at most
+twice that of plain PyTorch (transformers' eager attention in float32 on this machine) plus one float32 ulp."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from diffattn import build_model
+from diffattn.models.attention_interface import FUSED
+
+from ..tiny_models import tiny
+
+IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention", "flash_attention_2", FUSED]
+
+
+def _available(impl: str) -> str | None:
+    """Why ``impl`` cannot run on this machine (None: it can)."""
+    flash_here = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+    if impl.startswith("flash_attention") and not flash_here:
+        return "flash_attention_2 needs CUDA and the flash-attn package"
+    return None
+
+
+def _v2_model():
+    return build_model("debug", "diff-v2", seed=0)
+
+
+MODELS = {"diff-v2": _v2_model}
+
+
+def _logits(model, impl, ids, attention_mask=None):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():  # flex_attention has no backward on CPU
+        return model(ids, attention_mask=attention_mask).logits
+
+
+def _assert_within_rounding(impl, got, gold, plain):
+    err = (got.double() - gold).abs().max().item()
+    err_plain = (plain.double() - gold).abs().max().item()
+    ulp = torch.finfo(torch.float32).eps * gold.abs().max().item()
+    assert err <= 2 * err_plain + ulp, f"{impl}: error {err:.3g} > 2 × eager fp32 {err_plain:.3g} + 1 ulp {ulp:.2g}"
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_attention_implementation_gives_the_eager_logits(name, impl):
+    if (why := _available(impl)) is not None:
+        pytest.skip(why)
+    model = MODELS[name]()
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    # right padding in the second row (with left padding, float64 eager turns the fully masked rows into NaN, which
+    # its zero attention weights then carry into every row: finfo(float64).min plus a score overflows to -inf)
+    mask[1, -5:] = 0
+    plain = _logits(model, "eager", ids, mask)
+    gold = _logits(model.double(), "eager", ids, mask)
+    model.float()
+    got = _logits(model, impl, ids, mask)
+    valid = mask.bool()
+    _assert_within_rounding(impl, got[valid], gold[valid], plain[valid])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_generation_with_a_cache_is_the_same_through_each_implementation(name):
+    model = MODELS[name]()
+    ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
+    tokens = {}
+    for impl in ("eager", "sdpa", FUSED):
+        model.set_attn_implementation(impl)
+        tokens[impl] = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert all(torch.equal(t, tokens["eager"]) for t in tokens.values())
+
+
+def test_eager_returns_both_maps_interleaved_like_the_fused_path():
+    model = _v2_model()
+    ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(ids, output_attentions=True).attentions
+        model.set_attn_implementation(FUSED)
+        fused = model(ids, output_attentions=True).attentions
+    heads = 2 * model.config.num_attention_heads
+    assert eager[0].shape == (1, heads, 10, 10)
+    for a, b in zip(eager, fused, strict=True):
+        torch.testing.assert_close(a, b)  # both softmax maps in fp32: agree to fp32 rounding
+
+
+def test_the_fused_implementation_is_the_default_of_a_loaded_v2_model_and_refused_by_ordinary_attention(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _v2_model().save_pretrained(tmp_path / "v2")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "v2").config._attn_implementation == FUSED
+    baseline = build_model("debug", "standard", seed=0)
+    baseline.set_attn_implementation(FUSED)
+    with pytest.raises(ValueError, match=r"fused two-map kernel.*use 'sdpa'"):
+        baseline(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_import_diffattn_only_adds_its_own_implementation_name():
+    code = (
+        "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as A\n"
+        "from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as M\n"
+        "before = (dict(A._global_mapping), dict(M._global_mapping))\n"
+        "import diffattn, diffattn.models\n"
+        "after = (dict(A._global_mapping), dict(M._global_mapping))\n"
+        "for b, a in zip(before, after):\n"
+        "    assert {k: v for k, v in a.items() if k != 'diffattn'} == b, set(a) ^ set(b)\n"
+        "assert 'diffattn' in after[0] and 'diffattn' in after[1]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_plain_llama_is_untouched_by_the_registration():
+    model = tiny("llama")
+    assert model.config._attn_implementation == "sdpa"
