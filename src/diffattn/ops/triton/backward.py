@@ -30,7 +30,6 @@ from .tile_ops import (
     _SUM,
     _head_offsets,
     _load_keys,
-    _load_pair,
     _load_queries,
     _load_tile,
     _masked_scores,
@@ -102,11 +101,11 @@ def _bwd_dkdv_kernel(
     b64 = b.to(tl.int64)
     hkv64 = hkv.to(tl.int64)
     k_mask = n_ok[:, None] & d_ok[None, :]
-    k1, k2 = _load_pair(
-        K1 + b64 * sk1b + hkv64 * sk1h + (offs_n[:, None] * sk1s + offs_d[None, :]),
-        K2 + b64 * sk2b + hkv64 * sk2h + (offs_n[:, None] * sk2s + offs_d[None, :]),
-        k_mask, SHARED_K, UPCAST,
-    )  # fmt: skip
+    k1 = _load_tile(K1 + b64 * sk1b + hkv64 * sk1h + (offs_n[:, None] * sk1s + offs_d[None, :]), k_mask, UPCAST)
+    if SHARED_K:
+        k2 = k1
+    else:
+        k2 = _load_tile(K2 + b64 * sk2b + hkv64 * sk2h + (offs_n[:, None] * sk2s + offs_d[None, :]), k_mask, UPCAST)
     v = _load_tile(
         V + b64 * svb + hkv64 * svh + (offs_n[:, None] * svs + offs_dv[None, :]), n_ok[:, None] & dv_ok[None, :], UPCAST
     )

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile_ops import _MAX, _SUM, _head_offsets, _load_keys, _load_pair, _masked_scores, _row_block_longest_first
+from .tile_ops import _MAX, _SUM, _head_offsets, _load_keys, _load_tile, _masked_scores, _row_block_longest_first
 
 
 @triton.jit
@@ -129,11 +129,12 @@ def _fwd_kernel(
     h64 = h_row.to(tl.int64)
     t64 = t_row.to(tl.int64)
 
-    q1, q2 = _load_pair(
-        Q1 + b64 * sq1b + (h64 * sq1h + t64 * sq1t)[:, None] + offs_d[None, :],
-        Q2 + b64 * sq2b + (h64 * sq2h + t64 * sq2t)[:, None] + offs_d[None, :],
-        row_ok[:, None] & d_ok[None, :], SHARED_Q, UPCAST,
-    )  # fmt: skip
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q1 = _load_tile(Q1 + b64 * sq1b + (h64 * sq1h + t64 * sq1t)[:, None] + offs_d[None, :], q_mask, UPCAST)
+    if SHARED_Q:  # DiffK: one Q serves both maps
+        q2 = q1
+    else:
+        q2 = _load_tile(Q2 + b64 * sq2b + (h64 * sq2h + t64 * sq2t)[:, None] + offs_d[None, :], q_mask, UPCAST)
     lam = tl.load(LAM + (b * H + h_row) * T + t_row, mask=row_ok, other=0.0)  # λ per row: [B, H, T] float32
 
     # causal, bottom-right aligned: row t sees keys j <= t + S − T, so no key past the block's last row's limit.

@@ -63,31 +63,18 @@ def _load_tile(ptrs, mask, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _load_pair(ptrs1, ptrs2, mask, SHARED: tl.constexpr, UPCAST: tl.constexpr):
-    # the two maps' operands (Q1, Q2 or K1, K2). SHARED: one tensor serves both maps (DAA / DiffQ / DIFF V2 share
-    # K, DiffK shares Q), read once; ptrs2 is then never loaded
-    x1 = tl.load(ptrs1, mask=mask, other=0.0)
-    if SHARED:  # noqa: SIM108 (compile-time branch)
-        x2 = x1
-    else:
-        x2 = tl.load(ptrs2, mask=mask, other=0.0)
-    if UPCAST:
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    return x1, x2
-
-
-@triton.jit
 def _load_keys(
     k1_base, k2_base, v_base, offs_n, sk1s, sk2s, svs, offs_d, v_cols, k_mask, v_mask,
     SHARED_K: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    # the key tile offs_n of K1, K2 ([BN, BLOCK_D]) and V ([BN, BLOCK_DV], columns v_cols) of one KV head
-    k1, k2 = _load_pair(
-        k1_base + offs_n[:, None] * sk1s + offs_d[None, :],
-        k2_base + offs_n[:, None] * sk2s + offs_d[None, :],
-        k_mask, SHARED_K, UPCAST,
-    )  # fmt: skip
+    # the key tile offs_n of K1, K2 ([BN, BLOCK_D]) and V ([BN, BLOCK_DV], columns v_cols) of one KV head.
+    # SHARED_K: one K serves both maps (DAA / DiffQ / DIFF V2), read once. Each address is formed right before its
+    # load: computing both first moved ptxas's register counts on sm_90 (benchmarks/kernel_report.py)
+    k1 = _load_tile(k1_base + offs_n[:, None] * sk1s + offs_d[None, :], k_mask, UPCAST)
+    if SHARED_K:  # noqa: SIM108 (compile-time branch)
+        k2 = k1
+    else:
+        k2 = _load_tile(k2_base + offs_n[:, None] * sk2s + offs_d[None, :], k_mask, UPCAST)
     v = _load_tile(v_base + offs_n[:, None] * svs + v_cols[None, :], v_mask, UPCAST)
     return k1, k2, v
 
@@ -98,12 +85,13 @@ def _load_queries(
     SHARED_Q: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     # the backward's query block offs_m of one query head: Q1, Q2 ([BM, BLOCK_D]) and dO ([BM, BLOCK_DV], rows of DV
-    # contiguous elements)
-    q1, q2 = _load_pair(
-        q1_head + (offs_m[:, None] * sq1t + offs_d[None, :]),
-        q2_head + (offs_m[:, None] * sq2t + offs_d[None, :]),
-        m_ok[:, None] & d_ok[None, :], SHARED_Q, UPCAST,
-    )  # fmt: skip
+    # contiguous elements). SHARED_Q: one Q serves both maps (DiffK), read once
+    q_mask = m_ok[:, None] & d_ok[None, :]
+    q1 = _load_tile(q1_head + (offs_m[:, None] * sq1t + offs_d[None, :]), q_mask, UPCAST)
+    if SHARED_Q:  # noqa: SIM108 (compile-time branch)
+        q2 = q1
+    else:
+        q2 = _load_tile(q2_head + (offs_m[:, None] * sq2t + offs_d[None, :]), q_mask, UPCAST)
     do = _load_tile(do_head + (offs_m[:, None] * DV + offs_dv[None, :]), m_ok[:, None] & dv_ok[None, :], UPCAST)
     return q1, q2, do
 
