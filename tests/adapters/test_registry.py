@@ -13,8 +13,8 @@ from torch import nn
 
 import diffattn
 from diffattn.adapters import registry
+from diffattn.adapters.annealed import attention_module_names
 from diffattn.adapters.base import AdapterMethod, wrap_attention
-from diffattn.adapters.daa import attention_module_names
 from diffattn.cli import main
 
 from ..tiny_models import tiny
@@ -62,7 +62,7 @@ def toy():
 
 
 def test_a_registered_method_is_known_everywhere(toy):
-    from diffattn.train.adapt import ADAPT_METHODS
+    from diffattn.train.adapt_config import ADAPT_METHODS
     from diffattn.train.recipes import PAPER_RECIPES
 
     assert diffattn.METHODS["toy"] is ToyConfig and "toy" in ADAPT_METHODS

@@ -11,16 +11,12 @@ import torch
 from transformers import TrainerCallback
 
 from diffattn import load_adapter, load_pretrained
+from diffattn.adapters.runs import load_adapted
 from diffattn.cli import main
 from diffattn.data import load_corpus
-from diffattn.train.adapt import (
-    INACTIVE_LAMBDA,
-    AdaptRunConfig,
-    _lambda_warnings,
-    adapt_pretrained,
-    default_anneal_steps,
-    load_adapted,
-)
+from diffattn.train.adapt import AdaptRunConfig, adapt_pretrained
+from diffattn.train.adapt_config import default_anneal_steps
+from diffattn.train.adapt_trainer import INACTIVE_LAMBDA, _lambda_warnings
 
 from ..helpers import adapt_config
 

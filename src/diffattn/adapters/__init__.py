@@ -17,24 +17,19 @@ from ..lambdas import lambda_per_layer
 # isort: off
 # The method modules register themselves (registry.register) when imported, in this order (the order of
 # `diffattn adapt --help` and of the reports). A new method: one more name here.
-from . import dex, input_diff, daa, difflora, diff_v2, controls  # noqa: F401
+from . import dex, input_diff, daa, difflora, diff_v2, controls  # noqa: F401  (imported to register)
 
 # isort: on
 from .base import AdaptedAttention, AnnealedLambda, adapted_model, remove_adapter, set_adapter_step
+
+# the public API (__all__): every method's options as users pass them to adapt (the README's method table), and
+# Dex's head scores
 from .controls import LoRAControlConfig
-from .daa import DAAConfig, DiffKConfig, DiffQConfig, adapt_daa, adapt_input_diff, attention_module_names  # noqa: F401
-from .dex import (  # noqa: F401  (the method functions were importable from here)
-    DexConfig,
-    adapt_dex,
-    dex_trainable_parameters,
-    dex_trained_names,
-    head_entropy,
-    head_importance,
-    merge_dex,
-)
-from .diff_v2 import DiffV2Config, adapt_diff_v2  # noqa: F401
-from .difflora import DiffLoRAConfig, adapt_difflora, difflora_trained_names  # noqa: F401
-from .input_diff import DiffVConfig, adapt_diffv, merge_diffv  # noqa: F401
+from .daa import DAAConfig, DiffKConfig, DiffQConfig
+from .dex import DexConfig, head_entropy, head_importance
+from .diff_v2 import DiffV2Config
+from .difflora import DiffLoRAConfig
+from .input_diff import DiffVConfig
 from .io import load_adapter, save_adapter
 from .model_types import MODEL_TYPES, ModelTypeSpec, attention_modules, get_spec, project_output, project_qkv
 from .registry import MethodSpec, get_method, method_names, spec_for_config, specs

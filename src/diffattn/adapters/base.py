@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..lambdas import HasLambda, annealed_lambda
-from ..lambdas import lambda_init_schedule as lambda_init_for_layer  # noqa: F401  (its old name here)
 from ..ops import BACKENDS, diff_attention
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention

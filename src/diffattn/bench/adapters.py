@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..adapters import adapt, adapter_lambdas, merge_adapter, set_adapter_step, trainable_parameters
-from ..adapters.daa import attention_module_names
+from ..adapters.annealed import attention_module_names
 from ..adapters.registry import specs
 
 ANNEAL_STEPS = 1000  # T of λ(t); the models are set to step T // 2, where λ(t) = ¼·λ_init > 0

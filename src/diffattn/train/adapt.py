@@ -21,10 +21,10 @@ in ``summary.json`` and the adapter.
 
 Output folder: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``summary.json`` (validation loss before and
 after, trainable and total parameter counts, λ per layer, Dex heads, ``warnings``: e.g. a λ(t) method whose
-|λ| ended below :data:`INACTIVE_LAMBDA` in every layer), and the result:
+|λ| ended below :data:`~diffattn.train.adapt_trainer.INACTIVE_LAMBDA` in every layer), and the result:
 ``adapter/`` (:func:`diffattn.save_adapter`; PEFT's own folder for ``lora``), ``merged/`` (``--merge``, Dex
 and DiffV: a plain model of the base architecture) or ``final/`` (``attn-ft``, ``full-ft``), each with the
-tokenizer. :func:`load_adapted` rebuilds the trained model from the folder.
+tokenizer. :func:`diffattn.adapters.runs.load_adapted` rebuilds the trained model from the folder.
 """
 
 from __future__ import annotations
@@ -53,34 +53,19 @@ from ..adapters import (
     trainable_parameters,
 )
 from ..adapters.base import set_adapter_backend
-from ..adapters.controls import LoRAControlConfig, NoOptions, lora_target_modules  # noqa: F401  (were here)
-from ..adapters.io import load_adapter  # noqa: F401  (importable from here before)
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
-from ..adapters.runs import load_adapted  # noqa: F401  (re-exported: it was defined here)
 from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
-from ..files import (
-    RUN_CONFIG,  # noqa: F401  (importable from here before)
-    is_inside,
-    publish_folder,
-    release_folder,
-    write_text_atomic,
-)
+from ..files import is_inside, publish_folder, release_folder, write_text_atomic
 from ..models.pretrained import load_pretrained
-from .adapt_config import (  # noqa: F401  (re-exported: the public names of a run's config)
+from .adapt_config import (
     RESOLVED_OPTIONS,
-    AdaptDataSection,
-    AdaptMethodSection,
-    AdaptModelSection,
     AdaptRunConfig,
-    AdaptTrainConfig,
-    __getattr__,
     _jsonable,
     check_resolved_options,
-    default_anneal_steps,
     resolved_method_options,
 )
-from .adapt_trainer import INACTIVE_LAMBDA, AdapterStepCallback, AdapterTrainer, _lambda_warnings  # noqa: F401
+from .adapt_trainer import AdapterStepCallback, AdapterTrainer, _lambda_warnings
 from .data import PackedDataset, add_retrieval_mix, check_enough_text
 from .tracking import report_to, tracker_environment
 from .trainer import (

@@ -13,9 +13,10 @@ import json
 import logging
 from pathlib import Path
 
+from ..files import RUN_CONFIG
 from ..models.architectures import ARCHITECTURES
 from .config import PAIRED, RunConfig
-from .trainer import METRICS, RUN_CONFIG, RunFolderError, pretrain
+from .trainer import METRICS, RunFolderError, pretrain
 
 logger = logging.getLogger(__name__)
 
