@@ -473,10 +473,10 @@ def test_difflora_exponential_lambda_init_and_norm_gain():
         DiffLoRAConfig(group_norm_gain=True)
 
 
-def test_an_adapter_refuses_a_base_changed_anywhere_and_reads_older_fingerprints(tmp_path, caplog):
+def test_an_adapter_refuses_a_base_changed_anywhere_and_a_fingerprint_it_does_not_check(tmp_path):
     """The base fingerprint covers every tensor the adapter's output depends on: scaling one MLP weight of the base
-    is another base (the fingerprint of the embeddings alone let it through). An adapter saved before (version 1)
-    is still read, with a warning that says what it cannot check."""
+    is another base (a fingerprint of the embeddings alone would let it through). A folder recording another
+    fingerprint version (none, or 1: the embeddings only) is refused in one line, the model left unchanged."""
     import json
 
     model = adapt(tiny("llama"), DexConfig(heads="all", anneal_steps=4))
@@ -488,11 +488,10 @@ def test_an_adapter_refuses_a_base_changed_anywhere_and_reads_older_fingerprints
     with pytest.raises(ValueError, match="was trained on a different base model"):
         load_adapter(changed, folder)
     meta = json.loads((folder / "adapter_config.json").read_text())
-    from diffattn.adapters.base import base_fingerprint
-
-    meta["base_fingerprint"], meta["base_fingerprint_version"] = base_fingerprint(tiny("llama"), version=1), None
-    del meta["base_fingerprint_version"]
-    (folder / "adapter_config.json").write_text(json.dumps(meta))
-    with caplog.at_level("WARNING"):
-        assert load_adapter(tiny("llama"), folder) is not None
-    assert "covers the input embeddings only" in caplog.text
+    for version in (1, None):
+        meta["base_fingerprint_version"] = version
+        (folder / "adapter_config.json").write_text(json.dumps(meta))
+        base = tiny("llama")
+        with pytest.raises(ValueError, match=rf"base fingerprint of version {version}, not the one .* checks \(2"):
+            load_adapter(base, folder)
+        assert getattr(base, "_diffattn_adapter", None) is None

@@ -214,16 +214,13 @@ class AdapterInfo:
     fingerprint: str  # of the base model when the adapter was created (base_fingerprint)
 
 
-FINGERPRINT_VERSION = 2  # 2: every tensor of the base; 1 (adapters saved before): the input embeddings only
+FINGERPRINT_VERSION = 2  # what base_fingerprint covers (every tensor of the base), recorded with it by save_adapter
 
 
-def base_fingerprint(model: nn.Module, version: int = FINGERPRINT_VERSION) -> str:
+def base_fingerprint(model: nn.Module) -> str:
     """Architecture sizes + a hash of every parameter and buffer of the base model, in name order (the adapter's
     output depends on all of them: a base with one MLP weight scaled is another base). Hashing is cheap next to
-    loading the weights (~1 s for 135M parameters). save_adapter records it, load_adapter refuses another base.
-    ``version=1``: the embeddings only (what adapters saved before version 2 recorded)."""
-    if version == 1:
-        return _embedding_fingerprint(model)
+    loading the weights (~1 s for 135M parameters). save_adapter records it, load_adapter refuses another base."""
     h = hashlib.sha256(_fingerprint_sizes(model).encode())
     for name, tensor in sorted(model.state_dict(keep_vars=False).items()):
         h.update(name.encode())
@@ -246,13 +243,6 @@ def _fingerprint_sizes(model: nn.Module) -> str:
         "vocab_size",
     )
     return json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True)
-
-
-def _embedding_fingerprint(model: nn.Module) -> str:
-    h = hashlib.sha256(_fingerprint_sizes(model).encode())
-    emb = model.get_input_embeddings().weight.detach().float().cpu().contiguous()
-    h.update(emb.numpy().tobytes())
-    return h.hexdigest()
 
 
 def wrap_attention(model: nn.Module, make_method, config, method_name: str, anneal_steps: int | None):

@@ -3,8 +3,8 @@
 The safetensors file holds every parameter the method trained — its own (``dex_*``) and the base attention
 weights it updates (Dex: W_K, W_V, W_O) — under the adapted model's parameter names. The JSON holds the
 method, its config (with the heads that were selected), the step t of λ(t), and a fingerprint of the base
-model taken when the adapter was created (architecture sizes + a hash of the input embedding matrix, which
-no method trains), so loading into another base model is refused. Loading checks everything (method,
+model taken when the adapter was created (architecture sizes + a hash of every tensor of the base), so loading
+into another base model is refused. Loading checks everything (method,
 fingerprint, that the tensors read completely) before the model is touched, and undoes the wrapping if the
 names or shapes do not fit: a bad adapter folder leaves the model unchanged.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from pathlib import Path
 
@@ -28,8 +27,6 @@ from .registry import get_method, method_names
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
 FORMAT_VERSION = 1
-
-logger = logging.getLogger(__name__)
 
 
 PEFT_SAVE = (
@@ -131,14 +128,13 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
         raise ValueError(f"unsupported adapter method {saved!r} in {path}; this version loads: {known}")
     if method is not None and saved != method:
         raise ValueError(f"{path} holds a {saved!r} adapter, not the {method!r} adapter asked for")
-    version = meta.get("base_fingerprint_version", 1)
-    fingerprint = base_fingerprint(model, version=version)
-    if version < FINGERPRINT_VERSION:
-        logger.warning(
-            "%s was saved by an older diffattn whose base fingerprint covers the input embeddings only: a base that "
-            "differs elsewhere would not be noticed; save the adapter again to record every tensor",
-            path,
+    recorded = meta.get("base_fingerprint_version")
+    if recorded != FINGERPRINT_VERSION:  # another hash of the base: comparing it with ours would prove nothing
+        raise ValueError(
+            f"{path} records a base fingerprint of version {recorded!r}, not the one this diffattn checks "
+            f"({FINGERPRINT_VERSION}: every tensor of the base); save the adapter with this diffattn"
         )
+    fingerprint = base_fingerprint(model)
     if meta.get("base_fingerprint") != fingerprint:
         raise ValueError(
             f"the adapter in {path} was trained on a different base model "
