@@ -7,6 +7,7 @@ import json
 import logging
 import platform
 import sys
+import typing
 from pathlib import Path
 
 from . import __version__  # cheap: the package imports torch/transformers only on first use
@@ -294,37 +295,32 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _niah_grid(text: str) -> tuple[tuple[int, int], ...]:
-    try:
-        cells = tuple(tuple(int(x) for x in cell.lower().split("x")) for cell in text.split(","))
-    except ValueError:
-        cells = ()
-    if not cells or any(len(c) != 2 or not 1 <= c[1] <= c[0] for c in cells):
-        raise argparse.ArgumentTypeError(f"--niah-grid wants NxR cells with 1 <= R <= N, e.g. 1x1,4x2; got {text!r}")
-    return cells
+def _add_suite_options(p: argparse.ArgumentParser) -> None:
+    """One flag per suite option (diffattn.eval.suite.option_specs): its field name with dashes, its default, its
+    help; the suites' own options say which suite reads them."""
+    from .eval.suite import option_specs
 
-
-def _int_list(text: str) -> tuple[int, ...]:
-    if text.strip().lower() == "none":
-        return ()
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"want comma-separated positive ints or 'none', got {text!r}")
-    return values
+    for spec in option_specs():
+        kind = spec.parse or (int if int in (typing.get_args(spec.kind) or (spec.kind,)) else str)
+        help_text = spec.help if spec.owner is None else f"{spec.owner}: {spec.help}"
+        p.add_argument(spec.flag, dest=spec.name, type=kind, default=spec.default, help=help_text)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from dataclasses import fields
-
     from .eval.common import fmt
-    from .eval.suite import SUITE_TABLE, SuiteOptions, check_eval_folder, load_for_eval, parse_suites, run_suites
+    from .eval.suite import (
+        SUITE_TABLE,
+        check_eval_folder,
+        load_for_eval,
+        option_specs,
+        options_class,
+        parse_suites,
+        run_suites,
+    )
 
     suites = parse_suites(args.suite)  # a bad name fails before the model loads
     check_eval_folder(Path(args.out))
-    options = SuiteOptions(**{f.name: getattr(args, f.name) for f in fields(SuiteOptions) if hasattr(args, f.name)})
+    options = options_class()(**{spec.name: getattr(args, spec.name) for spec in option_specs()})
     options.validate(suites, style="flag")  # before the model loads
     model, tokenizer, description = load_for_eval(args.model, trust_remote_code=args.trust_remote_code)
     doc = run_suites(
@@ -374,6 +370,7 @@ REPORT_TO_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .eval.suite import SUITE_TABLE
     from .models.architectures import ARCHITECTURES
     from .models.pretrained import PRETRAINED
 
@@ -477,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a diffattn run folder, a Hugging Face folder, or smollm2-135m")
     p.add_argument(
         "--suite",
-        default="ppl,niah,alloc,mqar,outliers,quant,heads",
+        default=",".join(name for name, entry in SUITE_TABLE.items() if entry.default),
         help="comma-separated suites of the suite table (`diffattn info` lists them)",
     )
     p.add_argument("--out", required=True, help="folder for results.json and the PNGs")
@@ -487,51 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let a model folder with an auto_map run its own Python code (only for code you have read)",
     )
-    p.add_argument("--text", default="shakespeare", help="evaluation text: shakespeare, filler or a path")
-    p.add_argument("--haystack", default="shakespeare", help="NIAH/allocation haystack: shakespeare or filler")
-    p.add_argument("--context-tokens", dest="context_tokens", type=int, help="NIAH/allocation context length")
-    p.add_argument("--samples", type=int, default=5, help="NIAH samples per cell / allocation samples")
-    p.add_argument(
-        "--niah-grid",
-        dest="niah_grid",
-        type=_niah_grid,
-        default=None,
-        help="NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,6x2,8x1 where they fit the context)",
-    )
-    p.add_argument("--niah-needles", dest="niah_needles", type=int, default=8, help="N of the NIAH heatmap (R = 1)")
-    p.add_argument(
-        "--niah-digits", dest="niah_digits", type=int, default=7, help="needle number length (the papers: 7)"
-    )
-    p.add_argument(
-        "--niah-heatmap-lengths",
-        dest="niah_heatmap_lengths",
-        type=_int_list,
-        help="comma-separated heatmap context lengths; 'none' for no heatmap (default: 1/2, 3/4, all of the context)",
-    )
-    p.add_argument(
-        "--niah-heatmap-samples",
-        dest="niah_heatmap_samples",
-        type=int,
-        help="samples per heatmap cell (default: --samples)",
-    )
-    p.add_argument("--tokens", type=int, default=4096, help="token budget of ppl/outliers/quant/heads")
-    p.add_argument("--window", type=int, help="perplexity window (stride = window / 2)")
-    p.add_argument("--icl-dataset", dest="icl_dataset", default="fortunes", help="wordnet, fortunes or chatterbot")
-    p.add_argument("--icl-draws", dest="icl_draws", type=int, default=3)
-    p.add_argument("--icl-test-size", dest="icl_test_size", type=int, default=30)
-    p.add_argument("--icl-max-chars", dest="icl_max_chars", type=int, default=300, help="cut longer ICL texts")
-    p.add_argument("--icl-max-classes", dest="icl_max_classes", type=int, help="keep the most frequent classes")
-    p.add_argument(
-        "--icl-permutations", dest="icl_permutations", type=int, default=10, help="orders of the order-robustness set"
-    )
-    p.add_argument(
-        "--icl-context-tokens",
-        dest="icl_context_tokens",
-        type=int,
-        help="ICL prompt length in tokens (default: the model's maximum; the order-robustness set fills it)",
-    )
-    p.add_argument("--mqar-samples", dest="mqar_samples", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    _add_suite_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("run", help="run an experiment YAML: pretrain, adapt, evaluate, report (skips finished parts)")

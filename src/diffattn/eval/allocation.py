@@ -43,6 +43,7 @@ Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer a
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +53,9 @@ from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
 from .common import Suite, check_fits, evaluation_window, figure, group_colors, load_text, model_device, save_figure
-from .niah import DEPTHS, fit_sample
-from .stats import mean_se
+from .measures import NO_PER_SAMPLE, Comparison, Measure, Run, first, paired_kind, same_metadata
+from .niah import DEPTHS, check_needle_cells, fit_sample, needle_protocol
+from .stats import mean_se, normal_interval, paired_difference, unpaired_difference
 
 BUCKETS = ("bos", "before", "answer", "after", "query")
 LAMBDA0_REFERENCE = (
@@ -483,4 +485,63 @@ def compare(alloc: dict[str, dict], out: Path) -> list[str]:
             *allocation_table(alloc)]  # fmt: skip
 
 
-SUITE = Suite("alloc", _run_suite, headline=_headline, compare=compare)
+# -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+_BUCKETS = {"attention_to_answer": ("answer", "attention to answer"), "attention_noise": ("noise", "attention noise")}
+
+
+def _compare_share(ref: Run, new: Run, seed: int, key: str) -> Comparison | None:
+    """An allocation share (``attention_to_answer`` or ``attention_noise``), over the same prompts when both models
+    saw them: the shares of |attention| where the results have them (docs/evaluation.md §6.2)."""
+    ar, an = ref.results("alloc"), new.results("alloc")
+    if not ar or not an or key not in ar or key not in an:
+        return None
+    per_key, metric = _BUCKETS[key]
+    magnitude = all(f"{per_key}_magnitude" in p for p in (ar.get("per_sample") or []) + (an.get("per_sample") or []))
+    if magnitude:  # shares of |a|: a signed map cannot meet the claim by cancelling + and − entries of one bucket
+        per_key, metric = f"{per_key}_magnitude", f"{metric} (share of |attention|)"
+    sr = [p[per_key] for p in ar.get("per_sample") or []]
+    sn = [p[per_key] for p in an.get("per_sample") or []]
+    if not sr or not sn:
+        return Comparison(metric, ref_value=ar[key], new_value=an[key], kind=NO_PER_SAMPLE)
+    (rm, rse), (nm, nse) = mean_se(sr), mean_se(sn)
+    rci = normal_interval(rm, rse) if math.isfinite(rse) else None
+    nci = normal_interval(nm, nse) if math.isfinite(nse) else None
+    if len(sr) == len(sn) and same_metadata(ar.get("metadata"), an.get("metadata"), "samples_sha1"):
+        diff = paired_difference(sr, sn, seed=seed)
+        kind = paired_kind(diff, "samples; values ± 1.96 SE over samples")
+    else:
+        diff = unpaired_difference(sr, sn, method="welch")
+        kind = f"Welch t over samples ({len(sr)} vs {len(sn)}; unpaired: different prompts); values ± 1.96 SE"
+    note = "data uncertainty only, one seed; rows normalised by their sum of absolute values"
+    if magnitude:
+        note += f"; signed shares {ar[key]:.3f} → {an[key]:.3f}"
+    return Comparison(metric, ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff, kind=kind, note=note)
+
+
+def _at_lambda0(run: Run) -> dict | None:
+    """The model's own attention with λ forced to 0, as a model's results (docs/evaluation.md §6.3)."""
+    own = run.results("alloc", "lambda0_reference")
+    return None if own is None else {"alloc": {**own, "metadata": run.results("alloc", "metadata")}}
+
+
+def _share_measure(key: str) -> Measure:
+    return Measure(
+        f"{_BUCKETS[key][1]} (share of |attention|)",
+        3,
+        per_run=lambda run: first(run.results("alloc", f"{key}_magnitude"), run.results("alloc", key)),
+        compare=lambda ref, new, seed: _compare_share(ref, new, seed, key),
+        at_lambda0=_at_lambda0,
+    )
+
+
+MEASURES = {f"alloc:{key}": _share_measure(key) for key in _BUCKETS}
+
+SUITE = Suite(
+    "alloc",
+    _run_suite,
+    headline=_headline,
+    compare=compare,
+    preflight=lambda options, targets: check_needle_cells(options, targets, [(1, 1)]),
+    protocol=needle_protocol,
+    measures=MEASURES,
+)

@@ -1,11 +1,14 @@
-"""Helpers every evaluation shares: the model's context limit, texts to evaluate on, JSON-safe results, plots."""
+"""Helpers every evaluation shares: the suite entry (:class:`Suite`: how a suite runs, its options, checks, protocol
+sentence and claim measures), the options every suite shares (:class:`CommonOptions`), the model's context limit,
+texts to evaluate on, JSON-safe results, plots."""
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -95,19 +98,87 @@ def jsonable(x):
     return x
 
 
+def option(default, help: str, *, minimum: int | None = None, maximum: int | None = None, parse=None):
+    """A suite option: a dataclass field whose metadata gives its ``diffattn eval`` flag's help, its bounds (checked
+    by :meth:`diffattn.eval.suite.OptionsBase.validate`; ``None`` passes when the default is ``None``) and, for a
+    value that is not a plain ``int`` or ``str``, the function that parses the flag's text."""
+    return field(default=default, metadata={"help": help, "minimum": minimum, "maximum": maximum, "parse": parse})
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """A flag's comma-separated positive ints; ``none`` for the empty list."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"want comma-separated positive ints or 'none', got {text!r}")
+    return values
+
+
+@dataclass
+class CommonOptions:
+    """The options several suites read (defaults: minutes on a CPU for a 135M model)."""
+
+    text: str = option("shakespeare", "evaluation text: shakespeare, filler or a path")
+    haystack: str = option("shakespeare", "NIAH/allocation haystack: shakespeare or filler")
+    # default: the length the model was trained at, else min(model max, 1024)
+    context_tokens: int | None = option(None, "NIAH/allocation context length", minimum=8)
+    samples: int = option(5, "NIAH samples per cell / allocation samples", minimum=1)
+    niah_digits: int = option(7, "needle number length in niah and alloc (the papers: 7)", minimum=1, maximum=12)
+    tokens: int = option(4096, "token budget of ppl/outliers/quant/heads", minimum=1)
+    # the window of ppl (stride = window / 2), outliers, quant, heads and AR-Hit (default: the length the model was
+    # trained at, recorded in its run; else min(model max, 1024)): a model measured beyond it is out of distribution
+    window: int | None = option(None, "perplexity window (stride = window / 2)", minimum=2)
+    seed: int = option(0, "seed of every sampled prompt and draw")
+
+    def needle_prompts(self) -> dict:
+        """The options the needle suites (niah, alloc) share: the same seeded prompts for both."""
+        return {
+            "haystack": self.haystack, "context_tokens": self.context_tokens, "samples": self.samples,
+            "value_digits": self.niah_digits, "seed": self.seed,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """A model an experiment will evaluate, known before it is trained: what a suite's preflight can check."""
+
+    name: str
+    positions: int  # the most positions the model will accept
+    trained_length: int  # the sequence length it will be trained at (the suites' default context)
+    tokenizer: Callable[[], object]  # its data's tokenizer, built on the first call
+
+
 @dataclass(frozen=True)
 class Suite:
-    """One evaluation suite's entry in the suite table (:data:`diffattn.eval.suite.SUITE_TABLE`).
+    """One evaluation suite's entry in the suite table (:data:`diffattn.eval.suite.SUITE_TABLE`): everything the
+    library knows about the suite, so that the CLI, experiments, reports and claims read it from here.
 
     ``run(model, tokenizer, options, folder, name) -> (results, {picture key: file name})``: runs it with the
     :class:`~diffattn.eval.suite.SuiteOptions` and writes its pictures into ``folder``. ``headline(results) ->
     {column: number}``: the numbers of the report's model × metric table, which ``diffattn eval`` also prints.
-    ``compare({model: results}, folder) -> report lines``: pictures and tables that put the models side by side."""
+    ``compare({model: results}, folder) -> report lines``: pictures and tables that put the models side by side.
+    ``options``: a dataclass of the suite's own options (fields made with :func:`option`; their names are the
+    ``diffattn eval`` flags and the ``eval.options`` keys of an experiment). ``check(options, name)``: refuses bad
+    values when the suite is asked for (``name(field)`` spells a field as the user wrote it).
+    ``preflight(options, [EvalTarget])``: refuses, before any training, what cannot run on the models an experiment
+    will train. ``protocol(options) -> sentence``: the report's protocol line (suites sharing the function share the
+    line; a suite without one is listed with the others). ``measures``: what claims can read of its results
+    (:class:`~diffattn.eval.measures.Measure` by name). ``default``: part of ``diffattn eval``'s default suites."""
 
     name: str
     run: Callable
     headline: Callable
     compare: Callable | None = None
+    options: type | None = None
+    check: Callable | None = None
+    preflight: Callable | None = None
+    protocol: Callable | None = None
+    measures: Mapping[str, object] = field(default_factory=dict)
+    default: bool = True
 
 
 def fmt(x) -> str:

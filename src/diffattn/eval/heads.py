@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
 from .common import Suite, figure, fmt, model_device, save_figure
+from .measures import ONE_NUMBER, Comparison, Measure, Run, finite
 from .outliers import _windows
 
 EPSILONS = (1e-3, 1e-2)
@@ -162,9 +163,31 @@ def _compare(heads: dict[str, dict], out) -> list[str]:
     return [*lines, ""]
 
 
+# -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+def _compare_summary(ref: Run, new: Run, seed: int, key: str) -> Comparison | None:
+    """A head statistic (e.g. linear CKA between head outputs, Dex Fig. 11b): one number per model (an average
+    over layers and text windows), so one run has no interval."""
+    vr, vn = ref.results("heads", "summary", key), new.results("heads", "summary", key)
+    if not finite(vr) or not finite(vn):
+        return None
+    return Comparison(
+        f"head {key} (mean over layers)", ref_value=vr, new_value=vn,
+        kind=ONE_NUMBER + " (mean over layers and windows)",
+    )  # fmt: skip
+
+
+MEASURES = {
+    f"heads:{key}": Measure(
+        f"head {key} (mean over layers)", 3, per_run=lambda run, key=key: run.results("heads", "summary", key),
+        compare=lambda ref, new, seed, key=key: _compare_summary(ref, new, seed, key),
+    )
+    for key in ("cka", "cosine_distance")
+}  # fmt: skip
+
 SUITE = Suite(
     "heads",
     _run_suite,
     headline=lambda r: {"head cos dist": r["summary"]["cosine_distance"], "head CKA": r["summary"]["cka"]},
     compare=_compare,
+    measures=MEASURES,
 )

@@ -73,11 +73,15 @@ from .common import (
     figure,
     forward_parameters,
     group_colors,
+    int_list,
     model_device,
     model_max_length,
+    option,
     save_figure,
 )
-from .icl_data import Pair, load_icl_dataset, validate_pairs
+from .icl_data import DATASETS, Pair, load_icl_dataset, validate_pairs
+from .measures import ONE_NUMBER, Comparison, Measure, Run, paired_kind
+from .stats import paired_difference, unpaired_difference
 
 ARRANGEMENTS = ("random", "by_class")
 
@@ -841,7 +845,7 @@ def _run_suite(model, tokenizer, o, folder, name):
             test_size=o.icl_test_size,
             seed=o.seed,
             max_length=o.icl_context_tokens,
-            dataset_options=o.icl_dataset_options(),
+            dataset_options=_dataset_options(o),
         ),
         "order_robustness": run_order_robustness(
             model,
@@ -851,7 +855,7 @@ def _run_suite(model, tokenizer, o, folder, name):
             test_size=o.icl_test_size,
             seed=o.seed,
             max_length=o.icl_context_tokens,
-            dataset_options=o.icl_dataset_options(),
+            dataset_options=_dataset_options(o),
         ),
     }
     pictures = {
@@ -874,4 +878,101 @@ def compare(icl: dict[str, dict], out: Path) -> list[str]:
     return [*lines, ""]
 
 
-SUITE = Suite("icl", _run_suite, headline=lambda r: {"ICL best acc": max(r["many_shot"]["mean"])}, compare=compare)
+@dataclass
+class IclOptions:
+    """Many-shot ICL and order robustness (docs/evaluation.md §7)."""
+
+    icl_dataset: str = option("fortunes", f"ICL data set: {', '.join(DATASETS)}")
+    icl_draws: int = option(3, "draws of demonstrations per shot count", minimum=1)
+    icl_test_size: int = option(30, "test items per draw", minimum=1)
+    icl_shots: tuple[int, ...] | None = option(
+        None, "comma-separated shot counts (default: a grid up to what fits the context)", parse=int_list
+    )
+    icl_permutations: int = option(10, "orders of the order-robustness set", minimum=1)
+    # longer texts are cut (the papers are silent; keeps many shots in context: docs/evaluation.md §7.1)
+    icl_max_chars: int = option(300, "cut longer ICL texts", minimum=1)
+    icl_max_classes: int | None = option(None, "keep the most frequent classes", minimum=2)
+    # the order-robustness demo set fills it, so on a model with 8,192 positions every permutation is an
+    # 8k-token prefill: this is the suite's cost knob
+    icl_context_tokens: int | None = option(
+        None, "ICL prompt length in tokens (default: the model's maximum; the order-robustness set fills it)", minimum=8
+    )
+
+
+def _dataset_options(o) -> dict:
+    return {"max_chars": o.icl_max_chars, "max_classes": o.icl_max_classes}
+
+
+def _check(o, name) -> None:
+    if o.icl_dataset not in DATASETS:
+        raise ValueError(
+            f"{name('icl_dataset')}: unknown ICL dataset {o.icl_dataset!r}; choose one of {', '.join(DATASETS)}"
+        )
+
+
+def _preflight(o, targets) -> None:
+    """The data set is loaded now: a missing one (say Debian's WordNet) fails before hours of training."""
+    load_icl_dataset(o.icl_dataset, **_dataset_options(o))
+
+
+# -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+def _at_largest(m: dict | None) -> float | None:
+    return None if not m or not m.get("mean") else m["mean"][-1]
+
+
+def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """DIFF Fig. 6: many-shot accuracy at the largest shot count both models ran, paired over the same draws
+    (the same demonstrations and test items); a row whose models are both at chance says so."""
+    mr, mn = ref.results("icl", "many_shot"), new.results("icl", "many_shot")
+    if not mr or not mn:
+        return None
+    common_shots = sorted(set(mr["shots"]) & set(mn["shots"]))
+    if not common_shots:
+        return None
+    k = common_shots[-1]
+    ar, an = mr["accuracy"][mr["shots"].index(k)], mn["accuracy"][mn["shots"].index(k)]
+    labels = len(mr.get("labels") or []) or 1
+    chance = 1 / labels
+    diff = paired_difference(ar, an, seed=seed) if len(ar) == len(an) else unpaired_difference(ar, an)
+    note = f"data uncertainty only; {k} shots, {len(ar)} draws; chance {chance:.2f} (1 / {labels} labels)"
+    if max(np.mean(ar), np.mean(an)) <= chance:
+        note += "; both models at or below chance: this scale cannot test the claim"
+    return Comparison(
+        f"accuracy at {k} shots", ref_value=float(np.mean(ar)), new_value=float(np.mean(an)), diff=diff,
+        kind=paired_kind(diff, "draws of demonstrations") if len(ar) == len(an) else "Welch t over draws",
+        note=note, cells=f"{k} shots",
+    )  # fmt: skip
+
+
+def _margin(run: Run) -> float | None:
+    return run.results("icl", "order_robustness", "arrangements", "random", "margin")
+
+
+def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
+    mr, mn = _margin(ref), _margin(new)
+    if mr is None or mn is None:
+        return None
+    return Comparison(
+        "order margin (random)", ref_value=mr, new_value=mn, kind=ONE_NUMBER + " (best − worst over permutations)"
+    )
+
+
+MEASURES = {
+    "icl:many_shot": Measure(
+        "accuracy at the largest shot count", 3, per_run=lambda run: _at_largest(run.results("icl", "many_shot")),
+        compare=_compare_shots,
+    ),
+    "icl:order_margin": Measure("order margin (random)", 3, per_run=_margin, compare=_compare_margin),
+}  # fmt: skip
+
+SUITE = Suite(
+    "icl",
+    _run_suite,
+    headline=lambda r: {"ICL best acc": max(r["many_shot"]["mean"])},
+    compare=compare,
+    options=IclOptions,
+    check=_check,
+    preflight=_preflight,
+    measures=MEASURES,
+    default=False,  # minutes per shot count at the model's full length: asked for by name
+)

@@ -13,6 +13,8 @@ occurrence; every other token is *Others*. The mean loss of each group is report
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ..data.packing import special_token_ids
 from ..data.synthetic import make_mqar_sample
-from .common import Suite, check_fits, evaluation_window, load_text, model_device
+from .common import Suite, check_fits, evaluation_window, load_text, model_device, option
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 
@@ -141,6 +143,14 @@ def _run_suite(model, tokenizer, o, folder, name):
     return r, {}
 
 
+@dataclass
+class MqarOptions:
+    mqar_samples: int = option(32, "MQAR samples per (length, pairs) setting", minimum=1)
+
+
 SUITE = Suite(
-    "mqar", _run_suite, headline=lambda r: {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]}
+    "mqar",
+    _run_suite,
+    headline=lambda r: {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]},
+    options=MqarOptions,
 )

@@ -29,7 +29,9 @@ from tqdm.auto import tqdm
 from ..ops.quantized import quantized_attention, quantized_logits
 from .capture import AttentionCapture, reporting_and_plain_attention
 from .common import Suite, check_fits, evaluation_window, fmt, load_text, model_device
-from .perplexity import sliding_window_nll, tokens_sha1
+from .measures import NO_PER_SAMPLE, Comparison, Measure, Run, paired_kind, same_metadata, value_text
+from .perplexity import per_token_windows, sliding_window_nll, tokens_sha1
+from .stats import bootstrap_contrast, paired_difference
 
 TOP_K = (1, 2, 3, 10, 100)
 BITS = (16, 8, 6, 4)
@@ -212,12 +214,113 @@ def _compare_outliers(outl: dict[str, dict], out) -> list[str]:
     return [*lines, ""]
 
 
-def _compare_quant(quant: dict[str, dict], out) -> list[str]:
+def _compare_quant_tables(quant: dict[str, dict], out) -> list[str]:
     bits = [q["bits"] for q in next(iter(quant.values()))["quantization"]]
     lines = ["Perplexity with attention logits quantized (absmax per head):", ""]
     lines += ["| model | " + " | ".join(f"{b}-bit" for b in bits) + " |", "|---|" + "---|" * len(bits)]
     lines += [f"| {n} | " + " | ".join(f"{q['ppl']:.3f}" for q in r["quantization"]) + " |" for n, r in quant.items()]
     return [*lines, ""]
+
+
+# -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+def _compare_top1(ref: Run, new: Run, seed: int, which: str, label: str) -> Comparison | None:
+    """The top-1 |value| of ``which`` (attention logits or hidden states): the overall top-1 has no interval; the
+    mean per-window top-1 over the same text windows has a paired one."""
+    orr, on = ref.results("outliers"), new.results("outliers")
+    vr, vn = ref.results("outliers", which, "top1"), new.results("outliers", which, "top1")
+    if vr is None or vn is None:
+        return None
+    metric = f"top-1 {label}"
+    wr = (orr.get("per_window") or {}).get(f"{which}_top1")
+    wn = (on.get("per_window") or {}).get(f"{which}_top1")
+    headline = f"{ref.name} → {new.name}: top-1 {label} {vr:.2f} → {vn:.2f}"
+    if not wr or not wn:
+        return Comparison(metric, ref_value=vr, new_value=vn, kind=NO_PER_SAMPLE, ours=headline)
+    if len(wr) != len(wn) or not same_metadata(orr.get("metadata"), on.get("metadata"), "tokens_sha1", "seq_len"):
+        return Comparison(
+            metric, ref_value=vr, new_value=vn, ours=headline,
+            kind="none: the two models saw different token windows (another tokenizer)",
+        )  # fmt: skip
+    rm, rci = bootstrap_contrast([wr], seed=seed)
+    nm, nci = bootstrap_contrast([wn], seed=seed)
+    diff = paired_difference(wr, wn, seed=seed)
+    return Comparison(
+        metric, ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff,
+        ours=f"{headline}; mean per-window top-1 {value_text(rm, rci, 2)} → {value_text(nm, nci, 2)}",
+        kind=paired_kind(diff, "text windows, of the mean per-window top-1 (the overall top-1 has no interval)"),
+        note="data uncertainty only, one seed",
+    )  # fmt: skip
+
+
+def _quant_windows(r: dict | None):
+    """(lowest width, per-window NLL/token at 16 bits and at the lowest width, tokens) or None."""
+    rows = (r or {}).get("quantization") or []
+    by_bits = {q["bits"]: q for q in rows}
+    if 16 not in by_bits or min(by_bits) >= 16:
+        return None
+    low = min(by_bits)
+    w16, wlo = per_token_windows(by_bits[16]), per_token_windows(by_bits[low])
+    if w16 is None or wlo is None or not np.array_equal(w16[1], wlo[1]):
+        return low, None
+    return low, (w16[0], wlo[0], w16[1])
+
+
+def _quant_drop(r: dict | None) -> float | None:
+    rows = (r or {}).get("quantization") or []
+    by_bits = {q["bits"]: q["nll"] for q in rows}
+    if 16 not in by_bits or min(by_bits) >= 16:
+        return None
+    return by_bits[min(by_bits)] - by_bits[16]
+
+
+def _compare_quant(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """The NLL increase from 16 bits to the lowest width, paired over the same text windows."""
+    qr, qn = ref.results("quant"), new.results("quant")
+    dr, dn = _quant_drop(qr), _quant_drop(qn)
+    if dr is None or dn is None:
+        return None
+    wr, wn = _quant_windows(qr), _quant_windows(qn)
+    metric = f"NLL increase at {min(wr[0], wn[0])} bits"
+    if wr[1] is None or wn[1] is None:
+        return Comparison(metric, ref_value=dr, new_value=dn, kind=NO_PER_SAMPLE)
+    (r16, rlo, tok_r), (n16, nlo, tok_n) = wr[1], wn[1]
+    if (
+        wr[0] != wn[0]
+        or not np.array_equal(tok_r, tok_n)
+        or not same_metadata(qr.get("metadata"), qn.get("metadata"), "tokens_sha1", "seq_len")
+    ):
+        return Comparison(
+            metric, ref_value=dr, new_value=dn, kind="none: the two models saw different token windows or widths"
+        )
+    ref_d = paired_difference(r16, rlo, weights=tok_r, seed=seed)
+    new_d = paired_difference(n16, nlo, weights=tok_n, seed=seed)
+    diff = paired_difference(rlo - r16, nlo - n16, weights=tok_r, seed=seed)
+    return Comparison(
+        metric, ref_value=ref_d.estimate, ref_ci=ref_d.interval, new_value=new_d.estimate, new_ci=new_d.interval,
+        diff=diff, kind=paired_kind(diff, "text windows (token-weighted)"),
+        note="data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
+    )  # fmt: skip
+
+
+def _top1_measure(which: str, label: str) -> Measure:
+    return Measure(
+        f"top-1 {label}",
+        2,
+        per_run=lambda run: run.results("outliers", which, "top1"),
+        compare=lambda ref, new, seed: _compare_top1(ref, new, seed, which, label),
+    )
+
+
+OUTLIER_MEASURES = {
+    "outliers:attention_logits": _top1_measure("attention_logits", "|logit|"),
+    "outliers:hidden_states": _top1_measure("hidden_states", "|hidden|"),
+}
+QUANT_MEASURES = {
+    "quant:drop": Measure(
+        "NLL increase at the lowest width", 4, per_run=lambda run: _quant_drop(run.results("quant")),
+        compare=_compare_quant,
+    )
+}  # fmt: skip
 
 
 OUTLIERS_SUITE = Suite(
@@ -228,6 +331,7 @@ OUTLIERS_SUITE = Suite(
     ),
     headline=lambda r: {"top-1 |logit|": r["attention_logits"]["top1"], "top-1 |hidden|": r["hidden_states"]["top1"]},
     compare=_compare_outliers,
+    measures=OUTLIER_MEASURES,
 )
 QUANT_SUITE = Suite(
     "quant",
@@ -236,5 +340,6 @@ QUANT_SUITE = Suite(
         {},
     ),
     headline=lambda r: {f"PPL@{q['bits']}b": q["ppl"] for q in r["quantization"]},
-    compare=_compare_quant,
+    compare=_compare_quant_tables,
+    measures=QUANT_MEASURES,
 )

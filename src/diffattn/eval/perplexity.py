@@ -17,12 +17,15 @@ from __future__ import annotations
 import hashlib
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from .common import Suite, check_fits, evaluation_window, figure, model_device, save_figure
+from .measures import Comparison, Measure, Run, finite, paired_kind, same_metadata
+from .stats import bootstrap_contrast, paired_difference
 
 
 @torch.no_grad()
@@ -127,4 +130,46 @@ def _run_suite(model, tokenizer, o, folder, name):
     return r, {"ppl": plot_perplexity({name: r}, folder / "ppl.png").name}
 
 
-SUITE = Suite("ppl", _run_suite, headline=lambda r: {"PPL": r["ppl"]})
+# -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+def per_token_windows(r: dict | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(per-window mean NLL, tokens) of a ``per_window`` {"nll": sums, "tokens": counts} record."""
+    pw = (r or {}).get("per_window")
+    if not pw or not pw.get("nll") or len(pw["nll"]) != len(pw.get("tokens", [])):
+        return None
+    tokens = np.asarray(pw["tokens"], dtype=float)
+    if np.any(tokens <= 0):
+        return None
+    return np.asarray(pw["nll"], dtype=float) / tokens, tokens
+
+
+def _compare_loss(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """Validation loss. One run per model: the val losses have no interval; this suite's per-window NLLs on the
+    same tokens give a paired one (data uncertainty only)."""
+    lr, ln = ref.row.get("val_loss"), new.row.get("val_loss")
+    if not finite(lr) or not finite(ln):
+        return None
+    pr, pn = ref.results("ppl"), new.results("ppl")
+    wr, wn = per_token_windows(pr), per_token_windows(pn)
+    paired = (
+        wr is not None
+        and wn is not None
+        and same_metadata(pr.get("metadata"), pn.get("metadata"), "tokens_sha1", "window", "stride")
+        and np.array_equal(wr[1], wn[1])
+    )
+    val = f"val loss {lr:.4f} → {ln:.4f}"
+    if paired:
+        rv, rci = bootstrap_contrast([wr[0]], sample_weights=[wr[1]], seed=seed)
+        nv, nci = bootstrap_contrast([wn[0]], sample_weights=[wn[1]], seed=seed)
+        diff = paired_difference(wr[0], wn[0], weights=wr[1], seed=seed)
+        return Comparison(
+            "test NLL/token (ppl suite)", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
+            kind=paired_kind(diff, "text windows (token-weighted)"), note=f"data uncertainty only, one seed; {val}",
+        )  # fmt: skip
+    why = "no per-window NLL of the same text (ppl suite)" if wr is None or wn is None else "different token windows"
+    return Comparison("val loss", ref_value=lr, new_value=ln, kind=f"none: one seed and {why}")
+
+
+# the training's validation loss, with this suite's paired interval where both models ran it
+MEASURES = {"loss": Measure("val loss", 4, per_run=lambda run: run.row.get("val_loss"), compare=_compare_loss)}
+
+SUITE = Suite("ppl", _run_suite, headline=lambda r: {"PPL": r["ppl"]}, measures=MEASURES)

@@ -9,8 +9,9 @@ Suites (``--suite``, comma-separated): ``ppl`` (perplexity), ``niah`` (multi-nee
 (attention allocation), ``icl`` (many-shot ICL + order robustness), ``mqar`` (associative recall + AR-Hit),
 ``outliers`` (activation outliers), ``quant`` (low-bit attention logits), ``heads`` (head analysis) — the entries of
 :data:`SUITE_TABLE`, each defined in its own module (:class:`~diffattn.eval.common.Suite`: how it runs, its headline
-numbers, its side-by-side report section). Sizes are set by :class:`SuiteOptions` (the defaults are CPU-friendly;
-papers used more samples — raise them for real runs).
+numbers, its side-by-side report section, its options, checks, protocol sentence and claim measures). Sizes are set
+by :data:`SuiteOptions`, made of the shared options and every suite's own (the defaults are CPU-friendly; papers used
+more samples — raise them for real runs).
 
 Nothing is left behind as if complete, and nothing finished is lost: ``results.json`` is replaced once, atomically,
 after every suite succeeded (a failing rerun leaves the earlier results as they were); pictures go to
@@ -19,12 +20,15 @@ after every suite succeeded (a failing rerun leaves the earlier results as they 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass
+import typing
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from pathlib import Path
 
 import torch
@@ -32,9 +36,9 @@ from tqdm.auto import tqdm
 
 from ..files import MARKER, RUN_CONFIG, mark, marker, write_text_atomic
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
-from .common import TRAINED_LENGTH, Suite, jsonable, trained_length
+from .common import TRAINED_LENGTH, CommonOptions, Suite, jsonable, trained_length
 
-# The suite table: a new suite is a module with its `Suite` entry (run, headline, compare) and one name here.
+# The suite table: a new suite is a module with its `Suite` entry and one name here (or `register_suite(entry)`).
 SUITE_TABLE: dict[str, Suite] = {
     entry.name: entry
     for entry in (
@@ -57,84 +61,111 @@ RESULTS = "results.json"
 RESULTS_VERSION = 4
 
 
-@dataclass
-class SuiteOptions:
-    """Sizes of every suite (defaults: minutes on a CPU for a 135M model)."""
+def register_suite(entry: Suite) -> Suite:
+    """Add a suite to the table (its options join :data:`SuiteOptions`, its flags ``diffattn eval``'s)."""
+    if entry.name in SUITE_TABLE:
+        raise ValueError(f"a suite named {entry.name!r} is already registered")
+    SUITE_TABLE[entry.name] = entry
+    try:
+        options_class()  # its option names must not clash with another suite's
+    except ValueError:
+        del SUITE_TABLE[entry.name]
+        raise
+    return entry
 
-    text: str = "shakespeare"  # evaluation text / haystack: 'shakespeare', 'filler' or a file/folder path
-    haystack: str = "shakespeare"
-    # NIAH/allocation context (default: the length the model was trained at, else min(model max, 1024))
-    context_tokens: int | None = None
-    samples: int = 5  # NIAH samples per cell, allocation samples
-    # (N needles, R queried) cells; None: diffattn.eval.niah.GRID (R = 1 at N = 1, 2, 4, 6 and the papers' N = 6,
-    # R = 2 and N = 8, R = 1) where they fit the context
-    niah_grid: tuple[tuple[int, int], ...] | None = None
-    niah_needles: int = 8  # N of the length × depth heatmap (R = 1)
-    niah_digits: int = 7  # length of the needle numbers in niah and alloc (the papers: 7)
-    niah_heatmap_lengths: tuple[int, ...] | None = None  # None: 1/2, 3/4 and all of context_tokens; []: no heatmap
-    niah_heatmap_samples: int | None = None  # samples per heatmap cell (default: samples)
-    tokens: int = 4096  # token budget of ppl, outliers, quant, heads, AR-Hit
-    # the window of ppl (stride = window / 2), outliers, quant, heads and AR-Hit (default: the length the model was
-    # trained at, recorded in its run; else min(model max, 1024)): a model measured beyond it is out of distribution
-    window: int | None = None
-    icl_dataset: str = "fortunes"
-    icl_draws: int = 3
-    icl_test_size: int = 30
-    icl_shots: tuple[int, ...] | None = None
-    icl_permutations: int = 10
-    # longer texts are cut (the papers are silent; keeps many shots in context: docs/evaluation.md §7.1)
-    icl_max_chars: int = 300
-    icl_max_classes: int | None = None  # keep the most frequent classes only
-    # ICL prompt length in tokens (default: the model's maximum). The order-robustness demo set fills it, so on a
-    # model with 8,192 positions every permutation is an 8k-token prefill: this is the suite's cost knob.
-    icl_context_tokens: int | None = None
-    mqar_samples: int = 32
-    seed: int = 0
 
-    def needle_prompts(self) -> dict:
-        """The options the needle suites (niah, alloc) share: the same seeded prompts for both."""
-        return {
-            "haystack": self.haystack, "context_tokens": self.context_tokens, "samples": self.samples,
-            "value_digits": self.niah_digits, "seed": self.seed,
-        }  # fmt: skip
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option as the CLI and experiments see it: its field, the suite that owns it (None: shared), its type."""
 
-    def icl_dataset_options(self) -> dict:
-        return {"max_chars": self.icl_max_chars, "max_classes": self.icl_max_classes}
+    name: str
+    owner: str | None
+    default: object
+    kind: object  # the resolved annotation
+    help: str
+    minimum: int | None
+    maximum: int | None
+    parse: object
 
-    def validate(self, suites=SUITES, *, style: str = "field") -> SuiteOptions:
-        """Refuse bad values before any model is loaded. ``style`` names them as the user wrote them:
+    @property
+    def flag(self) -> str:
+        return f"--{self.name.replace('_', '-')}"
+
+
+def option_specs() -> list[OptionSpec]:
+    """Every option of :class:`~diffattn.eval.common.CommonOptions` and of each suite in the table, in order."""
+    owners = [(None, CommonOptions)] + [(s.name, s.options) for s in SUITE_TABLE.values() if s.options is not None]
+    specs: dict[str, OptionSpec] = {}
+    for owner, cls in owners:
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.name in specs:
+                if cls is CommonOptions or specs[f.name].owner == owner:
+                    continue
+                holder = specs[f.name].owner or "the shared options"
+                raise ValueError(f"suite {owner!r} declares option {f.name!r}, which {holder} already has")
+            meta = f.metadata
+            specs[f.name] = OptionSpec(
+                f.name, owner, f.default, hints[f.name], meta.get("help", ""), meta.get("minimum"), meta.get("maximum"),
+                meta.get("parse"),
+            )  # fmt: skip
+    return list(specs.values())
+
+
+class OptionsBase(CommonOptions):
+    """What :data:`SuiteOptions` adds to the shared options: the check of every value."""
+
+    def validate(self, suites=None, *, style: str = "field"):
+        """Refuse bad values before any model is loaded: every option's bounds, the shared checks, and the checks
+        of the suites asked for (``suites``; default every suite). ``style`` names values as the user wrote them:
         ``"flag"`` (``--samples``), ``"experiment"`` (``eval.options.samples``) or ``"field"`` (``samples``)."""
 
         def name(field: str) -> str:
             return {"flag": f"--{field.replace('_', '-')}", "experiment": f"eval.options.{field}"}.get(style, field)
 
-        at_least = {
-            "samples": 1, "niah_needles": 1, "tokens": 1, "icl_draws": 1, "icl_test_size": 1, "icl_permutations": 1,
-            "icl_max_chars": 1, "mqar_samples": 1, "niah_heatmap_samples": 1, "context_tokens": 8, "window": 2,
-            "icl_max_classes": 2, "icl_context_tokens": 8,
-        }  # fmt: skip
-        for field, low in at_least.items():
-            value = getattr(self, field)
-            optional = ("niah_heatmap_samples", "context_tokens", "window", "icl_max_classes", "icl_context_tokens")
-            if value is None and field in optional:
+        for spec in option_specs():
+            value = getattr(self, spec.name)
+            low, high = spec.minimum, spec.maximum
+            if (low is None and high is None) or (value is None and spec.default is None):
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name(field)} must be >= {low}, got {value!r}")
-        if not isinstance(self.niah_digits, int) or not 1 <= self.niah_digits <= 12:
-            raise ValueError(f"{name('niah_digits')} must be between 1 and 12, got {self.niah_digits!r}")
+            bad = not isinstance(value, int) or isinstance(value, bool)
+            if high is not None:
+                if bad or not low <= value <= high:
+                    raise ValueError(f"{name(spec.name)} must be between {low} and {high}, got {value!r}")
+            elif bad or value < low:
+                raise ValueError(f"{name(spec.name)} must be >= {low}, got {value!r}")
         for field in ("text", "haystack"):
             source = getattr(self, field)
             if source not in ("shakespeare", "filler") and not Path(source).exists():
                 raise ValueError(f"{name(field)} {source!r} does not exist: give shakespeare, filler or a text path")
-        if "icl" in suites:
-            from .icl_data import DATASETS
-
-            if self.icl_dataset not in DATASETS:
-                raise ValueError(
-                    f"{name('icl_dataset')}: unknown ICL dataset {self.icl_dataset!r}; choose one of "
-                    f"{', '.join(DATASETS)}"
-                )
+        for suite in SUITE_TABLE if suites is None else suites:
+            if SUITE_TABLE[suite].check is not None:
+                SUITE_TABLE[suite].check(self, name)
         return self
+
+
+@functools.cache
+def _compose(entries: tuple) -> type:
+    del entries  # the cache key: the table's suites and their option classes
+    made = []
+    for spec in option_specs():
+        if spec.owner is not None:
+            own = next(f for f in fields(SUITE_TABLE[spec.owner].options) if f.name == spec.name)
+            copy = dataclasses.field(default=own.default, default_factory=own.default_factory, metadata=own.metadata)
+            made.append((spec.name, spec.kind, copy))
+    return make_dataclass("SuiteOptions", made, bases=(OptionsBase,), namespace={"__module__": __name__})
+
+
+def options_class() -> type:
+    """The dataclass of every suite's options: :class:`~diffattn.eval.common.CommonOptions` and each suite's own
+    ``options`` fields, flat (``options.samples``, ``options.niah_grid``), as the table holds them now."""
+    return _compose(tuple((s.name, s.options) for s in SUITE_TABLE.values()))
+
+
+def __getattr__(name: str):
+    if name == "SuiteOptions":  # the table's options now (a suite registered later adds its fields)
+        return options_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _read_yaml(path: Path) -> dict:
@@ -194,7 +225,9 @@ def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
             return _trained_at(_install(model), length), tok, f"pretrained model {path}"
         raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
     if path.is_dir() and not (path / "config.json").is_file():
-        subs = [p for p in ("standard", "diff", "diff-v2") if (path / p / RUN_CONFIG).is_file()]
+        from ..models.architectures import ARCHITECTURES
+
+        subs = [p for p in ARCHITECTURES if (path / p / RUN_CONFIG).is_file()]
         if subs:
             options = " or ".join(str(path / s) for s in subs)
             raise ValueError(f"{str(path)!r} is a paired pretraining run: evaluate {options}")
@@ -240,13 +273,13 @@ def run_suites(
     suites: list[str],
     out: str | os.PathLike,
     *,
-    options: SuiteOptions | None = None,
+    options=None,
     name: str = "model",
     description: str = "",
 ) -> dict:
     """Run ``suites`` on ``model``; write ``<out>/results.json`` and one PNG per picture. Returns the results."""
     suites = parse_suites(suites)
-    o = (options or SuiteOptions()).validate(suites)
+    o = (options or options_class()()).validate(suites)
     out = Path(out)
     check_eval_folder(out)
     ident = claim_eval_id(out)
@@ -302,7 +335,7 @@ def check_eval_folder(out: Path) -> None:
     )
 
 
-def _run(model, tokenizer, suites, out: Path, partial: Path, o: SuiteOptions, name: str, description: str) -> dict:
+def _run(model, tokenizer, suites, out: Path, partial: Path, o, name: str, description: str) -> dict:
     results: dict = {}
     pictures: dict[str, str] = {}
     timings: dict[str, float] = {}

@@ -51,7 +51,7 @@ def _method_settings(outcomes) -> list[str]:
 def _protocol(config) -> list[str]:
     """What was trained on what and measured how, in words, from the experiment's config (the exact YAML is at the
     end of the report)."""
-    from ..eval.suite import SuiteOptions
+    from ..eval.suite import SUITE_TABLE, SuiteOptions
     from ..train import RunConfig
     from ..train.adapt import AdaptRunConfig
 
@@ -80,20 +80,14 @@ def _protocol(config) -> list[str]:
             + _data_words(a.data, tokenizer=False)
         )
     o = SuiteOptions(**{"seed": config.seed, **config.eval.options})
-    suites = config.eval.suites
-    if "niah" in suites or "alloc" in suites:
-        from ..eval.niah import GRID
-
-        grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid or GRID) + ("" if o.niah_grid else " where they fit")
-        lines.append(
-            "- Retrieval evaluation: needles "
-            f'"The special magic {{city}} number is: {{{o.niah_digits}-digit number}}." '
-            f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the training length of'} tokens; "
-            f"(N needles, R queried) cells {grid}, {o.samples} samples each, greedy decoding, RULER string_match_all; "
-            f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
-            "(seeded), so comparisons are paired."
-        )
-    others = [s for s in suites if s not in ("niah", "alloc")]
+    sentences, others = [], []
+    for name in config.eval.suites:  # a sentence of each suite that has one (shared sentences once), then the rest
+        protocol = SUITE_TABLE[name].protocol
+        if protocol is None:
+            others.append(name)
+        elif protocol not in sentences:
+            sentences.append(protocol)
+    lines += [f"- {protocol(o)}" for protocol in sentences]
     if others:
         window = o.window or "the training length of"
         lines.append(

@@ -180,8 +180,7 @@ def run_experiment(
     ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
     marker so that another file with the same ``name`` is refused instead of replacing this one's report
     (:func:`check_experiment_folder`)."""
-    from ..eval.icl_data import load_icl_dataset
-    from ..eval.suite import RESULTS, RESULTS_VERSION, SuiteOptions, load_for_eval, run_suites
+    from ..eval.suite import RESULTS, RESULTS_VERSION, SUITE_TABLE, SuiteOptions, load_for_eval, run_suites
     from ..train import pretrain
     from ..train.adapt import adapt_pretrained
 
@@ -213,14 +212,15 @@ def run_experiment(
                     f"{a.base!r} is already a DIFF model"
                 )
 
-    # the evaluation data too: a missing ICL data set (say Debian's WordNet) fails now, not after hours of training
+    # every suite's preflight too: a missing ICL data set (say Debian's WordNet) or needle prompts that do not fit
+    # the context fail now, not after hours of training
     options = SuiteOptions(**{"seed": config.seed, **config.eval.options}).validate(
         config.eval.suites, style="experiment"
     )
-    if "icl" in config.eval.suites:
-        load_icl_dataset(options.icl_dataset, **options.icl_dataset_options())
-
-    _check_needle_prompts_fit(config, options, scratch)
+    targets = _eval_targets(scratch)
+    for suite in config.eval.suites:
+        if SUITE_TABLE[suite].preflight is not None:
+            SUITE_TABLE[suite].preflight(options, targets)
 
     source = str(Path(source).resolve()) if source is not None else config.source
     check_experiment_folder(out, config.name, source)
@@ -304,58 +304,25 @@ def run_experiment(
     return outcomes
 
 
-def _check_needle_prompts_fit(config: ExperimentConfig, options, scratch) -> None:
-    """The needle prompts of ``niah`` and ``alloc`` (every grid cell, the heatmap, allocation's N = 1) must fit the
-    context the evaluation asks for, with the tokenizer the from-scratch models will be trained with: refused now
-    with the reason, not after the training. Pretrained models and adapter bases are checked when evaluated."""
-    if not {"niah", "alloc"} & set(config.eval.suites) or not scratch:
-        return
-    from ..data.synthetic import CITY_KEYS
-    from ..eval.common import load_text
-    from ..eval.niah import fit_sample
+def _eval_targets(scratch) -> list:
+    """What the suites' preflights can know of the from-scratch models before they are trained: each one's
+    positions, training length and tokenizer (built on first use, once per data section). Pretrained models and
+    adapter bases are checked when evaluated."""
+    from functools import cache
+
+    from ..eval.common import EvalTarget
     from ..models.presets import get_preset
     from ..train.data import data_tokenizer
 
-    if options.samples < 1:
-        raise ValueError(f"eval.options.samples must be >= 1, got {options.samples}")
-    cells = [(1, 1)] if "alloc" in config.eval.suites else []
-    if "niah" in config.eval.suites:  # the default grid is used where it fits: its N = 1 cell must
-        cells += [tuple(c) for c in options.niah_grid] if options.niah_grid is not None else [(1, 1)]
-    heatmap = (options.niah_needles, 1) if "niah" in config.eval.suites else None
-    for n, r in cells + ([heatmap] if heatmap else []):
-        if not 1 <= r <= n <= len(CITY_KEYS):
-            raise ValueError(
-                f"eval.options: a needle cell needs 1 <= R <= N <= {len(CITY_KEYS)} (keys), got N={n}, R={r}"
-            )
-        if 9 * 10 ** (options.niah_digits - 1) < n:
-            raise ValueError(f"eval.options.niah_digits={options.niah_digits} gives fewer distinct numbers than N={n}")
-    text = load_text(options.haystack, "test")[0] if options.haystack in ("shakespeare", "filler") else options.haystack
-    seen = set()
+    tokenizers = {}
+    targets = []
     for m, run_config in scratch:
         preset = get_preset(run_config.model.preset, **run_config.model.overrides)
-        context = options.context_tokens or run_config.data.seq_len  # the suites' default: the trained length
-        if context > preset.max_position_embeddings:
-            raise ValueError(
-                f"eval.options.context_tokens={context} exceeds {m.name}'s {preset.max_position_embeddings} positions"
-            )
-        key = (repr(run_config.data), context)
-        if key in seen:
-            continue
-        seen.add(key)
-        tokenizer = data_tokenizer(run_config.data)
-        checks = [(n, r, context) for n, r in cells]
-        if heatmap:  # the heatmap's needles at every heatmap length (default: 1/2, 3/4 and all of the context)
-            lengths = options.niah_heatmap_lengths
-            if lengths is None:
-                lengths = sorted({context // 2, 3 * context // 4, context} - {0})
-            checks += [(heatmap[0], 1, length) for length in lengths]
-        for n, r, length in checks:
-            if length > preset.max_position_embeddings:
-                raise ValueError(f"eval.options: a heatmap length {length} exceeds {m.name}'s positions")
-            try:
-                fit_sample(tokenizer, text, length, 0, num_needles=n, num_queries=r, value_digits=options.niah_digits)
-            except ValueError as e:
-                raise ValueError(f"eval.options (niah/alloc) for {m.name}: {e}") from e
+        key = repr(run_config.data)
+        if key not in tokenizers:
+            tokenizers[key] = cache(lambda data=run_config.data: data_tokenizer(data))
+        targets.append(EvalTarget(m.name, preset.max_position_embeddings, run_config.data.seq_len, tokenizers[key]))
+    return targets
 
 
 EVALUATED_STEPS = "evaluated_steps.json"  # beside results.json: the training steps of the model it evaluated

@@ -1,0 +1,114 @@
+"""What a paper claim can read of a suite's results: a suite's named :class:`Measure` s and what comparing two models
+with one gives (:class:`Comparison`), which :mod:`diffattn.experiments.claims` turns into a claim row with a verdict.
+
+A measure gives one run's value (``per_run``: what a comparison over replicate seeds averages) and the comparison
+of two runs (``compare``: each model's value with its 95% interval where the results allow one, and the difference
+with its interval — paired when both models saw the same samples; docs/evaluation.md §13.2 on the intervals).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .stats import Difference
+
+NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"
+ONE_NUMBER = "none: the suite reports one number"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One evaluated model as a measure sees it: its name, its report row (``val_loss``, …) and its suites'
+    results by suite name."""
+
+    name: str
+    row: dict = field(default_factory=dict)
+    suites: dict = field(default_factory=dict)
+
+    def results(self, suite: str, *path):
+        """``suites[suite][path[0]][path[1]]…``, or None where any step is missing."""
+        node = self.suites.get(suite)
+        for key in path:
+            if node is None:
+                return None
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+
+
+@dataclass
+class Comparison:
+    """Two runs compared on a measure: the values, their intervals and the difference new − reference (``diff``;
+    None: no interval), with what kind of interval it is (``kind``) and notes for the reader. ``ours`` replaces the
+    default "ref → new: metric a → b" text; ``ref``/``new`` relabel the two sides (e.g. two cells of one pair);
+    ``veto``: why an "agrees" verdict would not be the paper's claim (then it reads "inconclusive")."""
+
+    metric: str
+    ref_value: float | None = None
+    ref_ci: object = None
+    new_value: float | None = None
+    new_ci: object = None
+    diff: Difference | None = None
+    kind: str = ""
+    note: str = ""
+    ours: str | None = None
+    cells: str = ""
+    ref: str | None = None
+    new: str | None = None
+    veto: str | None = None
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A named result a claim can read. ``metric``: its words in a row over seeds; ``digits``: the precision rows
+    print (verdicts are read at it); ``per_run(run) -> value | None``; ``compare(ref, new, seed) -> Comparison |
+    None`` (None: the results lack what it needs); ``seeds_veto(ref_runs, new_runs) -> reason | None``: over seeds,
+    why an "agrees" would not be the claim; ``at_lambda0(run) -> suites | None``: the model's own results with λ
+    forced to 0, where the suite measures them (a claim's ``lambda0`` reference)."""
+
+    metric: str
+    digits: int
+    per_run: Callable
+    compare: Callable
+    seeds_veto: Callable | None = None
+    at_lambda0: Callable | None = None
+
+
+def finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def first(*values):
+    """The first value that is not None (e.g. a newer metric, then the one older results have)."""
+    return next((v for v in values if v is not None), None)
+
+
+def interval(ci) -> list[float] | None:
+    """A 95% interval as two finite floats, or None."""
+    if ci is None:
+        return None
+    lo, hi = (float(x) for x in ci)
+    return [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def value_text(v: float | None, ci, digits: int) -> str:
+    """A value with its interval as a row prints it: ``0.123 [0.100, 0.150]``."""
+    if v is None:
+        return "–"
+    text = f"{v:.{digits}f}"
+    ci = interval(ci)
+    return f"{text} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else text
+
+
+def paired_kind(diff: Difference, what: str) -> str:
+    """ "<the interval paired_difference used> over the same <n> <what>" (a bootstrap, or t for few pairs)."""
+    name = "paired t" if diff.method.startswith("paired t") else "paired bootstrap"
+    return f"{name} over the same {diff.n} {what}"
+
+
+def same_metadata(a: dict | None, b: dict | None, *keys) -> bool:
+    """Whether two results' metadata agree on ``keys`` (all present): the sign that their samples are paired."""
+    if not a or not b:
+        return False
+    return all(a.get(k) is not None and a.get(k) == b.get(k) for k in keys)
