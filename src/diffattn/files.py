@@ -6,8 +6,8 @@
   also repeat the marker's identity in its own record (:data:`RECORDS`: ``run.yaml`` of a run, ``experiment.yaml``
   of an experiment; :func:`save_record`). ``--overwrite`` deletes only a folder of the asked kind whose marker and
   record agree (:func:`proof_problem`), never a symbolic link, the working folder, one of its parents, the home
-  folder or ``/`` (:func:`check_removable`). Folders of earlier versions (a marker without identity) may still be
-  resumed or skipped; to be deleted they must be deleted by hand.
+  folder or ``/`` (:func:`check_removable`). A folder whose marker records no identity may be resumed or
+  skipped, but nothing proves what it holds: only a person deletes it.
 * A run holds its folder's lock (:data:`LOCK`, ``flock``: released when the process ends, however it ends) from
   its first write to its end (:func:`lock_folder`), so a second run into the same folder is refused, naming the
   first, instead of replacing it.
@@ -118,10 +118,7 @@ def proof_problem(folder: str | os.PathLike, kind: str) -> str | None:
         return f"it is a diffattn {made['kind']} folder, not a {kind} folder"
     ident = made.get("id")
     if not isinstance(ident, str) or not ident:
-        return (
-            f"its {MARKER} file records no identity (it was made by an earlier diffattn version), so nothing proves "
-            "the folder holds only what diffattn wrote"
-        )
+        return f"its {MARKER} file records no identity, so nothing proves the folder holds only what diffattn wrote"
     record = RECORDS.get(kind)
     if record is None:
         return f"diffattn never deletes a {kind} folder"

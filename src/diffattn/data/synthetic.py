@@ -448,7 +448,7 @@ def _needle_row(
     num_queries = rng.randint(1, min(num_needles, 2))
     depth = rng.random()
     sample_seed = rng.getrandbits(63)
-    fill = rng.random() if varied_context else 1.0  # drawn only when varied: full rows keep their old samples
+    fill = rng.random() if varied_context else 1.0  # drawn only when varied: full rows draw as without the option
     context_chars = int(seq_len * chars_per_token * fill)
     while True:
         sample = make_needle_sample(

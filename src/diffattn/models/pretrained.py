@@ -192,8 +192,9 @@ def load_pretrained(
         )
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if config.model_type == "diffllama" and getattr(config, "diffattn", None):
-        # saved by diffattn before non-default DIFF options had their own model type: load it as what it records
-        # (our attention with those options, norm gains included) instead of as plain DiffLlama
+        # a DiffLlama checkpoint recording diffattn options: refused if this diffattn does not know one, and loaded
+        # as what it records (our attention with those options, norm gains included) where plain DiffLlama would
+        # compute other ones
         set_checkpoint_type(config, recorded_options(config))
     model = AutoModelForCausalLM.from_pretrained(
         folder, config=config, dtype=dtype, trust_remote_code=trust_remote_code

@@ -142,8 +142,8 @@ def adapt_pretrained(
             "write into (or delete) its base; choose another --out"
         )
     options = resolved_method_options(config)  # bad options fail here, before the model is loaded
-    # with a saved resolved form, the method's options are compared resolved (so giving a changed default's old
-    # value explicitly resumes), not as written in run.yaml
+    # where the run saved its options resolved, they are compared resolved, not as written in run.yaml (so a run
+    # whose code default has changed resumes when given the saved value explicitly)
     resolved_saved = resume and (run_dir / RESOLVED_OPTIONS).is_file()
     checkpoint = check_run_dir(
         run_dir,

@@ -102,7 +102,7 @@ class AdaptDataSection(RetrievalMixFields):
 # over 40 steps (10% warm-up, cosine to 0, no gradient at t = 0) that is 20·lambda_lr, so 3e-3 reaches 0.06 and 1e-2
 # reaches 0.2, enough margin for a gradient whose sign wavers. On a briefly pretrained 2-layer d-128 model (40 steps,
 # batch 4 × 128 tokens, lr 1e-4, a quarter retrieval rows) the largest |λ| at the end was, for lambda_lr = 1e-4 (the
-# shared rate, as before) / 1e-3 / 3e-3 / 1e-2 / 3e-2: Dex 0.0013 / 0.011 / 0.016 / 0.10 / 0.30, DAA 0.0013 / 0.012 /
+# shared rate) / 1e-3 / 3e-3 / 1e-2 / 3e-2: Dex 0.0013 / 0.011 / 0.016 / 0.10 / 0.30, DAA 0.0013 / 0.012 /
 # 0.032 / 0.053 / 0.11, DiffV 0.0013 / 0.010 / 0.037 / 0.099 / 0.068; validation loss 4.752 before, after 1e-2
 # within +0.001 (Dex), +0.005 (DAA), +0.010 (DiffV) of the shared-rate runs, after 3e-2 Dex's rose by +0.056. So
 # 1e-2, and a fixed rate rather than a multiple of lr: lr × 100 would be 0.1 at the lr 1e-3 experiments use, past
@@ -119,8 +119,8 @@ class AdaptTrainConfig(TrainConfig):
 
     Why a rate of its own: λ_learn starts at 0, and Adam moves a parameter by at most about the learning rate per
     step, so at the shared 1e-4 a 40-step run can move λ by ~4e-3 in all (with warm-up and cosine decay ~2e-3; the
-    largest |λ| of the committed mini-adapters run was 1.4e-3): the λ(t) methods were attention fine-tunes by
-    construction. ``None`` means :data:`DEFAULT_LAMBDA_LR`."""
+    largest |λ| of the committed mini-adapters run was 1.4e-3): at the shared rate the λ(t) methods are attention
+    fine-tunes by construction. ``None`` means :data:`DEFAULT_LAMBDA_LR`."""
 
     lambda_lr: float | None = None  # None: DEFAULT_LAMBDA_LR
 
@@ -201,10 +201,8 @@ def resolved_method_options(config: AdaptRunConfig) -> dict:
 
 
 def check_resolved_options(run_dir: Path, options: dict) -> None:
-    saved_file = run_dir / RESOLVED_OPTIONS
-    if not saved_file.is_file():  # a run started before this file existed: nothing to compare
-        return
-    diff = setting_differences(json.loads(saved_file.read_text()), options)
+    """Refuse a resume whose method options resolve otherwise than the run's saved :data:`RESOLVED_OPTIONS`."""
+    diff = setting_differences(json.loads((run_dir / RESOLVED_OPTIONS).read_text()), options)
     if diff:
         raise RunFolderError(
             f"--resume: the method's options now resolve differently from the saved run's ({'; '.join(diff)}), "

@@ -109,7 +109,7 @@ def data_tokenizer(d, corpus: Corpus | None = None):
 
 def check_enough_text(train, batch: int, source, seq_len: int) -> None:
     """Refuse a corpus whose training split does not fill one batch of distinct sequences: training on it would
-    only repeat a few rows (a 20-character file trained for hundreds of steps without a word before this)."""
+    only repeat a few rows (a 20-character file would train for hundreds of steps on the same text)."""
     rows = int(train.input_ids.shape[0])
     if rows < batch:
         raise ValueError(

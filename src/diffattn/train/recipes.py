@@ -1,6 +1,6 @@
 """Per-method training recipes as each paper states them (``diffattn adapt --recipe paper``). The values live in
 each method's registry entry (:attr:`diffattn.adapters.registry.MethodSpec.paper_recipes`); this module applies
-them. Our own defaults (``--recipe ours``, :func:`diffattn.train.adapt._adapt_train_defaults`) are one
+them. Our own defaults (``--recipe ours``, :func:`diffattn.train.adapt_config._adapt_train_defaults`) are one
 recipe for every method, so that methods are compared under equal budgets; ``paper`` reproduces each paper's
 setting where it states one, and leaves the rest at ours.
 

@@ -170,7 +170,7 @@ class DiffattnTrainer(Trainer):
         staged = Path(self.args.output_dir) / name
         problem = None
         # FSDP checkpoints have accelerate's sharded layout (optimizer.bin, *_fsdp_* folders), which
-        # checkpoint_problem does not know: they are published unchecked, as before
+        # checkpoint_problem does not know: they are published unchecked
         if self.args.should_save and not self.is_fsdp_enabled:
             problem = checkpoint_problem(staged)
         problem = broadcast_object_list([problem])[0]  # every process takes the main one's decision
@@ -421,7 +421,7 @@ def start_run_folder(
         raise RunFolderError(
             f"output folder {str(run_dir)!r} was filled by another run after it was checked: choose another --out"
         )
-    ident = claim_id(run_dir, "run")  # a resumed run keeps its identity; an earlier version's run gets one
+    ident = claim_id(run_dir, "run")  # a resumed run keeps its identity; a marker without one gets one
     mark(run_dir, "run", ident=ident, command=command)
     save_record(config, run_dir / RUN_CONFIG, ident)
     metrics = run_dir / METRICS
