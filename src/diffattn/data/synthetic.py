@@ -175,9 +175,29 @@ def make_needle_sample(
 
     # (position in the window, needle index): the first queried needle (index 0) goes first among ties.
     placements = sorted((nearest_start(d), i) for i, d in enumerate(depths))
+    context, offsets = _insert_needles(window, placements, keys, numbers)
+
+    question = _question(keys[:num_queries])
+    first_pos = placements[[i for _, i in placements].index(0)][0]
+    return NeedleSample(
+        context=context,
+        question=question,
+        prompt=PROMPT_TEMPLATE.format(context=context, question=question),
+        answers=tuple(numbers[:num_queries]),
+        keys=tuple(keys[:num_queries]),
+        needles=tuple(sorted(((keys[i], numbers[i], offsets[i]) for i in range(num_needles)), key=lambda n: n[2])),
+        depth=first_pos / size if size else 0.0,
+    )
+
+
+def _insert_needles(
+    window: str, placements: list[tuple[int, int]], keys: list[str], numbers: list[str]
+) -> tuple[str, list[int]]:
+    """``window`` with needle ``i`` inserted at each ``(position, i)`` of ``placements`` (sorted), each a sentence of
+    its own; returns the context and each needle's character offset in it."""
     parts: list[str] = []
     length = 0
-    offsets = [0] * num_needles
+    offsets = [0] * len(keys)
     cursor = 0
 
     def emit(s: str) -> None:
@@ -193,22 +213,10 @@ def make_needle_sample(
             emit(" ")  # keep the needle a sentence of its own
         offsets[i] = length
         emit(NEEDLE_TEMPLATE.format(key=keys[i], number=numbers[i]))
-        if cursor < size and not window[cursor].isspace():
+        if cursor < len(window) and not window[cursor].isspace():
             emit(" ")
     emit(window[cursor:])
-    context = "".join(parts)
-
-    question = _question(keys[:num_queries])
-    first_pos = placements[[i for _, i in placements].index(0)][0]
-    return NeedleSample(
-        context=context,
-        question=question,
-        prompt=PROMPT_TEMPLATE.format(context=context, question=question),
-        answers=tuple(numbers[:num_queries]),
-        keys=tuple(keys[:num_queries]),
-        needles=tuple(sorted(((keys[i], numbers[i], offsets[i]) for i in range(num_needles)), key=lambda n: n[2])),
-        depth=first_pos / size if size else 0.0,
-    )
+    return "".join(parts), offsets
 
 
 def needle_answer_text(sample: NeedleSample) -> str:
@@ -368,17 +376,7 @@ def retrieval_mix(
     the lookup with few distractors, which small models learn far sooner). Row kinds are shuffled; everything
     follows from ``seed``.
     """
-    _check_seed(seed)
-    _check_int("count", count, 1)
-    _check_int("seq_len", seq_len, 8)
-    _check_int("max_needles", max_needles, 1, len(CITY_KEYS))
-    if isinstance(mqar_fraction, bool) or not isinstance(mqar_fraction, int | float) or not 0 <= mqar_fraction <= 1:
-        raise ValueError(f"mqar_fraction must be a number in [0, 1], got {mqar_fraction!r}")
-    if isinstance(haystack_docs, str):
-        raise ValueError("haystack_docs must be a sequence of document strings, got a single str")
-    if needle_loss not in NEEDLE_LOSSES:
-        raise ValueError(f"needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {needle_loss!r}")
-    _check_int("value_digits", value_digits, 1, 18)
+    _check_mix_options(seed, count, seq_len, max_needles, mqar_fraction, haystack_docs, needle_loss, value_digits)
     n_mqar = round(mqar_fraction * count)
     docs = [d for d in haystack_docs if d.strip()]
     if n_mqar < count and not docs:
@@ -415,18 +413,38 @@ def retrieval_mix(
         labels[row] = torch.tensor(s.labels)
         attention_mask[row] = 1
     if too_long:
-        logger.warning(
-            "retrieval mix: %d of %d needle rows do not fit in seq_len=%d (one needle, its question and answer "
-            "take up to %d tokens with this tokenizer); they are MQAR rows instead",
-            len(too_long),
-            count - n_mqar,
-            seq_len,
-            max(too_long),
-        )
+        _warn_needle_rows_too_long(too_long, count - n_mqar, seq_len)
     num_tokens = int(attention_mask.sum())
     n_mqar += len(too_long)
     logger.info("retrieval mix: %d rows (%d MQAR, %d needle), %d tokens", count, n_mqar, count - n_mqar, num_tokens)
     return PackedSequences(input_ids=input_ids, labels=labels, attention_mask=attention_mask, num_tokens=num_tokens)
+
+
+def _check_mix_options(
+    seed, count, seq_len, max_needles, mqar_fraction, haystack_docs, needle_loss, value_digits
+) -> None:
+    _check_seed(seed)
+    _check_int("count", count, 1)
+    _check_int("seq_len", seq_len, 8)
+    _check_int("max_needles", max_needles, 1, len(CITY_KEYS))
+    if isinstance(mqar_fraction, bool) or not isinstance(mqar_fraction, int | float) or not 0 <= mqar_fraction <= 1:
+        raise ValueError(f"mqar_fraction must be a number in [0, 1], got {mqar_fraction!r}")
+    if isinstance(haystack_docs, str):
+        raise ValueError("haystack_docs must be a sequence of document strings, got a single str")
+    if needle_loss not in NEEDLE_LOSSES:
+        raise ValueError(f"needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {needle_loss!r}")
+    _check_int("value_digits", value_digits, 1, 18)
+
+
+def _warn_needle_rows_too_long(too_long: list[int], needle_rows: int, seq_len: int) -> None:
+    logger.warning(
+        "retrieval mix: %d of %d needle rows do not fit in seq_len=%d (one needle, its question and answer "
+        "take up to %d tokens with this tokenizer); they are MQAR rows instead",
+        len(too_long),
+        needle_rows,
+        seq_len,
+        max(too_long),
+    )
 
 
 def _needle_row(

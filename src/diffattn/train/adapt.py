@@ -135,6 +135,71 @@ def adapt_pretrained(
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)
     state = PartialState()
+    options, checkpoint = _check_run_folder(config, run_dir, resume=resume, overwrite=overwrite)
+    model, tokenizer = load_pretrained(config.model.name)
+    max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if max_pos is not None and config.data.seq_len > max_pos:
+        raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions")
+    corpus = load_corpus(config.data.source, seed=config.data.split_seed)
+    with args.main_process_first(desc="tokenize"):
+        train, val, mix_rows = _packed_data(config, corpus, tokenizer)
+    model, method_config = prepare_model(config, model, train.input_ids)
+    trainable, total = _count(model)
+    logger.info("%s on %s: %s of %s parameters trainable", config.method.name, config.model.name, trainable, total)
+
+    state.wait_for_everyone()
+    if state.is_main_process:
+        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="adapt", resume=resume)
+        write_text_atomic(run_dir / RESOLVED_OPTIONS, json.dumps(options, indent=2))
+    state.wait_for_everyone()
+
+    is_adapter = get_method(config.method.name).kind == "method"
+    trainer = _adapter_trainer(config, model, args, run_dir, train, val, callbacks, is_adapter)
+    if is_adapter:
+        set_adapter_step(model, 0)
+    val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else None
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    wall = time.perf_counter() - t0
+    val_after = _final_eval(trainer)["eval_loss"]
+    steps_run = trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)
+    tokens_per_step = config.train.global_batch_size * config.data.seq_len
+    lambdas = adapter_lambdas(model) if is_adapter else None
+    summary = {
+        "model": config.model.name,
+        "model_type": model.config.model_type,
+        "method": config.method.name,
+        "method_config": _jsonable(method_config),
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "steps": trainer.state.global_step,
+        "val_loss_before": val_before,
+        "val_loss_after": val_after,
+        "val_ppl_after": math.exp(min(val_after, 50.0)),
+        "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
+        "wall_seconds": wall,
+        "lambda": lambdas,
+        # the learning rate of the differential parameters (their own optimiser group; None: the method has none)
+        "lambda_lr": trainer.lambda_lr,
+        "lambda_lr_parameters": sum(p.numel() for n, p in model.named_parameters() if n in trainer.differential),
+        "distributed": distribution(config),
+        "report_to": [r for r in report_to() if r != "none"],
+        "warnings": _lambda_warnings(config.method.name, lambdas),
+        "data": _data_summary(config, corpus, train, val, mix_rows),
+    }
+    for warning in summary["warnings"]:
+        logger.warning(warning)
+    if trainer.args.should_save:
+        _save_result(trainer, tokenizer, config, run_dir, summary)
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+    release_folder(run_dir)  # the run's lock on its folder (a failed run keeps it until its process ends)
+    return summary
+
+
+def _check_run_folder(config: AdaptRunConfig, run_dir: Path, *, resume: bool, overwrite: bool):
+    """Check the output folder against the request before the model loads: it must not overlap the base, and a
+    resume must match the saved run. Returns the method's resolved options and the checkpoint to resume from."""
     base = Path(config.model.name)
     if base.exists() and (is_inside(run_dir, base) or is_inside(base, run_dir)):
         raise RunFolderError(
@@ -154,18 +219,18 @@ def adapt_pretrained(
     )
     if resolved_saved:
         check_resolved_options(run_dir, options)
-    model, tokenizer = load_pretrained(config.model.name)
-    max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-    if max_pos is not None and config.data.seq_len > max_pos:
-        raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions")
-    corpus = load_corpus(config.data.source, seed=config.data.split_seed)
-    with args.main_process_first(desc="tokenize"):
-        train = tokenize_and_pack(corpus.train, tokenizer, config.data.seq_len)
-        check_enough_text(train, config.train.global_batch_size, config.data.source, config.data.seq_len)
-        val = tokenize_and_pack(corpus.val, tokenizer, config.data.seq_len)
-        # the retrieval practice mix as in pretraining (none by default), appended after the text rows, so Dex's
-        # head selection still calibrates on the first text rows
-        train, mix_rows = add_retrieval_mix(train, config.data, tokenizer, corpus.train, config.train.seed)
+    return options, checkpoint
+
+
+def _packed_data(config: AdaptRunConfig, corpus, tokenizer):
+    """The run's packed training rows (text, then any retrieval practice mix) and its first ``val_sequences``
+    validation rows; returns ``(train, val, mix_rows)``."""
+    train = tokenize_and_pack(corpus.train, tokenizer, config.data.seq_len)
+    check_enough_text(train, config.train.global_batch_size, config.data.source, config.data.seq_len)
+    val = tokenize_and_pack(corpus.val, tokenizer, config.data.seq_len)
+    # the retrieval practice mix as in pretraining (none by default), appended after the text rows, so Dex's
+    # head selection still calibrates on the first text rows
+    train, mix_rows = add_retrieval_mix(train, config.data, tokenizer, corpus.train, config.train.seed)
     val_rows = min(config.data.val_sequences, val.input_ids.shape[0])
     val = dataclasses.replace(
         val,
@@ -174,26 +239,34 @@ def adapt_pretrained(
         attention_mask=val.attention_mask[:val_rows],
         num_tokens=int(val.attention_mask[:val_rows].sum()),
     )
-    model, method_config = prepare_model(config, model, train.input_ids)
-    trainable, total = _count(model)
-    logger.info("%s on %s: %s of %s parameters trainable", config.method.name, config.model.name, trainable, total)
+    return train, val, mix_rows
 
-    state.wait_for_everyone()
-    if state.is_main_process:
-        start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="adapt", resume=resume)
-        write_text_atomic(run_dir / RESOLVED_OPTIONS, json.dumps(options, indent=2))
-    state.wait_for_everyone()
 
-    is_adapter = get_method(config.method.name).kind == "method"
+def _data_summary(config: AdaptRunConfig, corpus, train, val, mix_rows: int) -> dict:
+    """What the run trained and validated on (``summary.json``'s ``data``)."""
+    return {
+        "source": corpus.name,
+        "split": corpus.split_info,
+        "corpus_fingerprint": corpus.fingerprint,
+        "seq_len": config.data.seq_len,
+        "train_sequences": int(train.input_ids.shape[0]),
+        "val_sequences": int(val.input_ids.shape[0]),
+        "retrieval_mix_sequences": mix_rows,
+    }
+
+
+def _adapter_trainer(config: AdaptRunConfig, model, args, run_dir: Path, train, val, callbacks, is_adapter: bool):
+    """The pretraining trainer with the adapter's additions: λ(t) stepped and logged, every λ (and what the method
+    names) never decayed, the differential parameters (λ_learn, W_D) in their own group at ``train.lambda_lr``."""
     tokens_per_step = config.train.global_batch_size * config.data.seq_len
     metrics = MetricsCallback(run_dir / METRICS, tokens_per_step, lambdas=adapter_lambdas if is_adapter else _none)
     extra_no_decay = no_decay_parameter_names(model) if is_adapter else []
-    differential = differential_parameter_names(model) if is_adapter else []  # λ_learn, W_D: at train.lambda_lr
+    differential = differential_parameter_names(model) if is_adapter else []
     lambda_lr = config.train.resolved_lambda_lr if differential else None
     if config.train.lambda_lr is not None and not differential:
         logger.warning("train.lambda_lr is ignored: %s has no λ(t) term", config.method.name)
     with tracker_environment(run_dir):
-        trainer = AdapterTrainer(
+        return AdapterTrainer(
             model=model,
             args=args,
             train_dataset=PackedDataset(train),
@@ -206,53 +279,6 @@ def adapt_pretrained(
             differential=differential,
             lambda_lr=lambda_lr,
         )
-    if is_adapter:
-        set_adapter_step(model, 0)
-    val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else None
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    wall = time.perf_counter() - t0
-    val_after = _final_eval(trainer)["eval_loss"]
-    steps_run = trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)
-    summary = {
-        "model": config.model.name,
-        "model_type": model.config.model_type,
-        "method": config.method.name,
-        "method_config": _jsonable(method_config),
-        "trainable_parameters": trainable,
-        "total_parameters": total,
-        "steps": trainer.state.global_step,
-        "val_loss_before": val_before,
-        "val_loss_after": val_after,
-        "val_ppl_after": math.exp(min(val_after, 50.0)),
-        "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
-        "wall_seconds": wall,
-        "lambda": adapter_lambdas(model) if is_adapter else None,
-        # the learning rate of the differential parameters (their own optimiser group; None: the method has none)
-        "lambda_lr": lambda_lr,
-        "lambda_lr_parameters": sum(p.numel() for n, p in model.named_parameters() if n in differential),
-        "distributed": distribution(config),
-        "report_to": [r for r in report_to() if r != "none"],
-        "warnings": [],
-        "data": {
-            "source": corpus.name,
-            "split": corpus.split_info,
-            "corpus_fingerprint": corpus.fingerprint,
-            "seq_len": config.data.seq_len,
-            "train_sequences": int(train.input_ids.shape[0]),
-            "val_sequences": val_rows,
-            "retrieval_mix_sequences": mix_rows,
-        },
-    }
-    summary["warnings"] += _lambda_warnings(config.method.name, summary["lambda"])
-    for warning in summary["warnings"]:
-        logger.warning(warning)
-    if trainer.args.should_save:
-        _save_result(trainer, tokenizer, config, run_dir, summary)
-        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
-        shutil.rmtree(run_dir / STAGING, ignore_errors=True)
-    release_folder(run_dir)  # the run's lock on its folder (a failed run keeps it until its process ends)
-    return summary
 
 
 def _none(model):

@@ -459,30 +459,16 @@ def pretrain(
     args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
     state = PartialState()
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
-    max_pos = get_preset(config.model.preset, **config.model.overrides).max_position_embeddings
-    if config.data.seq_len > max_pos:
-        raise ValueError(
-            f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions "
-            f"(preset {config.model.preset!r}); lower it or override max_position_embeddings"
-        )
+    _check_seq_len(config)
     with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
         data = prepare_data(config)
-    options = {"backend": None, **{k: getattr(config.model, k) for k in ARCHITECTURES[config.model.attention].options}}
-    model = build_model(
-        config.model.preset,
-        config.model.attention,
-        **options,  # the model.* settings its architecture takes
-        seed=config.train.seed,
-        **{**config.model.overrides, "vocab_size": len(data.tokenizer)},
-    )
+    tok = data.tokenizer
+    model = _run_model(config, tok)
     # only now, with data and model known to be good, is anything written (a failed start leaves nothing)
     state.wait_for_everyone()  # every process has checked before the main one changes anything
     if state.is_main_process:
         start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="pretrain", resume=resume)
     state.wait_for_everyone()
-    tok = data.tokenizer
-    model.config.bos_token_id = model.config.eos_token_id = tok.eos_token_id
-    model.config.pad_token_id = tok.pad_token_id
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(
         "%s model: %s parameters; %d training sequences of %d tokens",
@@ -532,6 +518,31 @@ def pretrain(
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     release_folder(run_dir)  # (a run that fails keeps it until its process ends, or resumes in this process)
     return summary
+
+
+def _check_seq_len(config: RunConfig) -> None:
+    max_pos = get_preset(config.model.preset, **config.model.overrides).max_position_embeddings
+    if config.data.seq_len > max_pos:
+        raise ValueError(
+            f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions "
+            f"(preset {config.model.preset!r}); lower it or override max_position_embeddings"
+        )
+
+
+def _run_model(config: RunConfig, tokenizer) -> torch.nn.Module:
+    """The run's model: its architecture's row built with the model.* settings the row takes, the vocabulary and
+    special tokens of the run's tokenizer, and the run's seed."""
+    options = {"backend": None, **{k: getattr(config.model, k) for k in ARCHITECTURES[config.model.attention].options}}
+    model = build_model(
+        config.model.preset,
+        config.model.attention,
+        **options,
+        seed=config.train.seed,
+        **{**config.model.overrides, "vocab_size": len(tokenizer)},
+    )
+    model.config.bos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model
 
 
 def _final_eval(trainer: Trainer) -> dict:
