@@ -153,7 +153,14 @@ def test_export_copies_the_evidence_and_never_replaces_a_folder_it_did_not_make(
 
 def test_the_gap_claim_needs_diff_ahead_at_the_largest_n():
     """DIFF far behind at N = 1 and level at N = 4: the gap 'grows', but that is not the paper's claim."""
-    from diffattn.experiments.claims import _niah_gap_claim
+    from diffattn.adapters.registry import PaperClaim
+    from diffattn.eval.measures import Run
+    from diffattn.experiments.claims import check_claim
+
+    gap = PaperClaim("s", "c", "p", "niah:gap", "higher", "baseline")
+
+    def _niah_gap_claim(evals):
+        return check_claim(gap, "base", "diff", {n: Run(n, {}, r) for n, r in evals.items()}, {}, 0)
 
     def niah(first, last):
         grid = [
@@ -163,10 +170,10 @@ def test_the_gap_claim_needs_diff_ahead_at_the_largest_n():
         return {"niah": {"grid": grid, "metadata": {"samples_sha1": "same"}}}
 
     behind_then_level = {"base": niah([1.0] * 60, [0.0] * 60), "diff": niah([0.0] * 60, [0.0] * 59 + [1.0])}
-    row = _niah_gap_claim("s", "c", "p", "base", "diff", behind_then_level, 0)
+    row = _niah_gap_claim(behind_then_level)
     assert row.diff_ci[0] > 0 and row.verdict == "inconclusive" and "not ahead at N=4" in row.note
     level_then_ahead = {"base": niah([1.0] * 60, [0.0] * 60), "diff": niah([1.0] * 60, [1.0] * 60)}
-    assert _niah_gap_claim("s", "c", "p", "base", "diff", level_then_ahead, 0).verdict == "agrees"
+    assert _niah_gap_claim(level_then_ahead).verdict == "agrees"
 
 
 def test_export_refuses_pictures_outside_the_experiment(tmp_path):

@@ -1,5 +1,10 @@
 """The paper claims an experiment can check: the paper's figure, ours with 95% intervals, and a verdict.
 
+Claims are data (:class:`~diffattn.adapters.registry.PaperClaim`: a source, the paper's figure, a measure a suite
+names, a reference and a direction): the DIFF Transformer claims below (:data:`CLAIM_TABLE`), each method's in its
+registry entry. This module is the engine that checks them: it finds the pairs each claim compares, reads the
+measure (``Suite.measures`` in :mod:`diffattn.eval`) and turns the comparison into a row with a verdict.
+
 A claim is checked only where the experiment has what it needs: a from-scratch DIFF model and a same-preset
 baseline (DIFF Transformer claims), an adapter and its base model (Dex, DiffLoRA claims), and the evaluation
 suite the claim is about. Every row reads reference → method (baseline → DIFF, base → adapter, LoRA → DiffLoRA)
@@ -24,29 +29,88 @@ model); rows say so.
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from ..eval.stats import (
-    Difference,
-    bootstrap_contrast,
-    mean_se,
-    minimum_detectable_difference,
-    newcombe_paired_difference,
-    normal_interval,
-    paired_difference,
-    t_interval,
-    unpaired_difference,
-    verdict,
-    wilson_interval,
-)
+from ..adapters.registry import PaperClaim, get_method
+from ..eval.measures import Measure, Run, finite, interval, value_text
+from ..eval.stats import Difference, minimum_detectable_difference, t_interval, unpaired_difference, verdict
 from ..models.architectures import ARCHITECTURES
 
-NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"
-ONE_NUMBER = "none: the suite reports one number"
+# The DIFF Transformer paper's claims, checked for every from-scratch differential model against the same-preset
+# standard model (reference "baseline"), in the order the report lists them.
+CLAIM_TABLE: list[PaperClaim] = [
+    PaperClaim(
+        "DIFF Transformer Fig. 3–4", "lower language-modelling loss than a same-size Transformer",
+        "DIFF needs ~62–65% of the parameters or tokens for the same loss", "loss", "lower", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 3", "more attention to the answer", "answer 0.03 → 0.27–0.40",
+        "alloc:attention_to_answer", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 3", "less attention noise", "noise 0.51 → 0.01–0.02", "alloc:attention_noise", "lower",
+        "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 2", "better multi-needle retrieval", "N=6, R=2: 0.35 (Transformer) vs 0.85 (DIFF)",
+        "niah", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 2", "better retrieval in the paper's own cell", "N=6, R=2: 0.35 vs 0.85",
+        "niah:paper_cell", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 5", "better retrieval across context lengths and depths",
+        "DIFF near-perfect across 4K–64K and all depths; the Transformer degrades", "niah:heatmap", "higher",
+        "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 6", "better many-shot in-context learning", "+5.2 to +21.6 points at 64K-token prompts",
+        "icl:many_shot", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N",
+        "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6", "niah:gap", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 5", "smaller attention-logit outliers", "top-1 |logit| 318.0 vs 38.8",
+        "outliers:attention_logits", "lower", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 5", "smaller hidden-state outliers", "top-1 |hidden| 3608.6 vs 1688.2",
+        "outliers:hidden_states", "lower", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits",
+        "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more", "quant:drop", "lower",
+        "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 7", "more robust to the order of demonstrations",
+        "TREC margin 19.0 vs 4.0 (random order)", "icl:order_margin", "lower", "baseline",
+    ),
+]  # fmt: skip
+
+
+def register_claims(*claims: PaperClaim) -> None:
+    """Add claims that every from-scratch differential model is checked for against its baseline (a method's
+    claims go in its registry entry instead)."""
+    for c in claims:
+        if c.reference != "baseline":
+            raise ValueError(f"{c.source}: claims of the table compare with the 'baseline'; got {c.reference!r}")
+    CLAIM_TABLE.extend(claims)
+
+
+def measure(name: str) -> Measure:
+    """The measure ``name`` of the suite table (one clear error naming the known ones)."""
+    from ..eval.suite import SUITE_TABLE
+
+    known = {n: m for suite in SUITE_TABLE.values() for n, m in suite.measures.items()}
+    if name not in known:
+        raise ValueError(f"no suite measures {name!r}; the suites' measures: {', '.join(known)}")
+    return known[name]
 
 
 @dataclass
@@ -75,7 +139,7 @@ class Claim:
     cells: str = ""  # which cells / settings of the suite the row reads (e.g. "R = 1 cells N = 1, 2, 4, 6")
 
 
-# -- helpers -------------------------------------------------------------------------------------------------------
+# -- pairs -------------------------------------------------------------------------------------------------------
 def seed_groups(config) -> dict[str, list[str]]:
     """Every model → the names of its replicate runs: a from-scratch model with ``seeds`` is the group of its
     ``NAME-sSEED`` replicates (``config.seed_groups()``); every other model (no seeds, pretrained, adapters) is a
@@ -104,34 +168,6 @@ def _pairs(config) -> list[tuple[str, str]]:
     return out
 
 
-def _get(evals: dict, name: str, *path):
-    node = evals.get(name)
-    for key in path:
-        if node is None:
-            return None
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
-def _finite(x) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _ci(interval) -> list[float] | None:
-    if interval is None:
-        return None
-    lo, hi = (float(x) for x in interval)
-    return [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None
-
-
-def _value(v: float | None, ci, d: int) -> str:
-    if v is None:
-        return "–"
-    text = f"{v:.{d}f}"
-    ci = _ci(ci)
-    return f"{text} [{ci[0]:.{d}f}, {ci[1]:.{d}f}]" if ci else text
-
-
 def _make(
     source: str,
     claim: str,
@@ -153,8 +189,8 @@ def _make(
 ) -> Claim:
     """A claim row; the verdict comes from ``diff``'s interval at the printed ``digits`` (no interval: inconclusive)."""
     d = digits
-    if diff is not None and _ci(diff.interval) is not None:
-        lo, hi = _ci(diff.interval)
+    if diff is not None and interval(diff.interval) is not None:
+        lo, hi = interval(diff.interval)
         difference = f"{diff.estimate:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"
         v = "inconclusive" if round(diff.estimate, d) == 0 else verdict((lo, hi), claimed, digits=d)
         diff_value, diff_ci = float(diff.estimate), [lo, hi]
@@ -165,7 +201,7 @@ def _make(
         difference = "–" if diff_value is None else f"{diff_value:+.{d}f} (no interval)"
         v, diff_ci = "inconclusive", None
     if ours is None:
-        ours = f"{ref} → {new}: {metric} {_value(ref_value, ref_ci, d)} → {_value(new_value, new_ci, d)}"
+        ours = f"{ref} → {new}: {metric} {value_text(ref_value, ref_ci, d)} → {value_text(new_value, new_ci, d)}"
     return Claim(
         source=source,
         claim=claim,
@@ -179,561 +215,72 @@ def _make(
         new=new,
         metric=metric,
         ref_value=None if ref_value is None else float(ref_value),
-        ref_ci=_ci(ref_ci),
+        ref_ci=interval(ref_ci),
         new_value=None if new_value is None else float(new_value),
-        new_ci=_ci(new_ci),
+        new_ci=interval(new_ci),
         diff_value=diff_value,
         diff_ci=diff_ci,
         note=note,
     )
 
 
-def _paired_kind(diff: Difference, what: str) -> str:
-    """ "<the interval paired_difference used> over the same <n> <what>" (a bootstrap, or t for few pairs)."""
-    name = "paired t" if diff.method.startswith("paired t") else "paired bootstrap"
-    return f"{name} over the same {diff.n} {what}"
-
-
-def _same(a: dict | None, b: dict | None, *keys) -> bool:
-    """Whether two results' metadata agree on ``keys`` (all present): the sign that their samples are paired."""
-    if not a or not b:
-        return False
-    return all(a.get(k) is not None and a.get(k) == b.get(k) for k in keys)
-
-
-# -- val loss / NLL ------------------------------------------------------------------------------------------------
-def _per_token_windows(r: dict | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(per-window mean NLL, tokens) of a ``per_window`` {"nll": sums, "tokens": counts} record."""
-    pw = (r or {}).get("per_window")
-    if not pw or not pw.get("nll") or len(pw["nll"]) != len(pw.get("tokens", [])):
-        return None
-    tokens = np.asarray(pw["tokens"], dtype=float)
-    if np.any(tokens <= 0):
-        return None
-    return np.asarray(pw["nll"], dtype=float) / tokens, tokens
-
-
-def _loss_claim(source, claim, paper, ref, new, claimed, rows, evals, seed) -> Claim | None:
-    """One run per model: the val losses have no interval; the ppl suite's per-window NLLs on the same tokens give
-    a paired one (data uncertainty only)."""
-    lr, ln = rows.get(ref, {}).get("val_loss"), rows.get(new, {}).get("val_loss")
-    if not _finite(lr) or not _finite(ln):
-        return None
-    common = dict(ref=ref, new=new, claimed=claimed, digits=4)
-    seeds_note = "one seed"
-    pr, pn = _get(evals, ref, "ppl"), _get(evals, new, "ppl")
-    wr, wn = _per_token_windows(pr), _per_token_windows(pn)
-    paired = (
-        wr is not None
-        and wn is not None
-        and _same(pr.get("metadata"), pn.get("metadata"), "tokens_sha1", "window", "stride")
-        and np.array_equal(wr[1], wn[1])
-    )
-    val = f"val loss {lr:.4f} → {ln:.4f}"
-    if paired:
-        rv, rci = bootstrap_contrast([wr[0]], sample_weights=[wr[1]], seed=seed)
-        nv, nci = bootstrap_contrast([wn[0]], sample_weights=[wn[1]], seed=seed)
-        diff = paired_difference(wr[0], wn[0], weights=wr[1], seed=seed)
-        return _make(
-            source,
-            claim,
-            paper,
-            metric="test NLL/token (ppl suite)",
-            ref_value=rv,
-            ref_ci=rci,
-            new_value=nv,
-            new_ci=nci,
-            diff=diff,
-            kind=_paired_kind(diff, "text windows (token-weighted)"),
-            note=f"data uncertainty only, {seeds_note}; {val}",
-            **common,
-        )
-    why = "no per-window NLL of the same text (ppl suite)" if wr is None or wn is None else "different token windows"
-    return _make(
-        source,
-        claim,
-        paper,
-        metric="val loss",
-        ref_value=lr,
-        new_value=ln,
-        kind=f"none: {seeds_note} and {why}",
-        **common,
-    )
-
-
-# -- attention allocation ------------------------------------------------------------------------------------------
-def _alloc_claim(source, claim, paper, ref, new, key, claimed, evals, seed) -> Claim | None:
-    ar, an = _get(evals, ref, "alloc"), _get(evals, new, "alloc")
-    if not ar or not an or key not in ar or key not in an:
-        return None
-    per_key = {"attention_to_answer": "answer", "attention_noise": "noise"}[key]
-    metric = {"attention_to_answer": "attention to answer", "attention_noise": "attention noise"}[key]
-    magnitude = all(f"{per_key}_magnitude" in p for p in (ar.get("per_sample") or []) + (an.get("per_sample") or []))
-    if magnitude:  # shares of |a|: a signed map cannot meet the claim by cancelling + and − entries of one bucket
-        per_key, metric = f"{per_key}_magnitude", f"{metric} (share of |attention|)"
-    common = dict(ref=ref, new=new, metric=metric, claimed=claimed, digits=3)
-    sr = [p[per_key] for p in ar.get("per_sample") or []]
-    sn = [p[per_key] for p in an.get("per_sample") or []]
-    if not sr or not sn:
-        return _make(source, claim, paper, ref_value=ar[key], new_value=an[key], kind=NO_PER_SAMPLE, **common)
-    (rm, rse), (nm, nse) = mean_se(sr), mean_se(sn)
-    rci = normal_interval(rm, rse) if math.isfinite(rse) else None
-    nci = normal_interval(nm, nse) if math.isfinite(nse) else None
-    if len(sr) == len(sn) and _same(ar.get("metadata"), an.get("metadata"), "samples_sha1"):
-        diff = paired_difference(sr, sn, seed=seed)
-        kind = _paired_kind(diff, "samples; values ± 1.96 SE over samples")
-    else:
-        diff = unpaired_difference(sr, sn, method="welch")
-        kind = f"Welch t over samples ({len(sr)} vs {len(sn)}; unpaired: different prompts); values ± 1.96 SE"
-    note = "data uncertainty only, one seed; rows normalised by their sum of absolute values"
-    if magnitude:
-        note += f"; signed shares {ar[key]:.3f} → {an[key]:.3f}"
-    return _make(
-        source,
-        claim,
-        paper,
-        ref_value=rm,
-        ref_ci=rci,
-        new_value=nm,
-        new_ci=nci,
-        diff=diff,
-        kind=kind,
-        note=note,
-        **common,
-    )
-
-
-# -- needle retrieval ----------------------------------------------------------------------------------------------
-def _like_for_like(r: dict | None) -> list[dict]:
-    """The grid cells a retrieval claim reads: the R = 1 cells (one queried needle each, so every cell is scored
-    alike: solved or not, chance 1/N), or every cell for results that have no R = 1 cell but N = 1."""
-    grid = (r or {}).get("grid") or []
-    r1 = [g for g in grid if g["R"] == 1]
-    return r1 if len(r1) >= 1 else grid
-
-
-def _cells_text(cells: list[dict]) -> str:
-    if all(g["R"] == 1 for g in cells):
-        return "R = 1 cells N = " + ", ".join(str(g["N"]) for g in cells)
-    return "cells " + ", ".join(f"(N={g['N']}, R={g['R']})" for g in cells)
-
-
-def _chance_text(cells: list[dict]) -> str:
-    return "chance (copying a random needle) " + ", ".join(f"{1 / g['N']:.2f}" for g in cells)
-
-
-def _grid_scores(r: dict, *, strict: bool = False, cells: list[dict] | None = None) -> list[list[float]] | None:
-    key = "strict_scores" if strict else "scores"
-    grid = (r.get("grid") or []) if cells is None else cells
-    if not grid or any(not g.get(key) for g in grid):
-        return None
-    return [[float(s) for s in g[key]] for g in grid]
-
-
-def _grid_solved(r: dict, cells: list[dict] | None = None) -> list[int] | None:
-    """Every prompt of the cells (default: the whole grid), 1 if its strict score is 1 (the first R numbers of the
-    output are the R queried ones) else 0, in a fixed order; None for results without strict scores."""
-    grid = (r.get("grid") or []) if cells is None else cells
-    if not grid or any(not g.get("strict_scores") for g in grid):
-        return None
-    return [int(score == 1.0) for g in grid for score in g["strict_scores"]]
-
-
-def r1_solved(r: dict | None) -> float | None:
-    """One run's like-for-like retrieval number: prompts solved over the R = 1 cells (older results: computed from
-    their strict scores; None without them)."""
-    if not r:
-        return None
-    if r.get("r1_solved") is not None:
-        return r["r1_solved"]
-    hits = _grid_solved(r, _like_for_like(r))
-    return float(np.mean(hits)) if hits else None
-
-
-def _niah_paired(rr: dict, rn: dict) -> bool:
-    gr, gn = rr.get("grid") or [], rn.get("grid") or []
-    return [(g["N"], g["R"], len(g.get("scores") or [])) for g in gr] == [
-        (g["N"], g["R"], len(g.get("scores") or [])) for g in gn
-    ] and _same(rr.get("metadata"), rn.get("metadata"), "samples_sha1")
-
-
-def _niah_mean_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
-    rr, rn = _get(evals, ref, "niah"), _get(evals, new, "niah")
-    if not rr or not rn or rr.get("mean_accuracy") is None or rn.get("mean_accuracy") is None:
-        return None
-    cells_r, cells_n = _like_for_like(rr), _like_for_like(rn)
-    if [(g["N"], g["R"]) for g in cells_r] != [(g["N"], g["R"]) for g in cells_n]:
-        cells_r, cells_n = rr.get("grid") or [], rn.get("grid") or []
-    row = _niah_cells_claim(source, claim, paper, ref, new, rr, rn, cells_r, cells_n, seed)
-    row.cells = _cells_text(cells_r)
-    row.note += f"; {row.cells}; {_chance_text(cells_r)}"
-    return row
-
-
-def _niah_cells_claim(source, claim, paper, ref, new, rr, rn, cells_r, cells_n, seed) -> Claim:
-    """Prompts solved over the given cells of two NIAH results (Newcombe paired when the prompts are the same)."""
-    common = dict(ref=ref, new=new, metric="mean accuracy", claimed="higher", digits=3)
-    cr, cn = _grid_scores(rr, cells=cells_r), _grid_scores(rn, cells=cells_n)
-    if cr is None or cn is None:
-        return _make(
-            source,
-            claim,
-            paper,
-            ref_value=rr["mean_accuracy"],
-            new_value=rn["mean_accuracy"],
-            kind=NO_PER_SAMPLE,
-            **common,
-        )
-    hr, hn = _grid_solved(rr, cells_r), _grid_solved(rn, cells_n)
-    if hr is not None and hn is not None and len(hr) == len(hn) and _niah_paired(rr, rn):
-        # one binary trial per prompt (solved: its first R numbers are the R queried ones), paired across the two
-        # models: Newcombe's interval, which stays honest when few pairs disagree
-        diff = newcombe_paired_difference(hr, hn)
-        return _make(
-            source,
-            claim,
-            paper,
-            ref=ref,
-            new=new,
-            metric="prompts solved (strict: the first R numbers are the queried ones)",
-            claimed="higher",
-            digits=3,
-            ref_value=float(np.mean(hr)),
-            ref_ci=wilson_interval(sum(hr), len(hr)),
-            new_value=float(np.mean(hn)),
-            new_ci=wilson_interval(sum(hn), len(hn)),
-            diff=diff,
-            kind=f"Newcombe paired score interval over the same {diff.n} prompts",
-            note=(
-                "data uncertainty only, one seed; RULER string_match_all mean accuracy "
-                f"{rr['mean_accuracy']:.3f} → {rn['mean_accuracy']:.3f}"
-            ),
-        )
-    k_r, k_n = len(cr), len(cn)
-    pooled_r, pooled_n = [s for c in cr for s in c], [s for c in cn for s in c]
-    rv, nv = float(np.mean(pooled_r)), float(np.mean(pooled_n))  # equal samples per cell: the mean of cell means
-    rci, nci = wilson_interval(sum(pooled_r), len(pooled_r)), wilson_interval(sum(pooled_n), len(pooled_n))
-    if _niah_paired(rr, rn):
-        # equal samples per cell: the mean over all pairs is the difference of the means of cell means
-        diff = paired_difference(pooled_r, pooled_n, seed=seed)
-        kind = _paired_kind(diff, "samples (all grid cells)")
-    else:
-        est, ci = bootstrap_contrast(cn + cr, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
-        diff = Difference(est, ci, "unpaired bootstrap within cells", sum(map(len, cr + cn)))
-        kind = "unpaired bootstrap within grid cells (different prompts)"
-    return _make(
-        source,
-        claim,
-        paper,
-        ref_value=rv,
-        ref_ci=rci,
-        new_value=nv,
-        new_ci=nci,
-        diff=diff,
-        kind=kind,
-        note="data uncertainty only, one seed",
-        **common,
-    )
-
-
-def _niah_cell_claim(source, claim, paper, ref, new, n, r, evals, seed) -> Claim | None:
-    """One (N, R) cell of the grid — a paper's own cell — scored as per-needle credit (strict) with a paired
-    bootstrap over the same prompts; prompts solved beside it in the note."""
-    rr, rn = _get(evals, ref, "niah"), _get(evals, new, "niah")
-    gr = next((g for g in (rr or {}).get("grid") or [] if (g["N"], g["R"]) == (n, r)), None)
-    gn = next((g for g in (rn or {}).get("grid") or [] if (g["N"], g["R"]) == (n, r)), None)
-    if gr is None or gn is None or not gr.get("strict_scores") or not gn.get("strict_scores"):
-        return None
-    sr, sn = gr["strict_scores"], gn["strict_scores"]
-    common = dict(ref=ref, new=new, metric=f"per-needle credit (strict) at N={n}, R={r}", claimed="higher", digits=3)
-    solved = f"prompts solved {np.mean([s == 1 for s in sr]):.3f} → {np.mean([s == 1 for s in sn]):.3f}"
-    note = f"data uncertainty only; cell N={n}, R={r}; {solved}; chance {1 / n:.2f} per needle"
-    if len(sr) == len(sn) and _niah_paired(rr, rn):
-        diff = paired_difference(sr, sn, seed=seed)
-        kind = _paired_kind(diff, "prompts")
-    else:
-        diff = unpaired_difference(sr, sn, method="bootstrap", seed=seed)
-        kind = "unpaired bootstrap (different prompts)"
+def _row(spec: PaperClaim, m: Measure, ref: str, new: str, c) -> Claim:
+    """The claim row of one comparison of two runs."""
     row = _make(
-        source, claim, paper,
-        ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
-        new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
-        diff=diff, kind=kind, note=note, **common,
+        spec.source, spec.claim, spec.paper, ref=c.ref or ref, new=c.new or new, metric=c.metric,
+        claimed=spec.claimed, digits=m.digits, ref_value=c.ref_value, ref_ci=c.ref_ci, new_value=c.new_value,
+        new_ci=c.new_ci, diff=c.diff, kind=c.kind, note=c.note, ours=c.ours,
     )  # fmt: skip
-    row.cells = f"cell N={n}, R={r}"
-    return row
-
-
-def _niah_heatmap_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
-    """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores where the
-    results have them; Newcombe's paired interval over the same prompts."""
-    rr, rn = _get(evals, ref, "niah"), _get(evals, new, "niah")
-    hr, hn = (rr or {}).get("heatmap") or {}, (rn or {}).get("heatmap") or {}
-    if not hr.get("lengths") or hr.get("lengths") != hn.get("lengths") or hr.get("N") != hn.get("N"):
-        return None
-    key = "strict_scores" if hr.get("strict_scores") and hn.get("strict_scores") else "scores"
-    flat = lambda h: [int(s == 1.0) for row in h[key] for cell in row for s in cell]  # noqa: E731
-    sr, sn = flat(hr), flat(hn)
-    if not sr or len(sr) != len(sn) or not _niah_paired(rr, rn):
-        return None
-    diff = newcombe_paired_difference(sr, sn)
-    row = _make(
-        source, claim, paper, ref=ref, new=new, metric=f"heatmap prompts solved (N={hr['N']}, R=1)",
-        claimed="higher", digits=3,
-        ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
-        new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
-        diff=diff, kind=f"Newcombe paired score interval over the same {diff.n} prompts",
-        note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, "
-        f"{'strict' if key == 'strict_scores' else 'string_match_all'} scores; chance {1 / hr['N']:.2f}",
-    )  # fmt: skip
-    row.cells = f"heatmap N={hr['N']}, R=1, lengths {hr['lengths']}"
-    return row
-
-
-def _niah_gap_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
-    rr, rn = _get(evals, ref, "niah"), _get(evals, new, "niah")
-    gr, gn = _like_for_like(rr), _like_for_like(rn)  # like with like: R = 1 cells, all-or-nothing at every N
-    if len(gr) < 2 or [(g["N"], g["R"]) for g in gr] != [(g["N"], g["R"]) for g in gn]:
-        return None
-    lo = min(range(len(gr)), key=lambda i: gr[i]["N"])
-    hi = max(range(len(gr)), key=lambda i: gr[i]["N"])
-    n_lo, n_hi = gr[lo]["N"], gr[hi]["N"]
-    common = dict(ref=f"N={n_lo}", new=f"N={n_hi}", metric=f"accuracy gap {new} − {ref}", claimed="higher", digits=2)
-    gap_lo = gn[lo]["accuracy"] - gr[lo]["accuracy"]
-    gap_hi = gn[hi]["accuracy"] - gr[hi]["accuracy"]
-    cr, cn = _grid_scores(rr, strict=True, cells=gr), _grid_scores(rn, strict=True, cells=gn)
-    scoring = "strict scores (first R numbers)"
-    if cr is None or cn is None:
-        cr, cn = _grid_scores(rr, cells=gr), _grid_scores(rn, cells=gn)
-        scoring = "RULER string_match_all scores"
-    if cr is None or cn is None:
-        ours = f"{ref} → {new}: gap {gap_lo:+.2f} at N={n_lo} → {gap_hi:+.2f} at N={n_hi}"
-        return _make(source, claim, paper, ref_value=gap_lo, new_value=gap_hi, kind=NO_PER_SAMPLE, ours=ours, **common)
-    if _niah_paired(rr, rn):
-        d_lo = np.asarray(cn[lo]) - np.asarray(cr[lo])
-        d_hi = np.asarray(cn[hi]) - np.asarray(cr[hi])
-        lo_v, lo_ci = bootstrap_contrast([d_lo], seed=seed)
-        hi_v, hi_ci = bootstrap_contrast([d_hi], seed=seed)
-        est, ci = bootstrap_contrast([d_hi, d_lo], [1.0, -1.0], seed=seed)
-        kind = f"paired bootstrap within the two cells ({d_lo.size} + {d_hi.size} samples)"
-    else:
-        lo_v, lo_ci = bootstrap_contrast([cn[lo], cr[lo]], [1.0, -1.0], seed=seed)
-        hi_v, hi_ci = bootstrap_contrast([cn[hi], cr[hi]], [1.0, -1.0], seed=seed)
-        est, ci = bootstrap_contrast([cn[hi], cr[hi], cn[lo], cr[lo]], [1.0, -1.0, -1.0, 1.0], seed=seed)
-        kind = "unpaired bootstrap within the two cells (different prompts)"
-    diff = Difference(est, ci, kind, 0)
-    ours = f"{ref} → {new}: gap {_value(lo_v, lo_ci, 2)} at N={n_lo} → {_value(hi_v, hi_ci, 2)} at N={n_hi}"
-    row = _make(
-        source,
-        claim,
-        paper,
-        ref_value=lo_v,
-        ref_ci=lo_ci,
-        new_value=hi_v,
-        new_ci=hi_ci,
-        diff=diff,
-        kind=f"{kind} of {scoring}; difference = gap at the largest N − gap at the smallest",
-        ours=ours,
-        note=f"data uncertainty only, one seed; {_cells_text(gr)}; {_chance_text(gr)}",
-        **common,
-    )
-    row.cells = f"{_cells_text([gr[lo], gr[hi]])}"
-    # the paper's claim is a gap in DIFF's favour that grows with N: growth that only undoes a deficit at small N
-    # (the gap at the largest N not above zero) does not agree with it
-    if row.verdict == "agrees" and (hi_ci is None or round(float(hi_ci[0]), 2) <= 0):
+    row.cells = c.cells
+    if c.veto and row.verdict == "agrees":
         row.verdict = "inconclusive"
-        row.note += f"; the gap grows but {new} is not ahead at N={n_hi}"
+        row.note += f"; {c.veto}"
     return row
 
 
-# -- outliers, quantization, ICL order -----------------------------------------------------------------------------
-def _outlier_claim(source, claim, paper, ref, new, which, label, evals, seed) -> Claim | None:
-    orr, on = _get(evals, ref, "outliers"), _get(evals, new, "outliers")
-    vr, vn = _get(evals, ref, "outliers", which, "top1"), _get(evals, new, "outliers", which, "top1")
-    if vr is None or vn is None:
-        return None
-    common = dict(ref=ref, new=new, metric=f"top-1 {label}", claimed="lower", digits=2)
-    wr = (orr.get("per_window") or {}).get(f"{which}_top1")
-    wn = (on.get("per_window") or {}).get(f"{which}_top1")
-    headline = f"{ref} → {new}: top-1 {label} {vr:.2f} → {vn:.2f}"
-    if not wr or not wn:
-        return _make(source, claim, paper, ref_value=vr, new_value=vn, kind=NO_PER_SAMPLE, ours=headline, **common)
-    if len(wr) != len(wn) or not _same(orr.get("metadata"), on.get("metadata"), "tokens_sha1", "seq_len"):
-        return _make(
-            source,
-            claim,
-            paper,
-            ref_value=vr,
-            new_value=vn,
-            ours=headline,
-            kind="none: the two models saw different token windows (another tokenizer)",
-            **common,
-        )
-    rm, rci = bootstrap_contrast([wr], seed=seed)
-    nm, nci = bootstrap_contrast([wn], seed=seed)
-    diff = paired_difference(wr, wn, seed=seed)
-    ours = f"{headline}; mean per-window top-1 {_value(rm, rci, 2)} → {_value(nm, nci, 2)}"
-    return _make(
-        source,
-        claim,
-        paper,
-        ref_value=rm,
-        ref_ci=rci,
-        new_value=nm,
-        new_ci=nci,
-        diff=diff,
-        ours=ours,
-        kind=_paired_kind(diff, "text windows, of the mean per-window top-1 (the overall top-1 has no interval)"),
-        note="data uncertainty only, one seed",
-        **common,
-    )
+def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], groups, seed: int) -> Claim | None:
+    """One claim between two models or two groups of replicates: with at least two runs with a value on both
+    sides, the spread over seeds; otherwise the measure's comparison of the first run of each group (intervals over
+    samples: data uncertainty only). None where the results lack what the measure needs."""
+    m = measure(spec.measure)
+    run = lambda name: runs.get(name) or Run(name)  # noqa: E731
+    ref_runs, new_runs = [run(n) for n in groups.get(ref, [ref])], [run(n) for n in groups.get(new, [new])]
+    if len(ref_runs) >= 2 and len(new_runs) >= 2:
+        rv = [v for v in map(m.per_run, ref_runs) if finite(v)]
+        nv = [v for v in map(m.per_run, new_runs) if finite(v)]
+        if len(rv) >= 2 and len(nv) >= 2:
+            row = _over_seeds(spec, m, ref, new, rv, nv)
+            veto = m.seeds_veto(ref_runs, new_runs, new) if m.seeds_veto and row.verdict == "agrees" else None
+            if veto:
+                row.verdict = "inconclusive"
+                row.note += f"; {veto}"
+            return row
+    c = m.compare(ref_runs[0], new_runs[0], seed)
+    return None if c is None else _row(spec, m, ref, new, c)
 
 
-def _quant_windows(r: dict | None):
-    """(lowest width, per-window NLL/token at 16 bits and at the lowest width, tokens) or None."""
-    rows = (r or {}).get("quantization") or []
-    by_bits = {q["bits"]: q for q in rows}
-    if 16 not in by_bits or min(by_bits) >= 16:
-        return None
-    low = min(by_bits)
-    w16, wlo = _per_token_windows(by_bits[16]), _per_token_windows(by_bits[low])
-    if w16 is None or wlo is None or not np.array_equal(w16[1], wlo[1]):
-        return low, None
-    return low, (w16[0], wlo[0], w16[1])
-
-
-def _quant_drop(r: dict | None) -> float | None:
-    rows = (r or {}).get("quantization") or []
-    by_bits = {q["bits"]: q["nll"] for q in rows}
-    if 16 not in by_bits or min(by_bits) >= 16:
-        return None
-    return by_bits[min(by_bits)] - by_bits[16]
-
-
-def _quant_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
-    qr, qn = _get(evals, ref, "quant"), _get(evals, new, "quant")
-    dr, dn = _quant_drop(qr), _quant_drop(qn)
-    if dr is None or dn is None:
-        return None
-    wr, wn = _quant_windows(qr), _quant_windows(qn)
-    metric = f"NLL increase at {min(wr[0], wn[0])} bits"
-    common = dict(ref=ref, new=new, metric=metric, claimed="lower", digits=4)
-    if wr[1] is None or wn[1] is None:
-        return _make(source, claim, paper, ref_value=dr, new_value=dn, kind=NO_PER_SAMPLE, **common)
-    (r16, rlo, tok_r), (n16, nlo, tok_n) = wr[1], wn[1]
-    if (
-        wr[0] != wn[0]
-        or not np.array_equal(tok_r, tok_n)
-        or not _same(qr.get("metadata"), qn.get("metadata"), "tokens_sha1", "seq_len")
-    ):
-        return _make(
-            source,
-            claim,
-            paper,
-            ref_value=dr,
-            new_value=dn,
-            kind="none: the two models saw different token windows or widths",
-            **common,
-        )
-    ref_d = paired_difference(r16, rlo, weights=tok_r, seed=seed)
-    new_d = paired_difference(n16, nlo, weights=tok_n, seed=seed)
-    diff = paired_difference(rlo - r16, nlo - n16, weights=tok_r, seed=seed)
-    return _make(
-        source,
-        claim,
-        paper,
-        ref_value=ref_d.estimate,
-        ref_ci=ref_d.interval,
-        new_value=new_d.estimate,
-        new_ci=new_d.interval,
-        diff=diff,
-        kind=_paired_kind(diff, "text windows (token-weighted)"),
-        note="data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
-        **common,
-    )
-
-
-def _icl_shots_claim(source, claim, paper, ref, new, evals, seed) -> Claim | None:
-    """DIFF Fig. 6: many-shot accuracy at the largest shot count both models ran, paired over the same draws
-    (the same demonstrations and test items); a row whose models are both at chance says so."""
-    mr, mn = _get(evals, ref, "icl", "many_shot"), _get(evals, new, "icl", "many_shot")
-    if not mr or not mn:
-        return None
-    common_shots = sorted(set(mr["shots"]) & set(mn["shots"]))
-    if not common_shots:
-        return None
-    k = common_shots[-1]
-    ar, an = mr["accuracy"][mr["shots"].index(k)], mn["accuracy"][mn["shots"].index(k)]
-    labels = len(mr.get("labels") or []) or 1
-    chance = 1 / labels
-    diff = paired_difference(ar, an, seed=seed) if len(ar) == len(an) else unpaired_difference(ar, an)
-    note = f"data uncertainty only; {k} shots, {len(ar)} draws; chance {chance:.2f} (1 / {labels} labels)"
-    if max(np.mean(ar), np.mean(an)) <= chance:
-        note += "; both models at or below chance: this scale cannot test the claim"
-    row = _make(
-        source, claim, paper, ref=ref, new=new, metric=f"accuracy at {k} shots", claimed="higher", digits=3,
-        ref_value=float(np.mean(ar)), new_value=float(np.mean(an)), diff=diff,
-        kind=_paired_kind(diff, "draws of demonstrations") if len(ar) == len(an) else "Welch t over draws",
-        note=note,
-    )  # fmt: skip
-    row.cells = f"{k} shots"
-    return row
-
-
-def _heads_claim(source, claim, paper, ref, new, key, claimed, evals) -> Claim | None:
-    """A head statistic of the heads suite (e.g. linear CKA between head outputs, Dex Fig. 11b): one number per
-    model (an average over layers and text windows), so one run has no interval."""
-    vr, vn = _get(evals, ref, "heads", "summary", key), _get(evals, new, "heads", "summary", key)
-    if not _finite(vr) or not _finite(vn):
-        return None
-    return _make(
-        source, claim, paper, ref=ref, new=new, metric=f"head {key} (mean over layers)", claimed=claimed, digits=3,
-        ref_value=vr, new_value=vn, kind=ONE_NUMBER + " (mean over layers and windows)",
-    )  # fmt: skip
-
-
-def _icl_claim(source, claim, paper, ref, new, evals) -> Claim | None:
-    mr = _get(evals, ref, "icl", "order_robustness", "arrangements", "random", "margin")
-    mn = _get(evals, new, "icl", "order_robustness", "arrangements", "random", "margin")
-    if mr is None or mn is None:
-        return None
-    return _make(
-        source,
-        claim,
-        paper,
-        ref=ref,
-        new=new,
-        metric="order margin (random)",
-        claimed="lower",
-        digits=3,
-        ref_value=mr,
-        new_value=mn,
-        kind=ONE_NUMBER + " (best − worst over permutations)",
-    )
-
-
-# -- replicate seeds ----------------------------------------------------------------------------------------------
-def _over_seeds(source, claim, paper, ref, new, ref_vals, new_vals, *, metric, claimed, digits) -> Claim:
+def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals) -> Claim:
     """Groups of replicate runs: each side's mean with its t interval, the difference with Welch's interval, and
     what the comparison could see: the smallest difference it detects with 80% power from the measured spread,
     and the interval read as an equivalence bound (no difference larger than its farther end)."""
+    digits = m.digits
     (rm, rci), (nm, nci) = t_interval(ref_vals), t_interval(new_vals)
     diff = unpaired_difference(ref_vals, new_vals, method="welch")
     sd_r, sd_n = float(np.std(ref_vals, ddof=1)), float(np.std(new_vals, ddof=1))
     mdd = minimum_detectable_difference(sd_r, len(ref_vals), sd_n, len(new_vals))
-    ci = _ci(diff.interval)
+    ci = interval(diff.interval)
     bound = max(abs(ci[0]), abs(ci[1])) if ci else None
     power = f"SD over seeds {sd_r:.{digits}f} / {sd_n:.{digits}f}; 80% power to detect |difference| ≥ {mdd:.{digits}f}"
     if bound is not None:
         power += f"; the interval rules out |difference| > {bound:.{digits}f}"
     row = _make(
-        source,
-        claim,
-        paper,
+        spec.source,
+        spec.claim,
+        spec.paper,
         ref=ref,
         new=new,
-        metric=f"{metric} (mean over seeds)",
-        claimed=claimed,
+        metric=f"{m.metric} (mean over seeds)",
+        claimed=spec.claimed,
         digits=digits,
         ref_value=rm,
         ref_ci=rci,
@@ -747,243 +294,43 @@ def _over_seeds(source, claim, paper, ref, new, ref_vals, new_vals, *, metric, c
     return row
 
 
-def _ahead_at_largest_n(row: Claim | None, groups, base: str, diff: str, evals) -> Claim | None:
-    """Over seeds, the gap claim agrees only when DIFF is also ahead at the largest N (Welch over the runs'
-    accuracies there), as :func:`_niah_gap_claim` requires of one run."""
-    if row is None or row.verdict != "agrees" or "over seeds" not in row.interval:
-        return row
-
-    def at_largest(name):
-        grid = _like_for_like(_get(evals, name, "niah"))
-        if not grid:
-            return None
-        hi = max(grid, key=lambda g: g["N"])
-        return _first(hi.get("strict_accuracy"), hi.get("accuracy"))
-
-    rv = [v for v in map(at_largest, groups.get(base, [base])) if _finite(v)]
-    nv = [v for v in map(at_largest, groups.get(diff, [diff])) if _finite(v)]
-    ahead = unpaired_difference(rv, nv, method="welch")
-    if verdict(_ci(ahead.interval) or (-math.inf, math.inf), "higher", digits=2) != "agrees":
-        row.verdict = "inconclusive"
-        row.note += f"; the gap grows but {diff} is not ahead at the largest N over seeds ({ahead.estimate:+.2f})"
-    return row
-
-
-def _cell_value(r: dict | None, n: int, rr: int) -> float | None:
-    """One run's per-needle credit (strict) in the (N, R) cell, None when the grid lacks it."""
-    g = next((g for g in (r or {}).get("grid") or [] if (g["N"], g["R"]) == (n, rr)), None)
-    return None if g is None else _first(g.get("strict_accuracy"), g.get("accuracy"))
-
-
-def _heatmap_solved(r: dict | None) -> float | None:
-    h = (r or {}).get("heatmap") or {}
-    scores = h.get("strict_scores") or h.get("scores")
-    if not h.get("lengths") or not scores:
-        return None
-    return float(np.mean([s == 1.0 for row in scores for cell in row for s in cell]))
-
-
-def _icl_at_largest(m: dict | None) -> float | None:
-    return None if not m or not m.get("mean") else m["mean"][-1]
-
-
-def _first(*values):
-    """The first value that is not None (e.g. a newer metric, then the one older results have)."""
-    return next((v for v in values if v is not None), None)
-
-
-def _grid_growth(r: dict | None) -> float | None:
-    """Accuracy at the largest N minus at the smallest N of a NIAH grid's like-for-like (R = 1) cells (one run's
-    part of the gap's growth)."""
-    grid = _like_for_like(r)
-    if len(grid) < 2:
-        return None
-    lo, hi = min(grid, key=lambda g: g["N"]), max(grid, key=lambda g: g["N"])
-    key = "strict_accuracy" if "strict_accuracy" in lo and "strict_accuracy" in hi else "accuracy"
-    return hi[key] - lo[key]
-
-
-def _dispatch(groups, ref, new, per_run, single, **spec) -> Claim | None:
-    """A claim between two models or two groups of replicates: with at least two runs with a value on both sides,
-    the spread over seeds (``per_run(name)`` gives one run's value); otherwise ``single(ref_run, new_run)`` on the
-    first run of each group (intervals over samples: data uncertainty only)."""
-    ref_runs, new_runs = groups.get(ref, [ref]), groups.get(new, [new])
-    if len(ref_runs) >= 2 and len(new_runs) >= 2:
-        rv = [v for v in map(per_run, ref_runs) if _finite(v)]
-        nv = [v for v in map(per_run, new_runs) if _finite(v)]
-        if len(rv) >= 2 and len(nv) >= 2:
-            return _over_seeds(spec.pop("source"), spec.pop("claim"), spec.pop("paper"), ref, new, rv, nv, **spec)
-    return single(ref_runs[0], new_runs[0])
-
-
 # -- the claims ----------------------------------------------------------------------------------------------------
 def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, groups=None, seed: int = 0) -> list[Claim]:
     """Every claim the experiment can check (see the module doc). ``rows``: the report's model rows (``val_loss``);
     ``evals``: {model: {suite: results}}; ``groups``: replicate runs per model (default :func:`seed_groups`);
     ``seed``: of every bootstrap (deterministic)."""
     groups = seed_groups(config) if groups is None else groups
+    runs = {n: Run(n, rows.get(n, {}), evals.get(n) or {}) for n in {*rows, *evals}}
     claims: list[Claim | None] = []
-
-    def loss(source, claim, paper, ref, new, claimed):
-        return _dispatch(
-            groups,
-            ref,
-            new,
-            lambda n: rows.get(n, {}).get("val_loss"),
-            lambda r, n: _loss_claim(source, claim, paper, r, n, claimed, rows, evals, seed),
-            source=source, claim=claim, paper=paper, metric="val loss", claimed=claimed, digits=4,
-        )  # fmt: skip
-
-    def alloc(source, claim, paper, ref, new, key, claimed):
-        metric = {"attention_to_answer": "attention to answer", "attention_noise": "attention noise"}[key]
-        return _dispatch(
-            groups,
-            ref,
-            new,
-            lambda n: _first(_get(evals, n, "alloc", f"{key}_magnitude"), _get(evals, n, "alloc", key)),
-            lambda r, n: _alloc_claim(source, claim, paper, r, n, key, claimed, evals, seed),
-            source=source, claim=claim, paper=paper, metric=f"{metric} (share of |attention|)", claimed=claimed,
-            digits=3,
-        )  # fmt: skip
-
-    def niah_mean(source, claim, paper, ref, new):
-        return _dispatch(
-            groups,
-            ref,
-            new,
-            lambda n: r1_solved(_get(evals, n, "niah")),
-            lambda r, n: _niah_mean_claim(source, claim, paper, r, n, evals, seed),
-            source=source, claim=claim, paper=paper, metric="prompts solved over the R = 1 cells", claimed="higher",
-            digits=3,
-        )  # fmt: skip
-
-    def pair_claim(base, diff, source, claim, paper, per_run, single, **spec):
-        """A DIFF claim of one (baseline, DIFF) pair: over seeds ``per_run(run)``; with one run each
-        ``single(source, claim, paper, ref_run, new_run)`` (see :func:`_dispatch`)."""
-        return _dispatch(
-            groups, base, diff, per_run, lambda r, n: single(source, claim, paper, r, n),
-            source=source, claim=claim, paper=paper, **spec,
-        )  # fmt: skip
-
-    claims_labels = {getattr(m, "group_name", m.name): ARCHITECTURES[m.attention].claims_label for m in config.models}
+    labels = {getattr(m, "group_name", m.name): ARCHITECTURES[m.attention].claims_label for m in config.models}
     for base, diff in _pairs(config):
-        first = len(claims)
-        claims += [
-            loss(
-                "DIFF Transformer Fig. 3–4",
-                "lower language-modelling loss than a same-size Transformer",
-                "DIFF needs ~62–65% of the parameters or tokens for the same loss",
-                base, diff, "lower",
-            ),
-            alloc(
-                "DIFF Transformer Table 3",
-                "more attention to the answer",
-                "answer 0.03 → 0.27–0.40",
-                base, diff, "attention_to_answer", "higher",
-            ),
-            alloc(
-                "DIFF Transformer Table 3",
-                "less attention noise",
-                "noise 0.51 → 0.01–0.02",
-                base, diff, "attention_noise", "lower",
-            ),
-            niah_mean(
-                "DIFF Transformer Table 2",
-                "better multi-needle retrieval",
-                "N=6, R=2: 0.35 (Transformer) vs 0.85 (DIFF)",
-                base, diff,
-            ),
-        ]  # fmt: skip
-        pair = functools.partial(pair_claim, base, diff)
-
-        claims += [
-            pair(
-                "DIFF Transformer Table 2", "better retrieval in the paper's own cell", "N=6, R=2: 0.35 vs 0.85",
-                lambda n: _cell_value(_get(evals, n, "niah"), 6, 2),
-                lambda *a: _niah_cell_claim(*a, 6, 2, evals, seed),
-                metric="per-needle credit at N=6, R=2", claimed="higher", digits=3,
-            ),
-            pair(
-                "DIFF Transformer Fig. 5", "better retrieval across context lengths and depths",
-                "DIFF near-perfect across 4K–64K and all depths; the Transformer degrades",
-                lambda n: _heatmap_solved(_get(evals, n, "niah")),
-                lambda *a: _niah_heatmap_claim(*a, evals, seed),
-                metric="heatmap prompts solved", claimed="higher", digits=3,
-            ),
-            pair(
-                "DIFF Transformer Fig. 6", "better many-shot in-context learning",
-                "+5.2 to +21.6 points at 64K-token prompts",
-                lambda n: _icl_at_largest(_get(evals, n, "icl", "many_shot")),
-                lambda *a: _icl_shots_claim(*a, evals, seed),
-                metric="accuracy at the largest shot count", claimed="higher", digits=3,
-            ),
-        ]  # fmt: skip
-        gap = pair(
-            "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N",
-            "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6",
-            lambda n: _grid_growth(_get(evals, n, "niah")),
-            lambda *a: _niah_gap_claim(*a, evals, seed),
-            claimed="higher", digits=2,
-            metric="accuracy at the largest N − at the smallest N (difference = growth of the gap)",
-        )  # fmt: skip
-        claims.append(_ahead_at_largest_n(gap, groups, base, diff, evals))
-        for which, label, claim, paper in (
-            ("attention_logits", "|logit|", "smaller attention-logit outliers", "top-1 |logit| 318.0 vs 38.8"),
-            ("hidden_states", "|hidden|", "smaller hidden-state outliers", "top-1 |hidden| 3608.6 vs 1688.2"),
-        ):
-            claims.append(
-                pair(
-                    "DIFF Transformer Table 5", claim, paper,
-                    lambda n, w=which: _get(evals, n, "outliers", w, "top1"),
-                    lambda s, c, p, r, n, w=which, lb=label: _outlier_claim(s, c, p, r, n, w, lb, evals, seed),
-                    metric=f"top-1 {label}", claimed="lower", digits=2,
-                )
-            )  # fmt: skip
-        claims += [
-            pair(
-                "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits",
-                "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more",
-                lambda n: _quant_drop(_get(evals, n, "quant")),
-                lambda *a: _quant_claim(*a, evals, seed),
-                metric="NLL increase at the lowest width", claimed="lower", digits=4,
-            ),
-            pair(
-                "DIFF Transformer Fig. 7", "more robust to the order of demonstrations",
-                "TREC margin 19.0 vs 4.0 (random order)",
-                lambda n: _get(evals, n, "icl", "order_robustness", "arrangements", "random", "margin"),
-                lambda *a: _icl_claim(*a, evals),
-                metric="order margin (random)", claimed="lower", digits=3,
-            ),
-        ]  # fmt: skip
-        if claims_labels[diff]:  # the DIFF V1 paper's claims measured on another architecture: the source says so
-            claims[first:] = [c and replace(c, source=f"{c.source} ({claims_labels[diff]})") for c in claims[first:]]
-    from ..adapters.registry import get_method
-
+        made = [check_claim(spec, base, diff, runs, groups, seed) for spec in CLAIM_TABLE]
+        if labels[diff]:  # the DIFF V1 paper's claims measured on another architecture: the source says so
+            made = [c and replace(c, source=f"{c.source} ({labels[diff]})") for c in made]
+        claims += made
     for a in config.adapters:  # each method's own paper claims (its registry entry)
-        for pc in get_method(a.method).paper_claims:
-            if pc.reference == "base":
-                references = [a.base]
-            elif pc.reference == "lambda0":  # the model's own effective attention at λ = 0, as a pseudo-model
-                reference = f"{a.name} at λ = 0"
-                own = _get(evals, a.name, "alloc", "lambda0_reference")
-                if own is None:
-                    continue
-                evals = {**evals, reference: {"alloc": {**own, "metadata": _get(evals, a.name, "alloc", "metadata")}}}
-                references = [reference]
-            else:  # another method trained on the same base (DiffLoRA against LoRA)
-                references = [x.name for x in config.adapters if x.method == pc.reference and x.base == a.base]
-            for ref in references:
-                if pc.measure == "loss":
-                    claims.append(loss(pc.source, pc.claim, pc.paper, ref, a.name, pc.claimed))
-                elif pc.measure == "niah":
-                    claims.append(niah_mean(pc.source, pc.claim, pc.paper, ref, a.name))
-                elif pc.measure.startswith("heads:"):
-                    key = pc.measure.removeprefix("heads:")
-                    claims.append(_heads_claim(pc.source, pc.claim, pc.paper, ref, a.name, key, pc.claimed, evals))
-                else:
-                    key = pc.measure.removeprefix("alloc:")
-                    claims.append(alloc(pc.source, pc.claim, pc.paper, ref, a.name, key, pc.claimed))
+        for spec in get_method(a.method).paper_claims:
+            for ref in _references(spec, a, config, runs):
+                claims.append(check_claim(spec, ref, a.name, runs, groups, seed))
     return [c for c in claims if c is not None]
+
+
+def _references(spec: PaperClaim, a, config, runs: dict[str, Run]) -> list[str]:
+    """What adapter ``a`` is compared with for ``spec``: its base, the model's own results at λ = 0 (added to
+    ``runs`` as a model of its own), or the controls of another method trained on the same base."""
+    if spec.reference == "base":
+        return [a.base]
+    if spec.reference == "lambda0":
+        at_lambda0 = measure(spec.measure).at_lambda0
+        if at_lambda0 is None:
+            raise ValueError(f"{spec.source}: the measure {spec.measure!r} has no λ = 0 reading")
+        own = at_lambda0(runs.get(a.name) or Run(a.name))
+        if own is None:
+            return []
+        name = f"{a.name} at λ = 0"
+        runs[name] = Run(name, {}, own)
+        return [name]
+    return [x.name for x in config.adapters if x.method == spec.reference and x.base == a.base]
 
 
 # The seed-to-seed spread of the claims' metrics, measured on this project's CPU (pooled within-model SD over the
