@@ -59,7 +59,7 @@ CASES = [
     ),
     ("pretrain --out {garbage_marker} --overwrite --data {corpus}", r"\.diffattn file is not one diffattn wrote"),
     ("pretrain --out {copied_marker} --overwrite --data {corpus}", r"do not name the same run \(a copied"),
-    ("pretrain --out {old_run} --overwrite --data {corpus}", r"records no identity \(it was made by an earlier"),
+    ("pretrain --out {old_run} --overwrite --data {corpus}", r"records no identity, so nothing proves"),
     ("pretrain --out {root}/demo --overwrite --data {corpus}", r"it is a diffattn experiment folder, not a run"),
     (
         "pretrain --out {busy} --data {corpus}",
