@@ -26,6 +26,8 @@ from diffattn.eval.common import cache_keyword
 from diffattn.ops import auto_backend, backend_status, diff_attention, triton_unsupported
 from diffattn.ops._inputs import validate
 
+from .rounding import assert_within_rounding
+
 _CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if _CUDA else "cpu"
 
@@ -155,19 +157,6 @@ def _run(fn, leaves, cot):
 
 NAMES = ["out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam"]
 ORDERS = (0, 1, 2)  # plain PyTorch's yardstick: as written, and with every sum in two other (seeded) orders
-
-
-def assert_within_rounding(name, got, gold, yardsticks, dtype):
-    """The one tolerance rule of this file: ``got``'s error against the float64 ``gold`` is at most twice the
-    largest error of the ``yardsticks`` (plain PyTorch computing the same in ``dtype`` on this machine, in several
-    summation orders: one order's error may be luckily small) plus one ulp of ``dtype`` at the largest value of
-    ``gold`` (the final rounding of a result)."""
-    got, gold = got.double(), gold.double()
-    assert torch.isfinite(got).all(), name
-    err = (got - gold).abs().max().item()
-    err_plain = max((y.double() - gold).abs().max().item() for y in yardsticks)
-    ulp = torch.finfo(dtype).eps * gold.abs().max().item()
-    assert err <= 2 * err_plain + ulp, f"{name}: error {err:.3g} > 2 × plain PyTorch {err_plain:.3g} + 1 ulp {ulp:.2g}"
 
 
 def check_forward(got, args, *, causal=True, attn_mask=None):
