@@ -34,7 +34,39 @@ def _v2_model():
     return build_model("debug", "diff-v2", seed=0)
 
 
-MODELS = {"diff-v2": _v2_model}
+def _adapted(config_class, base_type="qwen3", **options):
+    """A tiny ``base_type`` model adapted by the method, its new parameters (λ, W_DAA, W_D, gates) moved off their
+    identity start so that both maps count."""
+
+    def make():
+        from diffattn import adapt
+
+        model = tiny(base_type)
+        base_names = {n for n, _ in model.named_parameters()}
+        adapt(model, config_class(anneal=False, **options))
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name not in base_names:
+                    p.add_(0.3 * torch.randn(p.shape, generator=generator))
+        return model
+
+    return make
+
+
+def _method_configs():
+    from diffattn import DAAConfig, DexConfig, DiffQConfig
+    from diffattn.adapters import DiffV2Config
+
+    return {"daa": (DAAConfig, {}), "diffq": (DiffQConfig, {}), "diff-v2 retrofit": (DiffV2Config, {}),
+            "dex (one map)": (DexConfig, {"heads": "all"})}  # fmt: skip
+
+
+MODELS = {"diff-v2": _v2_model, **{f"adapted {n}": _adapted(c, **o) for n, (c, o) in _method_configs().items()}}
+
+
+def _vocab(model) -> int:
+    return model.config.vocab_size
 
 
 def _logits(model, impl, ids, attention_mask=None):
@@ -56,7 +88,7 @@ def test_every_attention_implementation_gives_the_eager_logits(name, impl):
     if (why := _available(impl)) is not None:
         pytest.skip(why)
     model = MODELS[name]()
-    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, _vocab(model), (2, 24), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     # right padding in the second row (with left padding, float64 eager turns the fully masked rows into NaN, which
     # its zero attention weights then carry into every row: finfo(float64).min plus a score overflows to -inf)
@@ -72,7 +104,7 @@ def test_every_attention_implementation_gives_the_eager_logits(name, impl):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_generation_with_a_cache_is_the_same_through_each_implementation(name):
     model = MODELS[name]()
-    ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, _vocab(model), (1, 8), generator=torch.Generator().manual_seed(1))
     tokens = {}
     for impl in ("eager", "sdpa", FUSED):
         model.set_attn_implementation(impl)
@@ -122,3 +154,26 @@ def test_import_diffattn_only_adds_its_own_implementation_name():
 def test_a_plain_llama_is_untouched_by_the_registration():
     model = tiny("llama")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_an_adapter_whose_maps_read_two_key_sets_uses_our_op_or_says_why():
+    from diffattn import DiffKConfig
+
+    model = _adapted(DiffKConfig)()
+    ids = torch.randint(0, _vocab(model), (1, 12), generator=torch.Generator().manual_seed(4))
+    fused = _logits(model, FUSED, ids)
+    torch.testing.assert_close(_logits(model, "sdpa", ids), fused, rtol=0, atol=0)  # sdpa's tensor mask: our op
+    with pytest.raises(ValueError, match=r"runs through diffattn's op, which needs a tensor attention mask"):
+        _logits(model, "flex_attention", ids)
+
+
+def test_adapting_selects_our_op_and_removing_the_adapter_restores_the_implementation():
+    from diffattn import DAAConfig, adapt, remove_adapter
+
+    model = tiny("llama")
+    model.set_attn_implementation("eager")
+    adapt(model, DAAConfig())
+    assert model.config._attn_implementation == FUSED
+    remove_adapter(model)
+    assert model.config._attn_implementation == "eager"
+    model(torch.zeros(1, 4, dtype=torch.long))  # the plain modules run again

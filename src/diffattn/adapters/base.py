@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..lambdas import HasLambda, annealed_lambda
+from ..models.attention_interface import FUSED, interface_attention, register_fused_attention, uses_fused_op
 from ..ops import BACKENDS, diff_attention
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
@@ -139,11 +140,6 @@ class AdaptedAttention(nn.Module, HasLambda):
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         spec, base, method = self.spec, self.base_attn, self.method
         position_embeddings, mask, cache = call_arguments(spec, args, kwargs)
-        if mask is not None and not isinstance(mask, torch.Tensor):
-            raise ValueError(
-                f"adapters need a tensor attention mask (attn_implementation 'sdpa' or 'eager'); got "
-                f"{type(mask).__name__}"
-            )
         x = hidden_states
         q, k, v = linear_qkv(spec, base, x, method.value_input(x))
         q, k, q2, k2 = method.projections(x, q, k)
@@ -173,6 +169,15 @@ class AdaptedAttention(nn.Module, HasLambda):
             attn_mask=mask,
             scale=logit_scale(base),
         )
+        one_call = not method.two_maps or maps["k2"] is maps["k1"]  # DiffK's and DiffLoRA's maps read two K's
+        if one_call and not uses_fused_op(base.config):  # transformers' eager / sdpa / flex / flash implementation
+            out = interface_attention(base, maps, logit_scale(base))
+            return project_output(spec, base, method.transform_output(out)), None
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise ValueError(
+                f"this adapter's attention runs through diffattn's op, which needs a tensor attention mask "
+                f"(attn_implementation {FUSED!r}, 'sdpa' or 'eager'); got {type(mask).__name__}"
+            )
         if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
             report(self, kind="diff" if method.two_maps else "single", method=method, **maps)
         bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
@@ -212,6 +217,7 @@ class AdapterInfo:
     config: object
     state: AdapterState
     fingerprint: str  # of the base model when the adapter was created (base_fingerprint)
+    attn_implementation: str = "sdpa"  # the base's before adapting: remove_adapter puts it back
 
 
 FINGERPRINT_VERSION = 2  # what base_fingerprint covers (every tensor of the base), recorded with it by save_adapter
@@ -255,14 +261,17 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
             "attention logit soft-capping (config.attn_logit_softcapping) is not supported by the "
             "adapters yet; the recomputed attention would silently differ from the model's"
         )
-    if model.config._attn_implementation not in ("sdpa", "eager"):
-        model.set_attn_implementation("sdpa")
+    # the adapted layers compute through diffattn's op (method.backend picks its backend); set_attn_implementation
+    # afterwards routes them through transformers' implementations instead (diffattn.models.attention_interface)
+    implementation_before = model.config._attn_implementation
+    register_fused_attention()
+    model.set_attn_implementation(FUSED)
     fingerprint = base_fingerprint(model)
     state = AdapterState(anneal_steps)
     for layer_idx, layer, attn in attention_modules(model, spec):
         method = make_method(layer_idx, attn, state)
         setattr(layer, spec.attention, AdaptedAttention(attn, spec, layer_idx, method))
-    model._diffattn_adapter = AdapterInfo(method_name, config, state, fingerprint)
+    model._diffattn_adapter = AdapterInfo(method_name, config, state, fingerprint, implementation_before)
     return model
 
 
@@ -316,5 +325,7 @@ def remove_adapter(model: nn.Module) -> nn.Module:
     for _, layer, attn in attention_modules(model, spec):
         if isinstance(attn, AdaptedAttention):
             setattr(layer, spec.attention, attn.base_attn)
+    if model.config._attn_implementation == FUSED:  # ordinary attention modules cannot use our op
+        model.set_attn_implementation(info.attn_implementation)
     model._diffattn_adapter = None
     return model

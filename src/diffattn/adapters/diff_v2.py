@@ -116,7 +116,8 @@ class DiffV2Maps(AdapterMethod):
 
     def projections(self, x, q, k):
         # λ of every head and token, from this layer's input: α(t)·sigmoid(x·w_λ + b), float32 [B, H, T]
-        self._lam = self.alpha() * v2_gate(self.diffv2_gate, x.float())  # the gate is float32
+        # the gate is float32 (float64 in a model cast to double, e.g. as a numerical reference)
+        self._lam = self.alpha() * v2_gate(self.diffv2_gate, x.to(self.diffv2_gate.weight.dtype))
         return q, k, self.diffv2_q(x), None  # K2 = K1: the pair shares K and V
 
     def map_lambda(self) -> torch.Tensor:

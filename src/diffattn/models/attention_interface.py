@@ -101,3 +101,27 @@ def paired_attention(
     both = both.float()  # [B, T, 2H, d]
     out = both[:, :, 0::2] - _per_output_head(lam, batch, heads, length) * both[:, :, 1::2]
     return out.to(q.dtype), weights
+
+
+def interface_attention(module: nn.Module, maps: dict, scaling: float) -> torch.Tensor:
+    """An adapted layer's attention (the keyword arguments of :func:`diffattn.ops.diff_attention`, ``maps``) through
+    ``module.config``'s attention implementation → [B, H, T, d]: one map as it is, two maps that read the same K as
+    one call over pair-interleaved heads (:func:`paired_attention`). Two maps over different keys (DiffK, DiffLoRA)
+    are two attentions with one mask each and need our op."""
+    q, k, v, mask = maps["q1"], maps["k1"], maps["v"], maps["attn_mask"]
+    interface_name = module.config._attn_implementation
+    if maps["q2"] is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(interface_name, eager_attention_forward)
+        out, _ = interface(_PairedHeads(module, q.shape[1] // k.shape[1]), q, k, v, mask, dropout=0.0, scaling=scaling)
+        return out.transpose(1, 2)
+    if maps["k2"] is not k:
+        raise ValueError(
+            f"this adapter's two maps read different keys, which attn_implementation={interface_name!r} cannot "
+            f"compute in one call: use attn_implementation {FUSED!r} (diffattn's op), 'sdpa' or 'eager'"
+        )
+    pairs = torch.stack([q, maps["q2"]], dim=2).flatten(1, 2)  # [B, 2H, T, d]: head 2i map 1, 2i + 1 map 2
+    out, _ = paired_attention(module, pairs, k, v, maps["lam"], mask, scaling)
+    return out.transpose(1, 2)
