@@ -26,13 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .annealed import (  # noqa: F401  (attention_module_names: re-exported, it was defined here)
-    ATTN_NEW,
-    AnnealedMethodConfig,
-    annealed_lambda_for,
-    annealed_spec,
-    attention_module_names,
-)
+from .annealed import ATTN_NEW, AnnealedMethodConfig, annealed_lambda_for, annealed_spec
 from .base import AdapterMethod, AnnealedLambda, wrap_attention
 from .model_types import get_spec, head_layout, linear_part
 from .registry import TWO_MAPS, PaperClaim, register
