@@ -172,6 +172,7 @@ _PRETRAIN_FLAGS = {
     "vocab_size": "data.vocab_size",
     "seq_len": "data.seq_len",
     "retrieval_fraction": "data.retrieval_fraction",
+    "packing": "data.packing",
     "max_steps": "train.max_steps",
     "batch_size": "train.global_batch_size",
     "grad_accum": "train.grad_accum",
@@ -409,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary (default 8192)")
     p.add_argument("--seq-len", type=int, help="training sequence length (default 512)")
     p.add_argument("--retrieval-fraction", type=float, help="share of retrieval practice sequences (default 0)")
+    p.add_argument("--packing", action="store_const", const=True, help="documents apart, no cross-document attention")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--batch-size", type=int, help="global batch in sequences (default 8)")
     p.add_argument("--grad-accum", type=int)

@@ -105,6 +105,9 @@ class DataConfig(RetrievalMixFields):
     tokenizer_needle_words: bool = False  # train the tokenizer on the needle template, keys and numbers too
     val_sequences: int = 64  # validation sequences evaluated at each eval (the first ones of the val split)
     split_seed: int = 0
+    # documents kept apart: one flattened row per batch, position ids restarting per document, no attention across
+    # documents (transformers' DataCollatorWithFlattening); False: concatenate-and-chunk (diffattn.data.packing)
+    packing: bool = False
 
     def validate(self) -> None:
         if self.seq_len < 2:

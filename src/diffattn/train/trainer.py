@@ -34,6 +34,7 @@ from accelerate.utils import broadcast_object_list
 from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from ..data.packing import FlatteningCollator
 from ..files import (
     RUN_CONFIG,
     check_removable,
@@ -486,6 +487,7 @@ def pretrain(
             args=args,
             train_dataset=PackedDataset(data.train),
             eval_dataset=PackedDataset(data.val),
+            data_collator=FlatteningCollator() if config.data.packing else None,  # data.packing: documents apart
             callbacks=[metrics, *(callbacks or [])],
             run_dir=run_dir,
             keep_checkpoints=config.train.keep_checkpoints,
