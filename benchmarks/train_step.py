@@ -6,7 +6,7 @@ the default there; fp32, the default on CPU); see diffattn/bench/train_step.py f
 
 import sys
 
-from diffattn.bench.train_step import main
+from diffattn.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(["bench", "train-step", *sys.argv[1:]]))  # one home for the options: the command line's parser

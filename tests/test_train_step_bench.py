@@ -1,5 +1,6 @@
-"""benchmarks/train_step.py (diffattn.bench.train_step): the precision it times — bf16 mixed precision by default on
-CUDA, as training runs there, fp32 on CPU, fp16 on request — and that it says which in its output."""
+"""benchmarks/train_step.py (diffattn bench train-step, diffattn.bench.train_step): the precision it times — bf16
+mixed precision by default on CUDA, as training runs there, fp32 on CPU, fp16 on request — and that it says which in
+its output."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 import diffattn.ops
 from diffattn.bench import train_step
+from diffattn.cli import main
 
 
 def test_default_dtype_is_what_training_runs_in():
@@ -40,12 +42,12 @@ def test_a_bf16_step_runs_the_attention_in_bf16(monkeypatch):
 def test_the_script_takes_dtype_and_prints_it(capsys, tmp_path):
     out = tmp_path / "rows.json"
     argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--dtype", "fp16"]
-    assert train_step.main([*argv, "--json", str(out)]) == 0
+    assert main(["bench", "train-step", *argv, "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "dtype=fp16" in text
     header, row = text.strip().splitlines()[-2:]
     assert "dtype" in header.split() and row.split()[:3] == ["debug", "16", "fp16"]
     saved = json.loads(out.read_text())
     assert saved["dtype"] == "fp16" and saved["rows"][0]["dtype"] == "fp16"
-    assert train_step.main(argv[:-2]) == 0  # no --dtype on a CPU: fp32
+    assert main(["bench", "train-step", *argv[:-2]]) == 0  # no --dtype on a CPU: fp32
     assert "dtype=fp32" in capsys.readouterr().out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -153,11 +152,3 @@ def format_table(rows: list[StepRow]) -> str:
 
 def rows_as_dicts(rows: list[StepRow]) -> list[dict]:
     return [asdict(r) for r in rows]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``benchmarks/train_step.py``: ``diffattn bench train-step`` with the same options (one home: the command line's
-    parser and :func:`diffattn.cli.cmd_bench_train_step`)."""
-    from ..cli import main as cli_main
-
-    return cli_main(["bench", "train-step", *(argv if argv is not None else sys.argv[1:])])

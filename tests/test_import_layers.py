@@ -1,0 +1,97 @@
+"""The house drawing of docs/architecture.md §2 holds: every import inside diffattn goes from a package to one in a
+layer below it (or within its own package), so there are no import cycles between packages and no arrow running
+back up; and no module imports another package's private (underscore) names. Read from the source with ``ast``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
+
+# docs/architecture.md §2, lowest first; packages in one layer may import each other only as the table there says
+LAYERS = [
+    {"ops"},
+    {"lambdas", "config", "files", "cards", "hf_auto"},
+    {"data"},
+    {"models"},
+    {"adapters"},
+    {"eval", "bench"},
+    {"train"},
+    {"experiments"},
+    {"quickstart", "cli", "__main__"},
+]
+# the table's arrows inside one layer
+WITHIN_LAYER = {
+    ("config", "files"),
+    ("hf_auto", "cards"),
+    ("bench", "eval"),
+    ("cli", "quickstart"),
+    ("__main__", "cli"),
+}
+DEFERRED_UP = {("hf_auto", "models")}  # inside a function only (docs/architecture.md §2: no cycle at import)
+LAYER = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+
+
+def _package(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path):
+    """(imported diffattn package, names, whether inside a function) of every diffattn import in ``path``."""
+    tree = ast.parse(path.read_text())
+    depth = len(path.relative_to(SRC).parts) - 1  # package depth of the module
+    functions = {
+        id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(f)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = list(path.relative_to(SRC).parts[:depth])[: max(depth - node.level + 1, 0)]
+                target = [*parts, *(node.module.split(".") if node.module else [])]
+                if node.level > depth + 1 or not target:
+                    target = [alias.name for alias in node.names][:1]
+            elif node.module and node.module.split(".")[0] == "diffattn":
+                target = node.module.split(".")[1:] or [alias.name for alias in node.names][:1]
+            else:
+                continue
+            names = [alias.name for alias in node.names]
+            yield target[0].removesuffix(".py"), names, id(node) in functions
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "diffattn" and len(parts) > 1:
+                    yield parts[1], [], id(node) in functions
+
+
+def _violations():
+    up, private = [], []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.parent == SRC and path.name == "__init__.py":
+            continue  # the package's lazy public names: it names everything by design
+        own = _package(path)
+        for target, names, deferred in _imports(path):
+            if target == own or target not in LAYER:
+                continue
+            allowed = LAYER[target] < LAYER[own] or (own, target) in WITHIN_LAYER
+            allowed |= deferred and (own, target) in DEFERRED_UP
+            if not allowed:
+                up.append(f"{path.relative_to(SRC)} imports {target}")
+            private += [f"{path.relative_to(SRC)} imports {target}.{n}" for n in names if n.startswith("_")]
+    return up, private
+
+
+def test_every_import_goes_down_the_layers():
+    up, _ = _violations()
+    assert not up, "imports running back up (docs/architecture.md §2):\n" + "\n".join(up)
+
+
+def test_no_module_imports_another_packages_private_names():
+    _, private = _violations()
+    assert not private, "\n".join(private)
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(p) for p in SRC.rglob("*.py") if p.parent != SRC or p.name != "__init__.py"}
+    assert packages <= set(LAYER), sorted(packages - set(LAYER))
