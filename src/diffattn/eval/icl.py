@@ -59,7 +59,8 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -481,6 +482,53 @@ def _check_fit(n: int, context: int, what: str) -> None:
         raise ValueError(f"{what} needs {n} tokens, more than the context of {context}")
 
 
+@contextmanager
+def _test_set_scorer(
+    model, tokens: PromptTokens, test: list[Pair], test_queries, *, share_prefix: bool, prefixes: int, desc, progress
+) -> Iterator[Callable[[list[int]], float]]:
+    """Yields ``accuracy(prefix)``: the share of the test items whose label the model decodes after this
+    demonstration prefix (in eval mode, without gradients, one progress bar over ``prefixes`` prefixes); the
+    model's training mode is restored afterwards."""
+    runner = _Runner(model, share_prefix)
+    was_training = model.training
+    model.eval()
+    gold = [y for _, y in test]
+    bar = tqdm(total=prefixes * len(test), desc=desc, disable=not progress)
+
+    def accuracy(prefix: list[int]) -> float:
+        preds = runner.predict(tokens.trie, prefix, test_queries, bar)
+        return float(np.mean([p == g for p, g in zip(preds, gold, strict=True)]))
+
+    try:
+        with torch.inference_mode():
+            yield accuracy
+    finally:
+        bar.close()
+        model.train(was_training)
+
+
+def _shot_grid(shots: Sequence[int] | None, k_max: int, context: int) -> list[int]:
+    """The shot counts to run: the given ones (checked against the most that fit), or the default grid."""
+    if shots is None:
+        return default_shot_grid(k_max)
+    grid = sorted({int(k) for k in shots})
+    if not grid or grid[0] < 1:
+        raise ValueError(f"shots must be positive integers, got {list(shots)!r}")
+    if grid[-1] > k_max:
+        raise ValueError(f"{grid[-1]} shots do not fit the context of {context} tokens: at most {k_max}")
+    return grid
+
+
+def _draw_fitting(rng, pool_demos, pool_size: int, k: int, cost: Callable[[list[int]], int], budget: int):
+    """``k`` demonstrations drawn without replacement whose tokens fit ``budget``, redrawn up to 100 times;
+    returns them and the number of redraws."""
+    for redraws in range(100):
+        chosen = [int(i) for i in rng.choice(pool_size, size=k, replace=False)]
+        if cost(chosen) <= budget:
+            return chosen, redraws
+    raise ValueError(f"could not draw {k} demonstrations that fit the context in 100 tries")
+
+
 def run_icl(
     model,
     tokenizer,
@@ -520,45 +568,36 @@ def run_icl(
     k_max = max_shots(pool_demos.sample_lengths(seed), budget, len(tokens.sep), pool_size=len(pool))
     if k_max < 1:
         raise ValueError(f"not even one demonstration fits the context of {context} tokens; lower max_chars")
-    if shots is None:
-        grid = default_shot_grid(k_max)
-    else:
-        grid = sorted({int(k) for k in shots})
-        if not grid or grid[0] < 1:
-            raise ValueError(f"shots must be positive integers, got {list(shots)!r}")
-        if grid[-1] > k_max:
-            raise ValueError(f"{grid[-1]} shots do not fit the context of {context} tokens: at most {k_max}")
+    grid = _shot_grid(shots, k_max, context)
 
-    runner = _Runner(model, share_prefix)
-    was_training = model.training
-    model.eval()
+    def cost(chosen: list[int]) -> int:
+        return sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen])
+
     accuracy: list[list[float]] = []
     redraws = 0
     longest = 0
-    gold = [y for _, y in test]
-    bar = tqdm(total=len(grid) * draws * len(test), desc=f"icl {name}", disable=not progress)
-    try:
-        with torch.inference_mode():
-            for k in grid:
-                per_draw = []
-                for d in range(draws):
-                    rng = np.random.default_rng([seed, k, d])
-                    for _attempt in range(100):
-                        chosen = [int(i) for i in rng.choice(len(pool), size=k, replace=False)]
-                        if sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen]) <= budget:
-                            break
-                        redraws += 1
-                    else:
-                        raise ValueError(f"could not draw {k} demonstrations that fit the context in 100 tries")
-                    prefix = tokens.prefix(pool_demos[chosen])
-                    longest = max(longest, len(prefix) + max(len(q) for q in test_queries))
-                    _check_fit(longest, context, f"{k} shots")
-                    preds = runner.predict(tokens.trie, prefix, test_queries, bar)
-                    per_draw.append(float(np.mean([p == g for p, g in zip(preds, gold, strict=True)])))
-                accuracy.append(per_draw)
-    finally:
-        bar.close()
-        model.train(was_training)
+    with _test_set_scorer(
+        model,
+        tokens,
+        test,
+        test_queries,
+        share_prefix=share_prefix,
+        prefixes=len(grid) * draws,
+        desc=f"icl {name}",
+        progress=progress,
+    ) as score:
+        for k in grid:
+            per_draw = []
+            for d in range(draws):
+                chosen, again = _draw_fitting(
+                    np.random.default_rng([seed, k, d]), pool_demos, len(pool), k, cost, budget
+                )
+                redraws += again
+                prefix = tokens.prefix(pool_demos[chosen])
+                longest = max(longest, len(prefix) + max(len(q) for q in test_queries))
+                _check_fit(longest, context, f"{k} shots")
+                per_draw.append(score(prefix))
+            accuracy.append(per_draw)
 
     metadata = _base_metadata(
         name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model
@@ -634,6 +673,45 @@ def arrange_demos(demos: Sequence[Pair], arrangement: str, seed: int) -> list[Pa
     return [demos[i] for i in arrangement_order([y for _, y in demos], arrangement, seed)]
 
 
+def _order_demo_set(
+    rounds: int | None, labels, pool: list[Pair], pool_demos, sep_len: int, budget: int, context: int, seed: int
+) -> tuple[int, list[int]]:
+    """The order-robustness demo set: ``rounds`` pool examples of every class (a seeded per-class shuffle; by
+    default as many rounds as fit ``budget``), as pool indices in round order; returns the rounds and the indices."""
+    rng = np.random.default_rng([seed, 3])
+    per_class: dict[str, list[int]] = {c: [] for c in labels}
+    for i, (_, y) in enumerate(pool):
+        per_class[y].append(i)
+    columns = {c: [idx[j] for j in rng.permutation(len(idx))] for c, idx in per_class.items()}
+    available = min(len(v) for v in columns.values())
+    if available < 1:
+        missing = sorted(c for c, v in columns.items() if not v)
+        raise ValueError(f"the demo pool has no example of {missing}; lower test_size or use more data")
+
+    def chosen(r: int) -> list[int]:
+        return [columns[c][j] for j in range(r) for c in labels]
+
+    def cost(r: int) -> int:
+        return sum(len(ids) + sep_len for ids in pool_demos[chosen(r)])
+
+    if rounds is None:
+        rounds = 0
+        while rounds < available and cost(rounds + 1) <= budget:
+            rounds += 1
+        if rounds < 1:
+            raise ValueError(
+                f"one round of {len(labels)} classes does not fit the context of {context} tokens; "
+                "lower max_classes or max_chars"
+            )
+    elif not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    elif rounds > available:
+        raise ValueError(f"{rounds} rounds need {rounds} pool examples per class; the smallest class has {available}")
+    elif cost(rounds) > budget:
+        raise ValueError(f"{rounds} rounds of {len(labels)} classes do not fit the context of {context} tokens")
+    return rounds, chosen(rounds)
+
+
 def run_order_robustness(
     model,
     tokenizer,
@@ -664,67 +742,35 @@ def run_order_robustness(
     (pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget) = (
         _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
     )
-    rng = np.random.default_rng([seed, 3])
-    per_class: dict[str, list[int]] = {c: [] for c in labels}
-    for i, (_, y) in enumerate(pool):
-        per_class[y].append(i)
-    columns = {c: [idx[j] for j in rng.permutation(len(idx))] for c, idx in per_class.items()}
-    available = min(len(v) for v in columns.values())
-    if available < 1:
-        missing = sorted(c for c, v in columns.items() if not v)
-        raise ValueError(f"the demo pool has no example of {missing}; lower test_size or use more data")
-
-    def chosen(r: int) -> list[int]:
-        return [columns[c][j] for j in range(r) for c in labels]
-
-    def cost(r: int) -> int:
-        return sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen(r)])
-
-    if rounds is None:
-        rounds = 0
-        while rounds < available and cost(rounds + 1) <= budget:
-            rounds += 1
-        if rounds < 1:
-            raise ValueError(
-                f"one round of {len(labels)} classes does not fit the context of {context} tokens; "
-                "lower max_classes or max_chars"
-            )
-    elif not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
-    elif rounds > available:
-        raise ValueError(f"{rounds} rounds need {rounds} pool examples per class; the smallest class has {available}")
-    elif cost(rounds) > budget:
-        raise ValueError(f"{rounds} rounds of {len(labels)} classes do not fit the context of {context} tokens")
-    demo_index = chosen(rounds)
+    rounds, demo_index = _order_demo_set(rounds, labels, pool, pool_demos, len(tokens.sep), budget, context, seed)
     demo_labels = [pool[i][1] for i in demo_index]
 
-    runner = _Runner(model, share_prefix)
-    was_training = model.training
-    model.eval()
-    gold = [y for _, y in test]
     results: dict[str, dict] = {}
-    bar = tqdm(total=len(arrangements) * permutations * len(test), desc=f"icl order {name}", disable=not progress)
-    try:
-        with torch.inference_mode():
-            for arrangement in arrangements:
-                accs = []
-                for p in range(permutations):
-                    order = arrangement_order(demo_labels, arrangement, seed=seed * 1000 + p)
-                    prefix = tokens.prefix(pool_demos[[demo_index[i] for i in order]])
-                    _check_fit(len(prefix) + max(len(q) for q in test_queries), context, f"{rounds} rounds")
-                    preds = runner.predict(tokens.trie, prefix, test_queries, bar)
-                    accs.append(float(np.mean([a == b for a, b in zip(preds, gold, strict=True)])))
-                results[arrangement] = {
-                    "accuracies": accs,
-                    "mean": float(np.mean(accs)),
-                    "std": float(np.std(accs)),
-                    "best": max(accs),
-                    "worst": min(accs),
-                    "margin": order_margin(accs),
-                }
-    finally:
-        bar.close()
-        model.train(was_training)
+    with _test_set_scorer(
+        model,
+        tokens,
+        test,
+        test_queries,
+        share_prefix=share_prefix,
+        prefixes=len(arrangements) * permutations,
+        desc=f"icl order {name}",
+        progress=progress,
+    ) as score:
+        for arrangement in arrangements:
+            accs = []
+            for p in range(permutations):
+                order = arrangement_order(demo_labels, arrangement, seed=seed * 1000 + p)
+                prefix = tokens.prefix(pool_demos[[demo_index[i] for i in order]])
+                _check_fit(len(prefix) + max(len(q) for q in test_queries), context, f"{rounds} rounds")
+                accs.append(score(prefix))
+            results[arrangement] = {
+                "accuracies": accs,
+                "mean": float(np.mean(accs)),
+                "std": float(np.std(accs)),
+                "best": max(accs),
+                "worst": min(accs),
+                "margin": order_margin(accs),
+            }
 
     metadata = _base_metadata(
         name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model

@@ -259,25 +259,18 @@ def load_wordnet(
     *,
     path: str | Path | None = None,
     parts: Sequence[str] = WORDNET_PARTS,
-    max_classes: int | None = None,
-    max_chars: int | None = DEFAULT_MAX_CHARS,
-    balanced: bool = False,
-    per_class: int | None = None,
-    seed: int = 0,
+    **options,
 ) -> list[Pair]:
     """WordNet supersense classification: synset gloss → lexicographer file name (e.g. ``"noun.animal"``).
 
     ``path`` defaults to ``/usr/share/wordnet`` (Debian ``wordnet-base``); ``parts`` picks the parts of speech.
-    The other options are those of :func:`prepare_pairs`.
+    ``options``: those of :func:`prepare_pairs` (``max_classes``, ``max_chars``, ``balanced``, ``per_class``,
+    ``seed``).
     """
     return prepare_pairs(
         read_wordnet(path, parts),
-        max_classes=max_classes,
-        max_chars=max_chars,
-        balanced=balanced,
-        per_class=per_class,
-        seed=seed,
         what="wordnet",
+        **options,
     )
 
 
@@ -315,11 +308,7 @@ def read_fortunes(path: str | Path | None = None) -> list[Pair]:
 def load_fortunes(
     *,
     path: str | Path | None = None,
-    max_classes: int | None = None,
-    max_chars: int | None = DEFAULT_MAX_CHARS,
-    balanced: bool = False,
-    per_class: int | None = None,
-    seed: int = 0,
+    **options,
 ) -> list[Pair]:
     """Fortune-cookie category classification: quote → category file name (e.g. ``"riddles"``).
 
@@ -327,12 +316,8 @@ def load_fortunes(
     """
     return prepare_pairs(
         read_fortunes(path),
-        max_classes=max_classes,
-        max_chars=max_chars,
-        balanced=balanced,
-        per_class=per_class,
-        seed=seed,
         what="fortunes",
+        **options,
     )
 
 
@@ -373,11 +358,7 @@ def read_chatterbot(path: str | Path | None = None) -> list[Pair]:
 def load_chatterbot(
     *,
     path: str | Path | None = None,
-    max_classes: int | None = None,
-    max_chars: int | None = DEFAULT_MAX_CHARS,
-    balanced: bool = False,
-    per_class: int | None = None,
-    seed: int = 0,
+    **options,
 ) -> list[Pair]:
     """Chat-topic classification: a conversation (turns joined by ``" / "``) → its topic file (e.g. ``"food"``).
 
@@ -386,12 +367,8 @@ def load_chatterbot(
     """
     return prepare_pairs(
         read_chatterbot(path),
-        max_classes=max_classes,
-        max_chars=max_chars,
-        balanced=balanced,
-        per_class=per_class,
-        seed=seed,
         what="chatterbot",
+        **options,
     )
 
 

@@ -40,14 +40,22 @@ import argparse
 import hashlib
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..data.synthetic import make_needle_sample, needle_answer_text, score_first_numbers, score_string_match_all
+from ..data.synthetic import (
+    NeedleSample,
+    make_needle_sample,
+    needle_answer_text,
+    score_first_numbers,
+    score_string_match_all,
+)
 from .common import (
     Suite,
     check_fits,
@@ -125,6 +133,89 @@ def _score(model, tokenizer, sample) -> tuple[float, str, list[int], float]:
     return score_string_match_all(output, sample.answers), output, hits, score_first_numbers(output, sample.answers)
 
 
+class _Scored(NamedTuple):
+    sample: NeedleSample
+    score: float  # RULER string_match_all
+    output: str
+    hits: list[int]  # 1/0 per queried number found anywhere in the output
+    strict: float  # the first R numbers of the output
+
+
+def _score_cell(model, tokenizer, text: str, digest, bar, length: int, seeds: list[int], **needles) -> list[_Scored]:
+    """One cell: a needle sample of ``length`` tokens per seed (``needles``: :func:`fit_sample`'s options), its
+    prompt added to ``digest`` (the record that paired models saw the same samples), greedily answered and scored."""
+    cell = []
+    for s in seeds:
+        sample = fit_sample(tokenizer, text, length, s, **needles)
+        digest.update(sample.prompt.encode() + b"\0")
+        cell.append(_Scored(sample, *_score(model, tokenizer, sample)))
+        bar.update()
+    return cell
+
+
+def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
+    scores, strict = [c.score for c in cell], [c.strict for c in cell]
+    return {
+        "N": n,
+        "R": r,
+        "accuracy": sum(scores) / len(scores),
+        "samples": len(cell),
+        "scores": scores,
+        "hits": [c.hits for c in cell],  # per sample, 1/0 per queried number found anywhere in the output
+        "strict_scores": strict,  # per sample, the strict score (first R numbers of the output)
+        "strict_accuracy": sum(strict) / len(strict),
+        "solved": sum(s == 1.0 for s in strict) / len(strict),
+        "chance": 1.0 / n,
+        "ci": list(wilson_interval(sum(scores), len(scores))),
+    }
+
+
+def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int, seed: int) -> dict:
+    """The length × depth heatmap: per cell, ``samples`` samples of ``needles`` needles, one queried, the first at
+    the depth; sample i of depth j uses seed ``seed*100003 + 7919*(j + 1) + i``."""
+    heat, heat_scores, heat_ci, heat_strict = [], [], [], []
+    for length in lengths:
+        row, row_scores, row_ci, row_strict = [], [], [], []
+        for j, depth in enumerate(depths):
+            seeds = [seed * 100003 + 7919 * (j + 1) + i for i in range(samples)]
+            cell = score_cell(length, seeds, num_needles=needles, num_queries=1, depth=depth)
+            scores, strict = [c.score for c in cell], [c.strict for c in cell]
+            row.append(sum(scores) / len(scores))
+            row_scores.append(scores)
+            row_strict.append(strict)
+            row_ci.append(list(wilson_interval(sum(scores), len(scores))))
+        heat.append(row)
+        heat_scores.append(row_scores)
+        heat_ci.append(row_ci)
+        heat_strict.append(row_strict)
+    return {
+        "lengths": lengths,
+        "depths": list(depths),
+        "accuracy": heat,
+        "scores": heat_scores,
+        "strict_scores": heat_strict,
+        "ci": heat_ci,
+        "N": needles,
+        "R": 1,
+    }
+
+
+def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_digits: int):
+    """The cells of :data:`GRID` whose seed-0 sample fits the context, and the others with the reason."""
+    fits, left_out = [], []
+    for n, r in GRID:
+        try:
+            fit_sample(
+                tokenizer, text, context_tokens, seed * 100003, num_needles=n, num_queries=r, value_digits=value_digits
+            )
+            fits.append((n, r))
+        except ValueError as e:
+            left_out.append({"N": n, "R": r, "why": str(e)})
+    if not fits:
+        raise ValueError(f"no needle cell fits {context_tokens} tokens: {left_out[0]['why']}")
+    return fits, left_out
+
+
 def run_niah(
     model: nn.Module,
     tokenizer,
@@ -158,18 +249,8 @@ def run_niah(
     if samples < 1 or heatmap_samples < 1:
         raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
-    if grid is None:  # the default grid where the context fits (the seed-0 sample of each cell decides)
-        fits, left_out = [], []
-        for n, r in GRID:
-            try:
-                fit_sample(tokenizer, text, context_tokens, seed * 100003, num_needles=n, num_queries=r,
-                           value_digits=value_digits)  # fmt: skip
-                fits.append((n, r))
-            except ValueError as e:
-                left_out.append({"N": n, "R": r, "why": str(e)})
-        if not fits:
-            raise ValueError(f"no needle cell fits {context_tokens} tokens: {left_out[0]['why']}")
-        grid = fits
+    if grid is None:
+        grid, left_out = _fitting_grid(tokenizer, text, context_tokens, seed, value_digits)
     else:
         left_out = []
     grid_rows = []
@@ -177,86 +258,19 @@ def run_niah(
     bar = tqdm(total=total, desc="needle retrieval", disable=not progress, leave=False)
     examples = []
     digest = hashlib.sha1()
+    score_cell = partial(_score_cell, model, tokenizer, text, digest, bar, value_digits=value_digits)
     for n, r in grid:
-        scores, hits, strict = [], [], []
-        for i in range(samples):
-            sample = fit_sample(
-                tokenizer,
-                text,
-                context_tokens,
-                seed * 100003 + i,
-                num_needles=n,
-                num_queries=r,
-                value_digits=value_digits,
-            )
-            digest.update(sample.prompt.encode() + b"\0")
-            score, output, found, first = _score(model, tokenizer, sample)
-            scores.append(score)
-            hits.append(found)
-            strict.append(first)
-            if i == 0:
-                examples.append({"N": n, "R": r, "answers": list(sample.answers), "output": output})
-            bar.update()
-        grid_rows.append(
-            {
-                "N": n,
-                "R": r,
-                "accuracy": sum(scores) / len(scores),
-                "samples": samples,
-                "scores": scores,
-                "hits": hits,  # per sample, 1/0 per queried number found anywhere in the output
-                "strict_scores": strict,  # per sample, the strict score (first R numbers of the output)
-                "strict_accuracy": sum(strict) / len(strict),
-                "solved": sum(s == 1.0 for s in strict) / len(strict),
-                "chance": 1.0 / n,
-                "ci": list(wilson_interval(sum(scores), len(scores))),
-            }
-        )
-    heat, heat_scores, heat_ci, heat_strict = [], [], [], []
-    for length in heatmap_lengths:
-        row, row_scores, row_ci, row_strict = [], [], [], []
-        for j, depth in enumerate(depths):
-            scores, strict = [], []
-            for i in range(heatmap_samples):
-                sample = fit_sample(
-                    tokenizer,
-                    text,
-                    length,
-                    seed * 100003 + 7919 * (j + 1) + i,
-                    num_needles=heatmap_needles,
-                    num_queries=1,
-                    depth=depth,
-                    value_digits=value_digits,
-                )
-                digest.update(sample.prompt.encode() + b"\0")
-                score, _, _, first = _score(model, tokenizer, sample)
-                scores.append(score)
-                strict.append(first)
-                bar.update()
-            row.append(sum(scores) / len(scores))
-            row_scores.append(scores)
-            row_strict.append(strict)
-            row_ci.append(list(wilson_interval(sum(scores), len(scores))))
-        heat.append(row)
-        heat_scores.append(row_scores)
-        heat_ci.append(row_ci)
-        heat_strict.append(row_strict)
+        cell = score_cell(context_tokens, [seed * 100003 + i for i in range(samples)], num_needles=n, num_queries=r)
+        examples.append({"N": n, "R": r, "answers": list(cell[0].sample.answers), "output": cell[0].output})
+        grid_rows.append(_grid_row(n, r, cell))
+    heatmap = _heatmap(score_cell, heatmap_lengths, depths, heatmap_samples, heatmap_needles, seed)
     bar.close()
     pooled = [s for g in grid_rows for s in g["scores"]]
     mean_ci = wilson_interval(sum(pooled), len(pooled))
     r1 = [g for g in grid_rows if g["R"] == 1]
     return {
         "grid": grid_rows,
-        "heatmap": {
-            "lengths": heatmap_lengths,
-            "depths": list(depths),
-            "accuracy": heat,
-            "scores": heat_scores,
-            "strict_scores": heat_strict,
-            "ci": heat_ci,
-            "N": heatmap_needles,
-            "R": 1,
-        },
+        "heatmap": heatmap,
         "mean_accuracy": sum(r["accuracy"] for r in grid_rows) / len(grid_rows),
         "mean_strict_accuracy": sum(r["strict_accuracy"] for r in grid_rows) / len(grid_rows),
         "r1_solved": sum(g["solved"] for g in r1) / len(r1) if r1 else None,
