@@ -53,7 +53,7 @@ def _protocol(config) -> list[str]:
     end of the report)."""
     from ..eval.suite import SUITE_TABLE, SuiteOptions
     from ..train import RunConfig
-    from ..train.adapt import AdaptRunConfig
+    from ..train.adapt_config import AdaptRunConfig
 
     lines = ["## Protocol", ""]
     if config.models:
@@ -115,40 +115,51 @@ def _data_words(d, *, tokenizer: bool) -> str:
     return words + "."
 
 
-def write_report(config, out: Path, outcomes) -> Path:
-    """Write ``out/report.md`` and ``out/results.json``; returns the report's path."""
+def _training_row(summary: dict, kind: str, *, parameters: str, trainable: str, val_loss: str) -> dict:
+    """A training part's columns of the models × metrics table from its summary.json (the named keys differ
+    between pretraining and adapting)."""
+    return {
+        "kind": kind,
+        "parameters": summary.get(parameters),
+        "trainable": summary.get(trainable),
+        "steps": summary.get("steps"),
+        "val_loss": summary.get(val_loss),
+        "tokens_per_s": summary.get("tokens_per_s"),
+        "train_seconds": summary.get("wall_seconds"),
+    }
+
+
+def _model_rows(config, outcomes) -> dict[str, dict]:
+    """One row per model: pretrained ones, then every part's training columns and its suites' headline numbers."""
+    from ..eval.suite import SUITE_TABLE
+
     rows: dict[str, dict] = {p.name: {"model": p.name, "kind": f"pretrained ({p.path})"} for p in config.pretrained}
     for o in outcomes:
         row = rows.setdefault(o.name, {"model": o.name})
+        s = o.summary
         if o.kind == "pretrain":
-            s = o.summary
+            kind = f"from scratch ({s.get('attention')})"
             row.update(
-                kind=f"from scratch ({s.get('attention')})",
-                parameters=s.get("parameters"),
-                trainable=s.get("parameters"),
-                steps=s.get("steps"),
-                val_loss=s.get("final_val_loss"),
-                tokens_per_s=s.get("tokens_per_s"),
-                train_seconds=s.get("wall_seconds"),
+                _training_row(s, kind, parameters="parameters", trainable="parameters", val_loss="final_val_loss")
             )
         elif o.kind == "adapt":
-            s = o.summary
+            kind = f"{s.get('method')} on {Path(str(s.get('model'))).parent.name or s.get('model')}"
             row.update(
-                kind=f"{s.get('method')} on {Path(str(s.get('model'))).parent.name or s.get('model')}",
-                parameters=s.get("total_parameters"),
-                trainable=s.get("trainable_parameters"),
-                steps=s.get("steps"),
-                val_loss=s.get("val_loss_after"),
-                tokens_per_s=s.get("tokens_per_s"),
-                train_seconds=s.get("wall_seconds"),
+                _training_row(
+                    s, kind, parameters="total_parameters", trainable="trainable_parameters", val_loss="val_loss_after"
+                )
             )
         else:
-            from ..eval.suite import SUITE_TABLE
-
-            row.setdefault("parameters", o.summary.get("metadata", {}).get("parameters"))
-            for suite, r in o.summary.get("suites", {}).items():
+            row.setdefault("parameters", s.get("metadata", {}).get("parameters"))
+            for suite, r in s.get("suites", {}).items():
                 if suite in SUITE_TABLE:
                     row.update(SUITE_TABLE[suite].headline(r))
+    return rows
+
+
+def write_report(config, out: Path, outcomes) -> Path:
+    """Write ``out/report.md`` and ``out/results.json``; returns the report's path."""
+    rows = _model_rows(config, outcomes)
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
     metrics = sorted({k for r in rows.values() for k in r} - set(columns))
     _cards_get_headlines(outcomes, rows, metrics)
@@ -175,41 +186,12 @@ def write_report(config, out: Path, outcomes) -> Path:
         "",
     ]
 
-    curves = _loss_curves(outcomes, out / "loss_curves.png")
-    if curves:
-        lines += ["## Training", "", f"![loss curves]({curves.name})", ""]
-    lam_curves = _lambda_curves(outcomes, out / "lambda_curves.png")
-    if lam_curves:
-        lines += [f"![λ curves]({lam_curves.name})", ""]
-    lams = [(o.name, o.summary.get("lambda")) for o in outcomes if o.kind in ("pretrain", "adapt")]
-    lams = [(n, v) for n, v in lams if v]
-    if lams:
-        lines += ["λ per layer at the end of training:", ""]
-        lines += [f"- {n}: " + ", ".join(f"{x:.3f}" for x in v) for n, v in lams]
-        lines.append("")
-
+    lines += _training_section(outcomes, out)
     lines += ["## Evaluations", ""]
     lines += _side_by_side(evals, out)
-    lines += ["### Every model's pictures", ""]
-    for o in outcomes:
-        if o.kind != "eval":
-            continue
-        pics = o.summary.get("pictures", {})
-        if pics:
-            lines.append(f"### {o.name}")
-            lines += [f"![{k}]({Path(o.path, v).relative_to(out)})" for k, v in pics.items()]
-            lines.append("")
+    lines += _pictures_section(outcomes, out)
     lines += ["## Config and environment", "", "```yaml", (out / "experiment.yaml").read_text().rstrip(), "```", ""]
-    import torch
-    import transformers
-
-    env = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "threads": torch.get_num_threads(),
-    }
+    env = _environment()
     lines.append(", ".join(f"{k} {v}" for k, v in env.items()))
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
@@ -225,6 +207,51 @@ def write_report(config, out: Path, outcomes) -> Path:
     }
     (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
     return report
+
+
+def _training_section(outcomes, out: Path) -> list[str]:
+    """The loss and λ curves of every training part (pictures written into ``out``) and each one's final λ."""
+    lines = []
+    curves = _loss_curves(outcomes, out / "loss_curves.png")
+    if curves:
+        lines += ["## Training", "", f"![loss curves]({curves.name})", ""]
+    lam_curves = _lambda_curves(outcomes, out / "lambda_curves.png")
+    if lam_curves:
+        lines += [f"![λ curves]({lam_curves.name})", ""]
+    lams = [(o.name, o.summary.get("lambda")) for o in outcomes if o.kind in ("pretrain", "adapt")]
+    lams = [(n, v) for n, v in lams if v]
+    if lams:
+        lines += ["λ per layer at the end of training:", ""]
+        lines += [f"- {n}: " + ", ".join(f"{x:.3f}" for x in v) for n, v in lams]
+        lines.append("")
+    return lines
+
+
+def _pictures_section(outcomes, out: Path) -> list[str]:
+    """Every evaluated model's own pictures, linked relative to the report."""
+    lines = ["### Every model's pictures", ""]
+    for o in outcomes:
+        if o.kind != "eval":
+            continue
+        pics = o.summary.get("pictures", {})
+        if pics:
+            lines.append(f"### {o.name}")
+            lines += [f"![{k}]({Path(o.path, v).relative_to(out)})" for k, v in pics.items()]
+            lines.append("")
+    return lines
+
+
+def _environment() -> dict:
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _cards_get_headlines(outcomes, rows: dict[str, dict], metrics: list[str]) -> None:

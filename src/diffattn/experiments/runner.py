@@ -145,7 +145,7 @@ def _scratch_config(exp: ExperimentConfig, m):
 
 
 def _adapt_config(exp: ExperimentConfig, a, root: Path):
-    from ..train.adapt import AdaptRunConfig
+    from ..train.adapt_config import AdaptRunConfig
 
     if a.base in exp.scratch_names():
         base = str(root / "models" / a.base / "final")
@@ -180,47 +180,19 @@ def run_experiment(
     ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
     marker so that another file with the same ``name`` is refused instead of replacing this one's report
     (:func:`check_experiment_folder`)."""
-    from ..eval.suite import RESULTS, RESULTS_VERSION, SUITE_TABLE, SuiteOptions, load_for_eval, run_suites
     from ..train import pretrain
     from ..train.adapt import adapt_pretrained
 
     config.validate()
-    if isinstance(overwrite, (set, list, tuple)):
-        unknown = sorted(set(overwrite) - set(config.model_names()))
-        if unknown:
-            raise ValueError(
-                f"--overwrite names no part of experiment {config.name!r}: {', '.join(unknown)}; its parts: "
-                f"{', '.join(config.model_names())}"
-            )
+    _check_overwrite_names(config, overwrite)
     out = Path(root) / config.name
     outcomes: list[PartOutcome] = []
 
     # every config is built (and so checked) before any training starts
     scratch = [(m, _scratch_config(config, m)) for m in config.models]
     adapters = [(a, _adapt_config(config, a, out)) for a in config.adapters]
-    for a, c in adapters:  # the method's option values too, not only their names: now, not after pretraining
-        try:
-            c.method_config()
-        except ValueError as e:
-            raise ValueError(f"adapters[{a.name}]: {e}") from e
-    for a, _ in adapters:
-        if a.base in config.scratch_names():
-            kind = next(m for m in config.models if m.name == a.base).attention
-            if ARCHITECTURES[kind].differential:
-                raise ValueError(
-                    f"adapters[{a.name}]: the adapters give a standard model differential attention; "
-                    f"{a.base!r} is already a DIFF model"
-                )
-
-    # every suite's preflight too: a missing ICL data set (say Debian's WordNet) or needle prompts that do not fit
-    # the context fail now, not after hours of training
-    options = SuiteOptions(**{"seed": config.seed, **config.eval.options}).validate(
-        config.eval.suites, style="experiment"
-    )
-    targets = _eval_targets(scratch)
-    for suite in config.eval.suites:
-        if SUITE_TABLE[suite].preflight is not None:
-            SUITE_TABLE[suite].preflight(options, targets)
+    _check_adapters(config, adapters)
+    options = _suite_options_preflighted(config, scratch)
 
     source = str(Path(source).resolve()) if source is not None else config.source
     check_experiment_folder(out, config.name, source)
@@ -234,74 +206,112 @@ def run_experiment(
     mark(out, "experiment", ident=ident, name=config.name, source=source)
 
     for m, run_config in scratch:
-        path = out / "models" / m.name
-        state = states[m.name]
-        replace = _replace_old(path, state)
-        t0 = time.perf_counter()
-        if state == DONE:
-            summary = _read_json(path / "summary.json")
-            logger.info("pretrain %s: done, skipped", m.name)
-        else:
-            logger.info("pretrain %s: %s", m.name, state)
-            summary = pretrain(run_config, path, resume=state == RESUME, overwrite=replace)
-        outcomes.append(PartOutcome("pretrain", m.name, path, state, time.perf_counter() - t0, summary))
-
+        outcomes.append(_train_part("pretrain", pretrain, m.name, out / "models" / m.name, states[m.name], run_config))
     for a, run_config in adapters:
         path = out / "adapters" / a.name
-        state = states[a.name]
-        replace = _replace_old(path, state)
-        t0 = time.perf_counter()
-        if state == DONE:
-            summary = _read_json(path / "summary.json")
-            logger.info("adapt %s: done, skipped", a.name)
-        else:
-            logger.info("adapt %s: %s", a.name, state)
-            summary = adapt_pretrained(run_config, path, resume=state == RESUME, overwrite=replace)
-        outcomes.append(PartOutcome("adapt", a.name, path, state, time.perf_counter() - t0, summary))
+        outcomes.append(_train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config))
 
     if not evaluate:
         return outcomes
-    targets = config.eval.models or config.model_names()
-    for name in targets:
-        if config.pretrained_path(name) is not None:
-            model_dir = config.pretrained_path(name)
-        else:
-            model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
-        path = out / "eval" / name
-        results_file = path / RESULTS
-        wanted = {
-            "suites": list(config.eval.suites),
-            "options": _jsonable_options(options),
-            "results_version": RESULTS_VERSION,
-        }
-        trained = _trained_steps(model_dir)
-        if (
-            results_file.is_file()
-            and _eval_request(results_file) == wanted
-            and _same_training(_evaluated_steps(path), trained)
-            and not _wants(overwrite, name)
-        ):
-            outcomes.append(PartOutcome("eval", name, path, DONE, 0.0, _read_json(results_file)))
-            continue
-        t0 = time.perf_counter()
-        model, tokenizer, description = load_for_eval(model_dir)
-        from ..eval.suite import claim_eval_id
-
-        # inside this experiment's folder: ours, whatever an older version left there
-        mark(path, "eval", ident=claim_eval_id(path) if path.is_dir() else None)
-        doc = run_suites(
-            model, tokenizer, config.eval.suites, path, options=options, name=name, description=description
-        )
-        if trained is not None:  # which training the results are of: a model trained further is evaluated again
-            write_text_atomic(path / EVALUATED_STEPS, json.dumps(trained))
-        outcomes.append(PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc))
-        del model
+    for name in config.eval.models or config.model_names():
+        outcomes.append(_evaluate_part(config, out, name, options, redo=_wants(overwrite, name)))
 
     if report:
         from .report import write_report
 
         write_report(config, out, outcomes)
     return outcomes
+
+
+def _check_overwrite_names(config: ExperimentConfig, overwrite) -> None:
+    if isinstance(overwrite, (set, list, tuple)):
+        unknown = sorted(set(overwrite) - set(config.model_names()))
+        if unknown:
+            raise ValueError(
+                f"--overwrite names no part of experiment {config.name!r}: {', '.join(unknown)}; its parts: "
+                f"{', '.join(config.model_names())}"
+            )
+
+
+def _check_adapters(config: ExperimentConfig, adapters) -> None:
+    """The methods' option values too, not only their names, now rather than after pretraining; and no adapter
+    on a from-scratch DIFF model (the adapters give a standard model differential attention)."""
+    for a, c in adapters:
+        try:
+            c.method_config()
+        except ValueError as e:
+            raise ValueError(f"adapters[{a.name}]: {e}") from e
+    for a, _ in adapters:
+        if a.base in config.scratch_names():
+            kind = next(m for m in config.models if m.name == a.base).attention
+            if ARCHITECTURES[kind].differential:
+                raise ValueError(
+                    f"adapters[{a.name}]: the adapters give a standard model differential attention; "
+                    f"{a.base!r} is already a DIFF model"
+                )
+
+
+def _suite_options_preflighted(config: ExperimentConfig, scratch):
+    """The suites' options, validated, after every suite's preflight: a missing ICL data set (say Debian's
+    WordNet) or needle prompts that do not fit the context fail now, not after hours of training."""
+    from ..eval.suite import SUITE_TABLE, SuiteOptions
+
+    options = SuiteOptions(**{"seed": config.seed, **config.eval.options}).validate(
+        config.eval.suites, style="experiment"
+    )
+    targets = _eval_targets(scratch)
+    for suite in config.eval.suites:
+        if SUITE_TABLE[suite].preflight is not None:
+            SUITE_TABLE[suite].preflight(options, targets)
+    return options
+
+
+def _train_part(kind: str, train, name: str, path: Path, state: str, run_config) -> PartOutcome:
+    """One training part (``train``: pretrain or adapt_pretrained): read back when done, else resumed or started
+    as its state says."""
+    replace = _replace_old(path, state)
+    t0 = time.perf_counter()
+    if state == DONE:
+        summary = _read_json(path / "summary.json")
+        logger.info("%s %s: done, skipped", kind, name)
+    else:
+        logger.info("%s %s: %s", kind, name, state)
+        summary = train(run_config, path, resume=state == RESUME, overwrite=replace)
+    return PartOutcome(kind, name, path, state, time.perf_counter() - t0, summary)
+
+
+def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome:
+    """One model's suites into ``out/eval/NAME``, skipped when its results are of the same request (suites,
+    options, results version) and of the same training, unless ``redo``."""
+    from ..eval.suite import RESULTS, RESULTS_VERSION, claim_eval_id, load_for_eval, run_suites
+
+    if config.pretrained_path(name) is not None:
+        model_dir = config.pretrained_path(name)
+    else:
+        model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
+    path = out / "eval" / name
+    results_file = path / RESULTS
+    wanted = {
+        "suites": list(config.eval.suites),
+        "options": _jsonable_options(options),
+        "results_version": RESULTS_VERSION,
+    }
+    trained = _trained_steps(model_dir)
+    if (
+        results_file.is_file()
+        and _eval_request(results_file) == wanted
+        and _same_training(_evaluated_steps(path), trained)
+        and not redo
+    ):
+        return PartOutcome("eval", name, path, DONE, 0.0, _read_json(results_file))
+    t0 = time.perf_counter()
+    model, tokenizer, description = load_for_eval(model_dir)
+    # inside this experiment's folder: ours, whatever an older version left there
+    mark(path, "eval", ident=claim_eval_id(path) if path.is_dir() else None)
+    doc = run_suites(model, tokenizer, config.eval.suites, path, options=options, name=name, description=description)
+    if trained is not None:  # which training the results are of: a model trained further is evaluated again
+        write_text_atomic(path / EVALUATED_STEPS, json.dumps(trained))
+    return PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc)
 
 
 def _eval_targets(scratch) -> list:
