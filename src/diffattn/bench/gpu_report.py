@@ -185,18 +185,29 @@ def measure_op(n: int, head_dim: int) -> list[dict]:
     return [{**attention.rows_as_dicts([r])[0], **shape} for r in rows]
 
 
-def run_op_section(head_dim: int, budget: Budget, progress) -> dict:
-    rows, skipped, errors = [], [], []
-    for n in OP_SIZES:
+def _within_budget(items, budget: Budget, measure: Callable, label: Callable, progress, error_key: str):
+    """``measure(item)`` for each item while the section's budget has time for the next one; a failing item is
+    recorded with its error's first line and the lent minutes go on to the next. Returns what each item that ran
+    measured, the items skipped, and the errors (``{error_key: item, "error": ...}``)."""
+    measured, skipped, errors = {}, [], []
+    for item in items:
         if not budget.fits_next():
-            skipped.append(n)
+            skipped.append(item)
             continue
-        progress(f"op d={head_dim} N={n} ({budget.left():.0f} s left)")
+        progress(f"{label(item)} ({budget.left():.0f} s left)")
         try:
-            rows += budget.timed(lambda n=n: measure_op(n, head_dim))
-        except Exception as err:  # a failed size is reported; the lent minutes go on to the next
-            errors.append({"seq_len": n, "error": _error(err)})
-            progress(f"op d={head_dim} N={n}: {errors[-1]['error']}")
+            measured[item] = budget.timed(lambda item=item: measure(item))
+        except Exception as err:
+            errors.append({error_key: item, "error": _error(err)})
+            progress(f"{label(item)}: {errors[-1]['error']}")
+    return measured, skipped, errors
+
+
+def run_op_section(head_dim: int, budget: Budget, progress) -> dict:
+    measured, skipped, errors = _within_budget(
+        OP_SIZES, budget, lambda n: measure_op(n, head_dim), lambda n: f"op d={head_dim} N={n}", progress, "seq_len"
+    )
+    rows = [row for rows in measured.values() for row in rows]
     if skipped:
         progress(f"op d={head_dim}: budget spent, skipped N = {', '.join(map(str, skipped))}")
     return {"rows": rows, "skipped_sizes": skipped, "errors": errors}
@@ -214,17 +225,15 @@ def measure_train_step(seq_len: int) -> list[dict]:
 
 
 def run_train_section(budget: Budget, progress) -> dict:
-    rows, skipped, errors = [], [], []
-    for n in TRAIN_SEQ_LENS:
-        if not budget.fits_next():
-            skipped.append(n)
-            continue
-        progress(f"train step {TRAIN_PRESET} seq {n} bf16 ({budget.left():.0f} s left)")
-        try:
-            rows += budget.timed(lambda n=n: measure_train_step(n))
-        except Exception as err:
-            errors.append({"seq_len": n, "error": _error(err)})
-            progress(f"train step seq {n}: {errors[-1]['error']}")
+    measured, skipped, errors = _within_budget(
+        TRAIN_SEQ_LENS,
+        budget,
+        measure_train_step,
+        lambda n: f"train step {TRAIN_PRESET} seq {n} bf16",
+        progress,
+        "seq_len",
+    )
+    rows = [row for rows in measured.values() for row in rows]
     return {"rows": rows, "skipped_seq_lens": skipped, "errors": errors}
 
 
@@ -305,19 +314,15 @@ def ms_per_token(run: Callable[[], None], tokens: int) -> float:
 
 
 def run_decode_section(budget: Budget, progress) -> dict:
-    prepared, rows, skipped, errors = {}, [], [], []
-    for column in train_step.COLUMNS:
-        if not budget.fits_next():
-            skipped.append(column)
-            continue
-        progress(f"decode: {column} ({DECODE_PRESET}, prompt {DECODE_PROMPT}; compiling, {budget.left():.0f} s left)")
-        try:
-            prepared[column] = budget.timed(
-                lambda c=column: prepare_decode(c, preset=DECODE_PRESET, prompt_len=DECODE_PROMPT, tokens=DECODE_TOKENS)
-            )
-        except Exception as err:
-            errors.append({"model": column, "error": _error(err)})
-            progress(f"decode {column}: {errors[-1]['error']}")
+    prepared, skipped, errors = _within_budget(
+        train_step.COLUMNS,
+        budget,
+        lambda c: prepare_decode(c, preset=DECODE_PRESET, prompt_len=DECODE_PROMPT, tokens=DECODE_TOKENS),
+        lambda c: f"decode {c} ({DECODE_PRESET}, prompt {DECODE_PROMPT}; compiling)",
+        progress,
+        "model",
+    )
+    rows = []
     times = {name: {"eager": [], "graph": []} for name in prepared}
     for _ in range(DECODE_REPS):  # interleaved round-robin, as the other benchmarks
         for name, p in prepared.items():

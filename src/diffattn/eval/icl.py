@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -424,7 +425,24 @@ def default_shot_grid(k_max: int) -> list[int]:
     return grid
 
 
-def _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length):
+class _Setup(NamedTuple):
+    """What both ICL runs start from: the data, its split, the prompt's tokens and the context budget."""
+
+    pairs: list[Pair]
+    name: str
+    fmt: PromptFormat
+    labels: list[str]
+    tokens: PromptTokens
+    test: list[Pair]
+    pool: list[Pair]
+    context: int
+    context_source: str
+    test_queries: list
+    pool_demos: _LazyDemos
+    budget: int  # tokens left for the demonstrations
+
+
+def _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length) -> _Setup:
     context, context_source = _context_length(model, max_length)
     pairs, name = _dataset_pairs(dataset, dataset_options, seed)
     fmt = prompt or PromptFormat()
@@ -435,10 +453,21 @@ def _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed
     pool_demos = _LazyDemos(tokens, pool)
     longest_label = max(len(s) for s in tokens.label_ids.values())
     budget = context - len(tokens.bos) - max(len(q) for q in test_queries) - longest_label
-    return pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget
+    return _Setup(
+        pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget
+    )
 
 
-def _base_metadata(name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model):
+def _base_metadata(setup: _Setup, dataset_options, seed, model) -> dict:
+    name, pairs, labels, fmt, tokens, test, pool = (
+        setup.name,
+        setup.pairs,
+        setup.labels,
+        setup.fmt,
+        setup.tokens,
+        setup.test,
+        setup.pool,
+    )
     round_trip = bool(tokens.round_trip(pool[:1], test[0][0], test[0][1]))
     if not round_trip:
         warnings.warn("the tokenised prompt does not decode back to the prompt string exactly", stacklevel=3)
@@ -470,8 +499,8 @@ def _base_metadata(name, dataset_options, pairs, labels, fmt, tokens, test, pool
             "first token ends a label that is a token prefix of another"
         ),
         "accuracy": "exact label match, in [0, 1]",
-        "context_length": context,
-        "context_source": context_source,
+        "context_length": setup.context,
+        "context_source": setup.context_source,
         "seed": seed,
         "model": _model_info(model),
     }
@@ -484,7 +513,7 @@ def _check_fit(n: int, context: int, what: str) -> None:
 
 @contextmanager
 def _test_set_scorer(
-    model, tokens: PromptTokens, test: list[Pair], test_queries, *, share_prefix: bool, prefixes: int, desc, progress
+    model, setup: _Setup, share_prefix: bool, prefixes: int, desc: str, progress: bool
 ) -> Iterator[Callable[[list[int]], float]]:
     """Yields ``accuracy(prefix)``: the share of the test items whose label the model decodes after this
     demonstration prefix (in eval mode, without gradients, one progress bar over ``prefixes`` prefixes); the
@@ -492,11 +521,11 @@ def _test_set_scorer(
     runner = _Runner(model, share_prefix)
     was_training = model.training
     model.eval()
-    gold = [y for _, y in test]
-    bar = tqdm(total=prefixes * len(test), desc=desc, disable=not progress)
+    gold = [y for _, y in setup.test]
+    bar = tqdm(total=prefixes * len(setup.test), desc=desc, disable=not progress)
 
     def accuracy(prefix: list[int]) -> float:
-        preds = runner.predict(tokens.trie, prefix, test_queries, bar)
+        preds = runner.predict(setup.tokens.trie, prefix, setup.test_queries, bar)
         return float(np.mean([p == g for p, g in zip(preds, gold, strict=True)]))
 
     try:
@@ -562,9 +591,8 @@ def run_icl(
     """
     if not isinstance(draws, int) or draws < 1:
         raise ValueError(f"draws must be a positive integer, got {draws!r}")
-    (pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget) = (
-        _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
-    )
+    setup = _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
+    _, name, _, labels, tokens, _, pool, context, _, test_queries, pool_demos, budget = setup
     k_max = max_shots(pool_demos.sample_lengths(seed), budget, len(tokens.sep), pool_size=len(pool))
     if k_max < 1:
         raise ValueError(f"not even one demonstration fits the context of {context} tokens; lower max_chars")
@@ -576,16 +604,7 @@ def run_icl(
     accuracy: list[list[float]] = []
     redraws = 0
     longest = 0
-    with _test_set_scorer(
-        model,
-        tokens,
-        test,
-        test_queries,
-        share_prefix=share_prefix,
-        prefixes=len(grid) * draws,
-        desc=f"icl {name}",
-        progress=progress,
-    ) as score:
+    with _test_set_scorer(model, setup, share_prefix, len(grid) * draws, f"icl {name}", progress) as score:
         for k in grid:
             per_draw = []
             for d in range(draws):
@@ -599,9 +618,7 @@ def run_icl(
                 per_draw.append(score(prefix))
             accuracy.append(per_draw)
 
-    metadata = _base_metadata(
-        name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model
-    )
+    metadata = _base_metadata(setup, dataset_options, seed, model)
     metadata.update(
         {
             "task": "many-shot in-context learning (DIFF Fig. 6; Dex Table 3; Bertsch et al. 2024)",
@@ -739,23 +756,14 @@ def run_order_robustness(
     arrangements = list(arrangements)
     if not arrangements or any(a not in ARRANGEMENTS for a in arrangements):
         raise ValueError(f"arrangements must be a non-empty subset of {ARRANGEMENTS}, got {arrangements!r}")
-    (pairs, name, fmt, labels, tokens, test, pool, context, context_source, test_queries, pool_demos, budget) = (
-        _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
-    )
+    setup = _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
+    _, name, _, labels, tokens, _, pool, context, _, test_queries, pool_demos, budget = setup
     rounds, demo_index = _order_demo_set(rounds, labels, pool, pool_demos, len(tokens.sep), budget, context, seed)
     demo_labels = [pool[i][1] for i in demo_index]
 
     results: dict[str, dict] = {}
-    with _test_set_scorer(
-        model,
-        tokens,
-        test,
-        test_queries,
-        share_prefix=share_prefix,
-        prefixes=len(arrangements) * permutations,
-        desc=f"icl order {name}",
-        progress=progress,
-    ) as score:
+    prefixes = len(arrangements) * permutations
+    with _test_set_scorer(model, setup, share_prefix, prefixes, f"icl order {name}", progress) as score:
         for arrangement in arrangements:
             accs = []
             for p in range(permutations):
@@ -772,9 +780,7 @@ def run_order_robustness(
                 "margin": order_margin(accs),
             }
 
-    metadata = _base_metadata(
-        name, dataset_options, pairs, labels, fmt, tokens, test, pool, context, context_source, seed, model
-    )
+    metadata = _base_metadata(setup, dataset_options, seed, model)
     metadata.update(
         {
             "task": "ICL order robustness (DIFF Fig. 7, App. F)",

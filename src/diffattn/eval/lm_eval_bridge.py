@@ -174,6 +174,44 @@ def evaluate_with_lm_eval(
     lm_eval, _, TaskManager = _import_lm_eval()
     _check_model_and_tokenizer(model, tokenizer)
     task_list = _task_list(tasks)
+    _check_options(limit, num_fewshot, hflm_kwargs, simple_evaluate_kwargs)
+    paths, include_defaults = _task_indexes(task_list, include_path, include_defaults)
+
+    with _offline(), _preserved_state(model, device) as target_device:
+        task_manager = TaskManager(include_path=paths or None, include_defaults=include_defaults)
+        _check_tasks(task_list, task_manager, paths)
+        lm = build_hflm(
+            model, copy.deepcopy(tokenizer), batch_size=batch_size, max_length=max_length, **(hflm_kwargs or {})
+        )
+        # what the harness is asked for is what the result records
+        asked = {
+            "limit": limit,
+            "num_fewshot": num_fewshot,
+            "batch_size": batch_size,
+            "device": str(target_device),
+            "log_samples": log_samples,
+        }
+        with _quiet_expected_warnings(), _light_run_report():
+            raw = lm_eval.simple_evaluate(
+                model=lm, tasks=task_list, task_manager=task_manager, **asked, **simple_evaluate_kwargs
+            )
+        effective_max_length = int(lm.max_length)
+    if raw is None:  # only a non-zero rank returns None; this bridge runs single-process
+        raise RuntimeError("lm_eval.simple_evaluate returned no results")
+    return _trim(
+        raw,
+        model=model,
+        task_list=task_list,
+        paths=paths,
+        include_defaults=include_defaults,
+        max_length=effective_max_length,
+        version=_lm_eval_version(),
+        **asked,
+    )
+
+
+def _check_options(limit, num_fewshot, hflm_kwargs: dict | None, simple_evaluate_kwargs: dict) -> None:
+    """Refuses options given twice (an own argument repeated in a pass-through dict) and bad limits and shot counts."""
     bad = sorted(_OWNED & simple_evaluate_kwargs.keys())
     if bad:
         raise ValueError(f"{', '.join(bad)}: set by evaluate_with_lm_eval's own arguments, not simple_evaluate_kwargs")
@@ -185,48 +223,18 @@ def evaluate_with_lm_eval(
         not isinstance(num_fewshot, int) or isinstance(num_fewshot, bool) or num_fewshot < 0
     ):
         raise ValueError(f"num_fewshot must be a non-negative int or None, got {num_fewshot!r}")
+
+
+def _task_indexes(task_list: list, include_path, include_defaults: bool | None) -> tuple[list[str], bool]:
+    """The user's task folders, and whether lm-eval's own index is read too: by default only when no folder is
+    given and a task is named (not a YAML path or a dict)."""
     paths = _include_paths(include_path) if include_path is not None else []
     by_name = [t for t in task_list if isinstance(t, str) and not _is_yaml_file(t)]
-    if include_defaults is None:  # lm-eval's own index only when a name could need it
+    if include_defaults is None:
         include_defaults = not paths and bool(by_name)
     if by_name and not paths and not include_defaults:
         raise ValueError("no tasks to choose from: give include_path, or include_defaults=True for lm-eval's own")
-
-    with _offline(), _preserved_state(model, device) as target_device:
-        task_manager = TaskManager(include_path=paths or None, include_defaults=include_defaults)
-        _check_tasks(task_list, task_manager, paths)
-        lm = build_hflm(
-            model, copy.deepcopy(tokenizer), batch_size=batch_size, max_length=max_length, **(hflm_kwargs or {})
-        )
-        with _quiet_expected_warnings(), _light_run_report():
-            raw = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=task_list,
-                task_manager=task_manager,
-                limit=limit,
-                num_fewshot=num_fewshot,
-                batch_size=batch_size,
-                device=str(target_device),
-                log_samples=log_samples,
-                **simple_evaluate_kwargs,
-            )
-        effective_max_length = int(lm.max_length)
-    if raw is None:  # only a non-zero rank returns None; this bridge runs single-process
-        raise RuntimeError("lm_eval.simple_evaluate returned no results")
-    return _trim(
-        raw,
-        model=model,
-        task_list=task_list,
-        paths=paths,
-        include_defaults=include_defaults,
-        limit=limit,
-        num_fewshot=num_fewshot,
-        batch_size=batch_size,
-        device=str(target_device),
-        max_length=effective_max_length,
-        log_samples=log_samples,
-        version=_lm_eval_version(),
-    )
+    return paths, include_defaults
 
 
 # ----------------------------------------------------------------------------------------------- checks
