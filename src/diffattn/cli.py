@@ -260,7 +260,8 @@ _ADAPT_FLAGS = {
 
 def cmd_adapt(args: argparse.Namespace) -> int:
     from .train import NonFiniteLossError, latest_checkpoint
-    from .train.adapt import AdaptRunConfig, adapt_pretrained
+    from .train.adapt import adapt_pretrained
+    from .train.adapt_config import AdaptRunConfig
 
     config = AdaptRunConfig.load(args.config) if args.config else AdaptRunConfig()
     overrides = {field: getattr(args, flag) for flag, field in _ADAPT_FLAGS.items() if getattr(args, flag) is not None}
@@ -371,10 +372,6 @@ REPORT_TO_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .eval.suite import SUITE_TABLE
-    from .models.architectures import ARCHITECTURES
-    from .models.pretrained import PRETRAINED
-
     parser = _Parser(
         prog="diffattn",
         description="Differential attention for language models: DIFF Transformer, Dex, DiffLoRA, DAA.",
@@ -382,12 +379,62 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"diffattn {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_quickstart_command(sub)
+    _add_pretrain_command(sub)
+    _add_adapt_command(sub)
+    _add_eval_command(sub)
+    _add_run_command(sub)
 
+    p = sub.add_parser("export", help="copy an experiment's report, results and pictures (no checkpoints) elsewhere")
+    p.add_argument("experiment_dir", help="runs/NAME of a finished experiment")
+    p.add_argument("dest", help="the destination folder, e.g. results/NAME (new, or an earlier export)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("presets", help="list the model presets with baseline and DIFF parameter counts")
+    p.add_argument("--count-all", action="store_true", help="also count the paper-size presets (meta device)")
+    p.set_defaults(func=cmd_presets)
+
+    _add_bench_commands(sub)
+    return parser
+
+
+def _add_report_to(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
+
+
+def _add_run_folder_flags(p: argparse.ArgumentParser, sections: str) -> None:
+    """The flags that say where a training run goes and what it starts from (pretrain and adapt)."""
+    _add_report_to(p)
+    p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
+    p.add_argument("--config", help=f"run.yaml (sections {sections}); flags override it")
+
+
+def _add_cadence_flags(p: argparse.ArgumentParser) -> None:
+    """The training flags pretrain and adapt share, in their help's order: warm-up, how often to evaluate, save and
+    log, the seed and the precision."""
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+
+
+def _add_resume_or_overwrite(p: argparse.ArgumentParser) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
+
+
+def _add_quickstart_command(sub) -> None:
     p = sub.add_parser(
         "quickstart",
         help="check the backends, then run the embedded quickstart experiment (about 10 minutes on a CPU)",
     )
-    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
+    _add_report_to(p)
     p.add_argument("--new-tokens", type=int, default=8, help="tokens generated per debug model in the check")
     p.add_argument("--check-only", action="store_true", help="only the backend check (seconds)")
     p.add_argument("--root", default="runs", help="parent of runs/quickstart (default runs/)")
@@ -395,10 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", nargs="*", metavar="NAME", help="redo these parts (no names: every part)")
     p.set_defaults(func=cmd_quickstart)
 
+
+def _add_pretrain_command(sub) -> None:
+    from .models.architectures import ARCHITECTURES
+
     p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
-    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
-    p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
-    p.add_argument("--config", help="run.yaml (sections model, data, train); flags override it")
+    _add_run_folder_flags(p, "model, data, train")
     p.add_argument("--preset", help="model preset (see `diffattn presets`)")
     p.add_argument(
         "--attention",
@@ -416,20 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--schedule", choices=["linear", "cosine"])
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--save-every", type=int)
-    p.add_argument("--log-every", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+    _add_cadence_flags(p)
     p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
     p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
+    _add_resume_or_overwrite(p)
     p.set_defaults(func=cmd_pretrain)
 
+
+def _add_adapt_command(sub) -> None:
     from .adapters import method_names, specs  # the registry: every method's name comes from its entry
+    from .models.pretrained import PRETRAINED
     from .ops import BACKENDS
 
     adapt_help = (
@@ -437,9 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"or a control ({', '.join(method_names('control'))})"
     )
     p = sub.add_parser("adapt", help=adapt_help, description=adapt_help)
-    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
-    p.add_argument("--out", required=True, help="run folder (refused if it exists, unless --resume/--overwrite)")
-    p.add_argument("--config", help="run.yaml (sections model, method, data, train); flags override it")
+    _add_run_folder_flags(p, "model, method, data, train")
     p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
     p.add_argument("--method", help="a registered method or control (`diffattn info` lists them)")
     mergeable = ", ".join(s.name for s in specs() if s.mergeable)
@@ -451,12 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="global batch in sequences (default 8)")
     p.add_argument("--grad-accum", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4)")
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--save-every", type=int)
-    p.add_argument("--log-every", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"])
+    _add_cadence_flags(p)
     p.add_argument(
         "--recipe",
         choices=["ours", "paper"],
@@ -467,10 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", default=[], metavar="A.B=VALUE", help="any config field; method.X = method option X"
     )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
+    _add_resume_or_overwrite(p)
     p.set_defaults(func=cmd_adapt)
+
+
+def _add_eval_command(sub) -> None:
+    from .eval.suite import SUITE_TABLE
 
     p = sub.add_parser("eval", help="run evaluation suites on a model or run folder: results.json + pictures")
     p.add_argument("model", help="a diffattn run folder, a Hugging Face folder, or smollm2-135m")
@@ -489,8 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_suite_options(p)
     p.set_defaults(func=cmd_eval)
 
+
+def _add_run_command(sub) -> None:
     p = sub.add_parser("run", help="run an experiment YAML: pretrain, adapt, evaluate, report (skips finished parts)")
-    p.add_argument("--report-to", dest="report_to", metavar="NAME[,NAME]", help=REPORT_TO_HELP)
+    _add_report_to(p)
     p.add_argument("experiment", help="the experiment YAML (see diffattn.experiments.config)")
     p.add_argument("--root", default="runs", help="parent of the experiment's folder (default runs/)")
     p.add_argument(
@@ -502,18 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("export", help="copy an experiment's report, results and pictures (no checkpoints) elsewhere")
-    p.add_argument("experiment_dir", help="runs/NAME of a finished experiment")
-    p.add_argument("dest", help="the destination folder, e.g. results/NAME (new, or an earlier export)")
-    p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
-    p.set_defaults(func=cmd_info)
-
-    p = sub.add_parser("presets", help="list the model presets with baseline and DIFF parameter counts")
-    p.add_argument("--count-all", action="store_true", help="also count the paper-size presets (meta device)")
-    p.set_defaults(func=cmd_presets)
-
+def _add_bench_commands(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     b = bench.add_parser("attention", help="DIFF attention per backend vs baseline SDPA and HF DiffLlama")
@@ -541,7 +573,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
