@@ -163,6 +163,16 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return cmd_run(args)
 
 
+# the flags of _add_cadence_flags -> their train.* fields, the same in RunConfig and AdaptRunConfig
+_CADENCE_FLAGS = {
+    "warmup_steps": "train.warmup_steps",
+    "eval_every": "train.eval_every",
+    "save_every": "train.save_every",
+    "log_every": "train.log_every",
+    "seed": "train.seed",
+    "precision": "train.precision",
+}
+
 # pretrain flag -> dotted RunConfig field
 _PRETRAIN_FLAGS = {
     "preset": "model.preset",
@@ -178,12 +188,7 @@ _PRETRAIN_FLAGS = {
     "grad_accum": "train.grad_accum",
     "lr": "train.lr",
     "schedule": "train.schedule",
-    "warmup_steps": "train.warmup_steps",
-    "eval_every": "train.eval_every",
-    "save_every": "train.save_every",
-    "log_every": "train.log_every",
-    "seed": "train.seed",
-    "precision": "train.precision",
+    **_CADENCE_FLAGS,
     "fsdp": "train.fsdp",
 }
 
@@ -249,12 +254,7 @@ _ADAPT_FLAGS = {
     "batch_size": "train.global_batch_size",
     "grad_accum": "train.grad_accum",
     "lr": "train.lr",
-    "warmup_steps": "train.warmup_steps",
-    "eval_every": "train.eval_every",
-    "save_every": "train.save_every",
-    "log_every": "train.log_every",
-    "seed": "train.seed",
-    "precision": "train.precision",
+    **_CADENCE_FLAGS,
 }
 
 
