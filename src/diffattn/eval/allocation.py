@@ -167,13 +167,7 @@ def run_allocation(
             value_digits=value_digits,
         )
         digest.update(sample.prompt.encode() + b"\0")
-        key, number = sample.keys[0], sample.answers[0]
-        offset = next(o for k, n, o in sample.needles if k == key)
-        start = offset + sample.context[offset:].index(number)
-        enc = tokenizer(sample.prompt, return_offsets_mapping=True, return_tensors="pt")
-        buckets = token_buckets(enc["offset_mapping"][0].tolist(), (start, start + len(number)), len(sample.context))
-        if "answer" not in buckets:
-            raise ValueError("the answer's tokens could not be located in the prompt")
+        enc, buckets = _tokens_in_buckets(tokenizer, sample)
         with AttentionCapture(model, rows="last", reference=True) as cap, torch.no_grad():
             model(enc["input_ids"].to(model_device(model)))
         records = cap.last()
@@ -211,6 +205,19 @@ def run_allocation(
         }
         result["metadata"]["lambda0_reference"] = LAMBDA0_REFERENCE
     return result
+
+
+def _tokens_in_buckets(tokenizer, sample) -> tuple[dict, dict]:
+    """The prompt's tokens (with character offsets) and their buckets, the answer being the queried needle's
+    number where it stands in the context."""
+    key, number = sample.keys[0], sample.answers[0]
+    offset = next(o for k, n, o in sample.needles if k == key)
+    start = offset + sample.context[offset:].index(number)
+    enc = tokenizer(sample.prompt, return_offsets_mapping=True, return_tensors="pt")
+    buckets = token_buckets(enc["offset_mapping"][0].tolist(), (start, start + len(number)), len(sample.context))
+    if "answer" not in buckets:
+        raise ValueError("the answer's tokens could not be located in the prompt")
+    return enc, buckets
 
 
 class _Tally:
@@ -353,7 +360,23 @@ def plot_allocation(results: dict[str, dict], path) -> object:
     grid = fig.add_gridspec(2, 3, height_ratios=[top_h, 3.2], width_ratios=[1.5, 1, 1])
     y = np.arange(n)[::-1]  # first model on top
 
-    ax = fig.add_subplot(grid[0, 0])
+    _bucket_panel(fig.add_subplot(grid[0, 0]), results, names, y)
+    for col, (key, label, color) in enumerate(
+        [
+            ("attention_to_answer", "(b) attention to the answer", "tab:green"),
+            ("attention_noise", "(c) attention noise", "tab:red"),
+        ],
+        start=1,
+    ):
+        _share_panel(fig.add_subplot(grid[0, col]), results, names, y, key, label, color)
+    _per_layer_panels(fig, grid, results, names)
+    fig.suptitle("attention allocation of the last prompt token (rows normalised by Σ|a|)", fontsize=10)
+    return save_figure(fig, path)
+
+
+def _bucket_panel(ax, results: dict[str, dict], names: list[str], y) -> None:
+    """(a): every model's five buckets, positive mass right of 0, negative mass (signed maps) hatched left of it."""
+    n = len(names)
     pos_left = np.zeros(n)
     neg_right = np.zeros(n)
     for b in BUCKETS:
@@ -379,28 +402,27 @@ def plot_allocation(results: dict[str, dict], path) -> object:
     ax.set_title("(a) attention allocation, per bucket", fontsize=9, pad=18)
     ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, handlelength=1.2)
 
-    for col, (key, label, color) in enumerate(
-        [
-            ("attention_to_answer", "(b) attention to the answer", "tab:green"),
-            ("attention_noise", "(c) attention noise", "tab:red"),
-        ],
-        start=1,
-    ):
-        axk = fig.add_subplot(grid[0, col])
-        vals = np.array([results[m][key] for m in names], dtype=float)
-        errs = 1.96 * np.array([_se(results[m], key) for m in names])
-        axk.barh(y, vals, xerr=errs, color=color, height=0.6, error_kw={"elinewidth": 1, "capsize": 2})
-        span = max(float(np.max(np.abs(vals) + errs)), 1e-3)
-        for yi, v, e in zip(y, vals, errs, strict=True):
-            text = f"{v:.3f}" + (f" ± {e:.3f}" if e > 0 else "")
-            axk.text(max(v + e, 0) + 0.02 * span, yi, text, va="center", fontsize=7)
-        left = min(0.0, float(np.min(vals - errs)))
-        axk.set_xlim(left - (0.05 * span if left < 0 else 0), span * 1.45)
-        axk.axvline(0, color="black", linewidth=0.8)
-        axk.set_yticks(y, names if n <= 1 else [""] * n, fontsize=8)
-        axk.set_title(f"{label} (bars: 95% CI, ±1.96 SE)", fontsize=9)
-        axk.tick_params(axis="x", labelsize=7)
 
+def _share_panel(axk, results: dict[str, dict], names: list[str], y, key: str, label: str, color: str) -> None:
+    """(b) or (c): one share per model on its own scale, value printed, bars = 95% interval (±1.96 SE)."""
+    n = len(names)
+    vals = np.array([results[m][key] for m in names], dtype=float)
+    errs = 1.96 * np.array([_se(results[m], key) for m in names])
+    axk.barh(y, vals, xerr=errs, color=color, height=0.6, error_kw={"elinewidth": 1, "capsize": 2})
+    span = max(float(np.max(np.abs(vals) + errs)), 1e-3)
+    for yi, v, e in zip(y, vals, errs, strict=True):
+        text = f"{v:.3f}" + (f" ± {e:.3f}" if e > 0 else "")
+        axk.text(max(v + e, 0) + 0.02 * span, yi, text, va="center", fontsize=7)
+    left = min(0.0, float(np.min(vals - errs)))
+    axk.set_xlim(left - (0.05 * span if left < 0 else 0), span * 1.45)
+    axk.axvline(0, color="black", linewidth=0.8)
+    axk.set_yticks(y, names if n <= 1 else [""] * n, fontsize=8)
+    axk.set_title(f"{label} (bars: 95% CI, ±1.96 SE)", fontsize=9)
+    axk.tick_params(axis="x", labelsize=7)
+
+
+def _per_layer_panels(fig, grid, results: dict[str, dict], names: list[str]) -> None:
+    """(d)-(f): answer share, noise and negative mass per layer, one line per model with 95% error bars."""
     colors = group_colors(names)  # one colour per model group (seeds of one architecture share it)
     styles = ["-", "--", "-.", ":"]
     for col, (key, label) in enumerate(
@@ -437,8 +459,6 @@ def plot_allocation(results: dict[str, dict], path) -> object:
             axl.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         if drawn:
             axl.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle("attention allocation of the last prompt token (rows normalised by Σ|a|)", fontsize=10)
-    return save_figure(fig, path)
 
 
 def _run_suite(model, tokenizer, o, folder, name):
