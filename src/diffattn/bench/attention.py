@@ -258,19 +258,6 @@ def _op_impls(
             [qa, kv_k, qb, kv_v, gate],
             "diff-v2",
         )
-    if "triton" in backends:
-
-        def triton_atomic_dq():
-            # the FlashAttention-2 dQ scheme (atomic adds, no second backward pass); fixed at forward time
-            from ..ops.triton import tuning
-
-            saved, tuning.ATOMIC_DQ = tuning.ATOMIC_DQ, True
-            try:
-                return diff_attention(q1, k1, q2, k2, v2, lam, backend="triton")
-            finally:
-                tuning.ATOMIC_DQ = saved
-
-        impls["diff triton (atomic dQ)"] = (triton_atomic_dq, [q1, k1, q2, k2, v2, lam], "diff")
     if cuda:
         va, vb = rnd(batch, 2 * heads, n, d), rnd(batch, 2 * heads, n, d)
         impls[HF_TWO_CALLS] = (lambda: _hf_two_calls(q, k, va, vb, lam), [q, k, va, vb, lam], "diff")
