@@ -391,9 +391,14 @@ def plot_niah_heatmaps_all(niah: dict[str, dict], path: Path) -> Path:
 
     plt = figure()
     niah = {n: r for n, r in niah.items() if r["heatmap"]["lengths"]}
-    fig, axes = plt.subplots(1, len(niah), figsize=(3.2 * len(niah), 3), squeeze=False)
+    # the colour bar in a column of its own: a bar taken from the panels' space overlaps the last one after
+    # tight_layout
+    fig, axes = plt.subplots(
+        1, len(niah) + 1, figsize=(3.2 * len(niah) + 0.6, 3), squeeze=False,
+        gridspec_kw={"width_ratios": [1] * len(niah) + [0.06]},
+    )  # fmt: skip
     image = None
-    for ax, (name, r) in zip(axes[0], niah.items(), strict=True):
+    for ax, (name, r) in zip(axes[0][:-1], niah.items(), strict=True):
         heat = r["heatmap"]
         image = ax.imshow(np.array(heat["accuracy"]).T, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(heat["lengths"])), [str(x) for x in heat["lengths"]], fontsize=7)
@@ -401,7 +406,7 @@ def plot_niah_heatmaps_all(niah: dict[str, dict], path: Path) -> Path:
         ax.set_xlabel("context length (tokens)", fontsize=8)
         ax.set_title(name, fontsize=9)
     axes[0][0].set_ylabel("answer depth", fontsize=8)
-    fig.colorbar(image, ax=list(axes[0]), fraction=0.03, label=f"accuracy (chance {1 / first_n(niah):.2f})")
+    fig.colorbar(image, cax=axes[0][-1], label=f"accuracy (chance {1 / first_n(niah):.2f})")
     first = next(iter(niah.values()))["heatmap"]
     fig.suptitle(f"needle retrieval, N = {first['N']}, R = 1: length × depth", fontsize=10)
     return save_figure(fig, path)
