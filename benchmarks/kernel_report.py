@@ -3,7 +3,7 @@ that need not be present: registers, spills, shared memory, which tensor-core in
 and the matmul FLOPs per query–key pair the kernels actually issue against the FLOP model's ideal.
 
 Usage: python benchmarks/kernel_report.py [--target sm90] [--dtype bf16] [--kernels fwd,dkdv,dq]
-                                          [--variants V1,V2,W] [--masks none,padding,bool,additive]
+                                          [--variants V1,V2,W] [--masks none,padding,bool,additive,segments]
                                           [--configs KIND:KEY=VAL,...] [--json OUT] [--dump DIR]
 
 How the kernels are compiled. The script runs the real launch path of the ``triton`` backend (``_fwd_op`` /
@@ -20,7 +20,8 @@ Variants: ``V1`` = DIFF Transformer heads (Q1, Q2, K1, K2 of width d = 64, V of 
 V2 heads (two query heads sharing one K of width 64, V of width 64, so ``SHARED_K``); ``W`` = the widest heads the
 kernels take (d = 128, dv = 256: the two-kernel backward, 32-row tiles). Each is compiled with every user mask of
 ``--masks``: none, ``padding`` (2-D key padding, one value per key), ``bool`` and ``additive`` (per-row 4-D masks,
-[B, 1, T, S] as transformers builds them, the additive one in q's dtype); a masked variant is labelled e.g.
+[B, 1, T, S] as transformers builds them, the additive one in q's dtype) and ``segments`` (sequence packing: one
+document id per token, [B, S] int32, compared per tile, no mask tensor); a masked variant is labelled e.g.
 ``V1+bool``. Kernels: ``fwd`` (the training forward, saving O1, O2 for the backward), ``dkdv_atomic`` (the default
 single-pass backward with atomic dQ, FlashAttention-2's scheme), ``preprocess`` (its row statistics Δ1, Δ2, dλ),
 ``dkdv`` and ``dq`` (the deterministic two-kernel backward: ``ATOMIC_DQ = False`` or
@@ -89,9 +90,10 @@ VARIANTS: dict[str, dict] = {
     "W": {"d": 128, "dv": 256, "shared_q": False, "shared_k": False},  # the widest heads the kernels take
 }
 DEFAULT_VARIANTS = ("V1", "V2", "W")
-#: user masks the kernels read (besides causality): none, 2-D key padding (one value per key, [B, 1, 1, S]) and the
-#: per-row 4-D masks, bool and additive ([B, 1, T, S] as transformers builds them: MASK_ROWS)
-MASKS = ("none", "padding", "bool", "additive")
+#: user masks the kernels read (besides causality): none, 2-D key padding (one value per key, [B, 1, 1, S]), the
+#: per-row 4-D masks, bool and additive ([B, 1, T, S] as transformers builds them: MASK_ROWS), and the segment ids of
+#: sequence packing ([B, S] int32 document ids: SEGMENTS, no mask tensor)
+MASKS = ("none", "padding", "bool", "additive", "segments")
 DEFAULT_MASKS = MASKS
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_SHAPE = (2, 16, 16, 2048, 2048)  # B, H, HKV, T, S: only divisibility by 16 (and == 1) reaches the code
@@ -330,8 +332,10 @@ def _record_launches(
         "padding": lambda: empty(b, 1, 1, s, dt=torch.bool),  # 2-D key padding, as validate stores it
         "bool": lambda: empty(b, 1, t, s, dt=torch.bool),  # a per-row 4-D mask, transformers' [B, 1, T, S]
         "additive": lambda: empty(b, 1, t, s),  # additive, in q's dtype (validate casts it so)
+        "segments": None,  # no mask tensor: the segment ids below
     }[spec.get("mask")]
     mask = mask() if mask else None
+    segments = empty(b, s, dt=torch.int32) if spec.get("mask") == "segments" else None
     scale = d**-0.5
     recorded: list[Launch] = []
 
@@ -369,14 +373,15 @@ def _record_launches(
     try:
         if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
-            launch._fwd_op(q1, k1, q2, k2, v_heads[:, :hkv], lam, mask, causal, scale, False, v_heads[:, hkv:])
+            v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])
+            launch._fwd_op(q1, k1, q2, k2, v_halves[0], lam, mask, causal, scale, False, v_halves[1], segments)
         elif kind in ("fwd", "short", "decode", "prefill"):
-            launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, kind in ("fwd", "short"))
+            launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, kind in ("fwd", "short"), None, segments)
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
             lse1, lse2 = empty(b, h, t, dt=torch.float32), empty(b, h, t, dt=torch.float32)
             atomic = kind in ("dkdv_atomic", "preprocess")
-            launch._bwd_op(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic)
+            launch._bwd_op(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic, segments)
     finally:
         for (module, n), val in saved.items():
             setattr(module, n, val)

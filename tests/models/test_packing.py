@@ -21,6 +21,8 @@ from transformers import DataCollatorWithFlattening
 
 from diffattn import build_model
 from diffattn.adapters import DAAConfig, DexConfig, DiffLoRAConfig, adapt, set_adapter_step
+from diffattn.adapters import base as adapter_base
+from diffattn.models import diff_llama, diff_v2
 from diffattn.models.attention_interface import FUSED
 
 from ..ops.rounding import assert_within_rounding
@@ -129,3 +131,25 @@ def test_the_packed_row_attends_across_documents_without_its_position_ids():
     first = DOC_LENGTHS[0]
     torch.testing.assert_close(packed[:, :first], one_document[:, :first])
     assert (packed[:, first:] - one_document[:, first:]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name", ["diff-v1", "diff-v2", "daa", "difflora"])
+def test_under_diffattn_the_op_reads_the_documents_as_segment_ids_not_a_mask(name, monkeypatch):
+    """Every call of the op in a packed forward gets the documents as segment ids (from the position ids, document
+    starts at 0) and no [T, S] mask, so the fused kernel compares ids per tile (docs/methods.md §0.2)."""
+    calls = []
+    for module in (diff_llama, diff_v2, adapter_base):
+
+        def spy(*args, _op=module.diff_attention, **kwargs):
+            calls.append(kwargs)
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(module, "diff_attention", spy)
+    model = _with(MODELS[name](), FUSED, torch.float32)
+    with torch.no_grad():
+        model(**DataCollatorWithFlattening()([{"input_ids": doc} for doc in _documents()]), use_cache=False)
+    documents = [i + 1 for i, n in enumerate(DOC_LENGTHS) for _ in range(n)]
+    assert len(calls) == model.config.num_hidden_layers
+    for call in calls:
+        assert call["attn_mask"] is None and call["causal"] is True
+        assert call["segment_ids"].tolist() == [documents]

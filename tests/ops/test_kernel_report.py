@@ -3,7 +3,8 @@ instructions, matmul FLOPs per query–key pair against the FLOP model).
 
 The TTGIR/ptxas/cuobjdump parsers are checked on handwritten text (no compiler needed). The real compile — every
 kernel of the forwards (training, short, prefill, decode) and of both backwards for sm_90, for DIFF V1, DIFF V2 and
-the widest heads, each without a mask, with key padding and with a per-row 4-D mask (bool and additive) — runs in a
+the widest heads, each without a mask, with key padding, with a per-row 4-D mask (bool and additive) and with the
+segment ids of sequence packing — runs in a
 subprocess without ``TRITON_INTERPRET``: other test modules set it while importing the kernels, and a kernel is
 compiled or interpreted from the moment its module is imported. That test is skipped only when Triton or its
 bundled ptxas/cuobjdump is missing, and it holds the kernels to issue 18's contract (no spills, wgmma for every
@@ -167,11 +168,11 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     backend launches (a combine kernel after the split prefill and decode forwards; the short forward at each of
     ``short_lengths`` lengths, the prefill at those and the report's long one). The single-pass backward only
     where it has spill-free tiles: not for wide heads, nor for DIFF V1 heads with a per-row 4-D mask (they take
-    the two-kernel backward)."""
+    the two-kernel backward; segments are one id per key and row, and keep it)."""
     repeat = {"short": short_lengths, "prefill": short_lengths + 1}  # prefill: also at the shape's (long) T
     rows = [k for k in kinds if k != "dkdv_atomic" for _ in range(repeat.get(k, 1))]
     rows += ["combine" for k in kinds if k in ("prefill", "decode") for _ in range(repeat.get(k, 1))]
-    if "dkdv_atomic" in kinds and (variant == "V2" or (variant == "V1" and mask in ("none", "padding"))):
+    if "dkdv_atomic" in kinds and (variant == "V2" or (variant == "V1" and mask in ("none", "padding", "segments"))):
         rows.append("dkdv_atomic")
     return sorted(rows)
 

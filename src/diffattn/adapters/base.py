@@ -26,7 +26,7 @@ from torch import nn
 
 from ..lambdas import HasLambda, annealed_lambda
 from ..models.attention_interface import FUSED, interface_attention, register_fused_attention, uses_fused_op
-from ..ops import BACKENDS, diff_attention
+from ..ops import BACKENDS, diff_attention, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .model_types import (
@@ -184,7 +184,8 @@ class AdaptedAttention(nn.Module, HasLambda):
         if bits is not None:
             out = quantized_attention(**maps, bits=bits)
         elif method.two_maps:
-            out = diff_attention(**maps, backend=self.backend)
+            # a packed row's mask reaches the op as segment ids (docs/methods.md §0.2)
+            out = diff_attention(**with_packed_segments(maps, kwargs.get("position_ids")), backend=self.backend)
         else:
             t = q.shape[2]
             out = F.scaled_dot_product_attention(

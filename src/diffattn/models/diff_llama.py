@@ -48,7 +48,7 @@ from ..lambdas import (
     output_scale,
     reparameterized_lambda,
 )
-from ..ops import BACKENDS, diff_attention, diff_attention_maps
+from ..ops import BACKENDS, diff_attention, diff_attention_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 
@@ -217,7 +217,8 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         if bits is not None:
             out = quantized_attention(**{**maps, "v": torch.cat(v_halves, dim=-1)}, bits=bits)
         else:
-            out = diff_attention(**maps, backend=self.options.backend)  # [B, h, T, 2d]
+            # a packed row's mask reaches the op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
+            out = diff_attention(**with_packed_segments(maps, kwargs.get("position_ids")), backend=self.options.backend)
         out = self.groupnorm(out) * output_scale(self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
         weights = None

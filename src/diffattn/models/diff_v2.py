@@ -39,7 +39,7 @@ from transformers.models.llama.modeling_llama import (
 
 from ..hf_auto import save_readme
 from ..lambdas import HasLambda
-from ..ops import BACKENDS, diff_attention, diff_attention_maps
+from ..ops import BACKENDS, diff_attention, diff_attention_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import FUSED, paired_attention, register_fused_attention, uses_fused_op
@@ -86,9 +86,11 @@ def v2_attention(
     attention_mask: torch.Tensor | None,
     scale: float,
     backend: str,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The V2 attention of one layer after RoPE and the cache: q [B, 2H, T, d] (pairs interleaved), k, v
-    [B, Hkv, S, d], λ [B, H, T] → [B, H, T, d]. Shared by the from-scratch model and the retrofit."""
+    [B, Hkv, S, d], λ [B, H, T] → [B, H, T, d]. Shared by the from-scratch model and the retrofit. A packed row's
+    mask (documents restarting at ``position_ids`` 0) reaches the op as segment ids instead (docs/methods.md §0.2)."""
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise ValueError(
             f"DIFF V2 attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
@@ -110,7 +112,7 @@ def v2_attention(
     bits = logit_bits()
     if bits is not None:
         return quantized_attention(**maps, bits=bits)
-    return diff_attention(**maps, backend=backend)
+    return diff_attention(**with_packed_segments(maps, position_ids), backend=backend)
 
 
 class DiffV2Attention(LlamaAttention, HasLambda):
@@ -159,7 +161,9 @@ class DiffV2Attention(LlamaAttention, HasLambda):
             kwargs["output_attentions"] = maps_requested
             out, weights = paired_attention(self, q, k, v, lam, attention_mask, self.scaling, dropout, **kwargs)
             return self.o_proj(out.reshape(bsz, q_len, -1)), weights
-        out = v2_attention(self, q, k, v, lam, attention_mask, self.scaling, self.backend)  # [B, H, T, d]
+        out = v2_attention(
+            self, q, k, v, lam, attention_mask, self.scaling, self.backend, kwargs.get("position_ids")
+        )  # [B, H, T, d]
         weights = None
         if maps_requested:
             # both maps, interleaved like the query heads, from the reference op

@@ -16,6 +16,10 @@ Masks: every backend masks the same keys and gives a query row whose every key i
 attends to nothing: output 0, no gradient to q1, k1, q2, k2, v or λ, and zero maps — for bool masks, ``-inf``
 additive masks and additive masks at transformers' ``finfo(dtype).min``. The rule, with its threshold for
 additive masks, is stated once, in :mod:`diffattn.ops._inputs`.
+
+Sequence packing: ``segment_ids`` (each key's document, [B, S]) masks every key of another document. The fused
+kernel compares them per tile and skips tiles with no document in common, never forming a [T, S] mask; the other
+backends fold them into their mask (:func:`diffattn.ops._inputs.with_segment_mask`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ._inputs import DiffAttentionInputs, causal_keep_mask, hidden_keys, validate
+from ._inputs import (
+    DiffAttentionInputs,
+    causal_keep_mask,
+    hidden_keys,
+    packed_mask_segments,
+    segments_from_position_ids,
+    validate,
+    with_packed_segments,
+    with_segment_mask,
+)
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference
 from .sdpa import diff_attention_sdpa
@@ -44,7 +57,10 @@ __all__ = [
     "diff_attention",
     "diff_attention_maps",
     "hidden_keys",
+    "packed_mask_segments",
+    "segments_from_position_ids",
     "triton_unsupported",
+    "with_packed_segments",
 ]
 
 logger = logging.getLogger(__name__)
@@ -244,6 +260,7 @@ def diff_attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Differential attention ``softmax(q1 k1ᵀ·s + M) v − lam · softmax(q2 k2ᵀ·s + M) v``.
 
@@ -261,6 +278,10 @@ def diff_attention(
             masks (an additive value at or below ``finfo(dtype).min / 2`` does) and what a row with every key
             masked gives (0, and no gradient): the rule in :mod:`diffattn.ops._inputs`.
         scale: logit scale ``s``; default ``1/sqrt(d)``.
+        segment_ids: optional ``[B, S]`` integer document of each key (sequence packing, e.g.
+            :func:`segments_from_position_ids` of transformers' packed position ids): a query attends only to keys
+            of its own document (query i is key i + S − T), combined with ``causal`` and ``attn_mask``. The
+            triton backend reads them per tile without forming a [T, S] mask.
         backend: ``"auto"`` (``chunked`` on CPU; on CUDA ``triton`` when it supports the inputs, else ``sdpa``),
             ``"reference"``, ``"sdpa"``, ``"chunked"`` or ``"triton"``.
 
@@ -277,10 +298,17 @@ def diff_attention(
     if isinstance(q1, torch.Tensor) and torch.is_autocast_enabled(q1.device.type):
         q1, k1, q2, k2, v = _autocast_inputs(q1, k1, q2, k2, v)
         with torch.autocast(q1.device.type, enabled=False):
-            inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
-            return _IMPLS[_resolve(backend, inp)](inp)
-    inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
-    return _IMPLS[_resolve(backend, inp)](inp)
+            inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale,
+                           segment_ids=segment_ids)  # fmt: skip
+            return _run(backend, inp)
+    inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids)
+    return _run(backend, inp)
+
+
+def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:
+    name = _resolve(backend, inp)
+    # only the fused kernel reads segments as such; every other backend takes them as a mask
+    return _IMPLS[name](inp if name == "triton" else with_segment_mask(inp))
 
 
 def _autocast_inputs(q1, k1, q2, k2, v):
@@ -311,9 +339,10 @@ def diff_attention_maps(
     causal: bool = True,
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    segment_ids: torch.Tensor | None = None,
 ) -> DiffAttentionMaps:
     """:func:`diff_attention` through the ``reference`` backend, also returning ``attn1``, ``attn2`` and the
     signed map ``attn1 − λ·attn2`` (all float32 ``[B, H, T, S]``), for analysis and plots. A query row whose every
     key is masked (the rule in :mod:`diffattn.ops._inputs`) has all three maps 0 there, not a uniform row."""
-    inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
-    return diff_attention_reference(inp, return_maps=True)
+    inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids)
+    return diff_attention_reference(with_segment_mask(inp), return_maps=True)

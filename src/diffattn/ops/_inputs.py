@@ -16,6 +16,12 @@ Conventions (docs/methods.md §0.2):
     mask    causal (bottom-right aligned when T < S) and/or ``attn_mask``:
             2-D ``[B, S]`` key padding (True/1 = real token), or 4-D broadcastable to ``[B, H, T, S]``;
             bool masks mean "may attend", floating masks are added to the logits.
+    segments ``segment_ids`` [B, S] integers, the document of each key (sequence packing): a key is masked for a
+            query of another document; query i is the token of key i + S − T (bottom-right aligned, as causality),
+            so it is never masked by its own segment and segments alone never mask a whole row. transformers'
+            packed rows give them from position ids (:func:`segments_from_position_ids`). The triton backend
+            compares them per tile, without a [T, S] mask; the other backends fold them into one
+            (:func:`with_segment_mask`).
 
 Masked keys and fully masked rows — the one rule every backend follows (``reference``, ``sdpa``, ``chunked``,
 ``triton``, hence ``auto`` and :func:`~diffattn.ops.diff_attention_maps`):
@@ -36,7 +42,10 @@ another dtype than q1's is cast to q1's dtype here, with every entry that was ma
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +64,7 @@ class DiffAttentionInputs:
     causal: bool
     attn_mask: torch.Tensor | None  # None, or 4-D [B|1, H|1, T, S] (bool "may attend" or additive float)
     scale: float
+    segment_ids: torch.Tensor | None = None  # None, or [B, S] int32 contiguous: each key's document
 
     @property
     def v(self) -> torch.Tensor:
@@ -122,6 +132,7 @@ def validate(
     causal: bool,
     attn_mask: torch.Tensor | None,
     scale: float | None,
+    segment_ids: torch.Tensor | None = None,
 ) -> DiffAttentionInputs:
     """Check every argument and return them in the one layout the backends accept."""
     _check_rank("q1", q1, "[B, H, T, d]")
@@ -172,7 +183,113 @@ def validate(
         scale = 1.0 / math.sqrt(d)
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
-    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale))
+    segments = _normalise_segments(segment_ids, b, t, s, q1.device)
+    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments)
+
+
+def _normalise_segments(segment_ids: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor | None:
+    if segment_ids is None:
+        return None
+    if not isinstance(segment_ids, torch.Tensor):
+        raise ValueError(f"segment_ids must be a tensor [B, S] or None, got {type(segment_ids).__name__}")
+    if segment_ids.dtype == torch.bool or segment_ids.is_floating_point() or segment_ids.is_complex():
+        raise ValueError(f"segment_ids must be an integer tensor (each key's document), got {segment_ids.dtype}")
+    if tuple(segment_ids.shape) != (b, s):
+        raise ValueError(
+            f"segment_ids must be [B, S] = [{b}, {s}] (one document id per key), got {_shape(segment_ids)}"
+        )
+    if segment_ids.device != device:
+        raise ValueError(f"segment_ids device must equal q1's ({device}), got {segment_ids.device}")
+    if t > s:
+        raise ValueError(
+            f"segment_ids need the query length T <= the key length S (query i is key i + S − T), got T={t}, S={s}"
+        )
+    return segment_ids.to(torch.int32).contiguous()
+
+
+class LastMask:
+    """What was derived from the last mask seen, remembered by identity and version counter: the model hands every
+    layer, forward and backward, the same mask tensor, so a derivation runs once per mask, not per layer. An edit
+    through ``mask.data`` is not seen; inference-mode tensors have no version counter, so theirs is derived anew
+    every call. Holds the mask by weak reference only."""
+
+    def __init__(self) -> None:
+        self._last: tuple | None = None  # (weak reference to the mask, its version, what was derived)
+
+    def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object]):
+        version = None if mask.is_inference() else mask._version
+        last = self._last
+        if version is not None and last is not None and last[0]() is mask and last[1] == version:
+            return last[2]
+        result = derive(mask)
+        if version is not None:
+            self._last = (weakref.ref(mask), version, result)
+        return result
+
+
+_PACKED_MASK = LastMask()  # the last mask seen by packed_mask_segments and its segments (or None)
+
+
+def packed_mask_segments(mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The segment ids [B, S] of a packed row whose ``mask`` is exactly transformers' mask for it — a [B, 1, T, T]
+    bool mask equal to causality ∧ same document, the documents starting where ``position_ids`` is 0 — else None
+    (no mask, another mask: sliding windows, padding, a row of one document). A model hands the op these ids with
+    ``causal=True`` instead of the mask, so the fused kernel reads no [T, S] mask. The comparison runs once per
+    mask tensor (every layer of a forward gets the same one: :class:`LastMask`)."""
+    if not isinstance(mask, torch.Tensor) or position_ids is None or mask.dtype != torch.bool or mask.dim() != 4:
+        return None
+    b, heads, t, s = mask.shape
+    if heads != 1 or t != s or t == 1 or position_ids.shape[-1] != t:
+        return None
+    return _PACKED_MASK.get(mask, lambda m: _segments_if_packed(m, position_ids.expand(b, t)))
+
+
+def with_packed_segments(arguments: dict, position_ids: torch.Tensor | None) -> dict:
+    """The keyword arguments of :func:`diffattn.ops.diff_attention` with a packed row's mask (``attn_mask`` exactly
+    transformers' mask for the documents of ``position_ids``: :func:`packed_mask_segments`) replaced by the segment
+    ids and ``causal=True``; unchanged otherwise. What a model layer does before calling the op."""
+    segments = packed_mask_segments(arguments.get("attn_mask"), position_ids)
+    if segments is None:
+        return arguments
+    return {**arguments, "causal": True, "attn_mask": None, "segment_ids": segments}
+
+
+def _segments_if_packed(mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
+    segments = segments_from_position_ids(position_ids)
+    if bool((segments[:, -1] <= 1).all()):  # one document per row: not packed
+        return None
+    t = mask.shape[-1]
+    packed = causal_keep_mask(t, t, mask.device) & (segments[:, :, None] == segments[:, None, :])
+    return segments.contiguous() if torch.equal(mask[:, 0], packed) else None
+
+
+def segments_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] int32 document ids of a packed row from its position ids (transformers' packed format: a document
+    starts where its position is 0, as ``DataCollatorWithFlattening`` writes them): the number of document starts
+    up to each token."""
+    return (position_ids == 0).cumsum(-1, dtype=torch.int32)
+
+
+def segment_keep_mask(inp: DiffAttentionInputs) -> torch.Tensor:
+    """Bool [B, 1, T, S], True where a query and a key lie in the same segment (query i is key i + S − T)."""
+    seg = inp.segment_ids
+    return (seg[:, inp.kv_len - inp.q_len :, None] == seg[:, None, :]).unsqueeze(1)
+
+
+def with_segment_mask(inp: DiffAttentionInputs) -> DiffAttentionInputs:
+    """``inp`` with its segments folded into ``attn_mask`` (a [B, 1|H, T, S] mask), for the backends that take
+    masks only; unchanged without segments."""
+    if inp.segment_ids is None:
+        return inp
+    keep = segment_keep_mask(inp)
+    mask = inp.attn_mask
+    if mask is None:
+        mask = keep
+    elif mask.dtype == torch.bool:
+        mask = mask & keep
+    else:
+        mask = mask.masked_fill(~keep, float("-inf"))
+    return dataclasses.replace(inp, attn_mask=mask, segment_ids=None)
 
 
 def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int, device: torch.device) -> torch.Tensor:

@@ -16,6 +16,8 @@ docs/methods.md §0), from the log-sum-exps and per-map outputs the forward (:mo
 * Only the query blocks on a key block's causal diagonal, or of a partial key block, form a causal or bounds mask;
   a user mask applies everywhere. A row whose every key is masked has log-sum-exp +inf, so its P, and every
   gradient it would give, is exactly 0.
+* Segments (``SEGMENTS``, sequence packing) mask the pairs of different documents per tile, as in the forward, and a
+  query block and key block with no document in common are skipped whole.
 
 Precision: dot products take the input dtype with float32 accumulation, dS is rounded to the input dtype before
 the dS·K and dSᵀ·Q products (as FlashAttention does); Δ, λ and the accumulators are float32.
@@ -35,6 +37,7 @@ from .tile_ops import (
     _masked_scores,
     _row_block_longest_first,
     _row_statistics,
+    _segment_range,
 )
 
 
@@ -71,12 +74,12 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q1, K1, Q2, K2, V, LAM, MASK, DO, LSE1, LSE2, DELTA1, DELTA2,
+    Q1, K1, Q2, K2, V, LAM, MASK, SEG, DO, LSE1, LSE2, DELTA1, DELTA2,
     DK1, DK2, DV_, DQ1, DQ2,
     sq1b, sq1h, sq1t, sq2b, sq2h, sq2t, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs, smb, smh, smt, sms,
     H, HKV, T, S, D, DV, scale, qk_scale, N_BUCKET,
-    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SHARED_Q: tl.constexpr,
-    SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
+    SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (key block, batch × kv head); it owns dK1, dK2, dV of its keys and visits every query head of
@@ -125,6 +128,10 @@ def _bwd_dkdv_kernel(
     m_full = tl.where((pid_n + 1) * BLOCK_N > S, T, m_full)
     if MASK_KIND != 0 and not MASK_ROWS:  # key padding: one value per key of this block, read once
         key_mask = tl.load(MASK + b64 * smb + offs_n * sms, mask=n_ok, other=0)[:, None]
+    seg_base = SEG  # None without segments; else this batch's document ids, and this key block's range of them
+    if SEGMENTS:
+        seg_base = SEG + b64 * S
+        k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, n_ok)
     for r in range(0, rep):
         h = hkv * rep + r
         h64 = h.to(tl.int64)
@@ -141,61 +148,71 @@ def _bwd_dkdv_kernel(
         for start_m in range(m_lo, T, BLOCK_M):
             offs_m = start_m + loc_m
             m_ok = offs_m < T
-            q1, q2, do = _load_queries(
-                q1_head, q2_head, do_head, offs_m, m_ok, sq1t, sq2t, offs_d, d_ok, offs_dv, dv_ok, DV, SHARED_Q, UPCAST
-            )
-            lse1, lse2, delta1, delta2, lam = _row_statistics(LSE1, LSE2, DELTA1, DELTA2, LAM, row_base, offs_m, m_ok)
-            lam = lam[None, :]  # λ of each query (column)
+            visit = True
+            if SEGMENTS:  # skip a query block with no document of this key block (query t is key t + S − T)
+                q_seg, q_seg_lo, q_seg_hi = _segment_range(seg_base, offs_m + shift, m_ok)
+                visit = (q_seg_hi >= k_seg_lo) & (q_seg_lo <= k_seg_hi)
+            if visit:
+                q1, q2, do = _load_queries(q1_head, q2_head, do_head, offs_m, m_ok, sq1t, sq2t, offs_d, d_ok, offs_dv,
+                                           dv_ok, DV, SHARED_Q, UPCAST)  # fmt: skip
+                lse1, lse2, delta1, delta2, lam = _row_statistics(
+                    LSE1, LSE2, DELTA1, DELTA2, LAM, row_base, offs_m, m_ok
+                )
+                lam = lam[None, :]  # λ of each query (column)
 
-            # transposed tiles [BN, BM]: keys on rows, so dK/dV accumulate without transposing the big operands
-            s1 = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale
-            s2 = tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale
-            if MASK_KIND != 0:
-                if MASK_ROWS:
-                    # the step's first row in 64 bits (T · S may pass 2³¹), then 32-bit offsets within the tile
-                    step = mask_head + tl.cast(start_m, tl.int64) * smt  # (start_m: a Python int when interpreted)
-                    mval = tl.load(
-                        step + (loc_m[None, :] * smt + offs_n[:, None] * sms),
-                        mask=n_ok[:, None] & m_ok[None, :],
-                        other=0,
-                    )
-                else:
-                    mval = key_mask
-                s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
-            # queries past T load lse = +inf, so their P is 0 unmasked; causality and the key bounds are applied
-            # only where this block needs them (the diagonal blocks, a partial key block)
-            p1 = tl.exp2(s1 - lse1[None, :])
-            p2 = tl.exp2(s2 - lse2[None, :])
-            if start_m < m_full:
-                keep = n_ok[:, None] & m_ok[None, :]
-                if CAUSAL:
-                    keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
-                p1 = tl.where(keep, p1, 0.0)
-                p2 = tl.where(keep, p2, 0.0)
+                # transposed tiles [BN, BM]: keys on rows, so dK/dV accumulate without transposing the big operands
+                s1 = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale
+                s2 = tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale
+                if MASK_KIND != 0:
+                    if MASK_ROWS:
+                        # the step's first row in 64 bits (T · S may pass 2³¹), then 32-bit offsets within the tile
+                        step = mask_head + tl.cast(start_m, tl.int64) * smt  # (start_m: a Python int when interpreted)
+                        mval = tl.load(
+                            step + (loc_m[None, :] * smt + offs_n[:, None] * sms),
+                            mask=n_ok[:, None] & m_ok[None, :],
+                            other=0,
+                        )
+                    else:
+                        mval = key_mask
+                    s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
+                if SEGMENTS:
+                    same = k_seg[:, None] == q_seg[None, :]
+                    s1 = tl.where(same, s1, float("-inf"))
+                    s2 = tl.where(same, s2, float("-inf"))
+                # queries past T load lse = +inf, so their P is 0 unmasked; causality and the key bounds are applied
+                # only where this block needs them (the diagonal blocks, a partial key block)
+                p1 = tl.exp2(s1 - lse1[None, :])
+                p2 = tl.exp2(s2 - lse2[None, :])
+                if start_m < m_full:
+                    keep = n_ok[:, None] & m_ok[None, :]
+                    if CAUSAL:
+                        keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
+                    p1 = tl.where(keep, p1, 0.0)
+                    p2 = tl.where(keep, p2, 0.0)
 
-            # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
-            dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
-            # G = dO Vᵀ is dP1, and dP2 = −λ·G: one product for both maps
-            g = tl.dot(v, tl.trans(do), input_precision=PREC)
-            ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
-            ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
-            dk1 += tl.dot(ds1, q1, input_precision=PREC)
-            if SHARED_K:
-                dk1 += tl.dot(ds2, q2, input_precision=PREC)
-            else:
-                dk2 += tl.dot(ds2, q2, input_precision=PREC)
-            if ATOMIC_DQ:
-                # dQᵀ = Kᵀ dSᵀ, [d, BM]: its rows are the head dim (64), not the few query rows of the step, so
-                # this product is a warpgroup MMA too (dS·K would have BM = 16–32 rows: mma.sync only)
-                dq_ptr = offs_m[None, :] * D + offs_d[:, None]
-                dq_mask = m_ok[None, :] & d_ok[:, None]
-                dq1 = tl.dot(tl.trans(k1), ds1, input_precision=PREC) * scale
-                dq2 = tl.dot(tl.trans(k2), ds2, input_precision=PREC) * scale
-                if SHARED_Q:
-                    tl.atomic_add(dq1_head + dq_ptr, dq1 + dq2, mask=dq_mask)
+                # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
+                dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
+                # G = dO Vᵀ is dP1, and dP2 = −λ·G: one product for both maps
+                g = tl.dot(v, tl.trans(do), input_precision=PREC)
+                ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
+                ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
+                dk1 += tl.dot(ds1, q1, input_precision=PREC)
+                if SHARED_K:
+                    dk1 += tl.dot(ds2, q2, input_precision=PREC)
                 else:
-                    tl.atomic_add(dq1_head + dq_ptr, dq1, mask=dq_mask)
-                    tl.atomic_add(dq2_head + dq_ptr, dq2, mask=dq_mask)
+                    dk2 += tl.dot(ds2, q2, input_precision=PREC)
+                if ATOMIC_DQ:
+                    # dQᵀ = Kᵀ dSᵀ, [d, BM]: its rows are the head dim (64), not the few query rows of the step, so
+                    # this product is a warpgroup MMA too (dS·K would have BM = 16–32 rows: mma.sync only)
+                    dq_ptr = offs_m[None, :] * D + offs_d[:, None]
+                    dq_mask = m_ok[None, :] & d_ok[:, None]
+                    dq1 = tl.dot(tl.trans(k1), ds1, input_precision=PREC) * scale
+                    dq2 = tl.dot(tl.trans(k2), ds2, input_precision=PREC) * scale
+                    if SHARED_Q:
+                        tl.atomic_add(dq1_head + dq_ptr, dq1 + dq2, mask=dq_mask)
+                    else:
+                        tl.atomic_add(dq1_head + dq_ptr, dq1, mask=dq_mask)
+                        tl.atomic_add(dq2_head + dq_ptr, dq2, mask=dq_mask)
 
     kv_head = (b64 * HKV + hkv64) * S  # this batch and KV head's first row of [B, Hkv, S]
     dk_ptr = kv_head * D + (offs_n[:, None] * D + offs_d[None, :])
@@ -208,12 +225,12 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q1, K1, Q2, K2, V, LAM, MASK, DO, LSE1, LSE2, DELTA1, DELTA2,
+    Q1, K1, Q2, K2, V, LAM, MASK, SEG, DO, LSE1, LSE2, DELTA1, DELTA2,
     DQ1, DQ2,
     sq1b, sq1h, sq1t, sq2b, sq2h, sq2t, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs, smb, smh, smt, sms,
     H, HKV, T, S, D, DV, scale, qk_scale, N_BUCKET,
-    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SHARED_Q: tl.constexpr,
-    SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
+    SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (batch × query head, query block); it owns dQ1, dQ2 of its rows. Causal: the last query blocks
@@ -256,37 +273,48 @@ def _bwd_dq_kernel(
         mask_base = MASK + b64 * smb
         if MASK_ROWS:
             mask_base += h64 * smh + (pid_m * BLOCK_M).to(tl.int64) * smt
+    seg_base = SEG  # None without segments; else this batch's document ids, and this query block's (t: key t + S − T)
+    if SEGMENTS:
+        seg_base = SEG + b64 * S
+        q_seg, q_seg_lo, q_seg_hi = _segment_range(seg_base, offs_m + shift, m_ok)
     loc_m = tl.arange(0, BLOCK_M)
     for start_n in range(0, kend, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
-        k1, k2, v = _load_keys(
-            k1_base, k2_base, v_base, offs_n, sk1s, sk2s, svs, offs_d, offs_dv,
-            n_ok[:, None] & d_ok[None, :], n_ok[:, None] & dv_ok[None, :], SHARED_K, UPCAST,
-        )  # fmt: skip
+        visit = True
+        if SEGMENTS:  # skip a key tile with no document of this query block
+            k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, n_ok)
+            visit = (k_seg_hi >= q_seg_lo) & (k_seg_lo <= q_seg_hi)
+        if visit:
+            k1, k2, v = _load_keys(
+                k1_base, k2_base, v_base, offs_n, sk1s, sk2s, svs, offs_d, offs_dv,
+                n_ok[:, None] & d_ok[None, :], n_ok[:, None] & dv_ok[None, :], SHARED_K, UPCAST,
+            )  # fmt: skip
 
-        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale
-        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
-        keep = m_ok[:, None] & n_ok[None, :]
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
-        if MASK_KIND != 0:
-            if MASK_ROWS:
-                mptr = mask_base + (loc_m[:, None] * smt + offs_n[None, :] * sms)
-                mval = tl.load(mptr, mask=m_ok[:, None] & n_ok[None, :], other=0)
+            s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale
+            s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
+            keep = m_ok[:, None] & n_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
+            if SEGMENTS:
+                keep = keep & (q_seg[:, None] == k_seg[None, :])
+            if MASK_KIND != 0:
+                if MASK_ROWS:
+                    mptr = mask_base + (loc_m[:, None] * smt + offs_n[None, :] * sms)
+                    mval = tl.load(mptr, mask=m_ok[:, None] & n_ok[None, :], other=0)
+                else:
+                    mval = tl.load(mask_base + offs_n * sms, mask=n_ok, other=0)[None, :]
+                s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
+            p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
+            p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
+            g = tl.dot(do, tl.trans(v), input_precision=PREC)  # dP1; dP2 = −λ·G
+            ds1 = p1 * (g - delta1[:, None])
+            ds2 = (p2 * (g - delta2[:, None])) * (-lam)
+            dq1 += tl.dot(ds1.to(DT).to(k1.dtype), k1, input_precision=PREC)
+            if SHARED_Q:
+                dq1 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
             else:
-                mval = tl.load(mask_base + offs_n * sms, mask=n_ok, other=0)[None, :]
-            s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
-        p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
-        p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
-        g = tl.dot(do, tl.trans(v), input_precision=PREC)  # dP1; dP2 = −λ·G
-        ds1 = p1 * (g - delta1[:, None])
-        ds2 = (p2 * (g - delta2[:, None])) * (-lam)
-        dq1 += tl.dot(ds1.to(DT).to(k1.dtype), k1, input_precision=PREC)
-        if SHARED_Q:
-            dq1 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
-        else:
-            dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+                dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
 
     dq_ptr = row64 * D + (offs_m[:, None] * D + offs_d[None, :])
     q_mask = m_ok[:, None] & d_ok[None, :]

@@ -17,6 +17,9 @@
   tiles on the causal diagonal and the last partial tile form a causal or bounds mask, and causal row blocks run
   longest-first. A user mask (key padding or a 4-D mask, :mod:`.launch`) applies on every tile; a row with every key
   masked gives output 0 and stores log-sum-exp +inf, which makes its backward P exactly 0.
+* **Segments** (``SEGMENTS``, sequence packing): a document id per token ([B, S] int32) is read per tile and a key of
+  another document than the row's is masked, no [T, S] mask formed; a key tile whose id range misses the query
+  block's is skipped whole.
 * **Key splits** (``SPLIT``, decoding): a program takes one range of keys and writes float32 partial outputs and
   log-sum-exps, which :mod:`.decode` merges.
 
@@ -30,7 +33,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile_ops import _MAX, _SUM, _head_offsets, _load_keys, _load_tile, _masked_scores, _row_block_longest_first
+from .tile_ops import (
+    _MAX,
+    _SUM,
+    _head_offsets,
+    _load_keys,
+    _load_tile,
+    _masked_scores,
+    _row_block_longest_first,
+    _segment_range,
+)
 
 
 @triton.jit
@@ -49,9 +61,9 @@ def _online_softmax(acc, row_max, row_sum, s, v, DT: tl.constexpr, PREC: tl.cons
 @triton.jit
 def _fwd_tile(
     acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
-    mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok, qk_scale, v_cols,
+    mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok, qk_scale, v_cols, q_seg, k_seg,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
-    SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEGMENTS: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # one key tile of the forward: both maps' scores against it, their online-softmax updates, P_i·V.
     # MASKED = False: a tile every row of the block sees whole (below the causal diagonal, inside [0, S)), so no
@@ -88,6 +100,10 @@ def _fwd_tile(
         else:  # key padding: one value per key, shared by every row of the block
             mval = tl.load(mask_base + offs_n * sms, mask=n_ok, other=0)[None, :]
         s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
+    if SEGMENTS:  # q_seg: the rows' documents [BM], k_seg: this tile's keys' [BN]
+        same = q_seg[:, None] == k_seg[None, :]
+        s1 = tl.where(same, s1, float("-inf"))
+        s2 = tl.where(same, s2, float("-inf"))
 
     acc1, m1, l1 = _online_softmax(acc1, m1, l1, s1, v, DT, PREC)
     acc2, m2, l2 = _online_softmax(acc2, m2, l2, s2, v, DT, PREC)
@@ -96,11 +112,11 @@ def _fwd_tile(
 
 @triton.jit
 def _fwd_kernel(
-    Q1, K1, Q2, K2, V, LAM, MASK,
+    Q1, K1, Q2, K2, V, LAM, MASK, SEG,
     OUT, O1, O2, LSE1, LSE2,
     sq1b, sq1h, sq1t, sq2b, sq2h, sq2t, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs, smb, smh, smt, sms,
     H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN, N_BUCKET, V_HALF,
-    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, SPLIT: tl.constexpr,
     DV_HALF: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -165,6 +181,13 @@ def _fwd_kernel(
     if MASK_KIND != 0:
         mask_base = MASK + b64 * smb
         mask_rows = mask_base + (h64 * smh + t64 * smt)  # the block's rows in a 4-D mask (MASK_ROWS)
+    seg_base = SEG  # None without segments; else this batch's [S] document ids, and the rows' (row t: key t + S − T)
+    q_seg = SEG
+    seg_lo = 0
+    seg_hi = 0
+    if SEGMENTS:
+        seg_base = SEG + b64 * S
+        q_seg, seg_lo, seg_hi = _segment_range(seg_base, t_row + shift, row_ok)
     if SPLIT:  # SPLIT_LEN is a multiple of BLOCK_N, so no tile straddles two splits
         k_lo = tl.program_id(2) * SPLIT_LEN
         k_hi = tl.minimum(kend, k_lo + SPLIT_LEN)
@@ -177,13 +200,29 @@ def _fwd_kernel(
     else:
         v_cols = offs_dv
     for start_n in range(k_lo, k_mid, BLOCK_N):
-        acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base,
-            sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok, qk_scale, v_cols,
-            False, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
+        visit = True
+        k_seg = SEG
+        if SEGMENTS:  # skip a tile with no document of this block
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, offs_n < S)
+            visit = (k_seg_hi >= seg_lo) & (k_seg_lo <= seg_hi)
+        if visit:
+            acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base,
+                v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok,
+                qk_scale, v_cols, q_seg, k_seg,
+                False, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
     for start_n in range(k_mid, k_hi, BLOCK_N):
-        acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base,
-            sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok, qk_scale, v_cols,
-            True, CAUSAL, MASK_KIND, MASK_ROWS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
+        visit = True
+        k_seg = SEG
+        if SEGMENTS:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, offs_n < S)
+            visit = (k_seg_hi >= seg_lo) & (k_seg_lo <= seg_hi)
+        if visit:
+            acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base,
+                v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok,
+                qk_scale, v_cols, q_seg, k_seg,
+                True, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
 
     # a fully masked row (l = 0) attends to nothing: output 0, and lse = +inf makes its backward P exactly 0
     ok1 = l1 > 0.0

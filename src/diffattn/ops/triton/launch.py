@@ -9,6 +9,8 @@
 * **The backward is chosen when it runs**, not at the forward: the single-pass atomic one unless
   :data:`.tuning.ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or its tiles would spill
   for these heads and mask; then the deterministic two-kernel one.
+* **Segments** (sequence packing): ``segment_ids`` [B, S] int32 reach the kernels as they are (``SEGMENTS``), and
+  they compare them per tile: no [T, S] mask is formed.
 * **Shared operands.** ``k1 is k2`` (DAA, DiffQ, DIFF V2) or ``q1 is q2`` (DiffK) reaches the kernels as
   ``SHARED_K`` / ``SHARED_Q``: the operand is loaded once and accumulates one gradient.
 * **Launches** run under a device guard for the tensors' GPU (:func:`_on_device`: Triton launches on the current
@@ -97,7 +99,7 @@ def _grid(*dims: int) -> tuple[int, ...]:
     return dims
 
 
-def _common(q1, k1, q2, k2, v, mask, causal):
+def _common(q1, k1, q2, k2, v, mask, causal, segments=None):
     b, h, t, d = q1.shape
     hkv, s, dv = k1.shape[1], k1.shape[2], v.shape[3]
     if not causal:  # transformers' causal ∧ padding mask: run causal with the padding row (tile skipping)
@@ -117,6 +119,7 @@ def _common(q1, k1, q2, k2, v, mask, causal):
         CAUSAL=bool(causal),
         MASK_KIND=mask_kind,
         MASK_ROWS=mask_rows,
+        SEGMENTS=segments is not None,
         SHARED_Q=shared_q,
         SHARED_K=shared_k,
         UPCAST=upcast,
@@ -129,18 +132,19 @@ def _common(q1, k1, q2, k2, v, mask, causal):
 
 def _fwd_impl(
     q1: Tensor, k1: Tensor, q2: Tensor | None, k2: Tensor | None, v: Tensor, lam: Tensor, mask: Tensor | None,
-    causal: bool, scale: float, save_parts: bool, v2: Tensor | None = None,
+    causal: bool, scale: float, save_parts: bool, v2: Tensor | None = None, segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [B, H, T]. lse in log2 units.
     o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v2: the second half of V's
     columns (V = [v | v2]; forward without gradient only): read in place when it lies in v's storage with v's
     shape and strides (DiffLlama's value heads j and j + Hkv), else concatenated. Decided here, at run time,
-    because a traced graph (torch.compile, CUDA graphs) cannot look at storage. Launches on q1's device."""
+    because a traced graph (torch.compile, CUDA graphs) cannot look at storage. segments: [B, S] int32 document
+    ids (None: one document). Launches on q1's device."""
     with _on_device(q1.device):
-        return _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2)
+        return _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segments)
 
 
-def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2):
+def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segments):
     v_half = 0
     if v2 is not None:
         if save_parts:  # the backward differentiates one V; the caller concatenates when it needs gradients
@@ -148,7 +152,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2):
         v_half = _in_place_halves((v, v2))
         if not v_half:
             v = torch.cat([v, v2], dim=-1)
-    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal, segments)
     if v_half:
         dv *= 2
         consts["BLOCK_DV"] = _pow2(dv)
@@ -176,7 +180,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2):
     else:
         targets = (o1, o2, lse1, lse2)
     args = (
-        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
+        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t, segments,
         out, *targets, *strides,
         h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)), v_half,
     )  # fmt: skip
@@ -208,7 +212,7 @@ _fwd_op = torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None):
+def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None, segments=None):
     b, h, t, _ = q1.shape
     dv = v.shape[3] + (0 if v2 is None else v2.shape[3])
     parts_shape = (b, h, t, dv) if save_parts else (0,)
@@ -224,7 +228,7 @@ def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None):
 def _bwd_impl(
     dout: Tensor, q1: Tensor, k1: Tensor, q2: Tensor | None, k2: Tensor | None, v: Tensor, lam: Tensor,
     mask: Tensor | None, o1: Tensor, o2: Tensor, lse1: Tensor, lse2: Tensor, causal: bool, scale: float,
-    atomic_dq: bool,
+    atomic_dq: bool, segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq1, dk1, dq2, dk2, dv, dlam); dq2/dk2 are empty when q2/k2 are shared (their gradient is inside
     dq1/dk1). dlam: float32 [B, H, T]. ``atomic_dq`` False forces the deterministic two-kernel backward; True
@@ -232,15 +236,15 @@ def _bwd_impl(
     unless :data:`.tuning.ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or it has no
     spill-free tiles for these heads and mask (:func:`.tuning._single_pass_fits`). Launches on q1's device."""
     with _on_device(q1.device):
-        return _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq)
+        return _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments)
 
 
 # the backward as a custom op (opaque to torch.compile; fake implementation below)
 _bwd_op = torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())(_bwd_impl)
 
 
-def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq):
-    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal)
+def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments):
+    (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal, segments)
     dout = dout.contiguous()
     atomic = (
         atomic_dq
@@ -267,7 +271,7 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
     dk2 = torch.empty_like(dk1) if k2 is not None else k1.new_empty(0)
     dvv = torch.empty_like(v, memory_format=torch.contiguous_format)
     common = (
-        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t,
+        q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, mask_t, segments,
         dout, lse1, lse2, delta1, delta2,
     )  # fmt: skip
     sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E, _pow2(max(t, s)))
@@ -302,7 +306,7 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
 
 
 @_bwd_op.register_fake
-def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq):
+def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments=None):
     return (
         torch.empty_like(q1, memory_format=torch.contiguous_format),
         torch.empty_like(k1, memory_format=torch.contiguous_format),
@@ -314,9 +318,9 @@ def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sc
 
 
 def _setup_context(ctx, inputs, output):
-    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v2 = inputs
+    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v2, segments = inputs
     _, o1, o2, lse1, lse2 = output
-    ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2)
+    ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, segments)
     ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
     # the atomic or deterministic backward is not chosen here but when the backward runs (_bwd_op), so that
     # torch.use_deterministic_algorithms(True) set between forward and backward is obeyed, as by PyTorch's own ops
@@ -326,9 +330,9 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
     # o1, o2, lse1, lse2 are internal outputs that nothing differentiates; their cotangents are ignored
     if not ctx.save_parts:
         raise RuntimeError("diffattn triton: backward through a forward that was run without saving for it")
-    q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2 = ctx.saved_tensors
+    q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, segments = ctx.saved_tensors
     dq1, dk1, dq2, dk2, dv, dlam = _bwd_op(
-        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True
+        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True, segments
     )
     return (
         dq1,
@@ -337,6 +341,7 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
         None if k2 is None else dk2,
         dv,
         dlam,
+        None,
         None,
         None,
         None,
@@ -367,5 +372,5 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
     lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
     forward = _fwd_op if need_grad or torch.compiler.is_compiling() else _fwd_impl
-    out, *_ = forward(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2)
+    out, *_ = forward(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2, inp.segment_ids)
     return out

@@ -16,11 +16,9 @@ at run time, once per mask tensor.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-
 import torch
 
+from .._inputs import LastMask
 from .tuning import _cdiv
 
 
@@ -42,28 +40,8 @@ def _mask_args(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, int, boo
     return mask, kind, rows, strides
 
 
-class _LastMask:
-    """What was derived from the last mask seen, remembered by identity and version counter: the model hands every
-    layer, forward and backward, the same mask tensor, so a derivation runs once per mask, not per layer. An edit
-    through ``mask.data`` is not seen; inference-mode tensors have no version counter, so theirs is derived anew
-    every call. Holds the mask by weak reference only."""
-
-    def __init__(self) -> None:
-        self._last: tuple | None = None  # (weak reference to the mask, its version, what was derived)
-
-    def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object]):
-        version = None if mask.is_inference() else mask._version
-        last = self._last
-        if version is not None and last is not None and last[0]() is mask and last[1] == version:
-            return last[2]
-        result = derive(mask)
-        if version is not None:
-            self._last = (weakref.ref(mask), version, result)
-        return result
-
-
-_ALIGNED_MASK = _LastMask()  # the last unaligned mask and its aligned copy
-_CAUSAL_PADDING = _LastMask()  # the last [B, 1, T, S] bool mask and the key padding it reduced to, or None
+_ALIGNED_MASK = LastMask()  # the last unaligned mask and its aligned copy
+_CAUSAL_PADDING = LastMask()  # the last [B, 1, T, S] bool mask and the key padding it reduced to, or None
 
 
 # What the kernels compute in 32 bits (everything else is 64-bit: batch and head offsets, a block's packed rows,
@@ -103,7 +81,7 @@ def _mask_for_kernels(mask: torch.Tensor | None) -> torch.Tensor | None:
     of 16, as transformers builds them for any other length) is copied into rows padded to a multiple of 16 (a view
     of the first S columns): Triton cannot vectorise its loads otherwise, and on sm_90 the forward then spilled
     hundreds of bytes (benchmarks/RESULTS.md). Called inside the ops at run time, like :func:`_causal_key_padding`;
-    the layers of a model, forward and backward, share one copy (:class:`_LastMask`)."""
+    the layers of a model, forward and backward, share one copy (:class:`~diffattn.ops._inputs.LastMask`)."""
     if mask is None or _mask_aligned(mask):
         return mask
     return _ALIGNED_MASK.get(mask, _aligned_copy)
@@ -141,7 +119,7 @@ def _causal_key_padding(mask: torch.Tensor | None, t: int, s: int) -> torch.Tens
     row, so the kernels run causal and skip the tiles above the diagonal; None for any other mask.
 
     Called inside the forward and backward ops, at run time: a traced graph (torch.compile) cannot branch on the
-    comparison. It costs one comparison per mask, not per layer (:class:`_LastMask`)."""
+    comparison. It costs one comparison per mask, not per layer (:class:`~diffattn.ops._inputs.LastMask`)."""
     if mask is None or mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != t or t == 1:
         return None
     return _CAUSAL_PADDING.get(mask, lambda mask: _as_causal_padding(mask, t, s))

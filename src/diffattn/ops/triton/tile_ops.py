@@ -109,6 +109,16 @@ def _row_statistics(LSE1, LSE2, DELTA1, DELTA2, LAM, row_base, offs_m, m_ok):
 
 
 @triton.jit
+def _segment_range(seg_base, offs, ok):
+    # the smallest and largest document id of the tokens offs (those with ok) of a packed row: a query block and a
+    # key tile can share a document only if their ranges overlap, so a tile outside the block's is skipped whole
+    seg = tl.load(seg_base + offs, mask=ok, other=0)
+    hi = tl.reduce(tl.where(ok, seg, -2147483647), 0, _MAX)
+    lo = -tl.reduce(tl.where(ok, -seg, -2147483647), 0, _MAX)
+    return seg, lo, hi
+
+
+@triton.jit
 def _masked_scores(s1, s2, mval, MASK_KIND: tl.constexpr):
     # the user mask's value for each score of both maps (broadcast over rows for key padding): a bool mask
     # (MASK_KIND 1) hides the scores where it is 0; an additive one (2) is added, converted to log2 units, except

@@ -96,6 +96,15 @@ _MASK_TILES = {
         "dkdv_atomic": {"v2": (16, 128)},  # no "v1": the two-kernel backward
         "dkdv": {"wide": (16, 32)},
     },
+    # segment ids (sequence packing, without a 4-D mask): a document id per key and per row, compared per tile. The
+    # single-pass backward of "v2" heads spilled 8 bytes at 32 queries per step, so it takes 16; the wide dK/dV
+    # kernel spilled 312 bytes at 32, so it takes 16
+    "segments": {
+        "fwd": {"v2": (128, 32)},
+        "fwd_mid": {"v2": (64, 32)},
+        "dkdv_atomic": {"v2": (16, 128), "v1": (16, 128)},
+        "dkdv": {"wide": (16, 32)},
+    },
 }
 
 
@@ -105,8 +114,13 @@ _SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
 
 
 def _mask_class(consts: dict) -> str:
-    """The mask class of a launch's constexprs: "none", "keys" (key padding) or "rows" (a per-row 4-D mask)."""
-    return "none" if consts["MASK_KIND"] == 0 else "rows" if consts["MASK_ROWS"] else "keys"
+    """The mask class of a launch's constexprs: "none", "keys" (key padding), "rows" (a per-row 4-D mask, with or
+    without segments) or "segments" (segment ids, with or without key padding)."""
+    if consts["MASK_KIND"] != 0 and consts["MASK_ROWS"]:
+        return "rows"
+    if consts.get("SEGMENTS"):
+        return "segments"
+    return "none" if consts["MASK_KIND"] == 0 else "keys"
 
 
 # Alternatives the autotuner times against the default tiles on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
@@ -130,6 +144,10 @@ _TUNING = {
     "rows": {
         "fwd": {"v2": [(128, 32, 8, 3), (64, 16, 4, 2)], "v1": [(128, 16, 8, 1), (64, 16, 4, 2)]},
         "dkdv_atomic": {"v2": [(16, 128, 8, 1), (16, 64, 4, 2)]},
+    },
+    "segments": {  # (32, 128) for "v2" and (16, 64) on 4 warps for "v1" spilled 8–16 bytes
+        "fwd": {"v2": [(128, 32, 8, 3), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
+        "dkdv_atomic": {"v2": [(32, 64, 4, 2)], "v1": [(16, 128, 8, 1)]},
     },
 }
 
@@ -169,7 +187,7 @@ def _autotuner(kernel, kind: str, d: int, dv: int, mask: str = "none"):
         ]
         _AUTOTUNERS[key] = triton.autotune(
             configs,
-            key=["N_BUCKET", "D", "DV", "CAUSAL", "MASK_KIND", "MASK_ROWS", "SHARED_Q", "SHARED_K"],
+            key=["N_BUCKET", "D", "DV", "CAUSAL", "MASK_KIND", "MASK_ROWS", "SEGMENTS", "SHARED_Q", "SHARED_K"],
             reset_to_zero=["DQ1", "DQ2"] if kind == "dkdv_atomic" else None,
         )(kernel)
     return _AUTOTUNERS[key]
