@@ -37,6 +37,7 @@ from .tile_ops import (
     _MAX,
     _SUM,
     _head_offsets,
+    _key_tile_documents,
     _load_keys,
     _load_tile,
     _masked_scores,
@@ -200,24 +201,14 @@ def _fwd_kernel(
     else:
         v_cols = offs_dv
     for start_n in range(k_lo, k_mid, BLOCK_N):
-        visit = True
-        k_seg = SEG
-        if SEGMENTS:  # skip a tile with no document of this block
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, offs_n < S)
-            visit = (k_seg_hi >= seg_lo) & (k_seg_lo <= seg_hi)
+        k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
         if visit:
             acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base,
                 v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok,
                 qk_scale, v_cols, q_seg, k_seg,
                 False, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
     for start_n in range(k_mid, k_hi, BLOCK_N):
-        visit = True
-        k_seg = SEG
-        if SEGMENTS:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, offs_n < S)
-            visit = (k_seg_hi >= seg_lo) & (k_seg_lo <= seg_hi)
+        k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
         if visit:
             acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base,
                 v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok,

@@ -119,6 +119,18 @@ def _segment_range(seg_base, offs, ok):
 
 
 @triton.jit
+def _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the document ids of the key tile at start_n, and whether it shares a document with the query block (whose
+    # id range is seg_lo..seg_hi); without segments: (SEG, True), decided at compile time
+    if SEGMENTS:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_seg, k_seg_lo, k_seg_hi = _segment_range(seg_base, offs_n, offs_n < S)
+        return k_seg, (k_seg_hi >= seg_lo) & (k_seg_lo <= seg_hi)
+    else:
+        return SEG, True
+
+
+@triton.jit
 def _masked_scores(s1, s2, mval, MASK_KIND: tl.constexpr):
     # the user mask's value for each score of both maps (broadcast over rows for key padding): a bool mask
     # (MASK_KIND 1) hides the scores where it is 0; an additive one (2) is added, converted to log2 units, except
