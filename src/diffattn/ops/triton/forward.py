@@ -200,20 +200,16 @@ def _fwd_kernel(
         v_cols = tl.where(offs_dv < DV_HALF, offs_dv, offs_dv + (V_HALF - DV_HALF))
     else:
         v_cols = offs_dv
-    for start_n in range(k_lo, k_mid, BLOCK_N):
-        k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
-        if visit:
-            acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base,
-                v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok,
-                qk_scale, v_cols, q_seg, k_seg,
-                False, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
-    for start_n in range(k_mid, k_hi, BLOCK_N):
-        k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
-        if visit:
-            acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base,
-                v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok,
-                qk_scale, v_cols, q_seg, k_seg,
-                True, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
+    # FlashAttention's two phases, unrolled at compile time: the tiles every row sees whole (k_lo..k_mid, no causal
+    # or bounds mask formed), then the diagonal and boundary tiles (k_mid..k_hi, MASKED)
+    for phase in tl.static_range(2):
+        for start_n in range(k_mid if phase == 1 else k_lo, k_hi if phase == 1 else k_mid, BLOCK_N):
+            k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
+            if visit:
+                acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base,
+                    k2_base, v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d,
+                    d_ok, dv_ok, qk_scale, v_cols, q_seg, k_seg,
+                    phase == 1, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
 
     # a fully masked row (l = 0) attends to nothing: output 0, and lse = +inf makes its backward P exactly 0
     ok1 = l1 > 0.0
