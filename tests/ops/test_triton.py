@@ -16,6 +16,7 @@ the tile sizes (numpy's matmul runs ``tl.dot`` in the interpreter), so the yards
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -839,6 +840,19 @@ def test_launch_limits_are_clear_errors():
 # ------------------------------------------------------------------------------------------------------------
 
 
+class _RecordingGuard:
+    """A stand-in for launch._on_device(device): records, in ``log``, the device each launch is guarded for."""
+
+    def __init__(self, log: list, device):
+        self.log, self.device = log, device
+
+    def __enter__(self):
+        self.log.append(self.device)
+
+    def __exit__(self, *exc):
+        return False
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """CUDA faked as available, for the construction paths a GPU takes: tensors made on "cuda" under the returned
@@ -880,20 +894,10 @@ def fake_cuda(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launches.append(dict(kind=self.kind))
 
-    class Guard:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            guards.append(self.device)
-
-        def __exit__(self, *exc):
-            return False
-
     monkeypatch.setattr(launch, "_launch", record_launch)
     monkeypatch.setattr(launch, "_combine_kernel", Direct("combine"))
     monkeypatch.setattr(launch, "_bwd_preprocess_kernel", Direct("preprocess"))
-    monkeypatch.setattr(launch, "_on_device", Guard)
+    monkeypatch.setattr(launch, "_on_device", functools.partial(_RecordingGuard, guards))
     return FakeTensorMode(), launches, guards
 
 
@@ -997,17 +1001,7 @@ def test_launches_enter_a_device_guard_for_the_tensors_device(monkeypatch):
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1
     entered = []
 
-    class Guard:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            entered.append(self.device)
-
-        def __exit__(self, *exc):
-            return False
-
-    monkeypatch.setattr(launch, "_on_device", Guard)
+    monkeypatch.setattr(launch, "_on_device", functools.partial(_RecordingGuard, entered))
     args = make_inputs(b=1, h=2, hkv=1, t=5, s=9)
     check_against_reference(args)  # the forward and the backward of the triton backend, each in its guard
     assert entered == [args[0].device] * 2
