@@ -54,9 +54,18 @@ def uses_fused_op(config) -> bool:
     return config._attn_implementation == FUSED or observing() or logit_bits() is not None
 
 
+def _implementation(module: nn.Module):
+    """The attention function ``module.config`` names, as transformers' own modules look it up (eager by default)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
+
+
 class _PairedHeads:
-    """The module as the attention implementation sees it: itself, but with the GQA group size of the 2H
-    pair-interleaved query heads (implementations repeat or group key/value heads by ``num_key_value_groups``)."""
+    """The module as the attention implementation sees it: itself, but with the GQA group size of the query heads
+    it is called with — the 2H pair-interleaved heads of a two-map call, or a wrapped base's own heads
+    (implementations repeat or group key/value heads by ``num_key_value_groups``)."""
 
     def __init__(self, module: nn.Module, groups: int):
         self._module = module
@@ -90,12 +99,9 @@ def paired_attention(
     """Both maps in one call of the config's attention implementation: q [B, 2H, T, d] (pairs interleaved), k, v
     [B, Hkv, S, d], λ a scalar, [H] or [B, H, T] → (out [B, T, H, d] in q's dtype, the implementation's weights:
     [B, 2H, T, S] with the pairs interleaved when it returns them, as eager does)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
     batch, two_heads, length = q.shape[:3]
     heads = two_heads // 2
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
+    interface = _implementation(module)
     view = _PairedHeads(module, two_heads // k.shape[1])
     both, weights = interface(view, q, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     both = both.float()  # [B, T, 2H, d]
@@ -109,17 +115,14 @@ def interface_attention(module: nn.Module, maps: dict, scaling: float) -> torch.
     one call over pair-interleaved heads (:func:`paired_attention`). Two maps over different keys (DiffK, DiffLoRA)
     are two attentions with one mask each and need our op."""
     q, k, v, mask = maps["q1"], maps["k1"], maps["v"], maps["attn_mask"]
-    interface_name = module.config._attn_implementation
     if maps["q2"] is None:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.llama.modeling_llama import eager_attention_forward
-
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(interface_name, eager_attention_forward)
-        out, _ = interface(_PairedHeads(module, q.shape[1] // k.shape[1]), q, k, v, mask, dropout=0.0, scaling=scaling)
+        view = _PairedHeads(module, q.shape[1] // k.shape[1])
+        out, _ = _implementation(module)(view, q, k, v, mask, dropout=0.0, scaling=scaling)
         return out.transpose(1, 2)
     if maps["k2"] is not k:
         raise ValueError(
-            f"this adapter's two maps read different keys, which attn_implementation={interface_name!r} cannot "
+            f"this adapter's two maps read different keys, which attn_implementation="
+            f"{module.config._attn_implementation!r} cannot "
             f"compute in one call: use attn_implementation {FUSED!r} (diffattn's op), 'sdpa' or 'eager'"
         )
     pairs = torch.stack([q, maps["q2"]], dim=2).flatten(1, 2)  # [B, 2H, T, d]: head 2i map 1, 2i + 1 map 2
