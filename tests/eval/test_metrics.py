@@ -302,11 +302,34 @@ def test_hidden_state_outliers_are_each_layer_s_raw_output_not_the_final_norm(na
     assert after["attention_logits"] == pytest.approx(before["attention_logits"])
 
 
+@pytest.mark.parametrize("n, r", [(1, 1), (2, 1), (4, 1), (6, 2), (8, 1), (5, 3)])
+def test_needle_chance_is_what_writing_r_random_needles_scores(n, r):
+    """needle_chance against a simulation of the model it describes: a model that writes R of the N needles'
+    numbers at random, scored by the suite's own strict scorer (4,000 prompts: the means within 4 binomial SDs)."""
+    import random
+
+    from diffattn.data.synthetic import score_first_numbers
+    from diffattn.eval.niah import needle_chance
+
+    rng = random.Random(0)
+    numbers = [str(10 + i) for i in range(n)]
+    trials = 4000
+    credit = solved = 0.0
+    for _ in range(trials):
+        answers = rng.sample(numbers, r)
+        output = ", ".join(rng.sample(numbers, r))
+        score = score_first_numbers(output, answers)
+        credit, solved = credit + score, solved + (score == 1.0)
+    want_credit, want_solved = needle_chance(n, r)
+    for got, want in ((credit / trials, want_credit), (solved / trials, want_solved)):
+        assert abs(got - want) <= 4 * math.sqrt(max(want * (1 - want), 1e-12) / trials) + 1e-12
+
+
 def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models, tokenizer, tmp_path):
     """The default grid holds R = 1 cells across N (scored alike: one queried needle, solved or not) plus the papers'
-    cells where they fit; every cell carries its chance level 1/N, the table prints it, and cells that do not fit
-    the context are left out and named."""
-    from diffattn.eval.niah import GRID, compare
+    cells where they fit; every cell carries its chance levels (R/N per needle, 1/C(N, R) solved), the table prints
+    them, and cells that do not fit the context are left out and named."""
+    from diffattn.eval.niah import GRID, compare, r1_chance
 
     res = run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=72, samples=2,
                    heatmap_lengths=[], progress=False)  # fmt: skip
@@ -315,7 +338,8 @@ def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models,
     assert left_out and cells and sorted(cells + left_out) == sorted(GRID)  # 72 tokens cannot hold 8 needles
     assert all("tokens" in c["why"] for c in res["metadata"]["cells_left_out"])
     for g in res["grid"]:
-        assert g["chance"] == pytest.approx(1 / g["N"])
+        assert g["chance"] == pytest.approx(g["R"] / g["N"])
+        assert g["chance_solved"] == pytest.approx(1 / math.comb(g["N"], g["R"]))
         assert g["solved"] == np.mean([s == 1.0 for s in g["strict_scores"]])
         if g["R"] == 1:  # one queried needle: per-needle credit and prompts solved are the same number
             assert g["solved"] == g["strict_accuracy"]
@@ -323,7 +347,9 @@ def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models,
     assert res["r1_cells"] == [g["N"] for g in r1]
     assert res["r1_solved"] == pytest.approx(np.mean([g["solved"] for g in r1]))
     table = "\n".join(compare({"a": res, "b": res}, tmp_path))
-    assert "| chance | " + " | ".join(f"{1 / n:.2f}" for n, _ in cells) + " | |" in table
+    chance = [f"{1 / n:.2f}" if r == 1 else f"{r / n:.2f} / {1 / math.comb(n, r):.2f}" for n, r in cells]
+    assert r1_chance(res) == pytest.approx(np.mean([1 / g["N"] for g in r1]))
+    assert "| chance | " + " | ".join(chance) + f" | {r1_chance(res):.2f} |" in table
     assert (tmp_path / "niah_grid_all.png").stat().st_size > 0
     with pytest.raises(ValueError, match="could not fit a needle sample into 72 tokens"):  # explicit: fit whole
         run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=72, samples=1,

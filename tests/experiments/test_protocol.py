@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from diffattn.experiments import ExperimentConfig, run_experiment
@@ -202,3 +203,46 @@ def test_heatmap_lengths_that_cannot_fit_are_refused_before_training(corpus, tmp
     with pytest.raises(ValueError, match="could not fit a needle sample into 24 tokens"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path)
     assert not (tmp_path / "heat").exists()
+
+
+def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_disagree():
+    """Both sides' intervals reaching chance (R = 1 cells: the mean of 1/N) make any verdict "inconclusive", with the
+    reason in the note; one model clearly above chance keeps the verdict. The same rule over seeds, and for ICL."""
+    from diffattn.adapters.registry import PaperClaim
+    from diffattn.eval.measures import Run
+    from diffattn.experiments.claims import check_claim
+
+    solved = PaperClaim("s", "c", "p", "niah", "higher", "baseline")
+
+    def niah(n1, n2):  # per-prompt strict scores of the N = 1 and N = 2 cells (R = 1), 100 prompts each
+        grid = [{"N": n, "R": 1, "accuracy": float(np.mean(sc)), "scores": sc, "strict_scores": sc}
+                for n, sc in ((1, n1), (2, n2))]  # fmt: skip
+        return {"niah": {"grid": grid, "mean_accuracy": float(np.mean([g["accuracy"] for g in grid])),
+                         "metadata": {"samples_sha1": "same"}}}  # fmt: skip
+
+    def claim(spec, evals, groups=None):
+        return check_claim(spec, "base", "new", {n: Run(n, {}, r) for n, r in evals.items()}, groups or {}, 0)
+
+    # chance over the two cells: (1 + 1/2) / 2 = 0.75. Both copy the one number at N = 1 and guess at N = 2, the
+    # new model luckier on the same prompts (0.40 vs 0.60 at N = 2): a clear paired difference, but of guessing
+    guess = {"base": niah([1.0] * 100, [1.0] * 40 + [0.0] * 60), "new": niah([1.0] * 100, [1.0] * 60 + [0.0] * 40)}
+    row = claim(solved, guess)
+    assert row.diff_ci[0] > 0 and row.verdict == "inconclusive" and "reach chance (0.750)" in row.note
+    skilled = {**guess, "new": niah([1.0] * 100, [1.0] * 95 + [0.0] * 5)}
+    assert claim(solved, skilled).verdict == "agrees"
+    # over seeds: three runs a side, every run at chance on average (the mean's t interval reaches 0.75)
+    seeds = {f"b{i}": niah([1.0] * 100, [1.0] * (45 + i) + [0.0] * (55 - i)) for i in range(3)}
+    seeds |= {f"n{i}": niah([1.0] * 100, [1.0] * (52 + 3 * i) + [0.0] * (48 - 3 * i)) for i in range(3)}
+    groups = {"base": ["b0", "b1", "b2"], "new": ["n0", "n1", "n2"]}
+    row = claim(solved, seeds, groups)
+    assert "3 vs 3" in row.runs and row.verdict == "inconclusive" and "reach chance" in row.note
+    # ICL at the largest shot count, four labels (chance 0.25), both models' intervals over the draws reach it
+    many_shot = PaperClaim("s", "c", "p", "icl:many_shot", "higher", "baseline")
+
+    def icl(acc):
+        return {"icl": {"many_shot": {"shots": [4], "accuracy": [acc], "labels": ["a", "b", "c", "d"]}}}
+
+    row = claim(many_shot, {"base": icl([0.2, 0.22, 0.21, 0.2]), "new": icl([0.22, 0.30, 0.28, 0.26])})
+    assert row.verdict == "inconclusive" and "reach chance (0.250)" in row.note
+    row = claim(many_shot, {"base": icl([0.2, 0.22, 0.21, 0.2]), "new": icl([0.8, 0.82, 0.81, 0.8])})
+    assert row.verdict == "agrees" and "reach chance" not in row.note

@@ -83,7 +83,7 @@ from .common import (
 )
 from .icl_data import DATASETS, Pair, load_icl_dataset, validate_pairs
 from .measures import ONE_NUMBER, Comparison, Measure, Run, paired_kind
-from .stats import paired_difference, unpaired_difference
+from .stats import paired_difference, t_interval, unpaired_difference
 
 ARRANGEMENTS = ("random", "by_class")
 
@@ -974,7 +974,7 @@ def _at_largest(m: dict | None) -> float | None:
 
 def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
     """DIFF Fig. 6: many-shot accuracy at the largest shot count both models ran, paired over the same draws
-    (the same demonstrations and test items); a row whose models are both at chance says so."""
+    (the same demonstrations and test items); chance is the measure's (:func:`_chance`)."""
     mr, mn = ref.results("icl", "many_shot"), new.results("icl", "many_shot")
     if not mr or not mn:
         return None
@@ -984,16 +984,20 @@ def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
     k = common_shots[-1]
     ar, an = mr["accuracy"][mr["shots"].index(k)], mn["accuracy"][mn["shots"].index(k)]
     labels = len(mr.get("labels") or []) or 1
-    chance = 1 / labels
     diff = paired_difference(ar, an, seed=seed) if len(ar) == len(an) else unpaired_difference(ar, an)
-    note = f"data uncertainty only; {k} shots, {len(ar)} draws; chance {chance:.2f} (1 / {labels} labels)"
-    if max(np.mean(ar), np.mean(an)) <= chance:
-        note += "; both models at or below chance: this scale cannot test the claim"
+    note = f"data uncertainty only; {k} shots, {len(ar)} draws; chance {1 / labels:.2f} (1 / {labels} labels)"
+    (rv, rci), (nv, nci) = t_interval(ar), t_interval(an)  # each model's mean over the draws, t interval
     return Comparison(
-        f"accuracy at {k} shots", ref_value=float(np.mean(ar)), new_value=float(np.mean(an)), diff=diff,
+        f"accuracy at {k} shots", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
         kind=paired_kind(diff, "draws of demonstrations") if len(ar) == len(an) else "Welch t over draws",
         note=note, cells=f"{k} shots",
     )  # fmt: skip
+
+
+def _chance(run: Run) -> float | None:
+    """Guessing one of the labels: 1 / labels."""
+    labels = run.results("icl", "many_shot", "labels")
+    return 1 / len(labels) if labels else None
 
 
 def _margin(run: Run) -> float | None:
@@ -1012,7 +1016,7 @@ def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
 MEASURES = {
     "icl:many_shot": Measure(
         "accuracy at the largest shot count", 3, per_run=lambda run: _at_largest(run.results("icl", "many_shot")),
-        compare=_compare_shots,
+        compare=_compare_shots, chance=_chance,
     ),
     "icl:order_margin": Measure("order margin (random)", 3, per_run=_margin, compare=_compare_margin),
 }  # fmt: skip

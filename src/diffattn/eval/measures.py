@@ -65,7 +65,9 @@ class Measure:
     print (verdicts are read at it); ``per_run(run) -> value | None``; ``compare(ref, new, seed) -> Comparison |
     None`` (None: the results lack what it needs); ``seeds_veto(ref_runs, new_runs) -> reason | None``: over seeds,
     why an "agrees" would not be the claim; ``at_lambda0(run) -> suites | None``: the model's own results with λ
-    forced to 0, where the suite measures them (a claim's ``lambda0`` reference)."""
+    forced to 0, where the suite measures them (a claim's ``lambda0`` reference); ``chance(run) -> level | None``:
+    what a model without the skill scores on the measure (copying a random needle, guessing a label): a row whose two
+    sides both reach down to it cannot test the claim (:func:`diffattn.experiments.claims.check_claim`)."""
 
     metric: str
     digits: int
@@ -73,6 +75,7 @@ class Measure:
     compare: Callable
     seeds_veto: Callable | None = None
     at_lambda0: Callable | None = None
+    chance: Callable | None = None
 
 
 def finite(x) -> bool:

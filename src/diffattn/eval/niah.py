@@ -15,8 +15,9 @@ Two protocols:
 
 Per cell: ``accuracy`` (RULER string_match_all), ``strict_accuracy`` (per-needle credit: the queried numbers among the
 first R numbers of the output), ``solved`` (prompts whose every queried needle is among the first R numbers; at
-R = 1 the same as the strict score) and ``chance`` = 1/N, the per-needle score of a model that copies one of the N
-needles at random — the floor the tables and pictures draw. ``r1_solved`` is the mean of ``solved`` over the R = 1
+R = 1 the same as the strict score) and the floor the tables, pictures and claims draw, that of a model that writes R
+of the N needles' numbers at random (:func:`needle_chance`): ``chance`` = R/N per-needle credit (1/N at R = 1) and
+``chance_solved`` = 1/C(N, R) prompts solved. ``r1_solved`` is the mean of ``solved`` over the R = 1
 cells, the like-for-like retrieval number across N (``r1_cells`` names them).
 
 Choices the papers leave open, stated in the metadata: the haystack (Shakespeare's test plays by default, or
@@ -153,6 +154,13 @@ def _score_cell(model, tokenizer, text: str, digest, bar, length: int, seeds: li
     return cell
 
 
+def needle_chance(n: int, r: int) -> tuple[float, float]:
+    """(per-needle credit, prompts solved) of a model without the skill, which writes R distinct needle numbers of
+    the N at random: each queried number is among them with probability R/N, all R with 1/C(N, R). At R = 1 both
+    are 1/N. (Copying a single needle scores 1/N per needle at any R, less than R/N: R/N is the floor.)"""
+    return r / n, 1 / math.comb(n, r)
+
+
 def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
     scores, strict = [c.score for c in cell], [c.strict for c in cell]
     return {
@@ -165,7 +173,8 @@ def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
         "strict_scores": strict,  # per sample, the strict score (first R numbers of the output)
         "strict_accuracy": sum(strict) / len(strict),
         "solved": sum(s == 1.0 for s in strict) / len(strict),
-        "chance": 1.0 / n,
+        "chance": needle_chance(n, r)[0],
+        "chance_solved": needle_chance(n, r)[1],
         "ci": list(wilson_interval(sum(scores), len(scores))),
     }
 
@@ -295,7 +304,7 @@ def run_niah(
             "pairing": "sample i of a cell uses seed seed*100003 + i (heatmap: + 7919*(depth index + 1)): models "
             "evaluated with the same options see the same samples (same samples_sha1): paired comparisons are valid",
             "samples_sha1": digest.hexdigest(),
-            "chance": "1/N per queried needle: copying one of the N needles at random",
+            "chance": "writing R of the N needles' numbers at random: R/N per-needle credit, 1/C(N, R) solved",
             "cells_left_out": left_out,
         },
     }
@@ -338,10 +347,11 @@ def plot_niah(results: dict, path) -> object:
 
 
 def _chance_marks(ax, grid: list[dict], width: float) -> None:
-    """A black dash over each cell at its chance level (1/N: copying a random needle), labelled once."""
+    """A black dash over each cell at its per-needle chance level (R/N: writing R needles' numbers at random),
+    labelled once."""
     for x, g in enumerate(grid):
-        ax.hlines(1.0 / g["N"], x - width / 2, x + width / 2, colors="black", linestyles="--", linewidth=1,
-                  label="chance (1/N)" if x == 0 else None)  # fmt: skip
+        ax.hlines(needle_chance(g["N"], g["R"])[0], x - width / 2, x + width / 2, colors="black", linestyles="--",
+                  linewidth=1, label="chance (R/N)" if x == 0 else None)  # fmt: skip
 
 
 def _run_suite(model, tokenizer, o, folder, name):
@@ -440,16 +450,16 @@ def compare(niah: dict[str, dict], out: Path) -> list[str]:
         f"Per (N needles, R queried) cell, {samples} samples each, the same prompts for every model: per-needle "
         "credit (strict: the queried numbers among the first R numbers of the output) with its Wilson 95% interval "
         "/ prompts solved (every queried needle found; at R = 1 the same); RULER's string_match_all below. Chance "
-        "is 1/N per queried needle (copying one of the N needles at random). The R = 1 mean compares like with "
-        "like across N.",
+        "(writing R of the N needles' numbers at random) is R/N per-needle credit / 1/C(N, R) prompts solved. The "
+        "R = 1 mean compares like with like across N.",
         "",
         "| model | " + " | ".join(cells) + " | R = 1 mean solved |",
         "|---|" + "---|" * (len(cells) + 1),
-        "| chance | " + " | ".join(f"{1 / g['N']:.2f}" for g in first["grid"]) + " | |",
+        "| chance | " + " | ".join(_chance_cell(g) for g in first["grid"]) + f" | {_fmt(r1_chance(first))} |",
     ]
     for n, r in niah.items():
         row = [_credit_solved(g) for g in r["grid"]]
-        row.append("–" if r.get("r1_solved") is None else f"{r['r1_solved']:.2f}")
+        row.append(_fmt(r.get("r1_solved")))
         lines.append(f"| {n} | " + " | ".join(row) + " |")
     lines += ["", "RULER string_match_all (any queried number anywhere in the output), 95% interval:", ""]
     lines += ["| model | " + " | ".join(cells) + " | mean |", "|---|" + "---|" * (len(cells) + 1)]
@@ -458,6 +468,15 @@ def compare(niah: dict[str, dict], out: Path) -> list[str]:
         row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")))
         lines.append(f"| {n} | " + " | ".join(row) + " |")
     return [*lines, ""]
+
+
+def _chance_cell(g: dict) -> str:
+    credit, solved = needle_chance(g["N"], g["R"])
+    return f"{credit:.2f}" if g["R"] == 1 else f"{credit:.2f} / {solved:.2f}"
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def _credit_solved(g: dict) -> str:
@@ -577,7 +596,16 @@ def _cells_text(cells: list[dict]) -> str:
 
 
 def _chance_text(cells: list[dict]) -> str:
-    return "chance (copying a random needle) " + ", ".join(f"{1 / g['N']:.2f}" for g in cells)
+    return "chance (writing R needles' numbers at random) " + ", ".join(
+        f"{needle_chance(g['N'], g['R'])[0]:.2f}" for g in cells
+    )
+
+
+def r1_chance(r: dict | None) -> float | None:
+    """The chance level of :func:`r1_solved`: the mean over the same cells of the prompts a model without the skill
+    solves (1/N at R = 1)."""
+    cells = _like_for_like(r)
+    return float(np.mean([needle_chance(g["N"], g["R"])[1] for g in cells])) if cells else None
 
 
 def _grid_scores(r: dict, *, strict: bool = False, cells: list[dict] | None = None) -> list[list[float]] | None:
@@ -691,7 +719,7 @@ def _compare_cell(ref: Run, new: Run, seed: int, n: int, r: int) -> Comparison |
         return None
     sr, sn = gr["strict_scores"], gn["strict_scores"]
     solved = f"prompts solved {np.mean([s == 1 for s in sr]):.3f} → {np.mean([s == 1 for s in sn]):.3f}"
-    note = f"data uncertainty only; cell N={n}, R={r}; {solved}; chance {1 / n:.2f} per needle"
+    note = f"data uncertainty only; cell N={n}, R={r}; {solved}; chance {needle_chance(n, r)[0]:.2f} per needle"
     if len(sr) == len(sn) and _paired(rr, rn):
         diff = paired_difference(sr, sn, seed=seed)
         kind = paired_kind(diff, "prompts")
@@ -712,6 +740,11 @@ def _heatmap_solved(r: dict | None) -> float | None:
     if not h.get("lengths") or not scores:
         return None
     return float(np.mean([s == 1.0 for row in scores for cell in row for s in cell]))
+
+
+def _heatmap_chance(run: Run) -> float | None:
+    h = (run.results("niah") or {}).get("heatmap") or {}
+    return 1 / h["N"] if h.get("lengths") and h.get("N") else None
 
 
 def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
@@ -825,15 +858,15 @@ def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> 
 MEASURES = {
     "niah": Measure(
         "prompts solved over the R = 1 cells", 3, per_run=lambda run: r1_solved(run.results("niah")),
-        compare=_compare_solved,
+        compare=_compare_solved, chance=lambda run: r1_chance(run.results("niah")),
     ),
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
-        compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2),
+        compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2), chance=lambda run: needle_chance(6, 2)[0],
     ),
     "niah:heatmap": Measure(
         "heatmap prompts solved", 3, per_run=lambda run: _heatmap_solved(run.results("niah")),
-        compare=_compare_heatmap,
+        compare=_compare_heatmap, chance=_heatmap_chance,
     ),
     "niah:gap": Measure(
         "accuracy at the largest N − at the smallest N (difference = growth of the gap)", 2,

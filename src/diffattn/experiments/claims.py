@@ -254,9 +254,32 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
             if veto:
                 row.verdict = "inconclusive"
                 row.note += f"; {veto}"
-            return row
+            return _untestable_at_chance(row, m, ref_runs + new_runs)
     c = m.compare(ref_runs[0], new_runs[0], seed)
-    return None if c is None else _row(spec, m, ref, new, c)
+    return None if c is None else _untestable_at_chance(_row(spec, m, ref, new, c), m, [ref_runs[0], new_runs[0]])
+
+
+def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run]) -> Claim:
+    """A row whose two sides both reach down to the measure's chance level (the lower end of each 95% interval, or
+    the value where there is none, at or below it at the printed digits) compares two models that do not have the
+    skill: whichever is ahead, the difference says nothing about the claim, so the verdict is "inconclusive" and
+    the note says why."""
+    levels = [c for c in (m.chance(run) for run in runs) if finite(c)] if m.chance else []
+    if not levels or row.ref_value is None or row.new_value is None:
+        return row
+    level, d = max(levels), m.digits
+
+    def reaches_chance(value: float, ci) -> bool:
+        low = interval(ci)[0] if interval(ci) else value
+        return round(low, d) <= round(level, d)
+
+    if reaches_chance(row.ref_value, row.ref_ci) and reaches_chance(row.new_value, row.new_ci):
+        row.verdict = "inconclusive"
+        row.note += (
+            f"; both models' {'intervals' if row.ref_ci and row.new_ci else 'values'} reach chance "
+            f"({level:.{d}f}): neither has the skill at this scale, so the comparison cannot test the claim"
+        )
+    return row
 
 
 def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals) -> Claim:
