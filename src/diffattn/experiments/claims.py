@@ -277,7 +277,8 @@ def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run]) -> Claim:
         row.verdict = "inconclusive"
         row.note += (
             f"; both models' {'intervals' if row.ref_ci and row.new_ci else 'values'} reach chance "
-            f"({level:.{d}f}): neither has the skill at this scale, so the comparison cannot test the claim"
+            f"({level:.{d}f}, what a model without the skill scores on the cells read): the comparison cannot test "
+            "the claim"
         )
     return row
 
