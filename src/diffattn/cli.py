@@ -343,6 +343,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_refresh(args: argparse.Namespace) -> int:
+    from .experiments.report import refresh_report
+
+    for folder in args.folders:
+        print(f"refreshed the verdicts of {refresh_report(folder)}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .experiments import ExperimentConfig, run_experiment
 
@@ -389,6 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment_dir", help="runs/NAME of a finished experiment")
     p.add_argument("dest", help="the destination folder, e.g. results/NAME (new, or an earlier export)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "refresh",
+        help="rewrite finished reports' claim verdicts and evaluation tables from their results.json with this "
+        "version's claims engine (nothing is measured again)",
+    )
+    p.add_argument("folders", nargs="+", help="exported report folders (report.md + results.json), e.g. results/NAME")
+    p.set_defaults(func=cmd_refresh)
 
     p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
     p.set_defaults(func=cmd_info)

@@ -29,3 +29,48 @@ def test_committed_results_follow_the_schema_and_the_report_is_complete(folder):
     for picture in re.findall(r"\]\(([^)\s]+\.png)\)", report):
         assert (folder / picture).is_file(), picture
     assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in results["claims"])
+
+
+def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_edited_file(tmp_path):
+    """`diffattn refresh` on a copy of a committed export: the claim rows become this version's (results.json's
+    claims equal the engine's from the same evaluations), the retrieval table prints this version's chance row, every
+    other section is untouched, a second refresh changes nothing, and an edited report is refused, left as it was."""
+    import shutil
+    from dataclasses import asdict
+
+    from diffattn.cli import main
+    from diffattn.experiments.claims import paper_claims
+    from diffattn.experiments.config import ExperimentConfig
+    from diffattn.experiments.report import refresh_report
+
+    folder = tmp_path / "seeds-retrieval"
+    shutil.copytree(RESULTS / "seeds-retrieval", folder)
+    before = (folder / "report.md").read_text()
+    assert main(["refresh", str(folder)]) == 0
+    doc = json.loads((folder / "results.json").read_text())
+    validate_results(doc)
+    config = ExperimentConfig.from_dict(doc["config"])
+    rows = {m["model"]: m for m in doc["models"]}
+    want = paper_claims(config, rows, doc["evaluations"], seed=config.seed)
+    assert doc["claims"] == json.loads(json.dumps([asdict(c) for c in want]))
+    after = (folder / "report.md").read_text()
+    assert "Verdicts refreshed by diffattn" in after and "reach chance" in after
+    assert "| chance | 1.00 | 0.50 | 0.25 | 0.17 | 0.33 / 0.07 | 0.12 |" in after  # N=6, R=2: R/N and 1/C(6, 2)
+
+    def kept(text):  # the sections refresh does not touch
+        return text[text.index("## Protocol") : text.index("## Evaluations")], text[text.index("### Every model") :]
+
+    assert kept(after) == kept(before)
+    refresh_report(folder)
+    assert (folder / "report.md").read_text() == after
+    (folder / "report.md").write_text(after + "\nmy notes\n")  # outside the two sections: kept as written
+    refresh_report(folder)
+    assert (folder / "report.md").read_text() == after + "\nmy notes\n"
+    edited = after.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
+    (folder / "report.md").write_text(edited)  # inside the claims section: refresh would overwrite it
+    with pytest.raises(ValueError, match=r"report\.md \(changed since the last export\)"):
+        refresh_report(folder)
+    assert (folder / "report.md").read_text() == edited
+    (folder / EXPORT_MARKER).unlink()
+    with pytest.raises(ValueError, match="not an exported report"):
+        refresh_report(folder)

@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
@@ -163,17 +164,11 @@ def write_report(config, out: Path, outcomes) -> Path:
     columns = ["model", "kind", "parameters", "trainable", "steps", "val_loss", "tokens_per_s", "train_seconds"]
     metrics = sorted({k for r in rows.values() for k in r} - set(columns))
     _cards_get_headlines(outcomes, rows, metrics)
-    from .claims import claims_json, claims_markdown, claims_scope, paper_claims
+    from .claims import claims_json
 
     evals = {o.name: o.summary.get("suites", {}) for o in outcomes if o.kind == "eval"}
-    claims = paper_claims(config, rows, evals, seed=config.seed)
-    scope = claims_scope(config, rows, evals)
-    lines = [f"# Experiment `{config.name}`", "", "## Paper claims", ""]
-    lines += claims_markdown(claims, scope)
-    from .claim_list import PAPER_CLAIM_LIST, not_testable_markdown
-
-    touched = {e.paper for e in PAPER_CLAIM_LIST for c in claims if c.source.startswith(e.paper)}
-    lines += not_testable_markdown(touched)
+    claim_lines, claims, scope = _claims_section(config, rows, evals)
+    lines = [f"# Experiment `{config.name}`", "", "## Paper claims", "", *claim_lines]
     lines += [*_protocol(config)[:-1], *_method_settings(outcomes), ""]  # the adapters' settings end the list
     lines += ["## Models × metrics", "", "| " + " | ".join(c.replace("|", "\\|") for c in columns + metrics) + " |"]
     lines += ["|" + "---|" * (len(columns) + len(metrics))]
@@ -207,6 +202,74 @@ def write_report(config, out: Path, outcomes) -> Path:
     }
     (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
     return report
+
+
+def _claims_section(config, rows: dict[str, dict], evals: dict[str, dict]):
+    """(the lines under "## Paper claims": the claim rows and the not-testable table, the claims, their scope)."""
+    from .claim_list import PAPER_CLAIM_LIST, not_testable_markdown
+    from .claims import claims_markdown, claims_scope, paper_claims
+
+    claims = paper_claims(config, rows, evals, seed=config.seed)
+    scope = claims_scope(config, rows, evals)
+    touched = {e.paper for e in PAPER_CLAIM_LIST for c in claims if c.source.startswith(e.paper)}
+    return [*claims_markdown(claims, scope), *not_testable_markdown(touched)], claims, scope
+
+
+def refresh_report(folder: str | Path) -> Path:
+    """Rewrite an exported report's verdicts (``diffattn export``'s ``results/NAME``) with this version's claims
+    engine and suites, from its own ``results.json``: the "Paper claims" section, the side-by-side "Evaluations"
+    tables and pictures, and results.json's ``claims``. Nothing is measured again: the models, their evaluations and
+    every other section stay as they were, and the claims section says it was refreshed. Like an export it
+    overwrites only files the export wrote and nobody changed since (and records the new ones)."""
+    from .. import __version__
+    from .claims import claims_json
+    from .config import ExperimentConfig
+
+    folder = Path(folder)
+    report_path, results_path = folder / "report.md", folder / "results.json"
+    owned = _exported_files(folder)
+    if owned is None or not report_path.is_file() or not results_path.is_file():
+        raise ValueError(
+            f"{folder} is not an exported report (diffattn export writes report.md, results.json and "
+            f"{EXPORT_MARKER}); a run folder's report is rewritten by `diffattn run` itself"
+        )
+    doc = json.loads(results_path.read_text())
+    config = ExperimentConfig.from_dict(doc["config"])
+    rows, evals = {m["model"]: m for m in doc["models"]}, doc["evaluations"]
+    claim_lines, claims, scope = _claims_section(config, rows, evals)
+    claim_lines += [
+        f"Verdicts refreshed by diffattn {__version__} from results.json (the measurements are those of the run).",
+        "",
+    ]
+    doc["claims"], doc["claims_scope"] = claims_json(claims), scope
+    texts = {"results.json": json.dumps(jsonable(doc), indent=2)}
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".refresh-") as tmp:
+        staged = Path(tmp)
+        lines = _replace_section(report_path.read_text().split("\n"), "## Paper claims", claim_lines)
+        evaluations = _side_by_side(evals, staged)  # pictures drawn aside, moved in once checked
+        texts["report.md"] = "\n".join(_replace_section(lines, "## Evaluations", evaluations, "### Every model"))
+        for name, text in texts.items():
+            (staged / name).write_text(text)
+        new = {f.name: _sha256(f) for f in staged.iterdir()}
+        _check_export_destination(folder, new, owned)
+        for name in new:
+            os.replace(staged / name, folder / name)
+    marker = (folder / EXPORT_MARKER).read_text()
+    source = json.loads(marker)["exported_from"] if owned else marker.removeprefix("exported from ").strip()
+    _write_export_marker(folder, Path(source or folder), {**owned, **{n: [h] for n, h in new.items()}})
+    return report_path
+
+
+def _replace_section(lines: list[str], header: str, body: list[str], until: str = "## ") -> list[str]:
+    """``lines`` with what follows ``header`` up to the next line starting with ``until`` (or a "## " header)
+    replaced by ``["", *body]`` (a missing header: the report is not one this version can refresh)."""
+    if header not in lines:
+        raise ValueError(f"the report has no {header!r} section")
+    start = lines.index(header) + 1
+    end = next(
+        (i for i in range(start, len(lines)) if lines[i].startswith(until) or lines[i].startswith("## ")), len(lines)
+    )
+    return [*lines[:start], "", *body, *lines[end:]]
 
 
 def _training_section(outcomes, out: Path) -> list[str]:
