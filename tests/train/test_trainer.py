@@ -96,6 +96,26 @@ def test_debug_run_outputs_metrics_checkpoint_and_loadable_final(corpus_file, tm
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
 
 
+def test_a_checkpoint_is_evaluated_like_the_final_model(corpus_file, tmp_path):
+    """Every pretraining checkpoint holds the run's tokenizer and run.yaml, so the evaluation loader reads it as it
+    reads final/: the last checkpoint gives final/'s logits, at the training length, named as a checkpoint."""
+    from diffattn.eval.suite import load_for_eval
+
+    run = tmp_path / "run"
+    config = debug_config(corpus_file)
+    pretrain(config, run)
+    last = run / "checkpoints" / "checkpoint-12"
+    assert (last / "tokenizer.json").is_file() and (last / "run.yaml").read_text() == (run / "run.yaml").read_text()
+    model, tok, description = load_for_eval(last)
+    final, final_tok, _ = load_for_eval(run)
+    assert tok.get_vocab() == final_tok.get_vocab() and "checkpoint of pretrain run" in description
+    assert model.diffattn_trained_length == final.diffattn_trained_length == config.data.seq_len
+    ids = tok("To be, or not to be", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, final(ids).logits)
+    assert load_for_eval(run / "checkpoints" / "checkpoint-8")[1].get_vocab() == tok.get_vocab()
+
+
 def test_a_saved_model_generates_like_any_hugging_face_model(corpus_file, tmp_path):
     """config.json has use_cache on, generation_config.json the tokenizer's eos/pad, so plain transformers'
     generate stops at the end of text: here the eos logit is made the largest, so it stops after 1 new token."""

@@ -220,9 +220,10 @@ def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
         if (path / "final").is_dir():
             model, tok = load_pretrained(path / "final", trust_remote_code=trust_remote_code)
             return _trained_at(_install(model), length), tok, f"pretrain run {path} (final/)"
-        if (path / "config.json").is_file():  # a pretraining run's final/ folder (it holds a copy of run.yaml)
+        if (path / "config.json").is_file():  # a pretraining run's final/ or checkpoint (each holds its run.yaml)
             model, tok = load_pretrained(path, trust_remote_code=trust_remote_code)
-            return _trained_at(_install(model), length), tok, f"pretrained model {path}"
+            what = f"checkpoint of pretrain run {path.parent.parent}" if path.parent.name == "checkpoints" else "model"
+            return _trained_at(_install(model), length), tok, f"pretrained {what} {path}"
         raise ValueError(f"run folder {str(path)!r} has no final/ model: did the run finish?")
     if path.is_dir() and not (path / "config.json").is_file():
         from ..models.architectures import ARCHITECTURES

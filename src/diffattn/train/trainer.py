@@ -119,9 +119,20 @@ class DiffattnTrainer(Trainer):
     retrieval rows the mix holds; per-row averaging gives each row kind its share of rows. Validation loss is
     always the token average (the text rows are full, so it is the same number)."""
 
-    def __init__(self, *args, run_dir: Path, keep_checkpoints: int, loss_average: str = "token", **kwargs):
+    def __init__(
+        self,
+        *args,
+        run_dir: Path,
+        keep_checkpoints: int,
+        loss_average: str = "token",
+        checkpoint_tokenizer=None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
+        # saved into every checkpoint with the run's run.yaml, so `diffattn eval RUN/checkpoints/checkpoint-N` reads a
+        # checkpoint as it reads final/ (not Trainer's processing_class: that would also change its default collator)
+        self.checkpoint_tokenizer = checkpoint_tokenizer
         self.loss_average = loss_average
         if loss_average == "row":
             # our loss is a mean per micro-batch, so Trainer must divide it by the accumulation steps: say so both
@@ -169,6 +180,9 @@ class DiffattnTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         name = f"checkpoint-{self.state.global_step}"
         staged = Path(self.args.output_dir) / name
+        if self.args.should_save and self.checkpoint_tokenizer is not None and staged.is_dir():
+            self.checkpoint_tokenizer.save_pretrained(staged)
+            shutil.copyfile(self.run_dir / RUN_CONFIG, staged / RUN_CONFIG)
         problem = None
         # FSDP checkpoints have accelerate's sharded layout (optimizer.bin, *_fsdp_* folders), which
         # checkpoint_problem does not know: they are published unchecked
@@ -492,6 +506,7 @@ def pretrain(
             run_dir=run_dir,
             keep_checkpoints=config.train.keep_checkpoints,
             loss_average=config.train.loss_average,
+            checkpoint_tokenizer=tok,
         )
     t0 = time.perf_counter()
     if resume and checkpoint is None:
