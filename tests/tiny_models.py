@@ -43,9 +43,10 @@ def tiny_config(model_type: str, **overrides):
     return CONFIGS[model_type](**overrides)
 
 
-def tiny(model_type: str, seed: int = 0):
+def tiny(model_type: str, seed: int = 0, **overrides):
+    """The tiny random ``model_type`` model (config overrides, e.g. ``head_dim``, as in :func:`tiny_config`)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[model_type](), attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), attn_implementation="sdpa").eval()
     with torch.no_grad():  # non-trivial norm gains, so the q/k norms are really exercised
         for name, p in model.named_parameters():
             if "norm" in name:

@@ -3,7 +3,12 @@ implementation transformers can run here gives the logits of the float64 eager m
 modules whose two maps share K (DIFF V2; docs/methods.md §0.1), and our fused op is a registered implementation.
 
 Tolerance (the rule of tests/ops/test_triton.py): an implementation's error against the float64 model is at most
-twice that of plain PyTorch (transformers' eager attention in float32 on this machine) plus one float32 ulp."""
+twice that of plain PyTorch (transformers' eager attention in float32 on this machine) plus one float32 ulp.
+
+Head width 32: torch 2.13's compiled CPU flex_attention is itself wrong (NaN, errors of order 1) at head width 16
+and 24 tokens, for a plain transformers Qwen3 as much as for ours (seen on AVX2 machines, first compile in a
+process). Before checking our integration, the flex test checks torch's kernel alone on the shapes our call gives
+it, and skips with that reason where the kernel is wrong, so the check is of our code, not of torch's."""
 
 from __future__ import annotations
 
@@ -30,8 +35,11 @@ def _available(impl: str) -> str | None:
     return None
 
 
+HEAD_DIM = 32  # see the module docstring: torch's compiled CPU flex_attention is wrong at 16 here
+
+
 def _v2_model():
-    return build_model("debug", "diff-v2", seed=0)
+    return build_model("debug", "diff-v2", seed=0, hidden_size=4 * HEAD_DIM)  # the debug preset's 4 heads
 
 
 def _adapted(config_class, base_type="qwen3", **options):
@@ -41,7 +49,7 @@ def _adapted(config_class, base_type="qwen3", **options):
     def make():
         from diffattn import adapt
 
-        model = tiny(base_type)
+        model = tiny(base_type, head_dim=HEAD_DIM)
         base_names = {n for n, _ in model.named_parameters()}
         adapt(model, config_class(anneal=False, **options))
         generator = torch.Generator().manual_seed(3)
@@ -75,6 +83,31 @@ def _logits(model, impl, ids, attention_mask=None):
         return model(ids, attention_mask=attention_mask).logits
 
 
+def _torch_flex_is_wrong_here(model, length: int) -> str | None:
+    """Why torch's compiled flex_attention alone (no diffattn, causal, GQA as our calls use it) cannot be trusted on
+    this machine at the shapes ``model``'s attention gives it — query heads H and 2H (a pair-interleaved call) over
+    its key/value heads — or None where it agrees with sdpa to float32 rounding."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    config = model.config
+    kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+    compiled = torch.compile(flex_attention, dynamic=False)
+    block_mask = create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device="cpu")
+    generator = torch.Generator().manual_seed(4)
+    for query_heads in (config.num_attention_heads, 2 * config.num_attention_heads):
+        q = torch.randn(2, query_heads, length, head_dim, generator=generator)
+        k, v = (torch.randn(2, kv_heads, length, head_dim, generator=generator) for _ in range(2))
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        err = (compiled(q, k, v, block_mask=block_mask, enable_gqa=True) - want).abs().max().item()
+        if not err <= 1e-4:  # the failures seen are NaN or of order 1; float32 rounding here is ~1e-6
+            return (
+                f"torch's compiled CPU flex_attention alone is wrong here at {query_heads} query heads over "
+                f"{kv_heads}, head width {head_dim}, {length} tokens (error {err:.3g} against sdpa): an upstream "
+                f"bug, so our integration cannot be checked with it on this machine"
+            )
+    return None
+
+
 def _assert_within_rounding(impl, got, gold, plain):
     err = (got.double() - gold).abs().max().item()
     err_plain = (plain.double() - gold).abs().max().item()
@@ -88,6 +121,8 @@ def test_every_attention_implementation_gives_the_eager_logits(name, impl):
     if (why := _available(impl)) is not None:
         pytest.skip(why)
     model = MODELS[name]()
+    if impl == "flex_attention" and (why := _torch_flex_is_wrong_here(model, 24)) is not None:
+        pytest.skip(why)
     ids = torch.randint(0, _vocab(model), (2, 24), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     # right padding in the second row (with left padding, float64 eager turns the fully masked rows into NaN, which

@@ -8,7 +8,10 @@ uniform softmax (the mean of V) on ``reference``, ``sdpa`` and ``chunked`` but 0
 
 Tolerance (as in test_triton.py): a backend's error against the float64 reference is at most twice the error of
 the float32 ``reference`` on the bool form of the same mask (the rounding of plain float32 math; largest over
-three key orders, as one order's error may be luckily small) plus one float32 ulp of the largest value.
+reorderings of both reduction axes when non-causal — keys, which out, dq and dλ sum over, and queries, which dk and
+dv sum over — as one order's error may be luckily small, and in FlashAttention's backward formulation, whose
+D = rowsum(dO∘O) rounds differently from autograd's sum over keys and is what torch's CPU sdpa kernel computes)
+plus one float32 ulp of the largest value.
 """
 
 from __future__ import annotations
@@ -82,28 +85,73 @@ def _inputs(dtype=torch.float32):
 COT = torch.randn(B, H, T, DV, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
 
-def _run(backend, args, mask, causal, *, perm=None, cot=COT):
-    """[out, dq1, dk1, dq2, dk2, dv, dλ] as float64; ``perm`` reorders the keys (undone on the results)."""
+def _run(backend, args, mask, causal, *, perm=None, query_perm=None, cot=COT):
+    """[out, dq1, dk1, dq2, dk2, dv, dλ] as float64; ``perm`` reorders the keys and ``query_perm`` the queries (both
+    undone on the results: gradients land on the leaves in their own order, the output is put back)."""
     leaves = [x.clone().requires_grad_(True) for x in args]
     q1, k1, q2, k2, v, lam = leaves
+    if (perm is not None or query_perm is not None) and causal:
+        raise ValueError("a key or query order only for non-causal attention")
     if perm is not None:
-        if causal:
-            raise ValueError("a key order only for non-causal attention")
         k1, k2, v = (x[:, :, perm] for x in (k1, k2, v))
         mask = mask[..., perm]
+    if query_perm is not None:
+        q1, q2, lam, cot = (x[:, :, query_perm] for x in (q1, q2, lam, cot))
+        mask = mask[..., query_perm, :]
     out = diff_attention(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=mask, backend=backend)
     (out * cot.to(out.dtype)).sum().backward()
+    if query_perm is not None:
+        out = out[:, :, torch.argsort(query_perm)]
     return [out.detach().double()] + [x.grad.double() for x in leaves]
 
 
 def _yardstick(args, keep, form, causal):
     """The float32 reference on the bool form of the mask (-inf for the biased form): its error against the
-    gold, in three key orders when non-causal (the causal order is fixed)."""
+    gold, in three key orders and three query orders when non-causal (the causal order is fixed; dk and dv sum
+    over queries, so reordering keys alone leaves their rounding at one draw), and the float32 FlashAttention
+    formulation (:func:`_flash_formulation`)."""
     mask = keep if form != "finfo.min+bias" else _gold_mask(form, keep).float()
+    flash = _flash_formulation(args, keep, causal, bias=None if form != "finfo.min+bias" else mask)
     if causal:
-        return [_run("reference", args, mask, causal)]
-    perms = [None, *(torch.randperm(S, generator=torch.Generator().manual_seed(i)) for i in (1, 2))]
-    return [_run("reference", args, mask, causal, perm=p) for p in perms]
+        return [_run("reference", args, mask, causal), flash]
+    orders = [None, *(torch.Generator().manual_seed(i) for i in (1, 2))]
+    key_orders = [g if g is None else torch.randperm(S, generator=g) for g in orders]
+    query_orders = [torch.randperm(T, generator=torch.Generator().manual_seed(10 + i)) for i in (1, 2)]
+    return (
+        [_run("reference", args, mask, causal, perm=p) for p in key_orders]
+        + [_run("reference", args, mask, causal, query_perm=p) for p in query_orders]
+        + [flash]
+    )
+
+
+def _flash_formulation(args, keep, causal, bias=None, cot=COT):
+    """[out, dq1, dk1, dq2, dk2, dv, dλ] in float32 as FlashAttention's backward forms them (dS = P∘(dP − D) with
+    D = rowsum(dO∘O)), each map's keys repeated for GQA and their gradients summed back; ``bias`` (float, -inf where
+    masked) is added to the scores; a row with no visible key has P = 0 (the rule under test)."""
+    q1, k1, q2, k2, v, lam = args
+    group = q1.shape[1] // k1.shape[1]
+    k1, k2, v = (x.repeat_interleave(group, 1) for x in (k1, k2, v))
+    visible = (keep & _causal_keep()) if causal else keep
+    visible = visible.expand(-1, q1.shape[1], -1, -1)
+    scale = q1.shape[-1] ** -0.5
+    cot = cot.float()
+    bias = torch.zeros(()) if bias is None else bias
+    outs, grads = [], []
+    for q, k, d_out in ((q1, k1, cot), (q2, k2, -lam.unsqueeze(-1) * cot)):
+        scores = (q @ k.transpose(-1, -2) * scale + bias).masked_fill(~visible, float("-inf"))
+        p = torch.softmax(scores, -1).nan_to_num(0.0)
+        o = p @ v
+        ds = p * (d_out @ v.transpose(-1, -2) - (d_out * o).sum(-1, keepdim=True))
+        outs.append(o)
+        grads.append((ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ d_out))
+    (dq1, dk1, dv1), (dq2, dk2, dv2) = grads
+
+    def fold(x):  # the query heads' gradients summed onto their key/value head
+        return x.unflatten(1, (-1, group)).sum(2)
+
+    out = outs[0] - lam.unsqueeze(-1) * outs[1]
+    dlam = -(cot * outs[1]).sum(-1)
+    return [x.double() for x in (out, dq1, fold(dk1), dq2, fold(dk2), fold(dv1 + dv2), dlam)]
 
 
 def _assert_within_rounding(name, got, gold, yardsticks):
