@@ -277,6 +277,29 @@ def test_needle_sample_holds_exactly_its_needles(num_needles, num_queries):
     assert haystack_chars <= 2000  # the window respects context_chars
 
 
+@pytest.mark.parametrize(("num_needles", "values"), [(4, 4), (8, 4), (6, 2)])
+def test_multi_value_sample_asks_every_value_of_one_key_among_distractors(num_needles, values):
+    """RULER's multi-value task: the queried key has V needles with distinct numbers, the N − V others have keys of
+    their own, the answers are the V numbers in context order, and a model writing them scores full marks."""
+    from diffattn.data.synthetic import score_first_numbers
+
+    s = make_needle_sample(9, HAYSTACK, num_needles=num_needles, values_per_key=values, context_chars=2500)
+    (key,) = s.keys
+    assert len(s.needles) == num_needles == s.context.count("The special magic")
+    mine = [number for k, number, _ in s.needles if k == key]  # context order
+    others = [k for k, _, _ in s.needles if k != key]
+    assert len(mine) == values and s.answers == tuple(mine)
+    assert len(others) == num_needles - values == len(set(others))
+    assert len({number for _, number, _ in s.needles}) == num_needles  # every number distinct
+    assert s.question == f"What are all the special magic {key} numbers?"
+    assert score_first_numbers(" " + ", ".join(reversed(mine)), s.answers) == 1.0
+    assert score_first_numbers(" " + ", ".join(mine[:-1]), s.answers) == (values - 1) / values
+    with pytest.raises(ValueError, match="asks one key: num_queries must be 1"):
+        make_needle_sample(9, HAYSTACK, num_needles=num_needles, num_queries=2, values_per_key=values)
+    with pytest.raises(ValueError, match=r"values_per_key must be an int in \[1, "):
+        make_needle_sample(9, HAYSTACK, num_needles=2, values_per_key=3)
+
+
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_needle_depth_is_respected(depth):
     s = make_needle_sample(2, HAYSTACK, depth=depth)

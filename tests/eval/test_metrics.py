@@ -354,3 +354,30 @@ def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models,
     with pytest.raises(ValueError, match="could not fit a needle sample into 72 tokens"):  # explicit: fit whole
         run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=72, samples=1,
                  grid=((8, 1),), heatmap_lengths=[], progress=False)  # fmt: skip
+
+
+def test_the_multi_value_cell_is_kept_apart_from_the_grid_with_its_chance(debug_models, tokenizer, tmp_path):
+    """niah's multi-value cell (DiffLoRA Fig. 3 MV) scores V asked numbers per prompt, carries chance V/N and
+    1/C(N, V), stays out of the R = 1 cells, and the claim measure compares it paired between two runs."""
+    from diffattn.eval.measures import Run
+    from diffattn.eval.niah import MEASURES
+
+    def evaluate():
+        return run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=200, samples=3,
+                        grid=((1, 1),), multivalue=(4, 2), heatmap_lengths=[], progress=False)  # fmt: skip
+
+    res = evaluate()
+    mv = res["multivalue"]
+    assert (mv["N"], mv["V"], mv["samples"]) == (4, 2, 3)
+    assert mv["chance"] == pytest.approx(2 / 4) and mv["chance_solved"] == pytest.approx(1 / math.comb(4, 2))
+    assert res["r1_cells"] == [1] and [(g["N"], g["R"]) for g in res["grid"]] == [(1, 1)]
+    assert all(s in (0.0, 0.5, 1.0) for s in mv["strict_scores"])  # two asked numbers: credit in halves
+    measure = MEASURES["niah:multivalue"]
+    one, two = (Run(name, suites={"niah": evaluate()}) for name in ("a", "b"))
+    assert measure.per_run(one) == mv["strict_accuracy"] and measure.chance(one) == pytest.approx(0.5)
+    row = measure.compare(one, two, 0)
+    assert row is not None and row.diff.estimate == 0.0 and "multi-value N=4, V=2" in row.cells
+    from diffattn.eval.niah import compare
+
+    table = "\n".join(compare({"a": res, "b": res}, tmp_path))
+    assert "| chance | 0.50 / 0.17 |" in table and "Multi-value cell (one key's V = 2 values among N = 4" in table

@@ -30,7 +30,9 @@ def _evals(rng) -> dict:
             grid.append({"N": big_n, "R": r, "accuracy": float(np.mean(s)), "scores": s, "strict_scores": s,
                          "strict_accuracy": float(np.mean(s))})  # fmt: skip
         heat = [[[float(x) for x in rng.integers(0, 2, 4)] for _ in range(5)] for _ in range(2)]
-        return {"grid": grid, "mean_accuracy": 0.5, "metadata": {"samples_sha1": "same"},
+        mv = [float(x) / 4 for x in rng.integers(0, 5, n)]  # four values asked: credit in quarters
+        multivalue = {"N": 8, "V": 4, "R": 1, "strict_scores": mv, "strict_accuracy": float(np.mean(mv))}
+        return {"grid": grid, "multivalue": multivalue, "mean_accuracy": 0.5, "metadata": {"samples_sha1": "same"},
                 "heatmap": {"lengths": [64, 128], "depths": [0, 0.25, 0.5, 0.75, 1], "N": 4, "scores": heat,
                             "strict_scores": heat}}  # fmt: skip
 

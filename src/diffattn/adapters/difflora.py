@@ -200,6 +200,11 @@ register(
                 "DiffLoRA §4", "DiffLoRA falls short of LoRA at matched parameters in most tasks",
                 "below LoRA on most benchmarks (+11 pts on HumanEval)", "loss", claimed="higher", reference="lora",
             ),
+            PaperClaim(
+                "DiffLoRA Fig. 3 (MV)", "DiffLoRA gains over LoRA on multi-value needle retrieval",
+                "MV needle accuracy above LoRA's (Llama-3.2-1B)", "niah:multivalue", claimed="higher",
+                reference="lora",
+            ),
         ),
     )
 )  # fmt: skip

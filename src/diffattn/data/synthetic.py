@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 NEEDLE_TEMPLATE = "The special magic {key} number is: {number}."
 SINGLE_QUESTION_TEMPLATE = "What is the special magic {key} number?"
 MULTI_QUESTION_TEMPLATE = "What are the special magic numbers for {keys}?"
+# RULER's multi-value task (one key, several values; DiffLoRA Fig. 3 "MV"): every value is a needle of its own with
+# the same template, and the question asks for all of them
+MULTI_VALUE_QUESTION_TEMPLATE = "What are all the special magic {key} numbers?"
 PROMPT_TEMPLATE = "{context}\n{question}\nAnswer:"
 # Needle keys: single-word city names, none a substring of another, so a key is found only where it is meant.
 CITY_KEYS: tuple[str, ...] = (
@@ -131,6 +134,7 @@ def make_needle_sample(
     depth: float | None = None,
     context_chars: int | None = None,
     value_digits: int = 7,
+    values_per_key: int = 1,
 ) -> NeedleSample:
     """A multi-needle retrieval sample: ``num_needles`` needles in ``haystack``, ``num_queries`` of them asked.
 
@@ -139,6 +143,11 @@ def make_needle_sample(
     the first queried needle at the sentence start nearest that fraction of the haystack text (None: random).
     ``value_digits`` is the length of the needle numbers (the papers: 7); shorter numbers (fewer tokens to copy) make
     a protocol that small models can learn in minutes.
+
+    ``values_per_key`` V > 1 is RULER's multi-value task (DiffLoRA Fig. 3, "MV"): the one queried key (num_queries
+    must be 1) has V needles, each with its own number, and the question asks for all V; the other N − V needles
+    are distractors with keys of their own (our choice: without them every number in the context is an answer and
+    a model that copies any needles scores full marks). ``answers`` are the V numbers in context order.
     """
     _check_seed(seed)
     if not isinstance(haystack, str):
@@ -151,12 +160,19 @@ def make_needle_sample(
     if context_chars is not None:
         _check_int("context_chars", context_chars, 0)
     _check_int("value_digits", value_digits, 1, 18)
+    _check_int("values_per_key", values_per_key, 1, num_needles)
+    if values_per_key > 1 and num_queries != 1:
+        raise ValueError(f"a multi-value sample (values_per_key={values_per_key}) asks one key: num_queries must be 1")
     lo, hi = 10 ** (value_digits - 1), 10**value_digits - 1
     if hi - lo + 1 < num_needles:
         raise ValueError(f"value_digits={value_digits} gives fewer distinct numbers than num_needles={num_needles}")
 
     rng = random.Random(seed)
-    keys = rng.sample(CITY_KEYS, num_needles)  # the first num_queries are the queried ones, in question order
+    if values_per_key == 1:
+        keys = rng.sample(CITY_KEYS, num_needles)  # the first num_queries are the queried ones, in question order
+    else:  # the queried key's V needles first, then N − V distractors with keys of their own
+        distinct = rng.sample(CITY_KEYS, num_needles - values_per_key + 1)
+        keys = [distinct[0]] * values_per_key + distinct[1:]
     numbers: list[str] = []
     while len(numbers) < num_needles:  # distinct numbers, so string_match_all cannot be fooled by a duplicate
         n = str(rng.randint(lo, hi))
@@ -177,13 +193,17 @@ def make_needle_sample(
     placements = sorted((nearest_start(d), i) for i, d in enumerate(depths))
     context, offsets = _insert_needles(window, placements, keys, numbers)
 
-    question = _question(keys[:num_queries])
+    if values_per_key == 1:
+        question, answers = _question(keys[:num_queries]), tuple(numbers[:num_queries])
+    else:
+        question = MULTI_VALUE_QUESTION_TEMPLATE.format(key=keys[0])
+        answers = tuple(numbers[i] for i in sorted(range(values_per_key), key=lambda i: offsets[i]))
     first_pos = placements[[i for _, i in placements].index(0)][0]
     return NeedleSample(
         context=context,
         question=question,
         prompt=PROMPT_TEMPLATE.format(context=context, question=question),
-        answers=tuple(numbers[:num_queries]),
+        answers=answers,
         keys=tuple(keys[:num_queries]),
         needles=tuple(sorted(((keys[i], numbers[i], offsets[i]) for i in range(num_needles)), key=lambda n: n[2])),
         depth=first_pos / size if size else 0.0,

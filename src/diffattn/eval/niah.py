@@ -11,7 +11,11 @@ Two protocols:
   that changes between cells: every cell is scored the same way, one queried needle, solved or not), plus the papers'
   own cells, DIFF Table 2's N = 6, R = 2 and Dex's N = 8, R = 1; with the default grid, cells that do not fit the
   context are left out (``metadata["cells_left_out"]``), an explicit grid must fit whole;
-* the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5).
+* the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5);
+* optionally one multi-value cell (RULER's niah_multivalue, DiffLoRA Fig. 3 "MV"): one key with V values among N
+  needles (the N − V others distractors with keys of their own), the question asking for all V; scored like a
+  grid cell with V queried numbers (per-needle credit, solved = all V among the first V numbers; chance V/N and
+  1/C(N, V)), kept apart from the grid (``"multivalue"``) so that the R = 1 cells stay like for like.
 
 Per cell: ``accuracy`` (RULER string_match_all), ``strict_accuracy`` (per-needle credit: the queried numbers among the
 first R numbers of the output), ``solved`` (prompts whose every queried needle is among the first R numbers; at
@@ -238,6 +242,7 @@ def run_niah(
     heatmap_needles: int = 8,
     heatmap_samples: int | None = None,
     value_digits: int = 7,
+    multivalue: tuple[int, int] | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
@@ -246,7 +251,7 @@ def run_niah(
     ``grid``: (N, R) cells; None = :data:`GRID` where it fits the context.
     ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``; ``[]`` = no heatmap.
     ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
-    length (the papers: 7)."""
+    length (the papers: 7). ``multivalue``: (N, V) of the multi-value cell (None: none)."""
     context_tokens = evaluation_window(model, context_tokens, cap=2048)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
     if heatmap_lengths is None:
@@ -263,7 +268,7 @@ def run_niah(
     else:
         left_out = []
     grid_rows = []
-    total = len(grid) * samples + len(heatmap_lengths) * len(depths) * heatmap_samples
+    total = (len(grid) + (multivalue is not None)) * samples + len(heatmap_lengths) * len(depths) * heatmap_samples
     bar = tqdm(total=total, desc="needle retrieval", disable=not progress, leave=False)
     examples = []
     digest = hashlib.sha1()
@@ -272,6 +277,13 @@ def run_niah(
         cell = score_cell(context_tokens, [seed * 100003 + i for i in range(samples)], num_needles=n, num_queries=r)
         examples.append({"N": n, "R": r, "answers": list(cell[0].sample.answers), "output": cell[0].output})
         grid_rows.append(_grid_row(n, r, cell))
+    multivalue_row = None
+    if multivalue is not None:
+        n, v = multivalue
+        seeds = [seed * 100003 + i for i in range(samples)]
+        cell = score_cell(context_tokens, seeds, num_needles=n, num_queries=1, values_per_key=v)
+        examples.append({"N": n, "V": v, "answers": list(cell[0].sample.answers), "output": cell[0].output})
+        multivalue_row = {**_grid_row(n, v, cell), "R": 1, "V": v}  # chance V/N: V numbers asked of the N
     heatmap = _heatmap(score_cell, heatmap_lengths, depths, heatmap_samples, heatmap_needles, seed)
     bar.close()
     pooled = [s for g in grid_rows for s in g["scores"]]
@@ -279,6 +291,7 @@ def run_niah(
     r1 = [g for g in grid_rows if g["R"] == 1]
     return {
         "grid": grid_rows,
+        "multivalue": multivalue_row,
         "heatmap": heatmap,
         "mean_accuracy": sum(r["accuracy"] for r in grid_rows) / len(grid_rows),
         "mean_strict_accuracy": sum(r["strict_accuracy"] for r in grid_rows) / len(grid_rows),
@@ -306,6 +319,10 @@ def run_niah(
             "samples_sha1": digest.hexdigest(),
             "chance": "writing R of the N needles' numbers at random: R/N per-needle credit, 1/C(N, R) solved",
             "cells_left_out": left_out,
+            "multivalue": None
+            if multivalue is None
+            else "one key's V values among N needles (the others distractor keys), all V asked; scored as V queried "
+            "numbers (strict: among the first V numbers of the output)",
         },
     }
 
@@ -362,6 +379,7 @@ def _run_suite(model, tokenizer, o, folder, name):
         heatmap_needles=o.niah_needles,
         heatmap_lengths=o.niah_heatmap_lengths,
         heatmap_samples=o.niah_heatmap_samples,
+        multivalue=tuple(o.niah_multivalue) if o.niah_multivalue is not None else None,
         **o.needle_prompts(),
     )
     return r, {"niah": plot_niah(r, folder / "niah_heatmap.png").name}
@@ -467,6 +485,25 @@ def compare(niah: dict[str, dict], out: Path) -> list[str]:
         row = [_with_ci(g["accuracy"], g.get("ci")) for g in r["grid"]]
         row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")))
         lines.append(f"| {n} | " + " | ".join(row) + " |")
+    return [*lines, "", *_multivalue_table(niah)]
+
+
+def _multivalue_table(niah: dict[str, dict]) -> list[str]:
+    """The multi-value cell of every model that has one (none: no lines)."""
+    rows = {n: r["multivalue"] for n, r in niah.items() if r.get("multivalue")}
+    if not rows:
+        return []
+    g = next(iter(rows.values()))
+    lines = [
+        f"Multi-value cell (one key's V = {g['V']} values among N = {g['N']} needles, all V asked; {g['samples']} "
+        "prompts): per-needle credit (strict: the V numbers among the first V of the output) [95% CI] / prompts "
+        "solved.",
+        "",
+        "| model | multi-value |",
+        "|---|---|",
+        f"| chance | {_chance_cell({'N': g['N'], 'R': g['V']})} |",
+    ]
+    lines += [f"| {n} | {_credit_solved(row)} |" for n, row in rows.items()]
     return [*lines, ""]
 
 
@@ -516,12 +553,18 @@ class NiahOptions:
         parse=int_list,
     )
     niah_heatmap_samples: int | None = option(None, "samples per heatmap cell (default: --samples)", minimum=1)
+    niah_multivalue: tuple[int, int] | None = option(
+        None,
+        "NxV: a multi-value cell, one key with V values among N needles, all V asked (DiffLoRA Fig. 3 MV; e.g. 8x4)",
+        parse=lambda text: parse_grid(text)[0],
+    )
 
 
-def check_needle_cells(options, targets, cells, heatmap_needles: int | None = None) -> None:
+def check_needle_cells(options, targets, cells, heatmap_needles: int | None = None, values_per_key: int = 1) -> None:
     """The needle prompts of ``cells`` (and of the heatmap with ``heatmap_needles`` at its lengths) must fit the
     context the evaluation asks for, with the tokenizer each target model will be trained with: refused before any
-    training with the reason (the preflight of niah and alloc)."""
+    training with the reason (the preflight of niah and alloc). ``values_per_key`` > 1: ``cells`` are (N, V)
+    multi-value cells, asked as one key."""
     from ..data.synthetic import CITY_KEYS
 
     heatmap = [(heatmap_needles, 1)] if heatmap_needles is not None else []
@@ -555,8 +598,9 @@ def check_needle_cells(options, targets, cells, heatmap_needles: int | None = No
                 raise ValueError(f"eval.options: a heatmap length {length} exceeds {t.name}'s positions")
             try:
                 fit_sample(
-                    t.tokenizer(), text, length, 0, num_needles=n, num_queries=r, value_digits=options.niah_digits
-                )
+                    t.tokenizer(), text, length, 0, num_needles=n, value_digits=options.niah_digits,
+                    **({"num_queries": r} if values_per_key == 1 else {"num_queries": 1, "values_per_key": r}),
+                )  # fmt: skip
             except ValueError as e:
                 raise ValueError(f"eval.options (niah/alloc) for {t.name}: {e}") from e
 
@@ -565,6 +609,13 @@ def _preflight(options, targets) -> None:
     # the default grid is used where it fits: its N = 1 cell must
     cells = [tuple(c) for c in options.niah_grid] if options.niah_grid is not None else [(1, 1)]
     check_needle_cells(options, targets, cells, heatmap_needles=options.niah_needles)
+    if options.niah_multivalue is not None:
+        mv = tuple(options.niah_multivalue)
+        if len(mv) != 2 or not all(isinstance(x, int) for x in mv) or not 2 <= mv[1] <= mv[0]:
+            raise ValueError(
+                f"eval.options.niah_multivalue wants [N, V] with 2 <= V <= N, got {options.niah_multivalue}"
+            )
+        check_needle_cells(options, targets, [mv], values_per_key=mv[1])
 
 
 def needle_protocol(o) -> str:
@@ -714,12 +765,39 @@ def _compare_cell(ref: Run, new: Run, seed: int, n: int, r: int) -> Comparison |
     """One (N, R) cell of the grid — a paper's own cell — scored as per-needle credit (strict) with a paired
     bootstrap over the same prompts; prompts solved beside it in the note."""
     rr, rn = ref.results("niah"), new.results("niah")
-    gr, gn = _cell(rr, n, r), _cell(rn, n, r)
+    return _compare_row(rr, rn, _cell(rr, n, r), _cell(rn, n, r), seed, f"N={n}, R={r}")
+
+
+def _multivalue_value(r: dict | None) -> float | None:
+    """One run's per-needle credit (strict) in the multi-value cell, None when it has none."""
+    g = (r or {}).get("multivalue")
+    return None if g is None else g["strict_accuracy"]
+
+
+def _multivalue_chance(run: Run) -> float | None:
+    g = (run.results("niah") or {}).get("multivalue")
+    return None if g is None else needle_chance(g["N"], g["V"])[0]
+
+
+def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """The multi-value cell (one key's V values among N needles) as :func:`_compare_cell` reads a grid cell; the
+    two runs must have asked the same (N, V)."""
+    rr, rn = ref.results("niah"), new.results("niah")
+    gr, gn = (rr or {}).get("multivalue"), (rn or {}).get("multivalue")
+    if gr is None or gn is None or (gr["N"], gr["V"]) != (gn["N"], gn["V"]):
+        return None
+    return _compare_row(rr, rn, gr, gn, seed, f"multi-value N={gr['N']}, V={gr['V']}", answers=gr["V"])
+
+
+def _compare_row(rr, rn, gr, gn, seed, cell: str, answers: int | None = None) -> Comparison | None:
+    """Per-needle credit (strict) of one cell of two runs (``gr``, ``gn``: their rows), paired bootstrap over the
+    same prompts when they are the same, unpaired otherwise; ``answers``: numbers asked per prompt (default R)."""
     if gr is None or gn is None or not gr.get("strict_scores") or not gn.get("strict_scores"):
         return None
     sr, sn = gr["strict_scores"], gn["strict_scores"]
+    chance = needle_chance(gr["N"], answers or gr["R"])[0]
     solved = f"prompts solved {np.mean([s == 1 for s in sr]):.3f} → {np.mean([s == 1 for s in sn]):.3f}"
-    note = f"data uncertainty only; cell N={n}, R={r}; {solved}; chance {needle_chance(n, r)[0]:.2f} per needle"
+    note = f"data uncertainty only; cell {cell}; {solved}; chance {chance:.2f} per needle"
     if len(sr) == len(sn) and _paired(rr, rn):
         diff = paired_difference(sr, sn, seed=seed)
         kind = paired_kind(diff, "prompts")
@@ -727,10 +805,10 @@ def _compare_cell(ref: Run, new: Run, seed: int, n: int, r: int) -> Comparison |
         diff = unpaired_difference(sr, sn, method="bootstrap", seed=seed)
         kind = "unpaired bootstrap (different prompts)"
     return Comparison(
-        f"per-needle credit (strict) at N={n}, R={r}",
+        f"per-needle credit (strict) at {cell}",
         ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
         new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
-        diff=diff, kind=kind, note=note, cells=f"cell N={n}, R={r}",
+        diff=diff, kind=kind, note=note, cells=f"cell {cell}",
     )  # fmt: skip
 
 
@@ -863,6 +941,10 @@ MEASURES = {
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
         compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2), chance=lambda run: needle_chance(6, 2)[0],
+    ),
+    "niah:multivalue": Measure(
+        "per-needle credit in the multi-value cell", 3, per_run=lambda run: _multivalue_value(run.results("niah")),
+        compare=_compare_multivalue, chance=_multivalue_chance,
     ),
     "niah:heatmap": Measure(
         "heatmap prompts solved", 3, per_run=lambda run: _heatmap_solved(run.results("niah")),
