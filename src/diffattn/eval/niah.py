@@ -695,7 +695,7 @@ def _paired(rr: dict, rn: dict) -> bool:
 
 
 def _compare_solved(ref: Run, new: Run, seed: int) -> Comparison | None:
-    """Prompts solved over the R = 1 cells (docs/evaluation.md §5.5)."""
+    """Prompts solved over the R = 1 cells (docs/evaluation.md §5.6)."""
     rr, rn = ref.results("niah"), new.results("niah")
     if not rr or not rn or rr.get("mean_accuracy") is None or rn.get("mean_accuracy") is None:
         return None
