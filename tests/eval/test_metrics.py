@@ -381,3 +381,11 @@ def test_the_multi_value_cell_is_kept_apart_from_the_grid_with_its_chance(debug_
 
     table = "\n".join(compare({"a": res, "b": res}, tmp_path))
     assert "| chance | 0.50 / 0.17 |" in table and "Multi-value cell (one key's V = 2 values among N = 4" in table
+    from types import SimpleNamespace
+
+    from diffattn.eval.niah import needle_protocol
+
+    options = SimpleNamespace(niah_grid=((1, 1),), niah_digits=2, haystack="filler", context_tokens=200, samples=3)
+    assert "multi-value" not in needle_protocol(options)  # alloc's options: no multi-value cell
+    options.niah_multivalue = (4, 2)
+    assert "a multi-value cell (one key's V = 2 values among N = 4 needles, all V asked)" in needle_protocol(options)

@@ -621,12 +621,19 @@ def _preflight(options, targets) -> None:
 def needle_protocol(o) -> str:
     """The report's protocol sentence of the needle suites (niah and alloc share it: the same prompts)."""
     grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid or GRID) + ("" if o.niah_grid else " where they fit")
+    multivalue = getattr(o, "niah_multivalue", None)  # alloc's options have no multi-value cell
     return (
         "Retrieval evaluation: needles "
         f'"The special magic {{city}} number is: {{{o.niah_digits}-digit number}}." '
         f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the training length of'} tokens; "
         f"(N needles, R queried) cells {grid}, {o.samples} samples each, greedy decoding, RULER string_match_all; "
-        f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
+        + (
+            ""
+            if multivalue is None
+            else f"a multi-value cell (one key's V = {multivalue[1]} values among N = {multivalue[0]} "
+            f"needles, all V asked), {o.samples} samples; "
+        )
+        + f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
         "(seeded), so comparisons are paired."
     )
 
