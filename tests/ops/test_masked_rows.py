@@ -114,8 +114,7 @@ def _yardstick(args, keep, form, causal):
     flash = _flash_formulation(args, keep, causal, bias=None if form != "finfo.min+bias" else mask)
     if causal:
         return [_run("reference", args, mask, causal), flash]
-    orders = [None, *(torch.Generator().manual_seed(i) for i in (1, 2))]
-    key_orders = [g if g is None else torch.randperm(S, generator=g) for g in orders]
+    key_orders = [None, *(torch.randperm(S, generator=torch.Generator().manual_seed(i)) for i in (1, 2))]
     query_orders = [torch.randperm(T, generator=torch.Generator().manual_seed(10 + i)) for i in (1, 2)]
     return (
         [_run("reference", args, mask, causal, perm=p) for p in key_orders]

@@ -273,15 +273,15 @@ def run_niah(
     examples = []
     digest = hashlib.sha1()
     score_cell = partial(_score_cell, model, tokenizer, text, digest, bar, value_digits=value_digits)
+    cell_seeds = [seed * 100003 + i for i in range(samples)]  # the same per cell: paired across models
     for n, r in grid:
-        cell = score_cell(context_tokens, [seed * 100003 + i for i in range(samples)], num_needles=n, num_queries=r)
+        cell = score_cell(context_tokens, cell_seeds, num_needles=n, num_queries=r)
         examples.append({"N": n, "R": r, "answers": list(cell[0].sample.answers), "output": cell[0].output})
         grid_rows.append(_grid_row(n, r, cell))
     multivalue_row = None
     if multivalue is not None:
         n, v = multivalue
-        seeds = [seed * 100003 + i for i in range(samples)]
-        cell = score_cell(context_tokens, seeds, num_needles=n, num_queries=1, values_per_key=v)
+        cell = score_cell(context_tokens, cell_seeds, num_needles=n, num_queries=1, values_per_key=v)
         examples.append({"N": n, "V": v, "answers": list(cell[0].sample.answers), "output": cell[0].output})
         multivalue_row = {**_grid_row(n, v, cell), "R": 1, "V": v}  # chance V/N: V numbers asked of the N
     heatmap = _heatmap(score_cell, heatmap_lengths, depths, heatmap_samples, heatmap_needles, seed)
@@ -501,15 +501,20 @@ def _multivalue_table(niah: dict[str, dict]) -> list[str]:
         "",
         "| model | multi-value |",
         "|---|---|",
-        f"| chance | {_chance_cell({'N': g['N'], 'R': g['V']})} |",
+        f"| chance | {_chance_cell(g)} |",
     ]
     lines += [f"| {n} | {_credit_solved(row)} |" for n, row in rows.items()]
     return [*lines, ""]
 
 
+def _numbers_asked(g: dict) -> int:
+    """How many needle numbers a prompt of cell ``g`` asks for: R, or V in the multi-value cell (one key, R = 1)."""
+    return g.get("V", g["R"])
+
+
 def _chance_cell(g: dict) -> str:
-    credit, solved = needle_chance(g["N"], g["R"])
-    return f"{credit:.2f}" if g["R"] == 1 else f"{credit:.2f} / {solved:.2f}"
+    credit, solved = needle_chance(g["N"], _numbers_asked(g))
+    return f"{credit:.2f}" if _numbers_asked(g) == 1 else f"{credit:.2f} / {solved:.2f}"
 
 
 def _fmt(value: float | None) -> str:
@@ -783,7 +788,7 @@ def _multivalue_value(r: dict | None) -> float | None:
 
 def _multivalue_chance(run: Run) -> float | None:
     g = (run.results("niah") or {}).get("multivalue")
-    return None if g is None else needle_chance(g["N"], g["V"])[0]
+    return None if g is None else needle_chance(g["N"], _numbers_asked(g))[0]
 
 
 def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
@@ -793,16 +798,16 @@ def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
     gr, gn = (rr or {}).get("multivalue"), (rn or {}).get("multivalue")
     if gr is None or gn is None or (gr["N"], gr["V"]) != (gn["N"], gn["V"]):
         return None
-    return _compare_row(rr, rn, gr, gn, seed, f"multi-value N={gr['N']}, V={gr['V']}", answers=gr["V"])
+    return _compare_row(rr, rn, gr, gn, seed, f"multi-value N={gr['N']}, V={gr['V']}")
 
 
-def _compare_row(rr, rn, gr, gn, seed, cell: str, answers: int | None = None) -> Comparison | None:
+def _compare_row(rr, rn, gr, gn, seed, cell: str) -> Comparison | None:
     """Per-needle credit (strict) of one cell of two runs (``gr``, ``gn``: their rows), paired bootstrap over the
-    same prompts when they are the same, unpaired otherwise; ``answers``: numbers asked per prompt (default R)."""
+    same prompts when they are the same, unpaired otherwise."""
     if gr is None or gn is None or not gr.get("strict_scores") or not gn.get("strict_scores"):
         return None
     sr, sn = gr["strict_scores"], gn["strict_scores"]
-    chance = needle_chance(gr["N"], answers or gr["R"])[0]
+    chance = needle_chance(gr["N"], _numbers_asked(gr))[0]
     solved = f"prompts solved {np.mean([s == 1 for s in sr]):.3f} → {np.mean([s == 1 for s in sn]):.3f}"
     note = f"data uncertainty only; cell {cell}; {solved}; chance {chance:.2f} per needle"
     if len(sr) == len(sn) and _paired(rr, rn):
