@@ -541,6 +541,19 @@ def parse_grid(text: str) -> tuple[tuple[int, int], ...]:
     return cells
 
 
+def parse_multivalue(text: str) -> tuple[int, int]:
+    """``--niah-multivalue``'s one ``NxV`` cell (``8x4``), V >= 2."""
+    try:
+        cells = parse_grid(text)
+    except argparse.ArgumentTypeError:
+        cells = ()
+    if len(cells) != 1 or cells[0][1] < 2:
+        raise argparse.ArgumentTypeError(
+            f"--niah-multivalue wants one NxV cell with 2 <= V <= N, e.g. 8x4; got {text!r}"
+        )
+    return cells[0]
+
+
 @dataclass
 class NiahOptions:
     """The retrieval grid and heatmap (the shared prompt options are :class:`~diffattn.eval.common.CommonOptions`)."""
@@ -561,7 +574,7 @@ class NiahOptions:
     niah_multivalue: tuple[int, int] | None = option(
         None,
         "NxV: a multi-value cell, one key with V values among N needles, all V asked (DiffLoRA Fig. 3 MV; e.g. 8x4)",
-        parse=lambda text: parse_grid(text)[0],
+        parse=parse_multivalue,
     )
 
 
