@@ -45,7 +45,14 @@ from ._inputs import (
 )
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference
-from .sdpa import diff_attention_sdpa
+from .routes import SAFE_DEFAULT, call_class, table_routes
+from .sdpa import (
+    cudnn_unsupported,
+    diff_attention_cudnn,
+    diff_attention_sdpa,
+    diff_attention_sdpa_split,
+    split_unsupported,
+)
 
 __all__ = [
     "BACKENDS",
@@ -65,7 +72,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "reference", "sdpa", "chunked", "triton")
+BACKENDS = ("auto", "reference", "sdpa", "cudnn", "sdpa_split", "chunked", "triton")
 
 
 @dataclass(frozen=True)
@@ -169,7 +176,7 @@ def _log_auto_fallback(reason: str) -> bool:
     # once per distinct reason: auto runs in every layer of every step
     if reason not in _LOGGED_FALLBACKS:
         _LOGGED_FALLBACKS.add(reason)
-        logger.info("diff_attention backend auto: using sdpa, not triton: %s", reason)
+        logger.info("diff_attention backend auto: %s", reason)
     return True
 
 
@@ -204,6 +211,8 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
     return [
         BackendStatus("reference", True, "fp32 math on any device; materialises both [T, S] maps"),
         BackendStatus("sdpa", True, f"torch.nn.functional.scaled_dot_product_attention on {device.type}"),
+        _cudnn_status(device),
+        BackendStatus("sdpa_split", True, "one SDPA call per slice of V as wide as Q and K (DIFF V1: dv = 2d)"),
         BackendStatus("chunked", True, "query chunks in PyTorch ops, shared dO·Vᵀ backward; fastest on CPU"),
         _triton_status(device),
     ]
@@ -212,28 +221,100 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
 _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
     "reference": diff_attention_reference,
     "sdpa": diff_attention_sdpa,
+    "cudnn": diff_attention_cudnn,
+    "sdpa_split": diff_attention_sdpa_split,
     "chunked": diff_attention_chunked,
     "triton": _triton_impl,
 }
 
 
-def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -> str:
-    """What ``backend="auto"`` runs. On CPU: ``chunked`` (measured 1.28× a same-size baseline forward+backward
-    at N = 2048 against 1.86–1.97× for ``sdpa``; the Triton interpreter is for tests only), except when both maps
-    read the same K, where ``sdpa``'s one-call path is faster. On CUDA: ``triton``
-    when the fused kernel supports ``inp`` (dtype, head dims, compiled kernels), else ``sdpa`` (fused flash
-    kernels), with the reason logged. Without ``inp`` the device default (``sdpa`` on CUDA) is returned."""
+def _cudnn_status(device: torch.device) -> BackendStatus:
+    if device.type != "cuda":
+        return BackendStatus("cudnn", False, f"device {device.type}: cuDNN attention runs on CUDA")
+    if not torch.backends.cudnn.is_available():
+        return BackendStatus("cudnn", False, "this torch has no cuDNN")
+    return BackendStatus(
+        "cudnn", True, f"one SDPA call forced to cuDNN attention, V wider than Q and K (cuDNN {torch.backends.cudnn.version()})"
+    )
+
+
+def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
+    """Why route ``name`` cannot take these inputs, or None."""
+    if name == "triton":
+        return triton_unsupported(inp)
+    if name == "cudnn":
+        return cudnn_unsupported(inp)
+    if name == "sdpa_split":
+        return split_unsupported(inp)
+    return None
+
+
+#: (route, call class) → the error it raised at run time in this process: auto does not try it there again
+_FAILED_ROUTES: dict[tuple[str, str], str] = {}
+
+
+def auto_routes(inp: DiffAttentionInputs) -> list[str]:
+    """The routes ``backend="auto"`` would try for ``inp``, in order, each usable for these inputs (the last one is
+    always usable). CPU: ``chunked`` (measured 1.28× a same-size baseline forward+backward at N = 2048 against
+    1.86–1.97× for ``sdpa``; the Triton interpreter is for tests only), except when both maps read the same K, where
+    ``sdpa``'s one call over interleaved query heads measured 1.70–2.42× against 2.24–2.70× (benchmarks/RESULTS.md).
+    CUDA: the route table's routes for this call class, fastest first (:mod:`diffattn.ops.routes`: measured on
+    this GPU model with this software by ``make gpu-report``), then ``sdpa``; routes that cannot take the inputs,
+    or failed at run time on this class before, are left out (the first time with one log line)."""
+    device = inp.q1.device
     if device.type == "cpu":
-        # both maps on the same K (DIFF V2, DAA, DiffQ): sdpa's one call over interleaved query heads measured
-        # 1.70–2.42x the baseline fwd+bwd at N = 1024–4096 against 2.24–2.70x for chunked (benchmarks/RESULTS.md)
-        return "sdpa" if inp is not None and inp.shares_keys else "chunked"
-    if inp is None or device.type != "cuda":
-        return "sdpa"
-    reason = triton_unsupported(inp)
-    if reason is None:
-        return "triton"
-    _log_auto_fallback(reason)
-    return "sdpa"
+        return ["sdpa" if inp.shares_keys else "chunked"]
+    if device.type != "cuda":
+        return ["sdpa"]
+    cls = call_class(inp)
+    usable = []
+    for name in table_routes(inp):
+        reason = route_unsupported(name, inp) or _FAILED_ROUTES.get((name, cls))
+        if reason is None:
+            usable.append(name)
+        else:
+            _log_auto_fallback(f"{name} skipped for {cls}: {reason}")
+    return usable or [SAFE_DEFAULT]
+
+
+def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -> str:
+    """What ``backend="auto"`` runs first (:func:`auto_routes`). Without ``inp``: ``chunked`` on CPU, else ``sdpa``."""
+    if inp is None:
+        return "chunked" if device.type == "cpu" else SAFE_DEFAULT
+    return auto_routes(inp)[0]
+
+
+def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
+    """Run the first of :func:`auto_routes`; on CUDA a route that raises (compile error, launch error, out of
+    resources, a kernel cuDNN refuses) hands over to the next one with one log line naming the error, and is not
+    tried again for this call class. Not under torch.compile (no try there: the first route runs) and not for an
+    error that poisons the CUDA context (nothing after it could run). Out of memory is the caller's to see."""
+    names = auto_routes(inp)
+    _log_auto_fallback(f"{call_class(inp)} runs {names[0]} (route order: {', '.join(names)})")
+    for i, name in enumerate(names):
+        impl_inp = inp if name == "triton" else with_segment_mask(inp)
+        if i == len(names) - 1 or torch.compiler.is_compiling():
+            return _IMPLS[name](impl_inp)
+        try:
+            return _IMPLS[name](impl_inp)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:
+            text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+            if _poisons_context(text):
+                raise
+            cls = call_class(inp)
+            _FAILED_ROUTES[(name, cls)] = f"failed at run time ({text})"
+            logger.warning(
+                "diff_attention backend auto: route %s failed for %s (%s); using %s from now on", name, cls, text,
+                names[i + 1],
+            )
+    raise AssertionError("unreachable: the last route runs without a try")
+
+
+def _poisons_context(text: str) -> bool:
+    """An error after which the CUDA context is unusable (every later kernel fails too)."""
+    return any(m in text for m in ("illegal memory access", "device-side assert", "unspecified launch failure"))
 
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
@@ -241,10 +322,9 @@ def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
         return auto_backend(inp.q1.device, inp)
-    if backend == "triton":
-        reason = triton_unsupported(inp)
-        if reason:
-            raise ValueError(f"backend 'triton' is not usable: {reason}")
+    reason = route_unsupported(backend, inp)
+    if reason:
+        raise ValueError(f"backend {backend!r} is not usable: {reason}")
     return backend
 
 
@@ -306,9 +386,30 @@ def diff_attention(
 
 
 def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:
+    if backend == "auto":
+        return _run_auto(inp)
     name = _resolve(backend, inp)
-    # only the fused kernel reads segments as such; every other backend takes them as a mask
-    return _IMPLS[name](inp if name == "triton" else with_segment_mask(inp))
+    if name != "triton":
+        # only the fused kernel reads segments as such; every other backend takes them as a mask
+        return _IMPLS[name](with_segment_mask(inp))
+    try:
+        return _IMPLS[name](inp)
+    except Exception as err:
+        if type(err).__module__.split(".")[0] != "triton":
+            raise
+        raise RuntimeError(_triton_build_error(err)) from err
+
+
+def _triton_build_error(err: BaseException) -> str:
+    """One line for a fused kernel that did not build or launch: the Triton version and the kernel."""
+    import triton
+
+    kernel = getattr(err, "diffattn_kernel", None) or "the fused kernel"
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return (
+        f"backend 'triton': {kernel} did not compile or launch with triton {triton.__version__} "
+        f"({type(err).__name__}: {first}); backend='auto' runs another route"
+    )
 
 
 def _autocast_inputs(q1, k1, q2, k2, v):

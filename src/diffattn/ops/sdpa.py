@@ -54,37 +54,24 @@ def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[
     return mask.masked_fill(~keep, float("-inf")), False
 
 
-def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
-    h, d, dv = inp.num_heads, inp.head_dim, inp.v_dim
+def _one_call_operands(inp: DiffAttentionInputs):
+    """Q, K, V of the one call over both maps' query heads, and their layout (module docstring)."""
+    h, d = inp.num_heads, inp.head_dim
     b, t = inp.batch, inp.q_len
     if inp.shares_keys:
         # K1 is K2 (DIFF V2): 2H interleaved query heads against the Hkv key/value heads, K and V passed once;
         # query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong to key head i // (H/Hkv) under GQA
-        layout = "interleaved"
         q = torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)
-        k, v = inp.k1, inp.v
-    else:
-        layout = "stacked"
-        q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
-        k = torch.cat([inp.k1, inp.k2], dim=1)  # [B, 2Hkv, S, d]
-        v = inp.v
-        v = torch.cat([v, v], dim=1)  # [B, 2Hkv, S, dv]
-    width = max(d, dv)
-    if d < width:
-        q = F.pad(q, (0, width - d))
-        k = F.pad(k, (0, width - d))
-    elif dv < width:
-        v = F.pad(v, (0, width - dv))
-    mask, is_causal = _sdpa_mask(inp, head_layout=layout)
-    o = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        is_causal=is_causal,
-        scale=inp.scale,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )[..., :dv]  # [B, 2H, T, dv]
+        return q, inp.k1, inp.v, "interleaved"
+    q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
+    k = torch.cat([inp.k1, inp.k2], dim=1)  # [B, 2Hkv, S, d]
+    v = inp.v
+    return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
+
+
+def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str) -> torch.Tensor:
+    """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0."""
+    h, dv, b, t = inp.num_heads, inp.v_dim, inp.batch, inp.q_len
     if layout == "interleaved":
         o1, o2 = o.view(b, h, 2, t, dv).unbind(2)
     else:
@@ -95,3 +82,73 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
     if fully is not None:
         out = out.masked_fill(fully, 0.0)  # the row attends to nothing: zero output, zero gradient through it
     return out.to(inp.q1.dtype)
+
+
+def _call(inp: DiffAttentionInputs, q, k, v, layout: str) -> torch.Tensor:
+    mask, is_causal = _sdpa_mask(inp, head_layout=layout)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``sdpa`` route: one call, Q and K zero-padded to V's width where V is wider (module docstring)."""
+    d, dv = inp.head_dim, inp.v_dim
+    q, k, v, layout = _one_call_operands(inp)
+    width = max(d, dv)
+    if d < width:
+        q = F.pad(q, (0, width - d))
+        k = F.pad(k, (0, width - d))
+    elif dv < width:
+        v = F.pad(v, (0, width - dv))
+    return _combine(inp, _call(inp, q, k, v, layout)[..., :dv], layout)
+
+
+def cudnn_unsupported(inp: DiffAttentionInputs) -> str | None:
+    """Why the ``cudnn`` route cannot take these inputs (None if it may: cuDNN itself has the last word, and a call
+    it refuses raises "No available kernel", which ``auto`` answers with the next route)."""
+    reasons = []
+    if inp.q1.device.type != "cuda":
+        reasons.append(f"device {inp.q1.device.type}: cuDNN attention runs on CUDA")
+    elif not torch.backends.cudnn.is_available():
+        reasons.append("this torch has no cuDNN")
+    elif torch.cuda.get_device_capability(inp.q1.device)[0] < 8:
+        reasons.append("cuDNN attention needs a GPU of compute capability >= 8.0")
+    if inp.q1.dtype not in (torch.float16, torch.bfloat16):
+        reasons.append(f"dtype {inp.q1.dtype}: cuDNN attention takes float16 and bfloat16")
+    if inp.head_dim > 128 or inp.v_dim > 256 or inp.head_dim % 8 or inp.v_dim % 8:
+        reasons.append(f"head widths d={inp.head_dim}, dv={inp.v_dim}: taken here up to d = 128, dv = 256, multiples of 8")
+    if inp.num_heads != inp.num_kv_heads:
+        reasons.append("GQA (fewer key heads than query heads): not measured through cuDNN")
+    return "; ".join(reasons) or None
+
+
+def diff_attention_cudnn(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``cudnn`` route: the same one call, forced to cuDNN attention, which takes V wider than Q and K — so no
+    padding: DIFF V1's forward does its FLOP ideal (1.5x the baseline; measured on an H200 in
+    ``../shared/gpu/h200-2026-11-26.md``: 1.55x forward, 1.50x forward+backward at d = 64)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v, layout = _one_call_operands(inp)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        o = _call(inp, q, k, v, layout)
+    return _combine(inp, o, layout)
+
+
+def split_unsupported(inp: DiffAttentionInputs) -> str | None:
+    """Why the ``sdpa_split`` route cannot take these inputs (None if it can)."""
+    d, dv = inp.head_dim, inp.v_dim
+    if dv <= d or dv % d:
+        return f"sdpa_split cuts V into slices of width d: needs dv a multiple of d above it, got d={d}, dv={dv}"
+    return None
+
+
+def diff_attention_sdpa_split(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``sdpa_split`` route: V cut into slices as wide as Q and K, one call over both maps per slice, so every call
+    is FlashAttention-shaped with no padding (transformers' DiffLlama does this with two calls; QKᵀ is recomputed per
+    slice, so its forward does 2x the QKᵀ FLOPs at dv = 2d, but it moves no padded copy of K: the route for
+    decoding against a long cache, where padding copies the whole cache every token)."""
+    d = inp.head_dim
+    q, k, v, layout = _one_call_operands(inp)
+    o = torch.cat([_call(inp, q, k, part, layout) for part in v.split(d, dim=-1)], dim=-1)
+    return _combine(inp, o, layout)

@@ -204,7 +204,13 @@ def _fwd_kernel(
     # or bounds mask formed), then the diagonal and boundary tiles (k_mid..k_hi, MASKED)
     for phase in tl.static_range(2):
         for start_n in range(k_mid if phase == 1 else k_lo, k_hi if phase == 1 else k_mid, BLOCK_N):
-            k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
+            # a compile-time branch at the call site: triton 3.6 cannot pass seg_base (None without segments) into
+            # a jit function (`cannot convert None of type NoneType to tensor`); newer tritons can
+            if SEGMENTS:
+                k_seg, visit = _key_tile_documents(seg_base, start_n, S, seg_lo, seg_hi, SEG, SEGMENTS, BLOCK_N)
+            else:
+                k_seg = SEG
+                visit = True
             if visit:
                 acc1, acc2, m1, m2, l1, l2 = _fwd_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base,
                     k2_base, v_base, sk1s, sk2s, svs, mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d,

@@ -30,12 +30,17 @@ INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 #: over query blocks that recomputes QKᵀ and dO·Vᵀ (1.4x the ideal) but is bit-for-bit deterministic; it is also
 #: used under ``torch.use_deterministic_algorithms(True)``, for heads wider than d = 64, dv = 128 (whose dK1, dK2,
 #: dV accumulators for 128 keys do not fit in registers) and for d = 64, dv = 128 with a per-row 4-D mask. Read,
-#: like deterministic mode, when the backward runs.
-ATOMIC_DQ: bool = True
+#: like deterministic mode, when the backward runs. Default False, by measurement: on an H200 at B = 4, N = 4096,
+#: d = 64, bf16 the two-kernel backward made forward+backward 6.06 ms against 9.24 ms with atomic dQ
+#: (../shared/gpu/h200-2026-11-26.md) — the FLOP count said the opposite.
+ATOMIC_DQ: bool = False
 
 #: Time the :data:`_TUNING` alternatives on a GPU (``triton.autotune``, once per kernel, head widths, causality,
-#: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles.
-AUTOTUNE: bool = True
+#: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles. Off: on an H200
+#: (../shared/gpu/h200-2026-11-26.md) autotuning the single-pass backward ran candidate (16, 64, 4, 1), which died
+#: with an illegal memory access and poisoned the CUDA context — a candidate is only timed once it is proven
+#: (the route sweep, diffattn.bench.route_sweep, runs each one alone in a process of its own).
+AUTOTUNE: bool = False
 
 #: Key splits of the forward when it needs no gradient (flash-decoding), or None for the heuristic: split only when
 #: the row blocks × batch × KV heads leave most of the GPU idle, as in decoding with few sequences.

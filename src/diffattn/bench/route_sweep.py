@@ -1,0 +1,767 @@
+"""The route sweep: every route of DIFF attention (DIFF Transformer Eq. 1, docs/methods.md §0) on every call class,
+checked against a float64 reference and timed against the same-size SDPA baseline on the same inputs, interleaved —
+and the route table ``backend="auto"`` reads (:mod:`diffattn.ops.routes`) written from it.
+
+Each route runs in a worker process of its own (``python -m diffattn.bench.route_sweep --worker``) over every class,
+one job at a time; a job is announced in the results file before it starts, so a worker that dies (an illegal memory
+access poisons the CUDA context; a kernel can hang) costs one row — "crashed: ..." or "timed out" — and a fresh
+worker goes on with the next job. Tuning candidates of the fused kernel are routes of their own here
+(``triton[dkdv_atomic 16x64 w4 s1]``: that tile forced alone), so a candidate that crashes is a row too.
+
+Per job:
+
+* **correct** — fresh random inputs at a boundary shape (T = S = 333, not a multiple of any tile; decode: T = 1),
+  the class's dtype and mask; the output and every gradient (train) against :func:`diffattn.ops.diff_attention`'s
+  ``reference`` backend on the same inputs in float64, as ‖x − ref‖ / ‖ref‖. The yardstick is the error, on the
+  same inputs, of an independent formulation in the class's dtype through PyTorch's own kernels (one SDPA call per
+  map and slice of V — the official code's route); a route passes at up to :data:`TOLERANCE` times it. NaN fails.
+* **speed** — the class's shape (:data:`SHAPES`: batch·N = 16K tokens at N = 4096, d_model 2048; decode: one query
+  against 8192 cached keys, batch 4), median milliseconds of forward+backward (train) or forward (infer, decode)
+  over interleaved rounds against the baseline: SDPA with 2h heads of width d and the same mask (default dispatch).
+
+The table entry lists, per class, the routes that passed, fastest first. Routes only measured for comparison
+(transformers' two calls, the official four calls) are rows, never table routes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+#: a route passes when its worst relative error is at most this times the yardstick's
+TOLERANCE = 4.0
+CHECK_LEN = 333  # not a multiple of 16, 32, 64 or 128: every kernel has partial tiles
+D_MODEL, TOKENS, SEQ, DECODE_CACHE, DECODE_BATCH = 2048, 16384, 4096, 8192, 4
+JOB_TIMEOUT_S = 120.0
+COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
+
+
+@dataclass(frozen=True)
+class CallClass:
+    pair: str  # "v1" (K1, K2 apart; V of width 2d) or "shared_k" (DIFF V2: K1 is K2, V of width d)
+    d: int
+    dtype: str = "bf16"
+    causal: bool = True
+    mask: str = "none"  # none, padding, segments
+    mode: str = "train"  # train, infer, decode
+
+    @property
+    def dv(self) -> int:
+        return 2 * self.d if self.pair == "v1" else self.d
+
+    @property
+    def key(self) -> str:
+        """The route table's key (:func:`diffattn.ops.routes.call_class` of these inputs)."""
+        causal = "causal" if self.causal else "full"
+        return f"{self.pair} d{self.d} dv{self.dv} {self.dtype} {causal} {self.mask} {self.mode}"
+
+
+def default_classes() -> list[CallClass]:
+    """The classes a GPU run measures, most used first (a run out of time drops the last ones)."""
+    out = []
+    for d in (64, 128):
+        for pair in ("v1", "shared_k"):
+            out += [CallClass(pair, d, mode=m) for m in ("train", "infer", "decode")]
+    for d in (64, 128):
+        for pair in ("v1", "shared_k"):
+            out += [CallClass(pair, d, mask=m, mode="train") for m in ("padding", "segments")]
+            out += [CallClass(pair, d, mask="padding", mode="infer")]
+    return out
+
+
+def routes_for(cls: CallClass) -> list[str]:
+    """The table routes of a class."""
+    return ["cudnn", "sdpa", "sdpa_split", "triton"] if cls.pair == "v1" else ["sdpa", "cudnn", "triton"]
+
+
+def comparison_routes(cls: CallClass) -> list[str]:
+    """Routes measured beside the table's, never chosen (V1 without a mask)."""
+    return list(COMPARISON_ROUTES) if cls.pair == "v1" and cls.mask == "none" else []
+
+
+def candidate_routes() -> list[tuple[str, CallClass]]:
+    """Each tuning candidate of the fused kernel's training forward and single-pass backward (no mask), forced alone,
+    on the train class of its head widths: ``triton[KIND BMxBN wW sS]``."""
+    from ..ops.triton import tuning
+
+    out = []
+    for cls_name, pair in (("v1", "v1"), ("v2", "shared_k")):
+        out.append(("triton[atomic]", CallClass(pair, 64)))  # the single-pass backward on its default tile
+        for kind in ("fwd", "dkdv_atomic"):
+            for bm, bn, w, s in tuning._TUNING["none"][kind].get(cls_name, []):
+                out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, 64)))
+    return out
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Problem:
+    """One call's inputs: DIFF heads (q1, k1, q2, k2, v, lam, mask args) and the baseline's (q, k, v)."""
+
+    diff: dict
+    leaves: list[torch.Tensor]
+    base: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    base_mask: torch.Tensor | None
+    causal: bool
+
+
+def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, device, dtype, seed: int) -> Problem:
+    """``heads`` DIFF heads (v1: h heads of two maps and V of width 2d; shared_k: DIFF V2's 2h head pairs on 2h
+    K/V heads, λ per head and token), the mask of the class, and the same-size baseline (2h heads of width d)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, grad=True):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(grad)
+
+    train = cls.mode == "train"
+    if cls.pair == "v1":
+        h = heads
+        q1, q2 = rnd(batch, h, t, cls.d, grad=train), rnd(batch, h, t, cls.d, grad=train)
+        k1, k2 = rnd(batch, h, s, cls.d, grad=train), rnd(batch, h, s, cls.d, grad=train)
+        v = rnd(batch, h, s, cls.dv, grad=train)
+        lam = torch.tensor(0.5, device=device).requires_grad_(train)
+        leaves = [q1, k1, q2, k2, v, lam]
+    else:
+        h = 2 * heads
+        q1, q2 = rnd(batch, h, t, cls.d, grad=train), rnd(batch, h, t, cls.d, grad=train)
+        k1 = k2 = rnd(batch, h, s, cls.d, grad=train)
+        v = rnd(batch, h, s, cls.dv, grad=train)
+        lam = torch.rand(batch, h, t, generator=g).to(device).requires_grad_(train)
+        leaves = [q1, k1, q2, v, lam]
+    causal = cls.causal and t > 1  # T = 1 sees every key (bottom-right alignment)
+    diff = {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "lam": lam, "causal": cls.causal}
+    base_mask = None
+    if cls.mask == "padding":  # the second half of the batch has its last eighth of keys padded
+        keep = torch.ones(batch, s, dtype=torch.bool, device=device)
+        keep[batch // 2 :, s - max(1, s // 8) :] = False
+        diff["attn_mask"] = keep
+        base_mask = keep[:, None, None, :]
+    elif cls.mask == "segments":  # four documents per row
+        seg = (torch.arange(s, device=device) * 4 // s).to(torch.int32).expand(batch, s).contiguous()
+        diff["segment_ids"] = seg
+        base_mask = (seg[:, None, s - t :, None] == seg[:, None, None, :])
+    if base_mask is not None and causal:
+        from ..ops import causal_keep_mask
+
+        base_mask = base_mask & causal_keep_mask(t, s, device)
+    qb, kb, vb = rnd(batch, 2 * heads, t, cls.d), rnd(batch, 2 * heads, s, cls.d), rnd(batch, 2 * heads, s, cls.d)
+    if not train:
+        qb, kb, vb = qb.detach(), kb.detach(), vb.detach()
+    return Problem(diff, leaves, (qb, kb, vb), base_mask, causal and base_mask is None)
+
+
+def _sdpa_per_map(q, k, v_parts, mask, causal, scale):
+    return torch.cat(
+        [F.scaled_dot_product_attention(q, k, vp, attn_mask=mask, is_causal=causal, scale=scale) for vp in v_parts], -1
+    )
+
+
+def official_four_calls(p: Problem) -> torch.Tensor:
+    """The official DIFF code's route (one SDPA call per map and slice of V as wide as Q), with the class's mask; the
+    yardstick's formulation, and a comparison row."""
+    a = p.diff
+    d = a["q1"].shape[-1]
+    mask = _dense_mask(p)
+    causal = a["causal"] and mask is None and a["q1"].shape[2] > 1
+    scale = 1 / math.sqrt(d)
+    k1, k2, v = a["k1"], a["k2"], a["v"]
+    parts = v.split(d, dim=-1)
+    o1 = _sdpa_per_map(a["q1"], k1, parts, mask, causal, scale)
+    o2 = _sdpa_per_map(a["q2"], k2, parts, mask, causal, scale)
+    lam = a["lam"]
+    lam = lam[..., None] if lam.dim() == 3 else lam
+    return (o1.float() - lam.float() * o2.float()).to(o1.dtype)
+
+
+def hf_two_calls(p: Problem) -> torch.Tensor:
+    """transformers' DiffLlama route: both maps' heads in one tensor, one SDPA call per half of V."""
+    a = p.diff
+    h = a["q1"].shape[1]
+    d = a["q1"].shape[-1]
+    q, k = torch.cat([a["q1"], a["q2"]], 1), torch.cat([a["k1"], a["k2"]], 1)
+    v = torch.cat([a["v"], a["v"]], 1)
+    mask = _dense_mask(p)
+    causal = a["causal"] and mask is None and q.shape[2] > 1
+    o = _sdpa_per_map(q, k, v.split(d, dim=-1), mask, causal, 1 / math.sqrt(d))
+    return o[:, :h] - a["lam"] * o[:, h:]
+
+
+def _dense_mask(p: Problem) -> torch.Tensor | None:
+    """The class's mask as one bool [B, 1, T, S] (causality folded in), or None without one."""
+    a = p.diff
+    t, s = a["q1"].shape[2], a["k1"].shape[2]
+    mask = None
+    if "attn_mask" in a:
+        mask = a["attn_mask"][:, None, None, :]
+    if "segment_ids" in a:
+        seg = a["segment_ids"]
+        mask = seg[:, None, s - t :, None] == seg[:, None, None, :]
+    if mask is not None and a["causal"] and t > 1:
+        from ..ops import causal_keep_mask
+
+        mask = mask & causal_keep_mask(t, s, a["q1"].device)
+    return mask
+
+
+def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torch.Tensor]:
+    """What one call of ``route`` on a problem computes."""
+    from ..ops import diff_attention
+
+    if route in extra:
+        return extra[route]
+    if route == "official_four_calls":
+        return official_four_calls
+    if route == "hf_two_calls":
+        return hf_two_calls
+    backend = "triton" if route.startswith("triton") else route
+    return lambda p: diff_attention(**p.diff, backend=backend)
+
+
+def force_candidate(route: str) -> None:
+    """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
+    every other launch kind its default tile."""
+    if not route.startswith("triton["):
+        return
+    from ..ops.triton import tuning
+
+    if route == "triton[atomic]":
+        tuning.ATOMIC_DQ = True
+        return
+
+    kind, tile, warps, stages = route[len("triton[") : -1].split()
+    bm, bn = (int(x) for x in tile.split("x"))
+    cand = (bm, bn, int(warps[1:]), int(stages[1:]))
+    original = tuning._candidates
+
+    def candidates(k, *args, **kwargs):
+        return [cand] if k == kind else original(k, *args, **kwargs)[:1]
+
+    tuning._candidates = candidates
+    tuning.AUTOTUNE = True
+    if kind == "dkdv_atomic":
+        tuning.ATOMIC_DQ = True  # the single-pass backward, which is what that kind is
+
+
+# ---- checking and timing -----------------------------------------------------------------------------------------
+
+
+def _outputs(fn: Callable[[Problem], torch.Tensor], p: Problem, cotangent: torch.Tensor | None) -> list[torch.Tensor]:
+    out = fn(p)
+    if cotangent is None:
+        return [out.detach()]
+    grads = torch.autograd.grad(out, p.leaves, cotangent, allow_unused=True)
+    return [out.detach(), *(g if g is not None else torch.zeros_like(x) for g, x in zip(grads, p.leaves, strict=True))]
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return math.inf
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def check(route: str, fn, cls: CallClass, device, dtype, seed: int) -> dict:
+    """Worst relative error of the output and each gradient against float64, and the yardstick's."""
+    t = 1 if cls.mode == "decode" else CHECK_LEN
+    heads = 4
+    p = make_problem(cls, batch=2, heads=heads, t=t, s=CHECK_LEN, device=device, dtype=dtype, seed=seed)
+    ref_p = _upcast(p)
+    from ..ops import diff_attention
+
+    train = cls.mode == "train"
+    cot = torch.randn(p.diff["q1"].shape[0], p.diff["q1"].shape[1], t, cls.dv, device=device, dtype=dtype)
+    ref = _outputs(lambda q: diff_attention(**q.diff, backend="reference"), ref_p, cot.double() if train else None)
+    got = _outputs(fn, p, cot if train else None)
+    yard = _outputs(official_four_calls, p, cot if train else None)
+    names = ["out", *("d" + n for n in ("q1", "k1", "q2", "k2", "v", "lam"))] if cls.pair == "v1" else [
+        "out", "dq1", "dk", "dq2", "dv", "dlam"]  # fmt: skip
+    errors = {n: _rel(g, r) for n, g, r in zip(names, got, ref, strict=False)}
+    yardstick = {n: _rel(g, r) for n, g, r in zip(names, yard, ref, strict=False)}
+    worst = max(errors.values())
+    worst_yard = max(yardstick.values())
+    ok = all(errors[n] <= TOLERANCE * max(yardstick[n], 1e-7) for n in errors)
+    return {"max_err": worst, "yardstick": worst_yard, "correct": bool(ok), "errors": errors}
+
+
+def _upcast(p: Problem) -> Problem:
+    cast = {}
+
+    def up(x):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        if id(x) not in cast:
+            cast[id(x)] = x.detach().double().requires_grad_(x.requires_grad)
+        return cast[id(x)]
+
+    diff = {k: up(v) for k, v in p.diff.items()}
+    return Problem(diff, [up(x) for x in p.leaves], p.base, p.base_mask, p.causal)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], device, rounds: int = 10, min_sample_ms: float = 2.0):
+    """Median milliseconds per call of each function, timed in interleaved rounds (each sample: enough calls to take
+    ``min_sample_ms``), after a warm-up of three calls each."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    _sync(device)
+    inner = {}
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        inner[name] = max(1, min(50, math.ceil(min_sample_ms / max(1e-3, 1e3 * (time.perf_counter() - start)))))
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(inner[name]):
+                fn()
+            _sync(device)
+            samples[name].append(1e3 * (time.perf_counter() - start) / inner[name])
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def shape_of(cls: CallClass, scale: str = "gpu") -> dict:
+    """The timed shape: batch·N = 16K tokens at N = 4096 and d_model 2048 (DIFF heads: d_model / 2d); decode one
+    query against 8192 keys, batch 4. ``scale="tiny"``: a CPU stand-in for tests."""
+    if scale == "tiny":
+        return {"batch": 1, "heads": 2, "t": 1 if cls.mode == "decode" else 64, "s": 64}
+    heads = D_MODEL // (2 * cls.d)
+    if cls.mode == "decode":
+        return {"batch": DECODE_BATCH, "heads": heads, "t": 1, "s": DECODE_CACHE}
+    return {"batch": TOKENS // SEQ, "heads": heads, "t": SEQ, "s": SEQ}
+
+
+def time_route(fn, cls: CallClass, device, dtype, scale: str) -> dict:
+    """Milliseconds of the route and the baseline, interleaved on one problem; and TFLOP/s by the stated FLOP model."""
+    from .attention import attention_flops
+
+    shape = shape_of(cls, scale)
+    p = make_problem(cls, **shape, device=device, dtype=dtype, seed=1)
+    train = cls.mode == "train"
+    out_shape = (shape["batch"], p.diff["q1"].shape[1], shape["t"], cls.dv)
+    cot = torch.randn(out_shape, device=device, dtype=dtype)
+    qb, kb, vb = p.base
+    cot_b = torch.randn_like(qb)
+
+    def base():
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=p.base_mask, is_causal=p.causal)
+        if train:
+            torch.autograd.grad(o, (qb, kb, vb), cot_b)
+
+    def route():
+        o = fn(p)
+        if train:
+            torch.autograd.grad(o, [x for x in p.leaves if x.requires_grad], cot, allow_unused=True)
+
+    if not train:
+        base_nograd, route_nograd = base, route
+
+        def base():  # noqa: F811 (the no-gradient version of the same call)
+            with torch.no_grad():
+                base_nograd()
+
+        def route():  # noqa: F811
+            with torch.no_grad():
+                route_nograd()
+
+    ms = interleaved_ms({"route": route, "base": base}, device)
+    kind = "diff"
+    h = p.diff["q1"].shape[1]
+    flops = attention_flops(shape["batch"], h, shape["t"], shape["s"], cls.d, cls.dv, causal=cls.causal, kind=kind)
+    work = flops["fwd_bwd"] if train else flops["fwd"]
+    return {"ms": ms["route"], "base_ms": ms["base"], "ratio": ms["route"] / ms["base"],
+            "tflops": work / (ms["route"] * 1e9), "shape": shape}  # fmt: skip
+
+
+def matmul_tflops(device) -> float:
+    """The GPU's bf16 matmul rate, measured: an 8192³ product on random data."""
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = interleaved_ms({"mm": lambda: a @ b}, device, rounds=10)["mm"]
+    return 2 * n**3 / (ms * 1e9)
+
+
+# ---- the worker --------------------------------------------------------------------------------------------------
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _error_text(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+
+
+def _fatal(text: str) -> bool:
+    return any(m in text for m in ("illegal memory access", "device-side assert", "unspecified launch failure",
+                                   "CUDA error"))  # fmt: skip
+
+
+def run_worker(
+    route: str, jobs: list[dict], results: Path, device: str, scale: str, extra_module: str | None, warm: bool = False
+) -> int:
+    """Run ``route`` on each job's class in order, appending a "start" and a result record per job. Exits 3 after an
+    error that leaves the CUDA context unusable (the parent starts a fresh worker for the rest). ``warm``: only
+    compile (one call at the checked and at the timed shape, nothing timed), so a later timed worker finds its
+    kernels in Triton's cache."""
+    extra = importlib.import_module(extra_module).ROUTES if extra_module else {}
+    force_candidate(route)
+    fn = route_fn(route, extra)
+    if warm:
+        for job in jobs:
+            cls = CallClass(**job["cls"])
+            try:
+                dtype = DTYPES[cls.dtype]
+                check(route, fn, cls, device, dtype, seed=0)
+                p = make_problem(cls, **shape_of(cls, scale), device=device, dtype=dtype, seed=1)
+                out = fn(p)
+                if cls.mode == "train":
+                    out.float().sum().backward()
+                _sync(device)
+            except Exception as err:
+                if _fatal(_error_text(err)):
+                    return 3
+        return 0
+    for job in jobs:
+        cls = CallClass(**job["cls"])
+        _append(results, {"event": "start", "route": route, "class": cls.key})
+        record = {"event": "done", "route": route, "class": cls.key, "cls": asdict(cls)}
+        try:
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            dtype = DTYPES[cls.dtype]
+            record.update(check(route, fn, cls, device, dtype, seed=job.get("seed", 0)))
+            record.update(time_route(fn, cls, device, dtype, scale))
+            record["status"] = "ok"
+        except torch.OutOfMemoryError as err:
+            record.update(status=f"out of memory: {_error_text(err)}")
+        except Exception as err:
+            text = _error_text(err)
+            record.update(status=f"error: {text}")
+            if _fatal(text):
+                record["status"] = f"crashed: {text}"
+                _append(results, record)
+                return 3
+        _append(results, record)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return 0
+
+
+# ---- the parent --------------------------------------------------------------------------------------------------
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a dying worker
+    return out
+
+
+def sweep(
+    plan: list[tuple[str, CallClass]],
+    out: Path,
+    *,
+    device: str = "cuda",
+    scale: str = "gpu",
+    budget_s: float = 300.0,
+    job_timeout_s: float = JOB_TIMEOUT_S,
+    extra_module: str | None = None,
+    progress: Callable[[str], None] = print,
+    warm_s: float = 0.0,
+) -> list[dict]:
+    """Every (route, class) of ``plan``, each route in worker processes of its own, in plan order of routes; a
+    worker that dies or overruns costs one row and a fresh worker takes the rest. Returns one record per job
+    (status "ok", "error: …", "crashed: …", "timed out", or "skipped: budget spent")."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "routes.jsonl"
+    if results.exists():
+        results.unlink()  # ours: the previous sweep's raw rows, rewritten below
+    deadline = time.monotonic() + budget_s
+    by_route: dict[str, list[CallClass]] = {}
+    for route, cls in plan:
+        by_route.setdefault(route, []).append(cls)
+    if warm_s > 0:
+        warm_compiles(by_route, out, device, scale, extra_module, min(warm_s, budget_s / 2), progress)
+    records: dict[tuple[str, str], dict] = {}
+    for route, classes in by_route.items():
+        pending = list(classes)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 5:
+                for cls in pending:
+                    records[(route, cls.key)] = {"route": route, "class": cls.key, "cls": asdict(cls),
+                                                 "status": "skipped: budget spent"}  # fmt: skip
+                break
+            jobs = out / "jobs.json"
+            jobs.write_text(json.dumps([{"cls": asdict(c)} for c in pending]))
+            cmd = [sys.executable, "-m", "diffattn.bench.route_sweep", "--worker", route, "--jobs", str(jobs),
+                   "--results", str(results), "--device", device, "--scale", scale]  # fmt: skip
+            if extra_module:
+                cmd += ["--extra-routes", extra_module]
+            progress(f"routes: {route} on {len(pending)} classes ({left:.0f} s left)")
+            stderr_path = out / "worker.stderr"
+            with open(stderr_path, "w") as err_file:
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
+                timed_out = _wait(proc, results, route, min(left, job_timeout_s), deadline)
+            done = {r["class"]: r for r in read_records(results) if r.get("event") == "done" and r["route"] == route}
+            started = [r["class"] for r in read_records(results) if r.get("event") == "start" and r["route"] == route]
+            for key, r in done.items():
+                records[(route, key)] = r
+            still = [c for c in pending if c.key not in done]
+            if not still:
+                break
+            # the job that started and never finished is the one the worker died (or hung) on
+            culprit = next((c for c in still if c.key in started), None)
+            if culprit is None and len(still) < len(pending):
+                pending = still  # it stopped itself after a recorded crash: a fresh worker takes the rest
+                continue
+            if culprit is None:  # died before its first job: the route itself cannot start
+                why = _last_line(stderr_path) or _exit_text(proc.returncode)
+                for cls in still:
+                    records[(route, cls.key)] = {"route": route, "class": cls.key, "cls": asdict(cls),
+                                                 "status": f"crashed: {why}"}  # fmt: skip
+                break
+            status = "timed out" if timed_out else f"crashed: {_last_line(stderr_path) or _exit_text(proc.returncode)}"
+            records[(route, culprit.key)] = {"route": route, "class": culprit.key, "cls": asdict(culprit),
+                                             "status": status}  # fmt: skip
+            progress(f"routes: {route} on {culprit.key}: {status}")
+            pending = [c for c in still if c is not culprit]
+    return [records[(route, cls.key)] for route, cls in plan if (route, cls.key) in records]
+
+
+WARM_PROCESSES = 8
+
+
+def warm_compiles(by_route, out: Path, device, scale, extra_module, timeout_s: float, progress) -> None:
+    """Compile the Triton routes' kernels before anything is timed: their classes split over up to
+    :data:`WARM_PROCESSES` worker processes at once (compiling is CPU work; Triton's cache is shared between
+    processes), killed at ``timeout_s``. Nothing here is recorded: the timed workers meet any error again."""
+    work = [(route, cls) for route, classes in by_route.items() if route.startswith("triton") for cls in classes]
+    if not work:
+        return
+    progress(f"routes: compiling {len(work)} Triton (route, class) pairs in {WARM_PROCESSES} processes")
+    procs = []
+    for i in range(WARM_PROCESSES):
+        mine = work[i::WARM_PROCESSES]
+        routes = {}
+        for route, cls in mine:
+            routes.setdefault(route, []).append(cls)
+        for route, classes in routes.items():
+            jobs = out / f"warm-{i}-{len(procs)}.json"
+            jobs.write_text(json.dumps([{"cls": asdict(c)} for c in classes]))
+            cmd = [sys.executable, "-m", "diffattn.bench.route_sweep", "--worker", route, "--warm", "--jobs",
+                   str(jobs), "--results", os.devnull, "--device", device, "--scale", scale]  # fmt: skip
+            if extra_module:
+                cmd += ["--extra-routes", extra_module]
+            procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), jobs))
+    deadline = time.monotonic() + timeout_s
+    for proc, _ in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for _, jobs in procs:
+        jobs.unlink()
+    progress(f"routes: compiled (or gave up) in {timeout_s - max(0.0, deadline - time.monotonic()):.0f} s")
+
+
+def _wait(proc: subprocess.Popen, results: Path, route: str, job_timeout_s: float, deadline: float) -> bool:
+    """Wait for the worker; kill it when one job runs past ``job_timeout_s`` or the deadline. True if killed."""
+    last_count, last_change = -1, time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.2)
+        count = sum(1 for r in read_records(results) if r["route"] == route)
+        now = time.monotonic()
+        if count != last_count:
+            last_count, last_change = count, now
+        if now - last_change > job_timeout_s or now > deadline:
+            proc.kill()
+            proc.wait()
+            return True
+    return False
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _last_line(path: Path) -> str:
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    meaningful = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (meaningful or lines or [""])[-1][:300]
+
+
+def table_entry(records: list[dict], identity: dict, date: str) -> dict:
+    """The route table entry of a sweep: per class the table routes that passed, fastest first; every record kept
+    as a measurement (the README's speed table is made from them)."""
+    from ..ops.routes import ROUTE_NAMES
+
+    routes: dict[str, list[tuple[float, str]]] = {}
+    for r in records:
+        if r.get("status") == "ok" and r.get("correct") and r["route"] in ROUTE_NAMES and math.isfinite(r["ms"]):
+            routes.setdefault(r["class"], []).append((r["ratio"], r["route"]))
+    measured = [{k: r.get(k) for k in ("class", "route", "status", "correct", "max_err", "yardstick", "ms",
+                                          "base_ms", "ratio", "tflops")} for r in records]  # fmt: skip
+    return {**identity, "date": date, "shape": f"batch·N = {TOKENS}, N = {SEQ}, d_model {D_MODEL}; decode: batch "
+            f"{DECODE_BATCH}, one query against {DECODE_CACHE} keys",
+            "routes": {k: [name for _, name in sorted(v)] for k, v in routes.items()},
+            "measurements": measured}  # fmt: skip
+
+
+def merge_entry(table_path: Path, entry: dict, into: Path) -> dict:
+    """The table at ``table_path`` with ``entry`` replacing any entry of the same device and software, written to
+    ``into`` (a temporary name, then a rename)."""
+    from ..files import write_text_atomic
+    from ..ops.routes import MATCH_KEYS, TABLE_FORMAT, check_table
+
+    entries = []
+    if table_path.exists():
+        try:
+            entries = check_table(json.loads(table_path.read_text()))
+        except ValueError:
+            entries = []
+    same = [e for e in entries if all(e[k] == entry[k] for k in MATCH_KEYS)]
+    entries = [e for e in entries if e not in same] + [entry]
+    table = {"format": TABLE_FORMAT, "entries": entries}
+    check_table(table)
+    write_text_atomic(into, json.dumps(_finite(table), indent=1) + "\n")
+    return table
+
+
+def _finite(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def to_markdown(records: list[dict], entry: dict, matmul: float | None) -> str:
+    """The sweep as markdown: per class, each route's time, ratio to the baseline, TFLOP/s (and its share of the
+    measured matmul rate), error against float64 and the yardstick's, and the table's choice."""
+    lines = [f"Route sweep on {entry['device']} (sm_{entry['capability'].replace('.', '')}), torch {entry['torch']}, "
+             f"triton {entry['triton']}, cuDNN {entry['cudnn']}, {entry['date']}. {entry['shape']}. Ratios to the "
+             "same-size SDPA baseline (2h heads of width d, same mask, default dispatch) measured in the same "
+             "process, interleaved.", ""]  # fmt: skip
+    if matmul:
+        lines += [f"Measured bf16 matmul rate (8192³): {matmul:.0f} TFLOP/s.", ""]
+    lines += ["| class | route | ms | × base | TFLOP/s | % of matmul | err vs fp64 | yardstick | status | auto's order |",
+              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        order = entry["routes"].get(r["class"], [])
+        rank = str(order.index(r["route"]) + 1) if r["route"] in order else "—"
+        share = f"{100 * r['tflops'] / matmul:.0f}%" if matmul and r.get("tflops") else "—"
+        lines.append("| " + " | ".join([
+            r["class"], r["route"], _f(r.get("ms"), ".3f"), _f(r.get("ratio"), ".2f"), _f(r.get("tflops"), ".0f"),
+            share, _f(r.get("max_err"), ".1e"), _f(r.get("yardstick"), ".1e"),
+            r.get("status", "") if r.get("status") != "ok" else ("ok" if r.get("correct") else "WRONG"), rank,
+        ]) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _f(x, fmt: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
+    """The table routes on every class, then the fused kernel's tuning candidates, then the comparison routes: a
+    run out of time loses the last ones."""
+    plan = [(route, cls) for cls in default_classes() for route in routes_for(cls)]
+    if candidates:
+        plan += candidate_routes()
+    return plan + [(route, cls) for cls in default_classes() for route in comparison_routes(cls)]
+
+
+def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, plan=None, **kw) -> dict:
+    """The whole sweep on this GPU: records, the table entry merged into a copy of the shipped table
+    (``out/route_table.json``), and ``out/routes.md``."""
+    from ..files import write_text_atomic
+    from ..ops.routes import ROUTE_TABLE, device_identity
+
+    start = time.monotonic()
+    identity = kw.pop("identity", None)
+    device = kw.get("device", "cuda")
+    matmul = matmul_tflops(device) if device == "cuda" else None
+    records = sweep(plan or default_plan(), out, budget_s=budget_s - (time.monotonic() - start), progress=progress,
+                    **kw)  # fmt: skip
+    identity = identity or device_identity()
+    entry = table_entry(records, identity, datetime.date.today().isoformat())
+    entry["matmul_tflops"] = matmul
+    merge_entry(ROUTE_TABLE, entry, out / "route_table.json")
+    write_text_atomic(out / "routes.md", to_markdown(records, entry, matmul))
+    return {"records": records, "entry": entry, "matmul_tflops": matmul}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", help="(internal) run this route over --jobs, appending to --results")
+    parser.add_argument("--warm", action="store_true", help="(internal) with --worker: compile only")
+    parser.add_argument("--jobs", type=Path)
+    parser.add_argument("--results", type=Path)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--scale", default="gpu", choices=("gpu", "tiny"))
+    parser.add_argument("--extra-routes", help="(tests) a module whose ROUTES maps extra route names to functions")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks") / "gpu-report")
+    parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--warm-s", type=float, default=120.0, help="at most this long compiling Triton kernels first")
+    args = parser.parse_args(argv)
+    if args.worker:
+        jobs = json.loads(args.jobs.read_text())
+        return run_worker(args.worker, jobs, args.results, args.device, args.scale, args.extra_routes, args.warm)
+    if not torch.cuda.is_available():
+        print(f"route sweep: needs a CUDA device, and torch {torch.__version__} sees none here", file=sys.stderr)
+        return 2
+    result = run(args.out, args.budget_s, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                 warm_s=args.warm_s)  # fmt: skip
+    print(to_markdown(result["records"], result["entry"], result["matmul_tflops"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Which route ``backend="auto"`` runs on CUDA: the route table, the one home of that decision.
+
+Every route computes the same op (DIFF Transformer Eq. 1, docs/methods.md §0); they differ only in speed, and speed
+is a property of the GPU and the software, so it is measured there, not argued here. The route sweep
+(:mod:`diffattn.bench.route_sweep`, run by ``make gpu-report``) times every route of every call class on a GPU
+against the same-size SDPA baseline, checks each against a float64 reference, and writes one *entry* of the table:
+the device, the software versions, the date, and per call class the correct routes fastest first (plus every
+measurement, which the README's speed table is made from). ``route_table.json`` beside this file is what the
+repository ships; ``DIFFATTN_ROUTE_TABLE=path`` reads another one (the sweep's own, before it is shipped).
+
+A call class (:func:`call_class`) is what decides the fastest route and can be read off the inputs without running
+anything: both maps' keys (``v1``: K1, K2 apart; ``shared_k``: K1 is K2 — DIFF V2, DAA, DiffQ), head widths d and dv,
+dtype, causal or not, the mask (``none``, key ``padding``, a per-row ``mask4d``, ``segments``) and the mode
+(``train``: a gradient will flow; ``infer``: no gradient, T > 1 — prefill with or without a KV cache; ``decode``:
+T = 1 against a cache). Sequence length is not in the class: the sweep measures at batch·N = 16K, N = 4096
+(decode: a cache of 8192), and the entry says so.
+
+An entry is used only where everything it was measured with matches this process: device name and compute
+capability, torch, triton and cuDNN versions. Another GPU's or other software's entry is ignored with one log line;
+a file that cannot be read or does not follow the format is ignored with one line naming it and the problem. Where
+no entry or no class matches: :data:`SAFE_DEFAULT` (``sdpa``), never the fused kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from ._inputs import DiffAttentionInputs
+
+logger = logging.getLogger(__name__)
+
+#: the route of a CUDA call whose class the table does not list
+SAFE_DEFAULT = "sdpa"
+#: the table the repository ships, and the variable that names another
+ROUTE_TABLE = Path(__file__).with_name("route_table.json")
+ROUTE_TABLE_ENV = "DIFFATTN_ROUTE_TABLE"
+TABLE_FORMAT = 1
+#: what an entry must match, in this order (the first mismatch is the one logged)
+MATCH_KEYS = ("device", "capability", "torch", "triton", "cudnn")
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def mask_class(inp: DiffAttentionInputs) -> str:
+    """``segments``, ``none``, ``padding`` (one value per key: [B|1, 1, 1, S] with T > 1) or ``mask4d``."""
+    if inp.segment_ids is not None:
+        return "segments"
+    mask = inp.attn_mask
+    if mask is None:
+        return "none"
+    if mask.shape[1] == 1 and mask.shape[2] == 1 and inp.q_len > 1:
+        return "padding"
+    return "mask4d"
+
+
+def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
+    """The route table's key for this call, e.g. ``"v1 d64 dv128 bf16 causal none train"``. ``grad``: whether a
+    gradient will flow (default: grad mode is on and some input requires grad)."""
+    if grad is None:
+        leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    mode = "train" if grad else "decode" if inp.q_len == 1 else "infer"
+    pair = "shared_k" if inp.shares_keys else "v1"
+    dtype = _DTYPES.get(inp.q1.dtype, str(inp.q1.dtype).removeprefix("torch."))
+    causal = "causal" if inp.causal else "full"
+    return f"{pair} d{inp.head_dim} dv{inp.v_dim} {dtype} {causal} {mask_class(inp)} {mode}"
+
+
+def software() -> dict[str, str]:
+    """The versions a route's speed depends on, as an entry records them."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # not installed, or broken
+        triton_version = "none"
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"torch": torch.__version__, "triton": triton_version, "cudnn": str(cudnn)}
+
+
+def device_identity(index: int | None = None) -> dict[str, str]:
+    """What an entry is matched on: the device's name and compute capability and :func:`software`."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return {"device": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}", **software()}
+
+
+def _table_path() -> Path:
+    return Path(os.environ.get(ROUTE_TABLE_ENV) or ROUTE_TABLE)
+
+
+def check_table(data: object) -> list[dict]:
+    """The entries of a route table file's parsed JSON; ValueError naming the first problem."""
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
+        raise ValueError(f"not a route table of format {TABLE_FORMAT} (a JSON object with \"format\": {TABLE_FORMAT})")
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError('"entries" must be a list')
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {i} is not an object")
+        for key in (*MATCH_KEYS, "date"):
+            if not isinstance(entry.get(key), str):
+                raise ValueError(f"entry {i} has no {key!r} string")
+        routes = entry.get("routes")
+        if not isinstance(routes, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(r, str) for r in v)
+            for k, v in routes.items()
+        ):
+            raise ValueError(f"entry {i}: 'routes' must map each call class to a non-empty list of route names")
+        unknown = {r for v in routes.values() for r in v} - set(ROUTE_NAMES)
+        if unknown:
+            raise ValueError(f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)})")
+    return entries
+
+
+#: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
+ROUTE_NAMES = ("cudnn", "sdpa", "sdpa_split", "triton", "chunked", "reference")
+
+
+@functools.cache
+def load_entries(path: str) -> tuple[dict, ...]:
+    """The entries of the table at ``path``; none (with one warning naming the file and the problem) where it is
+    missing, unreadable or malformed. Read once per path and process."""
+    file = Path(path)
+    if not file.exists():
+        if file != ROUTE_TABLE:
+            logger.warning("route table %s: no such file; auto uses %s on CUDA", file, SAFE_DEFAULT)
+        return ()
+    try:
+        return tuple(check_table(json.loads(file.read_text())))
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        logger.warning("route table %s ignored: %s; auto uses %s on CUDA", file, err, SAFE_DEFAULT)
+        return ()
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        logger.warning(message)
+
+
+@functools.cache
+def entry_for(identity_items: tuple[tuple[str, str], ...], path: str) -> dict | None:
+    """The newest entry of the table measured on this device with this software, or None (saying once why each
+    entry for this device is not used)."""
+    identity = dict(identity_items)
+    matching = []
+    for entry in load_entries(path):
+        if entry["device"] != identity["device"]:
+            continue
+        stale = next((k for k in MATCH_KEYS if entry[k] != identity[k]), None)
+        if stale is None:
+            matching.append(entry)
+        else:
+            _say_once(
+                f"route table {path}: the entry for {entry['device']} of {entry['date']} was measured with {stale} "
+                f"{entry[stale]}, this is {identity[stale]}: ignored (auto uses {SAFE_DEFAULT} where no entry "
+                "matches; `make gpu-report` measures a new one)"
+            )
+    return max(matching, key=lambda e: e["date"]) if matching else None
+
+
+@functools.cache
+def device_entry(index: int) -> dict | None:
+    """The table entry for CUDA device ``index`` under this process's software, or None. Read once per device (and
+    per :func:`reset`); at torch.compile's trace time it is taken as a constant."""
+    return entry_for(tuple(device_identity(index).items()), str(_table_path()))
+
+
+device_entry._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def table_routes(inp: DiffAttentionInputs) -> list[str]:
+    """The routes the table lists for this call on its CUDA device, fastest first, then :data:`SAFE_DEFAULT`;
+    ``[SAFE_DEFAULT]`` where no entry or class matches. (Which of them can run these inputs is
+    :func:`diffattn.ops.auto_backend`'s to check.)"""
+    device = inp.q1.device
+    entry = device_entry(device.index if device.index is not None else torch.cuda.current_device())
+    routes = entry["routes"].get(call_class(inp)) if entry else None
+    if not routes:
+        return [SAFE_DEFAULT]
+    return list(routes) + ([SAFE_DEFAULT] if SAFE_DEFAULT not in routes else [])
+
+
+def reset() -> None:
+    """Forget the tables read and the lines said (tests, or after writing a new table in this process)."""
+    load_entries.cache_clear()
+    entry_for.cache_clear()
+    device_entry.cache_clear()
+    _SAID.clear()
