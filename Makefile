@@ -49,8 +49,10 @@ lint: install
 bench: install
 	$(PYTHON) -m diffattn bench attention
 
-# every GPU number in one run of at most ten minutes (benchmarks/gpu_report.py; OUT=dir to write elsewhere). On a lent
-# GPU the minutes count and the machine may have no index to install from, so install only when diffattn is missing.
+# every GPU number in one run of at most ten minutes (benchmarks/gpu_session.sh: the route sweep and the route table
+# it gives, the train step with it, compute-sanitizer, the gpu tests; each step in processes of its own; OUT=dir to
+# write elsewhere). It runs from the checkout (PYTHONPATH=src) with the machine's own torch: on a lent GPU the minutes
+# count and there may be no index to install from. benchmarks/gpu_report.py (op sizes, decode, FSDP2) is the older
+# all-in-one-process report.
 gpu-report:
-	@$(PYTHON) -c "import diffattn" 2>/dev/null || $(MAKE) install
-	$(PYTHON) benchmarks/gpu_report.py $(if $(OUT),--out $(OUT))
+	PYTHON=$(if $(filter $(VENV)/bin/python,$(PYTHON)),python3,$(PYTHON)) $(if $(OUT),OUT=$(OUT)) bash benchmarks/gpu_session.sh

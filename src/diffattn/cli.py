@@ -44,7 +44,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"device        {device}")
     print("backends of diffattn.ops.diff_attention:")
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    now = auto_backend(here) if here.type == "cpu" else "triton where the shapes are supported, else sdpa"
+    if here.type == "cpu":
+        now = auto_backend(here)
+    else:
+        from .ops.routes import device_entry
+
+        entry = device_entry(torch.cuda.current_device())
+        now = (
+            f"the route table's fastest route per call class, measured on this GPU {entry['date']}; else sdpa"
+            if entry
+            else "sdpa: the route table has no entry for this GPU and software (`make gpu-report` measures one)"
+        )
     print(f"  {'auto':<10} usable      picks the fastest backend for the device (now: {now})")
     for s in backend_status():
         print(f"  {s.name:<10} {'usable' if s.usable else 'unusable':<11} {s.reason}")

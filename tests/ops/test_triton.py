@@ -419,6 +419,7 @@ def test_deterministic_two_kernel_backward(monkeypatch, how):
 def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
     # on a GPU the training forward and the single-pass backward are triton.autotune'd over the default tiles and
     # the _TUNING alternatives, the very list benchmarks/kernel_report.py compiles and checks for sm_90
+    monkeypatch.setattr(tuning, "AUTOTUNE", True)  # off by default (tuning.AUTOTUNE): the machinery still works
     monkeypatch.setattr(tuning, "INTERPRETED", False)
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
     monkeypatch.setattr(tuning, "_AUTOTUNERS", {})
@@ -504,8 +505,9 @@ def test_status_reports_triton_usable_here():
     assert status.usable, status.reason
     args = make_inputs()
     inp = validate(*args, causal=True, attn_mask=None, scale=None)
-    # auto: chunked on CPU (the interpreter is for tests only), the kernel on CUDA
-    assert auto_backend(torch.device(DEVICE), inp) == ("triton" if _CUDA else "chunked")
+    # auto: chunked on CPU (the interpreter is for tests only); on CUDA the route table's (tests/ops/test_routes.py)
+    if not _CUDA:
+        assert auto_backend(torch.device(DEVICE), inp) == "chunked"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -667,15 +669,17 @@ def test_gpu_single_pass_and_deterministic_backwards_agree(monkeypatch, dv):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_auto_picks_triton_or_falls_back_with_a_logged_reason(caplog):
+def test_gpu_auto_runs_the_route_tables_choice_or_sdpa_with_a_logged_line(caplog):
+    from diffattn.ops import auto_routes
+
     args = _gpu_inputs(1, 4, 2, 64, 64, 64, 128, torch.bfloat16)
     inp = validate(*args, causal=True, attn_mask=None, scale=None)
-    assert auto_backend(torch.device("cuda"), inp) == "triton"
-    wide = _gpu_inputs(1, 4, 2, 64, 64, 160, 160, torch.bfloat16)  # d = 160: beyond the kernel
+    assert auto_backend(torch.device("cuda"), inp) == auto_routes(inp)[0]
+    wide = _gpu_inputs(1, 4, 2, 64, 64, 160, 160, torch.bfloat16)  # d = 160: beyond every measured class
     with caplog.at_level("INFO", logger="diffattn.ops"):
         out = diff_attention(*wide, backend="auto")
     assert out.shape == (1, 4, 64, 160)
-    assert "using sdpa, not triton" in caplog.text and "head dim d=160" in caplog.text
+    assert "d160 dv160 bf16 causal none infer runs sdpa" in caplog.text
 
 
 @pytest.mark.gpu
@@ -791,6 +795,8 @@ def test_autotuned_launch_path_runs_every_candidate_and_matches(monkeypatch):
     # between the timed runs and before the final one; then output and gradients against the reference
     import diffattn.ops
 
+    monkeypatch.setattr(tuning, "AUTOTUNE", True)  # off by default: the machinery still works
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)  # the tuned single-pass backward
     monkeypatch.setattr(tuning, "INTERPRETED", False)  # GPU tiles and the tuned path, still interpreted
     monkeypatch.setattr(diffattn.ops, "triton_unsupported", lambda inp: None)  # it reads INTERPRETED too
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
@@ -909,11 +915,22 @@ def _cuda_inputs(b, h, hkv, t, s, d, dv, dtype=torch.bfloat16):
     return q1, k1, q2, k2, v, torch.empty(h, device="cuda")
 
 
-def test_auto_on_faked_cuda_picks_triton_or_logs_the_fallback(fake_cuda, monkeypatch, caplog):
-    # the selection a CUDA machine makes: triton where the kernel supports the shapes, else sdpa with the reason
-    # logged (head dim, a GPU without bfloat16, kernels imported for the interpreter)
-    import diffattn.ops
+def test_auto_on_faked_cuda_runs_the_tables_triton_or_logs_why_not(fake_cuda, monkeypatch, caplog, tmp_path):
+    # the selection a CUDA machine makes from a route table that puts triton first for this class: triton where the
+    # kernel supports the inputs, else the next route (sdpa) with the reason logged (a GPU without bfloat16, kernels
+    # imported for the interpreter); a class the table does not list (d = 160): sdpa
+    import json
 
+    import diffattn.ops
+    from diffattn.ops import routes
+
+    identity = {"device": "Fake", "capability": "9.0", "torch": "t", "triton": "t", "cudnn": "c"}
+    table = tmp_path / "table.json"
+    entry = {**identity, "date": "2026-11-26", "routes": {"v1 d64 dv128 bf16 causal none infer": ["triton"]}}
+    table.write_text(json.dumps({"format": 1, "entries": [entry]}))
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(table))
+    monkeypatch.setattr(routes, "device_identity", lambda index=None: identity)
+    routes.reset()
     mode, launches, _ = fake_cuda
     with mode, caplog.at_level("INFO", logger="diffattn.ops"):
         inp = validate(*_cuda_inputs(2, 16, 8, 2048, 2048, 64, 128), causal=True, attn_mask=None, scale=None)
@@ -928,8 +945,9 @@ def test_auto_on_faked_cuda_picks_triton_or_logs_the_fallback(fake_cuda, monkeyp
         monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 9)
         monkeypatch.setattr(tuning, "INTERPRETED", True)
         assert auto_backend(torch.device("cuda"), inp) == "sdpa"
-    assert "using sdpa, not triton: head dim d=160 is not supported" in caplog.text
-    assert "bfloat16 needs a GPU of compute capability >= 8.0, this one is 7.x" in caplog.text
+    routes.reset()
+    skipped = "triton skipped for v1 d64 dv128 bf16 causal none infer: "
+    assert skipped + "bfloat16 needs a GPU of compute capability >= 8.0, this one is 7.x" in caplog.text
     assert "TRITON_INTERPRET=1 is set" in caplog.text
     assert launches == []  # choosing launches nothing
 

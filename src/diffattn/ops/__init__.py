@@ -234,7 +234,9 @@ def _cudnn_status(device: torch.device) -> BackendStatus:
     if not torch.backends.cudnn.is_available():
         return BackendStatus("cudnn", False, "this torch has no cuDNN")
     return BackendStatus(
-        "cudnn", True, f"one SDPA call forced to cuDNN attention, V wider than Q and K (cuDNN {torch.backends.cudnn.version()})"
+        "cudnn",
+        True,
+        f"one SDPA call forced to cuDNN attention, V wider than Q and K (cuDNN {torch.backends.cudnn.version()})",
     )
 
 
@@ -266,6 +268,12 @@ def auto_routes(inp: DiffAttentionInputs) -> list[str]:
         return ["sdpa" if inp.shares_keys else "chunked"]
     if device.type != "cuda":
         return ["sdpa"]
+    return table_order(inp)
+
+
+def table_order(inp: DiffAttentionInputs) -> list[str]:
+    """The route table's routes for ``inp``'s call class that can take it, fastest first (the CUDA half of
+    :func:`auto_routes`)."""
     cls = call_class(inp)
     usable = []
     for name in table_routes(inp):
@@ -306,7 +314,10 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
             cls = call_class(inp)
             _FAILED_ROUTES[(name, cls)] = f"failed at run time ({text})"
             logger.warning(
-                "diff_attention backend auto: route %s failed for %s (%s); using %s from now on", name, cls, text,
+                "diff_attention backend auto: route %s failed for %s (%s); using %s from now on",
+                name,
+                cls,
+                text,
                 names[i + 1],
             )
     raise AssertionError("unreachable: the last route runs without a try")

@@ -97,7 +97,7 @@ def _table_path() -> Path:
 def check_table(data: object) -> list[dict]:
     """The entries of a route table file's parsed JSON; ValueError naming the first problem."""
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
-        raise ValueError(f"not a route table of format {TABLE_FORMAT} (a JSON object with \"format\": {TABLE_FORMAT})")
+        raise ValueError(f'not a route table of format {TABLE_FORMAT} (a JSON object with "format": {TABLE_FORMAT})')
     entries = data.get("entries")
     if not isinstance(entries, list):
         raise ValueError('"entries" must be a list')

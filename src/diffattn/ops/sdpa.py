@@ -117,7 +117,9 @@ def cudnn_unsupported(inp: DiffAttentionInputs) -> str | None:
     if inp.q1.dtype not in (torch.float16, torch.bfloat16):
         reasons.append(f"dtype {inp.q1.dtype}: cuDNN attention takes float16 and bfloat16")
     if inp.head_dim > 128 or inp.v_dim > 256 or inp.head_dim % 8 or inp.v_dim % 8:
-        reasons.append(f"head widths d={inp.head_dim}, dv={inp.v_dim}: taken here up to d = 128, dv = 256, multiples of 8")
+        reasons.append(
+            f"head widths d={inp.head_dim}, dv={inp.v_dim}: taken here up to d = 128, dv = 256, multiples of 8"
+        )
     if inp.num_heads != inp.num_kv_heads:
         reasons.append("GQA (fewer key heads than query heads): not measured through cuDNN")
     return "; ".join(reasons) or None

@@ -1,0 +1,202 @@
+"""The route table (diffattn.ops.routes) and auto's choice from it (diffattn.ops.auto_routes / _run_auto): the chosen
+route, a missing device, a missing class, a stale software version, a corrupt table, and a route that fails at run
+time handing over to the next with one log line. The table's CUDA logic runs here on CPU tensors, the device's
+identity faked; the routes named are ones that run on CPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+import diffattn.ops as ops
+from diffattn.ops import routes
+from diffattn.ops._inputs import validate
+
+IDENTITY = {"device": "Stub GPU", "capability": "9.0", "torch": "2.11.0+cu130", "triton": "3.6.0", "cudnn": "91900"}
+
+
+def _inputs(shared=False, grad=True, t=8, mask=None, segments=None):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g).requires_grad_(grad)
+
+    q1, q2, k1 = r(1, 2, t, 16), r(1, 2, t, 16), r(1, 2, 8, 16)
+    k2 = k1 if shared else r(1, 2, 8, 16)
+    v = r(1, 2, 8, 16 if shared else 32)
+    return validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=mask, scale=None, segment_ids=segments)
+
+
+def _table(tmp_path, entries, name="table.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"format": 1, "entries": entries}))
+    return path
+
+
+def _entry(**over):
+    routes_ = {"v1 d16 dv32 fp32 causal none train": ["sdpa_split", "chunked"]}
+    return {**IDENTITY, "date": "2026-11-26", "routes": routes_,
+            **over}  # fmt: skip
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """This process's device identity faked; the table cache reset around the test."""
+    monkeypatch.setattr(routes, "device_identity", lambda index=None: dict(IDENTITY))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    routes.reset()
+    ops._FAILED_ROUTES.clear()
+    yield
+    routes.reset()
+    ops._FAILED_ROUTES.clear()
+
+
+def test_call_class_reads_pair_widths_dtype_mask_and_mode():
+    assert routes.call_class(_inputs()) == "v1 d16 dv32 fp32 causal none train"
+    assert routes.call_class(_inputs(shared=True, grad=False)) == "shared_k d16 dv16 fp32 causal none infer"
+    assert routes.call_class(_inputs(grad=False, t=1)) == "v1 d16 dv32 fp32 causal none decode"
+    with torch.no_grad():  # grad mode off: no gradient will flow, whatever requires_grad says
+        assert routes.call_class(_inputs()).endswith(" infer")
+    padding = torch.ones(1, 8, dtype=torch.bool)
+    assert routes.call_class(_inputs(mask=padding)).split()[5] == "padding"
+    assert routes.call_class(_inputs(mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))).split()[5] == "mask4d"
+    assert routes.call_class(_inputs(segments=torch.zeros(1, 8, dtype=torch.int32))).split()[5] == "segments"
+
+
+def test_the_sweeps_class_key_is_the_one_auto_reads():
+    from diffattn.bench.route_sweep import CallClass
+
+    assert CallClass("v1", 16, dtype="fp32").key == routes.call_class(_inputs())
+    assert CallClass("shared_k", 16, dtype="fp32", mode="infer").key == routes.call_class(_inputs(True, False))
+
+
+def test_the_table_chooses_its_fastest_usable_route(fake_device, tmp_path, monkeypatch):
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [_entry()])))
+    assert ops.table_order(_inputs()) == ["sdpa_split", "chunked", "sdpa"]
+    # a class the table does not list: the safe default
+    assert ops.table_order(_inputs(shared=True)) == ["sdpa"]
+
+
+def test_a_route_that_cannot_take_the_inputs_is_skipped(fake_device, tmp_path, monkeypatch, caplog):
+    entry = _entry(routes={"shared_k d16 dv16 fp32 causal none train": ["sdpa_split", "chunked"]})
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
+    with caplog.at_level(logging.INFO, logger="diffattn.ops"):
+        assert ops.table_order(_inputs(shared=True)) == ["chunked", "sdpa"]  # sdpa_split needs dv > d
+    assert any("sdpa_split skipped" in r.message for r in caplog.records)
+
+
+def test_another_gpu_is_ignored_and_stale_software_said_once(fake_device, tmp_path, monkeypatch, caplog):
+    other = _entry(device="Other GPU")
+    stale = _entry(torch="2.10.0+cu128")
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [other, stale])))
+    with caplog.at_level(logging.WARNING, logger="diffattn.ops.routes"):
+        assert ops.table_order(_inputs()) == ["sdpa"]
+        assert ops.table_order(_inputs()) == ["sdpa"]
+    lines = [r.message for r in caplog.records]
+    assert len(lines) == 1 and "torch 2.10.0+cu128" in lines[0] and "2.11.0+cu130" in lines[0]  # the other GPU: silent
+
+
+def test_the_newest_matching_entry_wins(fake_device, tmp_path, monkeypatch):
+    old = _entry(date="2026-01-01", routes={"v1 d16 dv32 fp32 causal none train": ["chunked"]})
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [_entry(), old])))
+    assert ops.table_order(_inputs())[0] == "sdpa_split"
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json", "Expecting property name"),
+        (json.dumps({"format": 2, "entries": []}), "not a route table of format 1"),
+        (json.dumps({"format": 1, "entries": [{**IDENTITY, "date": "x", "routes": {"c": ["fastest"]}}]}),
+         "unknown routes ['fastest']"),
+        (json.dumps({"format": 1, "entries": [{"device": "x"}]}), "entry 0 has no 'capability'"),
+    ],
+)  # fmt: skip
+def test_a_corrupt_table_is_one_line_naming_the_file_and_the_safe_default(
+    fake_device, tmp_path, monkeypatch, caplog, text, problem
+):
+    path = tmp_path / "edited.json"
+    path.write_text(text)
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(path))
+    with caplog.at_level(logging.WARNING, logger="diffattn.ops.routes"):
+        assert ops.table_order(_inputs()) == ["sdpa"]
+        assert ops.table_order(_inputs()) == ["sdpa"]
+    assert len(caplog.records) == 1
+    assert str(path) in caplog.records[0].message and problem in caplog.records[0].message
+
+
+def test_a_route_failing_at_run_time_hands_over_to_the_next_with_one_line(monkeypatch, caplog):
+    inp = _inputs()
+    calls = []
+
+    def broken(_inp):
+        calls.append(1)
+        raise RuntimeError("OutOfResources: shared memory, Required: 262144, Hardware limit: 232448")
+
+    ops._FAILED_ROUTES.clear()
+    monkeypatch.setitem(ops._IMPLS, "sdpa_split", broken)
+    cls = routes.call_class(inp)
+    monkeypatch.setattr(
+        ops, "auto_routes", lambda i: [n for n in ("sdpa_split", "sdpa") if (n, cls) not in ops._FAILED_ROUTES]
+    )
+    expected = ops.diff_attention_sdpa(inp)
+    with caplog.at_level(logging.WARNING, logger="diffattn.ops"):
+        first = ops._run_auto(inp)
+        second = ops._run_auto(inp)
+    torch.testing.assert_close(first, expected, rtol=0, atol=0)
+    torch.testing.assert_close(second, expected, rtol=0, atol=0)
+    assert len(calls) == 1  # not tried again for this class
+    lines = [r.message for r in caplog.records if "failed" in r.message]
+    assert len(lines) == 1 and "sdpa_split" in lines[0] and "OutOfResources" in lines[0] and "using sdpa" in lines[0]
+    ops._FAILED_ROUTES.clear()
+
+
+def test_an_error_that_poisons_the_cuda_context_is_not_caught(monkeypatch):
+    def poisoned(_inp):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setitem(ops._IMPLS, "sdpa_split", poisoned)
+    monkeypatch.setattr(ops, "auto_routes", lambda i: ["sdpa_split", "sdpa"])
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        ops._run_auto(_inputs())
+
+
+def test_explicit_cudnn_off_cuda_is_one_clear_error():
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="backend 'cudnn' is not usable: device cpu"):
+        ops.diff_attention(q, q, q, q, torch.randn(1, 2, 8, 32), 0.5, backend="cudnn")
+
+
+@pytest.mark.parametrize("backend", ["sdpa_split", "sdpa"])
+def test_new_routes_match_the_reference(backend):
+    inp = _inputs()
+    ref = ops.diff_attention_reference(inp)
+    out = ops._IMPLS[backend](inp)
+    # both are fp32 on the same inputs; sdpa's fused kernel and the reference's matmuls round differently
+    assert (out - ref).abs().max() <= 64 * torch.finfo(torch.float32).eps * ref.abs().max()
+
+
+def test_the_shipped_table_is_valid_and_names_its_measurements():
+    entries = routes.check_table(json.loads(routes.ROUTE_TABLE.read_text()))
+    assert entries, "the repository ships at least one measured entry"
+    for entry in entries:
+        measured = {(m["class"], m["route"]) for m in entry["measurements"] if m["status"] == "ok" and m["correct"]}
+        for cls, order in entry["routes"].items():
+            assert all((cls, r) in measured for r in order), f"{cls}: a route without a correct measurement"
+            ratios = [next(m["ratio"] for m in entry["measurements"] if (m["class"], m["route"]) == (cls, r))
+                      for r in order]  # fmt: skip
+            assert ratios == sorted(ratios), f"{cls}: not fastest first"
+
+
+def test_the_readme_speed_table_is_the_shipped_tables_measurements():
+    from pathlib import Path
+
+    from diffattn.bench.route_sweep import README_BEGIN, README_END, readme_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme[readme.index(README_BEGIN) : readme.index(README_END) + len(README_END)]
+    entry = max(routes.check_table(json.loads(routes.ROUTE_TABLE.read_text())), key=lambda e: e["date"])
+    assert block == readme_table(entry), "README's route table is stale: paste readme_table(shipped entry) into it"
