@@ -40,9 +40,10 @@ torch.cuda.synchronize()
 print("sanitized call finished")
 PYEOF
   echo "== gpu tests, one process per file ($(left) s left)"
-  for f in tests/ops/test_gpu.py; do
+  for f in $(grep -l "mark.gpu" tests/*.py tests/*/*.py); do
     [ "$(left)" -gt 30 ] || { echo "skipped $f: time"; continue; }
-    timeout $(( $(left) - 10 )) $PY -m pytest -q -m gpu -p no:cacheprovider -x "$f" 2>&1 | tail -15
+    echo "-- $f"
+    timeout $(( $(left) - 10 )) $PY -m pytest -q -m gpu -p no:cacheprovider "$f" 2>&1 | tail -8
   done
   echo "== done after $(( $(date +%s) - start )) s"
 } 2>&1 | tee "$OUT/log.txt"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffattn.ops import diff_attention
+from diffattn.ops import diff_attention, diff_attention_maps
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,8 +31,14 @@ def test_cuda_backends_match_reference(backend, dtype, t, s):
     ref_in = [x.detach().double().requires_grad_(True) for x in leaves]
     ref = diff_attention(*ref_in, lam.double(), backend="reference")
     ref.square().sum().backward()
-    # error of plain PyTorch in this dtype: the reference rounded to `dtype`
-    tol = 2 * (ref.to(dtype).double() - ref).abs().max().item() + 1e-5
+    # the yardstick is the reference's own rounding in this dtype at the two points every fused kernel rounds: the
+    # attention probabilities fed to the P·V product and the output (an H100 run of 2026-11-26 failed a bound made
+    # of the output's rounding alone: sdpa's bf16 error 5.6e-4 against 5.0e-4 at T = 100, S = 4096)
+    maps = diff_attention_maps(*(x.detach().double() for x in leaves), lam.double())
+    v_heads = v.detach().double().repeat_interleave(q1.shape[1] // v.shape[1], dim=1)
+    lam_h = lam.double()[None, :, None, None]
+    rounded_p = maps.attn1.to(dtype).double() @ v_heads - lam_h * (maps.attn2.to(dtype).double() @ v_heads)
+    tol = 2 * ((rounded_p.to(dtype).double() - ref).abs().max().item()) + 1e-5
     assert (out.double() - ref).abs().max().item() <= tol
     for got, want in zip(grads, (x.grad for x in ref_in), strict=True):
         scale = want.abs().max().item()

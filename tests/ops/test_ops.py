@@ -271,8 +271,9 @@ def test_fast_backends_allocate_no_score_matrix(backend):
 
 def test_backend_status_lists_every_backend_with_reason():
     names = {s.name: s for s in backend_status("cpu")}
-    assert set(names) == {"reference", "sdpa", "cudnn", "sdpa_split", "chunked", "triton"}
-    assert not names["cudnn"].usable and names["sdpa_split"].usable  # cuDNN attention runs on CUDA only
+    assert set(names) == {"reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton"}
+    assert not names["cudnn"].usable and not names["cudnn_maps"].usable  # cuDNN attention runs on CUDA only
+    assert names["sdpa_split"].usable and names["sdpa_maps"].usable
     assert names["sdpa"].usable and names["reference"].usable and names["chunked"].usable
     assert all(s.reason for s in names.values())
 

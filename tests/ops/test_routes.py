@@ -170,9 +170,12 @@ def test_explicit_cudnn_off_cuda_is_one_clear_error():
         ops.diff_attention(q, q, q, q, torch.randn(1, 2, 8, 32), 0.5, backend="cudnn")
 
 
-@pytest.mark.parametrize("backend", ["sdpa_split", "sdpa"])
-def test_new_routes_match_the_reference(backend):
-    inp = _inputs()
+@pytest.mark.parametrize(
+    ("backend", "shared"),
+    [("sdpa_split", False), ("sdpa_maps", False), ("sdpa_maps", True), ("sdpa", False), ("sdpa", True)],
+)  # sdpa_split needs dv > d: not DIFF V2's shared-K heads
+def test_new_routes_match_the_reference(backend, shared):
+    inp = _inputs(shared=shared)
     ref = ops.diff_attention_reference(inp)
     out = ops._IMPLS[backend](inp)
     # both are fp32 on the same inputs; sdpa's fused kernel and the reference's matmuls round differently

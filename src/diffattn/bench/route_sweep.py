@@ -85,7 +85,9 @@ def default_classes() -> list[CallClass]:
 
 def routes_for(cls: CallClass) -> list[str]:
     """The table routes of a class."""
-    return ["cudnn", "sdpa", "sdpa_split", "triton"] if cls.pair == "v1" else ["sdpa", "cudnn", "triton"]
+    if cls.pair == "v1":
+        return ["cudnn", "sdpa", "sdpa_split", "cudnn_maps", "sdpa_maps", "triton"]
+    return ["sdpa", "cudnn", "cudnn_maps", "sdpa_maps", "triton"]
 
 
 def comparison_routes(cls: CallClass) -> list[str]:

@@ -49,8 +49,11 @@ from .routes import SAFE_DEFAULT, call_class, table_routes
 from .sdpa import (
     cudnn_unsupported,
     diff_attention_cudnn,
+    diff_attention_cudnn_maps,
     diff_attention_sdpa,
+    diff_attention_sdpa_maps,
     diff_attention_sdpa_split,
+    maps_unsupported,
     split_unsupported,
 )
 
@@ -72,7 +75,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "reference", "sdpa", "cudnn", "sdpa_split", "chunked", "triton")
+BACKENDS = ("auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton")
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,10 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         BackendStatus("sdpa", True, f"torch.nn.functional.scaled_dot_product_attention on {device.type}"),
         _cudnn_status(device),
         BackendStatus("sdpa_split", True, "one SDPA call per slice of V as wide as Q and K (DIFF V1: dv = 2d)"),
+        BackendStatus("sdpa_maps", True, "one SDPA call per map (and slice of V as wide as Q), nothing concatenated"),
+        _cudnn_status(
+            device, "cudnn_maps", "one call per map forced to cuDNN attention, V whole, nothing concatenated"
+        ),
         BackendStatus("chunked", True, "query chunks in PyTorch ops, shared dO·Vᵀ backward; fastest on CPU"),
         _triton_status(device),
     ]
@@ -223,31 +230,35 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
     "sdpa": diff_attention_sdpa,
     "cudnn": diff_attention_cudnn,
     "sdpa_split": diff_attention_sdpa_split,
+    "sdpa_maps": diff_attention_sdpa_maps,
+    "cudnn_maps": diff_attention_cudnn_maps,
     "chunked": diff_attention_chunked,
     "triton": _triton_impl,
 }
 
 
-def _cudnn_status(device: torch.device) -> BackendStatus:
+def _cudnn_status(
+    device: torch.device,
+    name: str = "cudnn",
+    what: str = "one SDPA call over both maps forced to cuDNN attention, V wider than Q and K",
+) -> BackendStatus:
     if device.type != "cuda":
-        return BackendStatus("cudnn", False, f"device {device.type}: cuDNN attention runs on CUDA")
+        return BackendStatus(name, False, f"device {device.type}: cuDNN attention runs on CUDA")
     if not torch.backends.cudnn.is_available():
-        return BackendStatus("cudnn", False, "this torch has no cuDNN")
-    return BackendStatus(
-        "cudnn",
-        True,
-        f"one SDPA call forced to cuDNN attention, V wider than Q and K (cuDNN {torch.backends.cudnn.version()})",
-    )
+        return BackendStatus(name, False, "this torch has no cuDNN")
+    return BackendStatus(name, True, f"{what} (cuDNN {torch.backends.cudnn.version()})")
 
 
 def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     """Why route ``name`` cannot take these inputs, or None."""
     if name == "triton":
         return triton_unsupported(inp)
-    if name == "cudnn":
+    if name in ("cudnn", "cudnn_maps"):
         return cudnn_unsupported(inp)
     if name == "sdpa_split":
         return split_unsupported(inp)
+    if name == "sdpa_maps":
+        return maps_unsupported(inp)
     return None
 
 

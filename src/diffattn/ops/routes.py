@@ -120,7 +120,7 @@ def check_table(data: object) -> list[dict]:
 
 
 #: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
-ROUTE_NAMES = ("cudnn", "sdpa", "sdpa_split", "triton", "chunked", "reference")
+ROUTE_NAMES = ("cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference")
 
 
 @functools.cache

@@ -76,7 +76,12 @@ def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str) -> torch.Te
         o1, o2 = o.view(b, h, 2, t, dv).unbind(2)
     else:
         o1, o2 = o[:, :h], o[:, h:]
-    acc = torch.promote_types(o.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
+    return _subtract(inp, o1, o2)
+
+
+def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor) -> torch.Tensor:
+    """O1 − λ·O2 in float32 (docs/methods.md §0.2), fully masked rows set to 0, in the inputs' dtype."""
+    acc = torch.promote_types(o1.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
     out = o1.to(acc) - inp.lam.to(acc) * o2.to(acc)
     fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1], or None without an attn_mask
     if fully is not None:
@@ -154,3 +159,58 @@ def diff_attention_sdpa_split(inp: DiffAttentionInputs) -> torch.Tensor:
     q, k, v, layout = _one_call_operands(inp)
     o = torch.cat([_call(inp, q, k, part, layout) for part in v.split(d, dim=-1)], dim=-1)
     return _combine(inp, o, layout)
+
+
+def _one_map_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
+    """The (attn_mask, is_causal) pair of a call over one map's H query heads."""
+    mask, is_causal = _sdpa_mask(inp, head_layout="stacked")
+    if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+        mask = mask[:, : inp.num_heads]  # a per-head mask was doubled for the stacked heads: one map's half
+    return mask, is_causal
+
+
+def _per_map_call(inp: DiffAttentionInputs, q, k, v, layout_mask) -> torch.Tensor:
+    mask, is_causal = layout_mask
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def diff_attention_sdpa_maps(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``sdpa_maps`` route: one SDPA call per map over its own K, nothing concatenated or padded; V used whole
+    where it is as wide as Q (DIFF V2), else cut into slices of width d (the official DIFF code's four calls at
+    dv = 2d). No copy of K or V is made per call: the route for decoding against a long cache, where the one-call
+    routes copy the whole cache every token (H100, 2026-11-26: the official four calls decoded V1 at 2.49x the
+    baseline, every one-call route at 4.5-7.8x; this backend is that computation, not yet measured as itself)."""
+    d = inp.head_dim
+    mask = _one_map_mask(inp)
+    v = inp.v
+    parts = (v,) if inp.v_dim == d else v.split(d, dim=-1)
+
+    def one(q, k):
+        return torch.cat([_per_map_call(inp, q, k, part, mask) for part in parts], dim=-1) if len(parts) > 1 else (
+            _per_map_call(inp, q, k, parts[0], mask))  # fmt: skip
+
+    return _subtract(inp, one(inp.q1, inp.k1), one(inp.q2, inp.k2))
+
+
+def maps_unsupported(inp: DiffAttentionInputs) -> str | None:
+    """Why the ``sdpa_maps`` route cannot take these inputs (None if it can)."""
+    d, dv = inp.head_dim, inp.v_dim
+    if dv != d and dv % d:
+        return f"sdpa_maps cuts V into slices of width d: needs dv = d or a multiple of it, got d={d}, dv={dv}"
+    return None
+
+
+def diff_attention_cudnn_maps(inp: DiffAttentionInputs) -> torch.Tensor:
+    """The ``cudnn_maps`` route: one call per map forced to cuDNN attention with V whole (cuDNN takes V wider than Q):
+    the two maps' FLOPs and nothing else — no concatenated Q, K or doubled V, whose copies and their backward the
+    ``cudnn`` route pays (H100, 2026-11-26: ``cudnn`` 2.16x the baseline forward+backward at d = 64 against the bare
+    call's 1.50x on an H200). Not yet measured as itself."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mask = _one_map_mask(inp)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        o1 = _per_map_call(inp, inp.q1, inp.k1, inp.v, mask)
+        o2 = _per_map_call(inp, inp.q2, inp.k2, inp.v, mask)
+    return _subtract(inp, o1, o2)
