@@ -59,12 +59,13 @@ def adapt_config(base_dir, corpus_dir, method, steps=3, **sets):
     return config.validate()
 
 
-def decode_token_by_token(model, ids: torch.Tensor, prefill: int) -> tuple[torch.Tensor, object]:
+def decode_token_by_token(model, ids: torch.Tensor, prefill: int, cache=None) -> tuple[torch.Tensor, object]:
     """Logits of ``ids`` [B, T] computed with a KV cache: one forward over the first ``prefill`` tokens, then one
-    token at a time (the cache passed under the keyword the model takes). Returns (logits [B, T, V], the cache)."""
-    out = model(ids[:, :prefill], use_cache=True)
-    steps, cache = [out.logits], out.past_key_values
+    token at a time (the cache passed under the keyword the model takes; ``cache``: one to start from, e.g. a
+    ``StaticCache``, whose empty slots the prefill must not see). Returns (logits [B, T, V], the cache)."""
     keyword = cache_keyword(model)
+    out = model(ids[:, :prefill], use_cache=True, **({keyword: cache} if cache is not None else {}))
+    steps, cache = [out.logits], out.past_key_values
     for i in range(prefill, ids.shape[1]):
         out = model(ids[:, i : i + 1], use_cache=True, **{keyword: cache})
         steps.append(out.logits)

@@ -352,3 +352,27 @@ def test_train_step_peak_memory_per_column(monkeypatch):
 
     steps = {"baseline": step_using("baseline", 100), "diff": step_using("diff", 130)}
     assert train_step._step_peak_mib(steps, models) == {"baseline": 100, "diff": 130}
+
+
+@pytest.mark.parametrize("column", list(train_step.COLUMNS))
+def test_decode_steps_run_the_same_positions_again_for_every_model(column):
+    # the GPU report's decode loop on this CPU: each run rewinds the static cache to the prompt and decodes the same
+    # positions; without the rewind the second run wrote past max_cache_len (the H200's `0 <= tmp7 < 2080`)
+    from transformers import StaticCache
+
+    from diffattn.models.build import build_model
+
+    kind, backend = train_step.COLUMNS[column]
+    prompt, tokens = 12, 4
+    model = build_model("debug", kind, backend=backend, seed=0, max_position_embeddings=prompt + tokens).eval()
+    cache = StaticCache(config=model.config, max_cache_len=prompt + tokens)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
+    _, eager, _, _ = gpu_report.decode_steps(model, cache, ids, tokens)
+    first, second = eager(), eager()
+    assert len(first) == tokens
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # and each step is what a model without a cache computes for that prefix and token
+    with torch.no_grad():
+        full = model(torch.cat([ids, ids[:, -1:]], dim=1)).logits[:, -1]
+    torch.testing.assert_close(first[0][:, -1], full, rtol=1e-4, atol=1e-4)

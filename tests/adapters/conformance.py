@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import StaticCache
 
 from diffattn.adapters import (
     AdaptedAttention,
@@ -85,8 +86,12 @@ def check_cache(name: str, model_type: str) -> None:
     with torch.no_grad():
         full = model(x).logits
         steps, _ = decode_token_by_token(model, x, prefill=4)
+        # a static cache longer than the text: its empty slots must stay unseen at prefill (no mask comes with it)
+        static = StaticCache(config=model.config, max_cache_len=x.shape[1] + 3)
+        static_steps, _ = decode_token_by_token(model, x, prefill=4, cache=static)
         plain = tiny(model_type)(x).logits
     torch.testing.assert_close(steps, full, atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(static_steps, full, atol=ATOL, rtol=ATOL)
     assert (full - plain).abs().max() > 1e-3  # the method really is active
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, StaticCache
 
 import diffattn  # noqa: F401  (registers the V2 classes with the Auto classes)
 from diffattn.models import (
@@ -155,6 +155,10 @@ def test_cached_decoding_equals_the_full_forward():
     full = model(ids).logits
     logits, cache = decode_token_by_token(model, ids, prefill=8)
     torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+    # a static cache longer than the text: its empty slots stay unseen at prefill (transformers passes no mask)
+    static = StaticCache(config=model.config, max_cache_len=16)
+    static_logits, _ = decode_token_by_token(model, ids, prefill=8, cache=static)
+    torch.testing.assert_close(static_logits, full, atol=1e-5, rtol=1e-5)
     # the KV cache holds the baseline's Hkv heads of width d (V2's second query heads need no keys)
     k = cache.layers[0].keys
     assert k.shape == (2, model.config.num_key_value_heads, 12, model.config.head_dim)

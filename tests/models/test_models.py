@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DiffLlamaForCausalLM, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, DiffLlamaForCausalLM, LlamaForCausalLM, StaticCache
 
 import diffattn
 from diffattn.eval.common import cache_keyword
@@ -154,9 +154,14 @@ def test_cached_token_by_token_decoding_equals_full_forward(hf_diff, backend):
     with torch.no_grad():
         full = model(ids).logits
         steps, _ = decode_token_by_token(model, ids, prefill=4)  # a chunk (T == S), then one token at a time
+        # a static cache longer than the text: no mask comes with the prefill, and its empty slots must stay unseen
+        static, _ = decode_token_by_token(
+            model, ids, prefill=4, cache=StaticCache(config=model.config, max_cache_len=16)
+        )
         chunk = model(ids[:, :6], use_cache=True)  # a multi-token block against a cache: 1 < T < S
         block = model(ids[:, 6:], use_cache=True, **{cache_keyword(model): chunk.past_key_values}).logits
     torch.testing.assert_close(steps, full, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(static, full, atol=ATOL, rtol=1e-5)
     torch.testing.assert_close(block, full[:, 6:], atol=ATOL, rtol=1e-5)
 
 

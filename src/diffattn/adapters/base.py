@@ -25,7 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..lambdas import HasLambda, annealed_lambda
-from ..models.attention_interface import FUSED, interface_attention, register_fused_attention, uses_fused_op
+from ..models.attention_interface import (
+    FUSED,
+    interface_attention,
+    register_fused_attention,
+    uses_fused_op,
+    visible_keys,
+)
 from ..ops import BACKENDS, diff_attention, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
@@ -158,6 +164,7 @@ class AdaptedAttention(nn.Module, HasLambda):
             else:  # K2 travels in the cache beside K1: [K1 | K2] along the head dim
                 kk, v = cache.update(torch.cat([k, k2], dim=-1), v, self.layer_idx)
                 k, k2 = kk.split(k.shape[-1], dim=-1)
+        k, v, k2 = visible_keys(q.shape[2], mask, k, v, k2)  # a static cache's empty slots at prefill
         maps = dict(
             q1=q,
             k1=k,

@@ -259,7 +259,6 @@ def prepare_decode(column: str, *, preset: str, prompt_len: int, tokens: int) ->
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
-    from ..eval.common import cache_keyword
     from ..models.build import build_model
 
     attention_kind, backend = train_step.COLUMNS[column]
@@ -272,30 +271,17 @@ def prepare_decode(column: str, *, preset: str, prompt_len: int, tokens: int) ->
     )
     model = model.to("cuda").eval()
     cache = StaticCache(config=model.config, max_cache_len=length)
-    keyword = cache_keyword(model)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-    ids = ids.to("cuda")
-    token = ids[:, -1:].clone()
-    positions = [torch.tensor([prompt_len + i], device="cuda") for i in range(tokens)]
-
-    def step(tok, position):
-        return model(tok, use_cache=True, cache_position=position, **{keyword: cache}).logits
-
+    step, eager, token, positions = decode_steps(model, cache, ids.to("cuda"), tokens)
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
 
-    def eager():
-        with torch.no_grad():
-            for position in positions:
-                step(token, position)
-
     def graphed():
+        rewind_static_cache(cache, prompt_len)
         with torch.no_grad():
             for position in positions:
                 torch.compiler.cudagraph_mark_step_begin()
                 compiled(token, position)
 
-    with torch.no_grad():
-        model(ids, use_cache=True, **{keyword: cache})
     eager()
     skips = counters["inductor"]["cudagraph_skips"]
     for _ in range(3):  # cudagraph trees record on the second or third call
@@ -303,6 +289,45 @@ def prepare_decode(column: str, *, preset: str, prompt_len: int, tokens: int) ->
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**20
     return PreparedDecode(eager, graphed, tokens, peak, counters["inductor"]["cudagraph_skips"] == skips)
+
+
+def decode_steps(model, cache, ids: torch.Tensor, tokens: int):
+    """Prefill ``ids`` into the static ``cache`` and return ``(step, eager, token, positions)``: ``step(token,
+    position)`` decodes one token, ``eager()`` decodes ``tokens`` tokens at the same positions every time it runs
+    (the cache rewound to the prompt first) and returns their logits."""
+    from ..eval.common import cache_keyword
+
+    keyword = cache_keyword(model)
+    prompt_len = ids.shape[1]
+    token = ids[:, -1:].clone()
+    positions = [torch.tensor([prompt_len + i], device=ids.device) for i in range(tokens)]
+
+    def step(tok, position):
+        # position_ids, not cache_position: transformers 5.17 and 5.24 take no cache_position; the static cache writes
+        # at its own counter, which rewind_static_cache sets back before each run
+        return model(tok, use_cache=True, position_ids=position[None], **{keyword: cache}).logits
+
+    def eager():
+        rewind_static_cache(cache, prompt_len)
+        with torch.no_grad():
+            return [step(token, position) for position in positions]
+
+    with torch.no_grad():
+        model(ids, use_cache=True, **{keyword: cache})
+    return step, eager, token, positions
+
+
+def rewind_static_cache(cache, length: int) -> None:
+    """Set a ``StaticCache`` back to ``length`` tokens, so the same positions can be decoded again. Its layers count
+    the tokens written in a tensor, in place (transformers 5.17 and 5.24: ``cumulative_length``), and write each new
+    token there; decoding past ``max_cache_len`` without this indexed out of bounds (the H200 report's
+    ``0 <= tmp7 < 2080``; reproduced on CPU with inductor)."""
+    for layer in cache.layers:
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(length)
+        elif counter is not None:
+            layer.cumulative_length = length
 
 
 def ms_per_token(run: Callable[[], None], tokens: int) -> float:

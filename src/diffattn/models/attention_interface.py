@@ -28,6 +28,17 @@ FUSED = "diffattn"  # attn_implementation name of diffattn's fused two-map op
 _registered = False
 
 
+def visible_keys(q_len: int, attention_mask, *tensors):
+    """K, V (tensors with keys on dim 2) cut to what transformers means them to be: with no mask and 1 < T < S it
+    relies on SDPA's ``is_causal``, which aligns the causal block top-left (query i sees keys 0..i), so keys from T on
+    are never attended — a static cache's empty slots at prefill. diffattn's op aligns a causal block bottom-right
+    (decoding against a cache), so those keys are cut off here: views, no copy. (With a cache already holding
+    tokens, transformers always passes a mask, and nothing is cut.)"""
+    if attention_mask is None and 1 < q_len < tensors[0].shape[2]:
+        return tuple(t[:, :, :q_len] if t is not None else None for t in tensors)
+    return tensors
+
+
 def _fused_is_for_differential_modules(module: nn.Module, *args, **kwargs):
     raise ValueError(
         f"attn_implementation={FUSED!r} is diffattn's fused two-map kernel, used by differential attention modules; "

@@ -51,6 +51,7 @@ from ..lambdas import (
 from ..ops import BACKENDS, diff_attention, diff_attention_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
+from .attention_interface import visible_keys
 
 NORMS = ("rms", "rms_affine", "none")
 # what our module takes over from the DiffLlamaAttention it replaces (the same objects, under the same names)
@@ -189,6 +190,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             self, hidden_states, position_embeddings, cache if cache is not None else past_key_values
         )
 
+        k, v = visible_keys(q_len, attention_mask, k, v)  # a static cache's empty slots at prefill
         h, hkv = self.num_heads // 2, self.num_kv_heads // 2
         # V of a DIFF head is [v_j | v_(j + Hkv/2)], [B, Hkv/2, S, 2d]: handed over as its two halves, which the
         # triton backend reads in place (no concatenation of the whole KV cache at every decoding step)

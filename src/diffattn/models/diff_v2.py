@@ -42,7 +42,7 @@ from ..lambdas import HasLambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
-from .attention_interface import FUSED, paired_attention, register_fused_attention, uses_fused_op
+from .attention_interface import FUSED, paired_attention, register_fused_attention, uses_fused_op, visible_keys
 from .diff_llama import attention_maps_requested, rotated_heads
 
 MODEL_TYPE = "diffattn_v2"
@@ -96,6 +96,7 @@ def v2_attention(
             f"DIFF V2 attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
             f"{type(attention_mask).__name__}"
         )
+    k, v = visible_keys(q.shape[2], attention_mask, k, v)  # a static cache's empty slots at prefill
     maps = dict(
         q1=q[:, 0::2],
         k1=k,
