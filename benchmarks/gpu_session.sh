@@ -3,6 +3,7 @@
 # run in processes of its own (a crash is one line, not the end). Writes into $OUT (default benchmarks/gpu-report):
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table
+#   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   log.txt                                    everything printed: versions, the train step, the sanitizer, tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh
 set -u
@@ -25,6 +26,9 @@ left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
   echo "== train step, bf16, paper-830m at 2048 ($(left) s left)"
   DIFFATTN_ROUTE_TABLE="$OUT/route_table.json" timeout 60 $PY -m diffattn bench train-step --presets paper-830m \
     --seq-lens 2048 --batch 2 --reps 3 --dtype bf16 2>&1 | grep -v Warning
+  echo "== decode per token with a static cache and CUDA graphs, every train-step model ($(left) s left)"
+  DIFFATTN_ROUTE_TABLE="$OUT/route_table.json" timeout 120 $PY benchmarks/gpu_report.py --out "$OUT/report" \
+    --sections decode 2>&1 | grep -v Warning | tail -12
   echo "== compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call ($(left) s left)"
   timeout 60 compute-sanitizer --tool memcheck --print-limit 5 $PY - <<'PYEOF' 2>&1 | tail -40
 import torch

@@ -376,3 +376,16 @@ def test_decode_steps_run_the_same_positions_again_for_every_model(column):
     with torch.no_grad():
         full = model(torch.cat([ids, ids[:, -1:]], dim=1)).logits[:, -1]
     torch.testing.assert_close(first[0][:, -1], full, rtol=1e-4, atol=1e-4)
+
+
+def test_sections_runs_only_those_asked_for(fake_gpu, tmp_path, capsys):
+    _, asked, _ = fake_gpu
+    out = tmp_path / "report"
+    assert gpu_report.main(["--out", str(out), "--sections", "decode"]) == 0
+    saved = json.loads((out / "gpu-report.json").read_text())
+    assert saved["status"] == "complete" and saved["sections"]["decode"]["rows"]
+    assert saved["sections"]["op d=64"]["status"] == "not asked for (--sections)"
+    assert asked["op"] == [] and asked["pytest"] == []
+    with pytest.raises(SystemExit):
+        gpu_report.main(["--out", str(out), "--sections", "decode,warp"])
+    assert "unknown warp" in capsys.readouterr().err

@@ -28,7 +28,7 @@ from diffattn.ops import chunked
 
 from ..helpers import decode_token_by_token
 
-BACKENDS = ["reference", "sdpa", "chunked", "auto"]
+BACKENDS = ["reference", "sdpa", "sdpa_split", "sdpa_maps", "chunked", "auto"]
 ATOL = 1e-5
 
 

@@ -715,9 +715,9 @@ SECTIONS: dict[str, Callable[[Budget, Callable[[str], None]], dict]] = {
 }
 
 
-def run_report(out: Path, progress: Callable[[str], None]) -> dict:
-    """Every section within its budget; the files are rewritten after each one, so a machine taken back mid-run
-    leaves the sections done so far."""
+def run_report(out: Path, progress: Callable[[str], None], only: list[str] | None = None) -> dict:
+    """Every section (or those of ``only``) within its budget; the files are rewritten after each one, so a machine
+    taken back mid-run leaves the sections done so far."""
     start = clock()
     report = {
         "date": datetime.date.today().isoformat(),
@@ -730,7 +730,9 @@ def run_report(out: Path, progress: Callable[[str], None]) -> dict:
     }
     dev = report["device"]
     progress(f"GPU report on {dev['name']} (sm_{dev['capability'].replace('.', '')}); into {out}")
-    names = list(SECTIONS)
+    names = [n for n in SECTIONS if only is None or n in only]
+    for name in set(SECTIONS) - set(names):
+        report["sections"][name] = {"status": "not asked for (--sections)"}
     for i, name in enumerate(names):
         later = sum(BUDGET_S[n] for n in names[i + 1 :])
         budget = Budget(start + TOTAL_S - later)
@@ -753,7 +755,14 @@ def run_report(out: Path, progress: Callable[[str], None]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--sections", help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
     args = parser.parse_args(argv)
+    only = None
+    if args.sections:
+        only = [s.strip() for s in args.sections.split(",") if s.strip()]
+        unknown = [s for s in only if s not in SECTIONS]
+        if unknown:
+            parser.error(f"--sections: unknown {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
     if not torch.cuda.is_available():
         print(
             f"gpu-report: needs a CUDA device, and torch {torch.__version__} sees none here; nothing written",
@@ -765,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu-report {clock() - started:5.0f} s] {message}", file=sys.stderr, flush=True)
 
     started = clock()
-    report = run_report(args.out, progress)
+    report = run_report(args.out, progress, only)
     print(to_markdown(report))
     results = [c["result"] for c in report["targets"]]
     print(

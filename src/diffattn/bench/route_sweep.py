@@ -569,6 +569,8 @@ def sweep(
                                              "status": status}  # fmt: skip
             progress(f"routes: {route} on {culprit.key}: {status}")
             pending = [c for c in still if c is not culprit]
+    for scratch in (out / "jobs.json", out / "worker.stderr"):  # ours, each worker's; the records keep what matters
+        scratch.unlink(missing_ok=True)
     return [records[(route, cls.key)] for route, cls in plan if (route, cls.key) in records]
 
 
