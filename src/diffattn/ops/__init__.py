@@ -6,8 +6,11 @@
 Public entry points:
 
 * :func:`diff_attention` — the op, with a ``backend`` switch: ``reference`` (fp32 math), ``sdpa`` (PyTorch's
-  fused attention), ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one
-  fused kernel for both maps, forward and backward: :mod:`diffattn.ops.triton`), ``auto``.
+  fused attention, one call over both maps), ``cudnn`` (that call forced to cuDNN, V wider than Q and K),
+  ``sdpa_split`` (one call per slice of V), ``sdpa_maps`` / ``cudnn_maps`` (one call per map, nothing concatenated),
+  ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one fused kernel for both
+  maps, forward and backward: :mod:`diffattn.ops.triton`), ``auto`` (on CUDA the fastest correct route measured on
+  this GPU model with this software: the route table, :mod:`diffattn.ops.routes`; else ``sdpa``).
 * :func:`diff_attention_maps` — the same computation through ``reference``, also returning both maps and the
   signed map A1 − λA2 for analysis.
 * :func:`backend_status` — which backends are usable here, and why not.
@@ -384,8 +387,9 @@ def diff_attention(
             :func:`segments_from_position_ids` of transformers' packed position ids): a query attends only to keys
             of its own document (query i is key i + S − T), combined with ``causal`` and ``attn_mask``. The
             triton backend reads them per tile without forming a [T, S] mask.
-        backend: ``"auto"`` (``chunked`` on CPU; on CUDA ``triton`` when it supports the inputs, else ``sdpa``),
-            ``"reference"``, ``"sdpa"``, ``"chunked"`` or ``"triton"``.
+        backend: ``"auto"`` (``chunked`` on CPU; on CUDA the route table's fastest route for this call class that
+            takes the inputs, else ``sdpa``: :func:`auto_routes`),
+            or any one of :data:`BACKENDS` by name.
 
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q1``. λ and the subtraction are computed in float32. Under

@@ -1,6 +1,9 @@
-"""Two-map attention on PyTorch's fused ``scaled_dot_product_attention`` (docs/methods.md §0, DIFF Eq. 1).
+"""Two-map attention on PyTorch's fused ``scaled_dot_product_attention`` (docs/methods.md §0, DIFF Eq. 1): the routes
+``sdpa``, ``cudnn``, ``sdpa_split``, ``sdpa_maps`` and ``cudnn_maps``. Which one runs on a GPU is measured, not argued
+(:mod:`diffattn.ops.routes`); they differ in how the two maps meet SDPA's rule that V be as wide as Q and K
+(FlashAttention's; cuDNN takes a wider V) and in what they copy per call.
 
-Arrangement, chosen by measurement (see ``benchmarks/attention.py``):
+The ``sdpa`` route's arrangement, chosen by measurement on CPU (see ``benchmarks/attention.py``):
 
 * Both maps go through **one** SDPA call: the query heads of the two maps are stacked along the head axis
   ([Q1; Q2] over [K1; K2], V shared), so GQA grouping is preserved and the kernel launches once.
