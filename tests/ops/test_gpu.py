@@ -43,3 +43,26 @@ def test_cuda_backends_match_reference(backend, dtype, t, s):
     for got, want in zip(grads, (x.grad for x in ref_in), strict=True):
         scale = want.abs().max().item()
         assert (got.double() - want).abs().max().item() <= 2e-2 * scale + 1e-4
+
+
+def _route_classes():
+    from diffattn.bench.route_sweep import CallClass, routes_for
+
+    classes = [
+        CallClass(pair, d, mask=mask, mode=mode)
+        for pair in ("v1", "shared_k")
+        for d in (64, 128)
+        for mask, mode in (("none", "train"), ("none", "decode"), ("padding", "train"), ("segments", "train"))
+    ]
+    return [pytest.param(route, cls, id=f"{route}-{cls.key}") for cls in classes for route in routes_for(cls)]
+
+
+@pytest.mark.parametrize(("route", "cls"), _route_classes())
+def test_every_route_against_float64_as_the_sweep_checks_it(route, cls):
+    # every table route (the shipped table's winners among them) on fresh random inputs at a boundary shape
+    # (T = S = 333; decode T = 1), output and every gradient against float64, judged against the error of an
+    # independent formulation through PyTorch's own kernels in the same dtype (diffattn.bench.route_sweep.check)
+    from diffattn.bench import route_sweep as rs
+
+    record = rs.check(route, rs.route_fn(route, {}), cls, "cuda", torch.bfloat16, seed=torch.seed() % 2**31)
+    assert record["correct"], record

@@ -122,6 +122,8 @@ def cudnn_unsupported(inp: DiffAttentionInputs) -> str | None:
         reasons.append("this torch has no cuDNN")
     elif torch.cuda.get_device_capability(inp.q1.device)[0] < 8:
         reasons.append("cuDNN attention needs a GPU of compute capability >= 8.0")
+    elif (torch.backends.cudnn.version() or 0) < 90000:
+        reasons.append(f"cuDNN {torch.backends.cudnn.version()}: PyTorch's cuDNN attention needs cuDNN 9")
     if inp.q1.dtype not in (torch.float16, torch.bfloat16):
         reasons.append(f"dtype {inp.q1.dtype}: cuDNN attention takes float16 and bfloat16")
     if inp.head_dim > 128 or inp.v_dim > 256 or inp.head_dim % 8 or inp.v_dim % 8:
