@@ -273,6 +273,7 @@ def test_key_padding_non_causal_t_lt_s():
 def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
     # transformers hands a padded batch's layers a [B, 1, T, S] bool mask = causality ∧ key padding (causal=False);
     # the backend reads it back as causal + key padding, so tiles above the diagonal are skipped, same result
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)  # the single-pass backward's launch carries the flags too
     seen = []
     real_launch = launch._launch
 
@@ -390,9 +391,17 @@ def _record_kinds(monkeypatch) -> list[str]:
     return kinds
 
 
-def test_single_pass_backward_is_the_default(monkeypatch):
+def test_the_two_kernel_backward_is_the_default(monkeypatch):
+    # measured faster on an H100 and an H200 (tuning.ATOMIC_DQ): dK/dV, then dQ, no atomics
+    kinds = _record_kinds(monkeypatch)
+    check_against_reference(make_inputs(b=2, h=4, hkv=2, t=19, s=23), attn_mask=_left_padding(2, 23, 7))
+    assert kinds == ["fwd", "dkdv", "dq"]
+
+
+def test_single_pass_backward_with_atomic_dq(monkeypatch):
     # FlashAttention-2's scheme (dQ by atomic fp32 adds from the key-block kernel, no second pass), with GQA,
     # T < S, padding and a shared Q, whose two dQ contributions go to one buffer
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)
     kinds = _record_kinds(monkeypatch)
     args = make_inputs(b=2, h=4, hkv=2, t=19, s=23)
     check_against_reference(args, attn_mask=_left_padding(2, 23, 7), share="q")
@@ -952,11 +961,14 @@ def test_auto_on_faked_cuda_runs_the_tables_triton_or_logs_why_not(fake_cuda, mo
     assert launches == []  # choosing launches nothing
 
 
-def test_gpu_launch_path_on_faked_cuda(fake_cuda):
+def test_gpu_launch_path_on_faked_cuda(fake_cuda, monkeypatch):
     # what the launches of a GPU get, with none here: a device guard for the tensors' GPU around every launch; the
     # training forward and single-pass backward autotuned over the tiles benchmarks/kernel_report.py compiles for
     # sm_90; a per-row 4-D mask's own tiles, and the two-kernel backward for DIFF V1 heads with one; decoding split
-    # over the SMs' worth of programs, with its compile options
+    # over the SMs' worth of programs, with its compile options (autotuning and the single pass switched on: both are
+    # off by default, by measurement, and must still launch as built)
+    monkeypatch.setattr(tuning, "AUTOTUNE", True)
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)
     mode, launches, guards = fake_cuda
     with mode:
         q1, k1, q2, k2, v, _ = _cuda_inputs(2, 16, 16, 2048, 2048, 64, 128)
@@ -985,6 +997,7 @@ def test_gpu_launch_path_on_faked_cuda(fake_cuda):
 def test_the_backward_decides_atomic_or_deterministic_when_it_runs(monkeypatch):
     # torch.use_deterministic_algorithms (and ATOMIC_DQ) are read when the backward runs, as PyTorch's own ops do:
     # switched on between forward and backward, the two-kernel backward runs; switched off, the atomic one
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)
     kinds = _record_kinds(monkeypatch)
     args = make_inputs(b=1, h=2, hkv=1, t=19, s=23)
 
@@ -1140,6 +1153,7 @@ def test_4d_mask_on_gpu_tiles(monkeypatch, dv, kinds):
     monkeypatch.setattr(diffattn.ops, "triton_unsupported", lambda inp: None)  # it reads INTERPRETED too
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
     monkeypatch.setattr(tuning, "AUTOTUNE", False)
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)  # where the single pass fits, it is taken when asked for
     monkeypatch.setattr(launch, "_LAUNCH_CACHE", {})
     seen = _record_kinds(monkeypatch)
     args = make_inputs(b=1, h=2, hkv=1, t=20, s=21, d=64, dv=dv)
