@@ -1172,3 +1172,25 @@ def test_autocast_runs_the_kernels_on_the_cast_inputs():
         out = diff_attention(*leaves, lam, backend="triton")
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, diff_attention(*(x.bfloat16() for x in leaves), lam, backend="triton"))
+
+
+def test_an_explicit_triton_backend_that_cannot_build_is_one_error_naming_triton_and_the_kernel(monkeypatch):
+    import triton
+
+    class CompilationError(Exception):  # stands in for triton.compiler.errors.CompilationError
+        pass
+
+    CompilationError.__module__ = "triton.compiler.errors"
+
+    def broken(*args, **kwargs):
+        raise CompilationError("at 207:16: cannot convert None of type <class 'NoneType'> to tensor")
+
+    monkeypatch.setattr(tuning, "_compile_options", broken)  # read inside the launch, as a compile would fail there
+    monkeypatch.setattr(launch, "_LAUNCH_CACHE", {})
+    args = make_inputs(b=1, h=2, hkv=1, t=5, s=5)
+    with pytest.raises(RuntimeError) as info:
+        diff_attention(*args, backend="triton")
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert f"triton {triton.__version__}" in message and "kernel _fwd_kernel (fwd)" in message
+    assert "cannot convert None" in message

@@ -430,7 +430,8 @@ def _triton_build_error(err: BaseException) -> str:
     """One line for a fused kernel that did not build or launch: the Triton version and the kernel."""
     import triton
 
-    kernel = getattr(err, "diffattn_kernel", None) or "the fused kernel"
+    launched = sys.modules.get(__name__ + ".triton.launch")
+    kernel = getattr(launched, "FAILED_KERNEL", None) or "the fused kernel"
     first = (str(err).strip().splitlines() or [""])[0][:200]
     return (
         f"backend 'triton': {kernel} did not compile or launch with triton {triton.__version__} "

@@ -51,7 +51,22 @@ _LOG2E = 1.4426950408889634  # softmax runs in base 2 (exp2 is the hardware inst
 def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
     """Launch with the autotuner where the launch is tuned (:func:`_tunable`; it skips configurations that run
     out of resources), else with the heuristic tiles; if the GPU runs out of shared memory or registers, halve
-    BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class."""
+    BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class. The kernel of an error that
+    escapes is kept in :data:`FAILED_KERNEL` (the exception itself crosses torch.library's custom-op boundary, which
+    does not keep attributes), for :func:`diffattn.ops.diff_attention`'s one-line error."""
+    global FAILED_KERNEL
+    try:
+        _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key)
+    except Exception:
+        FAILED_KERNEL = f"kernel {getattr(getattr(kernel, 'fn', kernel), '__name__', None) or kind} ({kind})"
+        raise
+
+
+#: the last kernel whose launch raised (compile error, launch error, out of resources), or None
+FAILED_KERNEL: str | None = None
+
+
+def _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key):
     fp32, mask = consts["PREC"] == "ieee", tuning._mask_class(consts)
     if tuning._tunable(kind, d, dv, rows, fp32, consts.get("SPLIT", False), mask):
         tuner = tuning._autotuner(kernel, kind, d, dv, mask)
