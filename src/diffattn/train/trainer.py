@@ -33,6 +33,7 @@ from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
 from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ProgressCallback
 
 from ..data.packing import FlatteningCollator
 from ..files import (
@@ -110,6 +111,16 @@ class MetricsCallback(TrainerCallback):
                 f.write(json.dumps(entry) + "\n")
 
 
+class QuietProgressCallback(ProgressCallback):
+    """transformers' progress bar without the dict it prints at every logging step (1,966 lines in one quickstart):
+    the bar shows the last loss instead, and every logged value goes to the run's ``metrics.jsonl``
+    (:class:`MetricsCallback`), its one home."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{float(logs['loss']):.3f}", refresh=False)
+
+
 class DiffattnTrainer(Trainer):
     """``Trainer`` whose checkpoints appear atomically in ``checkpoints/`` (see the module docstring).
 
@@ -129,6 +140,8 @@ class DiffattnTrainer(Trainer):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        if self.pop_callback(ProgressCallback) is not None:  # its bar, without a dict per logging step
+            self.add_callback(QuietProgressCallback)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
         # saved into every checkpoint with the run's run.yaml, so `diffattn eval RUN/checkpoints/checkpoint-N` reads a
         # checkpoint as it reads final/ (not Trainer's processing_class: that would also change its default collator)
