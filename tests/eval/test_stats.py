@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from diffattn.eval.stats import (
     bootstrap_contrast,
@@ -178,3 +179,30 @@ def test_minimum_detectable_difference_has_its_power_on_synthetic_seed_data():
         lo, hi = unpaired_difference(ref, new).interval
         hits += lo > 0 or hi < 0
     assert abs(hits / sims - 0.8) < 3 * math.sqrt(0.8 * 0.2 / sims) + 0.01  # Welch–Satterthwaite is approximate
+
+
+def test_mcnemar_interval_excludes_zero_exactly_when_the_exact_test_rejects():
+    from diffattn.eval.stats import mcnemar_exact_difference, mcnemar_exact_p, newcombe_paired_difference
+
+    # the case: 18 concordant successes, 18 concordant failures, 4 : 0 discordant out of 40
+    ref, new = [1] * 18 + [0] * 18 + [0] * 4, [1] * 18 + [0] * 18 + [1] * 4
+    assert mcnemar_exact_p(ref, new) == pytest.approx(0.125)
+    exact = mcnemar_exact_difference(ref, new)
+    assert exact.estimate == pytest.approx(0.1) and exact.interval[0] < 0 < exact.interval[1]
+    assert exact.interval == pytest.approx((-0.0203, 0.1), abs=5e-4)
+    assert newcombe_paired_difference(ref, new).interval[0] > 0  # what the row used to read: "agrees"
+    # over many random paired tables: the interval excludes 0 exactly when the test's p < 0.05, and the p-value is
+    # scipy's two-sided exact binomial test of the discordant pairs
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(5, 60))
+        r, q = rng.integers(0, 2, n), rng.integers(0, 2, n)
+        d, p = mcnemar_exact_difference(r, q), mcnemar_exact_p(r, q)
+        b, c = int(((r == 1) & (q == 0)).sum()), int(((r == 0) & (q == 1)).sum())
+        if b + c:
+            assert p == pytest.approx(scipy.stats.binomtest(c, b + c, 0.5).pvalue)
+        assert (d.interval[0] > 0 or d.interval[1] < 0) == (p < 0.05)
+        assert d.interval[0] <= d.estimate <= d.interval[1]
+    assert mcnemar_exact_difference([1, 0], [1, 0]).interval == (0.0, 0.0)  # no discordant pair: no evidence
+    with pytest.raises(ValueError, match="binary"):
+        mcnemar_exact_difference([0.5], [1])

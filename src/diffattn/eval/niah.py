@@ -87,7 +87,7 @@ from .measures import (
 from .stats import (
     Difference,
     bootstrap_contrast,
-    newcombe_paired_difference,
+    mcnemar_exact_difference,
     paired_difference,
     unpaired_difference,
     verdict,
@@ -734,7 +734,7 @@ def _compare_solved(ref: Run, new: Run, seed: int) -> Comparison | None:
 
 
 def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison:
-    """Prompts solved over the given cells of two NIAH results (Newcombe paired when the prompts are the same)."""
+    """Prompts solved over the given cells of two NIAH results (exact McNemar when the prompts are the same)."""
     cr, cn = _grid_scores(rr, cells=cells_r), _grid_scores(rn, cells=cells_n)
     if cr is None or cn is None:
         return Comparison(
@@ -743,8 +743,9 @@ def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison:
     hr, hn = _grid_solved(rr, cells_r), _grid_solved(rn, cells_n)
     if hr is not None and hn is not None and len(hr) == len(hn) and _paired(rr, rn):
         # one binary trial per prompt (solved: its first R numbers are the R queried ones), paired across the two
-        # models: Newcombe's interval, which stays honest when few pairs disagree
-        diff = newcombe_paired_difference(hr, hn)
+        # models: the exact McNemar interval, read off the prompts the two disagree on (Newcombe's, used before,
+        # was narrowed by prompts both solve and could "agree" where McNemar's exact test does not reject)
+        diff = mcnemar_exact_difference(hr, hn)
         return Comparison(
             "prompts solved (strict: the first R numbers are the queried ones)",
             ref_value=float(np.mean(hr)),
@@ -752,7 +753,7 @@ def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison:
             new_value=float(np.mean(hn)),
             new_ci=wilson_interval(sum(hn), len(hn)),
             diff=diff,
-            kind=f"Newcombe paired score interval over the same {diff.n} prompts",
+            kind=f"exact McNemar interval over the same {diff.n} prompts",
             note=(
                 "data uncertainty only, one seed; RULER string_match_all mean accuracy "
                 f"{rr['mean_accuracy']:.3f} → {rn['mean_accuracy']:.3f}"
@@ -852,7 +853,7 @@ def _heatmap_chance(run: Run) -> float | None:
 
 def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores where the
-    results have them; Newcombe's paired interval over the same prompts."""
+    results have them; the exact McNemar interval over the same prompts."""
     rr, rn = ref.results("niah"), new.results("niah")
     hr, hn = (rr or {}).get("heatmap") or {}, (rn or {}).get("heatmap") or {}
     if not hr.get("lengths") or hr.get("lengths") != hn.get("lengths") or hr.get("N") != hn.get("N"):
@@ -862,12 +863,12 @@ def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     sr, sn = flat(hr), flat(hn)
     if not sr or len(sr) != len(sn) or not _paired(rr, rn):
         return None
-    diff = newcombe_paired_difference(sr, sn)
+    diff = mcnemar_exact_difference(sr, sn)
     return Comparison(
         f"heatmap prompts solved (N={hr['N']}, R=1)",
         ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
         new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
-        diff=diff, kind=f"Newcombe paired score interval over the same {diff.n} prompts",
+        diff=diff, kind=f"exact McNemar interval over the same {diff.n} prompts",
         note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, "
         f"{'strict' if key == 'strict_scores' else 'string_match_all'} scores; chance {1 / hr['N']:.2f}",
         cells=f"heatmap N={hr['N']}, R=1, lengths {hr['lengths']}",

@@ -2,6 +2,8 @@
 
 * :func:`wilson_interval` — the score interval of a binomial proportion (Wilson 1927, *JASA* 22: 209–212); unlike
   the normal "Wald" interval it stays inside [0, 1] and is not empty at 0/n or n/n.
+* :func:`mcnemar_exact_difference` — the difference of two proportions on paired binary outcomes with the exact
+  interval that matches McNemar's exact test (Clopper–Pearson on the discordant pairs), what retrieval rows use.
 * :func:`mean_se` — the mean and its standard error (sample standard deviation / √n).
 * :func:`bootstrap_contrast` — the percentile bootstrap (Efron & Tibshirani 1993, ch. 13) of a weighted sum of
   group means, resampling within each group; the building block of the three below.
@@ -106,8 +108,10 @@ def newcombe_paired_difference(ref_hits, new_hits, level: float = 0.95) -> Diffe
     interval (Newcombe 1998, "Improved confidence intervals for the difference between binomial proportions based
     on paired data", method 10: Wilson intervals of both proportions combined with the phi correlation).
 
-    Unlike a bootstrap or Wald interval it stays honest when few pairs disagree: 4 trials won by the new model and
-    none by the reference out of 40 give [−0.006, +0.23], as McNemar's exact test (p = 0.125) would have it."""
+    It does *not* behave like McNemar's test when pairs agree on successes: 40 trials with 18 concordant successes,
+    18 concordant failures and 4 : 0 discordant pairs give [+0.009, +0.186] while McNemar's exact test gives
+    p = 0.125 — the concordant successes narrow the Wilson intervals it combines. Where the question is "does one model win the trials they disagree on",
+    use :func:`mcnemar_exact_difference`."""
     ref, new = _array(ref_hits, "newcombe"), _array(new_hits, "newcombe")
     if ref.size != new.size:
         raise ValueError(f"paired outcomes must match: {ref.size} reference vs {new.size} new")
@@ -129,6 +133,50 @@ def newcombe_paired_difference(ref_hits, new_hits, level: float = 0.95) -> Diffe
     upper = theta + math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2))
     pct = f"{100 * level:g}%"
     return Difference(theta, (lower, upper), f"Newcombe paired score interval over {n} trials ({pct})", int(n))
+
+
+def mcnemar_exact_difference(ref_hits, new_hits, level: float = 0.95) -> Difference:
+    """``p_new − p_ref`` of paired binary outcomes with the exact interval that matches McNemar's exact test.
+
+    Only the m discordant pairs carry evidence: given m, the number c the new model wins is Binomial(m, π), and
+    ``p_new − p_ref = (c − b) / n = m (2π − 1) / n``. The equal-tailed Clopper–Pearson interval of π (Clopper &
+    Pearson 1934) maps to the interval of the difference; it excludes 0 exactly when the two-sided exact McNemar test
+    (twice the smaller binomial tail) rejects at ``1 − level``. Concordant pairs, successes or failures, only scale
+    it through n: the 40 trials above (18 + 18 concordant, 4 : 0 discordant) give [−0.020, +0.100] (p = 0.125).
+    The interval is conditional on m, the number of prompts the two disagree on: when one side wins all of them its
+    far end is the estimate itself. With no discordant pair it is [0, 0]: no evidence either way ("inconclusive")."""
+    ref, new = _array(ref_hits, "mcnemar"), _array(new_hits, "mcnemar")
+    if ref.size != new.size:
+        raise ValueError(f"paired outcomes must match: {ref.size} reference vs {new.size} new")
+    if not np.isin(ref, (0, 1)).all() or not np.isin(new, (0, 1)).all():
+        raise ValueError("McNemar's interval needs binary outcomes (0 or 1)")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    n = ref.size
+    b = int(((ref == 1) & (new == 0)).sum())
+    c = int(((ref == 0) & (new == 1)).sum())
+    m = b + c
+    alpha = 1 - level
+    if m == 0:
+        lo_pi = hi_pi = 0.5
+    else:
+        lo_pi = float(scipy.stats.beta.ppf(alpha / 2, c, m - c + 1)) if c > 0 else 0.0
+        hi_pi = float(scipy.stats.beta.ppf(1 - alpha / 2, c + 1, m - c)) if c < m else 1.0
+    interval = (m * (2 * lo_pi - 1) / n, m * (2 * hi_pi - 1) / n)
+    pct = f"{100 * level:g}%"
+    method = f"exact McNemar, conditional on the {m} discordant of {n} paired trials (Clopper–Pearson, {pct})"
+    return Difference((c - b) / n, interval, method, int(n))
+
+
+def mcnemar_exact_p(ref_hits, new_hits) -> float:
+    """Two-sided exact McNemar p-value: twice the smaller binomial tail of the discordant pairs (capped at 1)."""
+    ref, new = _array(ref_hits, "mcnemar"), _array(new_hits, "mcnemar")
+    b = int(((ref == 1) & (new == 0)).sum())
+    c = int(((ref == 0) & (new == 1)).sum())
+    if b + c == 0:
+        return 1.0
+    tail = float(scipy.stats.binom.cdf(min(b, c), b + c, 0.5))
+    return min(1.0, 2 * tail)
 
 
 # -- bootstrap -----------------------------------------------------------------------------------------------------

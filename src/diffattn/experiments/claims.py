@@ -13,7 +13,7 @@ and holds:
 * ``ours``: each model's value with its 95% interval where one exists;
 * ``difference``: new − reference with its 95% interval, and ``interval``: what kind of interval it is —
   a paired bootstrap (Student's t below 30 pairs) over the same samples (allocation: both models saw the same
-  prompts; retrieval: Newcombe's paired interval on prompts solved), over the
+  prompts; retrieval: the exact McNemar interval on prompts solved), over the
   same text windows (per-window NLL, outliers, quantization), or — when both models were trained with at least
   two ``seeds`` (replicates ``NAME-sSEED``, :func:`seed_groups`) — a Welch t interval over the runs' values;
 * ``verdict``: "agrees" / "disagrees" when the difference's interval excludes 0 on the claimed / the other side,
