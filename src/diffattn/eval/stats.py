@@ -110,8 +110,8 @@ def newcombe_paired_difference(ref_hits, new_hits, level: float = 0.95) -> Diffe
 
     It does *not* behave like McNemar's test when pairs agree on successes: 40 trials with 18 concordant successes,
     18 concordant failures and 4 : 0 discordant pairs give [+0.009, +0.186] while McNemar's exact test gives
-    p = 0.125 — the concordant successes narrow the Wilson intervals it combines. Where the question is "does one model win the trials they disagree on",
-    use :func:`mcnemar_exact_difference`."""
+    p = 0.125 — the concordant successes narrow the Wilson intervals it combines. Where the question is "does one
+    model win the trials they disagree on", use :func:`mcnemar_exact_difference`."""
     ref, new = _array(ref_hits, "newcombe"), _array(new_hits, "newcombe")
     if ref.size != new.size:
         raise ValueError(f"paired outcomes must match: {ref.size} reference vs {new.size} new")
