@@ -4,7 +4,8 @@ and the matmul FLOPs per query–key pair the kernels actually issue against the
 
 Usage: python benchmarks/kernel_report.py [--target sm90] [--dtype bf16] [--kernels fwd,dkdv,dq]
                                           [--variants V1,V2,W] [--masks none,padding,bool,additive,segments]
-                                          [--configs KIND:KEY=VAL,...] [--json OUT] [--dump DIR]
+                                          [--configs KIND:KEY=VAL,...] [--jobs N] [--require-triton 3.6.0]
+                                          [--json OUT] [--dump DIR]
 
 How the kernels are compiled. The script runs the real launch path of the ``triton`` backend (``_fwd_op`` /
 ``_bwd_op`` on empty CPU tensors of a representative problem, ``--shape``) with the launcher replaced by a
@@ -60,9 +61,12 @@ How to read the columns:
   two kernels have no separate ideal (null). ratio > 1 = recomputation (the dq pass recomputes QKᵀ and dO·Vᵀ)
   plus layout duplication.
 
-Compiles take a second or two each (identical specialisations once); the default, every kernel × 3 variants × 4
-masks, about 170 of them, takes ~3–4 minutes on 2 CPU cores. Exit code 2 when Triton or its bundled CUDA toolchain
-(ptxas, cuobjdump) is missing.
+Compiles take a second or two each (identical specialisations once); the default, every kernel × 3 variants × 5
+masks, about 200 of them, takes ~2–4 minutes on one CPU core, less with ``--jobs N`` (N forked compiling
+processes). Every launch is compiled even when one fails. Exit code 0 when every kernel compiled; 1 when any did
+not (the report of the others on stdout, each failure, with its kernel, variant, tiles and error, on stderr); 2 when
+Triton or its bundled CUDA toolchain (ptxas, cuobjdump) is missing, or the imported Triton is not the version
+``--require-triton`` names (the oldest supported one is checked so, from a side folder: ``.ci/run``).
 """
 
 from __future__ import annotations
@@ -362,13 +366,17 @@ def _record_launches(
 
     direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
     patched = [(launch, n) for n in ("_launch", *direct)] + [
-        (tuning, n) for n in ("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE")
+        (tuning, n) for n in ("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ")
     ]
     saved = {(module, n): getattr(module, n) for module, n in patched}
     launch._launch = record
     for name, kind_ in direct.items():
         setattr(launch, name, Recorder(saved[launch, name], kind_))
     tuning.INTERPRETED, tuning.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
+    # every kernel and candidate the backend can launch, whatever its defaults: the autotuner's alternatives and the
+    # single-pass backward (the deterministic one is asked for below, by atomic = False) are compiled even where
+    # tuning.AUTOTUNE or tuning.ATOMIC_DQ is off by default
+    tuning.AUTOTUNE, tuning.ATOMIC_DQ = True, True
     tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
     try:
         if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
@@ -419,21 +427,84 @@ def _specialize(launch: Launch) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-_COMPILED: dict[tuple, dict] = {}
+class CompileFailed(RuntimeError):
+    """Kernels that did not compile. ``failures``: one dict per failed launch (kernel, variant, kind, tiles,
+    error); ``rows``: the report's rows of every launch that did compile."""
+
+    def __init__(self, failures: list[dict], rows: list[dict]):
+        self.failures, self.rows = failures, rows
+        super().__init__(f"{len(failures)} launch(es) did not compile: " + "; ".join(map(_failure_text, failures)))
 
 
-def _compile(launch: Launch, capability: int, tools: dict[str, str]) -> dict:
-    """Compile one launch (once per distinct specialisation: e.g. the preprocess kernel, which reads no mask,
-    is the same kernel under every mask)."""
+def _failure_text(failure: dict) -> str:
+    return f"{failure['kernel']} ({failure['variant']}, {failure['kind']}, {failure['tile']}): {failure['error']}"
+
+
+def _compile_key(launch: Launch, capability: int) -> tuple:
+    """What makes two launches one compile: the kernel, its specialisation and its compile options (e.g. the
+    preprocess kernel, which reads no mask, is the same kernel under every mask)."""
     signature, constexprs, attrs = _specialize(launch)
     key = (launch.kernel.fn.__name__, capability, *(repr(sorted(x.items())) for x in (signature, constexprs, attrs)))
-    key = (*key, repr(sorted(launch.options.items())))
-    if key not in _COMPILED:
-        _COMPILED[key] = _compile_new(launch, capability, tools, signature, constexprs, attrs)
-    return _COMPILED[key]
+    return (*key, repr(sorted(launch.options.items())))
+
+
+def _try_compile(launch: Launch, capability: int, tools: dict[str, str]) -> dict | str:
+    """The compiled kernel's summary (:func:`_compile_new`), or the error that stopped it as one string: a kernel
+    that does not compile is a row of the report's failures, not the end of the report."""
+    try:
+        return _compile_new(launch, capability, tools, *_specialize(launch))
+    except Exception as err:  # Triton's CompilationError, ptxas's and cuobjdump's failures, ...
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        # Triton's CompilationError quotes the source first and ends with the message
+        text = " / ".join(lines[-3:]) if lines else ""
+        return f"{type(err).__name__}: {text}"[:800]
+
+
+_POOL_LAUNCHES: list[Launch] = []  # the launches a forked worker compiles, by index (inherited, never pickled)
+
+
+def _pool_compile(job: tuple[int, int, dict[str, str]]) -> dict | str:
+    index, capability, tools = job
+    return _try_compile(_POOL_LAUNCHES[index], capability, tools)
+
+
+def _compile_all(
+    launches: list[Launch], capability: int, tools: dict[str, str], jobs: int = 1, progress=None
+) -> list[dict | str]:
+    """Each launch's compiled summary or error string, compiling each distinct specialisation once; with ``jobs``
+    > 1 in that many forked processes (each compile is one process's work: Triton and ptxas use one core)."""
+    keys: list[tuple | str] = []
+    for launch in launches:
+        try:
+            keys.append(_compile_key(launch, capability))
+        except Exception as err:  # a launch Triton cannot even specialise
+            keys.append(f"{type(err).__name__}: {err}"[:800])
+    todo = {key: i for i, key in enumerate(keys) if not isinstance(key, str)}  # first launch of each key
+    if progress:
+        progress(f"compiling {len(todo)} kernels ({len(launches)} launches) on {max(1, jobs)} process(es) ...")
+    if jobs > 1 and len(todo) > 1:
+        import multiprocessing
+
+        global _POOL_LAUNCHES
+        _POOL_LAUNCHES = launches
+        try:
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(todo))) as pool:
+                results = pool.map(_pool_compile, [(i, capability, tools) for i in todo.values()], 1)
+            built = dict(zip(todo, results, strict=True))
+        finally:
+            _POOL_LAUNCHES = []
+    else:
+        built = {}
+        for key, i in todo.items():
+            if progress:
+                progress(f"compiling {launches[i].kernel.__name__} ({launches[i].kind}) ...")
+            built[key] = _try_compile(launches[i], capability, tools)
+    return [key if isinstance(key, str) else built[key] for key in keys]
 
 
 def _compile_new(launch: Launch, capability: int, tools: dict[str, str], signature, constexprs, attrs) -> dict:
+    """Compile one launch for ``capability``: its TTGIR and PTX, name, warps, stages, shared memory and ptxas's
+    and cuobjdump's resource counts (plain data, so that a worker process can hand it back)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -454,8 +525,14 @@ def _compile_new(launch: Launch, capability: int, tools: dict[str, str], signatu
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         res = subprocess.run([tools["cuobjdump"], "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
+    meta = compiled.metadata
     return {
-        "compiled": compiled,
+        "name": meta.name,
+        "num_warps": meta.num_warps,
+        "num_stages": meta.num_stages,
+        "shared": meta.shared,
+        "ttgir": compiled.asm["ttgir"],
+        "ptx": compiled.asm["ptx"],
         "res_usage": parse_res_usage(res.stdout),
         "ptxas": parse_ptxas_log(log.getvalue()),
     }
@@ -504,8 +581,7 @@ def parse_config_spec(text: str) -> tuple[str, dict]:
 
 
 def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target: str, shape) -> dict:
-    compiled = built["compiled"]
-    dots = parse_ttgir_dots(compiled.asm["ttgir"])
+    dots = parse_ttgir_dots(built["ttgir"])
     bm, bn = launch.consts.get("BLOCK_M"), launch.consts.get("BLOCK_N")
     flops = add_dot_flops(dots, bm, bn)
     res, ptxas = built["res_usage"], built["ptxas"]
@@ -517,7 +593,7 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
     kind = "decode" if decode else launch.kind  # the key-split forward at T = 1 is its own row
     ideal = _ideal(kind, spec["d"], spec["dv"])
     return {
-        "kernel": compiled.metadata.name,
+        "kernel": built["name"],
         "kind": kind,
         "config": {
             "variant": label,
@@ -531,8 +607,8 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
             "shared_k": spec["shared_k"],
             "BLOCK_M": bm,
             "BLOCK_N": bn,
-            "num_warps": compiled.metadata.num_warps,
-            "num_stages": compiled.metadata.num_stages,
+            "num_warps": built["num_warps"],
+            "num_stages": built["num_stages"],
             "candidate": launch.candidate,
             "shape_BHHkvTS": list(launch.shape or shape),
             "constexprs": dict(launch.consts),
@@ -544,9 +620,9 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
         "spill_loads": ptxas.get("spill_loads"),
         "stack_bytes": res.get("STACK"),
         "local_bytes": res.get("LOCAL"),
-        "shared_bytes": compiled.metadata.shared,
-        "i64_multiplies": len(_I64_MUL_RE.findall(compiled.asm["ttgir"])),
-        "mma": mma_kind(compiled.asm["ptx"]),
+        "shared_bytes": built["shared"],
+        "i64_multiplies": len(_I64_MUL_RE.findall(built["ttgir"])),
+        "mma": mma_kind(built["ptx"]),
         "dots": dots,
         "pairs_per_iteration": bm * bn if bm and bn else None,
         "flops_per_pair": flops,
@@ -587,9 +663,12 @@ def kernel_report(
     shape: tuple[int, ...] = DEFAULT_SHAPE,
     dump: str | Path | None = None,
     progress=None,
+    jobs: int = 1,
 ) -> list[dict]:
     """Compile the requested kernels for ``target`` and return one row per compiled kernel (plus a combined
-    backward row per variant and mask that has both ``dkdv`` and ``dq``). ``masks``: the user masks each variant
+    backward row per variant and mask that has both ``dkdv`` and ``dq``). ``jobs``: compile in that many forked
+    processes. Every launch is compiled even when one fails; then :class:`CompileFailed` names each that did not
+    compile and carries the rows of those that did. ``masks``: the user masks each variant
     is compiled with (:data:`MASKS`; a masked variant is labelled e.g. ``V1+bool``). ``short_t``: the query
     lengths of the ``short`` and ``prefill`` forwards (a row each). ``configs``: extra
     ``KIND[:KEY=VAL,...]`` specs (see :func:`parse_config_spec`). Raises ToolchainMissing without Triton's CUDA
@@ -598,7 +677,7 @@ def kernel_report(
     tools = toolchain(capability)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    jobs: list[tuple[str, str, dict, dict, int | None]] = []  # (kind, label, head spec, tile overrides, T)
+    work: list[tuple[str, str, dict, dict, int | None]] = []  # (kind, label, head spec, tile overrides, T)
     for mask in masks:
         if mask not in MASKS:
             raise ValueError(f"unknown mask {mask!r}; choose from {', '.join(MASKS)}")
@@ -613,36 +692,48 @@ def kernel_report(
                 spec = {**VARIANTS[name], "mask": None if mask == "none" else mask}
                 lengths = {"short": tuple(short_t), "prefill": (*short_t, shape[3])}.get(kind, (None,))
                 for t in lengths:
-                    jobs.append((kind, label, spec, {}, t))
+                    work.append((kind, label, spec, {}, t))
     for text in configs:
         kind, settings = parse_config_spec(text)
         base = settings.pop("variant", "V1")
         spec = {**VARIANTS[base], **{k: v for k, v in settings.items() if k not in _TILE_KEYS}}
-        jobs.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in _TILE_KEYS}, None))
+        work.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in _TILE_KEYS}, None))
 
-    rows: list[dict] = []
-    for kind, label, spec, overrides, t in jobs:
+    recorded: list[tuple[Launch, str, dict]] = []  # (launch, label, head spec)
+    for kind, label, spec, overrides, t in work:
         for launch in _record_launches(kind, spec, dtype, tuple(shape), t):
             if overrides and launch.candidate > 0:  # overridden tiles replace the default; one row
                 continue
             if overrides and "BLOCK_M" in launch.consts:
                 launch.consts.update({k: v for k, v in overrides.items() if k in ("BLOCK_M", "BLOCK_N")})
                 launch.options.update({k: v for k, v in overrides.items() if k in ("num_warps", "num_stages")})
-            if progress:
-                progress(f"compiling {launch.kernel.__name__} ({label}, {kind}) ...")
-            built = _compile(launch, capability, tools)
-            row = _row(launch, built, label, spec, dtype, target, tuple(shape))
-            rows.append(row)
-            if dump:
-                out = Path(dump)
-                out.mkdir(parents=True, exist_ok=True)
-                stem = re.sub(r"[^\w.-]+", "_", f"{row['kernel']}_{label}_{kind}")
-                for ext in ("ttgir", "ptx"):
-                    (out / f"{stem}.{ext}").write_text(built["compiled"].asm[ext])
+            recorded.append((launch, label, spec))
+    built_all = _compile_all([launch for launch, _, _ in recorded], capability, tools, jobs, progress)
+    rows: list[dict] = []
+    failures: list[dict] = []
+    for (launch, label, spec), built in zip(recorded, built_all, strict=True):
+        if isinstance(built, str):
+            tile = " ".join(f"{k}={v}" for k, v in {**launch.consts, **launch.options}.items() if k in _TILE_KEYS)
+            failures.append(
+                {"kernel": launch.kernel.__name__, "variant": label, "kind": launch.kind, "tile": tile, "error": built}
+            )
+            continue
+        row = _row(launch, built, label, spec, dtype, target, tuple(shape))
+        rows.append(row)
+        if dump:
+            out = Path(dump)
+            out.mkdir(parents=True, exist_ok=True)
+            c = row["config"]  # the tiles too: a kernel's candidates would overwrite one another
+            tile = f"{c['BLOCK_M']}x{c['BLOCK_N']}w{c['num_warps']}s{c['num_stages']}" if c["BLOCK_M"] else ""
+            stem = re.sub(r"[^\w.-]+", "_", f"{row['kernel']}_{label}_{row['kind']}_{tile}".rstrip("_"))
+            for ext in ("ttgir", "ptx"):
+                (out / f"{stem}.{ext}").write_text(built[ext])
     for label in dict.fromkeys(r["config"]["variant"] for r in rows):
         parts = {r["kind"]: r for r in rows if r["config"]["variant"] == label and not r["config"].get("candidate")}
         if "dkdv" in parts and "dq" in parts:
             rows.append(_combined_backward(parts["dkdv"], parts["dq"]))
+    if failures:
+        raise CompileFailed(failures, rows)
     return rows
 
 
@@ -738,6 +829,19 @@ def format_report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _triton_version(required: str | None) -> str:
+    """'triton VERSION (PATH)' of the Triton this process imports; ToolchainMissing if it is not ``required``
+    (e.g. when the side folder of an older Triton did not reach PYTHONPATH)."""
+    try:
+        import triton
+    except ImportError as err:
+        raise ToolchainMissing(f"triton is not installed: {err}") from err
+    where = f"triton {triton.__version__} ({Path(triton.__file__).parent})"
+    if required and triton.__version__ != required:
+        raise ToolchainMissing(f"{where} is not the triton {required} asked for by --require-triton")
+    return where
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -765,12 +869,16 @@ def main(argv: list[str] | None = None) -> int:
         "--configs", nargs="*", default=[], help="extra rows: KIND[:KEY=VAL,...], e.g. fwd:variant=V2,BLOCK_M=128"
     )
     parser.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="B,H,HKV,T,S of the launches")
+    parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes (default 1)")
+    parser.add_argument("--require-triton", help="exit 2 unless the imported triton is this version, e.g. 3.6.0")
     parser.add_argument("--json", help="write the rows as a JSON list to this path")
     parser.add_argument("--dump", help="also write each kernel's TTGIR and PTX into this folder")
     args = parser.parse_args(argv)
     # the kernels are compiled or interpreted from the moment their module is imported
     os.environ.pop("TRITON_INTERPRET", None)
+    failures: list[dict] = []
     try:
+        print(f"kernel_report: {_triton_version(args.require_triton)}", file=sys.stderr, flush=True)
         rows = kernel_report(
             target=args.target,
             dtype=args.dtype,
@@ -782,15 +890,24 @@ def main(argv: list[str] | None = None) -> int:
             shape=tuple(int(x) for x in args.shape.split(",")),
             dump=args.dump,
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+            jobs=args.jobs,
         )
     except ToolchainMissing as err:
         print(f"kernel_report: {err}", file=sys.stderr)
         return 2
+    except CompileFailed as err:
+        rows, failures = err.rows, err.failures
     except ValueError as err:
         parser.error(str(err))
     print(format_report(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    if failures:
+        lines = [f"kernel_report: {len(failures)} kernel launch(es) did not compile for {args.target}:"]
+        lines += [f"  {_failure_text(f)}" for f in failures]
+        print("\n".join(lines), file=sys.stderr)
+        print(f"Compile failures: {len(failures)} (listed on stderr)")
+        return 1
     return 0
 
 

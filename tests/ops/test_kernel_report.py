@@ -9,7 +9,9 @@ subprocess without ``TRITON_INTERPRET``: other test modules set it while importi
 compiled or interpreted from the moment its module is imported. That test is skipped only when Triton or its
 bundled ptxas/cuobjdump is missing, and it holds the kernels to issue 18's contract (no spills, wgmma for every
 main-loop dot, the backward at its FLOP ideal) and issue 27's (no kernel the backend can launch spills, masks
-included; 64-bit offset arithmetic in every kernel).
+included; 64-bit offset arithmetic in every kernel). The exit code is what .ci/run relies on to fail CI when a kernel
+does not compile with the oldest supported Triton or with CI's: 1 for a kernel that does not compile (the others still
+compiled and reported), 2 for a Triton other than the one ``--require-triton`` names.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
 
 
 def _compile_report(tmp_path, variants: tuple[str, ...], kinds: tuple[str, ...], *extra: str) -> list[dict]:
-    """Run the report for sm_90 (every mask) in a subprocess without TRITON_INTERPRET and return its rows."""
+    """Run the report for sm_90 (every mask) in a subprocess without TRITON_INTERPRET, compiling on two forked
+    processes, and return its rows."""
     try:
         kr.toolchain(90)
     except kr.ToolchainMissing as err:
@@ -186,7 +189,7 @@ def _compile_report(tmp_path, variants: tuple[str, ...], kinds: tuple[str, ...],
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, str(SCRIPT), "--target", "sm90", "--variants", ",".join(variants)]
+    cmd = [sys.executable, str(SCRIPT), "--target", "sm90", "--variants", ",".join(variants), "--jobs", "2"]
     cmd += ["--kernels", ",".join(kinds), "--json", str(out), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -271,3 +274,37 @@ def test_report_every_kernel_the_backend_launches_is_spill_free(tmp_path):
     short_t = ",".join(map(str, SHORT_LENGTHS))
     rows = _compile_report(tmp_path, kr.DEFAULT_VARIANTS, kr.DEFAULT_KINDS, "--short-t", short_t)
     _check_contract(rows, kr.DEFAULT_VARIANTS, kr.DEFAULT_KINDS, len(SHORT_LENGTHS))
+
+
+def _run_script(*args: str) -> subprocess.CompletedProcess:
+    try:
+        kr.toolchain(90)
+    except kr.ToolchainMissing as err:
+        pytest.skip(str(err))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_report_exit_code_fails_on_a_kernel_that_does_not_compile():
+    # what .ci/run relies on to fail CI (with the oldest supported Triton and with CI's): a launch that does not
+    # compile (here a forward tile of 24 rows: tl.arange takes powers of two only) makes the exit code 1 and is
+    # named on stderr with its kernel, variant, tiles and Triton's message; every other launch is still compiled
+    # and reported, on two forked processes
+    proc = _run_script(
+        "--target", "sm90", "--variants", "V2", "--masks", "none", "--kernels", "preprocess",
+        "--configs", "fwd:variant=V2,BLOCK_M=24", "--jobs", "2",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "1 kernel launch(es) did not compile for sm90" in proc.stderr
+    failure = next(line for line in proc.stderr.splitlines() if line.startswith("  _fwd_kernel"))
+    assert "BLOCK_M=24" in failure and "CompilationError" in failure and "power of 2" in failure
+    assert "_bwd_preprocess_kernel" in proc.stdout and "Compile failures: 1" in proc.stdout
+    assert proc.stderr.startswith("kernel_report: triton ")  # which Triton compiled, first
+
+
+def test_report_refuses_a_triton_other_than_the_one_required():
+    # .ci/run checks the oldest Triton from a side folder: if PYTHONPATH did not bring it, the report must not
+    # quietly compile with another one
+    proc = _run_script("--target", "sm90", "--kernels", "preprocess", "--require-triton", "0.0.1")
+    assert proc.returncode == 2
+    assert "is not the triton 0.0.1 asked for by --require-triton" in proc.stderr

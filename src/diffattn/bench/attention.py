@@ -252,7 +252,13 @@ def _op_impls(
             [q1, k1, q2, k2, v2, lam],
             "diff",
         )
+    from ..ops import route_unsupported
+    from ..ops._inputs import validate
+
+    v2_inputs = validate(qa, kv_k, qb, kv_k, kv_v, gate, causal=True, attn_mask=None, scale=None)
     for backend in backends:
+        if backend != "auto" and route_unsupported(backend, v2_inputs):
+            continue  # e.g. sdpa_split: V2's values are as wide as its keys, nothing to split
         impls[f"diff-v2 {backend}"] = (
             lambda backend=backend: diff_attention(qa, kv_k, qb, kv_k, kv_v, gate, backend=backend),
             [qa, kv_k, qb, kv_v, gate],

@@ -39,7 +39,8 @@ ATOMIC_DQ: bool = False
 #: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles. Off: on an H200
 #: (../shared/gpu/h200-2026-11-26.md) autotuning the single-pass backward ran candidate (16, 64, 4, 1), which died
 #: with an illegal memory access and poisoned the CUDA context — a candidate is only timed once it is proven
-#: (the route sweep, diffattn.bench.route_sweep, runs each one alone in a process of its own).
+#: (the route sweep, diffattn.bench.route_sweep, runs each one alone in a process of its own). That candidate is
+#: gone (Triton miscompiles its configuration: :data:`MISCOMPILED`).
 AUTOTUNE: bool = False
 
 #: Key splits of the forward when it needs no gradient (flash-decoding), or None for the heuristic: split only when
@@ -132,11 +133,26 @@ def _mask_class(consts: dict) -> str:
 # num_stages), for the kernels that dominate training: the forward and the single-pass backward, per mask class.
 # Every one was compiled ahead of time for sm_90 with no spills and every dot a wgmma issued once
 # (benchmarks/kernel_report.py compiles them all, with each kind of mask, and tests/ops/test_kernel_report.py holds
-# them to it), so whichever wins is a clean kernel.
+# them to it), so whichever wins is a clean kernel (with CI's Triton; triton 3.6 spills in a few backward ones,
+# benchmarks/RESULTS.md). Each also runs under the interpreter with its own tiles at boundary shapes against the
+# reference, every memory access checked against its tensors (tests/ops/test_tuning_candidates.py).
+#
+# No single-pass backward candidate may run one warpgroup (4 warps) with one stage (:data:`MISCOMPILED`). "v1"'s
+# (16, 64, 4, 1) did, and on an H100 with triton 3.6 (torch 2.11's) that configuration dies with an illegal memory
+# access: (16, 64), (32, 64) and (16, 128) tiles alike, bf16 and fp16, every shape tried; the same tiles on 2 stages
+# or on 8 warps, and the deterministic dK/dV kernel on (16, 64, 4, 1), are correct. compute-sanitizer puts the fault
+# in shared memory, at the wgmma of dQ2ᵀ = K2ᵀ·dS2ᵀ (backward.py; both its operands are read from shared memory); no
+# global access is out of bounds, and under the interpreter the kernel is correct with those tiles at every boundary
+# shape. The fault is in the code Triton generates for that configuration, not in the kernel's indexing, so the
+# configuration is not a candidate (benchmarks/RESULTS.md, "triton 3.6").
 _DKDV_TUNING = {
     "v2": [(32, 128, 8, 1), (16, 128, 8, 2), (32, 64, 4, 2)],
-    "v1": [(16, 128, 8, 1), (16, 64, 4, 1)],
+    "v1": [(16, 128, 8, 1)],
 }
+
+#: (kernel kind, num_warps, num_stages) that Triton compiles into a kernel that faults (see _DKDV_TUNING above):
+#: never a tuning candidate (tests/ops/test_tuning_candidates.py checks every list against it).
+MISCOMPILED: frozenset[tuple[str, int, int]] = frozenset({("dkdv_atomic", 4, 1)})
 _TUNING = {
     "none": {
         "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},

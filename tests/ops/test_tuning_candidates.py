@@ -1,0 +1,495 @@
+"""Every tile the fused Triton kernels can run with on a GPU, run with that very tile (not the interpreter's 16 × 16)
+at boundary shapes, against the float64 reference: forward output and every gradient (dq1, dk1, dq2, dk2, dv, dλ).
+
+What is covered (read off :mod:`diffattn.ops.triton.tuning`, so a tile added there is tested here): for each head-width
+class ("v2": d = dv = 64 with K shared, as DIFF V2; "v1": d = 64, dv = 128; "wide": d = 128, dv = 256) and each
+mask class (none, key padding, a per-row 4-D mask — bool on one shape, additive on the other — and segment ids):
+
+* the default tiles of :data:`~diffattn.ops.triton.tuning._TILES` / ``_MASK_TILES`` that a GPU picks: the training
+  forward at >= 128 packed rows, at 33–127 (``fwd_mid``) and at <= 32 (``fwd_short``, clamped to the row count as
+  a GPU clamps it); the backward's single-pass kernel (where it has tiles for the class) and the deterministic dK/dV
+  + dQ kernels, both run on the same forward;
+* every alternative of :data:`~diffattn.ops.triton.tuning._TUNING` (training forward, single-pass backward), forced
+  alone, the other kernels on their default tiles.
+
+Shapes: GQA (2 query heads per KV head; 16 or 4 where one key block must still pack more rows than a tile), causal
+with T < S (bottom-right), T and S not multiples of any tile (T = 67 or 131, S = tile + 9, ...: at least two
+tiles, the last partial), and a second shape with a single, partial key block. Under the interpreter, tiles are
+what matter (``num_warps`` and ``num_stages`` do not exist there), so candidates that share a tile share a test,
+whose id names the tile and every (warps, stages) with it; with CUDA each configuration runs compiled.
+
+Out-of-bounds access: every tensor a kernel launch receives — inputs, outputs and the launch path's own buffers
+(log-sum-exps, Δ, the float32 dQ accumulators) — is copied, with its strides, into a larger buffer poisoned around
+it (NaN; int ids 2³⁰; bool masks 0xA5) before the launch and copied back after, and under the interpreter every
+load, store and atomic the kernel issues is checked against those tensors' addresses (:class:`_Bounds`): an access
+outside all of them fails the launch, naming the kernel and the nearest argument. (The poison alone would miss a
+write of what is already there, e.g. an atomic add of 0 past the last row; with CUDA it is what remains: a changed
+guard fails the launch, a read of one brings NaN into the results.) Shown to work by dropping the dQ atomic's row
+mask, and the forward's key mask on boundary tiles, in a copy of the kernels: every case that runs them failed.
+
+Tolerance: :func:`tests.ops.rounding.assert_within_rounding`, as in tests/ops/test_triton.py: twice plain PyTorch's
+own error in the same dtype on this machine (six yardsticks: three summation orders, autograd's and
+FlashAttention's backward formula) plus one ulp of the largest value. No absolute constant. Under the interpreter
+every ``tl.dot`` is numpy's matmul, whose BLAS may sum in another order than PyTorch's (on this machine its error at
+256 terms, the widest heads' dO·Vᵀ, is ~1.7x PyTorch's, and its error depends on the product's shape: a 32 x 64
+tile rounds up to ~4x worse than the bare 11 x 13 product of a one-block shape): two more yardsticks do the same math
+with numpy's arithmetic, on bare and on tile-sized (zero-padded) products (:func:`_interpreter_yardstick`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import zlib
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from diffattn.ops import diff_attention
+from diffattn.ops._inputs import validate
+
+from .rounding import assert_within_rounding
+from .test_triton import plain_pytorch  # the yardstick (importing it sets TRITON_INTERPRET around the kernels)
+
+_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if _CUDA else "cpu"
+DTYPE = torch.bfloat16 if _CUDA else torch.float32  # the interpreter: float32 (numpy BLAS); the tiles are the GPU's
+
+_saved_env = os.environ.get("TRITON_INTERPRET")
+if not _CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    from diffattn.ops.triton import launch, tuning
+finally:
+    if _saved_env is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved_env
+
+WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
+    "v2": (64, 64, True),
+    "v1": (64, 128, False),
+    "wide": (128, 256, False),
+}
+MASKS = ("none", "keys", "rows", "segments")
+FWD_REGIMES = ("fwd", "fwd_mid", "fwd_short")  # the training forward at >= 128, 33–127 and <= 32 packed rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One tile of one kernel (``kind``) for a width and mask class; ``configs``: the (num_warps, num_stages) it is
+    compiled with on a GPU; ``default``: the GPU's default tile (then the backward cases run both backwards)."""
+
+    kind: str  # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "dkdv_atomic"
+    width: str
+    mask: str
+    tile: tuple[int, int] | None  # None: whatever tuning._blocks gives on a GPU (the default cases)
+    configs: tuple[tuple[int, int], ...] = ((8, 2),)
+    default: bool = True
+
+    @property
+    def id(self) -> str:
+        tile = "default" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
+        configs = ",".join(f"w{w}s{s}" for w, s in self.configs)
+        return f"{self.kind}-{self.width}-{self.mask}-{tile}" + ("" if self.default else f"-{configs}")
+
+
+def _table_tile(kind: str, width: str, mask: str) -> tuple[int, int] | None:
+    """The default tile of _TILES / _MASK_TILES, as tuning._blocks reads them (None: no such kernel)."""
+    table = tuning._MASK_TILES.get(mask, {}).get(kind, {}).get(width) or tuning._TILES.get(kind, {}).get(width)
+    return tuple(table) if table else None
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for mask in MASKS:
+        for width in WIDTHS:
+            cases += [Case(regime, width, mask, None) for regime in FWD_REGIMES]
+            cases.append(Case("bwd", width, mask, None))
+            for kind, case_kind in (("fwd", "fwd"), ("dkdv_atomic", "dkdv_atomic")):
+                by_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
+                for bm, bn, warps, stages in tuning._TUNING[mask].get(kind, {}).get(width, []):
+                    by_tile.setdefault((bm, bn), []).append((warps, stages))
+                for tile, configs in by_tile.items():
+                    cases.append(Case(case_kind, width, mask, tile, tuple(configs), default=False))
+    return cases
+
+
+CASES = _cases()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# shapes: (B, H, HKV, T, S) per case and shape name
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _shape(case: Case, which: str) -> tuple[int, int, int, int, int]:
+    """``which`` "tiles": at least two tiles of the case's kernel along rows and keys, the last of each partial, T < S;
+    "one-block": a single, partial key block (S < every BLOCK_N), the rows still in the case's regime."""
+    if which == "one-block":
+        if case.kind in ("fwd", "fwd_mid", "fwd_short"):  # 16, 4 or 2 query heads per KV head: 160, 40, 20 rows
+            heads = {"fwd": 16, "fwd_mid": 4, "fwd_short": 2}[case.kind]
+            return 2, heads, 1, 10, 13
+        return 2, 2, 1, 11, 13
+    if case.kind == "fwd":
+        return 1, 2, 1, 67, 75  # 134 rows: 128- and 64-row tiles, the last partial; 75 keys: 16/32/64-key tiles
+    if case.kind == "fwd_mid":
+        return 1, 2, 1, 35, 75  # 70 rows
+    if case.kind == "fwd_short":
+        return 1, 2, 1, 13, 75  # 26 rows (a 32-row tile), several key tiles
+    if case.kind == "dkdv_atomic":
+        return 1, 2, 1, 67, case.tile[1] + 9  # 16/32-query steps, two key blocks, the last partial
+    return 1, 2, 1, 131, 137  # the defaults: dQ's 128-row tiles and dK/dV's 128-key blocks, two of each
+
+
+# ------------------------------------------------------------------------------------------------------------
+# launches with forced tiles, every tensor argument inside a poisoned buffer
+# ------------------------------------------------------------------------------------------------------------
+
+_GUARD = 64  # poisoned elements before and after each tensor's span (a multiple of 16: alignments are kept)
+
+
+def _poison(dtype: torch.dtype):
+    if dtype.is_floating_point:
+        return float("nan")
+    return 0xA5 if dtype == torch.uint8 else 2**30
+
+
+class _Relocated:
+    """``x`` copied into a buffer with ``_GUARD`` poisoned elements on either side of its span and its own strides
+    (elements of the span outside ``x``, e.g. a mask's padded row ends, stay poisoned too)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+        span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
+        self.buf = torch.full((span + 2 * _GUARD,), _poison(x.dtype), dtype=x.dtype, device=x.device)
+        self.view = self.buf.as_strided(x.shape, x.stride(), _GUARD)
+        self.view.copy_(x)
+        self.outside = torch.ones(self.buf.shape, dtype=torch.bool, device=x.device)
+        self.outside.as_strided(x.shape, x.stride(), _GUARD).fill_(False)
+        start = self.view.data_ptr()
+        self.bytes = (start, start + span * x.element_size())  # the addresses the kernel may touch
+
+    def poison_intact(self) -> bool:
+        rest = self.buf[self.outside]
+        if rest.dtype.is_floating_point:
+            return bool(torch.isnan(rest).all())
+        return bool((rest == _poison(rest.dtype)).all())
+
+
+class _Bounds:
+    """Under the interpreter, every load, store and atomic a kernel issues (its masked-in lanes) is checked against
+    the byte ranges of the launch's tensor arguments: an access outside all of them raises, naming the nearest
+    argument and the distance. (Poison alone would miss a write of the value already there, e.g. an atomic add of
+    0 past the last row.) Active only during a launch of :func:`_forced_launch`."""
+
+    ranges: ClassVar[list[tuple[int, int, str]]] = []  # (first byte, end byte, argument) of the launch running
+    kernel: ClassVar[str] = ""
+
+    @classmethod
+    def check(cls, what: str, ptrs, mask, dtype_bytes: int) -> None:
+        if not cls.ranges:
+            return
+        addr = np.asarray(ptrs.data, dtype=np.uint64).ravel()
+        if mask is not None:
+            addr = addr[np.broadcast_to(np.asarray(mask.data, dtype=bool), ptrs.data.shape).ravel()]
+        inside = np.zeros(addr.shape, dtype=bool)
+        for start, end, _ in cls.ranges:
+            inside |= (addr >= start) & (addr + dtype_bytes <= end)
+        if not inside.all():
+            bad = int(addr[~inside][0])
+            start, end, name = min(cls.ranges, key=lambda r: min(abs(bad - r[0]), abs(bad - r[1])))
+            where = (
+                f"{(bad - end) // dtype_bytes} elements past the end"
+                if bad >= end
+                else f"{(start - bad) // dtype_bytes} elements before"
+            )
+            raise AssertionError(
+                f"{cls.kernel}: {what} by {int((~inside).sum())} lanes outside every argument, e.g. {where} of {name}"
+            )
+
+
+def _install_bounds_check(monkeypatch) -> None:
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+
+    def size(ptrs) -> int:
+        return np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+
+    def wrap(name, what, ptr_arg, mask_arg):
+        original = getattr(builder, name)
+
+        def checked(self, *args):
+            ptrs = args[ptr_arg]
+            _Bounds.check(what, ptrs, None if mask_arg is None else args[mask_arg], size(ptrs))
+            return original(self, *args)
+
+        monkeypatch.setattr(builder, name, checked)
+
+    wrap("create_load", "load", 0, None)
+    wrap("create_store", "store", 0, None)
+    wrap("create_masked_load", "load", 0, 1)
+    wrap("create_masked_store", "store", 0, 2)
+    wrap("create_atomic_rmw", "atomic", 1, 3)
+
+
+def _forced_launch(case: Case, config: tuple[int, int], ran: list):
+    """A stand-in for launch._launch: the case's tile and configuration for its kernel, the GPU's default tiles
+    (tuning._blocks, 2 stages) for the others; every tensor argument relocated into a poisoned buffer."""
+    forced_kind = {"fwd_mid": "fwd", "fwd_short": "fwd"}.get(case.kind, case.kind)
+
+    def run(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+        mask = tuning._mask_class(consts)
+        bm, bn, warps = tuning._blocks(kind, d, dv, rows, False, mask, consts.get("SPLIT", False))
+        stages = 2
+        if kind == "fwd":  # the row regime the GPU would be in: the case's shapes are made for it
+            regime = "fwd" if rows >= 128 else "fwd_mid" if rows > 32 else "fwd_short"
+            assert case.kind not in FWD_REGIMES or regime == case.kind, (case.id, rows)
+        if case.tile is not None and kind == forced_kind:
+            (bm, bn), (warps, stages) = case.tile, config
+        ran.append((kind, bm, bn))
+        fn = getattr(kernel, "fn", kernel)  # a JITFunction, or the interpreter's wrapper of one
+        names = list(inspect.signature(fn).parameters)
+        moved: dict[int, _Relocated] = {}  # by id: an argument passed twice (shared K, Q) stays one tensor
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.numel() and id(a) not in moved:
+                moved[id(a)] = _Relocated(a)
+        new_args = [moved[id(a)].view if id(a) in moved else a for a in args]
+        _Bounds.kernel = f"{fn.__name__} ({bm}x{bn})"
+        _Bounds.ranges = [(*moved[id(a)].bytes, names[i]) for i, a in enumerate(args) if id(a) in moved]
+        try:
+            kernel[grid_of(bm, bn)](*new_args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        finally:
+            _Bounds.ranges = []
+        for i, a in enumerate(args):
+            if id(a) in moved:
+                r = moved.pop(id(a))
+                assert r.poison_intact(), f"{fn.__name__} ({bm}x{bn}) wrote outside argument {names[i]}"
+                if not torch.equal(r.view, a):  # an output (an input copied back would bump autograd's version)
+                    a.copy_(r.view)
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------------------
+# inputs, reference, yardstick
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _inputs(case: Case, shape, which: str, seed: int):
+    b, h, hkv, t, s = shape
+    d, dv, shared_k = WIDTHS[case.width]
+    g = torch.Generator().manual_seed(seed)
+    q1, q2 = (torch.randn(b, h, t, d, generator=g) for _ in range(2))
+    k1, k2 = (torch.randn(b, hkv, s, d, generator=g) for _ in range(2))
+    v = torch.randn(b, hkv, s, dv, generator=g)
+    lam = torch.rand(b, h, t, generator=g)  # λ per head and token: dλ is checked per row
+    mask = segments = None
+    if case.mask == "keys":
+        mask = torch.ones(b, s, dtype=torch.bool)
+        mask[0, :5] = False  # left padding: under causality with T < S the first queries see no key at all
+    elif case.mask == "rows":
+        keep = torch.rand(b, 1, t, s, generator=g) > 0.25
+        keep[:, :, 0] = False  # a row that sees nothing
+        if which == "tiles":
+            mask = keep
+        else:  # additive, in the inputs' dtype, with the masking floor
+            mask = torch.randn(b, 1, t, s, generator=g).masked_fill(~keep, torch.finfo(DTYPE).min)
+    elif case.mask == "segments":
+        cuts = torch.sort(torch.randint(1, s, (b, 3), generator=g)).values
+        segments = (torch.arange(s)[None, :, None] >= cuts[:, None, :]).sum(-1).to(torch.int32)
+    cot = torch.randn(b, h, t, dv, generator=g)
+    tensors = [x.to(DEVICE) for x in (q1, k1, q2, k2, v, lam, cot)]
+    mask = None if mask is None else mask.to(DEVICE)
+    segments = None if segments is None else segments.to(DEVICE)
+    return tensors, mask, segments, shared_k
+
+
+def _segment_keep(segments: torch.Tensor, t: int) -> torch.Tensor:
+    """The [B, 1, T, S] bool mask of segment ids (query t is key t + S − T): the yardstick takes masks only."""
+    s = segments.shape[1]
+    return (segments[:, None, s - t :, None] == segments[:, None, None, :]).to(segments.device)
+
+
+def _numpy_matmul(a: torch.Tensor, b: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """``a @ b`` by numpy's matmul; ``pad``: with the rows of ``a`` and the columns of ``b`` zero-padded to a multiple
+    of ``pad`` first (the result is the same, up to the order numpy's BLAS sums in, which depends on the shape)."""
+    m, n = a.shape[-2], b.shape[-1]
+    if pad:
+        a = torch.nn.functional.pad(a, (0, 0, 0, -m % pad))
+        b = torch.nn.functional.pad(b, (0, -n % pad))
+    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))[..., :m, :n]
+
+
+def _interpreter_yardstick(q1, k1, q2, k2, v, lam, keep, bias, scale, cot, pad) -> list[torch.Tensor]:
+    """Plain attention math in the inputs' dtype with numpy's arithmetic, the interpreter's: every matrix product
+    through numpy's matmul (``tl.dot``), the row sums Δ_i = rowsum(dO ∘ O_i) through numpy's sum (``tl.reduce``),
+    in the kernels' backward formulas (FlashAttention's dS = P ∘ (dP − Δ), G = dO·Vᵀ once for both maps, λ applied
+    after the difference). Where a row sees one key, G − Δ is 0 up to the two summation orders of the same dv
+    products, so dQ there is rounding alone, and the orders are numpy's (at 256 terms its matmul errs ~1.7x
+    PyTorch's on this machine). ``pad``: every product on operands
+    zero-padded to multiples of that many rows and columns, as a kernel's tiles pad a short block: numpy's matmul
+    rounds small products (e.g. 16 x 16, or the 11 x 13 of a one-block shape) up to ~4x more accurately than those
+    of 32 x 64 and more, so a kernel on 64-key tiles rounds as the padded products do, not as the bare ones.
+    [out, dq1, dk1, dq2, dk2, dv, dλ]; dk, dv summed over each KV head's query heads."""
+    rep = q1.shape[1] // k1.shape[1]
+    k1r, k2r, vr = (x.repeat_interleave(rep, dim=1) for x in (k1, k2, v))
+    lam_ = lam[..., None].to(q1.dtype)
+
+    def attend(q, k):
+        s_ = _numpy_matmul(q, k.transpose(-1, -2), pad) * scale
+        if bias is not None:
+            s_ = s_ + bias
+        s_ = s_.masked_fill(~keep, float("-inf"))
+        empty = torch.isneginf(s_).all(-1, keepdim=True)
+        p = torch.softmax(s_.masked_fill(empty, 0.0), -1).masked_fill(empty | ~keep, 0.0)
+        return p, _numpy_matmul(p, vr, pad)
+
+    (p1, o1), (p2, o2) = attend(q1, k1r), attend(q2, k2r)
+    out = o1 - lam_ * o2
+    # the kernels' formulas: G = dO·Vᵀ serves both maps (dP1 = G, dP2 = −λG), dV = (P1 − λP2)ᵀ dO
+    g = _numpy_matmul(cot, vr.transpose(-1, -2), pad)
+    grads = []
+    for p, o, sign, q, k in ((p1, o1, 1.0, q1, k1r), (p2, o2, -lam_, q2, k2r)):
+        delta = torch.from_numpy(np.sum((cot * o).numpy(), axis=-1, keepdims=True))  # as the interpreter sums
+        ds = p * (g - delta) * sign
+        grads += [_numpy_matmul(ds, k, pad) * scale, _numpy_matmul(ds.transpose(-1, -2), q, pad) * scale]
+    dv = _numpy_matmul((p1 - lam_ * p2).transpose(-1, -2), cot, pad)
+
+    def per_kv_head(x):
+        return x.unflatten(1, (k1.shape[1], rep)).sum(2)
+
+    dlam = -(cot * o2).sum(-1)
+    return [out, grads[0], per_kv_head(grads[1]), grads[2], per_kv_head(grads[3]), per_kv_head(dv), dlam]
+
+
+def _numpy_yardstick(shape, tensors, mask, segments, shared_k, pad) -> list[torch.Tensor]:
+    """:func:`_interpreter_yardstick` on this case's inputs and mask, its gradients in the order of the leaves."""
+    b, h, _, t, s = shape
+    q1, k1, q2, k2, v, lam, cot = (x.to(DTYPE) for x in tensors)
+    inp = validate(q1, k1, q2, k1 if shared_k else k2, v, lam, causal=True, attn_mask=mask, scale=None)
+    keep = torch.ones(t, s, dtype=torch.bool).tril(s - t).expand(b, h, t, s)
+    bias = None
+    if inp.attn_mask is not None and inp.attn_mask.dtype == torch.bool:
+        keep = keep & inp.attn_mask
+    elif inp.attn_mask is not None:
+        keep = keep & (inp.attn_mask > torch.finfo(DTYPE).min / 2)
+        bias = inp.attn_mask
+    if segments is not None:
+        keep = keep & _segment_keep(segments, t)
+    k2_ = k1 if shared_k else k2
+    out, dq1, dk1, dq2, dk2, dv, dlam = _interpreter_yardstick(
+        q1, k1, q2, k2_, v, inp.lam.expand(b, h, t, 1)[..., 0], keep, bias, inp.scale, cot, pad
+    )
+    if shared_k:
+        return [out, dq1, dk1 + dk2, dq2, dv, dlam]
+    return [out, dq1, dk1, dq2, dk2, dv, dlam]
+
+
+def _grads(out, leaves, cot):
+    return [out.detach(), *torch.autograd.grad(out, leaves, cot.to(out.dtype), retain_graph=True)]
+
+
+def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None:
+    shape = _shape(case, which)
+    seed = zlib.crc32(f"{case.id} {which}".encode())
+    (q1, k1, q2, k2, v, lam, cot), mask, segments, shared_k = _inputs(case, shape, which, seed)
+    t = shape[3]
+
+    def leaves_of(dtype):
+        xs = [x.to(dtype).detach().clone().requires_grad_(True) for x in (q1, k1, q2, k2, v)]
+        lam_ = lam.detach().clone().requires_grad_(True)
+        leaves = [xs[0], xs[1], xs[2], *([] if shared_k else [xs[3]]), xs[4], lam_]
+        args = (xs[0], xs[1], xs[2], xs[1] if shared_k else xs[3], xs[4], lam_)
+        return leaves, args
+
+    # an additive mask in the inputs' dtype; the float64 reference reads it by the masking rule of its dtype
+    low_mask = mask if mask is None or mask.dtype == torch.bool else mask.to(DTYPE)
+    leaves, args = leaves_of(torch.float64)
+    gold = _grads(diff_attention(*args, attn_mask=low_mask, segment_ids=segments, backend="reference"), leaves, cot)
+    yard_mask = low_mask
+    if segments is not None:
+        yard_mask = _segment_keep(segments, t)
+    plain = []
+    for flash in (False, True):
+        for order in (0, 1, 2):
+            leaves, args = leaves_of(DTYPE)
+            out = plain_pytorch(*args, attn_mask=yard_mask, flash_backward=flash, order=order)
+            plain.append(_grads(out, leaves, cot))
+    if not _CUDA:  # the interpreter's own arithmetic (numpy's), bare and at tile-sized products: two more yardsticks
+        for pad in (0, 64):
+            plain.append(_numpy_yardstick(shape, (q1, k1, q2, k2, v, lam, cot), low_mask, segments, shared_k, pad))
+
+    ran: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
+    leaves, args = leaves_of(DTYPE)
+    inp = validate(*args, causal=True, attn_mask=low_mask, scale=None, segment_ids=segments)
+    out = launch.diff_attention_triton(inp)
+    names = ["out", "dq1", "dk1", "dq2", *([] if shared_k else ["dk2"]), "dv", "dlam"]
+    backwards = [True, False] if case.kind == "bwd" else [True]  # single-pass where it has tiles; two-kernel
+    for atomic in backwards:
+        monkeypatch.setattr(tuning, "ATOMIC_DQ", atomic)
+        got = _grads(out, leaves, cot)
+        label = f"{case.id} {which} {shape} w{config[0]}s{config[1]} {'atomic' if atomic else 'two-kernel'}"
+        for i, name in enumerate(names):
+            assert_within_rounding(f"{label}: {name}", got[i], gold[i], [p[i] for p in plain], DTYPE)
+    if case.tile is not None:  # the tile under test ran
+        kind = {"fwd_mid": "fwd", "fwd_short": "fwd"}.get(case.kind, case.kind)
+        assert (kind, *case.tile) in ran, (case.id, ran)
+    if case.kind == "bwd":  # both backwards ran: the single pass where a GPU has tiles for it, and the two kernels
+        d, dv, _ = WIDTHS[case.width]
+        single = {"dkdv_atomic"} if tuning._single_pass_fits(d, dv, case.mask) else set()
+        assert {k for k, _, _ in ran} == {"fwd", "dkdv", "dq", *single}, (case.id, ran)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tiles(monkeypatch):
+    if not _CUDA:
+        if not tuning.INTERPRETED:
+            pytest.skip("the Triton kernels were compiled (not interpreted) before this module set TRITON_INTERPRET")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        _install_bounds_check(monkeypatch)
+    # the GPU's choices (tiles, which backward fits), not the interpreter's 16 × 16 tiles
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "AUTOTUNE", False)
+
+
+@pytest.mark.parametrize("which", ["tiles", "one-block"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_tile_matches_reference_at_boundary_shapes(case, which, monkeypatch):
+    # on a GPU every (num_warps, num_stages) of the tile runs compiled; under the interpreter they are one program
+    for config in case.configs if _CUDA else case.configs[:1]:
+        _check(case, which, config, monkeypatch)
+
+
+def test_every_candidate_and_default_tile_is_covered():
+    # what the parametrisation above reads off the tables: each entry of _TUNING and each default of
+    # _TILES / _MASK_TILES per width and mask class has a case (the default ones via tuning._blocks at run time)
+    tuned = {
+        (mask, kind, width, (bm, bn), (w, s))
+        for mask, kinds in tuning._TUNING.items()
+        for kind, widths in kinds.items()
+        for width, configs in widths.items()
+        for bm, bn, w, s in configs
+    }
+    covered = {(c.mask, c.kind, c.width, c.tile, cfg) for c in CASES if not c.default for cfg in c.configs}
+    assert tuned == covered
+    defaults = {(c.kind, c.width, c.mask) for c in CASES if c.default}
+    assert defaults == {(k, w, m) for k in (*FWD_REGIMES, "bwd") for w in WIDTHS for m in MASKS}
+    for width in WIDTHS:  # every default table entry is one a default case reaches
+        for kind in ("fwd", "fwd_mid", "fwd_short", "dkdv", "dq"):
+            assert all(_table_tile(kind, width, m) for m in MASKS), (kind, width)
+
+
+def test_no_candidate_is_a_configuration_triton_miscompiles():
+    # tuning.MISCOMPILED: one warpgroup on one stage faulted on an H100 (triton 3.6) in the single-pass backward
+    for mask, kinds in tuning._TUNING.items():
+        for kind, widths in kinds.items():
+            for width, configs in widths.items():
+                for _, _, warps, stages in configs:
+                    assert (kind, warps, stages) not in tuning.MISCOMPILED, (mask, kind, width, warps, stages)
