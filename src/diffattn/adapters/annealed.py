@@ -14,47 +14,21 @@ DAA, DiffQ, DiffK (``daa``), DiffV (``input_diff``) and the DIFF V2 retrofit (``
 of :class:`AnnealedMethodConfig` (``train_lm_head``), their annealed λ per layer, what they train (the attention
 modules, optionally lm_head), DAA's paper recipes (App. E.1/E.2) and the registry entry built from these
 (:func:`annealed_spec`). Dex subclasses :class:`AnnealedOptions` only (it trains other weights).
+:class:`AnnealedOptions` itself lives in the leaf module :mod:`.annealed_options`, so the registry can read it without
+importing this module (which imports the registry); it is re-exported here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from torch import nn
 
-from ..lambdas import check_annealing, check_lambda_init, lambda_init_schedule
+from ..lambdas import lambda_init_schedule
+from .annealed_options import AnnealedOptions
 from .base import AnnealedLambda
 from .model_types import attention_modules, get_spec
 from .registry import MethodSpec, Recipe
-
-
-@dataclass
-class AnnealedOptions:
-    """The options of λ(t), Dex Eq. 4, and their checks: the base of every λ(t) method's config (module doc)."""
-
-    lambda_init: str | float = "exponential"  # DIFF's per-layer schedule, or a constant
-    anneal: bool = True  # False: λ = λ_learn from the start (ablation)
-    anneal_steps: int | None = None  # T of Dex Eq. 4; `diffattn adapt` defaults it (adapt_config.default_anneal_steps)
-
-    # what to do instead, appended to check_learnable's refusal (a subclass whose never_learns can say something)
-    learnable_remedy: ClassVar[str] = ""
-
-    def __post_init__(self):
-        check_annealing(self.anneal, self.anneal_steps, type(self).__name__)
-        check_lambda_init(self.lambda_init, f"{type(self).__name__}.lambda_init")
-
-    def never_learns(self) -> str | None:
-        """Why the method's new parameters could never receive a gradient under these options, or None if they can.
-        None here: a method whose new weight starts non-zero gets λ_learn's gradient as soon as α > 0."""
-        return None
-
-    def check_learnable(self) -> None:
-        """Refuse (ValueError, with the remedy) options whose new parameters can never get a gradient."""
-        why = self.never_learns()
-        if why is not None:
-            remedy = f". {self.learnable_remedy}" if self.learnable_remedy else ""
-            raise ValueError(f"{type(self).__name__} would train nothing: {why}{remedy}")
 
 
 @dataclass

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .annealed_options import AnnealedOptions
+
 ADAPTER, MERGED, FINAL = "adapter", "merged", "final"  # the result folders of an adapt run (diffattn.train.adapt)
 TWO_MAPS = "its second softmax map cannot be folded into a linear weight"  # why two-map methods do not merge
 # the metadata key of a config field that adapt fills in (Dex's chosen heads): saved, but not an option a run sets
@@ -125,8 +127,6 @@ class MethodSpec:
     def annealed(self) -> bool:
         """λ follows Dex Eq. 4: the config subclasses :class:`~diffattn.adapters.annealed.AnnealedOptions` (so
         "contributes nothing" is checked at the end of a run, and ``anneal_steps`` defaults from its length)."""
-        from .annealed import AnnealedOptions  # here: annealed.py imports this module
-
         return issubclass(self.config, AnnealedOptions)
 
     @property
