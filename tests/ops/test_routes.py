@@ -140,7 +140,7 @@ def test_a_route_failing_at_run_time_hands_over_to_the_next_with_one_line(monkey
     monkeypatch.setitem(ops._IMPLS, "sdpa_split", broken)
     cls = routes.call_class(inp)
     monkeypatch.setattr(
-        ops, "auto_routes", lambda i: [n for n in ("sdpa_split", "sdpa") if (n, cls) not in ops._FAILED_ROUTES]
+        ops, "auto_routes", lambda i, c=None: [n for n in ("sdpa_split", "sdpa") if (n, cls) not in ops._FAILED_ROUTES]
     )
     expected = ops.diff_attention_sdpa(inp)
     with caplog.at_level(logging.WARNING, logger="diffattn.ops"):
@@ -159,7 +159,7 @@ def test_an_error_that_poisons_the_cuda_context_is_not_caught(monkeypatch):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setitem(ops._IMPLS, "sdpa_split", poisoned)
-    monkeypatch.setattr(ops, "auto_routes", lambda i: ["sdpa_split", "sdpa"])
+    monkeypatch.setattr(ops, "auto_routes", lambda i, c=None: ["sdpa_split", "sdpa"])
     with pytest.raises(RuntimeError, match="illegal memory access"):
         ops._run_auto(_inputs())
 

@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from . import attention, train_step
+from .route_sweep import error_line, finite_json
 
 TOTAL_S = 590.0  # ten minutes, less the writing
 #: seconds per section; their sum is at most TOTAL_S
@@ -92,11 +93,6 @@ class Budget:
             return fn()
         finally:
             self.last_unit_s = clock() - start
-
-
-def _error(err: BaseException) -> str:
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first}"[:300]
 
 
 # ---- 1. the gpu-marked tests -------------------------------------------------------------------------------------
@@ -198,7 +194,7 @@ def _within_budget(items, budget: Budget, measure: Callable, label: Callable, pr
         try:
             measured[item] = budget.timed(lambda item=item: measure(item))
         except Exception as err:
-            errors.append({error_key: item, "error": _error(err)})
+            errors.append({error_key: item, "error": error_line(err)})
             progress(f"{label(item)}: {errors[-1]['error']}")
     return measured, skipped, errors
 
@@ -488,7 +484,7 @@ def run_fsdp_section(budget: Budget, progress) -> dict:
     try:
         done = run_fsdp_two_process(budget.left(), FsdpStep())
     except Exception as err:
-        return {"status": f"error: {_error(err)}", "rows": []}
+        return {"status": f"error: {error_line(err)}", "rows": []}
     results = done.pop("results", {})
     base = results.get("baseline", {}).get("ms", math.nan)
     rows = [
@@ -663,24 +659,13 @@ def _notes(part: dict, skipped_key: str, what: str) -> list[str]:
     return notes
 
 
-def _finite(x):
-    """JSON without NaN (not JSON): NaN and infinities become null."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
 def write_report(report: dict, out: Path) -> tuple[Path, Path]:
     """``gpu-report.md`` and ``gpu-report.json`` in ``out``, each through a temporary file and a rename."""
     from ..files import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     md = write_text_atomic(out / f"{REPORT_NAME}.md", to_markdown(report))
-    js = write_text_atomic(out / f"{REPORT_NAME}.json", json.dumps(_finite(report), indent=2) + "\n")
+    js = write_text_atomic(out / f"{REPORT_NAME}.json", json.dumps(finite_json(report), indent=2) + "\n")
     return md, js
 
 
@@ -740,7 +725,7 @@ def run_report(out: Path, progress: Callable[[str], None], only: list[str] | Non
         try:
             report["sections"][name] = SECTIONS[name](budget, progress)
         except Exception as err:  # one section's failure must not cost the others
-            report["sections"][name] = {"status": f"error: {_error(err)}", "rows": []}
+            report["sections"][name] = {"status": f"error: {error_line(err)}", "rows": []}
             progress(f"{name}: {report['sections'][name]['status']}")
         report["sections"][name]["wall_s"] = clock() - section_start
         report["targets"] = check_targets(report)

@@ -122,8 +122,8 @@ class Problem:
     diff: dict
     leaves: list[torch.Tensor]
     base: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    base_mask: torch.Tensor | None
-    causal: bool
+    base_mask: torch.Tensor | None  # the class's mask as one bool [B, 1, T, S], causality folded in; None: none
+    causal: bool  # is_causal for an SDPA call with base_mask
 
 
 def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, device, dtype, seed: int) -> Problem:
@@ -182,8 +182,7 @@ def official_four_calls(p: Problem) -> torch.Tensor:
     yardstick's formulation, and a comparison row."""
     a = p.diff
     d = a["q1"].shape[-1]
-    mask = _dense_mask(p)
-    causal = a["causal"] and mask is None and a["q1"].shape[2] > 1
+    mask, causal = p.base_mask, p.causal  # the class's mask, as the baseline has it
     scale = 1 / math.sqrt(d)
     k1, k2, v = a["k1"], a["k2"], a["v"]
     parts = v.split(d, dim=-1)
@@ -201,27 +200,8 @@ def hf_two_calls(p: Problem) -> torch.Tensor:
     d = a["q1"].shape[-1]
     q, k = torch.cat([a["q1"], a["q2"]], 1), torch.cat([a["k1"], a["k2"]], 1)
     v = torch.cat([a["v"], a["v"]], 1)
-    mask = _dense_mask(p)
-    causal = a["causal"] and mask is None and q.shape[2] > 1
-    o = _sdpa_per_map(q, k, v.split(d, dim=-1), mask, causal, 1 / math.sqrt(d))
+    o = _sdpa_per_map(q, k, v.split(d, dim=-1), p.base_mask, p.causal, 1 / math.sqrt(d))
     return o[:, :h] - a["lam"] * o[:, h:]
-
-
-def _dense_mask(p: Problem) -> torch.Tensor | None:
-    """The class's mask as one bool [B, 1, T, S] (causality folded in), or None without one."""
-    a = p.diff
-    t, s = a["q1"].shape[2], a["k1"].shape[2]
-    mask = None
-    if "attn_mask" in a:
-        mask = a["attn_mask"][:, None, None, :]
-    if "segment_ids" in a:
-        seg = a["segment_ids"]
-        mask = seg[:, None, s - t :, None] == seg[:, None, None, :]
-    if mask is not None and a["causal"] and t > 1:
-        from ..ops import causal_keep_mask
-
-        mask = mask & causal_keep_mask(t, s, a["q1"].device)
-    return mask
 
 
 def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torch.Tensor]:
@@ -425,13 +405,17 @@ def _append(path: Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _error_text(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message (at most 300 characters)."""
     return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
 
 
 def _fatal(text: str) -> bool:
-    return any(m in text for m in ("illegal memory access", "device-side assert", "unspecified launch failure",
-                                   "CUDA error"))  # fmt: skip
+    """Whether a worker must stop after this error: the CUDA context is unusable, or any CUDA error at all (a fresh
+    worker costs seconds; a wrong row costs a wrong table)."""
+    from ..ops import poisons_cuda_context
+
+    return poisons_cuda_context(text) or "CUDA error" in text
 
 
 def run_worker(
@@ -456,7 +440,7 @@ def run_worker(
                     out.float().sum().backward()
                 _sync(device)
             except Exception as err:
-                if _fatal(_error_text(err)):
+                if _fatal(error_line(err)):
                     return 3
         return 0
     for job in jobs:
@@ -471,9 +455,9 @@ def run_worker(
             record.update(time_route(fn, cls, device, dtype, scale))
             record["status"] = "ok"
         except torch.OutOfMemoryError as err:
-            record.update(status=f"out of memory: {_error_text(err)}")
+            record.update(status=f"out of memory: {error_line(err)}")
         except Exception as err:
-            text = _error_text(err)
+            text = error_line(err)
             record.update(status=f"error: {text}")
             if _fatal(text):
                 record["status"] = f"crashed: {text}"
@@ -546,8 +530,9 @@ def sweep(
             with open(stderr_path, "w") as err_file:
                 proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
                 timed_out = _wait(proc, results, route, min(left, job_timeout_s), deadline)
-            done = {r["class"]: r for r in read_records(results) if r.get("event") == "done" and r["route"] == route}
-            started = [r["class"] for r in read_records(results) if r.get("event") == "start" and r["route"] == route]
+            ours = [r for r in read_records(results) if r["route"] == route]
+            done = {r["class"]: r for r in ours if r.get("event") == "done"}
+            started = [r["class"] for r in ours if r.get("event") == "start"]
             for key, r in done.items():
                 records[(route, key)] = r
             still = [c for c in pending if c.key not in done]
@@ -677,17 +662,18 @@ def merge_entry(table_path: Path, entry: dict, into: Path) -> dict:
     entries = [e for e in entries if e not in same] + [entry]
     table = {"format": TABLE_FORMAT, "entries": entries}
     check_table(table)
-    write_text_atomic(into, json.dumps(_finite(table), indent=1) + "\n")
+    write_text_atomic(into, json.dumps(finite_json(table), indent=1) + "\n")
     return table
 
 
-def _finite(x):
+def finite_json(x):
+    """JSON without NaN (not JSON): NaN and infinities become null, in dicts, lists and tuples all the way down."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite_json(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
+        return [finite_json(v) for v in x]
     return x
 
 

@@ -269,26 +269,27 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
 _FAILED_ROUTES: dict[tuple[str, str], str] = {}
 
 
-def auto_routes(inp: DiffAttentionInputs) -> list[str]:
+def auto_routes(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     """The routes ``backend="auto"`` would try for ``inp``, in order, each usable for these inputs (the last one is
     always usable). CPU: ``chunked`` (measured 1.28× a same-size baseline forward+backward at N = 2048 against
     1.86–1.97× for ``sdpa``; the Triton interpreter is for tests only), except when both maps read the same K, where
     ``sdpa``'s one call over interleaved query heads measured 1.70–2.42× against 2.24–2.70× (benchmarks/RESULTS.md).
     CUDA: the route table's routes for this call class, fastest first (:mod:`diffattn.ops.routes`: measured on
     this GPU model with this software by ``make gpu-report``), then ``sdpa``; routes that cannot take the inputs,
-    or failed at run time on this class before, are left out (the first time with one log line)."""
+    or failed at run time on this class before, are left out (the first time with one log line). ``cls``: the call
+    class if the caller has it (:func:`diffattn.ops.routes.call_class`)."""
     device = inp.q1.device
     if device.type == "cpu":
         return ["sdpa" if inp.shares_keys else "chunked"]
     if device.type != "cuda":
         return ["sdpa"]
-    return table_order(inp)
+    return table_order(inp, cls)
 
 
-def table_order(inp: DiffAttentionInputs) -> list[str]:
+def table_order(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     """The route table's routes for ``inp``'s call class that can take it, fastest first (the CUDA half of
     :func:`auto_routes`)."""
-    cls = call_class(inp)
+    cls = cls or call_class(inp)
     usable = []
     for name in table_routes(inp):
         reason = route_unsupported(name, inp) or _FAILED_ROUTES.get((name, cls))
@@ -311,8 +312,10 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
     resources, a kernel cuDNN refuses) hands over to the next one with one log line naming the error, and is not
     tried again for this call class. Not under torch.compile (no try there: the first route runs) and not for an
     error that poisons the CUDA context (nothing after it could run). Out of memory is the caller's to see."""
-    names = auto_routes(inp)
-    _log_auto_fallback(f"{call_class(inp)} runs {names[0]} (route order: {', '.join(names)})")
+    cls = call_class(inp) if inp.q1.device.type == "cuda" else None  # the class decides only on CUDA
+    names = auto_routes(inp, cls)
+    if cls is not None:
+        _log_auto_fallback(f"{cls} runs {names[0]} (route order: {', '.join(names)})")
     for i, name in enumerate(names):
         impl_inp = inp if name == "triton" else with_segment_mask(inp)
         if i == len(names) - 1 or torch.compiler.is_compiling():
@@ -323,9 +326,9 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
             raise
         except Exception as err:
             text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
-            if _poisons_context(text):
+            if poisons_cuda_context(text):
                 raise
-            cls = call_class(inp)
+            cls = cls or call_class(inp)  # a failure is rare: the class is computed here off CUDA
             _FAILED_ROUTES[(name, cls)] = f"failed at run time ({text})"
             logger.warning(
                 "diff_attention backend auto: route %s failed for %s (%s); using %s from now on",
@@ -337,16 +340,15 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
     raise AssertionError("unreachable: the last route runs without a try")
 
 
-def _poisons_context(text: str) -> bool:
+def poisons_cuda_context(text: str) -> bool:
     """An error after which the CUDA context is unusable (every later kernel fails too)."""
     return any(m in text for m in ("illegal memory access", "device-side assert", "unspecified launch failure"))
 
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
+    """An explicit backend (not ``auto``: :func:`_run_auto`), refused in one line where it cannot take ``inp``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    if backend == "auto":
-        return auto_backend(inp.q1.device, inp)
     reason = route_unsupported(backend, inp)
     if reason:
         raise ValueError(f"backend {backend!r} is not usable: {reason}")

@@ -148,11 +148,9 @@ def _say_once(message: str) -> None:
         logger.warning(message)
 
 
-@functools.cache
-def entry_for(identity_items: tuple[tuple[str, str], ...], path: str) -> dict | None:
+def entry_for(identity: dict[str, str], path: str) -> dict | None:
     """The newest entry of the table measured on this device with this software, or None (saying once why each
     entry for this device is not used)."""
-    identity = dict(identity_items)
     matching = []
     for entry in load_entries(path):
         if entry["device"] != identity["device"]:
@@ -173,7 +171,7 @@ def entry_for(identity_items: tuple[tuple[str, str], ...], path: str) -> dict | 
 def device_entry(index: int) -> dict | None:
     """The table entry for CUDA device ``index`` under this process's software, or None. Read once per device (and
     per :func:`reset`); at torch.compile's trace time it is taken as a constant."""
-    return entry_for(tuple(device_identity(index).items()), str(_table_path()))
+    return entry_for(device_identity(index), str(_table_path()))
 
 
 device_entry._dynamo_marked_constant = True  # type: ignore[attr-defined]
@@ -194,6 +192,5 @@ def table_routes(inp: DiffAttentionInputs) -> list[str]:
 def reset() -> None:
     """Forget the tables read and the lines said (tests, or after writing a new table in this process)."""
     load_entries.cache_clear()
-    entry_for.cache_clear()
     device_entry.cache_clear()
     _SAID.clear()

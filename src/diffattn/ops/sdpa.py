@@ -92,11 +92,19 @@ def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor) -> t
     return out.to(inp.q1.dtype)
 
 
-def _call(inp: DiffAttentionInputs, q, k, v, layout: str) -> torch.Tensor:
-    mask, is_causal = _sdpa_mask(inp, head_layout=layout)
+def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bool]) -> torch.Tensor:
+    """One SDPA call; ``mask`` the (attn_mask, is_causal) pair of :func:`_sdpa_mask` or :func:`_one_map_mask`."""
+    attn_mask, is_causal = mask
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
     )
+
+
+def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
+    """One SDPA call per slice of V (each as wide as Q and K), outputs side by side."""
+    if len(v_parts) == 1:
+        return _call(inp, q, k, v_parts[0], mask)
+    return torch.cat([_call(inp, q, k, part, mask) for part in v_parts], dim=-1)
 
 
 def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
@@ -109,7 +117,7 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
         k = F.pad(k, (0, width - d))
     elif dv < width:
         v = F.pad(v, (0, width - dv))
-    return _combine(inp, _call(inp, q, k, v, layout)[..., :dv], layout)
+    return _combine(inp, _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv], layout)
 
 
 def cudnn_unsupported(inp: DiffAttentionInputs) -> str | None:
@@ -143,7 +151,7 @@ def diff_attention_cudnn(inp: DiffAttentionInputs) -> torch.Tensor:
 
     q, k, v, layout = _one_call_operands(inp)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        o = _call(inp, q, k, v, layout)
+        o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))
     return _combine(inp, o, layout)
 
 
@@ -160,9 +168,8 @@ def diff_attention_sdpa_split(inp: DiffAttentionInputs) -> torch.Tensor:
     is FlashAttention-shaped with no padding (transformers' DiffLlama does this with two calls; QKᵀ is recomputed per
     slice, so its forward does 2x the QKᵀ FLOPs at dv = 2d, but it moves no padded copy of K: the route for
     decoding against a long cache, where padding copies the whole cache every token)."""
-    d = inp.head_dim
     q, k, v, layout = _one_call_operands(inp)
-    o = torch.cat([_call(inp, q, k, part, layout) for part in v.split(d, dim=-1)], dim=-1)
+    o = _sliced_call(inp, q, k, v.split(inp.head_dim, dim=-1), _sdpa_mask(inp, head_layout=layout))
     return _combine(inp, o, layout)
 
 
@@ -174,29 +181,16 @@ def _one_map_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
     return mask, is_causal
 
 
-def _per_map_call(inp: DiffAttentionInputs, q, k, v, layout_mask) -> torch.Tensor:
-    mask, is_causal = layout_mask
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
-
-
 def diff_attention_sdpa_maps(inp: DiffAttentionInputs) -> torch.Tensor:
     """The ``sdpa_maps`` route: one SDPA call per map over its own K, nothing concatenated or padded; V used whole
     where it is as wide as Q (DIFF V2), else cut into slices of width d (the official DIFF code's four calls at
     dv = 2d). No copy of K or V is made per call: the route for decoding against a long cache, where the one-call
     routes copy the whole cache every token (H100, 2026-11-26: the official four calls decoded V1 at 2.49x the
     baseline, every one-call route at 4.5-7.8x; this backend is that computation, not yet measured as itself)."""
-    d = inp.head_dim
     mask = _one_map_mask(inp)
-    v = inp.v
-    parts = (v,) if inp.v_dim == d else v.split(d, dim=-1)
-
-    def one(q, k):
-        return torch.cat([_per_map_call(inp, q, k, part, mask) for part in parts], dim=-1) if len(parts) > 1 else (
-            _per_map_call(inp, q, k, parts[0], mask))  # fmt: skip
-
-    return _subtract(inp, one(inp.q1, inp.k1), one(inp.q2, inp.k2))
+    parts = inp.v.split(inp.head_dim, dim=-1)  # one part where V is as wide as Q
+    o1 = _sliced_call(inp, inp.q1, inp.k1, parts, mask)
+    return _subtract(inp, o1, _sliced_call(inp, inp.q2, inp.k2, parts, mask))
 
 
 def maps_unsupported(inp: DiffAttentionInputs) -> str | None:
@@ -216,6 +210,6 @@ def diff_attention_cudnn_maps(inp: DiffAttentionInputs) -> torch.Tensor:
 
     mask = _one_map_mask(inp)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        o1 = _per_map_call(inp, inp.q1, inp.k1, inp.v, mask)
-        o2 = _per_map_call(inp, inp.q2, inp.k2, inp.v, mask)
+        o1 = _call(inp, inp.q1, inp.k1, inp.v, mask)
+        o2 = _call(inp, inp.q2, inp.k2, inp.v, mask)
     return _subtract(inp, o1, o2)
