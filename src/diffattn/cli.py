@@ -23,6 +23,17 @@ def _positive_ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def _job_count(text: str) -> int:
+    """``--jobs``: a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want a positive integer (parts trained at once), got {text!r}")
+    return value
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -366,7 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = ExperimentConfig.load(args.experiment).with_overrides(_parse_sets(args.set))
     overwrite = True if args.overwrite == [] else set(args.overwrite or ())
-    outcomes = run_experiment(config, args.root, overwrite=overwrite, evaluate=not args.train_only)
+    outcomes = run_experiment(config, args.root, overwrite=overwrite, evaluate=not args.train_only, jobs=args.jobs)
     for o in outcomes:
         print(f"{o.kind:<9} {o.name:<20} {o.state:<7} {o.seconds:8.1f} s")
     if args.train_only:
@@ -568,6 +579,11 @@ def _add_run_command(sub) -> None:
     p.add_argument(
         "--train-only", action="store_true", help="pretrain and adapt only; evaluate and report on a later run"
     )
+    p.add_argument(
+        "--jobs", type=_job_count, default=1, metavar="N",
+        help="train N from-scratch parts at once, each in its own process with cores/N threads (default 1); "
+        "each part's output goes to the experiment's logs/NAME.log",
+    )  # fmt: skip
     p.set_defaults(func=cmd_run)
 
 

@@ -399,6 +399,28 @@ def test_retrieval_mix_is_deterministic_and_mixed(tokenizer, small_corpus):
         assert all(f"number is: {n}." in text for n in answers)
 
 
+
+def test_retrieval_mix_mqar_pairs_and_vocab(tokenizer, small_corpus):
+    """``mqar_pairs``: each MQAR row draws its pair count from the list (every count occurs, deterministically);
+    ``mqar_vocab``: keys and values stay in the range's first tokens; bad requests are one clear error."""
+    from diffattn.data.synthetic import _mqar_args
+    from diffattn.data.packing import special_token_ids
+
+    args = _mqar_args(tokenizer, 64, *special_token_ids(tokenizer))
+    mix = retrieval_mix(5, 40, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_pairs=[2, 8], mqar_vocab=20)
+    again = retrieval_mix(5, 40, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_pairs=[2, 8], mqar_vocab=20)
+    assert torch.equal(mix.input_ids, again.input_ids)
+    answers = (mix.labels != -100).sum(-1).tolist()
+    assert set(answers) == {2, 8}  # one answer per pair
+    offset = args["token_offset"]
+    assert int(mix.input_ids.min()) >= offset and int(mix.input_ids.max()) < offset + 20
+    with pytest.raises(ValueError, match="does not fit seq_len 64"):
+        retrieval_mix(5, 4, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_pairs=[17])
+    with pytest.raises(ValueError, match="needs 18 MQAR tokens"):
+        retrieval_mix(5, 4, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_pairs=[8], mqar_vocab=10)
+    with pytest.raises(ValueError, match="more than the tokenizer's"):
+        retrieval_mix(5, 4, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_vocab=10**6)
+
 def test_retrieval_mix_rows_too_short_for_needles_become_mqar(tokenizer, small_corpus, caplog):
     with caplog.at_level(logging.WARNING, logger="diffattn.data.synthetic"):
         mix = retrieval_mix(0, 6, tokenizer, 32, small_corpus.train, mqar_fraction=0.5)

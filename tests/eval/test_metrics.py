@@ -187,6 +187,88 @@ def test_mqar_end_to_end(name, debug_models, tokenizer):
     assert split["ar_hit_tokens"] + split["others_tokens"] == 200 - 4  # 4 disjoint windows, first tokens unscored
 
 
+
+def _simulated(samples, heuristic_name: str, draws: int = 400) -> float:
+    """The heuristic played out with real random draws (not its expectation), scored with the suite's scorer."""
+    import random
+
+    from diffattn.eval.mqar import _queries
+
+    rng = random.Random(0)
+    total = 0.0
+    for _ in range(draws):
+        scores = []
+        for s in samples:
+            values = [v for _, v in s.pairs]
+            asked, hits = [], 0
+            for pos, answer in _queries(s):
+                seen = [t for t in s.input_ids[: pos + 1] if t in values]
+                guess = {
+                    "first value of the block": lambda: values[0],
+                    "last value of the block": lambda: values[-1],
+                    "random value of the block": lambda: rng.choice(values),
+                    "random value not asked yet": lambda: rng.choice([v for v in values if v not in asked]),
+                    "most frequent value so far": lambda: rng.choice(
+                        [v for v in set(seen) if seen.count(v) == max(map(seen.count, seen))]
+                    ),
+                }[heuristic_name]()
+                hits += guess == answer
+                asked.append(answer)
+            scores.append(hits / len(s.pairs))
+        total += sum(scores) / len(scores)
+    return total / draws
+
+
+@pytest.mark.parametrize("pairs", [4, 8])
+def test_mqar_floor_is_the_best_heuristic_played_out(pairs):
+    """The printed floor is the best heuristic's score on the suite's own samples, and each heuristic's expected
+    score matches playing it out with random draws (the score's spread over 400 draws: SE < 0.01)."""
+    from diffattn.eval.mqar import HEURISTICS, mqar_floor, mqar_samples
+
+    samples = mqar_samples(3, 24, length=64, pairs=pairs, offset=300, span=1000)
+    floor, each = mqar_floor(samples)
+    assert set(each) == set(HEURISTICS) and floor == max(each.values())
+    for name, expected in each.items():
+        assert _simulated(samples, name) == pytest.approx(expected, abs=0.03), name
+    # every key is asked once: skipping answered values beats 1/pairs by far (H_P / P)
+    harmonic = sum(1 / k for k in range(1, pairs + 1)) / pairs
+    assert each["random value not asked yet"] == pytest.approx(harmonic) and floor == pytest.approx(harmonic)
+    assert each["random value of the block"] == pytest.approx(1 / pairs)
+
+
+def test_mqar_pairs_option_and_measures(debug_models, tokenizer):
+    """--mqar-pairs gives one length's pair counts; the measures read the largest count with its floor as chance,
+    compare two models on the same samples (paired), and the slope per doubling of the pairs."""
+    from diffattn.eval.measures import Run
+    from diffattn.eval.mqar import MEASURES, SUITE, MqarOptions, slope_weights, suite_configs
+
+    o = MqarOptions(mqar_pairs=(8, 2, 4), mqar_length=64, mqar_samples=6)
+    assert suite_configs(o) == ((64, 2), (64, 4), (64, 8))
+    with pytest.raises(ValueError, match="needs length >= 4·pairs = 80"):
+        SUITE.check(MqarOptions(mqar_pairs=(20,), mqar_length=64), lambda f: f"--{f.replace('_', '-')}")
+    runs = {}
+    for name in ("baseline", "diff"):
+        r = run_mqar(debug_models[name], tokenizer, configs=suite_configs(o), samples=6, text_source=None,
+                     progress=False)  # fmt: skip
+        assert [len(row["per_sample"]) for row in r["mqar"]] == [6, 6, 6]
+        assert all(row["accuracy"] == pytest.approx(sum(row["per_sample"]) / 6) for row in r["mqar"])
+        runs[name] = Run(name, {}, {"mqar": r})
+    acc = MEASURES["mqar:accuracy"]
+    assert acc.per_run(runs["diff"]) == runs["diff"].suites["mqar"]["mqar"][-1]["accuracy"]
+    assert acc.chance(runs["diff"]) == runs["diff"].suites["mqar"]["mqar"][-1]["floor"]
+    c = acc.compare(runs["baseline"], runs["diff"], 0)
+    assert c.diff is not None and c.diff.n == 6 and "8 pairs at 64" in c.cells
+    assert c.diff.estimate == pytest.approx(c.new_value - c.ref_value, abs=1e-9)
+    w = slope_weights([2, 4, 8])
+    assert w == pytest.approx([-0.5, 0.0, 0.5])  # per doubling: (acc8 - acc2) / 2
+    rows = runs["diff"].suites["mqar"]["mqar"]
+    slope = MEASURES["mqar:slope"]
+    assert slope.per_run(runs["diff"]) == pytest.approx((rows[2]["accuracy"] - rows[0]["accuracy"]) / 2)
+    sc = slope.compare(runs["baseline"], runs["diff"], 0)
+    assert sc.diff.estimate == pytest.approx(sc.new_value - sc.ref_value)
+    lines = SUITE.compare({n: r.suites["mqar"] for n, r in runs.items()}, None)
+    assert any(line.startswith("| floor |") for line in lines) and any(line.startswith("| diff |") for line in lines)
+
 # -- outliers and quantization ---------------------------------------------------------------------------------
 def test_top_stats_on_known_values():
     stats = top_stats(np.arange(1, 201, dtype=float))

@@ -56,6 +56,10 @@ def _evals(rng) -> dict:
                                   "mean": [0.3, 0.4], "labels": ["a", "b", "c", "d"]},
                     "order_robustness": {"arrangements": {"random": {"margin": 0.2}}}},
             "heads": {"summary": {"cka": float(rng.uniform(0.1, 0.3)), "cosine_distance": 0.5, "entropy": 1.0}},
+            "mqar": {"mqar": [{"seq_len": 64, "pairs": p, "samples": n, "accuracy": 0.5, "floor": 0.3,
+                               "per_sample": list(rng.uniform(0, 1, n))} for p in (4, 8)],
+                     "ar_hit": {"ar_hit_loss": float(rng.uniform(1, 2))},
+                     "metadata": {"seed": 0, "token_offset": 300}},
         }  # fmt: skip
 
     names = ["baseline", "diff", "dex", "daa", "attn", "difflora", "lora"]
@@ -81,7 +85,7 @@ def test_every_claim_of_the_papers_is_a_row_or_a_stated_reason(tmp_path):
                     ("lora", "lora"),
                 ]
             ],
-            "eval": {"suites": ["ppl", "niah", "alloc", "icl", "outliers", "quant", "heads"]},
+            "eval": {"suites": ["ppl", "niah", "alloc", "icl", "outliers", "quant", "heads", "mqar"]},
         }
     )
     rows = {name: {"val_loss": 3.0 + 0.01 * i} for i, name in enumerate(["baseline", "diff", "dex", "daa", "attn",

@@ -474,3 +474,22 @@ def test_a_methods_claims_against_a_control_trained_on_the_same_base(corpus):
     claims = [c for c in paper_claims(config, {}, evals) if c.source == "Dex Table 2 (vs attn-ft)"]
     assert len(claims) == 1 and (claims[0].ref, claims[0].new) == ("attn", dex["name"])
     assert claims[0].verdict == "inconclusive"  # the same shares: what the fine-tune did, Dex did not add to
+
+
+def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
+    """``jobs=2``: both from-scratch parts train in worker processes (spawned), each one's output in
+    logs/NAME.log, the outcomes in the config's order; a rerun reads them back as done."""
+    d = _debug(corpus)
+    d["adapters"] = []
+    outcomes = run_experiment(ExperimentConfig.from_dict(d), tmp_path, evaluate=False, jobs=2)
+    assert [(o.name, o.state) for o in outcomes] == [("baseline", "fresh"), ("diff", "fresh")]
+    assert all(o.summary["steps"] == 3 for o in outcomes)
+    logs = tmp_path / "debug-exp" / "logs"
+    for name in ("baseline", "diff"):
+        assert (tmp_path / "debug-exp" / "models" / name / "summary.json").is_file()
+        assert "pretrain " + name in (logs / f"{name}.log").read_text()  # the worker's log lines went there
+    assert "training 2 parts, 2 at a time" in capsys.readouterr().out
+    again = run_experiment(ExperimentConfig.from_dict(d), tmp_path, evaluate=False, jobs=2)
+    assert [o.state for o in again] == ["done", "done"]
+    with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)

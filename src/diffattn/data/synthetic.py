@@ -349,12 +349,19 @@ def make_mqar_sample(seed: int, *, vocab_size: int, seq_len: int, num_pairs: int
 # ---------------------------------------------------------------- training practice mix
 
 
-def _mqar_args(tokenizer: PreTrainedTokenizerBase, seq_len: int, sep_id: int, pad_id: int) -> dict[str, int]:
-    """MQAR settings for a tokenizer: range past the specials and 256 byte tokens, below any later special."""
+def _mqar_args(
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, sep_id: int, pad_id: int, mqar_vocab: int | None = None
+) -> dict[str, int]:
+    """MQAR settings for a tokenizer: range past the specials and 256 byte tokens, below any later special (its
+    first ``mqar_vocab`` tokens when given)."""
     specials = {int(i) for i in tokenizer.all_special_ids} | {sep_id, pad_id}
     offset = len(specials) + 256
     vocab = len(tokenizer)
     span = min([i for i in specials if i >= offset], default=vocab) - offset
+    if mqar_vocab is not None:
+        if mqar_vocab > span:
+            raise ValueError(f"mqar_vocab {mqar_vocab} is more than the tokenizer's {span} ordinary tokens")
+        span = mqar_vocab
     num_pairs = min(max(2, seq_len // 16), seq_len // 4, span // 2 - 1)
     if num_pairs < 1:
         raise ValueError(
@@ -376,11 +383,16 @@ def retrieval_mix(
     value_digits: int = 7,
     needle_loss: str = "all",
     varied_context: bool = False,
+    mqar_pairs: Sequence[int] | None = None,
+    mqar_vocab: int | None = None,
 ) -> PackedSequences:
     """``count`` rows of ``seq_len`` tokens of retrieval practice: ``round(mqar_fraction·count)`` MQAR rows.
 
     MQAR rows: :func:`make_mqar_sample` with ``token_offset = #specials + 256`` and the rest of the vocabulary
-    (below any later special token) as its range, ``num_pairs = max(2, seq_len // 16)`` (capped to fit).
+    (below any later special token) as its range, ``num_pairs = max(2, seq_len // 16)`` (capped to fit);
+    ``mqar_pairs``: each MQAR row's pair count drawn from these instead (few-pair rows teach the key lookup with few
+    distractors, as ``varied_context`` does for needles); ``mqar_vocab``: keys and values from the range's first
+    ``mqar_vocab`` tokens only (the evaluation's ``mqar_vocab`` must match).
     Needle rows: ``prompt + " " + ", ".join(answers) + SEPARATOR`` of a :func:`make_needle_sample` over a
     random document of ``haystack_docs``, with ``N`` in [1, max_needles] and ``R`` in [1, min(N, 2)]; the
     context starts at ~3 characters per token (refined as rows are measured) and shrinks until the row fits,
@@ -397,6 +409,11 @@ def retrieval_mix(
     follows from ``seed``.
     """
     _check_mix_options(seed, count, seq_len, max_needles, mqar_fraction, haystack_docs, needle_loss, value_digits)
+    if mqar_pairs is not None:
+        if not mqar_pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in mqar_pairs):
+            raise ValueError(f"mqar_pairs must be a non-empty list of positive ints, got {mqar_pairs!r}")
+        if 4 * max(mqar_pairs) > seq_len:
+            raise ValueError(f"mqar_pairs {max(mqar_pairs)} does not fit seq_len {seq_len} (needs 4·pairs)")
     n_mqar = round(mqar_fraction * count)
     docs = [d for d in haystack_docs if d.strip()]
     if n_mqar < count and not docs:
@@ -427,8 +444,11 @@ def retrieval_mix(
                 continue
             too_long.append(len(ids))  # an MQAR row instead of a needle row cut short
         if mqar_args is None:
-            mqar_args = _mqar_args(tokenizer, seq_len, sep_id, pad_id)
-        s = make_mqar_sample(row_seed, seq_len=seq_len, **mqar_args)
+            mqar_args = _mqar_args(tokenizer, seq_len, sep_id, pad_id, mqar_vocab)
+            if mqar_pairs is not None and 2 * max(mqar_pairs) + 2 > mqar_args["vocab_size"]:
+                raise ValueError(f"mqar_pairs {max(mqar_pairs)} needs {2 * max(mqar_pairs) + 2} MQAR tokens")
+        pairs = mqar_args["num_pairs"] if mqar_pairs is None else mqar_pairs[row_seed % len(mqar_pairs)]
+        s = make_mqar_sample(row_seed, seq_len=seq_len, **{**mqar_args, "num_pairs": pairs})
         input_ids[row] = torch.tensor(s.input_ids)
         labels[row] = torch.tensor(s.labels)
         attention_mask[row] = 1

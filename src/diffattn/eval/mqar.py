@@ -3,8 +3,16 @@
 MQAR sequences come from the seeded generator :func:`diffattn.data.make_mqar_sample` (keys from the lower half of
 a token range, values from the upper half, the key–value block first, every key queried once later); accuracy is
 argmax-correct predictions at answer positions only. Configurations (seq, pairs): (64, 4), (128, 8), (256, 16) by
-default. The token range is placed above the tokenizer's special and 256 byte tokens, as the training practice
-mix does, so a model trained with that mix is evaluated on the same distribution.
+default; ``mqar_pairs`` asks for pair counts at one length ``mqar_length`` instead (more pairs at one length: more
+distractor keys, the "noise" lever of a comparison). The token range is placed above the tokenizer's special and
+256 byte tokens, as the training practice mix does, so a model trained with that mix is evaluated on the same
+distribution.
+
+Floors come from simulation, not from a formula: heuristic "models" that never match a query to its key
+(:data:`HEURISTICS`: copy the first or last value of the block, a random value of the block, a random value not
+asked yet, the most frequent value so far) are scored with the suite's own scorer on the suite's own samples, and
+the floor a row prints is the best of them. "A random value not asked yet" matters: every key is asked once, so a
+model that only learnt to skip answered values scores mean 1/(values left) — 0.34 at 8 pairs, not 1/8.
 
 AR-Hit (Arora et al. 2023, Zoology; DIFF Table 6): on real text, a token t is an *AR hit* when the bigram
 (x[t−1], x[t]) already occurred earlier in the same sequence — predicting it is a recall of the earlier
@@ -13,6 +21,7 @@ occurrence; every other token is *Others*. The mean loss of each group is report
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +30,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data.packing import special_token_ids
-from ..data.synthetic import make_mqar_sample
-from .common import Suite, check_fits, evaluation_window, load_text, model_device, option
+from ..data.synthetic import MQARSample, make_mqar_sample
+from .common import Suite, check_fits, evaluation_window, int_list, load_text, model_device, option
+from .measures import NO_PER_SAMPLE, ONE_NUMBER, Comparison, Measure, Run, paired_kind, same_metadata, value_text
+from .stats import Difference, bootstrap_contrast, normal_interval, paired_difference
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 
@@ -37,14 +48,105 @@ def mqar_token_range(tokenizer) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def mqar_accuracy(model: nn.Module, samples: list) -> float:
+def mqar_per_sample(model: nn.Module, samples: list, batch: int = 64) -> list[float]:
+    """Each sample's share of answers predicted right (argmax at the answer positions)."""
     device = model_device(model)
-    ids = torch.tensor([s.input_ids for s in samples], device=device)
-    labels = torch.tensor([s.labels for s in samples], device=device)
-    pred = model(ids).logits[:, :-1].argmax(-1)
-    target = labels[:, 1:]
-    mask = target != -100
-    return float((pred[mask] == target[mask]).float().mean())
+    out: list[float] = []
+    for start in range(0, len(samples), batch):
+        chunk = samples[start : start + batch]
+        ids = torch.tensor([s.input_ids for s in chunk], device=device)
+        target = torch.tensor([s.labels for s in chunk], device=device)[:, 1:]
+        pred = model(ids).logits[:, :-1].argmax(-1)
+        mask = target != -100
+        hits = ((pred == target) & mask).sum(-1).float() / mask.sum(-1).clamp_min(1)
+        out += hits.tolist()
+    return out
+
+
+def mqar_accuracy(model: nn.Module, samples: list) -> float:
+    """Share of answers predicted right over ``samples`` (every sample has the same number of answers)."""
+    per_sample = mqar_per_sample(model, samples)
+    return sum(per_sample) / len(per_sample)
+
+
+# -- floors by simulation: heuristics that never match a query to its key ---------------------------------------------
+def _queries(s: MQARSample) -> list[tuple[int, int]]:
+    """(position of the query key, answer value) of each query, in order."""
+    return [(t - 1, v) for t, v in enumerate(s.labels) if v != -100]
+
+
+def _first_value(s: MQARSample, before: int, asked: list[int]) -> dict[int, float]:
+    return {s.pairs[0][1]: 1.0}
+
+
+def _last_value(s: MQARSample, before: int, asked: list[int]) -> dict[int, float]:
+    return {s.pairs[-1][1]: 1.0}
+
+
+def _random_value(s: MQARSample, before: int, asked: list[int]) -> dict[int, float]:
+    return {v: 1.0 / len(s.pairs) for _, v in s.pairs}
+
+
+def _random_unasked_value(s: MQARSample, before: int, asked: list[int]) -> dict[int, float]:
+    left = [v for _, v in s.pairs if v not in asked]
+    return {v: 1.0 / len(left) for v in left}
+
+
+def _most_frequent_value(s: MQARSample, before: int, asked: list[int]) -> dict[int, float]:
+    values = {v for _, v in s.pairs}
+    counts: dict[int, int] = {}
+    for tok in s.input_ids[: before + 1]:
+        if tok in values:
+            counts[tok] = counts.get(tok, 0) + 1
+    top = max(counts.values())
+    best = [v for v, c in counts.items() if c == top]
+    return {v: 1.0 / len(best) for v in best}  # ties: a random one of them
+
+
+# name → (sample, query position, values asked before) → {predicted value: probability}
+HEURISTICS = {
+    "first value of the block": _first_value,
+    "last value of the block": _last_value,
+    "random value of the block": _random_value,
+    "random value not asked yet": _random_unasked_value,
+    "most frequent value so far": _most_frequent_value,
+}
+
+
+def heuristic_accuracy(samples: list[MQARSample], heuristic) -> float:
+    """The suite's scorer (share of answers right, averaged over samples) applied to a heuristic: the expected
+    score over the heuristic's own randomness (a random choice among k values scores 1/k when one is the answer)."""
+    scores = []
+    for s in samples:
+        asked: list[int] = []
+        hits = 0.0
+        for pos, answer in _queries(s):
+            hits += heuristic(s, pos, asked).get(answer, 0.0)
+            asked.append(answer)
+        scores.append(hits / len(s.pairs))
+    return sum(scores) / len(scores)
+
+
+def mqar_floor(samples: list[MQARSample]) -> tuple[float, dict[str, float]]:
+    """The best heuristic's score on ``samples`` (what a model without associative recall can reach) and each."""
+    scores = {name: heuristic_accuracy(samples, h) for name, h in HEURISTICS.items()}
+    return max(scores.values()), scores
+
+
+def mqar_samples(
+    seed: int, count: int, *, length: int, pairs: int, offset: int, span: int, vocab: int | None = None
+) -> list[MQARSample]:
+    """The suite's ``count`` seeded samples of one (length, pairs) configuration (the same for every model): keys
+    and values from the first ``vocab`` tokens of the range (default: up to 8192 of them)."""
+    if vocab is not None and vocab > span:
+        raise ValueError(f"mqar_vocab {vocab} is more than the tokenizer's {span} ordinary tokens")
+    vocab = min(span, max(2 * pairs + 2, 8192)) if vocab is None else vocab
+    if vocab < 2 * pairs + 2:
+        raise ValueError(f"the tokenizer has too few ordinary tokens ({span}) for {pairs} MQAR pairs")
+    return [
+        make_mqar_sample(seed * 1_000_003 + i, vocab_size=vocab, seq_len=length, num_pairs=pairs, token_offset=offset)
+        for i in range(count)
+    ]
 
 
 def run_mqar(
@@ -58,22 +160,27 @@ def run_mqar(
     text_tokens: int = 4096,
     seq_len: int | None = None,
     progress: bool = True,
+    vocab: int | None = None,
 ) -> dict:
     """MQAR accuracy per (seq, pairs) configuration and, when ``text_source`` is given, the AR-Hit/Others split."""
     offset, span = mqar_token_range(tokenizer)
     rows = []
     for length, pairs in tqdm(configs, desc="MQAR", disable=not progress, leave=False):
         check_fits(model, length, f"MQAR at seq {length}")
-        vocab = min(span, max(2 * pairs + 2, 8192))
-        if vocab < 2 * pairs + 2:
-            raise ValueError(f"the tokenizer has too few ordinary tokens ({span}) for {pairs} MQAR pairs")
-        batch = [
-            make_mqar_sample(
-                seed * 1_000_003 + i, vocab_size=vocab, seq_len=length, num_pairs=pairs, token_offset=offset
-            )
-            for i in range(samples)
-        ]
-        rows.append({"seq_len": length, "pairs": pairs, "accuracy": mqar_accuracy(model, batch), "samples": samples})
+        batch = mqar_samples(seed, samples, length=length, pairs=pairs, offset=offset, span=span, vocab=vocab)
+        per_sample = mqar_per_sample(model, batch)
+        floor, heuristics = mqar_floor(batch)
+        rows.append(
+            {
+                "seq_len": length,
+                "pairs": pairs,
+                "accuracy": sum(per_sample) / len(per_sample),
+                "samples": samples,
+                "floor": floor,
+                "heuristics": heuristics,
+                "per_sample": per_sample,
+            }
+        )
     result = {
         "mqar": rows,
         "metadata": {
@@ -81,6 +188,9 @@ def run_mqar(
             "token_span": span,
             "samples_per_config": samples,
             "scoring": "argmax accuracy at answer positions",
+            "floor": "best of the heuristics' scores on the same samples (mqar.HEURISTICS)",
+            "configs": [list(c) for c in configs],
+            "vocab": vocab,
             "seed": seed,
         },
     }
@@ -130,10 +240,28 @@ def ar_hit_split(model: nn.Module, tokenizer, source: str, *, tokens: int, seq_l
     }
 
 
+def suite_configs(o) -> tuple[tuple[int, int], ...]:
+    """The (length, pairs) configurations the options ask for: ``mqar_pairs`` at ``mqar_length``, else CONFIGS."""
+    if o.mqar_pairs:
+        return tuple((o.mqar_length, p) for p in sorted(set(o.mqar_pairs)))
+    return CONFIGS
+
+
+def _check(o, name) -> None:
+    for p in o.mqar_pairs or ():
+        if 4 * p > o.mqar_length:
+            raise ValueError(
+                f"{name('mqar_pairs')} {p} does not fit {name('mqar_length')} {o.mqar_length}: a sequence holds "
+                f"the key-value block and one query-answer slot per pair (needs length >= 4·pairs = {4 * p})"
+            )
+
+
 def _run_suite(model, tokenizer, o, folder, name):
     r = run_mqar(
         model,
         tokenizer,
+        configs=suite_configs(o),
+        vocab=o.mqar_vocab,
         samples=o.mqar_samples,
         seed=o.seed,
         text_source=o.text,
@@ -146,11 +274,160 @@ def _run_suite(model, tokenizer, o, folder, name):
 @dataclass
 class MqarOptions:
     mqar_samples: int = option(32, "MQAR samples per (length, pairs) setting", minimum=1)
+    mqar_pairs: tuple[int, ...] = option(
+        (), "comma-separated pair counts at --mqar-length (default: 64/4, 128/8, 256/16)", parse=int_list
+    )
+    mqar_length: int = option(128, "sequence length of the --mqar-pairs configurations", minimum=8)
+    mqar_vocab: int | None = option(
+        None, "keys and values from this many tokens (as the training's data.mqar_vocab; default up to 8192)", minimum=4
+    )
+
+
+# -- what claims read (diffattn.experiments.claims) --------------------------------------------------------------------
+def _rows(run: Run) -> list[dict] | None:
+    rows = run.results("mqar", "mqar")
+    return sorted(rows, key=lambda r: (r["pairs"], r["seq_len"])) if rows else None
+
+
+def _largest(run: Run) -> dict | None:
+    rows = _rows(run)
+    return rows[-1] if rows else None
+
+
+def _paired_rows(ref: Run, new: Run):
+    """Both runs' rows when they measured the same configurations on the same samples, else None."""
+    rr, rn = _rows(ref), _rows(new)
+    if not rr or not rn:
+        return None
+    shape = lambda rows: [(r["seq_len"], r["pairs"], r["samples"]) for r in rows]  # noqa: E731
+    same = shape(rr) == shape(rn)
+    ma, mb = ref.results("mqar", "metadata"), new.results("mqar", "metadata")
+    meta = same_metadata(ma, mb, "seed", "token_offset") and (ma or {}).get("vocab") == (mb or {}).get("vocab")
+    return (rr, rn) if same and meta else None
+
+
+def _cells(rows: list[dict]) -> str:
+    return ", ".join(f"{r['pairs']} pairs at {r['seq_len']}" for r in rows)
+
+
+def _compare_accuracy(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """Accuracy at the largest pair count: each model's mean over samples, the paired difference over the same
+    samples."""
+    a, b = _largest(ref), _largest(new)
+    if a is None or b is None:
+        return None
+    metric = f"MQAR accuracy at {a['pairs']} pairs (floor {a.get('floor', float('nan')):.3f})"
+    paired = _paired_rows(ref, new)
+    if paired is None or "per_sample" not in a or "per_sample" not in b:
+        kind = NO_PER_SAMPLE if paired else "none: the two models saw different samples"
+        return Comparison(metric, ref_value=a["accuracy"], new_value=b["accuracy"], kind=kind, cells=_cells([a]))
+    rm, rci = bootstrap_contrast([a["per_sample"]], seed=seed)
+    nm, nci = bootstrap_contrast([b["per_sample"]], seed=seed)
+    diff = paired_difference(a["per_sample"], b["per_sample"], seed=seed)
+    return Comparison(
+        metric, ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff, cells=_cells([a]),
+        kind=paired_kind(diff, "MQAR samples"), note="data uncertainty only, one seed",
+    )  # fmt: skip
+
+
+def slope_weights(pairs: list[int]) -> list[float]:
+    """Least-squares weights w with slope = Σ w·accuracy over log2(pairs): the change per doubling of the pairs."""
+    x = [math.log2(p) for p in pairs]
+    mean = sum(x) / len(x)
+    ss = sum((v - mean) ** 2 for v in x)
+    return [(v - mean) / ss for v in x] if ss > 0 else [0.0] * len(x)
+
+
+def accuracy_slope(run: Run) -> float | None:
+    """Accuracy change per doubling of the pair count (least squares over the configurations; needs two counts)."""
+    rows = _rows(run)
+    if not rows or len({r["pairs"] for r in rows}) < 2:
+        return None
+    w = slope_weights([r["pairs"] for r in rows])
+    return sum(wi * r["accuracy"] for wi, r in zip(w, rows, strict=True))
+
+
+def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """The slopes' difference; its interval sums the paired per-configuration differences' variances (the
+    configurations use independent samples): normal, data uncertainty only."""
+    sr, sn = accuracy_slope(ref), accuracy_slope(new)
+    if sr is None or sn is None:
+        return None
+    rows = _rows(ref)
+    metric = "MQAR accuracy change per doubling of the pairs"
+    paired = _paired_rows(ref, new)
+    if paired is None or any("per_sample" not in r for r in paired[0] + paired[1]):
+        return Comparison(metric, ref_value=sr, new_value=sn, kind=NO_PER_SAMPLE, cells=_cells(rows))
+    w = slope_weights([r["pairs"] for r in rows])
+    var = 0.0
+    for wi, a, b in zip(w, *paired, strict=True):
+        d = [y - x for x, y in zip(a["per_sample"], b["per_sample"], strict=True)]
+        m = sum(d) / len(d)
+        var += wi**2 * (sum((v - m) ** 2 for v in d) / max(1, len(d) - 1)) / len(d)
+    est = sn - sr
+    diff = Difference(est, normal_interval(est, math.sqrt(var)), "normal", len(rows))
+    return Comparison(
+        metric, ref_value=sr, new_value=sn, diff=diff, cells=_cells(rows),
+        kind="normal, from the paired per-configuration differences over the same samples",
+        note="data uncertainty only, one seed",
+    )  # fmt: skip
+
+
+def _compare_ar_hit(ref: Run, new: Run, seed: int) -> Comparison | None:
+    a, b = ref.results("mqar", "ar_hit", "ar_hit_loss"), new.results("mqar", "ar_hit", "ar_hit_loss")
+    if a is None or b is None:
+        return None
+    return Comparison("AR-Hit loss", ref_value=a, new_value=b, kind=ONE_NUMBER)
+
+
+def _floor(run: Run) -> float | None:
+    row = _largest(run)
+    return None if row is None else row.get("floor")
+
+
+MEASURES = {
+    "mqar:accuracy": Measure(
+        "MQAR accuracy at the largest pair count", 3,
+        per_run=lambda run: (_largest(run) or {}).get("accuracy"), compare=_compare_accuracy, chance=_floor,
+    ),
+    "mqar:slope": Measure("MQAR accuracy change per doubling of the pairs", 3, per_run=accuracy_slope,
+                          compare=_compare_slope),
+    "mqar:ar_hit_loss": Measure(
+        "AR-Hit loss", 3, per_run=lambda run: run.results("mqar", "ar_hit", "ar_hit_loss"), compare=_compare_ar_hit
+    ),
+}  # fmt: skip
+
+
+def _headline(r: dict) -> dict:
+    out = {}
+    for m in r["mqar"]:
+        out[f"MQAR {m['seq_len']}/{m['pairs']}"] = m["accuracy"]
+    if r["mqar"] and "floor" in r["mqar"][-1]:
+        out[f"floor {r['mqar'][-1]['seq_len']}/{r['mqar'][-1]['pairs']}"] = r["mqar"][-1]["floor"]
+    return out
+
+
+def _compare_tables(results: dict[str, dict], out) -> list[str]:
+    """Accuracy per configuration for every model, with the simulated floor of each configuration."""
+    first = next(iter(results.values()))["mqar"]
+    head = [f"{m['pairs']} pairs / {m['seq_len']}" for m in first]
+    lines = ["MQAR accuracy (share of answers right; floor: the best heuristic without recall):", ""]
+    lines += ["| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    lines.append("| floor | " + " | ".join(value_text(m.get("floor"), None, 3) for m in first) + " |")
+    shape = [(m["seq_len"], m["pairs"]) for m in first]
+    for name, r in results.items():
+        # a model measured on other configurations is left out of the table
+        if [(m["seq_len"], m["pairs"]) for m in r["mqar"]] == shape:
+            lines.append(f"| {name} | " + " | ".join(f"{m['accuracy']:.3f}" for m in r["mqar"]) + " |")
+    return [*lines, ""]
 
 
 SUITE = Suite(
     "mqar",
     _run_suite,
-    headline=lambda r: {f"MQAR {m['seq_len']}/{m['pairs']}": m["accuracy"] for m in r["mqar"]},
+    headline=_headline,
+    compare=_compare_tables,
     options=MqarOptions,
+    check=_check,
+    measures=MEASURES,
 )

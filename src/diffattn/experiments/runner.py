@@ -174,12 +174,16 @@ def run_experiment(
     report: bool = True,
     evaluate: bool = True,
     source: str | Path | None = None,
+    jobs: int = 1,
 ) -> list[PartOutcome]:
     """Run every part of ``config`` under ``root/config.name`` (see the module doc); returns what happened.
     ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them.
     ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
     marker so that another file with the same ``name`` is refused instead of replacing this one's report
-    (:func:`check_experiment_folder`)."""
+    (:func:`check_experiment_folder`). ``jobs``: from-scratch parts trained at once, each in a process of its own
+    with ``cores // jobs`` threads (:func:`_train_in_parallel`); 1 trains them one after the other."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     from ..train import pretrain
     from ..train.adapt import adapt_pretrained
 
@@ -205,8 +209,11 @@ def run_experiment(
     save_record(config, out / RECORDS["experiment"], ident)
     mark(out, "experiment", ident=ident, name=config.name, source=source)
 
-    for m, run_config in scratch:
-        outcomes.append(_train_part("pretrain", pretrain, m.name, out / "models" / m.name, states[m.name], run_config))
+    scratch_parts = [(m.name, out / "models" / m.name, states[m.name], c) for m, c in scratch]
+    if jobs > 1 and sum(state != DONE for _, _, state, _ in scratch_parts) > 1:
+        outcomes += _train_in_parallel(scratch_parts, jobs, out / "logs")
+    else:
+        outcomes += [_train_part("pretrain", pretrain, *part) for part in scratch_parts]
     for a, run_config in adapters:
         path = out / "adapters" / a.name
         outcomes.append(_train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config))
@@ -278,6 +285,66 @@ def _train_part(kind: str, train, name: str, path: Path, state: str, run_config)
         logger.info("%s %s: %s", kind, name, state)
         summary = train(run_config, path, resume=state == RESUME, overwrite=replace)
     return PartOutcome(kind, name, path, state, time.perf_counter() - t0, summary)
+
+
+def _train_in_worker(name: str, path: Path, state: str, run_config, log_file: Path, threads: int) -> PartOutcome:
+    """One from-scratch part in a worker process: ``threads`` torch threads, everything it prints (its progress
+    bar, warnings, logs) into ``log_file`` so that parallel parts do not write over each other's lines."""
+    import os
+    import sys
+
+    import torch
+
+    from ..train import pretrain
+
+    torch.set_num_threads(threads)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("a") as log:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)  # the worker is ours alone: C-level output too
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+        return _train_part("pretrain", pretrain, name, path, state, run_config)
+
+
+def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
+    """Train ``parts`` (name, folder, state, config) ``jobs`` at a time in spawned worker processes, each with
+    ``cores // jobs`` threads (a small model trains faster as two one-thread processes than as one two-thread
+    one); one progress bar over the parts here, each part's own output in ``logs/NAME.log``. Finished parts are
+    read back without a worker. The first failure stops parts not yet started (those running finish: a part
+    stopped mid-save would have to be resumed) and is raised with the part's name and log."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm.auto import tqdm
+
+    from ..train import pretrain
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    outcomes: dict[str, PartOutcome] = {}
+    todo = []
+    for name, path, state, config in parts:
+        if state == DONE:
+            outcomes[name] = _train_part("pretrain", pretrain, name, path, state, config)
+        else:
+            todo.append((name, path, state, config))
+    print(f"training {len(todo)} parts, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
+          f"each part's output: {logs}/NAME.log")  # fmt: skip
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {pool.submit(_train_in_worker, *part, logs / f"{part[0]}.log", threads): part[0] for part in todo}
+        with tqdm(total=len(todo), desc="parts", unit="part") as bar:
+            for future in as_completed(futures):
+                name = futures[future]
+                try:
+                    outcomes[name] = future.result()
+                except BaseException as e:
+                    for f in futures:
+                        f.cancel()
+                    raise RuntimeError(f"pretrain {name} failed: {e} (its output: {logs / (name + '.log')})") from e
+                bar.update(1)
+                bar.set_postfix_str(f"{name} done", refresh=True)
+    return [outcomes[name] for name, *_ in parts]
 
 
 def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome:

@@ -79,6 +79,8 @@ class RetrievalMixFields:
     needle_loss: str = "all"  # all | answer: which tokens of a needle row are scored
     max_text_sequences: int | None = None  # use at most this many text rows (seeded sample); the mix is sized on them
     varied_context: bool = False  # needle rows' haystack: a uniform fraction of the row (True) or the whole row
+    mqar_pairs: list[int] | None = None  # MQAR rows' pair counts, one drawn per row (None: seq_len // 16)
+    mqar_vocab: int | None = None  # MQAR keys and values from this many tokens (None: every ordinary token)
 
     def validate_retrieval(self) -> None:
         if self.max_text_sequences is not None and (
@@ -93,6 +95,16 @@ class RetrievalMixFields:
             raise ValueError(f"data.max_needles must be an int in [1, {len(CITY_KEYS)}], got {self.max_needles!r}")
         if not isinstance(self.needle_digits, int) or not 1 <= self.needle_digits <= 18:
             raise ValueError(f"data.needle_digits must be an int in [1, 18], got {self.needle_digits!r}")
+        if self.mqar_pairs is not None and (
+            not isinstance(self.mqar_pairs, list | tuple)
+            or not self.mqar_pairs
+            or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in self.mqar_pairs)
+        ):
+            raise ValueError(f"data.mqar_pairs must be None or a list of ints >= 1, got {self.mqar_pairs!r}")
+        if self.mqar_vocab is not None and (
+            isinstance(self.mqar_vocab, bool) or not isinstance(self.mqar_vocab, int) or self.mqar_vocab < 4
+        ):
+            raise ValueError(f"data.mqar_vocab must be None or an int >= 4, got {self.mqar_vocab!r}")
         if self.needle_loss not in NEEDLE_LOSSES:
             raise ValueError(f"data.needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {self.needle_loss!r}")
 
@@ -112,6 +124,12 @@ class DataConfig(RetrievalMixFields):
     def validate(self) -> None:
         if self.seq_len < 2:
             raise ValueError(f"data.seq_len must be >= 2, got {self.seq_len}")
+        if self.mqar_pairs and isinstance(self.mqar_pairs, list | tuple) and 4 * max(self.mqar_pairs) > self.seq_len:
+            raise ValueError(
+                f"data.mqar_pairs {max(self.mqar_pairs)} does not fit data.seq_len {self.seq_len}: an MQAR row "
+                f"holds the key-value block and a query-answer slot per pair (needs seq_len >= "
+                f"{4 * max(self.mqar_pairs)})"
+            )
         if self.val_sequences < 1:
             raise ValueError(f"data.val_sequences must be >= 1, got {self.val_sequences}")
         self.validate_retrieval()

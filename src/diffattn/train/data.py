@@ -101,6 +101,8 @@ def add_retrieval_mix(
         value_digits=d.needle_digits,
         needle_loss=d.needle_loss,
         varied_context=d.varied_context,
+        mqar_pairs=d.mqar_pairs,
+        mqar_vocab=d.mqar_vocab,
     )
     return _concat(train, mix), mix_rows
 
