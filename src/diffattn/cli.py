@@ -181,6 +181,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     print(f"\nrunning the quickstart experiment ({quickstart_config_path()}) into {args.root}/quickstart ...")
     args.experiment = str(quickstart_config_path())
     args.train_only = False
+    args.jobs = 1  # one part after the other: the committed quickstart report was made so
     return cmd_run(args)
 
 

@@ -84,6 +84,7 @@ from .measures import (
     same_metadata,
     value_text,
 )
+from .needle_floors import HEURISTICS, cell_floors, heuristic_scores
 from .stats import (
     Difference,
     bootstrap_contrast,
@@ -144,6 +145,7 @@ class _Scored(NamedTuple):
     output: str
     hits: list[int]  # 1/0 per queried number found anywhere in the output
     strict: float  # the first R numbers of the output
+    heuristics: dict  # what each heuristic without the skill scores on this prompt (needle_floors)
 
 
 def _score_cell(model, tokenizer, text: str, digest, bar, length: int, seeds: list[int], **needles) -> list[_Scored]:
@@ -153,7 +155,7 @@ def _score_cell(model, tokenizer, text: str, digest, bar, length: int, seeds: li
     for s in seeds:
         sample = fit_sample(tokenizer, text, length, s, **needles)
         digest.update(sample.prompt.encode() + b"\0")
-        cell.append(_Scored(sample, *_score(model, tokenizer, sample)))
+        cell.append(_Scored(sample, *_score(model, tokenizer, sample), heuristic_scores(sample)))
         bar.update()
     return cell
 
@@ -179,6 +181,7 @@ def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
         "solved": sum(s == 1.0 for s in strict) / len(strict),
         "chance": needle_chance(n, r)[0],
         "chance_solved": needle_chance(n, r)[1],
+        **cell_floors([c.heuristics for c in cell]),  # floor, floor_solved: the best heuristic, simulated
         "ci": list(wilson_interval(sum(scores), len(scores))),
     }
 
@@ -186,9 +189,9 @@ def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
 def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int, seed: int) -> dict:
     """The length × depth heatmap: per cell, ``samples`` samples of ``needles`` needles, one queried, the first at
     the depth; sample i of depth j uses seed ``seed*100003 + 7919*(j + 1) + i``."""
-    heat, heat_scores, heat_ci, heat_strict = [], [], [], []
+    heat, heat_scores, heat_ci, heat_strict, heat_floors = [], [], [], [], []
     for length in lengths:
-        row, row_scores, row_ci, row_strict = [], [], [], []
+        row, row_scores, row_ci, row_strict, row_floors = [], [], [], [], []
         for j, depth in enumerate(depths):
             seeds = [seed * 100003 + 7919 * (j + 1) + i for i in range(samples)]
             cell = score_cell(length, seeds, num_needles=needles, num_queries=1, depth=depth)
@@ -197,7 +200,9 @@ def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int,
             row_scores.append(scores)
             row_strict.append(strict)
             row_ci.append(list(wilson_interval(sum(scores), len(scores))))
+            row_floors.append(cell_floors([c.heuristics for c in cell])["heuristics"])
         heat.append(row)
+        heat_floors.append(row_floors)
         heat_scores.append(row_scores)
         heat_ci.append(row_ci)
         heat_strict.append(row_strict)
@@ -208,6 +213,7 @@ def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int,
         "scores": heat_scores,
         "strict_scores": heat_strict,
         "ci": heat_ci,
+        "heuristics": heat_floors,  # per cell: each heuristic's mean scores (needle_floors)
         "N": needles,
         "R": 1,
     }
@@ -318,6 +324,8 @@ def run_niah(
             "evaluated with the same options see the same samples (same samples_sha1): paired comparisons are valid",
             "samples_sha1": digest.hexdigest(),
             "chance": "writing R of the N needles' numbers at random: R/N per-needle credit, 1/C(N, R) solved",
+            "floor": "per cell and per claim: the best heuristic without the skill (needle_floors.HEURISTICS: the "
+            "first, last, random or most frequent numbers), scored on the same prompts with the same scorers",
             "cells_left_out": left_out,
             "multivalue": None
             if multivalue is None
@@ -364,11 +372,12 @@ def plot_niah(results: dict, path) -> object:
 
 
 def _chance_marks(ax, grid: list[dict], width: float) -> None:
-    """A black dash over each cell at its per-needle chance level (R/N: writing R needles' numbers at random),
-    labelled once."""
+    """A black dash over each cell at its floor for the plotted string_match_all score (the best heuristic without
+    the skill, simulated; older results: R/N, writing R needles' numbers at random), labelled once."""
     for x, g in enumerate(grid):
-        ax.hlines(needle_chance(g["N"], g["R"])[0], x - width / 2, x + width / 2, colors="black", linestyles="--",
-                  linewidth=1, label="chance (R/N)" if x == 0 else None)  # fmt: skip
+        level = g.get("floor_score", needle_chance(g["N"], g["R"])[0])
+        ax.hlines(level, x - width / 2, x + width / 2, colors="black", linestyles="--", linewidth=1,
+                  label="floor (best heuristic)" if x == 0 else None)  # fmt: skip
 
 
 def _run_suite(model, tokenizer, o, folder, name):
@@ -467,13 +476,16 @@ def compare(niah: dict[str, dict], out: Path) -> list[str]:
     lines += [
         f"Per (N needles, R queried) cell, {samples} samples each, the same prompts for every model: per-needle "
         "credit (strict: the queried numbers among the first R numbers of the output) with its Wilson 95% interval "
-        "/ prompts solved (every queried needle found; at R = 1 the same); RULER's string_match_all below. Chance "
-        "(writing R of the N needles' numbers at random) is R/N per-needle credit / 1/C(N, R) prompts solved. The "
-        "R = 1 mean compares like with like across N.",
+        "/ prompts solved (every queried needle found; at R = 1 the same); RULER's string_match_all below. The "
+        "floor is what the best heuristic that ignores the question scores on the same prompts (copy the first, "
+        "last, random or most frequent numbers; random needles alone would give R/N / 1/C(N, R)). The R = 1 mean "
+        "compares like with like across N; its floor is one heuristic's over all those cells.",
         "",
         "| model | " + " | ".join(cells) + " | R = 1 mean solved |",
         "|---|" + "---|" * (len(cells) + 1),
-        "| chance | " + " | ".join(_chance_cell(g) for g in first["grid"]) + f" | {_fmt(r1_chance(first))} |",
+        f"| {_floor_label(first['grid'])} | "
+        + " | ".join(_chance_cell(g) for g in first["grid"])
+        + f" | {_fmt(r1_chance(first))} |",
     ]
     for n, r in niah.items():
         row = [_credit_solved(g) for g in r["grid"]]
@@ -501,7 +513,7 @@ def _multivalue_table(niah: dict[str, dict]) -> list[str]:
         "",
         "| model | multi-value |",
         "|---|---|",
-        f"| chance | {_chance_cell(g)} |",
+        f"| {_floor_label([g])} | {_chance_cell(g)} |",
     ]
     lines += [f"| {n} | {_credit_solved(row)} |" for n, row in rows.items()]
     return [*lines, ""]
@@ -512,9 +524,14 @@ def _numbers_asked(g: dict) -> int:
     return g.get("V", g["R"])
 
 
+def _floor_label(cells: list[dict]) -> str:
+    """ "floor" where the cells carry simulated floors; "chance" (random needles' R/N) for older results."""
+    return "floor" if all(g.get("floor") is not None for g in cells) else "chance"
+
+
 def _chance_cell(g: dict) -> str:
-    credit, solved = needle_chance(g["N"], _numbers_asked(g))
-    return f"{credit:.2f}" if _numbers_asked(g) == 1 else f"{credit:.2f} / {solved:.2f}"
+    credit, solved = cell_floor(g), cell_floor(g, solved=True)
+    return f"{credit:.2f}" if credit == solved else f"{credit:.2f} / {solved:.2f}"
 
 
 def _fmt(value: float | None) -> str:
@@ -671,17 +688,35 @@ def _cells_text(cells: list[dict]) -> str:
     return "cells " + ", ".join(f"(N={g['N']}, R={g['R']})" for g in cells)
 
 
+def cell_floor(g: dict, *, solved: bool = False) -> float:
+    """One cell's floor: the best heuristic's per-needle credit (or prompts solved), simulated on the cell's own
+    prompts; results written before floors were simulated fall back to random needles' R/N (1/C(N, R))."""
+    key = "floor_solved" if solved else "floor"
+    if g.get(key) is not None:
+        return float(g[key])
+    return needle_chance(g["N"], _numbers_asked(g))[1 if solved else 0]
+
+
+def pooled_floor(cells: list[dict], metric: str = "solved") -> float | None:
+    """The floor of a number pooled over cells (equal prompts per cell): one heuristic for all of them, the best
+    one's mean over the cells (not the mean of each cell's best: a model has one strategy)."""
+    if not cells:
+        return None
+    if all(g.get("heuristics") for g in cells):
+        return max(float(np.mean([g["heuristics"][h][metric] for g in cells])) for h in HEURISTICS)
+    return float(np.mean([cell_floor(g, solved=metric == "solved") for g in cells]))
+
+
 def _chance_text(cells: list[dict]) -> str:
-    return "chance (writing R needles' numbers at random) " + ", ".join(
-        f"{needle_chance(g['N'], g['R'])[0]:.2f}" for g in cells
-    )
+    simulated = all(g.get("floor") is not None for g in cells)
+    what = "floor (best heuristic without the skill)" if simulated else "chance (writing R needles' numbers at random)"
+    return f"{what} " + ", ".join(f"{cell_floor(g):.2f}" for g in cells)
 
 
 def r1_chance(r: dict | None) -> float | None:
-    """The chance level of :func:`r1_solved`: the mean over the same cells of the prompts a model without the skill
-    solves (1/N at R = 1)."""
-    cells = _like_for_like(r)
-    return float(np.mean([needle_chance(g["N"], g["R"])[1] for g in cells])) if cells else None
+    """The floor of :func:`r1_solved`: what the best heuristic without the skill solves of the same prompts (older
+    results: random needles, 1/N at R = 1)."""
+    return pooled_floor(_like_for_like(r), "solved")
 
 
 def _grid_scores(r: dict, *, strict: bool = False, cells: list[dict] | None = None) -> list[list[float]] | None:
@@ -794,6 +829,11 @@ def _compare_cell(ref: Run, new: Run, seed: int, n: int, r: int) -> Comparison |
     return _compare_row(rr, rn, _cell(rr, n, r), _cell(rn, n, r), seed, f"N={n}, R={r}")
 
 
+def _cell_floor_of(run: Run, n: int, r: int) -> float | None:
+    g = _cell(run.results("niah"), n, r)
+    return None if g is None else cell_floor(g)
+
+
 def _multivalue_value(r: dict | None) -> float | None:
     """One run's per-needle credit (strict) in the multi-value cell, None when it has none."""
     g = (r or {}).get("multivalue")
@@ -802,7 +842,7 @@ def _multivalue_value(r: dict | None) -> float | None:
 
 def _multivalue_chance(run: Run) -> float | None:
     g = (run.results("niah") or {}).get("multivalue")
-    return None if g is None else needle_chance(g["N"], _numbers_asked(g))[0]
+    return None if g is None else cell_floor(g)
 
 
 def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
@@ -821,9 +861,9 @@ def _compare_row(rr, rn, gr, gn, seed, cell: str) -> Comparison | None:
     if gr is None or gn is None or not gr.get("strict_scores") or not gn.get("strict_scores"):
         return None
     sr, sn = gr["strict_scores"], gn["strict_scores"]
-    chance = needle_chance(gr["N"], _numbers_asked(gr))[0]
+    chance = cell_floor(gr)
     solved = f"prompts solved {np.mean([s == 1 for s in sr]):.3f} → {np.mean([s == 1 for s in sn]):.3f}"
-    note = f"data uncertainty only; cell {cell}; {solved}; chance {chance:.2f} per needle"
+    note = f"data uncertainty only; cell {cell}; {solved}; floor {chance:.2f} per needle"
     if len(sr) == len(sn) and _paired(rr, rn):
         diff = paired_difference(sr, sn, seed=seed)
         kind = paired_kind(diff, "prompts")
@@ -847,8 +887,15 @@ def _heatmap_solved(r: dict | None) -> float | None:
 
 
 def _heatmap_chance(run: Run) -> float | None:
+    """The heatmap's floor: the best heuristic's prompts solved over every cell (depth 0 puts the queried needle
+    first, depth 100% last: copying one of them solves a row of cells); older results: 1/N."""
     h = (run.results("niah") or {}).get("heatmap") or {}
-    return 1 / h["N"] if h.get("lengths") and h.get("N") else None
+    if not h.get("lengths") or not h.get("N"):
+        return None
+    cells = [c for row in h.get("heuristics") or [] for c in row]
+    if not cells:
+        return 1 / h["N"]
+    return max(float(np.mean([c[name]["solved"] for c in cells])) for name in HEURISTICS)
 
 
 def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
@@ -870,7 +917,7 @@ def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
         new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
         diff=diff, kind=f"exact McNemar interval over the same {diff.n} prompts",
         note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, "
-        f"{'strict' if key == 'strict_scores' else 'string_match_all'} scores; chance {1 / hr['N']:.2f}",
+        f"{'strict' if key == 'strict_scores' else 'string_match_all'} scores; floor {_heatmap_chance(ref):.2f}",
         cells=f"heatmap N={hr['N']}, R=1, lengths {hr['lengths']}",
     )  # fmt: skip
 
@@ -966,7 +1013,8 @@ MEASURES = {
     ),
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
-        compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2), chance=lambda run: needle_chance(6, 2)[0],
+        compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2),
+        chance=lambda run: _cell_floor_of(run, 6, 2),
     ),
     "niah:multivalue": Measure(
         "per-needle credit in the multi-value cell", 3, per_run=lambda run: _multivalue_value(run.results("niah")),
