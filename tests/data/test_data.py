@@ -399,12 +399,11 @@ def test_retrieval_mix_is_deterministic_and_mixed(tokenizer, small_corpus):
         assert all(f"number is: {n}." in text for n in answers)
 
 
-
 def test_retrieval_mix_mqar_pairs_and_vocab(tokenizer, small_corpus):
     """``mqar_pairs``: each MQAR row draws its pair count from the list (every count occurs, deterministically);
     ``mqar_vocab``: keys and values stay in the range's first tokens; bad requests are one clear error."""
-    from diffattn.data.synthetic import _mqar_args
     from diffattn.data.packing import special_token_ids
+    from diffattn.data.synthetic import _mqar_args
 
     args = _mqar_args(tokenizer, 64, *special_token_ids(tokenizer))
     mix = retrieval_mix(5, 40, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_pairs=[2, 8], mqar_vocab=20)
@@ -420,6 +419,7 @@ def test_retrieval_mix_mqar_pairs_and_vocab(tokenizer, small_corpus):
         retrieval_mix(5, 4, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_pairs=[8], mqar_vocab=10)
     with pytest.raises(ValueError, match="more than the tokenizer's"):
         retrieval_mix(5, 4, tokenizer, 64, small_corpus.train, mqar_fraction=1.0, mqar_vocab=10**6)
+
 
 def test_retrieval_mix_rows_too_short_for_needles_become_mqar(tokenizer, small_corpus, caplog):
     with caplog.at_level(logging.WARNING, logger="diffattn.data.synthetic"):
