@@ -493,3 +493,29 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
     assert [o.state for o in again] == ["done", "done"]
     with pytest.raises(ValueError, match="jobs must be an int >= 1"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)
+
+
+def test_the_gap_row_between_models_at_the_floor_neither_agrees_nor_disagrees():
+    """DIFF Table 2's "the gap grows with N", read between two models at the floor at the largest N: whichever
+    way the gap moved, the row is inconclusive and says why; with the new model above the floor there, it is read."""
+    from diffattn.eval.measures import Run
+    from diffattn.experiments.claims import CLAIM_TABLE, check_claim
+
+    def niah(n1: float, n4: float) -> dict:
+        def cell(n, share):
+            scores = [1.0] * round(40 * share) + [0.0] * (40 - round(40 * share))
+            return {"N": n, "R": 1, "accuracy": share, "strict_accuracy": share, "scores": scores,
+                    "strict_scores": scores, "floor": 1 / n, "floor_solved": 1 / n}  # fmt: skip
+
+        return {"grid": [cell(1, n1), cell(4, n4)], "mean_accuracy": (n1 + n4) / 2, "metadata": {"samples_sha1": "s"}}
+
+    spec = next(c for c in CLAIM_TABLE if c.measure == "niah:gap")
+    at_floor = {
+        "ref": Run("ref", suites={"niah": niah(0.4, 0.25)}),
+        "new": Run("new", suites={"niah": niah(1.0, 0.25)}),
+    }
+    row = check_claim(spec, "ref", "new", at_floor, {}, 0)
+    assert row.diff_ci is not None and row.diff_ci[1] < 0  # the gap shrank: "disagrees" before
+    assert row.verdict == "inconclusive" and "every model is at the floor at N=4" in row.note
+    above = {"ref": Run("ref", suites={"niah": niah(0.4, 0.25)}), "new": Run("new", suites={"niah": niah(0.5, 0.9)})}
+    assert check_claim(spec, "ref", "new", above, {}, 0).verdict == "agrees"

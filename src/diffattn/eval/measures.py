@@ -74,6 +74,9 @@ class Measure:
     per_run: Callable
     compare: Callable
     seeds_veto: Callable | None = None
+    # untestable(runs) -> reason | None: why no verdict either way can be read (e.g. every model at the floor where
+    # the claim is decided); unlike ``chance``, for measures whose value is not a score with a floor of its own
+    untestable: Callable | None = None
     at_lambda0: Callable | None = None
     chance: Callable | None = None
 

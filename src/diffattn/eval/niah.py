@@ -987,6 +987,27 @@ def _compare_gap(ref: Run, new: Run, seed: int) -> Comparison | None:
     )
 
 
+def _gap_at_floor(runs: list[Run]) -> str | None:
+    """Every run at the floor in the cell where the gap is read (the largest N of the R = 1 cells: the lower end of
+    its Wilson interval of strict credit at or below the cell's floor, at the printed 2 digits): a gap between
+    models without the skill says nothing about the claim, whichever way it points."""
+    cells = []
+    for run in runs:
+        grid = _like_for_like(run.results("niah"))
+        if len(grid) < 2:
+            return None
+        hi = max(grid, key=lambda g: g["N"])
+        scores = hi.get("strict_scores") or hi.get("scores")
+        if not scores:
+            return None
+        low = wilson_interval(sum(scores), len(scores))[0]
+        if round(low, 2) > round(cell_floor(hi), 2):
+            return None
+        cells.append(hi)
+    hi = cells[0]
+    return f"every model is at the floor at N={hi['N']} (floor {cell_floor(hi):.2f} per needle)"
+
+
 def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
     """Over seeds, the gap claim agrees only when the new model is also ahead at the largest N (Welch over the
     runs' accuracies there), as :func:`_compare_gap` requires of one run."""
@@ -1027,6 +1048,7 @@ MEASURES = {
     "niah:gap": Measure(
         "accuracy at the largest N − at the smallest N (difference = growth of the gap)", 2,
         per_run=lambda run: _grid_growth(run.results("niah")), compare=_compare_gap, seeds_veto=_behind_at_largest_n,
+        untestable=_gap_at_floor,
     ),
 }  # fmt: skip
 

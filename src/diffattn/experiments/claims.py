@@ -269,9 +269,23 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
             if veto:
                 row.verdict = "inconclusive"
                 row.note += f"; {veto}"
-            return _untestable_at_chance(row, m, ref_runs + new_runs)
+            return _untestable(_untestable_at_chance(row, m, ref_runs + new_runs), m, ref_runs + new_runs)
     c = m.compare(ref_runs[0], new_runs[0], seed)
-    return None if c is None else _untestable_at_chance(_row(spec, m, ref, new, c), m, [ref_runs[0], new_runs[0]])
+    if c is None:
+        return None
+    runs = [ref_runs[0], new_runs[0]]
+    return _untestable(_untestable_at_chance(_row(spec, m, ref, new, c), m, runs), m, runs)
+
+
+def _untestable(row: Claim, m: Measure, runs: list[Run]) -> Claim:
+    """The measure's own reason why the runs cannot test the claim (``Measure.untestable``): no verdict either way."""
+    reason = m.untestable(runs) if m.untestable else None
+    if reason and row.verdict != "inconclusive":
+        row.verdict = "inconclusive"
+        row.note += f"; {reason}: the comparison cannot test the claim"
+    elif reason:
+        row.note += f"; {reason}"
+    return row
 
 
 def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run]) -> Claim:
