@@ -95,7 +95,9 @@ from .stats import (
     wilson_interval,
 )
 
-GRID = ((1, 1), (2, 1), (4, 1), (6, 1), (6, 2), (8, 1))
+GRID = ((1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (2, 2), (4, 2), (6, 2))
+# DIFF Table 2's cells that can tell retrieval from copying (its N = 1, R = 1 cell has floor 1: one needle to copy)
+TABLE2_CELLS = ((2, 2), (4, 2), (6, 2))
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -682,6 +684,16 @@ def _like_for_like(r: dict | None) -> list[dict]:
     return r1 if len(r1) >= 1 else grid
 
 
+def _table2_cells(r: dict | None) -> list[dict]:
+    """The grid cells of DIFF Table 2 that can discriminate (N = 2, 4, 6 with R = 2) the results hold."""
+    return [g for g in (r or {}).get("grid") or [] if (g["N"], g["R"]) in TABLE2_CELLS]
+
+
+def _discriminating_r1(r: dict | None) -> list[dict]:
+    """The R = 1 cells whose floor is below 1 (N >= 2): where retrieving and copying differ."""
+    return [g for g in (r or {}).get("grid") or [] if g["R"] == 1 and cell_floor(g, solved=True) < 1]
+
+
 def _cells_text(cells: list[dict]) -> str:
     if all(g["R"] == 1 for g in cells):
         return "R = 1 cells N = " + ", ".join(str(g["N"]) for g in cells)
@@ -754,18 +766,30 @@ def _paired(rr: dict, rn: dict) -> bool:
     ] and same_metadata(rr.get("metadata"), rn.get("metadata"), "samples_sha1")
 
 
-def _compare_solved(ref: Run, new: Run, seed: int) -> Comparison | None:
-    """Prompts solved over the R = 1 cells (docs/evaluation.md §5.6)."""
+def _solved_over(cells_of, r: dict | None) -> float | None:
+    """One run's prompts solved over the cells ``cells_of(results)`` picks (None without them or strict scores)."""
+    cells = cells_of(r)
+    hits = _grid_solved(r, cells) if cells else None
+    return float(np.mean(hits)) if hits else None
+
+
+def _compare_solved_over(cells_of, ref: Run, new: Run, seed: int) -> Comparison | None:
+    """Prompts solved over the cells ``cells_of`` picks, the same cells in both runs (docs/evaluation.md §5.6)."""
     rr, rn = ref.results("niah"), new.results("niah")
     if not rr or not rn or rr.get("mean_accuracy") is None or rn.get("mean_accuracy") is None:
         return None
-    cells_r, cells_n = _like_for_like(rr), _like_for_like(rn)
-    if [(g["N"], g["R"]) for g in cells_r] != [(g["N"], g["R"]) for g in cells_n]:
-        cells_r, cells_n = rr.get("grid") or [], rn.get("grid") or []
+    cells_r, cells_n = cells_of(rr), cells_of(rn)
+    if not cells_r or [(g["N"], g["R"]) for g in cells_r] != [(g["N"], g["R"]) for g in cells_n]:
+        return None
     c = _compare_cells(rr, rn, cells_r, cells_n, seed)
     c.cells = _cells_text(cells_r)
     c.note += f"; {c.cells}; {_chance_text(cells_r)}"
     return c
+
+
+def _compare_solved(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """Prompts solved over the R = 1 cells."""
+    return _compare_solved_over(_like_for_like, ref, new, seed)
 
 
 def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison:
@@ -1029,8 +1053,16 @@ def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> 
 
 MEASURES = {
     "niah": Measure(
-        "prompts solved over the R = 1 cells", 3, per_run=lambda run: r1_solved(run.results("niah")),
-        compare=_compare_solved, chance=lambda run: r1_chance(run.results("niah")),
+        "prompts solved over DIFF Table 2's cells N = 2, 4, 6 with R = 2", 3,
+        per_run=lambda run: _solved_over(_table2_cells, run.results("niah")),
+        compare=partial(_compare_solved_over, _table2_cells),
+        chance=lambda run: pooled_floor(_table2_cells(run.results("niah")), "solved"),
+    ),
+    "niah:r1": Measure(
+        "prompts solved over the R = 1 cells with N >= 2", 3,
+        per_run=lambda run: _solved_over(_discriminating_r1, run.results("niah")),
+        compare=partial(_compare_solved_over, _discriminating_r1),
+        chance=lambda run: pooled_floor(_discriminating_r1(run.results("niah")), "solved"),
     ),
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
