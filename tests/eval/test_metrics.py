@@ -534,3 +534,36 @@ def test_the_multi_value_cell_is_kept_apart_from_the_grid_with_its_chance(debug_
     assert "multi-value" not in needle_protocol(options)  # alloc's options: no multi-value cell
     options.niah_multivalue = (4, 2)
     assert "a multi-value cell (one key's V = 2 values among N = 4 needles, all V asked)" in needle_protocol(options)
+
+
+def test_table2_row_reads_the_papers_cells_and_the_r1_row_leaves_n1_out():
+    """DIFF Table 2's row reads N = 2, 4, 6 with R = 2 (not N = 1: its floor is 1, every model solves it); the R = 1
+    row reads N >= 2; each pools its cells' prompts and takes one heuristic's floor over them."""
+    from diffattn.eval.measures import Run
+    from diffattn.eval.niah import GRID, MEASURES, TABLE2_CELLS
+
+    assert set(TABLE2_CELLS) <= set(GRID)
+    rng = np.random.default_rng(0)
+
+    def cell(n, r):
+        strict = [float(x) for x in rng.integers(0, 2, 10)]
+        heur = {h: {"score": 1 / n, "strict": r / n, "solved": 1 / math.comb(n, r)} for h in ("first needles",
+                "last needles", "random needles", "most frequent numbers")}  # fmt: skip
+        return {"N": n, "R": r, "accuracy": float(np.mean(strict)), "scores": strict, "strict_scores": strict,
+                "strict_accuracy": float(np.mean(strict)), "heuristics": heur, "floor": r / n,
+                "floor_solved": 1 / math.comb(n, r)}  # fmt: skip
+
+    def results():
+        return {"grid": [cell(n, r) for n, r in GRID], "mean_accuracy": 0.5, "metadata": {"samples_sha1": "s"}}
+
+    a, b = Run("a", suites={"niah": results()}), Run("b", suites={"niah": results()})
+    grid = a.suites["niah"]["grid"]
+    solved = lambda cells: np.mean([s == 1.0 for g in cells for s in g["strict_scores"]])  # noqa: E731
+    table2 = [g for g in grid if (g["N"], g["R"]) in TABLE2_CELLS]
+    assert MEASURES["niah"].per_run(a) == pytest.approx(solved(table2))
+    assert MEASURES["niah"].chance(a) == pytest.approx(np.mean([1 / math.comb(g["N"], 2) for g in table2]))
+    row = MEASURES["niah"].compare(a, b, 0)
+    assert row.cells == "cells (N=2, R=2), (N=4, R=2), (N=6, R=2)" and row.diff.n == 30
+    r1 = [g for g in grid if g["R"] == 1 and g["N"] >= 2]
+    assert MEASURES["niah:r1"].per_run(a) == pytest.approx(solved(r1))
+    assert MEASURES["niah:r1"].compare(a, b, 0).cells == "R = 1 cells N = 2, 4, 6, 8"
