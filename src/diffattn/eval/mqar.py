@@ -264,7 +264,7 @@ def _run_suite(model, tokenizer, o, folder, name):
         vocab=o.mqar_vocab,
         samples=o.mqar_samples,
         seed=o.seed,
-        text_source=o.text,
+        text_source=o.text if o.mqar_ar_hit else None,
         text_tokens=o.tokens,
         seq_len=o.window,
     )
@@ -281,6 +281,10 @@ class MqarOptions:
     mqar_vocab: int | None = option(
         None, "keys and values from this many tokens (as the training's data.mqar_vocab; default up to 8192)", minimum=4
     )
+    mqar_ar_hit: int = option(
+        1, "1: also the AR-Hit/Others loss split on --text (for models trained on text); 0: MQAR only", minimum=0,
+        maximum=1,
+    )  # fmt: skip
 
 
 # -- what claims read (diffattn.experiments.claims) --------------------------------------------------------------------

@@ -328,6 +328,7 @@ def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
             outcomes[name] = _train_part("pretrain", pretrain, name, path, state, config)
         else:
             todo.append((name, path, state, config))
+    todo.sort(key=lambda part: part[3].train.seed)  # seed 0 of every model first: a run cut short has every arm
     print(f"training {len(todo)} parts, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
           f"each part's output: {logs}/NAME.log")  # fmt: skip
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
