@@ -380,7 +380,9 @@ register(
                 "Dex Table 2", "Dex raises the (effective) attention to the answer", "Llama-3B 0.06 → Dex 0.19",
                 "alloc:attention_to_answer",
             ),
-            PaperClaim("Dex §4.2, Fig. 10", "Dex improves multi-needle retrieval", "66.9% → 78.3% (N=8, R=1)", "niah"),
+            PaperClaim(
+                "Dex §4.2, Fig. 10", "Dex improves multi-needle retrieval", "66.9% → 78.3% (N=8, R=1)", "niah:r1"
+            ),
             PaperClaim(
                 "Dex Fig. 11b", "Dex lowers inter-head redundancy (linear CKA between head outputs)",
                 "lower CKA than the base in most layers", "heads:cka", claimed="lower",
@@ -399,7 +401,7 @@ register(
             ),
             PaperClaim(
                 "Dex §4.2 (vs attn-ft)", "Dex improves retrieval beyond an attention fine-tune",
-                "paper: vs the base only", "niah", reference="attn-ft",
+                "paper: vs the base only", "niah:r1", reference="attn-ft",
             ),
         ),
     )
