@@ -58,8 +58,9 @@ class PaperClaim:
     compares, and the direction the paper reports.
 
     ``measure``: a measure an evaluation suite names (``Suite.measures`` in diffattn.eval): ``"loss"`` (validation
-    loss), ``"niah:r1"`` (prompts solved over the R = 1 retrieval cells with N >= 2), ``"alloc:attention_to_answer"`` (an
-    attention-allocation share), ``"heads:cka"`` (a head statistic), … ``reference``: what the model is compared
+    loss), ``"niah:r1"`` (prompts solved over the R = 1 retrieval cells with N >= 2),
+    ``"alloc:attention_to_answer"`` (an attention-allocation share), ``"heads:cka"`` (a head statistic), …
+    ``reference``: what the model is compared
     with — ``"base"`` (the model a method adapted), another method's name (a control trained on the same base),
     ``"lambda0"`` (the model's own results with λ forced to 0, where its measure has them: allocation's
     ``lambda0_reference``, which isolates the λ term from the projection) or ``"baseline"`` (for a from-scratch
