@@ -567,3 +567,33 @@ def test_table2_row_reads_the_papers_cells_and_the_r1_row_leaves_n1_out():
     r1 = [g for g in grid if g["R"] == 1 and g["N"] >= 2]
     assert MEASURES["niah:r1"].per_run(a) == pytest.approx(solved(r1))
     assert MEASURES["niah:r1"].compare(a, b, 0).cells == "R = 1 cells N = 2, 4, 6, 8"
+
+
+def test_allocation_buckets_sum_to_one_with_the_question_shown_and_the_row_says_where_attention_went(
+    debug_models, tokenizer, tmp_path
+):
+    """Every bucket's share of |attention| sums to 1 per sample and on average, the question and the first token
+    are buckets of their own (in neither the answer nor the noise share), and the claim row names where the mass
+    went: a model whose attention left the noise for the question is reported as such."""
+    from diffattn.eval.allocation import BUCKET_WORDS, allocation_table, bucket_shares, where_attention_went
+    from diffattn.eval.allocation import MEASURES as ALLOC
+    from diffattn.eval.measures import Run
+
+    res = run_allocation(debug_models["diff"], tokenizer, haystack="filler", context_tokens=128, samples=3,
+                         progress=False)  # fmt: skip
+    for p in res["per_sample"]:
+        assert sum(p["allocation_magnitude"].values()) == pytest.approx(1.0, abs=1e-5)
+    shares = bucket_shares(res)
+    assert set(shares) == {"bos", "noise", "answer", "query"} and sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
+    assert shares["noise"] == pytest.approx(res["attention_noise_magnitude"], abs=1e-6)
+    table = "\n".join(allocation_table({"diff": res}))
+    assert "first token / noise / answer / question" in table
+    ref = {"allocation_magnitude": {"bos": 0.1, "before": 0.3, "answer": 0.3, "after": 0.2, "query": 0.1}}
+    new = {"allocation_magnitude": {"bos": 0.1, "before": 0.1, "answer": 0.2, "after": 0.0, "query": 0.6}}
+    said = where_attention_went(ref, new)
+    assert "the most went to the question (+0.500), from the noise (context) (-0.400)" in said
+    assert all(w in said for w in BUCKET_WORDS.values())
+    base = run_allocation(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=128, samples=3,
+                          progress=False)  # fmt: skip
+    row = ALLOC["alloc:attention_noise"].compare(Run("a", suites={"alloc": base}), Run("b", suites={"alloc": res}), 0)
+    assert "every bucket (share of |attention|): first token" in row.note and "the most went to the" in row.note

@@ -9,7 +9,11 @@ buckets by token position, per head, then averaged over heads and layers (one va
     after    context after the answer span, up to the end of the haystack
     query    the question and "Answer:" (every token after the haystack)
 
-"Attention noise" = before + after.
+"Attention noise" = before + after: the context that is not the answer, as DIFF's Table 3 defines it (attention to
+the answer span vs to the noise context). The question and the first token are neither: they are reported as buckets
+of their own (``query``, ``bos``), never folded into either share, so that a model whose attention left the noise for
+the question is not read as attending to the answer. The claim rows print every bucket's share of |attention| for
+both models and name the bucket that gained the most (:func:`where_attention_went`).
 
 Normalisation. Each head's row ``a`` is divided by its sum of absolute values ``Σ|a|``, not by its sum. Softmax
 rows are non-negative, so nothing changes for them: the shares sum to 1. Signed two-map rows (A1 − λA2: DIFF,
@@ -268,6 +272,8 @@ class _Tally:
                 "noise_magnitude": float(magnitude[BUCKETS.index("before")] + magnitude[BUCKETS.index("after")]),
                 "negative_mass": float(n.sum()),
                 "allocation": {b: float(s[j]) for j, b in enumerate(BUCKETS)},
+                # every bucket's share of |a| (sums to 1; equals the signed shares for softmax maps)
+                "allocation_magnitude": {b: float(magnitude[j]) for j, b in enumerate(BUCKETS)},
                 **label,
             }
         )
@@ -302,6 +308,9 @@ class _Tally:
         negative_by_bucket = {b: float(v) for b, v in zip(BUCKETS, torch.stack(self.negatives).mean(0), strict=True)}
         return {
             "allocation": allocation,
+            "allocation_magnitude": {
+                b: float(np.mean([p["allocation_magnitude"][b] for p in per_sample])) for b in BUCKETS
+            },
             "attention_to_answer": answer,
             "attention_noise": noise,
             "attention_to_answer_se": answer_se,
@@ -486,16 +495,21 @@ def allocation_table(alloc: dict[str, dict]) -> list[str]:
         return f"{v:.3f} ± {se:.3f}" if isinstance(se, float) and se == se else f"{v:.3f}"
 
     lines = [
-        "Attention allocation of the last prompt token (rows normalised by Σ|a|; ± 1 SE over samples):",
+        "Attention allocation of the last prompt token (rows normalised by Σ|a|; ± 1 SE over samples; the question and "
+        "the first token are buckets of their own, in neither share; every bucket's share of |attention| on the "
+        "right, summing to 1):",
         "",
-        "| model | samples | attention to answer | attention noise | negative mass |",
-        "|---|---|---|---|---|",
+        "| model | samples | attention to answer | attention noise | negative mass | |a|: first token / noise / answer "
+        "/ question |",
+        "|---|---|---|---|---|---|",
     ]
     for n, r in alloc.items():
         samples = r.get("metadata", {}).get("samples", "–")
+        shares = bucket_shares(r)
+        buckets = " / ".join(f"{shares[b]:.3f}" for b in BUCKET_WORDS) if shares else "–"
         lines.append(
             f"| {n} | {samples} | {pm(r, 'attention_to_answer')} | {pm(r, 'attention_noise')} | "
-            f"{pm(r, 'negative_mass')} |"
+            f"{pm(r, 'negative_mass')} | {buckets} |"
         )
     return [*lines, ""]
 
@@ -535,7 +549,38 @@ def _compare_share(ref: Run, new: Run, seed: int, key: str) -> Comparison | None
     note = "data uncertainty only, one seed; rows normalised by their sum of absolute values"
     if magnitude:
         note += f"; signed shares {ar[key]:.3f} → {an[key]:.3f}"
+    where = where_attention_went(ar, an)
+    if where:
+        note += f"; {where}"
     return Comparison(metric, ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff, kind=kind, note=note)
+
+
+BUCKET_WORDS = {"bos": "first token", "noise": "noise (context)", "answer": "answer", "query": "question"}
+
+
+def bucket_shares(r: dict) -> dict[str, float] | None:
+    """A result's shares of |attention| per reported bucket — first token, noise (before + after), answer, question —
+    summing to 1 (signed shares for results written before magnitudes were kept per bucket)."""
+    a = r.get("allocation_magnitude") or r.get("allocation")
+    if not a:
+        return None
+    return {"bos": a["bos"], "noise": a["before"] + a["after"], "answer": a["answer"], "query": a["query"]}
+
+
+def where_attention_went(ref: dict, new: dict) -> str | None:
+    """Every bucket's share of |attention|, ref → new, and the bucket that gained the most: the words a verdict on
+    "less noise" or "more to the answer" needs (the mass a model takes from the noise can go to the question)."""
+    sr, sn = bucket_shares(ref), bucket_shares(new)
+    if sr is None or sn is None:
+        return None
+    change = {b: sn[b] - sr[b] for b in sr}
+    gained = max(change, key=change.get)
+    lost = min(change, key=change.get)
+    shares = ", ".join(f"{BUCKET_WORDS[b]} {sr[b]:.3f} → {sn[b]:.3f}" for b in sr)
+    return (
+        f"every bucket (share of |attention|): {shares}; the most went to the {BUCKET_WORDS[gained]} "
+        f"({change[gained]:+.3f}), from the {BUCKET_WORDS[lost]} ({change[lost]:+.3f})"
+    )
 
 
 def _at_lambda0(run: Run) -> dict | None:
