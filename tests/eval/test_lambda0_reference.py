@@ -157,3 +157,39 @@ def test_models_without_an_effective_attention_have_no_reference(tokenizer):
     with AttentionCapture(tiny("llama"), reference=True) as cap, torch.no_grad():
         cap.model(ids())
     assert all(rec.reference is None for rec in cap.last().values())
+
+
+def test_forced_lambda_zero_is_dex_without_its_lambda_term_and_niah_reads_it(tokenizer, tmp_path):
+    """``forced_lambda(model, 0)``: Dex's output with λ = 0 is its base output (λ·W_D term gone), restored after;
+    the niah suite of a Dex model also reads its grid at λ = 0 on the same prompts, and the Dex claim against
+    λ = 0 compares the two (its reference: "dex at λ = 0")."""
+    from types import SimpleNamespace
+
+    from diffattn.adapters.base import forced_lambda, supports_forced_lambda
+    from diffattn.eval.measures import Run
+    from diffattn.eval.niah import MEASURES, SUITE
+
+    base = _tiny_llama(len(tokenizer))
+    dex = _dex(_tiny_llama(len(tokenizer)))
+    _set_lambda(dex, 0.4)
+    x = ids(len(tokenizer), 2, 16)
+    with torch.no_grad():
+        want, adapted = base(x).logits, dex(x).logits
+        with forced_lambda(dex, 0.0):
+            at_zero = dex(x).logits
+        again = dex(x).logits
+    assert supports_forced_lambda(dex) and not supports_forced_lambda(base)
+    assert torch.allclose(at_zero, want, atol=1e-5) and not torch.allclose(adapted, want, atol=1e-3)
+    assert torch.equal(again, adapted)  # restored
+    with pytest.raises(ValueError, match="no adapted layer whose λ can be forced"), forced_lambda(base, 0.0):
+        pass
+    options = SimpleNamespace(niah_grid=((1, 1), (2, 1)), niah_needles=2, niah_heatmap_lengths=[],
+                              niah_heatmap_samples=None, niah_multivalue=None,
+                              needle_prompts=lambda: dict(haystack="filler", context_tokens=128, samples=2,
+                                                          value_digits=2, progress=False))  # fmt: skip
+    results, _ = SUITE.run(dex, tokenizer, options, tmp_path, "dex")
+    own = results["lambda0_reference"]
+    assert [(g["N"], g["R"]) for g in own["grid"]] == [(1, 1), (2, 1)] and "λ forced to 0" in own["metadata"]["what"]
+    at0 = MEASURES["niah:r1"].at_lambda0(Run("dex", suites={"niah": results}))
+    row = MEASURES["niah:r1"].compare(Run("dex at λ = 0", suites=at0), Run("dex", suites={"niah": results}), 0)
+    assert row is not None and "exact McNemar" in row.kind  # the same prompts: paired

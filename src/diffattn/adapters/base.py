@@ -15,6 +15,7 @@ attention output to the method. ``remove_adapter`` puts the original module back
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -127,6 +128,33 @@ class AdapterMethod(nn.Module):
 
     def forward(self, out: torch.Tensor) -> torch.Tensor:  # calling a method applies its output transform
         return self.transform_output(out)
+
+    # A method whose output can be computed with its λ forced to a value (``forced_lambda``) sets this: evaluations
+    # then also read the model with λ = 0, the same weights without the λ term (Dex: its λ = 0 reference).
+    supports_forced_lambda = False
+    lambda_forced_to: float | None = None
+
+
+@contextlib.contextmanager
+def forced_lambda(model: nn.Module, value: float):
+    """Within the block, every adapted layer whose method supports it computes with λ = ``value`` (for Dex, λ = 0 is
+    its own weights without the λ term: W_K, W_V, W_O as trained, W_D unused). Raises when no layer supports it."""
+    methods = [m for m in model.modules() if isinstance(m, AdapterMethod) and m.supports_forced_lambda]
+    if not methods:
+        raise ValueError("the model has no adapted layer whose λ can be forced (only Dex's can)")
+    before = [m.lambda_forced_to for m in methods]
+    for m in methods:
+        m.lambda_forced_to = float(value)
+    try:
+        yield model
+    finally:
+        for m, b in zip(methods, before, strict=True):
+            m.lambda_forced_to = b
+
+
+def supports_forced_lambda(model: nn.Module) -> bool:
+    """Whether :func:`forced_lambda` applies to the model (an adapted layer whose method supports it)."""
+    return any(isinstance(m, AdapterMethod) and m.supports_forced_lambda for m in model.modules())
 
 
 class AdaptedAttention(nn.Module, HasLambda):

@@ -104,7 +104,11 @@ class DexHeads(AdapterMethod):
         self.dex_w_d = nn.Parameter(init.repeat(n, 1, 1).to(device=device, dtype=dtype))  # [n, d, d]
         self.dex_lambda = dex_lambda
 
+    supports_forced_lambda = True  # λ = 0: the trained W_K, W_V, W_O without the λ term (adapters.base.forced_lambda)
+
     def current_lambda(self) -> torch.Tensor:
+        if self.lambda_forced_to is not None:
+            return torch.tensor(self.lambda_forced_to, device=self.dex_w_d.device, dtype=torch.float32)
         return self.dex_lambda()
 
     def weights(self) -> torch.Tensor:
@@ -135,7 +139,7 @@ class DexHeads(AdapterMethod):
     def transform_output(self, out: torch.Tensor) -> torch.Tensor:  # out [B, H, T, d]
         if len(self.selected) == 0:
             return out
-        lam = self.dex_lambda()
+        lam = self.current_lambda()
         sel = out.index_select(1, self.selected)  # [B, k, T, d]
         delta = torch.einsum("bktd,ked->bkte", sel, self.weights())  # f_D(O) = O W_Dᵀ
         return out.index_add(1, self.selected, (-lam * delta).to(out.dtype))
@@ -398,6 +402,10 @@ register(
             PaperClaim(
                 "Dex Table 2 (vs attn-ft)", "Dex raises the attention to the answer beyond an attention fine-tune",
                 "paper: vs the base only", "alloc:attention_to_answer", reference="attn-ft",
+            ),
+            PaperClaim(
+                "Dex §4.2 (vs λ = 0)", "Dex's λ term improves retrieval (its own weights at λ = 0)",
+                "paper: vs the base only", "niah:r1", reference="lambda0",
             ),
             PaperClaim(
                 "Dex §4.2 (vs attn-ft)", "Dex improves retrieval beyond an attention fine-tune",

@@ -382,18 +382,38 @@ def _chance_marks(ax, grid: list[dict], width: float) -> None:
                   label="floor (best heuristic)" if x == 0 else None)  # fmt: skip
 
 
+LAMBDA0_REFERENCE = (
+    "the same model's grid and multi-value cell with λ forced to 0 (adapters.base.forced_lambda): its trained "
+    "weights without the λ term, on the same prompts (no heatmap)"
+)
+
+
 def _run_suite(model, tokenizer, o, folder, name):
-    r = run_niah(
-        model,
-        tokenizer,
+    from ..adapters.base import forced_lambda, supports_forced_lambda
+
+    options = dict(
         grid=o.niah_grid,
         heatmap_needles=o.niah_needles,
-        heatmap_lengths=o.niah_heatmap_lengths,
         heatmap_samples=o.niah_heatmap_samples,
         multivalue=tuple(o.niah_multivalue) if o.niah_multivalue is not None else None,
         **o.needle_prompts(),
     )
+    r = run_niah(model, tokenizer, heatmap_lengths=o.niah_heatmap_lengths, **options)
+    if supports_forced_lambda(model):  # Dex: its own weights at λ = 0, what its λ term is compared with
+        with forced_lambda(model, 0.0):
+            own = run_niah(model, tokenizer, heatmap_lengths=[], **options)
+        r["lambda0_reference"] = {
+            **{k: own[k] for k in ("grid", "multivalue", "mean_accuracy", "mean_strict_accuracy", "r1_solved")},
+            "metadata": {"what": LAMBDA0_REFERENCE},
+        }
+        r["metadata"]["lambda0_reference"] = LAMBDA0_REFERENCE
     return r, {"niah": plot_niah(r, folder / "niah_heatmap.png").name}
+
+
+def _at_lambda0(run: Run) -> dict | None:
+    """The model's own retrieval with λ forced to 0, as a model's results (the grid prompts are the same)."""
+    own = run.results("niah", "lambda0_reference")
+    return None if own is None else {"niah": {**own, "metadata": run.results("niah", "metadata")}}
 
 
 def plot_niah_grid_all(niah: dict[str, dict], path: Path) -> Path:
@@ -690,8 +710,8 @@ def _table2_cells(r: dict | None) -> list[dict]:
 
 
 def _discriminating_r1(r: dict | None) -> list[dict]:
-    """The R = 1 cells whose floor is below 1 (N >= 2): where retrieving and copying differ."""
-    return [g for g in (r or {}).get("grid") or [] if g["R"] == 1 and cell_floor(g, solved=True) < 1]
+    """The R = 1 cells with N >= 2: where retrieving and copying the one needle differ (N = 1 has floor 1)."""
+    return [g for g in (r or {}).get("grid") or [] if g["R"] == 1 and g["N"] >= 2]
 
 
 def _cells_text(cells: list[dict]) -> str:
@@ -1063,6 +1083,7 @@ MEASURES = {
         per_run=lambda run: _solved_over(_discriminating_r1, run.results("niah")),
         compare=partial(_compare_solved_over, _discriminating_r1),
         chance=lambda run: pooled_floor(_discriminating_r1(run.results("niah")), "solved"),
+        at_lambda0=_at_lambda0,
     ),
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
