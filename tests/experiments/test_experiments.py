@@ -519,3 +519,37 @@ def test_the_gap_row_between_models_at_the_floor_neither_agrees_nor_disagrees():
     assert row.verdict == "inconclusive" and "every model is at the floor at N=4" in row.note
     above = {"ref": Run("ref", suites={"niah": niah(0.4, 0.25)}), "new": Run("new", suites={"niah": niah(0.5, 0.9)})}
     assert check_claim(spec, "ref", "new", above, {}, 0).verdict == "agrees"
+
+
+def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_yaml_records_it(corpus, tmp_path):
+    """Dex and the attention fine-tune from the same grid: one run per rate (every trained parameter at that rate:
+    lr and Dex's lambda_lr), the part trained at the rate with the lowest final validation loss, and its run.yaml
+    records the grid and every rate's loss; the report says how the rate was chosen; a rerun trains nothing."""
+    from diffattn.train.adapt_config import AdaptRunConfig, best_rate
+
+    d = _debug(corpus)
+    d["adapters"] = [
+        {"name": "dex", "base": "baseline", "method": "dex", "options": {"heads": "random"}},
+        {"name": "attn", "base": "baseline", "method": "attn-ft"},
+    ]
+    d["adapt_train"]["lr_grid"] = [1e-4, 3e-2]
+    d["eval"]["suites"] = ["ppl"]
+    outcomes = run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    root = tmp_path / "debug-exp"
+    for name in ("dex", "attn"):
+        train = AdaptRunConfig.load(root / "adapters" / name / "run.yaml").train
+        assert train.lr_grid == [1e-4, 3e-2] and sorted(train.lr_grid_val_loss) == ["0.0001", "0.03"]
+        for key, loss in train.lr_grid_val_loss.items():  # each rate's own run, its own loss
+            grid_run = AdaptRunConfig.load(root / "adapters" / f"{name}.lr-grid" / f"lr-{key}" / "run.yaml").train
+            assert grid_run.lr == float(key) and grid_run.lr_grid is None
+            summary = json.loads((root / "adapters" / f"{name}.lr-grid" / f"lr-{key}" / "summary.json").read_text())
+            assert summary["val_loss_after"] == pytest.approx(loss)
+        assert train.lr == float(best_rate(train.lr_grid_val_loss))
+        if name == "dex":
+            assert train.lambda_lr == train.lr  # the same grid for every trained parameter
+    assert [o.kind for o in outcomes].count("lr-grid") == 4
+    assert "chosen by final validation loss before any evaluation" in (root / "report.md").read_text()
+    again = run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    assert all(o.state == "done" for o in again if o.kind != "eval")
+    with pytest.raises(ValueError, match="train.lr_grid is resolved by `diffattn run`"):
+        AdaptRunConfig.from_dict({"train": {"lr_grid": [1e-4, 1e-3]}}).validate()

@@ -44,9 +44,32 @@ def _method_settings(outcomes) -> list[str]:
         method, resolved = o.summary.get("method"), o.summary.get("method_config") or {}
         settings = get_method(method).report_settings if method in method_names() else ()
         shown = [f"{k} {resolved[k]}" for k in settings if k in resolved]
+        grid = _lr_grid_record(o.path)
+        if grid:
+            shown.append(grid)
         if shown:
             lines.append(f"- {o.name} ({method}): " + ", ".join(shown))
     return lines
+
+
+def _lr_grid_record(run_dir: Path) -> str | None:
+    """ "lr X, chosen by validation loss from the grid (rate: loss, …)" of a part trained from a learning-rate
+    grid (its run.yaml records the grid), else None."""
+    from ..train.adapt_config import AdaptRunConfig
+
+    try:
+        train = AdaptRunConfig.load(run_dir / "run.yaml").train
+    except (OSError, ValueError):
+        return None
+    if not train.lr_grid_val_loss:
+        return None
+    losses = ", ".join(
+        f"{float(k):g}: {v:.4f}" for k, v in sorted(train.lr_grid_val_loss.items(), key=lambda kv: float(kv[0]))
+    )
+    return (
+        f"lr {train.lr:g} (every trained parameter), chosen by final validation loss before any evaluation from "
+        f"the grid ({losses})"
+    )
 
 
 def _protocol(config) -> list[str]:

@@ -16,8 +16,10 @@ larger ``max_steps`` also resumes); a part whose saved settings differ is refuse
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +49,7 @@ DONE, RESUME, FRESH = "done", "resume", "fresh"
 
 @dataclass
 class PartOutcome:
-    kind: str  # pretrain | adapt | eval
+    kind: str  # pretrain | adapt | lr-grid (one rate of an adapter's learning-rate grid) | eval
     name: str
     path: Path
     state: str  # done (skipped), resume, fresh
@@ -145,6 +147,8 @@ def _scratch_config(exp: ExperimentConfig, m):
 
 
 def _adapt_config(exp: ExperimentConfig, a, root: Path):
+    """The adapter part's run config; a learning-rate grid (``train.lr_grid``) is left out here and resolved by
+    :func:`_resolve_lr_grid` when the part trains."""
     from ..train.adapt_config import AdaptRunConfig
 
     if a.base in exp.scratch_names():
@@ -152,14 +156,62 @@ def _adapt_config(exp: ExperimentConfig, a, root: Path):
     else:
         base = exp.pretrained_path(a.base) or a.base
     data = {"source": exp.data.get("source", "shakespeare"), **exp.adapt_data, **a.data}
+    train = {"seed": exp.seed, **exp.adapt_train, **a.train}
+    train.pop("lr_grid", None)
     return AdaptRunConfig.from_dict(
         {
             "model": {"name": base},
             "method": {"name": a.method, "options": dict(a.options), "merge": a.merge},
             "data": data,
-            "train": {"seed": exp.seed, **exp.adapt_train, **a.train},
+            "train": train,
         }
     ).validate()
+
+
+def _lr_grid(exp: ExperimentConfig, a) -> list[float] | None:
+    """The adapter entry's learning-rate grid (its ``train.lr_grid`` or the experiment's ``adapt_train.lr_grid``)."""
+    grid = {**exp.adapt_train, **a.train}.get("lr_grid")
+    return None if grid is None else [float(x) for x in grid]
+
+
+def _at_rate(run_config, method: str, rate: float, grid=None, losses=None):
+    """``run_config`` with every trained parameter at ``rate``: ``lr`` and, for a method with a λ(t) term, its
+    ``lambda_lr`` (so that every arm of a comparison gets the same grid), and the grid's record."""
+    from ..adapters.registry import get_method
+
+    spec = get_method(method)
+    config = copy.deepcopy(run_config)
+    config.train.lr = rate
+    if spec.annealed or spec.differential_weights:
+        config.train.lambda_lr = rate
+    config.train.lr_grid, config.train.lr_grid_val_loss = grid, losses
+    return config.validate()
+
+
+def _grid_parts(out: Path, a, run_config, grid: list[float]) -> list[tuple[str, Path, object]]:
+    """(name, folder, config) of each rate's run: ``adapters/NAME.lr-grid/lr-RATE``."""
+    from ..train.adapt_config import grid_key
+
+    root = out / "adapters" / f"{a.name}.lr-grid"
+    return [(f"{a.name} lr {grid_key(r)}", root / f"lr-{grid_key(r)}", _at_rate(run_config, a.method, r)) for r in grid]
+
+
+def _resolve_lr_grid(a, run_config, grid: list[float], parts, states, train) -> tuple[object, list[PartOutcome]]:
+    """Train one run per rate of ``grid`` (finished ones are read back), then the part's config: the rate with
+    the lowest final validation loss, and every rate's loss recorded (``train.lr_grid_val_loss``) — chosen before
+    any evaluation is read."""
+    from ..train.adapt_config import best_rate, grid_key
+
+    outcomes = [_train_part("lr-grid", train, name, path, states[name], config) for name, path, config in parts]
+    losses = {}
+    for rate, outcome in zip(grid, outcomes, strict=True):
+        loss = outcome.summary.get("val_loss_after")
+        if not isinstance(loss, int | float) or not math.isfinite(loss):
+            raise ValueError(f"{a.name}: the run at lr {rate} has no finite validation loss ({loss!r}); cannot choose")
+        losses[grid_key(rate)] = float(loss)
+    chosen = float(best_rate(losses))
+    logger.info("%s: lr %s chosen from %s by validation loss", a.name, chosen, losses)
+    return _at_rate(run_config, a.method, chosen, grid=list(grid), losses=losses), outcomes
 
 
 def _wants(overwrite, name: str) -> bool:
@@ -202,8 +254,12 @@ def run_experiment(
     check_experiment_folder(out, config.name, source)
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
+    grids = {a.name: _grid_parts(out, a, c, _lr_grid(config, a)) for a, c in adapters if _lr_grid(config, a)}
     for a, c in adapters:
-        states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
+        for name, path, grid_config in grids.get(a.name, []):
+            states[name] = run_state(path, grid_config, overwrite=_wants(overwrite, a.name))
+        if a.name not in grids:  # a grid part's own config is known once its grid has run
+            states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
     ident = claim_id(out, "experiment")  # the record first: a marker is never left naming an identity alone
     out.mkdir(parents=True, exist_ok=True)
     save_record(config, out / RECORDS["experiment"], ident)
@@ -216,6 +272,12 @@ def run_experiment(
         outcomes += [_train_part("pretrain", pretrain, *part) for part in scratch_parts]
     for a, run_config in adapters:
         path = out / "adapters" / a.name
+        if a.name in grids:
+            run_config, grid_outcomes = _resolve_lr_grid(
+                a, run_config, _lr_grid(config, a), grids[a.name], states, adapt_pretrained
+            )
+            outcomes += grid_outcomes
+            states[a.name] = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
         outcomes.append(_train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config))
 
     if not evaluate:

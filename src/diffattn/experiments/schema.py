@@ -42,7 +42,7 @@ RESULTS_SCHEMA: dict = {
                 "type": "object",
                 "required": ["kind", "name", "state", "seconds"],
                 "properties": {
-                    "kind": {"enum": ["pretrain", "adapt", "eval"]},
+                    "kind": {"enum": ["pretrain", "adapt", "lr-grid", "eval"]},
                     "name": {"type": "string"},
                     "state": {"enum": ["done", "resume", "fresh"]},
                     "seconds": {"type": "number", "minimum": 0},

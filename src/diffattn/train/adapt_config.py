@@ -123,6 +123,12 @@ class AdaptTrainConfig(TrainConfig):
     fine-tunes by construction. ``None`` means :data:`DEFAULT_LAMBDA_LR`."""
 
     lambda_lr: float | None = None  # None: DEFAULT_LAMBDA_LR
+    # A learning-rate grid (an experiment's adapter entry, resolved by `diffattn run`): one run per rate, every
+    # trained parameter at that rate (lr and, for λ(t) methods, lambda_lr), and the rate with the lowest final
+    # validation loss is the part's ``lr``, chosen before any evaluation is read. ``lr_grid_val_loss`` records each
+    # rate's loss (keys: the rates as text), so run.yaml says how ``lr`` was chosen.
+    lr_grid: list[float] | None = None
+    lr_grid_val_loss: dict[str, float] | None = None
 
     def __post_init__(self):
         if isinstance(self.lambda_lr, str):  # `--set train.lambda_lr=1e-2`: YAML 1.1 reads 1e-2 (no dot) as a string
@@ -138,6 +144,39 @@ class AdaptTrainConfig(TrainConfig):
         v = self.lambda_lr
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
             raise ValueError(f"train.lambda_lr must be a learning rate > 0 (or null for the default), got {v!r}")
+        self._validate_grid()
+
+    def _validate_grid(self) -> None:
+        grid, losses = self.lr_grid, self.lr_grid_val_loss
+        if grid is None:
+            if losses is not None:
+                raise ValueError("train.lr_grid_val_loss records a train.lr_grid: set both or neither")
+            return
+        if (
+            not isinstance(grid, list | tuple)
+            or len(grid) < 2
+            or any(isinstance(x, bool) or not isinstance(x, int | float) or not 0 < x < float("inf") for x in grid)
+        ):
+            raise ValueError(f"train.lr_grid must be a list of at least two learning rates > 0, got {grid!r}")
+        if losses is None:
+            raise ValueError(
+                "train.lr_grid is resolved by `diffattn run` (an experiment's adapter entry: one run per rate, the "
+                "lowest validation loss wins); for one run, set train.lr"
+            )
+        if sorted(losses) != sorted(grid_key(x) for x in grid):
+            raise ValueError(f"train.lr_grid_val_loss must have one loss per rate of train.lr_grid {list(grid)}")
+        if grid_key(self.lr) != best_rate(losses):
+            raise ValueError(f"train.lr {self.lr} is not the grid's best rate {best_rate(losses)} (lowest loss)")
+
+
+def grid_key(rate: float) -> str:
+    """A grid rate as the key of ``lr_grid_val_loss`` (YAML keys are text): ``1e-3`` → ``"0.001"``."""
+    return repr(float(rate))
+
+
+def best_rate(losses: dict[str, float]) -> str:
+    """The rate (a key of ``lr_grid_val_loss``) with the lowest loss; a tie goes to the smaller rate."""
+    return min(losses, key=lambda k: (losses[k], float(k)))
 
 
 def _adapt_train_defaults() -> AdaptTrainConfig:
