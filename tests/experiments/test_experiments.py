@@ -551,5 +551,5 @@ def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_
     assert "chosen by final validation loss before any evaluation" in (root / "report.md").read_text()
     again = run_experiment(ExperimentConfig.from_dict(d), tmp_path)
     assert all(o.state == "done" for o in again if o.kind != "eval")
-    with pytest.raises(ValueError, match="train.lr_grid is resolved by `diffattn run`"):
+    with pytest.raises(ValueError, match=r"train\.lr_grid is resolved by `diffattn run`"):
         AdaptRunConfig.from_dict({"train": {"lr_grid": [1e-4, 1e-3]}}).validate()
