@@ -553,3 +553,26 @@ def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_
     assert all(o.state == "done" for o in again if o.kind != "eval")
     with pytest.raises(ValueError, match=r"train\.lr_grid is resolved by `diffattn run`"):
         AdaptRunConfig.from_dict({"train": {"lr_grid": [1e-4, 1e-3]}}).validate()
+
+
+def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so():
+    """An adapter trained on needle rows in the evaluation's own template gets the label on its retrieval and
+    allocation rows (the gain includes learning the format); one adapted on text alone does not."""
+    from diffattn.experiments.claims import paper_claims
+
+    from .test_claim_list import _evals
+
+    def rows(adapt_data):
+        config = ExperimentConfig.from_dict({
+            "name": "labels", "data": {"source": "shakespeare", "seq_len": 64},
+            "models": [{"name": "baseline", "preset": "debug", "attention": "standard"}],
+            "adapters": [{"name": "dex", "base": "baseline", "method": "dex"}], "adapt_data": adapt_data,
+            "eval": {"suites": ["ppl", "niah", "alloc"]},
+        })  # fmt: skip
+        vals = {n: {"val_loss": 3.0} for n in ("baseline", "dex")}
+        return [c for c in paper_claims(config, vals, _evals(np.random.default_rng(0))) if c.new == "dex"]
+
+    practised = rows({"retrieval_fraction": 0.75, "mqar_fraction": 0.0})
+    retrieval = [c for c in practised if c.metric.startswith(("prompts", "attention", "per-needle"))]
+    assert retrieval and all("75% of its rows" in c.note for c in retrieval)
+    assert all("evaluation's own template" not in c.note for c in rows({"retrieval_fraction": 0.0}))
