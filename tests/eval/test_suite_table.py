@@ -53,3 +53,18 @@ def test_a_suite_in_the_table_runs_prints_and_reports(toy_suite, tokenizer, tmp_
 def test_an_unknown_suite_is_refused_with_the_table():
     with pytest.raises(ValueError, match=r"unknown suite.*nope.*choose from ppl, niah"):
         suite_module.parse_suites("nope")
+
+
+def test_every_suites_claims_read_its_own_measures_against_the_baseline():
+    """A suite carries the DIFF Transformer claims its measures check (Suite.claims): each names one of that
+    suite's measures and compares with the baseline, and the claims engine's table is exactly theirs, in order."""
+    from diffattn.eval.suite import SUITE_TABLE
+    from diffattn.experiments.claims import claim_table
+
+    carried = []
+    for suite in SUITE_TABLE.values():
+        for c in suite.claims:
+            assert c.measure in suite.measures, (suite.name, c.measure)
+            assert c.reference == "baseline", c.source
+        carried += suite.claims
+    assert carried and claim_table() == carried

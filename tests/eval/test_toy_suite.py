@@ -1,7 +1,7 @@
-"""The contributor's trial for suites (issue 28): a toy suite with its own option and its own claim, added by two
-new files (tests/eval/toy_suite.py: the suite; tests/eval/toy_claims.py: its claim as data) and one registration
-line each, shows its flag in ``diffattn eval --help``, refuses a bad value of its option, runs from an experiment
-YAML with that option, and its protocol sentence and claim row reach the report — no other file changed."""
+"""The contributor's trial for suites (issues 28, 35): a toy suite with its own option and its own claim, added by
+one new file (tests/eval/toy_suite.py: the suite, its claim as data in it) and one registration line, shows its flag
+in ``diffattn eval --help``, refuses a bad value of its option, runs from an experiment YAML with that option, and
+its protocol sentence and claim row reach the report — no other file changed."""
 
 from __future__ import annotations
 
@@ -11,19 +11,16 @@ import pytest
 
 from diffattn.cli import main
 from diffattn.eval import suite as suite_module
-from diffattn.experiments import ExperimentConfig, claims, run_experiment
+from diffattn.experiments import ExperimentConfig, run_experiment
 
-from . import toy_claims, toy_suite
+from . import toy_suite
 
 
 @pytest.fixture
 def toy():
-    suite_module.register_suite(toy_suite.SUITE)  # the suite's registration line
-    claims.register_claims(*toy_claims.CLAIMS)  # the claim's registration line
+    suite_module.register_suite(toy_suite.SUITE)  # the suite's registration line: its claim comes with it
     yield
     del suite_module.SUITE_TABLE["toy"]
-    for c in toy_claims.CLAIMS:
-        claims.CLAIM_TABLE.remove(c)
 
 
 def test_the_toy_option_is_a_flag_and_is_checked(toy, capsys):

@@ -1,6 +1,6 @@
 """A toy evaluation suite, written as a contributor would add one: its option, its run, its headline, its protocol
-sentence and a named measure a claim can read — this file alone, plus one registration line
-(``register_suite(SUITE)``; see tests/eval/test_toy_suite.py)."""
+sentence, a named measure and the paper claim it checks — this file alone, plus one registration line
+(``register_suite(SUITE)``; see tests/eval/test_toy_suite.py): no edit of diffattn.experiments.claims."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from diffattn.eval.common import Suite, option
-from diffattn.eval.measures import ONE_NUMBER, Comparison, Measure, Run
+from diffattn.eval.measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run
 
 TEXT = "to be or not to be"
 
@@ -47,4 +47,10 @@ SUITE = Suite(
         )
     },
     default=False,
-)
+    claims=(
+        PaperClaim(
+            "Toy paper Fig. 1", "a differential model gives the toy text a higher log-probability", "toy figure",
+            "toy:score", "higher", "baseline",
+        ),
+    ),
+)  # fmt: skip

@@ -499,7 +499,7 @@ def test_the_gap_row_between_models_at_the_floor_neither_agrees_nor_disagrees():
     """DIFF Table 2's "the gap grows with N", read between two models at the floor at the largest N: whichever
     way the gap moved, the row is inconclusive and says why; with the new model above the floor there, it is read."""
     from diffattn.eval.measures import Run
-    from diffattn.experiments.claims import CLAIM_TABLE, check_claim
+    from diffattn.experiments.claims import check_claim, claim_table
 
     def niah(n1: float, n4: float) -> dict:
         def cell(n, share):
@@ -509,7 +509,7 @@ def test_the_gap_row_between_models_at_the_floor_neither_agrees_nor_disagrees():
 
         return {"grid": [cell(1, n1), cell(4, n4)], "mean_accuracy": (n1 + n4) / 2, "metadata": {"samples_sha1": "s"}}
 
-    spec = next(c for c in CLAIM_TABLE if c.measure == "niah:gap")
+    spec = next(c for c in claim_table() if c.measure == "niah:gap")
     at_floor = {
         "ref": Run("ref", suites={"niah": niah(0.4, 0.25)}),
         "new": Run("new", suites={"niah": niah(1.0, 0.25)}),

@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
 from .common import Suite, check_fits, evaluation_window, figure, group_colors, load_text, model_device, save_figure
-from .measures import NO_PER_SAMPLE, Comparison, Measure, Run, first, paired_kind, same_metadata
+from .measures import NO_PER_SAMPLE, Comparison, Measure, PaperClaim, Run, first, paired_kind, same_metadata
 from .niah import DEPTHS, check_needle_cells, fit_sample, needle_protocol
 from .stats import mean_se, normal_interval, paired_difference, unpaired_difference
 
@@ -601,6 +601,20 @@ def _share_measure(key: str) -> Measure:
 
 MEASURES = {f"alloc:{key}": _share_measure(key) for key in _BUCKETS}
 
+# The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
+# same-preset standard model: diffattn.experiments.claims.claim_table).
+CLAIMS = (
+    PaperClaim(
+        "DIFF Transformer Table 3", "more attention to the answer", "answer 0.03 → 0.27–0.40",
+        "alloc:attention_to_answer", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 3", "less attention noise", "noise 0.51 → 0.01–0.02", "alloc:attention_noise", "lower",
+        "baseline",
+    ),
+)  # fmt: skip
+
+
 SUITE = Suite(
     "alloc",
     _run_suite,
@@ -609,4 +623,5 @@ SUITE = Suite(
     preflight=lambda options, targets: check_needle_cells(options, targets, [(1, 1)]),
     protocol=needle_protocol,
     measures=MEASURES,
+    claims=CLAIMS,
 )

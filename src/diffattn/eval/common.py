@@ -179,6 +179,9 @@ class Suite:
     protocol: Callable | None = None
     measures: Mapping[str, object] = field(default_factory=dict)
     default: bool = True
+    # the DIFF Transformer claims its measures check (PaperClaim, reference "baseline"): a new suite brings its own
+    # claims with it; diffattn.experiments.claims.claim_table reads them from the suite table
+    claims: tuple = ()
 
 
 def fmt(x) -> str:

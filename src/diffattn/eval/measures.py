@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..paper_claim import PaperClaim  # noqa: F401  (re-exported: suites' claims are data of their entry)
 from .stats import Difference
 
 NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..ops.quantized import quantized_attention, quantized_logits
 from .capture import AttentionCapture, reporting_and_plain_attention
 from .common import Suite, check_fits, evaluation_window, fmt, load_text, model_device
-from .measures import NO_PER_SAMPLE, Comparison, Measure, Run, paired_kind, same_metadata, value_text
+from .measures import NO_PER_SAMPLE, Comparison, Measure, PaperClaim, Run, paired_kind, same_metadata, value_text
 from .perplexity import per_token_windows, sliding_window_nll, tokens_sha1
 from .stats import bootstrap_contrast, paired_difference
 
@@ -323,6 +323,20 @@ QUANT_MEASURES = {
 }  # fmt: skip
 
 
+# The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
+# same-preset standard model: diffattn.experiments.claims.claim_table).
+OUTLIER_CLAIMS = (
+    PaperClaim(
+        "DIFF Transformer Table 5", "smaller attention-logit outliers", "top-1 |logit| 318.0 vs 38.8",
+        "outliers:attention_logits", "lower", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 5", "smaller hidden-state outliers", "top-1 |hidden| 3608.6 vs 1688.2",
+        "outliers:hidden_states", "lower", "baseline",
+    ),
+)  # fmt: skip
+
+
 OUTLIERS_SUITE = Suite(
     "outliers",
     lambda model, tokenizer, o, folder, name: (
@@ -332,7 +346,19 @@ OUTLIERS_SUITE = Suite(
     headline=lambda r: {"top-1 |logit|": r["attention_logits"]["top1"], "top-1 |hidden|": r["hidden_states"]["top1"]},
     compare=_compare_outliers,
     measures=OUTLIER_MEASURES,
+    claims=OUTLIER_CLAIMS,
 )
+# The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
+# same-preset standard model: diffattn.experiments.claims.claim_table).
+QUANT_CLAIMS = (
+    PaperClaim(
+        "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits",
+        "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more", "quant:drop", "lower",
+        "baseline",
+    ),
+)  # fmt: skip
+
+
 QUANT_SUITE = Suite(
     "quant",
     lambda model, tokenizer, o, folder, name: (
@@ -342,4 +368,5 @@ QUANT_SUITE = Suite(
     headline=lambda r: {f"PPL@{q['bits']}b": q["ppl"] for q in r["quantization"]},
     compare=_compare_quant_tables,
     measures=QUANT_MEASURES,
+    claims=QUANT_CLAIMS,
 )

@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .common import Suite, check_fits, evaluation_window, figure, model_device, save_figure
-from .measures import Comparison, Measure, Run, finite, paired_kind, same_metadata
+from .measures import Comparison, Measure, PaperClaim, Run, finite, paired_kind, same_metadata
 from .stats import bootstrap_contrast, paired_difference
 
 
@@ -172,4 +172,20 @@ def _compare_loss(ref: Run, new: Run, seed: int) -> Comparison | None:
 # the training's validation loss, with this suite's paired interval where both models ran it
 MEASURES = {"loss": Measure("val loss", 4, per_run=lambda run: run.row.get("val_loss"), compare=_compare_loss)}
 
-SUITE = Suite("ppl", _run_suite, headline=lambda r: {"PPL": r["ppl"]}, measures=MEASURES)
+# The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
+# same-preset standard model: diffattn.experiments.claims.claim_table).
+CLAIMS = (
+    PaperClaim(
+        "DIFF Transformer Fig. 3–4", "lower language-modelling loss than a same-size Transformer",
+        "DIFF needs ~62–65% of the parameters or tokens for the same loss", "loss", "lower", "baseline",
+    ),
+)  # fmt: skip
+
+
+SUITE = Suite(
+    "ppl",
+    _run_suite,
+    headline=lambda r: {"PPL": r["ppl"]},
+    measures=MEASURES,
+    claims=CLAIMS,
+)

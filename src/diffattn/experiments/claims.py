@@ -1,9 +1,10 @@
 """The paper claims an experiment can check: the paper's figure, ours with 95% intervals, and a verdict.
 
-Claims are data (:class:`~diffattn.adapters.registry.PaperClaim`: a source, the paper's figure, a measure a suite
-names, a reference and a direction): the DIFF Transformer claims below (:data:`CLAIM_TABLE`), each method's in its
-registry entry. This module is the engine that checks them: it finds the pairs each claim compares, reads the
-measure (``Suite.measures`` in :mod:`diffattn.eval`) and turns the comparison into a row with a verdict.
+Claims are data (:class:`~diffattn.paper_claim.PaperClaim`: a source, the paper's figure, a measure a suite
+names, a reference and a direction): the DIFF Transformer claims in the suite that measures them (``Suite.claims``,
+gathered by :func:`claim_table`), each method's in its registry entry. This module is the engine that checks them:
+it finds the pairs each claim compares, reads the measure (``Suite.measures`` in :mod:`diffattn.eval`) and turns
+the comparison into a row with a verdict.
 
 A claim is checked only where the experiment has what it needs: a from-scratch DIFF model and a same-preset
 baseline (DIFF Transformer claims), an adapter and its base model (Dex, DiffLoRA claims), and the evaluation
@@ -33,93 +34,36 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from ..adapters.registry import PaperClaim, get_method
-from ..eval.measures import Measure, Run, finite, interval, value_text
+from ..adapters.registry import get_method
+from ..eval.measures import Measure, PaperClaim, Run, finite, interval, value_text
 from ..eval.stats import Difference, minimum_detectable_difference, t_interval, unpaired_difference, verdict
 from ..models.architectures import ARCHITECTURES
 
-# The DIFF Transformer paper's claims, checked for every from-scratch differential model against the same-preset
-# standard model (reference "baseline"), in the order the report lists them.
-CLAIM_TABLE: list[PaperClaim] = [
-    PaperClaim(
-        "DIFF Transformer Fig. 3–4", "lower language-modelling loss than a same-size Transformer",
-        "DIFF needs ~62–65% of the parameters or tokens for the same loss", "loss", "lower", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 3", "more attention to the answer", "answer 0.03 → 0.27–0.40",
-        "alloc:attention_to_answer", "higher", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 3", "less attention noise", "noise 0.51 → 0.01–0.02", "alloc:attention_noise", "lower",
-        "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 2", "better multi-needle retrieval (N = 2, 4, 6 with R = 2)",
-        "0.85 / 0.62 / 0.35 (Transformer) vs 0.92 / 0.84 / 0.85 (DIFF); N = 1 left out: both 1.00, its floor is 1",
-        "niah", "higher", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 2 (ours: R = 1 across N)", "better retrieval of one needle among N = 2 … 8",
-        "not a cell of the paper (Fig. 5 is N = 8, R = 1 across lengths and depths)", "niah:r1", "higher", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 2", "better retrieval in the paper's own cell", "N=6, R=2: 0.35 vs 0.85",
-        "niah:paper_cell", "higher", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Fig. 5", "better retrieval across context lengths and depths",
-        "DIFF near-perfect across 4K–64K and all depths; the Transformer degrades", "niah:heatmap", "higher",
-        "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Fig. 6", "better many-shot in-context learning", "+5.2 to +21.6 points at 64K-token prompts",
-        "icl:many_shot", "higher", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N",
-        "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6", "niah:gap", "higher", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 5", "smaller attention-logit outliers", "top-1 |logit| 318.0 vs 38.8",
-        "outliers:attention_logits", "lower", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 5", "smaller hidden-state outliers", "top-1 |hidden| 3608.6 vs 1688.2",
-        "outliers:hidden_states", "lower", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Fig. 8", "degrades less when attention logits go to low bits",
-        "at 4 bits DIFF keeps most of its accuracy, the Transformer loses much more", "quant:drop", "lower",
-        "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Fig. 7", "more robust to the order of demonstrations",
-        "TREC margin 19.0 vs 4.0 (random order)", "icl:order_margin", "lower", "baseline",
-    ),
-    PaperClaim(
-        "DIFF Transformer Table 6", "lower loss on associative-recall tokens (AR-Hit)",
-        "AR-Hit 0.898 (Transformer), 0.899 (half the heads) vs 0.880 (DIFF), 1.4B models", "mqar:ar_hit_loss",
-        "lower", "baseline",
-    ),
-    PaperClaim(
-        "MQAR (ours, from DIFF Table 6's AR-Hit)", "better multi-query associative recall at the most pairs",
-        "not measured in the paper; its less-attention-noise claim predicts it", "mqar:accuracy", "higher",
-        "baseline",
-    ),
-    PaperClaim(
-        "MQAR (ours, from DIFF Table 6's AR-Hit)", "recall degrades less as the pairs (distractor keys) grow",
-        "not measured in the paper (cf. Table 2: the gap grows with N)", "mqar:slope", "higher", "baseline",
-    ),
-]  # fmt: skip
+
+def claim_table() -> list[PaperClaim]:
+    """The DIFF Transformer claims checked for every from-scratch differential model against its same-preset
+    standard model: each suite's own (``Suite.claims``, in the suite table's order), then those registered here."""
+    from ..eval.suite import SUITE_TABLE
+
+    return [*(c for suite in SUITE_TABLE.values() for c in suite.claims), *_REGISTERED]
+
+
+_REGISTERED: list[PaperClaim] = []  # claims added with register_claims (a suite's own go in its Suite entry)
 
 
 def register_claims(*claims: PaperClaim) -> None:
-    """Add claims that every from-scratch differential model is checked for against its baseline (a method's
-    claims go in its registry entry instead)."""
+    """Add claims that every from-scratch differential model is checked for against its baseline, outside any
+    suite (a suite's own claims go in its ``Suite(claims=...)`` entry, a method's in its registry entry)."""
     for c in claims:
         if c.reference != "baseline":
             raise ValueError(f"{c.source}: claims of the table compare with the 'baseline'; got {c.reference!r}")
-    CLAIM_TABLE.extend(claims)
+    _REGISTERED.extend(claims)
+
+
+def unregister_claims(*claims: PaperClaim) -> None:
+    """Remove claims added with :func:`register_claims`."""
+    for c in claims:
+        _REGISTERED.remove(c)
 
 
 def measure(name: str) -> Measure:
@@ -362,7 +306,7 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
     claims: list[Claim | None] = []
     labels = {getattr(m, "group_name", m.name): ARCHITECTURES[m.attention].claims_label for m in config.models}
     for base, diff in _pairs(config):
-        made = [check_claim(spec, base, diff, runs, groups, seed) for spec in CLAIM_TABLE]
+        made = [check_claim(spec, base, diff, runs, groups, seed) for spec in claim_table()]
         if labels[diff]:  # the DIFF V1 paper's claims measured on another architecture: the source says so
             made = [c and replace(c, source=f"{c.source} ({labels[diff]})") for c in made]
         claims += made
