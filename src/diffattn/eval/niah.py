@@ -7,10 +7,11 @@ RULER's ``string_match_all`` (the fraction of queried numbers found in the outpu
 
 Two protocols:
 
-* the (N, R) grid at one context length — default :data:`GRID`: R = 1 at N = 1, 2, 4, 6 (so that N is the only thing
-  that changes between cells: every cell is scored the same way, one queried needle, solved or not), plus the papers'
-  own cells, DIFF Table 2's N = 6, R = 2 and Dex's N = 8, R = 1; with the default grid, cells that do not fit the
-  context are left out (``metadata["cells_left_out"]``), an explicit grid must fit whole;
+* the (N, R) grid at one context length — default :data:`GRID`: R = 1 at N = 1, 2, 4, 6, 8 (so that N is the only
+  thing that changes between cells: every cell is scored the same way, one queried needle, solved or not; N = 8 is
+  Dex's cell), plus DIFF Table 2's own cells N = 2, 4, 6 with R = 2 (:data:`TABLE2_CELLS`; its N = 1, R = 1 cell is
+  the first R = 1 cell); with the default grid, cells that do not fit the context are left out
+  (``metadata["cells_left_out"]``), an explicit grid must fit whole;
 * the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5);
 * optionally one multi-value cell (RULER's niah_multivalue, DiffLoRA Fig. 3 "MV"): one key with V values among N
   needles (the N − V others distractors with keys of their own), the question asking for all V; scored like a
@@ -19,10 +20,11 @@ Two protocols:
 
 Per cell: ``accuracy`` (RULER string_match_all), ``strict_accuracy`` (per-needle credit: the queried numbers among the
 first R numbers of the output), ``solved`` (prompts whose every queried needle is among the first R numbers; at
-R = 1 the same as the strict score) and the floor the tables, pictures and claims draw, that of a model that writes R
-of the N needles' numbers at random (:func:`needle_chance`): ``chance`` = R/N per-needle credit (1/N at R = 1) and
-``chance_solved`` = 1/C(N, R) prompts solved. ``r1_solved`` is the mean of ``solved`` over the R = 1
-cells, the like-for-like retrieval number across N (``r1_cells`` names them).
+R = 1 the same as the strict score) and its floor: what the best heuristic that ignores the question scores on the
+cell's own prompts (:mod:`diffattn.eval.needle_floors`; ``floor`` per needle, ``floor_solved`` prompts solved, each
+heuristic's scores in ``heuristics``), which the tables, pictures and claims draw. ``chance`` = R/N and
+``chance_solved`` = 1/C(N, R) (:func:`needle_chance`: writing R needles' numbers at random) stay for reference.
+``r1_solved`` is the mean of ``solved`` over the R = 1 cells (``r1_cells`` names them).
 
 Choices the papers leave open, stated in the metadata: the haystack (Shakespeare's test plays by default, or
 RULER's filler), how a token length is met (a character window of the haystack, shrunk until the tokenized prompt
@@ -601,7 +603,7 @@ class NiahOptions:
     # (N needles, R queried) cells; None: GRID where they fit the context
     niah_grid: tuple[tuple[int, int], ...] | None = option(
         None,
-        "NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,6x2,8x1 where they fit the context)",
+        "NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,8x1,2x2,4x2,6x2 where they fit the context)",
         parse=parse_grid,
     )
     niah_needles: int = option(8, "N of the NIAH heatmap (R = 1)", minimum=1)
@@ -711,8 +713,12 @@ def _table2_cells(r: dict | None) -> list[dict]:
 
 
 def _discriminating_r1(r: dict | None) -> list[dict]:
-    """The R = 1 cells with N >= 2: where retrieving and copying the one needle differ (N = 1 has floor 1)."""
-    return [g for g in (r or {}).get("grid") or [] if g["R"] == 1 and g["N"] >= 2]
+    """The R = 1 cells with N >= 2: where retrieving and copying the one needle differ (N = 1 has floor 1); a grid
+    without such cells (e.g. N = 1, R = 1 and Table 2's R = 2 cells only) gives every cell with N >= 2 instead, and
+    the row names the cells it read."""
+    grid = (r or {}).get("grid") or []
+    r1 = [g for g in grid if g["R"] == 1 and g["N"] >= 2]
+    return r1 or [g for g in grid if g["N"] >= 2]
 
 
 def _cells_text(cells: list[dict]) -> str:
