@@ -597,3 +597,25 @@ def test_allocation_buckets_sum_to_one_with_the_question_shown_and_the_row_says_
                           progress=False)  # fmt: skip
     row = ALLOC["alloc:attention_noise"].compare(Run("a", suites={"alloc": base}), Run("b", suites={"alloc": res}), 0)
     assert "every bucket (share of |attention|): first token" in row.note and "the most went to the" in row.note
+
+
+def test_an_allocation_row_over_seeds_says_where_the_attention_went():
+    """Over replicate seeds the allocation rows carry the buckets too, averaged over the seeds: DIFF's |attention|
+    leaving the noise for the question reads so in the row (seeds-retrieval's case)."""
+    from diffattn.eval.measures import Run
+    from diffattn.experiments.claims import check_claim, claim_table
+
+    def run(name, noise, query, answer):
+        bos = 1 - noise - query - answer
+        alloc = {"attention_noise_magnitude": noise, "attention_noise": noise, "attention_to_answer": answer,
+                 "allocation_magnitude": {"bos": bos, "before": noise, "after": 0.0, "answer": answer,
+                                          "query": query}}  # fmt: skip
+        return Run(name, suites={"alloc": alloc})
+
+    runs = {f"t-s{i}": run(f"t-s{i}", 0.54 + 0.01 * i, 0.18, 0.25) for i in range(3)}
+    runs |= {f"d-s{i}": run(f"d-s{i}", 0.27 + 0.01 * i, 0.50, 0.18) for i in range(3)}
+    groups = {"t": [f"t-s{i}" for i in range(3)], "d": [f"d-s{i}" for i in range(3)]}
+    spec = next(c for c in claim_table() if c.measure == "alloc:attention_noise")
+    row = check_claim(spec, "t", "d", runs, groups, 0)
+    assert row.verdict == "agrees" and "3 vs 3 seeds" == row.runs
+    assert "mean over the seeds: every bucket" in row.note and "the most went to the question (+0.320)" in row.note

@@ -589,6 +589,24 @@ def _at_lambda0(run: Run) -> dict | None:
     return None if own is None else {"alloc": {**own, "metadata": run.results("alloc", "metadata")}}
 
 
+def _mean_shares(runs: list[Run]) -> dict | None:
+    """The bucket shares of |attention| averaged over replicate runs, as one result (:func:`where_attention_went`)."""
+    shares = [bucket_shares(r) for r in (run.results("alloc") or {} for run in runs)]
+    shares = [s for s in shares if s]
+    if not shares:
+        return None
+    mean = {b: float(np.mean([s[b] for s in shares])) for b in shares[0]}
+    # as an "allocation_magnitude" dict: noise in "before", nothing in "after"
+    return {"allocation_magnitude": {"bos": mean["bos"], "before": mean["noise"], "after": 0.0,
+                                     "answer": mean["answer"], "query": mean["query"]}}  # fmt: skip
+
+
+def _where_over_seeds(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
+    ref, new = _mean_shares(ref_runs), _mean_shares(new_runs)
+    said = where_attention_went(ref, new) if ref and new else None
+    return None if said is None else f"mean over the seeds: {said}"
+
+
 def _share_measure(key: str) -> Measure:
     return Measure(
         f"{_BUCKETS[key][1]} (share of |attention|)",
@@ -596,6 +614,7 @@ def _share_measure(key: str) -> Measure:
         per_run=lambda run: first(run.results("alloc", f"{key}_magnitude"), run.results("alloc", key)),
         compare=lambda ref, new, seed: _compare_share(ref, new, seed, key),
         at_lambda0=_at_lambda0,
+        seeds_note=_where_over_seeds,
     )
 
 

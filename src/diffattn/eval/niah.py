@@ -1080,7 +1080,7 @@ def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> 
 
 MEASURES = {
     "niah": Measure(
-        "prompts solved over DIFF Table 2's cells N = 2, 4, 6 with R = 2", 3,
+        "prompts solved over DIFF Table 2's cells with R = 2 (N = 2, 4, 6, those the grid has)", 3,
         per_run=lambda run: _solved_over(_table2_cells, run.results("niah")),
         compare=partial(_compare_solved_over, _table2_cells),
         chance=lambda run: pooled_floor(_table2_cells(run.results("niah")), "solved"),

@@ -214,6 +214,9 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
         nv = [v for v in map(m.per_run, new_runs) if finite(v)]
         if len(rv) >= 2 and len(nv) >= 2:
             row = _over_seeds(spec, m, ref, new, rv, nv)
+            extra = m.seeds_note(ref_runs, new_runs) if m.seeds_note else None
+            if extra:
+                row.note += f"; {extra}"
             veto = m.seeds_veto(ref_runs, new_runs, new) if m.seeds_veto and row.verdict == "agrees" else None
             if veto:
                 row.verdict = "inconclusive"
