@@ -518,12 +518,23 @@ def test_export_writes_only_its_own_files(tmp_path):
 
 
 def test_export_into_an_earlier_versions_export_keeps_the_users_files(tmp_path):
+    """An earlier version's marker ("exported from SRC") recorded no checksums, so it licenses nothing: a file the
+    new export would change (an old report the user may have annotated) is refused, rc 1, nothing touched; moved
+    aside, the export goes ahead and keeps the user's other files."""
+    from diffattn.cli import main
+
     src = _experiment_folder(tmp_path)
     dest = tmp_path / "results" / "exp"
     dest.mkdir(parents=True)
     (dest / EXPORT_MARKER).write_text(f"exported from {src}\n")  # as an earlier version wrote it
-    (dest / "report.md").write_text("the earlier export's report")
+    (dest / "report.md").write_text("the earlier export's report, with the user's note appended")
     (dest / "notes.md").write_text("mine")
+    before = checksums(tmp_path)
+    with pytest.raises(ValueError, match=r"would overwrite report\.md \(an earlier diffattn's export, which recorded"):
+        export_report(src, dest)
+    assert main(["export", str(src), str(dest)]) == 2  # a refused request: one line, exit 2
+    assert checksums(tmp_path) == before
+    (dest / "report.md").rename(tmp_path / "old-report.md")  # the user moves it aside
     export_report(src, dest)
     assert (dest / "report.md").read_text() == (src / "report.md").read_text()
     assert (dest / "notes.md").read_text() == "mine"

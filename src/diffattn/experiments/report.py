@@ -524,8 +524,9 @@ def _link_on_the_way(folder: Path, name: str) -> bool:
 
 def _exported_files(dest: Path) -> dict[str, list[str]] | None:
     """What the previous export to ``dest`` wrote (name -> accepted SHA-256s); ``{}`` for an earlier version's
-    export (which recorded nothing: its files may be replaced, never removed); ``None`` when ``dest`` is not an
-    export's folder. A marker diffattn export did not write is refused."""
+    export (which recorded nothing: it licenses nothing, so a file there that the new export would change is
+    refused, as a user's annotation of it cannot be told from the export's own text); ``None`` when ``dest`` is not
+    an export's folder. A marker diffattn export did not write is refused."""
     f = dest / EXPORT_MARKER
     if f.is_symlink() or not f.exists():
         return None
@@ -566,8 +567,12 @@ def _check_export_destination(dest: Path, new: dict[str, str], owned: dict[str, 
         have = _sha256(target)
         if have is None:
             problems.append(f"{name} (a link or a folder)")
-        elif have == new[name] or owned == {}:
-            continue  # the same contents, or an earlier version's export: its files are the export's
+        elif have == new[name]:
+            continue  # the same contents: nothing is lost
+        elif owned == {}:  # an earlier version's marker recorded no checksums: a change of the user's cannot be told
+            problems.append(
+                f"{name} (an earlier diffattn's export, which recorded no checksums: an edit cannot be told)"
+            )
         elif owned is None or name not in owned:
             problems.append(f"{name} (not written by diffattn export)")
         elif have not in owned[name]:
