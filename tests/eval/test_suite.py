@@ -61,9 +61,12 @@ def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
 def test_bad_input_is_one_clear_error_and_the_earlier_results_survive(args, message, diff_folder, tmp_path, capsys):
     import re
 
+    from diffattn.files import mark, new_id
+
     out = tmp_path / "eval"
-    out.mkdir()
-    earlier = json.dumps({"suites": {"ppl": {}}, "metadata": {"results_version": 3}})
+    ident = new_id()
+    mark(out, "eval", ident=ident)
+    earlier = json.dumps({"suites": {"ppl": {}}, "metadata": {"results_version": 3, "diffattn_id": ident}})
     (out / "results.json").write_text(earlier)  # a finished evaluation: a failing rerun must not lose it
     args = [a.replace("{model}", str(diff_folder)) for a in args]
     code = main(["eval", *args, "--out", str(out)])
@@ -120,3 +123,40 @@ def test_suites_measure_at_the_trained_length_unless_a_window_is_given(diff_fold
     (run / "final" / "run.yaml").write_text("data: {seq_len: 40}\n")
     model, _, description = load_for_eval(run / "final")
     assert model.diffattn_trained_length == 40 and "pretrained model" in description
+
+
+def test_a_results_file_without_an_identity_licenses_nothing(diff_folder, tmp_path, capsys):
+    """issue 36 §2: a results.json that records no diffattn identity (an earlier version's, or a look-alike) does not
+    license eval to replace the pictures beside it: refused, naming the folder, the user's ppl.png untouched."""
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"suites": {"ppl": {}}, "metadata": {"results_version": 4}}))
+    (out / "ppl.png").write_bytes(b"the user's own picture")
+    code = main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), *SMALL])
+    assert code == 2 and "records no diffattn identity" in capsys.readouterr().err
+    assert (out / "ppl.png").read_bytes() == b"the user's own picture"
+
+
+def test_a_second_eval_into_a_folder_in_use_is_refused_naming_the_first(diff_folder, tmp_path, capsys):
+    """issue 36 §3: eval takes the folder's lock; a second one is refused while the first holds it, and nothing of
+    the first's is touched."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "busy"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from diffattn.files import lock_folder; "
+         f"lock_folder({str(out)!r}, command='diffattn eval'); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        code = main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), *SMALL])
+        assert code == 2 and f"in use by diffattn process {holder.pid}" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), *SMALL]) == 0  # free again
+    assert main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), *SMALL]) == 0  # its own folder

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..files import MARKER, RUN_CONFIG, mark, marker, write_text_atomic
+from ..files import LOCK, MARKER, RUN_CONFIG, lock_folder, mark, marker, release_folder, write_text_atomic
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
 from .common import TRAINED_LENGTH, CommonOptions, Suite, jsonable, trained_length
 
@@ -284,15 +284,20 @@ def run_suites(
     o = (options or options_class()()).validate(suites)
     out = Path(out)
     check_eval_folder(out)
-    ident = claim_eval_id(out)
-    mark(out, "eval", ident=ident)
-    partial = out / ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    lock_folder(out, command="diffattn eval")  # a second evaluation into the folder is refused, naming this one
     try:
-        return _run(model, tokenizer, suites, out, partial, o, name, description)
+        check_eval_folder(out)  # again under the lock: another process may have written there meanwhile
+        ident = claim_eval_id(out)
+        mark(out, "eval", ident=ident)
+        partial = out / ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        try:
+            return _run(model, tokenizer, suites, out, partial, o, name, description)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)  # on failure: no half-made pictures either
     finally:
-        shutil.rmtree(partial, ignore_errors=True)  # on failure: no half-made pictures either
+        release_folder(out)
 
 
 def claim_eval_id(out: Path) -> str:
@@ -313,7 +318,7 @@ def check_eval_folder(out: Path) -> None:
     ``results.json``), since its results and pictures are replaced there; refused with the reason otherwise."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file: name a folder for results.json and the pictures")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or {p.name for p in out.iterdir()} <= {LOCK}:
         return
     made = marker(out) or {}
     try:
@@ -323,13 +328,19 @@ def check_eval_folder(out: Path) -> None:
         earlier, meta = None, {}
     meta = meta if isinstance(meta, dict) else {}
     if "results_version" in meta and "diffattn_id" not in meta:
-        return  # an evaluation written by an earlier version (before results repeated the marker's identity)
+        # an earlier version's evaluation, or any results.json without an identity: it licenses nothing (the
+        # pictures beside it may be the user's); the user moves it aside
+        raise ValueError(
+            f"--out {str(out)!r} holds a results.json that records no diffattn identity (an earlier version's "
+            "evaluation, or not diffattn's): nothing proves its other files are the evaluation's; move the folder "
+            "aside or choose a new --out"
+        )
     if made.get("kind") == "eval":
         # the marker proves the folder ours only with the results that repeat its identity (a planted marker does
         # not), or when it is all there is (an evaluation that failed before writing results)
         if made.get("id") and meta.get("diffattn_id") == made.get("id"):
             return
-        if {p.name for p in out.iterdir()} <= {MARKER, ".partial"}:
+        if {p.name for p in out.iterdir()} <= {MARKER, LOCK, ".partial"}:
             return
     raise ValueError(
         f"--out {str(out)!r} holds files diffattn eval did not write: choose a new or empty folder (its results "
