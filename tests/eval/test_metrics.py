@@ -617,5 +617,5 @@ def test_an_allocation_row_over_seeds_says_where_the_attention_went():
     groups = {"t": [f"t-s{i}" for i in range(3)], "d": [f"d-s{i}" for i in range(3)]}
     spec = next(c for c in claim_table() if c.measure == "alloc:attention_noise")
     row = check_claim(spec, "t", "d", runs, groups, 0)
-    assert row.verdict == "agrees" and "3 vs 3 seeds" == row.runs
+    assert row.verdict == "agrees" and row.runs == "3 vs 3 seeds"
     assert "mean over the seeds: every bucket" in row.note and "the most went to the question (+0.320)" in row.note

@@ -579,3 +579,24 @@ def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so():
     retrieval = [c for c in practised if c.metric.startswith(("prompts", "attention", "per-needle"))]
     assert retrieval and all("75% of its rows" in c.note for c in retrieval)
     assert all("evaluation's own template" not in c.note for c in rows({"retrieval_fraction": 0.0}))
+
+
+def test_a_report_the_user_edited_is_never_replaced_by_a_rerun(corpus, tmp_path):
+    """issue 36 §4: with every part done, `diffattn run` rewrote report.md and a note appended to it was lost. Now
+    the rerun refuses before anything runs, naming the file, and leaves it as it is; the report it wrote itself it
+    rewrites (the same text), and moved aside, a new one is written."""
+    d = _debug(corpus)
+    d["adapters"] = []
+    d["eval"]["suites"] = ["ppl"]
+    config = ExperimentConfig.from_dict(d)
+    run_experiment(config, tmp_path)
+    report = tmp_path / "debug-exp" / "report.md"
+    run_experiment(config, tmp_path)  # unedited: rewritten, no refusal
+    report.write_text(report.read_text() + "\nMy note: seed 1 looked odd.\n")
+    edited = report.read_text()
+    with pytest.raises(ValueError, match=r"report\.md is changed since diffattn wrote it: diffattn does not overwrite"):
+        run_experiment(config, tmp_path)
+    assert report.read_text() == edited
+    report.rename(tmp_path / "my-report.md")
+    run_experiment(config, tmp_path)
+    assert "My note" not in report.read_text() and (tmp_path / "my-report.md").read_text() == edited

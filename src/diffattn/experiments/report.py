@@ -11,6 +11,7 @@ environment.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -212,9 +213,11 @@ def write_report(config, out: Path, outcomes) -> Path:
     env = _environment()
     lines.append(", ".join(f"{k} {v}" for k, v in env.items()))
     report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    check_report_writable(out, text)
     results = {
         "experiment": config.name,
+        "report_sha256": hashlib.sha256(text.encode()).hexdigest(),  # an edit of report.md since is never overwritten
         "models": list(rows.values()),
         "parts": [{"kind": o.kind, "name": o.name, "state": o.state, "seconds": o.seconds} for o in outcomes],
         "claims": claims_json(claims),
@@ -223,8 +226,39 @@ def write_report(config, out: Path, outcomes) -> Path:
         "config": config.to_dict(),
         "environment": env,
     }
-    (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
+    write_text_atomic(out / "results.json", json.dumps(jsonable(results), indent=2))
+    write_text_atomic(report, text)
     return report
+
+
+def check_report_writable(out: Path, new_text: str | None = None) -> None:
+    """Refuse to replace ``out/report.md`` when it is not the one diffattn wrote last: its SHA-256 differs from the
+    ``report_sha256`` its results.json recorded (a note the user appended), or nothing recorded one (an earlier
+    version's report) — unless it already reads ``new_text``. Raises naming the file and what to do."""
+    report = out / "report.md"
+    if not (report.exists() or report.is_symlink()):
+        return
+    have = _sha256(report)
+    if new_text is not None and have == hashlib.sha256(new_text.encode()).hexdigest():
+        return
+    try:
+        recorded = json.loads((out / "results.json").read_text()).get("report_sha256")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if have is None or have != recorded:
+        why = (
+            "a link or a folder"
+            if have is None
+            else (
+                "changed since diffattn wrote it"
+                if recorded
+                else "written by an earlier version, which recorded no checksum"
+            )
+        )
+        raise ValueError(
+            f"{report} is {why}: diffattn does not overwrite it; move it aside (or delete it) and run again "
+            "(finished parts are not redone)"
+        )
 
 
 def _claims_section(config, rows: dict[str, dict], evals: dict[str, dict]):

@@ -260,6 +260,10 @@ def run_experiment(
             states[name] = run_state(path, grid_config, overwrite=_wants(overwrite, a.name))
         if a.name not in grids:  # a grid part's own config is known once its grid has run
             states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
+    if evaluate and report:  # before any training: a report the user edited is never replaced at the end
+        from .report import check_report_writable
+
+        check_report_writable(out)
     ident = claim_id(out, "experiment")  # the record first: a marker is never left naming an identity alone
     out.mkdir(parents=True, exist_ok=True)
     save_record(config, out / RECORDS["experiment"], ident)
