@@ -206,13 +206,14 @@ def test_heatmap_lengths_that_cannot_fit_are_refused_before_training(corpus, tmp
 
 
 def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_disagree():
-    """Both sides' intervals reaching chance (R = 1 cells: the mean of 1/N) make any verdict "inconclusive", with the
-    reason in the note; one model clearly above chance keeps the verdict. The same rule over seeds, and for ICL."""
+    """Both sides' intervals reaching chance (the R = 1 row reads N >= 2: here the N = 2 cell, floor 1/2 for results
+    without simulated floors) make any verdict "inconclusive", with the reason in the note; one model clearly above
+    chance keeps the verdict. The same rule over seeds, and for ICL."""
     from diffattn.adapters.registry import PaperClaim
     from diffattn.eval.measures import Run
     from diffattn.experiments.claims import check_claim
 
-    solved = PaperClaim("s", "c", "p", "niah", "higher", "baseline")
+    solved = PaperClaim("s", "c", "p", "niah:r1", "higher", "baseline")
 
     def niah(n1, n2):  # per-prompt strict scores of the N = 1 and N = 2 cells (R = 1), 100 prompts each
         grid = [{"N": n, "R": 1, "accuracy": float(np.mean(sc)), "scores": sc, "strict_scores": sc}
@@ -223,11 +224,11 @@ def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_
     def claim(spec, evals, groups=None):
         return check_claim(spec, "base", "new", {n: Run(n, {}, r) for n, r in evals.items()}, groups or {}, 0)
 
-    # chance over the two cells: (1 + 1/2) / 2 = 0.75. Both copy the one number at N = 1 and guess at N = 2, the
-    # new model luckier on the same prompts (0.40 vs 0.60 at N = 2): a clear paired difference, but of guessing
-    guess = {"base": niah([1.0] * 100, [1.0] * 40 + [0.0] * 60), "new": niah([1.0] * 100, [1.0] * 60 + [0.0] * 40)}
+    # both copy the one number at N = 1 (not read: its floor is 1) and guess at N = 2, the new model luckier on the
+    # same prompts (0.40 vs 0.56): a clear paired difference, but of guessing
+    guess = {"base": niah([1.0] * 100, [1.0] * 40 + [0.0] * 60), "new": niah([1.0] * 100, [1.0] * 56 + [0.0] * 44)}
     row = claim(solved, guess)
-    assert row.diff_ci[0] > 0 and row.verdict == "inconclusive" and "reach chance (0.750," in row.note
+    assert row.diff_ci[0] > 0 and row.verdict == "inconclusive" and "reach chance (0.500," in row.note
     skilled = {**guess, "new": niah([1.0] * 100, [1.0] * 95 + [0.0] * 5)}
     assert claim(solved, skilled).verdict == "agrees"
     # over seeds: three runs a side, every run at chance on average (the mean's t interval reaches 0.75)
