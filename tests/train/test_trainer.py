@@ -343,3 +343,45 @@ def test_torchrun_two_cpu_processes_match_single_process(corpus_file, tmp_path):
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["distributed"] == {"strategy": "ddp", "processes": 2}
     shutil.rmtree(tmp_path / "ddp")
+
+
+def _tree(folder):
+    """Every file under ``folder`` with its bytes (what a refused resume must leave as it was)."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_bad_checkpoint_is_refused_before_anything_is_written_and_a_finished_run_is_left_alone(corpus_file, tmp_path):
+    """issue 36 §5–7: --resume checks what it will read before it writes: a pickled rng_state (refused by
+    weights_only), a weight of the wrong shape, a checkpoint cast to float16 — each refused, naming the file, with
+    run.yaml and every other file byte-identical (before, run.yaml was rewritten, max_steps 4 → 6). A finished run
+    resumed to the same budget trains nothing and changes nothing."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = debug_config(corpus_file, max_steps=4)
+    cfg.train.save_every = 4
+    run = tmp_path / "run"
+    pretrain(cfg, run)
+    before = _tree(run)
+    assert pretrain(cfg, run, resume=True)["steps"] == 4  # finished at the budget: nothing trained
+    assert _tree(run) == before
+    longer = cfg.with_overrides({"train.max_steps": 6})
+    ckpt = run / "checkpoints" / "checkpoint-4"
+    weights = ckpt / "model.safetensors"
+    original = weights.read_bytes()
+
+    def refused(match):
+        snapshot = _tree(run)
+        with pytest.raises(RunFolderError, match=match):
+            pretrain(longer, run, resume=True)
+        assert _tree(run) == snapshot  # run.yaml included: max_steps still 4
+
+    tensors = load_file(weights)
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}, weights)
+    refused(r"checkpoint-4: model\.safetensors: .* is torch\.float16, the run trains torch\.float32")
+    key = next(k for k, v in tensors.items() if v.dim() == 2)
+    save_file({**tensors, key: tensors[key][:, :-1].contiguous()}, weights)
+    refused(rf"model\.safetensors: {key} has shape")
+    weights.write_bytes(original)
+    rng = next(ckpt.glob("rng_state*.pth"))
+    torch.save({"python": socket.socket}, rng)  # a pickle that names a class: weights_only refuses it
+    refused(r"rng_state.*\.pth does not load as plain tensors")

@@ -75,8 +75,10 @@ from .trainer import (
     RunFolderError,
     _final_eval,
     _step,
+    check_checkpoint_fits,
     check_run_dir,
     distribution,
+    finished_summary,
     ready_for_inference,
     start_run_folder,
     training_arguments,
@@ -136,6 +138,11 @@ def adapt_pretrained(
     args = training_arguments(config, run_dir)
     state = PartialState()
     options, checkpoint = _check_run_folder(config, run_dir, resume=resume, overwrite=overwrite)
+    done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
+    if done is not None:
+        logger.warning("%s is finished at step %d (max_steps %d): nothing to resume, nothing changed", run_dir,
+                       _step(checkpoint), config.train.max_steps)  # fmt: skip
+        return done
     model, tokenizer = load_pretrained(config.model.name)
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if max_pos is not None and config.data.seq_len > max_pos:
@@ -144,6 +151,7 @@ def adapt_pretrained(
     with args.main_process_first(desc="tokenize"):
         train, val, mix_rows = _packed_data(config, corpus, tokenizer)
     model, method_config = prepare_model(config, model, train.input_ids)
+    check_checkpoint_fits(run_dir, checkpoint, model)
     trainable, total = _count(model)
     logger.info("%s on %s: %s of %s parameters trainable", config.method.name, config.model.name, trainable, total)
 

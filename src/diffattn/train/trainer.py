@@ -303,6 +303,69 @@ def resume_problem(path: Path) -> str | None:
     return None
 
 
+def checkpoint_mismatch(path: Path, model) -> str | None:
+    """Why the checkpoint at ``path`` cannot be loaded into ``model`` as it is, found before anything is written (a
+    resume that failed inside Trainer had rewritten run.yaml): a weight of another shape or dtype than the model's
+    (a checkpoint cast to float16 would resume silently in float16 otherwise), or an RNG state that only loads by
+    running pickled code (``weights_only`` refuses it). ``None`` when it fits."""
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    for w in sorted(path.glob("*.safetensors")):
+        with safe_open(w, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if key not in expected:
+                    continue
+                sl = f.get_slice(key)
+                shape = tuple(sl.get_shape())
+                dtype = _SAFETENSORS_DTYPES.get(sl.get_dtype())
+                want_shape, want_dtype = expected[key]
+                if shape != want_shape:
+                    return f"{w.name}: {key} has shape {list(shape)}, the model's is {list(want_shape)}"
+                if dtype is not None and dtype != want_dtype:
+                    return f"{w.name}: {key} is {dtype}, the run trains {want_dtype} (a cast checkpoint)"
+    from transformers.trainer_pt_utils import safe_globals  # the numpy types Trainer allows, as it loads them
+
+    for rng in sorted(path.glob("rng_state*.pth")):
+        try:
+            with safe_globals():
+                torch.load(rng, map_location="cpu", weights_only=True)
+        except Exception as e:  # a pickle that runs code, or not an archive at all
+            return f"{rng.name} does not load as plain tensors ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+    return None
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def check_checkpoint_fits(run_dir: Path, checkpoint: Path | None, model) -> None:
+    """Refuse a resume whose checkpoint does not fit the model (:func:`checkpoint_mismatch`), naming it; nothing has
+    been written yet."""
+    problem = checkpoint_mismatch(checkpoint, model) if checkpoint is not None else None
+    if problem:
+        raise RunFolderError(
+            f"cannot resume {str(run_dir)!r} from {checkpoint.name}: {problem}; nothing was changed (move that "
+            "checkpoint folder away to resume from the one before it)"
+        )
+
+
+def finished_summary(run_dir: Path, checkpoint: Path | None, max_steps: int) -> dict | None:
+    """The saved summary of a finished run asked to resume to a budget it has already reached (its checkpoint at
+    ``max_steps`` or beyond, and summary.json written): there is nothing to train, and nothing is changed."""
+    summary_file = run_dir / "summary.json"
+    if checkpoint is None or _step(checkpoint) < max_steps or not summary_file.is_file():
+        return None
+    try:
+        summary = json.loads(summary_file.read_text())
+    except (OSError, ValueError) as e:
+        raise RunFolderError(
+            f"{summary_file} cannot be read ({e}); the run is finished at step {_step(checkpoint)}"
+        ) from None
+    return summary if isinstance(summary, dict) else None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint that passes :func:`checkpoint_problem`; corrupt ones are skipped with a warning."""
     for path in sorted(_checkpoint_dirs(run_dir), key=_step, reverse=True):
@@ -487,12 +550,18 @@ def pretrain(
     args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
     state = PartialState()
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
+    done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
+    if done is not None:
+        logger.warning("%s is finished at step %d (max_steps %d): nothing to resume, nothing changed", run_dir,
+                       _step(checkpoint), config.train.max_steps)  # fmt: skip
+        return done
     _check_seq_len(config)
     with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
         data = prepare_data(config)
     tok = data.tokenizer
     model = _run_model(config, tok)
-    # only now, with data and model known to be good, is anything written (a failed start leaves nothing)
+    check_checkpoint_fits(run_dir, checkpoint, model)
+    # only now, with data, model and checkpoint known to be good, is anything written (a failed start leaves nothing)
     state.wait_for_everyone()  # every process has checked before the main one changes anything
     if state.is_main_process:
         start_run_folder(run_dir, config, overwrite=overwrite, checkpoint=checkpoint, command="pretrain", resume=resume)
