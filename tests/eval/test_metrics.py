@@ -619,3 +619,17 @@ def test_an_allocation_row_over_seeds_says_where_the_attention_went():
     row = check_claim(spec, "t", "d", runs, groups, 0)
     assert row.verdict == "agrees" and row.runs == "3 vs 3 seeds"
     assert "mean over the seeds: every bucket" in row.note and "the most went to the question (+0.320)" in row.note
+
+
+def test_bucket_shares_of_older_results_are_rebuilt_from_signed_shares_and_negative_mass(debug_models, tokenizer):
+    """Results written before per-bucket magnitudes were kept: signed share + 2 × negative mass per bucket is the
+    same |attention| share (checked on a signed map, DIFF at λ = 0.95), so older reports' rows sum to 1 too."""
+    from diffattn import build_model
+    from diffattn.eval.allocation import bucket_shares
+
+    model = build_model("debug", "diff", seed=0, vocab_size=len(tokenizer), lambda_init=0.95).eval()
+    res = run_allocation(model, tokenizer, haystack="filler", context_tokens=128, samples=3, progress=False)
+    assert res["negative_mass"] > 0  # a signed map: the fallback has something to add back
+    older = {k: v for k, v in res.items() if k != "allocation_magnitude"}
+    rebuilt, kept = bucket_shares(older), bucket_shares(res)
+    assert rebuilt == pytest.approx(kept, abs=1e-6) and sum(rebuilt.values()) == pytest.approx(1.0, abs=1e-5)

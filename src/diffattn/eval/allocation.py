@@ -560,8 +560,12 @@ BUCKET_WORDS = {"bos": "first token", "noise": "noise (context)", "answer": "ans
 
 def bucket_shares(r: dict) -> dict[str, float] | None:
     """A result's shares of |attention| per reported bucket — first token, noise (before + after), answer, question —
-    summing to 1 (signed shares for results written before magnitudes were kept per bucket)."""
-    a = r.get("allocation_magnitude") or r.get("allocation")
+    summing to 1 (for results written before magnitudes were kept per bucket: the signed share plus twice the
+    bucket's negative mass, which is the same number; signed shares alone where that is missing too)."""
+    a = r.get("allocation_magnitude")
+    if not a and r.get("allocation"):
+        negative = r.get("negative_by_bucket") or {}
+        a = {b: r["allocation"][b] + 2 * negative.get(b, 0.0) for b in BUCKETS}
     if not a:
         return None
     return {"bos": a["bos"], "noise": a["before"] + a["after"], "answer": a["answer"], "query": a["query"]}
