@@ -299,6 +299,8 @@ BAD = {
     "dtype": (lambda a: (a[0], a[1].double(), *a[2:]), {}, "k1 dtype"),
     "lam shape": (lambda a: a, {"lam": torch.ones(3)}, r"lam must be a scalar, \[4\] .* or \[2, 4, 5\]"),
     "lam per token shape": (lambda a: a, {"lam": torch.ones(2, 4, 4)}, r"got shape \[2, 4, 4\]"),
+    "lam nan": (lambda a: a, {"lam": float("nan")}, "lam must be finite, got nan"),
+    "lam inf tensor": (lambda a: a, {"lam": torch.tensor([0.5, float("inf"), 0.5, 0.5])}, "lam must be finite"),
     "mask shape": (lambda a: a, {"attn_mask": torch.ones(2, 4)}, "key-padding mask of shape"),
     "mask rank": (lambda a: a, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)[None]}, "attn_mask must be 2-D"),
     "mask 4d": (lambda a: a, {"attn_mask": torch.ones(2, 3, 5, 5, dtype=torch.bool)}, "must broadcast"),

@@ -295,6 +295,8 @@ def with_segment_mask(inp: DiffAttentionInputs) -> DiffAttentionInputs:
 def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int, device: torch.device) -> torch.Tensor:
     allowed = f"a scalar, [{num_heads}] (one per query head) or [{b}, {num_heads}, {t}] (one per head and token)"
     if isinstance(lam, (int, float)):
+        if not math.isfinite(lam):  # NaN or inf: every output would be NaN, with no error
+            raise ValueError(f"lam must be finite, got {lam}")
         return torch.tensor(float(lam), device=device)
     if not isinstance(lam, torch.Tensor):
         raise ValueError(f"lam must be a float or a tensor: {allowed}; got {type(lam).__name__}")
@@ -302,6 +304,10 @@ def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int,
         raise ValueError(f"lam must be a floating tensor, got {lam.dtype}")
     if lam.device != device:
         raise ValueError(f"lam device must equal q1's ({device}), got {lam.device}")
+    # a non-finite λ tensor: checked where it costs nothing (on the CPU, eager); on an accelerator the check would
+    # wait for the device at every call, so there a NaN λ shows as NaN outputs (the training loop refuses NaN loss)
+    if lam.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isfinite(lam).all()):
+        raise ValueError("lam must be finite: it holds NaN or inf (a NaN λ makes every output NaN)")
     if lam.numel() == 1 and lam.dim() <= 1:
         return lam.reshape(())
     if lam.dim() == 1 and lam.numel() == num_heads:
