@@ -71,6 +71,11 @@ CASES = [
     ("pretrain --out {new} --resume --data {corpus}", r"nothing to resume"),
     ("pretrain --out {single_run} --attention both --data {corpus}", r"holds a single run"),
     ("pretrain --out {new} --retrieval-fraction 1.5", r"retrieval_fraction must be in \[0, 1\)"),
+    (
+        "pretrain --out {new} --lr -1e-3",
+        r"argument --lr: expected one argument \(a value that starts with '-'.*--lr=-1e-3",
+    ),
+    ("pretrain --out {new} --lr=-1e-3", r"train\.lr must be > 0"),
     ("pretrain --out {new} --set data.mqar_pairs=[0]", r"data.mqar_pairs must be None or a list of ints >= 1"),
     ("pretrain --out {new} --seq-len 64 --set data.mqar_pairs=[4,17]", r"mqar_pairs 17 does not fit data.seq_len 64"),
     ("pretrain --out {new} --set data.mqar_vocab=2", r"data.mqar_vocab must be None or an int >= 4"),

@@ -392,6 +392,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's error format: one line naming what was wrong (no usage block before it), exit 2."""
 
     def error(self, message: str):
+        if message.endswith("expected one argument"):  # argparse reads a value such as -1e-3 as another flag
+            message += " (a value that starts with '-', such as a negative number, goes after '=': --lr=-1e-3)"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
