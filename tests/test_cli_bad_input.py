@@ -76,6 +76,7 @@ CASES = [
         r"argument --lr: expected one argument \(a value that starts with '-'.*--lr=-1e-3",
     ),
     ("pretrain --out {new} --lr=-1e-3", r"train\.lr must be > 0"),
+    ("bench attention --heads 0", r"argument --heads: want a positive integer, got '0'"),
     ("pretrain --out {new} --set data.mqar_pairs=[0]", r"data.mqar_pairs must be None or a list of ints >= 1"),
     ("pretrain --out {new} --seq-len 64 --set data.mqar_pairs=[4,17]", r"mqar_pairs 17 does not fit data.seq_len 64"),
     ("pretrain --out {new} --set data.mqar_vocab=2", r"data.mqar_vocab must be None or an int >= 4"),

@@ -24,13 +24,13 @@ def _positive_ints(text: str, flag: str) -> list[int]:
 
 
 def _job_count(text: str) -> int:
-    """``--jobs``: a positive integer."""
+    """A flag's positive integer (``--jobs``, ``bench --heads``, …): argparse names the flag in the error line."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"want a positive integer (parts trained at once), got {text!r}")
+        raise argparse.ArgumentTypeError(f"want a positive integer, got {text!r}")
     return value
 
 
@@ -595,10 +595,10 @@ def _add_bench_commands(sub) -> None:
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     b = bench.add_parser("attention", help="DIFF attention per backend vs baseline SDPA and HF DiffLlama")
     b.add_argument("--sizes", default="512,1024,2048,4096", help="comma-separated sequence lengths")
-    b.add_argument("--heads", type=int, default=4, help="DIFF heads h (baseline gets 2h); default 4")
-    b.add_argument("--head-dim", type=int, default=64, help="head width d (default 64)")
-    b.add_argument("--batch", type=int, default=1)
-    b.add_argument("--reps", type=int, default=5, help="repetitions; the median is reported")
+    b.add_argument("--heads", type=_job_count, default=4, help="DIFF heads h (baseline gets 2h); default 4")
+    b.add_argument("--head-dim", type=_job_count, default=64, help="head width d (default 64)")
+    b.add_argument("--batch", type=_job_count, default=1)
+    b.add_argument("--reps", type=_job_count, default=5, help="repetitions; the median is reported")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     b.add_argument("--levels", default="op,module", help="op, module or both (default)")

@@ -600,3 +600,12 @@ def test_a_report_the_user_edited_is_never_replaced_by_a_rerun(corpus, tmp_path)
     report.rename(tmp_path / "my-report.md")
     run_experiment(config, tmp_path)
     assert "My note" not in report.read_text() and (tmp_path / "my-report.md").read_text() == edited
+
+
+def test_a_truncated_evaluated_steps_file_is_named(tmp_path):
+    """issue 36 §12: a damaged evaluated_steps.json said only "Expecting value: line 2 column 1"."""
+    from diffattn.experiments.runner import EVALUATED_STEPS, _evaluated_steps
+
+    (tmp_path / EVALUATED_STEPS).write_text('{"model": \n')
+    with pytest.raises(ValueError, match=rf"{EVALUATED_STEPS} is not valid JSON .*rerun with --overwrite"):
+        _evaluated_steps(tmp_path)

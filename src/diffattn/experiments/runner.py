@@ -494,7 +494,7 @@ def _same_training(evaluated: dict | None, trained: dict | None) -> bool:
 
 def _evaluated_steps(eval_dir: Path) -> dict | None:
     f = eval_dir / EVALUATED_STEPS
-    return json.loads(f.read_text()) if f.is_file() else None
+    return _read_json(f) if f.is_file() else None
 
 
 def _jsonable_options(options) -> dict:
