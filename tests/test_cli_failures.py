@@ -225,3 +225,27 @@ def test_an_adapter_saved_by_a_newer_diffattn_is_refused_in_one_line(change, pat
     (folder / "adapter_config.json").write_text(json.dumps({**meta, **change}))
     with pytest.raises(ValueError, match=pattern):
         load_adapter(tiny("llama"), folder)
+
+
+def test_in_a_pipe_the_error_line_starts_a_line_of_its_own_after_an_open_progress_bar(capsys, monkeypatch):
+    """issue 36 §13: piped, a failure's line was glued to the fragment a progress bar had left without a newline."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    import diffattn.cli as cli
+
+    bars = []
+
+    def fails(args):
+        bars.append(tqdm(total=10, desc="training", file=sys.stderr))
+        bars[-1].update(3)
+        raise ValueError("loss became NaN at step 3")
+
+    monkeypatch.setattr(cli, "cmd_presets", fails)
+    try:
+        assert main(["presets"]) == 2
+    finally:
+        bars[-1].close()  # no open bar left for later tests
+    err = capsys.readouterr().err
+    assert "\ndiffattn: error: loss became NaN at step 3" in err and not err.startswith("diffattn: error")

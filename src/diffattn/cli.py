@@ -634,17 +634,27 @@ def main(argv: list[str] | None = None) -> int:
         with reporting(args.report_to):  # an integration that is not installed: one line, before any training
             return args.func(args)
     except KeyboardInterrupt:
-        print("diffattn: interrupted", file=sys.stderr)
+        print(f"{_line_start()}diffattn: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # every failure is one clear line; the traceback only with --verbose
         message, status = failure_line(e)
         if args.verbose:
             logging.getLogger("diffattn").exception("traceback of the failure below")
-        # on a terminal a progress bar may have been left mid-line (e.g. training stopped on a NaN loss): start a
-        # line of our own so the bar's next redraw cannot overwrite the message
-        lead = "\n" if sys.stderr.isatty() else ""
-        print(f"{lead}diffattn: error: {message}", file=sys.stderr, flush=True)
+        print(f"{_line_start()}diffattn: error: {message}", file=sys.stderr, flush=True)
         return status
+
+
+def _line_start() -> str:
+    """A newline when a progress bar may have been left mid-line (training stopped on a NaN loss, an evaluation
+    failed): on a terminal always (a bar's next redraw would overwrite the message), in a pipe or log when a tqdm bar
+    is still open (its last text has no newline, and the message would be glued to it)."""
+    try:
+        from tqdm import tqdm
+
+        open_bars = bool(getattr(tqdm, "_instances", None))
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        open_bars = False
+    return "\n" if sys.stderr.isatty() or open_bars else ""
 
 
 # errno values that are a fault of the machine, not of the input: exit status 1 (bad input: 2)
