@@ -249,3 +249,16 @@ def test_in_a_pipe_the_error_line_starts_a_line_of_its_own_after_an_open_progres
         bars[-1].close()  # no open bar left for later tests
     err = capsys.readouterr().err
     assert "\ndiffattn: error: loss became NaN at step 3" in err and not err.startswith("diffattn: error")
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch):
+    """issue 36 §9: Ctrl-C in the first second (the parser's help texts import the suite and method tables, before
+    the command's handler) printed a 30-line KeyboardInterrupt traceback."""
+    import diffattn.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["info"]) == 130
+    assert capsys.readouterr().err.strip() == "diffattn: interrupted"

@@ -621,8 +621,12 @@ def _add_bench_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # Ctrl-C while the parser is built (its help texts import the suite and method tables): one line too
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print(f"{_line_start()}diffattn: interrupted", file=sys.stderr)
+        return 130
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
