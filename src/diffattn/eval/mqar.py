@@ -43,7 +43,7 @@ from .measures import (
     same_metadata,
     value_text,
 )
-from .stats import Difference, bootstrap_contrast, normal_interval, paired_difference
+from .stats import Difference, bootstrap_contrast, mean_se, normal_interval, paired_difference
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 
@@ -394,6 +394,27 @@ def _compare_ar_hit(ref: Run, new: Run, seed: int) -> Comparison | None:
     return Comparison("AR-Hit loss", ref_value=a, new_value=b, kind=ONE_NUMBER)
 
 
+def _above_floor_somewhere(run: Run) -> bool | None:
+    """Whether the run beats the floor at some configuration (the lower end of a normal 95% interval of its
+    per-sample accuracy above that configuration's floor); None without per-sample values."""
+    rows = _rows(run)
+    if not rows or any("per_sample" not in r or r.get("floor") is None for r in rows):
+        return None
+    for r in rows:
+        mean, se = mean_se(r["per_sample"])
+        if math.isfinite(se) and normal_interval(mean, se)[0] > r["floor"]:
+            return True
+    return False
+
+
+def _slope_at_floor(runs: list[Run]) -> str | None:
+    """Every run at or below the floor at every pair count: the slope then measures the heuristics, not recall."""
+    above = [_above_floor_somewhere(run) for run in runs]
+    if not above or any(a is None or a for a in above):
+        return None
+    return "every model is at or below the floor at every pair count (the slope is the no-recall heuristics')"
+
+
 def _floor(run: Run) -> float | None:
     row = _largest(run)
     return None if row is None else row.get("floor")
@@ -405,7 +426,7 @@ MEASURES = {
         per_run=lambda run: (_largest(run) or {}).get("accuracy"), compare=_compare_accuracy, chance=_floor,
     ),
     "mqar:slope": Measure("MQAR accuracy change per doubling of the pairs", 3, per_run=accuracy_slope,
-                          compare=_compare_slope),
+                          compare=_compare_slope, untestable=_slope_at_floor),
     "mqar:ar_hit_loss": Measure(
         "AR-Hit loss", 3, per_run=lambda run: run.results("mqar", "ar_hit", "ar_hit_loss"), compare=_compare_ar_hit
     ),
