@@ -394,10 +394,10 @@ def claims_scope(config, rows: dict[str, dict] | None = None, evals: dict[str, d
         )
     if tokens is not None:
         measured.append(f"{tokens} tokens for perplexity, outliers and quantization")
-    measured_text = f" measured on {' and '.join(measured)}" if measured else ""
+    measured_text = f", measured on {' and '.join(measured)}" if measured else ""
     return (
         f"What this can show: these are {size}{trained} (minutes of CPU, not the papers' billions of parameters and "
-        f"tokens),{measured_text}. They can show the *direction* of a difference when it is large next to the "
+        f"tokens){measured_text}. They can show the *direction* of a difference when it is large next to the "
         "sampling noise; they cannot reproduce the papers' magnitudes, and the papers' figures are there for "
         "orientation only. Each verdict reads the 95% interval of the difference (new − reference): "
         '"agrees" or "disagrees" only when the whole interval lies on one side of zero at the printed precision; '
