@@ -385,3 +385,12 @@ def test_a_bad_checkpoint_is_refused_before_anything_is_written_and_a_finished_r
     rng = next(ckpt.glob("rng_state*.pth"))
     torch.save({"python": socket.socket}, rng)  # a pickle that names a class: weights_only refuses it
     refused(r"rng_state.*\.pth does not load as plain tensors")
+
+
+def test_a_dangling_symlink_as_out_is_named(corpus_file, tmp_path):
+    """issue 36 §12: --out a symbolic link to nowhere said only "File exists"."""
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(RunFolderError, match=r"is a symbolic link to .*nowhere', which does not exist"):
+        pretrain(debug_config(corpus_file, max_steps=2), out)
+    assert out.is_symlink() and not (tmp_path / "nowhere").exists()
