@@ -23,7 +23,7 @@ def _positive_ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def _job_count(text: str) -> int:
+def _positive_int(text: str) -> int:
     """A flag's positive integer (``--jobs``, ``bench --heads``, …): argparse names the flag in the error line."""
     try:
         value = int(text)
@@ -583,7 +583,7 @@ def _add_run_command(sub) -> None:
         "--train-only", action="store_true", help="pretrain and adapt only; evaluate and report on a later run"
     )
     p.add_argument(
-        "--jobs", type=_job_count, default=1, metavar="N",
+        "--jobs", type=_positive_int, default=1, metavar="N",
         help="train N from-scratch parts at once, each in its own process with cores/N threads (default 1); "
         "each part's output goes to the experiment's logs/NAME.log",
     )  # fmt: skip
@@ -595,10 +595,10 @@ def _add_bench_commands(sub) -> None:
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     b = bench.add_parser("attention", help="DIFF attention per backend vs baseline SDPA and HF DiffLlama")
     b.add_argument("--sizes", default="512,1024,2048,4096", help="comma-separated sequence lengths")
-    b.add_argument("--heads", type=_job_count, default=4, help="DIFF heads h (baseline gets 2h); default 4")
-    b.add_argument("--head-dim", type=_job_count, default=64, help="head width d (default 64)")
-    b.add_argument("--batch", type=_job_count, default=1)
-    b.add_argument("--reps", type=_job_count, default=5, help="repetitions; the median is reported")
+    b.add_argument("--heads", type=_positive_int, default=4, help="DIFF heads h (baseline gets 2h); default 4")
+    b.add_argument("--head-dim", type=_positive_int, default=64, help="head width d (default 64)")
+    b.add_argument("--batch", type=_positive_int, default=1)
+    b.add_argument("--reps", type=_positive_int, default=5, help="repetitions; the median is reported")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     b.add_argument("--levels", default="op,module", help="op, module or both (default)")

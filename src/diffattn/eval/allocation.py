@@ -575,8 +575,11 @@ def where_attention_went(ref: dict, new: dict) -> str | None:
     """Every bucket's share of |attention|, ref → new, and the bucket that gained the most: the words a verdict on
     "less noise" or "more to the answer" needs (the mass a model takes from the noise can go to the question)."""
     sr, sn = bucket_shares(ref), bucket_shares(new)
-    if sr is None or sn is None:
-        return None
+    return None if sr is None or sn is None else _where_words(sr, sn)
+
+
+def _where_words(sr: dict[str, float], sn: dict[str, float]) -> str:
+    """:func:`where_attention_went`'s words from two sets of bucket shares (:func:`bucket_shares`)."""
     change = {b: sn[b] - sr[b] for b in sr}
     gained = max(change, key=change.get)
     lost = min(change, key=change.get)
@@ -593,22 +596,16 @@ def _at_lambda0(run: Run) -> dict | None:
     return None if own is None else {"alloc": {**own, "metadata": run.results("alloc", "metadata")}}
 
 
-def _mean_shares(runs: list[Run]) -> dict | None:
-    """The bucket shares of |attention| averaged over replicate runs, as one result (:func:`where_attention_went`)."""
+def _mean_shares(runs: list[Run]) -> dict[str, float] | None:
+    """The bucket shares of |attention| (:func:`bucket_shares`) averaged over replicate runs."""
     shares = [bucket_shares(r) for r in (run.results("alloc") or {} for run in runs)]
     shares = [s for s in shares if s]
-    if not shares:
-        return None
-    mean = {b: float(np.mean([s[b] for s in shares])) for b in shares[0]}
-    # as an "allocation_magnitude" dict: noise in "before", nothing in "after"
-    return {"allocation_magnitude": {"bos": mean["bos"], "before": mean["noise"], "after": 0.0,
-                                     "answer": mean["answer"], "query": mean["query"]}}  # fmt: skip
+    return {b: float(np.mean([s[b] for s in shares])) for b in shares[0]} if shares else None
 
 
 def _where_over_seeds(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
     ref, new = _mean_shares(ref_runs), _mean_shares(new_runs)
-    said = where_attention_went(ref, new) if ref and new else None
-    return None if said is None else f"mean over the seeds: {said}"
+    return None if ref is None or new is None else f"mean over the seeds: {_where_words(ref, new)}"
 
 
 def _share_measure(key: str) -> Measure:

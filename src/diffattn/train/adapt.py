@@ -140,8 +140,6 @@ def adapt_pretrained(
     options, checkpoint = _check_run_folder(config, run_dir, resume=resume, overwrite=overwrite)
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
     if done is not None:
-        logger.warning("%s is finished at step %d (max_steps %d): nothing to resume, nothing changed", run_dir,
-                       _step(checkpoint), config.train.max_steps)  # fmt: skip
         return done
     model, tokenizer = load_pretrained(config.model.name)
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)

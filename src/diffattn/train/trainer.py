@@ -363,7 +363,11 @@ def finished_summary(run_dir: Path, checkpoint: Path | None, max_steps: int) -> 
         raise RunFolderError(
             f"{summary_file} cannot be read ({e}); the run is finished at step {_step(checkpoint)}"
         ) from None
-    return summary if isinstance(summary, dict) else None
+    if not isinstance(summary, dict):
+        return None
+    logger.warning("%s is finished at step %d (max_steps %d): nothing to resume, nothing changed", run_dir,
+                   _step(checkpoint), max_steps)  # fmt: skip
+    return summary
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -557,8 +561,6 @@ def pretrain(
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
     if done is not None:
-        logger.warning("%s is finished at step %d (max_steps %d): nothing to resume, nothing changed", run_dir,
-                       _step(checkpoint), config.train.max_steps)  # fmt: skip
         return done
     _check_seq_len(config)
     with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
