@@ -209,7 +209,7 @@ def test_a_diff_folder_saved_by_a_newer_diffattn_is_one_line(diff_folder, tmp_pa
 @pytest.mark.parametrize(
     "change, pattern",
     [
-        ({"format_version": 2}, r"adapter format 2, newer than this diffattn reads \(1\)"),
+        ({"format_version": 3}, r"adapter format 3, newer than this diffattn reads \(2\)"),
         ({"config": {"heads": "all", "gate_temperature": 2.0}}, r"records option\(s\) gate_temperature .*newer"),
     ],
 )

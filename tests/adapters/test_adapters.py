@@ -12,6 +12,7 @@ from our code), a few optimiser steps lower the loss, the methods' own refusals.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -260,10 +261,15 @@ def test_loading_an_adapter_of_another_method_is_refused(tmp_path):
 def test_an_adapter_folder_missing_a_trained_tensor_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
+    from diffattn.adapters.io import adapter_fingerprint
+
     folder = save_adapter(adapt(tiny("llama"), DiffQConfig(anneal_steps=4)), tmp_path / "adapter")
     tensors = load_file(folder / "adapter.safetensors")
     tensors.pop(next(iter(tensors)))
     save_file(tensors, folder / "adapter.safetensors")
+    # as a buggy writer would leave it: the fingerprint agrees with the (incomplete) weights, the names check catches it
+    meta = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**meta, "adapter_fingerprint": adapter_fingerprint(meta, tensors)}))
     base = tiny("llama")
     with pytest.raises(ValueError, match="does not fit this model"):
         load_adapter(base, folder)
@@ -495,3 +501,62 @@ def test_an_adapter_refuses_a_base_changed_anywhere_and_a_fingerprint_it_does_no
         with pytest.raises(ValueError, match=rf"base fingerprint of version {version}, not the one .* checks \(2"):
             load_adapter(base, folder)
         assert getattr(base, "_diffattn_adapter", None) is None
+
+
+def _dex_with_some_heads(tmp_path):
+    """A Dex adapter on a subset of heads (what a hand edit of ``selected`` would change), saved."""
+    model = adapt(tiny("llama"), DexConfig(heads="all", anneal_steps=4))
+    folder = save_adapter(model, tmp_path / "adapter")
+    meta = json.loads((folder / "adapter_config.json").read_text())
+    assert meta["format_version"] == 2 and set(meta["adapter_fingerprint"]) == {"config", "weights"}
+    return folder, meta
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m["config"].update(selected=[[0, 0]]),  # another set of Dex heads
+        lambda m: m.update(step=m["step"] + 1),  # another λ(t)
+        lambda m: m["config"].update(anneal_steps=m["config"]["anneal_steps"] * 2),
+    ],
+    ids=["heads", "step", "anneal"],
+)
+def test_an_adapter_config_edited_after_saving_is_refused_by_name(edit, tmp_path):
+    """issue 36 §7: a tampered adapter_config.json loaded and evaluated another model with rc 0."""
+    folder, meta = _dex_with_some_heads(tmp_path)
+    edit(meta)
+    (folder / "adapter_config.json").write_text(json.dumps(meta))
+    base = tiny("llama")
+    with pytest.raises(ValueError, match=r"adapter_config.json was edited after the adapter was saved"):
+        load_adapter(base, folder)
+    assert getattr(base, "_diffattn_adapter", None) is None
+
+
+def test_adapter_weights_cast_or_changed_after_saving_are_refused_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = _dex_with_some_heads(tmp_path)
+    weights = folder / "adapter.safetensors"
+    original = weights.read_bytes()
+    tensors = load_file(weights)
+    for change in (lambda t: t.half(), lambda t: t + 1e-3):
+        save_file({k: change(v) for k, v in tensors.items()}, weights)
+        base = tiny("llama")
+        with pytest.raises(ValueError, match=r"adapter.safetensors was changed after the adapter was saved"):
+            load_adapter(base, folder)
+        assert getattr(base, "_diffattn_adapter", None) is None
+    weights.write_bytes(original)
+    reordered = json.loads((folder / "adapter_config.json").read_text())  # key order is not an edit
+    (folder / "adapter_config.json").write_text(json.dumps(dict(reversed(list(reordered.items())))))
+    assert load_adapter(tiny("llama"), folder) is not None
+
+
+def test_a_format_1_adapter_loads_with_a_warning_that_edits_cannot_be_detected(tmp_path):
+    folder, meta = _dex_with_some_heads(tmp_path)
+    del meta["adapter_fingerprint"]
+    (folder / "adapter_config.json").write_text(json.dumps({**meta, "format_version": 1}))
+    with pytest.warns(UserWarning, match="adapter format 1, no adapter fingerprint.*save it again"):
+        assert load_adapter(tiny("llama"), folder) is not None
+    (folder / "adapter_config.json").write_text(json.dumps({**meta, "format_version": 2}))
+    with pytest.raises(ValueError, match="has no adapter_fingerprint"):
+        load_adapter(tiny("llama"), folder)

@@ -4,16 +4,21 @@ The safetensors file holds every parameter the method trained — its own (``dex
 weights it updates (Dex: W_K, W_V, W_O) — under the adapted model's parameter names. The JSON holds the
 method, its config (with the heads that were selected), the step t of λ(t), and a fingerprint of the base
 model taken when the adapter was created (architecture sizes + a hash of every tensor of the base), so loading
-into another base model is refused. Loading checks everything (method,
-fingerprint, that the tensors read completely) before the model is touched, and undoes the wrapping if the
-names or shapes do not fit: a bad adapter folder leaves the model unchanged.
+into another base model is refused, and (format 2) a fingerprint of the adapter itself: one hash over what decides
+its computation as saved (method, config with the selected heads, step) and one over every saved tensor's name,
+dtype, shape and bytes, so an ``adapter_config.json`` edited by hand or weights cast to another dtype are refused
+by name instead of loading another model. Loading checks everything (method, both fingerprints, that the tensors
+read completely) before the model is touched, and undoes the wrapping if the names or shapes do not fit: a bad
+adapter folder leaves the model unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,7 +31,7 @@ from .registry import get_method, method_names
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: adapter_fingerprint (config and weights as saved); 1 had none
 
 
 PEFT_SAVE = (
@@ -42,6 +47,47 @@ def _peft_layer_prefixes(model: nn.Module) -> list[str]:
     except ImportError:  # PEFT is not installed: nothing can be wrapped by it
         return []
     return [f"{n}." for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+def adapter_fingerprint(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Two sha256 hex digests: ``config`` over the method, its options and the step of λ(t) (what decides the
+    computation besides the tensors; the key order of the JSON does not matter) and ``weights`` over every tensor's
+    name, dtype, shape and bytes in name order. Kept apart so a refusal names the file that changed."""
+    decisive = {k: meta.get(k) for k in ("method", "config", "step")}
+    config = hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return {"config": config, "weights": h.hexdigest()}
+
+
+def _check_adapter_fingerprint(path: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse a folder whose config or weights changed after save_adapter wrote them (format 2), naming the file;
+    a format-1 folder has nothing to check against: a warning says so and how to get the check."""
+    recorded = meta.get("adapter_fingerprint")
+    if meta.get("format_version", 1) < 2:
+        warnings.warn(
+            f"{path} was saved by an older diffattn (adapter format 1, no adapter fingerprint): an edit of its "
+            f"{CONFIG_NAME} or weights cannot be detected; save it again (load, then save_adapter) to record one",
+            stacklevel=3,
+        )
+        return
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path / CONFIG_NAME} has no adapter_fingerprint (format 2 records one): it was edited")
+    now = adapter_fingerprint(meta, tensors)
+    if recorded.get("config") != now["config"]:
+        raise ValueError(
+            f"{path / CONFIG_NAME} was edited after the adapter was saved (its method, options or step no longer "
+            "match the adapter fingerprint recorded with them), so it would load another model than the one trained; "
+            "restore the file, or adapt a fresh model with the options you want and train it"
+        )
+    if recorded.get("weights") != now["weights"]:
+        raise ValueError(
+            f"{path / WEIGHTS_NAME} was changed after the adapter was saved (a tensor's values, dtype or shape no "
+            "longer match the adapter fingerprint): restore it from the run that saved it"
+        )
 
 
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -71,6 +117,7 @@ def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
         "base_fingerprint_version": FINGERPRINT_VERSION,
         "base_model_type": model.config.model_type,
     }
+    meta["adapter_fingerprint"] = adapter_fingerprint(meta, tensors)
     tmp = path / (WEIGHTS_NAME + ".tmp")
     save_file(tensors, str(tmp))
     os.replace(tmp, path / WEIGHTS_NAME)
@@ -144,6 +191,7 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
     spec = get_method(saved)
     saved_options = dict(meta["config"])
     _refuse_newer(path, meta.get("format_version", 1), saved_options, spec.config)
+    _check_adapter_fingerprint(Path(path), meta, tensors)
     config = spec.load_config(saved_options)  # Dex: exactly the heads that were chosen
     spec.adapt(model, config, None)
     params = dict(model.named_parameters())
