@@ -269,7 +269,9 @@ def test_an_adapter_folder_missing_a_trained_tensor_is_refused(tmp_path):
     save_file(tensors, folder / "adapter.safetensors")
     # as a buggy writer would leave it: the fingerprint agrees with the (incomplete) weights, the names check catches it
     meta = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps({**meta, "adapter_fingerprint": adapter_fingerprint(meta, tensors)}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps({**meta, "adapter_fingerprint": adapter_fingerprint(meta, tensors)})
+    )
     base = tiny("llama")
     with pytest.raises(ValueError, match="does not fit this model"):
         load_adapter(base, folder)
