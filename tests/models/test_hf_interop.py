@@ -271,6 +271,24 @@ def test_removing_or_resetting_the_options_makes_the_checkpoint_plain_again(tmp_
 
 
 @pytest.mark.parametrize("attention", ["diff", "diff-v2"])
+def test_the_returned_maps_are_on_the_outputs_gradient_path(attention):
+    """issue 36 §8: transformers' test_retain_grad_hidden_states_attentions — retain_grad on a returned map, then
+    backward from the output, must give the map a gradient (the maps were built apart from the op, so it was None);
+    asking for the maps changes the output by float rounding only (the reference op computes it then)."""
+    model = build_model("debug", attention, seed=0, vocab_size=VOCAB)
+    ids = _ids()
+    out = model(ids, output_attentions=True)
+    maps = out.attentions[0]
+    maps.retain_grad()
+    out.logits.flatten()[0].backward()
+    assert maps.grad is not None and maps.grad.abs().sum() > 0
+    with torch.no_grad():
+        plain = model(ids).logits
+    eps = torch.finfo(plain.dtype).eps
+    torch.testing.assert_close(out.logits.detach(), plain, rtol=64 * eps, atol=64 * eps * plain.abs().max().item())
+
+
+@pytest.mark.parametrize("attention", ["diff", "diff-v2"])
 def test_output_attentions_in_the_config_returns_the_maps_the_keyword_returns(attention):
     model = build_model("debug", attention, seed=0, vocab_size=VOCAB).eval()
     model.set_attn_implementation("eager")  # transformers refuses config.output_attentions under sdpa

@@ -48,7 +48,7 @@ from ..lambdas import (
     output_scale,
     reparameterized_lambda,
 )
-from ..ops import BACKENDS, diff_attention, diff_attention_maps, with_packed_segments
+from ..ops import BACKENDS, diff_attention, diff_attention_maps, output_through_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import visible_keys
@@ -216,17 +216,20 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
             report(self, kind="diff", **{**maps, "v": torch.cat(v_halves, dim=-1)})
         bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
+        weights = None
         if bits is not None:
             out = quantized_attention(**{**maps, "v": torch.cat(v_halves, dim=-1)}, bits=bits)
+        elif attention_maps_requested(self.config, kwargs):
+            # laid out as transformers' DiffLlama eager path returns them: [B, H, T, S], heads [0, H/2) map 1
+            # and [H/2, H) map 2, from the reference op (the fused backends never form the maps); the output is
+            # computed from these very tensors, so they carry its gradient as eager attention's do (issue 36 §8)
+            v_full = torch.cat(v_halves, dim=-1)
+            ref = diff_attention_maps(**{**maps, "v": v_full})
+            weights = torch.cat([ref.attn1, ref.attn2], dim=1).to(q.dtype)
+            out = output_through_maps(*weights.chunk(2, dim=1), ref.lam, v_full)
         else:
             # a packed row's mask reaches the op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
             out = diff_attention(**with_packed_segments(maps, kwargs.get("position_ids")), backend=self.options.backend)
         out = self.groupnorm(out) * output_scale(self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
-        weights = None
-        if attention_maps_requested(self.config, kwargs):
-            # laid out as transformers' DiffLlama eager path returns them: [B, H, T, S], heads [0, H/2) map 1
-            # and [H/2, H) map 2; from the reference op (the fused backends never form the maps)
-            ref = diff_attention_maps(**maps)
-            weights = torch.cat([ref.attn1, ref.attn2], dim=1).to(q.dtype)
         return self.o_proj(out), weights

@@ -39,7 +39,7 @@ from transformers.models.llama.modeling_llama import (
 
 from ..hf_auto import save_readme
 from ..lambdas import HasLambda
-from ..ops import BACKENDS, diff_attention, diff_attention_maps, with_packed_segments
+from ..ops import BACKENDS, diff_attention, diff_attention_maps, output_through_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import FUSED, paired_attention, register_fused_attention, uses_fused_op, visible_keys
@@ -87,10 +87,14 @@ def v2_attention(
     scale: float,
     backend: str,
     position_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_maps: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The V2 attention of one layer after RoPE and the cache: q [B, 2H, T, d] (pairs interleaved), k, v
-    [B, Hkv, S, d], λ [B, H, T] → [B, H, T, d]. Shared by the from-scratch model and the retrofit. A packed row's
-    mask (documents restarting at ``position_ids`` 0) reaches the op as segment ids instead (docs/methods.md §0.2)."""
+    [B, Hkv, S, d], λ [B, H, T] → ([B, H, T, d], maps). A packed row's mask (documents restarting at
+    ``position_ids`` 0) reaches the op as segment ids instead (docs/methods.md §0.2). ``return_maps``: also both
+    maps [B, 2H, T, S], interleaved like the query heads, from the reference op (the fused backends never form
+    them), with the output computed from these very tensors so they carry its gradient as eager attention's do
+    (issue 36 §8); otherwise maps is None."""
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise ValueError(
             f"DIFF V2 attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
@@ -112,8 +116,12 @@ def v2_attention(
         report(module, kind="diff", **maps)
     bits = logit_bits()
     if bits is not None:
-        return quantized_attention(**maps, bits=bits)
-    return diff_attention(**with_packed_segments(maps, position_ids), backend=backend)
+        return quantized_attention(**maps, bits=bits), None
+    if return_maps:
+        ref = diff_attention_maps(**maps)
+        weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
+        return output_through_maps(weights[:, 0::2], weights[:, 1::2], ref.lam, v), weights
+    return diff_attention(**with_packed_segments(maps, position_ids), backend=backend), None
 
 
 class DiffV2Attention(LlamaAttention, HasLambda):
@@ -162,15 +170,9 @@ class DiffV2Attention(LlamaAttention, HasLambda):
             kwargs["output_attentions"] = maps_requested
             out, weights = paired_attention(self, q, k, v, lam, attention_mask, self.scaling, dropout, **kwargs)
             return self.o_proj(out.reshape(bsz, q_len, -1)), weights
-        out = v2_attention(
-            self, q, k, v, lam, attention_mask, self.scaling, self.backend, kwargs.get("position_ids")
-        )  # [B, H, T, d]
-        weights = None
-        if maps_requested:
-            # both maps, interleaved like the query heads, from the reference op
-            ref = diff_attention_maps(q[:, 0::2], k, q[:, 1::2], k, v, lam, attn_mask=attention_mask,
-                                      causal=attention_mask is None, scale=self.scaling)  # fmt: skip
-            weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
+        out, weights = v2_attention(
+            self, q, k, v, lam, attention_mask, self.scaling, self.backend, kwargs.get("position_ids"), maps_requested
+        )  # [B, H, T, d], [B, 2H, T, S] or None
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)
         return self.o_proj(out), weights
 

@@ -47,7 +47,7 @@ from ._inputs import (
     with_segment_mask,
 )
 from .chunked import diff_attention_chunked
-from .reference import DiffAttentionMaps, diff_attention_reference
+from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
 from .routes import SAFE_DEFAULT, call_class, table_routes
 from .sdpa import (
     cudnn_unsupported,
@@ -70,6 +70,7 @@ __all__ = [
     "diff_attention",
     "diff_attention_maps",
     "hidden_keys",
+    "output_through_maps",
     "packed_mask_segments",
     "segments_from_position_ids",
     "triton_unsupported",

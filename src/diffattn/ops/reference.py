@@ -82,3 +82,14 @@ def diff_attention_reference(inp: DiffAttentionInputs, *, return_maps: bool = Fa
     if return_maps:
         return DiffAttentionMaps(out, a1, a2, signed, lam)
     return out
+
+
+def output_through_maps(attn1: torch.Tensor, attn2: torch.Tensor, lam: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``(attn1 − λ·attn2)·V`` from the given map tensors ([B, H, T, S] each; ``lam`` as
+    :class:`DiffAttentionMaps` holds it; v [B, Hkv, S, dv]) → [B, H, T, dv] in v's dtype. A layer that returns its
+    maps (transformers' ``output_attentions``) computes its output through this from the very tensors it returns,
+    so they are on the output's gradient path as eager attention's are (``retain_grad`` on them works)."""
+    compute = torch.promote_types(v.dtype, torch.float32)
+    values = _repeat_kv(v.to(compute), attn1.shape[1] // v.shape[1])
+    signed = attn1.to(compute) - lam.to(compute) * attn2.to(compute)
+    return torch.matmul(signed, values).to(v.dtype)
