@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import pathlib
 import shutil
 
 import pytest
@@ -62,6 +63,24 @@ def test_a_corrupt_diff_folder_is_one_line_naming_it(how, pattern, diff_folder, 
     code = main(["eval", str(folder), "--suite", "ppl", "--out", str(out), "--tokens", "32", "--text", "filler"])
     _one_line(capsys, code, 2, pattern)
     assert not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "how, pattern",
+    [
+        ("nan-config", r"cannot load a model from .*nan-config.*hidden_size"),
+        ("truncated-tokenizer", r"truncated-tokenizer/tokenizer.json is not valid JSON"),
+        ("wrong-shape", r"cannot load a model from .*wrong-shape"),
+    ],
+)
+def test_adapt_names_the_model_folder_it_cannot_load(how, pattern, diff_folder, corpus_file, tmp_path, capsys):
+    """issue 36 §11: adapt printed the library's exception without naming the folder or file (eval named it)."""
+    folder = _damaged(diff_folder, tmp_path, how)
+    out = tmp_path / "adapted"
+    code = main(["adapt", "--model", str(folder), "--method", "dex", "--data", str(corpus_file), "--max-steps", "1",
+                 "--out", str(out)])  # fmt: skip
+    _one_line(capsys, code, 2, pattern)
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -262,3 +281,88 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert main(["info"]) == 130
     assert capsys.readouterr().err.strip() == "diffattn: interrupted"
+
+
+# ---------------------------------------------------------------- a full disk (issue 36 §10), simulated: no tmpfs here
+
+TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 4416 vs 4344"  # torch.save's own words
+
+
+def test_writing_says_no_space_for_every_way_a_library_says_it(tmp_path, monkeypatch):
+    from diffattn import files
+    from diffattn.files import NoSpaceError, writing
+
+    def attempt(error):
+        with writing(tmp_path / "ckpt", "the step-4 checkpoint", "the ones before it are kept"):
+            raise error
+
+    for error in (
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("safetensors: I/O error: No space left on device (os error 28)"),
+    ):
+        with pytest.raises(NoSpaceError, match=r"while writing the step-4 checkpoint \(.*ckpt\).*ones before it"):
+            attempt(error)
+    # torch's generic write failure is a full disk only when the device is (nearly) full
+    with pytest.raises(RuntimeError, match="inline_container") as plenty:
+        attempt(RuntimeError(TORCH_FULL))
+    assert not isinstance(plenty.value, NoSpaceError)
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(NoSpaceError):
+        attempt(RuntimeError(TORCH_FULL))
+    with pytest.raises(KeyError):  # anything else passes through untouched
+        attempt(KeyError("x"))
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_nothing(corpus_file, tmp_path, capsys, monkeypatch):
+    """The second checkpoint hits a full disk inside torch.save: one line naming it and the run folder, exit 1; the
+    first checkpoint is intact and the partial one is gone; --resume after space is freed finishes the run."""
+    import transformers
+
+    from diffattn import files
+
+    real = transformers.Trainer._save_checkpoint
+    calls = []
+
+    def fills_up(self, model, trial):
+        calls.append(self.state.global_step)
+        if len(calls) == 2:
+            (pathlib.Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}").mkdir(parents=True)
+            raise RuntimeError(TORCH_FULL)
+        return real(self, model, trial)
+
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", fills_up)
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    run = tmp_path / "run"
+    args = ["pretrain", "--preset", "debug", "--data", str(corpus_file), "--max-steps", "2", "--save-every", "1",
+            "--seq-len", "32", "--out", str(run)]  # fmt: skip
+    code = main(args)
+    _one_line(capsys, code, 1, r"no space left on the device while writing the step-2 checkpoint \(.*run.*\); "
+              r"nothing finished was lost: the checkpoints before it are kept.*--resume")  # fmt: skip
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-1"]
+    assert not list(run.rglob("checkpoint-2"))
+    monkeypatch.setattr(transformers.Trainer, "_save_checkpoint", real)
+    monkeypatch.undo()
+    assert main([*args, "--resume"]) == 0 and (run / "final").is_dir()
+
+
+def test_an_export_onto_a_full_disk_names_the_destination_and_changes_nothing(tmp_path, capsys, monkeypatch):
+    from diffattn.experiments import report
+
+    experiment = tmp_path / "exp"
+    experiment.mkdir()
+    (experiment / "report.md").write_text("# report\n")
+    (experiment / "results.json").write_text("{}")
+    dest = tmp_path / "published"
+
+    def full(src, dst, **kwargs):  # as shutil's copy reports it: the source as filename, the target as filename2
+        raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+    monkeypatch.setattr(report.shutil, "copy2", full)
+    with pytest.raises(OSError) as caught:
+        report.export_report(experiment, dest)
+    line, status = failure_line(caught.value)
+    assert status == 1 and str(dest) in line and "free space and export again" in line, line
+    assert not dest.exists() and not list(tmp_path.glob(".published.export-*"))
+    assert failure_line(OSError(errno.ENOSPC, "No space left on device", "/src/a", None, "/dst/a"))[0].endswith(
+        "/dst/a"
+    )

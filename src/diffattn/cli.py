@@ -670,11 +670,17 @@ def failure_line(e: BaseException) -> tuple[str, int]:
     file's contents), 1 for a fault of the machine (a full disk, an I/O error) or a failure of the library."""
     import errno
 
+    from .files import NoSpaceError
+
     if isinstance(e, ValueError):  # the library's own refusals, and JSON errors (ValueError subclasses)
         return _one_line(e) or type(e).__name__, 2
+    if isinstance(e, NoSpaceError):  # already says what was written, where, and what is intact
+        return e.strerror, 1
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
-        where = f": {e.filename}" if e.filename else ""
+        # a copy's error carries the source as filename and the file being written as filename2 (shutil)
+        path = e.filename2 if name in ("ENOSPC", "EDQUOT") and getattr(e, "filename2", None) else e.filename
+        where = f": {path}" if path else ""
         what = e.strerror or str(e)
         if name == "ENOSPC":
             what = "no space left on the device (free some space and rerun: finished parts are kept)"

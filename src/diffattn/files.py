@@ -15,10 +15,14 @@
   beside it and renamed over it (:func:`publish_folder`, :func:`write_text_atomic`), so an exception at any
   point leaves the old result or the new one, complete. (A folder is replaced with two renames: a process killed
   between them leaves the old copy in ``.NAME.old-*/NAME`` beside it.)
+* A write that fails because the device is full (however the writing library says so: ``ENOSPC``, torch's zip
+  writer's ``[enforce fail at inline_container.cc]``, safetensors' ``os error 28``) is one :class:`NoSpaceError`
+  naming what was being written and where, and what is intact (:func:`writing`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -27,7 +31,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 try:
@@ -51,6 +56,58 @@ class UnsafeDeleteError(ValueError):
 
 class FolderInUseError(ValueError):
     """Another process holds the folder's lock (a run is writing into it)."""
+
+
+class NoSpaceError(OSError):
+    """The device filled up while diffattn wrote something; its message names what, where, and what is intact."""
+
+
+# how the libraries diffattn writes through report a write that failed: torch.save's zip writer
+# (PytorchStreamWriter: "[enforce fail at inline_container.cc:NNN] . unexpected pos" / "file write failed"), the OS
+# and safetensors' Rust writer ("No space left on device (os error 28)"), a quota ("Disk quota exceeded")
+_SAYS_NO_SPACE = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+_SAYS_WRITE_FAILED = ("inline_container.cc", "file write failed", "PytorchStreamWriter failed")
+_NEARLY_FULL_BYTES = 64 * 2**20  # a generic write failure with less free than this is taken as a full device
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def out_of_space(error: BaseException, target: str | os.PathLike) -> bool:
+    """Whether ``error`` (raised while writing under ``target``) means the device is full: ENOSPC / EDQUOT, a
+    library's text for it, or a library's generic write failure with (almost) no space left where it wrote."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    if any(s in text for s in _SAYS_NO_SPACE):
+        return True
+    if any(s in text for s in _SAYS_WRITE_FAILED):
+        free = _free_bytes(Path(target))
+        return free is not None and free < _NEARLY_FULL_BYTES
+    return False
+
+
+@contextmanager
+def writing(target: str | os.PathLike, what: str, intact: str) -> Iterator[None]:
+    """Run a write of ``what`` under ``target``; if the device fills up, raise one :class:`NoSpaceError` that says
+    so, names ``target`` and says what is ``intact`` (e.g. "the checkpoints before it are kept: free space and
+    continue with --resume") instead of the writing library's own words. The caller removes its partial copy."""
+    try:
+        yield
+    except NoSpaceError:
+        raise
+    except Exception as e:
+        if not out_of_space(e, target):
+            raise
+        message = f"no space left on the device while writing {what} ({target}); nothing finished was lost: {intact}"
+        raise NoSpaceError(errno.ENOSPC, message) from e
 
 
 def new_id() -> str:

@@ -180,9 +180,11 @@ def load_for_eval(name_or_path: str | os.PathLike, *, trust_remote_code: bool = 
 
     A folder that cannot be loaded — a JSON file that does not parse, a config value of the wrong type, a tensor of
     the wrong shape — is refused with one ``ValueError`` naming the folder (and the file, for JSON)."""
+    from ..models.pretrained import check_json_files
+
     path = Path(name_or_path)
     for folder in (path, path / "final", path / "merged", path / "adapter"):
-        _check_json_files(folder)
+        check_json_files(folder)
     try:
         return _load_for_eval(name_or_path, trust_remote_code)
     except (ValueError, OSError):
@@ -190,17 +192,6 @@ def load_for_eval(name_or_path: str | os.PathLike, *, trust_remote_code: bool = 
     except Exception as e:
         message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
         raise ValueError(f"cannot load a model from {str(path)!r}: {type(e).__name__}: {message}") from e
-
-
-def _check_json_files(folder: Path) -> None:
-    """Every JSON file of a model folder parses (a truncated tokenizer.json otherwise fails without its name)."""
-    if not folder.is_dir():
-        return
-    for f in sorted(folder.glob("*.json")):
-        try:
-            json.loads(f.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"{f} is not valid JSON ({e}): the folder is damaged; restore or re-export it") from e
 
 
 def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
-from ..files import new_id, write_text_atomic
+from ..files import new_id, write_text_atomic, writing
 from ..models.architectures import ARCHITECTURES, MEAN_LAMBDA
 
 logger = logging.getLogger(__name__)
@@ -515,10 +515,12 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
         info = {"dest": dest.name, "id": staging.name.rsplit("-", 1)[1], "pid": os.getpid()}
         (staging / EXPORT_STAGING).write_text(json.dumps({**info, "host": socket.gethostname()}) + "\n")
         new = {}
-        for name in names:
-            (staging / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / name, staging / name, follow_symlinks=False)
-            new[name] = _sha256(staging / name)
+        with writing(dest, f"the export of {src}", f"{dest} is unchanged (the partial copy was removed): free space "
+                     "and export again"):  # fmt: skip
+            for name in names:
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / name, staging / name, follow_symlinks=False)
+                new[name] = _sha256(staging / name)
         _check_export_destination(dest, new, owned)
         stale = {n: h for n, h in (owned or {}).items() if n not in new and _sha256(dest / n) in h}
         # while files move in, the marker accepts each file's old contents and its new ones

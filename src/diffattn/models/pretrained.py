@@ -138,6 +138,19 @@ def check_model_folder(path: Path) -> None:
         )
 
 
+def check_json_files(folder: Path) -> None:
+    """Every JSON file of a model folder parses (a truncated tokenizer.json otherwise fails without its name)."""
+    import json
+
+    if not folder.is_dir():
+        return
+    for f in sorted(folder.glob("*.json")):
+        try:
+            json.loads(f.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{f} is not valid JSON ({e}): the folder is damaged; restore or re-export it") from e
+
+
 def remote_code_files(path: Path) -> list[str]:
     """The files of a model folder that ask transformers to run the folder's own Python (an ``auto_map``)."""
     import json
@@ -190,14 +203,29 @@ def load_pretrained(
             f"unknown pretrained model {str(name_or_path)!r}: give one of {', '.join(PRETRAINED)} "
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    if config.model_type == "diffllama" and getattr(config, "diffattn", None):
-        # a DiffLlama checkpoint recording diffattn options: refused if this diffattn does not know one, and loaded
-        # as what it records (our attention with those options, norm gains included) where plain DiffLlama would
-        # compute other ones
-        set_checkpoint_type(config, recorded_options(config))
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, config=config, dtype=dtype, trust_remote_code=trust_remote_code
-    )
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    check_json_files(folder)  # a truncated tokenizer.json otherwise fails without its name
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        if config.model_type == "diffllama" and getattr(config, "diffattn", None):
+            # a DiffLlama checkpoint recording diffattn options: refused if this diffattn does not know one, and
+            # loaded as what it records (our attention with those options, norm gains included) where plain
+            # DiffLlama would compute other ones
+            set_checkpoint_type(config, recorded_options(config))
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, config=config, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        if e.errno is not None:  # the file system's own error (permissions, I/O): reported with its path
+            raise
+        raise _unloadable(folder, e) from e
+    except Exception as e:  # a config value of the wrong type (hidden_size NaN), a tensor of the wrong shape, …
+        if isinstance(e, ValueError) and str(folder) in str(e):
+            raise  # already names the folder (diffattn's own refusals)
+        raise _unloadable(folder, e) from e
     return model.eval(), tokenizer
+
+
+def _unloadable(folder: Path, e: BaseException) -> ValueError:
+    message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return ValueError(f"cannot load a model from {str(folder)!r}: {type(e).__name__}: {message}")

@@ -56,7 +56,7 @@ from ..adapters.base import set_adapter_backend
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
 from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
-from ..files import is_inside, publish_folder, release_folder, write_text_atomic
+from ..files import NoSpaceError, is_inside, publish_folder, release_folder, write_text_atomic, writing
 from ..models.pretrained import load_pretrained
 from .adapt_config import (
     RESOLVED_OPTIONS,
@@ -69,6 +69,7 @@ from .adapt_trainer import AdapterStepCallback, AdapterTrainer, _lambda_warnings
 from .data import PackedDataset, add_retrieval_mix, check_enough_text
 from .tracking import report_to, tracker_environment
 from .trainer import (
+    FINAL_INTACT,
     METRICS,
     STAGING,
     MetricsCallback,
@@ -292,7 +293,18 @@ def _none(model):
 
 
 def _save_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summary: dict) -> None:
-    """Write adapter/ (methods, LoRA), merged/ (--merge) or final/ (attn-ft, full-ft), each atomically."""
+    """Write adapter/ (methods, LoRA), merged/ (--merge) or final/ (attn-ft, full-ft), each atomically; a full
+    device is one line naming the run folder (the partial copy is removed, published results stay)."""
+    try:
+        with writing(run_dir, "the adapted model", FINAL_INTACT):
+            _write_result(trainer, tokenizer, config, run_dir, summary)
+    except NoSpaceError:
+        for name in (ADAPTER, MERGED, FINAL):
+            shutil.rmtree(run_dir / (name + ".tmp"), ignore_errors=True)
+        raise
+
+
+def _write_result(trainer, tokenizer, config: AdaptRunConfig, run_dir: Path, summary: dict) -> None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     spec = get_method(config.method.name)
     if spec.result == ADAPTER:

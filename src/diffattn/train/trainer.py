@@ -38,6 +38,7 @@ from transformers.trainer_callback import ProgressCallback
 from ..data.packing import FlatteningCollator
 from ..files import (
     RUN_CONFIG,
+    NoSpaceError,
     check_removable,
     claim_id,
     contents,
@@ -49,6 +50,7 @@ from ..files import (
     release_folder,
     save_record,
     write_text_atomic,
+    writing,
 )
 from ..lambdas import lambda_per_layer
 from ..models.architectures import ARCHITECTURES
@@ -189,13 +191,20 @@ class DiffattnTrainer(Trainer):
             raise NonFiniteLossError(
                 f"gradient norm became {grad_norm} at step {self.state.global_step}; its checkpoint was not saved"
             )
-        super()._save_checkpoint(model, trial)  # into args.output_dir = .staging/
-        self.accelerator.wait_for_everyone()
         name = f"checkpoint-{self.state.global_step}"
         staged = Path(self.args.output_dir) / name
-        if self.args.should_save and self.checkpoint_tokenizer is not None and staged.is_dir():
-            self.checkpoint_tokenizer.save_pretrained(staged)
-            shutil.copyfile(self.run_dir / RUN_CONFIG, staged / RUN_CONFIG)
+        intact = "the checkpoints before it are kept (this one was removed); free space and continue with --resume"
+        try:
+            with writing(staged, f"the step-{self.state.global_step} checkpoint", intact):
+                super()._save_checkpoint(model, trial)  # into args.output_dir = .staging/
+                self.accelerator.wait_for_everyone()
+                if self.args.should_save and self.checkpoint_tokenizer is not None and staged.is_dir():
+                    self.checkpoint_tokenizer.save_pretrained(staged)
+                    shutil.copyfile(self.run_dir / RUN_CONFIG, staged / RUN_CONFIG)
+        except NoSpaceError:
+            if self.args.should_save:
+                shutil.rmtree(staged, ignore_errors=True)  # a partial checkpoint frees its space and is never read
+            raise
         problem = None
         # FSDP checkpoints have accelerate's sharded layout (optimizer.bin, *_fsdp_* folders), which
         # checkpoint_problem does not know: they are published unchecked
@@ -674,6 +683,10 @@ def ready_for_inference(model, tokenizer) -> None:
                 setattr(model.config, key, value)
 
 
+# what a full disk while writing a run's result leaves intact (the partial copy is removed)
+FINAL_INTACT = "its checkpoints are kept; free space and run it again with --resume (it continues from the last one)"
+
+
 def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path, summary: dict) -> None:
     from ..cards import run_card_fields, write_model_card
 
@@ -681,8 +694,13 @@ def _save_final(trainer: Trainer, tokenizer, config: RunConfig, run_dir: Path, s
     shutil.rmtree(tmp, ignore_errors=True)
     model = trainer.accelerator.unwrap_model(trainer.model)
     ready_for_inference(model, tokenizer)
-    model.save_pretrained(tmp, state_dict=trainer.accelerator.get_state_dict(trainer.model))
-    tokenizer.save_pretrained(tmp)
-    config.save(tmp / RUN_CONFIG)
-    write_model_card(tmp, **run_card_fields(config, summary, form=FINAL))
+    try:
+        with writing(tmp, "the trained model", FINAL_INTACT):
+            model.save_pretrained(tmp, state_dict=trainer.accelerator.get_state_dict(trainer.model))
+            tokenizer.save_pretrained(tmp)
+            config.save(tmp / RUN_CONFIG)
+            write_model_card(tmp, **run_card_fields(config, summary, form=FINAL))
+    except NoSpaceError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     publish_folder(tmp, final)
