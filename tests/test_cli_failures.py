@@ -366,3 +366,55 @@ def test_an_export_onto_a_full_disk_names_the_destination_and_changes_nothing(tm
     assert failure_line(OSError(errno.ENOSPC, "No space left on device", "/src/a", None, "/dst/a"))[0].endswith(
         "/dst/a"
     )
+
+
+# ---------------------------------------------------------------- issue 36 §12, the rest
+
+
+def test_eval_out_a_dangling_symlink_is_named(diff_folder, tmp_path, capsys):
+    out = tmp_path / "link"
+    out.symlink_to(tmp_path / "nowhere")
+    code = main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), "--tokens", "32", "--text", "filler"])
+    _one_line(capsys, code, 2, r"--out '.*link' is a symbolic link to '.*nowhere', which does not exist")
+    assert out.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_a_named_pipe_as_data_is_named_as_what_it_is(tmp_path, capsys):
+    import os
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes on this platform")
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    out = tmp_path / "run"
+    code = main(["pretrain", "--preset", "debug", "--data", str(fifo), "--max-steps", "1", "--seq-len", "32",
+                 "--out", str(out)])  # fmt: skip
+    _one_line(capsys, code, 2, r"corpus.txt' exists but is not a regular file or a folder \(a named pipe")
+    assert not out.exists()
+
+
+def test_adapting_an_adapted_model_says_so():
+    from diffattn import DAAConfig, DexConfig, adapt
+
+    from .tiny_models import tiny
+
+    model = adapt(tiny("llama"), DexConfig(heads="all"))
+    with pytest.raises(ValueError, match=r"this model has a dex adapter already; adapt a fresh base model"):
+        adapt(model, DAAConfig())
+
+
+def test_trained_parameter_names_on_a_peft_model_is_refused_with_the_how_to():
+    peft = pytest.importorskip("peft")
+    from diffattn import DexConfig, adapt
+    from diffattn.adapters import trained_parameter_names
+
+    from .tiny_models import tiny
+
+    model = adapt(tiny("llama"), DexConfig(heads="all"))
+    names = trained_parameter_names(model)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(target_modules=["gate_proj"]))
+    with pytest.raises(
+        ValueError, match=r"wrapped by PEFT; .*call diffattn.adapters.trained_parameter_names\(model\) before"
+    ):
+        trained_parameter_names(wrapped)
+    assert names and all(n in dict(model.named_parameters()) for n in names)

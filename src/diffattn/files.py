@@ -110,6 +110,15 @@ def writing(target: str | os.PathLike, what: str, intact: str) -> Iterator[None]
         raise NoSpaceError(errno.ENOSPC, message) from e
 
 
+def dangling_link(path: str | os.PathLike, what: str, remedy: str) -> str | None:
+    """The refusal for a destination ``path`` that is a symbolic link to nowhere (creating the folder would say only
+    "File exists"), naming ``what`` it is and where the link points; None otherwise."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        return f"{what} {str(path)!r} is a symbolic link to {os.readlink(path)!r}, which does not exist: {remedy}"
+    return None
+
+
 def new_id() -> str:
     """A fresh random identity for a folder's marker and record."""
     return secrets.token_hex(16)

@@ -116,8 +116,17 @@ def differential_parameter_names(model: nn.Module) -> list[str]:
 
 def adapt(model: nn.Module, config, calibration=None) -> nn.Module:
     """Give ``model`` the method of ``config`` (one of the :data:`METHODS` configs); returns the same model,
-    changed in place. ``calibration``: a list of input-id tensors, for Dex's data-driven head selection."""
-    return spec_for_config(config).adapt(model, config, calibration)
+    changed in place. ``calibration``: a list of input-id tensors, for Dex's data-driven head selection. A model
+    that has an adapter already is refused (adapting it again would wrap the wrapped attention)."""
+    spec = spec_for_config(config)
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft.PeftModel
+    existing = vars(inner).get("_diffattn_adapter")
+    if existing is not None or any(isinstance(m, AdaptedAttention) for m in inner.modules()):
+        method = f"a {existing.method} adapter" if existing is not None else "an adapter"
+        raise ValueError(
+            f"adapt: this model has {method} already; adapt a fresh base model, or call remove_adapter(model) first"
+        )
+    return spec.adapt(model, config, calibration)
 
 
 def trainable_parameters(model: nn.Module) -> list[str]:
@@ -134,8 +143,17 @@ PEFT_TRAINABLE = (
 
 
 def trained_parameter_names(model: nn.Module) -> list[str]:
-    """Names of the parameters the model's method trains (its own and the base weights it updates)."""
-    return get_method(_info(model, "trained_parameter_names").method).trained_names(model)
+    """Names of the parameters the model's method trains (its own and the base weights it updates), as the adapted
+    model names them. A PEFT-wrapped model is refused with the remedy: inside PEFT's wrapper the names change."""
+    inner = adapted_model(model, "trained_parameter_names", allow_peft=False, peft_remedy=PEFT_NAMES)
+    return get_method(inner._diffattn_adapter.method).trained_names(inner)
+
+
+PEFT_NAMES = (
+    "inside PEFT's wrapper the parameters have other names (base_model.model.…, LoRA's base_layer): call "
+    "diffattn.adapters.trained_parameter_names(model) before get_peft_model, or fold the PEFT adapter in first "
+    "(model = model.merge_and_unload())"
+)
 
 
 def merge_adapter(model: nn.Module) -> nn.Module:

@@ -124,6 +124,11 @@ def _read_shakespeare() -> tuple[list[str], list[str]]:
 def _read_path(path: Path) -> tuple[list[str], list[str]]:
     """Documents of a file or directory in sorted file order, with a label per document (file, or file:record)."""
     suffixes = TEXT_SUFFIXES + JSON_SUFFIXES
+    if path.exists() and not (path.is_dir() or path.is_file()):  # a named pipe, a socket, a device
+        raise ValueError(
+            f"corpus source {str(path)!r} exists but is not a regular file or a folder (a named pipe or a device?): "
+            "a corpus is read more than once (its fingerprint, then its text), so save it to a file and give that"
+        )
     if path.is_dir():
         # Hidden files and folders (.git, .ipynb_checkpoints, ...) are tooling, not corpus.
         files = sorted(

@@ -34,7 +34,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..files import LOCK, MARKER, RUN_CONFIG, lock_folder, mark, marker, release_folder, write_text_atomic
+from ..files import (
+    LOCK,
+    MARKER,
+    RUN_CONFIG,
+    dangling_link,
+    lock_folder,
+    mark,
+    marker,
+    release_folder,
+    write_text_atomic,
+)
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
 from .common import TRAINED_LENGTH, CommonOptions, Suite, jsonable, trained_length
 
@@ -307,6 +317,9 @@ def claim_eval_id(out: Path) -> str:
 def check_eval_folder(out: Path) -> None:
     """``out`` must be new, empty, or an evaluation's folder (ours: it has the marker, or an earlier diffattn
     ``results.json``), since its results and pictures are replaced there; refused with the reason otherwise."""
+    problem = dangling_link(out, "--out", "name a folder for results.json and the pictures")
+    if problem:
+        raise ValueError(problem)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file: name a folder for results.json and the pictures")
     if not out.exists() or {p.name for p in out.iterdir()} <= {LOCK}:

@@ -42,6 +42,7 @@ from ..files import (
     check_removable,
     claim_id,
     contents,
+    dangling_link,
     empty_folder,
     lock_folder,
     lock_holder,
@@ -472,11 +473,9 @@ def check_run_dir(
     (``"method.options"``) the caller compares itself on resume, in resolved form."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
-    if run_dir.is_symlink() and not run_dir.exists():  # mkdir would say only "File exists"
-        raise RunFolderError(
-            f"output folder {str(run_dir)!r} is a symbolic link to {os.readlink(run_dir)!r}, which does not exist: "
-            "name a folder (new, empty, or a run's)"
-        )
+    problem = dangling_link(run_dir, "output folder", "name a folder (new, empty, or a run's)")
+    if problem:
+        raise RunFolderError(problem)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"output folder {str(run_dir)!r} is a file: name a folder (new, empty, or a run's)")
     holder = lock_holder(run_dir)
