@@ -127,7 +127,7 @@ CASES = [
     ("export {decoy} {new}", r"no report.md"),
     ("export {finished_exp} {decoy}", r"not made by diffattn export"),
     ("export {linked_exp} {new}", r"report\.md is \(or lies under\) a symbolic link"),
-    ("export {finished_exp} {edited_export}", r"would overwrite report\.md \(changed since the last export\)"),
+    ("export {finished_exp} {edited_export}", r"would overwrite report\.md \(changed since diffattn export wrote it\)"),
     ("export {finished_exp} {planted_export}", r"\.diffattn-export file diffattn export did not write"),
 ]
 

@@ -504,7 +504,7 @@ def test_export_writes_only_its_own_files(tmp_path):
     (dest / "results.json").write_text('{"edited": true}')
     (src / "results.json").write_text('{"new": 1}')
     before = checksums(tmp_path)
-    with pytest.raises(ValueError, match=r"would overwrite results\.json \(changed since the last export\)"):
+    with pytest.raises(ValueError, match=r"would overwrite results\.json \(changed since diffattn export wrote it\)"):
         export_report(src, dest)
     assert checksums(tmp_path) == before
     # nor is a file at an exported name that the export did not write (b.png is linked again, and is the user's)
@@ -530,7 +530,9 @@ def test_export_into_an_earlier_versions_export_keeps_the_users_files(tmp_path):
     (dest / "report.md").write_text("the earlier export's report, with the user's note appended")
     (dest / "notes.md").write_text("mine")
     before = checksums(tmp_path)
-    with pytest.raises(ValueError, match=r"would overwrite report\.md \(an earlier diffattn's export, which recorded"):
+    with pytest.raises(
+        ValueError, match=r"would overwrite report\.md \(written by an earlier diffattn export, which recorded"
+    ):
         export_report(src, dest)
     assert main(["export", str(src), str(dest)]) == 2  # a refused request: one line, exit 2
     assert checksums(tmp_path) == before
@@ -593,3 +595,26 @@ def test_a_killed_exports_temporary_copy_is_removed_by_the_next_export(tmp_path)
     export_report(src, dest)
     assert sorted(p.name for p in dest.parent.iterdir()) == [".exp.export-notes", "exp"]
     assert (mine / "keep.txt").read_text() == "keep"
+
+
+def test_overwrite_problem_is_the_one_rule_for_replacing_a_file(tmp_path):
+    """files.overwrite_problem, which export, refresh and a run's report.md follow: a file is replaced only when its
+    checksum is one the writer recorded, or it already holds the new contents."""
+    import hashlib
+
+    from diffattn.files import file_sha256, overwrite_problem
+
+    f = tmp_path / "report.md"
+    assert overwrite_problem(f, None) is None  # nothing there
+    f.write_text("ours")
+    ours = file_sha256(f)
+    assert ours == hashlib.sha256(b"ours").hexdigest()
+    assert overwrite_problem(f, [ours]) is None
+    assert overwrite_problem(f, None, new_sha256=ours) is None  # the same contents: nothing is lost
+    assert overwrite_problem(f, None) == "not written by diffattn"
+    assert "earlier diffattn, which recorded no checksum" in overwrite_problem(f, [])
+    f.write_text("ours, with the user's note")
+    assert overwrite_problem(f, [ours], writer="diffattn export") == "changed since diffattn export wrote it"
+    link = tmp_path / "link.md"
+    link.symlink_to(f)
+    assert overwrite_problem(link, [file_sha256(f)]) == "a link or a folder"

@@ -15,6 +15,10 @@
   beside it and renamed over it (:func:`publish_folder`, :func:`write_text_atomic`), so an exception at any
   point leaves the old result or the new one, complete. (A folder is replaced with two renames: a process killed
   between them leaves the old copy in ``.NAME.old-*/NAME`` beside it.)
+* A single **file** diffattn replaces in a folder it does not own whole (an export's ``report.md``, a run's
+  ``report.md`` beside its parts) is replaced only while its SHA-256 is one diffattn recorded writing there, or it
+  already holds the new text (:func:`overwrite_problem`): a note a user appended, a link, a folder, or a file no
+  record names is refused by name; an earlier version's record without checksums licenses nothing.
 * A write that fails because the device is full (however the writing library says so: ``ENOSPC``, torch's zip
   writer's ``[enforce fail at inline_container.cc]``, safetensors' ``os error 28``) is one :class:`NoSpaceError`
   naming what was being written and where, and what is intact (:func:`writing`).
@@ -108,6 +112,40 @@ def writing(target: str | os.PathLike, what: str, intact: str) -> Iterator[None]
             raise
         message = f"no space left on the device while writing {what} ({target}); nothing finished was lost: {intact}"
         raise NoSpaceError(errno.ENOSPC, message) from e
+
+
+def file_sha256(path: str | os.PathLike) -> str | None:
+    """A regular file's SHA-256; ``None`` for a missing file, a link or a folder."""
+    import hashlib
+
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def overwrite_problem(
+    path: str | os.PathLike, recorded, *, new_sha256: str | None = None, writer: str = "diffattn"
+) -> str | None:
+    """Why ``writer`` may not replace the file at ``path`` (a phrase), or None when it may: nothing is there, it
+    already holds the new contents (``new_sha256``), or its SHA-256 is one of ``recorded`` — the checksums ``writer``
+    recorded when it wrote there. ``recorded`` None: nothing says ``writer`` wrote it; empty: an earlier version's
+    record, which kept no checksums, so an edit cannot be told and it licenses nothing."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        return None
+    have = file_sha256(path)
+    if have is None:
+        return "a link or a folder"
+    if have == new_sha256:
+        return None  # the same contents: nothing is lost
+    if recorded is None:
+        return f"not written by {writer}"
+    if not recorded:
+        return f"written by an earlier {writer}, which recorded no checksum: an edit cannot be told"
+    if have not in recorded:
+        return f"changed since {writer} wrote it"
+    return None
 
 
 def dangling_link(path: str | os.PathLike, what: str, remedy: str) -> str | None:

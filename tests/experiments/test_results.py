@@ -68,7 +68,7 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     assert (folder / "report.md").read_text() == after + "\nmy notes\n"
     edited = after.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
     (folder / "report.md").write_text(edited)  # inside the claims section: refresh would overwrite it
-    with pytest.raises(ValueError, match=r"report\.md \(changed since the last export\)"):
+    with pytest.raises(ValueError, match=r"report\.md \(changed since diffattn export wrote it\)"):
         refresh_report(folder)
     assert (folder / "report.md").read_text() == edited
     (folder / EXPORT_MARKER).unlink()

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
-from ..files import new_id, write_text_atomic, writing
+from ..files import file_sha256, new_id, overwrite_problem, write_text_atomic, writing
 from ..models.architectures import ARCHITECTURES, MEAN_LAMBDA
 
 logger = logging.getLogger(__name__)
@@ -232,32 +232,21 @@ def write_report(config, out: Path, outcomes) -> Path:
 
 
 def check_report_writable(out: Path, new_text: str | None = None) -> None:
-    """Refuse to replace ``out/report.md`` when it is not the one diffattn wrote last: its SHA-256 differs from the
-    ``report_sha256`` its results.json recorded (a note the user appended), or nothing recorded one (an earlier
-    version's report) — unless it already reads ``new_text``. Raises naming the file and what to do."""
-    report = out / "report.md"
-    if not (report.exists() or report.is_symlink()):
-        return
-    have = _sha256(report)
-    if new_text is not None and have == hashlib.sha256(new_text.encode()).hexdigest():
-        return
+    """Refuse to replace ``out/report.md`` unless it is the one diffattn wrote last (its SHA-256 is the
+    ``report_sha256`` its results.json recorded) or already reads ``new_text``: the rule of
+    :func:`diffattn.files.overwrite_problem`. Raises naming the file and what to do."""
     try:
-        recorded = json.loads((out / "results.json").read_text()).get("report_sha256")
+        results = json.loads((out / "results.json").read_text())
+        recorded = results.get("report_sha256")
+        recorded = [recorded] if isinstance(recorded, str) else []  # results without one: an earlier version's
     except (OSError, ValueError, AttributeError):
         recorded = None
-    if have is None or have != recorded:
-        why = (
-            "a link or a folder"
-            if have is None
-            else (
-                "changed since diffattn wrote it"
-                if recorded
-                else "written by an earlier version, which recorded no checksum"
-            )
-        )
+    new = hashlib.sha256(new_text.encode()).hexdigest() if new_text is not None else None
+    why = overwrite_problem(out / "report.md", recorded, new_sha256=new)
+    if why:
         raise ValueError(
-            f"{report} is {why}: diffattn does not overwrite it; move it aside (or delete it) and run again "
-            "(finished parts are not redone)"
+            f"{out / 'report.md'} is {why}: diffattn does not overwrite it; move it aside (or delete it) and run "
+            "again (finished parts are not redone)"
         )
 
 
@@ -307,7 +296,7 @@ def refresh_report(folder: str | Path) -> Path:
         texts["report.md"] = "\n".join(_replace_section(lines, "## Evaluations", evaluations, "### Every model"))
         for name, text in texts.items():
             (staged / name).write_text(text)
-        new = {f.name: _sha256(f) for f in staged.iterdir()}
+        new = {f.name: file_sha256(f) for f in staged.iterdir()}
         _check_export_destination(folder, new, owned)
         for name in new:
             os.replace(staged / name, folder / name)
@@ -520,11 +509,11 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
             for name in names:
                 (staging / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / name, staging / name, follow_symlinks=False)
-                new[name] = _sha256(staging / name)
+                new[name] = file_sha256(staging / name)
         _check_export_destination(dest, new, owned)
-        stale = {n: h for n, h in (owned or {}).items() if n not in new and _sha256(dest / n) in h}
+        stale = {n: h for n, h in (owned or {}).items() if n not in new and file_sha256(dest / n) in h}
         # while files move in, the marker accepts each file's old contents and its new ones
-        current = {n: [new[n], _sha256(dest / n)] for n in new}
+        current = {n: [new[n], file_sha256(dest / n)] for n in new}
         dest.mkdir(parents=True, exist_ok=True)
         _write_export_marker(dest, src, {**stale, **{n: [h for h in hs if h] for n, hs in current.items()}})
         for name in names:
@@ -537,15 +526,6 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
         return dest
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # left only when the process was killed: removed next time
-
-
-def _sha256(path: Path) -> str | None:
-    """A regular file's SHA-256; ``None`` for a missing file, a link or a folder."""
-    import hashlib
-
-    if path.is_symlink() or not path.is_file():
-        return None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _link_on_the_way(folder: Path, name: str) -> bool:
@@ -588,8 +568,9 @@ def _exported_files(dest: Path) -> dict[str, list[str]] | None:
 
 
 def _check_export_destination(dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None) -> None:
-    """Refuse, naming them, the files the export would overwrite without knowing them its own: a file the previous
-    export did not write, one changed since, a link or a folder in the way."""
+    """Refuse, naming them, the files the export would overwrite without knowing them its own (the rule of
+    :func:`diffattn.files.overwrite_problem`: a file the previous export did not write, one changed since, a link or
+    a folder in the way), and a link or a file where the export puts a folder."""
     problems = []
     for name in new:
         p = dest
@@ -597,22 +578,10 @@ def _check_export_destination(dest: Path, new: dict[str, str], owned: dict[str, 
             p = p / part
             if p.is_symlink() or (p.exists() and not p.is_dir()):
                 problems.append(f"{p.relative_to(dest)} (a link or a file where export puts a folder)")
-        target = dest / name
-        if not (target.exists() or target.is_symlink()):
-            continue
-        have = _sha256(target)
-        if have is None:
-            problems.append(f"{name} (a link or a folder)")
-        elif have == new[name]:
-            continue  # the same contents: nothing is lost
-        elif owned == {}:  # an earlier version's marker recorded no checksums: a change of the user's cannot be told
-            problems.append(
-                f"{name} (an earlier diffattn's export, which recorded no checksums: an edit cannot be told)"
-            )
-        elif owned is None or name not in owned:
-            problems.append(f"{name} (not written by diffattn export)")
-        elif have not in owned[name]:
-            problems.append(f"{name} (changed since the last export)")
+        recorded = owned if owned in (None, {}) else owned.get(name)
+        why = overwrite_problem(dest / name, recorded, new_sha256=new[name], writer="diffattn export")
+        if why:
+            problems.append(f"{name} ({why})")
     if problems:
         raise ValueError(
             f"export to {dest} would overwrite {', '.join(sorted(set(problems)))}: move them away (or delete them) "
