@@ -618,3 +618,63 @@ def test_overwrite_problem_is_the_one_rule_for_replacing_a_file(tmp_path):
     link = tmp_path / "link.md"
     link.symlink_to(f)
     assert overwrite_problem(link, [file_sha256(f)]) == "a link or a folder"
+
+
+def _held_by_another(folder: Path) -> int:
+    """Take ``folder``'s lock through a second open file, as another diffattn process would hold it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": 4242, "host": "gpu-7", "since": "09:00", "command": "diffattn x"}).encode())
+    return fd
+
+
+def test_export_refresh_and_run_take_the_folder_lock(tmp_path, monkeypatch):
+    """issue 36, one lock helper for every writer: an export or refresh into a folder another process holds, and a
+    run of an experiment another process is running, are refused naming the holder, nothing written."""
+    from diffattn.experiments.config import ExperimentConfig
+    from diffattn.experiments.report import refresh_report
+    from diffattn.experiments.runner import run_experiment
+    from diffattn.files import FolderInUseError
+
+    src = _experiment_folder(tmp_path)
+    dest = export_report(src, tmp_path / "results" / "exp")
+    named = r"in use by diffattn process 4242 on gpu-7 \(diffattn x\)"
+    fd = _held_by_another(dest)
+    try:
+        before = checksums(tmp_path)
+        with pytest.raises(FolderInUseError, match=named):
+            export_report(src, dest)
+        with pytest.raises(FolderInUseError, match=named):
+            refresh_report(dest)
+        assert checksums(tmp_path) == before
+    finally:
+        os.close(fd)
+    config = ExperimentConfig.from_dict(
+        {
+            "name": "locked",
+            "data": {"source": "shakespeare", "seq_len": 32},
+            "models": [{"name": "t", "preset": "debug"}],
+            "eval": {"suites": ["ppl"]},
+        }
+    )
+    fd = _held_by_another(tmp_path / "root" / "locked")
+    try:
+        with pytest.raises(FolderInUseError, match=named):
+            run_experiment(config, tmp_path / "root", evaluate=False)
+        assert [p.name for p in (tmp_path / "root" / "locked").iterdir()] == [LOCK]
+    finally:
+        os.close(fd)
+
+
+def test_a_refused_export_into_a_new_folder_leaves_no_trace_of_its_lock(tmp_path):
+    from diffattn.files import locked
+
+    src = _experiment_folder(tmp_path)
+    (src / "report.md").write_text("# r\n![x](../outside.png)\n")  # refused once the destination is locked
+    with pytest.raises(ValueError, match="outside the experiment folder"):
+        export_report(src, tmp_path / "results" / "new")
+    assert not (tmp_path / "results" / "new").exists()
+    with locked(tmp_path / "kept"):  # a folder that gets contents keeps them (not the lock file)
+        (tmp_path / "kept" / "a.txt").write_text("a")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["a.txt"]

@@ -36,7 +36,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 try:
@@ -347,23 +347,61 @@ def lock_folder(folder: str | os.PathLike, **info) -> None:
     if fcntl is None or _key(folder) in _HELD:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
-    except OSError as e:
-        raise FolderInUseError(f"cannot lock {str(folder)!r}: {folder / LOCK} cannot be opened ({e.strerror})") from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _describe(fd)
-        os.close(fd)
-        raise FolderInUseError(
-            f"{str(folder)!r} is in use by {holder}: wait for it to finish, or choose another folder"
-        ) from None
+    while True:
+        try:
+            fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        except OSError as e:
+            raise FolderInUseError(
+                f"cannot lock {str(folder)!r}: {folder / LOCK} cannot be opened ({e.strerror})"
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(fd)
+            os.close(fd)
+            raise FolderInUseError(
+                f"{str(folder)!r} is in use by {holder}: wait for it to finish, or choose another folder"
+            ) from None
+        if _still_the_lock_file(fd, folder / LOCK):
+            break
+        os.close(fd)  # its holder removed it (locked() does, on leaving) between our open and flock: take the new one
     since = time.strftime("%Y-%m-%d %H:%M:%S")
     text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since, **info}) + "\n"
     os.ftruncate(fd, 0)
     os.pwrite(fd, text.encode(), 0)
     _HELD[_key(folder)] = fd
+
+
+def _still_the_lock_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+@contextmanager
+def locked(folder: str | os.PathLike, **info) -> Iterator[None]:
+    """:func:`lock_folder` for the duration of a ``with`` block, released at its end (unless this process held the
+    lock already: then the outer holder releases it). The lock file it made is removed on leaving (while still held;
+    :func:`lock_folder` retries when the file it locked was removed meanwhile), and a folder it made that holds
+    nothing else is removed too, so a refused or failed write leaves no trace and an exported folder no lock file.
+    (pretrain, adapt and eval hold :func:`lock_folder` across their stages; run, export and refresh use this.)"""
+    folder = Path(folder)
+    made_folder = not folder.exists()
+    made_file = made_folder or not (folder / LOCK).exists()
+    held_before = fcntl is None or _key(folder) in _HELD
+    lock_folder(folder, **info)
+    try:
+        yield
+    finally:
+        if not held_before:
+            if made_file:
+                (folder / LOCK).unlink(missing_ok=True)  # still held here: whoever opened it retries on the new one
+            release_folder(folder)
+            if made_folder and not any(folder.iterdir()):
+                with suppress(OSError):  # something arrived meanwhile: it stays
+                    folder.rmdir()
 
 
 def release_folder(folder: str | os.PathLike) -> None:

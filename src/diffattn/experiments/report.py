@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
-from ..files import file_sha256, new_id, overwrite_problem, write_text_atomic, writing
+from ..files import contents, file_sha256, locked, new_id, overwrite_problem, write_text_atomic, writing
 from ..models.architectures import ARCHITECTURES, MEAN_LAMBDA
 
 logger = logging.getLogger(__name__)
@@ -267,11 +267,18 @@ def refresh_report(folder: str | Path) -> Path:
     tables and pictures, and results.json's ``claims``. Nothing is measured again: the models, their evaluations and
     every other section stay as they were, and the claims section says it was refreshed. Like an export it
     overwrites only files the export wrote and nobody changed since (and records the new ones)."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder (diffattn refresh reads an exported report's folder)")
+    with locked(folder, command="diffattn refresh"):  # an export or another refresh into it is refused meanwhile
+        return _refresh_locked(folder)
+
+
+def _refresh_locked(folder: Path) -> Path:
     from .. import __version__
     from .claims import claims_json
     from .config import ExperimentConfig
 
-    folder = Path(folder)
     report_path, results_path = folder / "report.md", folder / "results.json"
     owned = _exported_files(folder)
     if owned is None or not report_path.is_file() or not results_path.is_file():
@@ -467,7 +474,6 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
     is refused. The copy is made in ``.DEST.export-ID`` beside ``dest`` (marked :data:`EXPORT_STAGING`) and moved in
     file by file, the marker listing old and new contents meanwhile, so an interrupted export leaves files that the
     next one recognises; a temporary copy a killed export left is removed by the next export to ``dest``."""
-    import re
 
     src, dest = Path(experiment_dir), Path(dest)
     report = src / "report.md"
@@ -483,8 +489,16 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
         raise ValueError(f"{dest} is a symbolic link: name the destination folder itself")
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"{dest} is a file: choose a folder as the destination")
+    with locked(dest, command="diffattn export"):  # a second export (or refresh) into dest is refused meanwhile
+        return _export_locked(src, dest)
+
+
+def _export_locked(src: Path, dest: Path) -> Path:
+    import re
+
+    report = src / "report.md"
     owned = _exported_files(dest)  # name -> the contents the previous export wrote; None: not an export's folder
-    if owned is None and dest.exists() and any(dest.iterdir()):
+    if owned is None and contents(dest):
         raise ValueError(f"{dest} exists and was not made by diffattn export: choose another destination")
     text = report.read_text()
     pictures = sorted(set(re.findall(r"\]\(([^)\s]+\.png)\)", text)))

@@ -30,6 +30,7 @@ from ..files import (
     RUN_CONFIG,
     claim_id,
     contents,
+    locked,
     mark,
     marker,
     proof_problem,
@@ -90,7 +91,7 @@ def check_experiment_folder(out: Path, name: str, source: str | None) -> None:
     folder's other contents this file's)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file: the experiment {name!r} needs that path for its folder")
-    if not out.exists() or not any(out.iterdir()):
+    if not contents(out):
         return
     reason = why_protected(out)
     if reason:
@@ -236,13 +237,10 @@ def run_experiment(
     with ``cores // jobs`` threads (:func:`_train_in_parallel`); 1 trains them one after the other."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
-    from ..train import pretrain
-    from ..train.adapt import adapt_pretrained
 
     config.validate()
     _check_overwrite_names(config, overwrite)
     out = Path(root) / config.name
-    outcomes: list[PartOutcome] = []
 
     # every config is built (and so checked) before any training starts
     scratch = [(m, _scratch_config(config, m)) for m in config.models]
@@ -252,6 +250,16 @@ def run_experiment(
 
     source = str(Path(source).resolve()) if source is not None else config.source
     check_experiment_folder(out, config.name, source)
+    with locked(out, command="diffattn run"):  # a second run of it is refused, naming this one, until this ends
+        check_experiment_folder(out, config.name, source)  # again under the lock: another may have written meanwhile
+        return _run_locked(config, out, source, scratch, adapters, options, overwrite, report, evaluate, jobs)
+
+
+def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite, report, evaluate, jobs):
+    from ..train import pretrain
+    from ..train.adapt import adapt_pretrained
+
+    outcomes: list[PartOutcome] = []
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     grids = {a.name: _grid_parts(out, a, c, _lr_grid(config, a)) for a, c in adapters if _lr_grid(config, a)}
