@@ -171,3 +171,13 @@ def adapter_loading() -> str:
         'model, tokenizer = diffattn.load_pretrained("<base model>")\n'
         'model = diffattn.load_adapter(model, "<this folder>")\n```'
     )
+
+
+def save_readme(folder, model_type: str, title: str) -> None:
+    """A model card that says how to load a checkpoint of one of our model types (transformers' own error for an
+    unknown model type suggests upgrading transformers, which does not help)."""
+    # never replaces a card the user wrote; a run's fuller card replaces this one later (diffattn.cards)
+    write_model_card(
+        folder, title=f"{title} (diffattn)", summary=f"A `{model_type}` checkpoint written by diffattn.",
+        loading=diffattn_loading(model_type),
+    )  # fmt: skip

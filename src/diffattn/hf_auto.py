@@ -17,9 +17,12 @@ of a second) and must never break an import of transformers. So registration run
 * whenever :mod:`diffattn.models` is imported (a model built before any Auto class was imported, or a
   registration that failed in the hook).
 
+The registration itself is :func:`diffattn.models.auto.register_auto_classes`; the card a checkpoint of our types
+carries is :func:`diffattn.cards.save_readme`. This module is only the hook.
+
 Registration is idempotent. A failure inside the hook is logged, never raised into the import of transformers.
 Without ``import diffattn`` transformers refuses the unknown model types, whose names say which library they need,
-and :func:`save_readme` leaves a card in the folder that says so.
+and :func:`diffattn.cards.save_readme` leaves a card in the folder that says so.
 """
 
 from __future__ import annotations
@@ -32,36 +35,13 @@ import sys
 logger = logging.getLogger(__name__)
 
 _TOP_LEVEL = "transformers"
-_registered = False
-
-
-def register_auto_classes() -> None:
-    """Register the config, model and causal-LM classes of ``diffattn_v2`` and ``diffattn_diff`` (once)."""
-    global _registered
-    if _registered:
-        return
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-    from .models.attention_interface import register_fused_attention
-
-    # the submodules, not diffattn.models itself: this may run while that package is still being imported
-    from .models.diff_llama import DiffTransformerConfig
-    from .models.diff_model import DiffTransformerForCausalLM, DiffTransformerModel
-    from .models.diff_v2 import DiffTransformerV2Config, DiffTransformerV2ForCausalLM, DiffTransformerV2Model
-
-    for config, model, causal_lm in (
-        (DiffTransformerV2Config, DiffTransformerV2Model, DiffTransformerV2ForCausalLM),
-        (DiffTransformerConfig, DiffTransformerModel, DiffTransformerForCausalLM),
-    ):
-        AutoConfig.register(config.model_type, config, exist_ok=True)
-        AutoModel.register(config, model, exist_ok=True)
-        AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
-    register_fused_attention()  # attn_implementation="diffattn": our fused two-map op, the V2 models' default
-    _registered = True
 
 
 def _register_quietly() -> None:
     try:
+        # deferred, one way: diffattn.models never imports this module (its own import registers, models.auto)
+        from .models.auto import register_auto_classes
+
         register_auto_classes()
     except Exception as error:  # never break the user's import of transformers; diffattn.models retries
         logger.warning(
@@ -102,15 +82,3 @@ def register_when_transformers_loads() -> None:
         _register_quietly()
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
-
-
-def save_readme(folder, model_type: str, title: str) -> None:
-    """A model card that says how to load a checkpoint of one of our model types (transformers' own error for an
-    unknown model type suggests upgrading transformers, which does not help)."""
-    from .cards import diffattn_loading, write_model_card
-
-    # never replaces a card the user wrote; a run's fuller card replaces this one later (diffattn.cards)
-    write_model_card(
-        folder, title=f"{title} (diffattn)", summary=f"A `{model_type}` checkpoint written by diffattn.",
-        loading=diffattn_loading(model_type),
-    )  # fmt: skip

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 # importing the model classes registers their model types with transformers' Auto classes (a model built before any
-# Auto class was imported loads back through them too; diffattn.hf_auto)
-from ..hf_auto import register_auto_classes
+# Auto class was imported loads back through them too; diffattn.models.auto)
+from .auto import register_auto_classes
 
 register_auto_classes()

@@ -39,7 +39,7 @@ from torch import nn
 from transformers import DiffLlamaConfig
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, apply_rotary_pos_emb
 
-from ..hf_auto import save_readme
+from ..cards import save_readme
 from ..lambdas import (
     EXPONENTIAL,
     HasLambda,

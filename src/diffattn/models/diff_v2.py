@@ -37,7 +37,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaPreTrainedModel,
 )
 
-from ..hf_auto import save_readme
+from ..cards import save_readme
 from ..lambdas import HasLambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps, output_through_maps, with_packed_segments
 from ..ops.observe import observing, report
