@@ -1,0 +1,488 @@
+"""What the niah suite's claim rows read: the cells each row pools, the floors they are held to, the paired
+comparisons (exact McNemar, Newcombe, paired bootstrap), and the MEASURES and CLAIMS of DIFF Table 2 / Fig. 5 and
+Dex §4.2."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import numpy as np
+
+from ..measures import (
+    NO_PER_SAMPLE,
+    Comparison,
+    Measure,
+    PaperClaim,
+    Run,
+    finite,
+    first,
+    interval,
+    paired_kind,
+    same_metadata,
+    value_text,
+)
+from ..needle_floors import HEURISTICS
+from ..stats import (
+    Difference,
+    bootstrap_contrast,
+    mcnemar_exact_difference,
+    paired_difference,
+    unpaired_difference,
+    verdict,
+    wilson_interval,
+)
+from .sampling import TABLE2_CELLS, needle_chance
+
+
+def _like_for_like(r: dict | None) -> list[dict]:
+    """The grid cells a retrieval claim reads: the R = 1 cells (one queried needle each, so every cell is scored
+    alike: solved or not, chance 1/N), or every cell for results that have no R = 1 cell but N = 1."""
+    grid = (r or {}).get("grid") or []
+    r1 = [g for g in grid if g["R"] == 1]
+    return r1 if len(r1) >= 1 else grid
+
+
+def _table2_cells(r: dict | None) -> list[dict]:
+    """The grid cells of DIFF Table 2 that can discriminate (N = 2, 4, 6 with R = 2) the results hold."""
+    return [g for g in (r or {}).get("grid") or [] if (g["N"], g["R"]) in TABLE2_CELLS]
+
+
+def _discriminating_r1(r: dict | None) -> list[dict]:
+    """The R = 1 cells with N >= 2: where retrieving and copying the one needle differ (N = 1 has floor 1); a grid
+    without such cells (e.g. N = 1, R = 1 and Table 2's R = 2 cells only) gives every cell with N >= 2 instead, and
+    the row names the cells it read."""
+    grid = (r or {}).get("grid") or []
+    r1 = [g for g in grid if g["R"] == 1 and g["N"] >= 2]
+    return r1 or [g for g in grid if g["N"] >= 2]
+
+
+def _cells_text(cells: list[dict]) -> str:
+    if all(g["R"] == 1 for g in cells):
+        return "R = 1 cells N = " + ", ".join(str(g["N"]) for g in cells)
+    return "cells " + ", ".join(f"(N={g['N']}, R={g['R']})" for g in cells)
+
+
+def cell_floor(g: dict, *, solved: bool = False) -> float:
+    """One cell's floor: the best heuristic's per-needle credit (or prompts solved), simulated on the cell's own
+    prompts; results written before floors were simulated fall back to random needles' R/N (1/C(N, R))."""
+    key = "floor_solved" if solved else "floor"
+    if g.get(key) is not None:
+        return float(g[key])
+    return needle_chance(g["N"], _numbers_asked(g))[1 if solved else 0]
+
+
+def pooled_floor(cells: list[dict], metric: str = "solved") -> float | None:
+    """The floor of a number pooled over cells (equal prompts per cell): one heuristic for all of them, the best
+    one's mean over the cells (not the mean of each cell's best: a model has one strategy)."""
+    if not cells:
+        return None
+    if all(g.get("heuristics") for g in cells):
+        return max(float(np.mean([g["heuristics"][h][metric] for g in cells])) for h in HEURISTICS)
+    return float(np.mean([cell_floor(g, solved=metric == "solved") for g in cells]))
+
+
+def _chance_text(cells: list[dict]) -> str:
+    simulated = all(g.get("floor") is not None for g in cells)
+    what = "floor (best heuristic without the skill)" if simulated else "chance (writing R needles' numbers at random)"
+    return f"{what} " + ", ".join(f"{cell_floor(g):.2f}" for g in cells)
+
+
+def r1_chance(r: dict | None) -> float | None:
+    """The floor of :func:`r1_solved`: what the best heuristic without the skill solves of the same prompts (older
+    results: random needles, 1/N at R = 1)."""
+    return pooled_floor(_like_for_like(r), "solved")
+
+
+def _grid_scores(r: dict, *, strict: bool = False, cells: list[dict] | None = None) -> list[list[float]] | None:
+    key = "strict_scores" if strict else "scores"
+    grid = (r.get("grid") or []) if cells is None else cells
+    if not grid or any(not g.get(key) for g in grid):
+        return None
+    return [[float(s) for s in g[key]] for g in grid]
+
+
+def _grid_solved(r: dict, cells: list[dict] | None = None) -> list[int] | None:
+    """Every prompt of the cells (default: the whole grid), 1 if its strict score is 1 (the first R numbers of the
+    output are the R queried ones) else 0, in a fixed order; None for results without strict scores."""
+    grid = (r.get("grid") or []) if cells is None else cells
+    if not grid or any(not g.get("strict_scores") for g in grid):
+        return None
+    return [int(score == 1.0) for g in grid for score in g["strict_scores"]]
+
+
+def r1_solved(r: dict | None) -> float | None:
+    """One run's like-for-like retrieval number: prompts solved over the R = 1 cells (older results: computed from
+    their strict scores; None without them)."""
+    if not r:
+        return None
+    if r.get("r1_solved") is not None:
+        return r["r1_solved"]
+    hits = _grid_solved(r, _like_for_like(r))
+    return float(np.mean(hits)) if hits else None
+
+
+def _paired(rr: dict, rn: dict) -> bool:
+    gr, gn = rr.get("grid") or [], rn.get("grid") or []
+    return [(g["N"], g["R"], len(g.get("scores") or [])) for g in gr] == [
+        (g["N"], g["R"], len(g.get("scores") or [])) for g in gn
+    ] and same_metadata(rr.get("metadata"), rn.get("metadata"), "samples_sha1")
+
+
+def _solved_over(cells_of, r: dict | None) -> float | None:
+    """One run's prompts solved over the cells ``cells_of(results)`` picks (None without them or strict scores)."""
+    cells = cells_of(r)
+    hits = _grid_solved(r, cells) if cells else None
+    return float(np.mean(hits)) if hits else None
+
+
+def _compare_solved_over(cells_of, ref: Run, new: Run, seed: int) -> Comparison | None:
+    """Prompts solved over the cells ``cells_of`` picks, the same cells in both runs (docs/evaluation.md §5.6)."""
+    rr, rn = ref.results("niah"), new.results("niah")
+    if not rr or not rn or rr.get("mean_accuracy") is None or rn.get("mean_accuracy") is None:
+        return None
+    cells_r, cells_n = cells_of(rr), cells_of(rn)
+    if not cells_r or [(g["N"], g["R"]) for g in cells_r] != [(g["N"], g["R"]) for g in cells_n]:
+        return None
+    c = _compare_cells(rr, rn, cells_r, cells_n, seed)
+    c.cells = _cells_text(cells_r)
+    c.note += f"; {c.cells}; {_chance_text(cells_r)}"
+    return c
+
+
+def _compare_solved(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """Prompts solved over the R = 1 cells."""
+    return _compare_solved_over(_like_for_like, ref, new, seed)
+
+
+def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison:
+    """Prompts solved over the given cells of two NIAH results (exact McNemar when the prompts are the same)."""
+    cr, cn = _grid_scores(rr, cells=cells_r), _grid_scores(rn, cells=cells_n)
+    if cr is None or cn is None:
+        return Comparison(
+            "mean accuracy", ref_value=rr["mean_accuracy"], new_value=rn["mean_accuracy"], kind=NO_PER_SAMPLE
+        )
+    hr, hn = _grid_solved(rr, cells_r), _grid_solved(rn, cells_n)
+    if hr is not None and hn is not None and len(hr) == len(hn) and _paired(rr, rn):
+        # one binary trial per prompt (solved: its first R numbers are the R queried ones), paired across the two
+        # models: the exact McNemar interval, read off the prompts the two disagree on (Newcombe's, used before,
+        # was narrowed by prompts both solve and could "agree" where McNemar's exact test does not reject)
+        diff = mcnemar_exact_difference(hr, hn)
+        return Comparison(
+            "prompts solved (strict: the first R numbers are the queried ones)",
+            ref_value=float(np.mean(hr)),
+            ref_ci=wilson_interval(sum(hr), len(hr)),
+            new_value=float(np.mean(hn)),
+            new_ci=wilson_interval(sum(hn), len(hn)),
+            diff=diff,
+            kind=f"exact McNemar interval over the same {diff.n} prompts",
+            note=(
+                "data uncertainty only, one seed; RULER string_match_all mean accuracy "
+                f"{rr['mean_accuracy']:.3f} → {rn['mean_accuracy']:.3f}"
+            ),
+        )
+    k_r, k_n = len(cr), len(cn)
+    pooled_r, pooled_n = [s for c in cr for s in c], [s for c in cn for s in c]
+    rv, nv = float(np.mean(pooled_r)), float(np.mean(pooled_n))  # equal samples per cell: the mean of cell means
+    rci, nci = wilson_interval(sum(pooled_r), len(pooled_r)), wilson_interval(sum(pooled_n), len(pooled_n))
+    if _paired(rr, rn):
+        # equal samples per cell: the mean over all pairs is the difference of the means of cell means
+        diff = paired_difference(pooled_r, pooled_n, seed=seed)
+        kind = paired_kind(diff, "samples (all grid cells)")
+    else:
+        est, ci = bootstrap_contrast(cn + cr, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
+        diff = Difference(est, ci, "unpaired bootstrap within cells", sum(map(len, cr + cn)))
+        kind = "unpaired bootstrap within grid cells (different prompts)"
+    return Comparison(
+        "mean accuracy", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff, kind=kind,
+        note="data uncertainty only, one seed",
+    )  # fmt: skip
+
+
+def _cell(r: dict | None, n: int, rr: int) -> dict | None:
+    return next((g for g in (r or {}).get("grid") or [] if (g["N"], g["R"]) == (n, rr)), None)
+
+
+def _cell_value(r: dict | None, n: int, rr: int) -> float | None:
+    """One run's per-needle credit (strict) in the (N, R) cell, None when the grid lacks it."""
+    g = _cell(r, n, rr)
+    return None if g is None else first(g.get("strict_accuracy"), g.get("accuracy"))
+
+
+def _compare_cell(ref: Run, new: Run, seed: int, n: int, r: int) -> Comparison | None:
+    """One (N, R) cell of the grid — a paper's own cell — scored as per-needle credit (strict) with a paired
+    bootstrap over the same prompts; prompts solved beside it in the note."""
+    rr, rn = ref.results("niah"), new.results("niah")
+    return _compare_row(rr, rn, _cell(rr, n, r), _cell(rn, n, r), seed, f"N={n}, R={r}")
+
+
+def _cell_floor_of(run: Run, n: int, r: int) -> float | None:
+    g = _cell(run.results("niah"), n, r)
+    return None if g is None else cell_floor(g)
+
+
+def _multivalue_value(r: dict | None) -> float | None:
+    """One run's per-needle credit (strict) in the multi-value cell, None when it has none."""
+    g = (r or {}).get("multivalue")
+    return None if g is None else g["strict_accuracy"]
+
+
+def _multivalue_chance(run: Run) -> float | None:
+    g = (run.results("niah") or {}).get("multivalue")
+    return None if g is None else cell_floor(g)
+
+
+def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """The multi-value cell (one key's V values among N needles) as :func:`_compare_cell` reads a grid cell; the
+    two runs must have asked the same (N, V)."""
+    rr, rn = ref.results("niah"), new.results("niah")
+    gr, gn = (rr or {}).get("multivalue"), (rn or {}).get("multivalue")
+    if gr is None or gn is None or (gr["N"], gr["V"]) != (gn["N"], gn["V"]):
+        return None
+    return _compare_row(rr, rn, gr, gn, seed, f"multi-value N={gr['N']}, V={gr['V']}")
+
+
+def _compare_row(rr, rn, gr, gn, seed, cell: str) -> Comparison | None:
+    """Per-needle credit (strict) of one cell of two runs (``gr``, ``gn``: their rows), paired bootstrap over the
+    same prompts when they are the same, unpaired otherwise."""
+    if gr is None or gn is None or not gr.get("strict_scores") or not gn.get("strict_scores"):
+        return None
+    sr, sn = gr["strict_scores"], gn["strict_scores"]
+    chance = cell_floor(gr)
+    solved = f"prompts solved {np.mean([s == 1 for s in sr]):.3f} → {np.mean([s == 1 for s in sn]):.3f}"
+    note = f"data uncertainty only; cell {cell}; {solved}; floor {chance:.2f} per needle"
+    if len(sr) == len(sn) and _paired(rr, rn):
+        diff = paired_difference(sr, sn, seed=seed)
+        kind = paired_kind(diff, "prompts")
+    else:
+        diff = unpaired_difference(sr, sn, method="bootstrap", seed=seed)
+        kind = "unpaired bootstrap (different prompts)"
+    return Comparison(
+        f"per-needle credit (strict) at {cell}",
+        ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
+        new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
+        diff=diff, kind=kind, note=note, cells=f"cell {cell}",
+    )  # fmt: skip
+
+
+def _heatmap_solved(r: dict | None) -> float | None:
+    h = (r or {}).get("heatmap") or {}
+    scores = h.get("strict_scores") or h.get("scores")
+    if not h.get("lengths") or not scores:
+        return None
+    return float(np.mean([s == 1.0 for row in scores for cell in row for s in cell]))
+
+
+def _heatmap_chance(run: Run) -> float | None:
+    """The heatmap's floor: the best heuristic's prompts solved over every cell (depth 0 puts the queried needle
+    first, depth 100% last: copying one of them solves a row of cells); older results: 1/N."""
+    h = (run.results("niah") or {}).get("heatmap") or {}
+    if not h.get("lengths") or not h.get("N"):
+        return None
+    cells = [c for row in h.get("heuristics") or [] for c in row]
+    if not cells:
+        return 1 / h["N"]
+    return max(float(np.mean([c[name]["solved"] for c in cells])) for name in HEURISTICS)
+
+
+def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores where the
+    results have them; the exact McNemar interval over the same prompts."""
+    rr, rn = ref.results("niah"), new.results("niah")
+    hr, hn = (rr or {}).get("heatmap") or {}, (rn or {}).get("heatmap") or {}
+    if not hr.get("lengths") or hr.get("lengths") != hn.get("lengths") or hr.get("N") != hn.get("N"):
+        return None
+    key = "strict_scores" if hr.get("strict_scores") and hn.get("strict_scores") else "scores"
+    flat = lambda h: [int(s == 1.0) for row in h[key] for cell in row for s in cell]  # noqa: E731
+    sr, sn = flat(hr), flat(hn)
+    if not sr or len(sr) != len(sn) or not _paired(rr, rn):
+        return None
+    diff = mcnemar_exact_difference(sr, sn)
+    return Comparison(
+        f"heatmap prompts solved (N={hr['N']}, R=1)",
+        ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
+        new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
+        diff=diff, kind=f"exact McNemar interval over the same {diff.n} prompts",
+        note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, "
+        f"{'strict' if key == 'strict_scores' else 'string_match_all'} scores; floor {_heatmap_chance(ref):.2f}",
+        cells=f"heatmap N={hr['N']}, R=1, lengths {hr['lengths']}",
+    )  # fmt: skip
+
+
+def _grid_growth(r: dict | None) -> float | None:
+    """Accuracy at the largest N minus at the smallest N of a NIAH grid's like-for-like (R = 1) cells (one run's
+    part of the gap's growth)."""
+    grid = _like_for_like(r)
+    if len(grid) < 2:
+        return None
+    lo, hi = min(grid, key=lambda g: g["N"]), max(grid, key=lambda g: g["N"])
+    key = "strict_accuracy" if "strict_accuracy" in lo and "strict_accuracy" in hi else "accuracy"
+    return hi[key] - lo[key]
+
+
+def _compare_gap(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """The gap new − ref at the largest N against the smallest (DIFF Table 2: the gap grows with N)."""
+    rr, rn = ref.results("niah"), new.results("niah")
+    gr, gn = _like_for_like(rr), _like_for_like(rn)  # like with like: R = 1 cells, all-or-nothing at every N
+    if len(gr) < 2 or [(g["N"], g["R"]) for g in gr] != [(g["N"], g["R"]) for g in gn]:
+        return None
+    lo = min(range(len(gr)), key=lambda i: gr[i]["N"])
+    hi = max(range(len(gr)), key=lambda i: gr[i]["N"])
+    n_lo, n_hi = gr[lo]["N"], gr[hi]["N"]
+    sides = dict(ref=f"N={n_lo}", new=f"N={n_hi}")
+    metric = f"accuracy gap {new.name} − {ref.name}"
+    gap_lo = gn[lo]["accuracy"] - gr[lo]["accuracy"]
+    gap_hi = gn[hi]["accuracy"] - gr[hi]["accuracy"]
+    cr, cn = _grid_scores(rr, strict=True, cells=gr), _grid_scores(rn, strict=True, cells=gn)
+    scoring = "strict scores (first R numbers)"
+    if cr is None or cn is None:
+        cr, cn = _grid_scores(rr, cells=gr), _grid_scores(rn, cells=gn)
+        scoring = "RULER string_match_all scores"
+    if cr is None or cn is None:
+        ours = f"{ref.name} → {new.name}: gap {gap_lo:+.2f} at N={n_lo} → {gap_hi:+.2f} at N={n_hi}"
+        return Comparison(metric, ref_value=gap_lo, new_value=gap_hi, kind=NO_PER_SAMPLE, ours=ours, **sides)
+    if _paired(rr, rn):
+        d_lo = np.asarray(cn[lo]) - np.asarray(cr[lo])
+        d_hi = np.asarray(cn[hi]) - np.asarray(cr[hi])
+        lo_v, lo_ci = bootstrap_contrast([d_lo], seed=seed)
+        hi_v, hi_ci = bootstrap_contrast([d_hi], seed=seed)
+        est, ci = bootstrap_contrast([d_hi, d_lo], [1.0, -1.0], seed=seed)
+        kind = f"paired bootstrap within the two cells ({d_lo.size} + {d_hi.size} samples)"
+    else:
+        lo_v, lo_ci = bootstrap_contrast([cn[lo], cr[lo]], [1.0, -1.0], seed=seed)
+        hi_v, hi_ci = bootstrap_contrast([cn[hi], cr[hi]], [1.0, -1.0], seed=seed)
+        est, ci = bootstrap_contrast([cn[hi], cr[hi], cn[lo], cr[lo]], [1.0, -1.0, -1.0, 1.0], seed=seed)
+        kind = "unpaired bootstrap within the two cells (different prompts)"
+    ours = f"{ref.name} → {new.name}: gap {value_text(lo_v, lo_ci, 2)} at N={n_lo} → "
+    ours += f"{value_text(hi_v, hi_ci, 2)} at N={n_hi}"
+    # the paper's claim is a gap in DIFF's favour that grows with N: growth that only undoes a deficit at small N
+    # (the gap at the largest N not above zero) does not agree with it
+    behind = hi_ci is None or round(float(hi_ci[0]), 2) <= 0
+    return Comparison(
+        metric,
+        ref_value=lo_v,
+        ref_ci=lo_ci,
+        new_value=hi_v,
+        new_ci=hi_ci,
+        diff=Difference(est, ci, kind, 0),
+        kind=f"{kind} of {scoring}; difference = gap at the largest N − gap at the smallest",
+        ours=ours,
+        note=f"data uncertainty only, one seed; {_cells_text(gr)}; {_chance_text(gr)}",
+        cells=f"{_cells_text([gr[lo], gr[hi]])}",
+        veto=f"the gap grows but {new.name} is not ahead at N={n_hi}" if behind else None,
+        **sides,
+    )
+
+
+def _gap_at_floor(runs: list[Run]) -> str | None:
+    """Every run at the floor in the cell where the gap is read (the largest N of the R = 1 cells: the lower end of
+    its Wilson interval of strict credit at or below the cell's floor, at the printed 2 digits): a gap between
+    models without the skill says nothing about the claim, whichever way it points."""
+    cells = []
+    for run in runs:
+        grid = _like_for_like(run.results("niah"))
+        if len(grid) < 2:
+            return None
+        hi = max(grid, key=lambda g: g["N"])
+        scores = hi.get("strict_scores") or hi.get("scores")
+        if not scores:
+            return None
+        low = wilson_interval(sum(scores), len(scores))[0]
+        if round(low, 2) > round(cell_floor(hi), 2):
+            return None
+        cells.append(hi)
+    hi = cells[0]
+    return f"every model is at the floor at N={hi['N']} (floor {cell_floor(hi):.2f} per needle)"
+
+
+def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
+    """Over seeds, the gap claim agrees only when the new model is also ahead at the largest N (Welch over the
+    runs' accuracies there), as :func:`_compare_gap` requires of one run."""
+
+    def at_largest(run):
+        grid = _like_for_like(run.results("niah"))
+        if not grid:
+            return None
+        hi = max(grid, key=lambda g: g["N"])
+        return first(hi.get("strict_accuracy"), hi.get("accuracy"))
+
+    rv = [v for v in map(at_largest, ref_runs) if finite(v)]
+    nv = [v for v in map(at_largest, new_runs) if finite(v)]
+    ahead = unpaired_difference(rv, nv, method="welch")
+    if verdict(interval(ahead.interval) or (-math.inf, math.inf), "higher", digits=2) == "agrees":
+        return None
+    return f"the gap grows but {new} is not ahead at the largest N over seeds ({ahead.estimate:+.2f})"
+
+
+def _at_lambda0(run: Run) -> dict | None:
+    """The model's own retrieval with λ forced to 0, as a model's results (the grid prompts are the same)."""
+    own = run.results("niah", "lambda0_reference")
+    return None if own is None else {"niah": {**own, "metadata": run.results("niah", "metadata")}}
+
+
+MEASURES = {
+    "niah": Measure(
+        "prompts solved over DIFF Table 2's cells with R = 2 (N = 2, 4, 6, those the grid has)", 3,
+        per_run=lambda run: _solved_over(_table2_cells, run.results("niah")),
+        compare=partial(_compare_solved_over, _table2_cells),
+        chance=lambda run: pooled_floor(_table2_cells(run.results("niah")), "solved"),
+    ),
+    "niah:r1": Measure(
+        "prompts solved over the R = 1 cells with N >= 2", 3,
+        per_run=lambda run: _solved_over(_discriminating_r1, run.results("niah")),
+        compare=partial(_compare_solved_over, _discriminating_r1),
+        chance=lambda run: pooled_floor(_discriminating_r1(run.results("niah")), "solved"),
+        at_lambda0=_at_lambda0,
+    ),
+    "niah:paper_cell": Measure(
+        "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
+        compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2),
+        chance=lambda run: _cell_floor_of(run, 6, 2),
+    ),
+    "niah:multivalue": Measure(
+        "per-needle credit in the multi-value cell", 3, per_run=lambda run: _multivalue_value(run.results("niah")),
+        compare=_compare_multivalue, chance=_multivalue_chance,
+    ),
+    "niah:heatmap": Measure(
+        "heatmap prompts solved", 3, per_run=lambda run: _heatmap_solved(run.results("niah")),
+        compare=_compare_heatmap, chance=_heatmap_chance,
+    ),
+    "niah:gap": Measure(
+        "accuracy at the largest N − at the smallest N (difference = growth of the gap)", 2,
+        per_run=lambda run: _grid_growth(run.results("niah")), compare=_compare_gap, seeds_veto=_behind_at_largest_n,
+        untestable=_gap_at_floor,
+    ),
+}  # fmt: skip
+
+
+# The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
+# same-preset standard model: diffattn.experiments.claims.claim_table).
+CLAIMS = (
+    PaperClaim(
+        "DIFF Transformer Table 2", "better multi-needle retrieval (N = 2, 4, 6 with R = 2)",
+        "0.85 / 0.62 / 0.35 (Transformer) vs 0.92 / 0.84 / 0.85 (DIFF); N = 1 left out: both 1.00, its floor is 1",
+        "niah", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 2 (ours: R = 1 across N)", "better retrieval of one needle among N = 2 … 8",
+        "not a cell of the paper (Fig. 5 is N = 8, R = 1 across lengths and depths)", "niah:r1", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 2", "better retrieval in the paper's own cell", "N=6, R=2: 0.35 vs 0.85",
+        "niah:paper_cell", "higher", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 5", "better retrieval across context lengths and depths",
+        "DIFF near-perfect across 4K–64K and all depths; the Transformer degrades", "niah:heatmap", "higher",
+        "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Table 2", "the retrieval gap grows with the number of needles N",
+        "gap 0.00 at N=1 → 0.07, 0.22, 0.50 at N=2, 4, 6", "niah:gap", "higher", "baseline",
+    ),
+)  # fmt: skip
+
+
+def _numbers_asked(g: dict) -> int:
+    """How many needle numbers a prompt of cell ``g`` asks for: R, or V in the multi-value cell (one key, R = 1)."""
+    return g.get("V", g["R"])

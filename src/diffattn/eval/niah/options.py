@@ -1,0 +1,142 @@
+"""The niah suite's options, their parsing, the preflight that every requested cell fits, and the protocol line."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..common import (
+    int_list,
+    load_text,
+    option,
+)
+from .sampling import GRID, fit_sample
+
+
+def parse_grid(text: str) -> tuple[tuple[int, int], ...]:
+    """``--niah-grid``'s ``NxR`` cells, comma-separated (``1x1,4x2``)."""
+    try:
+        cells = tuple(tuple(int(x) for x in cell.lower().split("x")) for cell in text.split(","))
+    except ValueError:
+        cells = ()
+    if not cells or any(len(c) != 2 or not 1 <= c[1] <= c[0] for c in cells):
+        raise argparse.ArgumentTypeError(f"--niah-grid wants NxR cells with 1 <= R <= N, e.g. 1x1,4x2; got {text!r}")
+    return cells
+
+
+def parse_multivalue(text: str) -> tuple[int, int]:
+    """``--niah-multivalue``'s one ``NxV`` cell (``8x4``), V >= 2."""
+    try:
+        cells = parse_grid(text)
+    except argparse.ArgumentTypeError:
+        cells = ()
+    if len(cells) != 1 or cells[0][1] < 2:
+        raise argparse.ArgumentTypeError(
+            f"--niah-multivalue wants one NxV cell with 2 <= V <= N, e.g. 8x4; got {text!r}"
+        )
+    return cells[0]
+
+
+@dataclass
+class NiahOptions:
+    """The retrieval grid and heatmap (the shared prompt options are :class:`~diffattn.eval.common.CommonOptions`)."""
+
+    # (N needles, R queried) cells; None: GRID where they fit the context
+    niah_grid: tuple[tuple[int, int], ...] | None = option(
+        None,
+        "NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,8x1,2x2,4x2,6x2 where they fit the context)",
+        parse=parse_grid,
+    )
+    niah_needles: int = option(8, "N of the NIAH heatmap (R = 1)", minimum=1)
+    niah_heatmap_lengths: tuple[int, ...] | None = option(
+        None,
+        "comma-separated heatmap context lengths; 'none' for no heatmap (default: 1/2, 3/4, all of the context)",
+        parse=int_list,
+    )
+    niah_heatmap_samples: int | None = option(None, "samples per heatmap cell (default: --samples)", minimum=1)
+    niah_multivalue: tuple[int, int] | None = option(
+        None,
+        "NxV: a multi-value cell, one key with V values among N needles, all V asked (DiffLoRA Fig. 3 MV; e.g. 8x4)",
+        parse=parse_multivalue,
+    )
+
+
+def check_needle_cells(options, targets, cells, heatmap_needles: int | None = None, values_per_key: int = 1) -> None:
+    """The needle prompts of ``cells`` (and of the heatmap with ``heatmap_needles`` at its lengths) must fit the
+    context the evaluation asks for, with the tokenizer each target model will be trained with: refused before any
+    training with the reason (the preflight of niah and alloc). ``values_per_key`` > 1: ``cells`` are (N, V)
+    multi-value cells, asked as one key."""
+    from ...data.synthetic import CITY_KEYS
+
+    heatmap = [(heatmap_needles, 1)] if heatmap_needles is not None else []
+    for n, r in [*cells, *heatmap]:
+        if not 1 <= r <= n <= len(CITY_KEYS):
+            raise ValueError(
+                f"eval.options: a needle cell needs 1 <= R <= N <= {len(CITY_KEYS)} (keys), got N={n}, R={r}"
+            )
+        if 9 * 10 ** (options.niah_digits - 1) < n:
+            raise ValueError(f"eval.options.niah_digits={options.niah_digits} gives fewer distinct numbers than N={n}")
+    if not targets:
+        return
+    haystack = options.haystack
+    text = load_text(haystack, "test")[0] if haystack in ("shakespeare", "filler") else haystack
+    seen = set()
+    for t in targets:
+        context = options.context_tokens or t.trained_length  # the suites' default: the trained length
+        if context > t.positions:
+            raise ValueError(f"eval.options.context_tokens={context} exceeds {t.name}'s {t.positions} positions")
+        if (t.tokenizer, context, t.positions) in seen:
+            continue
+        seen.add((t.tokenizer, context, t.positions))
+        checks = [(n, r, context) for n, r in cells]
+        if heatmap:  # the heatmap's needles at every heatmap length (default: 1/2, 3/4 and all of the context)
+            lengths = options.niah_heatmap_lengths
+            if lengths is None:
+                lengths = sorted({context // 2, 3 * context // 4, context} - {0})
+            checks += [(heatmap_needles, 1, length) for length in lengths]
+        for n, r, length in checks:
+            if length > t.positions:
+                raise ValueError(f"eval.options: a heatmap length {length} exceeds {t.name}'s positions")
+            try:
+                fit_sample(
+                    t.tokenizer(), text, length, 0, num_needles=n, value_digits=options.niah_digits,
+                    **({"num_queries": r} if values_per_key == 1 else {"num_queries": 1, "values_per_key": r}),
+                )  # fmt: skip
+            except ValueError as e:
+                raise ValueError(f"eval.options (niah/alloc) for {t.name}: {e}") from e
+
+
+def _preflight(options, targets) -> None:
+    # the default grid is used where it fits: its N = 1 cell must
+    cells = [tuple(c) for c in options.niah_grid] if options.niah_grid is not None else [(1, 1)]
+    check_needle_cells(options, targets, cells, heatmap_needles=options.niah_needles)
+    if options.niah_multivalue is not None:
+        mv = tuple(options.niah_multivalue)
+        if len(mv) != 2 or not all(isinstance(x, int) for x in mv) or not 2 <= mv[1] <= mv[0]:
+            raise ValueError(
+                f"eval.options.niah_multivalue wants [N, V] with 2 <= V <= N, got {options.niah_multivalue}"
+            )
+        check_needle_cells(options, targets, [mv], values_per_key=mv[1])
+
+
+def needle_protocol(o) -> str:
+    """The report's protocol sentence of the needle suites (niah and alloc share it: the same prompts)."""
+    grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid or GRID) + ("" if o.niah_grid else " where they fit")
+    multivalue = getattr(o, "niah_multivalue", None)  # alloc's options have no multi-value cell
+    return (
+        "Retrieval evaluation: needles "
+        f'"The special magic {{city}} number is: {{{o.niah_digits}-digit number}}." '
+        f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the training length of'} tokens; "
+        f"(N needles, R queried) cells {grid}, {o.samples} samples each, greedy decoding, RULER string_match_all; "
+        + (
+            ""
+            if multivalue is None
+            else f"a multi-value cell (one key's V = {multivalue[1]} values among N = {multivalue[0]} "
+            f"needles, all V asked), {o.samples} samples; "
+        )
+        + f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
+        "(seeded), so comparisons are paired."
+    )
+
+
+# -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
