@@ -20,7 +20,6 @@ from diffattn.eval.icl import (
     LabelTrie,
     PromptFormat,
     PromptTokens,
-    _Runner,
     arrange_demos,
     arrangement_order,
     build_prompt,
@@ -32,6 +31,7 @@ from diffattn.eval.icl import (
     run_icl,
     run_order_robustness,
 )
+from diffattn.eval.icl.decoding import _Runner
 from diffattn.eval.icl_data import (
     LEXNAMES,
     clean_text,
