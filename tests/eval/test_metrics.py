@@ -661,3 +661,21 @@ def test_the_mqar_slope_of_models_at_the_floor_everywhere_gives_no_verdict():
     )
     runs |= {f"d-s{i}": run(f"d-s{i}", (0.95, 0.9, 0.8)) for i in range(3)}  # recall: far above every floor
     assert check_claim(spec, "t", "d", runs, groups, 0).verdict == "agrees"
+
+
+def test_the_mqar_slope_interval_is_undefined_from_one_sample_per_configuration_never_zero_width():
+    """review leftover of issue 35: the slope's paired SE was computed by hand with ddof max(1, n − 1), which gave a
+    zero-width interval from one sample per configuration; stats.mean_se gives NaN (undefined) there."""
+    from diffattn.eval.measures import Run
+    from diffattn.eval.mqar import MEASURES
+
+    def run(name, accs):
+        rows = [{"seq_len": 64, "pairs": p, "samples": len(a), "floor": 0.3, "accuracy": float(np.mean(a)),
+                 "per_sample": list(a)} for p, a in zip((2, 4, 8), accs, strict=True)]  # fmt: skip
+        return Run(name, suites={"mqar": {"mqar": rows, "metadata": {"seed": 0, "token_offset": 0}}})
+
+    slope = MEASURES["mqar:slope"]
+    one = slope.compare(run("a", ([1.0], [0.5], [0.0])), run("b", ([1.0], [1.0], [0.5])), 0)
+    assert one.diff.estimate == pytest.approx(0.25) and all(math.isnan(x) for x in one.diff.interval)
+    many = slope.compare(run("a", ([1, 1], [0.5, 0.5], [0, 0.5])), run("b", ([1, 1], [1, 0.5], [0.5, 0.5])), 0)
+    assert many.diff.interval[0] < many.diff.estimate < many.diff.interval[1]

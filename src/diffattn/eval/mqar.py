@@ -375,9 +375,9 @@ def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
     w = slope_weights([r["pairs"] for r in rows])
     var = 0.0
     for wi, a, b in zip(w, *paired, strict=True):
-        d = [y - x for x, y in zip(a["per_sample"], b["per_sample"], strict=True)]
-        m = sum(d) / len(d)
-        var += wi**2 * (sum((v - m) ** 2 for v in d) / max(1, len(d) - 1)) / len(d)
+        # the SE of one configuration's mean paired difference (undefined, NaN, from a single sample: never 0)
+        _, se = mean_se([y - x for x, y in zip(a["per_sample"], b["per_sample"], strict=True)])
+        var += wi**2 * se**2
     est = sn - sr
     diff = Difference(est, normal_interval(est, math.sqrt(var)), "normal", len(rows))
     return Comparison(
