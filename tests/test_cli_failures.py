@@ -418,3 +418,37 @@ def test_trained_parameter_names_on_a_peft_model_is_refused_with_the_how_to():
     ):
         trained_parameter_names(wrapped)
     assert names and all(n in dict(model.named_parameters()) for n in names)
+
+
+INTERRUPT_DURING_IMPORT = """
+import os, signal, sys
+
+class SigintOnImport:  # a real SIGINT, delivered while diffattn.cli is being imported (before main runs)
+    def find_spec(self, name, path=None, target=None):
+        if name == "diffattn.cli":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintOnImport())
+sys.argv = ["diffattn", "info"]
+{call}
+"""
+
+
+@pytest.mark.parametrize("call", ["import diffattn; sys.exit(diffattn._command_line())", "import runpy; "
+                                  "runpy.run_module('diffattn', run_name='__main__')"])  # fmt: skip
+def test_ctrl_c_while_the_command_line_is_imported_is_one_line(call):
+    """issue 36 §9, through a subprocess and a real SIGINT: the console script (pyproject.toml) and `python -m
+    diffattn` import the command line under a guard, so an interrupt there is one line and exit status 130."""
+    import subprocess
+    import sys
+    import tomllib
+
+    scripts = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["diffattn"] == "diffattn:_command_line"
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_DURING_IMPORT.format(call=call)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 130 and done.stderr.strip() == "diffattn: interrupted", done.stderr
+    unguarded = subprocess.run([sys.executable, "-c", INTERRUPT_DURING_IMPORT.format(call="import diffattn.cli")],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "KeyboardInterrupt" in unguarded.stderr  # what the guard is for: the same interrupt, unguarded

@@ -1,6 +1,6 @@
 """`python -m diffattn ...`: the `diffattn` command line (diffattn.cli) through a given interpreter."""
 
-from diffattn.cli import main
+from diffattn import _command_line
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_command_line())

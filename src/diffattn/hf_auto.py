@@ -27,7 +27,6 @@ and :func:`diffattn.cards.save_readme` leaves a card in the folder that says so.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import logging
 import sys
@@ -52,8 +51,10 @@ def _register_quietly() -> None:
         )
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds the top-level ``transformers`` package with the normal finders, then registers after it executes."""
+class _AfterImport:
+    """Finds the top-level ``transformers`` package with the normal finders, then registers after it executes (a
+    meta path finder by protocol: ``find_spec``; not an ``importlib.abc`` subclass, whose import alone took half of
+    ``import diffattn``'s time, the window before the command line's Ctrl-C handler)."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != _TOP_LEVEL:

@@ -1,0 +1,38 @@
+"""The default test command stays fast (issue 36 §14): every test that took SLOW_S or more when the suite was last
+timed (tests/durations.json, written by tests/record_durations.py on an idle 2-core machine) is marked ``slow``,
+and the default selection's recorded time stays within BUDGET_S. Times are the recording machine's; the check reads
+the record, never the clock of the machine running it, so it passes or fails alike everywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+BUDGET_S = 300.0  # 5 minutes on 2 cores (issue 36 §14)
+SLOW_S = 10.0  # a test that takes this long goes to `make test-slow`, with a fast representative left behind
+RECORD = Path(__file__).with_name("durations.json")
+
+
+def _record() -> dict:
+    if not RECORD.is_file():
+        pytest.fail(f"{RECORD} is missing: run `make durations` on an idle machine and commit it")
+    return json.loads(RECORD.read_text())
+
+
+def test_no_test_recorded_as_heavy_is_in_the_default_run(request):
+    durations = _record()["durations_s"]
+    selected = {item.nodeid for item in request.session.items}
+    heavy = sorted((round(durations[n]), n) for n in selected & set(durations) if durations[n] >= SLOW_S)
+    assert not heavy, f"mark these @pytest.mark.slow (seconds when recorded, node id): {heavy}"
+
+
+def test_the_default_run_fits_the_budget_as_recorded(request):
+    if request.config.getoption("markexpr") != "not slow and not gpu" or request.config.getoption("keyword"):
+        pytest.skip("a selection other than the default test command's")
+    record = _record()
+    durations = record["durations_s"]
+    selected = {item.nodeid for item in request.session.items}
+    total = sum(durations.get(n, 0.0) for n in selected) + record["unlisted_s"]
+    assert total <= BUDGET_S, f"the default run took {total:.0f} s when recorded ({record['machine']}): > {BUDGET_S}"
