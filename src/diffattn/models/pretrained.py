@@ -222,10 +222,34 @@ def load_pretrained(
     except Exception as e:  # a config value of the wrong type (hidden_size NaN), a tensor of the wrong shape, …
         if isinstance(e, ValueError) and str(folder) in str(e):
             raise  # already names the folder (diffattn's own refusals)
-        raise _unloadable(folder, e) from e
+        raise _unloadable(folder, e, locals().get("config")) from e
     return model.eval(), tokenizer
 
 
-def _unloadable(folder: Path, e: BaseException) -> ValueError:
+def _unloadable(folder: Path, e: BaseException, config=None) -> ValueError:
     message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    if "mismatched_sizes" in message and config is not None:  # transformers' words point at a log "above"
+        message = _first_shape_mismatch(folder, config) or message
     return ValueError(f"cannot load a model from {str(folder)!r}: {type(e).__name__}: {message}")
+
+
+def _first_shape_mismatch(folder: Path, config) -> str | None:
+    """The first tensor of the folder's safetensors files whose shape is not the one its config builds, in words
+    (transformers only says that one is, in a report it logs); None when none is found that way."""
+    from safetensors import safe_open
+
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+        for file in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    have = tuple(f.get_slice(name).get_shape())
+                    if name in expected and have != expected[name]:
+                        return (
+                            f"{file.name} holds {name} of shape {list(have)}, but its config.json builds "
+                            f"{list(expected[name])}: the weights and the config are of different models"
+                        )
+    except Exception:  # the explanation is a courtesy: never hide the loader's own error behind another
+        return None
+    return None
