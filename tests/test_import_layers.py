@@ -19,14 +19,15 @@ LAYERS = [
     {"eval", "bench"},
     {"train"},
     {"experiments"},
-    {"quickstart", "cli", "__main__"},
+    {"quickstart", "cli", "console", "__main__"},
 ]
 # the table's arrows inside one layer
 WITHIN_LAYER = {
     ("config", "files"),
     ("bench", "eval"),
     ("cli", "quickstart"),
-    ("__main__", "cli"),
+    ("console", "cli"),
+    ("__main__", "console"),
 }
 DEFERRED_UP = {("hf_auto", "models")}  # inside a function only (docs/architecture.md §2: no cycle at import)
 LAYER = {package: i for i, layer in enumerate(LAYERS) for package in layer}

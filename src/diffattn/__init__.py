@@ -67,20 +67,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'diffattn' has no attribute {name!r}")
 
 
-def _command_line() -> int:
-    """The ``diffattn`` console script (pyproject.toml): the command line imported under a Ctrl-C guard, so an
-    interrupt while it loads is one line and exit status 130 as everywhere after (issue 36 §9); only the import of
-    this light package itself comes before the guard."""
-    try:
-        from .cli import main
-    except KeyboardInterrupt:
-        import sys
-
-        print("diffattn: interrupted", file=sys.stderr)
-        return 130
-    return main()
-
-
 def __dir__() -> list[str]:
     return sorted(__all__)
 

@@ -1,6 +1,6 @@
 """`python -m diffattn ...`: the `diffattn` command line (diffattn.cli) through a given interpreter."""
 
-from diffattn import _command_line
+from diffattn.console import main
 
 if __name__ == "__main__":
-    raise SystemExit(_command_line())
+    raise SystemExit(main())

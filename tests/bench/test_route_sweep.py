@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from diffattn.bench import route_sweep as rs
 from diffattn.ops import routes
 
 IDENTITY = {"device": "cpu", "capability": "0.0", "torch": "x", "triton": "y", "cudnn": "z"}
 
 
+@pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
 def test_a_crashing_route_is_one_row_and_the_sweep_goes_on(tmp_path):
     classes = [rs.CallClass("v1", 16, dtype="fp32", mode=m) for m in ("train", "infer", "decode")]
     plan = [(r, c) for c in classes for r in ("sdpa", "dies_on_decode", "poisons_on_infer", "wrong")]

@@ -172,6 +172,7 @@ def test_packaged_configs_parse_and_validate():
         assert config.name == path.stem and config.model_names() and config.eval.suites
 
 
+@pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
 def test_quickstart_runs_the_embedded_experiment(corpus, tmp_path, capsys):
     """`diffattn quickstart` = the backend check, then configs/quickstart.yaml (shrunk here to debug sizes)."""
     from diffattn.cli import main
@@ -212,6 +213,7 @@ def test_schema_rejects_a_broken_results_file():
         validate_results({"experiment": "x", "models": [{"model": "a"}], "parts": [{"kind": "train"}]})
 
 
+@pytest.mark.heavy  # 8 s; test_debug_experiment_end_to_end (a rerun skips everything) stays in the default run
 def test_a_killed_run_resumes_and_skips_what_finished(corpus, tmp_path):
     """Kill `diffattn run` (SIGKILL) while the second model trains; the rerun skips the first and resumes the second."""
     import os

@@ -175,6 +175,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the driver forks a child per import order")
 def test_every_import_order_works_and_registers_the_auto_classes(saved):
     done = subprocess.run(

@@ -250,6 +250,7 @@ def _check_contract(
 TRAINING_KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq")
 
 
+@pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
 def test_report_compiles_the_kernels_for_sm90_without_spills_on_wgmma(tmp_path):
     """The contract on the H100's instruction set, proven without one, for the training kernels. For DIFF V1 (d 64,
     dv 128) and DIFF V2 (d 64, dv 64, shared K) heads, each without a mask, with key padding and with a bool and an

@@ -319,6 +319,7 @@ def mixed_precision_job(rank, out_dir, names):
 THROUGH_THE_OP = ("diff", ADAPTED + "diff-v2", ADAPTED + "difflora")
 
 
+@pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
 def test_bf16_mixed_precision_keeps_lambda_and_the_subtraction_in_float32(tmp_path):
     got = run_job(mixed_precision_job, tmp_path, names=[*THROUGH_THE_OP, "diff-v2"])
     for name, result in got.items():

@@ -306,6 +306,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.heavy  # 9 s; the sharded and tensor-parallel two-process tests stay in the default run
 def test_torchrun_two_cpu_processes_match_single_process(corpus_file, tmp_path):
     """DDP over two CPU processes (gloo). FSDP needs CUDA and is refused without it (tests/test_cli_bad_input.py),
     so what run.yaml records is what ran."""
