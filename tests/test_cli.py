@@ -46,7 +46,11 @@ def test_info_reports_every_backend_and_why(capsys):
     for name in ("auto", "reference", "sdpa", "chunked", "triton"):
         assert name in out
     assert "now: chunked" in out
-    assert "TRITON_INTERPRET=1" in out  # on this CPU machine: why triton is unusable, and how to use it anyway
+    # why each backend is (un)usable, as the registry says it (TRITON_INTERPRET=1 set or not: its own reason either way)
+    from diffattn.ops import backend_status
+
+    for status in backend_status():
+        assert " ".join(status.reason.split()) in " ".join(out.split()), status
 
 
 def test_presets_prints_counts(capsys):

@@ -560,7 +560,7 @@ def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_
         AdaptRunConfig.from_dict({"train": {"lr_grid": [1e-4, 1e-3]}}).validate()
 
 
-def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so():
+def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so(measured):
     """An adapter trained on needle rows in the evaluation's own template gets the label on its retrieval and
     allocation rows (the gain includes learning the format); one adapted on text alone does not."""
     from diffattn.experiments.claims import paper_claims
@@ -575,7 +575,7 @@ def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so():
             "eval": {"suites": ["ppl", "niah", "alloc"]},
         })  # fmt: skip
         vals = {n: {"val_loss": 3.0} for n in ("baseline", "dex")}
-        return [c for c in paper_claims(config, vals, _evals(np.random.default_rng(0))) if c.new == "dex"]
+        return [c for c in paper_claims(config, vals, _evals(measured)) if c.new == "dex"]
 
     practised = rows({"retrieval_fraction": 0.75, "mqar_fraction": 0.0})
     retrieval = [c for c in practised if c.metric.startswith(("prompts", "attention", "per-needle"))]
