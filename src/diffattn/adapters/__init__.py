@@ -20,7 +20,7 @@ from ..lambdas import lambda_per_layer
 from . import dex, input_diff, daa, difflora, diff_v2, controls  # noqa: F401  (imported to register)
 
 # isort: on
-from .base import AdaptedAttention, AnnealedLambda, adapted_model, remove_adapter, set_adapter_step
+from .base import AdaptedAttention, AnnealedLambda, adapted_model, refuse_adapted, remove_adapter, set_adapter_step
 
 # the public API (__all__): every method's options as users pass them to adapt (the README's method table), and
 # Dex's head scores
@@ -119,13 +119,7 @@ def adapt(model: nn.Module, config, calibration=None) -> nn.Module:
     changed in place. ``calibration``: a list of input-id tensors, for Dex's data-driven head selection. A model
     that has an adapter already is refused (adapting it again would wrap the wrapped attention)."""
     spec = spec_for_config(config)
-    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft.PeftModel
-    existing = vars(inner).get("_diffattn_adapter")
-    if existing is not None or any(isinstance(m, AdaptedAttention) for m in inner.modules()):
-        method = f"a {existing.method} adapter" if existing is not None else "an adapter"
-        raise ValueError(
-            f"adapt: this model has {method} already; adapt a fresh base model, or call remove_adapter(model) first"
-        )
+    refuse_adapted(model, "adapt")
     return spec.adapt(model, config, calibration)
 
 

@@ -264,11 +264,17 @@ def base_fingerprint(model: nn.Module) -> str:
     output depends on all of them: a base with one MLP weight scaled is another base). Hashing is cheap next to
     loading the weights (~1 s for 135M parameters). save_adapter records it, load_adapter refuses another base."""
     h = hashlib.sha256(_fingerprint_sizes(model).encode())
-    for name, tensor in sorted(model.state_dict(keep_vars=False).items()):
+    hash_tensors(h, model.state_dict(keep_vars=False))
+    return h.hexdigest()
+
+
+def hash_tensors(h, tensors: dict[str, torch.Tensor]) -> None:
+    """Feed ``tensors`` to the hash ``h`` in name order: each one's name, shape, dtype and bytes (what the base and
+    adapter fingerprints cover: a cast or a changed value is another fingerprint)."""
+    for name, tensor in sorted(tensors.items()):
         h.update(name.encode())
         h.update(str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
         h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _fingerprint_sizes(model: nn.Module) -> str:
@@ -287,11 +293,22 @@ def _fingerprint_sizes(model: nn.Module) -> str:
     return json.dumps({k: getattr(config, k, None) for k in keys}, sort_keys=True)
 
 
+def refuse_adapted(model: nn.Module, caller: str, remedy: str = "adapt a fresh base model") -> None:
+    """The one refusal of a model that has a diffattn adapter already (its record, or attention modules an adapter
+    wrapped; inside a PEFT wrapper too), for every entry that would adapt it again: ``adapt`` (before a method reads
+    the attention modules: Dex's head selection would fail on wrapped ones), ``load_adapter`` and ``wrap_attention``."""
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # peft.PeftModel
+    existing = vars(inner).get("_diffattn_adapter")
+    if existing is None and not any(isinstance(m, AdaptedAttention) for m in inner.modules()):
+        return
+    what = f"a {existing.method} adapter" if existing is not None else "an adapter"
+    raise ValueError(f"{caller}: this model has {what} already; {remedy}, or call remove_adapter(model) first")
+
+
 def wrap_attention(model: nn.Module, make_method, config, method_name: str, anneal_steps: int | None):
     """Replace every attention module with an :class:`AdaptedAttention` built by ``make_method(layer_idx, attn)``."""
     spec = get_spec(model)
-    if getattr(model, "_diffattn_adapter", None) is not None:
-        raise ValueError("this model already has an adapter; remove_adapter(model) first")
+    refuse_adapted(model, "adapt")
     if getattr(model.config, "attn_logit_softcapping", None):
         raise ValueError(
             "attention logit soft-capping (config.attn_logit_softcapping) is not supported by the "

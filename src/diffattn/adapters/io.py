@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .base import FINGERPRINT_VERSION, adapted_model, base_fingerprint, remove_adapter
+from .base import FINGERPRINT_VERSION, adapted_model, base_fingerprint, hash_tensors, refuse_adapted, remove_adapter
 from .registry import get_method, method_names
 
 CONFIG_NAME = "adapter_config.json"
@@ -56,10 +56,7 @@ def adapter_fingerprint(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[st
     decisive = {k: meta.get(k) for k in ("method", "config", "step")}
     config = hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()
     h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name]
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    hash_tensors(h, tensors)
     return {"config": config, "weights": h.hexdigest()}
 
 
@@ -167,8 +164,7 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
     """Adapt a fresh base ``model`` as the saved adapter was, and load its trained parameters (every one of
     them: a folder missing any is refused). ``method``: refuse a folder holding another method's adapter."""
     meta, tensors = _read(Path(path))
-    if getattr(model, "_diffattn_adapter", None) is not None:
-        raise ValueError("load_adapter needs a base model without an adapter; remove_adapter(model) first")
+    refuse_adapted(model, "load_adapter", "load it into a fresh base model")
     saved = meta.get("method")
     if saved not in method_names("method"):
         known = ", ".join(method_names("method"))

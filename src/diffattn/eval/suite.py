@@ -190,7 +190,7 @@ def load_for_eval(name_or_path: str | os.PathLike, *, trust_remote_code: bool = 
 
     A folder that cannot be loaded — a JSON file that does not parse, a config value of the wrong type, a tensor of
     the wrong shape — is refused with one ``ValueError`` naming the folder (and the file, for JSON)."""
-    from ..models.pretrained import check_json_files
+    from ..models.pretrained import check_json_files, unloadable
 
     path = Path(name_or_path)
     for folder in (path, path / "final", path / "merged", path / "adapter"):
@@ -200,8 +200,7 @@ def load_for_eval(name_or_path: str | os.PathLike, *, trust_remote_code: bool = 
     except (ValueError, OSError):
         raise  # already a sentence (OSError: a file-system problem, reported with its path)
     except Exception as e:
-        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        raise ValueError(f"cannot load a model from {str(path)!r}: {type(e).__name__}: {message}") from e
+        raise unloadable(path, e) from e
 
 
 def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):

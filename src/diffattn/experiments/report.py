@@ -474,7 +474,6 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
     is refused. The copy is made in ``.DEST.export-ID`` beside ``dest`` (marked :data:`EXPORT_STAGING`) and moved in
     file by file, the marker listing old and new contents meanwhile, so an interrupted export leaves files that the
     next one recognises; a temporary copy a killed export left is removed by the next export to ``dest``."""
-
     src, dest = Path(experiment_dir), Path(dest)
     report = src / "report.md"
     if not report.is_file() or not (src / "results.json").is_file():
@@ -490,13 +489,12 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"{dest} is a file: choose a folder as the destination")
     with locked(dest, command="diffattn export"):  # a second export (or refresh) into dest is refused meanwhile
-        return _export_locked(src, dest)
+        return _export_locked(src, report, dest)
 
 
-def _export_locked(src: Path, dest: Path) -> Path:
+def _export_locked(src: Path, report: Path, dest: Path) -> Path:
     import re
 
-    report = src / "report.md"
     owned = _exported_files(dest)  # name -> the contents the previous export wrote; None: not an export's folder
     if owned is None and contents(dest):
         raise ValueError(f"{dest} exists and was not made by diffattn export: choose another destination")

@@ -204,6 +204,7 @@ def load_pretrained(
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
     check_json_files(folder)  # a truncated tokenizer.json otherwise fails without its name
+    config = None
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
         if config.model_type == "diffllama" and getattr(config, "diffattn", None):
@@ -218,38 +219,64 @@ def load_pretrained(
     except OSError as e:
         if e.errno is not None:  # the file system's own error (permissions, I/O): reported with its path
             raise
-        raise _unloadable(folder, e) from e
+        raise unloadable(folder, e) from e
     except Exception as e:  # a config value of the wrong type (hidden_size NaN), a tensor of the wrong shape, …
         if isinstance(e, ValueError) and str(folder) in str(e):
             raise  # already names the folder (diffattn's own refusals)
-        raise _unloadable(folder, e, locals().get("config")) from e
+        raise unloadable(folder, e, config) from e
     return model.eval(), tokenizer
 
 
-def _unloadable(folder: Path, e: BaseException, config=None) -> ValueError:
+def unloadable(folder: str | os.PathLike, e: BaseException, config=None) -> ValueError:
+    """The one line for a model folder the loader failed on: the folder, the exception's type and its message on
+    one line; for a tensor of another shape than the config builds (``config`` given), which tensor, in which file."""
     message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
     if "mismatched_sizes" in message and config is not None:  # transformers' words point at a log "above"
-        message = _first_shape_mismatch(folder, config) or message
+        message = _first_shape_mismatch(Path(folder), config) or message
     return ValueError(f"cannot load a model from {str(folder)!r}: {type(e).__name__}: {message}")
 
 
-def _first_shape_mismatch(folder: Path, config) -> str | None:
-    """The first tensor of the folder's safetensors files whose shape is not the one its config builds, in words
-    (transformers only says that one is, in a report it logs); None when none is found that way."""
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def tensor_mismatch(folder: str | os.PathLike, expected: dict[str, tuple[tuple, torch.dtype | None]]):
+    """The first tensor of ``folder``'s safetensors files (in file and key order) whose shape, or dtype where
+    ``expected`` names one, is not ``expected[name]``; tensors ``expected`` does not name are skipped. Reads the
+    headers only. ``(file name, tensor name, "shape" | "dtype", found, expected)``, or None when every one fits."""
     from safetensors import safe_open
 
+    for w in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(w), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if key not in expected:
+                    continue
+                sl = f.get_slice(key)
+                shape, (want_shape, want_dtype) = tuple(sl.get_shape()), expected[key]
+                if shape != want_shape:
+                    return w.name, key, "shape", shape, want_shape
+                dtype = _SAFETENSORS_DTYPES.get(sl.get_dtype())
+                if want_dtype is not None and dtype is not None and dtype != want_dtype:
+                    return w.name, key, "dtype", dtype, want_dtype
+    return None
+
+
+def _first_shape_mismatch(folder: Path, config) -> str | None:
+    """The first tensor of the folder whose shape is not the one its config builds, in words (transformers only says
+    that one is, in a report it logs); None when none is found that way."""
     try:
         with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
-        for file in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    have = tuple(f.get_slice(name).get_shape())
-                    if name in expected and have != expected[name]:
-                        return (
-                            f"{file.name} holds {name} of shape {list(have)}, but its config.json builds "
-                            f"{list(expected[name])}: the weights and the config are of different models"
-                        )
+            model = AutoModelForCausalLM.from_config(config)
+        found = tensor_mismatch(folder, {k: (tuple(v.shape), None) for k, v in model.state_dict().items()})
     except Exception:  # the explanation is a courtesy: never hide the loader's own error behind another
         return None
-    return None
+    if found is None:
+        return None
+    file, name, _, have, want = found
+    return (
+        f"{file} holds {name} of shape {list(have)}, but its config.json builds {list(want)}: the weights and the "
+        "config are of different models"
+    )

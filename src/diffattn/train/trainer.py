@@ -57,6 +57,7 @@ from ..lambdas import lambda_per_layer
 from ..models.architectures import ARCHITECTURES
 from ..models.build import build_model
 from ..models.presets import get_preset
+from ..models.pretrained import tensor_mismatch
 from .config import RunConfig, setting_differences
 from .data import PackedDataset, prepare_data
 from .tracking import lambda_logs, report_to, tracker_environment
@@ -318,20 +319,12 @@ def checkpoint_mismatch(path: Path, model) -> str | None:
     resume that failed inside Trainer had rewritten run.yaml): a weight of another shape or dtype than the model's
     (a checkpoint cast to float16 would resume silently in float16 otherwise), or an RNG state that only loads by
     running pickled code (``weights_only`` refuses it). ``None`` when it fits."""
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
-    for w in sorted(path.glob("*.safetensors")):
-        with safe_open(w, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                if key not in expected:
-                    continue
-                sl = f.get_slice(key)
-                shape = tuple(sl.get_shape())
-                dtype = _SAFETENSORS_DTYPES.get(sl.get_dtype())
-                want_shape, want_dtype = expected[key]
-                if shape != want_shape:
-                    return f"{w.name}: {key} has shape {list(shape)}, the model's is {list(want_shape)}"
-                if dtype is not None and dtype != want_dtype:
-                    return f"{w.name}: {key} is {dtype}, the run trains {want_dtype} (a cast checkpoint)"
+    found = tensor_mismatch(path, {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()})
+    if found is not None:
+        file, key, what, have, want = found
+        if what == "shape":
+            return f"{file}: {key} has shape {list(have)}, the model's is {list(want)}"
+        return f"{file}: {key} is {have}, the run trains {want} (a cast checkpoint)"
     from transformers.trainer_pt_utils import safe_globals  # the numpy types Trainer allows, as it loads them
 
     for rng in sorted(path.glob("rng_state*.pth")):
@@ -341,13 +334,6 @@ def checkpoint_mismatch(path: Path, model) -> str | None:
         except Exception as e:  # a pickle that runs code, or not an archive at all
             return f"{rng.name} does not load as plain tensors ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
     return None
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}  # fmt: skip
 
 
 def check_checkpoint_fits(run_dir: Path, checkpoint: Path | None, model) -> None:

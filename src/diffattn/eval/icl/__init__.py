@@ -93,27 +93,13 @@ __all__ = [
 
 
 def _run_suite(model, tokenizer, o, folder, name):
+    common = dict(  # the same test set, context and data for both protocols
+        test_size=o.icl_test_size, seed=o.seed, max_length=o.icl_context_tokens, dataset_options=_dataset_options(o)
+    )
     r = {
-        "many_shot": run_icl(
-            model,
-            tokenizer,
-            o.icl_dataset,
-            shots=o.icl_shots,
-            draws=o.icl_draws,
-            test_size=o.icl_test_size,
-            seed=o.seed,
-            max_length=o.icl_context_tokens,
-            dataset_options=_dataset_options(o),
-        ),
+        "many_shot": run_icl(model, tokenizer, o.icl_dataset, shots=o.icl_shots, draws=o.icl_draws, **common),
         "order_robustness": run_order_robustness(
-            model,
-            tokenizer,
-            o.icl_dataset,
-            permutations=o.icl_permutations,
-            test_size=o.icl_test_size,
-            seed=o.seed,
-            max_length=o.icl_context_tokens,
-            dataset_options=_dataset_options(o),
+            model, tokenizer, o.icl_dataset, permutations=o.icl_permutations, **common
         ),
     }
     pictures = {
