@@ -113,6 +113,8 @@ def run_card_fields(config, summary: dict, *, form: str) -> dict:
     mix = data.get("retrieval_mix_sequences")
     data_text = f"data: {data.get('source', d.source)}" + (f", {rows:,} training sequences" if rows else "")
     data_text += f" of {d.seq_len} tokens" + (f" ({mix:,} from the retrieval practice mix)" if mix else "")
+    passes = data.get("passes_over_data")
+    data_text += f", each read {passes:g} times" if passes else ""
     budget = f"budget: {summary.get('steps', t.max_steps)} steps × {t.global_batch_size} sequences, lr {t.lr:g}"
     method = getattr(config, "method", None)
     if method is None:  # pretraining from scratch

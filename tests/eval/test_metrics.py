@@ -679,3 +679,30 @@ def test_the_mqar_slope_interval_is_undefined_from_one_sample_per_configuration_
     assert one.diff.estimate == pytest.approx(0.25) and all(math.isnan(x) for x in one.diff.interval)
     many = slope.compare(run("a", ([1, 1], [0.5, 0.5], [0, 0.5])), run("b", ([1, 1], [1, 0.5], [0.5, 0.5])), 0)
     assert many.diff.interval[0] < many.diff.estimate < many.diff.interval[1]
+
+
+def test_every_floor_test_reads_one_rule_at_the_printed_digits():
+    """review leftover of issue 35: the needle gap's floor test rounded to the printed digits, the MQAR slope's did
+    not, so a lower end of 0.3404 cleared a 0.340 floor for one and not the other. Both, and the claim rows' chance
+    test, now read measures.clears_floor."""
+    from diffattn.eval.measures import Run, clears_floor
+    from diffattn.eval.mqar import ACCURACY_DIGITS, MEASURES
+    from diffattn.eval.stats import mean_se, normal_interval
+
+    assert clears_floor(0.346, 0.34, 2) and not clears_floor(0.3449, 0.34, 2) and not clears_floor(0.3404, 0.34, 3)
+
+    def run(name, values):
+        rows = [{"seq_len": 64, "pairs": 8, "samples": len(values), "floor": 0.34,
+                 "accuracy": float(np.mean(values)), "per_sample": values}]  # fmt: skip
+        return Run(name, suites={"mqar": {"mqar": rows, "metadata": {"seed": 0, "token_offset": 0}}})
+
+    # per-sample values whose normal 95% interval's lower end is 0.3403: above the floor unrounded, not at 3 digits
+    base = np.array([0.0, 1.0] * 32)
+    mean, se = mean_se(list(base))
+    values = list(base - (normal_interval(mean, se)[0] - 0.3403))
+    low = normal_interval(*mean_se(values))[0]
+    assert 0.34 < low and round(low, ACCURACY_DIGITS) == 0.34
+    untestable = MEASURES["mqar:slope"].untestable
+    assert untestable([run("a", values), run("b", values)]) is not None  # at the floor at the printed precision
+    higher = [v + 0.002 for v in values]
+    assert untestable([run("a", values), run("b", higher)]) is None

@@ -214,6 +214,25 @@ def test_max_text_sequences_caps_the_text_rows_and_sizes_the_mix_on_them(corpus_
         cfg.with_overrides({"data.max_text_sequences": 0}).validate()
 
 
+def test_a_run_that_rereads_a_small_pool_says_so(corpus_file, tmp_path, caplog):
+    """mqar-seeds read its 6,336-row MQAR pool 12.6 times and its Transformer memorised it (issue 35): the run's data
+    summary records the passes and a run above REPEATED_DATA_PASSES warns once, naming the remedy."""
+    cfg = debug_config(corpus_file).with_overrides(
+        {"data.retrieval_fraction": 0.5, "data.mqar_fraction": 0.0, "data.max_text_sequences": 20}
+    )
+    rows, batch = 40, cfg.train.global_batch_size
+    just_under = int(train_data.REPEATED_DATA_PASSES * rows / batch)  # steps × batch / rows <= the threshold
+    with caplog.at_level("WARNING", logger=train_data.logger.name):
+        data = train_data.prepare_data(cfg.with_overrides({"train.max_steps": just_under}))
+    assert data.info["passes_over_data"] == pytest.approx(just_under * batch / rows, abs=0.01)
+    assert "memorise" not in caplog.text
+    with caplog.at_level("WARNING", logger=train_data.logger.name):
+        data = train_data.prepare_data(cfg.with_overrides({"train.max_steps": just_under + 1}))
+    assert data.info["passes_over_data"] > train_data.REPEATED_DATA_PASSES
+    assert caplog.text.count("memorise") == 1 and "20 of them the retrieval practice mix" in caplog.text
+    assert "data.max_text_sequences" in caplog.text
+
+
 def test_resume_refuses_changed_settings(corpus_file, tmp_path):
     cfg = debug_config(corpus_file, max_steps=4)
     pretrain(cfg, tmp_path / "run")

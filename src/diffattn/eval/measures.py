@@ -85,6 +85,13 @@ class Measure:
     chance: Callable | None = None
 
 
+def clears_floor(low: float, floor: float, digits: int) -> bool:
+    """The one rule every floor test reads (a claim row at chance, a gap or a slope between models at the floor): a
+    value clears its floor when the lower end of its 95% interval (or the value, where there is none) is above the
+    floor at the digits its row prints; one that the printed precision cannot tell from the floor has not."""
+    return round(float(low), digits) > round(float(floor), digits)
+
+
 def finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 

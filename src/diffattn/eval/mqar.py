@@ -39,11 +39,14 @@ from .measures import (
     Measure,
     PaperClaim,
     Run,
+    clears_floor,
     paired_kind,
     same_metadata,
     value_text,
 )
 from .stats import Difference, bootstrap_contrast, mean_se, normal_interval, paired_difference
+
+ACCURACY_DIGITS = 3  # what the accuracy rows print; the floor test reads the same precision
 
 CONFIGS = ((64, 4), (128, 8), (256, 16))
 
@@ -395,14 +398,15 @@ def _compare_ar_hit(ref: Run, new: Run, seed: int) -> Comparison | None:
 
 
 def _above_floor_somewhere(run: Run) -> bool | None:
-    """Whether the run beats the floor at some configuration (the lower end of a normal 95% interval of its
-    per-sample accuracy above that configuration's floor); None without per-sample values."""
+    """Whether the run clears the floor at some configuration (:func:`~diffattn.eval.measures.clears_floor` with the
+    normal 95% interval of its per-sample accuracy, the interval the suite prints, at the accuracy's digits); None
+    without per-sample values."""
     rows = _rows(run)
     if not rows or any("per_sample" not in r or r.get("floor") is None for r in rows):
         return None
     for r in rows:
         mean, se = mean_se(r["per_sample"])
-        if math.isfinite(se) and normal_interval(mean, se)[0] > r["floor"]:
+        if math.isfinite(se) and clears_floor(normal_interval(mean, se)[0], r["floor"], ACCURACY_DIGITS):
             return True
     return False
 
@@ -422,7 +426,7 @@ def _floor(run: Run) -> float | None:
 
 MEASURES = {
     "mqar:accuracy": Measure(
-        "MQAR accuracy at the largest pair count", 3,
+        "MQAR accuracy at the largest pair count", ACCURACY_DIGITS,
         per_run=lambda run: (_largest(run) or {}).get("accuracy"), compare=_compare_accuracy, chance=_floor,
     ),
     "mqar:slope": Measure("MQAR accuracy change per doubling of the pairs", 3, per_run=accuracy_slope,

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..adapters.registry import get_method
-from ..eval.measures import Measure, PaperClaim, Run, finite, interval, value_text
+from ..eval.measures import Measure, PaperClaim, Run, clears_floor, finite, interval, value_text
 from ..eval.stats import Difference, minimum_detectable_difference, t_interval, unpaired_difference, verdict
 from ..models.architectures import ARCHITECTURES
 
@@ -251,8 +251,7 @@ def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run]) -> Claim:
     level, d = max(levels), m.digits
 
     def reaches_chance(value: float, ci) -> bool:
-        low = interval(ci)[0] if interval(ci) else value
-        return round(low, d) <= round(level, d)
+        return not clears_floor(interval(ci)[0] if interval(ci) else value, level, d)
 
     if reaches_chance(row.ref_value, row.ref_ci) and reaches_chance(row.new_value, row.new_ci):
         row.verdict = "inconclusive"

@@ -66,7 +66,7 @@ from .adapt_config import (
     resolved_method_options,
 )
 from .adapt_trainer import AdapterStepCallback, AdapterTrainer, _lambda_warnings
-from .data import PackedDataset, add_retrieval_mix, check_enough_text
+from .data import PackedDataset, add_retrieval_mix, check_enough_text, warn_if_repeated
 from .tracking import report_to, tracker_environment
 from .trainer import (
     FINAL_INTACT,
@@ -251,14 +251,17 @@ def _packed_data(config: AdaptRunConfig, corpus, tokenizer):
 
 def _data_summary(config: AdaptRunConfig, corpus, train, val, mix_rows: int) -> dict:
     """What the run trained and validated on (``summary.json``'s ``data``)."""
+    rows = int(train.input_ids.shape[0])
+    passes = warn_if_repeated(rows, mix_rows, config.train.max_steps, config.train.global_batch_size)
     return {
         "source": corpus.name,
         "split": corpus.split_info,
         "corpus_fingerprint": corpus.fingerprint,
         "seq_len": config.data.seq_len,
-        "train_sequences": int(train.input_ids.shape[0]),
+        "train_sequences": rows,
         "val_sequences": int(val.input_ids.shape[0]),
         "retrieval_mix_sequences": mix_rows,
+        "passes_over_data": round(passes, 2),
     }
 
 

@@ -25,6 +25,32 @@ from .config import RetrievalMixFields, RunConfig
 
 logger = logging.getLogger(__name__)
 
+# Passes over the training rows above which a run warns that its model can memorise them: the MQAR pilot of issue 35
+# (configs/mqar-pilot-steps.yaml) memorised a 6,336-row practice pool in 25 passes (training loss 0.94, recall flat
+# below the floor), and mqar-seeds had run 12.6 passes over it before anyone noticed.
+REPEATED_DATA_PASSES = 4.0
+
+
+def passes_over_data(train_rows: int, max_steps: int, batch: int) -> float:
+    """How many times a run of ``max_steps`` steps of ``batch`` rows reads each of its ``train_rows`` rows (its
+    epochs): the retrieval practice mix is drawn uniformly with the text, so this is the count for both."""
+    return max_steps * batch / max(1, train_rows)
+
+
+def warn_if_repeated(train_rows: int, mix_rows: int, max_steps: int, batch: int) -> float:
+    """Log one warning when the run reads its rows more than :data:`REPEATED_DATA_PASSES` times (a small synthetic
+    pool is memorised, not learnt); returns the passes for the run's data summary."""
+    passes = passes_over_data(train_rows, max_steps, batch)
+    if passes > REPEATED_DATA_PASSES:
+        pool = f" ({mix_rows:,} of them the retrieval practice mix)" if mix_rows else ""
+        logger.warning(
+            "this run reads each of its %s training rows%s %.1f times (%d steps × %d rows): a model can memorise "
+            "so small a pool instead of learning the task; raise data.max_text_sequences (the practice mix is "
+            "sized on the text rows) or lower train.max_steps",
+            f"{train_rows:,}", pool, passes, max_steps, batch,
+        )  # fmt: skip
+    return passes
+
 
 @dataclass
 class PreparedData:
@@ -153,6 +179,8 @@ def prepare_data(config: RunConfig) -> PreparedData:
         raise ValueError(f"the validation split of {d.source!r} is empty ({e}); give a larger corpus") from e
     val = _select_rows(val, slice(0, d.val_sequences))
     train, mix_rows = add_retrieval_mix(train, d, tokenizer, corpus.train, config.train.seed)
+    rows = int(train.input_ids.shape[0])
+    passes = warn_if_repeated(rows, mix_rows, config.train.max_steps, config.train.global_batch_size)
     info = {
         "source": corpus.name,
         "split": corpus.split_info,
@@ -160,8 +188,9 @@ def prepare_data(config: RunConfig) -> PreparedData:
         "vocab_size": len(tokenizer),
         "seq_len": d.seq_len,
         "packing": d.packing,  # documents kept apart, flattened per batch (True), or concatenate-and-chunk
-        "train_sequences": int(train.input_ids.shape[0]),
+        "train_sequences": rows,
         "retrieval_mix_sequences": mix_rows,
+        "passes_over_data": round(passes, 2),
         "train_tokens": int(train.num_tokens),
         "val_sequences": int(val.input_ids.shape[0]),
     }

@@ -15,6 +15,7 @@ from ..measures import (
     Measure,
     PaperClaim,
     Run,
+    clears_floor,
     finite,
     first,
     interval,
@@ -375,9 +376,10 @@ def _compare_gap(ref: Run, new: Run, seed: int) -> Comparison | None:
 
 
 def _gap_at_floor(runs: list[Run]) -> str | None:
-    """Every run at the floor in the cell where the gap is read (the largest N of the R = 1 cells: the lower end of
-    its Wilson interval of strict credit at or below the cell's floor, at the printed 2 digits): a gap between
-    models without the skill says nothing about the claim, whichever way it points."""
+    """Every run at the floor in the cell where the gap is read (the largest N of the R = 1 cells: its Wilson
+    interval of strict credit, the interval the suite prints for a cell, does not clear the cell's floor by
+    :func:`~diffattn.eval.measures.clears_floor`): a gap between models without the skill says nothing about the
+    claim, whichever way it points."""
     cells = []
     for run in runs:
         grid = _like_for_like(run.results("niah"))
@@ -387,8 +389,7 @@ def _gap_at_floor(runs: list[Run]) -> str | None:
         scores = hi.get("strict_scores") or hi.get("scores")
         if not scores:
             return None
-        low = wilson_interval(sum(scores), len(scores))[0]
-        if round(low, 2) > round(cell_floor(hi), 2):
+        if clears_floor(wilson_interval(sum(scores), len(scores))[0], cell_floor(hi), MEASURES["niah:gap"].digits):
             return None
         cells.append(hi)
     hi = cells[0]
