@@ -70,6 +70,51 @@ FINAL = "final"
 METRICS = "metrics.jsonl"
 
 
+# A batch scoring at most this share of its positions takes the scored-positions loss (scored_positions_loss); a
+# text batch (every position scored) takes the model's own.
+SCORED_POSITIONS_SHARE = 0.5
+
+
+def _plain_causal_lm_forwards() -> frozenset:
+    """The forwards that compute ``lm_head(self.model(...).last_hidden_state)`` and nothing else (transformers'
+    Llama and DiffLlama, which our DIFF V1 and V2 models inherit): the scored-positions loss reproduces them."""
+    from transformers import DiffLlamaForCausalLM, LlamaForCausalLM
+
+    return frozenset({LlamaForCausalLM.forward, DiffLlamaForCausalLM.forward})
+
+
+_PLAIN_CAUSAL_LM_FORWARDS = _plain_causal_lm_forwards()
+
+
+def _row_average(per_token: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """``train.loss_average: row``: each row's mean over its scored positions, averaged over the rows that have
+    any."""
+    scored = scored.float()
+    count = scored.sum(1)
+    per_row = (per_token * scored).sum(1) / count.clamp(min=1)
+    has_labels = (count > 0).float()
+    return (per_row * has_labels).sum() / has_labels.sum().clamp(min=1)
+
+
+def scored_positions_loss(model, inputs: dict, loss_average: str = "token", num_items_in_batch=None) -> torch.Tensor:
+    """The loss a plain causal LM's own forward gives on ``inputs`` (its token average — over
+    ``num_items_in_batch`` when given, as transformers' ForCausalLMLoss — or ``loss_average="row"``), with the
+    vocabulary projection and softmax computed only at the scored positions: an MQAR batch scores about a tenth of
+    them, and the projection onto 2,048 tokens is about a third of a ``quick`` model's FLOPs per position."""
+    rest = {k: v for k, v in inputs.items() if k != "labels"}
+    hidden = model.model(**rest).last_hidden_state[:, :-1]
+    target = inputs["labels"][:, 1:]
+    scored = target != -100
+    logits = model.lm_head(hidden[scored]).float()
+    per_token = torch.nn.functional.cross_entropy(logits, target[scored], reduction="none")
+    if loss_average == "row":
+        full = torch.zeros(target.shape, dtype=per_token.dtype, device=per_token.device)
+        return _row_average(full.masked_scatter(scored, per_token), scored)
+    if num_items_in_batch is not None:
+        return per_token.sum() / num_items_in_batch
+    return per_token.mean() if per_token.numel() else per_token.sum()
+
+
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; nothing of that step was saved."""
 
@@ -167,6 +212,9 @@ class DiffattnTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training and not return_outputs and self._scores_few_positions(model, inputs):
+            over = num_items_in_batch if self.model_accepts_loss_kwargs else None
+            return scored_positions_loss(model, inputs, self.loss_average, over)
         if self.loss_average != "row" or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
@@ -174,12 +222,22 @@ class DiffattnTrainer(Trainer):
         per_token = torch.nn.functional.cross_entropy(
             outputs.logits[:, :-1].float().transpose(1, 2), target, ignore_index=-100, reduction="none"
         )
-        scored = (target != -100).float()
-        count = scored.sum(1)
-        per_row = (per_token * scored).sum(1) / count.clamp(min=1)
-        has_labels = (count > 0).float()
-        loss = (per_row * has_labels).sum() / has_labels.sum().clamp(min=1)
+        loss = _row_average(per_token, target != -100)
         return (loss, outputs) if return_outputs else loss
+
+    def _scores_few_positions(self, model, inputs) -> bool:
+        """Whether this training batch takes the scored-positions loss: at most :data:`SCORED_POSITIONS_SHARE` of its
+        positions scored (an MQAR or answer-only needle batch), one process, and a model whose forward is HF's
+        ``lm_head(model(...).last_hidden_state)`` (a causal LM of ours or transformers', not wrapped by DDP or PEFT,
+        no logit scaling): anything else takes the model's own loss."""
+        labels = inputs.get("labels")
+        if labels is None or self.accelerator.num_processes != 1 or self.label_smoother is not None:
+            return False
+        if self.compute_loss_func is not None or self.accelerator.unwrap_model(model) is not model:
+            return False
+        if type(model).forward not in _PLAIN_CAUSAL_LM_FORWARDS or getattr(model.config, "logit_scale", None):
+            return False
+        return float((labels[:, 1:] != -100).float().mean()) <= SCORED_POSITIONS_SHARE
 
     def _get_grad_norm(self, model, grad_norm=None):
         # remembered so a checkpoint taken after a non-finite gradient is never published (see _save_checkpoint)
