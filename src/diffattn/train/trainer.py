@@ -15,7 +15,7 @@ progress bar. What we add:
 * A final ``save_pretrained`` folder with the tokenizer and the resolved ``run.yaml``.
 * **The vocabulary projection only where a label scores** (:func:`scored_positions_loss`), for batches that score at
   most half their positions (MQAR, answer-only needle rows): the model's own loss and gradients within float
-  rounding, an MQAR step of a ``quick`` model in about 0.6× the time (``benchmarks/scored_loss.py``).
+  rounding, an MQAR step of a ``quick`` model in 0.60-0.67× the time on a CPU (``benchmarks/scored_loss.py``).
 
 Output folder layout: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/checkpoint-N/``, ``final/``,
 ``summary.json``.
