@@ -231,14 +231,14 @@ class DiffattnTrainer(Trainer):
     def _scores_few_positions(self, model, inputs) -> bool:
         """Whether this training batch takes the scored-positions loss: at most :data:`SCORED_POSITIONS_SHARE` of its
         positions scored (an MQAR or answer-only needle batch), one process, and a model whose forward is HF's
-        ``lm_head(model(...).last_hidden_state)`` (a causal LM of ours or transformers', not wrapped by DDP or PEFT,
-        no logit scaling): anything else takes the model's own loss."""
+        ``lm_head(model(...).last_hidden_state)`` and nothing more (Llama's or DiffLlama's, as ours inherit; not
+        wrapped by DDP, PEFT or torch.compile): anything else takes the model's own loss."""
         labels = inputs.get("labels")
         if labels is None or self.accelerator.num_processes != 1 or self.label_smoother is not None:
             return False
         if self.compute_loss_func is not None or self.accelerator.unwrap_model(model) is not model:
             return False
-        if type(model).forward not in _PLAIN_CAUSAL_LM_FORWARDS or getattr(model.config, "logit_scale", None):
+        if type(model).forward not in _PLAIN_CAUSAL_LM_FORWARDS:
             return False
         return float((labels[:, 1:] != -100).float().mean()) <= SCORED_POSITIONS_SHARE
 
