@@ -560,6 +560,51 @@ def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_
         AdaptRunConfig.from_dict({"train": {"lr_grid": [1e-4, 1e-3]}}).validate()
 
 
+def test_a_grid_rate_that_diverged_loses_instead_of_ending_the_run():
+    """A learning-rate grid spans rates too high for some weights (1e-2 on a pretrained model's attention): a rate
+    whose run ends with a non-finite or missing validation loss ranks last, and the run chooses among the others;
+    only a grid with no finite loss stops, naming the adapter."""
+    import math
+
+    from diffattn.experiments.runner import grid_losses
+    from diffattn.train.adapt_config import AdaptRunConfig, best_rate
+
+    losses = grid_losses("attn-ft", [1e-4, 1e-3, 1e-2], [3.9, 3.7, float("nan")])
+    assert losses == {"0.0001": 3.9, "0.001": 3.7, "0.01": math.inf} and best_rate(losses) == "0.001"
+    assert grid_losses("x", [1e-4, 1e-2], [None, 2.0])["0.0001"] == math.inf
+    train = {"lr": 1e-3, "lr_grid": [1e-4, 1e-3, 1e-2], "lr_grid_val_loss": losses}  # run.yaml holds it as .inf
+    AdaptRunConfig.from_dict({"train": train}).validate()
+    with pytest.raises(ValueError, match=r"attn-ft: no rate of the grid .* has a finite validation loss"):
+        grid_losses("attn-ft", [1e-4, 1e-2], [float("inf"), float("nan")])
+
+
+def test_a_control_method_is_read_only_on_the_same_adaptation_data(measured):
+    """An experiment may train each method on the practice mix and on text alone: Dex is compared with the
+    attention fine-tune trained on its own data, never with the other arm's."""
+    from diffattn.experiments.claims import paper_claims
+
+    from .test_claim_list import _evals
+
+    text = {"retrieval_fraction": 0.0}
+    config = ExperimentConfig.from_dict({
+        "name": "arms", "data": {"source": "shakespeare", "seq_len": 64},
+        "models": [{"name": "baseline", "preset": "debug", "attention": "standard"}],
+        "adapters": [
+            {"name": "dex", "base": "baseline", "method": "dex"},
+            {"name": "attn-ft", "base": "baseline", "method": "attn-ft"},
+            {"name": "dex-text", "base": "baseline", "method": "dex", "data": text},
+            {"name": "attn-ft-text", "base": "baseline", "method": "attn-ft", "data": text},
+        ],
+        "adapt_data": {"retrieval_fraction": 0.25, "mqar_fraction": 0.0},
+        "eval": {"suites": ["ppl", "niah", "alloc"]},
+    })  # fmt: skip
+    evals = _evals(measured)
+    evals = {**evals, "attn-ft": evals["attn"], "dex-text": evals["dex"], "attn-ft-text": evals["attn"]}
+    vals = {n: {"val_loss": 3.0} for n in ("baseline", "dex", "attn-ft", "dex-text", "attn-ft-text")}
+    pairs = {(c.ref, c.new) for c in paper_claims(config, vals, evals) if c.ref in ("attn-ft", "attn-ft-text")}
+    assert pairs == {("attn-ft", "dex"), ("attn-ft-text", "dex-text")}
+
+
 def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so(measured):
     """An adapter trained on needle rows in the evaluation's own template gets the label on its retrieval and
     allocation rows (the gain includes learning the format); one adapted on text alone does not."""

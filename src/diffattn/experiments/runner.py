@@ -201,18 +201,28 @@ def _resolve_lr_grid(a, run_config, grid: list[float], parts, states, train) -> 
     """Train one run per rate of ``grid`` (finished ones are read back), then the part's config: the rate with
     the lowest final validation loss, and every rate's loss recorded (``train.lr_grid_val_loss``) — chosen before
     any evaluation is read."""
-    from ..train.adapt_config import best_rate, grid_key
+    from ..train.adapt_config import best_rate
 
     outcomes = [_train_part("lr-grid", train, name, path, states[name], config) for name, path, config in parts]
-    losses = {}
-    for rate, outcome in zip(grid, outcomes, strict=True):
-        loss = outcome.summary.get("val_loss_after")
-        if not isinstance(loss, int | float) or not math.isfinite(loss):
-            raise ValueError(f"{a.name}: the run at lr {rate} has no finite validation loss ({loss!r}); cannot choose")
-        losses[grid_key(rate)] = float(loss)
+    losses = grid_losses(a.name, grid, [o.summary.get("val_loss_after") for o in outcomes])
     chosen = float(best_rate(losses))
     logger.info("%s: lr %s chosen from %s by validation loss", a.name, chosen, losses)
     return _at_rate(run_config, a.method, chosen, grid=list(grid), losses=losses), outcomes
+
+
+def grid_losses(name: str, grid: list[float], losses: list) -> dict[str, float]:
+    """Each grid rate's final validation loss, keyed by :func:`grid_key`. A rate whose run diverged (a non-finite
+    or missing loss: too high a rate for these weights is a result of the grid, not an error) is recorded as
+    ``inf``, so it loses; only when no rate has a finite loss is there nothing to choose."""
+    from ..train.adapt_config import grid_key
+
+    finite = [isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in losses]
+    if not any(finite):
+        raise ValueError(f"{name}: no rate of the grid {list(grid)} has a finite validation loss ({losses!r})")
+    for rate, loss, ok in zip(grid, losses, finite, strict=True):
+        if not ok:
+            logger.warning("%s: the run at lr %s diverged (validation loss %r): it ranks last", name, rate, loss)
+    return {grid_key(r): float(x) if ok else math.inf for r, x, ok in zip(grid, losses, finite, strict=True)}
 
 
 def _wants(overwrite, name: str) -> bool:
