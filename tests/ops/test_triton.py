@@ -302,7 +302,9 @@ def test_value_halves_read_in_place(monkeypatch, split):
     halves_of = launch._in_place_halves
     monkeypatch.setattr(launch, "_in_place_halves", lambda p: (seen.append(halves_of(p)), seen[-1])[1])
     q1, k1, q2, k2, _, lam = make_inputs(b=2, h=4, hkv=2, t=3, s=40)
-    v_heads = torch.randn(2, 4, 40, 8, device=DEVICE)  # [B, 2·Hkv, S, d], as the KV cache holds them
+    # [B, 2·Hkv, S, d], as the KV cache holds them; seeded like every input here (it drew from the global generator,
+    # whose state depends on the tests run before: about 1 draw in 60 put dq1's error just past the rounding bound)
+    v_heads = torch.randn(2, 4, 40, 8, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     halves = (v_heads[:, :2], v_heads[:, 2:])
     v_cat = torch.cat(halves, -1)
     with torch.no_grad():
