@@ -327,7 +327,7 @@ def _needle_practice(config, a) -> str | None:
     """The label of an adapter trained on needle rows in the evaluation's own template (the retrieval practice mix):
     its retrieval and allocation rows measure learning the format as much as the method (the papers adapt on
     generic text)."""
-    data = _adapt_data(config, a)
+    data = config.adapter_data(a)
     fraction, mqar = float(data.get("retrieval_fraction") or 0.0), float(data.get("mqar_fraction", 0.5))
     needle_share = fraction * (1 - mqar)
     if needle_share <= 0:
@@ -355,17 +355,12 @@ def _references(spec: PaperClaim, a, config, runs: dict[str, Run]) -> list[str]:
         return [name]
     # a control is like for like only on the same base *and* the same adaptation data: an experiment may train
     # each method twice (on the practice mix and on text alone), and the text arm is not the mix arm's control
-    data = _adapt_data(config, a)
+    data = config.adapter_data(a)
     return [
         x.name
         for x in config.adapters
-        if x.method == spec.reference and x.base == a.base and _adapt_data(config, x) == data
+        if x.method == spec.reference and x.base == a.base and config.adapter_data(x) == data
     ]
-
-
-def _adapt_data(config, a) -> dict:
-    """Adapter ``a``'s data section as it trains: the experiment's ``adapt_data`` under the entry's own."""
-    return {**getattr(config, "adapt_data", {}), **a.data}
 
 
 # The seed-to-seed spread of the claims' metrics, measured on this project's CPU (pooled within-model SD over the

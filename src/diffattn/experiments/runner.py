@@ -156,7 +156,7 @@ def _adapt_config(exp: ExperimentConfig, a, root: Path):
         base = str(root / "models" / a.base / "final")
     else:
         base = exp.pretrained_path(a.base) or a.base
-    data = {"source": exp.data.get("source", "shakespeare"), **exp.adapt_data, **a.data}
+    data = exp.adapter_data(a)
     train = {"seed": exp.seed, **exp.adapt_train, **a.train}
     train.pop("lr_grid", None)
     return AdaptRunConfig.from_dict(
