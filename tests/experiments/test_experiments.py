@@ -603,6 +603,12 @@ def test_a_control_method_is_read_only_on_the_same_adaptation_data(measured):
     vals = {n: {"val_loss": 3.0} for n in ("baseline", "dex", "attn-ft", "dex-text", "attn-ft-text")}
     pairs = {(c.ref, c.new) for c in paper_claims(config, vals, evals) if c.ref in ("attn-ft", "attn-ft-text")}
     assert pairs == {("attn-ft", "dex"), ("attn-ft-text", "dex-text")}
+    # the report's protocol names the arms that adapt on data of their own, and only those
+    from diffattn.experiments.report import _protocol
+
+    own = [line for line in _protocol(config) if "data of its own" in line]
+    assert [line.split()[1] for line in own] == ["dex-text", "attn-ft-text"]
+    assert all(line.rstrip(".").endswith("shakespeare") for line in own)
 
 
 def test_adapter_rows_trained_on_the_evaluations_needle_template_say_so(measured):

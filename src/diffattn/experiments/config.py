@@ -187,11 +187,11 @@ class ExperimentConfig(YamlConfig):
         """Every model the experiment trains or evaluates, in order: from scratch, pretrained, adapters."""
         return [m.name for m in self.models] + [p.name for p in self.pretrained] + [a.name for a in self.adapters]
 
-    def adapter_data(self, a: AdapterRun) -> dict:
+    def adapter_data(self, a: AdapterRun | None = None) -> dict:
         """Adapter ``a``'s data section as it trains: the pretraining data's source, under the experiment's
         ``adapt_data``, under the entry's own ``data`` (the one home of that merge: the runner builds the run from it,
-        the claims compare arms by it)."""
-        return {"source": self.data.get("source", "shakespeare"), **self.adapt_data, **a.data}
+        the claims compare arms by it, the report describes it). ``None``: an entry without data of its own."""
+        return {"source": self.data.get("source", "shakespeare"), **self.adapt_data, **(a.data if a else {})}
 
     def pretrained_path(self, name: str) -> str | None:
         return next((p.path for p in self.pretrained if p.name == name), None)

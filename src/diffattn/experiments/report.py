@@ -93,9 +93,7 @@ def _protocol(config) -> list[str]:
         )
         lines.append("- Data: " + _data_words(d, tokenizer=True))
     if config.adapters:
-        a = AdaptRunConfig.from_dict(
-            {"data": {"source": config.data.get("source", "shakespeare"), **config.adapt_data}}
-        )
+        a = AdaptRunConfig.from_dict({"data": config.adapter_data()})
         at = AdaptRunConfig.from_dict({"train": dict(config.adapt_train)}).train
         bases = sorted({x.base for x in config.adapters})
         lines.append(
@@ -104,6 +102,12 @@ def _protocol(config) -> list[str]:
             + "data: "
             + _data_words(a.data, tokenizer=False)
         )
+        common = config.adapter_data()
+        for x in config.adapters:  # an entry with data of its own (e.g. a text-only arm beside the practice mix)
+            own = config.adapter_data(x)
+            if own != common:
+                words = _data_words(AdaptRunConfig.from_dict({"data": own}).data, tokenizer=False)
+                lines.append(f"  - {x.name} adapts on data of its own: {words}")
     o = SuiteOptions(**{"seed": config.seed, **config.eval.options})
     sentences, others = [], []
     for name in config.eval.suites:  # a sentence of each suite that has one (shared sentences once), then the rest
