@@ -93,7 +93,8 @@ def _protocol(config) -> list[str]:
         )
         lines.append("- Data: " + _data_words(d, tokenizer=True))
     if config.adapters:
-        a = AdaptRunConfig.from_dict({"data": config.adapter_data()})
+        common = config.adapter_data()  # the data of every entry without data of its own
+        a = AdaptRunConfig.from_dict({"data": common})
         at = AdaptRunConfig.from_dict({"train": dict(config.adapt_train)}).train
         bases = sorted({x.base for x in config.adapters})
         lines.append(
@@ -102,7 +103,6 @@ def _protocol(config) -> list[str]:
             + "data: "
             + _data_words(a.data, tokenizer=False)
         )
-        common = config.adapter_data()
         for x in config.adapters:  # an entry with data of its own (e.g. a text-only arm beside the practice mix)
             own = config.adapter_data(x)
             if own != common:
