@@ -6,6 +6,8 @@ All runs use the `debug` preset on a small local corpus cut from Shakespeare, a 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import os
@@ -29,6 +31,7 @@ from diffattn.train import (
     read_metrics,
 )
 from diffattn.train import data as train_data
+from diffattn.train.trainer import lr_factor
 
 from ..helpers import debug_config, losses
 
@@ -414,3 +417,29 @@ def test_a_dangling_symlink_as_out_is_named(corpus_file, tmp_path):
     with pytest.raises(RunFolderError, match=r"is a symbolic link to .*nowhere', which does not exist"):
         pretrain(debug_config(corpus_file, max_steps=2), out)
     assert out.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+# ---------------------------------------------------------------- the learning-rate schedule
+
+
+@pytest.mark.parametrize("min_lr_ratio", [0.0, 0.04, 1.0])
+@pytest.mark.parametrize("decay", ["linear", "cosine"])
+def test_schedule_warms_up_from_the_first_step_then_decays_to_the_floor(decay, min_lr_ratio):
+    # transformers' warmup_stable_decay started the warmup at min_lr_ratio: at 1 (a constant rate) no warmup at all
+    factor = functools.partial(lr_factor, warmup_steps=10, decay_steps=90, decay=decay, min_lr_ratio=min_lr_ratio)
+    assert factor(0) == pytest.approx(0.1) and factor(4) == pytest.approx(0.5) and factor(9) == factor(10) == 1.0
+    assert factor(100) == pytest.approx(min_lr_ratio) and factor(500) == pytest.approx(min_lr_ratio)
+    halfway = 0.5 * (1 + min_lr_ratio)  # linear and cosine both pass the midpoint halfway through the decay
+    assert factor(55) == pytest.approx(halfway)
+    rates = [factor(s) for s in range(101)]
+    assert all(a <= b for a, b in itertools.pairwise(rates[:11]))  # warmup rises
+    assert all(a >= b for a, b in itertools.pairwise(rates[10:]))  # decay never rises
+
+
+def test_a_constant_rate_run_still_warms_up(corpus_file, tmp_path):
+    cfg = debug_config(corpus_file, max_steps=8, eval_every=8, save_every=8, warmup_steps=4, min_lr_ratio=1.0)
+    pretrain(cfg, tmp_path / "run")
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    peak = cfg.train.lr
+    # the rate logged at step s (from 1) is the one that step used: s/4 of the peak during the warmup, then the peak
+    assert lrs == pytest.approx([peak * min(1.0, s / 4) for s in range(1, 9)])

@@ -1,11 +1,13 @@
 """Pretraining of DIFF Transformers and their same-size baselines on Hugging Face ``Trainer``.
 
-What ``Trainer`` already does well is used as is: the loop, AdamW, the warmup-stable-decay schedule
-(warmup, then linear or cosine decay to ``min_lr_ratio``·peak: the paper's "linear decay to 4%"), gradient
+What ``Trainer`` already does well is used as is: the loop, AdamW, gradient
 clipping and accumulation, bf16 autocast on GPU, DDP/FSDP under ``torchrun`` (through accelerate, so the
 same command scales out), periodic evaluation, RNG/optimizer/scheduler state for exact resumption, and the
 progress bar. What we add:
 
+* **The schedule** (:func:`lr_factor`): linear warmup from the first step, then linear or cosine decay to
+  ``min_lr_ratio``·peak (the paper's "linear decay to 4%"). Trainer's warmup-stable-decay warms up from
+  ``min_lr_ratio``·peak instead, so a constant rate (``min_lr_ratio`` 1) had no warmup at all.
 * **Atomic checkpoints.** ``Trainer`` writes ``checkpoint-N`` in place, so a crash mid-write leaves a folder
   that its own resume logic would pick. We let it write into ``.staging/`` and publish the finished folder
   with one ``os.replace`` into ``checkpoints/``; ``--resume`` also verifies a checkpoint before trusting it.
@@ -29,6 +31,7 @@ import math
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -87,6 +90,21 @@ def _plain_causal_lm_forwards() -> frozenset:
 
 
 _PLAIN_CAUSAL_LM_FORWARDS = _plain_causal_lm_forwards()
+
+
+def lr_factor(step: int, *, warmup_steps: int, decay_steps: int, decay: str, min_lr_ratio: float) -> float:
+    """The learning rate of optimizer step ``step`` (from 0) as a fraction of the peak (``train.lr``): a linear warmup
+    over the first ``warmup_steps`` steps (step s at (s+1)/warmup_steps, so the first step is not spent at rate 0),
+    then ``decay`` (linear | cosine) over ``decay_steps`` to ``min_lr_ratio``, held there.
+
+    transformers' ``warmup_stable_decay``, which this replaces, starts its warmup at ``min_lr_ratio``·peak: 4% at the
+    default, and at ``min_lr_ratio`` 1 (a constant rate) no warmup at all, whatever ``train.warmup_steps`` said
+    (found when a constant-rate MQAR pilot with warmup 50 and with warmup 200 trained identically)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, decay_steps))
+    shape = 1.0 - progress if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
 
 def _row_average(per_token: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
@@ -204,6 +222,22 @@ class DiffattnTrainer(Trainer):
             # ways (loss_is_scaled_for_ga from transformers 5.19; model_accepts_loss_kwargs before it)
             self.loss_is_scaled_for_ga = False
             self.model_accepts_loss_kwargs = False
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """The run's schedule as :func:`lr_factor` computes it, from the warmup and decay that
+        :func:`training_arguments` records in the arguments (any other scheduler type: Trainer's own)."""
+        kwargs = self.args.lr_scheduler_kwargs or {}
+        if self.lr_scheduler is None and self.args.lr_scheduler_type == "warmup_stable_decay" and kwargs:
+            factor = partial(
+                lr_factor,
+                warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                decay_steps=kwargs["num_decay_steps"],
+                decay=kwargs["decay_type"],
+                min_lr_ratio=kwargs["min_lr_ratio"],
+            )
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
+            self._created_lr_scheduler = True
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def log(self, logs: dict, *args, **kwargs) -> None:
         """Trackers (--report-to) get λ per layer with the loss: the same read-out as metrics.jsonl."""
@@ -485,7 +519,8 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         adam_beta2=t.beta2,
         max_grad_norm=t.grad_clip,
         lr_scheduler_type="warmup_stable_decay",
-        # stable phase = max_steps − warmup − decay = 0: warmup, then decay straight to min_lr_ratio·lr
+        # stable phase = max_steps − warmup − decay = 0: warmup, then decay straight to min_lr_ratio·lr; the
+        # schedule itself is lr_factor's (DiffattnTrainer.create_scheduler: its warmup starts at 0)
         lr_scheduler_kwargs={
             "num_decay_steps": t.max_steps - t.resolved_warmup_steps,
             "decay_type": t.schedule,
