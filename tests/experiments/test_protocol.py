@@ -247,3 +247,13 @@ def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_
     assert row.verdict == "inconclusive" and "reach chance (0.250," in row.note
     row = claim(many_shot, {"base": icl([0.2, 0.22, 0.21, 0.2]), "new": icl([0.8, 0.82, 0.81, 0.8])})
     assert row.verdict == "agrees" and "reach chance" not in row.note
+
+
+def test_the_report_says_where_a_run_stopped_inside_a_longer_schedule():
+    from diffattn.experiments.report import _horizon_words
+
+    assert _horizon_words(RunConfig.from_dict({"train": {"max_steps": 500}}).train) == ""
+    t = RunConfig.from_dict({"train": {"max_steps": 500, "schedule_steps": 1500}}).validate().train
+    assert _horizon_words(t) == (
+        ", stopped at step 500 of a 1500-step schedule (150 warmup steps, then decay to 0.04·lr at its end)"
+    )

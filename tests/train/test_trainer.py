@@ -443,3 +443,23 @@ def test_a_constant_rate_run_still_warms_up(corpus_file, tmp_path):
     peak = cfg.train.lr
     # the rate logged at step s (from 1) is the one that step used: s/4 of the peak during the warmup, then the peak
     assert lrs == pytest.approx([peak * min(1.0, s / 4) for s in range(1, 9)])
+
+
+def test_a_run_can_stop_part_way_through_a_longer_schedule(corpus_file, tmp_path):
+    # schedule_steps: a budget read inside one schedule trains as the first steps of the full run did
+    full = debug_config(corpus_file, max_steps=8, eval_every=8, save_every=8, warmup_steps=2)
+    part = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=4, warmup_steps=2, schedule_steps=8)
+    pretrain(full, tmp_path / "full")
+    pretrain(part, tmp_path / "part")
+    lr = {
+        name: [r["lr"] for r in read_metrics(tmp_path / name / "metrics.jsonl") if "loss" in r]
+        for name in ("full", "part")
+    }
+    assert lr["part"] == lr["full"][:4] and lr["part"][-1] > full.train.lr * 0.5  # mid-decay, not at its floor
+    assert losses(tmp_path / "part") == {s: v for s, v in losses(tmp_path / "full").items() if s <= 4}
+    assert (
+        part.train.resolved_warmup_steps == 2
+        and RunConfig().with_overrides({"train.schedule_steps": 1000}).validate().train.resolved_warmup_steps == 100
+    )  # the default warmup is 10% of the schedule
+    with pytest.raises(ValueError, match="schedule_steps must be an integer >= max_steps"):
+        debug_config(corpus_file, max_steps=8, schedule_steps=4)

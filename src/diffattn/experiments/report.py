@@ -89,7 +89,7 @@ def _protocol(config) -> list[str]:
         lines.append(
             f"- From scratch: {', '.join(f'{m.name} ({m.preset}, {m.attention})' for m in config.models)}; {seeds}. "
             f"{t.max_steps} steps × {t.global_batch_size} sequences × {d.seq_len} tokens, lr {t.lr:g}, "
-            f"{t.schedule} schedule."
+            f"{t.schedule} schedule" + _horizon_words(t) + "."
         )
         lines.append("- Data: " + _data_words(d, tokenizer=True))
     if config.adapters:
@@ -124,6 +124,16 @@ def _protocol(config) -> list[str]:
             f"{window} tokens."
         )
     return [*lines, ""]
+
+
+def _horizon_words(t) -> str:
+    """Where a run stops inside its schedule, when it stops before the schedule's end (``train.schedule_steps``)."""
+    if t.resolved_schedule_steps == t.max_steps:
+        return ""
+    return (
+        f", stopped at step {t.max_steps} of a {t.resolved_schedule_steps}-step schedule "
+        f"({t.resolved_warmup_steps} warmup steps, then decay to {t.min_lr_ratio:g}·lr at its end)"
+    )
 
 
 def _data_words(d, *, tokenizer: bool) -> str:

@@ -143,7 +143,10 @@ class TrainConfig:
     lr: float = 1e-3
     schedule: str = "linear"  # linear | cosine (both: warmup, then decay to min_lr_ratio·lr)
     min_lr_ratio: float = 0.04
-    warmup_steps: int | None = None  # None: 10% of max_steps (20 at the default 200)
+    warmup_steps: int | None = None  # None: 10% of the schedule's steps (20 at the default 200)
+    # the steps the schedule is planned over (None: max_steps): a run of max_steps < schedule_steps stops part-way
+    # through its warmup and decay, so budgets read inside one schedule train as its first max_steps steps did
+    schedule_steps: int | None = None
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -158,8 +161,12 @@ class TrainConfig:
     loss_average: str = "token"  # token (Hugging Face's) | row: mean per sequence, then over sequences
 
     @property
+    def resolved_schedule_steps(self) -> int:
+        return self.schedule_steps if self.schedule_steps is not None else self.max_steps
+
+    @property
     def resolved_warmup_steps(self) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else round(0.1 * self.max_steps)
+        return self.warmup_steps if self.warmup_steps is not None else round(0.1 * self.resolved_schedule_steps)
 
     def validate(self) -> None:
         for name in ("max_steps", "global_batch_size", "grad_accum", "log_every", "eval_every", "save_every"):
@@ -176,6 +183,13 @@ class TrainConfig:
             raise ValueError(
                 f"train.save_every ({self.save_every}) must be a multiple of train.log_every "
                 f"({self.log_every}) so a non-finite loss is caught before it is checkpointed"
+            )
+        if self.schedule_steps is not None and not (
+            isinstance(self.schedule_steps, int) and self.schedule_steps >= self.max_steps
+        ):
+            raise ValueError(
+                f"train.schedule_steps must be an integer >= max_steps={self.max_steps} (the run stops part-way "
+                f"through the schedule), got {self.schedule_steps!r}"
             )
         if self.warmup_steps is not None and not (
             isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps <= self.max_steps

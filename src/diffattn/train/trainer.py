@@ -519,10 +519,11 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         adam_beta2=t.beta2,
         max_grad_norm=t.grad_clip,
         lr_scheduler_type="warmup_stable_decay",
-        # stable phase = max_steps − warmup − decay = 0: warmup, then decay straight to min_lr_ratio·lr; the
+        # no stable phase: warmup, then decay straight to min_lr_ratio·lr at schedule_steps (a run with fewer
+        # max_steps stops part-way); the
         # schedule itself is lr_factor's (DiffattnTrainer.create_scheduler: its warmup starts at 0)
         lr_scheduler_kwargs={
-            "num_decay_steps": t.max_steps - t.resolved_warmup_steps,
+            "num_decay_steps": t.resolved_schedule_steps - t.resolved_warmup_steps,
             "decay_type": t.schedule,
             "min_lr_ratio": t.min_lr_ratio,
         },
