@@ -520,8 +520,8 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         max_grad_norm=t.grad_clip,
         lr_scheduler_type="warmup_stable_decay",
         # no stable phase: warmup, then decay straight to min_lr_ratio·lr at schedule_steps (a run with fewer
-        # max_steps stops part-way); the
-        # schedule itself is lr_factor's (DiffattnTrainer.create_scheduler: its warmup starts at 0)
+        # max_steps stops part-way); the rates themselves are lr_factor's (DiffattnTrainer.create_scheduler reads
+        # these arguments; its warmup rises from the first step, not from min_lr_ratio·lr as transformers' does)
         lr_scheduler_kwargs={
             "num_decay_steps": t.resolved_schedule_steps - t.resolved_warmup_steps,
             "decay_type": t.schedule,
