@@ -585,7 +585,8 @@ def _add_run_command(sub) -> None:
     p.add_argument(
         "--jobs", type=_positive_int, default=1, metavar="N",
         help="train N from-scratch parts at once, each in its own process with cores/N threads (default 1); "
-        "each part's output goes to the experiment's logs/NAME.log",
+        "each part's output goes to the experiment's logs/NAME.log; Ctrl-C or a SIGTERM to this process stops "
+        "the workers too (a rerun resumes from their checkpoints)",
     )  # fmt: skip
     p.set_defaults(func=cmd_run)
 

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -390,6 +391,37 @@ def _train_in_worker(name: str, path: Path, state: str, run_config, log_file: Pa
         return _train_part("pretrain", pretrain, name, path, state, run_config)
 
 
+@contextmanager
+def workers_stopped_with_parent(pool):
+    """Within the block, a SIGTERM to this process (``kill PID``, a scheduler's stop) or Ctrl-C stops ``pool``'s
+    workers too, then raises :class:`KeyboardInterrupt` here.
+
+    Without it, SIGTERM kills the parent alone and its spawned workers train on as orphans (Ctrl-C in a terminal
+    reaches the whole process group, a ``kill`` does not), and an interrupted parent's pool shutdown would wait for
+    every running part to finish. A worker stopped mid-part resumes from its last checkpoint on the next run, as
+    after Ctrl-C. The previous SIGTERM handler is restored on exit; off the main thread (where Python cannot set
+    handlers) only Ctrl-C is covered."""
+    import signal
+    import threading
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupted) if main_thread else None
+    try:
+        yield pool
+    except KeyboardInterrupt:
+        # ProcessPoolExecutor has no public way to stop running work before Python 3.14 (terminate_workers)
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
     """Train ``parts`` (name, folder, state, config) ``jobs`` at a time in spawned worker processes, each with
     ``cores // jobs`` threads (a small model trains faster as two one-thread processes than as one two-thread
@@ -416,13 +448,15 @@ def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
     print(f"training {len(todo)} parts, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
           f"each part's output: {logs}/NAME.log")  # fmt: skip
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool, workers_stopped_with_parent(pool):
         futures = {pool.submit(_train_in_worker, *part, logs / f"{part[0]}.log", threads): part[0] for part in todo}
         with tqdm(total=len(todo), desc="parts", unit="part") as bar:
             for future in as_completed(futures):
                 name = futures[future]
                 try:
                     outcomes[name] = future.result()
+                except KeyboardInterrupt:  # a stop, not the part's failure: workers_stopped_with_parent
+                    raise
                 except BaseException as e:
                     for f in futures:
                         f.cancel()
