@@ -678,3 +678,19 @@ def test_a_refused_export_into_a_new_folder_leaves_no_trace_of_its_lock(tmp_path
     with locked(tmp_path / "kept"):  # a folder that gets contents keeps them (not the lock file)
         (tmp_path / "kept" / "a.txt").write_text("a")
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["a.txt"]
+
+
+def test_a_run_extended_and_stopped_before_its_new_end_resumes_not_done(corpus_file, tmp_path):
+    """A larger max_steps rewrites run.yaml when the run resumes; stopped before the new end, its summary.json is
+    still the shorter run's. Found when a 500 → 1,500-step MQAR readout skipped three such runs as "done"."""
+    part = tmp_path / "demo" / "models" / "t"
+    part.mkdir(parents=True)
+    longer = debug_config(corpus_file, max_steps=12)
+    longer.save(part / RUN_CONFIG)  # the extension started …
+    (part / "summary.json").write_text(json.dumps({"steps": 4}))  # … and the summary is the 4-step run's
+    assert run_state(part, longer, overwrite=False) == "resume"
+    (part / "summary.json").write_text(json.dumps({"steps": 12}))
+    assert run_state(part, longer, overwrite=False) == "done"
+    # asked for fewer steps than it has: a settings change like any other (only max_steps differs: resume,
+    # where the trainer finds the run already past that budget and changes nothing)
+    assert run_state(part, debug_config(corpus_file, max_steps=8), overwrite=False) == "resume"

@@ -80,9 +80,20 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
             f"{run_dir} was run with other settings ({'; '.join(diff)}); pass --overwrite to redo it, "
             "or give the new variant another name"
         )
-    if (run_dir / "summary.json").is_file() and not diff:
+    if (run_dir / "summary.json").is_file() and not diff and _summary_steps(run_dir) >= config.train.max_steps:
         return DONE
+    # A summary of fewer steps than run.yaml asks for: a run extended (a larger max_steps rewrites run.yaml when it
+    # starts) and stopped before its new end, whose summary is still the shorter run's: resume it, not "done".
     return RESUME
+
+
+def _summary_steps(run_dir: Path) -> float:
+    """The step count a run's summary.json records; +inf where it records none (older summaries: trust them)."""
+    try:
+        steps = json.loads((run_dir / "summary.json").read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return math.inf  # a damaged summary is refused where it is read (_read_json), with the remedy
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else math.inf
 
 
 def check_experiment_folder(out: Path, name: str, source: str | None) -> None:
