@@ -76,3 +76,32 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     (folder / EXPORT_MARKER).unlink()
     with pytest.raises(ValueError, match="not an exported report"):
         refresh_report(folder)
+
+
+def test_the_seed_spread_single_run_reports_quote_is_the_committed_experiments_own():
+    """claims.SEED_SPREAD (quoted under every single-run report) is the root mean square, over every arm of the
+    experiments SEED_SPREAD_SOURCE names, of each metric's variance over that arm's seeds, at two significant digits:
+    re-exporting those experiments without updating the constant fails here."""
+    import math
+    import statistics
+
+    from diffattn.experiments.claims import SEED_SPREAD, SEED_SPREAD_SOURCE
+
+    columns = {  # SEED_SPREAD's label → results.json's model column
+        "validation loss (75% retrieval mix)": "val_loss",
+        "strict retrieval accuracy": "NIAH strict",
+        "attention to the answer (|a| share)": "|attn|→answer",
+        "attention noise (|a| share)": "|attn| noise",
+        "top-1 |attention logit|": "top-1 |logit|",
+        "top-1 |hidden state|": "top-1 |hidden|",
+    }
+    assert set(columns) == set(SEED_SPREAD)
+    arms: dict[tuple[str, str], list[dict]] = {}
+    for folder in re.findall(r"results/([\w-]+)", SEED_SPREAD_SOURCE):
+        for row in json.loads((RESULTS / folder / "results.json").read_text())["models"]:
+            arms.setdefault((folder, row["model"].rsplit("-s", 1)[0]), []).append(row)
+    assert arms and all(len(rows) >= 2 for rows in arms.values())
+    for label, column in columns.items():
+        variances = [statistics.variance([r[column] for r in rows]) for rows in arms.values()]
+        spread = math.sqrt(statistics.fmean(variances))
+        assert f"{SEED_SPREAD[label]:.2g}" == f"{spread:.2g}", (label, spread)
