@@ -86,6 +86,7 @@ def test_the_seed_spread_single_run_reports_quote_is_the_committed_experiments_o
     import statistics
 
     from diffattn.experiments.claims import SEED_SPREAD, SEED_SPREAD_SOURCE
+    from diffattn.experiments.config import ExperimentConfig
 
     columns = {  # SEED_SPREAD's label → results.json's model column
         "validation loss (75% retrieval mix)": "val_loss",
@@ -96,12 +97,13 @@ def test_the_seed_spread_single_run_reports_quote_is_the_committed_experiments_o
         "top-1 |hidden state|": "top-1 |hidden|",
     }
     assert set(columns) == set(SEED_SPREAD)
-    arms: dict[tuple[str, str], list[dict]] = {}
+    arms: list[list[dict]] = []  # each arm's replicate rows, grouped as the claims engine groups them
     for folder in re.findall(r"results/([\w-]+)", SEED_SPREAD_SOURCE):
-        for row in json.loads((RESULTS / folder / "results.json").read_text())["models"]:
-            arms.setdefault((folder, row["model"].rsplit("-s", 1)[0]), []).append(row)
-    assert arms and all(len(rows) >= 2 for rows in arms.values())
+        rows = {r["model"]: r for r in json.loads((RESULTS / folder / "results.json").read_text())["models"]}
+        groups = ExperimentConfig.load(RESULTS / folder / "experiment.yaml").seed_groups()
+        arms += [[rows[name] for name in names] for names in groups.values()]
+    assert arms and all(len(rows) >= 2 for rows in arms)
     for label, column in columns.items():
-        variances = [statistics.variance([r[column] for r in rows]) for rows in arms.values()]
+        variances = [statistics.variance([r[column] for r in rows]) for rows in arms]
         spread = math.sqrt(statistics.fmean(variances))
         assert f"{SEED_SPREAD[label]:.2g}" == f"{spread:.2g}", (label, spread)
