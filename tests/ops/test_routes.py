@@ -80,6 +80,25 @@ def test_the_table_chooses_its_fastest_usable_route(fake_device, tmp_path, monke
     assert ops.table_order(_inputs(shared=True)) == ["sdpa"]
 
 
+def test_the_table_is_read_at_trace_time_of_a_fullgraph_compile(fake_device, tmp_path, monkeypatch):
+    # a diffattn model under torch.compile(fullgraph=True) (the CUDA-graph decode step) asks the table in every layer:
+    # the lookup must be a trace-time constant, not traced into (file reads, CUDA queries). On torch 2.11 it was
+    # traced into: "torch.* op returned non-Tensor" ended every compiled decode step (H200 run of 2026-11-27)
+    i = _inputs(grad=False)
+    entry = _entry()
+    entry["routes"] = {"v1 d16 dv32 fp32 causal none infer": ["sdpa_split", "chunked"]}
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
+
+    def routes_count(q1, k1, q2, k2, v):
+        inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)
+        return q1 * len(ops.table_order(inp))
+
+    torch._dynamo.reset()
+    out = torch.compile(routes_count, backend="eager", fullgraph=True)(i.q1, i.k1, i.q2, i.k2, i.v_parts[0])
+    torch._dynamo.reset()
+    assert torch.equal(out, i.q1 * 3)  # sdpa_split, chunked, then the safe default
+
+
 def test_a_route_that_cannot_take_the_inputs_is_skipped(fake_device, tmp_path, monkeypatch, caplog):
     entry = _entry(routes={"shared_k d16 dv16 fp32 causal none train": ["sdpa_split", "chunked"]})
     monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))

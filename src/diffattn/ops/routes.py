@@ -170,23 +170,32 @@ def entry_for(identity: dict[str, str], path: str) -> dict | None:
 @functools.cache
 def device_entry(index: int) -> dict | None:
     """The table entry for CUDA device ``index`` under this process's software, or None. Read once per device (and
-    per :func:`reset`); at torch.compile's trace time it is taken as a constant."""
+    per :func:`reset`)."""
     return entry_for(device_identity(index), str(_table_path()))
 
 
-device_entry._dynamo_marked_constant = True  # type: ignore[attr-defined]
+def listed_routes(index: int | None, cls: str) -> tuple[str, ...]:
+    """The routes the table lists for call class ``cls`` on CUDA device ``index`` (None: the current one), fastest
+    first, then :data:`SAFE_DEFAULT`; ``(SAFE_DEFAULT,)`` where no entry or class matches.
+
+    torch.compile takes the result as a constant at trace time (the flag below). It must be this plain function of
+    constants that carries the flag: on torch 2.11 dynamo ignores the flag on a ``functools.cache`` wrapper and traces
+    into it, and the CUDA queries inside end a ``fullgraph`` trace ("torch.* op returned non-Tensor", H200 run of
+    2026-11-27: every decode step of a diffattn model under ``torch.compile``)."""
+    entry = device_entry(index if index is not None else torch.cuda.current_device())
+    routes = entry["routes"].get(cls) if entry else None
+    if not routes:
+        return (SAFE_DEFAULT,)
+    return tuple(routes) + (() if SAFE_DEFAULT in routes else (SAFE_DEFAULT,))
+
+
+listed_routes._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def table_routes(inp: DiffAttentionInputs) -> list[str]:
-    """The routes the table lists for this call on its CUDA device, fastest first, then :data:`SAFE_DEFAULT`;
-    ``[SAFE_DEFAULT]`` where no entry or class matches. (Which of them can run these inputs is
+    """:func:`listed_routes` for this call's device and class. (Which of them can run these inputs is
     :func:`diffattn.ops.auto_backend`'s to check.)"""
-    device = inp.q1.device
-    entry = device_entry(device.index if device.index is not None else torch.cuda.current_device())
-    routes = entry["routes"].get(call_class(inp)) if entry else None
-    if not routes:
-        return [SAFE_DEFAULT]
-    return list(routes) + ([SAFE_DEFAULT] if SAFE_DEFAULT not in routes else [])
+    return list(listed_routes(inp.q1.device.index, call_class(inp)))
 
 
 def reset() -> None:
