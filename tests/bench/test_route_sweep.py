@@ -62,3 +62,33 @@ def test_every_candidate_of_the_fused_kernel_is_a_route_of_its_own():
         for kind in ("fwd", "dkdv_atomic"):
             for bm, bn, w, s in tuning._TUNING["none"][kind][width]:
                 assert f"triton[{kind} {bm}x{bn} w{w} s{s}]" in names
+
+
+def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):
+    a, b = rs.CallClass("v1", 64), rs.CallClass("v1", 64, mode="infer")
+    ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5, "ratio": 2.0}
+    earlier = {**IDENTITY, "date": "2026-11-27", "routes": {a.key: ["cudnn"], b.key: ["cudnn"]}, "measurements": [
+        {"route": "cudnn", "class": a.key, **ok}, {"route": "cudnn", "class": b.key, **ok},
+        {"route": "triton", "class": a.key, "status": "skipped: budget spent"}]}  # fmt: skip
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"format": 1, "entries": [earlier]}))
+    assert rs.earlier_entry(table, IDENTITY)["date"] == "2026-11-27"
+    assert rs.earlier_entry(table, {**IDENTITY, "torch": "other"}) is None
+    plan = [("cudnn", a), ("cudnn", b), ("triton", a), ("triton", b)]
+    assert rs.unmeasured_first(plan, earlier) == [("triton", a), ("triton", b), ("cudnn", a), ("cudnn", b)]
+    assert rs.unmeasured_first(plan, None) == plan
+    # this lease measured triton on a and ran out before the rest: cudnn on a is kept from the earlier entry, with
+    # its date; triton on b stays a skipped row (nothing earlier to keep)
+    now = [{"route": "triton", "class": a.key, **ok, "ratio": 1.5},
+           {"route": "triton", "class": b.key, "status": "skipped: budget spent"},
+           {"route": "cudnn", "class": a.key, "status": "skipped: budget spent"}]  # fmt: skip
+    merged = rs.with_earlier_measurements(now, earlier)
+    by = {(r["route"], r["class"]): r for r in merged}
+    assert by[("cudnn", a.key)]["ratio"] == 2.0 and by[("cudnn", a.key)]["measured"] == "2026-11-27"
+    assert by[("cudnn", b.key)]["measured"] == "2026-11-27"  # not planned this time: kept too
+    assert by[("triton", b.key)]["status"] == "skipped: budget spent" and "measured" not in by[("triton", a.key)]
+    entry = rs.table_entry(merged, IDENTITY, "2026-11-28")
+    assert entry["routes"] == {a.key: ["triton", "cudnn"], b.key: ["cudnn"]}
+    assert {m["route"]: m.get("measured") for m in entry["measurements"] if m["class"] == a.key} == {
+        "triton": None, "cudnn": "2026-11-27"}  # fmt: skip
+    assert "ok (2026-11-27)" in rs.to_markdown(merged, entry, None)

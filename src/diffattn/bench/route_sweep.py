@@ -640,6 +640,9 @@ def table_entry(records: list[dict], identity: dict, date: str) -> dict:
             routes.setdefault(r["class"], []).append((r["ratio"], r["route"]))
     measured = [{k: r.get(k) for k in ("class", "route", "status", "correct", "max_err", "yardstick", "ms",
                                           "base_ms", "ratio", "tflops")} for r in records]  # fmt: skip
+    for m, r in zip(measured, records, strict=True):
+        if r.get("measured"):  # kept from an earlier run of this device and software (with_earlier_measurements)
+            m["measured"] = r["measured"]
     return {**identity, "date": date, "shape": f"batch·N = {TOKENS}, N = {SEQ}, d_model {D_MODEL}; decode: batch "
             f"{DECODE_BATCH}, one query against {DECODE_CACHE} keys",
             "routes": {k: [name for _, name in sorted(v)] for k, v in routes.items()},
@@ -696,9 +699,18 @@ def to_markdown(records: list[dict], entry: dict, matmul: float | None) -> str:
         lines.append("| " + " | ".join([
             r["class"], r["route"], _f(r.get("ms"), ".3f"), _f(r.get("ratio"), ".2f"), _f(r.get("tflops"), ".0f"),
             share, _f(r.get("max_err"), ".1e"), _f(r.get("yardstick"), ".1e"),
-            r.get("status", "") if r.get("status") != "ok" else ("ok" if r.get("correct") else "WRONG"), rank,
+            _status_cell(r), rank,
         ]) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _status_cell(r: dict) -> str:
+    """A record's status for routes.md: ok (with the date where kept from an earlier run), WRONG, or why not."""
+    if r.get("status") != "ok":
+        return r.get("status", "")
+    if not r.get("correct"):
+        return "WRONG"
+    return f"ok ({r['measured']})" if r.get("measured") else "ok"
 
 
 def _f(x, fmt: str) -> str:
@@ -709,33 +721,55 @@ README_BEGIN = "<!-- route table: begin (written by diffattn.bench.route_sweep.r
 README_END = "<!-- route table: end -->"
 
 
-def readme_table(entry: dict) -> str:
-    """The README's GPU speed table, made from a route table entry's measurements (the one home of those numbers):
-    per call class, auto's route and each route's ratio to the same-size baseline."""
-    ratio = {(m["class"], m["route"]): m for m in entry["measurements"]}
-    classes = list(entry["routes"])
-    cols = ["cudnn", "sdpa", "sdpa_split", "triton", "hf_two_calls", "official_four_calls"]
-    head = ["call class", "auto runs", "base ms", *cols]
-    sm = entry["capability"].replace(".", "")
-    lines = [README_BEGIN, "", f"{entry['device']} (sm_{sm}), torch {entry['torch']}, "
-             f"triton {entry['triton']}, cuDNN {entry['cudnn']}, measured {entry['date']}; {entry['shape']}; ratio "
-             "of each route's time (forward+backward for `train`, forward for `infer` and `decode`) to the same-size "
-             "SDPA baseline with the same mask, measured in the same process. ✗: wrong against float64 or failed; —: "
-             "not measured.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    for cls in classes:
-        first = entry["routes"][cls][0]
-        cells = []
-        for col in cols:
-            m = ratio.get((cls, col))
-            if m is None:
-                cells.append("—")
-            elif m.get("status") != "ok" or not m.get("correct"):
-                cells.append("✗")
-            else:
-                cells.append(f"**{m['ratio']:.2f}×**" if col == first else f"{m['ratio']:.2f}×")
-        base = ratio[(cls, first)]["base_ms"]
-        lines.append("| " + " | ".join([f"`{cls}`", f"`{first}`", f"{base:.3f}", *cells]) + " |")
+#: the README's columns: the table routes, then the comparison routes
+README_COLUMNS = ("cudnn", "cudnn_maps", "sdpa", "sdpa_split", "sdpa_maps", "triton", *COMPARISON_ROUTES)
+
+
+def readme_table(entries: list[dict]) -> str:
+    """The README's GPU speed tables, one per route table entry (newest first), made from each entry's
+    measurements (the one home of those numbers): per call class, auto's route and each route's ratio to the
+    same-size baseline."""
+    head = ["call class", "auto runs", "base ms", *README_COLUMNS]
+    lines = [README_BEGIN]
+    for entry in sorted(entries, key=lambda e: e["date"], reverse=True):
+        ratio = {(m["class"], m["route"]): m for m in entry["measurements"]}
+        sm = entry["capability"].replace(".", "")
+        dates = sorted({m["measured"] for m in entry["measurements"] if m.get("measured")})
+        kept = f" (cells marked † kept from the run of {', '.join(dates)}, same device and software)" if dates else ""
+        lines += ["", f"**{entry['device']}** (sm_{sm}), torch {entry['torch']}, triton {entry['triton']}, cuDNN "
+                  f"{entry['cudnn']}, measured {entry['date']}{kept}; {entry['shape']}; ratio of each route's time "
+                  "(forward+backward for `train`, forward for `infer` and `decode`) to the same-size SDPA baseline "
+                  "with the same mask, measured in the same process. ✗: wrong against float64 or failed; —: not "
+                  "measured.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+        for cls, order in entry["routes"].items():
+            cells = []
+            for col in README_COLUMNS:
+                m = ratio.get((cls, col))
+                if m is None or m.get("status", "").startswith("skipped"):
+                    cells.append("—")
+                elif m.get("status") != "ok" or not m.get("correct"):
+                    cells.append("✗")
+                else:
+                    cell = f"{m['ratio']:.2f}×" + ("†" if m.get("measured") else "")
+                    cells.append(f"**{cell}**" if col == order[0] else cell)
+            base = ratio[(cls, order[0])]["base_ms"]
+            lines.append("| " + " | ".join([f"`{cls}`", f"`{order[0]}`", f"{base:.3f}", *cells]) + " |")
     return "\n".join([*lines, "", README_END])
+
+
+def write_readme_table(readme: Path, table: Path) -> bool:
+    """Replace the route-table block of ``readme`` with :func:`readme_table` of ``table``'s entries (temporary name,
+    then a rename); False where the block is already current."""
+    from ..files import write_text_atomic
+    from ..ops.routes import check_table
+
+    text = readme.read_text()
+    begin, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    block = readme_table(check_table(json.loads(table.read_text())))
+    if text[begin:end] == block:
+        return False
+    write_text_atomic(readme, text[:begin] + block + text[end:])
+    return True
 
 
 def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
@@ -747,6 +781,51 @@ def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
     return plan + [(route, cls) for cls in default_classes() for route in comparison_routes(cls)]
 
 
+def earlier_entry(table_path: Path, identity: dict) -> dict | None:
+    """The newest entry of the table at ``table_path`` measured on this device with this software, or None."""
+    from ..ops.routes import MATCH_KEYS, check_table
+
+    try:
+        entries = check_table(json.loads(table_path.read_text())) if table_path.exists() else []
+    except ValueError:
+        return None
+    same = [e for e in entries if all(e[k] == identity[k] for k in MATCH_KEYS)]
+    return max(same, key=lambda e: e["date"]) if same else None
+
+
+def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
+    """(route, class) → the entry's measurement, for those that ran correct."""
+    ok = {}
+    for m in (entry or {}).get("measurements", []):
+        if m.get("status") == "ok" and m.get("correct"):
+            ok[(m["route"], m["class"])] = m
+    return ok
+
+
+def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) -> list[tuple[str, CallClass]]:
+    """``plan`` with the jobs the earlier entry has no correct measurement of first (in plan order), then the rest:
+    a lease too short for the whole sweep (ten minutes measure about four routes on every class) adds what is
+    missing instead of measuring the same routes again — the H200 run of 2026-11-27 never reached the fused kernel."""
+    done = _measured_ok(earlier)
+    return [j for j in plan if (j[0], j[1].key) not in done] + [j for j in plan if (j[0], j[1].key) in done]
+
+
+def with_earlier_measurements(records: list[dict], earlier: dict | None) -> list[dict]:
+    """This run's records, where a job was skipped for the budget (or not planned) and the earlier entry of the same
+    device and software measured it correct, that measurement instead, marked with its date (``measured``). Each
+    ratio is to the baseline measured in its own process either way."""
+    kept = _measured_ok(earlier)
+    out, seen = [], set()
+    for r in records:
+        key = (r["route"], r["class"])
+        seen.add(key)
+        if r.get("status", "").startswith("skipped") and key in kept:
+            r = {**kept[key], "measured": kept[key].get("measured", earlier["date"])}
+        out.append(r)
+    out += [{**m, "measured": m.get("measured", earlier["date"])} for key, m in kept.items() if key not in seen]
+    return out
+
+
 def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, plan=None, **kw) -> dict:
     """The whole sweep on this GPU: records, the table entry merged into a copy of the shipped table
     (``out/route_table.json``), and ``out/routes.md``."""
@@ -754,15 +833,20 @@ def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, pla
     from ..ops.routes import ROUTE_TABLE, device_identity
 
     start = time.monotonic()
-    identity = kw.pop("identity", None)
+    identity = kw.pop("identity", None) or device_identity()
+    table_path = kw.pop("table_path", ROUTE_TABLE)
     device = kw.get("device", "cuda")
     matmul = matmul_tflops(device) if device == "cuda" else None
-    records = sweep(plan or default_plan(), out, budget_s=budget_s - (time.monotonic() - start), progress=progress,
-                    **kw)  # fmt: skip
-    identity = identity or device_identity()
+    earlier = earlier_entry(table_path, identity)
+    plan = unmeasured_first(plan or default_plan(), earlier)
+    if earlier:
+        progress(f"routes: the table has an entry for this device and software of {earlier['date']}: what it lacks "
+                 "is measured first, and what this run's budget leaves out is kept from it")  # fmt: skip
+    records = sweep(plan, out, budget_s=budget_s - (time.monotonic() - start), progress=progress, **kw)
+    records = with_earlier_measurements(records, earlier)
     entry = table_entry(records, identity, datetime.date.today().isoformat())
     entry["matmul_tflops"] = matmul
-    merge_entry(ROUTE_TABLE, entry, out / "route_table.json")
+    merge_entry(table_path, entry, out / "route_table.json")
     write_text_atomic(out / "routes.md", to_markdown(records, entry, matmul))
     return {"records": records, "entry": entry, "matmul_tflops": matmul}
 
@@ -779,7 +863,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks") / "gpu-report")
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--warm-s", type=float, default=120.0, help="at most this long compiling Triton kernels first")
+    parser.add_argument(
+        "--write-readme",
+        type=Path,
+        metavar="README",
+        help="only rewrite README's speed tables from the shipped route table (no GPU needed)",
+    )
     args = parser.parse_args(argv)
+    if args.write_readme:
+        from ..ops.routes import ROUTE_TABLE
+
+        changed = write_readme_table(args.write_readme, ROUTE_TABLE)
+        print(f"{args.write_readme}: speed tables {'rewritten' if changed else 'already current'}")
+        return 0
     if args.worker:
         jobs = json.loads(args.jobs.read_text())
         return run_worker(args.worker, jobs, args.results, args.device, args.scale, args.extra_routes, args.warm)
