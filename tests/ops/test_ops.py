@@ -335,3 +335,15 @@ def test_values_given_as_two_halves_are_their_concatenation(backend):
     out.sum().backward()
     ref.sum().backward()
     torch.testing.assert_close(torch.cat([va.grad, vb.grad], -1), v.grad)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "chunked", "reference"])
+def test_the_op_runs_on_the_meta_device(backend):
+    # the paper-size presets are meant to be built on the meta device to count parameters and FLOPs
+    # (torch.utils.flop_counter); asking autocast about the meta device raises, so the op must not ask there
+    q = torch.empty(1, 2, 8, 16, device="meta", requires_grad=True)
+    v = torch.empty(1, 2, 8, 32, device="meta", requires_grad=True)
+    out = diff_attention(q, q, q, q, v, 0.5, backend=backend)
+    assert out.device.type == "meta" and out.shape == (1, 2, 8, 32)
+    out.sum().backward()
+    assert q.grad.shape == q.shape

@@ -404,7 +404,8 @@ def diff_attention(
     Raises:
         ValueError: naming the argument, what was given and what is allowed.
     """
-    if isinstance(q1, torch.Tensor) and torch.is_autocast_enabled(q1.device.type):
+    # the meta device has no autocast (asking raises): a model counted there (FLOPs, shapes) runs the op as it is
+    if isinstance(q1, torch.Tensor) and q1.device.type != "meta" and torch.is_autocast_enabled(q1.device.type):
         q1, k1, q2, k2, v = _autocast_inputs(q1, k1, q2, k2, v)
         with torch.autocast(q1.device.type, enabled=False):
             inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale,
