@@ -58,10 +58,11 @@ def test_every_candidate_of_the_fused_kernel_is_a_route_of_its_own():
     from diffattn.ops.triton import tuning
 
     names = {r for r, _ in rs.candidate_routes()}
-    for width, _pair in (("v1", "v1"), ("v2", "shared_k")):
-        for kind in ("fwd", "dkdv_atomic"):
-            for bm, bn, w, s in tuning._TUNING["none"][kind][width]:
-                assert f"triton[{kind} {bm}x{bn} w{w} s{s}]" in names
+    for width, configs_by_kind in ((w, {k: v.get(w, []) for k, v in tuning._TUNING["none"].items()})
+                                   for w in ("v1", "v2", "wide")):  # fmt: skip
+        for kind, configs in configs_by_kind.items():
+            for bm, bn, w, s in configs:
+                assert f"triton[{kind} {bm}x{bn} w{w} s{s}]" in names, (width, kind)
 
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):

@@ -9,7 +9,7 @@ mask class (none, key padding, a per-row 4-D mask — bool on one shape, additiv
   forward at >= 128 packed rows, at 33–127 (``fwd_mid``) and at <= 32 (``fwd_short``, clamped to the row count as
   a GPU clamps it); the backward's single-pass kernel (where it has tiles for the class) and the deterministic dK/dV
   + dQ kernels, both run on the same forward;
-* every alternative of :data:`~diffattn.ops.triton.tuning._TUNING` (training forward, single-pass backward), forced
+* every alternative of :data:`~diffattn.ops.triton.tuning._TUNING` (training forward, both backwards), forced
   alone, the other kernels on their default tiles.
 
 Shapes: GQA (2 query heads per KV head; 16 or 4 where one key block must still pack more rows than a tile), causal
@@ -83,7 +83,7 @@ class Case:
     """One tile of one kernel (``kind``) for a width and mask class; ``configs``: the (num_warps, num_stages) it is
     compiled with on a GPU; ``default``: the GPU's default tile (then the backward cases run both backwards)."""
 
-    kind: str  # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "dkdv_atomic"
+    kind: str  # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "dkdv_atomic", "dkdv", "dq"
     width: str
     mask: str
     tile: tuple[int, int] | None  # None: whatever tuning._blocks gives on a GPU (the default cases)
@@ -109,7 +109,7 @@ def _cases() -> list[Case]:
         for width in WIDTHS:
             cases += [Case(regime, width, mask, None) for regime in FWD_REGIMES]
             cases.append(Case("bwd", width, mask, None))
-            for kind, case_kind in (("fwd", "fwd"), ("dkdv_atomic", "dkdv_atomic")):
+            for kind, case_kind in (("fwd", "fwd"), ("dkdv_atomic", "dkdv_atomic"), ("dkdv", "dkdv"), ("dq", "dq")):
                 by_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
                 for bm, bn, warps, stages in tuning._TUNING[mask].get(kind, {}).get(width, []):
                     by_tile.setdefault((bm, bn), []).append((warps, stages))
@@ -140,8 +140,10 @@ def _shape(case: Case, which: str) -> tuple[int, int, int, int, int]:
         return 1, 2, 1, 35, 75  # 70 rows
     if case.kind == "fwd_short":
         return 1, 2, 1, 13, 75  # 26 rows (a 32-row tile), several key tiles
-    if case.kind == "dkdv_atomic":
+    if case.kind in ("dkdv_atomic", "dkdv"):
         return 1, 2, 1, 67, case.tile[1] + 9  # 16/32-query steps, two key blocks, the last partial
+    if case.kind == "dq":
+        return 1, 2, 1, case.tile[0] + 9, case.tile[0] + 17  # two row tiles, the last partial; T < S (causal)
     return 1, 2, 1, 131, 137  # the defaults: dQ's 128-row tiles and dK/dV's 128-key blocks, two of each
 
 
@@ -430,7 +432,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     inp = validate(*args, causal=True, attn_mask=low_mask, scale=None, segment_ids=segments)
     out = launch.diff_attention_triton(inp)
     names = ["out", "dq1", "dk1", "dq2", *([] if shared_k else ["dk2"]), "dv", "dlam"]
-    backwards = [True, False] if case.kind == "bwd" else [True]  # single-pass where it has tiles; two-kernel
+    # single-pass where it has tiles; two-kernel
+    backwards = [True, False] if case.kind == "bwd" else [False] if case.kind in ("dkdv", "dq") else [True]
     for atomic in backwards:
         monkeypatch.setattr(tuning, "ATOMIC_DQ", atomic)
         got = _grads(out, leaves, cot)

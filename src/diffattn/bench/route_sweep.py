@@ -99,16 +99,18 @@ def comparison_routes(cls: CallClass) -> list[str]:
 
 
 def candidate_routes() -> list[tuple[str, CallClass]]:
-    """Each tuning candidate of the fused kernel's training forward and single-pass backward (no mask), forced alone,
-    on the train class of its head widths: ``triton[KIND BMxBN wW sS]``."""
+    """Each tuning candidate of the fused kernel's training forward and both backwards (no mask), forced alone, on
+    the train class of its head widths: ``triton[KIND BMxBN wW sS]``."""
     from ..ops.triton import tuning
 
     out = []
-    for cls_name, pair in (("v1", "v1"), ("v2", "shared_k")):
-        out.append(("triton[atomic]", CallClass(pair, 64)))  # the single-pass backward on its default tile
-        for kind in ("fwd", "dkdv_atomic"):
-            for bm, bn, w, s in tuning._TUNING["none"][kind].get(cls_name, []):
-                out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, 64)))
+    for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
+        if cls_name != "wide":  # wide heads have no single-pass backward
+            out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
+        # the default (two-kernel) backward's tiles first: the profile put 81% of a step in the backward
+        for kind in ("dkdv", "dq", "fwd", "dkdv_atomic"):
+            for bm, bn, w, s in tuning._TUNING["none"].get(kind, {}).get(cls_name, []):
+                out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, d)))
     return out
 
 

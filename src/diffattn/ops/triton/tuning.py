@@ -153,10 +153,24 @@ _DKDV_TUNING = {
 #: (kernel kind, num_warps, num_stages) that Triton compiles into a kernel that faults (see _DKDV_TUNING above):
 #: never a tuning candidate (tests/ops/test_tuning_candidates.py checks every list against it).
 MISCOMPILED: frozenset[tuple[str, int, int]] = frozenset({("dkdv_atomic", 4, 1)})
+# The two-kernel backward (the default since the H200 run) — issue 37's lever, as the profile put 81% of a step in the
+# backward: more query rows per dK/dV step (32 instead of 16 for "v1": twice the rows of every wgmma's K dimension)
+# and longer key steps for dQ; for "wide" heads a 128-row dQ tile on two warpgroups (wgmma, against 32 x 64 on
+# mma.sync). Compiled for sm_90 (triton 3.9) with no spills and every dot a wgmma issued once; the tiles tried that
+# spilled (triton 3.9, bytes): dK/dV "v1" 64x64 w8 728, 32x64 w4 268, 64x128 w8 1996, 32x128 w8 s3 88; "v2" 64x128
+# w8 208, 64x64 w4 640 / w8 228; "wide" 32x64 w8 852, 64x32 w8 136, 16x64 w8 320, 32x32 w4 556; dQ "v2" 128x128 w8
+# 1000, 64x128 w8 188; "wide" 64x64 w8 316, 64x32 w4 16, 32x64 w4 96. With triton 3.6 (torch 2.11's) the "v1"
+# dK/dV 32x128 w8 spills 40 bytes (the GPU decides). Not yet timed: the route sweep runs each alone.
+_TWO_KERNEL_TUNING = {
+    "dkdv": {"v1": [(32, 128, 8, 2)], "v2": [(32, 64, 4, 2), (16, 128, 8, 2)]},
+    "dq": {"v1": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)], "v2": [(64, 64, 4, 2), (128, 32, 8, 2)],
+           "wide": [(128, 32, 8, 2)]},
+}  # fmt: skip
 _TUNING = {
     "none": {
         "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
         "dkdv_atomic": _DKDV_TUNING,
+        **_TWO_KERNEL_TUNING,
     },
     "keys": {
         "fwd": {"v2": [(128, 32, 8, 3), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
