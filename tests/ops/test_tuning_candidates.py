@@ -83,7 +83,8 @@ class Case:
     """One tile of one kernel (``kind``) for a width and mask class; ``configs``: the (num_warps, num_stages) it is
     compiled with on a GPU; ``default``: the GPU's default tile (then the backward cases run both backwards)."""
 
-    kind: str  # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "dkdv_atomic", "dkdv", "dq"
+    # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "dkdv_atomic", "dkdv", "dq"
+    kind: str
     width: str
     mask: str
     tile: tuple[int, int] | None  # None: whatever tuning._blocks gives on a GPU (the default cases)
