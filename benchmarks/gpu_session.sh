@@ -7,7 +7,8 @@
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
-# Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 280), WARM_S (its compiling, 100).
+# Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 300), WARM_S (its compiling, 100).
+# SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
 set -u
 OUT=${OUT:-benchmarks/gpu-report}
 mkdir -p "$OUT"
@@ -57,8 +58,8 @@ gpu_tests() {
   echo "== $(date -u +%FT%TZ) versions"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
   $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  step $(( ${SWEEP_S:-280} + 20 )) "route sweep" $PY -m diffattn.bench.route_sweep --out "$OUT" \
-    --budget-s "${SWEEP_S:-280}" --warm-s "${WARM_S:-100}"
+  step $(( ${SWEEP_S:-300} + 20 )) "route sweep" $PY -m diffattn.bench.route_sweep --out "$OUT" \
+    --budget-s "${SWEEP_S:-300}" --warm-s "${WARM_S:-100}"
   export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   step 90 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 5 --dtype bf16 --json "$OUT/train.json"
@@ -66,7 +67,8 @@ gpu_tests() {
     --out "$OUT/report" --sections decode
   step 100 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
     --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16
-  step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
+  # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
+  [ "${SANITIZE:-0}" = 1 ] && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
   step 60 "gpu tests, one process per file" gpu_tests
   echo "== done after $(( $(date +%s) - start )) s"
 } 2>&1 | grep --line-buffered -v "Warning" | tee "$OUT/log.txt"
