@@ -428,13 +428,15 @@ def test_deterministic_two_kernel_backward(monkeypatch, how):
 
 
 def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
-    # on a GPU the training forward and the single-pass backward are triton.autotune'd over the default tiles and
+    # on a GPU the training forward and both backwards are triton.autotune'd over the default tiles and
     # the _TUNING alternatives, the very list benchmarks/kernel_report.py compiles and checks for sm_90
     monkeypatch.setattr(tuning, "AUTOTUNE", True)  # off by default (tuning.AUTOTUNE): the machinery still works
     monkeypatch.setattr(tuning, "INTERPRETED", False)
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
     monkeypatch.setattr(tuning, "_AUTOTUNERS", {})
-    for kind, kernel in (("fwd", forward._fwd_kernel), ("dkdv_atomic", backward._bwd_dkdv_kernel)):
+    kernels = (("fwd", forward._fwd_kernel), ("dkdv_atomic", backward._bwd_dkdv_kernel),
+               ("dkdv", backward._bwd_dkdv_kernel), ("dq", backward._bwd_dq_kernel))  # fmt: skip
+    for kind, kernel in kernels:
         tuner = tuning._autotuner(kernel, kind, 64, 64)
         tiles = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs]
         assert tiles == tuning._candidates(kind, 64, 64, rows=4096) and len(tiles) > 1
@@ -444,7 +446,7 @@ def test_autotuner_times_exactly_the_checked_candidates(monkeypatch):
     assert tuning._tunable("fwd", 64, 128, rows=4096, fp32=False)
     assert not tuning._tunable("fwd", 64, 128, rows=4, fp32=False)  # decoding keeps its heuristic tile
     assert not tuning._tunable("fwd", 64, 128, rows=4096, fp32=True)  # fp32: half tiles, not tuned
-    assert not tuning._tunable("dq", 64, 128, rows=4096, fp32=False)
+    assert not tuning._tunable("dq", 64, 128, rows=4096, fp32=False, mask="keys")  # masked: its heuristic tile
     assert not tuning._tunable("dkdv_atomic", 128, 256, rows=4096, fp32=False)  # wide: two-kernel
     monkeypatch.setattr(tuning, "INTERPRETED", True)
     assert tuning._candidates("fwd", 64, 64, rows=4096) == [(16, 16, 4, 2)]  # interpreter: no tuning

@@ -2,7 +2,7 @@
 Eq. 1, docs/methods.md §0), and the settings that override those choices.
 
 Tiles on a GPU: a default per kernel, head width and mask class (:data:`_TILES`, :data:`_MASK_TILES`), and for the
-training forward and the single-pass backward a few alternatives that ``triton.autotune`` times on first use of
+training forward and both backwards a few alternatives that ``triton.autotune`` times on first use of
 each shape class (:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
 ``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot), without a mask, with key
 padding and with bool and additive 4-D masks, and held by the tests to no spills and wgmma for every dot, issued
@@ -130,7 +130,8 @@ def _mask_class(consts: dict) -> str:
 
 
 # Alternatives the autotuner times against the default tiles on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
-# num_stages), for the kernels that dominate training: the forward and the single-pass backward, per mask class.
+# num_stages), for the kernels that dominate training: the forward and the backward (single-pass, and without a mask
+# the two kernels), per mask class.
 # Every one was compiled ahead of time for sm_90 with no spills and every dot a wgmma issued once
 # (benchmarks/kernel_report.py compiles them all, with each kind of mask, and tests/ops/test_kernel_report.py holds
 # them to it), so whichever wins is a clean kernel (with CI's Triton; triton 3.6 spills in a few backward ones,
