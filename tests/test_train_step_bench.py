@@ -51,3 +51,14 @@ def test_the_script_takes_dtype_and_prints_it(capsys, tmp_path):
     assert saved["dtype"] == "fp16" and saved["rows"][0]["dtype"] == "fp16"
     assert main(["bench", "train-step", *argv[:-2]]) == 0  # no --dtype on a CPU: fp32
     assert "dtype=fp32" in capsys.readouterr().out
+
+
+def test_the_hosts_issuing_time_is_a_line_of_its_own_where_measured():
+    # CUDA rows carry host_ms (the step's Python until it returned, before the synchronise): a line under the row;
+    # CPU rows have none (the script test above reads the row as the last line)
+    names = list(train_step.COLUMNS)
+    row = train_step.StepRow("small", 1024, 4, dict.fromkeys(names, 10.0), "bf16", {}, dict.fromkeys(names, 9.5))
+    lines = train_step.format_table([row]).splitlines()
+    assert lines[-1].split() == ["host", *["9.5"] * len(names)]
+    assert lines[-2].split()[:3] == ["small", "1024", "bf16"]
+    assert train_step.rows_as_dicts([row])[0]["host_ms"] == dict.fromkeys(names, 9.5)

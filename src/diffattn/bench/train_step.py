@@ -49,6 +49,10 @@ class StepRow:
     #: CUDA, on request: MiB one step allocates at its peak beyond the weights and AdamW state resident before it
     #: (gradients, activations, temporaries), per column
     peak_mib: dict[str, float] = field(default_factory=dict)
+    #: CUDA: median milliseconds until the step's Python returned, before the synchronise that ends the timing — the
+    #: host's issuing time. Close to ``ms``: the step is host-bound (the GPU waits on Python and launches), and a
+    #: ratio between columns is a ratio of host work; well below it: the GPU is the limit
+    host_ms: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
@@ -104,18 +108,22 @@ def run_train_step_benchmark(
             for fn in steps.values():  # warm-up
                 fn()
             times = {name: [] for name in steps}
+            issued = {name: [] for name in steps}
+            cuda = device.startswith("cuda")
             for _ in range(reps):
                 for name, fn in steps.items():
-                    if device.startswith("cuda"):
+                    if cuda:
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     fn()
-                    if device.startswith("cuda"):
+                    issued[name].append(time.perf_counter() - t0)
+                    if cuda:
                         torch.cuda.synchronize()
                     times[name].append(time.perf_counter() - t0)
-            peak = _step_peak_mib(steps, models) if memory and device.startswith("cuda") else {}
+            peak = _step_peak_mib(steps, models) if memory and cuda else {}
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-            rows.append(StepRow(preset, n, batch, ms, dtype, peak))
+            host = {k: 1e3 * statistics.median(v) for k, v in issued.items()} if cuda else {}
+            rows.append(StepRow(preset, n, batch, ms, dtype, peak, host))
     return rows
 
 
@@ -147,6 +155,8 @@ def format_table(rows: list[StepRow]) -> str:
             f"{r.ratio('diffattn DIFF V2 (auto)'):>9.2f} "
             f"{r.ms['diffattn DIFF V2 (auto)'] / r.ms['diffattn DIFF (auto)']:>9.2f}"
         )
+        if r.host_ms:  # CUDA: how much of each step the host spent issuing it
+            lines.append(f"{'':<7} {'':>5} {'host':>5} " + " ".join(f"{r.host_ms[n]:>22.1f}" for n in names))
     return "\n".join(lines)
 
 
