@@ -212,7 +212,8 @@ def _check_contract(
         # the autotuner's alternatives (tuning._TUNING, per mask class) are compiled too, with every mask,
         # and held to the same contract
         tuned = [r for r in kernels if r["config"]["candidate"] > 0]
-        assert {r["kind"] for r in tuned} == {"fwd", "dkdv_atomic"}
+        # (the two-kernel backward's dkdv and dq have candidates without a mask since 2026-11-27, issue 37)
+        assert {r["kind"] for r in tuned} == {"fwd", "dkdv_atomic", "dkdv", "dq"} & set(kinds)
         assert {r["config"]["mask"] for r in tuned} == set(kr.MASKS)
     for row in kernels:
         for key in ("kernel", "config", "registers", "spill_bytes", "mma", "flops_per_pair", "ideal_flops_per_pair"):
