@@ -73,8 +73,8 @@ def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_sk
         {"route": "triton", "class": a.key, "status": "skipped: budget spent"}]}  # fmt: skip
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"format": 1, "entries": [earlier]}))
-    assert rs.earlier_entry(table, IDENTITY)["date"] == "2026-11-27"
-    assert rs.earlier_entry(table, {**IDENTITY, "torch": "other"}) is None
+    assert routes.entry_for(IDENTITY, str(table))["date"] == "2026-11-27"  # what run() extends
+    assert routes.entry_for({**IDENTITY, "torch": "other"}, str(table)) is None
     plan = [("cudnn", a), ("cudnn", b), ("triton", a), ("triton", b)]
     assert rs.unmeasured_first(plan, earlier) == [("triton", a), ("triton", b), ("cudnn", a), ("cudnn", b)]
     assert rs.unmeasured_first(plan, None) == plan

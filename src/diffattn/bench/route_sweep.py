@@ -786,18 +786,6 @@ def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
     return plan + [(route, cls) for cls in default_classes() for route in comparison_routes(cls)]
 
 
-def earlier_entry(table_path: Path, identity: dict) -> dict | None:
-    """The newest entry of the table at ``table_path`` measured on this device with this software, or None."""
-    from ..ops.routes import MATCH_KEYS, check_table
-
-    try:
-        entries = check_table(json.loads(table_path.read_text())) if table_path.exists() else []
-    except ValueError:
-        return None
-    same = [e for e in entries if all(e[k] == identity[k] for k in MATCH_KEYS)]
-    return max(same, key=lambda e: e["date"]) if same else None
-
-
 def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
     """(route, class) → the entry's measurement, for those that ran correct."""
     ok = {}
@@ -835,14 +823,14 @@ def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, pla
     """The whole sweep on this GPU: records, the table entry merged into a copy of the shipped table
     (``out/route_table.json``), and ``out/routes.md``."""
     from ..files import write_text_atomic
-    from ..ops.routes import ROUTE_TABLE, device_identity
+    from ..ops.routes import ROUTE_TABLE, device_identity, entry_for
 
     start = time.monotonic()
     identity = kw.pop("identity", None) or device_identity()
     table_path = kw.pop("table_path", ROUTE_TABLE)
     device = kw.get("device", "cuda")
     matmul = matmul_tflops(device) if device == "cuda" else None
-    earlier = earlier_entry(table_path, identity)
+    earlier = entry_for(identity, str(table_path))  # the newest entry of this device and software, or None
     plan = unmeasured_first(plan or default_plan(), earlier)
     if earlier:
         progress(f"routes: the table has an entry for this device and software of {earlier['date']}: what it lacks "
