@@ -30,8 +30,10 @@ single-pass backward with atomic dQ, FlashAttention-2's scheme), ``preprocess`` 
 forward at T = 64 rows, ``--short-t``: the 64-row tiles of short sequences), ``prefill`` (the forward without
 gradient split over keys, and its combine kernel, at ``--short-t`` and at the shape's T: a few long prompts leave
 SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
-reads V's two halves in place, as DiffLlama decodes). A kernel a variant never launches has no row (e.g.
-``dkdv_atomic`` for ``W``, or for ``V1`` with a 4-D mask).
+reads V's two halves in place, as DiffLlama decodes), ``epilogue`` (the SDPA routes' O1 − λ·O2 as one kernel and
+its backward, :mod:`diffattn.ops.triton.epilogue`, with one λ and with one per head and token; no mask reaches it).
+A kernel a variant never launches has no row (e.g. ``dkdv_atomic`` for ``W``, ``epilogue`` with a mask, or
+``dkdv_atomic`` for ``V1`` with a 4-D mask).
 
 How to read the columns:
 
@@ -85,7 +87,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "short", "prefill", "decode")
+KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "short", "prefill", "decode", "epilogue")
 DEFAULT_KINDS = KINDS
 SHORT_T = (64,)  # query lengths of the "short" and "prefill" forwards (rows per KV head with the default H = HKV)
 VARIANTS: dict[str, dict] = {
@@ -302,7 +304,7 @@ def _record_launches(
     import torch
     import triton
 
-    from diffattn.ops.triton import backward, decode, forward, launch, tuning
+    from diffattn.ops.triton import backward, decode, epilogue, forward, launch, tuning
 
     kernels = (
         forward._fwd_kernel,
@@ -310,6 +312,8 @@ def _record_launches(
         backward._bwd_dq_kernel,
         decode._combine_kernel,
         backward._bwd_preprocess_kernel,
+        epilogue._subtract_fwd_kernel,
+        epilogue._subtract_bwd_kernel,
     )
     if not all(isinstance(kernel, triton.runtime.jit.JITFunction) for kernel in kernels):
         raise RuntimeError(
@@ -365,13 +369,18 @@ def _record_launches(
             return run
 
     direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
-    patched = [(launch, n) for n in ("_launch", *direct)] + [
-        (tuning, n) for n in ("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ")
-    ]
+    subtract = ("_subtract_fwd_kernel", "_subtract_bwd_kernel")  # the fused epilogue's two kernels
+    patched = (
+        [(launch, n) for n in ("_launch", *direct)]
+        + [(epilogue, n) for n in subtract]
+        + [(tuning, n) for n in ("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ")]
+    )
     saved = {(module, n): getattr(module, n) for module, n in patched}
     launch._launch = record
     for name, kind_ in direct.items():
         setattr(launch, name, Recorder(saved[launch, name], kind_))
+    for name in subtract:
+        setattr(epilogue, name, Recorder(saved[epilogue, name], "epilogue"))
     tuning.INTERPRETED, tuning.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
     # every kernel and candidate the backend can launch, whatever its defaults: the autotuner's alternatives and the
     # single-pass backward (the deterministic one is asked for below, by atomic = False) are compiled even where
@@ -379,7 +388,14 @@ def _record_launches(
     tuning.AUTOTUNE, tuning.ATOMIC_DQ = True, True
     tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
     try:
-        if kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
+        if kind == "epilogue":  # O1 − λ·O2 and its backward, on an SDPA route's outputs; no mask reaches it
+            if spec.get("mask") is None:
+                o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
+                # one λ, and DIFF V2's one per head and token
+                for lam_e in (torch.empty((), dtype=torch.float32), lam.unsqueeze(-1)):
+                    epilogue._subtract_impl(o1, o2, lam_e)
+                    epilogue._subtract_bwd_impl(dout, o2, lam_e)
+        elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])
             launch._fwd_op(q1, k1, q2, k2, v_halves[0], lam, mask, causal, scale, False, v_halves[1], segments)

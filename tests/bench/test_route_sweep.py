@@ -93,3 +93,16 @@ def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_sk
     assert {m["route"]: m.get("measured") for m in entry["measurements"] if m["class"] == a.key} == {
         "triton": None, "cudnn": "2026-11-27"}  # fmt: skip
     assert "ok (2026-11-27)" in rs.to_markdown(merged, entry, None)
+
+
+def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_routes_first():
+    # the shipped H200 entry has cudnn_maps, sdpa and sdpa_split measured on most classes (not d = 96): a sweep
+    # extending it times the fused-epilogue variants of the routes that won (V1 d = 64, DIFF V2, V1 d = 128) next to
+    # what their routes lack, before sdpa_maps and triton
+    entry = next(e for e in routes.check_table(json.loads(routes.ROUTE_TABLE.read_text())) if "H200" in e["device"])
+    order = list(dict.fromkeys(route for route, _ in rs.unmeasured_first(rs.default_plan(), entry)))
+    epilogue = [order.index(r) for r in ("cudnn_maps+epilogue", "sdpa+epilogue", "sdpa_split+epilogue")]
+    assert epilogue == sorted(epilogue) and max(epilogue) < order.index("sdpa_maps") < order.index("triton")
+    v1, v2 = rs.routes_for(rs.CallClass("v1", 64)), rs.routes_for(rs.CallClass("shared_k", 64))
+    assert "cudnn_maps+epilogue" in v1 and "sdpa_split+epilogue" in v1 and "sdpa+epilogue" not in v1
+    assert "sdpa+epilogue" in v2 and "sdpa_split" not in v2

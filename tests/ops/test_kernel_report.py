@@ -170,8 +170,10 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     backend launches (a combine kernel after the split prefill and decode forwards; the short forward at each of
     ``short_lengths`` lengths, the prefill at those and the report's long one). The single-pass backward only
     where it has spill-free tiles: not for wide heads, nor for DIFF V1 heads with a per-row 4-D mask (they take
-    the two-kernel backward; segments are one id per key and row, and keep it)."""
+    the two-kernel backward; segments are one id per key and row, and keep it). The fused epilogue's forward and
+    backward kernels with two λ layouts (four rows), without a mask only (no mask reaches it)."""
     repeat = {"short": short_lengths, "prefill": short_lengths + 1}  # prefill: also at the shape's (long) T
+    repeat["epilogue"] = 4 if mask == "none" else 0
     rows = [k for k in kinds if k != "dkdv_atomic" for _ in range(repeat.get(k, 1))]
     rows += ["combine" for k in kinds if k in ("prefill", "decode") for _ in range(repeat.get(k, 1))]
     if "dkdv_atomic" in kinds and (variant == "V2" or (variant == "V1" and mask in ("none", "padding", "segments"))):
@@ -223,7 +225,7 @@ def _check_contract(
         assert (config["dtype"], config["d"], config["causal"]) == ("bf16", 128 if wide else 64, True)
         assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0, (row["kernel"], row["kind"], config)
         assert row["i64_multiplies"] > 0, (row["kernel"], row["kind"])  # 64-bit offsets (issue 27 §2.4)
-        if row["kind"] in ("preprocess", "combine"):  # row sums and merges only: no matmul
+        if row["kind"] in ("preprocess", "combine", "epilogue"):  # row sums, merges, differences: no matmul
             assert row["dots"] == [] and row["flops_per_pair"] == 0
             continue
         assert row["shared_bytes"] > 0
@@ -248,7 +250,7 @@ def _check_contract(
     assert all(1.3 < r["flops_ratio"] < 1.5 for r in two_kernel if not r["config"]["variant"].startswith("W"))
 
 
-TRAINING_KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq")
+TRAINING_KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "epilogue")
 
 
 @pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite

@@ -16,15 +16,13 @@ plus one float32 ulp of the largest value.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-
 import pytest
 import torch
 
 from diffattn.ops import chunked, diff_attention, diff_attention_maps
 from diffattn.ops._inputs import fully_masked_rows, hidden_keys, mask_floor, validate
+
+from .interpreter import import_kernels, keep_interpreting
 
 B, H, HKV, T, S, D, DV = 2, 4, 2, 7, 9, 8, 16  # GQA, T < S (causality bottom-right aligned)
 NAMES = ["out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam"]
@@ -273,24 +271,10 @@ def triton_kernels(monkeypatch):
     """The kernels, interpreted on CPU: TRITON_INTERPRET=1 must be set when they are first imported (triton.jit
     decides then) and while they run; it is restored after the import so other modules still see a CPU without
     Triton. Gives the module of their settings (diffattn.ops.triton.tuning)."""
-    pytest.importorskip("triton", reason="triton is not installed (it is in the `test` extra)")
-    cuda = torch.cuda.is_available()
-    if not cuda and "diffattn.ops.triton.launch" not in sys.modules:
-        saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            importlib.import_module("diffattn.ops.triton.launch")  # imports, and so decorates, every kernel
-        finally:
-            if saved is None:
-                os.environ.pop("TRITON_INTERPRET", None)
-            else:
-                os.environ["TRITON_INTERPRET"] = saved
+    import_kernels()  # imports, and so decorates, every kernel (tests/ops/interpreter.py)
     from diffattn.ops.triton import tuning
 
-    if not cuda:
-        if not tuning.INTERPRETED:
-            pytest.skip("the Triton kernels were compiled (not interpreted) before this module set TRITON_INTERPRET=1")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    keep_interpreting(monkeypatch)
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", (16, 16))
     return tuning
 

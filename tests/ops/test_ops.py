@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from diffattn.ops import auto_backend, backend_status, chunked, diff_attention, diff_attention_maps
+from diffattn.ops import BACKENDS, auto_backend, backend_status, chunked, diff_attention, diff_attention_maps
 from diffattn.ops._inputs import validate
 
 ATOL = 1e-5
@@ -271,7 +271,10 @@ def test_fast_backends_allocate_no_score_matrix(backend):
 
 def test_backend_status_lists_every_backend_with_reason():
     names = {s.name: s for s in backend_status("cpu")}
-    assert set(names) == {"reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton"}
+    plain = {"reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton"}
+    epilogue = {"cudnn_maps+epilogue", "sdpa+epilogue", "sdpa_split+epilogue", "sdpa_maps+epilogue"}
+    assert set(names) == plain | epilogue == set(BACKENDS) - {"auto"}
+    assert not names["cudnn_maps+epilogue"].usable  # its route's reason, whatever Triton can do here
     assert not names["cudnn"].usable and not names["cudnn_maps"].usable  # cuDNN attention runs on CUDA only
     assert names["sdpa_split"].usable and names["sdpa_maps"].usable
     assert names["sdpa"].usable and names["reference"].usable and names["chunked"].usable

@@ -27,35 +27,21 @@ from diffattn.eval.common import cache_keyword
 from diffattn.ops import auto_backend, backend_status, diff_attention, triton_unsupported
 from diffattn.ops._inputs import validate
 
+from .interpreter import import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
 
 _CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if _CUDA else "cpu"
 
-# triton.jit picks compiled or interpreted when a kernel is *decorated*, i.e. when diffattn.ops.triton is
-# first imported. Without CUDA they must be interpreted, so the variable is set around that import — and restored
-# after it, so that the other test modules still see a CPU on which `triton` is not usable.
-_saved_env = os.environ.get("TRITON_INTERPRET")
-if not _CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    pytest.importorskip("triton", reason="triton is not installed (it is in the `test` extra: pip install -e .[test])")
-    from diffattn.ops.triton import backward, forward, launch, layout, tuning
-finally:
-    if _saved_env is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved_env
+import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
+from diffattn.ops.triton import backward, forward, launch, layout, tuning  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _triton_mode(monkeypatch, request):
     if "gpu" in request.keywords:
         return
-    if not _CUDA:
-        if not tuning.INTERPRETED:
-            pytest.skip("the Triton kernels were compiled (not interpreted) before this module set TRITON_INTERPRET=1")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter reads it while running, too
+    keep_interpreting(monkeypatch)
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", (16, 16))  # tiny shapes still span several tiles
 
 

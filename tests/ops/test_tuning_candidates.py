@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 import zlib
 from typing import ClassVar
 
@@ -51,6 +50,7 @@ import torch
 from diffattn.ops import diff_attention
 from diffattn.ops._inputs import validate
 
+from .interpreter import import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
 from .test_triton import plain_pytorch  # the yardstick (importing it sets TRITON_INTERPRET around the kernels)
 
@@ -58,16 +58,8 @@ _CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if _CUDA else "cpu"
 DTYPE = torch.bfloat16 if _CUDA else torch.float32  # the interpreter: float32 (numpy BLAS); the tiles are the GPU's
 
-_saved_env = os.environ.get("TRITON_INTERPRET")
-if not _CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    from diffattn.ops.triton import launch, tuning
-finally:
-    if _saved_env is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved_env
+launch = import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
+from diffattn.ops.triton import tuning  # noqa: E402
 
 WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
     "v2": (64, 64, True),
@@ -452,10 +444,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
 
 @pytest.fixture(autouse=True)
 def _gpu_tiles(monkeypatch):
+    keep_interpreting(monkeypatch)
     if not _CUDA:
-        if not tuning.INTERPRETED:
-            pytest.skip("the Triton kernels were compiled (not interpreted) before this module set TRITON_INTERPRET")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
         _install_bounds_check(monkeypatch)
     # the GPU's choices (tiles, which backward fits), not the interpreter's 16 × 16 tiles
     monkeypatch.setattr(tuning, "INTERPRETED", False)

@@ -86,11 +86,21 @@ def default_classes() -> list[CallClass]:
     return out
 
 
+#: the order in which a sweep measures the table routes (a lease's budget may end before the last): those that may be
+#: fastest first, each fused-epilogue variant beside its own route (the pair is the comparison that decides it), the
+#: fused kernel last (2.5–11× the baseline on both GPUs so far)
+SWEEP_ORDER = (
+    "cudnn_maps", "cudnn_maps+epilogue", "sdpa", "sdpa+epilogue", "sdpa_split", "sdpa_split+epilogue", "cudnn",
+    "sdpa_maps", "triton",
+)  # fmt: skip
+#: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
+#: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs)
+_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue"}}
+
+
 def routes_for(cls: CallClass) -> list[str]:
-    """The table routes of a class."""
-    if cls.pair == "v1":
-        return ["cudnn", "sdpa", "sdpa_split", "cudnn_maps", "sdpa_maps", "triton"]
-    return ["sdpa", "cudnn", "cudnn_maps", "sdpa_maps", "triton"]
+    """The table routes of a class, in :data:`SWEEP_ORDER`."""
+    return [route for route in SWEEP_ORDER if route not in _NOT_FOR[cls.pair]]
 
 
 def comparison_routes(cls: CallClass) -> list[str]:
@@ -733,10 +743,13 @@ README_COLUMNS = ("cudnn", "cudnn_maps", "sdpa", "sdpa_split", "sdpa_maps", "tri
 def readme_table(entries: list[dict]) -> str:
     """The README's GPU speed tables, one per route table entry (newest first), made from each entry's
     measurements (the one home of those numbers): per call class, auto's route and each route's ratio to the
-    same-size baseline."""
-    head = ["call class", "auto runs", "base ms", *README_COLUMNS]
+    same-size baseline. Columns: :data:`README_COLUMNS`, then any other route an entry measured (the fused-epilogue
+    variants once a GPU has timed them)."""
     lines = [README_BEGIN]
     for entry in sorted(entries, key=lambda e: e["date"], reverse=True):
+        measured = {m["route"] for m in entry["measurements"] if m.get("status") == "ok"}
+        columns = [*README_COLUMNS, *(r for r in SWEEP_ORDER if r in measured and r not in README_COLUMNS)]
+        head = ["call class", "auto runs", "base ms", *columns]
         ratio = {(m["class"], m["route"]): m for m in entry["measurements"]}
         sm = entry["capability"].replace(".", "")
         dates = sorted({m["measured"] for m in entry["measurements"] if m.get("measured")})
@@ -748,7 +761,7 @@ def readme_table(entries: list[dict]) -> str:
                   "measured.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
         for cls, order in entry["routes"].items():
             cells = []
-            for col in README_COLUMNS:
+            for col in columns:
                 m = ratio.get((cls, col))
                 if m is None or m.get("status", "").startswith("skipped"):
                     cells.append("—")
@@ -800,7 +813,11 @@ def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) ->
     a lease too short for the whole sweep (ten minutes measure about four routes on every class) adds what is
     missing instead of measuring the same routes again — the H200 run of 2026-11-27 never reached the fused kernel."""
     done = _measured_ok(earlier)
-    return [j for j in plan if (j[0], j[1].key) not in done] + [j for j in plan if (j[0], j[1].key) in done]
+    todo = [j for j in plan if (j[0], j[1].key) not in done]
+    # route by route in SWEEP_ORDER (the sweep runs a route on all its classes in one worker): a route the earlier
+    # entry lacks on its first class comes before one it lacks only on later classes; the rest keep plan order
+    todo.sort(key=lambda j: SWEEP_ORDER.index(j[0]) if j[0] in SWEEP_ORDER else len(SWEEP_ORDER))
+    return todo + [j for j in plan if (j[0], j[1].key) in done]
 
 
 def with_earlier_measurements(records: list[dict], earlier: dict | None) -> list[dict]:

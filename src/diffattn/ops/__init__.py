@@ -9,8 +9,9 @@ Public entry points:
   fused attention, one call over both maps), ``cudnn`` (that call forced to cuDNN, V wider than Q and K),
   ``sdpa_split`` (one call per slice of V), ``sdpa_maps`` / ``cudnn_maps`` (one call per map, nothing concatenated),
   ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one fused kernel for both
-  maps, forward and backward: :mod:`diffattn.ops.triton`), ``auto`` (on CUDA the fastest correct route measured on
-  this GPU model with this software: the route table, :mod:`diffattn.ops.routes`; else ``sdpa``).
+  maps, forward and backward: :mod:`diffattn.ops.triton`), ``<route>+epilogue`` (an SDPA route whose subtraction
+  O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``auto`` (on CUDA the fastest correct route
+  measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`; else ``sdpa``).
 * :func:`diff_attention_maps` — the same computation through ``reference``, also returning both maps and the
   signed map A1 − λA2 for analysis.
 * :func:`backend_status` — which backends are usable here, and why not.
@@ -27,6 +28,7 @@ backends fold them into their mask (:func:`diffattn.ops._inputs.with_segment_mas
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -48,7 +50,7 @@ from ._inputs import (
 )
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
-from .routes import SAFE_DEFAULT, call_class, table_routes
+from .routes import EPILOGUE, EPILOGUE_ROUTES, SAFE_DEFAULT, call_class, table_routes
 from .sdpa import (
     cudnn_unsupported,
     diff_attention_cudnn,
@@ -79,7 +81,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton")
+BACKENDS = (
+    "auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton",
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class BackendStatus:
 # What the fused Triton kernel accepts (diffattn/ops/triton/). Head dims are padded to a power of two
 # >= 16 inside the kernel; beyond these widths the two fp32 accumulators per row no longer fit a tile.
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: the widest value head the fused epilogue takes (one row of dv elements is one tile row of its kernels)
+EPILOGUE_MAX_V_DIM = 1024
 TRITON_MAX_HEAD_DIM = 128
 TRITON_MAX_V_DIM = 256
 _TRITON_MODULE = __name__ + ".triton.tuning"  # holds INTERPRETED; .triton.launch imports it with the kernels
@@ -226,7 +233,19 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         ),
         BackendStatus("chunked", True, "query chunks in PyTorch ops, shared dO·Vᵀ backward; fastest on CPU"),
         _triton_status(device),
+        *_epilogue_statuses(device),
     ]
+
+
+def _epilogue_statuses(device: torch.device) -> list[BackendStatus]:
+    reason = _triton_device_reason(device)
+    cudnn = _cudnn_status(device, "cudnn_maps")
+    out = []
+    for route in EPILOGUE_ROUTES:
+        why = reason or (cudnn.reason if route == "cudnn_maps" and not cudnn.usable else None)
+        what = f"the {route} route with O1 − λ·O2 as one Triton kernel, forward and backward"
+        out.append(BackendStatus(route + EPILOGUE, why is None, why or what))
+    return out
 
 
 _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
@@ -239,6 +258,7 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
     "chunked": diff_attention_chunked,
     "triton": _triton_impl,
 }
+_IMPLS.update({route + EPILOGUE: functools.partial(_IMPLS[route], fused_epilogue=True) for route in EPILOGUE_ROUTES})
 
 
 def _cudnn_status(
@@ -253,8 +273,24 @@ def _cudnn_status(
     return BackendStatus(name, True, f"{what} (cuDNN {torch.backends.cudnn.version()})")
 
 
+def epilogue_unsupported(inp: DiffAttentionInputs) -> str | None:
+    """Why the fused epilogue (:mod:`diffattn.ops.triton.epilogue`) cannot take these inputs, or None."""
+    reasons = []
+    device_reason = _triton_device_reason(inp.q1.device)
+    if device_reason:
+        reasons.append(device_reason)
+    if inp.q1.dtype not in TRITON_DTYPES:
+        reasons.append(f"dtype {inp.q1.dtype}: the fused epilogue takes float16, bfloat16 and float32")
+    if inp.v_dim > EPILOGUE_MAX_V_DIM:
+        reasons.append(f"value head dim dv={inp.v_dim}: the fused epilogue takes dv <= {EPILOGUE_MAX_V_DIM}")
+    return "; ".join(reasons) or None
+
+
 def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     """Why route ``name`` cannot take these inputs, or None."""
+    if name.endswith(EPILOGUE):
+        reasons = [route_unsupported(name.removesuffix(EPILOGUE), inp), epilogue_unsupported(inp)]
+        return "; ".join(r for r in reasons if r) or None
     if name == "triton":
         return triton_unsupported(inp)
     if name in ("cudnn", "cudnn_maps"):

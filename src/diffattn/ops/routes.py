@@ -119,8 +119,16 @@ def check_table(data: object) -> list[dict]:
     return entries
 
 
+#: the suffix of a route whose last step, O1 − λ·O2, is one Triton kernel (:mod:`diffattn.ops.triton.epilogue`)
+#: instead of PyTorch's five element-wise passes
+EPILOGUE = "+epilogue"
+#: the SDPA routes that have that variant: those that measured fastest on some class, or may with it
+EPILOGUE_ROUTES = ("sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps")
 #: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
-ROUTE_NAMES = ("cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference")
+ROUTE_NAMES = (
+    "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES),
+)  # fmt: skip
 
 
 @functools.cache

@@ -72,21 +72,29 @@ def _one_call_operands(inp: DiffAttentionInputs):
     return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
 
 
-def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str) -> torch.Tensor:
+def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False) -> torch.Tensor:
     """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0."""
     h, dv, b, t = inp.num_heads, inp.v_dim, inp.batch, inp.q_len
     if layout == "interleaved":
         o1, o2 = o.view(b, h, 2, t, dv).unbind(2)
     else:
         o1, o2 = o[:, :h], o[:, h:]
-    return _subtract(inp, o1, o2)
+    return _subtract(inp, o1, o2, fused)
 
 
-def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor) -> torch.Tensor:
-    """O1 − λ·O2 in float32 (docs/methods.md §0.2), fully masked rows set to 0, in the inputs' dtype."""
+def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """O1 − λ·O2 in float32 (docs/methods.md §0.2), fully masked rows set to 0, in the inputs' dtype. ``fused``: by
+    the one-kernel epilogue of :mod:`diffattn.ops.triton.epilogue` (the routes ``<route>+epilogue``), the same
+    arithmetic (float32, one rounding) in one pass instead of PyTorch's five."""
+    fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1], or None without an attn_mask
+    if fused:
+        from .triton.epilogue import subtract_maps
+
+        out = subtract_maps(o1.to(inp.q1.dtype), o2.to(inp.q1.dtype), inp.lam)
+        # zero is exact in every dtype: setting it after the rounding gives the same output and gradient
+        return out if fully is None else out.masked_fill(fully, 0.0)
     acc = torch.promote_types(o1.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
     out = o1.to(acc) - inp.lam.to(acc) * o2.to(acc)
-    fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1], or None without an attn_mask
     if fully is not None:
         out = out.masked_fill(fully, 0.0)  # the row attends to nothing: zero output, zero gradient through it
     return out.to(inp.q1.dtype)
@@ -107,8 +115,9 @@ def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
     return torch.cat([_call(inp, q, k, part, mask) for part in v_parts], dim=-1)
 
 
-def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
-    """The ``sdpa`` route: one call, Q and K zero-padded to V's width where V is wider (module docstring)."""
+def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
+    """The ``sdpa`` route: one call, Q and K zero-padded to V's width where V is wider (module docstring).
+    ``fused_epilogue`` (every route here has it): the subtraction by one kernel (:func:`_subtract`)."""
     d, dv = inp.head_dim, inp.v_dim
     q, k, v, layout = _one_call_operands(inp)
     width = max(d, dv)
@@ -117,7 +126,7 @@ def diff_attention_sdpa(inp: DiffAttentionInputs) -> torch.Tensor:
         k = F.pad(k, (0, width - d))
     elif dv < width:
         v = F.pad(v, (0, width - dv))
-    return _combine(inp, _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv], layout)
+    return _combine(inp, _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv], layout, fused_epilogue)
 
 
 def _cudnn_device_reason(device_type: str, index: int | None) -> str | None:
@@ -154,7 +163,7 @@ def cudnn_unsupported(inp: DiffAttentionInputs) -> str | None:
     return "; ".join(reasons) or None
 
 
-def diff_attention_cudnn(inp: DiffAttentionInputs) -> torch.Tensor:
+def diff_attention_cudnn(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
     """The ``cudnn`` route: the same one call, forced to cuDNN attention, which takes V wider than Q and K — so no
     padding: DIFF V1's forward does its FLOP ideal (1.5x the baseline; measured on an H200 in
     ``../shared/gpu/h200-2026-11-26.md``: 1.55x forward, 1.50x forward+backward at d = 64)."""
@@ -163,7 +172,7 @@ def diff_attention_cudnn(inp: DiffAttentionInputs) -> torch.Tensor:
     q, k, v, layout = _one_call_operands(inp)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))
-    return _combine(inp, o, layout)
+    return _combine(inp, o, layout, fused_epilogue)
 
 
 def split_unsupported(inp: DiffAttentionInputs) -> str | None:
@@ -174,14 +183,14 @@ def split_unsupported(inp: DiffAttentionInputs) -> str | None:
     return None
 
 
-def diff_attention_sdpa_split(inp: DiffAttentionInputs) -> torch.Tensor:
+def diff_attention_sdpa_split(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
     """The ``sdpa_split`` route: V cut into slices as wide as Q and K, one call over both maps per slice, so every call
     is FlashAttention-shaped with no padding (transformers' DiffLlama does this with two calls; QKᵀ is recomputed per
     slice, so its forward does 2x the QKᵀ FLOPs at dv = 2d, but it moves no padded copy of K: the route for
     decoding against a long cache, where padding copies the whole cache every token)."""
     q, k, v, layout = _one_call_operands(inp)
     o = _sliced_call(inp, q, k, v.split(inp.head_dim, dim=-1), _sdpa_mask(inp, head_layout=layout))
-    return _combine(inp, o, layout)
+    return _combine(inp, o, layout, fused_epilogue)
 
 
 def _one_map_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
@@ -192,7 +201,7 @@ def _one_map_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
     return mask, is_causal
 
 
-def diff_attention_sdpa_maps(inp: DiffAttentionInputs) -> torch.Tensor:
+def diff_attention_sdpa_maps(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
     """The ``sdpa_maps`` route: one SDPA call per map over its own K, nothing concatenated or padded; V used whole
     where it is as wide as Q (DIFF V2), else cut into slices of width d (the official DIFF code's four calls at
     dv = 2d). No copy of K or V is made per call: the route for decoding against a long cache, where the one-call
@@ -201,7 +210,7 @@ def diff_attention_sdpa_maps(inp: DiffAttentionInputs) -> torch.Tensor:
     mask = _one_map_mask(inp)
     parts = inp.v.split(inp.head_dim, dim=-1)  # one part where V is as wide as Q
     o1 = _sliced_call(inp, inp.q1, inp.k1, parts, mask)
-    return _subtract(inp, o1, _sliced_call(inp, inp.q2, inp.k2, parts, mask))
+    return _subtract(inp, o1, _sliced_call(inp, inp.q2, inp.k2, parts, mask), fused_epilogue)
 
 
 def maps_unsupported(inp: DiffAttentionInputs) -> str | None:
@@ -212,7 +221,7 @@ def maps_unsupported(inp: DiffAttentionInputs) -> str | None:
     return None
 
 
-def diff_attention_cudnn_maps(inp: DiffAttentionInputs) -> torch.Tensor:
+def diff_attention_cudnn_maps(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
     """The ``cudnn_maps`` route: one call per map forced to cuDNN attention with V whole (cuDNN takes V wider than Q):
     the two maps' FLOPs and nothing else — no concatenated Q, K or doubled V, whose copies and their backward the
     ``cudnn`` route pays (H100, 2026-11-26: ``cudnn`` 2.16x the baseline forward+backward at d = 64 against the bare
@@ -223,4 +232,4 @@ def diff_attention_cudnn_maps(inp: DiffAttentionInputs) -> torch.Tensor:
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o1 = _call(inp, inp.q1, inp.k1, inp.v, mask)
         o2 = _call(inp, inp.q2, inp.k2, inp.v, mask)
-    return _subtract(inp, o1, o2)
+    return _subtract(inp, o1, o2, fused_epilogue)

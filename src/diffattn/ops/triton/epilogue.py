@@ -1,0 +1,182 @@
+"""The last step of every SDPA route as one kernel: ``out = O1 − λ·O2`` in float32, rounded once to the output's dtype
+(DIFF Transformer Eq. 1, docs/methods.md §0.2), and its backward in one more.
+
+Why. The SDPA routes (:mod:`diffattn.ops.sdpa`) get O1 and O2 from PyTorch's attention and subtract them in PyTorch:
+two casts to float32, a product, a difference and a cast back — five passes over [B, H, T, dv] and twelve in the
+backward, each a kernel launch. On an H200 (2026-11-27) the fastest DIFF V1 route, ``cudnn_maps``, ran at 1.92× the
+baseline forward+backward where its two cuDNN calls alone do 1.50×, and the step of the ``small`` model paid a fixed
+15.5 ms a step over the baseline: both what those passes and launches would cost. Here the forward reads O1, O2 and λ
+once and writes the output (6 bytes an element in bf16 against about 40); the backward reads the output's gradient
+and O2 and writes dO2 and one float32 per row (dO1 is the gradient itself, no copy). Whether that is faster on a GPU
+is measured (the routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of them is chosen
+before the route sweep has timed it.
+
+Shapes: O1, O2 [B, H, T, dv], any strides with the last one 1 (the stacked routes hand over slices of one
+[B, 2H, T, dv] output, V2's interleaved one views of [B, H, 2, T, dv]); λ 0-d, [1, H, 1, 1] or [B, H, T, 1]
+(:func:`diffattn.ops._inputs.validate`'s forms), read through its strides; the output is contiguous. dλ is summed
+from the per-row float32 products back to λ's own shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import tuning
+from .launch import _on_device
+from .tile_ops import _SUM  # not tl.sum: see tile_ops (the interpreter and an earlier triton import)
+
+#: elements a program holds per tensor on a GPU (a memory-bound pass: enough to keep loads wide, few registers)
+_TILE_ELEMENTS = 4096
+
+
+@triton.jit
+def _row_offsets(rows, H, T, SB, SH, ST):
+    # the element offset of each (b, h, t) row of a [B, H, T, ·] tensor with strides SB, SH, ST, in 64 bits
+    t = rows % T
+    bh = rows // T
+    return (bh // H).to(tl.int64) * SB + (bh % H).to(tl.int64) * SH + t.to(tl.int64) * ST
+
+
+@triton.jit
+def _rows_f32(X, rows, cols, tile, H, T, SB, SH, ST):
+    # the rows' [BLOCK_R, BLOCK_DV] tile of a [B, H, T, dv] tensor (last stride 1), in float32; 0 outside
+    return tl.load(X + _row_offsets(rows, H, T, SB, SH, ST)[:, None] + cols[None, :], mask=tile, other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _lam_f32(LAM, rows, ok, H, T, SB, SH, ST):
+    # λ of each row (strides 0 along what it is broadcast over), in float32
+    return tl.load(LAM + _row_offsets(rows, H, T, SB, SH, ST), mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _subtract_fwd_kernel(
+    O1, O2, LAM, OUT,
+    S1B, S1H, S1T, S2B, S2H, S2T, SLB, SLH, SLT,
+    R, H, T, DV,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < R
+    cols = tl.arange(0, BLOCK_DV)
+    tile = ok[:, None] & (cols < DV)[None, :]
+    o1 = _rows_f32(O1, rows, cols, tile, H, T, S1B, S1H, S1T)
+    o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
+    out = o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2
+    tl.store(OUT + rows.to(tl.int64)[:, None] * DV + cols[None, :], out.to(OUT.dtype.element_ty), mask=tile)
+
+
+@triton.jit
+def _subtract_bwd_kernel(
+    G, O2, LAM, DO2, DLAM,
+    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT,
+    R, H, T, DV,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # dO2 = −λ·g (float32, rounded once); the row's share of dλ, −Σ_c g·O2, in float32
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < R
+    cols = tl.arange(0, BLOCK_DV)
+    tile = ok[:, None] & (cols < DV)[None, :]
+    g = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
+    do2 = -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g
+    tl.store(DO2 + rows.to(tl.int64)[:, None] * DV + cols[None, :], do2.to(DO2.dtype.element_ty), mask=tile)
+    tl.store(DLAM + rows, -tl.reduce(g * _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T), 1, _SUM), mask=ok)
+
+
+def _tiles(dv: int) -> tuple[int, int, int]:
+    """(rows per program, the padded row width, warps). Under the interpreter a few rows, so that tiny test shapes
+    span several programs and a partly filled last one."""
+    block_dv = max(16, triton.next_power_of_2(dv))
+    if tuning.INTERPRETED:
+        return 4, block_dv, 1
+    return max(1, _TILE_ELEMENTS // block_dv), block_dv, 4
+
+
+def _row_strides(x: torch.Tensor) -> tuple[int, int, int]:
+    """The b, h, t strides of a [B, H, T, ·] tensor, 0 along a dimension of size 1 (λ broadcast from it)."""
+    return tuple(x.stride(i) if x.shape[i] > 1 else 0 for i in range(3))  # type: ignore[return-value]
+
+
+def _lam4(lam: torch.Tensor) -> torch.Tensor:
+    return lam.reshape(1, 1, 1, 1) if lam.dim() == 0 else lam
+
+
+def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int) -> None:
+    block_r, block_dv, warps = _tiles(dv)
+    with _on_device(args[0].device):
+        kernel[(triton.cdiv(grid_rows, block_r),)](*args, BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=warps)
+
+
+def _subtract_impl(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    b, h, t, dv = o1.shape
+    o1, o2 = _last_contiguous(o1), _last_contiguous(o2)
+    out = torch.empty((b, h, t, dv), dtype=o1.dtype, device=o1.device)
+    lam4 = _lam4(lam)
+    rows = b * h * t
+    if rows:
+        args = (o1, o2, lam4, out, *_row_strides(o1), *_row_strides(o2), *_row_strides(lam4), rows, h, t, dv)
+        _launch_subtract(_subtract_fwd_kernel, rows, args, dv)
+    return out
+
+
+def _subtract_bwd_impl(g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h, t, dv = o2.shape
+    g, o2 = _last_contiguous(g), _last_contiguous(o2)
+    do2 = torch.empty((b, h, t, dv), dtype=o2.dtype, device=o2.device)
+    dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=o2.device)
+    lam4 = _lam4(lam)
+    rows = b * h * t
+    if rows:
+        args = (g, o2, lam4, do2, dlam_rows, *_row_strides(g), *_row_strides(o2), *_row_strides(lam4), rows, h, t, dv)
+        _launch_subtract(_subtract_bwd_kernel, rows, args, dv)
+    return do2, dlam_rows
+
+
+_subtract_op = torch.library.custom_op("diffattn::subtract_maps", mutates_args=())(_subtract_impl)
+_subtract_bwd_op = torch.library.custom_op("diffattn::subtract_maps_bwd", mutates_args=())(_subtract_bwd_impl)
+
+
+@_subtract_op.register_fake
+def _subtract_fake(o1, o2, lam):
+    return torch.empty_like(o1, memory_format=torch.contiguous_format)
+
+
+@_subtract_bwd_op.register_fake
+def _subtract_bwd_fake(g, o2, lam):
+    return torch.empty_like(o2, memory_format=torch.contiguous_format), o2.new_empty(o2.shape[:3], dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    o1, o2, lam = inputs
+    ctx.save_for_backward(o2, lam)
+    ctx.o1_dtype = o1.dtype
+
+
+def _backward(ctx, g):
+    o2, lam = ctx.saved_tensors
+    do2, dlam_rows = _subtract_bwd_op(g, o2, lam)
+    # λ's gradient back to its own shape: the rows summed over what λ was broadcast along
+    dlam = dlam_rows.unsqueeze(-1).sum_to_size(_lam4(lam).shape).reshape(lam.shape).to(lam.dtype)
+    return g.to(ctx.o1_dtype), do2, dlam
+
+
+torch.library.register_autograd("diffattn::subtract_maps", _backward, setup_context=_setup_context)
+
+
+def subtract_maps(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """``O1 − λ·O2`` in float32, in ``o1``'s dtype, by one kernel (module docstring); differentiable in all three.
+    ``o1``, ``o2`` [B, H, T, dv] of one dtype, ``lam`` as :func:`diffattn.ops._inputs.validate` shapes it."""
+    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam))
+    # without a gradient the kernel is called directly: no custom-op dispatch on the host (as the triton backend)
+    if need_grad or torch.compiler.is_compiling():
+        return _subtract_op(o1, o2, lam)
+    return _subtract_impl(o1, o2, lam)

@@ -1,0 +1,184 @@
+"""Tests of the fused epilogue, ``O1 − λ·O2`` in float32 as one Triton kernel and its backward in one more
+(DIFF Transformer Eq. 1, docs/methods.md §0.2; diffattn/ops/triton/epilogue.py), and of the routes ``<route>+epilogue``
+that use it.
+
+Without CUDA the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set around the first import of the
+kernels as in test_triton.py). Accuracy contract: the kernel does PyTorch's arithmetic (float32, one rounding to the
+output dtype), so it is held to that arithmetic within one rounding of the output dtype — the interpreter rounds
+float32 to bfloat16 toward zero where a GPU rounds to nearest, both within one ulp of the float32 value — and dλ, a
+float32 sum in another order, within the textbook bound of reordered summation (n·eps·Σ|terms|).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffattn import ops
+from diffattn.ops import routes
+from diffattn.ops._inputs import validate
+
+from .interpreter import CUDA as _CUDA
+from .interpreter import import_kernels, keep_interpreting
+from .rounding import assert_within_rounding
+
+DEVICE = "cuda" if _CUDA else "cpu"
+epilogue = import_kernels("diffattn.ops.triton.epilogue")
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch):
+    keep_interpreting(monkeypatch)
+
+
+def _within_one_rounding(name, got, want_fp32, dtype):
+    """``got`` (in ``dtype``) is the float32 value ``want_fp32`` rounded once: within one ulp of ``dtype``."""
+    finfo = torch.finfo(dtype)
+    err = (got.double() - want_fp32.double()).abs()
+    bound = finfo.eps * want_fp32.double().abs() + finfo.tiny
+    assert (err <= bound).all(), f"{name}: {err.max().item():.3g} beyond one rounding of {dtype}"
+
+
+def _operands(layout, dtype, lam_form, b=2, h=3, t=7, dv=24, seed=0):
+    """O1, O2 [B, H, T, dv] as the routes hand them over (views of one output, in ``dtype``), and λ in one of
+    validate's forms; gradients are taken with respect to the views themselves."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(DEVICE, dtype).requires_grad_()
+
+    if layout == "stacked":  # slices of one [B, 2H, T, dv] output (sdpa, cudnn, sdpa_split)
+        o = rnd(b, 2 * h, t, dv)
+        o1, o2 = o[:, :h], o[:, h:]
+    elif layout == "interleaved":  # views of [B, H, 2, T, dv] (DIFF V2's one call)
+        o1, o2 = rnd(b, h, 2, t, dv).unbind(2)
+    else:  # two calls' own outputs (sdpa_maps, cudnn_maps)
+        o1, o2 = rnd(b, h, t, dv), rnd(b, h, t, dv)
+    lam = {
+        "scalar": lambda: torch.tensor(0.37),
+        "per_head": lambda: torch.rand(1, h, 1, 1, generator=g),
+        "per_token": lambda: torch.rand(b, h, t, 1, generator=g),
+    }[lam_form]()
+    assert layout == "apart" or not o1.is_contiguous(), "the layout under test reaches the kernel"
+    return o1, o2, lam.to(DEVICE).requires_grad_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
+@pytest.mark.parametrize("layout", ["stacked", "interleaved", "apart"])
+def test_the_kernel_does_pytorchs_float32_arithmetic_forward_and_backward(dtype, lam_form, layout):
+    o1, o2, lam = _operands(layout, dtype, lam_form)
+    out = epilogue.subtract_maps(o1, o2, lam)
+    want = o1.float() - lam * o2.float()
+    assert out.dtype == dtype and out.shape == o1.shape and out.is_contiguous()
+    _within_one_rounding("out", out, want, dtype)
+
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    d_o1, d_o2, d_lam = torch.autograd.grad(out, (o1, o2, lam), g)
+    assert torch.equal(d_o1, g), "dO1 is the output's gradient itself"
+    _within_one_rounding("dO2", d_o2, -lam.detach() * g.float(), dtype)
+    terms = (g.float() * o2.detach().float()).unsqueeze(0)  # dλ = −Σ g·O2 over what λ was broadcast along
+    want_lam = -(g.float() * o2.detach().float()).sum_to_size(lam.shape)
+    n = g.numel() // lam.numel()
+    bound = n * torch.finfo(torch.float32).eps * terms.abs().squeeze(0).sum_to_size(lam.shape)
+    assert d_lam.shape == lam.shape and d_lam.dtype == lam.dtype
+    assert ((d_lam - want_lam).abs() <= bound).all(), "dλ beyond reordered float32 summation"
+
+
+def test_a_row_of_width_not_a_power_of_two_and_a_partial_last_program():
+    # dv = 40 pads to 64 columns; 2·3·5 = 30 rows over 4-row programs leave the last one half full
+    o1, o2, lam = _operands("apart", torch.float32, "per_token", t=5, dv=40)
+    out = epilogue.subtract_maps(o1, o2, lam)
+    _within_one_rounding("out", out, o1 - lam * o2, torch.float32)
+
+
+def test_empty_inputs_give_empty_outputs():
+    o1 = torch.zeros(1, 2, 0, 16, device=DEVICE, requires_grad=True)  # no rows: no launch
+    lam = torch.tensor(0.5, device=DEVICE, requires_grad=True)
+    out = epilogue.subtract_maps(o1, o1.detach().clone().requires_grad_(), lam)
+    assert out.shape == (1, 2, 0, 16)
+    out.sum().backward()
+    assert lam.grad is not None and lam.grad.item() == 0.0
+
+
+def _diff_inputs(shared: bool, dtype, mask: bool = False, lam_form: str = "scalar", dv_factor: int = 2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, h, t, d = 2, 2, 9, 16
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(DEVICE, dtype).requires_grad_()
+
+    q1, q2, k1 = rnd(b, h, t, d), rnd(b, h, t, d), rnd(b, h, t, d)
+    k2 = k1 if shared else rnd(b, h, t, d)
+    v = rnd(b, h, t, d if shared else dv_factor * d)
+    lam = {"scalar": torch.tensor(0.4), "per_token": torch.rand(b, h, t, generator=g)}[lam_form]
+    lam = lam.to(DEVICE).requires_grad_()
+    attn_mask = None
+    if mask:  # a 4-D mask hiding keys 0-2 from batch 1 and every key from its first query row (fully masked)
+        keep = torch.ones(b, 1, t, t, dtype=torch.bool)
+        keep[1, :, :, :3] = False
+        keep[1, :, 0] = False
+        attn_mask = keep.to(DEVICE)
+    return dict(q1=q1, k1=k1, q2=q2, k2=k2, v=v, lam=lam, causal=not mask, attn_mask=attn_mask)
+
+
+@pytest.mark.parametrize("route", [r for r in routes.EPILOGUE_ROUTES if not r.startswith("cudnn")])
+@pytest.mark.parametrize(("shared", "mask", "lam_form"), [(False, False, "scalar"), (True, False, "per_token"),
+                                                          (False, True, "scalar")])  # fmt: skip
+def test_each_epilogue_route_is_its_route_forward_and_backward(route, shared, mask, lam_form):
+    if route == "sdpa_split" and shared:
+        pytest.skip("sdpa_split needs dv > d: not DIFF V2's shared-K heads")
+    inputs = _diff_inputs(shared, torch.float32, mask, lam_form)
+    leaves = [inputs["q1"], inputs["k1"], inputs["q2"], inputs["v"], inputs["lam"]]
+    if not shared:
+        leaves.append(inputs["k2"])
+    plain = ops.diff_attention(**inputs, backend=route)
+    fused = ops.diff_attention(**inputs, backend=route + routes.EPILOGUE)
+    gold_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    gold_inputs = {**inputs, **dict(zip(("q1", "k1", "q2", "v", "lam", "k2"), gold_leaves, strict=False))}
+    if shared:
+        gold_inputs["k2"] = gold_inputs["k1"]
+    gold = ops.diff_attention(**gold_inputs, backend="reference")
+    g = torch.randn(plain.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    # the project's one rule (tests/ops/rounding.py): within twice the plain route's own error against float64,
+    # plus one ulp — the plain route being the same SDPA calls with PyTorch's subtraction
+    assert_within_rounding("out", fused, gold, [plain], torch.float32)
+    if mask:
+        assert (fused[1, :, 0] == 0).all(), "the fully masked row is 0"
+    names = ("dq1", "dk1", "dq2", "dv", "dλ", "dk2")[: len(leaves)]
+    for name, a, b, c in zip(
+        names,
+        torch.autograd.grad(fused, leaves, g),
+        torch.autograd.grad(plain, leaves, g),
+        torch.autograd.grad(gold, gold_leaves, g.double()),
+        strict=True,
+    ):
+        assert_within_rounding(name, a, c, [b], torch.float32)
+
+
+def test_an_epilogue_route_refuses_what_its_kernel_cannot_take():
+    inp = validate(**_diff_inputs(False, torch.float64), scale=0.25)
+    assert "fused epilogue takes float16, bfloat16 and float32" in ops.route_unsupported("sdpa+epilogue", inp)
+    assert ops.route_unsupported("sdpa", inp) is None
+    if not _CUDA:  # the base route's reason and the kernel's both said
+        fp32 = validate(**_diff_inputs(False, torch.float32), scale=0.25)
+        reason = ops.route_unsupported("cudnn_maps+epilogue", fp32)
+        assert "cuDNN attention runs on CUDA" in reason
+    with pytest.raises(ValueError, match=r"backend 'sdpa\+epilogue' is not usable: dtype torch.float64"):
+        ops.diff_attention(**_diff_inputs(False, torch.float64), backend="sdpa+epilogue")
+
+
+def test_every_epilogue_route_is_a_backend_and_a_table_route():
+    for route in routes.EPILOGUE_ROUTES:
+        assert route in ops.BACKENDS and route + routes.EPILOGUE in ops.BACKENDS
+        assert route + routes.EPILOGUE in routes.ROUTE_NAMES
+    names = {s.name for s in ops.backend_status(DEVICE)}
+    assert {r + routes.EPILOGUE for r in routes.EPILOGUE_ROUTES} <= names
+
+
+def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op():
+    # the kernels are custom ops with fake implementations: torch.compile traces through the route without a break
+    inputs = _diff_inputs(True, torch.float32, lam_form="per_token")
+    fn = torch.compile(lambda kw: ops.diff_attention(**kw, backend="sdpa+epilogue"), fullgraph=True, backend="eager")
+    out = fn(inputs)
+    _within_one_rounding("compiled", out, ops.diff_attention(**inputs, backend="sdpa"), torch.float32)
