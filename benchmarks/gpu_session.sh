@@ -4,6 +4,7 @@
 # Writes into $OUT (default benchmarks/gpu-report), at most 8 files (what a lent machine sends back):
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table
+#   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
@@ -67,6 +68,9 @@ gpu_tests() {
     --out "$OUT/report" --sections decode
   step 100 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
     --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16
+  step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
+    $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 5 --dtype bf16 --compile \
+    --json "$OUT/train_compiled.json"
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
   [ "${SANITIZE:-0}" = 1 ] && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
   step 60 "gpu tests, one process per file" gpu_tests

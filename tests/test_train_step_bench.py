@@ -62,3 +62,16 @@ def test_the_hosts_issuing_time_is_a_line_of_its_own_where_measured():
     assert lines[-1].split() == ["host", *["9.5"] * len(names)]
     assert lines[-2].split()[:3] == ["small", "1024", "bf16"]
     assert train_step.rows_as_dicts([row])[0]["host_ms"] == dict.fromkeys(names, 9.5)
+
+
+def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
+    # --compile: the forward through torch.compile ("eager" here: the plumbing, not inductor's speed); the optimizer
+    # steps the model's own parameters, and the row names the backend
+    model = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step._step_fn(model, ids, "fp32", compile_backend="eager")()
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--compile", "eager"]
+    assert main(["bench", "train-step", *argv]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("(forward compiled: eager)")

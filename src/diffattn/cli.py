@@ -163,6 +163,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         device=device,
         progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
         dtype=dtype,
+        compile_backend=args.compile,
     )
     print(format_table(rows))
     if args.json:
@@ -616,6 +617,14 @@ def _add_bench_commands(sub) -> None:
         default=None,
         help="bf16 / fp16: mixed precision (autocast, float32 weights), as training runs on a GPU; fp32. "
         "Default: bf16 on CUDA, fp32 on CPU",
+    )
+    b.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="every model's forward through torch.compile (BACKEND, default inductor); compiled in the warm-up step",
     )
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)

@@ -10,6 +10,12 @@ weights and optimizer, the forward under ``torch.autocast`` in bfloat16, so the 
 and ``fp32`` on CPU (bf16 is ~30x slower there). ``fp16`` on request: autocast in float16 with a gradient scaler.
 On a GPU, timing float32 would time the fused kernels where they are not meant to run (float32 IEEE dots on half
 tiles; the deterministic dQ kernel spills 1,392 bytes there, benchmarks/RESULTS.md). The dtype is in every row.
+
+``compile`` (``--compile [BACKEND]``): every model's forward through ``torch.compile`` (inductor by default), the
+backward and AdamW eager as before; compiling happens in the warm-up step, outside the timing. Why: the eager step of
+a small model is host-bound (the H200 run of 2026-11-27: DIFF's extra 15.5 ms a step is the same at 1K and 4K
+tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forward fuses the element-wise ops of
+λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
 """
 
 from __future__ import annotations
@@ -53,23 +59,27 @@ class StepRow:
     #: host's issuing time. Close to ``ms``: the step is host-bound (the GPU waits on Python and launches), and a
     #: ratio between columns is a ratio of host work; well below it: the GPU is the limit
     host_ms: dict[str, float] = field(default_factory=dict)
+    #: the torch.compile backend every model's forward ran through ("": eager)
+    compiled: str = ""
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
 
 
-def _step_fn(model, batch, dtype: str = "fp32"):
+def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None):
     """One training step in ``dtype`` (see the module docstring): float32 weights and AdamW; bf16/fp16 run the
-    forward under autocast, fp16 with a gradient scaler."""
+    forward under autocast, fp16 with a gradient scaler. ``compile_backend``: the forward through ``torch.compile``
+    with that backend (the same parameters: the optimizer steps the model's own)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     device_type = batch.device.type
     amp = DTYPES[dtype]
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
+    forward = torch.compile(model, backend=compile_backend) if compile_backend else model
 
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext():
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = forward(input_ids=batch, labels=batch).loss
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -86,9 +96,11 @@ def run_train_step_benchmark(
     progress=None,
     dtype: str | None = None,
     memory: bool = False,
+    compile_backend: str | None = None,
 ) -> list[StepRow]:
     """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
-    ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing)."""
+    ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
+    ``compile_backend``: each model's forward through ``torch.compile`` with it (module docstring)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
     if dtype not in DTYPES:
@@ -104,8 +116,8 @@ def run_train_step_benchmark(
                 model.to(device).train()
                 models[name] = model
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
-                steps[name] = _step_fn(model, ids.to(device), dtype)
-            for fn in steps.values():  # warm-up
+                steps[name] = _step_fn(model, ids.to(device), dtype, compile_backend)
+            for fn in steps.values():  # warm-up (and, with compile_backend, the compiling)
                 fn()
             times = {name: [] for name in steps}
             issued = {name: [] for name in steps}
@@ -123,7 +135,7 @@ def run_train_step_benchmark(
             peak = _step_peak_mib(steps, models) if memory and cuda else {}
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
             host = {k: 1e3 * statistics.median(v) for k, v in issued.items()} if cuda else {}
-            rows.append(StepRow(preset, n, batch, ms, dtype, peak, host))
+            rows.append(StepRow(preset, n, batch, ms, dtype, peak, host, compile_backend or ""))
     return rows
 
 
@@ -155,6 +167,8 @@ def format_table(rows: list[StepRow]) -> str:
             f"{r.ratio('diffattn DIFF V2 (auto)'):>9.2f} "
             f"{r.ms['diffattn DIFF V2 (auto)'] / r.ms['diffattn DIFF (auto)']:>9.2f}"
         )
+        if r.compiled:
+            lines[-1] += f"   (forward compiled: {r.compiled})"
         if r.host_ms:  # CUDA: how much of each step the host spent issuing it
             lines.append(f"{'':<7} {'':>5} {'host':>5} " + " ".join(f"{r.host_ms[n]:>22.1f}" for n in names))
     return "\n".join(lines)
