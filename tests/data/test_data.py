@@ -458,6 +458,34 @@ def test_retrieval_mix_answer_loss_scores_only_the_answer_and_separator(tokenize
         retrieval_mix(1, 2, tokenizer, seq_len, small_corpus.train, needle_loss="prompt")
 
 
+def test_retrieval_mix_follow_up_questions_ask_the_other_needles_and_score_each_answer(tokenizer, small_corpus):
+    # needle_questions = 4: after its answer a row asks about needles not yet asked, one each, each answer (and its
+    # separator) scored under needle_loss="answer" (the haystack shrinks to make room; without the option the rows are
+    # as before)
+    seq_len, count = 256, 8
+    kw = dict(mqar_fraction=0.0, value_digits=2, needle_loss="answer")
+    one = retrieval_mix(2, count, tokenizer, seq_len, small_corpus.train, **kw)
+    four = retrieval_mix(2, count, tokenizer, seq_len, small_corpus.train, needle_questions=4, **kw)
+    followed = 0
+    for row in range(count):
+        real = tokenizer.decode(four.input_ids[row][four.attention_mask[row].bool()])
+        needles = dict(re.findall(r"The special magic (\w+) number is: (\d+)\.", real))
+        question = r"What (?:is|are) the special magic (?:numbers for )?([\w ,]+?)(?: number)?\?"
+        qa = re.findall(question + r"\nAnswer: ([\d, ]+)" + re.escape(SEPARATOR), real)
+        assert qa, real
+        asked = [k for keys, _ in qa for k in re.split(r", | and ", keys)]
+        assert len(asked) == len(set(asked)) <= max(4, len(qa[0][0].split(", ")) + 3)  # no needle asked twice
+        for keys, answer in qa[1:]:  # follow-ups: one needle each, its own number
+            assert needles[keys] == answer.strip()
+        followed += len(qa) > 1
+        scored = tokenizer.decode(four.input_ids[row][four.labels[row] != -100])
+        assert scored == "".join(" " + answer.strip() + SEPARATOR for _, answer in qa)
+    assert followed >= count // 2, "most rows with several needles ask more than one question"
+    assert torch.equal(one.input_ids, retrieval_mix(2, count, tokenizer, seq_len, small_corpus.train, **kw).input_ids)
+    with pytest.raises(ValueError, match="needle_questions"):
+        retrieval_mix(2, 2, tokenizer, seq_len, small_corpus.train, needle_questions=0)
+
+
 def test_needle_vocabulary_text_makes_template_words_keys_and_numbers_single_tokens(small_corpus, tmp_path):
     import dataclasses
 

@@ -389,6 +389,7 @@ def retrieval_mix(
     varied_context: bool = False,
     mqar_pairs: Sequence[int] | None = None,
     mqar_vocab: int | None = None,
+    needle_questions: int = 1,
 ) -> PackedSequences:
     """``count`` rows of ``seq_len`` tokens of retrieval practice: ``round(mqar_fraction·count)`` MQAR rows.
 
@@ -410,9 +411,13 @@ def retrieval_mix(
     length (:func:`make_needle_sample`). ``varied_context``: each needle row's haystack is a uniform fraction of the
     row instead of filling it, so the rows range from needles and question alone to a full haystack (short rows teach
     the lookup with few distractors, which small models learn far sooner). Row kinds are shuffled; everything
-    follows from ``seed``.
+    follows from ``seed``. ``needle_questions`` Q > 1: after its answer, a needle row asks up to Q − 1 more
+    questions, one needle each among those not yet asked (``"\n" + question + "\nAnswer:"``, then the number and the
+    separator, each answer scored as the first one is), so a row trains the lookup up to Q times, as an MQAR row
+    trains it once per pair; the evaluation's prompts still ask one question.
     """
     _check_mix_options(seed, count, seq_len, max_needles, mqar_fraction, haystack_docs, needle_loss, value_digits)
+    _check_int("needle_questions", needle_questions, 1, len(CITY_KEYS))
     if mqar_pairs is not None:
         if not mqar_pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in mqar_pairs):
             raise ValueError(f"mqar_pairs must be a non-empty list of positive ints, got {mqar_pairs!r}")
@@ -437,13 +442,14 @@ def retrieval_mix(
     too_long: list[int] = []
     for row, (kind, row_seed) in enumerate(zip(kinds, row_seeds, strict=True)):
         if kind == "needle":
-            ids, prompt_len, chars_per_token = _needle_row(
-                row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token, value_digits, varied_context
-            )
+            ids, answer_spans, chars_per_token = _needle_row(
+                row_seed, tokenizer, seq_len, docs, max_needles, sep_id, chars_per_token, value_digits,
+                varied_context, needle_questions,
+            )  # fmt: skip
             if len(ids) <= seq_len:
                 input_ids[row, : len(ids)] = torch.tensor(ids)
-                first_scored = prompt_len if needle_loss == "answer" else 0
-                labels[row, first_scored : len(ids)] = torch.tensor(ids[first_scored:])
+                for start, end in [(0, len(ids))] if needle_loss == "all" else answer_spans:
+                    labels[row, start:end] = torch.tensor(ids[start:end])
                 attention_mask[row, : len(ids)] = 1
                 continue
             too_long.append(len(ids))  # an MQAR row instead of a needle row cut short
@@ -501,9 +507,11 @@ def _needle_row(
     chars_per_token: float,
     value_digits: int = 7,
     varied_context: bool = False,
-) -> tuple[list[int], int, float]:
-    """Token ids of one needle row (longer than ``seq_len`` only if nothing fits), the prompt's length in tokens,
-    and the updated characters-per-token estimate."""
+    questions: int = 1,
+) -> tuple[list[int], list[tuple[int, int]], float]:
+    """Token ids of one needle row (longer than ``seq_len`` only if nothing fits), the [start, end) spans of its
+    answers with their separators (what ``needle_loss="answer"`` scores), and the updated characters-per-token
+    estimate. ``questions``: how many questions the row asks (:func:`retrieval_mix`'s ``needle_questions``)."""
     rng = random.Random(seed)
     haystack = docs[rng.randrange(len(docs))]
     num_needles = rng.randint(1, max_needles)
@@ -511,6 +519,8 @@ def _needle_row(
     depth = rng.random()
     sample_seed = rng.getrandbits(63)
     fill = rng.random() if varied_context else 1.0  # drawn only when varied: full rows draw as without the option
+    # the follow-up questions' order: its own stream, drawn only when asked for (rows without them are unchanged)
+    follow_seed = rng.getrandbits(63) if questions > 1 else None
     context_chars = int(seq_len * chars_per_token * fill)
     while True:
         sample = make_needle_sample(
@@ -525,15 +535,37 @@ def _needle_row(
         prompt = tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
         answer = tokenizer(needle_answer_text(sample), add_special_tokens=False)["input_ids"]
         ids = [*prompt, *answer, sep_id]
+        spans = [(len(prompt), len(ids))]
         if len(sample.context) > 200:  # long enough for a stable ratio
             chars_per_token = 0.8 * chars_per_token + 0.2 * len(sample.prompt + needle_answer_text(sample)) / len(ids)
+        if follow_seed is not None:  # the same order at every retry: the keys do not change with the context
+            ids = _follow_up_questions(ids, spans, sample, tokenizer, sep_id, questions, random.Random(follow_seed))
         if len(ids) <= seq_len:
-            return ids, len(prompt), chars_per_token
+            return ids, spans, chars_per_token
         if context_chars > 0:
             # Shrink in proportion to the overshoot, a little more, so that one retry usually suffices.
             context_chars = max(0, min(context_chars - 1, int(context_chars * seq_len / len(ids) * 0.95)))
+        elif len(spans) > 1:  # follow-up questions go before needles do
+            questions = len(spans) - 1
         elif num_needles > 1:
             num_needles -= 1
             num_queries = min(num_queries, num_needles)
         else:
-            return ids, len(prompt), chars_per_token
+            return ids, spans, chars_per_token
+
+
+def _follow_up_questions(ids, spans, sample, tokenizer, sep_id, questions, rng) -> list[int]:
+    """``ids`` with up to ``questions − 1`` single-needle questions and their answers appended, about needles of
+    ``sample`` not yet asked, in ``rng``'s order; each answer's [start, end) span (separator included) added to
+    ``spans``."""
+    asked = set(sample.keys)
+    others = [(key, number) for key, number, _ in sample.needles if key not in asked]
+    rng.shuffle(others)
+    ids = list(ids)
+    for key, number in others[: questions - 1]:
+        question = "\n" + SINGLE_QUESTION_TEMPLATE.format(key=key) + "\nAnswer:"
+        ids += tokenizer(question, add_special_tokens=False)["input_ids"]
+        start = len(ids)
+        ids += [*tokenizer(" " + number, add_special_tokens=False)["input_ids"], sep_id]
+        spans.append((start, len(ids)))
+    return ids

@@ -145,6 +145,7 @@ def _data_words(d, *, tokenizer: bool) -> str:
             f"{d.max_needles} needles and {d.needle_digits}-digit numbers, loss on {scored}; "
             f"{d.mqar_fraction:.0%} MQAR"
             + ("; haystack lengths uniform from none to the whole row" if d.varied_context else "")
+            + (f"; up to {d.needle_questions} questions a row" if getattr(d, "needle_questions", 1) > 1 else "")
             + ")"
         )
     if tokenizer and hasattr(d, "vocab_size"):

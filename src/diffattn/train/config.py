@@ -81,6 +81,7 @@ class RetrievalMixFields:
     varied_context: bool = False  # needle rows' haystack: a uniform fraction of the row (True) or the whole row
     mqar_pairs: list[int] | None = None  # MQAR rows' pair counts, one drawn per row (None: seq_len // 16)
     mqar_vocab: int | None = None  # MQAR keys and values from this many tokens (None: every ordinary token)
+    needle_questions: int = 1  # questions a needle row asks (1: the papers' one; more: one more needle each)
 
     def validate_retrieval(self) -> None:
         if self.max_text_sequences is not None and (
@@ -107,6 +108,15 @@ class RetrievalMixFields:
             raise ValueError(f"data.mqar_vocab must be None or an int >= 4, got {self.mqar_vocab!r}")
         if self.needle_loss not in NEEDLE_LOSSES:
             raise ValueError(f"data.needle_loss must be one of {', '.join(NEEDLE_LOSSES)}, got {self.needle_loss!r}")
+        if (
+            isinstance(self.needle_questions, bool)
+            or not isinstance(self.needle_questions, int)
+            or not 1 <= self.needle_questions <= self.max_needles
+        ):
+            raise ValueError(
+                f"data.needle_questions must be an int in [1, max_needles={self.max_needles}], "
+                f"got {self.needle_questions!r}"
+            )
 
 
 @dataclass

@@ -129,6 +129,7 @@ def add_retrieval_mix(
         varied_context=d.varied_context,
         mqar_pairs=d.mqar_pairs,
         mqar_vocab=d.mqar_vocab,
+        needle_questions=d.needle_questions,
     )
     return _concat(train, mix), mix_rows
 
