@@ -11,6 +11,7 @@ import pytest
 
 from diffattn.experiments import ExperimentConfig, run_experiment
 from diffattn.experiments.schema import validate_results
+from diffattn.files import marker, proof_problem
 
 WORDS = ["the", "king", "queen", "sword", "crown", "night", "day", "river", "stone", "ghost", "crow", "bell"]
 
@@ -550,9 +551,20 @@ def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_
             summary = json.loads((root / "adapters" / f"{name}.lr-grid" / f"lr-{key}" / "summary.json").read_text())
             assert summary["val_loss_after"] == pytest.approx(loss)
         assert train.lr == float(best_rate(train.lr_grid_val_loss))
+        # the part at the chosen rate is that rate's grid run, not a second training of it
+        chosen = root / "adapters" / f"{name}.lr-grid" / f"lr-{best_rate(train.lr_grid_val_loss)}"
+        files = [f.relative_to(chosen) for f in chosen.rglob("*") if f.is_file() and not f.name.startswith(".")]
+        assert "summary.json" in map(str, files) and len(files) > 4
+        for file in files:
+            if file.name not in ("run.yaml", "README.md"):  # its own: the grid record, the card evaluation adds to
+                assert (root / "adapters" / name / file).read_bytes() == (chosen / file).read_bytes(), file
+        assert marker(root / "adapters" / name)["id"] != marker(chosen)["id"]  # a folder of its own
+        assert proof_problem(root / "adapters" / name, "run") is None
         if name == "dex":
             assert train.lambda_lr == train.lr  # the same grid for every trained parameter
     assert [o.kind for o in outcomes].count("lr-grid") == 4
+    assert all(o.state == "done" for o in outcomes if o.kind == "adapt")  # reused, not trained
+    assert not list((root / "adapters").glob(".*from-grid*"))  # no temporary folder left
     assert "chosen by final validation loss before any evaluation" in (root / "report.md").read_text()
     again = run_experiment(ExperimentConfig.from_dict(d), tmp_path)
     assert all(o.state == "done" for o in again if o.kind != "eval")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import (
+    LOCK,
     MARKER,
     RECORDS,
     RUN_CONFIG,
@@ -222,6 +223,34 @@ def _resolve_lr_grid(a, run_config, grid: list[float], parts, states, train) -> 
     return _at_rate(run_config, a.method, chosen, grid=list(grid), losses=losses), outcomes
 
 
+def _reuse_grid_run(chosen: Path, path: Path, run_config) -> str:
+    """The part at the chosen rate is the grid's run at that rate — the same config but for the grid's record, the
+    same seed — so it is made from that run instead of trained again: its files hard-linked where the file system
+    allows (else copied; diffattn replaces files by renaming, never writes into one, so the two folders cannot
+    change each other) under a temporary name, given its own run.yaml (with the grid's record) and marker, then
+    renamed into place. Returns the part's state: done."""
+    import os
+    import shutil
+
+    from ..files import new_id
+
+    def link_or_copy(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    ident = new_id()
+    tmp = path.with_name(f".{path.name}.from-grid-{ident[:8]}")  # a name no part has: nothing of the user's there
+    shutil.copytree(chosen, tmp, copy_function=link_or_copy, ignore=shutil.ignore_patterns(LOCK))
+    save_record(run_config, tmp / RUN_CONFIG, ident)
+    made = marker(chosen) or {}
+    mark(tmp, "run", ident=ident, **{k: v for k, v in made.items() if k not in ("kind", "id")})
+    tmp.rename(path)
+    logger.info("adapt %s: the grid's run at lr %g, reused (not trained again)", path.name, run_config.train.lr)
+    return DONE
+
+
 def grid_losses(name: str, grid: list[float], losses: list) -> dict[str, float]:
     """Each grid rate's final validation loss, keyed by :func:`grid_key`. A rate whose run diverged (a non-finite
     or missing loss: too high a rate for these weights is a result of the grid, not an error) is recorded as
@@ -312,6 +341,9 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
             )
             outcomes += grid_outcomes
             states[a.name] = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
+            if states[a.name] == FRESH and not path.exists():
+                chosen = grids[a.name][list(_lr_grid(config, a)).index(run_config.train.lr)][1]
+                states[a.name] = _reuse_grid_run(chosen, path, run_config)
         outcomes.append(_train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config))
 
     if not evaluate:
