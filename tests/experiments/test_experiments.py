@@ -559,6 +559,8 @@ def test_an_adapter_learning_rate_grid_picks_the_lowest_validation_loss_and_run_
             if file.name not in ("run.yaml", "README.md"):  # its own: the grid record, the card evaluation adds to
                 assert (root / "adapters" / name / file).read_bytes() == (chosen / file).read_bytes(), file
         assert marker(root / "adapters" / name)["id"] != marker(chosen)["id"]  # a folder of its own
+        # a log a resumed run appends to is a copy: extending one run cannot write into the other
+        assert (root / "adapters" / name / "metrics.jsonl").stat().st_ino != (chosen / "metrics.jsonl").stat().st_ino
         assert proof_problem(root / "adapters" / name, "run") is None
         if name == "dex":
             assert train.lambda_lr == train.lr  # the same grid for every trained parameter

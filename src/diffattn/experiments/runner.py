@@ -225,20 +225,22 @@ def _resolve_lr_grid(a, run_config, grid: list[float], parts, states, train) -> 
 
 def _reuse_grid_run(chosen: Path, path: Path, run_config) -> str:
     """The part at the chosen rate is the grid's run at that rate — the same config but for the grid's record, the
-    same seed — so it is made from that run instead of trained again: its files hard-linked where the file system
-    allows (else copied; diffattn replaces files by renaming, never writes into one, so the two folders cannot
-    change each other) under a temporary name, given its own run.yaml (with the grid's record) and marker, then
-    renamed into place. Returns the part's state: done."""
+    same seed — so it is made from that run instead of trained again: copied under a temporary name, weight files
+    hard-linked where the file system allows (they are only ever written whole, as new files; the logs, which a
+    resumed run appends to, are copied, so neither folder can change the other), given its own run.yaml (with the
+    grid's record) and marker, then renamed into place. Returns the part's state: done."""
     import os
     import shutil
 
     from ..files import new_id
 
     def link_or_copy(src, dst):
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
+        if Path(src).suffix in (".safetensors", ".bin", ".pt"):
+            try:
+                return os.link(src, dst)
+            except OSError:
+                pass
+        return shutil.copy2(src, dst)
 
     ident = new_id()
     tmp = path.with_name(f".{path.name}.from-grid-{ident[:8]}")  # a name no part has: nothing of the user's there
