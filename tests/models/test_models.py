@@ -407,3 +407,29 @@ def test_a_registered_architecture_builds_matches_parameters_pairs_and_labels_it
     claim = next(c for c in claims if c and c.claim == "more attention to the answer")
     assert (claim.ref, claim.new) == ("baseline", "toy")  # paired with the baseline of its preset
     assert claim.source == "DIFF Transformer Table 3 (applied to the toy)" and claim.verdict == "agrees"
+
+
+def test_the_diff_layer_splits_its_heads_without_slice_gradients():
+    # Q, K and V are halved by one split each: autograd joins a split's gradients with one cat, where two slices
+    # would each cost a zero-filled tensor and a copy, and an addition (kernel launches of every training step)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def slice_gradients(attention):
+        model = build_model("debug", attention, backend="sdpa_maps" if attention == "diff" else None, num_layers=1)
+        ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+        with Ops() as ops:
+            model(input_ids=ids, labels=ids).loss.backward()
+        assert all(p.grad is not None for n, p in model.named_parameters() if "proj" in n)
+        return ops.names.count("slice_backward")
+
+    # the baseline's come from RoPE's rotate_half and the shifted labels, which DIFF shares; none of its own
+    assert slice_gradients("diff") == slice_gradients("standard") > 0

@@ -191,10 +191,9 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         )
 
         k, v = visible_keys(q_len, attention_mask, k, v)  # a static cache's empty slots at prefill
-        h, hkv = self.num_heads // 2, self.num_kv_heads // 2
         # V of a DIFF head is [v_j | v_(j + Hkv/2)], [B, Hkv/2, S, 2d]: handed over as its two halves, which the
         # triton backend reads in place (no concatenation of the whole KV cache at every decoding step)
-        v_halves = (v[:, :hkv], v[:, hkv:])
+        v_halves = v.chunk(2, dim=1)
         if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
             raise ValueError(
                 f"DIFF attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
@@ -202,11 +201,14 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             )
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
+        # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
+        # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
+        (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
         maps = dict(
-            q1=q[:, :h],
-            k1=k[:, :hkv],
-            q2=q[:, h:],
-            k2=k[:, hkv:],
+            q1=q1,
+            k1=k1,
+            q2=q2,
+            k2=k2,
             v=v_halves,
             lam=self.lambda_full(),
             causal=attention_mask is None,
