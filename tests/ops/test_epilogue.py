@@ -180,12 +180,31 @@ def test_every_epilogue_route_is_a_backend_and_a_table_route():
     assert {r + routes.EPILOGUE for r in routes.EPILOGUE_ROUTES} <= names
 
 
-def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op():
-    # the kernels are custom ops with fake implementations: torch.compile traces through the route without a break
+def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatch):
+    # under torch.compile the kernels are custom ops with fake implementations (the tracer goes through the route
+    # without a break, autograd through their registered formula); eager training takes the autograd Function: the
+    # same kernels, so the same numbers, forward and every gradient
     inputs = _diff_inputs(True, torch.float32, lam_form="per_token")
+    leaves = [inputs[k] for k in ("q1", "k1", "q2", "v", "lam")]
+    took = []
+    monkeypatch.setattr(epilogue, "_subtract_op", _recording(epilogue._subtract_op, took, "custom op"))
+    monkeypatch.setattr(epilogue._SubtractMaps, "apply", _recording(epilogue._SubtractMaps.apply, took, "Function"))
     fn = torch.compile(lambda kw: ops.diff_attention(**kw, backend="sdpa+epilogue"), fullgraph=True, backend="eager")
-    out = fn(inputs)
-    assert torch.equal(out, ops.diff_attention(**inputs, backend="sdpa+epilogue"))  # the same ops, traced
+    compiled = fn(inputs)
+    eager = ops.diff_attention(**inputs, backend="sdpa+epilogue")
+    assert took == ["custom op", "Function"]
+    assert torch.equal(compiled, eager)
+    g = torch.randn(eager.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    for a, b in zip(torch.autograd.grad(compiled, leaves, g), torch.autograd.grad(eager, leaves, g), strict=True):
+        assert torch.equal(a, b)
+
+
+def _recording(fn, took: list, name: str):
+    def call(*args):
+        took.append(name)
+        return fn(*args)
+
+    return call
 
 
 @pytest.mark.gpu

@@ -155,6 +155,11 @@ def _subtract_bwd_fake(g, o2, lam):
     return torch.empty_like(o2, memory_format=torch.contiguous_format), o2.new_empty(o2.shape[:3], dtype=torch.float32)
 
 
+def _lambda_grad(dlam_rows: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """dλ from the per-row float32 shares: summed over what λ was broadcast along, in λ's own shape and dtype."""
+    return dlam_rows.unsqueeze(-1).sum_to_size(_lam4(lam).shape).reshape(lam.shape).to(lam.dtype)
+
+
 def _setup_context(ctx, inputs, output):
     o1, o2, lam = inputs
     ctx.save_for_backward(o2, lam)
@@ -164,19 +169,37 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, g):
     o2, lam = ctx.saved_tensors
     do2, dlam_rows = _subtract_bwd_op(g, o2, lam)
-    # λ's gradient back to its own shape: the rows summed over what λ was broadcast along
-    dlam = dlam_rows.unsqueeze(-1).sum_to_size(_lam4(lam).shape).reshape(lam.shape).to(lam.dtype)
-    return g.to(ctx.o1_dtype), do2, dlam
+    return g.to(ctx.o1_dtype), do2, _lambda_grad(dlam_rows, lam)
 
 
 torch.library.register_autograd("diffattn::subtract_maps", _backward, setup_context=_setup_context)
 
 
+class _SubtractMaps(torch.autograd.Function):
+    """The same forward and backward for eager training, without the custom op's dispatch: on this project's CPU
+    the custom op's autograd path cost 308 µs of host time a forward+backward, this 113 µs, PyTorch's five ops 121
+    (kernel launches stubbed out; benchmarks/RESULTS.md) — the host time a small model's training step is bound by."""
+
+    @staticmethod
+    def forward(ctx, o1, o2, lam):
+        ctx.save_for_backward(o2, lam)
+        ctx.o1_dtype = o1.dtype
+        return _subtract_impl(o1, o2, lam)
+
+    @staticmethod
+    def backward(ctx, g):
+        o2, lam = ctx.saved_tensors
+        do2, dlam_rows = _subtract_bwd_impl(g, o2, lam)
+        return g.to(ctx.o1_dtype), do2, _lambda_grad(dlam_rows, lam)
+
+
 def subtract_maps(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """``O1 − λ·O2`` in float32, in ``o1``'s dtype, by one kernel (module docstring); differentiable in all three.
-    ``o1``, ``o2`` [B, H, T, dv] of one dtype, ``lam`` as :func:`diffattn.ops._inputs.validate` shapes it."""
-    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam))
-    # without a gradient the kernel is called directly: no custom-op dispatch on the host (as the triton backend)
-    if need_grad or torch.compiler.is_compiling():
+    ``o1``, ``o2`` [B, H, T, dv] of one dtype, ``lam`` as :func:`diffattn.ops._inputs.validate` shapes it.
+    Under torch.compile the custom op (opaque to the tracer, with its fake implementation); in eager training an
+    autograd Function (a third of the custom op's host time); without a gradient the kernel alone."""
+    if torch.compiler.is_compiling():
         return _subtract_op(o1, o2, lam)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam)):
+        return _SubtractMaps.apply(o1, o2, lam)
     return _subtract_impl(o1, o2, lam)
