@@ -75,3 +75,18 @@ def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
     argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--compile", "eager"]
     assert main(["bench", "train-step", *argv]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("(forward compiled: eager)")
+
+
+def test_every_row_of_a_compiled_run_is_compiled_past_dynamos_recompile_limit():
+    # four models a row each recompile the same forward code; past dynamo's limit of 8 it would run them eager while
+    # the rows still said "compiled": every row starts afresh, so all 12 models here are compiled
+    compiled = []
+
+    def counting(gm, example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    rows = train_step.run_train_step_benchmark(
+        ["debug"], [8, 16, 24], batch=1, reps=1, device="cpu", compile_backend=counting
+    )
+    assert len(rows) == 3 and len(compiled) >= 12

@@ -676,3 +676,34 @@ def test_a_truncated_evaluated_steps_file_is_named(tmp_path):
     (tmp_path / EVALUATED_STEPS).write_text('{"model": \n')
     with pytest.raises(ValueError, match=rf"{EVALUATED_STEPS} is not valid JSON .*rerun with --overwrite"):
         _evaluated_steps(tmp_path)
+
+
+def test_a_reused_grid_run_names_its_own_paths_and_leaves_nothing_behind_on_error(tmp_path, monkeypatch):
+    # the part made from the chosen grid run: its summary's paths into the grid run (a merged model) name the part's
+    # own folder; symbolic links stay links; an error half-way removes the temporary copy and makes no part
+    from diffattn.experiments import runner
+    from diffattn.files import mark
+    from diffattn.train.adapt_config import AdaptRunConfig
+
+    chosen = tmp_path / "adapters" / "dex.lr-grid" / "lr-0.001"
+    mark(chosen, "run", command="adapt")
+    (chosen / "merged").mkdir()
+    (chosen / "merged" / "model.safetensors").write_bytes(b"weights")
+    (chosen / "metrics.jsonl").write_text("{}\n")
+    (chosen / "summary.json").write_text(json.dumps({"merged": str(chosen / "merged"), "steps": 40}, indent=2))
+    (chosen / "link").symlink_to("metrics.jsonl")
+    config = AdaptRunConfig.from_dict({"train": {"lr": 1e-3}}).validate()
+    part = tmp_path / "adapters" / "dex"
+
+    def failing(*args, **kwargs):
+        raise OSError("disk trouble")
+
+    monkeypatch.setattr(runner, "save_record", failing)
+    with pytest.raises(OSError, match="disk trouble"):
+        runner._reuse_grid_run(chosen, part, config)
+    assert sorted(p.name for p in part.parent.iterdir()) == ["dex.lr-grid"]  # no part, no temporary copy
+    monkeypatch.undo()
+    assert runner._reuse_grid_run(chosen, part, config) == runner.DONE
+    assert json.loads((part / "summary.json").read_text()) == {"merged": str(part / "merged"), "steps": 40}
+    assert (part / "link").is_symlink() and (part / "merged" / "model.safetensors").read_bytes() == b"weights"
+    assert proof_problem(part, "run") is None and marker(part)["command"] == "adapt"

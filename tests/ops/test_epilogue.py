@@ -230,3 +230,14 @@ def test_gpu_kernel_at_real_lengths_against_float64(n, lam_form):
     want_lam = -terms.sum_to_size(lam.shape)
     bound = (terms.numel() // lam.numel()) * torch.finfo(torch.float32).eps * terms.abs().sum_to_size(lam.shape)
     assert ((d_lam.double() - want_lam).abs() <= bound).all()
+
+
+def test_an_epilogue_kernel_that_does_not_launch_is_one_clear_error(monkeypatch):
+    import triton
+
+    def out_of_resources(*args, **kwargs):
+        raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(epilogue, "_launch_subtract", out_of_resources)
+    with pytest.raises(RuntimeError, match=r"backend 'sdpa\+epilogue': the fused epilogue .* did not compile"):
+        ops.diff_attention(**_diff_inputs(False, torch.float32), backend="sdpa+epilogue")

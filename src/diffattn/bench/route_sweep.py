@@ -91,7 +91,7 @@ def default_classes() -> list[CallClass]:
 #: fused kernel last (2.5–11× the baseline on both GPUs so far)
 SWEEP_ORDER = (
     "cudnn_maps", "cudnn_maps+epilogue", "sdpa", "sdpa+epilogue", "sdpa_split", "sdpa_split+epilogue", "cudnn",
-    "sdpa_maps", "triton",
+    "sdpa_maps", "sdpa_maps+epilogue", "triton",
 )  # fmt: skip
 #: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
 #: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs)
@@ -809,7 +809,8 @@ def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
 
 
 def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) -> list[tuple[str, CallClass]]:
-    """``plan`` with the jobs the earlier entry has no correct measurement of first (in plan order), then the rest:
+    """``plan`` with the jobs the earlier entry has no correct measurement of first (route by route in
+    :data:`SWEEP_ORDER`, then plan order), then the rest:
     a lease too short for the whole sweep (ten minutes measure about four routes on every class) adds what is
     missing instead of measuring the same routes again — the H200 run of 2026-11-27 never reached the fused kernel."""
     done = _measured_ok(earlier)

@@ -110,6 +110,10 @@ def run_train_step_benchmark(
         for n in seq_lens:
             if progress:
                 progress(f"{preset} seq {n} ({dtype})")
+            if compile_backend:
+                # each model recompiles the same forward code; dynamo stops compiling after its recompile limit (8)
+                # and runs eager silently: a fresh start per row keeps every row's four compiles under it
+                torch._dynamo.reset()
             steps, models = {}, {}
             for name, (attention, backend) in COLUMNS.items():
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))

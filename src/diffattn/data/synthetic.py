@@ -417,7 +417,7 @@ def retrieval_mix(
     trains it once per pair; the evaluation's prompts still ask one question.
     """
     _check_mix_options(seed, count, seq_len, max_needles, mqar_fraction, haystack_docs, needle_loss, value_digits)
-    _check_int("needle_questions", needle_questions, 1, len(CITY_KEYS))
+    _check_int("needle_questions", needle_questions, 1, max_needles)
     if mqar_pairs is not None:
         if not mqar_pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in mqar_pairs):
             raise ValueError(f"mqar_pairs must be a non-empty list of positive ints, got {mqar_pairs!r}")

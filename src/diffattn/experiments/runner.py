@@ -228,11 +228,12 @@ def _reuse_grid_run(chosen: Path, path: Path, run_config) -> str:
     same seed — so it is made from that run instead of trained again: copied under a temporary name, weight files
     hard-linked where the file system allows (they are only ever written whole, as new files; the logs, which a
     resumed run appends to, are copied, so neither folder can change the other), given its own run.yaml (with the
-    grid's record) and marker, then renamed into place. Returns the part's state: done."""
+    grid's record), marker and summary paths, then renamed into place; on any error the temporary copy is removed.
+    (``--overwrite NAME`` trains the part again instead.) Returns the part's state: done."""
     import os
     import shutil
 
-    from ..files import new_id
+    from ..files import new_id, writing
 
     def link_or_copy(src, dst):
         if Path(src).suffix in (".safetensors", ".bin", ".pt"):
@@ -244,11 +245,25 @@ def _reuse_grid_run(chosen: Path, path: Path, run_config) -> str:
 
     ident = new_id()
     tmp = path.with_name(f".{path.name}.from-grid-{ident[:8]}")  # a name no part has: nothing of the user's there
-    shutil.copytree(chosen, tmp, copy_function=link_or_copy, ignore=shutil.ignore_patterns(LOCK))
-    save_record(run_config, tmp / RUN_CONFIG, ident)
-    made = marker(chosen) or {}
-    mark(tmp, "run", ident=ident, **{k: v for k, v in made.items() if k not in ("kind", "id")})
-    tmp.rename(path)
+    try:
+        with writing(path, f"the grid's run at lr {run_config.train.lr:g}", "the grid's runs are intact"):
+            shutil.copytree(chosen, tmp, symlinks=True, copy_function=link_or_copy, ignore=shutil.ignore_patterns(LOCK))
+            summary_file = tmp / "summary.json"
+            summary = json.loads(summary_file.read_text())
+            moved = {  # paths into the grid run's folder (a merged model) name the part's own
+                key: str(path / Path(value).relative_to(chosen))
+                for key, value in summary.items()
+                if isinstance(value, str) and value.startswith(str(chosen) + os.sep)
+            }
+            if moved:
+                write_text_atomic(summary_file, json.dumps({**summary, **moved}, indent=2))  # as adapt writes it
+            save_record(run_config, tmp / RUN_CONFIG, ident)
+            made = marker(chosen) or {}
+            mark(tmp, "run", ident=ident, **{k: v for k, v in made.items() if k not in ("kind", "id")})
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # ours alone: made above under a fresh name
+        raise
     logger.info("adapt %s: the grid's run at lr %g, reused (not trained again)", path.name, run_config.train.lr)
     return DONE
 

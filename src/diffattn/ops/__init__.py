@@ -283,6 +283,10 @@ def epilogue_unsupported(inp: DiffAttentionInputs) -> str | None:
         reasons.append(f"dtype {inp.q1.dtype}: the fused epilogue takes float16, bfloat16 and float32")
     if inp.v_dim > EPILOGUE_MAX_V_DIM:
         reasons.append(f"value head dim dv={inp.v_dim}: the fused epilogue takes dv <= {EPILOGUE_MAX_V_DIM}")
+    if device_reason is None and inp.q1.device.type == "cuda" and inp.q1.dtype == torch.bfloat16:
+        major = _cuda_major(inp.q1.device.index)
+        if major < 8:
+            reasons.append(f"bfloat16 needs a GPU of compute capability >= 8.0, this one is {major}.x")
     return "; ".join(reasons) or None
 
 
@@ -455,26 +459,29 @@ def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:
     if backend == "auto":
         return _run_auto(inp)
     name = _resolve(backend, inp)
-    if name != "triton":
-        # only the fused kernel reads segments as such; every other backend takes them as a mask
-        return _IMPLS[name](with_segment_mask(inp))
     try:
-        return _IMPLS[name](inp)
+        # only the fused kernel reads segments as such; every other backend takes them as a mask
+        return _IMPLS[name](inp if name == "triton" else with_segment_mask(inp))
     except Exception as err:
+        if name != "triton" and not name.endswith(EPILOGUE):
+            raise
         if type(err).__module__.split(".")[0] != "triton":
             raise
-        raise RuntimeError(_triton_build_error(err)) from err
+        raise RuntimeError(_triton_build_error(err, name)) from err
 
 
-def _triton_build_error(err: BaseException) -> str:
+def _triton_build_error(err: BaseException, backend: str = "triton") -> str:
     """One line for a fused kernel that did not build or launch: the Triton version and the kernel."""
     import triton
 
     launched = sys.modules.get(__name__ + ".triton.launch")
-    kernel = getattr(launched, "FAILED_KERNEL", None) or "the fused kernel"
+    if backend == "triton":
+        kernel = getattr(launched, "FAILED_KERNEL", None) or "the fused kernel"
+    else:
+        kernel = "the fused epilogue (O1 − λ·O2)"
     first = (str(err).strip().splitlines() or [""])[0][:200]
     return (
-        f"backend 'triton': {kernel} did not compile or launch with triton {triton.__version__} "
+        f"backend {backend!r}: {kernel} did not compile or launch with triton {triton.__version__} "
         f"({type(err).__name__}: {first}); backend='auto' runs another route"
     )
 

@@ -9,6 +9,8 @@ One file a path, each readable alone:
 * :mod:`.backward` — the row statistics, then the single-pass backward with atomic dQ (FlashAttention-2's scheme)
   or the deterministic two-kernel one.
 * :mod:`.decode` — flash-decoding: a forward without gradient split over keys, and the kernel that merges the splits.
+* :mod:`.epilogue` — the SDPA routes' last step, O1 − λ·O2 in float32, as one kernel each way (routes
+  ``<route>+epilogue``).
 * :mod:`.tile_ops` — the ``@triton.jit`` steps those kernels share (loads, the user mask on both maps' scores).
 * :mod:`.tuning` — which tiles, backward and key splits a launch gets, and the settings that override them.
 * :mod:`.layout` — how tensors reach the kernels: strides, masks, offsets kept within 32 bits, V in two halves.

@@ -341,12 +341,13 @@ def _setup_context(ctx, inputs, output):
     # torch.use_deterministic_algorithms(True) set between forward and backward is obeyed, as by PyTorch's own ops
 
 
-def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
-    # o1, o2, lse1, lse2 are internal outputs that nothing differentiates; their cotangents are ignored
+def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2, bwd=None):
+    # o1, o2, lse1, lse2 are internal outputs that nothing differentiates; their cotangents are ignored. ``bwd``: the
+    # backward's implementation (default the custom op, what torch.compile sees; eager training calls it directly)
     if not ctx.save_parts:
         raise RuntimeError("diffattn triton: backward through a forward that was run without saving for it")
     q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, segments = ctx.saved_tensors
-    dq1, dk1, dq2, dk2, dv, dlam = _bwd_op(
+    dq1, dk1, dq2, dk2, dv, dlam = (bwd or _bwd_op)(
         dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True, segments
     )
     return (
@@ -368,6 +369,25 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2):
 torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, setup_context=_setup_context)
 
 
+class _EagerTraining(torch.autograd.Function):
+    """The custom op's forward and backward for eager training, without its dispatch: the custom op's autograd path
+    costs about 190 µs more host time a call than an autograd Function on this project's CPU (the fused epilogue's
+    measurement, benchmarks/RESULTS.md), per layer and step of a host-bound training step. The same implementations,
+    so the same numbers; torch.compile still sees the custom op."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _fwd_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero-filled cotangents for the outputs nothing differentiates
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _backward(ctx, *grads, bwd=_bwd_impl)
+
+
 def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     """The ``triton`` backend. ``inp`` has passed :func:`diffattn.ops._inputs.validate` and the support check
     of :mod:`diffattn.ops` (dtype, head dims, device)."""
@@ -386,6 +406,9 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     # broadcast to its own shape and dtype
     lam4 = inp.lam.to(torch.float32).reshape((1, 1, 1, 1) if inp.lam.dim() == 0 else inp.lam.shape)
     lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
-    forward = _fwd_op if need_grad or torch.compiler.is_compiling() else _fwd_impl
+    # the custom op under torch.compile; eager training its autograd Function (a fraction of its host time); a
+    # forward without gradient the kernels alone
+    compiling = torch.compiler.is_compiling()
+    forward = _fwd_op if compiling else _EagerTraining.apply if need_grad else _fwd_impl
     out, *_ = forward(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2, inp.segment_ids)
     return out
