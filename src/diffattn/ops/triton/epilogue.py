@@ -2,10 +2,10 @@
 (DIFF Transformer Eq. 1, docs/methods.md §0.2), and its backward in one more.
 
 Why. The SDPA routes (:mod:`diffattn.ops.sdpa`) get O1 and O2 from PyTorch's attention and subtract them in PyTorch:
-two casts to float32, a product, a difference and a cast back — five passes over [B, H, T, dv] and twelve in the
-backward, each a kernel launch. On an H200 (2026-11-27) the fastest DIFF V1 route, ``cudnn_maps``, ran at 1.92× the
-baseline forward+backward where its two cuDNN calls alone do 1.50×, and the step of the ``small`` model paid a fixed
-15.5 ms a step over the baseline: both what those passes and launches would cost. Here the forward reads O1, O2 and λ
+two casts to float32, a product, a difference and a cast back — five passes over [B, H, T, dv] and about as many in
+the backward, each a kernel launch. On an H200 (2026-11-27) the fastest DIFF V1 route, ``cudnn_maps``, ran at 1.92×
+the baseline forward+backward where its two cuDNN calls alone do 1.50×: by the bytes those passes move, about 0.7 ms
+of its 4.9 (benchmarks/RESULTS.md, a prediction until a GPU times it). Here the forward reads O1, O2 and λ
 once and writes the output (6 bytes an element in bf16 against about 40); the backward reads the output's gradient
 and O2 and writes dO2 and one float32 per row (dO1 is the gradient itself, no copy). Whether that is faster on a GPU
 is measured (the routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of them is chosen
