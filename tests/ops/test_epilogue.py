@@ -162,13 +162,14 @@ def test_each_epilogue_route_is_its_route_forward_and_backward(route, shared, ma
 
 def test_an_epilogue_route_refuses_what_its_kernel_cannot_take():
     inp = validate(**_diff_inputs(False, torch.float64), scale=0.25)
-    assert "fused epilogue takes float16, bfloat16 and float32" in ops.route_unsupported("sdpa+epilogue", inp)
+    assert "fused epilogue: dtype torch.float64 is not supported" in ops.route_unsupported("sdpa+epilogue", inp)
     assert ops.route_unsupported("sdpa", inp) is None
     if not _CUDA:  # the base route's reason and the kernel's both said
         fp32 = validate(**_diff_inputs(False, torch.float32), scale=0.25)
         reason = ops.route_unsupported("cudnn_maps+epilogue", fp32)
         assert "cuDNN attention runs on CUDA" in reason
-    with pytest.raises(ValueError, match=r"backend 'sdpa\+epilogue' is not usable: dtype torch.float64"):
+    refused = r"backend 'sdpa\+epilogue' is not usable: fused epilogue: dtype torch.float64"
+    with pytest.raises(ValueError, match=refused):
         ops.diff_attention(**_diff_inputs(False, torch.float64), backend="sdpa+epilogue")
 
 

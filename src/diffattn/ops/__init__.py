@@ -161,23 +161,30 @@ def _cuda_major(index: int | None) -> int:
 _cuda_major._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-def triton_unsupported(inp: DiffAttentionInputs) -> str | None:
-    """Why the ``triton`` backend cannot run these inputs — naming each unsupported dtype, head dim, device or
-    layout — or None if it can."""
+def _triton_kernel_reasons(inp: DiffAttentionInputs, max_v_dim: int) -> list[str]:
+    """What keeps any Triton kernel of this package from these inputs: the device, the dtype, bf16 below sm_80, and
+    a value head wider than ``max_v_dim``."""
     reasons = []
     device_reason = _triton_device_reason(inp.q1.device)
     if device_reason:
         reasons.append(device_reason)
     if inp.q1.dtype not in TRITON_DTYPES:
         reasons.append(f"dtype {inp.q1.dtype} is not supported (float16, bfloat16, float32)")
-    if inp.head_dim > TRITON_MAX_HEAD_DIM:
-        reasons.append(f"head dim d={inp.head_dim} is not supported (d <= {TRITON_MAX_HEAD_DIM})")
-    if inp.v_dim > TRITON_MAX_V_DIM:
-        reasons.append(f"value head dim dv={inp.v_dim} is not supported (dv <= {TRITON_MAX_V_DIM})")
+    if inp.v_dim > max_v_dim:
+        reasons.append(f"value head dim dv={inp.v_dim} is not supported (dv <= {max_v_dim})")
     if device_reason is None and inp.q1.device.type == "cuda" and inp.q1.dtype == torch.bfloat16:
         major = _cuda_major(inp.q1.device.index)
         if major < 8:
             reasons.append(f"bfloat16 needs a GPU of compute capability >= 8.0, this one is {major}.x")
+    return reasons
+
+
+def triton_unsupported(inp: DiffAttentionInputs) -> str | None:
+    """Why the ``triton`` backend cannot run these inputs — naming each unsupported dtype, head dim, device or
+    layout — or None if it can."""
+    reasons = _triton_kernel_reasons(inp, TRITON_MAX_V_DIM)
+    if inp.head_dim > TRITON_MAX_HEAD_DIM:
+        reasons.append(f"head dim d={inp.head_dim} is not supported (d <= {TRITON_MAX_HEAD_DIM})")
     if inp.attn_mask is not None and inp.attn_mask.requires_grad:
         reasons.append("layout: an additive attn_mask that requires grad (the kernel gives the mask no gradient)")
     return "; ".join(reasons) or None
@@ -275,19 +282,8 @@ def _cudnn_status(
 
 def epilogue_unsupported(inp: DiffAttentionInputs) -> str | None:
     """Why the fused epilogue (:mod:`diffattn.ops.triton.epilogue`) cannot take these inputs, or None."""
-    reasons = []
-    device_reason = _triton_device_reason(inp.q1.device)
-    if device_reason:
-        reasons.append(device_reason)
-    if inp.q1.dtype not in TRITON_DTYPES:
-        reasons.append(f"dtype {inp.q1.dtype}: the fused epilogue takes float16, bfloat16 and float32")
-    if inp.v_dim > EPILOGUE_MAX_V_DIM:
-        reasons.append(f"value head dim dv={inp.v_dim}: the fused epilogue takes dv <= {EPILOGUE_MAX_V_DIM}")
-    if device_reason is None and inp.q1.device.type == "cuda" and inp.q1.dtype == torch.bfloat16:
-        major = _cuda_major(inp.q1.device.index)
-        if major < 8:
-            reasons.append(f"bfloat16 needs a GPU of compute capability >= 8.0, this one is {major}.x")
-    return "; ".join(reasons) or None
+    reasons = _triton_kernel_reasons(inp, EPILOGUE_MAX_V_DIM)
+    return "; ".join(f"fused epilogue: {r}" for r in reasons) or None
 
 
 def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
