@@ -54,20 +54,31 @@ def _lam_f32(LAM, rows, ok, H, T, SB, SH, ST):
 
 
 @triton.jit
+def _program_rows(R, DV, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # this program's rows of the flattened [B·H·T] and their columns: (rows, rows in range, columns, tile in range)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < R
+    cols = tl.arange(0, BLOCK_DV)
+    return rows, ok, cols, ok[:, None] & (cols < DV)[None, :]
+
+
+@triton.jit
+def _store_rows(X, rows, cols, tile, DV, value):
+    # the rows' tile of a contiguous [B, H, T, dv] output, in its dtype
+    tl.store(X + rows.to(tl.int64)[:, None] * DV + cols[None, :], value.to(X.dtype.element_ty), mask=tile)
+
+
+@triton.jit
 def _subtract_fwd_kernel(
     O1, O2, LAM, OUT,
     S1B, S1H, S1T, S2B, S2H, S2T, SLB, SLH, SLT,
     R, H, T, DV,
     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = rows < R
-    cols = tl.arange(0, BLOCK_DV)
-    tile = ok[:, None] & (cols < DV)[None, :]
+    rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     o1 = _rows_f32(O1, rows, cols, tile, H, T, S1B, S1H, S1T)
     o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
-    out = o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2
-    tl.store(OUT + rows.to(tl.int64)[:, None] * DV + cols[None, :], out.to(OUT.dtype.element_ty), mask=tile)
+    _store_rows(OUT, rows, cols, tile, DV, o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2)
 
 
 @triton.jit
@@ -78,13 +89,9 @@ def _subtract_bwd_kernel(
     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # dO2 = −λ·g (float32, rounded once); the row's share of dλ, −Σ_c g·O2, in float32
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = rows < R
-    cols = tl.arange(0, BLOCK_DV)
-    tile = ok[:, None] & (cols < DV)[None, :]
+    rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     g = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
-    do2 = -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g
-    tl.store(DO2 + rows.to(tl.int64)[:, None] * DV + cols[None, :], do2.to(DO2.dtype.element_ty), mask=tile)
+    _store_rows(DO2, rows, cols, tile, DV, -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g)
     tl.store(DLAM + rows, -tl.reduce(g * _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T), 1, _SUM), mask=ok)
 
 
@@ -166,9 +173,11 @@ def _setup_context(ctx, inputs, output):
     ctx.o1_dtype = o1.dtype
 
 
-def _backward(ctx, g):
+def _backward(ctx, g, bwd=None):
+    # ``bwd``: the backward's implementation (default the custom op, what torch.compile sees; eager training calls
+    # it directly)
     o2, lam = ctx.saved_tensors
-    do2, dlam_rows = _subtract_bwd_op(g, o2, lam)
+    do2, dlam_rows = (bwd or _subtract_bwd_op)(g, o2, lam)
     return g.to(ctx.o1_dtype), do2, _lambda_grad(dlam_rows, lam)
 
 
@@ -182,15 +191,13 @@ class _SubtractMaps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o1, o2, lam):
-        ctx.save_for_backward(o2, lam)
-        ctx.o1_dtype = o1.dtype
-        return _subtract_impl(o1, o2, lam)
+        out = _subtract_impl(o1, o2, lam)
+        _setup_context(ctx, (o1, o2, lam), out)
+        return out
 
     @staticmethod
     def backward(ctx, g):
-        o2, lam = ctx.saved_tensors
-        do2, dlam_rows = _subtract_bwd_impl(g, o2, lam)
-        return g.to(ctx.o1_dtype), do2, _lambda_grad(dlam_rows, lam)
+        return _backward(ctx, g, bwd=_subtract_bwd_impl)
 
 
 def subtract_maps(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
