@@ -229,7 +229,7 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    return [
+    statuses = [
         BackendStatus("reference", True, "fp32 math on any device; materialises both [T, S] maps"),
         BackendStatus("sdpa", True, f"torch.nn.functional.scaled_dot_product_attention on {device.type}"),
         _cudnn_status(device),
@@ -240,19 +240,15 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         ),
         BackendStatus("chunked", True, "query chunks in PyTorch ops, shared dO·Vᵀ backward; fastest on CPU"),
         _triton_status(device),
-        *_epilogue_statuses(device),
     ]
-
-
-def _epilogue_statuses(device: torch.device) -> list[BackendStatus]:
-    reason = _triton_device_reason(device)
-    cudnn = _cudnn_status(device, "cudnn_maps")
-    out = []
+    # an epilogue route runs where the Triton kernels and its route both can: the reason of whichever cannot
+    by_name = {status.name: status for status in statuses}
+    kernels = _triton_device_reason(device)
     for route in EPILOGUE_ROUTES:
-        why = reason or (cudnn.reason if route == "cudnn_maps" and not cudnn.usable else None)
+        why = kernels or (by_name[route].reason if not by_name[route].usable else None)
         what = f"the {route} route with O1 − λ·O2 as one Triton kernel, forward and backward"
-        out.append(BackendStatus(route + EPILOGUE, why is None, why or what))
-    return out
+        statuses.append(BackendStatus(route + EPILOGUE, why is None, why or what))
+    return statuses
 
 
 _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
