@@ -224,3 +224,43 @@ def test_the_readme_speed_table_is_the_shipped_tables_measurements():
     assert block == readme_table(entries), (
         "README's route tables are stale: python -m diffattn.bench.route_sweep --write-readme README.md"
     )
+
+
+def _value_halves_inputs():
+    """DiffLlama's hand-over: V = [va | vb], its value heads j and j + Hkv of one tensor, each half as wide as Q."""
+    g = torch.Generator().manual_seed(3)
+    q1, q2, k1, k2 = (torch.randn(1, 2, 8, 16, generator=g).requires_grad_() for _ in range(4))
+    v_heads = torch.randn(1, 4, 8, 16, generator=g).requires_grad_()
+    return validate(q1, k1, q2, k2, tuple(v_heads.chunk(2, dim=1)), 0.5, causal=True, attn_mask=None, scale=None)
+
+
+def test_sdpa_maps_reads_value_halves_in_place(monkeypatch):
+    # a decoding step against a long cache: the halves are the d-wide slices this route calls with, so concatenating
+    # them to cut them again would copy the cache's whole V every token (and split it back in the backward)
+    inp = _value_halves_inputs()
+    seen, call = [], ops.sdpa._call
+    monkeypatch.setattr(ops.sdpa, "_call", lambda inp_, q, k, v, mask: (seen.append(v), call(inp_, q, k, v, mask))[1])
+    out = ops._IMPLS["sdpa_maps"](inp)
+    assert len(seen) == 4 and {v.data_ptr() for v in seen} == {part.data_ptr() for part in inp.v_parts}
+    whole = validate(inp.q1, inp.k1, inp.q2, inp.k2, inp.v, 0.5, causal=True, attn_mask=None, scale=None)
+    ref = ops.diff_attention_reference(whole)
+    assert (out - ref).abs().max() <= 64 * torch.finfo(torch.float32).eps * ref.abs().max()
+    grads = torch.autograd.grad(out.square().sum(), inp.v_parts)
+    ref_grads = torch.autograd.grad(ref.square().sum(), inp.v_parts)
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert (got - want).abs().max() <= 64 * torch.finfo(torch.float32).eps * want.abs().max()
+
+
+def test_cudnn_maps_joins_value_halves_once(monkeypatch):
+    # both maps' calls take the same V: reading inp.v per call would concatenate the halves twice (cuDNN itself
+    # cannot run here, so the call is stubbed: what is checked is what the route hands it)
+    inp = _value_halves_inputs()
+    seen = []
+
+    def stub(inp_, q, k, v, mask):
+        seen.append(v)
+        return q.new_zeros(*q.shape[:-1], v.shape[-1])
+
+    monkeypatch.setattr(ops.sdpa, "_call", stub)
+    ops.sdpa.diff_attention_cudnn_maps(inp)
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0].shape[-1] == 32

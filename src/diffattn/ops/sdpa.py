@@ -208,9 +208,18 @@ def diff_attention_sdpa_maps(inp: DiffAttentionInputs, fused_epilogue: bool = Fa
     routes copy the whole cache every token (H100, 2026-11-26: the official four calls decoded V1 at 2.49x the
     baseline, every one-call route at 4.5-7.8x; this backend is that computation, not yet measured as itself)."""
     mask = _one_map_mask(inp)
-    parts = inp.v.split(inp.head_dim, dim=-1)  # one part where V is as wide as Q
+    parts = _value_slices(inp)
     o1 = _sliced_call(inp, inp.q1, inp.k1, parts, mask)
     return _subtract(inp, o1, _sliced_call(inp, inp.q2, inp.k2, parts, mask), fused_epilogue)
+
+
+def _value_slices(inp: DiffAttentionInputs) -> tuple[torch.Tensor, ...]:
+    """V cut into slices as wide as Q and K (one slice where V is that wide). DiffLlama hands V over as its two halves,
+    each d wide: those are the slices already, read in place — concatenating them to cut them again would copy the
+    whole V (at decoding, the whole cache's V) every call, and its backward would split and copy it back."""
+    if all(part.shape[-1] == inp.head_dim for part in inp.v_parts):
+        return inp.v_parts
+    return inp.v.split(inp.head_dim, dim=-1)
 
 
 def maps_unsupported(inp: DiffAttentionInputs) -> str | None:
@@ -229,7 +238,8 @@ def diff_attention_cudnn_maps(inp: DiffAttentionInputs, fused_epilogue: bool = F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     mask = _one_map_mask(inp)
+    v = inp.v  # once: given as halves, each read of inp.v concatenates them anew (a copy, and one more in backward)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        o1 = _call(inp, inp.q1, inp.k1, inp.v, mask)
-        o2 = _call(inp, inp.q2, inp.k2, inp.v, mask)
+        o1 = _call(inp, inp.q1, inp.k1, v, mask)
+        o2 = _call(inp, inp.q2, inp.k2, v, mask)
     return _subtract(inp, o1, o2, fused_epilogue)
