@@ -96,6 +96,15 @@ def test_a_row_of_width_not_a_power_of_two_and_a_partial_last_program():
     _within_one_rounding("out", out, o1 - lam * o2, torch.float32, lam * o2)
 
 
+def test_a_second_derivative_is_one_clear_error_not_a_partial_one():
+    # the backward kernel's dO2 and dλ carry no graph: a gradient penalty through them (create_graph=True) would
+    # take them as constants and give a wrong second derivative with no word; it must refuse instead
+    o1, o2, lam = _operands("apart", torch.float32, "scalar")
+    grads = torch.autograd.grad(epilogue.subtract_maps(o1, o2, lam).square().sum(), (o1, o2, lam), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (grads[0].square().sum() + grads[1].square().sum()).backward()
+
+
 def test_empty_inputs_give_empty_outputs():
     o1 = torch.zeros(1, 2, 0, 16, device=DEVICE, requires_grad=True)  # no rows: no launch
     lam = torch.tensor(0.5, device=DEVICE, requires_grad=True)

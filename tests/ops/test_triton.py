@@ -279,6 +279,16 @@ def test_padded_prefill_mask_runs_causal(monkeypatch, t, s):
     assert seen[-1] == ("fwd", False, True)
 
 
+def test_a_second_derivative_through_the_kernel_is_one_clear_error():
+    # the backward kernels' gradients carry no graph: a gradient penalty through them (create_graph=True) would take
+    # them as constants and give a wrong second derivative with no word; it must refuse instead
+    q1, k1, q2, k2, v, lam = (x.requires_grad_() for x in make_inputs(t=5, s=5))
+    out = diff_attention(q1, k1, q2, k2, v, lam, backend="triton")
+    grads = torch.autograd.grad(out.square().sum(), (q1, v), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        sum(g.square().sum() for g in grads).backward()
+
+
 @pytest.mark.parametrize("split", [1, 3])
 def test_value_halves_read_in_place(monkeypatch, split):
     # DiffLlama hands V over as its two halves (value heads j and j + Hkv of one tensor): a forward without

@@ -431,7 +431,9 @@ def diff_attention(
         ``torch.autocast`` the op is one of autocast's lower-precision ops, like ``scaled_dot_product_attention``:
         q1, k1, q2, k2 and v are cast to the autocast dtype and the op runs as it would on those outside autocast
         (mixed-precision training, the trainer's default on a GPU, hands it Q and K in float32 from RoPE and V in
-        bfloat16 from its projection).
+        bfloat16 from its projection). Differentiable once through ``chunked``, ``triton`` and the
+        ``<route>+epilogue`` routes, whose backwards are kernels: a second derivative (``create_graph=True``, e.g. a
+        gradient penalty) raises there; ``reference`` and the plain SDPA routes as far as PyTorch's kernels allow.
 
     Raises:
         ValueError: naming the argument, what was given and what is allowed.

@@ -196,7 +196,8 @@ class _SubtractMaps(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, g):
+    @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: a second derivative
+    def backward(ctx, g):  # (create_graph=True) is one clear error, not dO2 and dλ silently taken as constants
         return _backward(ctx, g, bwd=_subtract_bwd_impl)
 
 
@@ -204,7 +205,8 @@ def subtract_maps(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torc
     """``O1 − λ·O2`` in float32, in ``o1``'s dtype, by one kernel (module docstring); differentiable in all three.
     ``o1``, ``o2`` [B, H, T, dv] of one dtype, ``lam`` as :func:`diffattn.ops._inputs.validate` shapes it.
     Under torch.compile the custom op (opaque to the tracer, with its fake implementation); in eager training an
-    autograd Function (a third of the custom op's host time); without a gradient the kernel alone."""
+    autograd Function (a third of the custom op's host time); without a gradient the kernel alone. Differentiable once:
+    a second derivative (``create_graph=True``) raises, as through the ``triton`` backend and ``chunked``."""
     if torch.compiler.is_compiling():
         return _subtract_op(o1, o2, lam)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam)):

@@ -384,7 +384,8 @@ class _EagerTraining(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx, *grads):
+    @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: a second derivative
+    def backward(ctx, *grads):  # (create_graph=True) is one clear error, not the gradients silently taken as constants
         return _backward(ctx, *grads, bwd=_bwd_impl)
 
 
