@@ -506,8 +506,8 @@ PAPER_CLAIM_LIST: tuple[ClaimEntry, ...] = (
         refs=("Fig. 2",),
     ),
     ClaimEntry(
-        DIFFLORA, "LoRA finds the key asked among several better than DiffLoRA (Fig. 3, MK = 2), and the untouched "
-        "model beats every fine-tuned one",
+        DIFFLORA, "LoRA finds the key asked among several better than DiffLoRA (Fig. 3, MK = 2, as §4 reads it; §5's "
+        "discussion says the opposite, 'multiple-key retrieval'), and the untouched model beats every fine-tuned one",
         not_testable=(
             "measured, no row reads it yet: the niah suite's R = 1 cells with N >= 2 (one queried key among N needles "
             "with keys of their own; niah:r1) are the nearest to HELMET's MK task, whose haystack and keys differ "
