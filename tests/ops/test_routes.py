@@ -197,10 +197,14 @@ def test_explicit_cudnn_off_cuda_is_one_clear_error():
 )  # sdpa_split needs dv > d: not DIFF V2's shared-K heads
 def test_new_routes_match_the_reference(backend, shared):
     inp = _inputs(shared=shared)
-    ref = ops.diff_attention_reference(inp)
     out = ops._IMPLS[backend](inp)
-    # both are fp32 on the same inputs; sdpa's fused kernel and the reference's matmuls round differently
-    assert (out - ref).abs().max() <= 64 * torch.finfo(torch.float32).eps * ref.abs().max()
+    # against float64, within the project's rounding rule (tests/ops/rounding.py): the reference op in fp32 is the
+    # yardstick of what plain PyTorch's rounding costs on this machine
+    q64 = [x.detach().double() for x in (inp.q1, inp.k1, inp.q2)]
+    k2 = q64[1] if shared else inp.k2.detach().double()
+    gold = ops.diff_attention_reference(validate(*q64, k2, inp.v.detach().double(), 0.5, causal=True, attn_mask=None,
+                                                 scale=None))  # fmt: skip
+    assert_within_rounding(backend, out, gold, [ops.diff_attention_reference(inp)], torch.float32)
 
 
 def test_the_shipped_table_is_valid_and_names_its_measurements():
