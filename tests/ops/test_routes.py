@@ -32,6 +32,16 @@ def _inputs(shared=False, grad=True, t=8, mask=None, segments=None):
     return validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=mask, scale=None, segment_ids=segments)
 
 
+def _same_values(inp, dtype):
+    """``inp``'s values in ``dtype`` as new leaves, validated again: a shared K stays one tensor, V's parts stay its
+    parts, each taking a gradient."""
+    q1, k1, q2 = (x.detach().to(dtype) for x in (inp.q1, inp.k1, inp.q2))
+    k2 = k1 if inp.shares_keys else inp.k2.detach().to(dtype)
+    parts = tuple(part.detach().to(dtype).requires_grad_() for part in inp.v_parts)
+    return validate(q1, k1, q2, k2, parts if len(parts) > 1 else parts[0], inp.lam.detach().to(dtype),
+                    causal=inp.causal, attn_mask=inp.attn_mask, scale=inp.scale)  # fmt: skip
+
+
 def _table(tmp_path, entries, name="table.json"):
     path = tmp_path / name
     path.write_text(json.dumps({"format": 1, "entries": entries}))
@@ -200,10 +210,7 @@ def test_new_routes_match_the_reference(backend, shared):
     out = ops._IMPLS[backend](inp)
     # against float64, within the project's rounding rule (tests/ops/rounding.py): the reference op in fp32 is the
     # yardstick of what plain PyTorch's rounding costs on this machine
-    q64 = [x.detach().double() for x in (inp.q1, inp.k1, inp.q2)]
-    k2 = q64[1] if shared else inp.k2.detach().double()
-    gold = ops.diff_attention_reference(validate(*q64, k2, inp.v.detach().double(), 0.5, causal=True, attn_mask=None,
-                                                 scale=None))  # fmt: skip
+    gold = ops.diff_attention_reference(_same_values(inp, torch.float64))
     assert_within_rounding(backend, out, gold, [ops.diff_attention_reference(inp)], torch.float32)
 
 
@@ -251,10 +258,9 @@ def test_sdpa_maps_reads_value_halves_in_place(monkeypatch):
     grads = torch.autograd.grad(out.square().sum(), inp.v_parts)
 
     def reference(dtype):  # the output and V's gradients by the reference op, in ``dtype``, from the same values
-        qk = [x.detach().to(dtype) for x in (inp.q1, inp.k1, inp.q2, inp.k2)]
-        parts = tuple(p.detach().to(dtype).requires_grad_() for p in inp.v_parts)
-        o = ops.diff_attention_reference(validate(*qk, parts, 0.5, causal=True, attn_mask=None, scale=None))
-        return o, torch.autograd.grad(o.square().sum(), parts)
+        same = _same_values(inp, dtype)
+        o = ops.diff_attention_reference(same)
+        return o, torch.autograd.grad(o.square().sum(), same.v_parts)
 
     (gold, gold_grads), (plain, plain_grads) = reference(torch.float64), reference(torch.float32)
     assert_within_rounding("out", out, gold, [plain], torch.float32)
