@@ -26,14 +26,17 @@ document id per token, [B, S] int32, compared per tile, no mask tensor); a maske
 ``V1+bool``. Kernels: ``fwd`` (the training forward, saving O1, O2 for the backward), ``dkdv_atomic`` (the default
 single-pass backward with atomic dQ, FlashAttention-2's scheme), ``preprocess`` (its row statistics Δ1, Δ2, dλ),
 ``dkdv`` and ``dq`` (the deterministic two-kernel backward: ``ATOMIC_DQ = False`` or
-``torch.use_deterministic_algorithms``, wide heads, and "v1" heads with a 4-D mask), ``short`` (the training
+``torch.use_deterministic_algorithms``, wide heads, and "v1" heads with a 4-D mask), ``dv`` and ``dk`` (that dK/dV
+kernel split into a dV launch and a dK launch, ``tuning.SPLIT_DKDV``: wide heads only), ``fwd_cols`` (the training
+forward by halves of V's columns, ``tuning.FWD_COLUMNS``: wide heads only), ``short`` (the training
 forward at T = 64 rows, ``--short-t``: the 64-row tiles of short sequences), ``prefill`` (the forward without
 gradient split over keys, and its combine kernel, at ``--short-t`` and at the shape's T: a few long prompts leave
 SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
 reads V's two halves in place, as DiffLlama decodes), ``epilogue`` (the SDPA routes' O1 − λ·O2 as one kernel and
 its backward, :mod:`diffattn.ops.triton.epilogue`, with one λ and with one per head and token; no mask reaches it).
-A kernel a variant never launches has no row (e.g. ``dkdv_atomic`` for ``W``, ``epilogue`` with a mask, or
-``dkdv_atomic`` for ``V1`` with a 4-D mask).
+A kernel a variant never launches has no row (e.g. ``dkdv_atomic`` for ``W``, ``dv``, ``dk`` and ``fwd_cols`` for
+``V1`` and ``V2``,
+``epilogue`` with a mask, or ``dkdv_atomic`` for ``V1`` with a 4-D mask).
 
 How to read the columns:
 
@@ -87,7 +90,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "short", "prefill", "decode", "epilogue")
+KINDS = (
+    *("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "dv", "dk", "fwd_cols"),
+    *("short", "prefill", "decode", "epilogue"),
+)
 DEFAULT_KINDS = KINDS
 SHORT_T = (64,)  # query lengths of the "short" and "prefill" forwards (rows per KV head with the default H = HKV)
 VARIANTS: dict[str, dict] = {
@@ -103,9 +109,8 @@ MASKS = ("none", "padding", "bool", "additive", "segments")
 DEFAULT_MASKS = MASKS
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_SHAPE = (2, 16, 16, 2048, 2048)  # B, H, HKV, T, S: only divisibility by 16 (and == 1) reaches the code
-COMBINED_BWD = "backward (dkdv + dq)"
 _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-FORWARD_KINDS = ("fwd", "short", "prefill", "decode")
+FORWARD_KINDS = ("fwd", "fwd_cols", "short", "prefill", "decode")
 _MMA_RANK = {"none": 0, "mma.sync": 1, "wgmma": 2}
 
 
@@ -373,7 +378,13 @@ def _record_launches(
     patched = (
         [(launch, n) for n in ("_launch", *direct)]
         + [(epilogue, n) for n in subtract]
-        + [(tuning, n) for n in ("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ")]
+        + [
+            (tuning, n)
+            for n in (
+                *("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ"),
+                *("SPLIT_DKDV", "FWD_COLUMNS"),
+            )
+        ]
     )
     saved = {(module, n): getattr(module, n) for module, n in patched}
     launch._launch = record
@@ -387,6 +398,8 @@ def _record_launches(
     # tuning.AUTOTUNE or tuning.ATOMIC_DQ is off by default
     tuning.AUTOTUNE, tuning.ATOMIC_DQ = True, True
     tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
+    tuning.SPLIT_DKDV = kind in ("dv", "dk")  # the key-block kernel as its two launches (heads with tiles for it)
+    tuning.FWD_COLUMNS = kind == "fwd_cols"  # the training forward by halves of V's columns (likewise)
     try:
         if kind == "epilogue":  # O1 − λ·O2 and its backward, on an SDPA route's outputs; no mask reaches it
             if spec.get("mask") is None:
@@ -399,8 +412,9 @@ def _record_launches(
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])
             launch._fwd_op(q1, k1, q2, k2, v_halves[0], lam, mask, causal, scale, False, v_halves[1], segments)
-        elif kind in ("fwd", "short", "decode", "prefill"):
-            launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, kind in ("fwd", "short"), None, segments)
+        elif kind in ("fwd", "fwd_cols", "short", "decode", "prefill"):
+            save = kind in ("fwd", "fwd_cols", "short")
+            launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, save, None, segments)
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
             lse1, lse2 = empty(b, h, t, dt=torch.float32), empty(b, h, t, dt=torch.float32)
@@ -600,6 +614,8 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
     dots = parse_ttgir_dots(built["ttgir"])
     bm, bn = launch.consts.get("BLOCK_M"), launch.consts.get("BLOCK_N")
     flops = add_dot_flops(dots, bm, bn)
+    if launch.consts.get("COLUMNS"):  # one program per block of V's columns: each pair is visited that many times
+        flops *= -(-spec["dv"] // launch.consts["BLOCK_DV"])
     res, ptxas = built["res_usage"], built["ptxas"]
     if "spill_stores" in ptxas:
         spill, source = ptxas["spill_stores"] + ptxas["spill_loads"], "ptxas -v: spill stores + spill loads"
@@ -647,21 +663,24 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
     }
 
 
-def _combined_backward(dkdv: dict, dq: dict) -> dict:
-    flops = dkdv["flops_per_pair"] + dq["flops_per_pair"]
-    ideal = _ideal("backward", dkdv["config"]["d"], dkdv["config"]["dv"])
-    config = {k: v for k, v in dkdv["config"].items() if k not in (*_TILE_KEYS, "constexprs")}
-    config["tiles"] = {r["kind"]: {k: r["config"][k] for k in _TILE_KEYS} for r in (dkdv, dq)}
+def _combined_backward(*parts: dict) -> dict:
+    """One row for the backward's kernels together (dK/dV then dQ, or the split dV, dK, then dQ): their FLOPs
+    against the backward's ideal."""
+    flops = sum(r["flops_per_pair"] for r in parts)
+    first = parts[0]
+    ideal = _ideal("backward", first["config"]["d"], first["config"]["dv"])
+    config = {k: v for k, v in first["config"].items() if k not in (*_TILE_KEYS, "constexprs")}
+    config["tiles"] = {r["kind"]: {k: r["config"][k] for k in _TILE_KEYS} for r in parts}
     return {
-        "kernel": COMBINED_BWD,
+        "kernel": f"backward ({' + '.join(r['kind'] for r in parts)})",
         "kind": "backward",
         "config": config,
-        "registers": max(dkdv["registers"], dq["registers"]),  # the worse of the two
-        "spill_bytes": dkdv["spill_bytes"] + dq["spill_bytes"],
-        "spill_source": dkdv["spill_source"],
-        "shared_bytes": max(dkdv["shared_bytes"], dq["shared_bytes"]),
-        "mma": min(dkdv["mma"], dq["mma"], key=_MMA_RANK.__getitem__),  # the weaker of the two
-        "dots": [{"kernel": r["kernel"], **dot} for r in (dkdv, dq) for dot in r["dots"]],
+        "registers": max(r["registers"] for r in parts),  # the worst of them
+        "spill_bytes": sum(r["spill_bytes"] for r in parts),
+        "spill_source": first["spill_source"],
+        "shared_bytes": max(r["shared_bytes"] for r in parts),
+        "mma": min((r["mma"] for r in parts), key=_MMA_RANK.__getitem__),  # the weakest of them
+        "dots": [{"kernel": r["kernel"], **dot} for r in parts for dot in r["dots"]],
         "flops_per_pair": flops,
         "ideal_flops_per_pair": ideal,
         "flops_ratio": flops / ideal if ideal else None,
@@ -746,8 +765,9 @@ def kernel_report(
                 (out / f"{stem}.{ext}").write_text(built[ext])
     for label in dict.fromkeys(r["config"]["variant"] for r in rows):
         parts = {r["kind"]: r for r in rows if r["config"]["variant"] == label and not r["config"].get("candidate")}
-        if "dkdv" in parts and "dq" in parts:
-            rows.append(_combined_backward(parts["dkdv"], parts["dq"]))
+        for kinds in (("dkdv", "dq"), ("dv", "dk", "dq")):  # the two-kernel backward, and with its split dK/dV
+            if all(k in parts for k in kinds):
+                rows.append(_combined_backward(*(parts[k] for k in kinds)))
     if failures:
         raise CompileFailed(failures, rows)
     return rows

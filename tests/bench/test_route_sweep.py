@@ -65,6 +65,40 @@ def test_every_candidate_of_the_fused_kernel_is_a_route_of_its_own():
                 assert f"triton[{kind} {bm}x{bn} w{w} s{s}]" in names, (width, kind)
 
 
+def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(monkeypatch):
+    # issue 37: the wide heads' dK/dV kernel split into a dV and a dK launch, and their forward by column blocks, are
+    # timed in the sweep on their default tiles (triton[split], triton[cols]) and on each candidate tile, and never
+    # chosen by the table until a person makes them the default
+    from diffattn.ops.triton import tuning
+
+    for name in ("SPLIT_DKDV", "FWD_COLUMNS", "AUTOTUNE", "ATOMIC_DQ", "_candidates"):
+        monkeypatch.setattr(tuning, name, getattr(tuning, name))
+    monkeypatch.setattr(tuning, "INTERPRETED", False)  # a GPU's tiles, whichever way the kernels were imported
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    wide = rs.CallClass("v1", 128)
+    assert ("triton[split]", wide) in rs.candidate_routes()
+    assert [c for r, c in rs.candidate_routes() if r in ("triton[split]", "triton[cols]")] == [wide, wide]
+    rs.force_candidate("triton[split]")
+    assert tuning.SPLIT_DKDV and not tuning.ATOMIC_DQ
+    monkeypatch.setattr(tuning, "SPLIT_DKDV", False)
+    rs.force_candidate("triton[dk 16x128 w8 s3]")
+    assert tuning.SPLIT_DKDV and tuning.AUTOTUNE
+    assert tuning._candidates("dk", 128, 256, 4096) == [(16, 128, 8, 3)]
+    assert tuning._candidates("dv", 128, 256, 4096) == [(32, 128, 8, 2)]  # the other launch: its default tile
+    assert "triton[split]" not in rs.SWEEP_ORDER  # a candidate, not a table route
+    rs.force_candidate("triton[cols]")
+    assert tuning.FWD_COLUMNS and tuning._fwd_columns(128, 256) == 128
+    monkeypatch.setattr(tuning, "FWD_COLUMNS", False)
+    rs.force_candidate("triton[fwd_cols 128x16 w8 s2]")
+    assert tuning.FWD_COLUMNS and tuning._candidates("fwd_cols", 128, 256, 4096) == [(128, 16, 8, 2)]
+
+
+def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_classes():
+    plan = rs.kernel_plan()
+    assert plan[:3] == [("triton", rs.CallClass(p, d)) for p, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
+    assert plan[3:] == rs.candidate_routes() and all(c.mode == "train" for _, c in plan)
+
+
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):
     a, b = rs.CallClass("v1", 64), rs.CallClass("v1", 64, mode="infer")
     ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5, "ratio": 2.0}

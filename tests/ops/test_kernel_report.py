@@ -170,10 +170,12 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     backend launches (a combine kernel after the split prefill and decode forwards; the short forward at each of
     ``short_lengths`` lengths, the prefill at those and the report's long one). The single-pass backward only
     where it has spill-free tiles: not for wide heads, nor for DIFF V1 heads with a per-row 4-D mask (they take
-    the two-kernel backward; segments are one id per key and row, and keep it). The fused epilogue's forward and
-    backward kernels with two λ layouts (four rows), without a mask only (no mask reaches it)."""
+    the two-kernel backward; segments are one id per key and row, and keep it). The split dK/dV kernel's two
+    launches ("dv", "dk") and the forward by column blocks ("fwd_cols") for wide heads only. The fused epilogue's
+    forward and backward kernels with two λ layouts (four rows), without a mask only (no mask reaches it)."""
     repeat = {"short": short_lengths, "prefill": short_lengths + 1}  # prefill: also at the shape's (long) T
     repeat["epilogue"] = 4 if mask == "none" else 0
+    repeat.update({k: int(variant == "W") for k in ("dv", "dk", "fwd_cols")})  # the wide heads' split kernels
     rows = [k for k in kinds if k != "dkdv_atomic" for _ in range(repeat.get(k, 1))]
     rows += ["combine" for k in kinds if k in ("prefill", "decode") for _ in range(repeat.get(k, 1))]
     if "dkdv_atomic" in kinds and (variant == "V2" or (variant == "V1" and mask in ("none", "padding", "segments"))):
@@ -214,8 +216,10 @@ def _check_contract(
         # the autotuner's alternatives (tuning._TUNING, per mask class) are compiled too, with every mask,
         # and held to the same contract
         tuned = [r for r in kernels if r["config"]["candidate"] > 0]
-        # (the two-kernel backward's dkdv and dq have candidates without a mask since 2026-11-27, issue 37)
-        assert {r["kind"] for r in tuned} == {"fwd", "dkdv_atomic", "dkdv", "dq"} & set(kinds)
+        # (the two-kernel backward's dkdv and dq have candidates without a mask since 2026-11-27, issue 37; the
+        # split dK/dV kernel of wide heads too)
+        expected = {"fwd", "dkdv_atomic", "dkdv", "dq", *(("dv", "dk", "fwd_cols") if "W" in variants else ())}
+        assert {r["kind"] for r in tuned} == expected & set(kinds)
         assert {r["config"]["mask"] for r in tuned} == set(kr.MASKS)
     for row in kernels:
         for key in ("kernel", "config", "registers", "spill_bytes", "mma", "flops_per_pair", "ideal_flops_per_pair"):
@@ -245,8 +249,10 @@ def _check_contract(
             assert row["flops_per_pair"] <= 1.15 * row["ideal_flops_per_pair"]
             assert row["flops_per_pair"] == row["ideal_flops_per_pair"]
     two_kernel = [r for r in rows if r["kind"] == "backward"]
-    if "dkdv" in kinds and "dq" in kinds:
-        assert len(two_kernel) == len(labels)
+    if "dkdv" in kinds and "dq" in kinds:  # one per variant and mask, and for wide heads one with the split dK/dV
+        split = sum(v == "W" for v, _ in labels) if {"dv", "dk"} <= set(kinds) else 0
+        assert len(two_kernel) == len(labels) + split
+        assert all(r["kernel"] in ("backward (dkdv + dq)", "backward (dv + dk + dq)") for r in two_kernel)
     assert all(1.3 < r["flops_ratio"] < 1.5 for r in two_kernel if not r["config"]["variant"].startswith("W"))
 
 

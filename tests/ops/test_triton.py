@@ -406,6 +406,85 @@ def test_single_pass_backward_with_atomic_dq(monkeypatch):
     assert kinds == ["fwd", "dkdv_atomic"]
 
 
+@pytest.mark.parametrize(("share", "masked"), [((), "padding"), ("k", "rows"), ("q", "segments"), ((), None)], ids=str)
+def test_split_dkdv_backward_gives_the_one_pass_gradients_bit_for_bit(monkeypatch, share, masked):
+    # tuning.SPLIT_DKDV (wide heads): the key-block kernel as a dV launch then a dK launch, over the same tiles and in
+    # the same order of products as the one launch that accumulates both, so every gradient is the same to the bit;
+    # with GQA, T < S, each mask kind, a shared K (DIFF V2, DAA) and a shared Q (DiffK). The atomic backward keeps
+    # its one pass (it needs dS for dQ in the same program)
+    b, h, hkv, t, s = 2, 4, 2, 19, 23
+    args = make_inputs(b=b, h=h, hkv=hkv, t=t, s=s, lam_kind="token")
+    g = torch.Generator().manual_seed(1)
+    mask = segments = None
+    if masked == "padding":
+        mask = _left_padding(b, s, 7)
+    elif masked == "rows":
+        mask = torch.rand(b, 1, t, s, generator=g) > 0.3
+    elif masked == "segments":
+        segments = (torch.arange(s)[None, :] >= torch.tensor([[5], [12]])).to(torch.int32)
+    cot = torch.randn(b, h, t, args[4].shape[-1], generator=g)
+
+    def grads():
+        leaves = [x.clone().requires_grad_(True) for x in args]
+        q1, k1, q2, k2, v, lam = leaves
+        k2 = k1 if "k" in share else k2
+        q2 = q1 if "q" in share else q2
+        out = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=mask, segment_ids=segments, backend="triton")
+        return [out, *torch.autograd.grad(out, leaves, cot, allow_unused=True)]
+
+    kinds = _record_kinds(monkeypatch)
+    one_pass = grads()
+    monkeypatch.setattr(tuning, "SPLIT_DKDV", True)
+    split = grads()
+    assert kinds == ["fwd", "dkdv", "dq", "fwd", "dv", "dk", "dq"]
+    for name, a, b_ in zip(("out", "dq1", "dk1", "dq2", "dk2", "dv", "dlam"), one_pass, split, strict=True):
+        assert (a is None and b_ is None) or torch.equal(a, b_), name
+    monkeypatch.setattr(tuning, "ATOMIC_DQ", True)
+    kinds.clear()
+    grads()
+    assert kinds == ["fwd", "dkdv_atomic"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "kwargs"),
+    [
+        (dict(b=2, h=4, hkv=2, t=19, s=23, dv=32), dict(attn_mask=_left_padding(2, 23, 7))),  # GQA, T < S, padding
+        (dict(h=2, hkv=1, t=17, s=20, dv=40, lam_kind="token"), dict(causal=False, share="k")),  # 3 column blocks
+        (dict(h=2, hkv=1, t=18, s=18, d=16, dv=32), dict(attn_mask=torch.rand(1, 1, 18, 18) > 0.3, share="q")),
+    ],
+    ids=["gqa-padding", "noncausal-shared-k-dv40", "rows-mask-shared-q"],
+)
+def test_forward_by_column_blocks_matches_the_reference(monkeypatch, shape, kwargs):
+    # tuning.FWD_COLUMNS (wide heads): one forward program per block of V's columns, each recomputing both maps'
+    # softmax statistics and storing the same log-sum-exps; output, saved per-map outputs and so every gradient as
+    # the reference's, to the rounding rule (numpy's matmul may sum a narrower product in another order). A V of 40
+    # columns pads to 64: two blocks of 32, the second partly past V
+    monkeypatch.setattr(tuning, "FWD_COLUMNS", True)
+    kinds = _record_kinds(monkeypatch)
+    check_against_reference(make_inputs(**shape), **kwargs)
+    assert kinds == ["fwd_cols", "dkdv", "dq"]
+    kinds.clear()
+    q1, k1, q2, k2, v, lam = make_inputs(h=4, hkv=1, t=1, s=37, dv=32)  # a forward without gradient: the same
+    ref = diff_attention(q1, k1, q2, k2, v, lam, backend="reference")
+    torch.testing.assert_close(diff_attention(q1, k1, q2, k2, v, lam, backend="triton"), ref)
+    assert kinds == ["fwd_cols"]
+    assert tuning._fwd_columns(8, 16) == 0  # 16 columns: nothing to halve (tl.dot needs 16)
+
+
+def test_split_dkdv_only_for_heads_with_split_tiles(monkeypatch):
+    # on a GPU the split applies where tuning has tiles for it (the wide heads), and never unless asked for
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    assert not tuning._split_dkdv(128, 256)
+    monkeypatch.setattr(tuning, "SPLIT_DKDV", True)
+    assert tuning._split_dkdv(128, 256) and tuning._split_dkdv(128, 256, "rows")
+    assert not tuning._split_dkdv(64, 128) and not tuning._split_dkdv(64, 64)
+    assert tuning._fwd_columns(128, 256) == 0  # the forward by column blocks likewise
+    monkeypatch.setattr(tuning, "FWD_COLUMNS", True)
+    assert tuning._fwd_columns(128, 256) == 128 and tuning._fwd_columns(128, 256, "rows") == 128
+    assert tuning._fwd_columns(64, 128) == 0 and tuning._fwd_columns(64, 64) == 0
+
+
 @pytest.mark.parametrize("how", ["flag", "deterministic mode"])
 def test_deterministic_two_kernel_backward(monkeypatch, how):
     # ATOMIC_DQ = False or torch.use_deterministic_algorithms(True): dK/dV kernel, then a dQ kernel, no atomics

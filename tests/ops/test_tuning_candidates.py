@@ -8,7 +8,9 @@ mask class (none, key padding, a per-row 4-D mask — bool on one shape, additiv
 * the default tiles of :data:`~diffattn.ops.triton.tuning._TILES` / ``_MASK_TILES`` that a GPU picks: the training
   forward at >= 128 packed rows, at 33–127 (``fwd_mid``) and at <= 32 (``fwd_short``, clamped to the row count as
   a GPU clamps it); the backward's single-pass kernel (where it has tiles for the class) and the deterministic dK/dV
-  + dQ kernels, both run on the same forward;
+  + dQ kernels, both run on the same forward; for the classes with tiles for it, the two-kernel backward with its
+  dK/dV kernel split into a dV and a dK launch (``split``, :data:`~diffattn.ops.triton.tuning.SPLIT_DKDV`), and the
+  training forward by blocks of V's columns (``cols``, :data:`~diffattn.ops.triton.tuning.FWD_COLUMNS`);
 * every alternative of :data:`~diffattn.ops.triton.tuning._TUNING` (training forward, both backwards), forced
   alone, the other kernels on their default tiles.
 
@@ -75,7 +77,8 @@ class Case:
     """One tile of one kernel (``kind``) for a width and mask class; ``configs``: the (num_warps, num_stages) it is
     compiled with on a GPU; ``default``: the GPU's default tile (then the backward cases run both backwards)."""
 
-    # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "dkdv_atomic", "dkdv", "dq"
+    # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "split" (defaults of the split
+    # backward), "cols" (defaults of the forward by column blocks), "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"
     kind: str
     width: str
     mask: str
@@ -102,12 +105,16 @@ def _cases() -> list[Case]:
         for width in WIDTHS:
             cases += [Case(regime, width, mask, None) for regime in FWD_REGIMES]
             cases.append(Case("bwd", width, mask, None))
-            for kind, case_kind in (("fwd", "fwd"), ("dkdv_atomic", "dkdv_atomic"), ("dkdv", "dkdv"), ("dq", "dq")):
+            if _table_tile("dk", width, mask):
+                cases.append(Case("split", width, mask, None))
+            if _table_tile("fwd_cols", width, mask):
+                cases.append(Case("cols", width, mask, None))
+            for kind in ("fwd", "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"):
                 by_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
                 for bm, bn, warps, stages in tuning._TUNING[mask].get(kind, {}).get(width, []):
                     by_tile.setdefault((bm, bn), []).append((warps, stages))
                 for tile, configs in by_tile.items():
-                    cases.append(Case(case_kind, width, mask, tile, tuple(configs), default=False))
+                    cases.append(Case(kind, width, mask, tile, tuple(configs), default=False))
     return cases
 
 
@@ -127,13 +134,13 @@ def _shape(case: Case, which: str) -> tuple[int, int, int, int, int]:
             heads = {"fwd": 16, "fwd_mid": 4, "fwd_short": 2}[case.kind]
             return 2, heads, 1, 10, 13
         return 2, 2, 1, 11, 13
-    if case.kind == "fwd":
+    if case.kind in ("fwd", "fwd_cols"):
         return 1, 2, 1, 67, 75  # 134 rows: 128- and 64-row tiles, the last partial; 75 keys: 16/32/64-key tiles
     if case.kind == "fwd_mid":
         return 1, 2, 1, 35, 75  # 70 rows
     if case.kind == "fwd_short":
         return 1, 2, 1, 13, 75  # 26 rows (a 32-row tile), several key tiles
-    if case.kind in ("dkdv_atomic", "dkdv"):
+    if case.kind in ("dkdv_atomic", "dkdv", "dv", "dk"):
         return 1, 2, 1, 67, case.tile[1] + 9  # 16/32-query steps, two key blocks, the last partial
     if case.kind == "dq":
         return 1, 2, 1, case.tile[0] + 9, case.tile[0] + 17  # two row tiles, the last partial; T < S (causal)
@@ -419,14 +426,19 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
         for pad in (0, 64):
             plain.append(_numpy_yardstick(shape, (q1, k1, q2, k2, v, lam, cot), low_mask, segments, shared_k, pad))
 
+    # the split backward (its dK/dV kernel in two launches), the forward by column blocks
+    split = case.kind in ("split", "dv", "dk")
+    monkeypatch.setattr(tuning, "SPLIT_DKDV", split)
+    monkeypatch.setattr(tuning, "FWD_COLUMNS", case.kind in ("cols", "fwd_cols"))
     ran: list[tuple[str, int, int]] = []
     monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
     leaves, args = leaves_of(DTYPE)
     inp = validate(*args, causal=True, attn_mask=low_mask, scale=None, segment_ids=segments)
     out = launch.diff_attention_triton(inp)
     names = ["out", "dq1", "dk1", "dq2", *([] if shared_k else ["dk2"]), "dv", "dlam"]
-    # single-pass where it has tiles; two-kernel
-    backwards = [True, False] if case.kind == "bwd" else [False] if case.kind in ("dkdv", "dq") else [True]
+    # single-pass where it has tiles; two-kernel (its dK/dV kernel split in two for the split cases)
+    two_kernel = ("dkdv", "dq", "split", "dv", "dk")
+    backwards = [True, False] if case.kind == "bwd" else [False] if case.kind in two_kernel else [True]
     for atomic in backwards:
         monkeypatch.setattr(tuning, "ATOMIC_DQ", atomic)
         got = _grads(out, leaves, cot)
@@ -440,6 +452,10 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
         d, dv, _ = WIDTHS[case.width]
         single = {"dkdv_atomic"} if tuning._single_pass_fits(d, dv, case.mask) else set()
         assert {k for k, _, _ in ran} == {"fwd", "dkdv", "dq", *single}, (case.id, ran)
+    if split:  # the split's two launches ran, and no one-pass dK/dV
+        assert {k for k, _, _ in ran} == {"fwd", "dv", "dk", "dq"}, (case.id, ran)
+    if case.kind == "cols":  # the forward by column blocks ran, and not the whole-width one
+        assert {k for k, _, _ in ran} == {"fwd_cols", "dkdv", "dq"}, (case.id, ran)
 
 
 @pytest.fixture(autouse=True)
@@ -474,7 +490,11 @@ def test_every_candidate_and_default_tile_is_covered():
     covered = {(c.mask, c.kind, c.width, c.tile, cfg) for c in CASES if not c.default for cfg in c.configs}
     assert tuned == covered
     defaults = {(c.kind, c.width, c.mask) for c in CASES if c.default}
-    assert defaults == {(k, w, m) for k in (*FWD_REGIMES, "bwd") for w in WIDTHS for m in MASKS}
+    split = {("split", w, m) for w in WIDTHS for m in MASKS if _table_tile("dk", w, m)}
+    split |= {("cols", w, m) for w in WIDTHS for m in MASKS if _table_tile("fwd_cols", w, m)}
+    # the wide heads, with every mask class
+    assert split == {(k, "wide", m) for k in ("split", "cols") for m in MASKS}
+    assert defaults == {(k, w, m) for k in (*FWD_REGIMES, "bwd") for w in WIDTHS for m in MASKS} | split
     for width in WIDTHS:  # every default table entry is one a default case reaches
         for kind in ("fwd", "fwd_mid", "fwd_short", "dkdv", "dq"):
             assert all(_table_tile(kind, width, m) for m in MASKS), (kind, width)

@@ -110,15 +110,19 @@ def comparison_routes(cls: CallClass) -> list[str]:
 
 def candidate_routes() -> list[tuple[str, CallClass]]:
     """Each tuning candidate of the fused kernel's training forward and both backwards (no mask), forced alone, on
-    the train class of its head widths: ``triton[KIND BMxBN wW sS]``."""
+    the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the single-pass backward (``triton[atomic]``)
+    and, for wide heads, the split dK/dV kernel (``triton[split]``) and the forward by column blocks
+    (``triton[cols]``) on their default tiles."""
     from ..ops.triton import tuning
 
     out = []
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
         if cls_name != "wide":  # wide heads have no single-pass backward
             out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
+        else:  # but a dK/dV kernel split in two and a forward by column blocks, on wgmma-sized tiles
+            out += [("triton[split]", CallClass(pair, d)), ("triton[cols]", CallClass(pair, d))]
         # the default (two-kernel) backward's tiles first: the profile put 81% of a step in the backward
-        for kind in ("dkdv", "dq", "fwd", "dkdv_atomic"):
+        for kind in ("dkdv", "dq", "dv", "dk", "fwd", "fwd_cols", "dkdv_atomic"):
             for bm, bn, w, s in tuning._TUNING["none"].get(kind, {}).get(cls_name, []):
                 out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, d)))
     return out
@@ -243,6 +247,12 @@ def force_candidate(route: str) -> None:
     if route == "triton[atomic]":
         tuning.ATOMIC_DQ = True
         return
+    if route == "triton[split]":
+        tuning.SPLIT_DKDV = True
+        return
+    if route == "triton[cols]":
+        tuning.FWD_COLUMNS = True
+        return
 
     kind, tile, warps, stages = route[len("triton[") : -1].split()
     bm, bn = (int(x) for x in tile.split("x"))
@@ -256,6 +266,10 @@ def force_candidate(route: str) -> None:
     tuning.AUTOTUNE = True
     if kind == "dkdv_atomic":
         tuning.ATOMIC_DQ = True  # the single-pass backward, which is what that kind is
+    if kind in ("dv", "dk"):
+        tuning.SPLIT_DKDV = True  # the split dK/dV kernel, whose launches those kinds are
+    if kind == "fwd_cols":
+        tuning.FWD_COLUMNS = True  # the forward by column blocks, whose launch that kind is
 
 
 # ---- checking and timing -----------------------------------------------------------------------------------------
@@ -799,6 +813,14 @@ def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
     return plan + [(route, cls) for cls in default_classes() for route in comparison_routes(cls)]
 
 
+def kernel_plan() -> list[tuple[str, CallClass]]:
+    """Issue 37's measurements alone: the fused kernel on its default tiles, then each of its tuning candidates and
+    variants, on the train class of each head width (``--plan kernel``: the whole plan rarely reaches them in one
+    lease, as the table's routes come first)."""
+    defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
+    return defaults + candidate_routes()
+
+
 def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
     """(route, class) → the entry's measurement, for those that ran correct."""
     ok = {}
@@ -875,6 +897,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--warm-s", type=float, default=120.0, help="at most this long compiling Triton kernels first")
     parser.add_argument(
+        "--plan",
+        choices=("all", "kernel"),
+        default="all",
+        help="all: every route on every class, then the fused kernel's candidates; kernel: only the fused kernel "
+        "and its candidates on the train classes (issue 37), the rest of the table entry kept from earlier",
+    )
+    parser.add_argument(
         "--write-readme",
         type=Path,
         metavar="README",
@@ -893,8 +922,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"route sweep: needs a CUDA device, and torch {torch.__version__} sees none here", file=sys.stderr)
         return 2
+    plan = kernel_plan() if args.plan == "kernel" else None
     result = run(args.out, args.budget_s, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                 warm_s=args.warm_s)  # fmt: skip
+                 plan=plan, warm_s=args.warm_s)  # fmt: skip
     print(to_markdown(result["records"], result["entry"], result["matmul_tflops"]))
     return 0
 

@@ -13,6 +13,10 @@ docs/methods.md §0), from the log-sum-exps and per-map outputs the forward (:mo
 * **Two kernels, deterministic**: the key-block kernel without dQ, then ``_bwd_dq_kernel`` over query blocks, which
   recomputes P1, P2 and G for dQ1, dQ2 (1.4x the ideal), bit for bit the same every run. Which of the two runs is
   decided when the backward runs (:mod:`.launch`, :data:`.tuning.ATOMIC_DQ`).
+* **The key-block kernel split in two**, for wide heads (d = 128, dv = 256, whose dK1, dK2 and dV accumulators
+  together leave room only for 32 × 32 tiles on mma.sync): one launch accumulates dV alone (it needs neither V nor
+  G), the next dK1, dK2 alone, each recomputing P1, P2 (2·2d more FLOPs per pair: 1.25x the key-block kernel's),
+  for tiles as large as one of them allows (:data:`.tuning.SPLIT_DKDV`, off until a GPU measures it faster).
 * Only the query blocks on a key block's causal diagonal, or of a partial key block, form a causal or bounds mask;
   a user mask applies everywhere. A row whose every key is masked has log-sum-exp +inf, so its P, and every
   gradient it would give, is exactly 0.
@@ -80,6 +84,7 @@ def _bwd_dkdv_kernel(
     H, HKV, T, S, D, DV, scale, qk_scale, N_BUCKET,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    WITH_DK: tl.constexpr, WITH_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (key block, batch × kv head); it owns dK1, dK2, dV of its keys and visits every query head of
@@ -87,7 +92,10 @@ def _bwd_dkdv_kernel(
     # this key block's share of dQ1, dQ2 atomically into float32 buffers (FlashAttention-2's scheme: no second
     # pass that recomputes QKᵀ and dO·Vᵀ, at the price of atomics and run-to-run bit noise in dQ).
     # batch × kv head is the grid's fastest axis, so the first key blocks (when causal, those seen by the most
-    # queries: the longest programs) of every head start first
+    # queries: the longest programs) of every head start first.
+    # WITH_DK, WITH_DV: which accumulators this launch owns — both (one pass), or one each in two launches over the
+    # same tiles (the split backward of wide heads, whose dK1, dK2 and dV together fill the registers: the dV pass
+    # needs no V and no G = dO·Vᵀ, the dK pass no dV; each recomputes P1, P2). ATOMIC_DQ needs WITH_DK (dS)
     DT = Q1.dtype.element_ty
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -109,12 +117,13 @@ def _bwd_dkdv_kernel(
         k2 = k1
     else:
         k2 = _load_tile(K2 + b64 * sk2b + hkv64 * sk2h + (offs_n[:, None] * sk2s + offs_d[None, :]), k_mask, UPCAST)
-    v = _load_tile(
-        V + b64 * svb + hkv64 * svh + (offs_n[:, None] * svs + offs_dv[None, :]), n_ok[:, None] & dv_ok[None, :], UPCAST
-    )
-    dk1 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
-    dk2 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
-    dv = tl.full([BLOCK_N, BLOCK_DV], 0.0, tl.float32)
+    v_mask = n_ok[:, None] & dv_ok[None, :]
+    if WITH_DK:  # G = dO·Vᵀ, for dS
+        v = _load_tile(V + b64 * svb + hkv64 * svh + (offs_n[:, None] * svs + offs_dv[None, :]), v_mask, UPCAST)
+        dk1 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+        dk2 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+    if WITH_DV:
+        dv = tl.full([BLOCK_N, BLOCK_DV], 0.0, tl.float32)
 
     shift = S - T
     m_lo = 0
@@ -190,17 +199,18 @@ def _bwd_dkdv_kernel(
                     p1 = tl.where(keep, p1, 0.0)
                     p2 = tl.where(keep, p2, 0.0)
 
-                # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
-                dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
-                # G = dO Vᵀ is dP1, and dP2 = −λ·G: one product for both maps
-                g = tl.dot(v, tl.trans(do), input_precision=PREC)
-                ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
-                ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
-                dk1 += tl.dot(ds1, q1, input_precision=PREC)
-                if SHARED_K:
-                    dk1 += tl.dot(ds2, q2, input_precision=PREC)
-                else:
-                    dk2 += tl.dot(ds2, q2, input_precision=PREC)
+                if WITH_DV:  # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
+                    dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
+                if WITH_DK:
+                    # G = dO Vᵀ is dP1, and dP2 = −λ·G: one product for both maps
+                    g = tl.dot(v, tl.trans(do), input_precision=PREC)
+                    ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
+                    ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
+                    dk1 += tl.dot(ds1, q1, input_precision=PREC)
+                    if SHARED_K:
+                        dk1 += tl.dot(ds2, q2, input_precision=PREC)
+                    else:
+                        dk2 += tl.dot(ds2, q2, input_precision=PREC)
                 if ATOMIC_DQ:
                     # dQᵀ = Kᵀ dSᵀ, [d, BM]: its rows are the head dim (64), not the few query rows of the step, so
                     # this product is a warpgroup MMA too (dS·K would have BM = 16–32 rows: mma.sync only)
@@ -215,12 +225,14 @@ def _bwd_dkdv_kernel(
                         tl.atomic_add(dq2_head + dq_ptr, dq2, mask=dq_mask)
 
     kv_head = (b64 * HKV + hkv64) * S  # this batch and KV head's first row of [B, Hkv, S]
-    dk_ptr = kv_head * D + (offs_n[:, None] * D + offs_d[None, :])
-    tl.store(DK1 + dk_ptr, (dk1 * scale).to(DK1.dtype.element_ty), mask=k_mask)
-    if not SHARED_K:
-        tl.store(DK2 + dk_ptr, (dk2 * scale).to(DK2.dtype.element_ty), mask=k_mask)
-    dv_ptr = kv_head * DV + (offs_n[:, None] * DV + offs_dv[None, :])
-    tl.store(DV_ + dv_ptr, dv.to(DV_.dtype.element_ty), mask=n_ok[:, None] & dv_ok[None, :])
+    if WITH_DK:
+        dk_ptr = kv_head * D + (offs_n[:, None] * D + offs_d[None, :])
+        tl.store(DK1 + dk_ptr, (dk1 * scale).to(DK1.dtype.element_ty), mask=k_mask)
+        if not SHARED_K:
+            tl.store(DK2 + dk_ptr, (dk2 * scale).to(DK2.dtype.element_ty), mask=k_mask)
+    if WITH_DV:
+        dv_ptr = kv_head * DV + (offs_n[:, None] * DV + offs_dv[None, :])
+        tl.store(DV_ + dv_ptr, dv.to(DV_.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit

@@ -22,6 +22,9 @@
   block's is skipped whole.
 * **Key splits** (``SPLIT``, decoding): a program takes one range of keys and writes float32 partial outputs and
   log-sum-exps, which :mod:`.decode` merges.
+* **Column blocks** (``COLUMNS``, wide heads under :data:`.tuning.FWD_COLUMNS`, off until a GPU measures it faster):
+  a program takes one block of V's and O's columns and recomputes both maps' scores for it (1.33x the FLOPs at
+  d = 128, dv = 256), so its accumulators are half as wide and its tiles can be 128 rows on wgmma instead of 32 × 32.
 
 Precision: dot products take the input dtype with float32 accumulation, probabilities are rounded to the input dtype
 before the P·V product (as FlashAttention does); softmax statistics, λ and the subtraction are float32. Scores are
@@ -119,7 +122,7 @@ def _fwd_kernel(
     H, HKV, T, S, D, DV, qk_scale, R, SPLIT_LEN, N_BUCKET, V_HALF,
     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
     SHARED_Q: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, SPLIT: tl.constexpr,
-    DV_HALF: tl.constexpr,
+    DV_HALF: tl.constexpr, COLUMNS: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
@@ -127,6 +130,9 @@ def _fwd_kernel(
     # position). SPLIT (decoding, few programs): program_id(2) takes keys [split·SPLIT_LEN, +SPLIT_LEN) and writes
     # per-split normalised outputs and log-sum-exps (−inf when it saw no key) to O1/O2/LSE1/LSE2, which are then
     # [splits, R = B·H·T, ...] float32 buffers that _combine_kernel merges (flash-decoding).
+    # COLUMNS (wide heads, not with SPLIT): program_id(2) takes output columns [c·BLOCK_DV, +BLOCK_DV) of V and O
+    # only, recomputing both maps' scores and softmax statistics (identical in every column program, so each stores
+    # the same log-sum-exps): accumulators of half the width, for tiles the whole width leaves no registers for.
     # Batch × head is the grid's fastest axis and, when causal, the row blocks run last-first: the blocks with the
     # most keys start first and the short ones fill the tail of the launch
     pid_bh = tl.program_id(0)
@@ -139,6 +145,9 @@ def _fwd_kernel(
     h_row = hkv * rep + rows // T
     t_row = rows % T
     offs_d, offs_dv, d_ok, dv_ok = _head_offsets(D, DV, BLOCK_D, BLOCK_DV)
+    if COLUMNS:  # this program's block of V's and O's columns
+        offs_dv = tl.program_id(2) * BLOCK_DV + offs_dv
+        dv_ok = offs_dv < DV
     # 64-bit element offsets wherever a tensor may hold 2³¹ elements or more: batch and head offsets, this block's
     # rows (they span query heads), the rows of a 4-D mask and of the outputs. 32-bit: keys within one KV head
     # (_kernel_layout keeps each head's span below 2³¹) and row indices b·H·T + h·T + t (B·H·T < 2³¹, checked)

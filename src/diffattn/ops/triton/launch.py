@@ -8,7 +8,8 @@
   neither calls the implementation directly (the dispatcher costs ~25 µs of host time a call).
 * **The backward is chosen when it runs**, not at the forward: the single-pass atomic one unless
   :data:`.tuning.ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or its tiles would spill
-  for these heads and mask; then the deterministic two-kernel one.
+  for these heads and mask; then the deterministic two-kernel one (its key-block kernel as two launches, dV then
+  dK, for wide heads under :data:`.tuning.SPLIT_DKDV`).
 * **Segments** (sequence packing): ``segment_ids`` [B, S] int32 reach the kernels as they are (``SEGMENTS``), and
   they compare them per tile: no [T, S] mask is formed.
 * **Shared operands.** ``k1 is k2`` (DAA, DiffQ, DIFF V2) or ``q1 is q2`` (DiffK) reaches the kernels as
@@ -180,8 +181,11 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
     rows = (h // hkv) * t
     r_total = b * h * t
     fp32, mask_class = consts["PREC"] == "ieee", tuning._mask_class(consts)
-    bm, bn, _ = tuning._blocks("fwd", d, dv, rows, fp32, mask_class)
-    nsplit = 1 if save_parts else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
+    # wide heads under tuning.FWD_COLUMNS: a program per half of V's columns (never with key splits)
+    columns = tuning._fwd_columns(d, dv, mask_class) if not v_half else 0
+    kind = "fwd_cols" if columns else "fwd"
+    bm, bn, _ = tuning._blocks(kind, d, dv, rows, fp32, mask_class)
+    nsplit = 1 if save_parts or columns else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
     if nsplit > 1:  # the split forward's own tiles (_SPLIT_TILES): whole tiles of them per split
         bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
@@ -199,13 +203,15 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
         out, *targets, *strides,
         h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)), v_half,
     )  # fmt: skip
-    key = ("fwd", q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
+    key = (kind, q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
+    fwd_consts = dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0)
+    fwd_consts.update(COLUMNS=bool(columns), BLOCK_DV=columns or consts["BLOCK_DV"])
     _launch(
         _fwd_kernel,
-        lambda bm, bn: _grid(b * hkv, _cdiv(rows, bm), nsplit),
+        lambda bm, bn: _grid(b * hkv, _cdiv(rows, bm), nsplit if nsplit > 1 else _cdiv(dv, columns or dv)),
         args,
-        dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0),
-        "fwd",
+        fwd_consts,
+        kind,
         d,
         dv,
         rows,
@@ -291,17 +297,23 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
     )  # fmt: skip
     sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E, _pow2(max(t, s)))
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
-    _launch(
-        _bwd_dkdv_kernel,
-        lambda bm, bn: _grid(b * hkv, _cdiv(s, bn)),
-        (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes),
-        dict(consts, ATOMIC_DQ=atomic),
-        "dkdv_atomic" if atomic else "dkdv",
-        d,
-        dv,
-        t,
-        ("dkdv", *base_key),
-    )
+    dkdv_args = (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes)
+    # the key-block kernel: dK1, dK2, dV (and the atomic path's dQ) in one launch, or dV then dK in two (wide heads)
+    split = not atomic and tuning._split_dkdv(d, dv, tuning._mask_class(consts))
+    one_pass = ("dkdv_atomic" if atomic else "dkdv", True, True)  # (kind, WITH_DK, WITH_DV)
+    passes = (("dv", False, True), ("dk", True, False)) if split else (one_pass,)
+    for kind, with_dk, with_dv in passes:
+        _launch(
+            _bwd_dkdv_kernel,
+            lambda bm, bn: _grid(b * hkv, _cdiv(s, bn)),
+            dkdv_args,
+            dict(consts, ATOMIC_DQ=atomic, WITH_DK=with_dk, WITH_DV=with_dv),
+            kind,
+            d,
+            dv,
+            t,
+            (kind, *base_key),
+        )
     if atomic:
         dq1 = dq1.to(q1.dtype)
         dq2 = dq2.to(q1.dtype)

@@ -35,6 +35,20 @@ INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 #: (../shared/gpu/h200-2026-11-26.md) — the FLOP count said the opposite.
 ATOMIC_DQ: bool = False
 
+#: Wide heads' dK/dV kernel as two launches over the same key blocks, dV alone then dK1, dK2 alone (each recomputes
+#: P1, P2: 1.25x that kernel's FLOPs at d = 128, dv = 256), so each can take tiles that the three accumulators
+#: together leave no registers for (:data:`_TILES` "dv" and "dk" against "dkdv"'s 32 x 32 on mma.sync). Off until a
+#: GPU measures it faster (the route sweep's ``triton[split]`` and its tile candidates); heads with "dk" tiles only
+#: (``_split_dkdv``). Read when the backward runs.
+SPLIT_DKDV: bool = False
+
+#: Wide heads' forward (without key splits) as one program per half of V's columns: both maps' scores and softmax
+#: statistics recomputed by each (1.33x the forward's FLOPs at d = 128, dv = 256), its two float32 accumulators half
+#: as wide, for the tiles of :data:`_TILES` "fwd_cols" against "fwd"'s 32 x 32 on mma.sync. Off until a GPU measures
+#: it faster (the route sweep's ``triton[cols]`` and its tile candidates); heads with "fwd_cols" tiles only
+#: (``_fwd_columns``). Read when the forward runs.
+FWD_COLUMNS: bool = False
+
 #: Time the :data:`_TUNING` alternatives on a GPU (``triton.autotune``, once per kernel, head widths, causality,
 #: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles. Off: on an H200
 #: (../shared/gpu/h200-2026-11-26.md) autotuning the single-pass backward ran candidate (16, 64, 4, 1), which died
@@ -83,6 +97,11 @@ _TILES = {
     "dkdv": {"v2": (32, 128), "v1": (16, 128), "wide": (32, 32)},
     "dkdv_atomic": {"v2": (32, 128), "v1": (16, 128)},
     "dq": {"v2": (128, 64), "v1": (128, 32), "wide": (32, 64)},
+    # the forward by halves of V's columns (FWD_COLUMNS)
+    "fwd_cols": {"wide": (128, 32)},
+    # the split dK/dV kernel (SPLIT_DKDV): the dV launch, then the dK launch
+    "dv": {"wide": (32, 128)},
+    "dk": {"wide": (16, 128)},
 }
 
 # Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
@@ -94,13 +113,16 @@ _TILES = {
 # accumulators fill the registers), so with a 4-D mask those heads take the deterministic two-kernel backward (no
 # spills; 1.4x the backward FLOP ideal, not 1.0x).
 _MASK_TILES = {
-    "keys": {"fwd": {"v2": (128, 32)}, "fwd_mid": {"v2": (64, 32)}},
+    # the wide forward by column blocks takes 16 keys per step with every mask (at 32: 16–152 bytes spilled)
+    "keys": {"fwd": {"v2": (128, 32)}, "fwd_mid": {"v2": (64, 32)}, "fwd_cols": {"wide": (128, 16)}},
     "rows": {
         "fwd": {"v2": (128, 32), "v1": (128, 16), "wide": (16, 32)},
         "fwd_mid": {"v2": (64, 32), "wide": (16, 32)},
         "fwd_short": {"v2": (64, 16), "wide": (16, 32)},
         "dkdv_atomic": {"v2": (16, 128)},  # no "v1": the two-kernel backward
         "dkdv": {"wide": (16, 32)},
+        "dv": {"wide": (16, 128)},  # 32 x 128 spilled 188–212 bytes with the mask tile
+        "fwd_cols": {"wide": (128, 16)},
     },
     # segment ids (sequence packing, without a 4-D mask): a document id per key and per row, compared per tile. The
     # single-pass backward of "v2" heads spilled 8 bytes at 32 queries per step, so it takes 16; the wide dK/dV
@@ -110,6 +132,9 @@ _MASK_TILES = {
         "fwd_mid": {"v2": (64, 32)},
         "dkdv_atomic": {"v2": (16, 128), "v1": (16, 128)},
         "dkdv": {"wide": (16, 32)},
+        "dv": {"wide": (16, 128)},  # 32 x 128 spilled 8 bytes with triton 3.6 (the split's dK spills 56 there at
+        # every 16-query tile tried, clean with 3.9)
+        "fwd_cols": {"wide": (128, 16)},  # 16 bytes spilled with triton 3.6 (48 at 32 keys), clean with 3.9
     },
 }
 
@@ -167,11 +192,20 @@ _TWO_KERNEL_TUNING = {
     "dq": {"v1": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)], "v2": [(64, 64, 4, 2), (128, 32, 8, 2)],
            "wide": [(128, 32, 8, 2)]},
 }  # fmt: skip
+# The split dK/dV kernel of wide heads (SPLIT_DKDV): the other tiles that compile clean (triton 3.9; spilled: dV
+# 32x128 w8 s3 72, 64x64 w4 1132, 64x128 w8 760; dK 32x64 w4 560 / w8 280, 32x128 w8 172, 64x64 w8 940, 16x64 w4 52;
+# dK 16x64 w8 is clean but repeats G on both warpgroups). Not yet timed.
+_SPLIT_TUNING = {"dv": {"wide": [(32, 64, 8, 2), (16, 128, 8, 2)]}, "dk": {"wide": [(16, 128, 8, 3)]}}
+# The wide forward by column blocks (FWD_COLUMNS): 128 x 16 beside the default 128 x 32 (spilled, triton 3.9: 64 x 64
+# w8 184, 64 x 32 w4 40, 128 x 64 w8 476; 64 x 32 w8 is clean but repeats QKᵀ on both warpgroups). Not yet timed.
+_COLUMNS_TUNING = {"fwd_cols": {"wide": [(128, 16, 8, 2)]}}
 _TUNING = {
     "none": {
         "fwd": {"v2": [(128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
         "dkdv_atomic": _DKDV_TUNING,
         **_TWO_KERNEL_TUNING,
+        **_SPLIT_TUNING,
+        **_COLUMNS_TUNING,
     },
     "keys": {
         "fwd": {"v2": [(128, 32, 8, 3), (64, 32, 4, 2)], "v1": [(128, 32, 8, 3), (64, 16, 4, 2)]},
@@ -273,6 +307,29 @@ def _single_pass_fits(d: int, dv: int, mask: str = "none") -> bool:
     if INTERPRETED or BLOCK_OVERRIDE is not None:
         return True
     return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("dkdv_atomic", _TILES["dkdv_atomic"])
+
+
+def _split_dkdv(d: int, dv: int, mask: str = "none") -> bool:
+    """Whether the two-kernel backward's dK/dV kernel runs as a dV launch and a dK launch (:data:`SPLIT_DKDV`):
+    for heads of a class with "dk" tiles (the wide ones), and for any heads under forced tiles (the interpreter's
+    tests)."""
+    if not SPLIT_DKDV:
+        return False
+    if INTERPRETED or BLOCK_OVERRIDE is not None:
+        return True
+    return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("dk", _TILES["dk"])
+
+
+def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
+    """The width of V's column block each forward program takes under :data:`FWD_COLUMNS` (half of V's padded
+    width), or 0 for the whole width: for heads of a class with "fwd_cols" tiles (the wide ones), and for any heads
+    wide enough to halve (32 columns or more) under forced tiles (the interpreter's tests)."""
+    if not FWD_COLUMNS:
+        return 0
+    half = _pow2(dv) // 2
+    if INTERPRETED or BLOCK_OVERRIDE is not None:
+        return half if half >= 16 else 0
+    return half if _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("fwd_cols", _TILES["fwd_cols"]) else 0
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
