@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
@@ -499,6 +500,32 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
     assert [o.state for o in again] == ["done", "done"]
     with pytest.raises(ValueError, match="jobs must be an int >= 1"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)
+
+
+def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
+    """``jobs=2`` evaluates the models in worker processes too (what took the adapter experiments hours on one
+    core): each one's output in logs/eval-NAME.log, the outcomes in the config's order, results of the same
+    windows as a sequential run's, the report written; a rerun reads them back."""
+    d = _debug(corpus)
+    d["adapters"] = []
+    d["eval"]["suites"] = ["ppl"]
+    config = ExperimentConfig.from_dict(d)
+    outcomes = run_experiment(config, tmp_path / "serial", jobs=1)
+    serial = {o.name: o.summary for o in outcomes if o.kind == "eval"}
+    outcomes = run_experiment(config, tmp_path / "parallel", jobs=2)
+    assert [(o.kind, o.name, o.state) for o in outcomes[2:]] == [("eval", n, "fresh") for n in ("baseline", "diff")]
+    out = tmp_path / "parallel" / "debug-exp"
+    for o in outcomes[2:]:
+        assert o.path == out / "eval" / o.name and (o.path / "results.json").is_file()
+        assert "eval" in (out / "logs" / f"eval-{o.name}.log").read_text().lower()  # the worker's output went there
+        got, want = o.summary["suites"]["ppl"], serial[o.name]["suites"]["ppl"]
+        assert got["metadata"] == want["metadata"]  # the same text windows of the same model's tokenizer
+        assert got["per_window"]["tokens"] == want["per_window"]["tokens"] and math.isfinite(got["ppl"])
+    assert "evaluating 2 models, 2 at a time" in capsys.readouterr().out
+    assert (out / "report.md").is_file()
+    again = run_experiment(config, tmp_path / "parallel", jobs=2)
+    assert [o.state for o in again] == ["done"] * 4
+    assert "evaluating" not in capsys.readouterr().out  # nothing left to evaluate: no workers started
 
 
 def test_the_gap_row_between_models_at_the_floor_neither_agrees_nor_disagrees():

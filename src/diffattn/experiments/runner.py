@@ -7,6 +7,7 @@ Layout of ``<root>/<name>/``::
     models/<name>/           diffattn pretrain run folders (run.yaml, metrics.jsonl, checkpoints/, final/, summary.json)
     adapters/<name>/         diffattn adapt run folders (… adapter/ or merged/ or final/, summary.json)
     eval/<name>/             diffattn eval outputs (results.json, PNGs)
+    logs/                    with jobs > 1: each worker's output (<name>.log training, eval-<name>.log evaluating)
 
 A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
 equal the requested ones; it is *resumed* from its last checkpoint when it was started with the same settings (a
@@ -301,8 +302,9 @@ def run_experiment(
     ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them.
     ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
     marker so that another file with the same ``name`` is refused instead of replacing this one's report
-    (:func:`check_experiment_folder`). ``jobs``: from-scratch parts trained at once, each in a process of its own
-    with ``cores // jobs`` threads (:func:`_train_in_parallel`); 1 trains them one after the other."""
+    (:func:`check_experiment_folder`). ``jobs``: from-scratch parts trained, and models evaluated, at once, each in
+    a process of its own with ``cores // jobs`` threads (:func:`_in_parallel`); 1 runs them one after the other.
+    Adapters train one after the other either way (an adapter may be its own grid's or another's base)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
 
@@ -365,8 +367,12 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
 
     if not evaluate:
         return outcomes
-    for name in config.eval.models or config.model_names():
-        outcomes.append(_evaluate_part(config, out, name, options, redo=_wants(overwrite, name)))
+    names = list(config.eval.models or config.model_names())
+    done = {name: _evaluated(config, out, name, options, redo=_wants(overwrite, name)) for name in names}
+    if jobs > 1 and sum(outcome is None for outcome in done.values()) > 1:
+        outcomes += _evaluate_in_parallel(config, out, options, done, overwrite, jobs)
+    else:
+        outcomes += [done[n] or _evaluate_part(config, out, n, options, redo=_wants(overwrite, n)) for n in names]
 
     if report:
         from .report import write_report
@@ -432,15 +438,14 @@ def _train_part(kind: str, train, name: str, path: Path, state: str, run_config)
     return PartOutcome(kind, name, path, state, time.perf_counter() - t0, summary)
 
 
-def _train_in_worker(name: str, path: Path, state: str, run_config, log_file: Path, threads: int) -> PartOutcome:
-    """One from-scratch part in a worker process: ``threads`` torch threads, everything it prints (its progress
-    bar, warnings, logs) into ``log_file`` so that parallel parts do not write over each other's lines."""
+@contextmanager
+def _worker_output(log_file: Path, threads: int):
+    """In a worker process: ``threads`` torch threads, and everything it prints (its progress bars, warnings, logs)
+    into ``log_file``, so that parallel parts do not write over each other's lines."""
     import os
     import sys
 
     import torch
-
-    from ..train import pretrain
 
     torch.set_num_threads(threads)
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -448,7 +453,21 @@ def _train_in_worker(name: str, path: Path, state: str, run_config, log_file: Pa
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)  # the worker is ours alone: C-level output too
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+        yield
+
+
+def _train_in_worker(name: str, path: Path, state: str, run_config, log_file: Path, threads: int) -> PartOutcome:
+    """One from-scratch part in a worker process (:func:`_worker_output`)."""
+    from ..train import pretrain
+
+    with _worker_output(log_file, threads):
         return _train_part("pretrain", pretrain, name, path, state, run_config)
+
+
+def _evaluate_in_worker(config, out: Path, name: str, options, redo: bool, log_file: Path, threads: int):
+    """One model's evaluation in a worker process (:func:`_worker_output`)."""
+    with _worker_output(log_file, threads):
+        return _evaluate_part(config, out, name, options, redo=redo)
 
 
 @contextmanager
@@ -482,35 +501,30 @@ def workers_stopped_with_parent(pool):
             signal.signal(signal.SIGTERM, previous)
 
 
-def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
-    """Train ``parts`` (name, folder, state, config) ``jobs`` at a time in spawned worker processes, each with
-    ``cores // jobs`` threads (a small model trains faster as two one-thread processes than as one two-thread
-    one); one progress bar over the parts here, each part's own output in ``logs/NAME.log``. Finished parts are
-    read back without a worker. The first failure stops parts not yet started (those running finish: a part
-    stopped mid-save would have to be resumed) and is raised with the part's name and log."""
+def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[str, PartOutcome]:
+    """Run ``worker(*args, log_file, threads)`` for each ``name: args`` of ``todo``, ``jobs`` at a time in spawned
+    worker processes, each with ``cores // jobs`` threads (a small model trains or evaluates faster as two one-thread
+    processes than as one two-thread one); one progress bar over them here, each one's own output in
+    ``logs/NAME.log`` (``logs/eval-NAME.log`` for evaluations). The first failure stops those not yet started (those
+    running finish: a part stopped mid-save would have to be resumed) and is raised with the name and log."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from tqdm.auto import tqdm
 
-    from ..train import pretrain
-
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    prefix = "" if kind == "pretrain" else f"{kind}-"
+    what = {"pretrain": "training {} parts", "eval": "evaluating {} models"}[kind].format(len(todo))
+    print(f"{what}, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
+          f"each one's output: {logs}/{prefix}NAME.log")  # fmt: skip
     outcomes: dict[str, PartOutcome] = {}
-    todo = []
-    for name, path, state, config in parts:
-        if state == DONE:
-            outcomes[name] = _train_part("pretrain", pretrain, name, path, state, config)
-        else:
-            todo.append((name, path, state, config))
-    todo.sort(key=lambda part: part[3].train.seed)  # seed 0 of every model first: a run cut short has every arm
-    print(f"training {len(todo)} parts, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
-          f"each part's output: {logs}/NAME.log")  # fmt: skip
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool, workers_stopped_with_parent(pool):
-        futures = {pool.submit(_train_in_worker, *part, logs / f"{part[0]}.log", threads): part[0] for part in todo}
-        with tqdm(total=len(todo), desc="parts", unit="part") as bar:
+        futures = {
+            pool.submit(worker, *args, logs / f"{prefix}{name}.log", threads): name for name, args in todo.items()
+        }
+        with tqdm(total=len(todo), desc="parts" if kind == "pretrain" else "models", unit="part") as bar:
             for future in as_completed(futures):
                 name = futures[future]
                 try:
@@ -520,21 +534,50 @@ def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
                 except BaseException as e:
                     for f in futures:
                         f.cancel()
-                    raise RuntimeError(f"pretrain {name} failed: {e} (its output: {logs / (name + '.log')})") from e
+                    log = logs / f"{prefix}{name}.log"
+                    raise RuntimeError(f"{kind} {name} failed: {e} (its output: {log})") from e
                 bar.update(1)
                 bar.set_postfix_str(f"{name} done", refresh=True)
+    return outcomes
+
+
+def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
+    """Train ``parts`` (name, folder, state, config) ``jobs`` at a time (:func:`_in_parallel`), seed 0 of every
+    model first (a run cut short has every arm); finished parts are read back without a worker. The outcomes in
+    the parts' order."""
+    from ..train import pretrain
+
+    outcomes: dict[str, PartOutcome] = {}
+    todo = []
+    for name, path, state, config in parts:
+        if state == DONE:
+            outcomes[name] = _train_part("pretrain", pretrain, name, path, state, config)
+        else:
+            todo.append((name, path, state, config))
+    todo.sort(key=lambda part: part[3].train.seed)
+    outcomes |= _in_parallel("pretrain", {p[0]: p for p in todo}, _train_in_worker, jobs, logs)
     return [outcomes[name] for name, *_ in parts]
 
 
-def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome:
-    """One model's suites into ``out/eval/NAME``, skipped when its results are of the same request (suites,
-    options, results version) and of the same training, unless ``redo``."""
-    from ..eval.suite import RESULTS, RESULTS_VERSION, claim_eval_id, load_for_eval, run_suites
+def _evaluate_in_parallel(config, out: Path, options, done: dict, overwrite, jobs: int) -> list[PartOutcome]:
+    """Evaluate the models ``done`` has no outcome for ``jobs`` at a time (:func:`_in_parallel`); the outcomes in
+    ``done``'s order."""
+    todo = {n: (config, out, n, options, _wants(overwrite, n)) for n, outcome in done.items() if outcome is None}
+    ran = _in_parallel("eval", todo, _evaluate_in_worker, jobs, out / "logs")
+    return [done[name] or ran[name] for name in done]
 
+
+def _model_dir(config: ExperimentConfig, out: Path, name: str) -> Path:
     if config.pretrained_path(name) is not None:
-        model_dir = config.pretrained_path(name)
-    else:
-        model_dir = out / ("models" if name in config.scratch_names() else "adapters") / name
+        return Path(config.pretrained_path(name))
+    return out / ("models" if name in config.scratch_names() else "adapters") / name
+
+
+def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome | None:
+    """The outcome of a model's evaluation already in ``out/eval/NAME`` when its results are of the same request
+    (suites, options, results version) and of the same training and not ``redo``; else None (it is to run)."""
+    from ..eval.suite import RESULTS, RESULTS_VERSION
+
     path = out / "eval" / name
     results_file = path / RESULTS
     wanted = {
@@ -542,14 +585,26 @@ def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, r
         "options": _jsonable_options(options),
         "results_version": RESULTS_VERSION,
     }
-    trained = _trained_steps(model_dir)
     if (
         results_file.is_file()
         and _eval_request(results_file) == wanted
-        and _same_training(_evaluated_steps(path), trained)
+        and _same_training(_evaluated_steps(path), _trained_steps(_model_dir(config, out, name)))
         and not redo
     ):
         return PartOutcome("eval", name, path, DONE, 0.0, _read_json(results_file))
+    return None
+
+
+def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome:
+    """One model's suites into ``out/eval/NAME``, skipped when already there (:func:`_evaluated`)."""
+    from ..eval.suite import claim_eval_id, load_for_eval, run_suites
+
+    done = _evaluated(config, out, name, options, redo=redo)
+    if done is not None:
+        return done
+    model_dir = _model_dir(config, out, name)
+    path = out / "eval" / name
+    trained = _trained_steps(model_dir)
     t0 = time.perf_counter()
     model, tokenizer, description = load_for_eval(model_dir)
     # inside this experiment's folder: ours, whatever an older version left there
