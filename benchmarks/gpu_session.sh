@@ -64,8 +64,10 @@ gpu_tests() {
   step $(( ${SWEEP_S:-300} + 20 )) "route sweep" $PY -m diffattn.bench.route_sweep --out "$OUT" \
     --budget-s "${SWEEP_S:-300}" --warm-s "${WARM_S:-100}" --plan "${SWEEP_PLAN:-all}"
   export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
-  step 90 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
-    --seq-lens 1024,4096 --batch 4 --reps 5 --dtype bf16 --json "$OUT/train.json"
+  # and each SDPA route forced beside auto: which is fastest where the step is host-bound (the table's were timed at 16K)
+  step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
+    --seq-lens 1024,4096 --batch 4 --reps 5 --dtype bf16 --json "$OUT/train.json" \
+    --backends cudnn_maps,sdpa_maps,sdpa,cudnn_maps+epilogue
   step 90 "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
     --out "$OUT/report" --sections decode
   step 100 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \

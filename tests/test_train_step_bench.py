@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import diffattn.ops
@@ -90,3 +91,19 @@ def test_every_row_of_a_compiled_run_is_compiled_past_dynamos_recompile_limit():
         ["debug"], [8, 16, 24], batch=1, reps=1, device="cpu", compile_backend=counting
     )
     assert len(rows) == 3 and len(compiled) >= 12
+
+
+def test_forced_backends_are_columns_of_their_own_and_one_that_cannot_run_is_nan(capsys, tmp_path):
+    # --backends: the DIFF model once more per backend, forced; cudnn_maps cannot run on a CPU: a NaN column and its
+    # reason, the rest of the row measured
+    out = tmp_path / "rows.json"
+    argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--backends", "sdpa,cudnn_maps"]
+    assert main(["bench", "train-step", *argv, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "diffattn DIFF (cudnn_maps) failed: ValueError: backend 'cudnn_maps' is not usable" in text
+    assert "diffattn DIFF (sdpa) " in text.strip().splitlines()[-1] and "diffattn DIFF (cudnn_maps) nan" in text
+    ms = json.loads(out.read_text())["rows"][0]["ms"]
+    assert ms["diffattn DIFF (sdpa)"] > 0 and ms["diffattn DIFF (cudnn_maps)"] != ms["diffattn DIFF (cudnn_maps)"]
+    assert set(ms) == {*train_step.COLUMNS, "diffattn DIFF (sdpa)", "diffattn DIFF (cudnn_maps)"}
+    with pytest.raises(ValueError, match="unknown backend"):
+        train_step.columns_for(("cudnn_mapz",))

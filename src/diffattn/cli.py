@@ -164,6 +164,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
         dtype=dtype,
         compile_backend=args.compile,
+        backends=tuple(filter(None, args.backends.split(","))),
     )
     print(format_table(rows))
     if args.json:
@@ -626,6 +627,13 @@ def _add_bench_commands(sub) -> None:
         default=None,
         metavar="BACKEND",
         help="every model's forward through torch.compile (BACKEND, default inductor); compiled in the warm-up step",
+    )
+    b.add_argument(
+        "--backends",
+        default="",
+        metavar="A,B",
+        help="one more DIFF column per backend, forced (e.g. cudnn_maps,sdpa_maps,sdpa): the route for this model "
+        "size by measurement, where auto's table was measured at 16K tokens; a backend that cannot run is a NaN column",
     )
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)

@@ -16,6 +16,13 @@ backward and AdamW eager as before; compiling happens in the warm-up step, outsi
 a small model is host-bound (the H200 run of 2026-11-27: DIFF's extra 15.5 ms a step is the same at 1K and 4K
 tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forward fuses the element-wise ops of
 λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
+
+``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
+Why: the route table picks a class's route by its time at batch·N = 16K tokens, where the GPU is the limit; a small
+model's step is host-bound, where a route's host cost decides — on the H200 (2026-11-27) ``auto`` (``cudnn_maps``,
+two cuDNN calls a layer) stepped 49.3 ms against DiffLlama's 45.2 though it dispatches no more ops a layer (338
+against 340, counted on this CPU with the cuDNN calls stubbed). A backend that cannot take the model's calls on the
+device is a column of NaN with its error printed, not the end of the run.
 """
 
 from __future__ import annotations
@@ -97,10 +104,13 @@ def run_train_step_benchmark(
     dtype: str | None = None,
     memory: bool = False,
     compile_backend: str | None = None,
+    backends: tuple[str, ...] = (),
 ) -> list[StepRow]:
     """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
     ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
-    ``compile_backend``: each model's forward through ``torch.compile`` with it (module docstring)."""
+    ``compile_backend``: each model's forward through ``torch.compile`` with it; ``backends``: a DIFF column per
+    backend, forced (module docstring)."""
+    columns = columns_for(backends)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
     if dtype not in DTYPES:
@@ -115,14 +125,23 @@ def run_train_step_benchmark(
                 # and runs eager silently: a fresh start per row keeps every row's four compiles under it
                 torch._dynamo.reset()
             steps, models = {}, {}
-            for name, (attention, backend) in COLUMNS.items():
+            for name, (attention, backend) in columns.items():
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))
                 model.to(device).train()
                 models[name] = model
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
                 steps[name] = _step_fn(model, ids.to(device), dtype, compile_backend)
-            for fn in steps.values():  # warm-up (and, with compile_backend, the compiling)
-                fn()
+            failed = {}
+            for name, fn in steps.items():  # warm-up (and, with compile_backend, the compiling)
+                try:
+                    fn()
+                except Exception as err:  # a forced backend that cannot take these calls: NaN, and why
+                    if name in COLUMNS:
+                        raise
+                    failed[name] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+                    print(f"{preset} seq {n}: {name} failed: {failed[name]}", flush=True)
+            for name in failed:
+                del steps[name]
             times = {name: [] for name in steps}
             issued = {name: [] for name in steps}
             cuda = device.startswith("cuda")
@@ -137,10 +156,20 @@ def run_train_step_benchmark(
                         torch.cuda.synchronize()
                     times[name].append(time.perf_counter() - t0)
             peak = _step_peak_mib(steps, models) if memory and cuda else {}
-            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             host = {k: 1e3 * statistics.median(v) for k, v in issued.items()} if cuda else {}
             rows.append(StepRow(preset, n, batch, ms, dtype, peak, host, compile_backend or ""))
     return rows
+
+
+def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
+    """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only)."""
+    from ..ops import BACKENDS
+
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    return {**COLUMNS, **{f"diffattn DIFF ({b})": ("diff", b) for b in backends}}
 
 
 def _step_peak_mib(steps: dict, models: dict) -> dict[str, float]:
@@ -171,10 +200,15 @@ def format_table(rows: list[StepRow]) -> str:
             f"{r.ratio('diffattn DIFF V2 (auto)'):>9.2f} "
             f"{r.ms['diffattn DIFF V2 (auto)'] / r.ms['diffattn DIFF (auto)']:>9.2f}"
         )
+        extra = [n for n in r.ms if n not in COLUMNS]  # forced backends: their ms and ratio to the baseline
+        if extra:
+            lines[-1] += "   " + "  ".join(f"{n} {r.ms[n]:.1f} ({r.ratio(n):.2f}x)" for n in extra)
         if r.compiled:
             lines[-1] += f"   (forward compiled: {r.compiled})"
         if r.host_ms:  # CUDA: how much of each step the host spent issuing it
             lines.append(f"{'':<7} {'':>5} {'host':>5} " + " ".join(f"{r.host_ms[n]:>22.1f}" for n in names))
+            hosts = [f"{n} {r.host_ms[n]:.1f}" for n in extra if n in r.host_ms]
+            lines[-1] += ("   " + "  ".join(hosts)) if hosts else ""
     return "\n".join(lines)
 
 
