@@ -140,3 +140,12 @@ def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_
     v1, v2 = rs.routes_for(rs.CallClass("v1", 64)), rs.routes_for(rs.CallClass("shared_k", 64))
     assert "cudnn_maps+epilogue" in v1 and "sdpa_split+epilogue" in v1 and "sdpa+epilogue" not in v1
     assert "sdpa+epilogue" in v2 and "sdpa_split" not in v2
+
+
+def test_decode_rows_carry_their_cuda_graph_time_where_one_was_measured():
+    # issue 37's "what is in 0.30 ms": a decode call's time replayed as a CUDA graph (GPU time alone) beside its eager
+    # time; off CUDA there is none, and the cell is the eager time alone
+    assert rs.graphed_ms(lambda: None, "cpu") is None
+    row = {"ms": 0.3612, "graph_ms": 0.0451, "base_graph_ms": 0.0204}
+    assert rs._ms_cell(row) == "0.361 (graph 0.045, base 0.020)"
+    assert rs._ms_cell({"ms": 0.3612, "graph_ms": None}) == rs._ms_cell({"ms": 0.3612}) == "0.361"

@@ -407,12 +407,37 @@ def time_route(fn, cls: CallClass, device, dtype, scale: str) -> dict:
                 route_nograd()
 
     ms = interleaved_ms({"route": route, "base": base}, device)
+    graphed = {}
+    if cls.mode == "decode":  # what is host work in a decoding call's time: its GPU time alone, replayed as a graph
+        graphed = {k: graphed_ms(f, device) for k, f in (("graph_ms", route), ("base_graph_ms", base))}
     kind = "diff"
     h = p.diff["q1"].shape[1]
     flops = attention_flops(shape["batch"], h, shape["t"], shape["s"], cls.d, cls.dv, causal=cls.causal, kind=kind)
     work = flops["fwd_bwd"] if train else flops["fwd"]
     return {"ms": ms["route"], "base_ms": ms["base"], "ratio": ms["route"] / ms["base"],
-            "tflops": work / (ms["route"] * 1e9), "shape": shape}  # fmt: skip
+            "tflops": work / (ms["route"] * 1e9), "shape": shape, **graphed}  # fmt: skip
+
+
+def graphed_ms(fn: Callable[[], object], device) -> float | None:
+    """Median milliseconds of ``fn`` captured once as a CUDA graph and replayed (interleaved rounds as
+    :func:`interleaved_ms`): the GPU's time without the host's — what a decoding step costs under CUDA graphs
+    (transformers' static cache with ``torch.compile``), against the eager time that a host-bound call mostly is
+    (issue 37: "what is in 0.30 ms"). None off CUDA, or where the call cannot be captured (a host sync in it)."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks before a capture
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return interleaved_ms({"graph": graph.replay}, device)["graph"]
+    except Exception:  # not capturable: the eager time stands alone
+        return None
 
 
 def matmul_tflops(device) -> float:
@@ -726,11 +751,19 @@ def to_markdown(records: list[dict], entry: dict, matmul: float | None) -> str:
         rank = str(order.index(r["route"]) + 1) if r["route"] in order else "—"
         share = f"{100 * r['tflops'] / matmul:.0f}%" if matmul and r.get("tflops") else "—"
         lines.append("| " + " | ".join([
-            r["class"], r["route"], _f(r.get("ms"), ".3f"), _f(r.get("ratio"), ".2f"), _f(r.get("tflops"), ".0f"),
+            r["class"], r["route"], _ms_cell(r), _f(r.get("ratio"), ".2f"), _f(r.get("tflops"), ".0f"),
             share, _f(r.get("max_err"), ".1e"), _f(r.get("yardstick"), ".1e"),
             _status_cell(r), rank,
         ]) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _ms_cell(r: dict) -> str:
+    """A record's milliseconds, with its CUDA-graph replay time and the baseline's beside it where measured (decode)."""
+    cell = _f(r.get("ms"), ".3f")
+    if r.get("graph_ms") is not None:
+        cell += f" (graph {r['graph_ms']:.3f}, base {_f(r.get('base_graph_ms'), '.3f')})"
+    return cell
 
 
 def _status_cell(r: dict) -> str:
