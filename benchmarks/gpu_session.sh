@@ -12,6 +12,9 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
+# STEPS (comma-separated, in this order whatever the order given): sweep, train, decode, 830m, compiled, sanitize,
+# tests; default all but sanitize. A second call on the same lease runs what the first had no budget left for, e.g.
+# STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates.
 set -u
 OUT=${OUT:-benchmarks/gpu-report}
 mkdir -p "$OUT"
@@ -19,6 +22,9 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
+STEPS=${STEPS:-sweep,train,decode,830m,compiled,tests}
+[ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
+want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
 step() {
   local seconds=$1 title=$2
@@ -61,22 +67,23 @@ gpu_tests() {
   echo "== $(date -u +%FT%TZ) versions"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
   $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  step $(( ${SWEEP_S:-300} + 20 )) "route sweep" $PY -m diffattn.bench.route_sweep --out "$OUT" \
+  want sweep && step $(( ${SWEEP_S:-300} + 20 )) "route sweep" $PY -m diffattn.bench.route_sweep --out "$OUT" \
     --budget-s "${SWEEP_S:-300}" --warm-s "${WARM_S:-100}" --plan "${SWEEP_PLAN:-all}"
-  export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
+  # the steps below choose routes by this sweep's table where it wrote one, else by the shipped table
+  [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and each SDPA route forced beside auto: which is fastest where the step is host-bound (the table's were timed at 16K)
-  step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
+  want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 5 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn_maps,sdpa_maps,sdpa,cudnn_maps+epilogue
-  step 90 "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
+  want decode && step 90 "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
     --out "$OUT/report" --sections decode
-  step 100 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
+  want 830m && step 100 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
     --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16
-  step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
+  want compiled && step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
     $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 5 --dtype bf16 --compile \
     --json "$OUT/train_compiled.json"
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
-  [ "${SANITIZE:-0}" = 1 ] && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
-  step 60 "gpu tests, one process per file" gpu_tests
+  want sanitize && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
+  want tests && step 60 "gpu tests, one process per file" gpu_tests
   echo "== done after $(( $(date +%s) - start )) s"
 } 2>&1 | grep --line-buffered -v "Warning" | tee "$OUT/log.txt"
