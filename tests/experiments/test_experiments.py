@@ -528,6 +528,22 @@ def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun
     assert "evaluating" not in capsys.readouterr().out  # nothing left to evaluate: no workers started
 
 
+def test_a_model_that_fails_in_its_evaluation_worker_is_named_with_its_log(corpus, tmp_path):
+    # a worker's failure stops the run with the model's name and where its output went, not a bare pool error
+    d = _debug(corpus)
+    d["adapters"] = []
+    d["eval"]["suites"] = ["ppl"]
+    config = ExperimentConfig.from_dict(d)
+    run_experiment(config, tmp_path, evaluate=False)
+    out = tmp_path / "debug-exp"
+    weights = [p for p in (out / "models" / "diff").rglob("*.safetensors")]
+    assert weights
+    for path in weights:
+        path.write_bytes(b"not safetensors")
+    with pytest.raises(RuntimeError, match=r"eval diff failed: .*its output: .*logs/eval-diff\.log"):
+        run_experiment(config, tmp_path, jobs=2)
+
+
 def test_the_gap_row_between_models_at_the_floor_neither_agrees_nor_disagrees():
     """DIFF Table 2's "the gap grows with N", read between two models at the floor at the largest N: whichever
     way the gap moved, the row is inconclusive and says why; with the new model above the floor there, it is read."""
