@@ -228,7 +228,7 @@ def _tunable(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool = Fa
     (decoding and short rows keep their heuristic tile)."""
     if not AUTOTUNE or INTERPRETED or BLOCK_OVERRIDE is not None or fp32 or split:
         return False
-    return _width_class(d, dv) in _TUNING[mask].get(kind, {}) and (kind != "fwd" or rows >= 128)
+    return _width_class(d, dv) in _TUNING[mask].get(kind, {}) and (not kind.startswith("fwd") or rows >= 128)
 
 
 def _candidates(
