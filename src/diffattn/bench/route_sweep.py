@@ -119,8 +119,10 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
         if cls_name != "wide":  # wide heads have no single-pass backward
             out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
-        else:  # but a dK/dV kernel split in two and a forward by column blocks, on wgmma-sized tiles
-            out += [("triton[split]", CallClass(pair, d)), ("triton[cols]", CallClass(pair, d))]
+        if cls_name in tuning._TILES["dk"]:  # the dK/dV kernel split in two, on larger tiles
+            out.append(("triton[split]", CallClass(pair, d)))
+        if cls_name in tuning._TILES["fwd_cols"]:  # the forward by column blocks, on wgmma-sized tiles
+            out.append(("triton[cols]", CallClass(pair, d)))
         # the default (two-kernel) backward's tiles first: the profile put 81% of a step in the backward
         for kind in ("dkdv", "dq", "dv", "dk", "fwd", "fwd_cols", "dkdv_atomic"):
             for bm, bn, w, s in tuning._TUNING["none"].get(kind, {}).get(cls_name, []):
