@@ -171,11 +171,14 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     ``short_lengths`` lengths, the prefill at those and the report's long one). The single-pass backward only
     where it has spill-free tiles: not for wide heads, nor for DIFF V1 heads with a per-row 4-D mask (they take
     the two-kernel backward; segments are one id per key and row, and keep it). The split dK/dV kernel's two
-    launches ("dv", "dk") and the forward by column blocks ("fwd_cols") for wide heads only. The fused epilogue's
-    forward and backward kernels with two λ layouts (four rows), without a mask only (no mask reaches it)."""
+    launches ("dv", "dk") for wide and DIFF V1 heads, the forward by column blocks ("fwd_cols") for wide heads. The
+    fused epilogue's forward and backward kernels with two λ layouts (four rows), without a mask only (no mask
+    reaches it)."""
     repeat = {"short": short_lengths, "prefill": short_lengths + 1}  # prefill: also at the shape's (long) T
     repeat["epilogue"] = 4 if mask == "none" else 0
-    repeat.update({k: int(variant == "W") for k in ("dv", "dk", "fwd_cols")})  # the wide heads' split kernels
+    # the split dK/dV kernel's two launches (wide and DIFF V1 heads), the forward by column blocks (wide heads)
+    split = int(variant in ("W", "V1"))
+    repeat.update({"dv": split, "dk": split, "fwd_cols": int(variant == "W")})
     rows = [k for k in kinds if k != "dkdv_atomic" for _ in range(repeat.get(k, 1))]
     rows += ["combine" for k in kinds if k in ("prefill", "decode") for _ in range(repeat.get(k, 1))]
     if "dkdv_atomic" in kinds and (variant == "V2" or (variant == "V1" and mask in ("none", "padding", "segments"))):
@@ -218,7 +221,8 @@ def _check_contract(
         tuned = [r for r in kernels if r["config"]["candidate"] > 0]
         # (the two-kernel backward's dkdv and dq have candidates without a mask since 2026-11-27, issue 37; the
         # split dK/dV kernel of wide heads too)
-        expected = {"fwd", "dkdv_atomic", "dkdv", "dq", *(("dv", "dk", "fwd_cols") if "W" in variants else ())}
+        split = ("dv", "dk") if {"W", "V1"} & set(variants) else ()
+        expected = {"fwd", "dkdv_atomic", "dkdv", "dq", *split, *(("fwd_cols",) if "W" in variants else ())}
         assert {r["kind"] for r in tuned} == expected & set(kinds)
         assert {r["config"]["mask"] for r in tuned} == set(kr.MASKS)
     for row in kernels:
@@ -250,7 +254,7 @@ def _check_contract(
             assert row["flops_per_pair"] == row["ideal_flops_per_pair"]
     two_kernel = [r for r in rows if r["kind"] == "backward"]
     if "dkdv" in kinds and "dq" in kinds:  # one per variant and mask, and for wide heads one with the split dK/dV
-        split = sum(v == "W" for v, _ in labels) if {"dv", "dk"} <= set(kinds) else 0
+        split = sum(v in ("W", "V1") for v, _ in labels) if {"dv", "dk"} <= set(kinds) else 0
         assert len(two_kernel) == len(labels) + split
         assert all(r["kernel"] in ("backward (dkdv + dq)", "backward (dv + dk + dq)") for r in two_kernel)
     assert all(1.3 < r["flops_ratio"] < 1.5 for r in two_kernel if not r["config"]["variant"].startswith("W"))

@@ -472,13 +472,13 @@ def test_forward_by_column_blocks_matches_the_reference(monkeypatch, shape, kwar
 
 
 def test_split_dkdv_only_for_heads_with_split_tiles(monkeypatch):
-    # on a GPU the split applies where tuning has tiles for it (the wide heads), and never unless asked for
+    # on a GPU the split applies where tuning has tiles for it (wide and DIFF V1 heads), and never unless asked for
     monkeypatch.setattr(tuning, "INTERPRETED", False)
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
     assert not tuning._split_dkdv(128, 256)
     monkeypatch.setattr(tuning, "SPLIT_DKDV", True)
     assert tuning._split_dkdv(128, 256) and tuning._split_dkdv(128, 256, "rows")
-    assert not tuning._split_dkdv(64, 128) and not tuning._split_dkdv(64, 64)
+    assert tuning._split_dkdv(64, 128) and not tuning._split_dkdv(64, 64)  # DIFF V1 too, not DIFF V2
     assert tuning._fwd_columns(128, 256) == 0  # the forward by column blocks likewise
     monkeypatch.setattr(tuning, "FWD_COLUMNS", True)
     assert tuning._fwd_columns(128, 256) == 128 and tuning._fwd_columns(128, 256, "rows") == 128

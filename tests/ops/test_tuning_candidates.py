@@ -35,7 +35,10 @@ FlashAttention's backward formula) plus one ulp of the largest value. No absolut
 every ``tl.dot`` is numpy's matmul, whose BLAS may sum in another order than PyTorch's (on this machine its error at
 256 terms, the widest heads' dO·Vᵀ, is ~1.7x PyTorch's, and its error depends on the product's shape: a 32 x 64
 tile rounds up to ~4x worse than the bare 11 x 13 product of a one-block shape): two more yardsticks do the same math
-with numpy's arithmetic, on bare and on tile-sized (zero-padded) products (:func:`_interpreter_yardstick`).
+with numpy's arithmetic, on bare and on tile-sized (zero-padded) products (:func:`_interpreter_yardstick`), and one
+more rounds P as the kernels that ran do — each backward kernel recomputing P from scores formed on its own tiles
+against the log-sum-exps the forward formed on its tiles (:func:`_tiled_yardstick`; without it, the dK/dV kernel's
+128-key tile put dV 1.6x past the rule on one boundary case, by exactly this mechanism).
 """
 
 from __future__ import annotations
@@ -327,6 +330,9 @@ def _numpy_matmul(a: torch.Tensor, b: torch.Tensor, pad: int = 0) -> torch.Tenso
     return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))[..., :m, :n]
 
 
+_LOG2E = 1.4426950408889634  # the kernels' scores are in log2 units (scale · log2 e)
+
+
 def _interpreter_yardstick(q1, k1, q2, k2, v, lam, keep, bias, scale, cot, pad) -> list[torch.Tensor]:
     """Plain attention math in the inputs' dtype with numpy's arithmetic, the interpreter's: every matrix product
     through numpy's matmul (``tl.dot``), the row sums Δ_i = rowsum(dO ∘ O_i) through numpy's sum (``tl.reduce``),
@@ -392,6 +398,93 @@ def _numpy_yardstick(shape, tensors, mask, segments, shared_k, pad) -> list[torc
     return [out, dq1, dk1, dq2, dk2, dv, dlam]
 
 
+def _tile_products(x: torch.Tensor, y: torch.Tensor, x_rows: int, y_rows: int) -> torch.Tensor:
+    """``x @ yᵀ`` per (batch, head) slice as a kernel's tiles form it under the interpreter: ``x`` zero-padded to a
+    multiple of ``x_rows`` rows, ``y`` to ``y_rows``, one 2-D numpy matmul with ``yᵀ`` a transposed view, cropped.
+    numpy rounds such a product by its shape and layout (a 128-row tile times a transposed 16-row one: up to 3x worse
+    than at 32 rows, measured on 13 x 64 · 64 x 11 products)."""
+    m, n = x.shape[-2], y.shape[-2]
+    xp = torch.nn.functional.pad(x, (0, 0, 0, -m % x_rows)).detach().numpy()
+    yp = torch.nn.functional.pad(y, (0, 0, 0, -n % y_rows)).detach().numpy()
+    out = np.empty((*xp.shape[:-2], xp.shape[-2], yp.shape[-2]), dtype=xp.dtype)
+    for i in np.ndindex(*xp.shape[:-2]):
+        out[i] = np.matmul(xp[i], yp[i].T)
+    return torch.from_numpy(out)[..., :m, :n]
+
+
+def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict) -> list[torch.Tensor]:
+    """The kernels' own rounding of P, under the interpreter: the forward's log-sum-exps from scores formed on its
+    tiles (``tiles["fwd"]``: query rows x keys), and each backward kernel recomputing P from scores formed on *its*
+    tiles — the dK/dV kernel keys on rows (``tiles["dv"]``, ``tiles["dk"]``: queries x keys), dQ's queries on rows
+    (``tiles["dq"]``) — against those log-sum-exps, in log2 units as the kernels compute. Two roundings of the same
+    scores make P_bwd = exp2(s_bwd − lse_fwd) off by their difference, which dV sums over the rows: with the dK/dV
+    kernel's 128-key tile, dV erred 5x more than every bare yardstick on a boundary case (segments in one key block)
+    and exactly as much as this one. Products and row sums by numpy; [out, dq1, dk1, dq2, (dk2,) dv, dλ]."""
+    b, h, hkv, t, s = shape
+    q1, k1, q2, k2, v, lam, cot = (x.to(DTYPE) for x in tensors)
+    inp = validate(q1, k1, q2, k1 if shared_k else k2, v, lam, causal=True, attn_mask=mask, scale=None)
+    keep = torch.ones(t, s, dtype=torch.bool).tril(s - t).expand(b, h, t, s)
+    bias = None
+    if inp.attn_mask is not None and inp.attn_mask.dtype == torch.bool:
+        keep = keep & inp.attn_mask
+    elif inp.attn_mask is not None:
+        keep = keep & (inp.attn_mask > torch.finfo(DTYPE).min / 2)
+        bias = inp.attn_mask.float() * _LOG2E
+    if segments is not None:
+        keep = keep & _segment_keep(segments, t)
+    rep = h // hkv
+    c = inp.scale * _LOG2E
+
+    def log2_scores(raw):
+        x = raw * c if bias is None else raw * c + bias
+        return x.masked_fill(~keep, float("-inf"))
+
+    def probs(scores, lse):
+        return torch.exp2(scores - lse).masked_fill(~keep, 0.0)
+
+    lam_ = inp.lam.expand(b, h, t, 1).to(DTYPE)
+    vr = v.repeat_interleave(rep, dim=1)
+    g = torch.from_numpy(np.matmul(cot.numpy(), vr.transpose(-1, -2).numpy()))  # G = dO·Vᵀ
+    maps = []
+    for q, k in ((q1, k1), (q2, k1 if shared_k else k2)):
+        kr = k.repeat_interleave(rep, dim=1)
+        fwd = log2_scores(_tile_products(q, kr, *tiles["fwd"]))
+        m = fwd.amax(-1, keepdim=True).masked_fill(~keep.any(-1, keepdim=True), 0.0)
+        total = torch.exp2(fwd - m).sum(-1, keepdim=True)
+        lse = torch.where(total > 0, m + torch.log2(total), torch.full_like(m, float("inf")))
+        o = torch.from_numpy(np.matmul(probs(fwd, lse).numpy(), vr.numpy()))
+        p_dv, p_dk = (probs(log2_scores(_tile_products(kr, q, bn, bm).transpose(-1, -2)), lse)
+                      for bm, bn in (tiles["dv"], tiles["dk"]))  # fmt: skip
+        p_dq = probs(log2_scores(_tile_products(q, kr, *tiles["dq"])), lse)
+        delta = torch.from_numpy(np.sum((cot * o).numpy(), axis=-1, keepdims=True))
+        maps.append((q, kr, o, p_dv, p_dk, p_dq, delta))
+    (_, _, o1, pv1, _, _, _), (_, _, o2, pv2, _, _, _) = maps
+    grads = []
+    for (q, kr, _, _, p_dk, p_dq, delta), sign in zip(maps, (1.0, -lam_), strict=True):
+        grads.append(torch.from_numpy(np.matmul((p_dq * (g - delta) * sign).numpy(), kr.numpy())) * inp.scale)
+        ds_t = (p_dk * (g - delta) * sign).transpose(-1, -2)
+        dk = torch.from_numpy(np.matmul(ds_t.numpy(), q.numpy())) * inp.scale
+        grads.append(dk.unflatten(1, (hkv, rep)).sum(2))
+    dv = torch.from_numpy(np.matmul((pv1 - lam_ * pv2).transpose(-1, -2).numpy(), cot.numpy()))
+    dv = dv.unflatten(1, (hkv, rep)).sum(2)
+    out, dlam = o1 - lam_ * o2, -(cot * o2).sum(-1)
+    dq1, dk1, dq2, dk2 = grads
+    if shared_k:
+        return [out, dq1, dk1 + dk2, dq2, dv, dlam]
+    return [out, dq1, dk1, dq2, dk2, dv, dlam]
+
+
+def _tiles_that_ran(ran: list, backward_from: int) -> dict:
+    """(rows, keys) of the tiles each kernel ran with, for :func:`_tiled_yardstick`: the forward's, and "dv", "dk",
+    "dq" from the kernels of the backward launched from ``ran[backward_from]`` on (the single-pass kernel all three)."""
+    fwd = next((bm, bn) for kind, bm, bn in reversed(ran[:backward_from]) if kind in ("fwd", "fwd_cols"))
+    bwd = {kind: (bm, bn) for kind, bm, bn in ran[backward_from:]}
+    if "dkdv_atomic" in bwd:
+        return {"fwd": fwd, "dv": bwd["dkdv_atomic"], "dk": bwd["dkdv_atomic"], "dq": bwd["dkdv_atomic"]}
+    one = bwd.get("dkdv")
+    return {"fwd": fwd, "dv": bwd.get("dv", one), "dk": bwd.get("dk", one), "dq": bwd["dq"]}
+
+
 def _grads(out, leaves, cot):
     return [out.detach(), *torch.autograd.grad(out, leaves, cot.to(out.dtype), retain_graph=True)]
 
@@ -441,10 +534,17 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     backwards = [True, False] if case.kind == "bwd" else [False] if case.kind in two_kernel else [True]
     for atomic in backwards:
         monkeypatch.setattr(tuning, "ATOMIC_DQ", atomic)
+        backward_from = len(ran)
         got = _grads(out, leaves, cot)
         label = f"{case.id} {which} {shape} w{config[0]}s{config[1]} {'atomic' if atomic else 'two-kernel'}"
+        yardsticks = list(plain)
+        if not _CUDA:  # and P rounded as the kernels that ran round it (their tiles' products, numpy's arithmetic)
+            tensors = (q1, k1, q2, k2, v, lam, cot)
+            yardsticks.append(
+                _tiled_yardstick(shape, tensors, low_mask, segments, shared_k, _tiles_that_ran(ran, backward_from))
+            )
         for i, name in enumerate(names):
-            assert_within_rounding(f"{label}: {name}", got[i], gold[i], [p[i] for p in plain], DTYPE)
+            assert_within_rounding(f"{label}: {name}", got[i], gold[i], [p[i] for p in yardsticks], DTYPE)
     if case.tile is not None:  # the tile under test ran
         kind = {"fwd_mid": "fwd", "fwd_short": "fwd"}.get(case.kind, case.kind)
         assert (kind, *case.tile) in ran, (case.id, ran)
@@ -492,8 +592,9 @@ def test_every_candidate_and_default_tile_is_covered():
     defaults = {(c.kind, c.width, c.mask) for c in CASES if c.default}
     split = {("split", w, m) for w in WIDTHS for m in MASKS if _table_tile("dk", w, m)}
     split |= {("cols", w, m) for w in WIDTHS for m in MASKS if _table_tile("fwd_cols", w, m)}
-    # the wide heads, with every mask class
-    assert split == {(k, "wide", m) for k in ("split", "cols") for m in MASKS}
+    # the wide heads (and for the split, DIFF V1's), with every mask class
+    want = {(k, "wide", m) for k in ("split", "cols") for m in MASKS} | {("split", "v1", m) for m in MASKS}
+    assert split == want
     assert defaults == {(k, w, m) for k in (*FWD_REGIMES, "bwd") for w in WIDTHS for m in MASKS} | split
     for width in WIDTHS:  # every default table entry is one a default case reaches
         for kind in ("fwd", "fwd_mid", "fwd_short", "dkdv", "dq"):

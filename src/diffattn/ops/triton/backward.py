@@ -13,10 +13,11 @@ docs/methods.md §0), from the log-sum-exps and per-map outputs the forward (:mo
 * **Two kernels, deterministic**: the key-block kernel without dQ, then ``_bwd_dq_kernel`` over query blocks, which
   recomputes P1, P2 and G for dQ1, dQ2 (1.4x the ideal), bit for bit the same every run. Which of the two runs is
   decided when the backward runs (:mod:`.launch`, :data:`.tuning.ATOMIC_DQ`).
-* **The key-block kernel split in two**, for wide heads (d = 128, dv = 256, whose dK1, dK2 and dV accumulators
-  together leave room only for 32 × 32 tiles on mma.sync): one launch accumulates dV alone (it needs neither V nor
-  G), the next dK1, dK2 alone, each recomputing P1, P2 (2·2d more FLOPs per pair: 1.25x the key-block kernel's),
-  for tiles as large as one of them allows (:data:`.tuning.SPLIT_DKDV`, off until a GPU measures it faster).
+* **The key-block kernel split in two** (:data:`.tuning.SPLIT_DKDV`, off until a GPU measures it faster): one
+  launch accumulates dV alone (it needs neither V nor G), the next dK1, dK2 alone, each recomputing P1, P2 (2·2d more
+  FLOPs per pair: 1.25x the key-block kernel's), for tiles as large as one of them allows — for wide heads (d = 128,
+  dv = 256, whose three accumulators together leave room only for 32 × 32 tiles on mma.sync) and DIFF V1's (16
+  queries a step together, 64 and 32 apart).
 * Only the query blocks on a key block's causal diagonal, or of a partial key block, form a causal or bounds mask;
   a user mask applies everywhere. A row whose every key is masked has log-sum-exp +inf, so its P, and every
   gradient it would give, is exactly 0.

@@ -35,11 +35,12 @@ INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 #: (../shared/gpu/h200-2026-11-26.md) — the FLOP count said the opposite.
 ATOMIC_DQ: bool = False
 
-#: Wide heads' dK/dV kernel as two launches over the same key blocks, dV alone then dK1, dK2 alone (each recomputes
-#: P1, P2: 1.25x that kernel's FLOPs at d = 128, dv = 256), so each can take tiles that the three accumulators
-#: together leave no registers for (:data:`_TILES` "dv" and "dk" against "dkdv"'s 32 x 32 on mma.sync). Off until a
-#: GPU measures it faster (the route sweep's ``triton[split]`` and its tile candidates); heads with "dk" tiles only
-#: (``_split_dkdv``). Read when the backward runs.
+#: The two-kernel backward's dK/dV kernel as two launches over the same key blocks, dV alone then dK1, dK2 alone
+#: (each recomputes P1, P2: 1.25x that kernel's FLOPs), so each can take tiles that the three accumulators together
+#: leave no registers for (:data:`_TILES` "dv" and "dk": wide heads 32 x 128 and 16 x 128 on wgmma against "dkdv"'s
+#: 32 x 32 on mma.sync; DIFF V1 heads 64 and 32 queries a step against 16). Off until a GPU measures it faster (the
+#: route sweep's ``triton[split]`` and its tile candidates); heads with "dk" tiles only (``_split_dkdv``). Read when
+#: the backward runs.
 SPLIT_DKDV: bool = False
 
 #: Wide heads' forward (without key splits) as one program per half of V's columns: both maps' scores and softmax
@@ -100,8 +101,8 @@ _TILES = {
     # the forward by halves of V's columns (FWD_COLUMNS)
     "fwd_cols": {"wide": (128, 32)},
     # the split dK/dV kernel (SPLIT_DKDV): the dV launch, then the dK launch
-    "dv": {"wide": (32, 128)},
-    "dk": {"wide": (16, 128)},
+    "dv": {"wide": (32, 128), "v1": (64, 128)},
+    "dk": {"wide": (16, 128), "v1": (32, 128)},
 }
 
 # Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
@@ -121,7 +122,7 @@ _MASK_TILES = {
         "fwd_short": {"v2": (64, 16), "wide": (16, 32)},
         "dkdv_atomic": {"v2": (16, 128)},  # no "v1": the two-kernel backward
         "dkdv": {"wide": (16, 32)},
-        "dv": {"wide": (16, 128)},  # 32 x 128 spilled 188–212 bytes with the mask tile
+        "dv": {"wide": (16, 128), "v1": (32, 128)},  # 32 x 128 / 64 x 128 spilled 188–212 / 8–136 bytes here
         "fwd_cols": {"wide": (128, 16)},
     },
     # segment ids (sequence packing, without a 4-D mask): a document id per key and per row, compared per tile. The
@@ -192,10 +193,14 @@ _TWO_KERNEL_TUNING = {
     "dq": {"v1": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)], "v2": [(64, 64, 4, 2), (128, 32, 8, 2)],
            "wide": [(128, 32, 8, 2)]},
 }  # fmt: skip
-# The split dK/dV kernel of wide heads (SPLIT_DKDV): the other tiles that compile clean (triton 3.9; spilled: dV
+# The split dK/dV kernel (SPLIT_DKDV): the other tiles that compile clean. Wide heads (triton 3.9; spilled: dV
 # 32x128 w8 s3 72, 64x64 w4 1132, 64x128 w8 760; dK 32x64 w4 560 / w8 280, 32x128 w8 172, 64x64 w8 940, 16x64 w4 52;
-# dK 16x64 w8 is clean but repeats G on both warpgroups). Not yet timed.
-_SPLIT_TUNING = {"dv": {"wide": [(32, 64, 8, 2), (16, 128, 8, 2)]}, "dk": {"wide": [(16, 128, 8, 3)]}}
+# dK 16x64 w8 is clean but repeats G on both warpgroups). DIFF V1 heads (d = 64, dv = 128; spilled: dK 64x128 w8
+# 72, 64x64 w4 528, 32x64 w4 24 with triton 3.6). Not yet timed.
+_SPLIT_TUNING = {
+    "dv": {"wide": [(32, 64, 8, 2), (16, 128, 8, 2)], "v1": [(32, 128, 8, 2)]},
+    "dk": {"wide": [(16, 128, 8, 3)]},
+}
 # The wide forward by column blocks (FWD_COLUMNS): 128 x 16 beside the default 128 x 32 (spilled, triton 3.9: 64 x 64
 # w8 184, 64 x 32 w4 40, 128 x 64 w8 476; 64 x 32 w8 is clean but repeats QKᵀ on both warpgroups). Not yet timed.
 _COLUMNS_TUNING = {"fwd_cols": {"wide": [(128, 16, 8, 2)]}}
