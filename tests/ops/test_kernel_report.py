@@ -257,7 +257,14 @@ def _check_contract(
         split = sum(v in ("W", "V1") for v, _ in labels) if {"dv", "dk"} <= set(kinds) else 0
         assert len(two_kernel) == len(labels) + split
         assert all(r["kernel"] in ("backward (dkdv + dq)", "backward (dv + dk + dq)") for r in two_kernel)
-    assert all(1.3 < r["flops_ratio"] < 1.5 for r in two_kernel if not r["config"]["variant"].startswith("W"))
+    one = {r["config"]["variant"]: r for r in two_kernel if r["kernel"] == "backward (dkdv + dq)"}
+    assert all(1.3 < r["flops_ratio"] < 1.5 for label, r in one.items() if not label.startswith("W"))
+    # the split recomputes both maps' scores once more: at most 2·2d FLOPs per pair on top of the one launch (fewer
+    # where the one launch's tiles repeated products across warps: the wide heads' 32 x 32)
+    for r in two_kernel:
+        if r["kernel"] == "backward (dv + dk + dq)" and r["config"]["variant"] in one:
+            extra = r["flops_per_pair"] - one[r["config"]["variant"]]["flops_per_pair"]
+            assert extra <= 4 * r["config"]["d"], (r["config"]["variant"], extra)
 
 
 TRAINING_KINDS = ("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "epilogue")
