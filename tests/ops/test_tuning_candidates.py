@@ -375,11 +375,14 @@ def _interpreter_yardstick(q1, k1, q2, k2, v, lam, keep, bias, scale, cot, pad) 
     return [out, grads[0], per_kv_head(grads[1]), grads[2], per_kv_head(grads[3]), per_kv_head(dv), dlam]
 
 
-def _numpy_yardstick(shape, tensors, mask, segments, shared_k, pad) -> list[torch.Tensor]:
-    """:func:`_interpreter_yardstick` on this case's inputs and mask, its gradients in the order of the leaves."""
+def _yardstick_inputs(shape, tensors, mask, segments, shared_k):
+    """A case's tensors in the inputs' dtype, validated, and what every yardstick attends by: ``keep`` (causality, a
+    bool mask or an additive one's unmasked entries, segments; [B, H, T, S]) and ``bias`` (an additive mask, or
+    None). Returns (q1, k1, q2, k2 — k1 where shared —, v, cot, validated inputs, keep, bias)."""
     b, h, _, t, s = shape
     q1, k1, q2, k2, v, lam, cot = (x.to(DTYPE) for x in tensors)
-    inp = validate(q1, k1, q2, k1 if shared_k else k2, v, lam, causal=True, attn_mask=mask, scale=None)
+    k2 = k1 if shared_k else k2
+    inp = validate(q1, k1, q2, k2, v, lam, causal=True, attn_mask=mask, scale=None)
     keep = torch.ones(t, s, dtype=torch.bool).tril(s - t).expand(b, h, t, s)
     bias = None
     if inp.attn_mask is not None and inp.attn_mask.dtype == torch.bool:
@@ -389,13 +392,24 @@ def _numpy_yardstick(shape, tensors, mask, segments, shared_k, pad) -> list[torc
         bias = inp.attn_mask
     if segments is not None:
         keep = keep & _segment_keep(segments, t)
-    k2_ = k1 if shared_k else k2
-    out, dq1, dk1, dq2, dk2, dv, dlam = _interpreter_yardstick(
-        q1, k1, q2, k2_, v, inp.lam.expand(b, h, t, 1)[..., 0], keep, bias, inp.scale, cot, pad
-    )
+    return q1, k1, q2, k2, v, cot, inp, keep, bias
+
+
+def _in_leaf_order(out, dq1, dk1, dq2, dk2, dv, dlam, shared_k) -> list[torch.Tensor]:
+    """A yardstick's results in the order of the case's leaves (a shared K has one gradient, both maps' sum)."""
     if shared_k:
         return [out, dq1, dk1 + dk2, dq2, dv, dlam]
     return [out, dq1, dk1, dq2, dk2, dv, dlam]
+
+
+def _numpy_yardstick(shape, tensors, mask, segments, shared_k, pad) -> list[torch.Tensor]:
+    """:func:`_interpreter_yardstick` on this case's inputs and mask, its gradients in the order of the leaves."""
+    b, h, _, t, _ = shape
+    q1, k1, q2, k2, v, cot, inp, keep, bias = _yardstick_inputs(shape, tensors, mask, segments, shared_k)
+    results = _interpreter_yardstick(
+        q1, k1, q2, k2, v, inp.lam.expand(b, h, t, 1)[..., 0], keep, bias, inp.scale, cot, pad
+    )
+    return _in_leaf_order(*results, shared_k)
 
 
 def _tile_products(x: torch.Tensor, y: torch.Tensor, x_rows: int, y_rows: int) -> torch.Tensor:
@@ -420,23 +434,14 @@ def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict) -> l
     scores make P_bwd = exp2(s_bwd − lse_fwd) off by their difference, which dV sums over the rows: with the dK/dV
     kernel's 128-key tile, dV erred 5x more than every bare yardstick on a boundary case (segments in one key block)
     and exactly as much as this one. Products and row sums by numpy; [out, dq1, dk1, dq2, (dk2,) dv, dλ]."""
-    b, h, hkv, t, s = shape
-    q1, k1, q2, k2, v, lam, cot = (x.to(DTYPE) for x in tensors)
-    inp = validate(q1, k1, q2, k1 if shared_k else k2, v, lam, causal=True, attn_mask=mask, scale=None)
-    keep = torch.ones(t, s, dtype=torch.bool).tril(s - t).expand(b, h, t, s)
-    bias = None
-    if inp.attn_mask is not None and inp.attn_mask.dtype == torch.bool:
-        keep = keep & inp.attn_mask
-    elif inp.attn_mask is not None:
-        keep = keep & (inp.attn_mask > torch.finfo(DTYPE).min / 2)
-        bias = inp.attn_mask.float() * _LOG2E
-    if segments is not None:
-        keep = keep & _segment_keep(segments, t)
+    b, h, hkv, t, _ = shape
+    q1, k1, q2, k2, v, cot, inp, keep, bias = _yardstick_inputs(shape, tensors, mask, segments, shared_k)
     rep = h // hkv
     c = inp.scale * _LOG2E
+    bias2 = None if bias is None else bias.float() * _LOG2E  # an additive mask in log2 units, as the kernels take it
 
     def log2_scores(raw):
-        x = raw * c if bias is None else raw * c + bias
+        x = raw * c if bias2 is None else raw * c + bias2
         return x.masked_fill(~keep, float("-inf"))
 
     def probs(scores, lse):
@@ -446,7 +451,7 @@ def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict) -> l
     vr = v.repeat_interleave(rep, dim=1)
     g = torch.from_numpy(np.matmul(cot.numpy(), vr.transpose(-1, -2).numpy()))  # G = dO·Vᵀ
     maps = []
-    for q, k in ((q1, k1), (q2, k1 if shared_k else k2)):
+    for q, k in ((q1, k1), (q2, k2)):
         kr = k.repeat_interleave(rep, dim=1)
         fwd = log2_scores(_tile_products(q, kr, *tiles["fwd"]))
         m = fwd.amax(-1, keepdim=True).masked_fill(~keep.any(-1, keepdim=True), 0.0)
@@ -469,9 +474,7 @@ def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict) -> l
     dv = dv.unflatten(1, (hkv, rep)).sum(2)
     out, dlam = o1 - lam_ * o2, -(cot * o2).sum(-1)
     dq1, dk1, dq2, dk2 = grads
-    if shared_k:
-        return [out, dq1, dk1 + dk2, dq2, dv, dlam]
-    return [out, dq1, dk1, dq2, dk2, dv, dlam]
+    return _in_leaf_order(out, dq1, dk1, dq2, dk2, dv, dlam, shared_k)
 
 
 def _tiles_that_ran(ran: list, backward_from: int) -> dict:
