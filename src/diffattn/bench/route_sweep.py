@@ -239,24 +239,29 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
     return lambda p: diff_attention(**p.diff, backend=backend)
 
 
+#: The fused kernel's variants the sweep times as routes of their own (``triton[NAME]``, on their default tiles): the
+#: :mod:`~diffattn.ops.triton.tuning` flag that switches each on, and the launch kinds only that variant runs (forcing
+#: a tile of one of them switches its variant on too).
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "atomic": ("ATOMIC_DQ", ("dkdv_atomic",)),  # the single-pass backward
+    "split": ("SPLIT_DKDV", ("dv", "dk")),  # the dK/dV kernel as a dV and a dK launch
+    "cols": ("FWD_COLUMNS", ("fwd_cols",)),  # the forward by column blocks
+}
+
+
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
-    every other launch kind its default tile."""
+    every other launch kind its default tile. ``triton[NAME]`` of :data:`VARIANTS`: that variant on its tiles."""
     if not route.startswith("triton["):
         return
     from ..ops.triton import tuning
 
-    if route == "triton[atomic]":
-        tuning.ATOMIC_DQ = True
-        return
-    if route == "triton[split]":
-        tuning.SPLIT_DKDV = True
-        return
-    if route == "triton[cols]":
-        tuning.FWD_COLUMNS = True
+    inner = route[len("triton[") : -1]
+    if inner in VARIANTS:
+        setattr(tuning, VARIANTS[inner][0], True)
         return
 
-    kind, tile, warps, stages = route[len("triton[") : -1].split()
+    kind, tile, warps, stages = inner.split()
     bm, bn = (int(x) for x in tile.split("x"))
     cand = (bm, bn, int(warps[1:]), int(stages[1:]))
     original = tuning._candidates
@@ -266,12 +271,9 @@ def force_candidate(route: str) -> None:
 
     tuning._candidates = candidates
     tuning.AUTOTUNE = True
-    if kind == "dkdv_atomic":
-        tuning.ATOMIC_DQ = True  # the single-pass backward, which is what that kind is
-    if kind in ("dv", "dk"):
-        tuning.SPLIT_DKDV = True  # the split dK/dV kernel, whose launches those kinds are
-    if kind == "fwd_cols":
-        tuning.FWD_COLUMNS = True  # the forward by column blocks, whose launch that kind is
+    for flag, kinds in VARIANTS.values():  # a kind only one variant launches: that variant
+        if kind in kinds:
+            setattr(tuning, flag, True)
 
 
 # ---- checking and timing -----------------------------------------------------------------------------------------
