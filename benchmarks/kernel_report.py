@@ -309,6 +309,7 @@ def _record_launches(
     import torch
     import triton
 
+    from diffattn.bench.route_sweep import VARIANTS
     from diffattn.ops.triton import backward, decode, epilogue, forward, launch, tuning
 
     kernels = (
@@ -398,8 +399,10 @@ def _record_launches(
     # tuning.AUTOTUNE or tuning.ATOMIC_DQ is off by default
     tuning.AUTOTUNE, tuning.ATOMIC_DQ = True, True
     tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
-    tuning.SPLIT_DKDV = kind in ("dv", "dk")  # the key-block kernel as its two launches (heads with tiles for it)
-    tuning.FWD_COLUMNS = kind == "fwd_cols"  # the training forward by halves of V's columns (likewise)
+    # the split dK/dV kernel and the forward by column blocks for their own kinds only (the atomic one: set above)
+    for name in ("split", "cols"):
+        flag, kinds = VARIANTS[name]
+        setattr(tuning, flag, kind in kinds)
     try:
         if kind == "epilogue":  # O1 − λ·O2 and its backward, on an SDPA route's outputs; no mask reaches it
             if spec.get("mask") is None:
