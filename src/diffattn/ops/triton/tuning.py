@@ -306,12 +306,19 @@ def _width_class(d: int, dv: int) -> str:
     return "v2" if width <= 128 else "v1" if width <= 192 else "wide"
 
 
+def _has_tiles(kind: str, d: int, dv: int, mask: str = "none") -> bool:
+    """Whether launch ``kind`` has GPU tiles for these head widths and mask class: the mask class's own table for the
+    kind where it has one (:data:`_MASK_TILES`: it then lists every width class the kind takes with that mask), else
+    :data:`_TILES`."""
+    return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get(kind, _TILES[kind])
+
+
 def _single_pass_fits(d: int, dv: int, mask: str = "none") -> bool:
     """Whether the one-pass (atomic dQ) backward has spill-free tiles for these head widths and mask class (not for
     "wide" heads, nor for "v1" heads with a per-row 4-D mask: :data:`_MASK_TILES`)."""
     if INTERPRETED or BLOCK_OVERRIDE is not None:
         return True
-    return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("dkdv_atomic", _TILES["dkdv_atomic"])
+    return _has_tiles("dkdv_atomic", d, dv, mask)
 
 
 def _split_dkdv(d: int, dv: int, mask: str = "none") -> bool:
@@ -322,7 +329,7 @@ def _split_dkdv(d: int, dv: int, mask: str = "none") -> bool:
         return False
     if INTERPRETED or BLOCK_OVERRIDE is not None:
         return True
-    return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("dk", _TILES["dk"])
+    return _has_tiles("dk", d, dv, mask)
 
 
 def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
@@ -334,7 +341,7 @@ def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
     half = _pow2(dv) // 2
     if INTERPRETED or BLOCK_OVERRIDE is not None:
         return half if half >= 16 else 0
-    return half if _width_class(d, dv) in _MASK_TILES.get(mask, {}).get("fwd_cols", _TILES["fwd_cols"]) else 0
+    return half if _has_tiles("fwd_cols", d, dv, mask) else 0
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
