@@ -66,23 +66,61 @@ def fake_device(monkeypatch):
     ops._FAILED_ROUTES.clear()
 
 
-def test_call_class_reads_pair_widths_dtype_mask_and_mode():
-    assert routes.call_class(_inputs()) == "v1 d16 dv32 fp32 causal none train"
-    assert routes.call_class(_inputs(shared=True, grad=False)) == "shared_k d16 dv16 fp32 causal none infer"
+def test_call_class_reads_pair_widths_dtype_mask_mode_and_size():
+    # these inputs are small calls (far fewer scores than SMALL_SCORES); decoding has no size
+    assert routes.call_class(_inputs()) == "v1 d16 dv32 fp32 causal none train small"
+    assert routes.call_class(_inputs(shared=True, grad=False)) == "shared_k d16 dv16 fp32 causal none infer small"
     assert routes.call_class(_inputs(grad=False, t=1)) == "v1 d16 dv32 fp32 causal none decode"
     with torch.no_grad():  # grad mode off: no gradient will flow, whatever requires_grad says
-        assert routes.call_class(_inputs()).endswith(" infer")
+        assert routes.call_class(_inputs()).endswith(" infer small")
     padding = torch.ones(1, 8, dtype=torch.bool)
     assert routes.call_class(_inputs(mask=padding)).split()[5] == "padding"
     assert routes.call_class(_inputs(mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))).split()[5] == "mask4d"
     assert routes.call_class(_inputs(segments=torch.zeros(1, 8, dtype=torch.int32))).split()[5] == "segments"
 
 
-def test_the_sweeps_class_key_is_the_one_auto_reads():
-    from diffattn.bench.route_sweep import CallClass
+def _meta_inputs(cls, shape):
+    """Inputs of the sweep's ``shape`` for ``cls`` as meta tensors (shapes without memory), as make_problem lays them
+    out: V1 ``heads`` DIFF heads, DIFF V2 twice as many query heads over one K."""
+    train = cls.mode == "train"
 
-    assert CallClass("v1", 16, dtype="fp32").key == routes.call_class(_inputs())
-    assert CallClass("shared_k", 16, dtype="fp32", mode="infer").key == routes.call_class(_inputs(True, False))
+    def m(*s):
+        return torch.empty(*s, device="meta", dtype=torch.bfloat16).requires_grad_(train)
+
+    b, t, s = shape["batch"], shape["t"], shape["s"]
+    h = shape["heads"] * (1 if cls.pair == "v1" else 2)
+    q1, q2, k1 = m(b, h, t, cls.d), m(b, h, t, cls.d), m(b, h, s, cls.d)
+    k2 = m(b, h, s, cls.d) if cls.pair == "v1" else k1
+    segments = torch.zeros(b, s, dtype=torch.int32, device="meta") if cls.mask == "segments" else None
+    mask = torch.ones(b, s, dtype=torch.bool, device="meta") if cls.mask == "padding" else None
+    return validate(q1, k1, q2, k2, m(b, h, s, cls.dv), 0.5, causal=cls.causal, attn_mask=mask, scale=None,
+                    segment_ids=segments)  # fmt: skip
+
+
+def test_the_sweeps_class_key_is_the_one_auto_reads():
+    from diffattn.bench.route_sweep import CallClass, default_classes, shape_of
+
+    assert CallClass("v1", 16, dtype="fp32", size="small").key == routes.call_class(_inputs())
+    small_infer = CallClass("shared_k", 16, dtype="fp32", mode="infer", size="small")
+    assert small_infer.key == routes.call_class(_inputs(True, False))
+    # every class the sweep times, at the shape it times it: the key auto computes for such a call is the class's
+    # own — the standard shape is not small, the `small` step's shape is, on both sides of SMALL_SCORES
+    classes = default_classes()
+    assert {c.size for c in classes} == {"", "small"}
+    for cls in classes:
+        assert routes.call_class(_meta_inputs(cls, shape_of(cls))) == cls.key, cls
+
+
+def test_a_small_call_reads_its_small_class_else_the_class_at_the_standard_size(fake_device, tmp_path, monkeypatch):
+    # the `small` step is host-bound: the route measured fastest on its own calls, where the table has it
+    entry = _entry(routes={"v1 d16 dv32 fp32 causal none train": ["sdpa_split", "chunked"],
+                           "v1 d16 dv32 fp32 causal none train small": ["chunked", "sdpa_split"]})  # fmt: skip
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
+    assert ops.table_order(_inputs()) == ["chunked", "sdpa_split", "sdpa"]
+    # a call over SMALL_SCORES scores per map reads the standard class (its key without the size)
+    monkeypatch.setattr(routes, "SMALL_SCORES", 100)
+    assert routes.call_class(_inputs()) == "v1 d16 dv32 fp32 causal none train"
+    assert ops.table_order(_inputs()) == ["sdpa_split", "chunked", "sdpa"]
 
 
 def test_the_table_chooses_its_fastest_usable_route(fake_device, tmp_path, monkeypatch):

@@ -46,6 +46,9 @@ import torch.nn.functional as F
 TOLERANCE = 4.0
 CHECK_LEN = 333  # not a multiple of 16, 32, 64 or 128: every kernel has partial tiles
 D_MODEL, TOKENS, SEQ, DECODE_CACHE, DECODE_BATCH = 2048, 16384, 4096, 8192, 4
+#: a ``small`` class's shape: the `small` preset's attention call in the GPU report's train step (d_model 512, batch 4,
+#: N = 1024; diffattn.ops.routes.SMALL_SCORES): host-bound, where a route's host cost decides
+SMALL_D_MODEL, SMALL_BATCH, SMALL_SEQ = 512, 4, 1024
 JOB_TIMEOUT_S = 120.0
 COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
 
@@ -58,6 +61,7 @@ class CallClass:
     causal: bool = True
     mask: str = "none"  # none, padding, segments
     mode: str = "train"  # train, infer, decode
+    size: str = ""  # "": the standard shape (batch·N = 16K); "small": the `small` step's (SMALL_D_MODEL …)
 
     @property
     def dv(self) -> int:
@@ -66,8 +70,11 @@ class CallClass:
     @property
     def key(self) -> str:
         """The route table's key (:func:`diffattn.ops.routes.call_class` of these inputs)."""
+        from ..ops.routes import SMALL
+
         causal = "causal" if self.causal else "full"
-        return f"{self.pair} d{self.d} dv{self.dv} {self.dtype} {causal} {self.mask} {self.mode}"
+        small = SMALL if self.size == "small" else ""
+        return f"{self.pair} d{self.d} dv{self.dv} {self.dtype} {causal} {self.mask} {self.mode}{small}"
 
 
 def default_classes() -> list[CallClass]:
@@ -76,6 +83,8 @@ def default_classes() -> list[CallClass]:
     for d in (64, 128):
         for pair in ("v1", "shared_k"):
             out += [CallClass(pair, d, mode=m) for m in ("train", "infer", "decode")]
+        if d == 64:  # the `small` train step's own calls (host-bound: routes order by host cost there)
+            out += [CallClass(pair, d, size="small") for pair in ("v1", "shared_k")]
     for d in (64, 128):
         for pair in ("v1", "shared_k"):
             out += [CallClass(pair, d, mask=m, mode="train") for m in ("padding", "segments")]
@@ -368,9 +377,12 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], device, rounds: int = 1
 
 def shape_of(cls: CallClass, scale: str = "gpu") -> dict:
     """The timed shape: batch·N = 16K tokens at N = 4096 and d_model 2048 (DIFF heads: d_model / 2d); decode one
-    query against 8192 keys, batch 4. ``scale="tiny"``: a CPU stand-in for tests."""
+    query against 8192 keys, batch 4; a ``small`` class the `small` step's call (:data:`SMALL_D_MODEL` …).
+    ``scale="tiny"``: a CPU stand-in for tests."""
     if scale == "tiny":
         return {"batch": 1, "heads": 2, "t": 1 if cls.mode == "decode" else 64, "s": 64}
+    if cls.size == "small":
+        return {"batch": SMALL_BATCH, "heads": SMALL_D_MODEL // (2 * cls.d), "t": SMALL_SEQ, "s": SMALL_SEQ}
     heads = D_MODEL // (2 * cls.d)
     if cls.mode == "decode":
         return {"batch": DECODE_BATCH, "heads": heads, "t": 1, "s": DECODE_CACHE}
@@ -702,7 +714,8 @@ def table_entry(records: list[dict], identity: dict, date: str) -> dict:
         if r.get("measured"):  # kept from an earlier run of this device and software (with_earlier_measurements)
             m["measured"] = r["measured"]
     return {**identity, "date": date, "shape": f"batch·N = {TOKENS}, N = {SEQ}, d_model {D_MODEL}; decode: batch "
-            f"{DECODE_BATCH}, one query against {DECODE_CACHE} keys",
+            f"{DECODE_BATCH}, one query against {DECODE_CACHE} keys; small: batch {SMALL_BATCH}, N = {SMALL_SEQ}, "
+            f"d_model {SMALL_D_MODEL}",
             "routes": {k: [name for _, name in sorted(v)] for k, v in routes.items()},
             "measurements": measured}  # fmt: skip
 

@@ -12,8 +12,12 @@ A call class (:func:`call_class`) is what decides the fastest route and can be r
 anything: both maps' keys (``v1``: K1, K2 apart; ``shared_k``: K1 is K2 — DIFF V2, DAA, DiffQ), head widths d and dv,
 dtype, causal or not, the mask (``none``, key ``padding``, a per-row ``mask4d``, ``segments``) and the mode
 (``train``: a gradient will flow; ``infer``: no gradient, T > 1 — prefill with or without a KV cache; ``decode``:
-T = 1 against a cache). Sequence length is not in the class: the sweep measures at batch·N = 16K, N = 4096
-(decode: a cache of 8192), and the entry says so.
+T = 1 against a cache) and, for ``train`` and ``infer``, the size: a call of at most :data:`SMALL_SCORES` query–key
+scores per map (B·H·T·S) is ``small`` (the key ends in " small"). Why the size: the sweep measures at batch·N = 16K,
+N = 4096 (decode: a cache of 8192), where the GPU is the limit; a small model's step is host-bound, where a route's
+host cost decides (the H200 of 2026-11-27 stepped the `small` model slower than transformers' DiffLlama with the
+route chosen at 16K, at no more ops: benchmarks/RESULTS.md), so the sweep also measures the `small` step's own calls
+and a small call reads their order. A table without a small class for a call reads the class without the size.
 
 An entry is used only where everything it was measured with matches this process: device name and compute
 capability, torch, triton and cuDNN versions. Another GPU's or other software's entry is ignored with one log line;
@@ -59,9 +63,18 @@ def mask_class(inp: DiffAttentionInputs) -> str:
     return "mask4d"
 
 
+#: the most query–key scores per map (B·H·T·S, H one map's query heads) of a ``small`` call: the geometric mean of
+#: the route sweep's two training shapes, the `small` preset's step (4·4·1024² = 2^24 for DIFF V1, 2^25 for DIFF V2)
+#: and its standard shape at its narrowest (d = 128: 4·8·4096² = 2^29), so each is 4–8x from the boundary
+SMALL_SCORES = 2**27
+#: the end of a small call's class key
+SMALL = " small"
+
+
 def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
-    """The route table's key for this call, e.g. ``"v1 d64 dv128 bf16 causal none train"``. ``grad``: whether a
-    gradient will flow (default: grad mode is on and some input requires grad)."""
+    """The route table's key for this call, e.g. ``"v1 d64 dv128 bf16 causal none train"``, or ``"… train small"``
+    for a call of at most :data:`SMALL_SCORES` scores per map (module docstring). ``grad``: whether a gradient will
+    flow (default: grad mode is on and some input requires grad)."""
     if grad is None:
         leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
@@ -69,7 +82,8 @@ def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     pair = "shared_k" if inp.shares_keys else "v1"
     dtype = _DTYPES.get(inp.q1.dtype, str(inp.q1.dtype).removeprefix("torch."))
     causal = "causal" if inp.causal else "full"
-    return f"{pair} d{inp.head_dim} dv{inp.v_dim} {dtype} {causal} {mask_class(inp)} {mode}"
+    small = mode != "decode" and inp.batch * inp.num_heads * inp.q_len * inp.kv_len <= SMALL_SCORES
+    return f"{pair} d{inp.head_dim} dv{inp.v_dim} {dtype} {causal} {mask_class(inp)} {mode}" + (SMALL if small else "")
 
 
 def software() -> dict[str, str]:
@@ -184,14 +198,16 @@ def device_entry(index: int) -> dict | None:
 
 def listed_routes(index: int | None, cls: str) -> tuple[str, ...]:
     """The routes the table lists for call class ``cls`` on CUDA device ``index`` (None: the current one), fastest
-    first, then :data:`SAFE_DEFAULT`; ``(SAFE_DEFAULT,)`` where no entry or class matches.
+    first, then :data:`SAFE_DEFAULT`; ``(SAFE_DEFAULT,)`` where no entry or class matches (a ``small`` class the
+    table lacks: the class without the size).
 
     torch.compile takes the result as a constant at trace time (the flag below). It must be this plain function of
     constants that carries the flag: on torch 2.11 dynamo ignores the flag on a ``functools.cache`` wrapper and traces
     into it, and the CUDA queries inside end a ``fullgraph`` trace ("torch.* op returned non-Tensor", H200 run of
     2026-11-27: every decode step of a diffattn model under ``torch.compile``)."""
     entry = device_entry(index if index is not None else torch.cuda.current_device())
-    routes = entry["routes"].get(cls) if entry else None
+    # a small call's class where the table measured it, else the same class at the sweep's standard size
+    routes = (entry["routes"].get(cls) or entry["routes"].get(cls.removesuffix(SMALL))) if entry else None
     if not routes:
         return (SAFE_DEFAULT,)
     return tuple(routes) + (() if SAFE_DEFAULT in routes else (SAFE_DEFAULT,))
