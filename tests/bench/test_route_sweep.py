@@ -143,6 +143,27 @@ def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_
     assert "sdpa+epilogue" in v2 and "sdpa_split" not in v2
 
 
+def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_the_rest():
+    # the shipped H200 entry lacks the `small` step's classes (and paper-830m's d = 96): each table route times them
+    # in a first round of workers, before any worker times what a route lacks on a class the entry has measured
+    entry = next(e for e in routes.check_table(json.loads(routes.ROUTE_TABLE.read_text())) if "H200" in e["device"])
+    plan = rs.unmeasured_first(rs.default_plan(), entry)
+    first = rs.new_classes(plan, entry)
+    small = {c.key for c in rs.default_classes() if c.size == "small"}
+    assert small <= first and not any(k in first for k in entry["routes"])
+    batches = rs.worker_batches(plan, first)
+    in_first = [all(c.key in first for c in classes) for _, classes in batches]
+    assert in_first == sorted(in_first, reverse=True)  # the first round, then the rest: never mixed in one worker
+    first_round = [route for (route, _), f in zip(batches, in_first, strict=True) if f]
+    assert set(rs.routes_for(rs.CallClass("v1", 64, size="small"))) <= set(first_round)
+    assert sorted((r, c.key) for r, cs in batches for c in cs) == sorted((r, c.key) for r, c in plan)  # every job once
+    # no earlier entry: one round, one worker per route
+    fresh = rs.unmeasured_first(rs.default_plan(), None)
+    assert rs.new_classes(fresh, None) == frozenset()
+    routes_in_order = [r for r, _ in rs.worker_batches(fresh)]
+    assert len(routes_in_order) == len(set(routes_in_order))
+
+
 def test_decode_rows_carry_their_cuda_graph_time_where_one_was_measured():
     # issue 37's "what is in 0.30 ms": a decode call's time replayed as a CUDA graph (GPU time alone) beside its eager
     # time; off CUDA there is none, and the cell is the eager time alone

@@ -565,22 +565,22 @@ def sweep(
     extra_module: str | None = None,
     progress: Callable[[str], None] = print,
     warm_s: float = 0.0,
+    first: frozenset[str] = frozenset(),
 ) -> list[dict]:
     """Every (route, class) of ``plan``, each route in worker processes of its own, in plan order of routes; a
-    worker that dies or overruns costs one row and a fresh worker takes the rest. Returns one record per job
-    (status "ok", "error: …", "crashed: …", "timed out", or "skipped: budget spent")."""
+    worker that dies or overruns costs one row and a fresh worker takes the rest. ``first``: class keys whose jobs
+    run in a round of their own before the rest (:func:`worker_batches`). Returns one record per job (status "ok",
+    "error: …", "crashed: …", "timed out", or "skipped: budget spent")."""
     out.mkdir(parents=True, exist_ok=True)
     results = out / "routes.jsonl"
     if results.exists():
         results.unlink()  # ours: the previous sweep's raw rows, rewritten below
     deadline = time.monotonic() + budget_s
-    by_route: dict[str, list[CallClass]] = {}
-    for route, cls in plan:
-        by_route.setdefault(route, []).append(cls)
+    batches = worker_batches(plan, first)
     if warm_s > 0:
-        warm_compiles(by_route, out, device, scale, extra_module, min(warm_s, budget_s / 2), progress)
+        warm_compiles(batches, out, device, scale, extra_module, min(warm_s, budget_s / 2), progress)
     records: dict[tuple[str, str], dict] = {}
-    for route, classes in by_route.items():
+    for route, classes in batches:
         pending = list(classes)
         while pending:
             left = deadline - time.monotonic()
@@ -629,14 +629,33 @@ def sweep(
     return [records[(route, cls.key)] for route, cls in plan if (route, cls.key) in records]
 
 
+def worker_batches(
+    plan: list[tuple[str, CallClass]], first: frozenset[str] = frozenset()
+) -> list[tuple[str, list[CallClass]]]:
+    """The sweep's workers in order: (route, its classes), one per route in order of first appearance in ``plan``
+    (a worker runs a route on all its classes: one process start per route, not per job) — in two rounds where
+    ``first`` names classes: their jobs, route by route, then the rest. Why: a class new to the table (the `small`
+    step's, 2026-11-27) is read from another class's order until measured, and a lease that reaches it only after
+    every other unmeasured job of each route (the fused-epilogue variants on every class) may end first; a second
+    round costs one more process start per route."""
+    batches: list[tuple[str, list[CallClass]]] = []
+    for in_round in ((lambda c: c.key in first), (lambda c: c.key not in first)) if first else ((lambda c: True),):
+        grouped: dict[str, list[CallClass]] = {}
+        for route, cls in plan:
+            if in_round(cls):
+                grouped.setdefault(route, []).append(cls)
+        batches += grouped.items()
+    return batches
+
+
 WARM_PROCESSES = 8
 
 
-def warm_compiles(by_route, out: Path, device, scale, extra_module, timeout_s: float, progress) -> None:
+def warm_compiles(batches, out: Path, device, scale, extra_module, timeout_s: float, progress) -> None:
     """Compile the Triton routes' kernels before anything is timed: their classes split over up to
     :data:`WARM_PROCESSES` worker processes at once (compiling is CPU work; Triton's cache is shared between
     processes), killed at ``timeout_s``. Nothing here is recorded: the timed workers meet any error again."""
-    work = [(route, cls) for route, classes in by_route.items() if route.startswith("triton") for cls in classes]
+    work = [(route, cls) for route, classes in batches if route.startswith("triton") for cls in classes]
     if not work:
         return
     progress(f"routes: compiling {len(work)} Triton (route, class) pairs in {WARM_PROCESSES} processes")
@@ -881,16 +900,27 @@ def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
 
 
 def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) -> list[tuple[str, CallClass]]:
-    """``plan`` with the jobs the earlier entry has no correct measurement of first (route by route in
-    :data:`SWEEP_ORDER`, then plan order), then the rest:
-    a lease too short for the whole sweep (ten minutes measure about four routes on every class) adds what is
-    missing instead of measuring the same routes again — the H200 run of 2026-11-27 never reached the fused kernel."""
+    """``plan`` with the jobs the earlier entry has no correct measurement of first — those of classes it has no
+    measurement of at all (:func:`new_classes`) before the others, each route by route in :data:`SWEEP_ORDER`,
+    then plan order — then the rest: a lease too short for the whole sweep (ten minutes measure about four routes on
+    every class) adds what is missing instead of measuring the same routes again — the H200 run of 2026-11-27 never
+    reached the fused kernel."""
     done = _measured_ok(earlier)
+    known = {cls for _, cls in done}
     todo = [j for j in plan if (j[0], j[1].key) not in done]
     # route by route in SWEEP_ORDER (the sweep runs a route on all its classes in one worker): a route the earlier
     # entry lacks on its first class comes before one it lacks only on later classes; the rest keep plan order
-    todo.sort(key=lambda j: SWEEP_ORDER.index(j[0]) if j[0] in SWEEP_ORDER else len(SWEEP_ORDER))
+    todo.sort(key=lambda j: (j[1].key in known, SWEEP_ORDER.index(j[0]) if j[0] in SWEEP_ORDER else len(SWEEP_ORDER)))
     return todo + [j for j in plan if (j[0], j[1].key) in done]
+
+
+def new_classes(plan: list[tuple[str, CallClass]], earlier: dict | None) -> frozenset[str]:
+    """The classes of ``plan`` the earlier entry has no correct measurement of (none without an earlier entry: then
+    every class is new, and one round does them all)."""
+    if not earlier:
+        return frozenset()
+    known = {cls for _, cls in _measured_ok(earlier)}
+    return frozenset(cls.key for _, cls in plan if cls.key not in known)
 
 
 def with_earlier_measurements(records: list[dict], earlier: dict | None) -> list[dict]:
@@ -922,6 +952,7 @@ def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, pla
     matmul = matmul_tflops(device) if device == "cuda" else None
     earlier = entry_for(identity, str(table_path))  # the newest entry of this device and software, or None
     plan = unmeasured_first(plan or default_plan(), earlier)
+    kw.setdefault("first", new_classes(plan, earlier))
     if earlier:
         progress(f"routes: the table has an entry for this device and software of {earlier['date']}: what it lacks "
                  "is measured first, and what this run's budget leaves out is kept from it")  # fmt: skip
