@@ -152,8 +152,9 @@ def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_
     small = {c.key for c in rs.default_classes() if c.size == "small"}
     assert small <= first and not any(k in first for k in entry["routes"])
     batches = rs.worker_batches(plan, first)
-    in_first = [all(c.key in first for c in classes) for _, classes in batches]
-    assert in_first == sorted(in_first, reverse=True)  # the first round, then the rest: never mixed in one worker
+    assert all(len({c.key in first for c in classes}) == 1 for _, classes in batches)  # never mixed in one worker
+    in_first = [classes[0].key in first for _, classes in batches]
+    assert in_first == sorted(in_first, reverse=True)  # the first round, then the rest
     first_round = [route for (route, _), f in zip(batches, in_first, strict=True) if f]
     assert set(rs.routes_for(rs.CallClass("v1", 64, size="small"))) <= set(first_round)
     assert sorted((r, c.key) for r, cs in batches for c in cs) == sorted((r, c.key) for r, c in plan)  # every job once
@@ -162,6 +163,30 @@ def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_
     assert rs.new_classes(fresh, None) == frozenset()
     routes_in_order = [r for r, _ in rs.worker_batches(fresh)]
     assert len(routes_in_order) == len(set(routes_in_order))
+
+
+@pytest.mark.heavy  # worker processes: > 10 s on 2 cores
+def test_a_route_in_two_rounds_keeps_each_workers_rows_apart(tmp_path):
+    # the first round's worker of a route wrote records the second round's worker of that route must not read as its
+    # own: a crash in each round is one row there, and the classes after it go to a fresh worker
+    old, new = [rs.CallClass("v1", 16, dtype="fp32", mode=m) for m in ("train", "infer", "decode")], rs.CallClass(
+        "v1", 16, dtype="fp32", size="small")  # fmt: skip
+    plan = [(r, c) for c in (new, *old) for r in ("sdpa", "dies_on_decode", "poisons_on_infer")]
+    records = rs.sweep(plan, tmp_path, device="cpu", scale="tiny", budget_s=240, extra_module="tests.bench.fake_routes",
+                       progress=lambda m: None, first=frozenset({new.key}))  # fmt: skip
+    status = {(r["route"], r["class"]): r["status"] for r in records}
+    assert len(records) == len(plan) and set(status) == {(r, c.key) for r, c in plan}
+    assert status[("dies_on_decode", old[2].key)] == "crashed: killed by SIGABRT"
+    assert status[("poisons_on_infer", old[1].key)].startswith("crashed: RuntimeError: CUDA error")
+    ok = [(r, c.key) for r, c in plan if (r, c) not in (("dies_on_decode", old[2]), ("poisons_on_infer", old[1]))]
+    assert all(status[job] == "ok" for job in ok)
+
+
+def test_a_class_knows_its_size():
+    assert rs.CallClass("v1", 64, size="small").key == "v1 d64 dv128 bf16 causal none train small"
+    for bad in ({"size": "large"}, {"size": "small", "mode": "decode"}):
+        with pytest.raises(ValueError, match="size must be"):
+            rs.CallClass("v1", 64, **bad)
 
 
 def test_decode_rows_carry_their_cuda_graph_time_where_one_was_measured():

@@ -67,7 +67,7 @@ def fake_device(monkeypatch):
 
 
 def test_call_class_reads_pair_widths_dtype_mask_mode_and_size():
-    # these inputs are small calls (far fewer scores than SMALL_SCORES); decoding has no size
+    # these inputs are small calls (far less work than SMALL_WORK); decoding has no size
     assert routes.call_class(_inputs()) == "v1 d16 dv32 fp32 causal none train small"
     assert routes.call_class(_inputs(shared=True, grad=False)) == "shared_k d16 dv16 fp32 causal none infer small"
     assert routes.call_class(_inputs(grad=False, t=1)) == "v1 d16 dv32 fp32 causal none decode"
@@ -104,7 +104,7 @@ def test_the_sweeps_class_key_is_the_one_auto_reads():
     small_infer = CallClass("shared_k", 16, dtype="fp32", mode="infer", size="small")
     assert small_infer.key == routes.call_class(_inputs(True, False))
     # every class the sweep times, at the shape it times it: the key auto computes for such a call is the class's
-    # own — the standard shape is not small, the `small` step's shape is, on both sides of SMALL_SCORES
+    # own — the standard shape is not small, the `small` step's shape is, on both sides of SMALL_WORK
     classes = default_classes()
     assert {c.size for c in classes} == {"", "small"}
     for cls in classes:
@@ -117,10 +117,51 @@ def test_a_small_call_reads_its_small_class_else_the_class_at_the_standard_size(
                            "v1 d16 dv32 fp32 causal none train small": ["chunked", "sdpa_split"]})  # fmt: skip
     monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
     assert ops.table_order(_inputs()) == ["chunked", "sdpa_split", "sdpa"]
-    # a call over SMALL_SCORES scores per map reads the standard class (its key without the size)
-    monkeypatch.setattr(routes, "SMALL_SCORES", 100)
+    # a call of more than SMALL_WORK reads the standard class (its key without the size); one of exactly it is small
+    work = 1 * 2 * 8 * 8 * 16  # B·H·T·S·d of _inputs()
+    monkeypatch.setattr(routes, "SMALL_WORK", work)
+    assert routes.call_class(_inputs()).endswith(" train small")
+    monkeypatch.setattr(routes, "SMALL_WORK", work - 1)
     assert routes.call_class(_inputs()) == "v1 d16 dv32 fp32 causal none train"
     assert ops.table_order(_inputs()) == ["sdpa_split", "chunked", "sdpa"]
+
+
+def test_the_train_steps_the_gpu_script_times_are_on_their_intended_side_of_the_size():
+    # the `small` preset's step at 1,024 tokens is the small calls the sweep measures; at 4,096 tokens, the paper-830m
+    # step at 2,048 (DIFF Table 7's size) and the sweep's standard shapes are GPU-bound calls, read at the standard size
+    from diffattn.bench.route_sweep import CallClass
+    from diffattn.models.presets import PRESETS
+
+    def step_call(preset, batch, n, pair):
+        p = PRESETS[preset]
+        d = p.hidden_size // p.num_heads
+        heads = p.hidden_size // (2 * d)  # DIFF heads: d_model / 2d, as the sweep lays them out (shape_of)
+        cls = CallClass(pair, d)
+        return routes.call_class(_meta_inputs(cls, {"batch": batch, "heads": heads, "t": n, "s": n}))
+
+    for pair in ("v1", "shared_k"):
+        assert step_call("small", 4, 1024, pair).endswith(" train small")
+        assert step_call("small", 4, 4096, pair).endswith(" train")
+        assert step_call("paper-830m", 2, 2048, pair).endswith(" train")
+
+
+def test_a_failed_route_is_kept_per_class_whatever_the_size_and_the_log_names_the_class_read(
+    fake_device, tmp_path, monkeypatch
+):
+    # a route that failed to compile or launch on a class fails at either size (widths, dtype, mask decide it), and a
+    # small call's log line says which of the table's classes it read when the table has no small one
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [_entry()])))
+    small = _inputs()
+    ops._FAILED_ROUTES[("sdpa_split", routes.without_size(routes.call_class(small)))] = "failed at run time (x)"
+    assert ops.table_order(small) == ["chunked", "sdpa"]
+    monkeypatch.setattr(routes, "SMALL_WORK", 0)  # the same call at the standard size
+    assert ops.table_order(_inputs()) == ["chunked", "sdpa"]
+    line = ops.route_choice_line(0, "v1 d16 dv32 fp32 causal none train small", ["chunked", "sdpa"])
+    assert line == ("v1 d16 dv32 fp32 causal none train small runs chunked (route order: chunked, sdpa; read from "
+                    "the table's 'v1 d16 dv32 fp32 causal none train', which has no "
+                    "'v1 d16 dv32 fp32 causal none train small')")  # fmt: skip
+    assert ops.route_choice_line(0, "v1 d16 dv32 fp32 causal none train", ["sdpa_split", "chunked", "sdpa"]) == (
+        "v1 d16 dv32 fp32 causal none train runs sdpa_split (route order: sdpa_split, chunked, sdpa)")  # fmt: skip
 
 
 def test_the_table_chooses_its_fastest_usable_route(fake_device, tmp_path, monkeypatch):
@@ -207,7 +248,7 @@ def test_a_route_failing_at_run_time_hands_over_to_the_next_with_one_line(monkey
 
     ops._FAILED_ROUTES.clear()
     monkeypatch.setitem(ops._IMPLS, "sdpa_split", broken)
-    cls = routes.call_class(inp)
+    cls = routes.without_size(routes.call_class(inp))  # failures are kept per class whatever the size
     monkeypatch.setattr(
         ops, "auto_routes", lambda i, c=None: [n for n in ("sdpa_split", "sdpa") if (n, cls) not in ops._FAILED_ROUTES]
     )

@@ -694,25 +694,35 @@ def test_gpu_matches_reference(dtype, d, dv, t, s):
         assert err <= 2 * err_plain + atol, f"{name}: {err:.3g} vs sdpa {err_plain:.3g}"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+#: issue 37's variants (route_sweep.VARIANTS) and the tuning function that says whether a launch takes one
+_VARIANT_CHOICE = {"split": "_split_dkdv", "cols": "_fwd_columns"}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "t", "s"),
+    [(torch.bfloat16, 2048, 2048), (torch.float16, 2048, 2048), (torch.bfloat16, 1000, 3001),
+     (torch.bfloat16, 16384, 16384)],
+)  # fmt: skip
 @pytest.mark.parametrize(("d", "dv"), [(64, 128), (128, 256)])
-@pytest.mark.parametrize(("t", "s"), [(2048, 2048), (1000, 3001), (16384, 16384)])
-@pytest.mark.parametrize("variant", ["split", "cols"])
+@pytest.mark.parametrize("variant", sorted(_VARIANT_CHOICE))
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_kernel_variants_match_reference(monkeypatch, variant, dtype, d, dv, t, s):
-    # issue 37's variants, off by default until measured faster (route_sweep.VARIANTS: the flag each sets): the
-    # dK/dV kernel as a dV and a dK launch, the forward by blocks of V's columns, against the fp32 reference as
-    # test_gpu_matches_reference judges the default kernels (2x sdpa's own error in the dtype), at 1K-16K tokens
+def test_gpu_kernel_variants_match_reference(monkeypatch, variant, d, dv, dtype, t, s):
+    # issue 37's variants, off by default until measured faster: the dK/dV kernel as a dV and a dK launch, the
+    # forward by blocks of V's columns, against the fp32 reference as test_gpu_matches_reference judges the default
+    # kernels (2x sdpa's own error in the dtype), at 1K-16K tokens — each run checked to have taken its variant
     from diffattn.bench.route_sweep import VARIANTS
 
     flag, kinds = VARIANTS[variant]
     if not all(tuning._has_tiles(kind, d, dv) for kind in kinds):
         pytest.skip(f"{variant} has no tiles for d = {d}, dv = {dv}")
     monkeypatch.setattr(tuning, flag, True)
+    chosen, choice = [], getattr(tuning, _VARIANT_CHOICE[variant])
+    monkeypatch.setattr(tuning, _VARIANT_CHOICE[variant], lambda *a, **k: chosen.append(choice(*a, **k)) or chosen[-1])
     heads = 2 if t > 4096 else 8  # 16K tokens: fewer heads, the reference's [T, S] maps in fp32 must fit
     args = _gpu_inputs(1, heads, heads // 2, t, s, d, dv, dtype)
     got = _grads_of("triton", args)
+    assert chosen and all(chosen), f"{variant} was not taken: {chosen}"
     want = _grads_of("reference", [x.float() if x.is_floating_point() else x for x in args])
     plain = _grads_of("sdpa", args)  # PyTorch's flash kernels in the same dtype
     for name, a, w, p in zip(NAMES, got, want, plain, strict=True):

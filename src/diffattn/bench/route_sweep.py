@@ -47,7 +47,7 @@ TOLERANCE = 4.0
 CHECK_LEN = 333  # not a multiple of 16, 32, 64 or 128: every kernel has partial tiles
 D_MODEL, TOKENS, SEQ, DECODE_CACHE, DECODE_BATCH = 2048, 16384, 4096, 8192, 4
 #: a ``small`` class's shape: the `small` preset's attention call in the GPU report's train step (d_model 512, batch 4,
-#: N = 1024; diffattn.ops.routes.SMALL_SCORES): host-bound, where a route's host cost decides
+#: N = 1024; diffattn.ops.routes.SMALL_WORK): host-bound, where a route's host cost decides
 SMALL_D_MODEL, SMALL_BATCH, SMALL_SEQ = 512, 4, 1024
 JOB_TIMEOUT_S = 120.0
 COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
@@ -62,6 +62,10 @@ class CallClass:
     mask: str = "none"  # none, padding, segments
     mode: str = "train"  # train, infer, decode
     size: str = ""  # "": the standard shape (batch·N = 16K); "small": the `small` step's (SMALL_D_MODEL …)
+
+    def __post_init__(self):
+        if self.size not in ("", "small") or (self.size == "small" and self.mode == "decode"):
+            raise ValueError(f"size must be '' or 'small' (not with mode 'decode', which has no size): {self}")
 
     @property
     def dv(self) -> int:
@@ -600,7 +604,8 @@ def sweep(
             with open(stderr_path, "w") as err_file:
                 proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
                 timed_out = _wait(proc, results, route, min(left, job_timeout_s), deadline)
-            ours = [r for r in read_records(results) if r["route"] == route]
+            keys = {c.key for c in pending}  # this worker's: a route's first-round worker wrote records of its own
+            ours = [r for r in read_records(results) if r["route"] == route and r["class"] in keys]
             done = {r["class"]: r for r in ours if r.get("event") == "done"}
             started = [r["class"] for r in ours if r.get("event") == "start"]
             for key, r in done.items():

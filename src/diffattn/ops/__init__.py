@@ -50,7 +50,7 @@ from ._inputs import (
 )
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
-from .routes import EPILOGUE, EPILOGUE_ROUTES, SAFE_DEFAULT, call_class, table_routes
+from .routes import EPILOGUE, EPILOGUE_ROUTES, SAFE_DEFAULT, call_class, read_class, table_routes, without_size
 from .sdpa import (
     cudnn_unsupported,
     diff_attention_cudnn,
@@ -298,7 +298,8 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     return None
 
 
-#: (route, call class) → the error it raised at run time in this process: auto does not try it there again
+#: (route, call class without its size) → the error it raised at run time in this process: auto does not try it on
+#: that class again
 _FAILED_ROUTES: dict[tuple[str, str], str] = {}
 
 
@@ -325,7 +326,7 @@ def table_order(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     cls = cls or call_class(inp)
     usable = []
     for name in table_routes(inp):
-        reason = route_unsupported(name, inp) or _FAILED_ROUTES.get((name, cls))
+        reason = route_unsupported(name, inp) or _FAILED_ROUTES.get((name, without_size(cls)))
         if reason is None:
             usable.append(name)
         else:
@@ -340,6 +341,15 @@ def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -
     return auto_routes(inp)[0]
 
 
+def route_choice_line(index: int | None, cls: str, names: list[str]) -> str:
+    """What auto runs for a call of class ``cls`` on CUDA device ``index``, in one line: the route, the order, and the
+    table's class it was read from where that is not ``cls`` (a small call of a class the table measured only at
+    the standard size)."""
+    read = read_class(index, cls)
+    source = "" if read == cls else f"; read from the table's {read!r}, which has no {cls!r}"
+    return f"{cls} runs {names[0]} (route order: {', '.join(names)}{source})"
+
+
 def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
     """Run the first of :func:`auto_routes`; on CUDA a route that raises (compile error, launch error, out of
     resources, a kernel cuDNN refuses) hands over to the next one with one log line naming the error, and is not
@@ -348,7 +358,7 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
     cls = call_class(inp) if inp.q1.device.type == "cuda" else None  # the class decides only on CUDA
     names = auto_routes(inp, cls)
     if cls is not None:
-        _log_auto_fallback(f"{cls} runs {names[0]} (route order: {', '.join(names)})")
+        _log_auto_fallback(route_choice_line(inp.q1.device.index, cls, names))
     for i, name in enumerate(names):
         impl_inp = inp if name == "triton" else with_segment_mask(inp)
         if i == len(names) - 1 or torch.compiler.is_compiling():
@@ -362,7 +372,8 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
             if poisons_cuda_context(text):
                 raise
             cls = cls or call_class(inp)  # a failure is rare: the class is computed here off CUDA
-            _FAILED_ROUTES[(name, cls)] = f"failed at run time ({text})"
+            # kept per class whatever the size: what fails to compile or launch depends on the widths, dtype and mask
+            _FAILED_ROUTES[(name, without_size(cls))] = f"failed at run time ({text})"
             logger.warning(
                 "diff_attention backend auto: route %s failed for %s (%s); using %s from now on",
                 name,

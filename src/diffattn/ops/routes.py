@@ -10,14 +10,14 @@ repository ships; ``DIFFATTN_ROUTE_TABLE=path`` reads another one (the sweep's o
 
 A call class (:func:`call_class`) is what decides the fastest route and can be read off the inputs without running
 anything: both maps' keys (``v1``: K1, K2 apart; ``shared_k``: K1 is K2 — DIFF V2, DAA, DiffQ), head widths d and dv,
-dtype, causal or not, the mask (``none``, key ``padding``, a per-row ``mask4d``, ``segments``) and the mode
-(``train``: a gradient will flow; ``infer``: no gradient, T > 1 — prefill with or without a KV cache; ``decode``:
-T = 1 against a cache) and, for ``train`` and ``infer``, the size: a call of at most :data:`SMALL_SCORES` query–key
-scores per map (B·H·T·S) is ``small`` (the key ends in " small"). Why the size: the sweep measures at batch·N = 16K,
-N = 4096 (decode: a cache of 8192), where the GPU is the limit; a small model's step is host-bound, where a route's
-host cost decides (the H200 of 2026-11-27 stepped the `small` model slower than transformers' DiffLlama with the
-route chosen at 16K, at no more ops: benchmarks/RESULTS.md), so the sweep also measures the `small` step's own calls
-and a small call reads their order. A table without a small class for a call reads the class without the size.
+dtype, causal or not, the mask (``none``, key ``padding``, a per-row ``mask4d``, ``segments``) and the mode (``train``:
+a gradient will flow; ``infer``: no gradient, T > 1 — prefill with or without a KV cache; ``decode``: T = 1 against a
+cache) and, for ``train`` and ``infer``, the size: a call of at most :data:`SMALL_WORK` (B·H·T·S·d: query–key products
+per map times the head width) is ``small`` (the key ends in " small"). Why the size: the sweep measures at batch·N =
+16K, N = 4096 (decode: a cache of 8192), where the GPU is the limit; a small model's step is host-bound, where a route's
+host cost decides (the H200 of 2026-11-27 stepped the `small` model slower than transformers' DiffLlama with the route
+chosen at 16K, at no more ops: benchmarks/RESULTS.md), so the sweep also measures the `small` step's own calls and a
+small call reads their order. A table without a small class for a call reads the class without the size.
 
 An entry is used only where everything it was measured with matches this process: device name and compute
 capability, torch, triton and cuDNN versions. Another GPU's or other software's entry is ignored with one log line;
@@ -63,17 +63,20 @@ def mask_class(inp: DiffAttentionInputs) -> str:
     return "mask4d"
 
 
-#: the most query–key scores per map (B·H·T·S, H one map's query heads) of a ``small`` call: the geometric mean of
-#: the route sweep's two training shapes, the `small` preset's step (4·4·1024² = 2^24 for DIFF V1, 2^25 for DIFF V2)
-#: and its standard shape at its narrowest (d = 128: 4·8·4096² = 2^29), so each is 4–8x from the boundary
-SMALL_SCORES = 2**27
+#: the most work, B·H·T·S·d (H one map's query heads), of a ``small`` call, where the host's time for a call is
+#: expected to exceed the GPU's: 4x the `small` step's DIFF V1 call (4·4·1024²·64 = 2^30; DIFF V2's 2^31), where on the
+#: H200 (2026-11-27) such a call's GPU work (~0.05 ms forward+backward at its matmul rate) would be about a quarter of
+#: its host work (~0.2 ms: two SDPA calls and the subtraction's ops, forward and backward) — an estimate, to be
+#: replaced by the measured crossing. Above it: the sweep's standard shapes (2^36–2^37), the paper-830m step at 2,048
+#: tokens (2·8·2048²·96 = 2^32.6), the `small` step at 4,096 tokens (2^34)
+SMALL_WORK = 2**32
 #: the end of a small call's class key
 SMALL = " small"
 
 
 def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     """The route table's key for this call, e.g. ``"v1 d64 dv128 bf16 causal none train"``, or ``"… train small"``
-    for a call of at most :data:`SMALL_SCORES` scores per map (module docstring). ``grad``: whether a gradient will
+    for a call of at most :data:`SMALL_WORK` (module docstring). ``grad``: whether a gradient will
     flow (default: grad mode is on and some input requires grad)."""
     if grad is None:
         leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
@@ -82,7 +85,7 @@ def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     pair = "shared_k" if inp.shares_keys else "v1"
     dtype = _DTYPES.get(inp.q1.dtype, str(inp.q1.dtype).removeprefix("torch."))
     causal = "causal" if inp.causal else "full"
-    small = mode != "decode" and inp.batch * inp.num_heads * inp.q_len * inp.kv_len <= SMALL_SCORES
+    small = mode != "decode" and inp.batch * inp.num_heads * inp.q_len * inp.kv_len * inp.head_dim <= SMALL_WORK
     return f"{pair} d{inp.head_dim} dv{inp.v_dim} {dtype} {causal} {mask_class(inp)} {mode}" + (SMALL if small else "")
 
 
@@ -206,14 +209,28 @@ def listed_routes(index: int | None, cls: str) -> tuple[str, ...]:
     into it, and the CUDA queries inside end a ``fullgraph`` trace ("torch.* op returned non-Tensor", H200 run of
     2026-11-27: every decode step of a diffattn model under ``torch.compile``)."""
     entry = device_entry(index if index is not None else torch.cuda.current_device())
-    # a small call's class where the table measured it, else the same class at the sweep's standard size
-    routes = (entry["routes"].get(cls) or entry["routes"].get(cls.removesuffix(SMALL))) if entry else None
+    routes = entry["routes"].get(read_class(index, cls)) if entry else None
     if not routes:
         return (SAFE_DEFAULT,)
     return tuple(routes) + (() if SAFE_DEFAULT in routes else (SAFE_DEFAULT,))
 
 
+def read_class(index: int | None, cls: str) -> str:
+    """The class of the table a call of class ``cls`` reads on CUDA device ``index``: a small call's own where the
+    table measured it, else the same class at the sweep's standard size (:func:`without_size`); ``cls`` where the
+    table has neither. A trace-time constant, as :func:`listed_routes`."""
+    entry = device_entry(index if index is not None else torch.cuda.current_device())
+    table = entry["routes"] if entry else {}
+    return cls if cls in table or without_size(cls) not in table else without_size(cls)
+
+
 listed_routes._dynamo_marked_constant = True  # type: ignore[attr-defined]
+read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def without_size(cls: str) -> str:
+    """``cls`` at the sweep's standard size (a small call's class without its " small")."""
+    return cls.removesuffix(SMALL)
 
 
 def table_routes(inp: DiffAttentionInputs) -> list[str]:
