@@ -502,6 +502,41 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
         run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)
 
 
+def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trains_them(corpus, tmp_path, capsys):
+    """``jobs=2`` trains the adapters in worker processes too, once their bases are trained: each grid's runs and
+    every adapter without a grid at once (a grid's part is its chosen run, made after), each one's output in
+    logs/NAME.log; the same losses as a sequential run (the same seeds and data), outcomes in the same order."""
+    d = _debug(corpus)
+    d["adapters"] = [
+        {
+            "name": "dex",
+            "base": "baseline",
+            "method": "dex",
+            "options": {"heads": "random"},
+            "train": {"lr_grid": [1e-4, 3e-2]},
+        },
+        {"name": "lora", "base": "baseline", "method": "lora", "options": {"rank": 2}},
+    ]
+    config = ExperimentConfig.from_dict(d)
+    serial = run_experiment(config, tmp_path / "serial", evaluate=False)
+    capsys.readouterr()
+    parallel = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
+    assert [(o.kind, o.name, o.state) for o in parallel] == [(o.kind, o.name, o.state) for o in serial] == [
+        ("pretrain", "baseline", "fresh"), ("pretrain", "diff", "fresh"),
+        ("lr-grid", "dex lr 0.0001", "fresh"), ("lr-grid", "dex lr 0.03", "fresh"), ("adapt", "dex", "done"),
+        ("adapt", "lora", "fresh")]  # fmt: skip
+    for a, b in zip(serial[2:], parallel[2:], strict=True):  # the adapters' runs
+        assert b.summary["val_loss_after"] == pytest.approx(a.summary["val_loss_after"], rel=1e-5), b.name
+    printed = capsys.readouterr().out
+    assert "training 2 parts, 2 at a time" in printed and "training 3 parts, 2 at a time" in printed
+    logs = tmp_path / "parallel" / "debug-exp" / "logs"
+    assert {p.name for p in logs.iterdir()} >= {"dex-lr-0.0001.log", "dex-lr-0.03.log", "lora.log"}
+    assert "adapt lora" in (logs / "lora.log").read_text()  # the worker's log lines went there
+    again = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
+    assert all(o.state == "done" for o in again)
+    assert "training" not in capsys.readouterr().out  # nothing left to train: no workers started
+
+
 def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
     """``jobs=2`` evaluates the models in worker processes too (what took the adapter experiments hours on one
     core): each one's output in logs/eval-NAME.log, the outcomes in the config's order, results of the same

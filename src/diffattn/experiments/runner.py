@@ -7,7 +7,8 @@ Layout of ``<root>/<name>/``::
     models/<name>/           diffattn pretrain run folders (run.yaml, metrics.jsonl, checkpoints/, final/, summary.json)
     adapters/<name>/         diffattn adapt run folders (… adapter/ or merged/ or final/, summary.json)
     eval/<name>/             diffattn eval outputs (results.json, PNGs)
-    logs/                    with jobs > 1: each worker's output (<name>.log training, eval-<name>.log evaluating)
+    logs/                    with jobs > 1: each worker's output (<name>.log training, <name>-lr-<rate>.log a grid's
+                             run, eval-<name>.log evaluating)
 
 A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
 equal the requested ones; it is *resumed* from its last checkpoint when it was started with the same settings (a
@@ -211,13 +212,18 @@ def _grid_parts(out: Path, a, run_config, grid: list[float]) -> list[tuple[str, 
     return [(f"{a.name} lr {grid_key(r)}", root / f"lr-{grid_key(r)}", _at_rate(run_config, a.method, r)) for r in grid]
 
 
-def _resolve_lr_grid(a, run_config, grid: list[float], parts, states, train) -> tuple[object, list[PartOutcome]]:
-    """Train one run per rate of ``grid`` (finished ones are read back), then the part's config: the rate with
-    the lowest final validation loss, and every rate's loss recorded (``train.lr_grid_val_loss``) — chosen before
-    any evaluation is read."""
+def _resolve_lr_grid(
+    a, run_config, grid: list[float], parts, states, train, ran: dict | None = None
+) -> tuple[object, list[PartOutcome]]:
+    """Train one run per rate of ``grid`` (finished ones are read back; ``ran``: outcomes of runs trained already,
+    in parallel), then the part's config: the rate with the lowest final validation loss, and every rate's loss
+    recorded (``train.lr_grid_val_loss``) — chosen before any evaluation is read."""
     from ..train.adapt_config import best_rate
 
-    outcomes = [_train_part("lr-grid", train, name, path, states[name], config) for name, path, config in parts]
+    ran = ran or {}
+    outcomes = [
+        ran.get(name) or _train_part("lr-grid", train, name, path, states[name], config) for name, path, config in parts
+    ]
     losses = grid_losses(a.name, grid, [o.summary.get("val_loss_after") for o in outcomes])
     chosen = float(best_rate(losses))
     logger.info("%s: lr %s chosen from %s by validation loss", a.name, chosen, losses)
@@ -302,9 +308,11 @@ def run_experiment(
     ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them.
     ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
     marker so that another file with the same ``name`` is refused instead of replacing this one's report
-    (:func:`check_experiment_folder`). ``jobs``: from-scratch parts trained, and models evaluated, at once, each in
-    a process of its own with ``cores // jobs`` threads (:func:`_in_parallel`); 1 runs them one after the other.
-    Adapters train one after the other either way (an adapter may be its own grid's or another's base)."""
+    (:func:`check_experiment_folder`). ``jobs``: parts trained (from scratch; then the adapters and their
+    learning-rate grids' runs), and models evaluated, at once, each in a process of its own with ``cores // jobs``
+    threads (:func:`_in_parallel`); 1 runs them one after the other. Adapters start once every from-scratch part
+    is trained (their bases; no adapter is another's base), and an adapter with a learning-rate grid is made from
+    its grid's chosen run once the whole grid has run."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
 
@@ -326,7 +334,6 @@ def run_experiment(
 
 
 def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite, report, evaluate, jobs):
-    from ..train import pretrain
     from ..train.adapt import adapt_pretrained
 
     outcomes: list[PartOutcome] = []
@@ -347,23 +354,37 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
     save_record(config, out / RECORDS["experiment"], ident)
     mark(out, "experiment", ident=ident, name=config.name, source=source)
 
-    scratch_parts = [(m.name, out / "models" / m.name, states[m.name], c) for m, c in scratch]
-    if jobs > 1 and sum(state != DONE for _, _, state, _ in scratch_parts) > 1:
-        outcomes += _train_in_parallel(scratch_parts, jobs, out / "logs")
+    scratch_parts = [("pretrain", m.name, out / "models" / m.name, states[m.name], c) for m, c in scratch]
+    if jobs > 1 and sum(part[3] != DONE for part in scratch_parts) > 1:
+        trained = _train_in_parallel(scratch_parts, jobs, out / "logs")
+        outcomes += [trained[name] for _, name, *_ in scratch_parts]
     else:
-        outcomes += [_train_part("pretrain", pretrain, *part) for part in scratch_parts]
+        outcomes += [_train_part(kind, TRAINERS[kind](), *part) for kind, *part in scratch_parts]
+    # what the adapters train that waits on nothing but the bases: each grid's runs, and every part without a grid
+    # (a grid's part is its chosen run, known once the grid has run); with jobs > 1 trained in parallel first
+    adapter_runs = []
+    for a, run_config in adapters:
+        if a.name in grids:
+            adapter_runs += [("lr-grid", name, path, states[name], c) for name, path, c in grids[a.name]]
+        else:
+            adapter_runs.append(("adapt", a.name, out / "adapters" / a.name, states[a.name], run_config))
+    ran = {}
+    if jobs > 1 and sum(part[3] != DONE for part in adapter_runs) > 1:
+        ran = _train_in_parallel(adapter_runs, jobs, out / "logs")
     for a, run_config in adapters:
         path = out / "adapters" / a.name
         if a.name in grids:
             run_config, grid_outcomes = _resolve_lr_grid(
-                a, run_config, _lr_grid(config, a), grids[a.name], states, adapt_pretrained
+                a, run_config, _lr_grid(config, a), grids[a.name], states, adapt_pretrained, ran
             )
             outcomes += grid_outcomes
             states[a.name] = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
             if states[a.name] == FRESH and not path.exists():
                 chosen = grids[a.name][list(_lr_grid(config, a)).index(run_config.train.lr)][1]
                 states[a.name] = _reuse_grid_run(chosen, path, run_config)
-        outcomes.append(_train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config))
+        outcomes.append(
+            ran.get(a.name) or _train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config)
+        )
 
     if not evaluate:
         return outcomes
@@ -456,12 +477,29 @@ def _worker_output(log_file: Path, threads: int):
         yield
 
 
-def _train_in_worker(name: str, path: Path, state: str, run_config, log_file: Path, threads: int) -> PartOutcome:
-    """One from-scratch part in a worker process (:func:`_worker_output`)."""
+def _pretrain():
     from ..train import pretrain
 
+    return pretrain
+
+
+def _adapt():
+    from ..train.adapt import adapt_pretrained
+
+    return adapt_pretrained
+
+
+#: a training part's kind → (a function returning) what trains it: from scratch, an adapter, a run of an adapter's
+#: learning-rate grid
+TRAINERS = {"pretrain": _pretrain, "adapt": _adapt, "lr-grid": _adapt}
+
+
+def _train_in_worker(
+    kind: str, name: str, path: Path, state: str, run_config, log_file: Path, threads: int
+) -> PartOutcome:
+    """One training part of ``kind`` (:data:`TRAINERS`) in a worker process (:func:`_worker_output`)."""
     with _worker_output(log_file, threads):
-        return _train_part("pretrain", pretrain, name, path, state, run_config)
+        return _train_part(kind, TRAINERS[kind](), name, path, state, run_config)
 
 
 def _evaluate_in_worker(config, out: Path, name: str, options, redo: bool, log_file: Path, threads: int):
@@ -514,17 +552,19 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
     from tqdm.auto import tqdm
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    prefix = "" if kind == "pretrain" else f"{kind}-"
-    what = {"pretrain": "training {} parts", "eval": "evaluating {} models"}[kind].format(len(todo))
+    prefix = "eval-" if kind == "eval" else ""
+    what = {"train": "training {} parts", "eval": "evaluating {} models"}[kind].format(len(todo))
     print(f"{what}, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
           f"each one's output: {logs}/{prefix}NAME.log")  # fmt: skip
+
+    def log_of(name: str) -> Path:  # a grid run's name has spaces ("dex lr 0.0001"): not in a file name
+        return logs / f"{prefix}{name.replace(' ', '-')}.log"
+
     outcomes: dict[str, PartOutcome] = {}
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool, workers_stopped_with_parent(pool):
-        futures = {
-            pool.submit(worker, *args, logs / f"{prefix}{name}.log", threads): name for name, args in todo.items()
-        }
-        with tqdm(total=len(todo), desc="parts" if kind == "pretrain" else "models", unit="part") as bar:
+        futures = {pool.submit(worker, *args, log_of(name), threads): name for name, args in todo.items()}
+        with tqdm(total=len(todo), desc="parts" if kind == "train" else "models", unit="part") as bar:
             for future in as_completed(futures):
                 name = futures[future]
                 try:
@@ -534,29 +574,26 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
                 except BaseException as e:
                     for f in futures:
                         f.cancel()
-                    log = logs / f"{prefix}{name}.log"
-                    raise RuntimeError(f"{kind} {name} failed: {e} (its output: {log})") from e
+                    what = "training" if kind == "train" else kind
+                    raise RuntimeError(f"{what} {name} failed: {e} (its output: {log_of(name)})") from e
                 bar.update(1)
                 bar.set_postfix_str(f"{name} done", refresh=True)
     return outcomes
 
 
-def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
-    """Train ``parts`` (name, folder, state, config) ``jobs`` at a time (:func:`_in_parallel`), seed 0 of every
-    model first (a run cut short has every arm); finished parts are read back without a worker. The outcomes in
-    the parts' order."""
-    from ..train import pretrain
-
+def _train_in_parallel(parts: list, jobs: int, logs: Path) -> dict[str, PartOutcome]:
+    """Train ``parts`` (kind, name, folder, state, config; kinds of :data:`TRAINERS`) ``jobs`` at a time
+    (:func:`_in_parallel`), seed 0 of every model first (a run cut short has every arm); finished parts are read
+    back without a worker. The outcomes by name."""
     outcomes: dict[str, PartOutcome] = {}
     todo = []
-    for name, path, state, config in parts:
+    for kind, name, path, state, config in parts:
         if state == DONE:
-            outcomes[name] = _train_part("pretrain", pretrain, name, path, state, config)
+            outcomes[name] = _train_part(kind, TRAINERS[kind](), name, path, state, config)
         else:
-            todo.append((name, path, state, config))
-    todo.sort(key=lambda part: part[3].train.seed)
-    outcomes |= _in_parallel("pretrain", {p[0]: p for p in todo}, _train_in_worker, jobs, logs)
-    return [outcomes[name] for name, *_ in parts]
+            todo.append((kind, name, path, state, config))
+    todo.sort(key=lambda part: part[4].train.seed)
+    return outcomes | _in_parallel("train", {p[1]: p for p in todo}, _train_in_worker, jobs, logs)
 
 
 def _evaluate_in_parallel(config, out: Path, options, done: dict, overwrite, jobs: int) -> list[PartOutcome]:
