@@ -502,6 +502,7 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
         run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)
 
 
+@pytest.mark.heavy  # ~55 s on 2 cores: two experiments, eight parts (the scratch parts' parallel test is the default's)
 def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trains_them(corpus, tmp_path, capsys):
     """``jobs=2`` trains the adapters in worker processes too, once their bases are trained: each grid's runs and
     every adapter without a grid at once (a grid's part is its chosen run, made after), each one's output in
