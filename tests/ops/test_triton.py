@@ -685,13 +685,18 @@ def _grads_of(backend, args, **kw):
 @needs_cuda
 def test_gpu_matches_reference(dtype, d, dv, t, s):
     args = _gpu_inputs(1, 8, 4, t, s, d, dv, dtype)
-    got = _grads_of("triton", args)
+    _assert_like_sdpa(_grads_of("triton", args), args, dtype)
+
+
+def _assert_like_sdpa(got, args, dtype, what=""):
+    """The output and every gradient ``got`` (of ``args``) within twice PyTorch's flash kernels' own error in
+    ``dtype`` (the ``sdpa`` backend on the same inputs), both against the fp32 reference, plus half an ulp."""
     want = _grads_of("reference", [x.float() if x.is_floating_point() else x for x in args])
     plain = _grads_of("sdpa", args)  # PyTorch's flash kernels in the same dtype
     for name, a, w, p in zip(NAMES, got, want, plain, strict=True):
         err, err_plain = (a - w).abs().max().item(), (p - w).abs().max().item()
         atol = 0.5 * torch.finfo(dtype).eps * w.abs().max().item() + 1e-5
-        assert err <= 2 * err_plain + atol, f"{name}: {err:.3g} vs sdpa {err_plain:.3g}"
+        assert err <= 2 * err_plain + atol, f"{what}{name}: {err:.3g} vs sdpa {err_plain:.3g}"
 
 
 #: issue 37's variants (route_sweep.VARIANTS) and the tuning function that says whether a launch takes one
@@ -723,12 +728,7 @@ def test_gpu_kernel_variants_match_reference(monkeypatch, variant, d, dv, dtype,
     args = _gpu_inputs(1, heads, heads // 2, t, s, d, dv, dtype)
     got = _grads_of("triton", args)
     assert chosen and all(chosen), f"{variant} was not taken: {chosen}"
-    want = _grads_of("reference", [x.float() if x.is_floating_point() else x for x in args])
-    plain = _grads_of("sdpa", args)  # PyTorch's flash kernels in the same dtype
-    for name, a, w, p in zip(NAMES, got, want, plain, strict=True):
-        err, err_plain = (a - w).abs().max().item(), (p - w).abs().max().item()
-        atol = 0.5 * torch.finfo(dtype).eps * w.abs().max().item() + 1e-5
-        assert err <= 2 * err_plain + atol, f"{variant} {name}: {err:.3g} vs sdpa {err_plain:.3g}"
+    _assert_like_sdpa(got, args, dtype, f"{variant} ")
 
 
 def _gpu_peak_of_forward_backward(args, d):
