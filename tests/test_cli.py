@@ -51,6 +51,10 @@ def test_info_reports_every_backend_and_why(capsys):
 
     for status in backend_status():
         assert " ".join(status.reason.split()) in " ".join(out.split()), status
+    # one column for the verdict, however long a backend's name ("sdpa_split+epilogue")
+    rows = out.split("backends of diffattn.ops.diff_attention:\n")[1].split("adapter methods")[0].splitlines()
+    assert len(rows) == len(backend_status()) + 1
+    assert len({row.index(" usable " if " usable " in row else " unusable ") for row in rows}) == 1
 
 
 def test_presets_prints_counts(capsys):

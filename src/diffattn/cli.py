@@ -66,9 +66,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             if entry
             else "sdpa: the route table has no entry for this GPU and software (`make gpu-report` measures one)"
         )
-    print(f"  {'auto':<10} usable      picks the fastest backend for the device (now: {now})")
-    for s in backend_status():
-        print(f"  {s.name:<10} {'usable' if s.usable else 'unusable':<11} {s.reason}")
+    statuses = backend_status()
+    width = max(len(s.name) for s in statuses)  # the epilogue routes' names are the longest
+    print(f"  {'auto':<{width}} {'usable':<8} picks the fastest backend for the device (now: {now})")
+    for s in statuses:
+        print(f"  {s.name:<{width}} {'usable' if s.usable else 'unusable':<8} {s.reason}")
     from .adapters.registry import specs
     from .eval.suite import SUITE_TABLE
 
