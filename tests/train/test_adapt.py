@@ -30,6 +30,21 @@ def _val_ids(tokenizer, corpus_dir):
     return tokenizer(text, return_tensors="pt").input_ids[:, :32]
 
 
+def test_a_methods_new_weights_come_from_the_runs_seed_not_from_what_the_process_drew_before(
+    base_dir, corpus_dir, tmp_path
+):
+    # LoRA's A (PEFT) is drawn from the global generator: a part trained after other parts in one process (a
+    # `diffattn run --jobs` worker, or a sequential run) must start from the same weights as one trained first
+    config = adapt_config(base_dir, corpus_dir, "lora", steps=1)
+    summaries = []
+    for i, drawn_before in enumerate((0, 1000)):
+        torch.manual_seed(123)
+        torch.randn(drawn_before)
+        summaries.append(adapt_pretrained(config, tmp_path / f"run{i}"))
+    assert summaries[0]["val_loss_before"] == summaries[1]["val_loss_before"]
+    assert summaries[0]["val_loss_after"] == summaries[1]["val_loss_after"]
+
+
 def test_dex_cli_run_logs_lambda_and_its_adapter_reloads(base_dir, corpus_dir, tmp_path, capsys):
     out = tmp_path / "dex"
     code = main(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
-from transformers import TrainerCallback
+from transformers import TrainerCallback, set_seed
 
 from ..adapters import (
     adapt,
@@ -149,6 +149,10 @@ def adapt_pretrained(
     corpus = load_corpus(config.data.source, seed=config.data.split_seed)
     with args.main_process_first(desc="tokenize"):
         train, val, mix_rows = _packed_data(config, corpus, tokenizer)
+    # the method's new weights (LoRA's A, DIFF V2's second query and gate, …) drawn from the run's seed: not from
+    # whatever the process drew before (the Trainer seeds only later), so a part's result does not depend on which
+    # parts its process trained first — the same in a parallel worker (`diffattn run --jobs`) as in one process
+    set_seed(config.train.seed)
     model, method_config = prepare_model(config, model, train.input_ids)
     check_checkpoint_fits(run_dir, checkpoint, model)
     trainable, total = _count(model)
