@@ -503,7 +503,9 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
 
 
 @pytest.mark.heavy  # ~55 s on 2 cores: two experiments, eight parts (the scratch parts' parallel test is the default's)
-def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trains_them(corpus, tmp_path, capsys):
+def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trains_them(
+    corpus, tmp_path, capsys, monkeypatch
+):
     """``jobs=2`` trains the adapters in worker processes too, once their bases are trained: each grid's runs and
     every adapter without a grid at once (a grid's part is its chosen run, made after), each one's output in
     logs/NAME.log; the same losses as a sequential run (the same seeds and data), outcomes in the same order."""
@@ -521,17 +523,28 @@ def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trai
     config = ExperimentConfig.from_dict(d)
     serial = run_experiment(config, tmp_path / "serial", evaluate=False)
     capsys.readouterr()
-    parallel = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
+
+    def trained_in_the_parent(*args, **kwargs):  # the spawned workers import their own, unpatched
+        raise AssertionError("an adapter part trained in the parent process")
+
+    monkeypatch.setattr("diffattn.train.adapt.adapt_pretrained", trained_in_the_parent)
+    from diffattn.train.tracking import reporting
+
+    with reporting("tensorboard"):  # --report-to: a context variable of the parent, handed to each worker
+        parallel = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
     assert [(o.kind, o.name, o.state) for o in parallel] == [(o.kind, o.name, o.state) for o in serial] == [
         ("pretrain", "baseline", "fresh"), ("pretrain", "diff", "fresh"),
         ("lr-grid", "dex lr 0.0001", "fresh"), ("lr-grid", "dex lr 0.03", "fresh"), ("adapt", "dex", "done"),
         ("adapt", "lora", "fresh")]  # fmt: skip
     for a, b in zip(serial[2:], parallel[2:], strict=True):  # the adapters' runs
         assert b.summary["val_loss_after"] == pytest.approx(a.summary["val_loss_after"], rel=1e-5), b.name
+        assert (a.summary["report_to"], b.summary["report_to"]) == ([], ["tensorboard"]), b.name
+        assert (b.path / "tensorboard").is_dir(), b.name
     printed = capsys.readouterr().out
     assert "training 2 parts, 2 at a time" in printed and "training 3 parts, 2 at a time" in printed
     logs = tmp_path / "parallel" / "debug-exp" / "logs"
-    assert {p.name for p in logs.iterdir()} >= {"dex-lr-0.0001.log", "dex-lr-0.03.log", "lora.log"}
+    assert {p.name for p in (logs / "dex.lr-grid").iterdir()} == {"lr-0.0001.log", "lr-0.03.log"}
+    assert (logs / "lora.log").is_file()
     assert "adapt lora" in (logs / "lora.log").read_text()  # the worker's log lines went there
     again = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
     assert all(o.state == "done" for o in again)

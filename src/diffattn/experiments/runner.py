@@ -7,8 +7,8 @@ Layout of ``<root>/<name>/``::
     models/<name>/           diffattn pretrain run folders (run.yaml, metrics.jsonl, checkpoints/, final/, summary.json)
     adapters/<name>/         diffattn adapt run folders (… adapter/ or merged/ or final/, summary.json)
     eval/<name>/             diffattn eval outputs (results.json, PNGs)
-    logs/                    with jobs > 1: each worker's output (<name>.log training, <name>-lr-<rate>.log a grid's
-                             run, eval-<name>.log evaluating)
+    logs/                    with jobs > 1: each worker's output (<name>.log training, <name>.lr-grid/lr-<rate>.log a
+                             grid's run, eval-<name>.log evaluating)
 
 A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
 equal the requested ones; it is *resumed* from its last checkpoint when it was started with the same settings (a
@@ -495,10 +495,13 @@ TRAINERS = {"pretrain": _pretrain, "adapt": _adapt, "lr-grid": _adapt}
 
 
 def _train_in_worker(
-    kind: str, name: str, path: Path, state: str, run_config, log_file: Path, threads: int
+    kind: str, name: str, path: Path, state: str, run_config, trackers: tuple, log_file: Path, threads: int
 ) -> PartOutcome:
-    """One training part of ``kind`` (:data:`TRAINERS`) in a worker process (:func:`_worker_output`)."""
-    with _worker_output(log_file, threads):
+    """One training part of ``kind`` (:data:`TRAINERS`) in a worker process (:func:`_worker_output`), reporting to
+    ``trackers`` (the parent's ``--report-to``: a context variable, which a spawned process does not inherit)."""
+    from ..train.tracking import reporting
+
+    with _worker_output(log_file, threads), reporting(list(trackers)):
         return _train_part(kind, TRAINERS[kind](), name, path, state, run_config)
 
 
@@ -539,12 +542,13 @@ def workers_stopped_with_parent(pool):
             signal.signal(signal.SIGTERM, previous)
 
 
-def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[str, PartOutcome]:
+def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path, log_names: dict | None = None):
     """Run ``worker(*args, log_file, threads)`` for each ``name: args`` of ``todo``, ``jobs`` at a time in spawned
     worker processes, each with ``cores // jobs`` threads (a small model trains or evaluates faster as two one-thread
     processes than as one two-thread one); one progress bar over them here, each one's own output in
-    ``logs/NAME.log`` (``logs/eval-NAME.log`` for evaluations). The first failure stops those not yet started (those
-    running finish: a part stopped mid-save would have to be resumed) and is raised with the name and log."""
+    ``logs/NAME.log`` (``logs/eval-NAME.log`` for evaluations; ``log_names``: another path under ``logs`` by name).
+    The first failure stops those not yet started (those running finish: a part stopped mid-save would have to be
+    resumed) and is raised with the name and log. Returns the outcomes by name."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -557,8 +561,8 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
     print(f"{what}, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
           f"each one's output: {logs}/{prefix}NAME.log")  # fmt: skip
 
-    def log_of(name: str) -> Path:  # a grid run's name has spaces ("dex lr 0.0001"): not in a file name
-        return logs / f"{prefix}{name.replace(' ', '-')}.log"
+    def log_of(name: str) -> Path:
+        return logs / (log_names or {}).get(name, f"{prefix}{name}.log")
 
     outcomes: dict[str, PartOutcome] = {}
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
@@ -583,8 +587,10 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
 
 def _train_in_parallel(parts: list, jobs: int, logs: Path) -> dict[str, PartOutcome]:
     """Train ``parts`` (kind, name, folder, state, config; kinds of :data:`TRAINERS`) ``jobs`` at a time
-    (:func:`_in_parallel`), seed 0 of every model first (a run cut short has every arm); finished parts are read
-    back without a worker. The outcomes by name."""
+    (:func:`_in_parallel`), seed 0 of every model first (a run cut short has every arm), each reporting where the
+    parent does (``--report-to``); finished parts are read back without a worker. The outcomes by name."""
+    from ..train.tracking import report_to
+
     outcomes: dict[str, PartOutcome] = {}
     todo = []
     for kind, name, path, state, config in parts:
@@ -593,7 +599,11 @@ def _train_in_parallel(parts: list, jobs: int, logs: Path) -> dict[str, PartOutc
         else:
             todo.append((kind, name, path, state, config))
     todo.sort(key=lambda part: part[4].train.seed)
-    return outcomes | _in_parallel("train", {p[1]: p for p in todo}, _train_in_worker, jobs, logs)
+    # a grid run's log beside its siblings as its folder is (logs/NAME.lr-grid/lr-RATE.log): its name has spaces
+    grid_logs = {name: f"{path.parent.name}/{path.name}.log" for kind, name, path, *_ in todo if kind == "lr-grid"}
+    trackers = tuple(report_to())
+    todo_args = {p[1]: (*p, trackers) for p in todo}
+    return outcomes | _in_parallel("train", todo_args, _train_in_worker, jobs, logs, grid_logs)
 
 
 def _evaluate_in_parallel(config, out: Path, options, done: dict, overwrite, jobs: int) -> list[PartOutcome]:
