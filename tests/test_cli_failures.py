@@ -132,6 +132,14 @@ def test_a_full_disk_is_a_fault_of_the_machine_and_an_unexpected_failure_names_i
     monkeypatch.setattr(cli, "cmd_info", bug)
     _one_line(capsys, main(["info"]), 1, r"KeyError: 'oops' \(rerun with --verbose for the traceback\)")
     assert failure_line(ValueError("a\nb")) == ("a; b", 2)
+    # a part that failed in a `--jobs` worker: named with its log, and as bad an input as its cause
+    from diffattn.experiments.runner import PartFailed
+
+    for cause, status in ((ValueError("data.seq_len=4096 exceeds the model's maximum"), 2), (KeyError("x"), 1)):
+        try:
+            raise PartFailed(f"training dex failed: {cause} (its output: logs/dex.log)") from cause
+        except PartFailed as e:
+            assert failure_line(e) == (f"training dex failed: {cause} (its output: logs/dex.log)", status)
 
 
 def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(diff_folder, tmp_path, capsys, monkeypatch):

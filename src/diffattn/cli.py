@@ -691,8 +691,11 @@ def failure_line(e: BaseException) -> tuple[str, int]:
     file's contents), 1 for a fault of the machine (a full disk, an I/O error) or a failure of the library."""
     import errno
 
+    from .experiments.runner import PartFailed
     from .files import NoSpaceError
 
+    if isinstance(e, PartFailed) and e.__cause__ is not None:  # a worker's failure: the part and log, its cause's kind
+        return _one_line(e), failure_line(e.__cause__)[1]
     if isinstance(e, ValueError):  # the library's own refusals, and JSON errors (ValueError subclasses)
         return _one_line(e) or type(e).__name__, 2
     if isinstance(e, NoSpaceError):  # already says what was written, where, and what is intact

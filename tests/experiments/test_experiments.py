@@ -551,6 +551,24 @@ def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trai
     assert "training" not in capsys.readouterr().out  # nothing left to train: no workers started
 
 
+def test_a_known_offline_base_is_converted_once_before_the_parallel_adapters_start(monkeypatch):
+    # two workers loading smollm2-135m from an empty cache would both convert its GGUF file into one cache entry
+    from types import SimpleNamespace
+
+    from diffattn.experiments import runner
+    from diffattn.models import pretrained
+
+    converted = []
+    monkeypatch.setattr(pretrained, "PRETRAINED", {"offline-x": None, "offline-y": None})
+    monkeypatch.setattr(pretrained, "pretrained_folder", converted.append)
+
+    def run(base, state):
+        return ("adapt", base + state, None, state, SimpleNamespace(model=SimpleNamespace(name=base)))
+
+    runs = [run("offline-x", "fresh"), run("offline-x", "resume"), run("/a/folder", "fresh"), run("offline-y", "done")]
+    assert runner._convert_offline_bases(runs) == ["offline-x"] and converted == ["offline-x"]
+
+
 def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
     """``jobs=2`` evaluates the models in worker processes too (what took the adapter experiments hours on one
     core): each one's output in logs/eval-NAME.log, the outcomes in the config's order, results of the same

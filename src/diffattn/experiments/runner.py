@@ -360,16 +360,10 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
         outcomes += [trained[name] for _, name, *_ in scratch_parts]
     else:
         outcomes += [_train_part(kind, TRAINERS[kind](), *part) for kind, *part in scratch_parts]
-    # what the adapters train that waits on nothing but the bases: each grid's runs, and every part without a grid
-    # (a grid's part is its chosen run, known once the grid has run); with jobs > 1 trained in parallel first
-    adapter_runs = []
-    for a, run_config in adapters:
-        if a.name in grids:
-            adapter_runs += [("lr-grid", name, path, states[name], c) for name, path, c in grids[a.name]]
-        else:
-            adapter_runs.append(("adapt", a.name, out / "adapters" / a.name, states[a.name], run_config))
+    adapter_runs = _parallel_adapter_runs(out, adapters, grids, states)
     ran = {}
     if jobs > 1 and sum(part[3] != DONE for part in adapter_runs) > 1:
+        _convert_offline_bases(adapter_runs)
         ran = _train_in_parallel(adapter_runs, jobs, out / "logs")
     for a, run_config in adapters:
         path = out / "adapters" / a.name
@@ -400,6 +394,36 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
 
         write_report(config, out, outcomes)
     return outcomes
+
+
+def _parallel_adapter_runs(out: Path, adapters, grids: dict, states: dict) -> list[tuple]:
+    """What ``--jobs`` may train in parallel once the bases are trained, as (kind, name, folder, state, config): each
+    grid's runs and every adapter part without a grid (a grid's part is its chosen run, made once its grid has run)
+    — but none of a method registered at run time (a plug-in, a test's toy), which a spawned worker would not know:
+    the run's own loop trains those."""
+    from ..adapters.registry import shipped
+
+    runs = []
+    for a, run_config in adapters:
+        if not shipped(a.method):
+            continue
+        if a.name in grids:
+            runs += [("lr-grid", name, path, states[name], c) for name, path, c in grids[a.name]]
+        else:
+            runs.append(("adapt", a.name, out / "adapters" / a.name, states[a.name], run_config))
+    return runs
+
+
+def _convert_offline_bases(runs: list[tuple]) -> list[str]:
+    """Convert the known offline bases (``smollm2-135m``, …) the runs still to train load, here, once — not by each
+    worker at the same time into the same cache entry (:func:`diffattn.models.pretrained.pretrained_folder`).
+    Returns their names."""
+    from ..models import pretrained
+
+    names = sorted({run[4].model.name for run in runs if run[3] != DONE} & set(pretrained.PRETRAINED))
+    for name in names:
+        pretrained.pretrained_folder(name)
+    return names
 
 
 def _check_overwrite_names(config: ExperimentConfig, overwrite) -> None:
@@ -542,6 +566,11 @@ def workers_stopped_with_parent(pool):
             signal.signal(signal.SIGTERM, previous)
 
 
+class PartFailed(RuntimeError):
+    """A part that failed in a worker process (``--jobs``), named with where its output went; its cause is the
+    worker's own exception (a bad input stays a bad input: ``diffattn.cli.failure_line`` reads the cause)."""
+
+
 def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path, log_names: dict | None = None):
     """Run ``worker(*args, log_file, threads)`` for each ``name: args`` of ``todo``, ``jobs`` at a time in spawned
     worker processes, each with ``cores // jobs`` threads (a small model trains or evaluates faster as two one-thread
@@ -579,7 +608,7 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path, log_names
                     for f in futures:
                         f.cancel()
                     what = "training" if kind == "train" else kind
-                    raise RuntimeError(f"{what} {name} failed: {e} (its output: {log_of(name)})") from e
+                    raise PartFailed(f"{what} {name} failed: {e} (its output: {log_of(name)})") from e
                 bar.update(1)
                 bar.set_postfix_str(f"{name} done", refresh=True)
     return outcomes

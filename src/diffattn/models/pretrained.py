@@ -166,6 +166,19 @@ def remote_code_files(path: Path) -> list[str]:
     return found
 
 
+def pretrained_folder(name: str) -> Path:
+    """The cache folder of a known offline name (:data:`PRETRAINED`), converted from its GGUF file first where the
+    cache has no complete entry (an incomplete one is discarded). Not safe for two processes converting one name at
+    once: ``diffattn run --jobs`` calls it in its own process before starting the workers that load the name."""
+    folder = pretrained_cache_dir() / name
+    if not (folder / _COMPLETE).is_file():
+        if folder.exists():
+            logger.warning("discarding an incomplete cache entry %s", folder)
+            shutil.rmtree(folder)
+        _convert(name, PRETRAINED[name], folder)
+    return folder
+
+
 def load_pretrained(
     name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
 ) -> tuple[PreTrainedModel, object]:
@@ -187,13 +200,7 @@ def load_pretrained(
             )
         folder = path
     elif str(name_or_path) in PRETRAINED:
-        name = str(name_or_path)
-        folder = pretrained_cache_dir() / name
-        if not (folder / _COMPLETE).is_file():
-            if folder.exists():
-                logger.warning("discarding an incomplete cache entry %s", folder)
-                shutil.rmtree(folder)
-            _convert(name, PRETRAINED[name], folder)
+        folder = pretrained_folder(str(name_or_path))
     elif path.exists():
         raise ValueError(f"model {str(path)!r} is a file: give a Hugging Face model folder or {', '.join(PRETRAINED)}")
     elif os.sep in str(name_or_path) or str(name_or_path).startswith("."):
