@@ -588,10 +588,10 @@ def _add_run_command(sub) -> None:
     )
     p.add_argument(
         "--jobs", type=_positive_int, default=1, metavar="N",
-        help="train N parts (from scratch, then the adapters and their learning-rate grids' runs), and evaluate N "
-        "models, at once, each in its own process with cores/N threads (default 1); each one's output goes to the "
-        "experiment's logs/NAME.log (logs/eval-NAME.log); Ctrl-C or a SIGTERM to this process stops the workers too "
-        "(a rerun resumes training from their checkpoints)",
+        help="train N from-scratch parts, and evaluate N models, at once, each in its own process with cores/N "
+        "threads (default 1; adapters train one after the other, with every core: measured no faster in parallel); "
+        "each one's output goes to the experiment's logs/NAME.log (logs/eval-NAME.log); Ctrl-C or a SIGTERM to this "
+        "process stops the workers too (a rerun resumes training from their checkpoints)",
     )  # fmt: skip
     p.set_defaults(func=cmd_run)
 

@@ -84,17 +84,3 @@ def test_the_toy_method_trains_saves_reloads_and_is_listed_and_reported(toy, bas
 
     line = _method_settings([PartOutcome("adapt", "toy-run", out, "fresh", summary=summary)])
     assert line == [f"- toy-run ({toy.NAME}): gain_init 1.0, anneal_steps 2"]
-
-
-def test_a_method_registered_at_run_time_is_trained_by_the_run_itself_not_by_a_spawned_worker(toy, tmp_path):
-    # `diffattn run --jobs` spawns fresh processes, which have the shipped methods and not one a plug-in (here the
-    # toy's registration line) registered in this process: its parts stay out of the parallel batch
-    from types import SimpleNamespace
-
-    from diffattn.experiments.runner import _parallel_adapter_runs
-
-    adapters = [(SimpleNamespace(name="toy-run", method=toy.NAME), "toy config"),
-                (SimpleNamespace(name="dex", method="dex"), "dex config")]  # fmt: skip
-    runs = _parallel_adapter_runs(tmp_path, adapters, {}, {"toy-run": "fresh", "dex": "fresh"})
-    assert runs == [("adapt", "dex", tmp_path / "adapters" / "dex", "fresh", "dex config")]
-    assert registry.shipped("dex") and not registry.shipped(toy.NAME)

@@ -486,11 +486,15 @@ def test_a_methods_claims_against_a_control_trained_on_the_same_base(corpus):
 def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
     """``jobs=2``: both from-scratch parts train in worker processes (spawned), each one's output in
     logs/NAME.log, the outcomes in the config's order; a rerun reads them back as done."""
+    from diffattn.train.tracking import reporting
+
     d = _debug(corpus)
     d["adapters"] = []
-    outcomes = run_experiment(ExperimentConfig.from_dict(d), tmp_path, evaluate=False, jobs=2)
+    with reporting("tensorboard"):  # --report-to: a context variable of the parent, handed to each worker
+        outcomes = run_experiment(ExperimentConfig.from_dict(d), tmp_path, evaluate=False, jobs=2)
     assert [(o.name, o.state) for o in outcomes] == [("baseline", "fresh"), ("diff", "fresh")]
     assert all(o.summary["steps"] == 3 for o in outcomes)
+    assert all(o.summary["report_to"] == ["tensorboard"] and (o.path / "tensorboard").is_dir() for o in outcomes)
     logs = tmp_path / "debug-exp" / "logs"
     for name in ("baseline", "diff"):
         assert (tmp_path / "debug-exp" / "models" / name / "summary.json").is_file()
@@ -500,73 +504,6 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
     assert [o.state for o in again] == ["done", "done"]
     with pytest.raises(ValueError, match="jobs must be an int >= 1"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)
-
-
-@pytest.mark.heavy  # ~55 s on 2 cores: two experiments, eight parts (the scratch parts' parallel test is the default's)
-def test_adapters_and_their_grid_runs_train_in_parallel_as_a_sequential_run_trains_them(
-    corpus, tmp_path, capsys, monkeypatch
-):
-    """``jobs=2`` trains the adapters in worker processes too, once their bases are trained: each grid's runs and
-    every adapter without a grid at once (a grid's part is its chosen run, made after), each one's output in
-    logs/NAME.log; the same losses as a sequential run (the same seeds and data), outcomes in the same order."""
-    d = _debug(corpus)
-    d["adapters"] = [
-        {
-            "name": "dex",
-            "base": "baseline",
-            "method": "dex",
-            "options": {"heads": "random"},
-            "train": {"lr_grid": [1e-4, 3e-2]},
-        },
-        {"name": "lora", "base": "baseline", "method": "lora", "options": {"rank": 2}},
-    ]
-    config = ExperimentConfig.from_dict(d)
-    serial = run_experiment(config, tmp_path / "serial", evaluate=False)
-    capsys.readouterr()
-
-    def trained_in_the_parent(*args, **kwargs):  # the spawned workers import their own, unpatched
-        raise AssertionError("an adapter part trained in the parent process")
-
-    monkeypatch.setattr("diffattn.train.adapt.adapt_pretrained", trained_in_the_parent)
-    from diffattn.train.tracking import reporting
-
-    with reporting("tensorboard"):  # --report-to: a context variable of the parent, handed to each worker
-        parallel = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
-    assert [(o.kind, o.name, o.state) for o in parallel] == [(o.kind, o.name, o.state) for o in serial] == [
-        ("pretrain", "baseline", "fresh"), ("pretrain", "diff", "fresh"),
-        ("lr-grid", "dex lr 0.0001", "fresh"), ("lr-grid", "dex lr 0.03", "fresh"), ("adapt", "dex", "done"),
-        ("adapt", "lora", "fresh")]  # fmt: skip
-    for a, b in zip(serial[2:], parallel[2:], strict=True):  # the adapters' runs
-        assert b.summary["val_loss_after"] == pytest.approx(a.summary["val_loss_after"], rel=1e-5), b.name
-        assert (a.summary["report_to"], b.summary["report_to"]) == ([], ["tensorboard"]), b.name
-        assert (b.path / "tensorboard").is_dir(), b.name
-    printed = capsys.readouterr().out
-    assert "training 2 parts, 2 at a time" in printed and "training 3 parts, 2 at a time" in printed
-    logs = tmp_path / "parallel" / "debug-exp" / "logs"
-    assert {p.name for p in (logs / "dex.lr-grid").iterdir()} == {"lr-0.0001.log", "lr-0.03.log"}
-    assert (logs / "lora.log").is_file()
-    assert "adapt lora" in (logs / "lora.log").read_text()  # the worker's log lines went there
-    again = run_experiment(config, tmp_path / "parallel", evaluate=False, jobs=2)
-    assert all(o.state == "done" for o in again)
-    assert "training" not in capsys.readouterr().out  # nothing left to train: no workers started
-
-
-def test_a_known_offline_base_is_converted_once_before_the_parallel_adapters_start(monkeypatch):
-    # two workers loading smollm2-135m from an empty cache would both convert its GGUF file into one cache entry
-    from types import SimpleNamespace
-
-    from diffattn.experiments import runner
-    from diffattn.models import pretrained
-
-    converted = []
-    monkeypatch.setattr(pretrained, "PRETRAINED", {"offline-x": None, "offline-y": None})
-    monkeypatch.setattr(pretrained, "pretrained_folder", converted.append)
-
-    def run(base, state):
-        return ("adapt", base + state, None, state, SimpleNamespace(model=SimpleNamespace(name=base)))
-
-    runs = [run("offline-x", "fresh"), run("offline-x", "resume"), run("/a/folder", "fresh"), run("offline-y", "done")]
-    assert runner._convert_offline_bases(runs) == ["offline-x"] and converted == ["offline-x"]
 
 
 def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):

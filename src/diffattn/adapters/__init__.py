@@ -32,10 +32,8 @@ from .difflora import DiffLoRAConfig
 from .input_diff import DiffVConfig
 from .io import load_adapter, save_adapter
 from .model_types import MODEL_TYPES, ModelTypeSpec, attention_modules, get_spec, project_output, project_qkv
-from .registry import MethodSpec, get_method, mark_shipped, method_names, spec_for_config, specs
+from .registry import MethodSpec, get_method, method_names, spec_for_config, specs
 from .runs import load_adapted
-
-mark_shipped()  # the methods above: every process importing diffattn has them (registry.shipped)
 
 __all__ = [
     "CONTROLS",

@@ -142,23 +142,6 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-_SHIPPED: frozenset[str] = frozenset()
-
-
-def mark_shipped() -> None:
-    """Remember the methods registered so far as the shipped ones (``diffattn.adapters`` calls this once its method
-    modules are imported)."""
-    global _SHIPPED
-    _SHIPPED = frozenset(_REGISTRY)
-
-
-def shipped(name: str) -> bool:
-    """Whether every process that imports diffattn knows method ``name`` (one of ``diffattn.adapters``' own), unlike
-    one registered at run time — a plug-in, a test's toy method — which a freshly spawned worker process has not
-    registered (``diffattn run --jobs`` trains those in its own process)."""
-    return name in _SHIPPED
-
-
 def unregister(name: str) -> None:
     """Remove a method (tests that register a toy method clean up with this)."""
     _REGISTRY.pop(name, None)

@@ -7,8 +7,7 @@ Layout of ``<root>/<name>/``::
     models/<name>/           diffattn pretrain run folders (run.yaml, metrics.jsonl, checkpoints/, final/, summary.json)
     adapters/<name>/         diffattn adapt run folders (… adapter/ or merged/ or final/, summary.json)
     eval/<name>/             diffattn eval outputs (results.json, PNGs)
-    logs/                    with jobs > 1: each worker's output (<name>.log training, <name>.lr-grid/lr-<rate>.log a
-                             grid's run, eval-<name>.log evaluating)
+    logs/                    with jobs > 1: each worker's output (<name>.log training, eval-<name>.log evaluating)
 
 A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
 equal the requested ones; it is *resumed* from its last checkpoint when it was started with the same settings (a
@@ -212,18 +211,13 @@ def _grid_parts(out: Path, a, run_config, grid: list[float]) -> list[tuple[str, 
     return [(f"{a.name} lr {grid_key(r)}", root / f"lr-{grid_key(r)}", _at_rate(run_config, a.method, r)) for r in grid]
 
 
-def _resolve_lr_grid(
-    a, run_config, grid: list[float], parts, states, train, ran: dict | None = None
-) -> tuple[object, list[PartOutcome]]:
-    """Train one run per rate of ``grid`` (finished ones are read back; ``ran``: outcomes of runs trained already,
-    in parallel), then the part's config: the rate with the lowest final validation loss, and every rate's loss
-    recorded (``train.lr_grid_val_loss``) — chosen before any evaluation is read."""
+def _resolve_lr_grid(a, run_config, grid: list[float], parts, states, train) -> tuple[object, list[PartOutcome]]:
+    """Train one run per rate of ``grid`` (finished ones are read back), then the part's config: the rate with
+    the lowest final validation loss, and every rate's loss recorded (``train.lr_grid_val_loss``) — chosen before
+    any evaluation is read."""
     from ..train.adapt_config import best_rate
 
-    ran = ran or {}
-    outcomes = [
-        ran.get(name) or _train_part("lr-grid", train, name, path, states[name], config) for name, path, config in parts
-    ]
+    outcomes = [_train_part("lr-grid", train, name, path, states[name], config) for name, path, config in parts]
     losses = grid_losses(a.name, grid, [o.summary.get("val_loss_after") for o in outcomes])
     chosen = float(best_rate(losses))
     logger.info("%s: lr %s chosen from %s by validation loss", a.name, chosen, losses)
@@ -308,11 +302,10 @@ def run_experiment(
     ``evaluate=False`` stops after the training parts (no evaluation, no report): a later run evaluates them.
     ``source``: the experiment file (default: the one ``config`` was loaded from), recorded in the folder's
     marker so that another file with the same ``name`` is refused instead of replacing this one's report
-    (:func:`check_experiment_folder`). ``jobs``: parts trained (from scratch; then the adapters and their
-    learning-rate grids' runs), and models evaluated, at once, each in a process of its own with ``cores // jobs``
-    threads (:func:`_in_parallel`); 1 runs them one after the other. Adapters start once every from-scratch part
-    is trained (their bases; no adapter is another's base), and an adapter with a learning-rate grid is made from
-    its grid's chosen run once the whole grid has run."""
+    (:func:`check_experiment_folder`). ``jobs``: from-scratch parts trained, and models evaluated, at once, each in
+    a process of its own with ``cores // jobs`` threads (:func:`_in_parallel`); 1 runs them one after the other.
+    Adapters train one after the other either way, with every core (measured no faster in parallel: the loop in
+    :func:`_run_locked`)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
 
@@ -360,25 +353,20 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
         outcomes += [trained[name] for _, name, *_ in scratch_parts]
     else:
         outcomes += [_train_part(kind, TRAINERS[kind](), *part) for kind, *part in scratch_parts]
-    adapter_runs = _parallel_adapter_runs(out, adapters, grids, states)
-    ran = {}
-    if jobs > 1 and sum(part[3] != DONE for part in adapter_runs) > 1:
-        _convert_offline_bases(adapter_runs)
-        ran = _train_in_parallel(adapter_runs, jobs, out / "logs")
+    # adapters one after the other, with every core: SmolLM2's trained no faster as two one-thread processes on two
+    # cores (benchmarks/RESULTS.md, 2026-11-27: 138 and 167 s against 137 and 142 s)
     for a, run_config in adapters:
         path = out / "adapters" / a.name
         if a.name in grids:
             run_config, grid_outcomes = _resolve_lr_grid(
-                a, run_config, _lr_grid(config, a), grids[a.name], states, adapt_pretrained, ran
+                a, run_config, _lr_grid(config, a), grids[a.name], states, adapt_pretrained
             )
             outcomes += grid_outcomes
             states[a.name] = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
             if states[a.name] == FRESH and not path.exists():
                 chosen = grids[a.name][list(_lr_grid(config, a)).index(run_config.train.lr)][1]
                 states[a.name] = _reuse_grid_run(chosen, path, run_config)
-        outcomes.append(
-            ran.get(a.name) or _train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config)
-        )
+        outcomes.append(_train_part("adapt", adapt_pretrained, a.name, path, states[a.name], run_config))
 
     if not evaluate:
         return outcomes
@@ -394,36 +382,6 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
 
         write_report(config, out, outcomes)
     return outcomes
-
-
-def _parallel_adapter_runs(out: Path, adapters, grids: dict, states: dict) -> list[tuple]:
-    """What ``--jobs`` may train in parallel once the bases are trained, as (kind, name, folder, state, config): each
-    grid's runs and every adapter part without a grid (a grid's part is its chosen run, made once its grid has run)
-    — but none of a method registered at run time (a plug-in, a test's toy), which a spawned worker would not know:
-    the run's own loop trains those."""
-    from ..adapters.registry import shipped
-
-    runs = []
-    for a, run_config in adapters:
-        if not shipped(a.method):
-            continue
-        if a.name in grids:
-            runs += [("lr-grid", name, path, states[name], c) for name, path, c in grids[a.name]]
-        else:
-            runs.append(("adapt", a.name, out / "adapters" / a.name, states[a.name], run_config))
-    return runs
-
-
-def _convert_offline_bases(runs: list[tuple]) -> list[str]:
-    """Convert the known offline bases (``smollm2-135m``, …) the runs still to train load, here, once — not by each
-    worker at the same time into the same cache entry (:func:`diffattn.models.pretrained.pretrained_folder`).
-    Returns their names."""
-    from ..models import pretrained
-
-    names = sorted({run[4].model.name for run in runs if run[3] != DONE} & set(pretrained.PRETRAINED))
-    for name in names:
-        pretrained.pretrained_folder(name)
-    return names
 
 
 def _check_overwrite_names(config: ExperimentConfig, overwrite) -> None:
@@ -571,13 +529,13 @@ class PartFailed(RuntimeError):
     worker's own exception (a bad input stays a bad input: ``diffattn.cli.failure_line`` reads the cause)."""
 
 
-def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path, log_names: dict | None = None):
+def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[str, PartOutcome]:
     """Run ``worker(*args, log_file, threads)`` for each ``name: args`` of ``todo``, ``jobs`` at a time in spawned
     worker processes, each with ``cores // jobs`` threads (a small model trains or evaluates faster as two one-thread
     processes than as one two-thread one); one progress bar over them here, each one's own output in
-    ``logs/NAME.log`` (``logs/eval-NAME.log`` for evaluations; ``log_names``: another path under ``logs`` by name).
-    The first failure stops those not yet started (those running finish: a part stopped mid-save would have to be
-    resumed) and is raised with the name and log. Returns the outcomes by name."""
+    ``logs/NAME.log`` (``logs/eval-NAME.log`` for evaluations). The first failure stops those not yet started (those
+    running finish: a part stopped mid-save would have to be resumed) and is raised with the name and log
+    (:class:`PartFailed`). Returns the outcomes by name."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -591,7 +549,7 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path, log_names
           f"each one's output: {logs}/{prefix}NAME.log")  # fmt: skip
 
     def log_of(name: str) -> Path:
-        return logs / (log_names or {}).get(name, f"{prefix}{name}.log")
+        return logs / f"{prefix}{name}.log"
 
     outcomes: dict[str, PartOutcome] = {}
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
@@ -628,11 +586,8 @@ def _train_in_parallel(parts: list, jobs: int, logs: Path) -> dict[str, PartOutc
         else:
             todo.append((kind, name, path, state, config))
     todo.sort(key=lambda part: part[4].train.seed)
-    # a grid run's log beside its siblings as its folder is (logs/NAME.lr-grid/lr-RATE.log): its name has spaces
-    grid_logs = {name: f"{path.parent.name}/{path.name}.log" for kind, name, path, *_ in todo if kind == "lr-grid"}
     trackers = tuple(report_to())
-    todo_args = {p[1]: (*p, trackers) for p in todo}
-    return outcomes | _in_parallel("train", todo_args, _train_in_worker, jobs, logs, grid_logs)
+    return outcomes | _in_parallel("train", {p[1]: (*p, trackers) for p in todo}, _train_in_worker, jobs, logs)
 
 
 def _evaluate_in_parallel(config, out: Path, options, done: dict, overwrite, jobs: int) -> list[PartOutcome]:

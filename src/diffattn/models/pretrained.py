@@ -169,7 +169,7 @@ def remote_code_files(path: Path) -> list[str]:
 def pretrained_folder(name: str) -> Path:
     """The cache folder of a known offline name (:data:`PRETRAINED`), converted from its GGUF file first where the
     cache has no complete entry (an incomplete one is discarded). Not safe for two processes converting one name at
-    once: ``diffattn run --jobs`` calls it in its own process before starting the workers that load the name."""
+    once."""
     folder = pretrained_cache_dir() / name
     if not (folder / _COMPLETE).is_file():
         if folder.exists():
