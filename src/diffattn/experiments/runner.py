@@ -531,8 +531,8 @@ class PartFailed(RuntimeError):
 
 def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[str, PartOutcome]:
     """Run ``worker(*args, log_file, threads)`` for each ``name: args`` of ``todo``, ``jobs`` at a time in spawned
-    worker processes, each with ``cores // jobs`` threads (a small model trains or evaluates faster as two one-thread
-    processes than as one two-thread one); one progress bar over them here, each one's own output in
+    worker processes, each with ``cores // jobs`` threads (on two cores SmolLM2's evaluations gained 2–10% that way,
+    its adapters' training nothing: benchmarks/RESULTS.md); one progress bar over them here, each one's own output in
     ``logs/NAME.log`` (``logs/eval-NAME.log`` for evaluations). The first failure stops those not yet started (those
     running finish: a part stopped mid-save would have to be resumed) and is raised with the name and log
     (:class:`PartFailed`). Returns the outcomes by name."""
