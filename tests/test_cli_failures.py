@@ -137,9 +137,9 @@ def test_a_full_disk_is_a_fault_of_the_machine_and_an_unexpected_failure_names_i
 
     for cause, status in ((ValueError("data.seq_len=4096 exceeds the model's maximum"), 2), (KeyError("x"), 1)):
         try:
-            raise PartFailed(f"training dex failed: {cause} (its output: logs/dex.log)") from cause
+            raise PartFailed(f"pretrain diff failed: {cause} (its output: logs/diff.log)") from cause
         except PartFailed as e:
-            assert failure_line(e) == (f"training dex failed: {cause} (its output: logs/dex.log)", status)
+            assert failure_line(e) == (f"pretrain diff failed: {cause} (its output: logs/diff.log)", status)
 
 
 def test_a_folder_asking_to_run_its_own_code_is_refused_unless_told(diff_folder, tmp_path, capsys, monkeypatch):

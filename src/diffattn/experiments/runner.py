@@ -327,6 +327,7 @@ def run_experiment(
 
 
 def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite, report, evaluate, jobs):
+    from ..train import pretrain
     from ..train.adapt import adapt_pretrained
 
     outcomes: list[PartOutcome] = []
@@ -347,12 +348,11 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
     save_record(config, out / RECORDS["experiment"], ident)
     mark(out, "experiment", ident=ident, name=config.name, source=source)
 
-    scratch_parts = [("pretrain", m.name, out / "models" / m.name, states[m.name], c) for m, c in scratch]
-    if jobs > 1 and sum(part[3] != DONE for part in scratch_parts) > 1:
-        trained = _train_in_parallel(scratch_parts, jobs, out / "logs")
-        outcomes += [trained[name] for _, name, *_ in scratch_parts]
+    scratch_parts = [(m.name, out / "models" / m.name, states[m.name], c) for m, c in scratch]
+    if jobs > 1 and sum(state != DONE for _, _, state, _ in scratch_parts) > 1:
+        outcomes += _train_in_parallel(scratch_parts, jobs, out / "logs")
     else:
-        outcomes += [_train_part(kind, TRAINERS[kind](), *part) for kind, *part in scratch_parts]
+        outcomes += [_train_part("pretrain", pretrain, *part) for part in scratch_parts]
     # adapters one after the other, with every core: SmolLM2's trained no faster as two one-thread processes on two
     # cores (benchmarks/RESULTS.md, 2026-11-27: 138 and 167 s against 137 and 142 s)
     for a, run_config in adapters:
@@ -459,32 +459,16 @@ def _worker_output(log_file: Path, threads: int):
         yield
 
 
-def _pretrain():
-    from ..train import pretrain
-
-    return pretrain
-
-
-def _adapt():
-    from ..train.adapt import adapt_pretrained
-
-    return adapt_pretrained
-
-
-#: a training part's kind → (a function returning) what trains it: from scratch, an adapter, a run of an adapter's
-#: learning-rate grid
-TRAINERS = {"pretrain": _pretrain, "adapt": _adapt, "lr-grid": _adapt}
-
-
 def _train_in_worker(
-    kind: str, name: str, path: Path, state: str, run_config, trackers: tuple, log_file: Path, threads: int
+    name: str, path: Path, state: str, run_config, trackers: tuple, log_file: Path, threads: int
 ) -> PartOutcome:
-    """One training part of ``kind`` (:data:`TRAINERS`) in a worker process (:func:`_worker_output`), reporting to
-    ``trackers`` (the parent's ``--report-to``: a context variable, which a spawned process does not inherit)."""
+    """One from-scratch part in a worker process (:func:`_worker_output`), reporting to ``trackers`` (the parent's
+    ``--report-to``: a context variable, which a spawned process does not inherit)."""
+    from ..train import pretrain
     from ..train.tracking import reporting
 
     with _worker_output(log_file, threads), reporting(list(trackers)):
-        return _train_part(kind, TRAINERS[kind](), name, path, state, run_config)
+        return _train_part("pretrain", pretrain, name, path, state, run_config)
 
 
 def _evaluate_in_worker(config, out: Path, name: str, options, redo: bool, log_file: Path, threads: int):
@@ -543,8 +527,8 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
     from tqdm.auto import tqdm
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    prefix = "eval-" if kind == "eval" else ""
-    what = {"train": "training {} parts", "eval": "evaluating {} models"}[kind].format(len(todo))
+    prefix = "" if kind == "pretrain" else f"{kind}-"
+    what = {"pretrain": "training {} parts", "eval": "evaluating {} models"}[kind].format(len(todo))
     print(f"{what}, {jobs} at a time ({threads} thread{'s' * (threads > 1)} each); "
           f"each one's output: {logs}/{prefix}NAME.log")  # fmt: skip
 
@@ -555,7 +539,7 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool, workers_stopped_with_parent(pool):
         futures = {pool.submit(worker, *args, log_of(name), threads): name for name, args in todo.items()}
-        with tqdm(total=len(todo), desc="parts" if kind == "train" else "models", unit="part") as bar:
+        with tqdm(total=len(todo), desc="parts" if kind == "pretrain" else "models", unit="part") as bar:
             for future in as_completed(futures):
                 name = futures[future]
                 try:
@@ -565,29 +549,30 @@ def _in_parallel(kind: str, todo: dict, worker, jobs: int, logs: Path) -> dict[s
                 except BaseException as e:
                     for f in futures:
                         f.cancel()
-                    what = "training" if kind == "train" else kind
-                    raise PartFailed(f"{what} {name} failed: {e} (its output: {log_of(name)})") from e
+                    raise PartFailed(f"{kind} {name} failed: {e} (its output: {log_of(name)})") from e
                 bar.update(1)
                 bar.set_postfix_str(f"{name} done", refresh=True)
     return outcomes
 
 
-def _train_in_parallel(parts: list, jobs: int, logs: Path) -> dict[str, PartOutcome]:
-    """Train ``parts`` (kind, name, folder, state, config; kinds of :data:`TRAINERS`) ``jobs`` at a time
-    (:func:`_in_parallel`), seed 0 of every model first (a run cut short has every arm), each reporting where the
-    parent does (``--report-to``); finished parts are read back without a worker. The outcomes by name."""
+def _train_in_parallel(parts: list, jobs: int, logs: Path) -> list[PartOutcome]:
+    """Train ``parts`` (name, folder, state, config) ``jobs`` at a time (:func:`_in_parallel`), seed 0 of every
+    model first (a run cut short has every arm), each reporting where the parent does (``--report-to``); finished
+    parts are read back without a worker. The outcomes in the parts' order."""
+    from ..train import pretrain
     from ..train.tracking import report_to
 
     outcomes: dict[str, PartOutcome] = {}
     todo = []
-    for kind, name, path, state, config in parts:
+    for name, path, state, config in parts:
         if state == DONE:
-            outcomes[name] = _train_part(kind, TRAINERS[kind](), name, path, state, config)
+            outcomes[name] = _train_part("pretrain", pretrain, name, path, state, config)
         else:
-            todo.append((kind, name, path, state, config))
-    todo.sort(key=lambda part: part[4].train.seed)
+            todo.append((name, path, state, config))
+    todo.sort(key=lambda part: part[3].train.seed)
     trackers = tuple(report_to())
-    return outcomes | _in_parallel("train", {p[1]: (*p, trackers) for p in todo}, _train_in_worker, jobs, logs)
+    outcomes |= _in_parallel("pretrain", {p[0]: (*p, trackers) for p in todo}, _train_in_worker, jobs, logs)
+    return [outcomes[name] for name, *_ in parts]
 
 
 def _evaluate_in_parallel(config, out: Path, options, done: dict, overwrite, jobs: int) -> list[PartOutcome]:
