@@ -33,8 +33,8 @@ def _val_ids(tokenizer, corpus_dir):
 def test_a_methods_new_weights_come_from_the_runs_seed_not_from_what_the_process_drew_before(
     base_dir, corpus_dir, tmp_path
 ):
-    # LoRA's A (PEFT) is drawn from the global generator: a part trained after other parts in one process (a
-    # `diffattn run --jobs` worker, or a sequential run) must start from the same weights as one trained first
+    # LoRA's A (PEFT) is drawn from the global generator: a part trained after other parts in one process (an
+    # experiment's adapters, one after the other) must start from the same weights as one trained first
     config = adapt_config(base_dir, corpus_dir, "lora", steps=1)
     summaries = []
     for i, drawn_before in enumerate((0, 1000)):

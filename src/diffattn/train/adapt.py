@@ -151,7 +151,7 @@ def adapt_pretrained(
         train, val, mix_rows = _packed_data(config, corpus, tokenizer)
     # the method's new weights (LoRA's A, DIFF V2's second query and gate, …) drawn from the run's seed: not from
     # whatever the process drew before (the Trainer seeds only later), so a part's result does not depend on which
-    # parts its process trained first — the same in a parallel worker (`diffattn run --jobs`) as in one process
+    # parts its process trained first (in one `diffattn run`, a LoRA part after others started from other weights)
     set_seed(config.train.seed)
     model, method_config = prepare_model(config, model, train.input_ids)
     check_checkpoint_fits(run_dir, checkpoint, model)
