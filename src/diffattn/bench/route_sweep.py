@@ -644,10 +644,10 @@ def worker_batches(
     every other unmeasured job of each route (the fused-epilogue variants on every class) may end first; a second
     round costs one more process start per route."""
     batches: list[tuple[str, list[CallClass]]] = []
-    for in_round in ((lambda c: c.key in first), (lambda c: c.key not in first)) if first else ((lambda c: True),):
+    for in_first_round in (True, False):  # without ``first`` the first round is empty
         grouped: dict[str, list[CallClass]] = {}
         for route, cls in plan:
-            if in_round(cls):
+            if (cls.key in first) == in_first_round:
                 grouped.setdefault(route, []).append(cls)
         batches += grouped.items()
     return batches
@@ -911,7 +911,7 @@ def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) ->
     every class) adds what is missing instead of measuring the same routes again — the H200 run of 2026-11-27 never
     reached the fused kernel."""
     done = _measured_ok(earlier)
-    known = {cls for _, cls in done}
+    known = _measured_classes(earlier)
     todo = [j for j in plan if (j[0], j[1].key) not in done]
     # route by route in SWEEP_ORDER (the sweep runs a route on all its classes in one worker): a route the earlier
     # entry lacks on its first class comes before one it lacks only on later classes; the rest keep plan order
@@ -924,8 +924,13 @@ def new_classes(plan: list[tuple[str, CallClass]], earlier: dict | None) -> froz
     every class is new, and one round does them all)."""
     if not earlier:
         return frozenset()
-    known = {cls for _, cls in _measured_ok(earlier)}
+    known = _measured_classes(earlier)
     return frozenset(cls.key for _, cls in plan if cls.key not in known)
+
+
+def _measured_classes(entry: dict | None) -> set[str]:
+    """The classes the entry has a correct measurement of, on any route."""
+    return {cls for _, cls in _measured_ok(entry)}
 
 
 def with_earlier_measurements(records: list[dict], earlier: dict | None) -> list[dict]:

@@ -325,7 +325,7 @@ def table_order(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     :func:`auto_routes`)."""
     cls = cls or call_class(inp)
     usable = []
-    for name in table_routes(inp):
+    for name in table_routes(inp, cls):
         reason = route_unsupported(name, inp) or _FAILED_ROUTES.get((name, without_size(cls)))
         if reason is None:
             usable.append(name)

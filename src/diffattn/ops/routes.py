@@ -233,10 +233,10 @@ def without_size(cls: str) -> str:
     return cls.removesuffix(SMALL)
 
 
-def table_routes(inp: DiffAttentionInputs) -> list[str]:
-    """:func:`listed_routes` for this call's device and class. (Which of them can run these inputs is
-    :func:`diffattn.ops.auto_backend`'s to check.)"""
-    return list(listed_routes(inp.q1.device.index, call_class(inp)))
+def table_routes(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
+    """:func:`listed_routes` for this call's device and class (``cls``: its :func:`call_class`, where the caller has
+    it). (Which of them can run these inputs is :func:`diffattn.ops.auto_backend`'s to check.)"""
+    return list(listed_routes(inp.q1.device.index, cls or call_class(inp)))
 
 
 def reset() -> None:
