@@ -130,11 +130,20 @@ def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_sk
     assert "ok (2026-11-27)" in rs.to_markdown(merged, entry, None)
 
 
-def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_routes_first():
-    # the shipped H200 entry has cudnn_maps, sdpa and sdpa_split measured on most classes (not d = 96): a sweep
-    # extending it times the fused-epilogue variants of the routes that won (V1 d = 64, DIFF V2, V1 d = 128) next to
-    # what their routes lack, before sdpa_maps and triton
+def _shipped_h200_entry(without=lambda route, cls: False) -> dict:
+    """The shipped H200 entry less the measurements ``without(route, class)`` names: the state a lease meets, built
+    from the shipped data whatever later leases have added to it."""
     entry = next(e for e in routes.check_table(json.loads(routes.ROUTE_TABLE.read_text())) if "H200" in e["device"])
+    kept = [m for m in entry["measurements"] if not without(m["route"], m["class"])]
+    listed = {cls: [r for r in order if not without(r, cls)] for cls, order in entry["routes"].items()}
+    return {**entry, "measurements": kept, "routes": {cls: order for cls, order in listed.items() if order}}
+
+
+def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_routes_first():
+    # an H200 entry with cudnn_maps, sdpa and sdpa_split measured on most classes and no fused-epilogue variant (the
+    # shipped one before its second lease): a sweep extending it times the fused-epilogue variants of the routes that
+    # won (V1 d = 64, DIFF V2, V1 d = 128) next to what their routes lack, before sdpa_maps and triton
+    entry = _shipped_h200_entry(without=lambda route, cls: "+epilogue" in route or route in ("sdpa_maps", "triton"))
     order = list(dict.fromkeys(route for route, _ in rs.unmeasured_first(rs.default_plan(), entry)))
     epilogue = [order.index(r) for r in ("cudnn_maps+epilogue", "sdpa+epilogue", "sdpa_split+epilogue")]
     assert epilogue == sorted(epilogue) and max(epilogue) < order.index("sdpa_maps") < order.index("triton")
@@ -144,19 +153,31 @@ def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_
 
 
 def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_the_rest():
-    # the shipped H200 entry lacks the `small` step's classes (and paper-830m's d = 96): each table route times them
-    # in a first round of workers, before any worker times what a route lacks on a class the entry has measured
-    entry = next(e for e in routes.check_table(json.loads(routes.ROUTE_TABLE.read_text())) if "H200" in e["device"])
+    # an H200 entry without the `small` step's classes (and paper-830m's d = 96), as shipped before its second lease:
+    # each table route times them in a first round of workers, before any worker times what a route lacks on a class
+    # the entry has measured
+    entry = _shipped_h200_entry(without=lambda route, cls: cls.endswith(" small") or " d96 " in cls)
     plan = rs.unmeasured_first(rs.default_plan(), entry)
     first = rs.new_classes(plan, entry)
     small = {c.key for c in rs.default_classes() if c.size == "small"}
     assert small <= first and not any(k in first for k in entry["routes"])
-    batches = rs.worker_batches(plan, first)
-    assert all(len({c.key in first for c in classes}) == 1 for _, classes in batches)  # never mixed in one worker
-    in_first = [classes[0].key in first for _, classes in batches]
-    assert in_first == sorted(in_first, reverse=True)  # the first round, then the rest
-    first_round = [route for (route, _), f in zip(batches, in_first, strict=True) if f]
+    again = frozenset(rs._measured_ok(entry))  # what the entry measured: timed again only after everything else
+    batches = rs.worker_batches(plan, first, again)
+
+    def round_of(route, cls):
+        return 0 if cls.key in first else 2 if (route, cls.key) in again else 1
+
+    rounds = [{round_of(route, c) for c in classes} for route, classes in batches]
+    assert all(len(r) == 1 for r in rounds)  # never two rounds in one worker
+    assert [min(r) for r in rounds] == sorted(min(r) for r in rounds) and {min(r) for r in rounds} == {0, 1, 2}
+    first_round = [route for (route, _), r in zip(batches, rounds, strict=True) if r == {0}]
     assert set(rs.routes_for(rs.CallClass("v1", 64, size="small"))) <= set(first_round)
+    # the second H200 lease's sweep ran cudnn_maps on 24 classes, 20 of them measured before, ahead of every other
+    # route's missing jobs: a route's missing jobs and its remeasurements are workers of different rounds
+    second = [route for (route, _), r in zip(batches, rounds, strict=True) if r == {1}]
+    assert "triton" in second and "cudnn_maps" in [
+        route for (route, _), r in zip(batches, rounds, strict=True) if r == {2}
+    ]
     assert sorted((r, c.key) for r, cs in batches for c in cs) == sorted((r, c.key) for r, c in plan)  # every job once
     # no earlier entry: one round, one worker per route
     fresh = rs.unmeasured_first(rs.default_plan(), None)
@@ -180,6 +201,19 @@ def test_a_route_in_two_rounds_keeps_each_workers_rows_apart(tmp_path):
     assert status[("poisons_on_infer", old[1].key)].startswith("crashed: RuntimeError: CUDA error")
     ok = [(r, c.key) for r, c in plan if (r, c) not in (("dies_on_decode", old[2]), ("poisons_on_infer", old[1]))]
     assert all(status[job] == "ok" for job in ok)
+
+
+@pytest.mark.heavy  # worker processes: > 10 s on 2 cores
+def test_a_job_cut_by_the_sweeps_deadline_is_skipped_not_timed_out(tmp_path):
+    # the second H200 lease's sweep recorded "timed out" for a job its own budget ended (cudnn_maps on shared_k d64
+    # infer), which barred a route measured correct before from its class; a job over its own timeout still is one
+    train, infer = (rs.CallClass("v1", 16, dtype="fp32", mode=m) for m in ("train", "infer"))
+    plan = [("hangs_on_train", infer), ("hangs_on_train", train)]
+    kw = dict(device="cpu", scale="tiny", extra_module="tests.bench.fake_routes", progress=lambda m: None)
+    cut = rs.sweep(plan, tmp_path / "cut", budget_s=40, job_timeout_s=300, **kw)
+    assert {r["class"]: r["status"] for r in cut} == {infer.key: "ok", train.key: "skipped: budget spent"}
+    overran = rs.sweep(plan, tmp_path / "overran", budget_s=300, job_timeout_s=10, **kw)
+    assert {r["class"]: r["status"] for r in overran} == {infer.key: "ok", train.key: "timed out"}
 
 
 def test_a_class_knows_its_size():

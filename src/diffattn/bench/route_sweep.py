@@ -570,17 +570,19 @@ def sweep(
     progress: Callable[[str], None] = print,
     warm_s: float = 0.0,
     first: frozenset[str] = frozenset(),
+    again: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[dict]:
     """Every (route, class) of ``plan``, each route in worker processes of its own, in plan order of routes; a
     worker that dies or overruns costs one row and a fresh worker takes the rest. ``first``: class keys whose jobs
-    run in a round of their own before the rest (:func:`worker_batches`). Returns one record per job (status "ok",
+    run in a round of their own before the rest; ``again``: (route, class) jobs measured before, in a last round
+    (:func:`worker_batches`). Returns one record per job (status "ok",
     "error: …", "crashed: …", "timed out", or "skipped: budget spent")."""
     out.mkdir(parents=True, exist_ok=True)
     results = out / "routes.jsonl"
     if results.exists():
         results.unlink()  # ours: the previous sweep's raw rows, rewritten below
     deadline = time.monotonic() + budget_s
-    batches = worker_batches(plan, first)
+    batches = worker_batches(plan, first, again)
     if warm_s > 0:
         warm_compiles(batches, out, device, scale, extra_module, min(warm_s, budget_s / 2), progress)
     records: dict[tuple[str, str], dict] = {}
@@ -603,7 +605,7 @@ def sweep(
             stderr_path = out / "worker.stderr"
             with open(stderr_path, "w") as err_file:
                 proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
-                timed_out = _wait(proc, results, route, min(left, job_timeout_s), deadline)
+                killed = _wait(proc, results, route, job_timeout_s, deadline)
             keys = {c.key for c in pending}  # this worker's: a route's first-round worker wrote records of its own
             ours = [r for r in read_records(results) if r["route"] == route and r["class"] in keys]
             done = {r["class"]: r for r in ours if r.get("event") == "done"}
@@ -615,6 +617,12 @@ def sweep(
                 break
             # the job that started and never finished is the one the worker died (or hung) on
             culprit = next((c for c in still if c.key in started), None)
+            if killed == "deadline":  # the sweep's budget ended mid-job: not the route's fault (the H200 run of
+                # 2026-11-27 recorded such a job "timed out", which barred a correct route from its class)
+                for cls in still:
+                    records[(route, cls.key)] = {"route": route, "class": cls.key, "cls": asdict(cls),
+                                                 "status": "skipped: budget spent"}  # fmt: skip
+                break
             if culprit is None and len(still) < len(pending):
                 pending = still  # it stopped itself after a recorded crash: a fresh worker takes the rest
                 continue
@@ -624,7 +632,7 @@ def sweep(
                     records[(route, cls.key)] = {"route": route, "class": cls.key, "cls": asdict(cls),
                                                  "status": f"crashed: {why}"}  # fmt: skip
                 break
-            status = "timed out" if timed_out else f"crashed: {_last_line(stderr_path) or _exit_text(proc.returncode)}"
+            status = "timed out" if killed else f"crashed: {_last_line(stderr_path) or _exit_text(proc.returncode)}"
             records[(route, culprit.key)] = {"route": route, "class": culprit.key, "cls": asdict(culprit),
                                              "status": status}  # fmt: skip
             progress(f"routes: {route} on {culprit.key}: {status}")
@@ -635,19 +643,27 @@ def sweep(
 
 
 def worker_batches(
-    plan: list[tuple[str, CallClass]], first: frozenset[str] = frozenset()
+    plan: list[tuple[str, CallClass]],
+    first: frozenset[str] = frozenset(),
+    again: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[tuple[str, list[CallClass]]]:
-    """The sweep's workers in order: (route, its classes), one per route in order of first appearance in ``plan``
-    (a worker runs a route on all its classes: one process start per route, not per job) — in two rounds where
-    ``first`` names classes: their jobs, route by route, then the rest. Why: a class new to the table (the `small`
-    step's, 2026-11-27) is read from another class's order until measured, and a lease that reaches it only after
-    every other unmeasured job of each route (the fused-epilogue variants on every class) may end first; a second
-    round costs one more process start per route."""
+    """The sweep's workers in order: (route, its classes), one per route and round, routes in order of first
+    appearance in ``plan`` (a worker runs a route on all its classes: one process start per route, not per job).
+    Three rounds, each empty without what names it: the jobs of the classes ``first`` names (new to the table), then
+    the jobs measured nowhere yet, then those ``again`` names as (route, class key) — the earlier entry's, measured
+    again only when everything new has been. Why: a class new to the table (the `small` step's, 2026-11-27) is read
+    from another class's order until measured, and a lease that reaches it only after every other unmeasured job of
+    each route may end first; and a route's remeasurements in the same worker as its missing jobs (the H200 lease of
+    2026-11-27, second run: `cudnn_maps` on 24 classes, 20 of them known) come before other routes' missing ones."""
+
+    def round_of(route: str, cls: CallClass) -> int:
+        return 0 if cls.key in first else 2 if (route, cls.key) in again else 1
+
     batches: list[tuple[str, list[CallClass]]] = []
-    for in_first_round in (True, False):  # without ``first`` the first round is empty
+    for this_round in range(3):
         grouped: dict[str, list[CallClass]] = {}
         for route, cls in plan:
-            if (cls.key in first) == in_first_round:
+            if round_of(route, cls) == this_round:
                 grouped.setdefault(route, []).append(cls)
         batches += grouped.items()
     return batches
@@ -690,8 +706,9 @@ def warm_compiles(batches, out: Path, device, scale, extra_module, timeout_s: fl
     progress(f"routes: compiled (or gave up) in {timeout_s - max(0.0, deadline - time.monotonic()):.0f} s")
 
 
-def _wait(proc: subprocess.Popen, results: Path, route: str, job_timeout_s: float, deadline: float) -> bool:
-    """Wait for the worker; kill it when one job runs past ``job_timeout_s`` or the deadline. True if killed."""
+def _wait(proc: subprocess.Popen, results: Path, route: str, job_timeout_s: float, deadline: float) -> str | None:
+    """Wait for the worker; kill it when one job runs past ``job_timeout_s`` ("job") or the sweep's deadline comes
+    first ("deadline"). None: it exited by itself."""
     last_count, last_change = -1, time.monotonic()
     while proc.poll() is None:
         time.sleep(0.2)
@@ -699,11 +716,12 @@ def _wait(proc: subprocess.Popen, results: Path, route: str, job_timeout_s: floa
         now = time.monotonic()
         if count != last_count:
             last_count, last_change = count, now
-        if now - last_change > job_timeout_s or now > deadline:
+        why = "job" if now - last_change > job_timeout_s else "deadline" if now > deadline else None
+        if why:
             proc.kill()
             proc.wait()
-            return True
-    return False
+            return why
+    return None
 
 
 def _exit_text(code: int | None) -> str:
@@ -963,6 +981,7 @@ def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, pla
     earlier = entry_for(identity, str(table_path))  # the newest entry of this device and software, or None
     plan = unmeasured_first(plan or default_plan(), earlier)
     kw.setdefault("first", new_classes(plan, earlier))
+    kw.setdefault("again", frozenset(_measured_ok(earlier)))
     if earlier:
         progress(f"routes: the table has an entry for this device and software of {earlier['date']}: what it lacks "
                  "is measured first, and what this run's budget leaves out is kept from it")  # fmt: skip
