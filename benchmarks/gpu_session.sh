@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One lent GPU's measurements in one call of at most ten minutes, most valuable first, each step bounded in time and
 # run in processes of its own (a crash is one line, not the end); a step that no longer fits is skipped with a line.
-# Writes into $OUT (default benchmarks/gpu-report), at most 8 files (what a lent machine sends back):
+# Writes into $OUT (default benchmarks/gpu-report), these files:
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table
 #   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
+#   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
@@ -75,10 +76,14 @@ gpu_tests() {
   want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 5 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn_maps,sdpa_maps,sdpa,cudnn_maps+epilogue
-  want decode && step 90 "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
+  want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
     --out "$OUT/report" --sections decode
-  want 830m && step 100 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
-    --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16
+  # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for
+  # DIFF V1 (sdpa_maps+epilogue) forced beside auto: the step said 1.25x with the one and 1.45x with the other, a
+  # lease apart (six 830M models with AdamW: ~80 GB; where they do not fit a forced column is NaN with its error)
+  want 830m && step 150 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
+    --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16 --backends sdpa,sdpa_maps+epilogue \
+    --json "$OUT/train_830m.json"
   want compiled && step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
     $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 5 --dtype bf16 --compile \
     --json "$OUT/train_compiled.json"
