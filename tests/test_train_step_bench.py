@@ -46,7 +46,7 @@ def test_the_script_takes_dtype_and_prints_it(capsys, tmp_path):
     assert main(["bench", "train-step", *argv, "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "dtype=fp16" in text
-    header, row = text.strip().splitlines()[-2:]
+    header, row = text.strip().splitlines()[-2:]  # one repetition: no range line
     assert "dtype" in header.split() and row.split()[:3] == ["debug", "16", "fp16"]
     saved = json.loads(out.read_text())
     assert saved["dtype"] == "fp16" and saved["rows"][0]["dtype"] == "fp16"
@@ -54,15 +54,26 @@ def test_the_script_takes_dtype_and_prints_it(capsys, tmp_path):
     assert "dtype=fp32" in capsys.readouterr().out
 
 
-def test_the_hosts_issuing_time_is_a_line_of_its_own_where_measured():
-    # CUDA rows carry host_ms (the step's Python until it returned, before the synchronise): a line under the row;
-    # CPU rows have none (the script test above reads the row as the last line)
+def test_the_spread_and_the_gpus_busy_time_are_lines_of_their_own_where_measured():
+    # every row carries the range of its repetitions; CUDA rows also the GPU's busy time in one profiled step (the
+    # host's issuing time it replaces read within 0.1 ms of the step in every column of two H200 leases)
     names = list(train_step.COLUMNS)
-    row = train_step.StepRow("small", 1024, 4, dict.fromkeys(names, 10.0), "bf16", {}, dict.fromkeys(names, 9.5))
+    ms = dict.fromkeys(names, 10.0)
+    row = train_step.StepRow("small", 1024, 4, ms, "bf16", {}, dict.fromkeys(names, 4.5), dict.fromkeys(names, 0.3))
     lines = train_step.format_table([row]).splitlines()
-    assert lines[-1].split() == ["host", *["9.5"] * len(names)]
-    assert lines[-2].split()[:3] == ["small", "1024", "bf16"]
-    assert train_step.rows_as_dicts([row])[0]["host_ms"] == dict.fromkeys(names, 9.5)
+    assert lines[-2].split() == ["range", *["0.3"] * len(names)]
+    assert lines[-1].split() == ["gpu", *["4.5"] * len(names)]
+    assert lines[-3].split()[:3] == ["small", "1024", "bf16"]
+    assert train_step.rows_as_dicts([row])[0]["gpu_ms"] == dict.fromkeys(names, 4.5)
+    cpu = train_step.StepRow("small", 1024, 4, ms, "fp32", {}, {}, dict.fromkeys(names, 0.3))
+    assert train_step.format_table([cpu]).splitlines()[-1].split()[0] == "range"  # no gpu line without one
+
+
+def test_busy_time_is_the_union_of_the_kernels_intervals():
+    # microseconds in, milliseconds out; overlapping, nested, touching and out-of-order intervals counted once
+    assert train_step.busy_ms([]) == 0.0
+    assert train_step.busy_ms([(0, 1000)]) == 1.0
+    assert train_step.busy_ms([(500, 1500), (0, 1000), (200, 300), (1500, 2000), (3000, 3500)]) == 2.5
 
 
 def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
@@ -107,3 +118,38 @@ def test_forced_backends_are_columns_of_their_own_and_one_that_cannot_run_is_nan
     assert set(ms) == {*train_step.COLUMNS, "diffattn DIFF (sdpa)", "diffattn DIFF (cudnn_maps)"}
     with pytest.raises(ValueError, match="unknown backend"):
         train_step.columns_for(("cudnn_mapz",))
+
+
+def test_the_gpu_busy_time_counts_the_profiled_steps_device_events_only(monkeypatch):
+    # what gpu_busy_ms reads of torch.profiler (a GPU is not here to profile): the CUDA events' intervals, not the
+    # host's; and a profiler that fails costs the figures, not the benchmark
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(kind, start, end):
+        return SimpleNamespace(device_type=kind, time_range=SimpleNamespace(start=start, end=end))
+
+    class FakeProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [event(DeviceType.CPU, 0, 9000), event(DeviceType.CUDA, 100, 600), event(DeviceType.CUDA, 400, 900)]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    steps = {"baseline": lambda: None, "diffattn DIFF (auto)": lambda: None}
+    assert train_step.gpu_busy_ms(steps) == {"baseline": 0.8, "diffattn DIFF (auto)": 0.8}
+
+    def broken(activities):
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(torch.profiler, "profile", broken)
+    assert train_step.gpu_busy_ms(steps) == {}

@@ -203,6 +203,20 @@ def test_a_route_in_two_rounds_keeps_each_workers_rows_apart(tmp_path):
     assert all(status[job] == "ok" for job in ok)
 
 
+def test_only_the_triton_jobs_the_budget_reaches_are_compiled_ahead():
+    # the second H200 lease compiled 56 Triton pairs in 78 s of its 300-s sweep and ran 4: compile what comes first
+    entry = _shipped_h200_entry(without=lambda route, cls: cls.endswith(" small") or " d96 " in cls)
+    plan = rs.unmeasured_first(rs.default_plan(), entry)
+    batches = rs.worker_batches(plan, rs.new_classes(plan, entry), frozenset(rs._measured_ok(entry)))
+    jobs = [(route, c.key) for route, classes in batches for c in classes]
+    reach = int(280 / rs.SECONDS_PER_JOB)
+    warm = [(route, c.key) for route, c in rs.warm_work(batches, reach)]
+    assert warm and all(jobs.index(job) < reach and job[0].startswith("triton") for job in warm)
+    assert warm == [job for job in jobs[:reach] if job[0].startswith("triton")]
+    kernel = rs.worker_batches(rs.kernel_plan())  # the kernel plan: Triton jobs first, warmed as far as reached
+    assert len(rs.warm_work(kernel, 10)) == 10 and len(rs.warm_work(kernel, 10**6)) == len(rs.kernel_plan())
+
+
 @pytest.mark.heavy  # worker processes: > 10 s on 2 cores
 def test_a_job_cut_by_the_sweeps_deadline_is_skipped_not_timed_out(tmp_path):
     # the second H200 lease's sweep recorded "timed out" for a job its own budget ended (cudnn_maps on shared_k d64

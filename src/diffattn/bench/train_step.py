@@ -62,10 +62,15 @@ class StepRow:
     #: CUDA, on request: MiB one step allocates at its peak beyond the weights and AdamW state resident before it
     #: (gradients, activations, temporaries), per column
     peak_mib: dict[str, float] = field(default_factory=dict)
-    #: CUDA: median milliseconds until the step's Python returned, before the synchronise that ends the timing — the
-    #: host's issuing time. Close to ``ms``: the step is host-bound (the GPU waits on Python and launches), and a
-    #: ratio between columns is a ratio of host work; well below it: the GPU is the limit
-    host_ms: dict[str, float] = field(default_factory=dict)
+    #: CUDA: milliseconds some kernel ran during one profiled step (the union of the kernels' intervals,
+    #: :func:`gpu_busy_ms`). Well below ``ms``: the step is host-bound (the GPU idles between launches), and a ratio
+    #: between columns is a ratio of host work; close to it: the GPU is the limit. Replaces the host's issuing time
+    #: (until the step's Python returned), which read within 0.1 ms of ``ms`` in every column of both H200 leases,
+    #: the GPU-bound paper-830m step's too: a host that fills CUDA's launch queue waits for the GPU, so it says nothing
+    gpu_ms: dict[str, float] = field(default_factory=dict)
+    #: the slowest repetition's time less the fastest's, per column: the spread of the median's samples (none from
+    #: one repetition)
+    range_ms: dict[str, float] = field(default_factory=dict)
     #: the torch.compile backend every model's forward ran through ("": eager)
     compiled: str = ""
 
@@ -143,7 +148,6 @@ def run_train_step_benchmark(
             for name in failed:
                 del steps[name]
             times = {name: [] for name in steps}
-            issued = {name: [] for name in steps}
             cuda = device.startswith("cuda")
             for _ in range(reps):
                 for name, fn in steps.items():
@@ -151,14 +155,14 @@ def run_train_step_benchmark(
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     fn()
-                    issued[name].append(time.perf_counter() - t0)
                     if cuda:
                         torch.cuda.synchronize()
                     times[name].append(time.perf_counter() - t0)
             peak = _step_peak_mib(steps, models) if memory and cuda else {}
+            busy = gpu_busy_ms(steps) if cuda else {}
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
-            host = {k: 1e3 * statistics.median(v) for k, v in issued.items()} if cuda else {}
-            rows.append(StepRow(preset, n, batch, ms, dtype, peak, host, compile_backend or ""))
+            spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
+            rows.append(StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compile_backend or ""))
     return rows
 
 
@@ -170,6 +174,38 @@ def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
     if unknown:
         raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     return {**COLUMNS, **{f"diffattn DIFF ({b})": ("diff", b) for b in backends}}
+
+
+def busy_ms(intervals) -> float:
+    """Milliseconds covered by the union of ``(start, end)`` intervals given in microseconds: the time at least one
+    of them was running (kernels of one stream do not overlap; copies and other streams' kernels may)."""
+    total, covered_to = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_to:
+            total += end - max(start, covered_to)
+            covered_to = end
+    return total / 1e3
+
+
+def gpu_busy_ms(steps: dict) -> dict[str, float]:
+    """Per column: :func:`busy_ms` of the CUDA kernels and copies of one step under ``torch.profiler``. A profiler
+    that fails gives no figures (one line), not the end of the benchmark."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    try:
+        for name, step in steps.items():
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            on_gpu = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+            out[name] = busy_ms(on_gpu)
+    except Exception as err:  # the figures are an aid to reading the times, not the times
+        print(f"GPU busy time not measured: {type(err).__name__}: {str(err)[:200]}", flush=True)
+        return {}
+    return out
 
 
 def _step_peak_mib(steps: dict, models: dict) -> dict[str, float]:
@@ -188,6 +224,9 @@ def _step_peak_mib(steps: dict, models: dict) -> dict[str, float]:
 
 
 def format_table(rows: list[StepRow]) -> str:
+    """The rows as text: one line per row (times, ratios, forced backends), then a ``range`` line (max − min of the
+    repetitions) and on CUDA a ``gpu`` line (:attr:`StepRow.gpu_ms`)."""
+    nan = float("nan")
     names = list(COLUMNS)
     head = f"{'preset':<7} {'seq':>5} {'dtype':>5} " + " ".join(f"{n + ' ms':>22}" for n in names)
     head += "   DIFF/base   HF/base   HF/DIFF   V2/base   V2/DIFF"
@@ -205,10 +244,11 @@ def format_table(rows: list[StepRow]) -> str:
             lines[-1] += "   " + "  ".join(f"{n} {r.ms[n]:.1f} ({r.ratio(n):.2f}x)" for n in extra)
         if r.compiled:
             lines[-1] += f"   (forward compiled: {r.compiled})"
-        if r.host_ms:  # CUDA: how much of each step the host spent issuing it
-            lines.append(f"{'':<7} {'':>5} {'host':>5} " + " ".join(f"{r.host_ms[n]:>22.1f}" for n in names))
-            hosts = [f"{n} {r.host_ms[n]:.1f}" for n in extra if n in r.host_ms]
-            lines[-1] += ("   " + "  ".join(hosts)) if hosts else ""
+        for label, figures in (("range", r.range_ms), ("gpu", r.gpu_ms)):  # the samples' spread; the GPU's share
+            if figures:
+                lines.append(f"{'':<7} {'':>5} {label:>5} " + " ".join(f"{figures.get(n, nan):>22.1f}" for n in names))
+                more = [f"{n} {figures[n]:.1f}" for n in extra if n in figures]
+                lines[-1] += ("   " + "  ".join(more)) if more else ""
     return "\n".join(lines)
 
 
