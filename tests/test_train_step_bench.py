@@ -153,3 +153,47 @@ def test_the_gpu_busy_time_counts_the_profiled_steps_device_events_only(monkeypa
 
     monkeypatch.setattr(torch.profiler, "profile", broken)
     assert train_step.gpu_busy_ms(steps) == {}
+
+
+def test_columns_are_timed_in_a_rotating_order_with_the_garbage_collector_paused(monkeypatch):
+    # a fixed round-robin puts each column after the same one every time, and a cyclic collection can fall on the same
+    # column every round: the first column rotates per repetition and the collector is off while timing
+    import gc
+
+    calls, collector = [], []
+
+    def fake_build(preset, attention, backend=None, **kw):
+        model = torch.nn.Linear(1, 1)
+        model.config = type("Config", (), {"vocab_size": 10})()
+        model.tag = (attention, backend)
+        return model
+
+    def fake_step(model, batch, dtype, compile_backend=None):
+        return lambda: (calls.append(model.tag), collector.append(gc.isenabled()))
+
+    monkeypatch.setattr(train_step, "build_model", fake_build)
+    monkeypatch.setattr(train_step, "_step_fn", fake_step)
+    rows = train_step.run_train_step_benchmark(("debug",), (8,), batch=1, reps=3, device="cpu", dtype="fp32")
+    tags = [train_step.COLUMNS[n] for n in train_step.COLUMNS]
+    timed = calls[len(tags) :]  # after one warm-up step each
+    assert timed == tags + tags[1:] + tags[:1] + tags[2:] + tags[:2]
+    assert collector[: len(tags)] == [True] * len(tags) and not any(collector[len(tags) :])
+    assert gc.isenabled() and set(rows[0].range_ms) == set(train_step.COLUMNS)
+
+
+def test_gc_paused_restores_the_collectors_state():
+    import gc
+
+    from diffattn.bench import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: left off
+    finally:
+        gc.enable()

@@ -1,1 +1,20 @@
 """Benchmarks shipped with the package, so `diffattn bench ...` and `benchmarks/*.py` run the same code."""
+
+import contextlib
+import gc
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off while a benchmark times (as ``timeit`` does), after one collection.
+    Why: a collection inside a sample costs it milliseconds with a model's autograd graphs alive, and in a fixed
+    round-robin it can fall on the same column round after round — a suspect for the 9 ms the second H200 lease
+    measured between ``auto`` and its own route forced (benchmarks/gpu-runs/h200-2026-11-27b)."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

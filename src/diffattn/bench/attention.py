@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import backend_status, diff_attention
+from . import gc_paused
 
 DEFAULT_SIZES = (512, 1024, 2048, 4096)
 BASELINE = "baseline sdpa (2h heads, d)"
@@ -117,17 +118,18 @@ def _interleaved_medians(fns: dict[str, Callable[[], None]], reps: int, warmup: 
             if name not in failed:
                 call(name, fn)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            if name in failed:
-                continue
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            call(name, fn)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - t0)
+    with gc_paused():
+        for _ in range(reps):
+            for name, fn in fns.items():
+                if name in failed:
+                    continue
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                call(name, fn)
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - t0)
     return {
         name: float("nan") if name in failed or not ts else 1e3 * statistics.median(ts) for name, ts in times.items()
     }

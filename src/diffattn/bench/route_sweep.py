@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import gc_paused
+
 #: a route passes when its worst relative error is at most this times the yardstick's
 TOLERANCE = 4.0
 CHECK_LEN = 333  # not a multiple of 16, 32, 64 or 128: every kernel has partial tiles
@@ -368,14 +370,15 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], device, rounds: int = 1
         _sync(device)
         inner[name] = max(1, min(50, math.ceil(min_sample_ms / max(1e-3, 1e3 * (time.perf_counter() - start)))))
     samples: dict[str, list[float]] = {n: [] for n in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(inner[name]):
-                fn()
-            _sync(device)
-            samples[name].append(1e3 * (time.perf_counter() - start) / inner[name])
+    with gc_paused():
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                _sync(device)
+                start = time.perf_counter()
+                for _ in range(inner[name]):
+                    fn()
+                _sync(device)
+                samples[name].append(1e3 * (time.perf_counter() - start) / inner[name])
     return {n: statistics.median(v) for n, v in samples.items()}
 
 

@@ -3,7 +3,9 @@ baseline, with Hugging Face's own ``DiffLlama`` attention as a third column and 
 query heads, a per-token gate, the FFN narrowed to the same parameter count) as a fourth.
 
 One step = forward + backward + AdamW update on a random batch, the three models built from the same preset
-and fed identical batches, timed interleaved round-robin; the statistic is the median over repetitions.
+and fed identical batches, timed interleaved round-robin (the first column rotating each repetition, Python's
+garbage collector paused: :func:`diffattn.bench.gc_paused`); the statistic is the median over repetitions, with
+their range beside it.
 
 Precision, as training runs (diffattn.train: ``train.precision`` "auto"): ``bf16`` by default on CUDA — float32
 weights and optimizer, the forward under ``torch.autocast`` in bfloat16, so the attention kernels run in bf16 —
@@ -35,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..models.build import build_model
+from . import gc_paused
 
 COLUMNS = {
     "baseline": ("standard", None),
@@ -149,15 +152,18 @@ def run_train_step_benchmark(
                 del steps[name]
             times = {name: [] for name in steps}
             cuda = device.startswith("cuda")
-            for _ in range(reps):
-                for name, fn in steps.items():
-                    if cuda:
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    fn()
-                    if cuda:
-                        torch.cuda.synchronize()
-                    times[name].append(time.perf_counter() - t0)
+            names = list(steps)
+            with gc_paused():
+                for rep in range(reps):
+                    # the first column rotates each repetition: no column always follows the same one
+                    for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                        if cuda:
+                            torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        steps[name]()
+                        if cuda:
+                            torch.cuda.synchronize()
+                        times[name].append(time.perf_counter() - t0)
             peak = _step_peak_mib(steps, models) if memory and cuda else {}
             busy = gpu_busy_ms(steps) if cuda else {}
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
