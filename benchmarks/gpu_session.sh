@@ -74,8 +74,9 @@ gpu_tests() {
   [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and each SDPA route forced beside auto: which is fastest where the step is host-bound (the table's were timed at 16K);
   # `cudnn` is what the small V1 class chose by per-call rows too noisy to order routes (the second H200 lease), and
-  # 10 repetitions with their range say whether the 1-3% between routes is more than noise
-  want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn bench train-step --presets small \
+  # 10 repetitions with their range say whether the 1-3% between routes is more than noise; -v logs the route auto
+  # runs for each call class (route_choice_line), once each: what auto ran at 4,096 tokens, 9 ms over cudnn_maps forced
+  want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 10 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn_maps,cudnn,sdpa_maps,sdpa,cudnn_maps+epilogue
   want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
