@@ -244,3 +244,22 @@ def test_decode_rows_carry_their_cuda_graph_time_where_one_was_measured():
     row = {"ms": 0.3612, "graph_ms": 0.0451, "base_graph_ms": 0.0204}
     assert rs._ms_cell(row) == "0.361 (graph 0.045, base 0.020)"
     assert rs._ms_cell({"ms": 0.3612, "graph_ms": None}) == rs._ms_cell({"ms": 0.3612}) == "0.361"
+
+
+def test_a_decode_class_is_ordered_by_cuda_graph_time_where_measured():
+    # eager decode times are host time (the same call 2.2x apart between two H200 leases): a route with a graph time
+    # comes before routes timed eagerly only, and graph times order among themselves; other modes keep their ratios
+    dec, train = rs.CallClass("v1", 64, mode="decode").key, rs.CallClass("v1", 64).key
+
+    def rec(route, cls, ratio, graph=None):
+        r = {"route": route, "class": cls, "status": "ok", "correct": True, "ms": ratio, "base_ms": 1.0, "ratio": ratio}
+        return r | ({"graph_ms": graph, "base_graph_ms": 0.1} if graph else {})
+
+    records = [rec("cudnn", dec, 4.9), rec("cudnn_maps", dec, 6.4, graph=0.16), rec("sdpa_maps", dec, 9.0, graph=0.14),
+               rec("sdpa", train, 2.2, graph=0.01), rec("cudnn_maps", train, 1.9)]  # fmt: skip
+    entry = rs.table_entry(records, IDENTITY, "2026-11-28")
+    assert entry["routes"][dec] == ["sdpa_maps", "cudnn_maps", "cudnn"]
+    assert entry["routes"][train] == ["sdpa", "cudnn_maps"]  # a graph time only where one was measured: any mode
+    kept = {m["route"]: m for m in entry["measurements"] if m["class"] == dec}
+    assert kept["cudnn_maps"]["graph_ms"] == 0.16 and "graph_ms" not in kept["cudnn"]  # kept for the next merge
+    assert "(graph 1.40×)" in rs.readme_table([{**entry, "capability": "9.0"}])
