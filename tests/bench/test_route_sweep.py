@@ -161,7 +161,7 @@ def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_
     first = rs.new_classes(plan, entry)
     small = {c.key for c in rs.default_classes() if c.size == "small"}
     assert small <= first and not any(k in first for k in entry["routes"])
-    again = frozenset(rs._measured_ok(entry))  # what the entry measured: timed again only after everything else
+    again = frozenset(rs._measured_fully(entry))  # what the entry measured: timed again only after everything else
     batches = rs.worker_batches(plan, first, again)
 
     def round_of(route, cls):
@@ -207,7 +207,7 @@ def test_only_the_triton_jobs_the_budget_reaches_are_compiled_ahead():
     # the second H200 lease compiled 56 Triton pairs in 78 s of its 300-s sweep and ran 4: compile what comes first
     entry = _shipped_h200_entry(without=lambda route, cls: cls.endswith(" small") or " d96 " in cls)
     plan = rs.unmeasured_first(rs.default_plan(), entry)
-    batches = rs.worker_batches(plan, rs.new_classes(plan, entry), frozenset(rs._measured_ok(entry)))
+    batches = rs.worker_batches(plan, rs.new_classes(plan, entry), frozenset(rs._measured_fully(entry)))
     jobs = [(route, c.key) for route, classes in batches for c in classes]
     reach = int(280 / rs.SECONDS_PER_JOB)
     warm = [(route, c.key) for route, c in rs.warm_work(batches, reach)]
@@ -263,3 +263,17 @@ def test_a_decode_class_is_ordered_by_cuda_graph_time_where_measured():
     kept = {m["route"]: m for m in entry["measurements"] if m["class"] == dec}
     assert kept["cudnn_maps"]["graph_ms"] == 0.16 and "graph_ms" not in kept["cudnn"]  # kept for the next merge
     assert "(graph 1.40×)" in rs.readme_table([{**entry, "capability": "9.0"}])
+
+
+def test_a_decoding_record_without_a_graph_time_is_timed_again_as_missing():
+    # the shipped H200 entry's decode rows of the first lease have eager times only; the order needs graph times
+    entry = _shipped_h200_entry()
+    plan = rs.unmeasured_first(rs.default_plan(), entry)
+    fully = rs._measured_fully(entry)
+    eager_only = [
+        k for k, m in rs._measured_ok(entry).items() if k[1].endswith(" decode") and rs.graph_ratio(m) is None
+    ]
+    assert eager_only and not any(k in fully for k in eager_only)
+    position = {(r, c.key): i for i, (r, c) in enumerate(plan)}
+    first_known = min(position[k] for k in fully if k in position)
+    assert all(position[k] < first_known for k in eager_only if k in position)  # among the missing, before the rest
