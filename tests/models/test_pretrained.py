@@ -96,3 +96,27 @@ def test_dex_on_smollm2_identity_at_init_then_five_steps_on_shakespeare(tmp_path
         opt.step()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+def test_a_conversion_finished_second_keeps_the_first_ones_folder(tmp_path):
+    # two processes converting one name at once (parallel evaluation on an empty cache): the second rename meets the
+    # first's complete folder and keeps it, instead of failing the second process
+    from diffattn.models.pretrained import _COMPLETE, move_into_place
+
+    def finished(name, text):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / _COMPLETE).write_text(text)
+        return folder
+
+    target = tmp_path / "smollm2-135m"
+    move_into_place(finished(".a", "first"), target)
+    second = finished(".b", "second")
+    move_into_place(second, target)
+    assert (target / _COMPLETE).read_text() == "first" and second.exists()  # the caller removes its own
+    stranger = tmp_path / "other"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("not ours")
+    with pytest.raises(OSError):  # a folder without the marker is not a finished conversion: never replaced
+        move_into_place(finished(".c", "third"), stranger)
+    assert (stranger / "notes.txt").read_text() == "not ours"

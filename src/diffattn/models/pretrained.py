@@ -93,13 +93,22 @@ def _convert(name: str, source: GGUFSource, target: Path) -> None:
         clean.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _COMPLETE).write_text(f"{source.package}/{source.filename}\n")
-        if target.exists():  # another process finished first: keep theirs
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
+        move_into_place(tmp, target)
     finally:
-        if tmp.exists() and tmp != target:
+        if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move_into_place(finished: Path, target: Path) -> None:
+    """Rename the ``finished`` folder (complete: it has the marker) to ``target``; where another process converting the
+    same name renamed its own there first, keep theirs (the caller removes ours). Without this the second of two
+    processes converting one name at once (parallel evaluation on an empty cache) failed on the rename."""
+    try:
+        os.replace(finished, target)
+    except OSError:  # a non-empty folder is there: another process's, complete, or not ours to replace
+        if not (target / _COMPLETE).is_file():
+            raise
+        logger.info("%s was converted by another process meanwhile: keeping that one", target)
 
 
 def model_type_of(name_or_path: str | os.PathLike) -> str | None:
@@ -168,8 +177,8 @@ def remote_code_files(path: Path) -> list[str]:
 
 def pretrained_folder(name: str) -> Path:
     """The cache folder of a known offline name (:data:`PRETRAINED`), converted from its GGUF file first where the
-    cache has no complete entry (an incomplete one is discarded). Not safe for two processes converting one name at
-    once."""
+    cache has no complete entry (an incomplete one is discarded). Two processes converting one name at once both
+    convert, and the first to finish is kept (:func:`move_into_place`)."""
     folder = pretrained_cache_dir() / name
     if not (folder / _COMPLETE).is_file():
         if folder.exists():
