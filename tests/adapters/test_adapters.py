@@ -562,3 +562,21 @@ def test_a_format_1_adapter_loads_with_a_warning_that_edits_cannot_be_detected(t
     (folder / "adapter_config.json").write_text(json.dumps({**meta, "format_version": 2}))
     with pytest.raises(ValueError, match="has no adapter_fingerprint"):
         load_adapter(tiny("llama"), folder)
+
+
+def test_the_lora_control_wraps_without_transformers_deprecation_warning():
+    # PEFT reads transformers' deprecated is_gradient_checkpointing as it wraps: a FutureWarning on the user's console
+    # at every LoRA control (twice a quickstart) about code not theirs, silenced there only
+    import warnings
+
+    from diffattn.adapters.controls import LoRAControlConfig, apply_lora, peft_wrapping
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(tiny("llama"), LoRAControlConfig())
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+    with warnings.catch_warnings(record=True) as caught:  # only that warning: others still reach the user
+        warnings.simplefilter("always")
+        with peft_wrapping():
+            warnings.warn("something else", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["something else"]

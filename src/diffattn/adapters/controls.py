@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass, replace
 
 from torch import nn
@@ -46,6 +48,16 @@ def lora_target_modules(model: nn.Module) -> list[str]:
     return [spec.fused_qkv] if spec.fused_qkv is not None else [spec.q_proj, spec.k_proj]
 
 
+@contextlib.contextmanager
+def peft_wrapping():
+    """Around PEFT's wrapping of a model: PEFT (0.21) reads transformers' deprecated ``is_gradient_checkpointing`` as
+    it wraps (peft_model.py), which from transformers 5.2x prints a FutureWarning on every LoRA control trained or
+    loaded — the user's console twice per quickstart, about code that is not theirs. Silenced there only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def apply_lora(model: nn.Module, options: LoRAControlConfig, calibration=None) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
@@ -59,7 +71,8 @@ def apply_lora(model: nn.Module, options: LoRAControlConfig, calibration=None) -
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    with peft_wrapping():
+        return get_peft_model(model, lora)
 
 
 def train_attention(model: nn.Module, options=None, calibration=None) -> nn.Module:

@@ -55,5 +55,8 @@ def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: tor
     if get_method(method).kind == "control":  # the LoRA control: PEFT's own folder
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(model, run_dir / ADAPTER).eval(), tokenizer
+        from .controls import peft_wrapping
+
+        with peft_wrapping():
+            return PeftModel.from_pretrained(model, run_dir / ADAPTER).eval(), tokenizer
     return load_adapter(model, run_dir / ADAPTER).eval(), tokenizer
