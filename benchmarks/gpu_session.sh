@@ -84,7 +84,7 @@ gpu_tests() {
   # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for
   # DIFF V1 (sdpa_maps+epilogue) forced beside auto: the step said 1.25x with the one and 1.45x with the other, a
   # lease apart (six 830M models with AdamW: ~80 GB; where they do not fit a forced column is NaN with its error)
-  want 830m && step 150 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
+  want 830m && step 120 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
     --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16 --backends sdpa,sdpa_maps+epilogue \
     --json "$OUT/train_830m.json"
   want compiled && step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
