@@ -13,7 +13,7 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
-# STEPS (comma-separated, in this order whatever the order given): sweep, train, decode, 830m, compiled, sanitize,
+# STEPS (comma-separated, in this order whatever the order given): sweep, train, 830m, decode, compiled, sanitize,
 # tests; default all but sanitize. A second call on the same lease runs what the first had no budget left for, e.g.
 # STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates.
 set -u
@@ -23,7 +23,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,train,decode,830m,compiled,tests}
+STEPS=${STEPS:-sweep,train,830m,decode,compiled,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -79,14 +79,14 @@ gpu_tests() {
   want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 10 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn_maps,cudnn,sdpa_maps,sdpa,cudnn_maps+epilogue
-  want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
-    --out "$OUT/report" --sections decode
   # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for
   # DIFF V1 (sdpa_maps+epilogue) forced beside auto: the step said 1.25x with the one and 1.45x with the other, a
   # lease apart (six 830M models with AdamW: ~80 GB; where they do not fit a forced column is NaN with its error)
   want 830m && step 120 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
     --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16 --backends sdpa,sdpa_maps+epilogue \
     --json "$OUT/train_830m.json"
+  want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
+    --out "$OUT/report" --sections decode
   want compiled && step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
     $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 5 --dtype bf16 --compile \
     --json "$OUT/train_compiled.json"
