@@ -56,6 +56,11 @@ def _operands(layout, dtype, lam_form, b=2, h=3, t=7, dv=24, seed=0):
         o1, o2 = o[:, :h], o[:, h:]
     elif layout == "interleaved":  # views of [B, H, 2, T, dv] (DIFF V2's one call)
         o1, o2 = rnd(b, h, 2, t, dv).unbind(2)
+    elif layout == "stacked_bthd":  # the same, laid out as SDPA's kernels write on a GPU: [B, T, 2H, dv] in memory
+        o = rnd(b, t, 2 * h, dv).transpose(1, 2)
+        o1, o2 = o[:, :h], o[:, h:]
+    elif layout == "apart_bthd":
+        o1, o2 = rnd(b, t, h, dv).transpose(1, 2), rnd(b, t, h, dv).transpose(1, 2)
     else:  # two calls' own outputs (sdpa_maps, cudnn_maps)
         o1, o2 = rnd(b, h, t, dv), rnd(b, h, t, dv)
     lam = {
@@ -69,17 +74,19 @@ def _operands(layout, dtype, lam_form, b=2, h=3, t=7, dv=24, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
-@pytest.mark.parametrize("layout", ["stacked", "interleaved", "apart"])
+@pytest.mark.parametrize("layout", ["stacked", "interleaved", "apart", "stacked_bthd", "apart_bthd"])
 def test_the_kernel_does_pytorchs_float32_arithmetic_forward_and_backward(dtype, lam_form, layout):
     o1, o2, lam = _operands(layout, dtype, lam_form)
     out = epilogue.subtract_maps(o1, o2, lam)
     product = lam * o2.float()
-    assert out.dtype == dtype and out.shape == o1.shape and out.is_contiguous()
+    assert out.dtype == dtype and out.shape == o1.shape
+    _assert_laid_out_like(out, o1)
     _within_one_rounding("out", out, o1.float() - product, dtype, product)
 
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
     d_o1, d_o2, d_lam = torch.autograd.grad(out, (o1, o2, lam), g)
     assert torch.equal(d_o1, g), "dO1 is the output's gradient itself"
+    _assert_laid_out_like(d_o2, o2)
     _within_one_rounding("dO2", d_o2, -lam.detach() * g.float(), dtype)
     terms = (g.float() * o2.detach().float()).unsqueeze(0)  # dλ = −Σ g·O2 over what λ was broadcast along
     want_lam = -(g.float() * o2.detach().float()).sum_to_size(lam.shape)
@@ -87,6 +94,14 @@ def test_the_kernel_does_pytorchs_float32_arithmetic_forward_and_backward(dtype,
     bound = n * torch.finfo(torch.float32).eps * terms.abs().squeeze(0).sum_to_size(lam.shape)
     assert d_lam.shape == lam.shape and d_lam.dtype == lam.dtype
     assert ((d_lam - want_lam).abs() <= bound).all(), "dλ beyond reordered float32 summation"
+
+
+def _assert_laid_out_like(got, like):
+    # dense, in ``like``'s dimension order (by stride, ties in logical order), as PyTorch's element-wise ops lay out
+    # their outputs: the model's transpose to [B, T, H·dv] after the attention is then free for an output of SDPA's
+    # [B, T, H, dv] layout (a contiguous [B, H, T, dv] one cost a copy there, and a layout change in cuDNN's backward)
+    order = sorted(range(like.dim()), key=lambda i: (-like.stride(i), i))
+    assert got.permute(*order).is_contiguous(), f"strides {got.stride()} not in the order of {like.stride()}"
 
 
 def test_a_row_of_width_not_a_power_of_two_and_a_partial_last_program():

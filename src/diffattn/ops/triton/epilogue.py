@@ -13,8 +13,9 @@ before the route sweep has timed it.
 
 Shapes: O1, O2 [B, H, T, dv], any strides with the last one 1 (the stacked routes hand over slices of one
 [B, 2H, T, dv] output, V2's interleaved one views of [B, H, 2, T, dv]); λ 0-d, [1, H, 1, 1] or [B, H, T, 1]
-(:func:`diffattn.ops._inputs.validate`'s forms), read through its strides; the output is contiguous. dλ is summed
-from the per-row float32 products back to λ's own shape.
+(:func:`diffattn.ops._inputs.validate`'s forms), read through its strides; the output, and dO2, laid out in O1's
+(O2's) dimension order, as PyTorch's element-wise ops lay theirs out (:func:`_output_like`). dλ is summed from the
+per-row float32 products back to λ's own shape.
 """
 
 from __future__ import annotations
@@ -63,35 +64,38 @@ def _program_rows(R, DV, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(X, rows, cols, tile, DV, value):
-    # the rows' tile of a contiguous [B, H, T, dv] output, in its dtype
-    tl.store(X + rows.to(tl.int64)[:, None] * DV + cols[None, :], value.to(X.dtype.element_ty), mask=tile)
+def _store_rows(X, rows, cols, tile, H, T, SB, SH, ST, value):
+    # the rows' tile of a [B, H, T, dv] output with strides SB, SH, ST (last stride 1), in its dtype
+    offsets = _row_offsets(rows, H, T, SB, SH, ST)[:, None] + cols[None, :]
+    tl.store(X + offsets, value.to(X.dtype.element_ty), mask=tile)
 
 
 @triton.jit
 def _subtract_fwd_kernel(
     O1, O2, LAM, OUT,
-    S1B, S1H, S1T, S2B, S2H, S2T, SLB, SLH, SLT,
+    S1B, S1H, S1T, S2B, S2H, S2T, SLB, SLH, SLT, SOB, SOH, SOT,
     R, H, T, DV,
     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     o1 = _rows_f32(O1, rows, cols, tile, H, T, S1B, S1H, S1T)
     o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
-    _store_rows(OUT, rows, cols, tile, DV, o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2)
+    out = o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2
+    _store_rows(OUT, rows, cols, tile, H, T, SOB, SOH, SOT, out)
 
 
 @triton.jit
 def _subtract_bwd_kernel(
     G, O2, LAM, DO2, DLAM,
-    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT,
+    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT, SDB, SDH, SDT,
     R, H, T, DV,
     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # dO2 = −λ·g (float32, rounded once); the row's share of dλ, −Σ_c g·O2, in float32
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     g = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
-    _store_rows(DO2, rows, cols, tile, DV, -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g)
+    do2 = -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g
+    _store_rows(DO2, rows, cols, tile, H, T, SDB, SDH, SDT, do2)
     tl.store(DLAM + rows, -tl.reduce(g * _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T), 1, _SUM), mask=ok)
 
 
@@ -117,6 +121,17 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _output_like(x: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape and dtype, dense, its dimensions laid out in ``x``'s order (by stride; ties in
+    logical order, so the last dimension stays innermost) — what PyTorch's element-wise ops give. Why: the model
+    transposes the attention's output to [B, T, H·dv] next, free from the [B, T, H, dv] layout the SDPA kernels write
+    and a copy from a contiguous [B, H, T, dv] one; and cuDNN's backward takes dO in O's layout. The epilogue wrote
+    contiguous [B, H, T, dv] until the second H200 lease found it faster per call and slower inside a model's step."""
+    order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), i))  # outermost first
+    dense = torch.empty([x.shape[i] for i in order], dtype=x.dtype, device=x.device)
+    return dense.permute(*[order.index(i) for i in range(x.dim())])
+
+
 def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int) -> None:
     block_r, block_dv, warps = _tiles(dv)
     with _on_device(args[0].device):
@@ -126,11 +141,12 @@ def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int) -> None:
 def _subtract_impl(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     b, h, t, dv = o1.shape
     o1, o2 = _last_contiguous(o1), _last_contiguous(o2)
-    out = torch.empty((b, h, t, dv), dtype=o1.dtype, device=o1.device)
+    out = _output_like(o1)
     lam4 = _lam4(lam)
     rows = b * h * t
     if rows:
-        args = (o1, o2, lam4, out, *_row_strides(o1), *_row_strides(o2), *_row_strides(lam4), rows, h, t, dv)
+        strides = (*_row_strides(o1), *_row_strides(o2), *_row_strides(lam4), *_row_strides(out))
+        args = (o1, o2, lam4, out, *strides, rows, h, t, dv)
         _launch_subtract(_subtract_fwd_kernel, rows, args, dv)
     return out
 
@@ -138,12 +154,13 @@ def _subtract_impl(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tor
 def _subtract_bwd_impl(g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, t, dv = o2.shape
     g, o2 = _last_contiguous(g), _last_contiguous(o2)
-    do2 = torch.empty((b, h, t, dv), dtype=o2.dtype, device=o2.device)
+    do2 = _output_like(o2)
     dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=o2.device)
     lam4 = _lam4(lam)
     rows = b * h * t
     if rows:
-        args = (g, o2, lam4, do2, dlam_rows, *_row_strides(g), *_row_strides(o2), *_row_strides(lam4), rows, h, t, dv)
+        strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2))
+        args = (g, o2, lam4, do2, dlam_rows, *strides, rows, h, t, dv)
         _launch_subtract(_subtract_bwd_kernel, rows, args, dv)
     return do2, dlam_rows
 
@@ -154,12 +171,12 @@ _subtract_bwd_op = torch.library.custom_op("diffattn::subtract_maps_bwd", mutate
 
 @_subtract_op.register_fake
 def _subtract_fake(o1, o2, lam):
-    return torch.empty_like(o1, memory_format=torch.contiguous_format)
+    return _output_like(_last_contiguous(o1))
 
 
 @_subtract_bwd_op.register_fake
 def _subtract_bwd_fake(g, o2, lam):
-    return torch.empty_like(o2, memory_format=torch.contiguous_format), o2.new_empty(o2.shape[:3], dtype=torch.float32)
+    return _output_like(_last_contiguous(o2)), o2.new_empty(o2.shape[:3], dtype=torch.float32)
 
 
 def _lambda_grad(dlam_rows: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
