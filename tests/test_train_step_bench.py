@@ -5,6 +5,7 @@ its output."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -145,8 +146,13 @@ def test_the_gpu_busy_time_counts_the_profiled_steps_device_events_only(monkeypa
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
-    steps = {"baseline": lambda: None, "diffattn DIFF (auto)": lambda: None}
+    steps = {"baseline": lambda: time.sleep(0.002), "diffattn DIFF (auto)": lambda: time.sleep(0.002)}
     assert train_step.gpu_busy_ms(steps) == {"baseline": 0.8, "diffattn DIFF (auto)": 0.8}
+    # no GPU event, or only ones with broken times (a zero start lands far before the trace), or a figure longer than
+    # the step itself: not a figure, and said so — never 0.0 ms, which would read as an idle GPU
+    for events in ([], [event(DeviceType.CUDA, -1.7e15, 600)], [event(DeviceType.CUDA, 0, 9e6)]):
+        monkeypatch.setattr(FakeProfile, "events", lambda self, events=events: events)
+        assert train_step.gpu_busy_ms(steps) == {}
 
     def broken(activities):
         raise RuntimeError("CUPTI unavailable")

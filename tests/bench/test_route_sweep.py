@@ -277,3 +277,15 @@ def test_a_decoding_record_without_a_graph_time_is_timed_again_as_missing():
     position = {(r, c.key): i for i, (r, c) in enumerate(plan)}
     first_known = min(position[k] for k in fully if k in position)
     assert all(position[k] < first_known for k in eager_only if k in position)  # among the missing, before the rest
+
+
+def test_a_decoding_record_whose_capture_failed_is_not_timed_again_for_it():
+    # graph_ms None: the capture was tried and failed, and would fail again; only records from before graph times
+    # existed (no key at all) are missing one
+    dec = rs.CallClass("v1", 64, mode="decode").key
+    ok = {"status": "ok", "correct": True, "ratio": 5.0, "ms": 0.4, "base_ms": 0.08}
+    entry = {"date": "2026-11-27", "measurements": [
+        {"route": "cudnn", "class": dec, **ok},
+        {"route": "sdpa", "class": dec, **ok, "graph_ms": None, "base_graph_ms": 0.07},
+        {"route": "cudnn_maps", "class": dec, **ok, "graph_ms": 0.12, "base_graph_ms": 0.07}]}  # fmt: skip
+    assert set(rs._measured_fully(entry)) == {("sdpa", dec), ("cudnn_maps", dec)}

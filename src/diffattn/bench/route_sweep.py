@@ -587,8 +587,9 @@ def sweep(
     deadline = time.monotonic() + budget_s
     batches = worker_batches(plan, first, again)
     if warm_s > 0:
-        reach = int(budget_s / SECONDS_PER_JOB)
-        warm_compiles(batches, out, device, scale, extra_module, min(warm_s, budget_s / 2), progress, reach)
+        warm_budget = min(warm_s, budget_s / 2)  # paid from the same budget as the jobs
+        reach = max(0, int((budget_s - warm_budget) / SECONDS_PER_JOB))
+        warm_compiles(batches, out, device, scale, extra_module, warm_budget, progress, reach)
     records: dict[tuple[str, str], dict] = {}
     for route, classes in batches:
         pending = list(classes)
@@ -654,8 +655,9 @@ def worker_batches(
     """The sweep's workers in order: (route, its classes), one per route and round, routes in order of first
     appearance in ``plan`` (a worker runs a route on all its classes: one process start per route, not per job).
     Three rounds, each empty without what names it: the jobs of the classes ``first`` names (new to the table), then
-    the jobs measured nowhere yet, then those ``again`` names as (route, class key) — the earlier entry's, measured
-    again only when everything new has been. Why: a class new to the table (the `small` step's, 2026-11-27) is read
+    the rest but those ``again`` names as (route, class key) — what the earlier entry lacks, or has without a figure
+    the table now orders by (:func:`_measured_fully`) — then those, measured again only when everything else has
+    been. Why: a class new to the table (the `small` step's, 2026-11-27) is read
     from another class's order until measured, and a lease that reaches it only after every other unmeasured job of
     each route may end first; and a route's remeasurements in the same worker as its missing jobs (the H200 lease of
     2026-11-27, second run: `cudnn_maps` on 24 classes, 20 of them known) come before other routes' missing ones."""
@@ -959,17 +961,18 @@ def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
 
 
 def _measured_fully(entry: dict | None) -> dict[tuple[str, str], dict]:
-    """:func:`_measured_ok` less the decoding records without a CUDA-graph time: the table orders decoding by that
-    time (:func:`order_key`), so a sweep times them again as missing, not as already measured."""
-    return {k: m for k, m in _measured_ok(entry).items() if not k[1].endswith(" decode") or graph_ratio(m) is not None}
+    """:func:`_measured_ok` less the decoding records timed before graph times were (no ``graph_ms`` key): the table
+    orders decoding by that time (:func:`order_key`), so a sweep times them again as missing. A record whose capture
+    was tried and failed (``graph_ms`` None) counts as measured: timing it again would fail again."""
+    return {k: m for k, m in _measured_ok(entry).items() if not k[1].endswith(" decode") or "graph_ms" in m}
 
 
 def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) -> list[tuple[str, CallClass]]:
-    """``plan`` with the jobs the earlier entry has no correct measurement of first — those of classes it has no
-    measurement of at all (:func:`new_classes`) before the others, each route by route in :data:`SWEEP_ORDER`,
-    then plan order — then the rest: a lease too short for the whole sweep (ten minutes measure about four routes on
-    every class) adds what is missing instead of measuring the same routes again — the H200 run of 2026-11-27 never
-    reached the fused kernel."""
+    """``plan`` with the jobs the earlier entry has no complete measurement of (:func:`_measured_fully`) first —
+    those of classes it has no measurement of at all (:func:`new_classes`) before the others, each route by route in
+    :data:`SWEEP_ORDER`, then plan order — then the rest: a lease too short for the whole sweep (ten minutes measure
+    about four routes on every class) adds what is missing instead of measuring the same routes again — the H200
+    run of 2026-11-27 never reached the fused kernel."""
     done = _measured_fully(earlier)
     known = _measured_classes(earlier)
     todo = [j for j in plan if (j[0], j[1].key) not in done]

@@ -194,23 +194,34 @@ def busy_ms(intervals) -> float:
 
 
 def gpu_busy_ms(steps: dict) -> dict[str, float]:
-    """Per column: :func:`busy_ms` of the CUDA kernels and copies of one step under ``torch.profiler``. A profiler
-    that fails gives no figures (one line), not the end of the benchmark."""
+    """Per column: :func:`busy_ms` of the CUDA kernels and copies of one step under ``torch.profiler``. A column whose
+    profile has no GPU event with a sane time (CUPTI unavailable, records dropped, or zero timestamps: pytorch#192021,
+    CUDA 12.6u2–13.0), or whose figure exceeds the profiled step's own wall time, is left out with one line; a
+    profiler that fails gives no figures (one line), not the end of the benchmark."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    out = {}
+    out, unusable = {}, []
     try:
         for name, step in steps.items():
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
                 step()
                 torch.cuda.synchronize()
-            on_gpu = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
-            out[name] = busy_ms(on_gpu)
+                wall_ms = 1e3 * (time.perf_counter() - t0)
+            spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+            sane = [(a, b) for a, b in spans if 0 <= a < b]
+            busy = busy_ms(sane)
+            if sane and busy <= wall_ms:
+                out[name] = busy
+            else:
+                unusable.append(name)
     except Exception as err:  # the figures are an aid to reading the times, not the times
         print(f"GPU busy time not measured: {type(err).__name__}: {str(err)[:200]}", flush=True)
         return {}
+    if unusable:
+        print(f"GPU busy time not measured for {', '.join(unusable)}: no GPU event with a sane time", flush=True)
     return out
 
 

@@ -183,7 +183,7 @@ def pretrained_folder(name: str) -> Path:
     if not (folder / _COMPLETE).is_file():
         if folder.exists():
             logger.warning("discarding an incomplete cache entry %s", folder)
-            shutil.rmtree(folder)
+            shutil.rmtree(folder, ignore_errors=True)  # another process may be discarding it too
         _convert(name, PRETRAINED[name], folder)
     return folder
 
