@@ -657,10 +657,10 @@ def worker_batches(
     Three rounds, each empty without what names it: the jobs of the classes ``first`` names (new to the table), then
     the rest but those ``again`` names as (route, class key) — what the earlier entry lacks, or has without a figure
     the table now orders by (:func:`_measured_fully`) — then those, measured again only when everything else has
-    been. Why: a class new to the table (the `small` step's, 2026-11-27) is read
-    from another class's order until measured, and a lease that reaches it only after every other unmeasured job of
-    each route may end first; and a route's remeasurements in the same worker as its missing jobs (the H200 lease of
-    2026-11-27, second run: `cudnn_maps` on 24 classes, 20 of them known) come before other routes' missing ones."""
+    been. Why: a class new to the table (the `small` step's, 2026-11-27) is read from another class's order until
+    measured, and a lease that reaches it only after every other unmeasured job of each route may end first; and a
+    route's remeasurements in the same worker as its missing jobs came before other routes' missing ones (the H200's
+    second lease, 2026-11-27: `cudnn_maps` on 24 classes, 20 of them measured before)."""
 
     def round_of(route: str, cls: CallClass) -> int:
         return 0 if cls.key in first else 2 if (route, cls.key) in again else 1
