@@ -122,14 +122,13 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def _output_like(x: torch.Tensor) -> torch.Tensor:
-    """An empty tensor of ``x``'s shape and dtype, dense, its dimensions laid out in ``x``'s order (by stride; ties in
-    logical order, so the last dimension stays innermost) — what PyTorch's element-wise ops give. Why: the model
-    transposes the attention's output to [B, T, H·dv] next, free from the [B, T, H, dv] layout the SDPA kernels write
-    and a copy from a contiguous [B, H, T, dv] one; and cuDNN's backward takes dO in O's layout. The epilogue wrote
-    contiguous [B, H, T, dv] until the second H200 lease found it faster per call and slower inside a model's step."""
-    order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), i))  # outermost first
-    dense = torch.empty([x.shape[i] for i in order], dtype=x.dtype, device=x.device)
-    return dense.permute(*[order.index(i) for i in range(x.dim())])
+    """``torch.empty_like(x)``: dense, its dimensions in ``x``'s order (preserve_format infers that order for a strided
+    view too), so with ``x``'s last stride 1 the last dimension stays innermost — the layout PyTorch's element-wise ops
+    give. Why not contiguous [B, H, T, dv]: the model transposes the attention's output to [B, T, H·dv] next, free from
+    the [B, T, H, dv] layout the SDPA kernels write and a copy from a contiguous one; and cuDNN's backward takes dO in
+    O's layout. The epilogue wrote contiguous [B, H, T, dv] until the second H200 lease found it faster per call and
+    slower inside a model's step."""
+    return torch.empty_like(x)
 
 
 def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int) -> None:
