@@ -18,3 +18,10 @@ def gc_paused():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def rotated(names: list, rep: int) -> list:
+    """``names`` starting at position ``rep`` (mod its length): the order of interleaved repetition ``rep``, so that no
+    column is always timed right after the same one."""
+    shift = rep % len(names)
+    return names[shift:] + names[:shift]

@@ -41,7 +41,7 @@ from torch import nn
 from ..adapters import adapt, adapter_lambdas, merge_adapter, set_adapter_step, trainable_parameters
 from ..adapters.annealed import attention_module_names
 from ..adapters.registry import specs
-from . import gc_paused
+from . import gc_paused, rotated
 
 ANNEAL_STEPS = 1000  # T of λ(t); the models are set to step T // 2, where λ(t) = ¼·λ_init > 0
 SOFTMAX_FLOPS = 5  # per score element: max, subtract, exp, sum, divide
@@ -203,8 +203,7 @@ def _median_ms(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, float
     times: dict[str, list[float]] = {k: [] for k in names}
     with gc_paused():
         for r in range(reps):
-            shift = r % len(names)
-            for k in names[shift:] + names[:shift]:
+            for k in rotated(names, r):
                 t0 = time.perf_counter()
                 fns[k]()
                 times[k].append(time.perf_counter() - t0)

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..models.build import build_model
-from . import gc_paused
+from . import gc_paused, rotated
 
 COLUMNS = {
     "baseline": ("standard", None),
@@ -155,8 +155,7 @@ def run_train_step_benchmark(
             names = list(steps)
             with gc_paused():
                 for rep in range(reps):
-                    # the first column rotates each repetition: no column always follows the same one
-                    for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                    for name in rotated(names, rep):
                         if cuda:
                             torch.cuda.synchronize()
                         t0 = time.perf_counter()
