@@ -3,7 +3,8 @@
 # run in processes of its own (a crash is one line, not the end); a step that no longer fits is skipped with a line.
 # Writes into $OUT (default benchmarks/gpu-report), these files:
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
-#   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table
+#   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
+#                                              each column's kernels in one profiled step (kernel_ms; log: a table)
 #   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)

@@ -122,14 +122,14 @@ def test_forced_backends_are_columns_of_their_own_and_one_that_cannot_run_is_nan
 
 
 def test_the_gpu_busy_time_counts_the_profiled_steps_device_events_only(monkeypatch):
-    # what gpu_busy_ms reads of torch.profiler (a GPU is not here to profile): the CUDA events' intervals, not the
+    # what gpu_profile reads of torch.profiler (a GPU is not here to profile): the CUDA events' intervals, not the
     # host's; and a profiler that fails costs the figures, not the benchmark
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
-    def event(kind, start, end):
-        return SimpleNamespace(device_type=kind, time_range=SimpleNamespace(start=start, end=end))
+    def event(kind, start, end, name="kernel"):
+        return SimpleNamespace(device_type=kind, time_range=SimpleNamespace(start=start, end=end), name=name)
 
     class FakeProfile:
         def __init__(self, activities):
@@ -147,18 +147,20 @@ def test_the_gpu_busy_time_counts_the_profiled_steps_device_events_only(monkeypa
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
     steps = {"baseline": lambda: time.sleep(0.002), "diffattn DIFF (auto)": lambda: time.sleep(0.002)}
-    assert train_step.gpu_busy_ms(steps) == {"baseline": 0.8, "diffattn DIFF (auto)": 0.8}
+    busy, kernels = train_step.gpu_profile(steps)
+    assert busy == {"baseline": 0.8, "diffattn DIFF (auto)": 0.8}
+    assert kernels["baseline"] == {"kernel": [1.0, 2]}  # each kernel's own span: the overlap counted twice
     # no GPU event, or only ones with broken times (a zero start lands far before the trace), or a figure longer than
     # the step itself: not a figure, and said so — never 0.0 ms, which would read as an idle GPU
     for events in ([], [event(DeviceType.CUDA, -1.7e15, 600)], [event(DeviceType.CUDA, 0, 9e6)]):
         monkeypatch.setattr(FakeProfile, "events", lambda self, events=events: events)
-        assert train_step.gpu_busy_ms(steps) == {}
+        assert train_step.gpu_profile(steps) == ({}, {})
 
     def broken(activities):
         raise RuntimeError("CUPTI unavailable")
 
     monkeypatch.setattr(torch.profiler, "profile", broken)
-    assert train_step.gpu_busy_ms(steps) == {}
+    assert train_step.gpu_profile(steps) == ({}, {})
 
 
 def test_columns_are_timed_in_a_rotating_order_with_the_garbage_collector_paused(monkeypatch):
@@ -203,3 +205,58 @@ def test_gc_paused_restores_the_collectors_state():
         assert not gc.isenabled()  # it was off before: left off
     finally:
         gc.enable()
+
+
+def test_kernel_names_are_short_and_keep_the_functor():
+    # PyTorch's element-wise kernels differ only in their template arguments; the parameter list repeats them
+    name = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+        "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"
+    )
+    assert train_step.short_kernel_name(name) == (
+        "vectorized_elementwise_kernel<4, CUDAFunctor_add<BFloat16>, array<char*, 3ul> >"
+    )
+    assert train_step.short_kernel_name("_subtract_fwd_kernel") == "_subtract_fwd_kernel"
+    anonymous = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>(float*, float const*, int)"
+    assert train_step.short_kernel_name(anonymous) == "cunn_SoftMaxForward<8, float>"
+    assert train_step.short_kernel_name("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD (Pageable -> Device)"
+    assert len(train_step.short_kernel_name("k<" + "x" * 300 + ">")) == 100
+
+
+def test_a_steps_kernels_are_kept_longest_first_and_the_rest_summed(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(train_step, "KERNELS_KEPT", 2)
+
+    def event(name, us):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=0, end=us))
+
+    events = [event("a", 500), event("b", 3000), event("a", 500), event("c", 200), event("d", 100)]
+    table = train_step._kernel_table(events)
+    assert list(table) == ["b", "a", train_step.OTHER_KERNELS]
+    assert (
+        table["b"] == [3.0, 1] and table["a"] == [1.0, 2] and table[train_step.OTHER_KERNELS] == [pytest.approx(0.3), 2]
+    )
+
+
+def test_the_kernel_table_sets_the_columns_kernels_side_by_side():
+    names = [*train_step.COLUMNS, "diffattn DIFF (cudnn_maps+epilogue)"]
+    assert [train_step.column_label(n) for n in names] == ["baseline", "DIFF auto", "DiffLlama", "V2 auto",
+                                                           "cudnn_maps+epi"]  # fmt: skip
+    kernels = {
+        "baseline": {"flash": [2.0, 8], "add": [0.5, 40]},
+        "diffattn DIFF (cudnn_maps+epilogue)": {
+            "cudnn": [3.0, 16],
+            "_subtract_fwd_kernel": [0.25, 8],
+            train_step.OTHER_KERNELS: [0.5, 20],
+        },
+    }
+    row = train_step.StepRow("small", 4096, 4, {}, "bf16", kernel_ms=kernels)
+    lines = train_step.format_kernels([row], shown=3).splitlines()
+    assert "small 4096 tokens x 4, bf16" in lines[0]
+    assert lines[1].split() == ["kernel", "baseline", "cudnn_maps+epi"]
+    assert [line.split()[0] for line in lines[2:5]] == ["cudnn", "flash", "add"]  # by the longest time in any column
+    assert lines[2].split()[1:] == ["—", "3.00", "(16)"]
+    assert lines[-2].split()[-2:] == ["0.75", "(28)"]  # the rest: the kernel not shown and the summed ones
+    assert lines[-1].split()[2:] == ["2.50", "(48)", "3.75", "(44)"]  # every kernel
+    assert train_step.format_kernels([train_step.StepRow("small", 4096, 4, {}, "fp32")]) == ""

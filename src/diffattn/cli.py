@@ -145,7 +145,14 @@ def _bench_device(asked: str | None) -> str:
 def cmd_bench_train_step(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench.train_step import DTYPES, default_dtype, format_table, rows_as_dicts, run_train_step_benchmark
+    from .bench.train_step import (
+        DTYPES,
+        default_dtype,
+        format_kernels,
+        format_table,
+        rows_as_dicts,
+        run_train_step_benchmark,
+    )
 
     presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
     device = _bench_device(args.device)
@@ -169,6 +176,9 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         backends=tuple(filter(None, args.backends.split(","))),
     )
     print(format_table(rows))
+    kernels = format_kernels(rows)  # CUDA: what each column's step is made of
+    if kernels:
+        print("\n" + kernels)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}, f, indent=2)
