@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import diffattn.ops
+from diffattn.bench import kernels as kernels_mod
 from diffattn.bench import train_step
 from diffattn.cli import main
 
@@ -68,13 +69,6 @@ def test_the_spread_and_the_gpus_busy_time_are_lines_of_their_own_where_measured
     assert train_step.rows_as_dicts([row])[0]["gpu_ms"] == dict.fromkeys(names, 4.5)
     cpu = train_step.StepRow("small", 1024, 4, ms, "fp32", {}, {}, dict.fromkeys(names, 0.3))
     assert train_step.format_table([cpu]).splitlines()[-1].split()[0] == "range"  # no gpu line without one
-
-
-def test_busy_time_is_the_union_of_the_kernels_intervals():
-    # microseconds in, milliseconds out; overlapping, nested, touching and out-of-order intervals counted once
-    assert train_step.busy_ms([]) == 0.0
-    assert train_step.busy_ms([(0, 1000)]) == 1.0
-    assert train_step.busy_ms([(500, 1500), (0, 1000), (200, 300), (1500, 2000), (3000, 3500)]) == 2.5
 
 
 def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
@@ -207,38 +201,6 @@ def test_gc_paused_restores_the_collectors_state():
         gc.enable()
 
 
-def test_kernel_names_are_short_and_keep_the_functor():
-    # PyTorch's element-wise kernels differ only in their template arguments; the parameter list repeats them
-    name = (
-        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
-        "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"
-    )
-    assert train_step.short_kernel_name(name) == (
-        "vectorized_elementwise_kernel<4, CUDAFunctor_add<BFloat16>, array<char*, 3ul> >"
-    )
-    assert train_step.short_kernel_name("_subtract_fwd_kernel") == "_subtract_fwd_kernel"
-    anonymous = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>(float*, float const*, int)"
-    assert train_step.short_kernel_name(anonymous) == "cunn_SoftMaxForward<8, float>"
-    assert train_step.short_kernel_name("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD (Pageable -> Device)"
-    assert len(train_step.short_kernel_name("k<" + "x" * 300 + ">")) == 100
-
-
-def test_a_steps_kernels_are_kept_longest_first_and_the_rest_summed(monkeypatch):
-    from types import SimpleNamespace
-
-    monkeypatch.setattr(train_step, "KERNELS_KEPT", 2)
-
-    def event(name, us):
-        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=0, end=us))
-
-    events = [event("a", 500), event("b", 3000), event("a", 500), event("c", 200), event("d", 100)]
-    table = train_step._kernel_table(events)
-    assert list(table) == ["b", "a", train_step.OTHER_KERNELS]
-    assert (
-        table["b"] == [3.0, 1] and table["a"] == [1.0, 2] and table[train_step.OTHER_KERNELS] == [pytest.approx(0.3), 2]
-    )
-
-
 def test_the_kernel_table_sets_the_columns_kernels_side_by_side():
     names = [*train_step.COLUMNS, "diffattn DIFF (cudnn_maps+epilogue)"]
     assert [train_step.column_label(n) for n in names] == ["baseline", "DIFF auto", "DiffLlama", "V2 auto",
@@ -248,7 +210,7 @@ def test_the_kernel_table_sets_the_columns_kernels_side_by_side():
         "diffattn DIFF (cudnn_maps+epilogue)": {
             "cudnn": [3.0, 16],
             "_subtract_fwd_kernel": [0.25, 8],
-            train_step.OTHER_KERNELS: [0.5, 20],
+            kernels_mod.OTHER_KERNELS: [0.5, 20],
         },
     }
     row = train_step.StepRow("small", 4096, 4, {}, "bf16", kernel_ms=kernels)

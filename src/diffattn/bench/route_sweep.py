@@ -73,6 +73,19 @@ class CallClass:
     def dv(self) -> int:
         return 2 * self.d if self.pair == "v1" else self.d
 
+    @classmethod
+    def from_key(cls, key: str) -> CallClass:
+        """The class of a route table key (:attr:`key`), e.g. ``"v1 d64 dv128 bf16 causal none train"``."""
+        parts = key.split()
+        try:
+            pair, d, _, dtype, causal, mask, mode, *size = parts
+            made = cls(pair, int(d.removeprefix("d")), dtype, causal == "causal", mask, mode, "".join(size))
+        except ValueError as err:
+            raise ValueError(f"not a call class key: {key!r} ({err})") from None
+        if made.key != " ".join(parts):
+            raise ValueError(f"not a call class key: {key!r} (read as {made.key!r})")
+        return made
+
     @property
     def key(self) -> str:
         """The route table's key (:func:`diffattn.ops.routes.call_class` of these inputs)."""

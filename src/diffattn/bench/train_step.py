@@ -38,6 +38,7 @@ import torch
 
 from ..models.build import build_model
 from . import gc_paused, rotated
+from .kernels import KERNELS_SHOWN, format_kernel_table, profile_gpu
 
 COLUMNS = {
     "baseline": ("standard", None),
@@ -76,10 +77,9 @@ class StepRow:
     range_ms: dict[str, float] = field(default_factory=dict)
     #: the torch.compile backend every model's forward ran through ("": eager)
     compiled: str = ""
-    #: CUDA: the profiled step's kernels by name (:func:`short_kernel_name`), per column: ``{name: [ms, launches]}``
-    #: for the :data:`KERNELS_KEPT` longest, the rest summed under :data:`OTHER_KERNELS` (a kernel's time is its own
-    #: span, so overlapping kernels count twice here, unlike in ``gpu_ms``). What a column's extra time is made of:
-    #: which kernels, how many launches (:func:`format_kernels`)
+    #: CUDA: the profiled step's kernels, per column (:func:`diffattn.bench.kernels.kernel_table`: ``{name: [ms,
+    #: launches]}``, the longest, the rest summed). What a column's extra time is made of: which kernels, how many
+    #: launches (:func:`format_kernels`)
     kernel_ms: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     def ratio(self, column: str) -> float:
@@ -186,82 +186,18 @@ def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
     return {**COLUMNS, **{f"diffattn DIFF ({b})": ("diff", b) for b in backends}}
 
 
-def busy_ms(intervals) -> float:
-    """Milliseconds covered by the union of ``(start, end)`` intervals given in microseconds: the time at least one
-    of them was running (kernels of one stream do not overlap; copies and other streams' kernels may)."""
-    total, covered_to = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > covered_to:
-            total += end - max(start, covered_to)
-            covered_to = end
-    return total / 1e3
-
-
-#: kernels kept per column of a profiled step (:attr:`StepRow.kernel_ms`), the longest; the rest are summed
-KERNELS_KEPT = 24
-#: the name the kernels past :data:`KERNELS_KEPT` are summed under
-OTHER_KERNELS = "(other kernels)"
-
-
-def short_kernel_name(name: str) -> str:
-    """A CUDA kernel's profiler name as a table's row label: no ``void``, no parameter list (the template arguments
-    name the functor, which tells PyTorch's element-wise kernels apart), no ``at::native::``/``c10::``/``std::``
-    namespaces, at most 100 characters."""
-    name = name.removeprefix("void ")
-    for prefix in ("at::native::", "(anonymous namespace)::", "c10::", "std::", "at::"):
-        name = name.replace(prefix, "")
-    depth = 0
-    for i, ch in enumerate(name):  # a C++ signature's parameter list: "(" right after the name, outside "<…>"
-        depth += {"<": 1, ">": -1}.get(ch, 0)
-        if ch == "(" and depth == 0 and i > 0 and not name[i - 1].isspace():
-            name = name[:i]
-            break
-    name = " ".join(name.split())
-    return name if len(name) <= 100 else name[:99] + "…"
-
-
-def _kernel_table(events) -> dict[str, list[float]]:
-    """``{short name: [ms, launches]}`` of the profiled GPU events, the :data:`KERNELS_KEPT` longest and the rest
-    under :data:`OTHER_KERNELS`."""
-    table: dict[str, list[float]] = {}
-    for e in events:
-        entry = table.setdefault(short_kernel_name(e.name), [0.0, 0])
-        entry[0] += (e.time_range.end - e.time_range.start) / 1e3
-        entry[1] += 1
-    ranked = sorted(table.items(), key=lambda kv: -kv[1][0])
-    kept = dict(ranked[:KERNELS_KEPT])
-    rest = ranked[KERNELS_KEPT:]
-    if rest:
-        kept[OTHER_KERNELS] = [sum(v[0] for _, v in rest), sum(v[1] for _, v in rest)]
-    return kept
-
-
 def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
-    """Per column, from one step under ``torch.profiler``: :func:`busy_ms` of its CUDA kernels and copies
-    (:attr:`StepRow.gpu_ms`) and their :func:`_kernel_table` (:attr:`StepRow.kernel_ms`). A column whose profile has
-    no GPU event with a sane time (CUPTI unavailable, records dropped, or zero timestamps: pytorch#192021, CUDA
-    12.6u2–13.0), or whose busy time exceeds the profiled step's own wall time, is left out with one line; a profiler
-    that fails gives no figures (one line), not the end of the benchmark."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+    """Per column, from one step under ``torch.profiler`` (:func:`diffattn.bench.kernels.profile_gpu`): the GPU's busy
+    time (:attr:`StepRow.gpu_ms`) and its kernels (:attr:`StepRow.kernel_ms`). A column whose profile is unusable is
+    left out with one line; a profiler that fails gives no figures (one line), not the end of the benchmark."""
     busy_by_column, kernels_by_column, unusable = {}, {}, []
     try:
         for name, step in steps.items():
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                t0 = time.perf_counter()
-                step()
-                torch.cuda.synchronize()
-                wall_ms = 1e3 * (time.perf_counter() - t0)
-            gpu_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-            sane = [e for e in gpu_events if 0 <= e.time_range.start < e.time_range.end]
-            busy = busy_ms([(e.time_range.start, e.time_range.end) for e in sane])
-            if sane and busy <= wall_ms:
-                busy_by_column[name] = busy
-                kernels_by_column[name] = _kernel_table(sane)
-            else:
+            profiled = profile_gpu(step)
+            if profiled is None:
                 unusable.append(name)
+            else:
+                busy_by_column[name], kernels_by_column[name] = profiled
     except Exception as err:  # the figures are an aid to reading the times, not the times
         print(f"GPU busy time not measured: {type(err).__name__}: {str(err)[:200]}", flush=True)
         return {}, {}
@@ -314,10 +250,6 @@ def format_table(rows: list[StepRow]) -> str:
     return "\n".join(lines)
 
 
-#: kernels shown per row by :func:`format_kernels` (the JSON keeps :data:`KERNELS_KEPT`)
-KERNELS_SHOWN = 16
-
-
 def column_label(column: str) -> str:
     """A column's name, short enough for a kernel table's header: ``DIFF auto``, ``V2 auto``, a forced backend's
     name (``+epi`` for ``+epilogue``), ``DiffLlama``, ``baseline``."""
@@ -329,37 +261,17 @@ def column_label(column: str) -> str:
 
 
 def format_kernels(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
-    """Per row with a profile (:attr:`StepRow.kernel_ms`), a table of its kernels by column: ms and launches in one
-    profiled step, the ``shown`` kernels that took longest in any column, then the rest summed, then every kernel's
-    total. Where the columns' times part, this says which kernels part them. Empty without profiles."""
-    blocks = []
-    for r in rows:
-        if not r.kernel_ms:
-            continue
-        columns = list(r.kernel_ms)
-        names = {n for table in r.kernel_ms.values() for n in table if n != OTHER_KERNELS}
-        top = sorted(names, key=lambda n: -max(t.get(n, [0.0])[0] for t in r.kernel_ms.values()))[:shown]
-        width = 14
-        wide = max(len(n) for n in [*top, "(all kernels)"])  # whole names: cuDNN's name its engine at the end
-        lines = [
+    """Per row with a profile (:attr:`StepRow.kernel_ms`), :func:`diffattn.bench.kernels.format_kernel_table` of its
+    columns: where the columns' times part, which kernels part them. Empty without profiles."""
+    return "\n\n".join(
+        format_kernel_table(
             f"kernels of one profiled step, ms (launches): {r.preset} {r.seq_len} tokens x {r.batch}, {r.dtype}",
-            f"{'kernel':<{wide}}" + "".join(f"{column_label(c)[:width]:>{width + 1}}" for c in columns),
-        ]
-
-        def cell(ms: float, launches: float) -> str:
-            return f"{ms:.2f} ({int(launches)})"
-
-        for n in top:
-            cells = [cell(*r.kernel_ms[c][n]) if n in r.kernel_ms[c] else "—" for c in columns]
-            lines.append(f"{n:<{wide}}" + "".join(f"{x:>{width + 1}}" for x in cells))
-        for label, shown_too in (("(the rest)", False), ("(all kernels)", True)):
-            sums = [
-                [sum(v[i] for n, v in r.kernel_ms[c].items() if shown_too or n not in top) for i in (0, 1)]
-                for c in columns
-            ]
-            lines.append(f"{label:<{wide}}" + "".join(f"{cell(*x):>{width + 1}}" for x in sums))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+            {column_label(c): table for c, table in r.kernel_ms.items()},
+            shown,
+        )
+        for r in rows
+        if r.kernel_ms
+    )
 
 
 def rows_as_dicts(rows: list[StepRow]) -> list[dict]:

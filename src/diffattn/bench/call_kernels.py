@@ -1,0 +1,174 @@
+"""Where one DIFF attention call's time goes on a GPU, kernel by kernel, route beside route (DIFF Transformer Eq. 1).
+
+Why (issue 34): on the H200 (2026-11-27, two leases) DIFF V1 at d = 64 trains at 1.92–1.93× the SDPA baseline
+through its fastest route, ``cudnn_maps``, where one cuDNN call over both maps' query heads stacked against [K1; K2]
+with V twice — the inputs made beforehand, nothing around the call — did 1.50× (``../shared/gpu/h200-2026-11-26.md``,
+its last table); issue 34's target is 1.55×. The gap, about 0.4× of the baseline (≈ 0.6 ms a call at the sweep's
+shape), is everything a route does around cuDNN: the subtraction O1 − λ·O2 and its backward, V's halves joined,
+the two maps' dV summed, or cuDNN's own kernels being slower on half the heads. A time cannot say which; the
+kernels can. This runs, on the route sweep's inputs at its standard shape (:mod:`diffattn.bench.route_sweep`):
+
+* ``baseline`` — SDPA over 2h heads of width d (default dispatch), as the sweep's ratios are taken against;
+* ``cuDNN floor`` (V1 classes) — that one stacked cuDNN call over inputs made before it (leaves: Q [B, 2h, T, d],
+  K [B, 2h, S, d], V [B, 2h, S, 2d]), whose output is O1 and O2 side by side, not subtracted: what the routes can
+  approach, not a route;
+* each route asked for (``--routes``; by default :data:`DEFAULT_ROUTES`), through :func:`diffattn.ops.diff_attention`.
+
+For each: the median time per call (forward+backward for ``train``, forward otherwise) in interleaved rounds, its
+ratio to the baseline, and a :func:`diffattn.bench.kernels.profile_gpu` of a few calls: the kernels by name with ms
+and launches per call. A route that fails is one line and no column. Needs CUDA; ``benchmarks/gpu_session.sh`` runs
+it as its ``kernels`` step (``kernels.json``).
+
+Usage: python -m diffattn.bench.call_kernels [--class KEY ...] [--routes a,b] [--calls 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import format_kernel_table, profile_gpu
+from .route_sweep import DTYPES, CallClass, Problem, interleaved_ms, make_problem, route_fn, shape_of
+
+#: what the gaps are about: the V1 and DIFF V2 training calls at d = 64 at the sweep's shape (issue 34's targets:
+#: 1.55x and 2.3x; measured 1.93x and 2.42x)
+DEFAULT_CLASSES = ("v1 d64 dv128 bf16 causal none train", "shared_k d64 dv64 bf16 causal none train")
+#: per pair, the routes beside the baseline: the fastest ones of the H200's table, the epilogue variant (never run
+#: on a GPU at d = 64) last, so that a crash there ends this process after the others' rows
+DEFAULT_ROUTES = {
+    "v1": ("cudnn_maps", "cudnn", "sdpa_maps", "cudnn_maps+epilogue"),
+    "shared_k": ("sdpa", "cudnn_maps", "sdpa_maps", "sdpa+epilogue"),
+}
+FLOOR = "cuDNN floor"
+
+
+def _with_grads(call: Callable[[], torch.Tensor], leaves: list[torch.Tensor], train: bool) -> Callable[[], None]:
+    """One call, and for ``train`` its backward with a fixed random cotangent into every leaf that needs a gradient."""
+    cotangent: list[torch.Tensor] = []
+
+    def run():
+        out = call()
+        if train:
+            if not cotangent:
+                cotangent.append(torch.randn_like(out))
+            torch.autograd.grad(out, [x for x in leaves if x.requires_grad], cotangent[0], allow_unused=True)
+
+    if train:
+        return run
+
+    def no_grad():
+        with torch.no_grad():
+            run()
+
+    return no_grad
+
+
+def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str, Callable[[], None]]:
+    """The functions timed and profiled, by column: ``baseline``, :data:`FLOOR` (V1 classes without a mask) and each
+    route."""
+    train = cls.mode == "train"
+    qb, kb, vb = p.base
+    columns = {
+        "baseline": _with_grads(
+            lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=p.base_mask, is_causal=p.causal),
+            [qb, kb, vb],
+            train,
+        )
+    }
+    if cls.pair == "v1" and cls.mask == "none":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        a = p.diff
+        q = torch.cat([a["q1"], a["q2"]], 1).detach().requires_grad_(train)
+        k = torch.cat([a["k1"], a["k2"]], 1).detach().requires_grad_(train)
+        v = torch.cat([a["v"], a["v"]], 1).detach().requires_grad_(train)
+
+        def floor():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=p.causal)
+
+        columns[FLOOR] = _with_grads(floor, [q, k, v], train)
+    for route in routes:
+        fn = route_fn(route, {})
+        columns[route] = _with_grads(lambda fn=fn: fn(p), p.leaves, train)
+    return columns
+
+
+def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device: str = "cuda", scale: str = "gpu",
+        progress: Callable[[str], None] = print) -> dict:  # fmt: skip
+    """One class (a route table key) and ``routes`` (default: :data:`DEFAULT_ROUTES` of its pair). Per column: ``ms``
+    (median per call, interleaved), ``ratio`` to the baseline, ``gpu_ms`` (busy per call) and ``kernels`` (per call);
+    ``failed``: column → error line. ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled (tests)."""
+    cls = CallClass.from_key(key)
+    routes = DEFAULT_ROUTES[cls.pair] if routes is None else routes
+    shape = shape_of(cls, scale)
+    p = make_problem(cls, **shape, device=device, dtype=DTYPES[cls.dtype], seed=1)
+    columns, failed = {}, {}
+    for name, fn in columns_for(cls, p, routes).items():
+        try:  # the first calls compile and warm up; a route that cannot run is a line, not the end
+            for _ in range(3):
+                fn()
+            columns[name] = fn
+        except Exception as err:
+            failed[name] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+            progress(f"{name}: failed: {failed[name]}")
+    ms = interleaved_ms(columns, device)
+    out = {"class": key, "shape": shape, "calls": calls, "columns": {}, "failed": failed}
+    for name, fn in columns.items():
+        column = {"ms": ms[name], "ratio": ms[name] / ms["baseline"]}
+        if torch.device(device).type == "cuda":
+            try:
+                profiled = profile_gpu(fn, calls)
+            except Exception as err:  # the kernels are an aid to reading the times, not the times
+                profiled = None
+                progress(f"{name}: not profiled: {type(err).__name__}: {str(err)[:200]}")
+            if profiled is not None:
+                column["gpu_ms"], column["kernels"] = profiled
+        out["columns"][name] = column
+    return out
+
+
+def format_result(result: dict) -> str:
+    """The times and ratios, one line per column, then the kernel table (where profiled)."""
+    lines = [f"one call of {result['class']} at {result['shape']}: ms per call (ratio to the baseline, GPU busy ms)"]
+    for name, c in result["columns"].items():
+        busy = f", gpu {c['gpu_ms']:.3f}" if "gpu_ms" in c else ""
+        lines.append(f"  {name:<24} {c['ms']:8.3f} ms  ({c['ratio']:.2f}x{busy})")
+    lines += [f"  {name:<24} failed: {why}" for name, why in result["failed"].items()]
+    tables = {name: c["kernels"] for name, c in result["columns"].items() if "kernels" in c}
+    if tables:
+        title = f"kernels per call, ms (launches), mean of {result['calls']} profiled calls"
+        lines += ["", format_kernel_table(title, tables)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--class", dest="keys", action="append", help=f"a route table class, repeatable (default: {DEFAULT_CLASSES})"
+    )
+    parser.add_argument("--routes", help="comma-separated diff_attention backends (default: per pair, DEFAULT_ROUTES)")
+    parser.add_argument("--calls", type=int, default=5, help="calls per profile (the table is per call)")
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"call kernels: needs a CUDA device, and torch {torch.__version__} sees none here", file=sys.stderr)
+        return 2
+    routes = tuple(filter(None, args.routes.split(","))) if args.routes else None
+    results = []
+    for key in args.keys or DEFAULT_CLASSES:
+        results.append(run(key, routes, args.calls, progress=lambda m: print(m, file=sys.stderr, flush=True)))
+        print(format_result(results[-1]) + "\n", flush=True)
+        if args.json:  # after each class: a later one that crashes the process keeps the earlier ones
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

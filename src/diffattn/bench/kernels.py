@@ -1,0 +1,113 @@
+"""What a piece of GPU work is made of: its kernels by name, with their time and launch count, from one profiled run
+under ``torch.profiler`` — the one home of how the benchmarks read a profile (the train step's ``gpu`` line and
+kernel table, :mod:`diffattn.bench.train_step`; one attention call's, :mod:`diffattn.bench.call_kernels`).
+
+Why: two gaps the H200 leases measured could not be explained from times alone (``auto`` 9 ms off its own route
+forced at 4,096 tokens; the fused epilogue faster per call and slower in the step), and a route's ratio to the
+baseline says how much slower it is, not where: a table of kernels by column says which kernels part two columns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+#: kernels kept per profile, the longest; the rest are summed under :data:`OTHER_KERNELS`
+KERNELS_KEPT = 24
+#: the name the kernels past :data:`KERNELS_KEPT` are summed under
+OTHER_KERNELS = "(other kernels)"
+#: kernels shown per table by :func:`format_kernel_table` (the JSON keeps :data:`KERNELS_KEPT`)
+KERNELS_SHOWN = 16
+
+
+def short_kernel_name(name: str) -> str:
+    """A CUDA kernel's profiler name as a table's row label: no ``void``, no parameter list (the template arguments
+    name the functor, which tells PyTorch's element-wise kernels apart), no ``at::native::``/``c10::``/``std::``
+    namespaces, at most 100 characters."""
+    name = name.removeprefix("void ")
+    for prefix in ("at::native::", "(anonymous namespace)::", "c10::", "std::", "at::"):
+        name = name.replace(prefix, "")
+    depth = 0
+    for i, ch in enumerate(name):  # a C++ signature's parameter list: "(" right after the name, outside "<…>"
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == "(" and depth == 0 and i > 0 and not name[i - 1].isspace():
+            name = name[:i]
+            break
+    name = " ".join(name.split())
+    return name if len(name) <= 100 else name[:99] + "…"
+
+
+def kernel_table(events, per: int = 1) -> dict[str, list[float]]:
+    """``{short name: [ms, launches]}`` of profiled GPU events (each with ``name`` and ``time_range`` in µs), divided by
+    ``per`` (the profile held that many calls), the :data:`KERNELS_KEPT` longest and the rest under
+    :data:`OTHER_KERNELS`. A kernel's time is its own span: kernels that overlap count twice (unlike
+    :func:`busy_ms`)."""
+    table: dict[str, list[float]] = {}
+    for e in events:
+        entry = table.setdefault(short_kernel_name(e.name), [0.0, 0])
+        entry[0] += (e.time_range.end - e.time_range.start) / 1e3 / per
+        entry[1] += 1 / per
+    ranked = sorted(table.items(), key=lambda kv: -kv[1][0])
+    kept = dict(ranked[:KERNELS_KEPT])
+    rest = ranked[KERNELS_KEPT:]
+    if rest:
+        kept[OTHER_KERNELS] = [sum(v[0] for _, v in rest), sum(v[1] for _, v in rest)]
+    return kept
+
+
+def busy_ms(intervals) -> float:
+    """Milliseconds covered by the union of ``(start, end)`` intervals given in microseconds: the time at least one
+    of them was running (kernels of one stream do not overlap; copies and other streams' kernels may)."""
+    total, covered_to = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_to:
+            total += end - max(start, covered_to)
+            covered_to = end
+    return total / 1e3
+
+
+def profile_gpu(fn: Callable[[], object], calls: int = 1) -> tuple[float, dict[str, list[float]]] | None:
+    """``fn()`` run ``calls`` times under ``torch.profiler`` (CUDA activity): per call, :func:`busy_ms` of its GPU
+    events and their :func:`kernel_table`. None where the profile has no GPU event with a sane time (CUPTI
+    unavailable, records dropped, or zero timestamps: pytorch#192021, CUDA 12.6u2–13.0) or the busy time exceeds the
+    profiled run's own wall time. A profiler that fails raises (the caller decides what that costs)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - t0)
+    gpu_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    sane = [e for e in gpu_events if 0 <= e.time_range.start < e.time_range.end]
+    busy = busy_ms([(e.time_range.start, e.time_range.end) for e in sane])
+    if not sane or busy > wall_ms:
+        return None
+    return busy / calls, kernel_table(sane, per=calls)
+
+
+def format_kernel_table(title: str, tables: dict[str, dict[str, list[float]]], shown: int = KERNELS_SHOWN) -> str:
+    """One table of kernels by column (``tables``: column label → :func:`kernel_table`): ms and launches, the
+    ``shown`` kernels that took longest in any column, then the rest summed, then every kernel's total."""
+    columns = list(tables)
+    names = {n for table in tables.values() for n in table if n != OTHER_KERNELS}
+    top = sorted(names, key=lambda n: -max(t.get(n, [0.0])[0] for t in tables.values()))[:shown]
+    width = max(14, *(len(c) + 1 for c in columns))
+    wide = max(len(n) for n in [*top, "(all kernels)"])  # whole names: cuDNN's name their engine at the end
+
+    def cell(ms: float, launches: float) -> str:  # launches per call: whole, or a mean over calls
+        return f"{ms:.2f} ({launches:.0f})" if float(launches).is_integer() else f"{ms:.2f} ({launches:.1f})"
+
+    lines = [title, f"{'kernel':<{wide}}" + "".join(f"{c:>{width}}" for c in columns)]
+    for n in top:
+        cells = [cell(*tables[c][n]) if n in tables[c] else "—" for c in columns]
+        lines.append(f"{n:<{wide}}" + "".join(f"{x:>{width}}" for x in cells))
+    for label, shown_too in (("(the rest)", False), ("(all kernels)", True)):
+        sums = [[sum(v[i] for n, v in tables[c].items() if shown_too or n not in top) for i in (0, 1)] for c in columns]
+        lines.append(f"{label:<{wide}}" + "".join(f"{cell(*x):>{width}}" for x in sums))
+    return "\n".join(lines)

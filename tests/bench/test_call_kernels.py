@@ -1,0 +1,73 @@
+"""diffattn.bench.call_kernels on this CPU at tiny shapes: the columns it times (baseline, the stacked cuDNN floor,
+each route), a route that cannot run is a line and no column, and what it prints. The kernels themselves need a GPU
+(benchmarks/gpu_session.sh, step ``kernels``); how a profile is read is tested in tests/test_bench_kernels.py."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from diffattn.bench import call_kernels as ck
+from diffattn.bench import route_sweep as rs
+
+
+def test_a_tiny_run_times_each_column_and_a_route_that_cannot_run_is_a_line():
+    said = []
+    result = ck.run(ck.DEFAULT_CLASSES[0], ("sdpa", "sdpa_maps", "cudnn_maps"), device="cpu", scale="tiny",
+                    progress=said.append)  # fmt: skip
+    assert list(result["columns"]) == ["baseline", "sdpa", "sdpa_maps"]
+    assert result["columns"]["baseline"]["ratio"] == 1.0
+    assert all(c["ms"] > 0 and "kernels" not in c for c in result["columns"].values())  # nothing profiled off CUDA
+    assert set(result["failed"]) == {ck.FLOOR, "cudnn_maps"}  # cuDNN runs on CUDA only
+    assert "cuDNN attention runs on CUDA" in result["failed"]["cudnn_maps"]
+    assert len(said) == 2
+    text = ck.format_result(result).splitlines()
+    assert text[0].startswith(f"one call of {ck.DEFAULT_CLASSES[0]} at ")
+    assert [line.split()[0] for line in text[1:4]] == ["baseline", "sdpa", "sdpa_maps"]
+    assert "failed:" in text[-1]
+
+
+def test_each_pair_has_its_routes_and_only_v1_has_the_floor():
+    assert ck.DEFAULT_ROUTES["v1"][-1] == "cudnn_maps+epilogue"  # the one never run on a GPU at d = 64: last
+    cls = rs.CallClass.from_key(ck.DEFAULT_CLASSES[1])
+    p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=1)
+    assert list(ck.columns_for(cls, p, ("sdpa",))) == ["baseline", "sdpa"]
+
+
+def test_the_floor_is_one_call_over_both_maps_stacked_and_its_gradients(monkeypatch):
+    # the cuDNN context let through on this CPU: the floor's one call is O1 and O2 side by side over [K1; K2] and V
+    # twice, with gradients into its own stacked leaves (not the route's inputs)
+    import torch.nn.attention as attention
+
+    monkeypatch.setattr(attention, "sdpa_kernel", lambda backends: contextlib.nullcontext())
+    cls = rs.CallClass.from_key(ck.DEFAULT_CLASSES[0])
+    p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=1)
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape, k.shape, v.shape, q.requires_grad))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ck.columns_for(cls, p, ())[ck.FLOOR]()
+    b, h, t, d = p.diff["q1"].shape
+    assert seen == [((b, 2 * h, t, d), (b, 2 * h, t, d), (b, 2 * h, t, 2 * d), True)]
+    assert all(x.grad is None for x in p.leaves)
+
+
+def test_call_classes_read_back_from_their_keys():
+    for cls in rs.default_classes():
+        assert rs.CallClass.from_key(cls.key) == cls
+    for bad in ("v1 d64 dv64 bf16 causal none train", "v1 dx dv128 bf16 causal none train", "v1 d64"):
+        with pytest.raises(ValueError, match="not a call class key"):
+            rs.CallClass.from_key(bad)
+
+
+def test_without_cuda_it_says_so_and_exits_2(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    assert ck.main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
