@@ -85,9 +85,11 @@ def test_a_profile_without_sane_gpu_events_is_no_figure(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
     calls = []
-    FakeProfile.events_given = [event(DeviceType.CPU, 0, 9000), event(DeviceType.CUDA, 100, 600)]
+    # the host's events are not the GPU's; two kernels overlapping: busy once, each kernel's own span in the table
+    FakeProfile.events_given = [event(DeviceType.CPU, 0, 9000), event(DeviceType.CUDA, 100, 600),
+                                event(DeviceType.CUDA, 400, 900)]  # fmt: skip
     busy, table = kernels.profile_gpu(lambda: calls.append(1) or time.sleep(0.002), calls=2)
-    assert len(calls) == 2 and busy == pytest.approx(0.25) and table == {"k": [0.25, 0.5]}
+    assert len(calls) == 2 and busy == pytest.approx(0.4) and table == {"k": [0.5, 1.0]}
     # no GPU event, broken times (a zero start lands far before the trace), or longer than the run itself: None
     for given in ([], [event(DeviceType.CUDA, -1.7e15, 600)], [event(DeviceType.CUDA, 0, 9e6)]):
         FakeProfile.events_given = given
