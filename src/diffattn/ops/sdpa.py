@@ -23,6 +23,16 @@ No [T, S]-sized tensor is allocated for causal self-attention (T = S) without an
 padding mask, or a causal block with 1 < T < S, a boolean mask of [B, 1, T, S] / [T, S] is built, as
 transformers itself does for SDPA.
 
+Every SDPA call's output hands its gradient back in the output's own memory layout (:class:`_GradInOutputLayout`).
+Why: PyTorch's cuDNN attention (2.5 on, with cuDNN 9.5.1 or newer) builds its backward graph with the strides of
+the first gradient it receives and caches it under Q, K and V alone — the gradient's layout is not in the key — so a
+later call with the same Q, K, V but a gradient laid out otherwise reuses a graph that reads that gradient by the
+first one's strides (aten/src/ATen/native/cudnn/MHA.cpp, ``run_cudnn_SDP_bprop``; read, not yet run on a GPU). The
+two maps of the ``cudnn_maps`` route are exactly such a pair, and the fused epilogue handed them gradients in two
+layouts (dO1 in the output gradient's, dO2 in O2's). The output's layout follows Q's, which is in the key, so a
+gradient always in the output's layout is always the one the cached graph was built for. Cost: a copy where the
+gradient arrives in another layout (FlashAttention's backward makes that copy itself, from a contiguous one).
+
 Fully masked rows follow the rule of :mod:`diffattn.ops._inputs`: with an ``attn_mask``, one reduction over it
 finds the query rows whose every key is masked and their output is set to 0 after the call, so they pass no
 gradient either. SDPA's own answer is not relied on: its fused CPU kernel gives a row of ``-inf`` 0, but a row of
@@ -100,12 +110,35 @@ def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor, fuse
     return out.to(inp.q1.dtype)
 
 
+class _GradInOutputLayout(torch.autograd.Function):
+    """The identity, whose backward hands the gradient on in the forward output's memory layout (copied where it
+    arrives in another; dimensions of size 1 do not count). Why: the module docstring's cuDNN graph cache."""
+
+    @staticmethod
+    def forward(ctx, o):
+        ctx.layout = (o.shape, o.stride())
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, g):
+        shape, stride = ctx.layout
+        if g is None or _same_layout(g, shape, stride):
+            return g
+        return torch.empty_strided(shape, stride, dtype=g.dtype, device=g.device).copy_(g)
+
+
+def _same_layout(x: torch.Tensor, shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    return all(a == b for a, b, n in zip(x.stride(), stride, shape, strict=True) if n > 1)
+
+
 def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bool]) -> torch.Tensor:
-    """One SDPA call; ``mask`` the (attn_mask, is_causal) pair of :func:`_sdpa_mask` or :func:`_one_map_mask`."""
+    """One SDPA call; ``mask`` the (attn_mask, is_causal) pair of :func:`_sdpa_mask` or :func:`_one_map_mask`. Its
+    gradient reaches SDPA's backward in the output's layout (:class:`_GradInOutputLayout`)."""
     attn_mask, is_causal = mask
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
     )
+    return _GradInOutputLayout.apply(out) if out.requires_grad else out
 
 
 def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:

@@ -125,8 +125,9 @@ def _output_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.empty_like(x)``: dense, its dimensions in ``x``'s order (preserve_format infers that order for a strided
     view too), so with ``x``'s last stride 1 the last dimension stays innermost — the layout PyTorch's element-wise ops
     give. Why not contiguous [B, H, T, dv]: the model transposes the attention's output to [B, T, H·dv] next, free from
-    the [B, T, H, dv] layout the SDPA kernels write and a copy from a contiguous one; and cuDNN's backward takes dO in
-    O's layout. The epilogue wrote contiguous [B, H, T, dv] until the second H200 lease found it faster per call and
+    the [B, T, H, dv] layout the SDPA kernels write and a copy from a contiguous one; and dO2 in O2's layout is what
+    the SDPA routes hand SDPA's backward anyway (:mod:`diffattn.ops.sdpa`: PyTorch's cuDNN graph cache), so it is not
+    copied there. The epilogue wrote contiguous [B, H, T, dv] until the second H200 lease found it faster per call and
     slower inside a model's step."""
     return torch.empty_like(x)
 

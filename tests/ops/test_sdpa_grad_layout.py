@@ -1,0 +1,93 @@
+"""The SDPA routes hand SDPA's backward every gradient in the call's own output layout (diffattn/ops/sdpa.py,
+``_GradInOutputLayout``): PyTorch's cuDNN attention caches its backward graph under Q, K and V alone, with the
+strides of the first gradient it got baked in, so two calls with the same Q, K, V — the two maps of ``cudnn_maps`` —
+must never hand it gradients in two layouts. Checked here on this CPU's SDPA, whose output layout follows Q's as
+cuDNN's does: the model's Q and K are [B, T, H, d] memory seen as [B, H, T, d] (transformers' view and transpose),
+the output's gradient contiguous [B, H, T, dv], as a following norm or a plain loss gives it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffattn import ops
+from diffattn.ops import sdpa
+
+from .interpreter import import_kernels, keep_interpreting
+
+import_kernels("diffattn.ops.triton.epilogue")  # the +epilogue routes' kernels: interpreted without CUDA
+
+
+def test_the_gradient_is_handed_on_in_the_outputs_layout_and_only_copied_when_it_is_not():
+    o = torch.randn(2, 5, 3, 4).transpose(1, 2).requires_grad_()  # [2, 3, 5, 4] laid out [2, 5, 3, 4]
+    out = sdpa._GradInOutputLayout.apply(o)
+    other = torch.randn(2, 3, 5, 4)  # contiguous: another layout
+    (got,) = torch.autograd.grad(out, o, other)
+    assert got.stride() == o.stride() and torch.equal(got, other)
+    alike = torch.randn(2, 5, 3, 4).transpose(1, 2)
+    (got,) = torch.autograd.grad(sdpa._GradInOutputLayout.apply(o), o, alike)
+    assert got.data_ptr() == alike.data_ptr()  # already in the output's layout: no copy
+    # a dimension of size 1 has no layout to keep: a gradient differing in its stride alone is not copied
+    o = torch.randn(1, 4, 3).requires_grad_()
+    one = torch.empty_strided((1, 4, 3), (999, 3, 1)).normal_()
+    (got,) = torch.autograd.grad(sdpa._GradInOutputLayout.apply(o), o, one)
+    assert got.data_ptr() == one.data_ptr()
+
+
+def _model_layout(b, h, t, d, generator):
+    """transformers' heads: a projection's [B, T, H·d] output viewed as [B, T, H, d] and transposed."""
+    return torch.randn(b, t, h, d, generator=generator).transpose(1, 2).requires_grad_()
+
+
+@pytest.mark.parametrize(
+    "route, shared",
+    [("sdpa", False), ("sdpa_split", False), ("sdpa_maps", False), ("sdpa_maps+epilogue", False),
+     ("sdpa", True), ("sdpa+epilogue", True)],
+)  # fmt: skip
+def test_every_sdpa_call_gets_its_gradient_in_its_outputs_layout(route, shared, monkeypatch):
+    keep_interpreting(monkeypatch)
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.register_hook(lambda g, out=out: seen.append((g.stride(), out.stride(), out.shape)))
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    g = torch.Generator().manual_seed(0)
+    b, h, t, d = 2, 2, 7, 4
+    q1, q2, k1 = (_model_layout(b, h, t, d, g) for _ in range(3))
+    k2 = k1 if shared else _model_layout(b, h, t, d, g)
+    v = _model_layout(b, h, t, d if shared else 2 * d, g)
+    out = ops.diff_attention(q1, k1, q2, k2, v, torch.tensor(0.3, requires_grad=True), backend=route)
+    out.backward(torch.randn(out.shape, generator=g))  # contiguous [B, H, T, dv]
+    assert seen, "no SDPA call recorded"
+    for grad_stride, out_stride, shape in seen:
+        assert _strides_of_real_dims(grad_stride, shape) == _strides_of_real_dims(out_stride, shape)
+
+
+def _strides_of_real_dims(stride, shape):
+    return [s for s, n in zip(stride, shape, strict=True) if n > 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("route", ["cudnn_maps", "cudnn_maps+epilogue", "cudnn", "sdpa_maps", "sdpa"])
+def test_the_same_call_twice_with_gradients_in_two_layouts_gives_the_same_gradients(route):
+    # the hazard itself, on the GPU: the same Q, K, V (so the same cached cuDNN backward graph) and the same output
+    # gradient, given contiguous the first time and laid out [B, T, H, dv] the second; a graph reading the second by
+    # the first one's strides gives gradients off by O(1), not by bf16 rounding
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, h, t, d = 2, 3, 333, 64  # a shape no other test uses: the first call builds its graphs
+    leaves = [torch.randn(b, t, h, w, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
+              for w in (d, d, d, d, 2 * d)]  # fmt: skip
+    leaves = [x.requires_grad_() for x in leaves]
+    cot = torch.randn(b, h, t, 2 * d, device="cuda", generator=g, dtype=torch.bfloat16)
+    grads = []
+    for cotangent in (cot, cot.transpose(1, 2).contiguous().transpose(1, 2)):
+        out = ops.diff_attention(*leaves, 0.4, backend=route)
+        grads.append(torch.autograd.grad(out, leaves, cotangent))
+    for first, second in zip(*grads, strict=True):
+        assert ((second.float() - first.float()).norm() / first.float().norm()).item() < 2e-2
