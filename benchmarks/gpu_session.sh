@@ -62,7 +62,10 @@ print("sanitized call finished")
 PYEOF
 }
 gpu_tests() {
-  # first what no GPU has run yet (the gradient-layout check of the cuDNN graph cache), then every file with gpu tests
+  # first what no GPU has run yet: whether bare cuDNN attention reads a second gradient by the first one's strides (a
+  # diagnostic, read in PyTorch's source) and the library's check that its routes do not; then every file with gpu tests
+  echo "-- benchmarks/cudnn_grad_layout.py"
+  timeout 60 $PY benchmarks/cudnn_grad_layout.py 2>&1 | tail -6
   local first=tests/ops/test_sdpa_grad_layout.py
   for f in $first $(grep -l "mark.gpu" tests/*.py tests/*/*.py | grep -v "^$first$"); do
     echo "-- $f"
