@@ -3,7 +3,8 @@
 strides of the first gradient it got baked in, so two calls with the same Q, K, V — the two maps of ``cudnn_maps`` —
 must never hand it gradients in two layouts. Checked here on this CPU's SDPA, whose output layout follows Q's as
 cuDNN's does: the model's Q and K are [B, T, H, d] memory seen as [B, H, T, d] (transformers' view and transpose),
-the output's gradient contiguous [B, H, T, dv], as a following norm or a plain loss gives it."""
+the output's gradient contiguous [B, H, T, dv], as a following norm or a plain loss gives it. The guard runs on
+CUDA only (``GUARDED_DEVICES``): here it is switched on for the CPU."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def _model_layout(b, h, t, d, generator):
 )  # fmt: skip
 def test_every_sdpa_call_gets_its_gradient_in_its_outputs_layout(route, shared, monkeypatch):
     keep_interpreting(monkeypatch)
+    monkeypatch.setattr(sdpa, "GUARDED_DEVICES", frozenset({"cpu", "cuda"}))  # as on CUDA (only guarded there)
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -91,3 +93,19 @@ def test_the_same_call_twice_with_gradients_in_two_layouts_gives_the_same_gradie
         grads.append(torch.autograd.grad(out, leaves, cotangent))
     for first, second in zip(*grads, strict=True):
         assert ((second.float() - first.float()).norm() / first.float().norm()).item() < 2e-2
+
+
+def test_on_the_cpu_the_gradient_is_not_touched():
+    # no cuDNN there: the guard's copies would only cost (a DIFF V2 model trains through `sdpa` on the CPU)
+    q1, k1, q2, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(4))
+    out = ops.diff_attention(q1, k1, q2, k1, v, 0.5, backend="sdpa")
+    assert out.grad_fn is not None and "GradInOutputLayout" not in repr(_graph_nodes(out.grad_fn))
+
+
+def _graph_nodes(fn, seen=None):
+    seen = [] if seen is None else seen
+    if fn is not None and fn not in seen:
+        seen.append(fn)
+        for next_fn, _ in fn.next_functions:
+            _graph_nodes(next_fn, seen)
+    return seen

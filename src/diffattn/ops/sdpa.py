@@ -23,15 +23,15 @@ No [T, S]-sized tensor is allocated for causal self-attention (T = S) without an
 padding mask, or a causal block with 1 < T < S, a boolean mask of [B, 1, T, S] / [T, S] is built, as
 transformers itself does for SDPA.
 
-Every SDPA call's output hands its gradient back in the output's own memory layout (:class:`_GradInOutputLayout`).
-Why: PyTorch's cuDNN attention (2.5 on, with cuDNN 9.5.1 or newer) builds its backward graph with the strides of
-the first gradient it receives and caches it under Q, K and V alone — the gradient's layout is not in the key — so a
-later call with the same Q, K, V but a gradient laid out otherwise reuses a graph that reads that gradient by the
-first one's strides (aten/src/ATen/native/cudnn/MHA.cpp, ``run_cudnn_SDP_bprop``; read, not yet run on a GPU). The
-two maps of the ``cudnn_maps`` route are exactly such a pair, and the fused epilogue handed them gradients in two
-layouts (dO1 in the output gradient's, dO2 in O2's). The output's layout follows Q's, which is in the key, so a
-gradient always in the output's layout is always the one the cached graph was built for. Cost: a copy where the
-gradient arrives in another layout (FlashAttention's backward makes that copy itself, from a contiguous one).
+On CUDA every SDPA call's output hands its gradient back in the output's own memory layout
+(:class:`_GradInOutputLayout`). Why: PyTorch's cuDNN attention (2.5 on, with cuDNN 9.5.1 or newer) builds its
+backward graph with the strides of the first output gradient it receives and caches it under Q, K and V alone — the
+gradient's layout is not in the key — so a later call with the same Q, K, V but a gradient laid out otherwise reuses a
+graph that reads that gradient by the first one's strides (aten/src/ATen/native/cudnn/MHA.cpp, ``run_cudnn_SDP_bprop``;
+read, not yet run on a GPU). The two maps of the ``cudnn_maps`` route are such a pair, and the fused epilogue handed
+them gradients in two layouts (dO1 in the output gradient's, dO2 in O2's). The output's layout follows Q's, which is
+in the key, so a gradient always in the output's layout is always the one the cached graph was built for. Cost: a
+copy where the gradient arrives in another layout (FlashAttention's backward makes that copy itself).
 
 Fully masked rows follow the rule of :mod:`diffattn.ops._inputs`: with an ``attn_mask``, one reduction over it
 finds the query rows whose every key is masked and their output is set to 0 after the call, so they pass no
@@ -110,6 +110,11 @@ def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor, fuse
     return out.to(inp.q1.dtype)
 
 
+#: where SDPA's backward may be cuDNN's (the module docstring's graph cache): the devices :func:`_call` guards; the
+#: CPU's kernels read a gradient by its own strides, and the guard's copies would only cost there
+GUARDED_DEVICES = frozenset({"cuda"})
+
+
 class _GradInOutputLayout(torch.autograd.Function):
     """The identity, whose backward hands the gradient on in the forward output's memory layout (copied where it
     arrives in another; dimensions of size 1 do not count). Why: the module docstring's cuDNN graph cache."""
@@ -138,7 +143,7 @@ def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bo
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
     )
-    return _GradInOutputLayout.apply(out) if out.requires_grad else out
+    return _GradInOutputLayout.apply(out) if out.requires_grad and out.device.type in GUARDED_DEVICES else out
 
 
 def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
