@@ -16,8 +16,8 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
-# STEPS (comma-separated, in this order whatever the order given): sweep, train, kernels, 830m, decode, compiled,
-# sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no budget left for, e.g.
+# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, 830m, decode,
+# compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no budget left for, e.g.
 # STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates.
 set -u
 OUT=${OUT:-benchmarks/gpu-report}
@@ -26,7 +26,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,train,kernels,830m,decode,compiled,tests}
+STEPS=${STEPS:-sweep,layout,train,kernels,830m,decode,compiled,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -61,13 +61,14 @@ torch.cuda.synchronize()
 print("sanitized call finished")
 PYEOF
 }
+grad_layout() {  # (functions run in a bash of their own: no variables of this script but PY)
+  # whether bare cuDNN attention reads a second gradient by the first one's strides (a diagnostic of what was read in
+  # PyTorch's source), and the library's check that its routes hand every backward one layout
+  timeout 40 $PY benchmarks/cudnn_grad_layout.py 2>&1 | tail -6
+  timeout 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_sdpa_grad_layout.py 2>&1 | tail -6
+}
 gpu_tests() {
-  # first what no GPU has run yet: whether bare cuDNN attention reads a second gradient by the first one's strides (a
-  # diagnostic, read in PyTorch's source) and the library's check that its routes do not; then every file with gpu tests
-  echo "-- benchmarks/cudnn_grad_layout.py"
-  timeout 60 $PY benchmarks/cudnn_grad_layout.py 2>&1 | tail -6
-  local first=tests/ops/test_sdpa_grad_layout.py
-  for f in $first $(grep -l "mark.gpu" tests/*.py tests/*/*.py | grep -v "^$first$"); do
+  for f in $(grep -l "mark.gpu" tests/*.py tests/*/*.py | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do  # (layout)
     echo "-- $f"
     timeout 120 $PY -m pytest -q -m gpu -p no:cacheprovider "$f" 2>&1 | tail -6
   done
@@ -78,6 +79,9 @@ gpu_tests() {
   $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'transformers', transformers.__version__)"
   want sweep && step $(( ${SWEEP_S:-300} + 20 )) "route sweep" $PY -m diffattn.bench.route_sweep --out "$OUT" \
     --budget-s "${SWEEP_S:-300}" --warm-s "${WARM_S:-100}" --plan "${SWEEP_PLAN:-all}"
+  # a correctness question before the timings: does cuDNN attention's cached backward read a gradient by another's
+  # strides (diffattn.ops.sdpa's guard), and are the library's routes safe from it
+  want layout && step 100 "gradient layout at cuDNN attention's backward" grad_layout
   # the steps below choose routes by this sweep's table where it wrote one, else by the shipped table
   [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and each SDPA route forced beside auto: which is fastest where the step is host-bound (the table's were timed at 16K);
