@@ -12,7 +12,8 @@ kernels can. This runs, on the route sweep's inputs at its standard shape (:mod:
 * ``cuDNN floor`` (V1 classes) — that one stacked cuDNN call over inputs made before it (leaves: Q [B, 2h, T, d],
   K [B, 2h, S, d], V [B, 2h, S, 2d]), whose output is O1 and O2 side by side, not subtracted: what the routes can
   approach, not a route;
-* each route asked for (``--routes``; by default :data:`DEFAULT_ROUTES`), through :func:`diffattn.ops.diff_attention`.
+* each route asked for (``--routes``; by default :data:`DEFAULT_ROUTES`), through :func:`diffattn.ops.diff_attention`,
+  or one of the route sweep's comparison routes (``hf_two_calls``: transformers' DiffLlama; ``official_four_calls``).
 
 For each: the median time per call (forward+backward for ``train``, forward otherwise) in interleaved rounds, its
 ratio to the baseline, and a :func:`diffattn.bench.kernels.profile_gpu` of a few calls: the kernels by name with ms
@@ -41,7 +42,7 @@ DEFAULT_CLASSES = ("v1 d64 dv128 bf16 causal none train", "shared_k d64 dv64 bf1
 #: per pair, the routes beside the baseline: the fastest ones of the H200's table, the epilogue variant (never run
 #: on a GPU at d = 64) last, so that a crash there ends this process after the others' rows
 DEFAULT_ROUTES = {
-    "v1": ("cudnn_maps", "cudnn", "sdpa_maps", "cudnn_maps+epilogue"),
+    "v1": ("cudnn_maps", "cudnn", "sdpa_maps", "hf_two_calls", "cudnn_maps+epilogue"),  # hf: transformers' DiffLlama
     "shared_k": ("sdpa", "cudnn_maps", "sdpa_maps", "sdpa+epilogue"),
 }
 FLOOR = "cuDNN floor"
