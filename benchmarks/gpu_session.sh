@@ -6,7 +6,7 @@
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
 #                                              each column's kernels in one profiled step (kernel_ms; log: a table)
 #   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens): each route's kernels
-#                                              beside the baseline's and one stacked cuDNN call's (diffattn.bench.call_kernels)
+#                                              beside the baseline's and a stacked cuDNN call's (bench.call_kernels)
 #   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
@@ -17,8 +17,8 @@
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
 # STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, 830m, decode,
-# compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no budget left for, e.g.
-# STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates.
+# compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# budget left for, e.g. STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates.
 set -u
 OUT=${OUT:-benchmarks/gpu-report}
 mkdir -p "$OUT"
