@@ -68,7 +68,7 @@ grad_layout() {  # (functions run in a bash of their own: no variables of this s
   timeout 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_sdpa_grad_layout.py 2>&1 | tail -6
 }
 gpu_tests() {
-  for f in $(grep -l "mark.gpu" tests/*.py tests/*/*.py | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do  # (layout)
+  for f in $(grep -l "mark.gpu" tests/*.py tests/*/*.py | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do
     echo "-- $f"
     timeout 120 $PY -m pytest -q -m gpu -p no:cacheprovider "$f" 2>&1 | tail -6
   done
