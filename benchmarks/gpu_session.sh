@@ -10,6 +10,7 @@
 #   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
+#   targets.md                                 issues 34's and 37's targets read off the files above (bench.targets)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
 # Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 300), WARM_S (its compiling, 100).
@@ -109,5 +110,9 @@ gpu_tests() {
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
   want sanitize && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
   want tests && step 60 "gpu tests, one process per file" gpu_tests
+  # issues 34's and 37's targets on what this call wrote (no GPU needed: rerun it on a run's directory that gathers
+  # several calls' files, `python -m diffattn.bench.targets DIR`)
+  echo "== targets"
+  $PY -m diffattn.bench.targets "$OUT" | tail -18
   echo "== done after $(( $(date +%s) - start )) s"
 } 2>&1 | grep --line-buffered -v "Warning" | tee "$OUT/log.txt"

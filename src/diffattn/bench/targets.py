@@ -1,0 +1,220 @@
+"""The GPU targets of issues 34 (the default route) and 37 (the fused kernel), checked on what one GPU run wrote — the
+one home of those numbers, so that "which targets are met, and by how much" is read off a run the same way every time.
+
+A run directory is what ``benchmarks/gpu_session.sh`` writes (``benchmarks/gpu-runs/<gpu>-<date>/`` once committed):
+
+* ``route_table.json`` — the newest entry's ``measurements``: per call class and route, the ratio to the same-size
+  SDPA baseline (forward+backward for ``train`` classes, forward for ``infer``), status and correctness; for decode
+  classes where measured, CUDA-graph times (``graph_ms``, ``base_graph_ms``);
+* ``train.json`` — the `small` train step (``bench train-step``): per row, each column's median ms;
+* ``report/gpu-report.json`` — decoding per token in the models (static cache, CUDA graphs).
+
+A target whose number the run lacks is ``n/a`` with why, never a pass. Usage:
+``python -m diffattn.bench.targets RUN_DIR`` prints the table and writes ``RUN_DIR/targets.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: the fused kernel's routes in a sweep: ``triton`` and its forced tiles and variants (``triton[...]``)
+KERNEL = "triton"
+#: routes measured for comparison only, never a default (diffattn.bench.route_sweep.COMPARISON_ROUTES)
+COMPARISON = ("hf_two_calls", "official_four_calls")
+STEP_COLUMN = {"auto": "diffattn DIFF (auto)", "hf": "HF DiffLlama", "kernel": "diffattn DIFF (triton)"}
+#: issue 37's fused-kernel targets for DIFF V1 at d = 64, ratios to the baseline: forward, forward+backward, decode per
+#: token (also what the attention benchmark and the GPU report check their ``triton`` rows against)
+KERNEL_MAX_RATIO = {"fwd_ratio": 1.55, "fwd_bwd_ratio": 1.3, "decode_ratio": 1.5}
+
+
+@dataclass(frozen=True)
+class Target:
+    issue: int
+    text: str  # the target in the issue's words
+    kind: str  # "route": the best correct table route of ``where``; "kernel": the best correct triton route of it;
+    #            "kernel_decode": the same, by CUDA-graph ratio; "step": a train.json column's ratio at every row;
+    #            "step_vs_hf": the DIFF (auto) step's ratio against HF DiffLlama's; "decode_vs_hf": per token
+    where: str  # a call class key, or a train.json column key of STEP_COLUMN
+    limit: float
+
+
+TARGETS = (
+    Target(34, "DIFF V1 fwd+bwd <= 1.55x at d = 64", "route", "v1 d64 dv128 bf16 causal none train", 1.55),
+    Target(34, "DIFF V1 fwd+bwd <= 2.3x at d = 128", "route", "v1 d128 dv256 bf16 causal none train", 2.3),
+    Target(34, "DIFF V2 fwd+bwd <= 2.3x at d = 64", "route", "shared_k d64 dv64 bf16 causal none train", 2.3),
+    Target(34, "DIFF V2 fwd+bwd <= 2.3x at d = 128", "route", "shared_k d128 dv128 bf16 causal none train", 2.3),
+    Target(34, "`small` train step (bf16) <= 1.25x", "step", "auto", 1.25),
+    Target(34, "`small` train step below transformers' DiffLlama", "step_vs_hf", "auto", 1.0),
+    Target(34, "decode never slower than the two-call route (DiffLlama)", "decode_vs_hf", "auto", 1.0),
+    Target(
+        37,
+        "fused kernel: DIFF V1 fwd <= 1.55x at d = 64",
+        "kernel",
+        "v1 d64 dv128 bf16 causal none infer",
+        KERNEL_MAX_RATIO["fwd_ratio"],
+    ),
+    Target(
+        37,
+        "fused kernel: DIFF V1 fwd+bwd <= 1.3x at d = 64",
+        "kernel",
+        "v1 d64 dv128 bf16 causal none train",
+        KERNEL_MAX_RATIO["fwd_bwd_ratio"],
+    ),
+    Target(
+        37, "fused kernel: DIFF V1 fwd+bwd <= 1.8x at d = 128", "kernel", "v1 d128 dv256 bf16 causal none train", 1.8
+    ),
+    Target(
+        37, "fused kernel: DIFF V2 fwd+bwd <= 2.2x at d = 64", "kernel", "shared_k d64 dv64 bf16 causal none train", 2.2
+    ),
+    Target(
+        37,
+        "fused kernel: DIFF V2 fwd+bwd <= 2.2x at d = 128",
+        "kernel",
+        "shared_k d128 dv128 bf16 causal none train",
+        2.2,
+    ),
+    Target(
+        37,
+        "fused kernel: decode per token <= 1.5x at an 8K cache",
+        "kernel_decode",
+        "v1 d64 dv128 bf16 causal none decode",
+        KERNEL_MAX_RATIO["decode_ratio"],
+    ),
+    Target(37, "fused kernel: `small` train step (bf16) <= 1.15x for DIFF V1", "step", "kernel", 1.15),
+)
+
+
+def _read(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def measurements(run: Path) -> list[dict]:
+    """The newest route table entry's measurements in ``run`` (the entry the run's sweep wrote or extended)."""
+    table = _read(run / "route_table.json")
+    entries = table.get("entries", []) if isinstance(table, dict) else []
+    return max(entries, key=lambda e: e.get("date", ""))["measurements"] if entries else []
+
+
+def _correct(m: dict) -> bool:
+    return m.get("status") == "ok" and m.get("correct") is True and math.isfinite(m.get("ratio", math.nan))
+
+
+def _best(ms: list[dict], where: str, pick) -> tuple[float, str]:
+    rows = [m for m in ms if m["class"] == where and pick(m["route"]) and _correct(m)]
+    if not rows:
+        return math.nan, "not measured in this run's table"
+    best = min(rows, key=lambda m: m["ratio"])
+    return best["ratio"], f"`{best['route']}`"
+
+
+def _best_graph(ms: list[dict], where: str) -> tuple[float, str]:
+    rows = [m for m in ms if m["class"] == where and m["route"].startswith(KERNEL) and _correct(m)]
+    graphed = [
+        (m["graph_ms"] / m["base_graph_ms"], m["route"]) for m in rows if m.get("graph_ms") and m.get("base_graph_ms")
+    ]
+    if graphed:
+        value, route = min(graphed)
+        return value, f"`{route}`, CUDA graph"
+    if rows:
+        best = min(rows, key=lambda m: m["ratio"])
+        return best["ratio"], f"`{best['route']}`, eager (no graph time): host time mostly"
+    return math.nan, "not measured in this run's table"
+
+
+def _step_rows(run: Path) -> list[dict]:
+    data = _read(run / "train.json")
+    return [r for r in data.get("rows", []) if r.get("preset") == "small"] if isinstance(data, dict) else []
+
+
+def _step(run: Path, column: str) -> tuple[float, str]:
+    """The worst (largest) ratio to the baseline over the `small` rows, and each row's."""
+    ratios = [(r["ms"][column] / r["ms"]["baseline"], r["seq_len"]) for r in _step_rows(run) if column in r["ms"]]
+    ratios = [(x, n) for x, n in ratios if math.isfinite(x)]
+    if not ratios:
+        return math.nan, f"no `{column}` column in train.json"
+    return max(ratios)[0], ", ".join(f"{x:.2f}x at {n}" for x, n in ratios)
+
+
+def _step_vs_hf(run: Path) -> tuple[float, str]:
+    auto, hf = STEP_COLUMN["auto"], STEP_COLUMN["hf"]
+    pairs = [(r["ms"][auto] / r["ms"][hf], r["seq_len"]) for r in _step_rows(run) if auto in r["ms"] and hf in r["ms"]]
+    if not pairs:
+        return math.nan, "no train.json"
+    return max(pairs)[0], ", ".join(f"{x:.2f} of DiffLlama's time at {n}" for x, n in pairs)
+
+
+def _decode_vs_hf(run: Path) -> tuple[float, str]:
+    report = _read(run / "report" / "gpu-report.json")
+    rows = report.get("sections", {}).get("decode", {}).get("rows", []) if isinstance(report, dict) else []
+    per_token = {r["model"]: r.get("graph_ms_per_token") for r in rows}
+    ours, theirs = per_token.get(STEP_COLUMN["auto"]), per_token.get(STEP_COLUMN["hf"])
+    if not ours or not theirs:
+        return math.nan, "no decode rows with CUDA-graph times"
+    return ours / theirs, f"{ours:.3f} against {theirs:.3f} ms/token (CUDA graphs)"
+
+
+def check(run: Path) -> list[dict]:
+    """Every target of :data:`TARGETS` on the run in ``run``: value, how it was read, and pass / FAIL / n/a."""
+    run = Path(run)
+    ms = measurements(run)
+    out = []
+    for t in TARGETS:
+        if t.kind == "route":
+            value, source = _best(ms, t.where, lambda r: not r.startswith(KERNEL) and r not in COMPARISON)
+        elif t.kind == "kernel":
+            value, source = _best(ms, t.where, lambda r: r.startswith(KERNEL))
+        elif t.kind == "kernel_decode":
+            value, source = _best_graph(ms, t.where)
+        elif t.kind == "step":
+            value, source = _step(run, STEP_COLUMN[t.where])
+        elif t.kind == "step_vs_hf":
+            value, source = _step_vs_hf(run)
+        else:
+            value, source = _decode_vs_hf(run)
+        below = t.kind in ("step_vs_hf", "decode_vs_hf")  # "below" / "never slower": a ratio under (at most) 1
+        ok = value < t.limit if t.kind == "step_vs_hf" else value <= t.limit
+        result = "n/a" if math.isnan(value) else ("pass" if ok else "FAIL")
+        margin = "" if math.isnan(value) or below else f"{value - t.limit:+.2f}x"
+        out.append({"issue": t.issue, "target": t.text, "value": value, "limit": t.limit, "source": source,
+                    "result": result, "margin": margin})  # fmt: skip
+    return out
+
+
+def to_markdown(checks: list[dict], run: Path) -> str:
+    lines = [f"# Issues 34 and 37: targets on {Path(run).name}", "",
+             "| issue | target | measured | read from | result |", "|---|---|---|---|---|"]  # fmt: skip
+    for c in checks:
+        value = (
+            "—" if math.isnan(c["value"]) else f"{c['value']:.2f}" + ("" if not c["margin"] else f" ({c['margin']})")
+        )
+        lines.append(f"| {c['issue']} | {c['target']} | {value} | {c['source']} | {c['result']} |")
+    results = [c["result"] for c in checks]
+    lines += ["", f"{results.count('pass')} pass, {results.count('FAIL')} FAIL, {results.count('n/a')} n/a"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a GPU run's directory (what benchmarks/gpu_session.sh wrote)")
+    args = parser.parse_args(argv)
+    if not args.run.is_dir():
+        print(f"targets: {args.run} is not a directory", file=sys.stderr)
+        return 2
+    text = to_markdown(check(args.run), args.run)
+    print(text, end="")
+    tmp = args.run / "targets.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(args.run / "targets.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
