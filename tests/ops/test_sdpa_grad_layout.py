@@ -1,10 +1,9 @@
-"""The SDPA routes hand SDPA's backward every gradient in the call's own output layout (diffattn/ops/sdpa.py,
+"""The SDPA routes hand SDPA's backward each call's gradient at strides fixed by the call (diffattn/ops/sdpa.py,
 ``_GradInOutputLayout``): PyTorch's cuDNN attention caches its backward graph under Q, K and V alone, with the
-strides of the first gradient it got baked in, so two calls with the same Q, K, V — the two maps of ``cudnn_maps`` —
-must never hand it gradients in two layouts. Checked here on this CPU's SDPA, whose output layout follows Q's as
-cuDNN's does: the model's Q and K are [B, T, H, d] memory seen as [B, H, T, d] (transformers' view and transpose),
-the output's gradient contiguous [B, H, T, dv], as a following norm or a plain loss gives it. The guard runs on
-CUDA only (``GUARDED_DEVICES``): here it is switched on for the CPU."""
+strides of the first gradient it got baked in, so calls with the same Q, K, V — the two maps of ``cudnn_maps``, or
+one call in two steps — must never hand it gradients in two layouts. Checked here on this CPU's SDPA with the model's
+Q and K, [B, T, H, d] memory seen as [B, H, T, d] (transformers' view and transpose), and the op's output gradient in
+two layouts. The guard runs on CUDA only (``GUARDED_DEVICES``): here it is switched on for the CPU."""
 
 from __future__ import annotations
 
@@ -46,7 +45,9 @@ def _model_layout(b, h, t, d, generator):
     [("sdpa", False), ("sdpa_split", False), ("sdpa_maps", False), ("sdpa_maps+epilogue", False),
      ("sdpa", True), ("sdpa+epilogue", True)],
 )  # fmt: skip
-def test_every_sdpa_call_gets_its_gradient_in_its_outputs_layout(route, shared, monkeypatch):
+def test_each_sdpa_calls_gradient_layout_is_fixed_whatever_layout_the_ops_gradient_has(route, shared, monkeypatch):
+    # what cuDNN's cache needs: the same call (same Q, K, V) gets its output gradient at the same strides every time —
+    # here with the op's output gradient contiguous once and [B, T, H, dv]-ordered once
     keep_interpreting(monkeypatch)
     monkeypatch.setattr(sdpa, "GUARDED_DEVICES", frozenset({"cpu", "cuda"}))  # as on CUDA (only guarded there)
     seen = []
@@ -54,7 +55,9 @@ def test_every_sdpa_call_gets_its_gradient_in_its_outputs_layout(route, shared, 
 
     def recording(*args, **kwargs):
         out = real(*args, **kwargs)
-        out.register_hook(lambda g, out=out: seen.append((g.stride(), out.stride(), out.shape)))
+        out.register_hook(
+            lambda g, out=out: seen.append((tuple(out.shape), _strides_of_real_dims(g.stride(), out.shape)))
+        )
         return out
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
@@ -63,11 +66,18 @@ def test_every_sdpa_call_gets_its_gradient_in_its_outputs_layout(route, shared, 
     q1, q2, k1 = (_model_layout(b, h, t, d, g) for _ in range(3))
     k2 = k1 if shared else _model_layout(b, h, t, d, g)
     v = _model_layout(b, h, t, d if shared else 2 * d, g)
-    out = ops.diff_attention(q1, k1, q2, k2, v, torch.tensor(0.3, requires_grad=True), backend=route)
-    out.backward(torch.randn(out.shape, generator=g))  # contiguous [B, H, T, dv]
-    assert seen, "no SDPA call recorded"
-    for grad_stride, out_stride, shape in seen:
-        assert _strides_of_real_dims(grad_stride, shape) == _strides_of_real_dims(out_stride, shape)
+    lam = torch.tensor(0.3, requires_grad=True)
+    cotangent = torch.randn(b, h, t, v.shape[-1], generator=g)  # contiguous [B, H, T, dv]
+    per_layout = []
+    for given in (cotangent, cotangent.transpose(1, 2).contiguous().transpose(1, 2)):
+        seen.clear()
+        ops.diff_attention(q1, k1, q2, k2, v, lam, backend=route).backward(given)
+        per_layout.append(list(seen))
+    assert per_layout[0], "no SDPA call recorded"
+    assert per_layout[0] == per_layout[1]
+    # and within one backward, calls of one shape (the two maps, V's slices) get one layout
+    for shape in {shape for shape, _ in per_layout[0]}:
+        assert len({tuple(strides) for at, strides in per_layout[0] if at == shape}) == 1
 
 
 def _strides_of_real_dims(stride, shape):

@@ -136,21 +136,28 @@ def _same_layout(x: torch.Tensor, shape: torch.Size, stride: tuple[int, ...]) ->
     return all(a == b for a, b, n in zip(x.stride(), stride, shape, strict=True) if n > 1)
 
 
-def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bool]) -> torch.Tensor:
+def _guarded(out: torch.Tensor) -> torch.Tensor:
+    """``out`` whose gradient is handed on in its own layout (:class:`_GradInOutputLayout`) where it needs to be."""
+    return _GradInOutputLayout.apply(out) if out.requires_grad and out.device.type in GUARDED_DEVICES else out
+
+
+def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bool], guard: bool = True):
     """One SDPA call; ``mask`` the (attn_mask, is_causal) pair of :func:`_sdpa_mask` or :func:`_one_map_mask`. Its
-    gradient reaches SDPA's backward in the output's layout (:class:`_GradInOutputLayout`)."""
+    gradient reaches SDPA's backward in the output's layout (:func:`_guarded`), unless ``guard`` is off: the caller
+    guards a tensor the output's gradient is a fixed slice of."""
     attn_mask, is_causal = mask
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
     )
-    return _GradInOutputLayout.apply(out) if out.requires_grad and out.device.type in GUARDED_DEVICES else out
+    return _guarded(out) if guard else out
 
 
 def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
-    """One SDPA call per slice of V (each as wide as Q and K), outputs side by side."""
+    """One SDPA call per slice of V (each as wide as Q and K), outputs side by side. The joined output is what is
+    guarded: each call's gradient is then a slice of it at fixed strides — one copy at most a map, not one a slice."""
     if len(v_parts) == 1:
         return _call(inp, q, k, v_parts[0], mask)
-    return torch.cat([_call(inp, q, k, part, mask) for part in v_parts], dim=-1)
+    return _guarded(torch.cat([_call(inp, q, k, part, mask, guard=False) for part in v_parts], dim=-1))
 
 
 def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
