@@ -333,7 +333,9 @@ def test_sdpa_maps_reads_value_halves_in_place(monkeypatch):
     # them to cut them again would copy the cache's whole V every token (and split it back in the backward)
     inp = _value_halves_inputs()
     seen, call = [], ops.sdpa._call
-    monkeypatch.setattr(ops.sdpa, "_call", lambda inp_, q, k, v, mask: (seen.append(v), call(inp_, q, k, v, mask))[1])
+    monkeypatch.setattr(
+        ops.sdpa, "_call", lambda inp_, q, k, v, mask, **kw: (seen.append(v), call(inp_, q, k, v, mask, **kw))[1]
+    )
     out = ops._IMPLS["sdpa_maps"](inp)
     assert len(seen) == 4 and {v.data_ptr() for v in seen} == {part.data_ptr() for part in inp.v_parts}
     grads = torch.autograd.grad(out.square().sum(), inp.v_parts)
@@ -355,7 +357,7 @@ def test_cudnn_maps_joins_value_halves_once(monkeypatch):
     inp = _value_halves_inputs()
     seen = []
 
-    def stub(inp_, q, k, v, mask):
+    def stub(inp_, q, k, v, mask, **kw):
         seen.append(v)
         return q.new_zeros(*q.shape[:-1], v.shape[-1])
 
