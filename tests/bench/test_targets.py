@@ -23,10 +23,10 @@ def test_the_second_h200_lease_reads_as_its_readme_says():
     # benchmarks/gpu-runs/h200-2026-11-27b/README.md, "Issue 34's targets": 1.93x, 2.77x, 2.42x / 2.45x, auto 1.53x /
     # 1.39x (DiffLlama 1.45x / 1.28x), decode 0.507 against 0.542 ms per token
     got = _by_target(targets.check(RUNS / "h200-2026-11-27b"))
-    assert round(got["DIFF V1 fwd+bwd <= 1.55x at d = 64"]["value"], 2) == 1.93
-    assert got["DIFF V1 fwd+bwd <= 1.55x at d = 64"]["source"] == "`cudnn_maps`"
-    assert round(got["DIFF V1 fwd+bwd <= 2.3x at d = 128"]["value"], 2) == 2.77
-    assert [round(got[f"DIFF V2 fwd+bwd <= 2.3x at d = {d}"]["value"], 2) for d in (64, 128)] == [2.42, 2.45]
+    assert round(got["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]["value"], 2) == 1.93
+    assert got["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]["source"] == "`cudnn_maps`"
+    assert round(got["DIFF V1 fwd+bwd at d = 128 <= 2.3x"]["value"], 2) == 2.77
+    assert [round(got[f"DIFF V2 fwd+bwd at d = {d} <= 2.3x"]["value"], 2) for d in (64, 128)] == [2.42, 2.45]
     step = got["`small` train step (bf16) <= 1.25x"]
     assert (round(step["value"], 2), step["result"]) == (1.53, "FAIL") and "1.39x at 4096" in step["source"]
     assert got["`small` train step below transformers' DiffLlama"]["result"] == "FAIL"
@@ -38,9 +38,9 @@ def test_the_second_h200_lease_reads_as_its_readme_says():
 
 def test_the_h100_run_has_the_fused_kernels_numbers():
     got = _by_target(targets.check(RUNS / "h100-2026-11-26"))
-    kernel = got["fused kernel: DIFF V1 fwd+bwd <= 1.3x at d = 64"]
+    kernel = got["fused kernel: DIFF V1 fwd+bwd at d = 64 <= 1.3x"]
     assert kernel["result"] == "FAIL" and kernel["source"].startswith("`triton")  # a forced tile counts as the kernel
-    assert "eager" in got["fused kernel: decode per token <= 1.5x at an 8K cache"]["source"]  # no graph time then
+    assert "eager" in got["fused kernel: decode per token at an 8K cache <= 1.5x"]["source"]  # no graph time then
 
 
 def _run(tmp_path, measurements, train=None, decode=None):
@@ -70,17 +70,17 @@ def test_each_rule(tmp_path):
     decode = [{"model": "diffattn DIFF (auto)", "graph_ms_per_token": 0.6},
               {"model": "HF DiffLlama", "graph_ms_per_token": 0.5}]  # fmt: skip
     got = _by_target(targets.check(_run(tmp_path, ms, [{"preset": "small", "seq_len": 1024, "ms": step}], decode)))
-    route = got["DIFF V1 fwd+bwd <= 1.55x at d = 64"]
+    route = got["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]
     assert (route["value"], route["source"], route["result"]) == (1.60, "`cudnn_maps`", "FAIL")
     assert route["margin"] == "+0.05x"
-    kernel = got["fused kernel: DIFF V1 fwd+bwd <= 1.3x at d = 64"]
+    kernel = got["fused kernel: DIFF V1 fwd+bwd at d = 64 <= 1.3x"]
     assert (kernel["value"], kernel["source"], kernel["result"]) == (1.25, "`triton[split]`", "pass")
-    decoding = got["fused kernel: decode per token <= 1.5x at an 8K cache"]
+    decoding = got["fused kernel: decode per token at an 8K cache <= 1.5x"]
     assert decoding["value"] == pytest.approx(1.4) and decoding["result"] == "pass" and "graph" in decoding["source"]
     assert got["`small` train step (bf16) <= 1.25x"]["result"] == "pass"  # 1.2x
     assert got["`small` train step below transformers' DiffLlama"]["result"] == "pass"  # 12.0 < 12.5
     assert got["decode never slower than the two-call route (DiffLlama)"]["result"] == "FAIL"  # 0.6 > 0.5
-    missing = got["fused kernel: `small` train step (bf16) <= 1.15x for DIFF V1"]
+    missing = got["fused kernel: `small` train step (bf16) for DIFF V1 <= 1.15x"]
     assert missing["result"] == "n/a" and math.isnan(missing["value"])
 
 

@@ -22,71 +22,54 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .route_sweep import COMPARISON_ROUTES
+from .train_step import forced_column
+
 #: the fused kernel's routes in a sweep: ``triton`` and its forced tiles and variants (``triton[...]``)
 KERNEL = "triton"
-#: routes measured for comparison only, never a default (diffattn.bench.route_sweep.COMPARISON_ROUTES)
-COMPARISON = ("hf_two_calls", "official_four_calls")
-STEP_COLUMN = {"auto": "diffattn DIFF (auto)", "hf": "HF DiffLlama", "kernel": "diffattn DIFF (triton)"}
+#: the train.json columns the step targets read
+STEP_COLUMN = {"auto": forced_column("auto"), "hf": "HF DiffLlama", "kernel": forced_column(KERNEL)}
 #: issue 37's fused-kernel targets for DIFF V1 at d = 64, ratios to the baseline: forward, forward+backward, decode per
 #: token (also what the attention benchmark and the GPU report check their ``triton`` rows against)
 KERNEL_MAX_RATIO = {"fwd_ratio": 1.55, "fwd_bwd_ratio": 1.3, "decode_ratio": 1.5}
+#: the targets that compare with transformers' DiffLlama (a ratio to its time, "below" / "never slower"), not a limit
+AGAINST_HF = ("step_vs_hf", "decode_vs_hf")
 
 
 @dataclass(frozen=True)
 class Target:
     issue: int
-    text: str  # the target in the issue's words
+    what: str  # the quantity, in the issue's words; :attr:`text` adds the limit
     kind: str  # "route": the best correct table route of ``where``; "kernel": the best correct triton route of it;
     #            "kernel_decode": the same, by CUDA-graph ratio; "step": a train.json column's ratio at every row;
-    #            "step_vs_hf": the DIFF (auto) step's ratio against HF DiffLlama's; "decode_vs_hf": per token
+    #            "step_vs_hf": the DIFF (auto) step's time against HF DiffLlama's; "decode_vs_hf": per token
     where: str  # a call class key, or a train.json column key of STEP_COLUMN
     limit: float
 
+    @property
+    def text(self) -> str:
+        return self.what if self.kind in AGAINST_HF else f"{self.what} <= {self.limit}x"
+
 
 TARGETS = (
-    Target(34, "DIFF V1 fwd+bwd <= 1.55x at d = 64", "route", "v1 d64 dv128 bf16 causal none train", 1.55),
-    Target(34, "DIFF V1 fwd+bwd <= 2.3x at d = 128", "route", "v1 d128 dv256 bf16 causal none train", 2.3),
-    Target(34, "DIFF V2 fwd+bwd <= 2.3x at d = 64", "route", "shared_k d64 dv64 bf16 causal none train", 2.3),
-    Target(34, "DIFF V2 fwd+bwd <= 2.3x at d = 128", "route", "shared_k d128 dv128 bf16 causal none train", 2.3),
-    Target(34, "`small` train step (bf16) <= 1.25x", "step", "auto", 1.25),
+    Target(34, "DIFF V1 fwd+bwd at d = 64", "route", "v1 d64 dv128 bf16 causal none train", 1.55),
+    Target(34, "DIFF V1 fwd+bwd at d = 128", "route", "v1 d128 dv256 bf16 causal none train", 2.3),
+    Target(34, "DIFF V2 fwd+bwd at d = 64", "route", "shared_k d64 dv64 bf16 causal none train", 2.3),
+    Target(34, "DIFF V2 fwd+bwd at d = 128", "route", "shared_k d128 dv128 bf16 causal none train", 2.3),
+    Target(34, "`small` train step (bf16)", "step", "auto", 1.25),
     Target(34, "`small` train step below transformers' DiffLlama", "step_vs_hf", "auto", 1.0),
     Target(34, "decode never slower than the two-call route (DiffLlama)", "decode_vs_hf", "auto", 1.0),
-    Target(
-        37,
-        "fused kernel: DIFF V1 fwd <= 1.55x at d = 64",
-        "kernel",
-        "v1 d64 dv128 bf16 causal none infer",
-        KERNEL_MAX_RATIO["fwd_ratio"],
-    ),
-    Target(
-        37,
-        "fused kernel: DIFF V1 fwd+bwd <= 1.3x at d = 64",
-        "kernel",
-        "v1 d64 dv128 bf16 causal none train",
-        KERNEL_MAX_RATIO["fwd_bwd_ratio"],
-    ),
-    Target(
-        37, "fused kernel: DIFF V1 fwd+bwd <= 1.8x at d = 128", "kernel", "v1 d128 dv256 bf16 causal none train", 1.8
-    ),
-    Target(
-        37, "fused kernel: DIFF V2 fwd+bwd <= 2.2x at d = 64", "kernel", "shared_k d64 dv64 bf16 causal none train", 2.2
-    ),
-    Target(
-        37,
-        "fused kernel: DIFF V2 fwd+bwd <= 2.2x at d = 128",
-        "kernel",
-        "shared_k d128 dv128 bf16 causal none train",
-        2.2,
-    ),
-    Target(
-        37,
-        "fused kernel: decode per token <= 1.5x at an 8K cache",
-        "kernel_decode",
-        "v1 d64 dv128 bf16 causal none decode",
-        KERNEL_MAX_RATIO["decode_ratio"],
-    ),
-    Target(37, "fused kernel: `small` train step (bf16) <= 1.15x for DIFF V1", "step", "kernel", 1.15),
-)
+    Target(37, "fused kernel: DIFF V1 fwd at d = 64", "kernel", "v1 d64 dv128 bf16 causal none infer",
+           KERNEL_MAX_RATIO["fwd_ratio"]),
+    Target(37, "fused kernel: DIFF V1 fwd+bwd at d = 64", "kernel", "v1 d64 dv128 bf16 causal none train",
+           KERNEL_MAX_RATIO["fwd_bwd_ratio"]),
+    Target(37, "fused kernel: DIFF V1 fwd+bwd at d = 128", "kernel", "v1 d128 dv256 bf16 causal none train", 1.8),
+    Target(37, "fused kernel: DIFF V2 fwd+bwd at d = 64", "kernel", "shared_k d64 dv64 bf16 causal none train", 2.2),
+    Target(37, "fused kernel: DIFF V2 fwd+bwd at d = 128", "kernel", "shared_k d128 dv128 bf16 causal none train", 2.2),
+    Target(37, "fused kernel: decode per token at an 8K cache", "kernel_decode", "v1 d64 dv128 bf16 causal none decode",
+           KERNEL_MAX_RATIO["decode_ratio"]),
+    Target(37, "fused kernel: `small` train step (bf16) for DIFF V1", "step", "kernel", 1.15),
+)  # fmt: skip
 
 
 def _read(path: Path):
@@ -168,7 +151,7 @@ def check(run: Path) -> list[dict]:
     out = []
     for t in TARGETS:
         if t.kind == "route":
-            value, source = _best(ms, t.where, lambda r: not r.startswith(KERNEL) and r not in COMPARISON)
+            value, source = _best(ms, t.where, lambda r: not r.startswith(KERNEL) and r not in COMPARISON_ROUTES)
         elif t.kind == "kernel":
             value, source = _best(ms, t.where, lambda r: r.startswith(KERNEL))
         elif t.kind == "kernel_decode":
@@ -179,7 +162,7 @@ def check(run: Path) -> list[dict]:
             value, source = _step_vs_hf(run)
         else:
             value, source = _decode_vs_hf(run)
-        below = t.kind in ("step_vs_hf", "decode_vs_hf")  # "below" / "never slower": a ratio under (at most) 1
+        below = t.kind in AGAINST_HF  # "below" / "never slower": a ratio under (at most) 1
         ok = value < t.limit if t.kind == "step_vs_hf" else value <= t.limit
         result = "n/a" if math.isnan(value) else ("pass" if ok else "FAIL")
         margin = "" if math.isnan(value) or below else f"{value - t.limit:+.2f}x"

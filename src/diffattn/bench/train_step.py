@@ -183,7 +183,12 @@ def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    return {**COLUMNS, **{f"diffattn DIFF ({b})": ("diff", b) for b in backends}}
+    return {**COLUMNS, **{forced_column(b): ("diff", b) for b in backends}}
+
+
+def forced_column(backend: str) -> str:
+    """The name of the DIFF column with ``backend`` forced (``diffattn DIFF (auto)`` for ``auto``)."""
+    return f"diffattn DIFF ({backend})"
 
 
 def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
