@@ -29,12 +29,23 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from .kernels import format_kernel_table, profile_gpu
-from .route_sweep import DTYPES, CallClass, Problem, interleaved_ms, make_problem, route_fn, shape_of
+from .route_sweep import (
+    DTYPES,
+    CallClass,
+    Problem,
+    baseline_call,
+    interleaved_ms,
+    make_problem,
+    route_fn,
+    shape_of,
+    with_backward,
+)
 
 #: what the gaps are about: the V1 and DIFF V2 training calls at d = 64 at the sweep's shape (issue 34's targets:
 #: 1.55x and 2.3x; measured 1.93x and 2.42x)
@@ -48,39 +59,11 @@ DEFAULT_ROUTES = {
 FLOOR = "cuDNN floor"
 
 
-def _with_grads(call: Callable[[], torch.Tensor], leaves: list[torch.Tensor], train: bool) -> Callable[[], None]:
-    """One call, and for ``train`` its backward with a fixed random cotangent into every leaf that needs a gradient."""
-    cotangent: list[torch.Tensor] = []
-
-    def run():
-        out = call()
-        if train:
-            if not cotangent:
-                cotangent.append(torch.randn_like(out))
-            torch.autograd.grad(out, [x for x in leaves if x.requires_grad], cotangent[0], allow_unused=True)
-
-    if train:
-        return run
-
-    def no_grad():
-        with torch.no_grad():
-            run()
-
-    return no_grad
-
-
 def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str, Callable[[], None]]:
     """The functions timed and profiled, by column: ``baseline``, :data:`FLOOR` (V1 classes without a mask) and each
     route."""
     train = cls.mode == "train"
-    qb, kb, vb = p.base
-    columns = {
-        "baseline": _with_grads(
-            lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=p.base_mask, is_causal=p.causal),
-            [qb, kb, vb],
-            train,
-        )
-    }
+    columns = {"baseline": with_backward(baseline_call(p), list(p.base), train)}
     if cls.pair == "v1" and cls.mask == "none":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -93,10 +76,10 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=p.causal)
 
-        columns[FLOOR] = _with_grads(floor, [q, k, v], train)
+        columns[FLOOR] = with_backward(floor, [q, k, v], train)
     for route in routes:
         fn = route_fn(route, {})
-        columns[route] = _with_grads(lambda fn=fn: fn(p), p.leaves, train)
+        columns[route] = with_backward(lambda fn=fn: fn(p), p.leaves, train)
     return columns
 
 
@@ -166,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run(key, routes, args.calls, progress=lambda m: print(m, file=sys.stderr, flush=True)))
         print(format_result(results[-1]) + "\n", flush=True)
         if args.json:  # after each class: a later one that crashes the process keeps the earlier ones
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=2)
+            tmp = Path(f"{args.json}.tmp")  # never a half-written file in place of the classes measured
+            tmp.write_text(json.dumps(results, indent=2))
+            tmp.replace(args.json)
     return 0
 
 

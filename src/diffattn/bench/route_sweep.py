@@ -409,6 +409,31 @@ def shape_of(cls: CallClass, scale: str = "gpu") -> dict:
     return {"batch": TOKENS // SEQ, "heads": heads, "t": SEQ, "s": SEQ}
 
 
+def baseline_call(p: Problem) -> Callable[[], torch.Tensor]:
+    """The same-size baseline's forward on ``p``: SDPA over its 2h heads of width d, the class's mask, default
+    dispatch."""
+    qb, kb, vb = p.base
+    return lambda: F.scaled_dot_product_attention(qb, kb, vb, attn_mask=p.base_mask, is_causal=p.causal)
+
+
+def with_backward(call: Callable[[], torch.Tensor], leaves: list[torch.Tensor], train: bool) -> Callable[[], None]:
+    """``call`` as one timed job: for ``train`` with its backward, a fixed random cotangent (drawn at the first call,
+    a warm-up) into every leaf that needs a gradient; otherwise under ``torch.no_grad``."""
+    cotangent: list[torch.Tensor] = []
+
+    def forward_backward():
+        out = call()
+        if not cotangent:
+            cotangent.append(torch.randn_like(out))
+        torch.autograd.grad(out, [x for x in leaves if x.requires_grad], cotangent[0], allow_unused=True)
+
+    def forward():
+        with torch.no_grad():
+            call()
+
+    return forward_backward if train else forward
+
+
 def time_route(fn, cls: CallClass, device, dtype, scale: str) -> dict:
     """Milliseconds of the route and the baseline, interleaved on one problem; and TFLOP/s by the stated FLOP model."""
     from .attention import attention_flops
@@ -416,31 +441,8 @@ def time_route(fn, cls: CallClass, device, dtype, scale: str) -> dict:
     shape = shape_of(cls, scale)
     p = make_problem(cls, **shape, device=device, dtype=dtype, seed=1)
     train = cls.mode == "train"
-    out_shape = (shape["batch"], p.diff["q1"].shape[1], shape["t"], cls.dv)
-    cot = torch.randn(out_shape, device=device, dtype=dtype)
-    qb, kb, vb = p.base
-    cot_b = torch.randn_like(qb)
-
-    def base():
-        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=p.base_mask, is_causal=p.causal)
-        if train:
-            torch.autograd.grad(o, (qb, kb, vb), cot_b)
-
-    def route():
-        o = fn(p)
-        if train:
-            torch.autograd.grad(o, [x for x in p.leaves if x.requires_grad], cot, allow_unused=True)
-
-    if not train:
-        base_nograd, route_nograd = base, route
-
-        def base():
-            with torch.no_grad():
-                base_nograd()
-
-        def route():
-            with torch.no_grad():
-                route_nograd()
+    base = with_backward(baseline_call(p), list(p.base), train)
+    route = with_backward(lambda: fn(p), p.leaves, train)
 
     ms = interleaved_ms({"route": route, "base": base}, device)
     graphed = {}

@@ -22,17 +22,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .attention import TRITON_MAX_RATIO
-from .route_sweep import COMPARISON_ROUTES
+from .attention import TRITON_MAX_RATIO  # issue 37's fused-kernel limits for DIFF V1 at d = 64
+from .route_sweep import COMPARISON_ROUTES, graph_ratio
 from .train_step import forced_column
 
 #: the fused kernel's routes in a sweep: ``triton`` and its forced tiles and variants (``triton[...]``)
 KERNEL = "triton"
 #: the train.json columns the step targets read
 STEP_COLUMN = {"auto": forced_column("auto"), "hf": "HF DiffLlama", "kernel": forced_column(KERNEL)}
-#: issue 37's fused-kernel targets for DIFF V1 at d = 64 (forward, forward+backward, decode per token): the attention
-#: benchmark's, which the GPU report checks its ``triton`` rows against too
-KERNEL_MAX_RATIO = TRITON_MAX_RATIO
 #: the targets that compare with transformers' DiffLlama (a ratio to its time, "below" / "never slower"), not a limit
 AGAINST_HF = ("step_vs_hf", "decode_vs_hf")
 
@@ -61,14 +58,14 @@ TARGETS = (
     Target(34, "`small` train step below transformers' DiffLlama", "step_vs_hf", "auto", 1.0),
     Target(34, "decode never slower than the two-call route (DiffLlama)", "decode_vs_hf", "auto", 1.0),
     Target(37, "fused kernel: DIFF V1 fwd at d = 64", "kernel", "v1 d64 dv128 bf16 causal none infer",
-           KERNEL_MAX_RATIO["fwd_ratio"]),
+           TRITON_MAX_RATIO["fwd_ratio"]),
     Target(37, "fused kernel: DIFF V1 fwd+bwd at d = 64", "kernel", "v1 d64 dv128 bf16 causal none train",
-           KERNEL_MAX_RATIO["fwd_bwd_ratio"]),
+           TRITON_MAX_RATIO["fwd_bwd_ratio"]),
     Target(37, "fused kernel: DIFF V1 fwd+bwd at d = 128", "kernel", "v1 d128 dv256 bf16 causal none train", 1.8),
     Target(37, "fused kernel: DIFF V2 fwd+bwd at d = 64", "kernel", "shared_k d64 dv64 bf16 causal none train", 2.2),
     Target(37, "fused kernel: DIFF V2 fwd+bwd at d = 128", "kernel", "shared_k d128 dv128 bf16 causal none train", 2.2),
     Target(37, "fused kernel: decode per token at an 8K cache", "kernel_decode", "v1 d64 dv128 bf16 causal none decode",
-           KERNEL_MAX_RATIO["decode_ratio"]),
+           TRITON_MAX_RATIO["decode_ratio"]),
     Target(37, "fused kernel: `small` train step (bf16) for DIFF V1", "step", "kernel", 1.15),
 )  # fmt: skip
 
@@ -100,17 +97,15 @@ def _best(ms: list[dict], where: str, pick) -> tuple[float, str]:
 
 
 def _best_graph(ms: list[dict], where: str) -> tuple[float, str]:
+    """:func:`_best` of the kernel's routes by CUDA-graph ratio (:func:`~diffattn.bench.route_sweep.graph_ratio`) where
+    measured, else by the eager ratio, said so."""
     rows = [m for m in ms if m["class"] == where and m["route"].startswith(KERNEL) and _correct(m)]
-    graphed = [
-        (m["graph_ms"] / m["base_graph_ms"], m["route"]) for m in rows if m.get("graph_ms") and m.get("base_graph_ms")
-    ]
+    graphed = [(graph_ratio(m), m["route"]) for m in rows if graph_ratio(m) is not None]
     if graphed:
         value, route = min(graphed)
         return value, f"`{route}`, CUDA graph"
-    if rows:
-        best = min(rows, key=lambda m: m["ratio"])
-        return best["ratio"], f"`{best['route']}`, eager (no graph time): host time mostly"
-    return math.nan, "not measured in this run's table"
+    value, source = _best(ms, where, lambda r: r.startswith(KERNEL))
+    return value, source if math.isnan(value) else f"{source}, eager (no graph time): host time mostly"
 
 
 def _step_rows(run: Path) -> list[dict]:
