@@ -102,7 +102,7 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):
     a, b = rs.CallClass("v1", 64), rs.CallClass("v1", 64, mode="infer")
-    ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5, "ratio": 2.0}
+    ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5, "ratio": 2.0, "inputs": rs.INPUTS}
     earlier = {**IDENTITY, "date": "2026-11-27", "routes": {a.key: ["cudnn"], b.key: ["cudnn"]}, "measurements": [
         {"route": "cudnn", "class": a.key, **ok}, {"route": "cudnn", "class": b.key, **ok},
         {"route": "triton", "class": a.key, "status": "skipped: budget spent"}]}  # fmt: skip
@@ -131,10 +131,11 @@ def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_sk
 
 
 def _shipped_h200_entry(without=lambda route, cls: False) -> dict:
-    """The shipped H200 entry less the measurements ``without(route, class)`` names: the state a lease meets, built
-    from the shipped data whatever later leases have added to it."""
+    """The shipped H200 entry less the measurements ``without(route, class)`` names, every one as if timed on the
+    sweep's present inputs (``inputs``: what the planning tests ask about is the rest): the state a lease meets,
+    built from the shipped data whatever later leases have added to it."""
     entry = next(e for e in routes.check_table(json.loads(routes.ROUTE_TABLE.read_text())) if "H200" in e["device"])
-    kept = [m for m in entry["measurements"] if not without(m["route"], m["class"])]
+    kept = [{**m, "inputs": rs.INPUTS} for m in entry["measurements"] if not without(m["route"], m["class"])]
     listed = {cls: [r for r in order if not without(r, cls)] for cls, order in entry["routes"].items()}
     return {**entry, "measurements": kept, "routes": {cls: order for cls, order in listed.items() if order}}
 
@@ -283,9 +284,27 @@ def test_a_decoding_record_whose_capture_failed_is_not_timed_again_for_it():
     # graph_ms None: the capture was tried and failed, and would fail again; only records from before graph times
     # existed (no key at all) are missing one
     dec = rs.CallClass("v1", 64, mode="decode").key
-    ok = {"status": "ok", "correct": True, "ratio": 5.0, "ms": 0.4, "base_ms": 0.08}
+    ok = {"status": "ok", "correct": True, "ratio": 5.0, "ms": 0.4, "base_ms": 0.08, "inputs": rs.INPUTS}
     entry = {"date": "2026-11-27", "measurements": [
         {"route": "cudnn", "class": dec, **ok},
         {"route": "sdpa", "class": dec, **ok, "graph_ms": None, "base_graph_ms": 0.07},
         {"route": "cudnn_maps", "class": dec, **ok, "graph_ms": 0.12, "base_graph_ms": 0.07}]}  # fmt: skip
     assert set(rs._measured_fully(entry)) == {("sdpa", dec), ("cudnn_maps", dec)}
+
+
+def test_records_timed_on_other_inputs_than_a_models_are_timed_again_and_ordered_after():
+    # the leases before 2026-11-28 timed every route on separate contiguous tensors, not on the views a model hands
+    # over: a sweep times those records again as missing, and within a class they come after the records timed on
+    # the models' inputs, whatever their ratios (not compared with them), until timed again
+    cls, dec = rs.CallClass("v1", 64).key, rs.CallClass("v1", 64, mode="decode").key
+    ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5}
+    old = [{"route": "cudnn_maps", "class": cls, **ok, "ratio": 1.9},
+           {"route": "cudnn", "class": dec, **ok, "ratio": 3.0, "graph_ms": 0.1, "base_graph_ms": 0.1}]  # fmt: skip
+    new = [{"route": "sdpa", "class": cls, **ok, "ratio": 2.2, "inputs": rs.INPUTS},
+           {"route": "sdpa_maps", "class": dec, **ok, "ratio": 9.0, "graph_ms": 0.2, "base_graph_ms": 0.1,
+            "inputs": rs.INPUTS}]  # fmt: skip
+    entry = rs.table_entry(old + new, IDENTITY, "2026-11-28")
+    assert entry["routes"] == {cls: ["sdpa", "cudnn_maps"], dec: ["sdpa_maps", "cudnn"]}
+    assert set(rs._measured_fully(entry)) == {("sdpa", cls), ("sdpa_maps", dec)}
+    plan = [("cudnn_maps", rs.CallClass("v1", 64)), ("sdpa", rs.CallClass("v1", 64))]
+    assert rs.unmeasured_first(plan, entry) == plan  # cudnn_maps first: missing, though measured before

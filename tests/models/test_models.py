@@ -409,9 +409,10 @@ def test_a_registered_architecture_builds_matches_parameters_pairs_and_labels_it
     assert claim.source == "DIFF Transformer Table 3 (applied to the toy)" and claim.verdict == "agrees"
 
 
-def test_the_diff_layer_splits_its_heads_without_slice_gradients():
-    # Q, K and V are halved by one split each: autograd joins a split's gradients with one cat, where two slices
-    # would each cost a zero-filled tensor and a copy, and an addition (kernel launches of every training step)
+def test_the_diff_layers_split_their_heads_without_slice_gradients():
+    # DIFF: Q, K and V are halved by one split each; DIFF V2: the interleaved query heads' pairs by one unbind
+    # (models.attention_interface.interleaved_pair). Autograd joins a split's gradients with one cat, an unbind's
+    # with one stack, where two slices would each cost a zero-filled tensor and a copy, and an addition
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -424,7 +425,8 @@ def test_the_diff_layer_splits_its_heads_without_slice_gradients():
             return func(*args, **(kwargs or {}))
 
     def slice_gradients(attention):
-        model = build_model("debug", attention, backend="sdpa_maps" if attention == "diff" else None, num_layers=1)
+        backend = {"diff": "sdpa_maps", "diff-v2": "sdpa"}.get(attention)
+        model = build_model("debug", attention, backend=backend, num_layers=1)
         ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(0))
         with Ops() as ops:
             model(input_ids=ids, labels=ids).loss.backward()
@@ -432,4 +434,4 @@ def test_the_diff_layer_splits_its_heads_without_slice_gradients():
         return ops.names.count("slice_backward")
 
     # the baseline's come from RoPE's rotate_half and the shifted labels, which DIFF shares; none of its own
-    assert slice_gradients("diff") == slice_gradients("standard") > 0
+    assert slice_gradients("diff") == slice_gradients("diff-v2") == slice_gradients("standard") > 0

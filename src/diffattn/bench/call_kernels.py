@@ -9,9 +9,9 @@ the two maps' dV summed, or cuDNN's own kernels being slower on half the heads. 
 kernels can. This runs, on the route sweep's inputs at its standard shape (:mod:`diffattn.bench.route_sweep`):
 
 * ``baseline`` — SDPA over 2h heads of width d (default dispatch), as the sweep's ratios are taken against;
-* ``cuDNN floor`` (V1 classes) — that one stacked cuDNN call over inputs made before it (leaves: Q [B, 2h, T, d],
-  K [B, 2h, S, d], V [B, 2h, S, 2d]), whose output is O1 and O2 side by side, not subtracted: what the routes can
-  approach, not a route;
+* ``cuDNN floor`` (V1 classes) — that one stacked cuDNN call over inputs made before it (leaves: the model's Q
+  [B, 2h, T, d] and K [B, 2h, S, d], both maps' heads already, and V [B, 2h, S, 2d]), whose output is O1 and O2
+  side by side, not subtracted: what the routes can approach, not a route;
 * each route asked for (``--routes``; by default :data:`DEFAULT_ROUTES`), through :func:`diffattn.ops.diff_attention`,
   or one of the route sweep's comparison routes (``hf_two_calls``: transformers' DiffLlama; ``official_four_calls``).
 
@@ -44,6 +44,7 @@ from .route_sweep import (
     make_problem,
     route_fn,
     shape_of,
+    whole_v,
     with_backward,
 )
 
@@ -63,14 +64,14 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
     """The functions timed and profiled, by column: ``baseline``, :data:`FLOOR` (V1 classes without a mask) and each
     route."""
     train = cls.mode == "train"
-    columns = {"baseline": with_backward(baseline_call(p), list(p.base), train)}
+    columns = {"baseline": with_backward(baseline_call(p), p.base_leaves, train)}
     if cls.pair == "v1" and cls.mask == "none":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        a = p.diff
-        q = torch.cat([a["q1"], a["q2"]], 1).detach().requires_grad_(train)
-        k = torch.cat([a["k1"], a["k2"]], 1).detach().requires_grad_(train)
-        v = torch.cat([a["v"], a["v"]], 1).detach().requires_grad_(train)
+        # the model's Q and K are both maps' heads stacked already (the maps are chunks of them): as they are; V,
+        # each DIFF head's [va | vb] once for each map's heads, made beforehand (a copy the model would pay)
+        q, k = (x.detach().requires_grad_(train) for x in p.heads[:2])
+        v = torch.cat([whole_v(p.diff)] * 2, 1).detach().requires_grad_(train)
 
         def floor():
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

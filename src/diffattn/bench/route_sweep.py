@@ -19,6 +19,13 @@ Per job:
   against 8192 cached keys, batch 4), median milliseconds of forward+backward (train) or forward (infer, decode)
   over interleaved rounds against the baseline: SDPA with 2h heads of width d and the same mask (default dispatch).
 
+Inputs (:func:`make_problem`, :data:`INPUTS`): as the models hand them to the op — Q, K, V views of the projections
+of 2h heads (K and V read from the KV cache, contiguous, for ``infer`` and ``decode``), cut into the two maps as the
+DIFF and DIFF V2 layers cut them, and the output's gradient in the order a model's backward gives it; the baseline's
+the same way. A route's copies (joining V's halves, its maps' gradients, a gradient in another layout than its
+output's) are part of its time as they are in a model (tests/bench/test_sweep_layout.py checks the layouts against
+the models).
+
 The table entry lists, per class, the routes that passed, fastest first. Routes only measured for comparison
 (transformers' two calls, the official four calls) are rows, never table routes.
 """
@@ -36,7 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,6 +60,12 @@ D_MODEL, TOKENS, SEQ, DECODE_CACHE, DECODE_BATCH = 2048, 16384, 4096, 8192, 4
 SMALL_D_MODEL, SMALL_BATCH, SMALL_SEQ = 512, 4, 1024
 JOB_TIMEOUT_S = 120.0
 COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
+#: the inputs a record was timed on, kept in it (``inputs``): "model" — laid out and cut as the models hand them to
+#: the op, the gradient back in their order (:func:`make_problem`, since 2026-11-28). Records without it were timed on
+#: separate contiguous tensors (the leases of 2026-11-26/27): a sweep times them again as missing, and a class's
+#: order puts them after its records of these inputs (:func:`order_key`) — ratios taken on other inputs than a
+#: model's are not compared with ones that are
+INPUTS = "model"
 
 
 @dataclass(frozen=True)
@@ -166,58 +179,117 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass
 class Problem:
-    """One call's inputs: DIFF heads (q1, k1, q2, k2, v, lam, mask args) and the baseline's (q, k, v)."""
+    """One call's inputs, laid out as the models hand them over (:func:`make_problem`): ``leaves`` are the tensors
+    gradients are taken for — a model's projections (Q, K, V of 2h heads of width d) and its λ — and ``views`` makes
+    from them ``heads``, the model's Q, K, V as [B, heads, N, d] views, and ``diff``, the DIFF op's keyword arguments
+    (q1, k1, q2, k2, v, lam, mask arguments) cut from those heads as the model cuts them; the baseline's (q, k, v)
+    are views of its own ``base_leaves``."""
 
-    diff: dict
     leaves: list[torch.Tensor]
+    views: Callable[[list[torch.Tensor]], tuple[tuple[torch.Tensor, ...], dict]]
     base: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    base_leaves: list[torch.Tensor]
     base_mask: torch.Tensor | None  # the class's mask as one bool [B, 1, T, S], causality folded in; None: none
     causal: bool  # is_causal for an SDPA call with base_mask
+    heads: tuple[torch.Tensor, ...] = field(init=False)
+    diff: dict = field(init=False)
+
+    def __post_init__(self):
+        self.heads, self.diff = self.views(self.leaves)
+
+
+def model_heads(leaf: torch.Tensor, cached: bool) -> torch.Tensor:
+    """[B, H, N, d] heads as a Llama-layout model hands them to attention (what the sweep's timings must see, for the
+    layout decides what a route copies): ``cached`` — K and V read from transformers' KV cache (inference:
+    prefill and decode), which stores them contiguous, ``leaf`` [B, H, N, d] as it is; otherwise — Q always, K and V
+    in training (no cache) — a projection's output [B, N, H·d] viewed as [B, N, H, d] and transposed: ``leaf`` is
+    [B, N, H, d]."""
+    return leaf if cached else leaf.transpose(1, 2)
+
+
+def model_cotangent(shape: torch.Size, device, dtype) -> torch.Tensor:
+    """A random gradient for an attention output of ``shape`` [B, H, T, dv] in the layout a model's backward hands it
+    over:
+    [B, T, H, dv] in memory, transposed — every model here (and transformers' SDPA integration) joins the heads by
+    ``transpose(1, 2)`` and a reshape or ``contiguous()`` before the output projection, whose gradient is contiguous."""
+    b, h, t, dv = shape
+    return torch.randn(b, t, h, dv, device=device, dtype=dtype).transpose(1, 2)
 
 
 def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, device, dtype, seed: int) -> Problem:
     """``heads`` DIFF heads (v1: h heads of two maps and V of width 2d; shared_k: DIFF V2's 2h head pairs on 2h
-    K/V heads, λ per head and token), the mask of the class, and the same-size baseline (2h heads of width d)."""
+    K/V heads, λ per head and token), the mask of the class, and the same-size baseline (2h heads of width d) — each
+    tensor in the layout and with the views the models make (diffattn.models.diff_llama, diff_v2; tested against
+    them): Q of 2h heads split into the two maps (v1: [map 1; map 2], by one ``chunk``; DIFF V2: pairs interleaved,
+    every other head), K likewise (v1), V of v1 as its two halves of heads ([va | vb] is a DIFF head's V), λ of
+    DIFF V2 a [B, T, H] projection transposed; K and V through the KV cache (:func:`model_heads`) for ``infer`` and
+    ``decode``."""
     g = torch.Generator(device="cpu").manual_seed(seed)
+    train = cls.mode == "train"
+    cached = not train
 
-    def rnd(*shape, grad=True):
+    def rnd(*shape, grad=train):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(grad)
 
-    train = cls.mode == "train"
+    def heads_leaf(n, h, d, kv: bool):  # [B, H, N, d] in the cache, [B, N, H, d] from a projection
+        return rnd(batch, h, n, d) if kv and cached else rnd(batch, n, h, d)
+
+    def view(leaf, kv: bool):
+        return model_heads(leaf, kv and cached)
+
     if cls.pair == "v1":
-        h = heads
-        q1, q2 = rnd(batch, h, t, cls.d, grad=train), rnd(batch, h, t, cls.d, grad=train)
-        k1, k2 = rnd(batch, h, s, cls.d, grad=train), rnd(batch, h, s, cls.d, grad=train)
-        v = rnd(batch, h, s, cls.dv, grad=train)
+        h = heads  # DIFF heads; the model's Q, K, V have 2h heads of width d (dv = 2d: V's halves of heads)
+        q, k = heads_leaf(t, 2 * h, cls.d, False), heads_leaf(s, 2 * h, cls.d, True)
+        v = heads_leaf(s, 2 * h, cls.dv // 2, True)
         lam = torch.tensor(0.5, device=device).requires_grad_(train)
-        leaves = [q1, k1, q2, k2, v, lam]
+
+        def cut(q, k, v, lam):  # diffattn.models.diff_llama: one chunk per tensor
+            (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+            return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v.chunk(2, dim=1), "lam": lam}
+
     else:
-        h = 2 * heads
-        q1, q2 = rnd(batch, h, t, cls.d, grad=train), rnd(batch, h, t, cls.d, grad=train)
-        k1 = k2 = rnd(batch, h, s, cls.d, grad=train)
-        v = rnd(batch, h, s, cls.dv, grad=train)
-        lam = torch.rand(batch, h, t, generator=g).to(device).requires_grad_(train)
-        leaves = [q1, k1, q2, v, lam]
+        h = 2 * heads  # DIFF V2: h heads, 2h query heads (the pairs interleaved) on h K/V heads
+        q, k, v = heads_leaf(t, 2 * h, cls.d, False), heads_leaf(s, h, cls.d, True), heads_leaf(s, h, cls.dv, True)
+        lam = torch.rand(batch, t, h, generator=g).to(device).requires_grad_(train)  # sigmoid(x·w_λ): [B, T, H]
+
+        def cut(q, k, v, lam):  # diffattn.models.diff_v2.v2_attention: the query heads' pairs; K and V once
+            from ..models.attention_interface import interleaved_pair
+
+            q1, q2 = interleaved_pair(q, 1)
+            return {"q1": q1, "k1": k, "q2": q2, "k2": k, "v": v, "lam": lam.transpose(1, 2)}
+
     causal = cls.causal and t > 1  # T = 1 sees every key (bottom-right alignment)
-    diff = {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "lam": lam, "causal": cls.causal}
+    extra = {"causal": cls.causal}
     base_mask = None
     if cls.mask == "padding":  # the second half of the batch has its last eighth of keys padded
         keep = torch.ones(batch, s, dtype=torch.bool, device=device)
         keep[batch // 2 :, s - max(1, s // 8) :] = False
-        diff["attn_mask"] = keep
+        extra["attn_mask"] = keep
         base_mask = keep[:, None, None, :]
     elif cls.mask == "segments":  # four documents per row
         seg = (torch.arange(s, device=device) * 4 // s).to(torch.int32).expand(batch, s).contiguous()
-        diff["segment_ids"] = seg
+        extra["segment_ids"] = seg
         base_mask = seg[:, None, s - t :, None] == seg[:, None, None, :]
     if base_mask is not None and causal:
         from ..ops import causal_keep_mask
 
         base_mask = base_mask & causal_keep_mask(t, s, device)
-    qb, kb, vb = rnd(batch, 2 * heads, t, cls.d), rnd(batch, 2 * heads, s, cls.d), rnd(batch, 2 * heads, s, cls.d)
-    if not train:
-        qb, kb, vb = qb.detach(), kb.detach(), vb.detach()
-    return Problem(diff, leaves, (qb, kb, vb), base_mask, causal and base_mask is None)
+    base_leaves = [heads_leaf(t, 2 * heads, cls.d, False), heads_leaf(s, 2 * heads, cls.d, True),
+                   heads_leaf(s, 2 * heads, cls.d, True)]  # fmt: skip
+    base = (view(base_leaves[0], False), view(base_leaves[1], True), view(base_leaves[2], True))
+
+    def views(leaves):
+        q, k, v, lam = leaves
+        model = (view(q, False), view(k, True), view(v, True))
+        return model, {**cut(*model, lam), **extra}
+
+    return Problem([q, k, v, lam], views, base, base_leaves, base_mask, causal and base_mask is None)
+
+
+def whole_v(diff: dict) -> torch.Tensor:
+    """The op's V as one tensor: v1's two halves of heads joined side by side ([va | vb], each DIFF head's V)."""
+    v = diff["v"]
+    return torch.cat(v, dim=-1) if isinstance(v, tuple) else v
 
 
 def _sdpa_per_map(q, k, v_parts, mask, causal, scale):
@@ -234,7 +306,7 @@ def official_four_calls(p: Problem) -> torch.Tensor:
     mask, causal = p.base_mask, p.causal  # the class's mask, as the baseline has it
     scale = 1 / math.sqrt(d)
     k1, k2, v = a["k1"], a["k2"], a["v"]
-    parts = v.split(d, dim=-1)
+    parts = v if isinstance(v, tuple) else v.split(d, dim=-1)  # v1's V comes as its two halves already
     o1 = _sdpa_per_map(a["q1"], k1, parts, mask, causal, scale)
     o2 = _sdpa_per_map(a["q2"], k2, parts, mask, causal, scale)
     lam = a["lam"]
@@ -243,13 +315,14 @@ def official_four_calls(p: Problem) -> torch.Tensor:
 
 
 def hf_two_calls(p: Problem) -> torch.Tensor:
-    """transformers' DiffLlama route: both maps' heads in one tensor, one SDPA call per half of V."""
+    """transformers' DiffLlama route (``DiffLlamaAttention.forward``, transformers 5.x): both maps' query heads in
+    the model's one Q over its one K (the tensors the maps are cut from), one SDPA call per half of V, that half
+    repeated for both maps' heads; the two outputs side by side, then O1 − λ·O2 in the model's dtype."""
     a = p.diff
     h = a["q1"].shape[1]
-    d = a["q1"].shape[-1]
-    q, k = torch.cat([a["q1"], a["q2"]], 1), torch.cat([a["k1"], a["k2"]], 1)
-    v = torch.cat([a["v"], a["v"]], 1)
-    o = _sdpa_per_map(q, k, v.split(d, dim=-1), p.base_mask, p.causal, 1 / math.sqrt(d))
+    q, k, v = p.heads
+    v_halves = [half.repeat(1, 2, 1, 1) for half in v.chunk(2, dim=1)]
+    o = _sdpa_per_map(q, k, v_halves, p.base_mask, p.causal, 1 / math.sqrt(q.shape[-1]))
     return o[:, :h] - a["lam"] * o[:, h:]
 
 
@@ -332,12 +405,11 @@ def check(route: str, fn, cls: CallClass, device, dtype, seed: int) -> dict:
     from ..ops import diff_attention
 
     train = cls.mode == "train"
-    cot = torch.randn(p.diff["q1"].shape[0], p.diff["q1"].shape[1], t, cls.dv, device=device, dtype=dtype)
+    cot = model_cotangent((*p.diff["q1"].shape[:2], t, cls.dv), device, dtype)
     ref = _outputs(lambda q: diff_attention(**q.diff, backend="reference"), ref_p, cot.double() if train else None)
     got = _outputs(fn, p, cot if train else None)
     yard = _outputs(official_four_calls, p, cot if train else None)
-    names = ["out", *("d" + n for n in ("q1", "k1", "q2", "k2", "v", "lam"))] if cls.pair == "v1" else [
-        "out", "dq1", "dk", "dq2", "dv", "dlam"]  # fmt: skip
+    names = ["out", "dq", "dk", "dv", "dlam"]  # the leaves': the model's Q, K, V of 2h heads and λ
     # a scalar λ's gradient is one sum over B·H·T·dv products that cancel: relative to itself its rounding error is
     # unbounded (the H100 run of 2026-11-26 saw 1e-2 to 1.7e-1 for every route and the yardstick alike), so it is
     # measured against the size of its terms, ‖dO‖·‖O‖ (Cauchy–Schwarz), like every other error here a norm ratio
@@ -351,17 +423,9 @@ def check(route: str, fn, cls: CallClass, device, dtype, seed: int) -> dict:
 
 
 def _upcast(p: Problem) -> Problem:
-    cast = {}
-
-    def up(x):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return x
-        if id(x) not in cast:
-            cast[id(x)] = x.detach().double().requires_grad_(x.requires_grad)
-        return cast[id(x)]
-
-    diff = {k: up(v) for k, v in p.diff.items()}
-    return Problem(diff, [up(x) for x in p.leaves], p.base, p.base_mask, p.causal)
+    """The same problem in float64: its leaves cast, the same views made of them."""
+    up = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in p.leaves]
+    return Problem(up, p.views, p.base, p.base_leaves, p.base_mask, p.causal)
 
 
 def _sync(device) -> None:
@@ -417,14 +481,15 @@ def baseline_call(p: Problem) -> Callable[[], torch.Tensor]:
 
 
 def with_backward(call: Callable[[], torch.Tensor], leaves: list[torch.Tensor], train: bool) -> Callable[[], None]:
-    """``call`` as one timed job: for ``train`` with its backward, a fixed random cotangent (drawn at the first call,
-    a warm-up) into every leaf that needs a gradient; otherwise under ``torch.no_grad``."""
+    """``call`` as one timed job: for ``train`` with its backward, a fixed random cotangent in a model's layout
+    (:func:`model_cotangent`; drawn at the first call, a warm-up) into every leaf that needs a gradient; otherwise
+    under ``torch.no_grad``."""
     cotangent: list[torch.Tensor] = []
 
     def forward_backward():
         out = call()
         if not cotangent:
-            cotangent.append(torch.randn_like(out))
+            cotangent.append(model_cotangent(out.shape, out.device, out.dtype))
         torch.autograd.grad(out, [x for x in leaves if x.requires_grad], cotangent[0], allow_unused=True)
 
     def forward():
@@ -441,7 +506,7 @@ def time_route(fn, cls: CallClass, device, dtype, scale: str) -> dict:
     shape = shape_of(cls, scale)
     p = make_problem(cls, **shape, device=device, dtype=dtype, seed=1)
     train = cls.mode == "train"
-    base = with_backward(baseline_call(p), list(p.base), train)
+    base = with_backward(baseline_call(p), p.base_leaves, train)
     route = with_backward(lambda: fn(p), p.leaves, train)
 
     ms = interleaved_ms({"route": route, "base": base}, device)
@@ -538,7 +603,7 @@ def run_worker(
     for job in jobs:
         cls = CallClass(**job["cls"])
         _append(results, {"event": "start", "route": route, "class": cls.key})
-        record = {"event": "done", "route": route, "class": cls.key, "cls": asdict(cls)}
+        record = {"event": "done", "route": route, "class": cls.key, "cls": asdict(cls), "inputs": INPUTS}
         try:
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -779,14 +844,16 @@ def graph_ratio(r: dict) -> float | None:
     return None
 
 
-def order_key(r: dict) -> tuple[int, float]:
-    """Where a correct record's route goes in its class's order, fastest first: by its ratio to the baseline, and for
-    a decoding call by its CUDA-graph ratio where it has one, ahead of routes timed eagerly only. Why: an eager
+def order_key(r: dict) -> tuple[int, int, float]:
+    """Where a correct record's route goes in its class's order, fastest first: records timed on :data:`INPUTS` ahead
+    of those timed on other inputs; then by its ratio to the baseline, and for a decoding call by its CUDA-graph
+    ratio where it has one, ahead of routes timed eagerly only. Why: an eager
     decoding call is host time, which for the same route and call moved 2.2x between two H200 leases (`cudnn_maps`
     0.218 → 0.481 ms, V1 d = 64) and put a route measured in one lease ahead of one measured in the other; its graph
     time is the GPU's and what a static cache with CUDA graphs pays."""
     graphed = graph_ratio(r)
-    return (0, graphed) if graphed is not None else (1, r["ratio"])
+    inputs = 0 if r.get("inputs") == INPUTS else 1
+    return (inputs, 0, graphed) if graphed is not None else (inputs, 1, r["ratio"])
 
 
 def table_entry(records: list[dict], identity: dict, date: str) -> dict:
@@ -794,12 +861,12 @@ def table_entry(records: list[dict], identity: dict, date: str) -> dict:
     as a measurement (the README's speed table is made from them)."""
     from ..ops.routes import ROUTE_NAMES
 
-    routes: dict[str, list[tuple[tuple[int, float], str]]] = {}
+    routes: dict[str, list[tuple[tuple[int, int, float], str]]] = {}
     for r in records:
         if r.get("status") == "ok" and r.get("correct") and r["route"] in ROUTE_NAMES and math.isfinite(r["ms"]):
             routes.setdefault(r["class"], []).append((order_key(r), r["route"]))
     measured = [{k: r.get(k) for k in ("class", "route", "status", "correct", "max_err", "yardstick", "ms",
-                                          "base_ms", "ratio", "tflops", "graph_ms", "base_graph_ms")
+                                          "base_ms", "ratio", "tflops", "graph_ms", "base_graph_ms", "inputs")
                  if k in r} for r in records]  # fmt: skip
     for m, r in zip(measured, records, strict=True):
         if r.get("measured"):  # kept from an earlier run of this device and software (with_earlier_measurements)
@@ -976,10 +1043,15 @@ def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
 
 
 def _measured_fully(entry: dict | None) -> dict[tuple[str, str], dict]:
-    """:func:`_measured_ok` less the decoding records timed before graph times were (no ``graph_ms`` key): the table
-    orders decoding by that time (:func:`order_key`), so a sweep times them again as missing. A record whose capture
-    was tried and failed (``graph_ms`` None) counts as measured: timing it again would fail again."""
-    return {k: m for k, m in _measured_ok(entry).items() if not k[1].endswith(" decode") or "graph_ms" in m}
+    """:func:`_measured_ok` less the records timed on other inputs than :data:`INPUTS` and the decoding records timed
+    before graph times were (no ``graph_ms`` key): the table orders by both (:func:`order_key`), so a sweep times
+    them again as missing. A record whose capture was tried and failed (``graph_ms`` None) counts as measured: timing
+    it again would fail again."""
+    return {
+        k: m
+        for k, m in _measured_ok(entry).items()
+        if m.get("inputs") == INPUTS and (not k[1].endswith(" decode") or "graph_ms" in m)
+    }
 
 
 def unmeasured_first(plan: list[tuple[str, CallClass]], earlier: dict | None) -> list[tuple[str, CallClass]]:

@@ -99,7 +99,9 @@ def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = No
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext():
-            loss = forward(input_ids=batch, labels=batch).loss
+            # no KV cache, as diffattn.train's Trainer runs (TrainingArguments.use_cache, default False): with the
+            # config's default (True) every layer would copy its K and V into a DynamicCache each step
+            loss = forward(input_ids=batch, labels=batch, use_cache=False).loss
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

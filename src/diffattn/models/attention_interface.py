@@ -86,6 +86,17 @@ class _PairedHeads:
         return getattr(self._module, name)
 
 
+def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The members of the pairs interleaved along ``dim`` (entries 2i and 2i + 1: map 1 and map 2 of head i, DIFF V2's
+    query heads) as two views — the very views ``x`` sliced by ``0::2`` and ``1::2`` along ``dim`` are, cut by one
+    ``unbind``: its backward joins the two gradients with one stack, where two strided slices cost a zero-filled
+    tensor of x's size each, a copy each and their sum."""
+    if dim < 0:
+        raise ValueError(f"dim must be counted from the front, got {dim}")
+    first, second = x.unflatten(dim, (-1, 2)).unbind(dim + 1)
+    return first, second
+
+
 def _per_output_head(lam: torch.Tensor, batch: int, heads: int, length: int) -> torch.Tensor:
     """λ as a float32 [B, T, H, 1] tensor (the layout the implementations return) from a scalar, [H] or [B, H, T]."""
     lam = lam.to(torch.float32)
@@ -116,7 +127,8 @@ def paired_attention(
     view = _PairedHeads(module, two_heads // k.shape[1])
     both, weights = interface(view, q, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     both = both.float()  # [B, T, 2H, d]
-    out = both[:, :, 0::2] - _per_output_head(lam, batch, heads, length) * both[:, :, 1::2]
+    o1, o2 = interleaved_pair(both, 2)
+    out = o1 - _per_output_head(lam, batch, heads, length) * o2
     return out.to(q.dtype), weights
 
 

@@ -42,7 +42,14 @@ from ..lambdas import HasLambda
 from ..ops import BACKENDS, diff_attention, diff_attention_maps, output_through_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
-from .attention_interface import FUSED, paired_attention, register_fused_attention, uses_fused_op, visible_keys
+from .attention_interface import (
+    FUSED,
+    interleaved_pair,
+    paired_attention,
+    register_fused_attention,
+    uses_fused_op,
+    visible_keys,
+)
 from .diff_llama import attention_maps_requested, rotated_heads
 
 MODEL_TYPE = "diffattn_v2"
@@ -101,10 +108,11 @@ def v2_attention(
             f"{type(attention_mask).__name__}"
         )
     k, v = visible_keys(q.shape[2], attention_mask, k, v)  # a static cache's empty slots at prefill
+    q1, q2 = interleaved_pair(q, 1)
     maps = dict(
-        q1=q[:, 0::2],
+        q1=q1,
         k1=k,
-        q2=q[:, 1::2],
+        q2=q2,
         k2=k,  # the same tensor: the op's shared-key path reads K and V once
         v=v,
         lam=lam.to(torch.float32),
@@ -120,7 +128,7 @@ def v2_attention(
     if return_maps:
         ref = diff_attention_maps(**maps)
         weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
-        return output_through_maps(weights[:, 0::2], weights[:, 1::2], ref.lam, v), weights
+        return output_through_maps(*interleaved_pair(weights, 1), ref.lam, v), weights
     return diff_attention(**with_packed_segments(maps, position_ids), backend=backend), None
 
 

@@ -1,0 +1,124 @@
+"""The route sweep times each route on inputs laid out as the models hand them to the op (diffattn.bench.route_sweep
+``make_problem``): which tensors are views of which, in which memory order, and in which order the output's gradient
+comes back — a route's copies depend on all three, so a sweep on other layouts would rank routes by costs no model
+pays. Checked against the DIFF V1 and DIFF V2 models themselves (the ``debug`` preset) in training (no KV cache, as
+the library's Trainer and the train-step benchmark run), a no-grad prefill through the KV cache, and decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diffattn.models.diff_llama as diff_llama
+import diffattn.models.diff_v2 as diff_v2
+from diffattn.bench import route_sweep as rs
+from diffattn.bench import train_step
+from diffattn.models.build import build_model
+
+ARCHITECTURE = {"v1": "diff", "shared_k": "diff-v2"}
+
+
+def _order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of size > 1, outermost in memory first (a layout, whatever the sizes)."""
+    dims = [i for i in range(t.dim()) if t.shape[i] > 1]
+    return tuple(sorted(dims, key=lambda i: -t.stride(i)))
+
+
+def _relation(a: torch.Tensor, b: torch.Tensor) -> str:
+    """How a second tensor sits beside a first of the same shape: the same tensor, the next chunk of heads of one
+    tensor, the odd heads beside the even ones (interleaved), or apart."""
+    if a is b:
+        return "same"
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return "apart"
+    offset = b.storage_offset() - a.storage_offset()
+    if offset == a.shape[1] * a.stride(1):
+        return "chunk"
+    if 2 * offset == a.stride(1):
+        return "interleaved"
+    return f"offset {offset}"
+
+
+CUTS = {"SplitBackward0", "SplitWithSizesBackward0", "SliceBackward0", "UnbindBackward0", "SelectBackward0"}
+
+
+def _made_by(t: torch.Tensor) -> str | None:
+    """How a tensor was cut from another (a chunk's SplitBackward0, a strided slice's SliceBackward0 …), which is what
+    the backward pays to join the gradients of the pieces (one cat; a zero-filled tensor per slice); "whole" for a
+    tensor not cut from one (in a model RoPE's output, in the sweep a projection's view); None without gradient."""
+    if not t.requires_grad:
+        return None
+    name = type(t.grad_fn).__name__ if t.grad_fn is not None else "a leaf"
+    return name if name in CUTS else "whole"
+
+
+def signature(kw: dict) -> dict:
+    v = kw["v"]
+    parts = v if isinstance(v, tuple) else (v,)
+    return {
+        "made by": [_made_by(kw[n]) for n in ("q1", "q2", "k1", "k2", "lam")] + [_made_by(x) for x in parts],
+        "q1": _order(kw["q1"]),
+        "q2": _relation(kw["q1"], kw["q2"]),
+        "k1": _order(kw["k1"]),
+        "k2": _relation(kw["k1"], kw["k2"]),
+        "v": [_order(x) for x in parts],
+        "v halves": _relation(*parts) if len(parts) == 2 else None,
+        "q, k": _relation(kw["q1"], kw["k1"]),
+        "lam": _order(kw["lam"]) if kw["lam"].dim() else (),
+    }
+
+
+def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] | None]:
+    """The op's inputs in one layer of the model and the layout of the gradient its output got back."""
+    seen, grads = [], []
+    module = diff_llama if pair == "v1" else diff_v2
+    real = module.diff_attention
+
+    def spy(**kw):
+        out = real(**kw)
+        seen.append(signature(kw))
+        if out.requires_grad:
+            out.register_hook(lambda g: grads.append(_order(g)))
+        return out
+
+    monkeypatch.setattr(module, "diff_attention", spy)
+    # 4 heads of width 16 (2 DIFF heads; 4 DIFF V2 pairs), no GQA: the sweep's head counts at ``heads=2``
+    model = build_model("debug", attention=ARCHITECTURE[pair], backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    if mode == "train":
+        # the train-step benchmark's own step: the kwargs the model is called with there
+        train_step._step_fn(model.train(), ids)()
+    elif mode == "infer":
+        with torch.no_grad():
+            model.eval()(ids)
+    else:
+        with torch.no_grad():
+            model.eval().generate(ids, max_new_tokens=2, do_sample=False)
+    return seen[-1], grads[0] if grads else None
+
+
+@pytest.mark.parametrize("pair", ["v1", "shared_k"])
+@pytest.mark.parametrize("mode", ["train", "infer", "decode"])
+def test_the_sweeps_inputs_are_laid_out_as_the_models_hand_them_over(monkeypatch, pair, mode):
+    model_inputs, model_grad = _captured(monkeypatch, pair, mode)
+    d = 16
+    cls = rs.CallClass(pair, d, dtype="fp32", mode=mode)
+    t = 1 if mode == "decode" else 16
+    p = rs.make_problem(cls, batch=2, heads=2, t=t, s=16, device="cpu", dtype=torch.float32, seed=0)
+    assert signature(p.diff) == model_inputs
+    if mode == "train":  # the output's gradient: the sweep's cotangent in the model's order
+        out = rs.route_fn("sdpa", {})(p)
+        assert _order(rs.model_cotangent(out.shape, out.device, out.dtype)) == model_grad
+        # and the baseline's inputs as a Llama layer's without a cache (projections, transposed)
+        assert all(_order(x) == model_inputs["q1"] for x in p.base)
+
+
+def test_gradients_reach_the_models_projections_through_the_views():
+    # the leaves are the projections' outputs: every gradient of the op arrives there, through the model's own views
+    cls = rs.CallClass.from_key("v1 d64 dv128 fp32 causal none train")
+    p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=0)
+    q, _, v, _ = p.leaves
+    assert q.shape[1:3] == (64, 4) and v.shape[-1] == 64  # [B, T, 2h, d]; V's halves d wide
+    out = rs.route_fn("reference", {})(p)
+    grads = torch.autograd.grad(out, p.leaves, rs.model_cotangent(out.shape, out.device, out.dtype))
+    assert all(g.shape == x.shape and g.abs().sum() > 0 for g, x in zip(grads, p.leaves, strict=True))
