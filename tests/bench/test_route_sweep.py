@@ -308,3 +308,26 @@ def test_records_timed_on_other_inputs_than_a_models_are_timed_again_and_ordered
     assert set(rs._measured_fully(entry)) == {("sdpa", cls), ("sdpa_maps", dec)}
     plan = [("cudnn_maps", rs.CallClass("v1", 64)), ("sdpa", rs.CallClass("v1", 64))]
     assert rs.unmeasured_first(plan, entry) == plan  # cudnn_maps first: missing, though measured before
+
+
+def test_after_the_inputs_changed_a_lease_times_the_target_classes_table_routes_first():
+    # the shipped H200 entry, timed before the sweep's inputs were the models' (no `inputs`): every job is missing
+    # again, and the first round is the table routes on the classes issue 34's targets are read on — DIFF V2's and
+    # d = 128's among them, which route by route over every class a five-minute sweep would not reach
+    from diffattn.bench.targets import TARGETS
+
+    entry = _shipped_h200_entry()
+    entry = {**entry, "measurements": [{k: v for k, v in m.items() if k != "inputs"} for m in entry["measurements"]]}
+    plan = rs.unmeasured_first(rs.default_plan(), entry)
+    first = rs.first_round(plan, entry)
+    targets = {t.where for t in TARGETS if t.kind == "route"}
+    batches = rs.worker_batches(plan, first, frozenset(rs._measured_fully(entry)))
+    jobs = [(route, cls.key) for route, classes in batches for cls in classes]
+    opening = jobs[: len(first)]
+    assert {cls for _, cls in opening} == targets and set(opening) == set(first)
+    assert {route for route, cls in opening if cls.startswith("shared_k")} >= {"sdpa", "sdpa+epilogue", "cudnn_maps"}
+    assert all(route in rs.routes_for(rs.CallClass.from_key(cls)) for route, cls in opening)  # table routes only
+    # measured on the models' inputs, only what the entry still lacks there is first
+    now = {**entry, "measurements": [{**m, "inputs": rs.INPUTS} for m in entry["measurements"]]}
+    first_now = rs.first_round(rs.unmeasured_first(rs.default_plan(), now), now)
+    assert len(first_now) < len(first) and not first_now & set(rs._measured_fully(now))

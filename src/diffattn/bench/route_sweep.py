@@ -652,13 +652,13 @@ def sweep(
     extra_module: str | None = None,
     progress: Callable[[str], None] = print,
     warm_s: float = 0.0,
-    first: frozenset[str] = frozenset(),
+    first: frozenset = frozenset(),
     again: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[dict]:
     """Every (route, class) of ``plan``, each route in worker processes of its own, in plan order of routes; a
-    worker that dies or overruns costs one row and a fresh worker takes the rest. ``first``: class keys whose jobs
-    run in a round of their own before the rest; ``again``: (route, class) jobs measured before, in a last round
-    (:func:`worker_batches`). Returns one record per job (status "ok",
+    worker that dies or overruns costs one row and a fresh worker takes the rest. ``first``: class keys, and (route,
+    class key) jobs, that run in a round of their own before the rest (:func:`first_round`); ``again``: (route,
+    class) jobs measured before, in a last round (:func:`worker_batches`). Returns one record per job (status "ok",
     "error: …", "crashed: …", "timed out", or "skipped: budget spent")."""
     out.mkdir(parents=True, exist_ok=True)
     results = out / "routes.jsonl"
@@ -729,12 +729,13 @@ def sweep(
 
 def worker_batches(
     plan: list[tuple[str, CallClass]],
-    first: frozenset[str] = frozenset(),
+    first: frozenset = frozenset(),
     again: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[tuple[str, list[CallClass]]]:
     """The sweep's workers in order: (route, its classes), one per route and round, routes in order of first
     appearance in ``plan`` (a worker runs a route on all its classes: one process start per route, not per job).
-    Three rounds, each empty without what names it: the jobs of the classes ``first`` names (new to the table), then
+    Three rounds, each empty without what names it: the jobs of the classes ``first`` names (new to the table) and
+    the jobs it names as (route, class key) (:func:`first_round`), then
     the rest but those ``again`` names as (route, class key) — what the earlier entry lacks, or has without a figure
     the table now orders by (:func:`_measured_fully`) — then those, measured again only when everything else has
     been. Why: a class new to the table (the `small` step's, 2026-11-27) is read from another class's order until
@@ -743,7 +744,7 @@ def worker_batches(
     second lease, 2026-11-27: `cudnn_maps` on 24 classes, 20 of them measured before)."""
 
     def round_of(route: str, cls: CallClass) -> int:
-        return 0 if cls.key in first else 2 if (route, cls.key) in again else 1
+        return 0 if cls.key in first or (route, cls.key) in first else 2 if (route, cls.key) in again else 1
 
     batches: list[tuple[str, list[CallClass]]] = []
     for this_round in range(3):
@@ -1078,6 +1079,21 @@ def new_classes(plan: list[tuple[str, CallClass]], earlier: dict | None) -> froz
     return frozenset(cls.key for _, cls in plan if cls.key not in known)
 
 
+def first_round(plan: list[tuple[str, CallClass]], earlier: dict | None) -> frozenset:
+    """What the sweep's first round of workers times (:func:`worker_batches`' ``first``): the classes new to the
+    earlier entry (:func:`new_classes`), and the table routes' jobs on the classes issues 34's targets are read on
+    (:data:`diffattn.bench.targets.TARGETS`) that the entry lacks in full (:func:`_measured_fully`) — so that a lease
+    too short for the whole sweep (about 65 jobs in five minutes, of some 300) times those first: after the inputs
+    changed (:data:`INPUTS`), every job of the entry is missing, and route by route the sweep would time two routes
+    on every class and not reach DIFF V2's."""
+    from .targets import TARGETS  # here, not at the top: targets reads this module
+
+    done = _measured_fully(earlier)
+    target_classes = {t.where for t in TARGETS if t.kind == "route"}
+    jobs = {(route, cls.key) for route, cls in plan if cls.key in target_classes and route in routes_for(cls)}
+    return new_classes(plan, earlier) | frozenset(jobs - set(done))
+
+
 def _measured_classes(entry: dict | None) -> set[str]:
     """The classes the entry has a correct measurement of, on any route."""
     return {cls for _, cls in _measured_ok(entry)}
@@ -1112,7 +1128,7 @@ def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, pla
     matmul = matmul_tflops(device) if device == "cuda" else None
     earlier = entry_for(identity, str(table_path))  # the newest entry of this device and software, or None
     plan = unmeasured_first(plan or default_plan(), earlier)
-    kw.setdefault("first", new_classes(plan, earlier))
+    kw.setdefault("first", first_round(plan, earlier))
     kw.setdefault("again", frozenset(_measured_fully(earlier)))
     if earlier:
         progress(f"routes: the table has an entry for this device and software of {earlier['date']}: what it lacks "
