@@ -47,6 +47,7 @@ _LAZY = {
     "load_adapted": "diffattn.adapters",
     "diff_attention": "diffattn.ops",
     "diff_attention_maps": "diffattn.ops",
+    "diff_attention_pairs": "diffattn.ops",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -14,6 +14,7 @@ import diffattn.models.diff_v2 as diff_v2
 from diffattn.bench import route_sweep as rs
 from diffattn.bench import train_step
 from diffattn.models.build import build_model
+from diffattn.ops import interleaved_pair
 
 ARCHITECTURE = {"v1": "diff", "shared_k": "diff-v2"}
 
@@ -68,20 +69,29 @@ def signature(kw: dict) -> dict:
     }
 
 
+def _pairs_as_maps(q, k, v, lam, **kw) -> dict:
+    q1, q2 = interleaved_pair(q, 1)
+    return {"q1": q1, "k1": k, "q2": q2, "k2": k, "v": v, "lam": lam}
+
+
 def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] | None]:
     """The op's inputs in one layer of the model and the layout of the gradient its output got back."""
     seen, grads = [], []
-    module = diff_llama if pair == "v1" else diff_v2
-    real = module.diff_attention
 
-    def spy(**kw):
-        out = real(**kw)
-        seen.append(signature(kw))
-        if out.requires_grad:
-            out.register_hook(lambda g: grads.append(_order(g)))
-        return out
+    def spy(real, as_maps):
+        def call(*args, **kw):
+            out = real(*args, **kw)
+            seen.append(signature(as_maps(*args, **kw)))
+            if out.requires_grad:
+                out.register_hook(lambda g: grads.append(_order(g)))
+            return out
 
-    monkeypatch.setattr(module, "diff_attention", spy)
+        return call
+
+    if pair == "v1":
+        monkeypatch.setattr(diff_llama, "diff_attention", spy(diff_llama.diff_attention, lambda **kw: kw))
+    else:  # DIFF V2's layer hands its Q whole, the pairs interleaved: what the op cuts from it
+        monkeypatch.setattr(diff_v2, "diff_attention_pairs", spy(diff_v2.diff_attention_pairs, _pairs_as_maps))
     # 4 heads of width 16 (2 DIFF heads; 4 DIFF V2 pairs), no GQA: the sweep's head counts at ``heads=2``
     model = build_model("debug", attention=ARCHITECTURE[pair], backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -111,6 +121,13 @@ def test_the_sweeps_inputs_are_laid_out_as_the_models_hand_them_over(monkeypatch
         assert _order(rs.model_cotangent(out.shape, out.device, out.dtype)) == model_grad
         # and the baseline's inputs as a Llama layer's without a cache (projections, transposed)
         assert all(_order(x) == model_inputs["q1"] for x in p.base)
+    if pair == "shared_k":  # and the sweep calls the op as the layer does: on Q whole
+        import diffattn.ops
+
+        calls = []
+        monkeypatch.setattr(diffattn.ops, "diff_attention_pairs", lambda q, *args, **kw: calls.append(q))
+        rs.route_fn("sdpa", {})(p)
+        assert len(calls) == 1 and calls[0] is p.heads[0]
 
 
 def test_gradients_reach_the_models_projections_through_the_views():

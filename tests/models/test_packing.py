@@ -138,13 +138,17 @@ def test_under_diffattn_the_op_reads_the_documents_as_segment_ids_not_a_mask(nam
     """Every call of the op in a packed forward gets the documents as segment ids (from the position ids, document
     starts at 0) and no [T, S] mask, so the fused kernel compares ids per tile (docs/methods.md §0.2)."""
     calls = []
-    for module in (diff_llama, diff_v2, adapter_base):
-
-        def spy(*args, _op=module.diff_attention, **kwargs):
+    # DIFF V2's layer calls the op on its Q whole (diff_attention_pairs), the others on the two maps
+    def recording(real):
+        def spy(*args, **kwargs):
             calls.append(kwargs)
-            return _op(*args, **kwargs)
+            return real(*args, **kwargs)
 
-        monkeypatch.setattr(module, "diff_attention", spy)
+        return spy
+
+    for module, op in ((diff_llama, "diff_attention"), (diff_v2, "diff_attention_pairs"),
+                       (adapter_base, "diff_attention")):  # fmt: skip
+        monkeypatch.setattr(module, op, recording(getattr(module, op)))
     model = _with(MODELS[name](), FUSED, torch.float32)
     with torch.no_grad():
         model(**DataCollatorWithFlattening()([{"input_ids": doc} for doc in _documents()]), use_cache=False)

@@ -328,8 +328,6 @@ def hf_two_calls(p: Problem) -> torch.Tensor:
 
 def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torch.Tensor]:
     """What one call of ``route`` on a problem computes."""
-    from ..ops import diff_attention
-
     if route in extra:
         return extra[route]
     if route == "official_four_calls":
@@ -337,7 +335,20 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
     if route == "hf_two_calls":
         return hf_two_calls
     backend = "triton" if route.startswith("triton") else route
-    return lambda p: diff_attention(**p.diff, backend=backend)
+    return lambda p: op_call(p, backend)
+
+
+def op_call(p: Problem, backend: str) -> torch.Tensor:
+    """The op on a problem as the models call it: DIFF V2's layer (K1 is K2) hands its Q as it is, the pairs
+    interleaved (:func:`diffattn.ops.diff_attention_pairs`); DIFF's layer the two maps' views
+    (:func:`diffattn.ops.diff_attention`)."""
+    from ..ops import diff_attention, diff_attention_pairs
+
+    if p.diff["k1"] is p.diff["k2"]:
+        q, k, v = p.heads
+        options = {name: x for name, x in p.diff.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
+        return diff_attention_pairs(q, k, v, p.diff["lam"], backend=backend, **options)
+    return diff_attention(**p.diff, backend=backend)
 
 
 #: The fused kernel's variants the sweep times as routes of their own (``triton[NAME]``, on their default tiles): the

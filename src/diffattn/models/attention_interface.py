@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops import interleaved_pair
 from ..ops.observe import observing
 from ..ops.quantized import logit_bits
 
@@ -84,17 +85,6 @@ class _PairedHeads:
 
     def __getattr__(self, name):
         return getattr(self._module, name)
-
-
-def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The members of the pairs interleaved along ``dim`` (entries 2i and 2i + 1: map 1 and map 2 of head i, DIFF V2's
-    query heads) as two views — the very views ``x`` sliced by ``0::2`` and ``1::2`` along ``dim`` are, cut by one
-    ``unbind``: its backward joins the two gradients with one stack, where two strided slices cost a zero-filled
-    tensor of x's size each, a copy each and their sum."""
-    if dim < 0:
-        raise ValueError(f"dim must be counted from the front, got {dim}")
-    first, second = x.unflatten(dim, (-1, 2)).unbind(dim + 1)
-    return first, second
 
 
 def _per_output_head(lam: torch.Tensor, batch: int, heads: int, length: int) -> torch.Tensor:

@@ -39,12 +39,18 @@ from transformers.models.llama.modeling_llama import (
 
 from ..cards import save_readme
 from ..lambdas import HasLambda
-from ..ops import BACKENDS, diff_attention, diff_attention_maps, output_through_maps, with_packed_segments
+from ..ops import (
+    BACKENDS,
+    diff_attention_maps,
+    diff_attention_pairs,
+    interleaved_pair,
+    output_through_maps,
+    with_packed_segments,
+)
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import (
     FUSED,
-    interleaved_pair,
     paired_attention,
     register_fused_attention,
     uses_fused_op,
@@ -129,7 +135,10 @@ def v2_attention(
         ref = diff_attention_maps(**maps)
         weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
         return output_through_maps(*interleaved_pair(weights, 1), ref.lam, v), weights
-    return diff_attention(**with_packed_segments(maps, position_ids), backend=backend), None
+    # the op on Q as it is (pairs interleaved): a one-call route reads it without stacking its pairs' views again
+    call = with_packed_segments(maps, position_ids)
+    options = {name: value for name, value in call.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
+    return diff_attention_pairs(q, k, v, maps["lam"], **options, backend=backend), None
 
 
 class DiffV2Attention(LlamaAttention, HasLambda):

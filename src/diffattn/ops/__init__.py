@@ -42,6 +42,7 @@ from ._inputs import (
     DiffAttentionInputs,
     causal_keep_mask,
     hidden_keys,
+    interleaved_pair,
     packed_mask_segments,
     segments_from_position_ids,
     validate,
@@ -71,7 +72,9 @@ __all__ = [
     "causal_keep_mask",
     "diff_attention",
     "diff_attention_maps",
+    "diff_attention_pairs",
     "hidden_keys",
+    "interleaved_pair",
     "output_through_maps",
     "packed_mask_segments",
     "segments_from_position_ids",
@@ -449,15 +452,60 @@ def diff_attention(
     Raises:
         ValueError: naming the argument, what was given and what is allowed.
     """
+    return _validated_run(backend, lambda q1, k1, q2, k2, v: (q1, k1, q2, k2, v, None), (q1, k1, q2, k2, v), lam,
+                          causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids)  # fmt: skip
+
+
+def diff_attention_pairs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor | float,
+    *,
+    causal: bool = True,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+    segment_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Differential attention over query heads in interleaved pairs that read the same keys and values (DIFF V2,
+    docs/methods.md §5): ``q`` [B, 2H, T, d] holds map 1 and map 2 of head i at query heads 2i and 2i + 1; ``k``
+    [B, Hkv, S, d] and ``v`` [B, Hkv, S, dv] serve both maps. The same as :func:`diff_attention` with
+    ``q1, q2 = interleaved_pair(q, 1)`` and ``k1 = k2 = k`` (every other argument as there), except that a route
+    making one call over both maps' query heads reads ``q`` as it is instead of stacking q1 and q2 into it again — a
+    copy forward and one backward (the DIFF V2 layer's Q is in this layout already).
+
+    Returns:
+        ``[B, H, T, dv]`` in the dtype of ``q``.
+    """
+
+    def arrange(q, k, _q, _k, v):
+        q1, q2 = interleaved_pair(q, 1)
+        return q1, k, q2, k, v, q
+
+    _check_pairs(q)
+    return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
+                          segment_ids=segment_ids)  # fmt: skip
+
+
+def _check_pairs(q) -> None:
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] % 2:
+        shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q must be [B, 2H, T, d], an even number of query heads in pairs, got {shape}")
+
+
+def _validated_run(backend: str, arrange, tensors: tuple, lam, **options) -> torch.Tensor:
+    """``arrange(*tensors)`` → (q1, k1, q2, k2, v, q_pairs), validated and run on ``backend``: under autocast with the
+    tensors cast to its dtype first and autocast off inside, like ``scaled_dot_product_attention``."""
+    first = tensors[0]
     # the meta device has no autocast (asking raises): a model counted there (FLOPs, shapes) runs the op as it is
-    if isinstance(q1, torch.Tensor) and q1.device.type != "meta" and torch.is_autocast_enabled(q1.device.type):
-        q1, k1, q2, k2, v = _autocast_inputs(q1, k1, q2, k2, v)
-        with torch.autocast(q1.device.type, enabled=False):
-            inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale,
-                           segment_ids=segment_ids)  # fmt: skip
-            return _run(backend, inp)
-    inp = validate(q1, k1, q2, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids)
-    return _run(backend, inp)
+    if isinstance(first, torch.Tensor) and first.device.type != "meta" and torch.is_autocast_enabled(first.device.type):
+        tensors = _autocast_inputs(*tensors)
+        with torch.autocast(first.device.type, enabled=False):
+            *args, q_pairs = arrange(*tensors)
+            return _run(backend, validate(*args, lam, q_pairs=q_pairs, **options))
+    *args, q_pairs = arrange(*tensors)
+    return _run(backend, validate(*args, lam, q_pairs=q_pairs, **options))
 
 
 def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:

@@ -65,6 +65,10 @@ class DiffAttentionInputs:
     attn_mask: torch.Tensor | None  # None, or 4-D [B|1, H|1, T, S] (bool "may attend" or additive float)
     scale: float
     segment_ids: torch.Tensor | None = None  # None, or [B, S] int32 contiguous: each key's document
+    # DIFF V2's layout, when the caller gave it (diff_attention_pairs): [B, 2H, T, d] with map 1 and map 2 of head i
+    # at 2i and 2i + 1, q1 and q2 its pairs' views (interleaved_pair); a one-call route reads it instead of stacking
+    # q1 and q2 into it again
+    q_pairs: torch.Tensor | None = None
 
     @property
     def v(self) -> torch.Tensor:
@@ -107,6 +111,17 @@ class DiffAttentionInputs:
         return sum(part.shape[3] for part in self.v_parts)
 
 
+def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The members of the pairs interleaved along ``dim`` (entries 2i and 2i + 1: map 1 and map 2 of head i, DIFF V2's
+    query heads) as two views — the very views ``x`` sliced by ``0::2`` and ``1::2`` along ``dim`` are, cut by one
+    ``unbind``: its backward joins the two gradients with one stack, where two strided slices cost a zero-filled
+    tensor of x's size each, a copy each and their sum."""
+    if dim < 0:
+        raise ValueError(f"dim must be counted from the front, got {dim}")
+    first, second = x.unflatten(dim, (-1, 2)).unbind(dim + 1)
+    return first, second
+
+
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
@@ -133,8 +148,10 @@ def validate(
     attn_mask: torch.Tensor | None,
     scale: float | None,
     segment_ids: torch.Tensor | None = None,
+    q_pairs: torch.Tensor | None = None,
 ) -> DiffAttentionInputs:
-    """Check every argument and return them in the one layout the backends accept."""
+    """Check every argument and return them in the one layout the backends accept. ``q_pairs``: the tensor q1 and q2
+    are the :func:`interleaved_pair` of (the caller made them so), kept for the one-call routes."""
     _check_rank("q1", q1, "[B, H, T, d]")
     _check_rank("q2", q2, "[B, H, T, d]")
     _check_rank("k1", k1, "[B, Hkv, S, d]")
@@ -184,7 +201,7 @@ def validate(
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
     segments = _normalise_segments(segment_ids, b, t, s, q1.device)
-    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments)
+    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, q_pairs)
 
 
 def _normalise_segments(segment_ids: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor | None:

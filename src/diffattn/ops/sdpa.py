@@ -74,6 +74,8 @@ def _one_call_operands(inp: DiffAttentionInputs):
     if inp.shares_keys:
         # K1 is K2 (DIFF V2): 2H interleaved query heads against the Hkv key/value heads, K and V passed once;
         # query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong to key head i // (H/Hkv) under GQA
+        if inp.q_pairs is not None:  # the caller's Q in this layout already (diff_attention_pairs): no copy
+            return inp.q_pairs, inp.k1, inp.v, "interleaved"
         q = torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)
         return q, inp.k1, inp.v, "interleaved"
     q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
