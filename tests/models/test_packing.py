@@ -138,6 +138,7 @@ def test_under_diffattn_the_op_reads_the_documents_as_segment_ids_not_a_mask(nam
     """Every call of the op in a packed forward gets the documents as segment ids (from the position ids, document
     starts at 0) and no [T, S] mask, so the fused kernel compares ids per tile (docs/methods.md §0.2)."""
     calls = []
+
     # DIFF V2's layer calls the op on its Q whole (diff_attention_pairs), the others on the two maps
     def recording(real):
         def spy(*args, **kwargs):
