@@ -312,20 +312,23 @@ def test_records_timed_on_other_inputs_than_a_models_are_timed_again_and_ordered
 
 def test_after_the_inputs_changed_a_lease_times_the_target_classes_table_routes_first():
     # the shipped H200 entry, timed before the sweep's inputs were the models' (no `inputs`): every job is missing
-    # again, and the first round is the table routes on the classes issue 34's targets are read on — DIFF V2's and
-    # d = 128's among them, which route by route over every class a five-minute sweep would not reach
+    # again, and the first round is the table routes on the classes issues 34's and 37's targets are read on — DIFF
+    # V2's, d = 128's and the fused kernel among them, which route by route over every class a five-minute sweep
+    # would not reach
     from diffattn.bench.targets import TARGETS
 
     entry = _shipped_h200_entry()
     entry = {**entry, "measurements": [{k: v for k, v in m.items() if k != "inputs"} for m in entry["measurements"]]}
     plan = rs.unmeasured_first(rs.default_plan(), entry)
     first = rs.first_round(plan, entry)
-    targets = {t.where for t in TARGETS if t.kind == "route"}
+    targets = {t.where for t in TARGETS if t.kind in ("route", "kernel", "kernel_decode")}
+    assert len(targets) == 6  # V1 and DIFF V2 training at d = 64 and 128, V1's forward and its decoding at d = 64
     batches = rs.worker_batches(plan, first, frozenset(rs._measured_fully(entry)))
     jobs = [(route, cls.key) for route, classes in batches for cls in classes]
     opening = jobs[: len(first)]
     assert {cls for _, cls in opening} == targets and set(opening) == set(first)
     assert {route for route, cls in opening if cls.startswith("shared_k")} >= {"sdpa", "sdpa+epilogue", "cudnn_maps"}
+    assert ("triton", "v1 d64 dv128 bf16 causal none decode") in opening
     assert all(route in rs.routes_for(rs.CallClass.from_key(cls)) for route, cls in opening)  # table routes only
     # measured on the models' inputs, only what the entry still lacks there is first
     now = {**entry, "measurements": [{**m, "inputs": rs.INPUTS} for m in entry["measurements"]]}

@@ -1092,15 +1092,16 @@ def new_classes(plan: list[tuple[str, CallClass]], earlier: dict | None) -> froz
 
 def first_round(plan: list[tuple[str, CallClass]], earlier: dict | None) -> frozenset:
     """What the sweep's first round of workers times (:func:`worker_batches`' ``first``): the classes new to the
-    earlier entry (:func:`new_classes`), and the table routes' jobs on the classes issues 34's targets are read on
-    (:data:`diffattn.bench.targets.TARGETS`) that the entry lacks in full (:func:`_measured_fully`) — so that a lease
-    too short for the whole sweep (about 65 jobs in five minutes, of some 300) times those first: after the inputs
-    changed (:data:`INPUTS`), every job of the entry is missing, and route by route the sweep would time two routes
-    on every class and not reach DIFF V2's."""
+    earlier entry (:func:`new_classes`), and the table routes' jobs on the call classes issues 34's and 37's targets
+    are read on (:data:`diffattn.bench.targets.TARGETS`: the four training classes, V1's forward and its decoding)
+    that the entry lacks in full (:func:`_measured_fully`) — so that a lease too short for the whole sweep (about 65
+    jobs in five minutes, of some 300) times those first: after the inputs changed (:data:`INPUTS`), every job of
+    the entry is missing, and route by route the sweep would time two routes on every class and not reach DIFF V2's
+    or the fused kernel."""
     from .targets import TARGETS  # here, not at the top: targets reads this module
 
     done = _measured_fully(earlier)
-    target_classes = {t.where for t in TARGETS if t.kind == "route"}
+    target_classes = {t.where for t in TARGETS if t.kind in ("route", "kernel", "kernel_decode")}
     jobs = {(route, cls.key) for route, cls in plan if cls.key in target_classes and route in routes_for(cls)}
     return new_classes(plan, earlier) | frozenset(jobs - set(done))
 
