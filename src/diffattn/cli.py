@@ -124,9 +124,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_table(rows))
     for line in target_lines(rows):
         print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "dtype": args.dtype, "rows": rows_as_dicts(rows)}, f, indent=2)
+    if args.json:  # a temporary name renamed: an interrupted write never leaves half a file (nor ends an old one)
+        from .files import write_text_atomic
+
+        record = {"device": device, "dtype": args.dtype, "rows": rows_as_dicts(rows)}
+        write_text_atomic(args.json, json.dumps(record, indent=2))
     return 0
 
 
@@ -179,9 +181,11 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
     kernels = format_kernels(rows)  # CUDA: what each column's step is made of
     if kernels:
         print("\n" + kernels)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}, f, indent=2)
+    if args.json:  # as above: written to a temporary name and renamed
+        from .files import write_text_atomic
+
+        record = {"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}
+        write_text_atomic(args.json, json.dumps(record, indent=2))
     return 0
 
 
