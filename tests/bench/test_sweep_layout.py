@@ -135,7 +135,7 @@ def test_gradients_reach_the_models_projections_through_the_views():
     cls = rs.CallClass.from_key("v1 d64 dv128 fp32 causal none train")
     p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=0)
     q, _, v, _ = p.leaves
-    assert q.shape[1:3] == (64, 4) and v.shape[-1] == 64  # [B, T, 2h, d]; V's halves d wide
+    assert q.shape == (1, 64, 4 * 64) and v.shape == (1, 64, 4 * 64)  # [B, T, 2h·d]: V's 2h halves of heads d wide
     out = rs.route_fn("reference", {})(p)
     grads = torch.autograd.grad(out, p.leaves, rs.model_cotangent(out.shape, out.device, out.dtype))
     assert all(g.shape == x.shape and g.abs().sum() > 0 for g, x in zip(grads, p.leaves, strict=True))

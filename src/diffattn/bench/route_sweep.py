@@ -198,13 +198,13 @@ class Problem:
         self.heads, self.diff = self.views(self.leaves)
 
 
-def model_heads(leaf: torch.Tensor, cached: bool) -> torch.Tensor:
+def model_heads(leaf: torch.Tensor, heads: int, cached: bool) -> torch.Tensor:
     """[B, H, N, d] heads as a Llama-layout model hands them to attention (what the sweep's timings must see, for the
     layout decides what a route copies): ``cached`` — K and V read from transformers' KV cache (inference:
     prefill and decode), which stores them contiguous, ``leaf`` [B, H, N, d] as it is; otherwise — Q always, K and V
-    in training (no cache) — a projection's output [B, N, H·d] viewed as [B, N, H, d] and transposed: ``leaf`` is
-    [B, N, H, d]."""
-    return leaf if cached else leaf.transpose(1, 2)
+    in training (no cache) — ``leaf`` is a projection's output [B, N, H·d], viewed as [B, N, H, d] and transposed,
+    so that a gradient not laid out [B, N, H, d] is copied on its way back into it, as in a model."""
+    return leaf if cached else leaf.unflatten(-1, (heads, -1)).transpose(1, 2)
 
 
 def model_cotangent(shape: torch.Size, device, dtype) -> torch.Tensor:
@@ -231,11 +231,11 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
     def rnd(*shape, grad=train):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(grad)
 
-    def heads_leaf(n, h, d, kv: bool):  # [B, H, N, d] in the cache, [B, N, H, d] from a projection
-        return rnd(batch, h, n, d) if kv and cached else rnd(batch, n, h, d)
+    def heads_leaf(n, h, d, kv: bool):  # [B, H, N, d] in the cache, [B, N, H·d] from a projection
+        return rnd(batch, h, n, d) if kv and cached else rnd(batch, n, h * d)
 
-    def view(leaf, kv: bool):
-        return model_heads(leaf, kv and cached)
+    def view(leaf, h, kv: bool):
+        return model_heads(leaf, h, kv and cached)
 
     if cls.pair == "v1":
         h = heads  # DIFF heads; the model's Q, K, V have 2h heads of width d (dv = 2d: V's halves of heads)
@@ -276,11 +276,12 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
         base_mask = base_mask & causal_keep_mask(t, s, device)
     base_leaves = [heads_leaf(t, 2 * heads, cls.d, False), heads_leaf(s, 2 * heads, cls.d, True),
                    heads_leaf(s, 2 * heads, cls.d, True)]  # fmt: skip
-    base = (view(base_leaves[0], False), view(base_leaves[1], True), view(base_leaves[2], True))
+    base = tuple(view(x, 2 * heads, kv) for x, kv in zip(base_leaves, (False, True, True), strict=True))
+    q_heads, kv_heads = (2 * h, 2 * h) if cls.pair == "v1" else (2 * h, h)
 
     def views(leaves):
         q, k, v, lam = leaves
-        model = (view(q, False), view(k, True), view(v, True))
+        model = (view(q, q_heads, False), view(k, kv_heads, True), view(v, kv_heads, True))
         return model, {**cut(*model, lam), **extra}
 
     return Problem([q, k, v, lam], views, base, base_leaves, base_mask, causal and base_mask is None)
