@@ -124,12 +124,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_table(rows))
     for line in target_lines(rows):
         print(line)
-    if args.json:  # a temporary name renamed: an interrupted write never leaves half a file (nor ends an old one)
-        from .files import write_text_atomic
-
-        record = {"device": device, "dtype": args.dtype, "rows": rows_as_dicts(rows)}
-        write_text_atomic(args.json, json.dumps(record, indent=2))
+    if args.json:
+        _write_json(args.json, {"device": device, "dtype": args.dtype, "rows": rows_as_dicts(rows)})
     return 0
+
+
+def _write_json(path: str, record: dict) -> None:
+    """A benchmark's ``--json``: a file (new or existing) through a temporary name and a rename, so an interrupted
+    write never leaves half of it; anything else (``/dev/stdout``, a pipe, a symlink) written through as it is."""
+    from .files import write_text_atomic
+
+    text = json.dumps(record, indent=2)
+    target = Path(path)
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        with open(target, "w") as f:
+            f.write(text)
+    else:
+        write_text_atomic(target, text)
 
 
 def _bench_device(asked: str | None) -> str:
@@ -181,11 +192,8 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
     kernels = format_kernels(rows)  # CUDA: what each column's step is made of
     if kernels:
         print("\n" + kernels)
-    if args.json:  # as above: written to a temporary name and renamed
-        from .files import write_text_atomic
-
-        record = {"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)}
-        write_text_atomic(args.json, json.dumps(record, indent=2))
+    if args.json:
+        _write_json(args.json, {"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)})
     return 0
 
 

@@ -292,22 +292,24 @@ def test_a_decoding_record_whose_capture_failed_is_not_timed_again_for_it():
     assert set(rs._measured_fully(entry)) == {("sdpa", dec), ("cudnn_maps", dec)}
 
 
-def test_records_timed_on_other_inputs_than_a_models_are_timed_again_and_ordered_after():
+def test_records_timed_on_other_inputs_than_a_models_are_timed_again_as_missing():
     # the leases before 2026-11-28 timed every route on separate contiguous tensors, not on the views a model hands
-    # over: a sweep times those records again as missing, and within a class they come after the records timed on
-    # the models' inputs, whatever their ratios (not compared with them), until timed again
-    cls, dec = rs.CallClass("v1", 64).key, rs.CallClass("v1", 64, mode="decode").key
+    # over: a sweep times those records again as missing (before what the entry has on the models' inputs); until
+    # then a class's order ranks them by ratio with the new ones (a route timed again first must not displace a
+    # faster one not yet timed again)
+    cls, dec = rs.CallClass("v1", 64), rs.CallClass("v1", 64, mode="decode")
     ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5}
-    old = [{"route": "cudnn_maps", "class": cls, **ok, "ratio": 1.9},
-           {"route": "cudnn", "class": dec, **ok, "ratio": 3.0, "graph_ms": 0.1, "base_graph_ms": 0.1}]  # fmt: skip
-    new = [{"route": "sdpa", "class": cls, **ok, "ratio": 2.2, "inputs": rs.INPUTS},
-           {"route": "sdpa_maps", "class": dec, **ok, "ratio": 9.0, "graph_ms": 0.2, "base_graph_ms": 0.1,
+    old = [{"route": "cudnn_maps", "class": cls.key, **ok, "ratio": 1.9},
+           {"route": "cudnn", "class": dec.key, **ok, "ratio": 3.0, "graph_ms": 0.1, "base_graph_ms": 0.1}]  # fmt: skip
+    new = [{"route": "sdpa", "class": cls.key, **ok, "ratio": 2.2, "inputs": rs.INPUTS},
+           {"route": "sdpa_maps", "class": dec.key, **ok, "ratio": 9.0, "graph_ms": 0.2, "base_graph_ms": 0.1,
             "inputs": rs.INPUTS}]  # fmt: skip
     entry = rs.table_entry(old + new, IDENTITY, "2026-11-28")
-    assert entry["routes"] == {cls: ["sdpa", "cudnn_maps"], dec: ["sdpa_maps", "cudnn"]}
-    assert set(rs._measured_fully(entry)) == {("sdpa", cls), ("sdpa_maps", dec)}
-    plan = [("cudnn_maps", rs.CallClass("v1", 64)), ("sdpa", rs.CallClass("v1", 64))]
-    assert rs.unmeasured_first(plan, entry) == plan  # cudnn_maps first: missing, though measured before
+    assert entry["routes"] == {cls.key: ["cudnn_maps", "sdpa"], dec.key: ["cudnn", "sdpa_maps"]}
+    assert {m["route"]: m.get("inputs") for m in entry["measurements"]}["sdpa"] == rs.INPUTS  # kept in the table
+    assert set(rs._measured_fully(entry)) == {("sdpa", cls.key), ("sdpa_maps", dec.key)}
+    plan = [("sdpa", cls), ("cudnn_maps", cls), ("sdpa_maps", dec), ("cudnn", dec)]
+    assert rs.unmeasured_first(plan, entry) == [("cudnn_maps", cls), ("cudnn", dec), ("sdpa", cls), ("sdpa_maps", dec)]
 
 
 def test_after_the_inputs_changed_a_lease_times_the_target_classes_table_routes_first():

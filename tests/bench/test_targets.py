@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from diffattn.bench import route_sweep as rs
 from diffattn.bench import targets
 
 RUNS = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-runs"
@@ -24,7 +25,7 @@ def test_the_second_h200_lease_reads_as_its_readme_says():
     # 1.39x (DiffLlama 1.45x / 1.28x), decode 0.507 against 0.542 ms per token
     got = _by_target(targets.check(RUNS / "h200-2026-11-27b"))
     assert round(got["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]["value"], 2) == 1.93
-    assert got["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]["source"] == "`cudnn_maps`"
+    assert got["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]["source"] == f"`cudnn_maps`, {targets.OLD_INPUTS}"
     assert round(got["DIFF V1 fwd+bwd at d = 128 <= 2.3x"]["value"], 2) == 2.77
     assert [round(got[f"DIFF V2 fwd+bwd at d = {d} <= 2.3x"]["value"], 2) for d in (64, 128)] == [2.42, 2.45]
     step = got["`small` train step (bf16) <= 1.25x"]
@@ -56,8 +57,9 @@ def _run(tmp_path, measurements, train=None, decode=None):
     return tmp_path
 
 
-def _m(route, ratio, cls=V1_D64, correct=True, status="ok", **extra):
-    return {"class": cls, "route": route, "ratio": ratio, "correct": correct, "status": status, **extra}
+def _m(route, ratio, cls=V1_D64, correct=True, status="ok", inputs=rs.INPUTS, **extra):
+    record = {"class": cls, "route": route, "ratio": ratio, "correct": correct, "status": status, **extra}
+    return record | ({"inputs": inputs} if inputs else {})
 
 
 def test_each_rule(tmp_path):
@@ -82,6 +84,16 @@ def test_each_rule(tmp_path):
     assert got["decode never slower than the two-call route (DiffLlama)"]["result"] == "FAIL"  # 0.6 > 0.5
     missing = got["fused kernel: `small` train step (bf16) for DIFF V1 <= 1.15x"]
     assert missing["result"] == "n/a" and math.isnan(missing["value"])
+
+
+def test_a_class_timed_on_the_models_inputs_is_read_from_those_records_only(tmp_path):
+    # a record kept from an earlier lease on other inputs is not compared with one timed on a model's inputs, faster
+    # though it may be; with only older records, the figure says what it was timed on
+    ms = [_m("cudnn_maps", 1.50, inputs=None), _m("sdpa", 1.70)]
+    route = _by_target(targets.check(_run(tmp_path, ms)))["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]
+    assert (route["value"], route["source"], route["result"]) == (1.70, "`sdpa`", "FAIL")
+    old = _by_target(targets.check(_run(tmp_path, ms[:1])))["DIFF V1 fwd+bwd at d = 64 <= 1.55x"]
+    assert (old["value"], old["source"], old["result"]) == (1.50, f"`cudnn_maps`, {targets.OLD_INPUTS}", "pass")
 
 
 def test_a_run_without_files_is_all_n_a_and_the_command_writes_the_table(tmp_path, capsys):

@@ -463,20 +463,3 @@ def test_a_run_can_stop_part_way_through_a_longer_schedule(corpus_file, tmp_path
     )  # the default warmup is 10% of the schedule
     with pytest.raises(ValueError, match="schedule_steps must be an integer >= max_steps"):
         debug_config(corpus_file, max_steps=8, schedule_steps=4)
-
-
-def test_training_builds_no_kv_cache(tmp_path):
-    # every layer would copy its K and V into a DynamicCache each step (transformers' config default use_cache=True):
-    # the trainer switches it off, as transformers' own Trainer does where TrainingArguments.use_cache exists
-    from transformers import TrainingArguments
-
-    from diffattn.models.build import build_model
-    from diffattn.train.trainer import DiffattnTrainer
-
-    model = build_model("debug", "diff", num_layers=1)
-    assert model.config.use_cache
-    # use_cache=True in the arguments: what transformers versions without that argument leave the model with (their
-    # Trainer keeps the config's True); the run's own arguments (training_arguments) never ask for a cache
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, use_cache=True)
-    DiffattnTrainer(model=model, args=args, run_dir=tmp_path, keep_checkpoints=1)
-    assert model.config.use_cache is False

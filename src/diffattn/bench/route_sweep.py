@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from . import gc_paused
+from .sweep_records import COMPARISON_ROUTES, INPUTS, graph_ratio
 
 #: a route passes when its worst relative error is at most this times the yardstick's
 TOLERANCE = 4.0
@@ -59,13 +60,6 @@ D_MODEL, TOKENS, SEQ, DECODE_CACHE, DECODE_BATCH = 2048, 16384, 4096, 8192, 4
 #: N = 1024; diffattn.ops.routes.SMALL_WORK): host-bound, where a route's host cost decides
 SMALL_D_MODEL, SMALL_BATCH, SMALL_SEQ = 512, 4, 1024
 JOB_TIMEOUT_S = 120.0
-COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
-#: the inputs a record was timed on, kept in it (``inputs``): "model" — laid out and cut as the models hand them to
-#: the op, the gradient back in their order (:func:`make_problem`, since 2026-11-28). Records without it were timed on
-#: separate contiguous tensors (the leases of 2026-11-26/27): a sweep times them again as missing, and a class's
-#: order puts them after its records of these inputs (:func:`order_key`) — ratios taken on other inputs than a
-#: model's are not compared with ones that are
-INPUTS = "model"
 
 
 @dataclass(frozen=True)
@@ -253,7 +247,7 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
         lam = torch.rand(batch, t, h, generator=g).to(device).requires_grad_(train)  # sigmoid(x·w_λ): [B, T, H]
 
         def cut(q, k, v, lam):  # diffattn.models.diff_v2.v2_attention: the query heads' pairs; K and V once
-            from ..models.attention_interface import interleaved_pair
+            from ..ops import interleaved_pair
 
             q1, q2 = interleaved_pair(q, 1)
             return {"q1": q1, "k1": k, "q2": q2, "k2": k, "v": v, "lam": lam.transpose(1, 2)}
@@ -316,15 +310,24 @@ def official_four_calls(p: Problem) -> torch.Tensor:
 
 
 def hf_two_calls(p: Problem) -> torch.Tensor:
-    """transformers' DiffLlama route (``DiffLlamaAttention.forward``, transformers 5.x): both maps' query heads in
-    the model's one Q over its one K (the tensors the maps are cut from), one SDPA call per half of V, that half
-    repeated for both maps' heads; the two outputs side by side, then O1 − λ·O2 in the model's dtype."""
+    """transformers' DiffLlama route (``DiffLlamaAttention.forward`` through ``sdpa_attention_forward``, transformers
+    5.x): both maps' query heads in the model's one Q over its one K (the tensors the maps are cut from), one SDPA call
+    per half of V, that half repeated for both maps' heads, each call's output made [B, T, 2h, d] contiguous as
+    transformers' SDPA integration returns it; the two side by side, split into the maps along the heads, and
+    O1 − λ·O2 in the model's dtype — returned [B, h, T, 2d] as the op returns it (a view: [B, T, h, 2d] in memory)."""
     a = p.diff
-    h = a["q1"].shape[1]
     q, k, v = p.heads
-    v_halves = [half.repeat(1, 2, 1, 1) for half in v.chunk(2, dim=1)]
-    o = _sdpa_per_map(q, k, v_halves, p.base_mask, p.causal, 1 / math.sqrt(q.shape[-1]))
-    return o[:, :h] - a["lam"] * o[:, h:]
+    scale = 1 / math.sqrt(q.shape[-1])
+    outs = [
+        F.scaled_dot_product_attention(
+            q, k, half.repeat(1, 2, 1, 1), attn_mask=p.base_mask, is_causal=p.causal, scale=scale
+        )
+        .transpose(1, 2)
+        .contiguous()
+        for half in v.chunk(2, dim=1)
+    ]
+    o1, o2 = torch.cat(outs, dim=-1).chunk(2, dim=2)
+    return (o1 - a["lam"] * o2).transpose(1, 2)
 
 
 def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torch.Tensor]:
@@ -850,23 +853,14 @@ def _last_line(path: Path) -> str:
     return (meaningful or lines or [""])[-1][:300]
 
 
-def graph_ratio(r: dict) -> float | None:
-    """A decoding record's time replayed from a CUDA graph over the baseline's, where both were measured."""
-    if r.get("graph_ms") and r.get("base_graph_ms"):
-        return r["graph_ms"] / r["base_graph_ms"]
-    return None
-
-
-def order_key(r: dict) -> tuple[int, int, float]:
-    """Where a correct record's route goes in its class's order, fastest first: records timed on :data:`INPUTS` ahead
-    of those timed on other inputs; then by its ratio to the baseline, and for a decoding call by its CUDA-graph
-    ratio where it has one, ahead of routes timed eagerly only. Why: an eager
+def order_key(r: dict) -> tuple[int, float]:
+    """Where a correct record's route goes in its class's order, fastest first: by its ratio to the baseline, and for
+    a decoding call by its CUDA-graph ratio where it has one, ahead of routes timed eagerly only. Why: an eager
     decoding call is host time, which for the same route and call moved 2.2x between two H200 leases (`cudnn_maps`
     0.218 → 0.481 ms, V1 d = 64) and put a route measured in one lease ahead of one measured in the other; its graph
     time is the GPU's and what a static cache with CUDA graphs pays."""
     graphed = graph_ratio(r)
-    inputs = 0 if r.get("inputs") == INPUTS else 1
-    return (inputs, 0, graphed) if graphed is not None else (inputs, 1, r["ratio"])
+    return (0, graphed) if graphed is not None else (1, r["ratio"])
 
 
 def table_entry(records: list[dict], identity: dict, date: str) -> dict:
@@ -874,7 +868,7 @@ def table_entry(records: list[dict], identity: dict, date: str) -> dict:
     as a measurement (the README's speed table is made from them)."""
     from ..ops.routes import ROUTE_NAMES
 
-    routes: dict[str, list[tuple[tuple[int, int, float], str]]] = {}
+    routes: dict[str, list[tuple[tuple[int, float], str]]] = {}
     for r in records:
         if r.get("status") == "ok" and r.get("correct") and r["route"] in ROUTE_NAMES and math.isfinite(r["ms"]):
             routes.setdefault(r["class"], []).append((order_key(r), r["route"]))

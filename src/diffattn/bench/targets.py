@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .attention import TRITON_MAX_RATIO  # issue 37's fused-kernel limits for DIFF V1 at d = 64
-from .route_sweep import COMPARISON_ROUTES, graph_ratio
+from .sweep_records import COMPARISON_ROUTES, INPUTS, graph_ratio
 from .train_step import forced_column
 
 #: the fused kernel's routes in a sweep: ``triton`` and its forced tiles and variants (``triton[...]``)
@@ -88,22 +88,34 @@ def _correct(m: dict) -> bool:
     return m.get("status") == "ok" and m.get("correct") is True and math.isfinite(m.get("ratio", math.nan))
 
 
-def _best(ms: list[dict], where: str, pick) -> tuple[float, str]:
+#: said beside a figure read from records timed on other inputs than the models' (route_sweep.INPUTS)
+OLD_INPUTS = "timed on separate contiguous tensors (before 2026-11-28), not a model's inputs"
+
+
+def _rows(ms: list[dict], where: str, pick) -> tuple[list[dict], str]:
+    """The correct records of class ``where`` whose route ``pick`` takes: those timed on the models' inputs where the
+    run has any (a ratio is not compared across inputs), else the older ones, with :data:`OLD_INPUTS` to say so."""
     rows = [m for m in ms if m["class"] == where and pick(m["route"]) and _correct(m)]
+    current = [m for m in rows if m.get("inputs") == INPUTS]
+    return (current, "") if current or not rows else (rows, f", {OLD_INPUTS}")
+
+
+def _best(ms: list[dict], where: str, pick) -> tuple[float, str]:
+    rows, said = _rows(ms, where, pick)
     if not rows:
         return math.nan, "not measured in this run's table"
     best = min(rows, key=lambda m: m["ratio"])
-    return best["ratio"], f"`{best['route']}`"
+    return best["ratio"], f"`{best['route']}`{said}"
 
 
 def _best_graph(ms: list[dict], where: str) -> tuple[float, str]:
-    """:func:`_best` of the kernel's routes by CUDA-graph ratio (:func:`~diffattn.bench.route_sweep.graph_ratio`) where
-    measured, else by the eager ratio, said so."""
-    rows = [m for m in ms if m["class"] == where and m["route"].startswith(KERNEL) and _correct(m)]
+    """:func:`_best` of the kernel's routes by CUDA-graph ratio (:func:`~diffattn.bench.sweep_records.graph_ratio`)
+    where measured, else by the eager ratio, said so."""
+    rows, said = _rows(ms, where, lambda route: route.startswith(KERNEL))
     graphed = [(graph_ratio(m), m["route"]) for m in rows if graph_ratio(m) is not None]
     if graphed:
         value, route = min(graphed)
-        return value, f"`{route}`, CUDA graph"
+        return value, f"`{route}`, CUDA graph{said}"
     value, source = _best(ms, where, lambda r: r.startswith(KERNEL))
     return value, source if math.isnan(value) else f"{source}, eager (no graph time): host time mostly"
 

@@ -210,11 +210,6 @@ class DiffattnTrainer(Trainer):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        # training builds no KV cache (each layer would copy its K and V into one every step, for nothing): what
-        # transformers' Trainer does itself since TrainingArguments.use_cache (default False), said here for the
-        # versions before it; ready_for_inference turns it back on for the saved model
-        if getattr(self.model, "config", None) is not None:
-            self.model.config.use_cache = False
         if self.pop_callback(ProgressCallback) is not None:  # its bar, without a dict per logging step
             self.add_callback(QuietProgressCallback)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints

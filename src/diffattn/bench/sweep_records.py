@@ -1,0 +1,24 @@
+"""What a route sweep's record says, read by the sweep itself (:mod:`diffattn.bench.route_sweep`) and by the issues'
+targets (:mod:`diffattn.bench.targets`), which the sweep in turn reads to order its work (a module of its own, so that
+neither imports the other's whole module: test_import_layers)."""
+
+from __future__ import annotations
+
+#: routes the sweep times beside the table's, never chosen: transformers' DiffLlama and the official DIFF code
+COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
+
+#: the inputs a record was timed on, kept in it (``inputs``): "model" — laid out and cut as the models hand them to
+#: the op, the gradient back in their order (:func:`~diffattn.bench.route_sweep.make_problem`, since 2026-11-28).
+#: Records without it were timed on separate contiguous tensors (the leases of 2026-11-26/27): a sweep times them
+#: again as missing, and issue targets are read from records of these inputs where a class has any
+#: (:mod:`diffattn.bench.targets`). A class's order still ranks old and new records by ratio until every route is
+#: timed again: ranking the new ones first would hand ``auto`` a route timed again early in a partial lease over a
+#: faster one not yet timed again
+INPUTS = "model"
+
+
+def graph_ratio(r: dict) -> float | None:
+    """A decoding record's time replayed from a CUDA graph over the baseline's, where both were measured."""
+    if r.get("graph_ms") and r.get("base_graph_ms"):
+        return r["graph_ms"] / r["base_graph_ms"]
+    return None
