@@ -1050,10 +1050,10 @@ def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
 
 
 def _measured_fully(entry: dict | None) -> dict[tuple[str, str], dict]:
-    """:func:`_measured_ok` less the records timed on other inputs than :data:`INPUTS` and the decoding records timed
-    before graph times were (no ``graph_ms`` key): the table orders by both (:func:`order_key`), so a sweep times
-    them again as missing. A record whose capture was tried and failed (``graph_ms`` None) counts as measured: timing
-    it again would fail again."""
+    """:func:`_measured_ok` less the records timed on other inputs than :data:`INPUTS` (what a model pays was not in
+    their time) and the decoding records timed before graph times were (no ``graph_ms`` key: the table orders
+    decoding by that time, :func:`order_key`): a sweep times them again as missing. A record whose capture was tried
+    and failed (``graph_ms`` None) counts as measured: timing it again would fail again."""
     return {
         k: m
         for k, m in _measured_ok(entry).items()
