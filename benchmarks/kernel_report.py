@@ -100,6 +100,8 @@ VARIANTS: dict[str, dict] = {
     "V1": {"d": 64, "dv": 128, "shared_q": False, "shared_k": False},  # DIFF Transformer: V of width 2d
     "V2": {"d": 64, "dv": 64, "shared_q": False, "shared_k": True},  # DIFF V2: two query heads share K and V
     "W": {"d": 128, "dv": 256, "shared_q": False, "shared_k": False},  # the widest heads the kernels take
+    # paper-830m's DIFF heads (d_model 1536 over 8 DIFF heads of 2·96): padded to 128 / 256 inside the kernels
+    "M": {"d": 96, "dv": 192, "shared_q": False, "shared_k": False},
 }
 DEFAULT_VARIANTS = ("V1", "V2", "W")
 #: user masks the kernels read (besides causality): none, 2-D key padding (one value per key, [B, 1, 1, S]), the
@@ -891,7 +893,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
-        help="comma list of V1 (d 64, dv 128), V2 (d 64, dv 64, K shared), W (d 128, dv 256)",
+        help="comma list of V1 (d 64, dv 128), V2 (d 64, dv 64, K shared), W (d 128, dv 256), "
+        "M (d 96, dv 192: paper-830m's heads; not by default)",
     )
     parser.add_argument(
         "--masks",
