@@ -29,7 +29,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -150,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run(key, routes, args.calls, progress=lambda m: print(m, file=sys.stderr, flush=True)))
         print(format_result(results[-1]) + "\n", flush=True)
         if args.json:  # after each class: a later one that crashes the process keeps the earlier ones
-            tmp = Path(f"{args.json}.tmp")  # never a half-written file in place of the classes measured
-            tmp.write_text(json.dumps(results, indent=2))
-            tmp.replace(args.json)
+            from ..files import write_text_atomic  # never a half-written file in place of the classes measured
+
+            write_text_atomic(args.json, json.dumps(results, indent=2))
     return 0
 
 
