@@ -114,31 +114,23 @@ def v2_attention(
             f"{type(attention_mask).__name__}"
         )
     k, v = visible_keys(q.shape[2], attention_mask, k, v)  # a static cache's empty slots at prefill
-    q1, q2 = interleaved_pair(q, 1)
-    maps = dict(
-        q1=q1,
-        k1=k,
-        q2=q2,
-        k2=k,  # the same tensor: the op's shared-key path reads K and V once
-        v=v,
-        lam=lam.to(torch.float32),
-        causal=attention_mask is None,
-        attn_mask=attention_mask,
-        scale=scale,
-    )
-    if observing():  # attention capture for analysis (diffattn.eval.capture)
-        report(module, kind="diff", **maps)
+    lam = lam.to(torch.float32)
+    options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=scale)
     bits = logit_bits()
-    if bits is not None:
-        return quantized_attention(**maps, bits=bits), None
-    if return_maps:
-        ref = diff_attention_maps(**maps)
-        weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
-        return output_through_maps(*interleaved_pair(weights, 1), ref.lam, v), weights
+    if observing() or bits is not None or return_maps:  # the analysis paths read the two maps' queries apart
+        q1, q2 = interleaved_pair(q, 1)
+        # k twice, the same tensor: the op's shared-key path reads K and V once
+        maps = dict(q1=q1, k1=k, q2=q2, k2=k, v=v, lam=lam, **options)
+        if observing():  # attention capture for analysis (diffattn.eval.capture)
+            report(module, kind="diff", **maps)
+        if bits is not None:
+            return quantized_attention(**maps, bits=bits), None
+        if return_maps:
+            ref = diff_attention_maps(**maps)
+            weights = torch.stack([ref.attn1, ref.attn2], dim=2).flatten(1, 2).to(q.dtype)
+            return output_through_maps(*interleaved_pair(weights, 1), ref.lam, v), weights
     # the op on Q as it is (pairs interleaved): a one-call route reads it without stacking its pairs' views again
-    call = with_packed_segments(maps, position_ids)
-    options = {name: value for name, value in call.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
-    return diff_attention_pairs(q, k, v, maps["lam"], **options, backend=backend), None
+    return diff_attention_pairs(q, k, v, lam, **with_packed_segments(options, position_ids), backend=backend), None
 
 
 class DiffV2Attention(LlamaAttention, HasLambda):
