@@ -48,6 +48,7 @@ _LAZY = {
     "diff_attention": "diffattn.ops",
     "diff_attention_maps": "diffattn.ops",
     "diff_attention_pairs": "diffattn.ops",
+    "diff_attention_stacked": "diffattn.ops",
 }
 
 __all__ = ["__version__", *_LAZY]

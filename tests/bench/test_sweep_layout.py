@@ -74,6 +74,16 @@ def _pairs_as_maps(q, k, v, lam, **kw) -> dict:
     return {"q1": q1, "k1": k, "q2": q2, "k2": k, "v": v, "lam": lam}
 
 
+def _stacked_as_maps(q, k, v, lam, **kw) -> dict:
+    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+    return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "lam": lam}
+
+
+#: the op each layer calls on its Q and K whole, and the maps the op cuts from them
+OPS = {"v1": ("diff_attention_stacked", diff_llama, _stacked_as_maps),
+       "shared_k": ("diff_attention_pairs", diff_v2, _pairs_as_maps)}  # fmt: skip
+
+
 def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] | None]:
     """The op's inputs in one layer of the model and the layout of the gradient its output got back."""
     seen, grads = [], []
@@ -88,10 +98,10 @@ def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] 
 
         return call
 
-    if pair == "v1":
-        monkeypatch.setattr(diff_llama, "diff_attention", spy(diff_llama.diff_attention, lambda **kw: kw))
-    else:  # DIFF V2's layer hands its Q whole, the pairs interleaved: what the op cuts from it
-        monkeypatch.setattr(diff_v2, "diff_attention_pairs", spy(diff_v2.diff_attention_pairs, _pairs_as_maps))
+    # each layer hands its Q and K whole (DIFF: both maps' heads stacked; DIFF V2: the pairs interleaved): the
+    # signature is of what the op cuts from them
+    name, module, as_maps = OPS[pair]
+    monkeypatch.setattr(module, name, spy(getattr(module, name), as_maps))
     # 4 heads of width 16 (2 DIFF heads; 4 DIFF V2 pairs), no GQA: the sweep's head counts at ``heads=2``
     model = build_model("debug", attention=ARCHITECTURE[pair], backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -121,13 +131,13 @@ def test_the_sweeps_inputs_are_laid_out_as_the_models_hand_them_over(monkeypatch
         assert _order(rs.model_cotangent(out.shape, out.device, out.dtype)) == model_grad
         # and the baseline's inputs as a Llama layer's without a cache (projections, transposed)
         assert all(_order(x) == model_inputs["q1"] for x in p.base)
-    if pair == "shared_k":  # and the sweep calls the op as the layer does: on Q whole
-        import diffattn.ops
+    # and the sweep calls the op as the layer does: on Q and K whole
+    import diffattn.ops
 
-        calls = []
-        monkeypatch.setattr(diffattn.ops, "diff_attention_pairs", lambda q, *args, **kw: calls.append(q))
-        rs.route_fn("sdpa", {})(p)
-        assert len(calls) == 1 and calls[0] is p.heads[0]
+    calls = []
+    monkeypatch.setattr(diffattn.ops, OPS[pair][0], lambda q, k, *args, **kw: calls.append((q, k)))
+    rs.route_fn("sdpa", {})(p)
+    assert len(calls) == 1 and calls[0][0] is p.heads[0] and calls[0][1] is p.heads[1]
 
 
 def test_gradients_reach_the_models_projections_through_the_views():

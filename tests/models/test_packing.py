@@ -139,7 +139,8 @@ def test_under_diffattn_the_op_reads_the_documents_as_segment_ids_not_a_mask(nam
     starts at 0) and no [T, S] mask, so the fused kernel compares ids per tile (docs/methods.md §0.2)."""
     calls = []
 
-    # DIFF V2's layer calls the op on its Q whole (diff_attention_pairs), the others on the two maps
+    # DIFF's and DIFF V2's layers call the op on Q and K whole (diff_attention_stacked, diff_attention_pairs), the
+    # adapters on the two maps
     def recording(real):
         def spy(*args, **kwargs):
             calls.append(kwargs)
@@ -147,7 +148,7 @@ def test_under_diffattn_the_op_reads_the_documents_as_segment_ids_not_a_mask(nam
 
         return spy
 
-    for module, op in ((diff_llama, "diff_attention"), (diff_v2, "diff_attention_pairs"),
+    for module, op in ((diff_llama, "diff_attention_stacked"), (diff_v2, "diff_attention_pairs"),
                        (adapter_base, "diff_attention")):  # fmt: skip
         monkeypatch.setattr(module, op, recording(getattr(module, op)))
     model = _with(MODELS[name](), FUSED, torch.float32)

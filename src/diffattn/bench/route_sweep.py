@@ -343,16 +343,16 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
 
 
 def op_call(p: Problem, backend: str) -> torch.Tensor:
-    """The op on a problem as the models call it: DIFF V2's layer (K1 is K2) hands its Q as it is, the pairs
-    interleaved (:func:`diffattn.ops.diff_attention_pairs`); DIFF's layer the two maps' views
-    (:func:`diffattn.ops.diff_attention`)."""
-    from ..ops import diff_attention, diff_attention_pairs
+    """The op on a problem as the models call it, on their Q and K as they are: DIFF V2's layer (K1 is K2) with the
+    query heads' pairs interleaved (:func:`diffattn.ops.diff_attention_pairs`), DIFF's layer with both maps' heads
+    stacked and V as its two halves (:func:`diffattn.ops.diff_attention_stacked`)."""
+    from ..ops import diff_attention_pairs, diff_attention_stacked
 
+    q, k, v = p.heads
+    options = {name: x for name, x in p.diff.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
     if p.diff["k1"] is p.diff["k2"]:
-        q, k, v = p.heads
-        options = {name: x for name, x in p.diff.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
         return diff_attention_pairs(q, k, v, p.diff["lam"], backend=backend, **options)
-    return diff_attention(**p.diff, backend=backend)
+    return diff_attention_stacked(q, k, p.diff["v"], p.diff["lam"], backend=backend, **options)
 
 
 #: The fused kernel's variants the sweep times as routes of their own (``triton[NAME]``, on their default tiles): the

@@ -1,5 +1,5 @@
 """Our DIFF Transformer V1 attention module for Hugging Face ``DiffLlama`` (DIFF Transformer Eq. 1–3,
-docs/methods.md §1), built on :func:`diffattn.ops.diff_attention`.
+docs/methods.md §1), built on :func:`diffattn.ops.diff_attention_stacked` (the op on Q, K in this layout).
 
 Per layer, with H query heads of width d split into halves (``h = H/2`` differential heads) and Hkv KV heads:
 
@@ -48,7 +48,7 @@ from ..lambdas import (
     output_scale,
     reparameterized_lambda,
 )
-from ..ops import BACKENDS, diff_attention, diff_attention_maps, output_through_maps, with_packed_segments
+from ..ops import BACKENDS, diff_attention_maps, diff_attention_stacked, output_through_maps, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import visible_keys
@@ -201,37 +201,33 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             )
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
-        # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
-        # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
-        (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-        maps = dict(
-            q1=q1,
-            k1=k1,
-            q2=q2,
-            k2=k2,
-            v=v_halves,
-            lam=self.lambda_full(),
-            causal=attention_mask is None,
-            attn_mask=attention_mask,
-            scale=self.scaling,
-        )
-        if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
-            report(self, kind="diff", **{**maps, "v": torch.cat(v_halves, dim=-1)})
+        lam = self.lambda_full()
+        options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling)
         bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
+        returns_maps = attention_maps_requested(self.config, kwargs)
         weights = None
+        if observing() or bits is not None or returns_maps:  # the analysis paths read the two maps apart
+            # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
+            # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
+            (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+            maps = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=torch.cat(v_halves, dim=-1), lam=lam, **options)
+            if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
+                report(self, kind="diff", **maps)
         if bits is not None:
-            out = quantized_attention(**{**maps, "v": torch.cat(v_halves, dim=-1)}, bits=bits)
-        elif attention_maps_requested(self.config, kwargs):
+            out = quantized_attention(**maps, bits=bits)
+        elif returns_maps:
             # laid out as transformers' DiffLlama eager path returns them: [B, H, T, S], heads [0, H/2) map 1
             # and [H/2, H) map 2, from the reference op (the fused backends never form the maps); the output is
             # computed from these very tensors, so they carry its gradient as eager attention's do (issue 36 §8)
-            v_full = torch.cat(v_halves, dim=-1)
-            ref = diff_attention_maps(**{**maps, "v": v_full})
+            ref = diff_attention_maps(**maps)
             weights = torch.cat([ref.attn1, ref.attn2], dim=1).to(q.dtype)
-            out = output_through_maps(*weights.chunk(2, dim=1), ref.lam, v_full)
+            out = output_through_maps(*weights.chunk(2, dim=1), ref.lam, maps["v"])
         else:
-            # a packed row's mask reaches the op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
-            out = diff_attention(**with_packed_segments(maps, kwargs.get("position_ids")), backend=self.options.backend)
+            # the op on Q and K as they are (both maps' heads stacked): a one-call route reads them without
+            # concatenating the maps' chunks back into copies; a packed row's mask reaches the op as segment ids
+            # (docs/methods.md §0.2); out: [B, h, T, 2d]
+            options = with_packed_segments(options, kwargs.get("position_ids"))
+            out = diff_attention_stacked(q, k, v_halves, lam, **options, backend=self.options.backend)
         out = self.groupnorm(out) * output_scale(self.lambda_init)
         out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
         return self.o_proj(out), weights

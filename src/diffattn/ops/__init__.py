@@ -12,6 +12,9 @@ Public entry points:
   maps, forward and backward: :mod:`diffattn.ops.triton`), ``<route>+epilogue`` (an SDPA route whose subtraction
   O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``auto`` (on CUDA the fastest correct route
   measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`; else ``sdpa``).
+* :func:`diff_attention_stacked` and :func:`diff_attention_pairs` — the op on Q and K handed over whole, in DIFF
+  V1's layout (both maps' heads stacked, DiffLlama) or DIFF V2's (query heads in interleaved pairs on one K): the
+  same function, whose one-call routes read the caller's tensors instead of copies joined from the two maps' cuts.
 * :func:`diff_attention_maps` — the same computation through ``reference``, also returning both maps and the
   signed map A1 − λA2 for analysis.
 * :func:`backend_status` — which backends are usable here, and why not.
@@ -73,6 +76,7 @@ __all__ = [
     "diff_attention",
     "diff_attention_maps",
     "diff_attention_pairs",
+    "diff_attention_stacked",
     "hidden_keys",
     "interleaved_pair",
     "output_through_maps",
@@ -481,31 +485,65 @@ def diff_attention_pairs(
 
     def arrange(q, k, _q, _k, v):
         q1, q2 = interleaved_pair(q, 1)
-        return q1, k, q2, k, v, q
+        return q1, k, q2, k, v, (q, k)
 
-    _check_pairs(q)
+    _check_heads_in_twos("q", q, "[B, 2H, T, d], an even number of query heads in pairs")
     return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
                           segment_ids=segment_ids)  # fmt: skip
 
 
-def _check_pairs(q) -> None:
-    if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] % 2:
-        shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-        raise ValueError(f"q must be [B, 2H, T, d], an even number of query heads in pairs, got {shape}")
+def diff_attention_stacked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    lam: torch.Tensor | float,
+    *,
+    causal: bool = True,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+    segment_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Differential attention over both maps' heads stacked, as DIFF V1 lays them out (DiffLlama, docs/methods.md
+    §1): ``q`` [B, 2H, T, d] holds map 1's H query heads, then map 2's; ``k`` [B, 2Hkv, S, d] map 1's key heads, then
+    map 2's; ``v`` as in :func:`diff_attention` (DiffLlama hands its two halves of heads, ``v.chunk(2, dim=1)``).
+    The same as :func:`diff_attention` with ``q1, q2 = q.chunk(2, dim=1)`` and ``k1, k2 = k.chunk(2, dim=1)`` (every
+    other argument as there), except that a route making one call over both maps' query heads (``sdpa``, ``cudnn``,
+    ``sdpa_split``) reads ``q`` and ``k`` as they are instead of concatenating the chunks back into copies of them — a
+    copy of each forward and one of each gradient backward.
+
+    Returns:
+        ``[B, H, T, dv]`` in the dtype of ``q``.
+    """
+
+    def arrange(q, k, _q, _k, v):
+        (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+        return q1, k1, q2, k2, v, (q, k)
+
+    _check_heads_in_twos("q", q, "[B, 2H, T, d], map 1's query heads then map 2's")
+    _check_heads_in_twos("k", k, "[B, 2Hkv, S, d], map 1's key heads then map 2's")
+    return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
+                          segment_ids=segment_ids)  # fmt: skip
+
+
+def _check_heads_in_twos(name: str, x, layout: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] % 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be {layout}, got {shape}")
 
 
 def _validated_run(backend: str, arrange, tensors: tuple, lam, **options) -> torch.Tensor:
-    """``arrange(*tensors)`` → (q1, k1, q2, k2, v, q_pairs), validated and run on ``backend``: under autocast with the
-    tensors cast to its dtype first and autocast off inside, like ``scaled_dot_product_attention``."""
+    """``arrange(*tensors)`` → (q1, k1, q2, k2, v, qk_whole), validated and run on ``backend``: under autocast with
+    the tensors cast to its dtype first and autocast off inside, like ``scaled_dot_product_attention``."""
     first = tensors[0]
     # the meta device has no autocast (asking raises): a model counted there (FLOPs, shapes) runs the op as it is
     if isinstance(first, torch.Tensor) and first.device.type != "meta" and torch.is_autocast_enabled(first.device.type):
         tensors = _autocast_inputs(*tensors)
         with torch.autocast(first.device.type, enabled=False):
-            *args, q_pairs = arrange(*tensors)
-            return _run(backend, validate(*args, lam, q_pairs=q_pairs, **options))
-    *args, q_pairs = arrange(*tensors)
-    return _run(backend, validate(*args, lam, q_pairs=q_pairs, **options))
+            *args, qk_whole = arrange(*tensors)
+            return _run(backend, validate(*args, lam, qk_whole=qk_whole, **options))
+    *args, qk_whole = arrange(*tensors)
+    return _run(backend, validate(*args, lam, qk_whole=qk_whole, **options))
 
 
 def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:

@@ -65,10 +65,11 @@ class DiffAttentionInputs:
     attn_mask: torch.Tensor | None  # None, or 4-D [B|1, H|1, T, S] (bool "may attend" or additive float)
     scale: float
     segment_ids: torch.Tensor | None = None  # None, or [B, S] int32 contiguous: each key's document
-    # DIFF V2's layout, when the caller gave it (diff_attention_pairs): [B, 2H, T, d] with map 1 and map 2 of head i
-    # at 2i and 2i + 1, q1 and q2 its pairs' views (interleaved_pair); a one-call route reads it instead of stacking
-    # q1 and q2 into it again
-    q_pairs: torch.Tensor | None = None
+    # (Q, K) over both maps' heads as the caller had them, q1, q2 and k1, k2 cut from them — a one-call route reads
+    # them instead of joining the cuts again (a copy forward, one backward): DIFF V2's pairs (diff_attention_pairs:
+    # [B, 2H, T, d], map 1 and map 2 of head i at 2i and 2i + 1, q1 and q2 their interleaved_pair; K shared, k1 is k2
+    # is K) or DiffLlama's stacked maps (diff_attention_stacked: [Q1; Q2] over [K1; K2], each cut by one chunk)
+    qk_whole: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def v(self) -> torch.Tensor:
@@ -148,10 +149,10 @@ def validate(
     attn_mask: torch.Tensor | None,
     scale: float | None,
     segment_ids: torch.Tensor | None = None,
-    q_pairs: torch.Tensor | None = None,
+    qk_whole: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> DiffAttentionInputs:
-    """Check every argument and return them in the one layout the backends accept. ``q_pairs``: the tensor q1 and q2
-    are the :func:`interleaved_pair` of (the caller made them so), kept for the one-call routes."""
+    """Check every argument and return them in the one layout the backends accept. ``qk_whole``: the (Q, K) the
+    caller cut q1, q2 and k1, k2 from (:class:`DiffAttentionInputs`), kept for the one-call routes."""
     _check_rank("q1", q1, "[B, H, T, d]")
     _check_rank("q2", q2, "[B, H, T, d]")
     _check_rank("k1", k1, "[B, Hkv, S, d]")
@@ -201,7 +202,7 @@ def validate(
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
     segments = _normalise_segments(segment_ids, b, t, s, q1.device)
-    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, q_pairs)
+    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, qk_whole)
 
 
 def _normalise_segments(segment_ids: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor | None:

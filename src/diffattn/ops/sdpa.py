@@ -71,15 +71,15 @@ def _one_call_operands(inp: DiffAttentionInputs):
     """Q, K, V of the one call over both maps' query heads, and their layout (module docstring)."""
     h, d = inp.num_heads, inp.head_dim
     b, t = inp.batch, inp.q_len
+    # the caller's Q (and K) in the call's layout already (diff_attention_pairs, diff_attention_stacked): no copy
+    whole = inp.qk_whole
     if inp.shares_keys:
         # K1 is K2 (DIFF V2): 2H interleaved query heads against the Hkv key/value heads, K and V passed once;
         # query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong to key head i // (H/Hkv) under GQA
-        if inp.q_pairs is not None:  # the caller's Q in this layout already (diff_attention_pairs): no copy
-            return inp.q_pairs, inp.k1, inp.v, "interleaved"
-        q = torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)
+        q = whole[0] if whole is not None else torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)
         return q, inp.k1, inp.v, "interleaved"
-    q = torch.cat([inp.q1, inp.q2], dim=1)  # [B, 2H, T, d]
-    k = torch.cat([inp.k1, inp.k2], dim=1)  # [B, 2Hkv, S, d]
+    # [B, 2H, T, d] over [B, 2Hkv, S, d]: map 1's heads, then map 2's
+    q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))
     v = inp.v
     return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
 

@@ -1,0 +1,165 @@
+"""diffattn.ops.diff_attention_pairs and diff_attention_stacked: Q and K handed over whole in the two layouts the DIFF
+models have them — DIFF V2's query heads in interleaved pairs on one K and V (docs/methods.md §5), DIFF V1's maps
+stacked along the heads, [Q1; Q2] over [K1; K2] (DiffLlama, §1). Each is the same function as diff_attention on the
+views the layout's cut gives, its gradients go into Q and K themselves, and a one-call route reads Q and K as they are
+instead of joining the views into copies again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffattn import ops
+from diffattn.ops import diff_attention, diff_attention_pairs, diff_attention_stacked, interleaved_pair
+
+from .rounding import assert_within_rounding
+
+LAYOUTS = ["pairs", "stacked"]
+WHOLE = {"pairs": diff_attention_pairs, "stacked": diff_attention_stacked}
+# sdpa_split cuts V into slices of width d: only DIFF V1's V (2d wide) has more than one
+ONE_CALL = [("pairs", "sdpa"), ("stacked", "sdpa"), ("stacked", "sdpa_split")]
+
+
+def _leaves(layout: str, dtype=torch.float32, grad=True):
+    """Q [B, T, 2H, d] (a projection, transposed by the callers); pairs: K and V [B, Hkv, S, d] (GQA 2), λ [B, H, T];
+    stacked: K [B, S, 2Hkv, d] (a projection too), V's two halves of heads as one [B, 2Hkv, S, d] tensor (DIFF V1's
+    V of width 2d), λ one per head."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g).to(dtype).requires_grad_(grad)
+
+    q = r(2, 9, 8, 16)
+    if layout == "pairs":
+        k, v = r(2, 2, 9, 16), r(2, 2, 9, 16)
+        lam = torch.rand(2, 4, 9, generator=g).to(dtype).requires_grad_(grad)
+    else:
+        k, v = r(2, 9, 4, 16), r(2, 4, 9, 16)
+        lam = torch.rand(4, generator=g).to(dtype).requires_grad_(grad)
+    return [q, k, v, lam]
+
+
+def _heads(layout: str, leaves):
+    """Q, K and V as the layout's model hands them to the op."""
+    q, k, v, lam = leaves
+    if layout == "pairs":
+        return q.transpose(1, 2), k, v, lam
+    return q.transpose(1, 2), k.transpose(1, 2), v.chunk(2, dim=1), lam
+
+
+def _call(layout: str, whole: bool, leaves, backend):
+    return _call_on(layout, whole, _heads(layout, leaves), backend)
+
+
+def _call_on(layout: str, whole: bool, heads, backend):
+    q, k, v, lam = heads
+    if whole:
+        return WHOLE[layout](q, k, v, lam, backend=backend)
+    if layout == "pairs":
+        q1, q2 = interleaved_pair(q, 1)
+        return diff_attention(q1, k, q2, k, v, lam, backend=backend)
+    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+    return diff_attention(q1, k1, q2, k2, v, lam, backend=backend)
+
+
+def test_interleaved_pair_is_the_strided_halves():
+    x = torch.arange(2 * 6 * 3).reshape(2, 6, 3)
+    first, second = interleaved_pair(x, 1)
+    assert torch.equal(first, x[:, 0::2]) and torch.equal(second, x[:, 1::2])
+    assert (first.stride(), second.storage_offset()) == (x[:, 0::2].stride(), x[:, 1::2].storage_offset())
+    with pytest.raises(ValueError, match="counted from the front"):
+        interleaved_pair(x, -2)
+
+
+@pytest.mark.parametrize(
+    ("layout", "backend"),
+    [*ONE_CALL, *((layout, b) for layout in LAYOUTS for b in ("reference", "sdpa_maps", "chunked"))],
+)
+def test_whole_heads_compute_what_the_views_do_with_gradients_into_q_and_k(layout, backend):
+    # the same function: bit for bit where the route reads the views either way; a one-call route (sdpa, sdpa_split)
+    # reads Q and K themselves where diff_attention gives it copies joined from the same values
+    leaves = _leaves(layout)
+    out = _call(layout, True, leaves, backend)
+    cot = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, cot)
+    same_leaves = [x.detach().requires_grad_() for x in leaves]
+    same = _call(layout, False, same_leaves, backend)
+    same_grads = torch.autograd.grad(same, same_leaves, cot)
+    for name, got, want in zip(["out", "dq", "dk", "dv", "dlam"], [out, *grads], [same, *same_grads], strict=True):
+        assert torch.equal(got, want), f"{layout} {backend} {name}: {(got - want).abs().max():.3g}"
+
+
+@pytest.mark.parametrize(("layout", "backend"), [("pairs", "sdpa"), ("stacked", "sdpa_split")])
+def test_whole_heads_on_a_one_call_route_against_float64(layout, backend):
+    # DIFF V1 on sdpa_split, the one-call route that pads nothing: PyTorch's fused CPU kernel on Q and K zero-padded
+    # to V's width (the sdpa route) gives dQ and dK up to 3x the rule's bound on this CPU (40 cotangents; unpadded,
+    # under half of it) — that kernel's rounding, the same through diff_attention (bit for bit, above)
+    leaves = _leaves(layout)
+    out = _call(layout, True, leaves, backend)
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad(out, leaves, cot)
+    gold_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    gold = _call(layout, False, gold_leaves, "reference")
+    gold_grads = torch.autograd.grad(gold, gold_leaves, cot.double())
+    # the yardsticks: plain PyTorch in float32 in two summation orders — the math (reference) and PyTorch's fused
+    # attention kernel, one call per map at width d (sdpa_maps), whose backward sums over query blocks as the padded
+    # call's does
+    yardsticks = []
+    for plain_backend in ("reference", "sdpa_maps"):
+        plain_leaves = [x.detach().requires_grad_() for x in leaves]
+        plain = _call(layout, False, plain_leaves, plain_backend)
+        yardsticks.append([plain, *torch.autograd.grad(plain, plain_leaves, cot)])
+    for i, (name, got, want) in enumerate(zip(["out", "dq", "dk", "dv", "dlam"], [out, *grads], [gold, *gold_grads],
+                                              strict=True)):  # fmt: skip
+        assert_within_rounding(f"{backend} {layout} {name}", got, want, [y[i] for y in yardsticks], torch.float32)
+
+
+@pytest.mark.parametrize(("layout", "backend"), ONE_CALL)
+def test_a_one_call_route_reads_q_and_k_as_they_are(monkeypatch, layout, backend):
+    # where diff_attention joins the two maps' views into new [B, 2H, T, d] tensors (a copy each, and the gradients
+    # joined back), the whole-heads call hands SDPA the caller's Q (and K) — DIFF V1's Q and K padded to V's width
+    # on the sdpa route: one copy from the caller's tensor, not a copy of a joined copy
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((q, k))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    heads = _heads(layout, _leaves(layout))
+    q, k = heads[:2]
+    _call_on(layout, True, heads, backend)
+    padded = layout == "stacked" and backend == "sdpa"  # V is 2d wide: Q and K padded to it
+    for got_q, got_k in calls:
+        if padded:
+            assert got_q._base is None and torch.equal(got_q[..., :16], q) and torch.equal(got_k[..., :16], k)
+            assert not got_q[..., 16:].any()
+        else:
+            assert got_q is q and got_k is k
+    if padded:  # the padding is the only copy: made from q itself, so autograd reaches q through one pad
+        assert type(calls[0][0].grad_fn).__name__ == "ConstantPadNdBackward0"
+        assert calls[0][0].grad_fn.next_functions[0][0] is q.grad_fn
+    calls.clear()
+    _call_on(layout, False, heads, backend)
+    assert calls and all(got_q is not q and torch.equal(got_q[..., :16], q) for got_q, _ in calls)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_whole_heads_refuse_an_odd_number_of_heads(layout):
+    q, k, v, lam = _heads(layout, _leaves(layout, grad=False))
+    with pytest.raises(ValueError, match=r"q must be \[B, 2H, T, d\]"):
+        WHOLE[layout](q[:, :7], k, v, lam)
+    if layout == "stacked":
+        with pytest.raises(ValueError, match=r"k must be \[B, 2Hkv, S, d\]"):
+            WHOLE[layout](q, k[:, :3], v, lam)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_whole_heads_under_autocast_take_the_autocast_dtype(layout):
+    q, k, v, lam = _heads(layout, _leaves(layout, grad=False))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = WHOLE[layout](q, k, v, lam, backend="reference")
+    assert out.dtype == torch.bfloat16
+    assert {"diff_attention_pairs", "diff_attention_stacked", "interleaved_pair"} <= set(ops.__all__)
