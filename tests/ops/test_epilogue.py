@@ -129,12 +129,17 @@ def test_empty_inputs_give_empty_outputs():
     assert lam.grad is not None and lam.grad.item() == 0.0
 
 
-def _diff_inputs(shared: bool, dtype, mask: bool = False, lam_form: str = "scalar", dv_factor: int = 2, seed=0):
+def _diff_inputs(shared: bool, dtype, mask: bool = False, lam_form: str = "scalar", dv_factor: int = 2, seed=0,
+                 model_layout: bool = False):  # fmt: skip
+    """``model_layout``: Q, K, V laid out [B, T, H, d] as a model's projections hand them over (so are the SDPA
+    routes' outputs then, which they cut and join in that order: ops.sdpa._maps_apart)."""
     g = torch.Generator().manual_seed(seed)
     b, h, t, d = 2, 2, 9, 16
 
-    def rnd(*s):
-        return torch.randn(*s, generator=g).to(DEVICE, dtype).requires_grad_()
+    def rnd(b, h, t, w):
+        if model_layout:
+            return torch.randn(b, t, h, w, generator=g).to(DEVICE, dtype).transpose(1, 2).requires_grad_()
+        return torch.randn(b, h, t, w, generator=g).to(DEVICE, dtype).requires_grad_()
 
     q1, q2, k1 = rnd(b, h, t, d), rnd(b, h, t, d), rnd(b, h, t, d)
     k2 = k1 if shared else rnd(b, h, t, d)
@@ -151,12 +156,13 @@ def _diff_inputs(shared: bool, dtype, mask: bool = False, lam_form: str = "scala
 
 
 @pytest.mark.parametrize("route", [r for r in routes.EPILOGUE_ROUTES if not r.startswith("cudnn")])
-@pytest.mark.parametrize(("shared", "mask", "lam_form"), [(False, False, "scalar"), (True, False, "per_token"),
-                                                          (False, True, "scalar")])  # fmt: skip
-def test_each_epilogue_route_is_its_route_forward_and_backward(route, shared, mask, lam_form):
+@pytest.mark.parametrize(("shared", "mask", "lam_form", "model_layout"), [
+    (False, False, "scalar", False), (True, False, "per_token", False), (False, True, "scalar", False),
+    (False, False, "scalar", True), (True, False, "per_token", True)])  # fmt: skip
+def test_each_epilogue_route_is_its_route_forward_and_backward(route, shared, mask, lam_form, model_layout):
     if route == "sdpa_split" and shared:
         pytest.skip("sdpa_split needs dv > d: not DIFF V2's shared-K heads")
-    inputs = _diff_inputs(shared, torch.float32, mask, lam_form)
+    inputs = _diff_inputs(shared, torch.float32, mask, lam_form, model_layout=model_layout)
     leaves = [inputs["q1"], inputs["k1"], inputs["q2"], inputs["v"], inputs["lam"]]
     if not shared:
         leaves.append(inputs["k2"])

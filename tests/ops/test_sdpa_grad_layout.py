@@ -119,3 +119,41 @@ def _graph_nodes(fn, seen=None):
         for next_fn, _ in fn.next_functions:
             _graph_nodes(next_fn, seen)
     return seen
+
+
+@pytest.mark.parametrize(
+    "key, route",
+    [("v1 d16 dv32 fp32 causal none train", r) for r in ("sdpa", "sdpa_split", "sdpa_maps", "sdpa_maps+epilogue")]
+    + [("shared_k d16 dv16 fp32 causal none train", r) for r in ("sdpa", "sdpa+epilogue", "sdpa_maps")],
+)
+def test_in_a_model_the_guard_copies_nothing_where_cuda_returns_outputs_in_qs_order(key, route, monkeypatch):
+    # CUDA's attention kernels return a model's output [B, T, H, dv]-ordered (FlashAttention always, cuDNN following
+    # Q), and the model's output gradient comes back in that order: each route cuts and joins its calls' outputs in
+    # their own order, so the guard finds every gradient already in its output's layout. Cut in [B, H, T, dv] order
+    # (two slices of a stacked output, an unbind of an interleaved one, V's slices joined contiguous) the join's
+    # gradient came back contiguous and the guard copied it: one copy a call (sdpa), one a map (sdpa_maps, V1)
+    from diffattn.bench import route_sweep as rs
+
+    keep_interpreting(monkeypatch)
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: _tokens_outer(real(*a, **k)))
+    monkeypatch.setattr(sdpa, "GUARDED_DEVICES", frozenset({"cpu"}))
+    copies = []
+    guard = sdpa._GradInOutputLayout.backward
+
+    def counting(ctx, g):
+        copies.append(not sdpa._same_layout(g, *ctx.layout))
+        return guard(ctx, g)
+
+    monkeypatch.setattr(sdpa._GradInOutputLayout, "backward", staticmethod(counting))
+    cls = rs.CallClass.from_key(key)
+    p = rs.make_problem(cls, batch=2, heads=2, t=16, s=16, device="cpu", dtype=torch.float32, seed=0)
+    out = rs.route_fn(route, {})(p)
+    grads = torch.autograd.grad(out, p.leaves, rs.model_cotangent(out.shape, out.device, out.dtype))
+    assert copies and not any(copies), f"{route}: {sum(copies)} of {len(copies)} guarded gradients copied"
+    assert all(g.abs().sum() > 0 for g in grads)
+
+
+def _tokens_outer(o: torch.Tensor) -> torch.Tensor:
+    """``o`` laid out [B, T, H, dv], as CUDA's kernels return a model's attention output."""
+    return o.transpose(1, 2).contiguous().transpose(1, 2)

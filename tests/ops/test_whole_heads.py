@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from diffattn import ops
 from diffattn.ops import diff_attention, diff_attention_pairs, diff_attention_stacked, interleaved_pair
 
+from .interpreter import import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
 
 LAYOUTS = ["pairs", "stacked"]
@@ -134,16 +135,28 @@ def test_a_one_call_route_reads_q_and_k_as_they_are(monkeypatch, layout, backend
     padded = layout == "stacked" and backend == "sdpa"  # V is 2d wide: Q and K padded to it
     for got_q, got_k in calls:
         if padded:
-            assert got_q._base is None and torch.equal(got_q[..., :16], q) and torch.equal(got_k[..., :16], k)
-            assert not got_q[..., 16:].any()
+            assert torch.equal(got_q[..., :16], q) and torch.equal(got_k[..., :16], k) and not got_q[..., 16:].any()
+            # the padding is the only copy, made from q and k themselves in their own memory order ([B, T, 2H, d]:
+            # the call's output then comes back in that order too, ops.sdpa._padded)
+            assert _copies_between(got_q, q) == ["ConstantPadNdBackward0"] == _copies_between(got_k, k)
+            assert got_q.stride(1) < got_q.stride(2)
         else:
             assert got_q is q and got_k is k
-    if padded:  # the padding is the only copy: made from q itself, so autograd reaches q through one pad
-        assert type(calls[0][0].grad_fn).__name__ == "ConstantPadNdBackward0"
-        assert calls[0][0].grad_fn.next_functions[0][0] is q.grad_fn
     calls.clear()
     _call_on(layout, False, heads, backend)
     assert calls and all(got_q is not q and torch.equal(got_q[..., :16], q) for got_q, _ in calls)
+
+
+def _copies_between(x: torch.Tensor, source: torch.Tensor) -> list[str]:
+    """The autograd nodes from ``x`` back to ``source`` that are not views (one path: each node's first input)."""
+    views = {"TransposeBackward0", "ViewBackward0", "UnsafeViewBackward0", "PermuteBackward0"}
+    names, fn = [], x.grad_fn
+    while fn is not None and fn is not source.grad_fn:
+        if type(fn).__name__ not in views:
+            names.append(type(fn).__name__)
+        fn = fn.next_functions[0][0]
+    assert fn is source.grad_fn, "x is not made from source"
+    return names
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -163,3 +176,24 @@ def test_whole_heads_under_autocast_take_the_autocast_dtype(layout):
         out = WHOLE[layout](q, k, v, lam, backend="reference")
     assert out.dtype == torch.bfloat16
     assert {"diff_attention_pairs", "diff_attention_stacked", "interleaved_pair"} <= set(ops.__all__)
+
+
+@pytest.mark.parametrize(("layout", "route"), [*ONE_CALL, ("pairs", "sdpa_maps"), ("stacked", "sdpa_maps")])
+def test_whole_heads_on_each_epilogue_route_are_its_route(layout, route, monkeypatch):
+    # the outputs a one-call route cuts into the two maps in their own memory order ([B, T, 2H, dv] for the caller's
+    # Q: ops.sdpa._maps_apart), and a sliced route's joins, reach the fused subtraction's kernel as such strided views
+    import_kernels("diffattn.ops.triton.epilogue")  # without CUDA: interpreted
+    keep_interpreting(monkeypatch)
+    leaves = _leaves(layout)
+    heads = _heads(layout, leaves)
+    plain = _call_on(layout, True, heads, route)
+    fused = _call_on(layout, True, heads, route + "+epilogue")
+    gold_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    gold = _call(layout, False, gold_leaves, "reference")
+    cot = torch.randn(plain.shape, generator=torch.Generator().manual_seed(1))
+    assert_within_rounding(f"{route} {layout} out", fused, gold, [plain], torch.float32)
+    got = torch.autograd.grad(fused, leaves, cot)
+    yard = torch.autograd.grad(plain, leaves, cot)
+    want = torch.autograd.grad(gold, gold_leaves, cot.double())
+    for name, a, b, c in zip(["dq", "dk", "dv", "dlam"], got, yard, want, strict=True):
+        assert_within_rounding(f"{route} {layout} {name}", a, c, [b], torch.float32)

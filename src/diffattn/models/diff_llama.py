@@ -228,6 +228,11 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             # (docs/methods.md §0.2); out: [B, h, T, 2d]
             options = with_packed_segments(options, kwargs.get("position_ids"))
             out = diff_attention_stacked(q, k, v_halves, lam, **options, backend=self.options.backend)
-        out = self.groupnorm(out) * output_scale(self.lambda_init)
-        out = out.transpose(1, 2).reshape(bsz, q_len, -1)  # [B, T, h·2d]
+        # the norm is per head (over the last axis), so it may come after the transpose to [B, T, h, 2d]: an output laid
+        # out [B, T, h, 2d] in memory — as the SDPA routes return it for the model's Q, and CUDA's kernels always — is
+        # then normed as it is and joined into [B, T, h·2d] by a view, where a norm before the transpose copied it
+        # into [B, h, T, 2d] (rms_norm makes its input contiguous) and the reshape copied it back; an output laid out
+        # [B, h, T, 2d] is copied once either way
+        out = self.groupnorm(out.transpose(1, 2)) * output_scale(self.lambda_init)
+        out = out.reshape(bsz, q_len, -1)  # [B, T, h·2d]
         return self.o_proj(out), weights

@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._inputs import DiffAttentionInputs, causal_keep_mask, fully_masked_rows
+from ._inputs import DiffAttentionInputs, causal_keep_mask, fully_masked_rows, interleaved_pair
 
 
 def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[torch.Tensor | None, bool]:
@@ -86,12 +86,26 @@ def _one_call_operands(inp: DiffAttentionInputs):
 
 def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False) -> torch.Tensor:
     """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0."""
-    h, dv, b, t = inp.num_heads, inp.v_dim, inp.batch, inp.q_len
-    if layout == "interleaved":
-        o1, o2 = o.view(b, h, 2, t, dv).unbind(2)
-    else:
-        o1, o2 = o[:, :h], o[:, h:]
-    return _subtract(inp, o1, o2, fused)
+    return _subtract(inp, *_maps_apart(o, layout), fused)
+
+
+def _heads_inside_tokens(x: torch.Tensor) -> bool:
+    """Whether a [B, H, T, d] tensor is laid out [B, T, H, d] in memory: a model's Q (a projection's view), and so the
+    output CUDA's attention kernels return for it (FlashAttention's always, cuDNN's following Q)."""
+    return x.stride(1) < x.stride(2)
+
+
+def _maps_apart(o: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """O1 and O2, views of the one call's [B, 2H, T, dv] output (its query heads ``stacked`` or ``interleaved``), cut by
+    one chunk or unbind in o's own memory order: autograd joins their gradients by one cat or stack, which writes
+    contiguously in the order it cuts — o's, so the joined gradient is laid out as o and the guard (:func:`_guarded`)
+    copies nothing (cut in [B, 2H, T, dv] from a [B, T, 2H, dv]-ordered o, the join would be copied once more). Two
+    slices instead would cost a zero-filled tensor of o's size and a copy each, and their sum."""
+    inside = _heads_inside_tokens(o)
+    x = o.transpose(1, 2) if inside else o  # o in its memory order: the heads at dim 2, or at dim 1
+    heads = 2 if inside else 1
+    o1, o2 = interleaved_pair(x, heads) if layout == "interleaved" else x.chunk(2, dim=heads)
+    return (o1.transpose(1, 2), o2.transpose(1, 2)) if inside else (o1, o2)
 
 
 def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor, fused: bool = False) -> torch.Tensor:
@@ -156,10 +170,15 @@ def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bo
 
 def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
     """One SDPA call per slice of V (each as wide as Q and K), outputs side by side. The joined output is what is
-    guarded: each call's gradient is then a slice of it at fixed strides — one copy at most a map, not one a slice."""
+    guarded: each call's gradient is then a slice of it at fixed strides — one copy at most a map, not one a slice.
+    Joined in the calls' own memory order (CUDA's kernels: [B, T, H, d] for a model's Q), which is the order the
+    output's gradient comes back in from the model, so that the guard copies nothing there."""
     if len(v_parts) == 1:
         return _call(inp, q, k, v_parts[0], mask)
-    return _guarded(torch.cat([_call(inp, q, k, part, mask, guard=False) for part in v_parts], dim=-1))
+    outs = [_call(inp, q, k, part, mask, guard=False) for part in v_parts]
+    if _heads_inside_tokens(outs[0]):
+        return _guarded(torch.cat([o.transpose(1, 2) for o in outs], dim=-1).transpose(1, 2))
+    return _guarded(torch.cat(outs, dim=-1))
 
 
 def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
@@ -169,11 +188,19 @@ def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) 
     q, k, v, layout = _one_call_operands(inp)
     width = max(d, dv)
     if d < width:
-        q = F.pad(q, (0, width - d))
-        k = F.pad(k, (0, width - d))
+        q, k = _padded(q, width - d), _padded(k, width - d)
     elif dv < width:
-        v = F.pad(v, (0, width - dv))
+        v = _padded(v, width - dv)
     return _combine(inp, _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv], layout, fused_epilogue)
+
+
+def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` [B, H, N, w] zero-padded to width w + n in its own memory order: a model's Q (and K in training) is laid
+    out [B, N, H, w], and so is then the call's output — which the DIFF layer normalises and joins into [B, N, H·dv]
+    without a copy (diffattn.models.diff_llama) — and Q's and K's gradients, which reach the projections by a view."""
+    if _heads_inside_tokens(x):
+        return F.pad(x.transpose(1, 2), (0, n)).transpose(1, 2)
+    return F.pad(x, (0, n))
 
 
 def _cudnn_device_reason(device_type: str, index: int | None) -> str | None:
