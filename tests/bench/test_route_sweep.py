@@ -150,6 +150,7 @@ def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_
     assert epilogue == sorted(epilogue) and max(epilogue) < order.index("sdpa_maps") < order.index("triton")
     v1, v2 = rs.routes_for(rs.CallClass("v1", 64)), rs.routes_for(rs.CallClass("shared_k", 64))
     assert "cudnn_maps+epilogue" in v1 and "sdpa_split+epilogue" in v1 and "sdpa+epilogue" not in v1
+    assert v1.index("cudnn+epilogue") == v1.index("cudnn") + 1 and "cudnn+epilogue" in v2
     assert "sdpa+epilogue" in v2 and "sdpa_split" not in v2
 
 

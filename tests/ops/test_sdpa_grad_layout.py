@@ -86,7 +86,7 @@ def _strides_of_real_dims(stride, shape):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("route", ["cudnn_maps", "cudnn_maps+epilogue", "cudnn", "sdpa_maps", "sdpa"])
+@pytest.mark.parametrize("route", ["cudnn_maps", "cudnn_maps+epilogue", "cudnn", "cudnn+epilogue", "sdpa_maps", "sdpa"])
 def test_the_same_call_twice_with_gradients_in_two_layouts_gives_the_same_gradients(route):
     # the hazard itself, on the GPU: the same Q, K, V (so the same cached cuDNN backward graph) and the same output
     # gradient, given contiguous the first time and laid out [B, T, H, dv] the second; a graph reading the second by

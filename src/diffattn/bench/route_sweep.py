@@ -125,8 +125,8 @@ def default_classes() -> list[CallClass]:
 #: fastest first, each fused-epilogue variant beside its own route (the pair is the comparison that decides it), the
 #: fused kernel last (2.5–11× the baseline on both GPUs so far)
 SWEEP_ORDER = (
-    "cudnn_maps", "cudnn_maps+epilogue", "sdpa", "sdpa+epilogue", "sdpa_split", "sdpa_split+epilogue", "cudnn",
-    "sdpa_maps", "sdpa_maps+epilogue", "triton",
+    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", "cudnn+epilogue", "sdpa", "sdpa+epilogue", "sdpa_split",
+    "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
 )  # fmt: skip
 #: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
 #: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs)

@@ -140,7 +140,7 @@ def check_table(data: object) -> list[dict]:
 #: instead of PyTorch's five element-wise passes
 EPILOGUE = "+epilogue"
 #: the SDPA routes that have that variant: those that measured fastest on some class, or may with it
-EPILOGUE_ROUTES = ("sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps")
+EPILOGUE_ROUTES = ("sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps")
 #: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
 ROUTE_NAMES = (
     "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
