@@ -76,7 +76,7 @@ def _pairs_as_maps(q, k, v, lam, **kw) -> dict:
 
 def _stacked_as_maps(q, k, v, lam, **kw) -> dict:
     (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-    return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "lam": lam}
+    return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v.chunk(2, dim=1), "lam": lam}
 
 
 #: the op each layer calls on its Q and K whole, and the maps the op cuts from them

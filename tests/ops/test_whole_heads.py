@@ -16,16 +16,17 @@ from diffattn.ops import diff_attention, diff_attention_pairs, diff_attention_st
 from .interpreter import import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
 
-LAYOUTS = ["pairs", "stacked"]
-WHOLE = {"pairs": diff_attention_pairs, "stacked": diff_attention_stacked}
+# "stacked": V handed over as DiffLlama has it, its halves stacked as heads; "stacked, v halves": as the pair of them
+LAYOUTS = ["pairs", "stacked", "stacked, v halves"]
+WHOLE = {"pairs": diff_attention_pairs, "stacked": diff_attention_stacked, "stacked, v halves": diff_attention_stacked}
 # sdpa_split cuts V into slices of width d: only DIFF V1's V (2d wide) has more than one
-ONE_CALL = [("pairs", "sdpa"), ("stacked", "sdpa"), ("stacked", "sdpa_split")]
+ONE_CALL = [("pairs", "sdpa"), *((layout, r) for layout in LAYOUTS[1:] for r in ("sdpa", "sdpa_split"))]
 
 
 def _leaves(layout: str, dtype=torch.float32, grad=True):
     """Q [B, T, 2H, d] (a projection, transposed by the callers); pairs: K and V [B, Hkv, S, d] (GQA 2), λ [B, H, T];
-    stacked: K [B, S, 2Hkv, d] (a projection too), V's two halves of heads as one [B, 2Hkv, S, d] tensor (DIFF V1's
-    V of width 2d), λ one per head."""
+    stacked: K and V [B, S, 2Hkv, d] (projections too; V's two halves of heads: DIFF V1's V of width 2d), λ one per
+    head."""
     g = torch.Generator().manual_seed(0)
 
     def r(*s):
@@ -36,7 +37,7 @@ def _leaves(layout: str, dtype=torch.float32, grad=True):
         k, v = r(2, 2, 9, 16), r(2, 2, 9, 16)
         lam = torch.rand(2, 4, 9, generator=g).to(dtype).requires_grad_(grad)
     else:
-        k, v = r(2, 9, 4, 16), r(2, 4, 9, 16)
+        k, v = r(2, 9, 4, 16), r(2, 9, 4, 16)
         lam = torch.rand(4, generator=g).to(dtype).requires_grad_(grad)
     return [q, k, v, lam]
 
@@ -46,7 +47,8 @@ def _heads(layout: str, leaves):
     q, k, v, lam = leaves
     if layout == "pairs":
         return q.transpose(1, 2), k, v, lam
-    return q.transpose(1, 2), k.transpose(1, 2), v.chunk(2, dim=1), lam
+    v = v.transpose(1, 2)
+    return q.transpose(1, 2), k.transpose(1, 2), v if layout == "stacked" else v.chunk(2, dim=1), lam
 
 
 def _call(layout: str, whole: bool, leaves, backend):
@@ -61,7 +63,7 @@ def _call_on(layout: str, whole: bool, heads, backend):
         q1, q2 = interleaved_pair(q, 1)
         return diff_attention(q1, k, q2, k, v, lam, backend=backend)
     (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-    return diff_attention(q1, k1, q2, k2, v, lam, backend=backend)
+    return diff_attention(q1, k1, q2, k2, v.chunk(2, dim=1) if layout == "stacked" else v, lam, backend=backend)
 
 
 def test_interleaved_pair_is_the_strided_halves():
@@ -120,19 +122,21 @@ def test_whole_heads_on_a_one_call_route_against_float64(layout, backend):
 def test_a_one_call_route_reads_q_and_k_as_they_are(monkeypatch, layout, backend):
     # where diff_attention joins the two maps' views into new [B, 2H, T, d] tensors (a copy each, and the gradients
     # joined back), the whole-heads call hands SDPA the caller's Q (and K) — DIFF V1's Q and K padded to V's width
-    # on the sdpa route: one copy from the caller's tensor, not a copy of a joined copy
-    calls = []
+    # on the sdpa route: one copy from the caller's tensor, not a copy of a joined copy; and DIFF V1's V for both
+    # maps' heads, [V; V], made from V's stacked halves by one copy (ops.sdpa._twice_from_halves)
+    calls, values = [], []
     real = F.scaled_dot_product_attention
 
     def spy(q, k, v, **kw):
         calls.append((q, k))
+        values.append(v)
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     heads = _heads(layout, _leaves(layout))
     q, k = heads[:2]
     _call_on(layout, True, heads, backend)
-    padded = layout == "stacked" and backend == "sdpa"  # V is 2d wide: Q and K padded to it
+    padded = layout != "pairs" and backend == "sdpa"  # V is 2d wide: Q and K padded to it
     for got_q, got_k in calls:
         if padded:
             assert torch.equal(got_q[..., :16], q) and torch.equal(got_k[..., :16], k) and not got_q[..., 16:].any()
@@ -142,17 +146,28 @@ def test_a_one_call_route_reads_q_and_k_as_they_are(monkeypatch, layout, backend
             assert got_q.stride(1) < got_q.stride(2)
         else:
             assert got_q is q and got_k is k
+    if layout == "stacked":
+        v = heads[2]
+        va, vb = v.chunk(2, dim=1)
+        twice = torch.cat([torch.cat([va, vb], dim=-1)] * 2, dim=1)
+        for got_v in values:  # sdpa_split: the slices of [V; V] as wide as Q, views of it
+            assert torch.equal(got_v, twice[..., : got_v.shape[-1]] if got_v.storage_offset() == 0 else got_v)
+            assert _copies_between(got_v, v) == ["CloneBackward0"]
+        assert torch.equal(values[0], twice if backend == "sdpa" else twice[..., :16])
     calls.clear()
     _call_on(layout, False, heads, backend)
     assert calls and all(got_q is not q and torch.equal(got_q[..., :16], q) for got_q, _ in calls)
 
 
+#: autograd nodes of operations that copy their input forward (the rest on these paths are views)
+COPIES = {"CloneBackward0", "CatBackward0", "StackBackward0", "ConstantPadNdBackward0", "CopyBackwards"}
+
+
 def _copies_between(x: torch.Tensor, source: torch.Tensor) -> list[str]:
-    """The autograd nodes from ``x`` back to ``source`` that are not views (one path: each node's first input)."""
-    views = {"TransposeBackward0", "ViewBackward0", "UnsafeViewBackward0", "PermuteBackward0"}
+    """The autograd nodes of copies from ``x`` back to ``source`` (one path: each node's first input)."""
     names, fn = [], x.grad_fn
     while fn is not None and fn is not source.grad_fn:
-        if type(fn).__name__ not in views:
+        if type(fn).__name__ in COPIES:
             names.append(type(fn).__name__)
         fn = fn.next_functions[0][0]
     assert fn is source.grad_fn, "x is not made from source"

@@ -345,14 +345,14 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
 def op_call(p: Problem, backend: str) -> torch.Tensor:
     """The op on a problem as the models call it, on their Q and K as they are: DIFF V2's layer (K1 is K2) with the
     query heads' pairs interleaved (:func:`diffattn.ops.diff_attention_pairs`), DIFF's layer with both maps' heads
-    stacked and V as its two halves (:func:`diffattn.ops.diff_attention_stacked`)."""
+    stacked and V's two halves as heads (:func:`diffattn.ops.diff_attention_stacked`)."""
     from ..ops import diff_attention_pairs, diff_attention_stacked
 
     q, k, v = p.heads
     options = {name: x for name, x in p.diff.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
     if p.diff["k1"] is p.diff["k2"]:
         return diff_attention_pairs(q, k, v, p.diff["lam"], backend=backend, **options)
-    return diff_attention_stacked(q, k, p.diff["v"], p.diff["lam"], backend=backend, **options)
+    return diff_attention_stacked(q, k, v, p.diff["lam"], backend=backend, **options)
 
 
 #: The fused kernel's variants the sweep times as routes of their own (``triton[NAME]``, on their default tiles): the

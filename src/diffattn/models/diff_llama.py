@@ -191,9 +191,9 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         )
 
         k, v = visible_keys(q_len, attention_mask, k, v)  # a static cache's empty slots at prefill
-        # V of a DIFF head is [v_j | v_(j + Hkv/2)], [B, Hkv/2, S, 2d]: handed over as its two halves, which the
-        # triton backend reads in place (no concatenation of the whole KV cache at every decoding step)
-        v_halves = v.chunk(2, dim=1)
+        # V of a DIFF head is [v_j | v_(j + Hkv/2)], [B, Hkv/2, S, 2d]: handed over as it is, those halves stacked as
+        # heads, which the triton backend and the per-map routes read in place (no concatenation of the whole KV cache
+        # at every decoding step)
         if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
             raise ValueError(
                 f"DIFF attention needs a tensor mask (attn_implementation 'sdpa' or 'eager'); got "
@@ -210,7 +210,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
             # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
             (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-            maps = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=torch.cat(v_halves, dim=-1), lam=lam, **options)
+            maps = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=torch.cat(v.chunk(2, dim=1), dim=-1), lam=lam, **options)
             if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
                 report(self, kind="diff", **maps)
         if bits is not None:
@@ -223,11 +223,11 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             weights = torch.cat([ref.attn1, ref.attn2], dim=1).to(q.dtype)
             out = output_through_maps(*weights.chunk(2, dim=1), ref.lam, maps["v"])
         else:
-            # the op on Q and K as they are (both maps' heads stacked): a one-call route reads them without
-            # concatenating the maps' chunks back into copies; a packed row's mask reaches the op as segment ids
-            # (docs/methods.md §0.2); out: [B, h, T, 2d]
+            # the op on Q, K and V as they are (both maps' heads stacked, V's halves as heads): a one-call route
+            # reads Q and K without concatenating the maps' chunks back into copies; a packed row's mask reaches the
+            # op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
             options = with_packed_segments(options, kwargs.get("position_ids"))
-            out = diff_attention_stacked(q, k, v_halves, lam, **options, backend=self.options.backend)
+            out = diff_attention_stacked(q, k, v, lam, **options, backend=self.options.backend)
         # the norm is per head (over the last axis), so it may come after the transpose to [B, T, h, 2d]: an output laid
         # out [B, T, h, 2d] in memory — as the SDPA routes return it for the model's Q, and CUDA's kernels always — is
         # then normed as it is and joined into [B, T, h·2d] by a view, where a norm before the transpose copied it

@@ -456,7 +456,7 @@ def diff_attention(
     Raises:
         ValueError: naming the argument, what was given and what is allowed.
     """
-    return _validated_run(backend, lambda q1, k1, q2, k2, v: (q1, k1, q2, k2, v, None), (q1, k1, q2, k2, v), lam,
+    return _validated_run(backend, lambda q1, k1, q2, k2, v: ((q1, k1, q2, k2, v), {}), (q1, k1, q2, k2, v), lam,
                           causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids)  # fmt: skip
 
 
@@ -485,7 +485,7 @@ def diff_attention_pairs(
 
     def arrange(q, k, _q, _k, v):
         q1, q2 = interleaved_pair(q, 1)
-        return q1, k, q2, k, v, (q, k)
+        return (q1, k, q2, k, v), {"qk_whole": (q, k)}
 
     _check_heads_in_twos("q", q, "[B, 2H, T, d], an even number of query heads in pairs")
     return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
@@ -506,11 +506,13 @@ def diff_attention_stacked(
 ) -> torch.Tensor:
     """Differential attention over both maps' heads stacked, as DIFF V1 lays them out (DiffLlama, docs/methods.md
     §1): ``q`` [B, 2H, T, d] holds map 1's H query heads, then map 2's; ``k`` [B, 2Hkv, S, d] map 1's key heads, then
-    map 2's; ``v`` as in :func:`diff_attention` (DiffLlama hands its two halves of heads, ``v.chunk(2, dim=1)``).
+    map 2's; ``v`` as in :func:`diff_attention` — or in this layout too, V's two column halves stacked as heads,
+    [B, 2Hkv, S, dv/2] (DiffLlama's V: DIFF head j reads ``[v_j | v_(j + Hkv)]``), the pair ``v.chunk(2, dim=1)``.
     The same as :func:`diff_attention` with ``q1, q2 = q.chunk(2, dim=1)`` and ``k1, k2 = k.chunk(2, dim=1)`` (every
     other argument as there), except that a route making one call over both maps' query heads (``sdpa``, ``cudnn``,
     ``sdpa_split``) reads ``q`` and ``k`` as they are instead of concatenating the chunks back into copies of them — a
-    copy of each forward and one of each gradient backward.
+    copy of each forward and one of each gradient backward — and builds the V it needs for both maps' heads (V twice)
+    from V's stacked halves in one copy, not by joining them and then doubling the join.
 
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q``.
@@ -518,7 +520,9 @@ def diff_attention_stacked(
 
     def arrange(q, k, _q, _k, v):
         (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-        return q1, k1, q2, k2, v, (q, k)
+        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == k.shape[1]:  # V's halves stacked as heads
+            return (q1, k1, q2, k2, tuple(v.chunk(2, dim=1))), {"qk_whole": (q, k), "v_stacked": v}
+        return (q1, k1, q2, k2, v), {"qk_whole": (q, k)}
 
     _check_heads_in_twos("q", q, "[B, 2H, T, d], map 1's query heads then map 2's")
     _check_heads_in_twos("k", k, "[B, 2Hkv, S, d], map 1's key heads then map 2's")
@@ -533,17 +537,18 @@ def _check_heads_in_twos(name: str, x, layout: str) -> None:
 
 
 def _validated_run(backend: str, arrange, tensors: tuple, lam, **options) -> torch.Tensor:
-    """``arrange(*tensors)`` → (q1, k1, q2, k2, v, qk_whole), validated and run on ``backend``: under autocast with
-    the tensors cast to its dtype first and autocast off inside, like ``scaled_dot_product_attention``."""
+    """``arrange(*tensors)`` → ((q1, k1, q2, k2, v), the caller's whole tensors for :func:`validate`), validated and run
+    on ``backend``: under autocast with the tensors cast to its dtype first and autocast off inside, like
+    ``scaled_dot_product_attention``."""
     first = tensors[0]
     # the meta device has no autocast (asking raises): a model counted there (FLOPs, shapes) runs the op as it is
     if isinstance(first, torch.Tensor) and first.device.type != "meta" and torch.is_autocast_enabled(first.device.type):
         tensors = _autocast_inputs(*tensors)
         with torch.autocast(first.device.type, enabled=False):
-            *args, qk_whole = arrange(*tensors)
-            return _run(backend, validate(*args, lam, qk_whole=qk_whole, **options))
-    *args, qk_whole = arrange(*tensors)
-    return _run(backend, validate(*args, lam, qk_whole=qk_whole, **options))
+            args, whole = arrange(*tensors)
+            return _run(backend, validate(*args, lam, **whole, **options))
+    args, whole = arrange(*tensors)
+    return _run(backend, validate(*args, lam, **whole, **options))
 
 
 def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:

@@ -70,6 +70,9 @@ class DiffAttentionInputs:
     # [B, 2H, T, d], map 1 and map 2 of head i at 2i and 2i + 1, q1 and q2 their interleaved_pair; K shared, k1 is k2
     # is K) or DiffLlama's stacked maps (diff_attention_stacked: [Q1; Q2] over [K1; K2], each cut by one chunk)
     qk_whole: tuple[torch.Tensor, torch.Tensor] | None = None
+    # DiffLlama's V as the caller had it, [B, 2Hkv, S, dv/2]: its column halves stacked as heads, v_parts its two chunks
+    # (diff_attention_stacked); a one-call route builds V for both maps' heads from it in one copy
+    v_stacked: torch.Tensor | None = None
 
     @property
     def v(self) -> torch.Tensor:
@@ -150,9 +153,11 @@ def validate(
     scale: float | None,
     segment_ids: torch.Tensor | None = None,
     qk_whole: tuple[torch.Tensor, torch.Tensor] | None = None,
+    v_stacked: torch.Tensor | None = None,
 ) -> DiffAttentionInputs:
     """Check every argument and return them in the one layout the backends accept. ``qk_whole``: the (Q, K) the
-    caller cut q1, q2 and k1, k2 from (:class:`DiffAttentionInputs`), kept for the one-call routes."""
+    caller cut q1, q2 and k1, k2 from, ``v_stacked`` the tensor v's two parts are the chunks of
+    (:class:`DiffAttentionInputs`), kept for the one-call routes."""
     _check_rank("q1", q1, "[B, H, T, d]")
     _check_rank("q2", q2, "[B, H, T, d]")
     _check_rank("k1", k1, "[B, Hkv, S, d]")
@@ -202,7 +207,9 @@ def validate(
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
     segments = _normalise_segments(segment_ids, b, t, s, q1.device)
-    return DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, qk_whole)
+    return DiffAttentionInputs(
+        q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, qk_whole, v_stacked
+    )
 
 
 def _normalise_segments(segment_ids: torch.Tensor | None, b: int, t: int, s: int, device) -> torch.Tensor | None:

@@ -80,8 +80,24 @@ def _one_call_operands(inp: DiffAttentionInputs):
         return q, inp.k1, inp.v, "interleaved"
     # [B, 2H, T, d] over [B, 2Hkv, S, d]: map 1's heads, then map 2's
     q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))
+    if inp.v_stacked is not None:
+        return q, k, _twice_from_halves(inp.v_stacked), "stacked"
     v = inp.v
     return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
+
+
+def _twice_from_halves(v: torch.Tensor) -> torch.Tensor:
+    """[V; V] — V for both maps' heads, [B, 2Hkv, S, 2w] — from DiffLlama's V, [B, 2Hkv, S, w] whose heads j and
+    j + Hkv are the column halves of V's head j, in one copy (an expanded view made contiguous) and in v's own memory
+    order. Its backward sums the two maps' dV and leaves one copy to the projection's layout; joining the halves and
+    then doubling the join copies twice forward and once more backward."""
+    b, two_hkv, s, w = v.shape
+    hkv = two_hkv // 2
+    if _heads_inside_tokens(v):  # [B, S, 2Hkv, w] in memory (a projection's view): build [B, S, 2Hkv, 2w]
+        halves = v.transpose(1, 2).unflatten(2, (2, hkv)).transpose(2, 3)  # [B, S, Hkv, 2 halves, w]
+        return halves.unsqueeze(2).expand(b, s, 2, hkv, 2, w).reshape(b, s, two_hkv, 2 * w).transpose(1, 2)
+    halves = v.unflatten(1, (2, hkv)).permute(0, 2, 3, 1, 4)  # [B, Hkv, S, 2 halves, w]
+    return halves.unsqueeze(1).expand(b, 2, hkv, s, 2, w).reshape(b, two_hkv, s, 2 * w)
 
 
 def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False) -> torch.Tensor:
@@ -91,8 +107,9 @@ def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool
 
 def _heads_inside_tokens(x: torch.Tensor) -> bool:
     """Whether a [B, H, T, d] tensor is laid out [B, T, H, d] in memory: a model's Q (a projection's view), and so the
-    output CUDA's attention kernels return for it (FlashAttention's always, cuDNN's following Q)."""
-    return x.stride(1) < x.stride(2)
+    output CUDA's attention kernels return for it (FlashAttention's always, cuDNN's following Q). Never for one token
+    (decoding): the two orders are then one, and the views that would follow the order are dispatched for nothing."""
+    return x.shape[2] > 1 and x.stride(1) < x.stride(2)
 
 
 def _maps_apart(o: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
