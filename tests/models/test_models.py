@@ -439,3 +439,38 @@ def test_the_diff_layers_split_their_heads_without_slice_gradients():
     for attention, backend in [("diff", "sdpa"), ("diff", "sdpa_split"), ("diff", "sdpa_maps"), ("diff-v2", "sdpa"),
                                ("diff-v2", "sdpa_maps")]:  # fmt: skip
         assert slice_gradients(attention, backend) == baseline, (attention, backend)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_split", "sdpa_maps"])
+def test_the_diff_layers_output_reaches_o_proj_without_a_copy(backend, monkeypatch):
+    # CUDA's attention kernels return a model's output [B, T, H, dv]-ordered, and the SDPA routes keep that order
+    # through their cuts and joins (ops.sdpa); the layer norms its heads after the transpose to [B, T, h, 2d], so the
+    # output is normed as it is and joined into [B, T, h·2d] by a view. Normed before the transpose, rms_norm made it
+    # contiguous [B, h, T, 2d] and the reshape copied it back; joined in [B, h, T, dv] order, the norm copied it
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **k: real(*a, **k).transpose(1, 2).contiguous().transpose(1, 2))  # fmt: skip
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("clone", "copy_", "contiguous", "_to_copy"):
+                self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = build_model("debug", "diff", backend=backend, num_layers=1, seed=0).eval()
+    attn = model.model.layers[0].self_attn
+    arguments = {}
+    attn.register_forward_pre_hook(lambda m, a, k: arguments.update(k), with_kwargs=True)
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids, use_cache=False)
+        with Copies() as copies:
+            attn(**arguments)
+    assert copies.names == []

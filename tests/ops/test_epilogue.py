@@ -131,8 +131,10 @@ def test_empty_inputs_give_empty_outputs():
 
 def _diff_inputs(shared: bool, dtype, mask: bool = False, lam_form: str = "scalar", dv_factor: int = 2, seed=0,
                  model_layout: bool = False):  # fmt: skip
-    """``model_layout``: Q, K, V laid out [B, T, H, d] as a model's projections hand them over (so are the SDPA
-    routes' outputs then, which they cut and join in that order: ops.sdpa._maps_apart)."""
+    """``model_layout``: Q, K, V laid out [B, T, H, d] as a model's projections hand them over: the per-map routes'
+    outputs are then [B, T, H, dv]-ordered and joined in that order (ops.sdpa._sliced_call). The one-call routes
+    concatenate the separate maps' Q here, so their outputs stay contiguous: the cut of an output laid out
+    [B, T, 2H, dv] (ops.sdpa._maps_apart) is tested through the whole-heads calls, tests/ops/test_whole_heads.py."""
     g = torch.Generator().manual_seed(seed)
     b, h, t, d = 2, 2, 9, 16
 

@@ -182,6 +182,9 @@ def test_whole_heads_refuse_an_odd_number_of_heads(layout):
     if layout == "stacked":
         with pytest.raises(ValueError, match=r"k must be \[B, 2Hkv, S, d\]"):
             WHOLE[layout](q, k[:, :3], v, lam)
+        # V with neither Hkv heads (V) nor 2Hkv (its halves stacked): named with both forms
+        with pytest.raises(ValueError, match=r"v must be V \[B, Hkv, S, dv\] .* or its two column halves"):
+            WHOLE[layout](q, k, v[:, :3], lam)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

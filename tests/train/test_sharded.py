@@ -283,10 +283,15 @@ def mixed_precision_job(rank, out_dir, names):
         ops.append({"q": str(q1.dtype), "lam": str(lam.dtype), "fp32_subtraction": bool(torch.equal(out, fp32))})
         return out
 
+    def recording_stacked(q, k, v, lam, **kw):  # the DIFF layer's call, on Q, K and V's halves stacked as heads
+        (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+        return recording_op(q1, k1, q2, k2, tuple(v.chunk(2, dim=1)) if v.shape[1] == k.shape[1] else v, lam, **kw)
+
     def record(module, args, output):
         computed.append((module.kind, str(output.dtype)))
 
-    diff_llama.diff_attention = diffattn.adapters.base.diff_attention = recording_op
+    diff_llama.diff_attention_stacked = recording_stacked
+    diffattn.adapters.base.diff_attention = recording_op
     policy = sharded.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     rows = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
     results = {}

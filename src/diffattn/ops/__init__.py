@@ -526,6 +526,12 @@ def diff_attention_stacked(
 
     _check_heads_in_twos("q", q, "[B, 2H, T, d], map 1's query heads then map 2's")
     _check_heads_in_twos("k", k, "[B, 2Hkv, S, d], map 1's key heads then map 2's")
+    if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] not in (k.shape[1], k.shape[1] // 2):
+        raise ValueError(
+            f"v must be V [B, Hkv, S, dv] = [.., {k.shape[1] // 2}, ..] or its two column halves stacked as heads "
+            f"[B, 2Hkv, S, dv/2] = [.., {k.shape[1]}, ..] (k holds both maps' 2Hkv = {k.shape[1]} key heads), got "
+            f"{tuple(v.shape)}"
+        )
     return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
                           segment_ids=segment_ids)  # fmt: skip
 
