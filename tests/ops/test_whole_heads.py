@@ -123,7 +123,7 @@ def test_a_one_call_route_reads_q_and_k_as_they_are(monkeypatch, layout, backend
     # where diff_attention joins the two maps' views into new [B, 2H, T, d] tensors (a copy each, and the gradients
     # joined back), the whole-heads call hands SDPA the caller's Q (and K) — DIFF V1's Q and K padded to V's width
     # on the sdpa route: one copy from the caller's tensor, not a copy of a joined copy; and DIFF V1's V for both
-    # maps' heads, [V; V], made from V's stacked halves by one copy (ops.sdpa._twice_from_halves)
+    # maps' heads, [V; V], made from V's stacked halves by one copy (ops._inputs.v_from_halves)
     calls, values = [], []
     real = F.scaled_dot_product_attention
 
@@ -215,3 +215,27 @@ def test_whole_heads_on_each_epilogue_route_are_its_route(layout, route, monkeyp
     want = torch.autograd.grad(gold, gold_leaves, cot.double())
     for name, a, b, c in zip(["dq", "dk", "dv", "dlam"], got, yard, want, strict=True):
         assert_within_rounding(f"{route} {layout} {name}", a, c, [b], torch.float32)
+
+
+@pytest.mark.parametrize("model_order", [True, False])
+def test_v_whole_is_joined_from_the_stacked_halves_in_one_copy_in_their_order(model_order):
+    # the routes that read V whole (cudnn_maps, reference, chunked) join DiffLlama's V from its halves stacked as heads
+    # in one copy laid out as V was ([B, S, 2Hkv, d] from a projection: [B, Hkv, S, 2d] then [B, S, Hkv, 2d] in
+    # memory), so that dV goes back to the projection through that one copy; concatenated, V was contiguous
+    # [B, Hkv, S, 2d], and its gradient went back through the chunk's cat and the projection's reshape
+    from diffattn.ops._inputs import heads_inside_tokens, validate
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 4, 9, 16, generator=g).requires_grad_() for _ in range(2))
+    shape = (2, 9, 4, 16) if model_order else (2, 4, 9, 16)
+    projection = torch.randn(*shape, generator=g).requires_grad_()
+    v = projection.transpose(1, 2) if model_order else projection.view(shape)  # a view of it, as in a model
+    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+    inp = validate(q1, k1, q2, k2, tuple(v.chunk(2, dim=1)), 0.5, causal=True, attn_mask=None, scale=None,
+                   qk_whole=(q, k), v_stacked=v)  # fmt: skip
+    joined = inp.v
+    assert torch.equal(joined, torch.cat(v.chunk(2, dim=1), dim=-1))
+    assert _copies_between(joined, v) == ["CloneBackward0"]
+    assert heads_inside_tokens(joined) == model_order
+    (dv,) = torch.autograd.grad(joined, projection, torch.ones_like(joined))
+    assert torch.equal(dv, torch.ones_like(projection))

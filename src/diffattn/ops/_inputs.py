@@ -76,9 +76,13 @@ class DiffAttentionInputs:
 
     @property
     def v(self) -> torch.Tensor:
-        """V as one [B, Hkv, S, dv] tensor: given halves are concatenated on each read, so a backend reads it once.
-        (Not a cached_property: its lock stops torch.compile from tracing the backends.)"""
-        return self.v_parts[0] if len(self.v_parts) == 1 else torch.cat(self.v_parts, dim=-1)
+        """V as one [B, Hkv, S, dv] tensor: given halves are joined on each read, so a backend reads it once — from
+        DiffLlama's V as the caller had it where there is one (:func:`v_from_halves`: in its memory order, so that dV
+        reaches the projection without a second copy), else concatenated. (Not a cached_property: its lock stops
+        torch.compile from tracing the backends.)"""
+        if len(self.v_parts) == 1:
+            return self.v_parts[0]
+        return v_from_halves(self.v_stacked) if self.v_stacked is not None else torch.cat(self.v_parts, dim=-1)
 
     @property
     def shares_keys(self) -> bool:
@@ -113,6 +117,29 @@ class DiffAttentionInputs:
     @property
     def v_dim(self) -> int:
         return sum(part.shape[3] for part in self.v_parts)
+
+
+def heads_inside_tokens(x: torch.Tensor) -> bool:
+    """Whether a [B, H, T, d] tensor is laid out [B, T, H, d] in memory: a model's Q (a projection's view), and so the
+    output CUDA's attention kernels return for it (FlashAttention's always, cuDNN's following Q). Never for one token
+    (decoding): the two orders are then one, and the views that would follow the order are dispatched for nothing."""
+    return x.shape[2] > 1 and x.stride(1) < x.stride(2)
+
+
+def v_from_halves(v: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """V, [B, Hkv, S, 2w] — or ``copies`` of it stacked over the heads, [V; V] for a call over both maps' heads — from
+    DiffLlama's V, [B, 2Hkv, S, w] whose heads j and j + Hkv are the column halves of V's head j: one expanded view made
+    contiguous (one copy), in v's own memory order. Its backward sums the copies' gradients and leaves one copy to
+    v's layout — where concatenating the halves (and the result with itself) writes [B, Hkv, S, 2w] contiguous, whose
+    gradient the chunk's cat and then the projection's reshape copy once each."""
+    b, two_hkv, s, w = v.shape
+    hkv = two_hkv // 2
+    if heads_inside_tokens(v):  # [B, S, 2Hkv, w] in memory (a projection's view): built as [B, S, copies·Hkv, 2w]
+        halves = v.transpose(1, 2).unflatten(2, (2, hkv)).transpose(2, 3)  # [B, S, Hkv, 2 halves, w]
+        whole = halves.unsqueeze(2).expand(b, s, copies, hkv, 2, w)
+        return whole.reshape(b, s, copies * hkv, 2 * w).transpose(1, 2)
+    halves = v.unflatten(1, (2, hkv)).permute(0, 2, 3, 1, 4)  # [B, Hkv, S, 2 halves, w]
+    return halves.unsqueeze(1).expand(b, copies, hkv, s, 2, w).reshape(b, copies * hkv, s, 2 * w)
 
 
 def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,7 +44,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._inputs import DiffAttentionInputs, causal_keep_mask, fully_masked_rows, interleaved_pair
+from ._inputs import (
+    DiffAttentionInputs,
+    causal_keep_mask,
+    fully_masked_rows,
+    heads_inside_tokens,
+    interleaved_pair,
+    v_from_halves,
+)
 
 
 def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[torch.Tensor | None, bool]:
@@ -81,35 +88,14 @@ def _one_call_operands(inp: DiffAttentionInputs):
     # [B, 2H, T, d] over [B, 2Hkv, S, d]: map 1's heads, then map 2's
     q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))
     if inp.v_stacked is not None:
-        return q, k, _twice_from_halves(inp.v_stacked), "stacked"
+        return q, k, v_from_halves(inp.v_stacked, copies=2), "stacked"  # [V; V] in one copy
     v = inp.v
     return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
-
-
-def _twice_from_halves(v: torch.Tensor) -> torch.Tensor:
-    """[V; V] — V for both maps' heads, [B, 2Hkv, S, 2w] — from DiffLlama's V, [B, 2Hkv, S, w] whose heads j and
-    j + Hkv are the column halves of V's head j, in one copy (an expanded view made contiguous) and in v's own memory
-    order. Its backward sums the two maps' dV and leaves one copy to the projection's layout; joining the halves and
-    then doubling the join copies twice forward and once more backward."""
-    b, two_hkv, s, w = v.shape
-    hkv = two_hkv // 2
-    if _heads_inside_tokens(v):  # [B, S, 2Hkv, w] in memory (a projection's view): build [B, S, 2Hkv, 2w]
-        halves = v.transpose(1, 2).unflatten(2, (2, hkv)).transpose(2, 3)  # [B, S, Hkv, 2 halves, w]
-        return halves.unsqueeze(2).expand(b, s, 2, hkv, 2, w).reshape(b, s, two_hkv, 2 * w).transpose(1, 2)
-    halves = v.unflatten(1, (2, hkv)).permute(0, 2, 3, 1, 4)  # [B, Hkv, S, 2 halves, w]
-    return halves.unsqueeze(1).expand(b, 2, hkv, s, 2, w).reshape(b, two_hkv, s, 2 * w)
 
 
 def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False) -> torch.Tensor:
     """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0."""
     return _subtract(inp, *_maps_apart(o, layout), fused)
-
-
-def _heads_inside_tokens(x: torch.Tensor) -> bool:
-    """Whether a [B, H, T, d] tensor is laid out [B, T, H, d] in memory: a model's Q (a projection's view), and so the
-    output CUDA's attention kernels return for it (FlashAttention's always, cuDNN's following Q). Never for one token
-    (decoding): the two orders are then one, and the views that would follow the order are dispatched for nothing."""
-    return x.shape[2] > 1 and x.stride(1) < x.stride(2)
 
 
 def _maps_apart(o: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +104,7 @@ def _maps_apart(o: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tenso
     contiguously in the order it cuts — o's, so the joined gradient is laid out as o and the guard (:func:`_guarded`)
     copies nothing (cut in [B, 2H, T, dv] from a [B, T, 2H, dv]-ordered o, the join would be copied once more). Two
     slices instead would cost a zero-filled tensor of o's size and a copy each, and their sum."""
-    inside = _heads_inside_tokens(o)
+    inside = heads_inside_tokens(o)
     x = o.transpose(1, 2) if inside else o  # o in its memory order: the heads at dim 2, or at dim 1
     heads = 2 if inside else 1
     o1, o2 = interleaved_pair(x, heads) if layout == "interleaved" else x.chunk(2, dim=heads)
@@ -193,7 +179,7 @@ def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
     if len(v_parts) == 1:
         return _call(inp, q, k, v_parts[0], mask)
     outs = [_call(inp, q, k, part, mask, guard=False) for part in v_parts]
-    if _heads_inside_tokens(outs[0]):
+    if heads_inside_tokens(outs[0]):
         return _guarded(torch.cat([o.transpose(1, 2) for o in outs], dim=-1).transpose(1, 2))
     return _guarded(torch.cat(outs, dim=-1))
 
@@ -215,7 +201,7 @@ def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
     """``x`` [B, H, N, w] zero-padded to width w + n in its own memory order: a model's Q (and K in training) is laid
     out [B, N, H, w], and so is then the call's output — which the DIFF layer normalises and joins into [B, N, H·dv]
     without a copy (diffattn.models.diff_llama) — and Q's and K's gradients, which reach the projections by a view."""
-    if _heads_inside_tokens(x):
+    if heads_inside_tokens(x):
         return F.pad(x.transpose(1, 2), (0, n)).transpose(1, 2)
     return F.pad(x, (0, n))
 
