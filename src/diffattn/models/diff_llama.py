@@ -49,6 +49,7 @@ from ..lambdas import (
     reparameterized_lambda,
 )
 from ..ops import BACKENDS, diff_attention_maps, diff_attention_stacked, output_through_maps, with_packed_segments
+from ..ops._inputs import v_from_halves
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import visible_keys
@@ -210,7 +211,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
             # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
             (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-            maps = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=torch.cat(v.chunk(2, dim=1), dim=-1), lam=lam, **options)
+            maps = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=v_from_halves(v), lam=lam, **options)
             if observing():  # attention capture for analysis (diffattn.eval.capture); off: one list check
                 report(self, kind="diff", **maps)
         if bits is not None:

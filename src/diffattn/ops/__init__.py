@@ -518,15 +518,18 @@ def diff_attention_stacked(
         ``[B, H, T, dv]`` in the dtype of ``q``.
     """
 
+    _check_heads_in_twos("q", q, "[B, 2H, T, d], map 1's query heads then map 2's")
+    _check_heads_in_twos("k", k, "[B, 2Hkv, S, d], map 1's key heads then map 2's")
+    v_heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 4 else None  # None: a pair, or refused later
+    halves_stacked = v_heads == k.shape[1]  # V's column halves stacked as heads, as DiffLlama has them
+
     def arrange(q, k, _q, _k, v):
         (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] == k.shape[1]:  # V's halves stacked as heads
+        if halves_stacked:
             return (q1, k1, q2, k2, tuple(v.chunk(2, dim=1))), {"qk_whole": (q, k), "v_stacked": v}
         return (q1, k1, q2, k2, v), {"qk_whole": (q, k)}
 
-    _check_heads_in_twos("q", q, "[B, 2H, T, d], map 1's query heads then map 2's")
-    _check_heads_in_twos("k", k, "[B, 2Hkv, S, d], map 1's key heads then map 2's")
-    if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[1] not in (k.shape[1], k.shape[1] // 2):
+    if v_heads is not None and not halves_stacked and v_heads != k.shape[1] // 2:
         raise ValueError(
             f"v must be V [B, Hkv, S, dv] = [.., {k.shape[1] // 2}, ..] or its two column halves stacked as heads "
             f"[B, 2Hkv, S, dv/2] = [.., {k.shape[1]}, ..] (k holds both maps' 2Hkv = {k.shape[1]} key heads), got "
