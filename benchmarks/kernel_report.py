@@ -409,10 +409,13 @@ def _record_launches(
         if kind == "epilogue":  # O1 − λ·O2 and its backward, on an SDPA route's outputs; no mask reaches it
             if spec.get("mask") is None:
                 o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
+                # one call's output over both maps (the one-call routes' backward writes its gradient whole)
+                o_pair, dout_pair = empty(b, 2 * h, t, dv), empty(b, h, t, dv)
                 # one λ, and DIFF V2's one per head and token
                 for lam_e in (torch.empty((), dtype=torch.float32), lam.unsqueeze(-1)):
                     epilogue._subtract_impl(o1, o2, lam_e)
                     epilogue._subtract_bwd_impl(dout, o2, lam_e)
+                    epilogue._subtract_pair_bwd_impl(dout_pair, o_pair, lam_e, False)
         elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])

@@ -104,6 +104,68 @@ def _assert_laid_out_like(got, like):
     assert got.permute(*order).is_contiguous(), f"strides {got.stride()} not in the order of {like.stride()}"
 
 
+def _one_call_output(layout, bthd, dtype, b=2, h=3, t=7, dv=24, seed=0):
+    """One call's [B, 2H, T, dv] output, contiguous or laid out [B, T, 2H, dv] as SDPA's CUDA kernels write it for a
+    model's Q; and its two maps cut as ops.sdpa cut them before subtract_pair (chunk / unbind of the heads)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (b, t, 2 * h, dv) if bthd else (b, 2 * h, t, dv)
+    o = torch.randn(*shape, generator=g).to(DEVICE, dtype)
+    o = (o.transpose(1, 2) if bthd else o).requires_grad_()
+    return o
+
+
+def _cut(o, layout):
+    return o.unflatten(1, (-1, 2)).unbind(2) if layout == "interleaved" else o.chunk(2, dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
+@pytest.mark.parametrize("bthd", [False, True])
+@pytest.mark.parametrize("layout", ["stacked", "interleaved"])
+def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_from_one_kernel(
+    layout, bthd, lam_form, dtype, monkeypatch
+):
+    # the same kernels' numbers bit for bit — the output, dλ, and the gradient of the whole output that autograd
+    # joined from dO1 and dO2 by a cat — where the backward is one launch and writes that gradient laid out as the
+    # output (the guard of ops.sdpa then hands it to SDPA's backward without a copy), with no cut for autograd to join
+    o = _one_call_output(layout, bthd, dtype)
+    h = o.shape[1] // 2
+    lam = (
+        {
+            "scalar": lambda: torch.tensor(0.37),
+            "per_head": lambda: torch.rand(1, h, 1, 1, generator=torch.Generator().manual_seed(4)),
+            "per_token": lambda: torch.rand(2, h, 7, 1, generator=torch.Generator().manual_seed(4)),
+        }[lam_form]()
+        .to(DEVICE)
+        .requires_grad_()
+    )
+    launches = []
+    real = epilogue._launch_subtract
+    monkeypatch.setattr(epilogue, "_launch_subtract", lambda kernel, *a, **kw: launches.append(kernel) or real(
+        kernel, *a, **kw))  # fmt: skip
+    out = epilogue.subtract_pair(o, lam, layout)
+    want = epilogue.subtract_maps(*_cut(o, layout), lam)
+    assert torch.equal(out, want)
+    assert out.grad_fn.next_functions[0][0] is None or type(out.grad_fn.next_functions[0][0]).__name__ == (
+        "AccumulateGrad"
+    ), "o reaches the epilogue whole: nothing for autograd to join"
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    launches.clear()
+    d_o, d_lam = torch.autograd.grad(out, (o, lam), g)
+    assert launches == [epilogue._subtract_bwd_kernel], "the whole gradient from the one backward kernel"
+    want_o, want_lam = torch.autograd.grad(want, (o, lam), g)
+    assert torch.equal(d_o, want_o) and torch.equal(d_lam, want_lam)
+    assert d_o.stride() == o.stride(), "the gradient laid out as the output"
+
+
+def test_subtract_pair_refuses_what_is_not_one_calls_output():
+    o = torch.zeros(1, 3, 2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"o must be \[B, 2H, T, dv\]"):
+        epilogue.subtract_pair(o, torch.tensor(0.5), "stacked")
+    with pytest.raises(ValueError, match="layout must be 'stacked' or 'interleaved'"):
+        epilogue.subtract_pair(torch.zeros(1, 2, 2, 8, device=DEVICE), torch.tensor(0.5), "pairs")
+
+
 def test_a_row_of_width_not_a_power_of_two_and_a_partial_last_program():
     # dv = 40 pads to 64 columns; 2·3·5 = 30 rows over 4-row programs leave the last one half full
     o1, o2, lam = _operands("apart", torch.float32, "per_token", t=5, dv=40)
@@ -213,18 +275,25 @@ def test_every_epilogue_route_is_a_backend_and_a_table_route():
     assert {r + routes.EPILOGUE for r in routes.EPILOGUE_ROUTES} <= names
 
 
-def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatch):
+@pytest.mark.parametrize(
+    ("route", "op", "function"),
+    [("sdpa", "_subtract_pair_op", "_SubtractPair"), ("sdpa_maps", "_subtract_op", "_SubtractMaps")],
+)
+def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatch, route, op, function):
     # under torch.compile the kernels are custom ops with fake implementations (the tracer goes through the route
     # without a break, autograd through their registered formula); eager training takes the autograd Function: the
-    # same kernels, so the same numbers, forward and every gradient
+    # same kernels, so the same numbers, forward and every gradient. A one-call route (sdpa) hands the epilogue its
+    # call's output whole (subtract_pair), a route of one call per map (sdpa_maps) the two maps' outputs
     inputs = _diff_inputs(True, torch.float32, lam_form="per_token")
     leaves = [inputs[k] for k in ("q1", "k1", "q2", "v", "lam")]
     took = []
-    monkeypatch.setattr(epilogue, "_subtract_op", _recording(epilogue._subtract_op, took, "custom op"))
-    monkeypatch.setattr(epilogue._SubtractMaps, "apply", _recording(epilogue._SubtractMaps.apply, took, "Function"))
-    fn = torch.compile(lambda kw: ops.diff_attention(**kw, backend="sdpa+epilogue"), fullgraph=True, backend="eager")
+    monkeypatch.setattr(epilogue, op, _recording(getattr(epilogue, op), took, "custom op"))
+    fn_class = getattr(epilogue, function)
+    monkeypatch.setattr(fn_class, "apply", _recording(fn_class.apply, took, "Function"))
+    backend = route + "+epilogue"
+    fn = torch.compile(lambda kw: ops.diff_attention(**kw, backend=backend), fullgraph=True, backend="eager")
     compiled = fn(inputs)
-    eager = ops.diff_attention(**inputs, backend="sdpa+epilogue")
+    eager = ops.diff_attention(**inputs, backend=backend)
     assert took == ["custom op", "Function"]
     assert torch.equal(compiled, eager)
     g = torch.randn(eager.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)

@@ -172,10 +172,10 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     where it has spill-free tiles: not for wide heads, nor for DIFF V1 heads with a per-row 4-D mask (they take
     the two-kernel backward; segments are one id per key and row, and keep it). The split dK/dV kernel's two
     launches ("dv", "dk") for wide and DIFF V1 heads, the forward by column blocks ("fwd_cols") for wide heads. The
-    fused epilogue's forward and backward kernels with two λ layouts (four rows), without a mask only (no mask
-    reaches it)."""
+    fused epilogue's forward, backward and backward writing a one-call output's gradient whole with two λ layouts (six
+    rows), without a mask only (no mask reaches it)."""
     repeat = {"short": short_lengths, "prefill": short_lengths + 1}  # prefill: also at the shape's (long) T
-    repeat["epilogue"] = 4 if mask == "none" else 0
+    repeat["epilogue"] = 6 if mask == "none" else 0
     # the split dK/dV kernel's two launches (wide and DIFF V1 heads), the forward by column blocks (wide heads)
     split = int(variant in ("W", "V1"))
     repeat.update({"dv": split, "dk": split, "fwd_cols": int(variant == "W")})

@@ -217,6 +217,29 @@ def test_whole_heads_on_each_epilogue_route_are_its_route(layout, route, monkeyp
         assert_within_rounding(f"{route} {layout} {name}", a, c, [b], torch.float32)
 
 
+@pytest.mark.parametrize(("layout", "route"), ONE_CALL)
+def test_a_one_call_epilogue_route_hands_the_calls_output_to_the_kernel_uncut(layout, route, monkeypatch):
+    # the fused epilogue takes the call's output whole (epilogue.subtract_pair) and its backward writes that output's
+    # gradient in one pass: between the route's output and SDPA's there is no cut of the two maps (a chunk or unbind,
+    # whose backward is a cat of dO1 and dO2: one more pass over the whole gradient)
+    import_kernels("diffattn.ops.triton.epilogue")  # without CUDA: interpreted
+    keep_interpreting(monkeypatch)
+    outputs = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: outputs.append(real(*a, **kw)) or outputs[-1]
+    )
+    out = _call_on(layout, True, _heads(layout, _leaves(layout)), route + "+epilogue")
+    nodes, fn = [], out.grad_fn
+    while fn is not None and fn is not outputs[0].grad_fn:
+        nodes.append(type(fn).__name__)
+        fn = fn.next_functions[0][0]
+    assert fn is outputs[0].grad_fn, "the route's output is made from its (first) SDPA call's"
+    cuts = [n for n in nodes if n.startswith(("Split", "Unbind", "Chunk"))]
+    assert not cuts, f"the maps cut apart before the epilogue: {nodes}"
+    assert "_SubtractPairBackward" in nodes
+
+
 @pytest.mark.parametrize("model_order", [True, False])
 def test_v_whole_is_joined_from_the_stacked_halves_in_one_copy_in_their_order(model_order):
     # the routes that read V whole (cudnn_maps, reference, chunked) join DiffLlama's V from its halves stacked as heads

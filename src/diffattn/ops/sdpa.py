@@ -94,8 +94,13 @@ def _one_call_operands(inp: DiffAttentionInputs):
 
 
 def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False) -> torch.Tensor:
-    """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0."""
-    return _subtract(inp, *_maps_apart(o, layout), fused)
+    """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0. ``fused``: by the
+    one-kernel epilogue on ``o`` whole, whose backward writes ``o``'s gradient in one pass (no join of dO1 and dO2)."""
+    if fused:
+        from .triton.epilogue import subtract_pair
+
+        return _zero_fully_masked(inp, subtract_pair(o.to(inp.q1.dtype), inp.lam, layout))
+    return _subtract(inp, *_maps_apart(o, layout))
 
 
 def _maps_apart(o: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,18 +120,19 @@ def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor, fuse
     """O1 − λ·O2 in float32 (docs/methods.md §0.2), fully masked rows set to 0, in the inputs' dtype. ``fused``: by
     the one-kernel epilogue of :mod:`diffattn.ops.triton.epilogue` (the routes ``<route>+epilogue``), the same
     arithmetic (float32, one rounding) in one pass instead of PyTorch's five."""
-    fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1], or None without an attn_mask
     if fused:
         from .triton.epilogue import subtract_maps
 
-        out = subtract_maps(o1.to(inp.q1.dtype), o2.to(inp.q1.dtype), inp.lam)
-        # zero is exact in every dtype: setting it after the rounding gives the same output and gradient
-        return out if fully is None else out.masked_fill(fully, 0.0)
+        return _zero_fully_masked(inp, subtract_maps(o1.to(inp.q1.dtype), o2.to(inp.q1.dtype), inp.lam))
     acc = torch.promote_types(o1.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
-    out = o1.to(acc) - inp.lam.to(acc) * o2.to(acc)
-    if fully is not None:
-        out = out.masked_fill(fully, 0.0)  # the row attends to nothing: zero output, zero gradient through it
-    return out.to(inp.q1.dtype)
+    return _zero_fully_masked(inp, o1.to(acc) - inp.lam.to(acc) * o2.to(acc)).to(inp.q1.dtype)
+
+
+def _zero_fully_masked(inp: DiffAttentionInputs, out: torch.Tensor) -> torch.Tensor:
+    """``out`` with the rows that attend to nothing set to 0: zero output, zero gradient through it (zero is exact in
+    every dtype, so before or after the rounding gives the same output and gradient)."""
+    fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1], or None without an attn_mask
+    return out if fully is None else out.masked_fill(fully, 0.0)
 
 
 #: where SDPA's backward may be cuDNN's (the module docstring's graph cache): the devices :func:`_call` guards; the

@@ -7,9 +7,10 @@ the backward, each a kernel launch. On an H200 (2026-11-27) the fastest DIFF V1 
 the baseline forward+backward where its two cuDNN calls alone do 1.50×: by the bytes those passes move, about 0.7 ms
 of its 4.9 (benchmarks/RESULTS.md, a prediction until a GPU times it). Here the forward reads O1, O2 and λ
 once and writes the output (6 bytes an element in bf16 against about 40); the backward reads the output's gradient
-and O2 and writes dO2 and one float32 per row (dO1 is the gradient itself, no copy). Whether that is faster on a GPU
-is measured (the routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of them is chosen
-before the route sweep has timed it.
+and O2 and writes dO2 and one float32 per row (dO1 is the gradient itself, no copy) — or, where O1 and O2 are the
+halves of one call's output (:func:`subtract_pair`), that output's whole gradient, dO1 included. Whether that is
+faster on a GPU is measured (the routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of
+them is chosen before the route sweep has timed it.
 
 Shapes: O1, O2 [B, H, T, dv], any strides with the last one 1 (the stacked routes hand over slices of one
 [B, 2H, T, dv] output, V2's interleaved one views of [B, H, 2, T, dv]); λ 0-d, [1, H, 1, 1] or [B, H, T, 1]
@@ -86,16 +87,20 @@ def _subtract_fwd_kernel(
 
 @triton.jit
 def _subtract_bwd_kernel(
-    G, O2, LAM, DO2, DLAM,
-    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT, SDB, SDH, SDT,
+    G, O2, LAM, DO2, DLAM, DO1,
+    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT, SDB, SDH, SDT, S1B, S1H, S1T,
     R, H, T, DV,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, JOINED: tl.constexpr,
 ):  # fmt: skip
-    # dO2 = −λ·g (float32, rounded once); the row's share of dλ, −Σ_c g·O2, in float32
+    # dO2 = −λ·g (float32, rounded once); the row's share of dλ, −Σ_c g·O2, in float32. JOINED: O1 and O2 are the two
+    # halves of one call's output, and g is also written to dO1, the other half of that output's gradient (the join
+    # autograd would otherwise make by a cat, reading g and dO2 again)
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     g = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
     do2 = -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g
     _store_rows(DO2, rows, cols, tile, H, T, SDB, SDH, SDT, do2)
+    if JOINED:
+        _store_rows(DO1, rows, cols, tile, H, T, S1B, S1H, S1T, g)  # g in its own dtype: the round trip is exact
     tl.store(DLAM + rows, -tl.reduce(g * _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T), 1, _SUM), mask=ok)
 
 
@@ -132,10 +137,11 @@ def _output_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int) -> None:
+def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int, **consts) -> None:
     block_r, block_dv, warps = _tiles(dv)
     with _on_device(args[0].device):
-        kernel[(triton.cdiv(grid_rows, block_r),)](*args, BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=warps)
+        grid = (triton.cdiv(grid_rows, block_r),)
+        kernel[grid](*args, BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=warps, **consts)
 
 
 def _subtract_impl(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -151,22 +157,53 @@ def _subtract_impl(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tor
     return out
 
 
-def _subtract_bwd_impl(g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _subtract_bwd_launch(
+    g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor, do2: torch.Tensor, do1: torch.Tensor | None
+) -> torch.Tensor:
+    """dO2 (and g into dO1 where given) written in place; the per-row float32 shares of dλ returned."""
     b, h, t, dv = o2.shape
     g, o2 = _last_contiguous(g), _last_contiguous(o2)
-    do2 = _output_like(o2)
     dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=o2.device)
     lam4 = _lam4(lam)
     rows = b * h * t
     if rows:
-        strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2))
-        args = (g, o2, lam4, do2, dlam_rows, *strides, rows, h, t, dv)
-        _launch_subtract(_subtract_bwd_kernel, rows, args, dv)
-    return do2, dlam_rows
+        joined = do1 is not None
+        do1 = do1 if joined else do2  # not written without JOINED: any tensor of dO2's strides stands in
+        strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2), *_row_strides(do1))
+        args = (g, o2, lam4, do2, dlam_rows, do1, *strides, rows, h, t, dv)
+        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined)
+    return dlam_rows
+
+
+def _subtract_bwd_impl(g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    do2 = _output_like(_last_contiguous(o2))
+    return do2, _subtract_bwd_launch(g, o2, lam, do2, None)
+
+
+def _pair(o: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """O1 and O2, views of one call's [B, 2H, T, dv] output: its query heads stacked (map 1's, then map 2's: DIFF V1's
+    one call) or interleaved (map 1 and map 2 of head 0, then of head 1: DIFF V2's)."""
+    return o.unflatten(1, (-1, 2)).unbind(2) if interleaved else o.unflatten(1, (2, -1)).unbind(1)
+
+
+def _subtract_pair_impl(o: torch.Tensor, lam: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return _subtract_impl(*_pair(o, interleaved), lam)
+
+
+def _subtract_pair_bwd_impl(
+    g: torch.Tensor, o: torch.Tensor, lam: torch.Tensor, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # the whole output's gradient in o's layout (what the guard of diffattn.ops.sdpa wants for SDPA's backward), both
+    # halves written by the one kernel: g into dO1, −λ·g into dO2
+    do = torch.empty_like(o)
+    do1, do2 = _pair(do, interleaved)
+    return do, _subtract_bwd_launch(g, _pair(o, interleaved)[1], lam, do2, do1)
 
 
 _subtract_op = torch.library.custom_op("diffattn::subtract_maps", mutates_args=())(_subtract_impl)
 _subtract_bwd_op = torch.library.custom_op("diffattn::subtract_maps_bwd", mutates_args=())(_subtract_bwd_impl)
+_subtract_pair_op = torch.library.custom_op("diffattn::subtract_pair", mutates_args=())(_subtract_pair_impl)
+_subtract_pair_bwd_op = torch.library.custom_op("diffattn::subtract_pair_bwd", mutates_args=())(_subtract_pair_bwd_impl)
 
 
 @_subtract_op.register_fake
@@ -177,6 +214,17 @@ def _subtract_fake(o1, o2, lam):
 @_subtract_bwd_op.register_fake
 def _subtract_bwd_fake(g, o2, lam):
     return _output_like(_last_contiguous(o2)), o2.new_empty(o2.shape[:3], dtype=torch.float32)
+
+
+@_subtract_pair_op.register_fake
+def _subtract_pair_fake(o, lam, interleaved):
+    return _subtract_fake(*_pair(o, interleaved), lam)
+
+
+@_subtract_pair_bwd_op.register_fake
+def _subtract_pair_bwd_fake(g, o, lam, interleaved):
+    b, h2, t, _ = o.shape
+    return torch.empty_like(o), o.new_empty((b, h2 // 2, t), dtype=torch.float32)
 
 
 def _lambda_grad(dlam_rows: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -201,6 +249,21 @@ def _backward(ctx, g, bwd=None):
 torch.library.register_autograd("diffattn::subtract_maps", _backward, setup_context=_setup_context)
 
 
+def _pair_setup_context(ctx, inputs, output):
+    o, lam, interleaved = inputs
+    ctx.save_for_backward(o, lam)
+    ctx.interleaved = interleaved
+
+
+def _pair_backward(ctx, g, bwd=None):
+    o, lam = ctx.saved_tensors
+    do, dlam_rows = (bwd or _subtract_pair_bwd_op)(g, o, lam, ctx.interleaved)
+    return do, _lambda_grad(dlam_rows, lam), None
+
+
+torch.library.register_autograd("diffattn::subtract_pair", _pair_backward, setup_context=_pair_setup_context)
+
+
 class _SubtractMaps(torch.autograd.Function):
     """The same forward and backward for eager training, without the custom op's dispatch: on this project's CPU
     the custom op's autograd path cost 308 µs of host time a forward+backward, this 113 µs, PyTorch's five ops 121
@@ -216,6 +279,40 @@ class _SubtractMaps(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: a second derivative
     def backward(ctx, g):  # (create_graph=True) is one clear error, not dO2 and dλ silently taken as constants
         return _backward(ctx, g, bwd=_subtract_bwd_impl)
+
+
+class _SubtractPair(torch.autograd.Function):
+    """:func:`subtract_pair` for eager training, as :class:`_SubtractMaps` is :func:`subtract_maps`'s."""
+
+    @staticmethod
+    def forward(ctx, o, lam, interleaved):
+        out = _subtract_pair_impl(o, lam, interleaved)
+        _pair_setup_context(ctx, (o, lam, interleaved), out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        return _pair_backward(ctx, g, bwd=_subtract_pair_bwd_impl)
+
+
+def subtract_pair(o: torch.Tensor, lam: torch.Tensor, layout: str) -> torch.Tensor:
+    """:func:`subtract_maps` of the two halves of one call's output ``o`` [B, 2H, T, dv], its query heads ``stacked``
+    (DIFF V1's one call: map 1's H heads, then map 2's) or ``interleaved`` (DIFF V2's: map 1 and map 2 of each head).
+    The same forward; the backward writes the gradient of ``o`` whole, laid out as ``o``, in its one kernel — where
+    cutting ``o`` into O1 and O2 for :func:`subtract_maps` has autograd join dO1 (the output's gradient) and dO2 by one
+    more pass, a cat that reads both and writes them again (by bytes ≈ 0.02× the baseline for DIFF V1 at 16K tokens
+    on an H200, benchmarks/RESULTS.md; a prediction until a GPU times it)."""
+    if layout not in ("stacked", "interleaved"):
+        raise ValueError(f"layout must be 'stacked' or 'interleaved', got {layout!r}")
+    if o.dim() != 4 or o.shape[1] % 2:
+        raise ValueError(f"o must be [B, 2H, T, dv] (an even head count), got shape {tuple(o.shape)}")
+    interleaved = layout == "interleaved"
+    if torch.compiler.is_compiling():
+        return _subtract_pair_op(o, lam, interleaved)
+    if torch.is_grad_enabled() and (o.requires_grad or lam.requires_grad):
+        return _SubtractPair.apply(o, lam, interleaved)
+    return _subtract_pair_impl(o, lam, interleaved)
 
 
 def subtract_maps(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
