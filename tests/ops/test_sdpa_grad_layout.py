@@ -157,3 +157,55 @@ def test_in_a_model_the_guard_copies_nothing_where_cuda_returns_outputs_in_qs_or
 def _tokens_outer(o: torch.Tensor) -> torch.Tensor:
     """``o`` laid out [B, T, H, dv], as CUDA's kernels return a model's attention output."""
     return o.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _adapter_configs():
+    from diffattn.adapters import DAAConfig, DexConfig, DiffV2Config, DiffVConfig
+
+    return {
+        # Dex's layers differ in what follows the call: one with selected heads (an index_add on the output), one
+        # with none (the output as it is)
+        "dex": DexConfig(heads=[[1, 2], []], anneal_steps=10),
+        "daa": DAAConfig(anneal_steps=10),
+        "diffv": DiffVConfig(anneal_steps=10),
+        "diff_v2": DiffV2Config(anneal_steps=10),
+    }
+
+
+@pytest.mark.parametrize("implementation", ["diffattn", "sdpa"])
+@pytest.mark.parametrize("method", ["dex", "daa", "diffv", "diff_v2"])
+def test_an_adapted_models_sdpa_calls_of_one_signature_get_their_gradients_in_one_layout(method, implementation,
+                                                                                         monkeypatch):  # fmt: skip
+    # the adapters' SDPA calls outside this module's routes — a single map's call in the adapted layer, and
+    # transformers' SDPA under attn_implementation "sdpa" — are not guarded (a guard is an autograd Function a layer,
+    # host time a small model's step pays). What makes that safe is this property: the layers' calls that cuDNN's
+    # graph cache cannot tell apart (same Q, K, V shapes and strides) get their output gradients in one layout, with
+    # the outputs laid out as CUDA's kernels return them ([B, T, H, d]). A change that breaks it (a layer that treats
+    # its output otherwise) must guard those calls (ops.sdpa._GradInOutputLayout)
+    from diffattn.adapters import adapt, attention_modules, set_adapter_step
+
+    from ..tiny_models import ids, tiny
+
+    seen = {}
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        out = _tokens_outer(real(q, k, v, *args, **kwargs))
+        signature = tuple((tuple(x.shape), tuple(_strides_of_real_dims(x.stride(), x.shape))) for x in (q, k, v))
+        if out.requires_grad:
+            out.register_hook(
+                lambda g: seen.setdefault(signature, set()).add(tuple(_strides_of_real_dims(g.stride(), g.shape)))
+            )
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    model = adapt(tiny("llama"), _adapter_configs()[method])
+    if implementation != "diffattn":
+        model.set_attn_implementation(implementation)
+    set_adapter_step(model, 10)
+    with torch.no_grad():  # away from any identity initialisation, so that every path carries a gradient
+        for p in (p for _, _, m in attention_modules(model) for p in m.method.parameters()):
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    model(ids()).logits.square().sum().backward()
+    assert seen, "no SDPA call recorded"
+    assert all(len(layouts) == 1 for layouts in seen.values()), seen
