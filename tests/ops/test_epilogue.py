@@ -104,14 +104,15 @@ def _assert_laid_out_like(got, like):
     assert got.permute(*order).is_contiguous(), f"strides {got.stride()} not in the order of {like.stride()}"
 
 
-def _one_call_output(layout, bthd, dtype, b=2, h=3, t=7, dv=24, seed=0):
-    """One call's [B, 2H, T, dv] output, contiguous or laid out [B, T, 2H, dv] as SDPA's CUDA kernels write it for a
-    model's Q; and its two maps cut as ops.sdpa cut them before subtract_pair (chunk / unbind of the heads)."""
+def _one_call_output(memory, dtype, b=2, h=3, t=7, dv=24, seed=0):
+    """One call's [B, 2H, T, dv] output: ``contiguous``, ``bthd`` (laid out [B, T, 2H, dv], as SDPA's CUDA kernels
+    write it for a model's Q) or ``dv_outer`` (the last stride not 1: no SDPA output, a caller's tensor)."""
     g = torch.Generator().manual_seed(seed)
-    shape = (b, t, 2 * h, dv) if bthd else (b, 2 * h, t, dv)
-    o = torch.randn(*shape, generator=g).to(DEVICE, dtype)
-    o = (o.transpose(1, 2) if bthd else o).requires_grad_()
-    return o
+    if memory == "bthd":
+        return torch.randn(b, t, 2 * h, dv, generator=g).to(DEVICE, dtype).transpose(1, 2).requires_grad_()
+    if memory == "dv_outer":
+        return torch.randn(b, 2 * h, dv, t, generator=g).to(DEVICE, dtype).transpose(2, 3).requires_grad_()
+    return torch.randn(b, 2 * h, t, dv, generator=g).to(DEVICE, dtype).requires_grad_()
 
 
 def _cut(o, layout):
@@ -120,15 +121,15 @@ def _cut(o, layout):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
-@pytest.mark.parametrize("bthd", [False, True])
+@pytest.mark.parametrize("memory", ["contiguous", "bthd", "dv_outer"])
 @pytest.mark.parametrize("layout", ["stacked", "interleaved"])
 def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_from_one_kernel(
-    layout, bthd, lam_form, dtype, monkeypatch
+    layout, memory, lam_form, dtype, monkeypatch
 ):
     # the same kernels' numbers bit for bit — the output, dλ, and the gradient of the whole output that autograd
     # joined from dO1 and dO2 by a cat — where the backward is one launch and writes that gradient laid out as the
     # output (the guard of ops.sdpa then hands it to SDPA's backward without a copy), with no cut for autograd to join
-    o = _one_call_output(layout, bthd, dtype)
+    o = _one_call_output(memory, dtype)
     h = o.shape[1] // 2
     lam = (
         {
@@ -155,7 +156,10 @@ def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_fr
     assert launches == [epilogue._subtract_bwd_kernel], "the whole gradient from the one backward kernel"
     want_o, want_lam = torch.autograd.grad(want, (o, lam), g)
     assert torch.equal(d_o, want_o) and torch.equal(d_lam, want_lam)
-    assert d_o.stride() == o.stride(), "the gradient laid out as the output"
+    if memory == "dv_outer":  # the kernels write rows with the last stride 1
+        assert d_o.is_contiguous()
+    else:
+        assert d_o.stride() == o.stride(), "the gradient laid out as the output"
 
 
 def test_subtract_pair_refuses_what_is_not_one_calls_output():

@@ -97,6 +97,10 @@ def _rows(lam: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
 class _ChunkedDiffAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q1, k1, q2, k2, v, lam, inp: DiffAttentionInputs, chunk: int):
+        # q2 / k2 None: the maps share Q (DiffK) or K (DIFF V2, DAA, DiffQ), passed once — torch.compile cannot trace
+        # an autograd Function given one tensor twice — and their gradient is the sum of the two maps'
+        ctx.shared = (q2 is None, k2 is None)
+        q2, k2 = (q1 if q2 is None else q2), (k1 if k2 is None else k2)
         compute = torch.promote_types(q1.dtype, torch.float32)
         q1c, k1c, q2c, k2c, vc = (x.to(compute) for x in (q1, k1, q2, k2, v))
         lamc = lam.to(compute)
@@ -146,11 +150,16 @@ class _ChunkedDiffAttention(torch.autograd.Function):
             dk1[:, :, :kend] += _grouped(ds1, hkv).transpose(-1, -2) @ _grouped(qa, hkv)
             dk2[:, :, :kend] += _grouped(ds2, hkv).transpose(-1, -2) @ _grouped(qb, hkv)
         dtype, lam_dtype = ctx.in_dtypes
-        grads = (g.to(dtype) for g in (dq1, dk1, dq2, dk2, dv))
+        shared_q, shared_k = ctx.shared
+        dq1, dq2 = (dq1.add_(dq2), None) if shared_q else (dq1, dq2)
+        dk1, dk2 = (dk1.add_(dk2), None) if shared_k else (dk1, dk2)
+        grads = (None if g is None else g.to(dtype) for g in (dq1, dk1, dq2, dk2, dv))
         return (*grads, dlam.to(lam_dtype), None, None)
 
 
 def diff_attention_chunked(inp: DiffAttentionInputs, chunk: int | None = None) -> torch.Tensor:
     """``chunk`` queries per step; ``None`` reads :data:`DEFAULT_CHUNK` at call time (tests lower it)."""
     chunk = chunk or DEFAULT_CHUNK
-    return _ChunkedDiffAttention.apply(inp.q1, inp.k1, inp.q2, inp.k2, inp.v, inp.lam, inp, chunk)
+    q2 = None if inp.q2 is inp.q1 else inp.q2
+    k2 = None if inp.k2 is inp.k1 else inp.k2
+    return _ChunkedDiffAttention.apply(inp.q1, inp.k1, q2, k2, inp.v, inp.lam, inp, chunk)

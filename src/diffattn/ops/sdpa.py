@@ -171,8 +171,10 @@ def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bo
     gradient reaches SDPA's backward in the output's layout (:func:`_guarded`), unless ``guard`` is off: the caller
     guards a tensor the output's gradient is a fixed slice of."""
     attn_mask, is_causal = mask
+    # a branch, not the comparison itself: under torch.compile(dynamic=True) that is a SymBool, which SDPA refuses
+    gqa = True if q.shape[1] != k.shape[1] else False  # noqa: SIM210
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=q.shape[1] != k.shape[1]
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=gqa
     )
     return _guarded(out) if guard else out
 
@@ -192,7 +194,7 @@ def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
 
 def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
     """The ``sdpa`` route: one call, Q and K zero-padded to V's width where V is wider (module docstring).
-    ``fused_epilogue`` (every route here has it): the subtraction by one kernel (:func:`_subtract`)."""
+    ``fused_epilogue`` (every route here has it): the subtraction by one kernel (:func:`_combine`)."""
     d, dv = inp.head_dim, inp.v_dim
     q, k, v, layout = _one_call_operands(inp)
     width = max(d, dv)

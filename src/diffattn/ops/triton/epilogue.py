@@ -186,6 +186,12 @@ def _pair(o: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tenso
     return o.unflatten(1, (-1, 2)).unbind(2) if interleaved else o.unflatten(1, (2, -1)).unbind(1)
 
 
+def _pair_gradient(o: torch.Tensor) -> torch.Tensor:
+    """An empty gradient for ``o``: dense, in ``o``'s dimension order (:func:`_output_like`) — contiguous where ``o``'s
+    last stride is not 1, since the kernels write rows with the last stride 1."""
+    return _output_like(o) if o.stride(-1) == 1 else torch.empty_like(o, memory_format=torch.contiguous_format)
+
+
 def _subtract_pair_impl(o: torch.Tensor, lam: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return _subtract_impl(*_pair(o, interleaved), lam)
 
@@ -195,7 +201,7 @@ def _subtract_pair_bwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # the whole output's gradient in o's layout (what the guard of diffattn.ops.sdpa wants for SDPA's backward), both
     # halves written by the one kernel: g into dO1, −λ·g into dO2
-    do = torch.empty_like(o)
+    do = _pair_gradient(o)
     do1, do2 = _pair(do, interleaved)
     return do, _subtract_bwd_launch(g, _pair(o, interleaved)[1], lam, do2, do1)
 
@@ -224,7 +230,7 @@ def _subtract_pair_fake(o, lam, interleaved):
 @_subtract_pair_bwd_op.register_fake
 def _subtract_pair_bwd_fake(g, o, lam, interleaved):
     b, h2, t, _ = o.shape
-    return torch.empty_like(o), o.new_empty((b, h2 // 2, t), dtype=torch.float32)
+    return _pair_gradient(o), o.new_empty((b, h2 // 2, t), dtype=torch.float32)
 
 
 def _lambda_grad(dlam_rows: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -299,10 +305,11 @@ class _SubtractPair(torch.autograd.Function):
 def subtract_pair(o: torch.Tensor, lam: torch.Tensor, layout: str) -> torch.Tensor:
     """:func:`subtract_maps` of the two halves of one call's output ``o`` [B, 2H, T, dv], its query heads ``stacked``
     (DIFF V1's one call: map 1's H heads, then map 2's) or ``interleaved`` (DIFF V2's: map 1 and map 2 of each head).
-    The same forward; the backward writes the gradient of ``o`` whole, laid out as ``o``, in its one kernel — where
-    cutting ``o`` into O1 and O2 for :func:`subtract_maps` has autograd join dO1 (the output's gradient) and dO2 by one
-    more pass, a cat that reads both and writes them again (by bytes ≈ 0.02× the baseline for DIFF V1 at 16K tokens
-    on an H200, benchmarks/RESULTS.md; a prediction until a GPU times it)."""
+    The same forward; the backward writes the gradient of ``o`` whole in its one kernel, dense in ``o``'s dimension
+    order (``o``'s own strides for an SDPA call's output) — where cutting ``o`` into O1 and O2 for
+    :func:`subtract_maps` has autograd join dO1 (the output's gradient) and dO2 by one more pass, a cat that reads both
+    and writes them again (by bytes ≈ 0.02× the baseline for DIFF V1 at 16K tokens on an H200,
+    benchmarks/RESULTS.md; a prediction until a GPU times it)."""
     if layout not in ("stacked", "interleaved"):
         raise ValueError(f"layout must be 'stacked' or 'interleaved', got {layout!r}")
     if o.dim() != 4 or o.shape[1] % 2:
