@@ -47,3 +47,20 @@ def test_a_dynamic_shape_trace_has_no_graph_break_and_computes_what_eager_does(b
         cot = torch.randn(got.shape, generator=torch.Generator().manual_seed(t))
         for a, b in zip(torch.autograd.grad(got, leaves, cot), torch.autograd.grad(want, leaves, cot), strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("attention", ["diff", "diff-v2"])
+def test_a_diff_model_traces_whole_with_symbolic_sizes(attention):
+    # the layer's own work around the op too (λ, the per-head norm, the whole-heads calls): one graph for two
+    # lengths, the logits eager's. Its float scale arrives symbolic there, which math.isfinite in validate refused
+    from diffattn.models import build_model
+
+    model = build_model("debug", attention)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
+    for t in (9, 16):
+        ids = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t))
+        got = compiled(ids).logits
+        assert torch.equal(got, model(ids).logits)
+        got.square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

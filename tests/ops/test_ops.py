@@ -312,6 +312,8 @@ BAD = {
     "triton": (lambda a: a, {"backend": "triton"}, "not usable"),
     "causal t>s": (lambda a: (a[0], a[1][:, :, :3], a[2], a[3][:, :, :3], a[4][:, :, :3]), {}, "T <= the key"),
     "scale": (lambda a: a, {"scale": -1.0}, "scale must be"),
+    "scale nan": (lambda a: a, {"scale": float("nan")}, "scale must be a positive finite float"),
+    "scale inf": (lambda a: a, {"scale": float("inf")}, "scale must be a positive finite float"),
 }
 
 

@@ -231,7 +231,8 @@ def validate(
     mask = _normalise_mask(attn_mask, b, h, t, s, q1)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    elif not (isinstance(scale, (int, float)) and 0 < scale < math.inf):  # NaN fails both; comparisons, not
+        # math.isfinite: under torch.compile(dynamic=True) a module's float may arrive symbolic, which that cannot take
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
     segments = _normalise_segments(segment_ids, b, t, s, q1.device)
     return DiffAttentionInputs(
