@@ -1,7 +1,9 @@
-"""diff_attention under ``torch.compile(dynamic=True, fullgraph=True)``: sizes traced as symbols, so that one graph
-serves every sequence length (what a training loop over variable-length batches, or a compiled model asked to mark
-lengths dynamic, traces). Every PyTorch route traces without a graph break and computes what eager computes. Found
-by review (stop 54): SDPA's ``enable_gqa`` got a symbolic comparison and dynamo refused the call."""
+"""diff_attention, the DIFF models and the adapted models under ``torch.compile(dynamic=True, fullgraph=True)``: sizes
+traced as symbols, so that one graph serves every sequence length (what a training loop over variable-length batches,
+or a compiled model asked to mark lengths dynamic, traces). Every PyTorch route, model and adapter path traces without
+a graph break and computes what eager computes. Found at stop 54 (a review, then tracing each path by hand): SDPA got
+symbolic flags, ``chunked`` an autograd Function given one tensor twice, validate a symbolic scale, and every adapted
+layer imported its RoPE function in forward."""
 
 from __future__ import annotations
 
@@ -64,3 +66,39 @@ def test_a_diff_model_traces_whole_with_symbolic_sizes(attention):
         assert torch.equal(got, model(ids).logits)
         got.square().mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def _adapter_config(method: str):
+    from diffattn import adapters
+
+    return {
+        "dex": lambda: adapters.DexConfig(heads="all", anneal_steps=4),
+        "daa": lambda: adapters.DAAConfig(anneal_steps=4),
+        "diffk": lambda: adapters.DiffKConfig(anneal_steps=4),
+    }[method]()
+
+
+@pytest.mark.parametrize(
+    ("method", "model_type", "implementation"),
+    # a single map (Dex; DiffV alike), two maps on one K (DAA; DiffQ, the V2 retrofit alike), on two K (DiffK;
+    # DiffLoRA alike), and a single map through transformers' SDPA; every method traced so by hand on this CPU
+    [("dex", "llama", "diffattn"), ("daa", "qwen3", "diffattn"), ("diffk", "llama", "diffattn"),
+     ("dex", "llama", "sdpa")],
+)  # fmt: skip
+def test_an_adapted_model_traces_whole_with_symbolic_sizes(method, model_type, implementation):
+    # every adapted layer imported its architecture's RoPE function in forward (a graph break a layer, an error
+    # under fullgraph, static shapes too) and a single map's SDPA call got symbolic flags; now one graph
+    from diffattn.adapters import adapt
+
+    from ..tiny_models import ids, tiny
+
+    model = adapt(tiny(model_type), _adapter_config(method))
+    if implementation != "diffattn":
+        model.set_attn_implementation(implementation)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
+    for t in (9, 14):
+        x = ids(t=t)
+        got = compiled(x).logits
+        assert torch.equal(got, model(x).logits)
+        got.square().mean().backward()

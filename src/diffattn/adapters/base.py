@@ -22,7 +22,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..lambdas import HasLambda, annealed_lambda
@@ -36,6 +35,7 @@ from ..models.attention_interface import (
 from ..ops import BACKENDS, diff_attention, with_packed_segments
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
+from ..ops.sdpa import sdpa_call
 from .model_types import (
     ModelTypeSpec,
     attention_modules,
@@ -45,6 +45,7 @@ from .model_types import (
     logit_scale,
     project_output,
     rope,
+    rope_function,
     self_attention_cache,
     to_heads,
 )
@@ -167,6 +168,8 @@ class AdaptedAttention(nn.Module, HasLambda):
         self.layer_idx = layer_idx
         self.method = method
         self.backend = "auto"  # of the two-map op (diffattn.ops.diff_attention); set_adapter_backend changes it
+        if spec.rope:
+            rope_function(spec.model_type)  # imported now, outside any torch.compile trace of forward
 
     def current_lambda(self) -> torch.Tensor:
         return self.method.current_lambda()
@@ -223,15 +226,8 @@ class AdaptedAttention(nn.Module, HasLambda):
             out = diff_attention(**with_packed_segments(maps, kwargs.get("position_ids")), backend=self.backend)
         else:
             t = q.shape[2]
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                is_causal=mask is None and t > 1 and t == k.shape[2],
-                scale=logit_scale(base),
-                enable_gqa=q.shape[1] != k.shape[1],
-            )  # [B, H, T, d]; with a cache and T > 1, transformers always passes a mask
+            causal = mask is None and t > 1 and t == k.shape[2]  # with a cache and T > 1 transformers passes a mask
+            out = sdpa_call(q, k, v, mask, causal, logit_scale(base))  # [B, H, T, d]
         out = method.transform_output(out)
         return project_output(spec, base, out), None
 

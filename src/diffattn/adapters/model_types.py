@@ -171,10 +171,24 @@ def project_qkv(
     return q, k, to_heads(spec, attn, v, "v")
 
 
+#: model type → its ``apply_rotary_pos_emb``, imported once (:func:`rope_function`)
+_ROPE_FUNCTIONS: dict[str, object] = {}
+
+
+def rope_function(model_type: str):
+    """The architecture's own ``apply_rotary_pos_emb``, imported on first use and kept. Why kept: torch.compile does
+    not trace ``importlib.import_module`` (a graph break in every adapted layer, an error under ``fullgraph``), but
+    reads a filled dict; the adapted layer asks once when it is built
+    (:class:`diffattn.adapters.base.AdaptedAttention`), outside any trace."""
+    fn = _ROPE_FUNCTIONS.get(model_type)
+    if fn is None:
+        fn = _ROPE_FUNCTIONS[model_type] = importlib.import_module(_ROPE_MODULE[model_type]).apply_rotary_pos_emb
+    return fn
+
+
 def apply_rope(spec: ModelTypeSpec, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """The architecture's own ``apply_rotary_pos_emb`` (q, k as ``[B, heads, T, d]``)."""
-    fn = importlib.import_module(_ROPE_MODULE[spec.model_type]).apply_rotary_pos_emb
-    return fn(q, k, cos, sin)
+    return rope_function(spec.model_type)(q, k, cos, sin)
 
 
 def project_output(spec: ModelTypeSpec, attn: nn.Module, out: torch.Tensor) -> torch.Tensor:

@@ -171,12 +171,16 @@ def _call(inp: DiffAttentionInputs, q, k, v, mask: tuple[torch.Tensor | None, bo
     gradient reaches SDPA's backward in the output's layout (:func:`_guarded`), unless ``guard`` is off: the caller
     guards a tensor the output's gradient is a fixed slice of."""
     attn_mask, is_causal = mask
-    # a branch, not the comparison itself: under torch.compile(dynamic=True) that is a SymBool, which SDPA refuses
-    gqa = True if q.shape[1] != k.shape[1] else False  # noqa: SIM210
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=inp.scale, enable_gqa=gqa
-    )
+    out = sdpa_call(q, k, v, attn_mask, is_causal, inp.scale)
     return _guarded(out) if guard else out
+
+
+def sdpa_call(q, k, v, attn_mask: torch.Tensor | None, is_causal, scale: float | None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, GQA where K has fewer heads than Q. Its flags are made Python bools by a
+    branch: a comparison of sizes is a SymBool under ``torch.compile(dynamic=True)``, which SDPA refuses."""
+    gqa = True if q.shape[1] != k.shape[1] else False  # noqa: SIM210
+    causal = True if is_causal else False  # noqa: SIM210
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
 def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
