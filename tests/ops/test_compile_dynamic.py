@@ -51,10 +51,12 @@ def test_a_dynamic_shape_trace_has_no_graph_break_and_computes_what_eager_does(b
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("attention", ["diff", "diff-v2"])
-def test_a_diff_model_traces_whole_with_symbolic_sizes(attention):
+@pytest.mark.parametrize(("attention", "mask"), [("diff", "none"), ("diff", "padding"), ("diff-v2", "padding")])
+def test_a_diff_model_traces_whole_with_symbolic_sizes(attention, mask):
     # the layer's own work around the op too (λ, the per-head norm, the whole-heads calls): one graph for two
-    # lengths, the logits eager's. Its float scale arrives symbolic there, which math.isfinite in validate refused
+    # lengths, the logits eager's. Its float scale arrives symbolic there, which math.isfinite in validate refused;
+    # with key padding, the mask checks (`in` on symbolic sizes) and the value-dependent skips (no fully masked row,
+    # a packed row's mask, the masks remembered by identity) ended the trace
     from diffattn.models import build_model
 
     model = build_model("debug", attention)
@@ -62,8 +64,12 @@ def test_a_diff_model_traces_whole_with_symbolic_sizes(attention):
     compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
     for t in (9, 16):
         ids = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t))
-        got = compiled(ids).logits
-        assert torch.equal(got, model(ids).logits)
+        kwargs = {}
+        if mask == "padding":  # row 1 left-padded by 3: its first query rows attend to nothing
+            kwargs["attention_mask"] = torch.ones(2, t, dtype=torch.long)
+            kwargs["attention_mask"][1, :3] = 0
+        got = compiled(ids, **kwargs).logits
+        assert torch.equal(got, model(ids, **kwargs).logits)
         got.square().mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 

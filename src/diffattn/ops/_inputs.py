@@ -270,6 +270,8 @@ class LastMask:
         self._last: tuple | None = None  # (weak reference to the mask, its version, what was derived)
 
     def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object]):
+        if torch.compiler.is_compiling():  # a traced graph has no tensor identity or version to remember by (and
+            return derive(mask)  # torch.compile cannot trace is_inference): each layer's derivation is traced
         version = None if mask.is_inference() else mask._version
         last = self._last
         if version is not None and last is not None and last[0]() is mask and last[1] == version:
@@ -291,6 +293,8 @@ def packed_mask_segments(mask: torch.Tensor | None, position_ids: torch.Tensor |
     mask tensor (every layer of a forward gets the same one: :class:`LastMask`)."""
     if not isinstance(mask, torch.Tensor) or position_ids is None or mask.dtype != torch.bool or mask.dim() != 4:
         return None
+    if torch.compiler.is_compiling():  # whether a mask is a packed row's is a question of its values, which a traced
+        return None  # graph cannot branch on: the op reads the mask itself (the same result, by the mask's route)
     b, heads, t, s = mask.shape
     if heads != 1 or t != s or t == 1 or position_ids.shape[-1] != t:
         return None
@@ -390,7 +394,8 @@ def _normalise_mask(
         attn_mask = attn_mask[:, None, None, :]  # [B, 1, 1, S]
     elif attn_mask.dim() == 4:
         allowed = (b, h, t, s)
-        if any(g not in (1, a) for g, a in zip(attn_mask.shape, allowed, strict=True)):
+        # comparisons, not `in`: under torch.compile(dynamic=True) the sizes are symbols, which `in` misjudges
+        if any(g != 1 and g != a for g, a in zip(attn_mask.shape, allowed, strict=True)):
             raise ValueError(
                 f"a 4-D attn_mask must broadcast to [B, H, T, S] = [{b}, {h}, {t}, {s}] "
                 f"(each dim 1 or full), got {_shape(attn_mask)}"

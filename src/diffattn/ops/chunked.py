@@ -50,7 +50,7 @@ class _ChunkPlan:
         self.t, self.s, self.chunk = inp.q_len, inp.kv_len, chunk
         self.causal, self.mask, self.dtype, self.device = inp.causal, inp.attn_mask, dtype, inp.q1.device
         fully = fully_masked_rows(inp)  # [B|1, H|1, T, 1] or None
-        self.fully = fully if fully is not None and bool(fully.any()) else None
+        self.fully = _if_any(fully)
 
     def chunks(self):
         for i0 in range(0, self.t, self.chunk):
@@ -73,8 +73,16 @@ class _ChunkPlan:
             keep = torch.arange(kend, device=self.device)[None, :] <= rows  # [c, kend]
             causal = torch.zeros(keep.shape, dtype=self.dtype, device=self.device).masked_fill_(~keep, float("-inf"))
             bias = causal if bias is None else bias + causal
-        fully = None if self.fully is None else self.fully[:, :, i0:i1]
-        return bias, (fully if fully is not None and bool(fully.any()) else None)
+        return bias, _if_any(None if self.fully is None else self.fully[:, :, i0:i1])
+
+
+def _if_any(rows: torch.Tensor | None) -> torch.Tensor | None:
+    """``rows`` (a bool mask of fully masked rows) where any is True, else None: nothing to fill. Under torch.compile
+    kept as it is — whether any is True is a question of its values, which a traced graph cannot branch on — and the
+    fill of no row is a no-op."""
+    if rows is None or torch.compiler.is_compiling() or bool(rows.any()):
+        return rows
+    return None
 
 
 def _probs(q: torch.Tensor, k_t: torch.Tensor, scale: float, bias, fully_masked, hkv: int) -> torch.Tensor:
