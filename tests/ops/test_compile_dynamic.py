@@ -1,9 +1,11 @@
 """diff_attention, the DIFF models and the adapted models under ``torch.compile(dynamic=True, fullgraph=True)``: sizes
 traced as symbols, so that one graph serves every sequence length (what a training loop over variable-length batches,
 or a compiled model asked to mark lengths dynamic, traces). Every PyTorch route, model and adapter path traces without
-a graph break and computes what eager computes. Found at stop 54 (a review, then tracing each path by hand): SDPA got
-symbolic flags, ``chunked`` an autograd Function given one tensor twice, validate a symbolic scale, and every adapted
-layer imported its RoPE function in forward."""
+a graph break, computes what eager computes, and compiles once for two lengths — except ``chunked`` (the CPU's route
+for two maps over separate K), whose Python loop over query chunks needs the length: once per length. Found at stop 54
+(two reviews, then tracing each path by hand): SDPA got symbolic flags, ``chunked`` an autograd Function given one
+tensor twice, validate a symbolic scale and formatted the sizes into an error text it had not raised (which fixed
+them), and every adapted layer imported its RoPE function in forward."""
 
 from __future__ import annotations
 
@@ -11,6 +13,19 @@ import pytest
 import torch
 
 from diffattn import ops
+
+LENGTHS = (7, 12)  # two sequence lengths through one symbolic trace
+
+
+def _counted():
+    """A torch.compile backend that runs the graph eagerly and counts the graphs compiled (``.frame_count``)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    return CompileCounterWithBackend("eager")
+
+
+def _compiles_expected(route_is_chunked: bool) -> int:
+    return len(LENGTHS) if route_is_chunked else 1
 
 
 def _inputs(shared: str, t: int, seed: int = 0):
@@ -38,10 +53,11 @@ def test_a_dynamic_shape_trace_has_no_graph_break_and_computes_what_eager_does(b
     if backend == "sdpa_split" and shared == "k":
         pytest.skip("sdpa_split needs dv > d: not shared-K heads")
     torch._dynamo.reset()
+    counter = _counted()
     compiled = torch.compile(
-        lambda *a: ops.diff_attention(*a, backend=backend), dynamic=True, fullgraph=True, backend="eager"
+        lambda *a: ops.diff_attention(*a, backend=backend), dynamic=True, fullgraph=True, backend=counter
     )
-    for t in (7, 12):  # two lengths through the one symbolic trace
+    for t in LENGTHS:
         args, leaves = _inputs(shared, t)
         got = compiled(*args)
         want = ops.diff_attention(*args, backend=backend)
@@ -49,6 +65,7 @@ def test_a_dynamic_shape_trace_has_no_graph_break_and_computes_what_eager_does(b
         cot = torch.randn(got.shape, generator=torch.Generator().manual_seed(t))
         for a, b in zip(torch.autograd.grad(got, leaves, cot), torch.autograd.grad(want, leaves, cot), strict=True):
             assert torch.equal(a, b)
+    assert counter.frame_count == _compiles_expected(backend == "chunked")
 
 
 @pytest.mark.parametrize(("attention", "mask"), [("diff", "none"), ("diff", "padding"), ("diff-v2", "padding")])
@@ -61,8 +78,9 @@ def test_a_diff_model_traces_whole_with_symbolic_sizes(attention, mask):
 
     model = build_model("debug", attention)
     torch._dynamo.reset()
-    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
-    for t in (9, 16):
+    counter = _counted()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    for t in LENGTHS:
         ids = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t))
         kwargs = {}
         if mask == "padding":  # row 1 left-padded by 3: its first query rows attend to nothing
@@ -72,6 +90,8 @@ def test_a_diff_model_traces_whole_with_symbolic_sizes(attention, mask):
         assert torch.equal(got, model(ids, **kwargs).logits)
         got.square().mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    # on this CPU auto runs chunked for DIFF V1 (two maps over separate K), sdpa for DIFF V2
+    assert counter.frame_count == _compiles_expected(attention == "diff")
 
 
 def _adapter_config(method: str):
@@ -102,9 +122,12 @@ def test_an_adapted_model_traces_whole_with_symbolic_sizes(method, model_type, i
     if implementation != "diffattn":
         model.set_attn_implementation(implementation)
     torch._dynamo.reset()
-    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
-    for t in (9, 14):
+    counter = _counted()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    for t in LENGTHS:
         x = ids(t=t)
         got = compiled(x).logits
         assert torch.equal(got, model(x).logits)
         got.square().mean().backward()
+    # DiffK's maps read two K: on this CPU auto runs chunked for them
+    assert counter.frame_count == _compiles_expected(method == "diffk" and implementation == "diffattn")

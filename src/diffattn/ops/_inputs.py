@@ -350,13 +350,16 @@ def with_segment_mask(inp: DiffAttentionInputs) -> DiffAttentionInputs:
 
 
 def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int, device: torch.device) -> torch.Tensor:
-    allowed = f"a scalar, [{num_heads}] (one per query head) or [{b}, {num_heads}, {t}] (one per head and token)"
+    def allowed() -> str:  # written only when raising: formatting symbolic sizes (torch.compile(dynamic=True)) would
+        # fix them to this call's values, and every new length would compile again
+        return f"a scalar, [{num_heads}] (one per query head) or [{b}, {num_heads}, {t}] (one per head and token)"
+
     if isinstance(lam, (int, float)):
         if not math.isfinite(lam):  # NaN or inf: every output would be NaN, with no error
             raise ValueError(f"lam must be finite, got {lam}")
         return torch.tensor(float(lam), device=device)
     if not isinstance(lam, torch.Tensor):
-        raise ValueError(f"lam must be a float or a tensor: {allowed}; got {type(lam).__name__}")
+        raise ValueError(f"lam must be a float or a tensor: {allowed()}; got {type(lam).__name__}")
     if not lam.is_floating_point():
         raise ValueError(f"lam must be a floating tensor, got {lam.dtype}")
     if lam.device != device:
@@ -371,7 +374,7 @@ def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int,
         return lam.view(1, num_heads, 1, 1)
     if lam.dim() == 3 and tuple(lam.shape) == (b, num_heads, t):
         return lam.unsqueeze(-1)  # [B, H, T, 1]
-    raise ValueError(f"lam must be {allowed}; got shape [{', '.join(map(str, lam.shape))}]")
+    raise ValueError(f"lam must be {allowed()}; got shape [{', '.join(map(str, lam.shape))}]")
 
 
 def _normalise_mask(
