@@ -270,8 +270,6 @@ class LastMask:
         self._last: tuple | None = None  # (weak reference to the mask, its version, what was derived)
 
     def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object]):
-        if torch.compiler.is_compiling():  # a traced graph has no tensor identity or version to remember by (and
-            return derive(mask)  # torch.compile cannot trace is_inference): each layer's derivation is traced
         version = None if mask.is_inference() else mask._version
         last = self._last
         if version is not None and last is not None and last[0]() is mask and last[1] == version:

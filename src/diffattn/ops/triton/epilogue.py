@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._inputs import interleaved_pair
 from . import tuning
 from .launch import _on_device
 from .tile_ops import _SUM  # not tl.sum: see tile_ops (the interpreter and an earlier triton import)
@@ -183,7 +184,7 @@ def _subtract_bwd_impl(g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> 
 def _pair(o: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """O1 and O2, views of one call's [B, 2H, T, dv] output: its query heads stacked (map 1's, then map 2's: DIFF V1's
     one call) or interleaved (map 1 and map 2 of head 0, then of head 1: DIFF V2's)."""
-    return o.unflatten(1, (-1, 2)).unbind(2) if interleaved else o.unflatten(1, (2, -1)).unbind(1)
+    return interleaved_pair(o, 1) if interleaved else o.chunk(2, dim=1)
 
 
 def _pair_gradient(o: torch.Tensor) -> torch.Tensor:
