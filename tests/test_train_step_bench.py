@@ -83,6 +83,7 @@ def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("(forward compiled: eager)")
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores in the first recording machine's seconds (tests/durations.json); CI runs it
 def test_every_row_of_a_compiled_run_is_compiled_past_dynamos_recompile_limit():
     # four models a row each recompile the same forward code; past dynamo's limit of 8 it would run them eager while
     # the rows still said "compiled": every row starts afresh, so all 12 models here are compiled

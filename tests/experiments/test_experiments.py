@@ -506,6 +506,7 @@ def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_th
         run_experiment(ExperimentConfig.from_dict(d), tmp_path, jobs=0)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores (tests/durations.json); CI runs it
 def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
     """``jobs=2`` evaluates the models in worker processes too (what took the adapter experiments hours on one
     core): each one's output in logs/eval-NAME.log, the outcomes in the config's order, results of the same

@@ -45,7 +45,10 @@ def _inputs(shared: str, t: int, seed: int = 0):
     return args, [x for i, x in enumerate(args) if not any(x is y for y in args[:i])]
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "sdpa_split", "sdpa_maps", "chunked", "reference"])
+# chunked compiles once per length (10-21 s each on 2 cores): CI's heavy run
+@pytest.mark.parametrize(
+    "backend", ["sdpa", "sdpa_split", "sdpa_maps", pytest.param("chunked", marks=pytest.mark.heavy), "reference"]
+)
 @pytest.mark.parametrize("shared", ["none", "k", "q"])
 def test_a_dynamic_shape_trace_has_no_graph_break_and_computes_what_eager_does(backend, shared):
     # chunked with one K or one Q also failed under a static fullgraph trace: its autograd Function was handed the
@@ -68,7 +71,10 @@ def test_a_dynamic_shape_trace_has_no_graph_break_and_computes_what_eager_does(b
     assert counter.frame_count == _compiles_expected(backend == "chunked")
 
 
-@pytest.mark.parametrize(("attention", "mask"), [("diff", "none"), ("diff", "padding"), ("diff-v2", "padding")])
+@pytest.mark.parametrize(
+    ("attention", "mask"),
+    [("diff", "none"), pytest.param("diff", "padding", marks=pytest.mark.heavy), ("diff-v2", "padding")],  # 13 s: CI
+)
 def test_a_diff_model_traces_whole_with_symbolic_sizes(attention, mask):
     # the layer's own work around the op too (λ, the per-head norm, the whole-heads calls): one graph for two
     # lengths, the logits eager's. Its float scale arrives symbolic there, which math.isfinite in validate refused;
@@ -108,7 +114,8 @@ def _adapter_config(method: str):
     ("method", "model_type", "implementation"),
     # a single map (Dex; DiffV alike), two maps on one K (DAA; DiffQ, the V2 retrofit alike), on two K (DiffK;
     # DiffLoRA alike), and a single map through transformers' SDPA; every method traced so by hand on this CPU
-    [("dex", "llama", "diffattn"), ("daa", "qwen3", "diffattn"), ("diffk", "llama", "diffattn"),
+    [("dex", "llama", "diffattn"), ("daa", "qwen3", "diffattn"),
+     pytest.param("diffk", "llama", "diffattn", marks=pytest.mark.heavy),  # chunked: once per length, 12 s
      ("dex", "llama", "sdpa")],
 )  # fmt: skip
 def test_an_adapted_model_traces_whole_with_symbolic_sizes(method, model_type, implementation):
@@ -131,3 +138,29 @@ def test_an_adapted_model_traces_whole_with_symbolic_sizes(method, model_type, i
         got.square().mean().backward()
     # DiffK's maps read two K: on this CPU auto runs chunked for them
     assert counter.frame_count == _compiles_expected(method == "diffk" and implementation == "diffattn")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attention", ["diff", "diff-v2"])
+def test_cuda_auto_traces_whole_with_symbolic_sizes(attention):
+    # the CUDA half of the tests above, which this CPU cannot run: auto reads the call's class from symbolic sizes and
+    # the route table at trace time (tests/ops/test_routes.py emulates the lookup on CPU tensors), then traces the
+    # route it chose — cuDNN's or the fused kernel's custom ops included. Heads of d = 64 without GQA, the widths the
+    # shipped table lists (cuDNN's routes take no GQA); both lengths are one size class: one graph
+    from diffattn.models import build_model
+
+    sizes = dict(hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=512)
+    model = build_model("debug", attention, dtype=torch.bfloat16, **sizes).cuda()
+    torch._dynamo.reset()
+    counter = _counted()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    for t in LENGTHS:
+        ids = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t)).cuda()
+        got = compiled(ids).logits
+        # the same ATen calls as eager on the same route: equal up to bf16's rounding, not bit for bit (a GPU kernel
+        # may reduce in another order from call to call)
+        torch.testing.assert_close(got, model(ids).logits)
+        got.float().square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert counter.frame_count == 1

@@ -190,6 +190,40 @@ def test_the_table_is_read_at_trace_time_of_a_fullgraph_compile(fake_device, tmp
     assert torch.equal(out, i.q1 * 3)  # sdpa_split, chunked, then the safe default (cudnn refuses CPU tensors)
 
 
+def test_the_table_lookup_under_dynamic_shapes_compiles_once_per_size_class(fake_device, tmp_path, monkeypatch):
+    # torch.compile(dynamic=True) over CUDA's auto: the call's class is read from symbolic sizes. The widths, dtype
+    # and mask are fixed per model; the length enters the class only through the size test, so one graph serves
+    # every length of a size class (a guard on B·H·T·S·d, not on T), and a length across SMALL_WORK reads its own
+    # class's routes in a second graph — never one graph per length
+    entry = _entry()
+    entry["routes"] = {
+        "v1 d16 dv32 fp32 causal none train small": ["sdpa_split"],
+        "v1 d16 dv32 fp32 causal none train": ["sdpa_split", "chunked"],
+    }
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
+    monkeypatch.setattr(routes, "SMALL_WORK", 2 * 11 * 11 * 16)  # B·H·T·S·d of T = S = 11 with B = 1, H = 2, d = 16
+
+    def routes_count(q1, k1, q2, k2, v):
+        inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)
+        return q1 * len(ops.table_order(inp))
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(routes_count, backend=counter, dynamic=True, fullgraph=True)
+    torch._dynamo.reset()
+    listed = {}
+    for t in (8, 10, 12, 16, 24):
+        g = torch.Generator().manual_seed(t)
+        q1, k1, q2, k2 = (torch.randn(1, 2, t, 16, generator=g, requires_grad=True) for _ in range(4))
+        v = torch.randn(1, 2, t, 32, generator=g, requires_grad=True)
+        listed[t] = round(float((compiled(q1, k1, q2, k2, v) / q1).mean()))
+    torch._dynamo.reset()
+    # small: sdpa_split, then the safe default; standard size: sdpa_split, chunked, the safe default
+    assert listed == {8: 2, 10: 2, 12: 3, 16: 3, 24: 3}
+    assert counter.frame_count == 2
+
+
 def test_a_route_that_cannot_take_the_inputs_is_skipped(fake_device, tmp_path, monkeypatch, caplog):
     entry = _entry(routes={"shared_k d16 dv16 fp32 causal none train": ["sdpa_split", "chunked"]})
     monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))

@@ -185,6 +185,7 @@ def test_gradient_accumulation_matches_the_full_batch(corpus_file, tmp_path):
         assert accum[step] == pytest.approx(full[step], rel=1e-5), step
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores (tests/durations.json); CI runs it
 def test_row_loss_average_equals_token_average_on_full_text_rows_and_accumulates(corpus_file, tmp_path):
     """Text rows are full and fully scored, so the per-row mean of per-token losses is the token mean; with the
     retrieval mix the two differ, and row averaging still matches gradient accumulation."""
