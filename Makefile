@@ -36,7 +36,7 @@ quickstart: install
 test: install
 	$(PYTHON) -m pytest -q
 
-# the tests marked heavy (over 10 s each): out of `make test`, run by CI
+# the tests marked heavy (over 10 s each, or held out for the default run's budget): out of `make test`, run by CI
 test-heavy: install
 	$(PYTHON) -m pytest -q -m heavy
 

@@ -533,6 +533,7 @@ def test_models_are_evaluated_in_parallel_with_their_output_in_logs_then_a_rerun
     assert "evaluating" not in capsys.readouterr().out  # nothing left to evaluate: no workers started
 
 
+@pytest.mark.heavy  # 13 s on 2 cores; the workers' failure path of training is in the default run
 def test_a_model_that_fails_in_its_evaluation_worker_is_named_with_its_log(corpus, tmp_path):
     # a worker's failure stops the run with the model's name and where its output went, not a bare pool error
     d = _debug(corpus)
