@@ -6,18 +6,22 @@ stay within BUDGET_S, and every test it selects must be in the record. Run on an
 
 A test's time is its call plus its setup and teardown (fixtures it pays for first), as junit records them. Every test
 is listed, the fast ones too, so that a test added since the record shows as unrecorded instead of as free (until
-2026-11-28 tests under 0.5 s were one sum, and ~400 s of tests added since the record went uncounted).
+2026-11-28 tests under 0.5 s were one sum, and the ~340 tests added since the record of 2026-11-26 went uncounted).
 
-Machines differ: the same tests took 2.3x as long on the AMD EPYC of 2026-11-28 as on the machine of the first record
-(2026-11-26). The budget is in that first machine's seconds: each record carries ``speed``, its machine's time for a
-test relative to the first machine's, measured over the tests both this run and the previous record timed at 0.5 s or
-more (the ratio of their sums, times the previous record's own ``speed``); the check divides by it."""
+Machines differ: the same tests took 1.8x as long on the AMD EPYC of 2026-11-28 as in the first record (2026-11-26).
+The budget is in the first record's seconds: each record carries ``speed``, a test's time in this run relative to
+the first record's — the median over the tests both this run and the previous record timed at 0.5 s or more of their
+ratio, times the previous record's own ``speed`` (a record with fewer such tests than MIN_SHARED is refused: it
+cannot be compared). What it measures is the suite's time, not the machine alone: the median discounts the few tests a
+change made slower, not a slowdown of most tests — nor a machine that was busy while it recorded (record on an idle
+one); the check divides by it."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -26,6 +30,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "durations.json"
 CALIBRATE_S = 0.5  # tests at least this long in both records measure the machines' speed ratio
+MIN_SHARED = 20  # fewer such tests than this measure nothing (a record of another selection)
+
+
+def _cpu() -> str:
+    """The processor's model name (Linux), or "unknown cpu"."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown cpu"
 
 
 def nodeid(case: ET.Element) -> str:
@@ -50,11 +64,15 @@ def main(xml_path: str) -> int:
     # tests this run did not run (the heavy ones, out of the default run) keep their last time, in this machine's
     # seconds by the speed ratio
     common = [k for k, v in times.items() if v >= CALIBRATE_S and before.get(k, 0) >= CALIBRATE_S]
-    ratio = sum(times[k] for k in common) / sum(before[k] for k in common) if len(common) >= 20 else 1.0
+    if before and len(common) < MIN_SHARED:
+        raise SystemExit(
+            f"{xml_path} shares {len(common)} tests of >= {CALIBRATE_S} s with {OUT.name}: not a default run?"
+        )
+    ratio = statistics.median(times[k] / before[k] for k in common) if before else 1.0
     kept = {k: round(v * ratio, 2) for k, v in before.items() if k not in times}
     doc = {
         "recorded": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{_cpu()}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         # this machine's time for a test relative to the first record's machine (module docstring)
         "speed": round(earlier.get("speed", 1.0) * ratio, 3),
         "speed_from_tests": len(common),

@@ -483,6 +483,7 @@ def test_a_methods_claims_against_a_control_trained_on_the_same_base(corpus):
     assert claims[0].verdict == "inconclusive"  # the same shares: what the fine-tune did, Dex did not add to
 
 
+@pytest.mark.heavy  # 13 s on 2 cores; workers in the default run: tests/experiments/test_stop_workers.py
 def test_parts_train_in_parallel_with_their_output_in_logs_then_a_rerun_skips_them(corpus, tmp_path, capsys):
     """``jobs=2``: both from-scratch parts train in worker processes (spawned), each one's output in
     logs/NAME.log, the outcomes in the config's order; a rerun reads them back as done."""

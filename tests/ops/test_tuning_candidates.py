@@ -38,7 +38,10 @@ tile rounds up to ~4x worse than the bare 11 x 13 product of a one-block shape):
 with numpy's arithmetic, on bare and on tile-sized (zero-padded) products (:func:`_interpreter_yardstick`), and one
 more rounds P as the kernels that ran do — each backward kernel recomputing P from scores formed on its own tiles
 against the log-sum-exps the forward formed on its tiles (:func:`_tiled_yardstick`; without it, the dK/dV kernel's
-128-key tile put dV 1.6x past the rule on one boundary case, by exactly this mechanism).
+128-key tile put dV 1.6x past the rule on one boundary case, by exactly this mechanism), and one more against the
+log-sum-exps the kernels' forward itself returned, once those are held to float64 by the same rule: P = exp2(s − lse)
+carries the lse's rounding into every term of dV's sum (on an AMD EPYC one case's dV was 2.6x past every other
+yardstick from an lse 2 ulps off; with the kernel's lse, numpy gives the kernel's dV bit for bit).
 """
 
 from __future__ import annotations
@@ -426,22 +429,24 @@ def _tile_products(x: torch.Tensor, y: torch.Tensor, x_rows: int, y_rows: int) -
     return torch.from_numpy(out)[..., :m, :n]
 
 
-def _tile_accumulated(x: torch.Tensor, y: torch.Tensor, x_rows: int, inner: int) -> torch.Tensor:
-    """``x @ y`` per (batch, head) slice as a kernel accumulates it under the interpreter: each block of ``x_rows``
-    rows a float32 sum, in order, of numpy products over the inner dimension's blocks of ``inner`` — both zero-padded
-    to whole blocks, ``y``'s columns to a power of two (the kernel's BLOCK_DV). The dK/dV kernel forms dV so (a key
-    block's signed map times dO, one query block at a time). numpy rounds a product by its shape: on an AMD EPYC
-    (OpenBLAS 0.3.31, Haswell kernels) dV of an 11 x 13 one-block case through an inner dimension padded to the
-    query tile erred 2.6x more than the same product at its bare 11 rows, past the rule on that machine only."""
+def _tile_accumulated(x: torch.Tensor, y: torch.Tensor, x_rows: int, inner: int, group: int) -> torch.Tensor:
+    """``x @ y`` [B, H, M, K] @ [B, H, K, N] summed over each ``group`` of consecutive heads, as a kernel accumulates it
+    under the interpreter: one float32 accumulator per block of ``x_rows`` rows, a group's heads added in order, each
+    head's product taken over the inner dimension's blocks of ``inner`` in order by numpy — both zero-padded to whole
+    blocks, ``y``'s columns to a power of two (the kernel's BLOCK_DV). The dK/dV kernel forms dV so (a key block's
+    signed map times dO, one query block at a time, the KV group's query heads one after another into one
+    accumulator), and numpy rounds a product by its shape (:func:`_tile_products`). [B, H / group, M, N]."""
     m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
     xp = torch.nn.functional.pad(x, (0, -k % inner, 0, -m % x_rows)).detach().numpy()
     yp = torch.nn.functional.pad(y, (0, (1 << (n - 1).bit_length()) - n, 0, -k % inner)).detach().numpy()
-    out = np.zeros((*xp.shape[:-1], yp.shape[-1]), dtype=xp.dtype)
-    for i in np.ndindex(*xp.shape[:-2]):
+    b, h = xp.shape[:2]
+    out = np.zeros((b, h // group, xp.shape[-2], yp.shape[-1]), dtype=xp.dtype)
+    for i, j in np.ndindex(b, h):
+        acc = out[i, j // group]
         for r in range(0, xp.shape[-2], x_rows):
             for c in range(0, xp.shape[-1], inner):
-                tile = np.matmul(np.ascontiguousarray(xp[i][r : r + x_rows, c : c + inner]), yp[i][c : c + inner])
-                out[i][r : r + x_rows] += tile
+                a = np.ascontiguousarray(xp[i, j, r : r + x_rows, c : c + inner])
+                acc[r : r + x_rows] += np.matmul(a, yp[i, j, c : c + inner])
     return torch.from_numpy(out)[..., :m, :n]
 
 
@@ -498,10 +503,8 @@ def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict, lse=
         ds_t = (p_dk * (g - delta) * sign).transpose(-1, -2)
         dk = torch.from_numpy(np.matmul(ds_t.numpy(), q.numpy())) * inp.scale
         grads.append(dk.unflatten(1, (hkv, rep)).sum(2))
-    # dV by the dK/dV kernel's products: per query head, a key block's signed map times dO one query tile at a time;
-    # the kernel adds a KV group's heads into one accumulator head by head, as the sum over them here does
-    dv = _tile_accumulated((pv1 - lam_ * pv2).transpose(-1, -2), cot, *reversed(tiles["dv"]))
-    dv = dv.unflatten(1, (hkv, rep)).sum(2)
+    # dV by the dK/dV kernel's products and its order of accumulation
+    dv = _tile_accumulated((pv1 - lam_ * pv2).transpose(-1, -2), cot, *reversed(tiles["dv"]), group=rep)
     out, dlam = o1 - lam_ * o2, -(cot * o2).sum(-1)
     dq1, dk1, dq2, dk2 = grads
     return _in_leaf_order(out, dq1, dk1, dq2, dk2, dv, dlam, shared_k)
@@ -635,15 +638,18 @@ def _gpu_tiles(monkeypatch):
 
 #: what the default test run checks of the cases above (about 15% of their time; CI runs them all, marked heavy): the
 #: default tiles — what runs unless autotuning is on — at several tiles of every kernel with no mask (partial tiles,
-#: T < S, GQA: the shapes where an out-of-bounds access shows) and in one block under a per-row mask with a row that
-#: sees nothing
-REPRESENTATIVE = {("none", "tiles"), ("rows", "one-block")}
+#: T < S, GQA: the shapes where an out-of-bounds access shows), in one block under a per-row mask with a row that
+#: sees nothing, and the backward's own tiles for segments (_MASK_TILES) in one block; (kind or None = every kind,
+#: mask, which)
+REPRESENTATIVE = {(None, "none", "tiles"), (None, "rows", "one-block"), ("bwd", "segments", "one-block")}
 
 
 def _boundary_params():
     for case in CASES:
         for which in ("tiles", "one-block"):
-            representative = case.default and (case.mask, which) in REPRESENTATIVE
+            representative = case.default and bool(
+                {(None, case.mask, which), (case.kind, case.mask, which)} & REPRESENTATIVE
+            )
             yield pytest.param(case, which, id=f"{case.id}-{which}", marks=() if representative else pytest.mark.heavy)
 
 
