@@ -9,12 +9,13 @@ is listed, the fast ones too, so that a test added since the record shows as unr
 2026-11-28 tests under 0.5 s were one sum, and the ~340 tests added since the record of 2026-11-26 went uncounted).
 
 Machines differ: the same tests took 1.8-1.9x as long on the AMD EPYC of 2026-11-28 as in the first record
-(2026-11-26), and two runs on that machine differed by 9.5%. The budget is in the first record's seconds: each record carries ``speed``, a test's time in this run relative to
-the first record's — the median over the tests both this run and the previous record timed at 0.5 s or more of their
-ratio, times the previous record's own ``speed`` (a record with fewer such tests than MIN_SHARED is refused: it
-cannot be compared). What it measures is the suite's time, not the machine alone: the median discounts the few tests a
-change made slower, not a slowdown of most tests — nor a machine that was busy while it recorded (record on an idle
-one) — and, chained record to record, the unit drifts by each run's variation; the check divides by it."""
+(2026-11-26), and two runs on that machine differed by 9.5%. The budget is in the first record's seconds: each
+record carries ``speed``, a test's time in this run relative to the first record's — the median over the tests both
+this run and the previous record timed at 0.5 s or more of their ratio, times the previous record's own ``speed`` (a
+record with fewer such tests than MIN_SHARED is refused: it cannot be compared). What it measures is the suite's
+time, not the machine alone: the median discounts the few tests a change made slower, not a slowdown of most tests —
+nor a machine that was busy while it recorded (record on an idle one) — and, chained record to record, the unit
+drifts by each run's variation; the check divides by it."""
 
 from __future__ import annotations
 

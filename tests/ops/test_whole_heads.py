@@ -99,16 +99,7 @@ def test_whole_heads_compute_what_the_views_do_with_gradients_into_q_and_k(layou
     same_grads = torch.autograd.grad(same, same_leaves, cot)
     names = ["out", "dq", "dk", "dv", "dlam"]
     if layout == "stacked" and backend in V_JOINED_IN_ITS_ORDER:
-        gold_leaves = [x.detach().double().requires_grad_() for x in leaves]
-        gold = _call(layout, False, gold_leaves, "reference")
-        gold_grads = torch.autograd.grad(gold, gold_leaves, cot.double())
-        yardsticks = []
-        for plain_backend in ("reference", "sdpa_maps"):
-            plain_leaves = [x.detach().requires_grad_() for x in leaves]
-            plain = _call(layout, False, plain_leaves, plain_backend)
-            yardsticks.append([plain, *torch.autograd.grad(plain, plain_leaves, cot)])
-        for i, (name, got, want) in enumerate(zip(names, [out, *grads], [gold, *gold_grads], strict=True)):
-            assert_within_rounding(f"{layout} {backend} {name}", got, want, [y[i] for y in yardsticks], torch.float32)
+        _assert_against_float64(layout, backend, leaves, [out, *grads], cot)
         return
     for name, got, want in zip(names, [out, *grads], [same, *same_grads], strict=True):
         assert torch.equal(got, want), f"{layout} {backend} {name}: {(got - want).abs().max():.3g}"
@@ -123,19 +114,23 @@ def test_whole_heads_on_a_one_call_route_against_float64(layout, backend):
     out = _call(layout, True, leaves, backend)
     cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
     grads = torch.autograd.grad(out, leaves, cot)
+    _assert_against_float64(layout, backend, leaves, [out, *grads], cot)
+
+
+def _assert_against_float64(layout: str, backend: str, leaves, results, cot) -> None:
+    """``results`` (the whole-heads call's output and gradients for ``leaves`` and cotangent ``cot``) against the
+    float64 reference by the rule of tests/ops/rounding.py. The yardsticks: plain PyTorch in float32 in two summation
+    orders — the math (reference) and PyTorch's fused attention kernel, one call per map at width d (sdpa_maps), whose
+    backward sums over query blocks as the padded call's does."""
     gold_leaves = [x.detach().double().requires_grad_() for x in leaves]
     gold = _call(layout, False, gold_leaves, "reference")
-    gold_grads = torch.autograd.grad(gold, gold_leaves, cot.double())
-    # the yardsticks: plain PyTorch in float32 in two summation orders — the math (reference) and PyTorch's fused
-    # attention kernel, one call per map at width d (sdpa_maps), whose backward sums over query blocks as the padded
-    # call's does
+    golds = [gold, *torch.autograd.grad(gold, gold_leaves, cot.double())]
     yardsticks = []
     for plain_backend in ("reference", "sdpa_maps"):
         plain_leaves = [x.detach().requires_grad_() for x in leaves]
         plain = _call(layout, False, plain_leaves, plain_backend)
         yardsticks.append([plain, *torch.autograd.grad(plain, plain_leaves, cot)])
-    for i, (name, got, want) in enumerate(zip(["out", "dq", "dk", "dv", "dlam"], [out, *grads], [gold, *gold_grads],
-                                              strict=True)):  # fmt: skip
+    for i, (name, got, want) in enumerate(zip(["out", "dq", "dk", "dv", "dlam"], results, golds, strict=True)):
         assert_within_rounding(f"{backend} {layout} {name}", got, want, [y[i] for y in yardsticks], torch.float32)
 
 
