@@ -153,8 +153,8 @@ def test_cuda_auto_traces_whole_with_symbolic_sizes(attention):
     # the CUDA half of the tests above, which this CPU cannot run: auto reads the call's class from symbolic sizes and
     # the route table at trace time (tests/ops/test_routes.py emulates the lookup on CPU tensors), then traces the
     # first route the table lists for the class (no fallback under compile: cudnn for DIFF V1 and sdpa_maps for DIFF
-    # V2 by the H200's entry). Heads of d = 64 without GQA, the widths the
-    # shipped table lists (cuDNN's routes take no GQA); both lengths are one size class: one graph
+    # V2 by the H200's entry). Heads of d = 64 without GQA, the widths the shipped table lists (cuDNN's routes take
+    # no GQA); both lengths are one size class: one graph
     from diffattn.models import build_model
 
     sizes = dict(hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=512)

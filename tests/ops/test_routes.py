@@ -171,6 +171,12 @@ def test_the_table_chooses_its_fastest_usable_route(fake_device, tmp_path, monke
     assert ops.table_order(_inputs(shared=True)) == ["sdpa"]
 
 
+def _routes_count(q1, k1, q2, k2, v):
+    """q1 times the number of routes auto would try for these maps (λ 0.5, causal): a traced function of the lookup."""
+    inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)
+    return q1 * len(ops.table_order(inp))
+
+
 def test_the_table_is_read_at_trace_time_of_a_fullgraph_compile(fake_device, tmp_path, monkeypatch):
     # a diffattn model under torch.compile(fullgraph=True) (the CUDA-graph decode step) asks the table in every layer:
     # the lookup must be a trace-time constant, not traced into (file reads, CUDA queries). On torch 2.11 it was
@@ -180,12 +186,8 @@ def test_the_table_is_read_at_trace_time_of_a_fullgraph_compile(fake_device, tmp
     entry["routes"] = {"v1 d16 dv32 fp32 causal none infer": ["cudnn", "sdpa_split", "chunked"]}
     monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
 
-    def routes_count(q1, k1, q2, k2, v):
-        inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)
-        return q1 * len(ops.table_order(inp))
-
     torch._dynamo.reset()
-    out = torch.compile(routes_count, backend="eager", fullgraph=True)(i.q1, i.k1, i.q2, i.k2, i.v_parts[0])
+    out = torch.compile(_routes_count, backend="eager", fullgraph=True)(i.q1, i.k1, i.q2, i.k2, i.v_parts[0])
     torch._dynamo.reset()
     assert torch.equal(out, i.q1 * 3)  # sdpa_split, chunked, then the safe default (cudnn refuses CPU tensors)
 
@@ -203,14 +205,10 @@ def test_the_table_lookup_under_dynamic_shapes_compiles_once_per_size_class(fake
     monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
     monkeypatch.setattr(routes, "SMALL_WORK", 2 * 11 * 11 * 16)  # B·H·T·S·d of T = S = 11 with B = 1, H = 2, d = 16
 
-    def routes_count(q1, k1, q2, k2, v):
-        inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)
-        return q1 * len(ops.table_order(inp))
-
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("eager")
-    compiled = torch.compile(routes_count, backend=counter, dynamic=True, fullgraph=True)
+    compiled = torch.compile(_routes_count, backend=counter, dynamic=True, fullgraph=True)
     torch._dynamo.reset()
     listed = {}
     for t in (8, 10, 12, 16, 24):

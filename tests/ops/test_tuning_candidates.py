@@ -450,6 +450,23 @@ def _tile_accumulated(x: torch.Tensor, y: torch.Tensor, x_rows: int, inner: int,
     return torch.from_numpy(out)[..., :m, :n]
 
 
+def _log2_scores(raw: torch.Tensor, inp, keep: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Products Q·Kᵀ as the kernels score them: in log2 units (scale · log2 e), an additive mask converted likewise,
+    masked keys at −inf."""
+    x = raw * (inp.scale * _LOG2E)
+    if bias is not None:
+        x = x + bias.float() * _LOG2E
+    return x.masked_fill(~keep, float("-inf"))
+
+
+def _log2_lse(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The log-sum-exps [..., T, 1] of log2 scores as the forward forms them (row max, then exp2 and a sum), +inf for
+    a row that sees nothing."""
+    m = scores.amax(-1, keepdim=True).masked_fill(~keep.any(-1, keepdim=True), 0.0)
+    total = torch.exp2(scores - m).sum(-1, keepdim=True)
+    return torch.where(total > 0, m + torch.log2(total), torch.full_like(m, float("inf")))
+
+
 def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict, lse=None) -> list[torch.Tensor]:
     """The kernels' own rounding of P, under the interpreter: the forward's log-sum-exps from scores formed on its
     tiles (``tiles["fwd"]``: query rows x keys), and each backward kernel recomputing P from scores formed on *its*
@@ -467,12 +484,9 @@ def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict, lse=
     b, h, hkv, t, _ = shape
     q1, k1, q2, k2, v, cot, inp, keep, bias = _yardstick_inputs(shape, tensors, mask, segments, shared_k)
     rep = h // hkv
-    c = inp.scale * _LOG2E
-    bias2 = None if bias is None else bias.float() * _LOG2E  # an additive mask in log2 units, as the kernels take it
 
     def log2_scores(raw):
-        x = raw * c if bias2 is None else raw * c + bias2
-        return x.masked_fill(~keep, float("-inf"))
+        return _log2_scores(raw, inp, keep, bias)
 
     def probs(scores, lse):
         return torch.exp2(scores - lse).masked_fill(~keep, 0.0)
@@ -484,12 +498,7 @@ def _tiled_yardstick(shape, tensors, mask, segments, shared_k, tiles: dict, lse=
     for q, k in ((q1, k1), (q2, k2)):
         kr = k.repeat_interleave(rep, dim=1)
         fwd = log2_scores(_tile_products(q, kr, *tiles["fwd"]))
-        if lse is None:
-            m = fwd.amax(-1, keepdim=True).masked_fill(~keep.any(-1, keepdim=True), 0.0)
-            total = torch.exp2(fwd - m).sum(-1, keepdim=True)
-            map_lse = torch.where(total > 0, m + torch.log2(total), torch.full_like(m, float("inf")))
-        else:
-            map_lse = lse[len(maps)].unsqueeze(-1)
+        map_lse = _log2_lse(fwd, keep) if lse is None else lse[len(maps)].unsqueeze(-1)
         o = torch.from_numpy(np.matmul(probs(fwd, map_lse).numpy(), vr.numpy()))
         p_dv, p_dk = (probs(log2_scores(_tile_products(kr, q, bn, bm).transpose(-1, -2)), map_lse)
                       for bm, bn in (tiles["dv"], tiles["dk"]))  # fmt: skip
@@ -516,22 +525,18 @@ def _assert_lse_within_rounding(label, shape, tensors, mask, segments, shared_k,
     sees no key holds +inf (the backward's P of it is then 0)."""
     q1, k1, q2, k2, _v, _cot, inp, keep, bias = _yardstick_inputs(shape, tensors, mask, segments, shared_k)
     rep = q1.shape[1] // k1.shape[1]
-    c = inp.scale * _LOG2E
     seen = keep.any(-1)
+
+    def natural_scores(x, b):  # ln units, masked keys at -inf
+        return (x if b is None else x + b).masked_fill(~keep, float("-inf"))
+
     for i, (q, k) in enumerate(((q1, k1), (q2, k2))):
         kr = k.repeat_interleave(rep, dim=1)
         assert torch.isposinf(lse[i][~seen]).all(), f"{label}: lse{i + 1} of a row that sees nothing"
-
-        def natural_scores(x, b=bias, kept=keep):  # ln units, masked keys at -inf
-            return (x if b is None else x + b).masked_fill(~kept, float("-inf"))
-
         gold = torch.logsumexp(natural_scores((q.double() @ kr.double().transpose(-1, -2)) * inp.scale,
                                               None if bias is None else bias.double()), -1) * _LOG2E  # fmt: skip
-        plain = torch.logsumexp(natural_scores((q @ kr.transpose(-1, -2)) * inp.scale), -1) * _LOG2E
-        scores = _tile_products(q, kr, *tiles["fwd"]) * c
-        scores = (scores if bias is None else scores + bias.float() * _LOG2E).masked_fill(~keep, float("-inf"))
-        m = scores.amax(-1).masked_fill(~seen, 0.0)
-        tiled = m + torch.log2(torch.exp2(scores - m.unsqueeze(-1)).sum(-1))
+        plain = torch.logsumexp(natural_scores((q @ kr.transpose(-1, -2)) * inp.scale, bias), -1) * _LOG2E
+        tiled = _log2_lse(_log2_scores(_tile_products(q, kr, *tiles["fwd"]), inp, keep, bias), keep).squeeze(-1)
         assert_within_rounding(f"{label}: lse{i + 1}", lse[i][seen], gold[seen], [plain[seen], tiled[seen]], DTYPE)
 
 
