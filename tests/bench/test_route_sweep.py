@@ -337,3 +337,16 @@ def test_after_the_inputs_changed_a_lease_times_the_target_classes_table_routes_
     now = {**entry, "measurements": [{**m, "inputs": rs.INPUTS} for m in entry["measurements"]]}
     first_now = rs.first_round(rs.unmeasured_first(rs.default_plan(), now), now)
     assert len(first_now) < len(first) and not first_now & set(rs._measured_fully(now))
+
+
+def test_each_timed_sample_is_several_calls_back_to_back(monkeypatch):
+    # one call between two synchronisations times the host's lead-in too, which a model's layers overlap (the H200
+    # run of 2026-11-28: 0.4-1.0 ms a call for the epilogue routes): every sample holds min_calls calls or more
+    # between synchronisations, however long one call takes
+    calls, syncs = [], []
+    monkeypatch.setattr(rs, "_sync", lambda device: syncs.append(len(calls)))
+    clock = iter(range(0, 10**9, 5))  # each perf_counter reading 5 s on: a "call" looks far longer than a sample
+    monkeypatch.setattr(rs.time, "perf_counter", lambda: next(clock))
+    rs.interleaved_ms({"slow": lambda: calls.append(1)}, "cuda", rounds=3, min_calls=4)
+    timed = [b - a for a, b in zip(syncs[-6::2], syncs[-5::2], strict=True)]  # the three samples' synchronised spans
+    assert timed == [4, 4, 4], timed

@@ -345,7 +345,7 @@ def toy_architecture():
             name="toy-arch", label="Toy Transformer", short_label="toy", config_class=LlamaConfig,
             model_class=LlamaForCausalLM,
             config_options={"mlp_bias": False}, shape=lambda p: f"{p.num_heads} toy heads", differential=True,
-            extra_layer_weights=lambda p: 2 * 3 * p.hidden_size,  # pays two SwiGLU units per layer
+            extra_layer_weights=lambda p: 8 * 3 * p.hidden_size,  # pays eight SwiGLU units per layer
             claims_label="applied to the toy",
         )
     )  # fmt: skip
@@ -364,11 +364,11 @@ def test_a_registered_architecture_builds_matches_parameters_pairs_and_labels_it
     from diffattn.train.paired import write_comparison
 
     p = get_preset("debug")
-    model = build_model("debug", "toy-arch", seed=0)  # builds like the baseline, FFN narrowed by two units
-    assert isinstance(model, LlamaForCausalLM) and model.config.intermediate_size == p.intermediate_size - 2
-    assert count_parameters(p, "standard") - count_parameters(p, "toy-arch") == p.num_layers * 2 * 3 * p.hidden_size
+    model = build_model("debug", "toy-arch", seed=0)  # builds like the baseline, FFN narrowed by eight units
+    assert isinstance(model, LlamaForCausalLM) and model.config.intermediate_size == p.intermediate_size - 8
+    assert count_parameters(p, "standard") - count_parameters(p, "toy-arch") == p.num_layers * 8 * 3 * p.hidden_size
     toy = count_parameters(p, "toy-arch")
-    assert f" | toy {toy:,} params (4 toy heads, FFN {p.intermediate_size - 2}; " in diffattn.describe_parameters(p)
+    assert f" | toy {toy:,} params (4 toy heads, FFN {p.intermediate_size - 8}; " in diffattn.describe_parameters(p)
     with pytest.raises(ValueError, match="norm: they need attention='diff'"):
         build_model("debug", "toy-arch", norm="rms")
 

@@ -2,9 +2,9 @@
 (:mod:`diffattn.models.architectures`: the Llama-style baseline, the DIFF Transformer, DIFF V2, docs/methods.md §1,
 §5): the Hugging Face config from the preset's sizes, the model, the architecture's own options installed.
 
-Every architecture of a preset has the baseline's parameter count (within one FFN unit per layer): an architecture
-that adds weights to a layer gets its FFN narrowed by the width that pays for them
-(:func:`~diffattn.models.architectures.matched_intermediate_size`).
+Every architecture of a preset has the baseline's parameter count (within 4½ FFN units per layer): an architecture
+that adds weights to a layer gets its FFN narrowed by the width that pays for them, rounded to a width fast GEMMs
+take (:func:`~diffattn.models.architectures.matched_intermediate_size`).
 """
 
 from __future__ import annotations
