@@ -64,5 +64,8 @@ def test_every_route_against_float64_as_the_sweep_checks_it(route, cls):
     # independent formulation through PyTorch's own kernels in the same dtype (diffattn.bench.route_sweep.check)
     from diffattn.bench import route_sweep as rs
 
-    record = rs.check(route, rs.route_fn(route, {}), cls, "cuda", torch.bfloat16, seed=torch.seed() % 2**31)
-    assert record["correct"], record
+    seed = torch.seed() % 2**31
+    record = rs.check(route, rs.route_fn(route, {}), cls, "cuda", torch.bfloat16, seed=seed)
+    # every error beside its bound, in full (pytest cuts a long dict: the H200 run of 2026-11-28 hid the failing one)
+    bounds = {n: f"{e:.3g} vs {rs.TOLERANCE} x {record['yardsticks'][n]:.3g}" for n, e in record["errors"].items()}
+    assert record["correct"], f"seed {seed}: " + "; ".join(f"{n} {b}" for n, b in bounds.items())

@@ -16,6 +16,20 @@ COMPARISON_ROUTES = ("hf_two_calls", "official_four_calls")
 #: faster one not yet timed again
 INPUTS = "model"
 
+#: how a record's times were sampled, kept in it (``sampling``): at least four calls back to back between two
+#: synchronisations (:func:`~diffattn.bench.route_sweep.interleaved_ms`, since the H200 lease of 2026-11-28, which
+#: timed one call a sample at the standard size and so the host's lead-in to each call with it, 0.17–1.0 ms). Records
+#: without it are older: a sweep times them again as missing, and targets prefer records with it, like :data:`INPUTS`
+SAMPLING = "4+ calls a sample"
+
+#: what a current record carries: the inputs and the sampling it was timed with
+CURRENT = {"inputs": INPUTS, "sampling": SAMPLING}
+
+
+def is_current(record: dict) -> bool:
+    """Whether a record was timed on the models' inputs (:data:`INPUTS`) with today's sampling (:data:`SAMPLING`)."""
+    return all(record.get(k) == v for k, v in CURRENT.items())
+
 
 def graph_ratio(r: dict) -> float | None:
     """A decoding record's time replayed from a CUDA graph over the baseline's, where both were measured."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .attention import TRITON_MAX_RATIO  # issue 37's fused-kernel limits for DIFF V1 at d = 64
-from .sweep_records import COMPARISON_ROUTES, INPUTS, graph_ratio
+from .sweep_records import COMPARISON_ROUTES, graph_ratio, is_current
 from .train_step import forced_column
 
 #: the fused kernel's routes in a sweep: ``triton`` and its forced tiles and variants (``triton[...]``)
@@ -88,15 +88,19 @@ def _correct(m: dict) -> bool:
     return m.get("status") == "ok" and m.get("correct") is True and math.isfinite(m.get("ratio", math.nan))
 
 
-#: said beside a figure read from records timed on other inputs than the models' (route_sweep.INPUTS)
-OLD_INPUTS = "timed on separate contiguous tensors (before 2026-11-28), not a model's inputs"
+#: said beside a figure read from records timed otherwise than the sweep times today (sweep_records.is_current)
+OLD_INPUTS = (
+    "timed by an earlier protocol (before 2026-11-28 on separate contiguous tensors, not a model's inputs; on "
+    "2026-11-28 one call a sample, the host's lead-in included)"
+)
 
 
 def _rows(ms: list[dict], where: str, pick) -> tuple[list[dict], str]:
-    """The correct records of class ``where`` whose route ``pick`` takes: those timed on the models' inputs where the
-    run has any (a ratio is not compared across inputs), else the older ones, with :data:`OLD_INPUTS` to say so."""
+    """The correct records of class ``where`` whose route ``pick`` takes: those timed as the sweep times today
+    (:func:`~diffattn.bench.sweep_records.is_current`) where the run has any (a ratio is not compared across
+    protocols), else the older ones, with :data:`OLD_INPUTS` to say so."""
     rows = [m for m in ms if m["class"] == where and pick(m["route"]) and _correct(m)]
-    current = [m for m in rows if m.get("inputs") == INPUTS]
+    current = [m for m in rows if is_current(m)]
     return (current, "") if current or not rows else (rows, f", {OLD_INPUTS}")
 
 
