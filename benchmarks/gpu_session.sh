@@ -109,7 +109,8 @@ gpu_tests() {
     --json "$OUT/train_compiled.json"
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
   want sanitize && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
-  want tests && step 90 "gpu tests, one process per file" gpu_tests
+  # (the H200 of 2026-11-28: test_gpu.py 52 s for its 170 tests, test_compile_dynamic.py 23 s, test_epilogue.py 4 s)
+  want tests && step 150 "gpu tests, one process per file" gpu_tests
   # issues 34's and 37's targets on what this call wrote (no GPU needed: rerun it on a run's directory that gathers
   # several calls' files, `python -m diffattn.bench.targets DIR`)
   echo "== targets"
