@@ -107,6 +107,12 @@ def test_the_third_h200_lease_reads_as_its_readme_says():
     assert round(got["DIFF V1 fwd+bwd at d = 128 <= 2.3x"]["value"], 2) == 2.51
     assert [round(got[f"DIFF V2 fwd+bwd at d = {d} <= 2.3x"]["value"], 2) for d in (64, 128)] == [2.05, 2.06]
     assert got["decode never slower than the two-call route (DiffLlama)"]["result"] == "pass"
+    # the host-bound step: the wall ratio the target reads, and the GPU's busy time beside it
+    step = got["`small` train step (bf16) <= 1.25x"]
+    assert (round(step["value"], 2), step["result"]) == (1.42, "FAIL") and "1.38x at 4096 (GPU busy 1.15x)" in step[
+        "source"
+    ]
+    assert "(GPU busy 0.87)" in got["`small` train step below transformers' DiffLlama"]["source"]
 
 
 def test_a_run_without_files_is_all_n_a_and_the_command_writes_the_table(tmp_path, capsys):
