@@ -3,6 +3,7 @@ written here from the raw weights, cached decoding, the Auto-class round trip, p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -143,6 +144,8 @@ def test_layout_and_parameter_counts():
         assert width < p.intermediate_size and width % FFN_WIDTH_MULTIPLE == 0, (name, width)
         exact = p.intermediate_size - _v2_extra_weights(p) / (3 * p.hidden_size)
         assert abs(width - exact) <= (FFN_WIDTH_MULTIPLE + 1) / 2, (name, width, exact)
+        # an architecture that adds no weights keeps the preset's width, a multiple of 8 or not
+        assert matched_intermediate_size(dataclasses.replace(p, intermediate_size=100), get_architecture("diff")) == 100
         if name in ("debug", "quick", "tiny", "small"):
             base, v2 = count_parameters(p, "standard"), count_parameters(p, "diff-v2")
             assert abs(v2 - base) <= p.num_layers * 3 * p.hidden_size * (FFN_WIDTH_MULTIPLE + 1) / 2, name

@@ -19,7 +19,12 @@ INPUTS = "model"
 #: how a record's times were sampled, kept in it (``sampling``): at least four calls back to back between two
 #: synchronisations (:func:`~diffattn.bench.route_sweep.interleaved_ms`, since the H200 lease of 2026-11-28, which
 #: timed one call a sample at the standard size and so the host's lead-in to each call with it, 0.17–1.0 ms). Records
-#: without it are older: a sweep times them again as missing, and targets prefer records with it, like :data:`INPUTS`
+#: without it are older: a sweep times them again as missing, and targets prefer records with it, like :data:`INPUTS`.
+#: A class's order ranks both kinds by ratio until all its routes are timed again, and a current record reads lower
+#: than an older one of the same route (by the host's lead-in, up to about 0.2x at 16K tokens): in a class timed again
+#: in part a route timed again can move ahead of one not yet timed again. The first round times every table route of
+#: the target classes (:func:`~diffattn.bench.route_sweep.first_round`); other classes are exposed until a lease
+#: has timed them all
 SAMPLING = "4+ calls a sample"
 
 #: what a current record carries: the inputs and the sampling it was timed with

@@ -55,7 +55,8 @@ class Architecture:
     options: tuple[str, ...] = ()  # the build options it takes, of backend, lambda_init, norm (model.* settings)
     install: Callable | None = None  # (model, **options) after the model is made: our attention, its backend
     # parameter matching: the weights it adds to a layer over the baseline; its FFN is narrowed by the SwiGLU units
-    # (3·d_model each) that pay for them, so every architecture of a preset has the baseline's parameter count
+    # (3·d_model each) that pay for them, so every architecture of a preset has the baseline's parameter count (within
+    # 4½ units a layer: matched_intermediate_size rounds the width to a multiple of 8)
     extra_layer_weights: Callable[[ModelPreset], int] = _no_weights
     preset_problems: Callable[[ModelPreset], list[str]] = _no_problems  # what it needs of a preset beyond the sizes
     lambda_readout: str | None = None  # what the λ it logs per layer is (the report's axis); None: it logs none
@@ -93,12 +94,12 @@ FFN_WIDTH_MULTIPLE = 8
 def matched_intermediate_size(preset: ModelPreset, architecture: Architecture) -> int:
     """The FFN width of ``architecture`` on ``preset``: the baseline's minus the SwiGLU units (3·d_model weights
     each) that pay for the weights it adds per layer, rounded to the nearest multiple of :data:`FFN_WIDTH_MULTIPLE`
-    (the parameter counts then match within half that many units per layer). An architecture that adds no weights
-    keeps the preset's width as it is."""
+    (the parameter counts then match within 4½ FFN units per layer; never below that multiple). An architecture that
+    adds no weights keeps the preset's width as it is."""
     units = round(architecture.extra_layer_weights(preset) / (3 * preset.hidden_size))
     if units == 0:
         return preset.intermediate_size
-    return FFN_WIDTH_MULTIPLE * round((preset.intermediate_size - units) / FFN_WIDTH_MULTIPLE)
+    return FFN_WIDTH_MULTIPLE * max(1, round((preset.intermediate_size - units) / FFN_WIDTH_MULTIPLE))
 
 
 def _install_diff(model: nn.Module, backend: str | None, lambda_init=None, norm=None) -> None:

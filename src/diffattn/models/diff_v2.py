@@ -12,7 +12,8 @@ Per layer, with H heads of the baseline's width d and Hkv key/value heads:
 With ``use_diff_v2=False`` the very same model class is the Llama baseline (H query heads, no gate), which gives
 the parameter-matched comparison the reference makes: V2 adds H·d·d_model query and d_model·H gate weights per
 layer. :func:`diffattn.models.build_model` with ``attention="diff-v2"`` shrinks the FFN to pay for them so that a
-preset's V2 model has the baseline's parameter count (``diffattn presets`` lists the three counts).
+preset's V2 model has the baseline's parameter count within 4½ FFN units a layer (the width a multiple of 8;
+``diffattn presets`` lists the three counts).
 
 The model is a :class:`transformers.LlamaForCausalLM` whose attention modules are :class:`DiffV2Attention`; its
 config class :class:`DiffTransformerV2Config` (``model_type "diffattn_v2"``) is registered with ``AutoConfig``,
