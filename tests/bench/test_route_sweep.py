@@ -97,7 +97,22 @@ def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(mon
 def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_classes():
     plan = rs.kernel_plan()
     assert plan[:3] == [("triton", rs.CallClass(p, d)) for p, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
-    assert plan[3:] == rs.candidate_routes() and all(c.mode == "train" for _, c in plan)
+    decoding = [rs.CallClass(p, 64, mode="decode") for p in ("v1", "shared_k")]
+    assert plan[3:5] == [("triton", c) for c in decoding] and plan[5:] == rs.candidate_routes()
+    # the decoding forward on more key splits than its heuristic takes; every other candidate on a train class
+    splits = [(r, c) for r, c in plan[5:] if r.startswith("triton[splits ")]
+    assert splits == [(f"triton[splits {n}]", c) for c in decoding for n in rs.DECODE_SPLITS]
+    assert all(c.mode == "train" for r, c in plan[5:] if (r, c) not in splits)
+
+
+def test_a_key_split_route_forces_its_splits(monkeypatch):
+    import torch
+
+    from diffattn.ops.triton import tuning
+
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
+    rs.force_candidate("triton[splits 20]")
+    assert tuning._num_splits(torch.device("cuda"), 64, 8192, 32) == 20
 
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):

@@ -555,6 +555,19 @@ def test_split_kv_decode_forward(monkeypatch, t, s, lam_kind):
     assert torch.all(out[1] == 0)
 
 
+@pytest.mark.parametrize("splits", [10, 40])
+def test_split_kv_decode_forward_on_many_splits(monkeypatch, splits):
+    # the route sweep's key splits for decoding (route_sweep.DECODE_SPLITS): 333 keys (no tile's multiple) in up to
+    # 40 ranges of whole tiles, the last one short; batch 0's padding empties the first splits
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", splits)
+    q1, k1, q2, k2, v, lam = make_inputs(b=2, h=4, hkv=2, t=1, s=333)
+    pad = torch.ones(2, 333, dtype=torch.bool, device=DEVICE)
+    pad[0, :100] = False
+    with torch.no_grad():
+        out = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=pad, backend="triton")
+    check_forward(out, [q1, k1, q2, k2, v, lam], attn_mask=pad)
+
+
 def test_low_precision_with_padding_bf16():
     args = make_inputs(b=2, h=2, hkv=1, t=20, s=20, d=16, dv=16)
     check_against_reference(args, torch.bfloat16, attn_mask=_left_padding(2, 20, 5))

@@ -157,7 +157,8 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     """Each tuning candidate of the fused kernel's training forward and both backwards (no mask), forced alone, on
     the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the single-pass backward (``triton[atomic]``)
     and, for wide heads, the split dK/dV kernel (``triton[split]``) and the forward by column blocks
-    (``triton[cols]``) on their default tiles."""
+    (``triton[cols]``) on their default tiles; then the decoding forward of V1 and DIFF V2 heads at d = 64 on more
+    key splits than its heuristic takes (``triton[splits N]``, :data:`DECODE_SPLITS`)."""
     from ..ops.triton import tuning
 
     out = []
@@ -172,6 +173,8 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
         for kind in ("dkdv", "dq", "dv", "dk", "fwd", "fwd_cols", "dkdv_atomic"):
             for bm, bn, w, s in tuning._TUNING["none"].get(kind, {}).get(cls_name, []):
                 out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, d)))
+    for pair in ("v1", "shared_k"):
+        out += [(f"triton[splits {n}]", CallClass(pair, 64, mode="decode")) for n in DECODE_SPLITS]
     return out
 
 
@@ -378,9 +381,18 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+#: Key splits of the decoding forward the sweep times as routes of their own (``triton[splits N]``), beside the
+#: heuristic's (:func:`diffattn.ops.triton.tuning._num_splits`: the GPU filled about twice, 5 splits for the sweep's
+#: decode class, 64 programs of one row on 132 SMs). On the H200 of 2026-11-28 that decoding call took 0.272 ms
+#: replayed from a CUDA graph against the baseline's 0.071 (3.8x, issue 37 asks 1.5x), where its bytes, every cached
+#: key and value read once, are the baseline's: each program walks ~1,640 keys in 52 tiles one after another
+DECODE_SPLITS = (10, 20, 40)
+
+
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
-    every other launch kind its default tile. ``triton[NAME]`` of :data:`VARIANTS`: that variant on its tiles."""
+    every other launch kind its default tile. ``triton[NAME]`` of :data:`VARIANTS`: that variant on its tiles.
+    ``triton[splits N]``: a forward without gradient split over N key ranges (:data:`DECODE_SPLITS`)."""
     if not route.startswith("triton["):
         return
     from ..ops.triton import tuning
@@ -388,6 +400,9 @@ def force_candidate(route: str) -> None:
     inner = route[len("triton[") : -1]
     if inner in VARIANTS:
         setattr(tuning, VARIANTS[inner][0], True)
+        return
+    if inner.startswith("splits "):
+        tuning.SPLIT_OVERRIDE = int(inner.split()[1])
         return
 
     kind, tile, warps, stages = inner.split()
@@ -1083,10 +1098,11 @@ def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
 
 def kernel_plan() -> list[tuple[str, CallClass]]:
     """Issue 37's measurements alone: the fused kernel on its default tiles, then each of its tuning candidates and
-    variants, on the train class of each head width (``--plan kernel``: the whole plan rarely reaches them in one
-    lease, as the table's routes come first)."""
+    variants, on the train class of each head width, and its decoding forward on more key splits (``--plan kernel``:
+    the whole plan rarely reaches them in one lease, as the table's routes come first)."""
     defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
-    return defaults + candidate_routes()
+    decoding = [("triton", CallClass(pair, 64, mode="decode")) for pair in ("v1", "shared_k")]
+    return defaults + decoding + candidate_routes()
 
 
 def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
