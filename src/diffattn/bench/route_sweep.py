@@ -220,9 +220,8 @@ def model_cotangent(shape: torch.Size, device, dtype, generator: torch.Generator
     [B, T, H, dv] in memory, transposed — every model here (and transformers' SDPA integration) joins the heads by
     ``transpose(1, 2)`` and a reshape or ``contiguous()`` before the output projection, whose gradient is contiguous."""
     b, h, t, dv = shape
-    drawn = torch.randn(b, t, h, dv, generator=generator, dtype=torch.float32) if generator is not None else None
-    if drawn is not None:  # a seeded draw (the check's: one seed, one problem and one gradient), made on the CPU
-        return drawn.to(device=device, dtype=dtype).transpose(1, 2)
+    if generator is not None:  # a seeded draw (the check's: one seed, one gradient), made on the CPU's generator
+        return torch.randn(b, t, h, dv, generator=generator).to(device=device, dtype=dtype).transpose(1, 2)
     return torch.randn(b, t, h, dv, device=device, dtype=dtype).transpose(1, 2)
 
 
@@ -464,13 +463,13 @@ def check(route: str, fn, cls: CallClass, device, dtype, seed: int) -> dict:
     yardstick = {n: _rel(g, r, scale.get(n)) for n, g, r in zip(names, yard, ref, strict=False)}
     if scale and train:
         # ... and as one number its yardstick is one draw of a rounding error, which spans two orders of magnitude
-        # from one input to the next (on this CPU, bf16: 6e-8 to 8e-6 of ‖dO‖·‖O‖ over 30 seeds): transformers'
-        # own two calls erred 27x its draw on one seed, the fused kernel 4.5x on another (and on the H200 of
-        # 2026-11-28, where the test's report cut off the failing error: every other was within its bound) — a rule
-        # against the draw alone fails any route rounding independently of it, about one input
-        # in six at 4x. Its floor is the scale of the draw instead: the unit roundoff times ‖dO ⊙ O2‖, the error
-        # that rounding O2 (A2·V) once to the class's dtype puts into Σ dO·O2 (O2 in float64 from the reference
-        # with λ = 0 and λ = 1); a dλ wrong by a term of its own size (Σ dO·O added) errs by 10-30 times that
+        # from one input to the next (on a CPU, bf16: 6e-8 to 8e-6 of ‖dO‖·‖O‖ over 30 seeds): transformers' own two
+        # calls erred 27x its draw on one seed, the fused kernel 4.5x on another (and on the H200 of 2026-11-28,
+        # where the test's report cut off the failing error: every other was within its bound). A rule against the
+        # draw alone fails any route rounding independently of it on about one input in six at 4x. Its floor is
+        # the scale of the draw instead: the unit roundoff times ‖dO ⊙ O2‖, the error that rounding O2 (A2·V) once
+        # to the class's dtype puts into Σ dO·O2 (O2 in float64 from the reference with λ = 0 and λ = 1); a dλ wrong
+        # by a term of its own size (Σ dO·O added) errs by 10-30 times that
         yardstick["dlam"] = max(yardstick["dlam"], _scalar_lambda_rounding(ref_p, cot, dtype) / scale["dlam"])
 
     worst = max(errors.values())
@@ -510,8 +509,8 @@ def interleaved_ms(
     each. Each sample is at least ``min_calls`` calls back to back (and enough to take ``min_sample_ms``, at most 50)
     between two synchronisations, so that the host's work for a call overlaps the GPU's work on the one before, as it
     does between a model's layers: a sample of one call also timed the host's lead-in, which the GPU waits for (on
-    the H200 of 2026-11-28 wall time minus GPU busy time was 0.17 ms a call for the baseline and 0.4–1.0 ms for the
-    epilogue routes at 16K tokens, where every route's GPU work is longer than its host work). At 16K tokens a sample
+    the H200 of 2026-11-28 wall time minus GPU busy time was 0.17 ms a call for the baseline and 0.32–0.96 ms for the
+    DIFF routes at 16K tokens, where every route's GPU work is longer than its host work). At 16K tokens a sample
     is now 4 calls, not 1: about 0.4 s more a sweep job (route and baseline, 10 rounds)."""
     for fn in fns.values():
         for _ in range(3):
