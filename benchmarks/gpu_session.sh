@@ -5,8 +5,9 @@
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
 #                                              each column's kernels in one profiled step (kernel_ms; log: a table)
-#   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens): each route's kernels
-#                                              beside the baseline's and a stacked cuDNN call's (bench.call_kernels)
+#   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens) and one V1 decoding
+#                                              call: each route's kernels beside the baseline's and a stacked cuDNN
+#                                              call's (bench.call_kernels)
 #   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
@@ -94,7 +95,7 @@ gpu_tests() {
     --backends cudnn_maps,cudnn,sdpa_maps,sdpa,cudnn_maps+epilogue
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.93x through cudnn_maps where one stacked cuDNN
   # call did 1.50x (issue 34's target 1.55x), DIFF V2 at 2.42x (target 2.3x): each route's kernels per call
-  want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64" $PY -m diffattn.bench.call_kernels \
+  want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \
     --json "$OUT/kernels.json"
   # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for
   # DIFF V1 (sdpa_maps+epilogue) forced beside auto: the step said 1.25x with the one and 1.45x with the other, a

@@ -72,3 +72,15 @@ def test_without_cuda_it_says_so_and_exits_2(capsys):
         pytest.skip("a CUDA device is here")
     assert ck.main([]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_the_decoding_class_profiles_the_fused_kernel_beside_the_tables_routes():
+    # issue 37's "what is in 0.30 ms": the fused kernel's key-split forward and combine, kernel by kernel, beside the
+    # routes the H200's table runs for that call; on this CPU only the routes that run here have columns
+    key = ck.DEFAULT_CLASSES[2]
+    assert rs.CallClass.from_key(key).mode == "decode" and "triton" in ck.DECODE_ROUTES
+    result = ck.run(key, device="cpu", scale="tiny", progress=lambda _: None)
+    # every column is there or one line of why not (cuDNN and the epilogue need CUDA; the fused kernel runs here only
+    # where the interpreter is on, as the kernel tests' collection turns it on)
+    assert set(result["columns"]) | set(result["failed"]) == {"baseline", ck.FLOOR, *ck.DECODE_ROUTES}
+    assert {"baseline", "sdpa_maps"} <= set(result["columns"]) and "cudnn_maps" in result["failed"]

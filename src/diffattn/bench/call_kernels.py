@@ -48,8 +48,13 @@ from .route_sweep import (
 )
 
 #: what the gaps are about: the V1 and DIFF V2 training calls at d = 64 at the sweep's shape (issue 34's targets:
-#: 1.55x and 2.3x; measured 1.93x and 2.42x)
-DEFAULT_CLASSES = ("v1 d64 dv128 bf16 causal none train", "shared_k d64 dv64 bf16 causal none train")
+#: 1.55x and 2.3x; measured 1.93x and 2.42x), and V1's decoding call (issue 37: "what is in 0.30 ms"; on the H200 of
+#: 2026-11-28 the fused kernel's was 0.272 ms replayed from a CUDA graph, 0.702 eager, the baseline's 0.071)
+DEFAULT_CLASSES = (
+    "v1 d64 dv128 bf16 causal none train",
+    "shared_k d64 dv64 bf16 causal none train",
+    "v1 d64 dv128 bf16 causal none decode",
+)
 #: per pair, the routes beside the baseline: the fastest ones of the H200's table, the epilogue variants (never run
 #: on a GPU at d = 64) last, so that a crash there ends this process after the others' rows
 DEFAULT_ROUTES = {
@@ -57,6 +62,8 @@ DEFAULT_ROUTES = {
     "v1": ("cudnn_maps", "cudnn", "sdpa_maps", "hf_two_calls", "cudnn_maps+epilogue", "cudnn+epilogue"),
     "shared_k": ("sdpa", "cudnn_maps", "sdpa_maps", "sdpa+epilogue"),
 }
+#: a decoding class's routes: the fused kernel (its key-split forward and the combine) beside the table's fastest
+DECODE_ROUTES = ("triton", "sdpa_maps", "sdpa_maps+epilogue", "cudnn_maps")
 FLOOR = "cuDNN floor"
 
 
@@ -86,11 +93,13 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
 
 def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device: str = "cuda", scale: str = "gpu",
         progress: Callable[[str], None] = print) -> dict:  # fmt: skip
-    """One class (a route table key) and ``routes`` (default: :data:`DEFAULT_ROUTES` of its pair). Per column: ``ms``
+    """One class (a route table key) and ``routes`` (default: :data:`DEFAULT_ROUTES` of its pair, for decoding
+    :data:`DECODE_ROUTES`). Per column: ``ms``
     (median per call, interleaved), ``ratio`` to the baseline, ``gpu_ms`` (busy per call) and ``kernels`` (per call);
     ``failed``: column → error line. ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled (tests)."""
     cls = CallClass.from_key(key)
-    routes = DEFAULT_ROUTES[cls.pair] if routes is None else routes
+    if routes is None:
+        routes = DECODE_ROUTES if cls.mode == "decode" else DEFAULT_ROUTES[cls.pair]
     shape = shape_of(cls, scale)
     p = make_problem(cls, **shape, device=device, dtype=DTYPES[cls.dtype], seed=1)
     columns, failed = {}, {}
