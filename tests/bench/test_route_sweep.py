@@ -367,6 +367,19 @@ def test_a_record_timed_one_call_a_sample_is_timed_again():
     assert ("cudnn", cls.key) in rs.first_round([("cudnn", cls), ("sdpa", cls)], entry)
 
 
+def test_a_class_timed_again_in_part_keeps_its_earlier_order():
+    # a current record reads lower than an older one of the same route (one call a sample held the host's lead-in):
+    # ranked by ratio, a route timed again early would pass a faster one not yet timed again; the older ones stand
+    # first until the class is timed again in full, which is then ordered by ratio alone
+    cls = rs.CallClass("v1", 64)
+    ok = {"status": "ok", "correct": True, "ms": 1.0, "base_ms": 0.5}
+    partly = [{"route": "cudnn_maps", "class": cls.key, **ok, "ratio": 1.9, "inputs": rs.INPUTS},
+              {"route": "sdpa", "class": cls.key, **ok, "ratio": 1.6, **rs.CURRENT}]  # fmt: skip
+    assert rs.table_entry(partly, IDENTITY, "2026-11-29")["routes"][cls.key] == ["cudnn_maps", "sdpa"]
+    fully = [partly[0] | {"ratio": 1.7, **rs.CURRENT}, partly[1]]
+    assert rs.table_entry(fully, IDENTITY, "2026-11-29")["routes"][cls.key] == ["sdpa", "cudnn_maps"]
+
+
 def test_each_timed_sample_is_several_calls_back_to_back(monkeypatch):
     # one call between two synchronisations times the host's lead-in too, which a model's layers overlap (the H200
     # run of 2026-11-28: 0.4-1.0 ms a call for the epilogue routes): every sample holds min_calls calls or more

@@ -915,14 +915,20 @@ def _last_line(path: Path) -> str:
     return (meaningful or lines or [""])[-1][:300]
 
 
-def order_key(r: dict) -> tuple[int, float]:
+def order_key(r: dict) -> tuple[int, int, float]:
     """Where a correct record's route goes in its class's order, fastest first: by its ratio to the baseline, and for
     a decoding call by its CUDA-graph ratio where it has one, ahead of routes timed eagerly only. Why: an eager
     decoding call is host time, which for the same route and call moved 2.2x between two H200 leases (`cudnn_maps`
     0.218 → 0.481 ms, V1 d = 64) and put a route measured in one lease ahead of one measured in the other; its graph
-    time is the GPU's and what a static cache with CUDA graphs pays."""
+    time is the GPU's and what a static cache with CUDA graphs pays.
+
+    Records timed as the sweep times today (:func:`~diffattn.bench.sweep_records.is_current`) come after a class's
+    older ones: while a lease has timed a class again only in part, its earlier order stands. Ratios of two protocols
+    do not compare — one call a sample read up to about 0.2x higher than four calls back to back (the host's lead-in),
+    so by ratio a route timed again early would pass a faster one not yet timed again. A class timed again in full
+    (every table route of the target classes, in a lease's first round) is all current and ordered by ratio."""
     graphed = graph_ratio(r)
-    return (0, graphed) if graphed is not None else (1, r["ratio"])
+    return (int(is_current(r)), *((0, graphed) if graphed is not None else (1, r["ratio"])))
 
 
 def table_entry(records: list[dict], identity: dict, date: str) -> dict:
@@ -930,7 +936,7 @@ def table_entry(records: list[dict], identity: dict, date: str) -> dict:
     as a measurement (the README's speed table is made from them)."""
     from ..ops.routes import ROUTE_NAMES
 
-    routes: dict[str, list[tuple[tuple[int, float], str]]] = {}
+    routes: dict[str, list[tuple[tuple[int, int, float], str]]] = {}
     for r in records:
         if r.get("status") == "ok" and r.get("correct") and r["route"] in ROUTE_NAMES and math.isfinite(r["ms"]):
             routes.setdefault(r["class"], []).append((order_key(r), r["route"]))
