@@ -382,7 +382,7 @@ def test_a_class_timed_again_in_part_keeps_its_earlier_order():
 
 def test_each_timed_sample_is_several_calls_back_to_back(monkeypatch):
     # one call between two synchronisations times the host's lead-in too, which a model's layers overlap (the H200
-    # run of 2026-11-28: 0.4-1.0 ms a call for the epilogue routes): every sample holds min_calls calls or more
+    # run of 2026-11-28: 0.32-0.96 ms a call for the DIFF routes): every sample holds min_calls calls or more
     # between synchronisations, however long one call takes
     calls, syncs = [], []
     monkeypatch.setattr(rs, "_sync", lambda device: syncs.append(len(calls)))

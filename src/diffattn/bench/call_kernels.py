@@ -94,9 +94,9 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
 def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device: str = "cuda", scale: str = "gpu",
         progress: Callable[[str], None] = print) -> dict:  # fmt: skip
     """One class (a route table key) and ``routes`` (default: :data:`DEFAULT_ROUTES` of its pair, for decoding
-    :data:`DECODE_ROUTES`). Per column: ``ms``
-    (median per call, interleaved), ``ratio`` to the baseline, ``gpu_ms`` (busy per call) and ``kernels`` (per call);
-    ``failed``: column → error line. ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled (tests)."""
+    :data:`DECODE_ROUTES`). Per column: ``ms`` (median per call, interleaved), ``ratio`` to the baseline, ``gpu_ms``
+    (busy per call) and ``kernels`` (per call); ``failed``: column → error line. ``scale="tiny"`` and a CPU device:
+    the columns run, nothing is profiled (tests)."""
     cls = CallClass.from_key(key)
     if routes is None:
         routes = DECODE_ROUTES if cls.mode == "decode" else DEFAULT_ROUTES[cls.pair]
