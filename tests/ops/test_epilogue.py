@@ -162,6 +162,57 @@ def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_fr
         assert d_o.stride() == o.stride(), "the gradient laid out as the output"
 
 
+def _normed(o1, o2, lam, eps, scale, flip=False):
+    """scale · y / sqrt(mean(y²) + eps), y = O1 − λ·O2: PyTorch's unfused ops in the inputs' float type (float64 for
+    the gold, float32 for a yardstick); ``flip``: the columns summed in the other order (one order's error may be
+    luckily small)."""
+    y = o1 - lam * o2
+    y = y.flip(-1) if flip else y
+    out = torch.nn.functional.rms_norm(y, (y.shape[-1],), eps=eps) * scale
+    return out.flip(-1) if flip else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
+@pytest.mark.parametrize("layout", ["stacked", "interleaved", "apart", "stacked_bthd", "pair", "pair_bthd"])
+def test_the_head_norm_in_the_kernel_is_pytorchs_norm_within_its_rounding(layout, lam_form, dtype):
+    # DIFF Eq. 3's head, scale · RMSNorm(O1 − λ·O2) without a gain, in the subtraction's kernel (norm=(eps, scale)):
+    # the output and every gradient against float64, within the rule of tests/ops/rounding.py (twice plain PyTorch's
+    # float32 error in two summation orders, plus one rounding of the dtype). dv = 40: padded columns in the sums
+    eps, scale = 1e-5, 0.7
+    if layout.startswith("pair"):
+        o = _one_call_output("bthd" if layout == "pair_bthd" else "contiguous", dtype, dv=40, t=5)
+        o1, o2 = o.chunk(2, dim=1)
+        lam = _operands("apart", dtype, lam_form, t=5, dv=40)[2]
+        out = epilogue.subtract_pair(o, lam, "stacked", norm=(eps, scale))
+        wrt = (o, lam)
+    else:
+        o1, o2, lam = _operands(layout, dtype, lam_form, t=5, dv=40)
+        out = epilogue.subtract_maps(o1, o2, lam, norm=(eps, scale))
+        wrt = (o1, o2, lam)
+    assert out.dtype == dtype and out.shape == o1.shape
+    _assert_laid_out_like(out, o1)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    got = (out, *torch.autograd.grad(out, wrt, g))
+
+    def computed(kind, flip=False):  # the output and the gradients by PyTorch's ops in float64 or float32
+        cast = [x.detach().to(kind).requires_grad_() for x in wrt]
+        if len(cast) == 2:
+            a, b = cast[0].chunk(2, dim=1)
+            y = _normed(a, b, cast[1], eps, scale, flip)
+        else:
+            y = _normed(*cast, eps, scale, flip)
+        return (y, *torch.autograd.grad(y, cast, g.to(kind)))
+
+    gold = computed(torch.float64)
+    plain = [computed(torch.float32), computed(torch.float32, flip=True)]
+    for i, name in enumerate(["out"] + [f"d{n}" for n in ("o", "lam")] if len(wrt) == 2 else
+                             ["out", "dO1", "dO2", "dlam"]):  # fmt: skip
+        # a yardstick's output is float32 rounded to the dtype, as the kernel's is
+        yardsticks = [p[i].to(got[i].dtype) for p in plain]
+        assert_within_rounding(name, got[i], gold[i], yardsticks, got[i].dtype)
+
+
 def test_subtract_pair_refuses_what_is_not_one_calls_output():
     o = torch.zeros(1, 3, 2, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"o must be \[B, 2H, T, dv\]"):

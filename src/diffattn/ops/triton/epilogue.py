@@ -73,36 +73,54 @@ def _store_rows(X, rows, cols, tile, H, T, SB, SH, ST, value):
 
 
 @triton.jit
+def _inverse_rms(y, DV, EPS):
+    # 1 / sqrt(mean(y²) + eps) of each row (the padded columns hold 0 and add nothing), as torch's rms_norm
+    return tl.math.rsqrt(tl.reduce(y * y, 1, _SUM) / DV + EPS)
+
+
+@triton.jit
 def _subtract_fwd_kernel(
     O1, O2, LAM, OUT,
     S1B, S1H, S1T, S2B, S2H, S2T, SLB, SLH, SLT, SOB, SOH, SOT,
-    R, H, T, DV,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+    R, H, T, DV, EPS, SCALE,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
+    # NORM: the head's norm too, SCALE · y / rms(y) with y = O1 − λ·O2 (DIFF Eq. 3 without a gain; one row is one
+    # head's dv values, so the row's tile is the norm's group)
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     o1 = _rows_f32(O1, rows, cols, tile, H, T, S1B, S1H, S1T)
     o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
     out = o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2
+    if NORM:
+        out = out * (_inverse_rms(out, DV, EPS) * SCALE)[:, None]
     _store_rows(OUT, rows, cols, tile, H, T, SOB, SOH, SOT, out)
 
 
 @triton.jit
 def _subtract_bwd_kernel(
-    G, O2, LAM, DO2, DLAM, DO1,
-    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT, SDB, SDH, SDT, S1B, S1H, S1T,
-    R, H, T, DV,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, JOINED: tl.constexpr,
+    G, O2, LAM, DO2, DLAM, DO1, O1,
+    SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT, SDB, SDH, SDT, S1B, S1H, S1T, SOB, SOH, SOT,
+    R, H, T, DV, EPS, SCALE,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, JOINED: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
-    # dO2 = −λ·g (float32, rounded once); the row's share of dλ, −Σ_c g·O2, in float32. JOINED: O1 and O2 are the two
-    # halves of one call's output, and g is also written to dO1, the other half of that output's gradient (the join
-    # autograd would otherwise make by a cat, reading g and dO2 again)
+    # dO2 = −λ·dy (float32, rounded once); the row's share of dλ, −Σ_c dy·O2, in float32. Without NORM dy is g, the
+    # output's gradient; with it, the norm's backward: y = O1 − λ·O2 again (O1 read, not saved), u = y / rms(y),
+    # dy = SCALE / rms(y) · (g − u · mean(g · u)), written to dO1. JOINED: O1 and O2 are the two halves of one call's
+    # output, and dy is also written to dO1, the other half of that output's gradient (the join autograd would
+    # otherwise make by a cat, reading g and dO2 again)
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
-    g = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
-    do2 = -_lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * g
-    _store_rows(DO2, rows, cols, tile, H, T, SDB, SDH, SDT, do2)
-    if JOINED:
-        _store_rows(DO1, rows, cols, tile, H, T, S1B, S1H, S1T, g)  # g in its own dtype: the round trip is exact
-    tl.store(DLAM + rows, -tl.reduce(g * _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T), 1, _SUM), mask=ok)
+    dy = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
+    lam = _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None]
+    o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
+    if NORM:
+        y = _rows_f32(O1, rows, cols, tile, H, T, SOB, SOH, SOT) - lam * o2
+        inv = _inverse_rms(y, DV, EPS)[:, None]
+        u = y * inv
+        dy = (SCALE * inv) * (dy - u * (tl.reduce(dy * u, 1, _SUM) / DV)[:, None])
+    _store_rows(DO2, rows, cols, tile, H, T, SDB, SDH, SDT, -lam * dy)
+    if JOINED or NORM:
+        _store_rows(DO1, rows, cols, tile, H, T, S1B, S1H, S1T, dy)  # without NORM g itself: the round trip is exact
+    tl.store(DLAM + rows, -tl.reduce(dy * o2, 1, _SUM), mask=ok)
 
 
 def _tiles(dv: int) -> tuple[int, int, int]:
@@ -145,40 +163,71 @@ def _launch_subtract(kernel, grid_rows: int, args: tuple, dv: int, **consts) -> 
         kernel[grid](*args, BLOCK_R=block_r, BLOCK_DV=block_dv, num_warps=warps, **consts)
 
 
-def _subtract_impl(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+def _norm_args(norm_eps: float | None, norm_scale: float) -> tuple[float, float, dict]:
+    """The kernels' EPS, SCALE and NORM for the head norm ``norm_eps`` (None: no norm)."""
+    return (0.0, 1.0, {"NORM": False}) if norm_eps is None else (norm_eps, norm_scale, {"NORM": True})
+
+
+def _subtract_impl(
+    o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor, norm_eps: float | None = None, norm_scale: float = 1.0
+) -> torch.Tensor:
     b, h, t, dv = o1.shape
     o1, o2 = _last_contiguous(o1), _last_contiguous(o2)
     out = _output_like(o1)
     lam4 = _lam4(lam)
     rows = b * h * t
     if rows:
+        eps, scale, norm = _norm_args(norm_eps, norm_scale)
         strides = (*_row_strides(o1), *_row_strides(o2), *_row_strides(lam4), *_row_strides(out))
-        args = (o1, o2, lam4, out, *strides, rows, h, t, dv)
-        _launch_subtract(_subtract_fwd_kernel, rows, args, dv)
+        args = (o1, o2, lam4, out, *strides, rows, h, t, dv, eps, scale)
+        _launch_subtract(_subtract_fwd_kernel, rows, args, dv, **norm)
     return out
 
 
 def _subtract_bwd_launch(
-    g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor, do2: torch.Tensor, do1: torch.Tensor | None
+    g: torch.Tensor,
+    o1: torch.Tensor | None,
+    o2: torch.Tensor,
+    lam: torch.Tensor,
+    do2: torch.Tensor,
+    do1: torch.Tensor | None,
+    norm_eps: float | None = None,
+    norm_scale: float = 1.0,
 ) -> torch.Tensor:
-    """dO2 (and g into dO1 where given) written in place; the per-row float32 shares of dλ returned."""
+    """dO2 (and dO1 where given: g itself, or the norm's gradient) written in place; the per-row float32 shares of dλ
+    returned. ``o1`` is read only with the norm (``norm_eps`` not None), which needs ``do1``."""
     b, h, t, dv = o2.shape
     g, o2 = _last_contiguous(g), _last_contiguous(o2)
     dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=o2.device)
     lam4 = _lam4(lam)
     rows = b * h * t
     if rows:
-        joined = do1 is not None
-        do1 = do1 if joined else do2  # not written without JOINED: any tensor of dO2's strides stands in
-        strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2), *_row_strides(do1))
-        args = (g, o2, lam4, do2, dlam_rows, do1, *strides, rows, h, t, dv)
-        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined)
+        eps, scale, norm = _norm_args(norm_eps, norm_scale)
+        joined = do1 is not None and norm_eps is None
+        do1 = do1 if do1 is not None else do2  # not written without JOINED or NORM: dO2 stands in
+        o1 = _last_contiguous(o1) if o1 is not None else o2  # not read without NORM: O2 stands in
+        strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2), *_row_strides(do1),
+                   *_row_strides(o1))  # fmt: skip
+        args = (g, o2, lam4, do2, dlam_rows, do1, o1, *strides, rows, h, t, dv, eps, scale)
+        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined, **norm)
     return dlam_rows
 
 
-def _subtract_bwd_impl(g: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _subtract_bwd_impl(
+    g: torch.Tensor,
+    o1: torch.Tensor,
+    o2: torch.Tensor,
+    lam: torch.Tensor,
+    norm_eps: float | None = None,
+    norm_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dO1, dO2 and dλ's per-row shares. Without the norm O1 is not read and dO1 is g itself, which the caller takes
+    (a custom op may not return its input): an empty tensor stands in."""
     do2 = _output_like(_last_contiguous(o2))
-    return do2, _subtract_bwd_launch(g, o2, lam, do2, None)
+    if norm_eps is None:
+        return g.new_empty(0), do2, _subtract_bwd_launch(g, None, o2, lam, do2, None)
+    do1 = _output_like(_last_contiguous(o1))
+    return do1, do2, _subtract_bwd_launch(g, o1, o2, lam, do2, do1, norm_eps, norm_scale)
 
 
 def _pair(o: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,18 +242,26 @@ def _pair_gradient(o: torch.Tensor) -> torch.Tensor:
     return _output_like(o) if o.stride(-1) == 1 else torch.empty_like(o, memory_format=torch.contiguous_format)
 
 
-def _subtract_pair_impl(o: torch.Tensor, lam: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    return _subtract_impl(*_pair(o, interleaved), lam)
+def _subtract_pair_impl(
+    o: torch.Tensor, lam: torch.Tensor, interleaved: bool, norm_eps: float | None = None, norm_scale: float = 1.0
+) -> torch.Tensor:
+    return _subtract_impl(*_pair(o, interleaved), lam, norm_eps, norm_scale)
 
 
 def _subtract_pair_bwd_impl(
-    g: torch.Tensor, o: torch.Tensor, lam: torch.Tensor, interleaved: bool
+    g: torch.Tensor,
+    o: torch.Tensor,
+    lam: torch.Tensor,
+    interleaved: bool,
+    norm_eps: float | None = None,
+    norm_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # the whole output's gradient in o's layout (what the guard of diffattn.ops.sdpa wants for SDPA's backward), both
-    # halves written by the one kernel: g into dO1, −λ·g into dO2
+    # halves written by the one kernel: dy (g, without the norm) into dO1, −λ·dy into dO2
     do = _pair_gradient(o)
     do1, do2 = _pair(do, interleaved)
-    return do, _subtract_bwd_launch(g, _pair(o, interleaved)[1], lam, do2, do1)
+    o1, o2 = _pair(o, interleaved)
+    return do, _subtract_bwd_launch(g, o1, o2, lam, do2, do1, norm_eps, norm_scale)
 
 
 _subtract_op = torch.library.custom_op("diffattn::subtract_maps", mutates_args=())(_subtract_impl)
@@ -214,22 +271,23 @@ _subtract_pair_bwd_op = torch.library.custom_op("diffattn::subtract_pair_bwd", m
 
 
 @_subtract_op.register_fake
-def _subtract_fake(o1, o2, lam):
+def _subtract_fake(o1, o2, lam, norm_eps=None, norm_scale=1.0):
     return _output_like(_last_contiguous(o1))
 
 
 @_subtract_bwd_op.register_fake
-def _subtract_bwd_fake(g, o2, lam):
-    return _output_like(_last_contiguous(o2)), o2.new_empty(o2.shape[:3], dtype=torch.float32)
+def _subtract_bwd_fake(g, o1, o2, lam, norm_eps=None, norm_scale=1.0):
+    do1 = g.new_empty(0) if norm_eps is None else _output_like(_last_contiguous(o1))
+    return do1, _output_like(_last_contiguous(o2)), o2.new_empty(o2.shape[:3], dtype=torch.float32)
 
 
 @_subtract_pair_op.register_fake
-def _subtract_pair_fake(o, lam, interleaved):
+def _subtract_pair_fake(o, lam, interleaved, norm_eps=None, norm_scale=1.0):
     return _subtract_fake(*_pair(o, interleaved), lam)
 
 
 @_subtract_pair_bwd_op.register_fake
-def _subtract_pair_bwd_fake(g, o, lam, interleaved):
+def _subtract_pair_bwd_fake(g, o, lam, interleaved, norm_eps=None, norm_scale=1.0):
     b, h2, t, _ = o.shape
     return _pair_gradient(o), o.new_empty((b, h2 // 2, t), dtype=torch.float32)
 
@@ -240,32 +298,36 @@ def _lambda_grad(dlam_rows: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
 
 
 def _setup_context(ctx, inputs, output):
-    o1, o2, lam = inputs
-    ctx.save_for_backward(o2, lam)
+    o1, o2, lam, norm_eps, norm_scale = inputs
+    # O1 is read back only by the norm's backward; saved either way (an SDPA call's output, which that call's own
+    # backward keeps alive anyway)
+    ctx.save_for_backward(o1, o2, lam)
     ctx.o1_dtype = o1.dtype
+    ctx.norm = (norm_eps, norm_scale)
 
 
 def _backward(ctx, g, bwd=None):
     # ``bwd``: the backward's implementation (default the custom op, what torch.compile sees; eager training calls
     # it directly)
-    o2, lam = ctx.saved_tensors
-    do2, dlam_rows = (bwd or _subtract_bwd_op)(g, o2, lam)
-    return g.to(ctx.o1_dtype), do2, _lambda_grad(dlam_rows, lam)
+    o1, o2, lam = ctx.saved_tensors
+    do1, do2, dlam_rows = (bwd or _subtract_bwd_op)(g, o1, o2, lam, *ctx.norm)
+    return g.to(ctx.o1_dtype) if ctx.norm[0] is None else do1, do2, _lambda_grad(dlam_rows, lam), None, None
 
 
 torch.library.register_autograd("diffattn::subtract_maps", _backward, setup_context=_setup_context)
 
 
 def _pair_setup_context(ctx, inputs, output):
-    o, lam, interleaved = inputs
+    o, lam, interleaved, norm_eps, norm_scale = inputs
     ctx.save_for_backward(o, lam)
     ctx.interleaved = interleaved
+    ctx.norm = (norm_eps, norm_scale)
 
 
 def _pair_backward(ctx, g, bwd=None):
     o, lam = ctx.saved_tensors
-    do, dlam_rows = (bwd or _subtract_pair_bwd_op)(g, o, lam, ctx.interleaved)
-    return do, _lambda_grad(dlam_rows, lam), None
+    do, dlam_rows = (bwd or _subtract_pair_bwd_op)(g, o, lam, ctx.interleaved, *ctx.norm)
+    return do, _lambda_grad(dlam_rows, lam), None, None, None
 
 
 torch.library.register_autograd("diffattn::subtract_pair", _pair_backward, setup_context=_pair_setup_context)
@@ -277,9 +339,9 @@ class _SubtractMaps(torch.autograd.Function):
     (kernel launches stubbed out; benchmarks/RESULTS.md) — the host time a small model's training step is bound by."""
 
     @staticmethod
-    def forward(ctx, o1, o2, lam):
-        out = _subtract_impl(o1, o2, lam)
-        _setup_context(ctx, (o1, o2, lam), out)
+    def forward(ctx, o1, o2, lam, norm_eps, norm_scale):
+        out = _subtract_impl(o1, o2, lam, norm_eps, norm_scale)
+        _setup_context(ctx, (o1, o2, lam, norm_eps, norm_scale), out)
         return out
 
     @staticmethod
@@ -292,9 +354,9 @@ class _SubtractPair(torch.autograd.Function):
     """:func:`subtract_pair` for eager training, as :class:`_SubtractMaps` is :func:`subtract_maps`'s."""
 
     @staticmethod
-    def forward(ctx, o, lam, interleaved):
-        out = _subtract_pair_impl(o, lam, interleaved)
-        _pair_setup_context(ctx, (o, lam, interleaved), out)
+    def forward(ctx, o, lam, interleaved, norm_eps, norm_scale):
+        out = _subtract_pair_impl(o, lam, interleaved, norm_eps, norm_scale)
+        _pair_setup_context(ctx, (o, lam, interleaved, norm_eps, norm_scale), out)
         return out
 
     @staticmethod
@@ -303,34 +365,50 @@ class _SubtractPair(torch.autograd.Function):
         return _pair_backward(ctx, g, bwd=_subtract_pair_bwd_impl)
 
 
-def subtract_pair(o: torch.Tensor, lam: torch.Tensor, layout: str) -> torch.Tensor:
+def _checked_norm(norm: tuple[float, float] | None) -> tuple[float | None, float]:
+    """``norm`` as the kernels' (eps, scale): (None, 1.0) for no norm."""
+    if norm is None:
+        return None, 1.0
+    eps, scale = norm
+    return float(eps), float(scale)
+
+
+def subtract_pair(
+    o: torch.Tensor, lam: torch.Tensor, layout: str, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """:func:`subtract_maps` of the two halves of one call's output ``o`` [B, 2H, T, dv], its query heads ``stacked``
     (DIFF V1's one call: map 1's H heads, then map 2's) or ``interleaved`` (DIFF V2's: map 1 and map 2 of each head).
     The same forward; the backward writes the gradient of ``o`` whole in its one kernel, dense in ``o``'s dimension
     order (``o``'s own strides for an SDPA call's output) — where cutting ``o`` into O1 and O2 for
     :func:`subtract_maps` has autograd join dO1 (the output's gradient) and dO2 by one more pass, a cat that reads both
     and writes them again (by bytes ≈ 0.02× the baseline for DIFF V1 at 16K tokens on an H200,
-    benchmarks/RESULTS.md; a prediction until a GPU times it)."""
+    benchmarks/RESULTS.md; a prediction until a GPU times it). ``norm`` as :func:`subtract_maps`'s."""
     if layout not in ("stacked", "interleaved"):
         raise ValueError(f"layout must be 'stacked' or 'interleaved', got {layout!r}")
     if o.dim() != 4 or o.shape[1] % 2:
         raise ValueError(f"o must be [B, 2H, T, dv] (an even head count), got shape {tuple(o.shape)}")
     interleaved = layout == "interleaved"
+    eps, scale = _checked_norm(norm)
     if torch.compiler.is_compiling():
-        return _subtract_pair_op(o, lam, interleaved)
+        return _subtract_pair_op(o, lam, interleaved, eps, scale)
     if torch.is_grad_enabled() and (o.requires_grad or lam.requires_grad):
-        return _SubtractPair.apply(o, lam, interleaved)
-    return _subtract_pair_impl(o, lam, interleaved)
+        return _SubtractPair.apply(o, lam, interleaved, eps, scale)
+    return _subtract_pair_impl(o, lam, interleaved, eps, scale)
 
 
-def subtract_maps(o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+def subtract_maps(
+    o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """``O1 − λ·O2`` in float32, in ``o1``'s dtype, by one kernel (module docstring); differentiable in all three.
     ``o1``, ``o2`` [B, H, T, dv] of one dtype, ``lam`` as :func:`diffattn.ops._inputs.validate` shapes it.
+    ``norm`` = (eps, scale): the head's norm in the same kernel, ``scale · y / sqrt(mean(y²) + eps)`` over each row
+    of dv values of y = O1 − λ·O2 (DIFF Eq. 3 without a gain: :class:`diffattn.ops.HeadNorm`), one rounding at the end.
     Under torch.compile the custom op (opaque to the tracer, with its fake implementation); in eager training an
     autograd Function (a third of the custom op's host time); without a gradient the kernel alone. Differentiable once:
     a second derivative (``create_graph=True``) raises, as through the ``triton`` backend and ``chunked``."""
+    eps, scale = _checked_norm(norm)
     if torch.compiler.is_compiling():
-        return _subtract_op(o1, o2, lam)
+        return _subtract_op(o1, o2, lam, eps, scale)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam)):
-        return _SubtractMaps.apply(o1, o2, lam)
-    return _subtract_impl(o1, o2, lam)
+        return _SubtractMaps.apply(o1, o2, lam, eps, scale)
+    return _subtract_impl(o1, o2, lam, eps, scale)
