@@ -146,7 +146,7 @@ def test_columns_are_timed_in_a_rotating_order_with_the_garbage_collector_paused
         model.tag = (attention, backend)
         return model
 
-    def fake_step(model, batch, dtype, compile_backend=None):
+    def fake_step(model, batch, dtype, compile_backend=None, fused_norm=None):
         return lambda: (calls.append(model.tag), collector.append(gc.isenabled()))
 
     monkeypatch.setattr(train_step, "build_model", fake_build)
@@ -198,3 +198,23 @@ def test_the_kernel_table_sets_the_columns_kernels_side_by_side():
     assert lines[-2].split()[-2:] == ["0.75", "(28)"]  # the rest: the kernel not shown and the summed ones
     assert lines[-1].split()[2:] == ["2.50", "(48)", "3.75", "(44)"]  # every kernel
     assert train_step.format_kernels([train_step.StepRow("small", 4096, 4, {}, "fp32")]) == ""
+
+
+def test_a_norm_fused_column_runs_its_steps_with_the_head_norm_in_the_epilogue(monkeypatch):
+    # "<backend>+norm": the head norm in the epilogue's kernel (diffattn.ops.fused_head_norm) for that column's steps
+    # only, where the route table does not switch it on yet; it follows auto or an epilogue route, nothing else
+    columns = train_step.columns_for(("sdpa+epilogue+norm", "auto+norm", "sdpa"))
+    assert columns["diffattn DIFF (sdpa+epilogue+norm)"] == ("diff", "sdpa+epilogue+norm")
+    with pytest.raises(ValueError, match=r"sdpa\+norm: \+norm \(the head norm in the epilogue's kernel\) follows"):
+        train_step.columns_for(("sdpa+norm",))
+    with pytest.raises(ValueError, match="unknown backend"):
+        train_step.columns_for(("fastest+norm",))
+    from diffattn.ops import routes
+
+    seen = []
+    model = train_step.build_model("debug", "diff", backend="sdpa", seed=0, num_layers=1).train()
+    model.register_forward_hook(lambda *_: seen.append(routes.head_norm_in_epilogue(None)))
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    for fused in (True, None):
+        train_step._step_fn(model, ids, "fp32", fused_norm=fused)()
+    assert seen == [True, False], "forced in the column's step, the table's word (none off CUDA) after it"

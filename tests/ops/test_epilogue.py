@@ -309,6 +309,56 @@ def test_each_epilogue_route_is_its_route_forward_and_backward(route, shared, ma
         assert_within_rounding(name, a, c, [b], torch.float32)
 
 
+@pytest.mark.parametrize("route", [r for r in routes.EPILOGUE_ROUTES if not r.startswith("cudnn")])
+@pytest.mark.parametrize(("mask", "model_layout"), [(False, False), (True, False), (False, True)])
+def test_a_head_norm_is_one_output_through_every_route_fused_or_not(route, mask, model_layout, monkeypatch):
+    # ops.HeadNorm (DIFF Eq. 3: RMSNorm without a gain, then 1 − λ_init) handed to the op: by PyTorch after the plain
+    # route and after an epilogue route where the fusion is off — the route's output normed, bit for bit — and in the
+    # epilogue's kernel where it is on; the output and every gradient against float64, by the rule of
+    # tests/ops/rounding.py with the plain route and PyTorch's norm as the yardstick. Fully masked rows stay 0
+    inputs = _diff_inputs(False, torch.float32, mask, model_layout=model_layout)
+    norm = ops.HeadNorm(1e-5, 0.65)
+    leaves = [inputs[k] for k in ("q1", "k1", "q2", "k2", "v", "lam")]
+    plain = ops.diff_attention(**inputs, backend=route, head_norm=norm)
+    launched = []
+    real_launch = epilogue._launch_subtract
+    monkeypatch.setattr(
+        epilogue, "_launch_subtract", lambda *a, **k: launched.append(k["NORM"]) or real_launch(*a, **k)
+    )
+    with ops.fused_head_norm(False):
+        unfused = ops.diff_attention(**inputs, backend=route + routes.EPILOGUE, head_norm=norm)
+        assert torch.equal(unfused, norm.apply(ops.diff_attention(**inputs, backend=route + routes.EPILOGUE)))
+    assert launched and not any(launched), "the kernel did not norm"
+    with ops.fused_head_norm(True):
+        fused = ops.diff_attention(**inputs, backend=route + routes.EPILOGUE, head_norm=norm)
+    assert launched[-1] is True, "the kernel normed"
+    gold_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    gold_inputs = {**inputs, **dict(zip(("q1", "k1", "q2", "k2", "v", "lam"), gold_leaves, strict=True))}
+    gold = ops.diff_attention(**gold_inputs, backend="reference", head_norm=norm)
+    assert_within_rounding("out", fused, gold, [plain], torch.float32)
+    if mask:
+        assert (fused[1, :, 0] == 0).all() and (plain[1, :, 0] == 0).all(), "the fully masked row is 0"
+    g = torch.randn(plain.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with ops.fused_head_norm(True):
+        fused_grads = torch.autograd.grad(fused, leaves, g)
+    for name, a, b, c in zip(
+        ("dq1", "dk1", "dq2", "dk2", "dv", "dλ"),
+        fused_grads,
+        torch.autograd.grad(plain, leaves, g),
+        torch.autograd.grad(gold, gold_leaves, g.double()),
+        strict=True,
+    ):
+        assert_within_rounding(name, a, c, [b], torch.float32)
+
+
+def test_a_head_norm_must_be_one():
+    with pytest.raises(ValueError, match=r"head_norm must be a diffattn\.ops\.HeadNorm or None, got tuple"):
+        ops.diff_attention(**_diff_inputs(False, torch.float32), backend="sdpa", head_norm=(1e-5, 0.8))
+    for bad in (dict(eps=float("nan")), dict(eps=1e-5, scale=-1.0), dict(eps="1e-5")):
+        with pytest.raises(ValueError, match=r"HeadNorm (eps|scale) must be a finite float >= 0"):
+            ops.HeadNorm(**bad)
+
+
 def test_an_epilogue_route_refuses_what_its_kernel_cannot_take():
     inp = validate(**_diff_inputs(False, torch.float64), scale=0.25)
     assert "fused epilogue: dtype torch.float64 is not supported" in ops.route_unsupported("sdpa+epilogue", inp)
@@ -334,11 +384,13 @@ def test_every_epilogue_route_is_a_backend_and_a_table_route():
     ("route", "op", "function"),
     [("sdpa", "_subtract_pair_op", "_SubtractPair"), ("sdpa_maps", "_subtract_op", "_SubtractMaps")],
 )
-def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatch, route, op, function):
+@pytest.mark.parametrize("normed", [False, True])
+def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatch, route, op, function, normed):
     # under torch.compile the kernels are custom ops with fake implementations (the tracer goes through the route
     # without a break, autograd through their registered formula); eager training takes the autograd Function: the
     # same kernels, so the same numbers, forward and every gradient. A one-call route (sdpa) hands the epilogue its
-    # call's output whole (subtract_pair), a route of one call per map (sdpa_maps) the two maps' outputs
+    # call's output whole (subtract_pair), a route of one call per map (sdpa_maps) the two maps' outputs. ``normed``:
+    # with the head's norm in the kernel (its arguments through the custom op's schema too)
     inputs = _diff_inputs(True, torch.float32, lam_form="per_token")
     leaves = [inputs[k] for k in ("q1", "k1", "q2", "v", "lam")]
     took = []
@@ -346,9 +398,12 @@ def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatc
     fn_class = getattr(epilogue, function)
     monkeypatch.setattr(fn_class, "apply", _recording(fn_class.apply, took, "Function"))
     backend = route + "+epilogue"
-    fn = torch.compile(lambda kw: ops.diff_attention(**kw, backend=backend), fullgraph=True, backend="eager")
-    compiled = fn(inputs)
-    eager = ops.diff_attention(**inputs, backend=backend)
+    norm = ops.HeadNorm(1e-5, 0.7) if normed else None
+    with ops.fused_head_norm(True):
+        fn = torch.compile(lambda kw: ops.diff_attention(**kw, backend=backend, head_norm=norm), fullgraph=True,
+                           backend="eager")  # fmt: skip
+        compiled = fn(inputs)
+        eager = ops.diff_attention(**inputs, backend=backend, head_norm=norm)
     assert took == ["custom op", "Function"]
     assert torch.equal(compiled, eager)
     g = torch.randn(eager.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -357,9 +412,9 @@ def test_an_epilogue_route_under_a_fullgraph_compile_is_one_opaque_op(monkeypatc
 
 
 def _recording(fn, took: list, name: str):
-    def call(*args):
+    def call(*args, **kwargs):
         took.append(name)
-        return fn(*args)
+        return fn(*args, **kwargs)
 
     return call
 
@@ -389,6 +444,33 @@ def test_gpu_kernel_at_real_lengths_against_float64(n, lam_form):
     assert ((d_lam.double() - want_lam).abs() <= bound).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("n", [1024, 16384])
+@pytest.mark.parametrize("lam_form", ["scalar", "per_token"])
+def test_gpu_head_norm_in_the_kernel_at_real_lengths_against_float64(n, lam_form):
+    # compiled, bf16, one call's [B, T, 2H, dv]-laid-out output at 1K and 16K tokens through subtract_pair with the
+    # head norm: the output and the gradients of the output and λ, by the rule of tests/ops/rounding.py against float64
+    # with PyTorch's float32 norm in two summation orders as the yardstick
+    g = torch.Generator(device="cuda").manual_seed(n)
+    o = torch.randn(1, n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2).requires_grad_()
+    lam = torch.tensor(0.37, device="cuda") if lam_form == "scalar" else torch.rand(1, 16, n, 1, device="cuda")
+    lam.requires_grad_()
+    eps, scale = 1e-5, 0.7
+    out = epilogue.subtract_pair(o, lam, "stacked", norm=(eps, scale))
+    grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    got = (out, *torch.autograd.grad(out, (o, lam), grad))
+
+    def computed(kind, flip=False):
+        oo, ll = o.detach().to(kind).requires_grad_(), lam.detach().to(kind).requires_grad_()
+        y = _normed(*oo.chunk(2, dim=1), ll, eps, scale, flip)
+        return (y, *torch.autograd.grad(y, (oo, ll), grad.to(kind)))
+
+    gold, plain = computed(torch.float64), [computed(torch.float32), computed(torch.float32, flip=True)]
+    for i, name in enumerate(("out", "do", "dlam")):
+        assert_within_rounding(name, got[i], gold[i], [p[i].to(got[i].dtype) for p in plain], got[i].dtype)
+
+
 def test_an_epilogue_kernel_that_does_not_launch_is_one_clear_error(monkeypatch):
     import triton
 
@@ -398,3 +480,30 @@ def test_an_epilogue_kernel_that_does_not_launch_is_one_clear_error(monkeypatch)
     monkeypatch.setattr(epilogue, "_launch_subtract", out_of_resources)
     with pytest.raises(RuntimeError, match=r"backend 'sdpa\+epilogue': the fused epilogue .* did not compile"):
         ops.diff_attention(**_diff_inputs(False, torch.float32), backend="sdpa+epilogue")
+
+
+def test_a_diff_models_head_norm_in_the_kernel_is_its_norm_within_rounding(monkeypatch):
+    # the DIFF layer hands its gainless norm and 1 − λ_init to the op (DiffLlamaDifferentialAttention.head_norm): in
+    # an epilogue route's kernel where switched on, by PyTorch otherwise; the loss and every gradient of a 2-layer
+    # model against the float64 model (reference route), by the rounding rule with the plain route as yardstick
+    from diffattn.models.build import build_model
+
+    launched = []
+    real_launch = epilogue._launch_subtract
+    monkeypatch.setattr(
+        epilogue, "_launch_subtract", lambda *a, **k: launched.append(k["NORM"]) or real_launch(*a, **k)
+    )
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+
+    def run(backend, dtype=torch.float32, fused=False):
+        model = build_model("debug", "diff", backend=backend, num_layers=2, seed=0).to(DEVICE, dtype)
+        with ops.fused_head_norm(fused):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        return [loss.detach()] + [p.grad for _, p in sorted(model.named_parameters()) if p.grad is not None]
+
+    fused, plain, gold = run("sdpa+epilogue", fused=True), run("sdpa"), run("reference", torch.float64)
+    assert launched == [True] * 4, "two layers' forward and backward kernels normed"
+    assert len(fused) == len(plain) == len(gold) > 10
+    for i, (a, b, c) in enumerate(zip(fused, plain, gold, strict=True)):
+        assert_within_rounding(f"value {i}", a, c, [b], torch.float32)

@@ -20,6 +20,9 @@ tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forw
 λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
 
 ``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
+A backend named with :data:`NORM_FUSED` after it (``cudnn+epilogue+norm``, ``auto+norm``) runs with the head's norm
+in the epilogue's kernel (:func:`diffattn.ops.fused_head_norm`), where the route table does not say so yet: the
+step a lease times before the table may switch it on (benchmarks/RESULTS.md, 2026-11-28, the norm's launches).
 Why: the route table picks a class's route by its time at batch·N = 16K tokens, where the GPU is the limit; a small
 model's step is host-bound, where a route's host cost decides — on the H200 (2026-11-27) ``auto`` (``cudnn_maps``,
 two cuDNN calls a layer) stepped 49.3 ms against DiffLlama's 45.2 though it dispatches no more ops a layer (338
@@ -46,6 +49,9 @@ COLUMNS = {
     "HF DiffLlama": ("diff", None),
     "diffattn DIFF V2 (auto)": ("diff-v2", "auto"),
 }
+
+#: the suffix of a forced column's backend that runs it with the head norm in the epilogue kernel
+NORM_FUSED = "+norm"
 
 #: the precisions a step can run in: autocast dtype (None: plain float32)
 DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -86,10 +92,13 @@ class StepRow:
         return self.ms[column] / self.ms["baseline"]
 
 
-def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None):
+def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None, fused_norm: bool | None = None):
     """One training step in ``dtype`` (see the module docstring): float32 weights and AdamW; bf16/fp16 run the
     forward under autocast, fp16 with a gradient scaler. ``compile_backend``: the forward through ``torch.compile``
-    with that backend (the same parameters: the optimizer steps the model's own)."""
+    with that backend (the same parameters: the optimizer steps the model's own). ``fused_norm``: as
+    :func:`diffattn.ops.fused_head_norm` (None: as the route table says)."""
+    from ..ops import fused_head_norm
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     device_type = batch.device.type
     amp = DTYPES[dtype]
@@ -98,7 +107,8 @@ def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = No
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext():
+        autocast = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        with autocast, fused_head_norm(fused_norm):
             # no KV cache, as diffattn.train's Trainer runs (TrainingArguments.use_cache, default False): with the
             # config's default (True) every layer would copy its K and V into a DynamicCache each step
             loss = forward(input_ids=batch, labels=batch, use_cache=False).loss
@@ -141,11 +151,13 @@ def run_train_step_benchmark(
                 torch._dynamo.reset()
             steps, models = {}, {}
             for name, (attention, backend) in columns.items():
+                fused = True if backend and backend.endswith(NORM_FUSED) else None
+                backend = backend.removesuffix(NORM_FUSED) if backend else backend
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))
                 model.to(device).train()
                 models[name] = model
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
-                steps[name] = _step_fn(model, ids.to(device), dtype, compile_backend)
+                steps[name] = _step_fn(model, ids.to(device), dtype, compile_backend, fused)
             failed = {}
             for name, fn in steps.items():  # warm-up (and, with compile_backend, the compiling)
                 try:
@@ -179,12 +191,21 @@ def run_train_step_benchmark(
 
 
 def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
-    """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only)."""
+    """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only; with
+    :data:`NORM_FUSED` after ``auto`` or an epilogue route)."""
     from ..ops import BACKENDS
+    from ..ops.routes import EPILOGUE
 
-    unknown = [b for b in backends if b not in BACKENDS]
+    unknown = [b for b in backends if b.removesuffix(NORM_FUSED) not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    unfusable = [b for b in backends if b.endswith(NORM_FUSED) and not b.removesuffix(NORM_FUSED).endswith(EPILOGUE)
+                 and b != "auto" + NORM_FUSED]  # fmt: skip
+    if unfusable:
+        raise ValueError(
+            f"{', '.join(unfusable)}: {NORM_FUSED} (the head norm in the epilogue's kernel) follows auto or a route "
+            f"ending in {EPILOGUE}"
+        )
     return {**COLUMNS, **{forced_column(b): ("diff", b) for b in backends}}
 
 

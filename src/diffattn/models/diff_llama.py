@@ -48,7 +48,14 @@ from ..lambdas import (
     output_scale,
     reparameterized_lambda,
 )
-from ..ops import BACKENDS, diff_attention_maps, diff_attention_stacked, output_through_maps, with_packed_segments
+from ..ops import (
+    BACKENDS,
+    HeadNorm,
+    diff_attention_maps,
+    diff_attention_stacked,
+    output_through_maps,
+    with_packed_segments,
+)
 from ..ops._inputs import v_from_halves
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
@@ -176,6 +183,13 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
 
     current_lambda = lambda_full  # the read-out convention of diffattn.lambdas
 
+    def head_norm(self) -> HeadNorm | None:
+        """Eq. 3's norm and multiplier for the op to apply (:class:`diffattn.ops.HeadNorm`), where the op can: the
+        gainless norm (``norm="rms"``, DiffLlama's); None where the layer applies its own (a learnt gain, or none)."""
+        if self.options.norm != "rms":
+            return None
+        return HeadNorm(self.groupnorm.eps, output_scale(self.lambda_init))
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -228,7 +242,10 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             # reads Q and K without concatenating the maps' chunks back into copies; a packed row's mask reaches the
             # op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
             options = with_packed_segments(options, kwargs.get("position_ids"))
-            out = diff_attention_stacked(q, k, v, lam, **options, backend=self.options.backend)
+            head_norm = self.head_norm()
+            out = diff_attention_stacked(q, k, v, lam, **options, backend=self.options.backend, head_norm=head_norm)
+            if head_norm is not None:  # normed and scaled by the op (in an epilogue route's kernel, where it may)
+                return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1)), weights
         # the norm is per head (over the last axis), so it may come after the transpose to [B, T, h, 2d]: an output laid
         # out [B, T, h, 2d] in memory — as the SDPA routes return it for the model's Q, and CUDA's kernels always — is
         # then normed as it is and joined into [B, T, h·2d] by a view, where a norm before the transpose copied it

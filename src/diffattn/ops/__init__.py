@@ -31,6 +31,7 @@ backends fold them into their mask (:func:`diffattn.ops._inputs.with_segment_mas
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -43,6 +44,7 @@ import torch
 
 from ._inputs import (
     DiffAttentionInputs,
+    HeadNorm,
     causal_keep_mask,
     hidden_keys,
     interleaved_pair,
@@ -54,7 +56,17 @@ from ._inputs import (
 )
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
-from .routes import EPILOGUE, EPILOGUE_ROUTES, SAFE_DEFAULT, call_class, read_class, table_routes, without_size
+from .routes import (
+    _HEAD_NORM_FORCED,
+    EPILOGUE,
+    EPILOGUE_ROUTES,
+    SAFE_DEFAULT,
+    call_class,
+    head_norm_in_epilogue,
+    read_class,
+    table_routes,
+    without_size,
+)
 from .sdpa import (
     cudnn_unsupported,
     diff_attention_cudnn,
@@ -70,6 +82,7 @@ __all__ = [
     "BACKENDS",
     "BackendStatus",
     "DiffAttentionMaps",
+    "HeadNorm",
     "auto_backend",
     "backend_status",
     "causal_keep_mask",
@@ -77,6 +90,7 @@ __all__ = [
     "diff_attention_maps",
     "diff_attention_pairs",
     "diff_attention_stacked",
+    "fused_head_norm",
     "hidden_keys",
     "interleaved_pair",
     "output_through_maps",
@@ -357,7 +371,7 @@ def route_choice_line(index: int | None, cls: str, names: list[str]) -> str:
     return f"{cls} runs {names[0]} (route order: {', '.join(names)}{source})"
 
 
-def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
+def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> torch.Tensor:
     """Run the first of :func:`auto_routes`; on CUDA a route that raises (compile error, launch error, out of
     resources, a kernel cuDNN refuses) hands over to the next one with one log line naming the error, and is not
     tried again for this call class. Not under torch.compile (no try there: the first route runs) and not for an
@@ -369,9 +383,9 @@ def _run_auto(inp: DiffAttentionInputs) -> torch.Tensor:
     for i, name in enumerate(names):
         impl_inp = inp if name == "triton" else with_segment_mask(inp)
         if i == len(names) - 1 or torch.compiler.is_compiling():
-            return _IMPLS[name](impl_inp)
+            return _call_route(name, impl_inp, head_norm)
         try:
-            return _IMPLS[name](impl_inp)
+            return _call_route(name, impl_inp, head_norm)
         except torch.OutOfMemoryError:
             raise
         except Exception as err:
@@ -419,6 +433,7 @@ def diff_attention(
     scale: float | None = None,
     backend: str = "auto",
     segment_ids: torch.Tensor | None = None,
+    head_norm: HeadNorm | None = None,
 ) -> torch.Tensor:
     """Differential attention ``softmax(q1 k1ᵀ·s + M) v − lam · softmax(q2 k2ᵀ·s + M) v``.
 
@@ -440,6 +455,10 @@ def diff_attention(
             :func:`segments_from_position_ids` of transformers' packed position ids): a query attends only to keys
             of its own document (query i is key i + S − T), combined with ``causal`` and ``attn_mask``. The
             triton backend reads them per tile without forming a [T, S] mask.
+        head_norm: optional :class:`HeadNorm` (DIFF Eq. 3's RMSNorm without a gain and the multiplier after it),
+            applied to the output by the op: inside the ``<route>+epilogue`` routes' one kernel where the route
+            table switches that on for the device (:func:`diffattn.ops.routes.head_norm_in_epilogue`), else by
+            PyTorch after the route. The same output either way within the rounding of its dtype.
         backend: ``"auto"`` (``chunked`` on CPU; on CUDA the route table's fastest route for this call class that
             takes the inputs, else ``sdpa``: :func:`auto_routes`),
             or any one of :data:`BACKENDS` by name.
@@ -457,7 +476,8 @@ def diff_attention(
         ValueError: naming the argument, what was given and what is allowed.
     """
     return _validated_run(backend, lambda q1, k1, q2, k2, v: ((q1, k1, q2, k2, v), {}), (q1, k1, q2, k2, v), lam,
-                          causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids)  # fmt: skip
+                          causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids,
+                          head_norm=head_norm)  # fmt: skip
 
 
 def diff_attention_pairs(
@@ -471,6 +491,7 @@ def diff_attention_pairs(
     scale: float | None = None,
     backend: str = "auto",
     segment_ids: torch.Tensor | None = None,
+    head_norm: HeadNorm | None = None,
 ) -> torch.Tensor:
     """Differential attention over query heads in interleaved pairs that read the same keys and values (DIFF V2,
     docs/methods.md §5): ``q`` [B, 2H, T, d] holds map 1 and map 2 of head i at query heads 2i and 2i + 1; ``k``
@@ -489,7 +510,7 @@ def diff_attention_pairs(
 
     _check_heads_in_twos("q", q, "[B, 2H, T, d], an even number of query heads in pairs")
     return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
-                          segment_ids=segment_ids)  # fmt: skip
+                          segment_ids=segment_ids, head_norm=head_norm)  # fmt: skip
 
 
 def diff_attention_stacked(
@@ -503,6 +524,7 @@ def diff_attention_stacked(
     scale: float | None = None,
     backend: str = "auto",
     segment_ids: torch.Tensor | None = None,
+    head_norm: HeadNorm | None = None,
 ) -> torch.Tensor:
     """Differential attention over both maps' heads stacked, as DIFF V1 lays them out (DiffLlama, docs/methods.md
     §1): ``q`` [B, 2H, T, d] holds map 1's H query heads, then map 2's; ``k`` [B, 2Hkv, S, d] map 1's key heads, then
@@ -536,7 +558,7 @@ def diff_attention_stacked(
             f"{tuple(v.shape)}"
         )
     return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
-                          segment_ids=segment_ids)  # fmt: skip
+                          segment_ids=segment_ids, head_norm=head_norm)  # fmt: skip
 
 
 def _check_heads_in_twos(name: str, x, layout: str) -> None:
@@ -545,34 +567,60 @@ def _check_heads_in_twos(name: str, x, layout: str) -> None:
         raise ValueError(f"{name} must be {layout}, got {shape}")
 
 
-def _validated_run(backend: str, arrange, tensors: tuple, lam, **options) -> torch.Tensor:
+def _validated_run(backend: str, arrange, tensors: tuple, lam, head_norm: HeadNorm | None = None, **options):
     """``arrange(*tensors)`` → ((q1, k1, q2, k2, v), the caller's whole tensors for :func:`validate`), validated and run
-    on ``backend``: under autocast with the tensors cast to its dtype first and autocast off inside, like
-    ``scaled_dot_product_attention``."""
+    on ``backend`` (then ``head_norm``, where given): under autocast with the tensors cast to its dtype first and
+    autocast off inside, like ``scaled_dot_product_attention``."""
+    if head_norm is not None and not isinstance(head_norm, HeadNorm):
+        raise ValueError(f"head_norm must be a diffattn.ops.HeadNorm or None, got {type(head_norm).__name__}")
     first = tensors[0]
     # the meta device has no autocast (asking raises): a model counted there (FLOPs, shapes) runs the op as it is
     if isinstance(first, torch.Tensor) and first.device.type != "meta" and torch.is_autocast_enabled(first.device.type):
         tensors = _autocast_inputs(*tensors)
         with torch.autocast(first.device.type, enabled=False):
             args, whole = arrange(*tensors)
-            return _run(backend, validate(*args, lam, **whole, **options))
+            return _run(backend, validate(*args, lam, **whole, **options), head_norm)
     args, whole = arrange(*tensors)
-    return _run(backend, validate(*args, lam, **whole, **options))
+    return _run(backend, validate(*args, lam, **whole, **options), head_norm)
 
 
-def _run(backend: str, inp: DiffAttentionInputs) -> torch.Tensor:
+def _run(backend: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> torch.Tensor:
     if backend == "auto":
-        return _run_auto(inp)
+        return _run_auto(inp, head_norm)
     name = _resolve(backend, inp)
     try:
         # only the fused kernel reads segments as such; every other backend takes them as a mask
-        return _IMPLS[name](inp if name == "triton" else with_segment_mask(inp))
+        return _call_route(name, inp if name == "triton" else with_segment_mask(inp), head_norm)
     except Exception as err:
         if name != "triton" and not name.endswith(EPILOGUE):
             raise
         if type(err).__module__.split(".")[0] != "triton":
             raise
         raise RuntimeError(_triton_build_error(err, name)) from err
+
+
+def _call_route(name: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None) -> torch.Tensor:
+    """Route ``name`` on ``inp``, then ``head_norm``: inside an epilogue route's kernel where that is switched on for
+    the device (:func:`diffattn.ops.routes.head_norm_in_epilogue`), else by PyTorch after the route."""
+    if head_norm is None:
+        return _IMPLS[name](inp)
+    if name.endswith(EPILOGUE) and head_norm_in_epilogue(inp.q1.device.index if inp.q1.is_cuda else None):
+        return _IMPLS[name](inp, norm=(head_norm.eps, head_norm.scale))
+    return head_norm.apply(_IMPLS[name](inp))
+
+
+@contextlib.contextmanager
+def fused_head_norm(enabled: bool | None):
+    """Within the block, the ``<route>+epilogue`` routes norm a :class:`HeadNorm` in their kernel (True) or leave it to
+    PyTorch after them (False); None: as the route table says for the device (the default; see
+    :func:`diffattn.ops.routes.head_norm_in_epilogue`). For benchmarks that time both, and tests. Under torch.compile
+    the setting at trace time is what the compiled code keeps."""
+    before = _HEAD_NORM_FORCED[0]
+    _HEAD_NORM_FORCED[0] = enabled
+    try:
+        yield
+    finally:
+        _HEAD_NORM_FORCED[0] = before
 
 
 def _triton_build_error(err: BaseException, backend: str = "triton") -> str:

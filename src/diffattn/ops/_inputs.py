@@ -167,6 +167,31 @@ def _check_rank(name: str, t: object, layout: str) -> torch.Tensor:
     return t
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadNorm:
+    """DIFF Eq. 3's head after the subtraction, for an op to apply to its output: ``scale · y / sqrt(mean(y²) + eps)``
+    over each head's dv values of y = O1 − λ·O2 (RMSNorm without a gain, then the multiplier 1 − λ_init). Handed to
+    :func:`diffattn.ops.diff_attention_stacked`, the op applies it — by PyTorch's ``rms_norm`` after any route, or
+    inside the ``<route>+epilogue`` routes' one kernel where that is switched on (:mod:`diffattn.ops.routes`:
+    :func:`~diffattn.ops.routes.head_norm_in_epilogue`) — so the norm's passes and launches need not be the layer's
+    own."""
+
+    eps: float
+    scale: float = 1.0
+
+    def __post_init__(self):
+        for name in ("eps", "scale"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"HeadNorm {name} must be a finite float >= 0, got {value!r}")
+
+    def apply(self, out: torch.Tensor) -> torch.Tensor:
+        """The norm of ``out`` [B, H, T, dv] by PyTorch's ops, as the DIFF layer normed before: after the transpose to
+        [B, T, H, dv], where an SDPA route's output is dense (rms_norm would copy the [B, H, T, dv] view), and back."""
+        x = out.transpose(1, 2)
+        return (torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.scale).transpose(1, 2)
+
+
 def validate(
     q1: torch.Tensor,
     k1: torch.Tensor,

@@ -130,6 +130,8 @@ def check_table(data: object) -> list[dict]:
             for k, v in routes.items()
         ):
             raise ValueError(f"entry {i}: 'routes' must map each call class to a non-empty list of route names")
+        if not isinstance(entry.get("fused_head_norm", False), bool):
+            raise ValueError(f"entry {i}: 'fused_head_norm' must be true or false")
         unknown = {r for v in routes.values() for r in v} - set(ROUTE_NAMES)
         if unknown:
             raise ValueError(f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)})")
@@ -226,6 +228,27 @@ def read_class(index: int | None, cls: str) -> str:
 
 listed_routes._dynamo_marked_constant = True  # type: ignore[attr-defined]
 read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+#: :func:`head_norm_in_epilogue`'s answer where set (:func:`diffattn.ops.fused_head_norm`: benchmarks and tests);
+#: None: the table's
+_HEAD_NORM_FORCED: list[bool | None] = [None]
+
+
+def head_norm_in_epilogue(index: int | None) -> bool:
+    """Whether an ``<route>+epilogue`` route norms the head in its kernel (:class:`diffattn.ops.HeadNorm`) on CUDA
+    device ``index`` (None: not a CUDA tensor), or leaves the norm to PyTorch after it: the device's table entry's
+    ``"fused_head_norm"`` (absent: false — nothing changes what runs before a GPU has timed it), unless forced. A
+    trace-time constant, as :func:`listed_routes`."""
+    if _HEAD_NORM_FORCED[0] is not None:
+        return _HEAD_NORM_FORCED[0]
+    if index is None:
+        return False
+    entry = device_entry(index)
+    return bool(entry and entry.get("fused_head_norm", False))
+
+
+head_norm_in_epilogue._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def without_size(cls: str) -> str:

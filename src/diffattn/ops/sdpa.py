@@ -93,13 +93,16 @@ def _one_call_operands(inp: DiffAttentionInputs):
     return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
 
 
-def _combine(inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False) -> torch.Tensor:
+def _combine(
+    inp: DiffAttentionInputs, o: torch.Tensor, layout: str, fused: bool = False, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """O1 − λ·O2 in float32 from the call's [B, 2H, T, dv] output, fully masked rows set to 0. ``fused``: by the
-    one-kernel epilogue on ``o`` whole, whose backward writes ``o``'s gradient in one pass (no join of dO1 and dO2)."""
+    one-kernel epilogue on ``o`` whole, whose backward writes ``o``'s gradient in one pass (no join of dO1 and dO2);
+    ``norm`` (eps, scale), with ``fused`` only: the head's norm in that kernel too (:class:`diffattn.ops.HeadNorm`)."""
     if fused:
         from .triton.epilogue import subtract_pair
 
-        return _zero_fully_masked(inp, subtract_pair(o.to(inp.q1.dtype), inp.lam, layout))
+        return _zero_fully_masked(inp, subtract_pair(o.to(inp.q1.dtype), inp.lam, layout, norm))
     return _subtract(inp, *_maps_apart(o, layout))
 
 
@@ -116,14 +119,20 @@ def _maps_apart(o: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tenso
     return (o1.transpose(1, 2), o2.transpose(1, 2)) if inside else (o1, o2)
 
 
-def _subtract(inp: DiffAttentionInputs, o1: torch.Tensor, o2: torch.Tensor, fused: bool = False) -> torch.Tensor:
+def _subtract(
+    inp: DiffAttentionInputs,
+    o1: torch.Tensor,
+    o2: torch.Tensor,
+    fused: bool = False,
+    norm: tuple[float, float] | None = None,
+) -> torch.Tensor:
     """O1 − λ·O2 in float32 (docs/methods.md §0.2), fully masked rows set to 0, in the inputs' dtype. ``fused``: by
     the one-kernel epilogue of :mod:`diffattn.ops.triton.epilogue` (the routes ``<route>+epilogue``), the same
-    arithmetic (float32, one rounding) in one pass instead of PyTorch's five."""
+    arithmetic (float32, one rounding) in one pass instead of PyTorch's five; ``norm`` as :func:`_combine`'s."""
     if fused:
         from .triton.epilogue import subtract_maps
 
-        return _zero_fully_masked(inp, subtract_maps(o1.to(inp.q1.dtype), o2.to(inp.q1.dtype), inp.lam))
+        return _zero_fully_masked(inp, subtract_maps(o1.to(inp.q1.dtype), o2.to(inp.q1.dtype), inp.lam, norm))
     acc = torch.promote_types(o1.dtype, torch.float32)  # fp32 subtraction; fp64 stays fp64
     return _zero_fully_masked(inp, o1.to(acc) - inp.lam.to(acc) * o2.to(acc)).to(inp.q1.dtype)
 
@@ -196,7 +205,9 @@ def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
     return _guarded(torch.cat(outs, dim=-1))
 
 
-def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
+def diff_attention_sdpa(
+    inp: DiffAttentionInputs, fused_epilogue: bool = False, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """The ``sdpa`` route: one call, Q and K zero-padded to V's width where V is wider (module docstring).
     ``fused_epilogue`` (every route here has it): the subtraction by one kernel (:func:`_combine`)."""
     d, dv = inp.head_dim, inp.v_dim
@@ -206,7 +217,8 @@ def diff_attention_sdpa(inp: DiffAttentionInputs, fused_epilogue: bool = False) 
         q, k = _padded(q, width - d), _padded(k, width - d)
     elif dv < width:
         v = _padded(v, width - dv)
-    return _combine(inp, _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv], layout, fused_epilogue)
+    o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv]
+    return _combine(inp, o, layout, fused_epilogue, norm)
 
 
 def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -252,7 +264,9 @@ def cudnn_unsupported(inp: DiffAttentionInputs) -> str | None:
     return "; ".join(reasons) or None
 
 
-def diff_attention_cudnn(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
+def diff_attention_cudnn(
+    inp: DiffAttentionInputs, fused_epilogue: bool = False, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """The ``cudnn`` route: the same one call, forced to cuDNN attention, which takes V wider than Q and K — so no
     padding: DIFF V1's forward does its FLOP ideal (1.5x the baseline; measured on an H200 in
     ``../shared/gpu/h200-2026-11-26.md``: 1.55x forward, 1.50x forward+backward at d = 64)."""
@@ -261,7 +275,7 @@ def diff_attention_cudnn(inp: DiffAttentionInputs, fused_epilogue: bool = False)
     q, k, v, layout = _one_call_operands(inp)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))
-    return _combine(inp, o, layout, fused_epilogue)
+    return _combine(inp, o, layout, fused_epilogue, norm)
 
 
 def split_unsupported(inp: DiffAttentionInputs) -> str | None:
@@ -272,14 +286,16 @@ def split_unsupported(inp: DiffAttentionInputs) -> str | None:
     return None
 
 
-def diff_attention_sdpa_split(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
+def diff_attention_sdpa_split(
+    inp: DiffAttentionInputs, fused_epilogue: bool = False, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """The ``sdpa_split`` route: V cut into slices as wide as Q and K, one call over both maps per slice, so every call
     is FlashAttention-shaped with no padding (transformers' DiffLlama does this with two calls; QKᵀ is recomputed per
     slice, so its forward does 2x the QKᵀ FLOPs at dv = 2d, but it moves no padded copy of K: the route for
     decoding against a long cache, where padding copies the whole cache every token)."""
     q, k, v, layout = _one_call_operands(inp)
     o = _sliced_call(inp, q, k, v.split(inp.head_dim, dim=-1), _sdpa_mask(inp, head_layout=layout))
-    return _combine(inp, o, layout, fused_epilogue)
+    return _combine(inp, o, layout, fused_epilogue, norm)
 
 
 def _one_map_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
@@ -290,7 +306,9 @@ def _one_map_mask(inp: DiffAttentionInputs) -> tuple[torch.Tensor | None, bool]:
     return mask, is_causal
 
 
-def diff_attention_sdpa_maps(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
+def diff_attention_sdpa_maps(
+    inp: DiffAttentionInputs, fused_epilogue: bool = False, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """The ``sdpa_maps`` route: one SDPA call per map over its own K, nothing concatenated or padded; V used whole
     where it is as wide as Q (DIFF V2), else cut into slices of width d (the official DIFF code's four calls at
     dv = 2d). No copy of K or V is made per call: the route for decoding against a long cache, where the one-call
@@ -299,7 +317,7 @@ def diff_attention_sdpa_maps(inp: DiffAttentionInputs, fused_epilogue: bool = Fa
     mask = _one_map_mask(inp)
     parts = _value_slices(inp)
     o1 = _sliced_call(inp, inp.q1, inp.k1, parts, mask)
-    return _subtract(inp, o1, _sliced_call(inp, inp.q2, inp.k2, parts, mask), fused_epilogue)
+    return _subtract(inp, o1, _sliced_call(inp, inp.q2, inp.k2, parts, mask), fused_epilogue, norm)
 
 
 def _value_slices(inp: DiffAttentionInputs) -> tuple[torch.Tensor, ...]:
@@ -319,7 +337,9 @@ def maps_unsupported(inp: DiffAttentionInputs) -> str | None:
     return None
 
 
-def diff_attention_cudnn_maps(inp: DiffAttentionInputs, fused_epilogue: bool = False) -> torch.Tensor:
+def diff_attention_cudnn_maps(
+    inp: DiffAttentionInputs, fused_epilogue: bool = False, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
     """The ``cudnn_maps`` route: one call per map forced to cuDNN attention with V whole (cuDNN takes V wider than Q):
     the two maps' FLOPs and nothing else — no concatenated Q, K or doubled V, whose copies and their backward the
     ``cudnn`` route pays (H100, 2026-11-26: ``cudnn`` 2.16x the baseline forward+backward at d = 64 against the bare
@@ -331,4 +351,4 @@ def diff_attention_cudnn_maps(inp: DiffAttentionInputs, fused_epilogue: bool = F
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o1 = _call(inp, inp.q1, inp.k1, v, mask)
         o2 = _call(inp, inp.q2, inp.k2, v, mask)
-    return _subtract(inp, o1, o2, fused_epilogue)
+    return _subtract(inp, o1, o2, fused_epilogue, norm)
