@@ -146,7 +146,7 @@ def test_columns_are_timed_in_a_rotating_order_with_the_garbage_collector_paused
         model.tag = (attention, backend)
         return model
 
-    def fake_step(model, batch, dtype, compile_backend=None, fused_norm=None):
+    def fake_step(model, batch, dtype, compile_backend=None, fused=()):
         return lambda: (calls.append(model.tag), collector.append(gc.isenabled()))
 
     monkeypatch.setattr(train_step, "build_model", fake_build)
@@ -200,11 +200,14 @@ def test_the_kernel_table_sets_the_columns_kernels_side_by_side():
     assert train_step.format_kernels([train_step.StepRow("small", 4096, 4, {}, "fp32")]) == ""
 
 
-def test_a_norm_fused_column_runs_its_steps_with_the_head_norm_in_the_epilogue(monkeypatch):
-    # "<backend>+norm": the head norm in the epilogue's kernel (diffattn.ops.fused_head_norm) for that column's steps
-    # only, where the route table does not switch it on yet; it follows auto or an epilogue route, nothing else
-    columns = train_step.columns_for(("sdpa+epilogue+norm", "auto+norm", "sdpa"))
+def test_a_fused_column_runs_its_steps_with_its_switches_on():
+    # "<backend>+norm" / "+lambda": the head norm in the epilogue's kernel, λ by its kernel
+    # (diffattn.ops.fused_head_norm, fused_lambda) for that column's steps only, where the route table does not switch
+    # them on yet; +norm follows auto or an epilogue route, +lambda any backend
+    columns = train_step.columns_for(("sdpa+epilogue+norm", "auto+norm+lambda", "sdpa+lambda", "sdpa"))
     assert columns["diffattn DIFF (sdpa+epilogue+norm)"] == ("diff", "sdpa+epilogue+norm")
+    assert train_step.split_fused("auto+norm+lambda") == ("auto", ("fused_head_norm", "fused_lambda"))
+    assert train_step.split_fused("sdpa+epilogue") == ("sdpa+epilogue", ())
     with pytest.raises(ValueError, match=r"sdpa\+norm: \+norm \(the head norm in the epilogue's kernel\) follows"):
         train_step.columns_for(("sdpa+norm",))
     with pytest.raises(ValueError, match="unknown backend"):
@@ -213,8 +216,10 @@ def test_a_norm_fused_column_runs_its_steps_with_the_head_norm_in_the_epilogue(m
 
     seen = []
     model = train_step.build_model("debug", "diff", backend="sdpa", seed=0, num_layers=1).train()
-    model.register_forward_hook(lambda *_: seen.append(routes.head_norm_in_epilogue(None)))
+    model.register_forward_hook(
+        lambda *_: seen.append((routes.head_norm_in_epilogue(None), routes.lambda_in_kernel(None)))
+    )
     ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
-    for fused in (True, None):
-        train_step._step_fn(model, ids, "fp32", fused_norm=fused)()
-    assert seen == [True, False], "forced in the column's step, the table's word (none off CUDA) after it"
+    for fused in (("fused_head_norm",), ("fused_lambda",), ()):
+        train_step._step_fn(model, ids, "fp32", fused=fused)()
+    assert seen == [(True, False), (False, True), (False, False)], "forced in the column's step, the table's after"

@@ -24,6 +24,8 @@ import numbers
 import torch
 from torch import nn
 
+from .ops.routes import lambda_in_kernel
+
 EXPONENTIAL = "exponential"
 
 
@@ -88,7 +90,12 @@ def _range_words(low, high, low_open) -> str:
 def reparameterized_lambda(
     lambda_q1: torch.Tensor, lambda_k1: torch.Tensor, lambda_q2: torch.Tensor, lambda_k2: torch.Tensor, lambda_init
 ) -> torch.Tensor:
-    """DIFF Eq. 2 in float32: exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init (a 0-d tensor)."""
+    """DIFF Eq. 2 in float32: exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init (a 0-d tensor). On CUDA by one Triton kernel
+    each way where the route table switches that on (:func:`diffattn.ops.routes.lambda_in_kernel`), in eager mode."""
+    if lambda_q1.is_cuda and lambda_in_kernel(lambda_q1.device.index) and not torch.compiler.is_compiling():
+        from .ops.triton.reparam import reparameterized_lambda_kernel
+
+        return reparameterized_lambda_kernel(lambda_q1, lambda_k1, lambda_q2, lambda_k2, lambda_init)
     lam1 = torch.exp(torch.sum(lambda_q1.float() * lambda_k1.float()))
     lam2 = torch.exp(torch.sum(lambda_q2.float() * lambda_k2.float()))
     return lam1 - lam2 + lambda_init

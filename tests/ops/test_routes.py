@@ -247,20 +247,26 @@ def test_the_newest_matching_entry_wins(fake_device, tmp_path, monkeypatch):
     assert ops.table_order(_inputs())[0] == "sdpa_split"
 
 
-def test_the_head_norm_is_fused_where_the_devices_entry_says_or_where_forced(fake_device, tmp_path, monkeypatch):
-    # "fused_head_norm" is data of a measured entry, absent = false: nothing changes what runs before a GPU timed it
-    for flag, want in ((None, False), (False, False), (True, True)):
-        entry = _entry() if flag is None else _entry(fused_head_norm=flag)
-        monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry], name=f"{flag}.json")))
+@pytest.mark.parametrize(("flag", "read", "force"), [
+    ("fused_head_norm", routes.head_norm_in_epilogue, ops.fused_head_norm),
+    ("fused_lambda", routes.lambda_in_kernel, ops.fused_lambda)])  # fmt: skip
+def test_a_kernel_switch_is_on_where_the_devices_entry_says_or_where_forced(
+    fake_device, tmp_path, monkeypatch, flag, read, force
+):
+    # each of routes.TABLE_FLAGS is data of a measured entry, absent = false: nothing changes what runs before a GPU
+    # timed it; off CUDA (index None) false unless forced
+    for value, want in ((None, False), (False, False), (True, True)):
+        entry = _entry() if value is None else _entry(**{flag: value})
+        monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry], name=f"{value}.json")))
         routes.reset()
-        assert routes.head_norm_in_epilogue(0) is want
-        assert routes.head_norm_in_epilogue(None) is False, "off CUDA nothing is measured: PyTorch's norm"
+        assert read(0) is want
+        assert read(None) is False, "off CUDA nothing is measured: PyTorch's ops"
         for forced in (True, False):
-            with ops.fused_head_norm(forced):
-                assert routes.head_norm_in_epilogue(0) is forced and routes.head_norm_in_epilogue(None) is forced
-        assert routes.head_norm_in_epilogue(0) is want, "the setting ends with its block"
-    with pytest.raises(ValueError, match="'fused_head_norm' must be true or false"):
-        routes.check_table({"format": 1, "entries": [_entry(fused_head_norm="yes")]})
+            with force(forced):
+                assert read(0) is forced and read(None) is forced
+        assert read(0) is want, "the setting ends with its block"
+    with pytest.raises(ValueError, match=f"'{flag}' must be true or false"):
+        routes.check_table({"format": 1, "entries": [_entry(**{flag: "yes"})]})
 
 
 @pytest.mark.parametrize(

@@ -20,14 +20,11 @@ tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forw
 λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
 
 ``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
-A backend named with :data:`NORM_FUSED` after it (``cudnn+epilogue+norm``, ``auto+norm``) runs with the head's norm
-in the epilogue's kernel (:func:`diffattn.ops.fused_head_norm`), where the route table does not say so yet: the
-step a lease times before the table may switch it on (benchmarks/RESULTS.md, 2026-11-28, the norm's launches).
-Why: the route table picks a class's route by its time at batch·N = 16K tokens, where the GPU is the limit; a small
-model's step is host-bound, where a route's host cost decides — on the H200 (2026-11-27) ``auto`` (``cudnn_maps``,
-two cuDNN calls a layer) stepped 49.3 ms against DiffLlama's 45.2 though it dispatches no more ops a layer (338
-against 340, counted on this CPU with the cuDNN calls stubbed). A backend that cannot take the model's calls on the
-device is a column of NaN with its error printed, not the end of the run.
+A backend named with a :data:`FUSED` suffix after it runs with a piece of the DIFF layer's element-wise work in
+Triton kernels where the route table does not switch it on yet: ``+norm`` the head's norm in the epilogue's kernel
+(:func:`diffattn.ops.fused_head_norm`; after ``auto`` or an epilogue route: ``cudnn+epilogue+norm``), ``+lambda`` λ by
+one kernel each way (:func:`diffattn.ops.fused_lambda`; after any backend, after ``+norm`` too: ``auto+norm+lambda``).
+The step a lease times before the table may switch them on (benchmarks/RESULTS.md, 2026-11-28, the layer's launches).
 """
 
 from __future__ import annotations
@@ -50,8 +47,8 @@ COLUMNS = {
     "diffattn DIFF V2 (auto)": ("diff-v2", "auto"),
 }
 
-#: the suffix of a forced column's backend that runs it with the head norm in the epilogue kernel
-NORM_FUSED = "+norm"
+#: the suffixes of a forced column's backend that run it with a route-table switch on (module docstring), and which
+FUSED = {"+norm": "fused_head_norm", "+lambda": "fused_lambda"}
 
 #: the precisions a step can run in: autocast dtype (None: plain float32)
 DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -92,12 +89,12 @@ class StepRow:
         return self.ms[column] / self.ms["baseline"]
 
 
-def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None, fused_norm: bool | None = None):
+def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None, fused: tuple[str, ...] = ()):
     """One training step in ``dtype`` (see the module docstring): float32 weights and AdamW; bf16/fp16 run the
     forward under autocast, fp16 with a gradient scaler. ``compile_backend``: the forward through ``torch.compile``
-    with that backend (the same parameters: the optimizer steps the model's own). ``fused_norm``: as
-    :func:`diffattn.ops.fused_head_norm` (None: as the route table says)."""
-    from ..ops import fused_head_norm
+    with that backend (the same parameters: the optimizer steps the model's own). ``fused``: the route-table switches
+    (:data:`FUSED`'s values) forced on in the step (the rest as the table says)."""
+    from .. import ops
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     device_type = batch.device.type
@@ -108,7 +105,11 @@ def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = No
     def step():
         opt.zero_grad(set_to_none=True)
         autocast = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
-        with autocast, fused_head_norm(fused_norm):
+        with (
+            autocast,
+            ops.fused_head_norm(True if "fused_head_norm" in fused else None),
+            ops.fused_lambda(True if "fused_lambda" in fused else None),
+        ):
             # no KV cache, as diffattn.train's Trainer runs (TrainingArguments.use_cache, default False): with the
             # config's default (True) every layer would copy its K and V into a DynamicCache each step
             loss = forward(input_ids=batch, labels=batch, use_cache=False).loss
@@ -151,8 +152,7 @@ def run_train_step_benchmark(
                 torch._dynamo.reset()
             steps, models = {}, {}
             for name, (attention, backend) in columns.items():
-                fused = True if backend and backend.endswith(NORM_FUSED) else None
-                backend = backend.removesuffix(NORM_FUSED) if backend else backend
+                backend, fused = split_fused(backend)
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))
                 model.to(device).train()
                 models[name] = model
@@ -190,21 +190,31 @@ def run_train_step_benchmark(
     return rows
 
 
+def split_fused(backend: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """A column's backend without its :data:`FUSED` suffixes, and the switches they name."""
+    switches: list[str] = []
+    while backend and any(backend.endswith(suffix) for suffix in FUSED):
+        suffix = next(suffix for suffix in FUSED if backend.endswith(suffix))
+        switches.insert(0, FUSED[suffix])
+        backend = backend.removesuffix(suffix)
+    return backend, tuple(switches)
+
+
 def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
-    """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only; with
-    :data:`NORM_FUSED` after ``auto`` or an epilogue route)."""
+    """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only, with
+    :data:`FUSED` suffixes where they apply)."""
     from ..ops import BACKENDS
     from ..ops.routes import EPILOGUE
 
-    unknown = [b for b in backends if b.removesuffix(NORM_FUSED) not in BACKENDS]
+    unknown = [b for b in backends if split_fused(b)[0] not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    unfusable = [b for b in backends if b.endswith(NORM_FUSED) and not b.removesuffix(NORM_FUSED).endswith(EPILOGUE)
-                 and b != "auto" + NORM_FUSED]  # fmt: skip
+    unfusable = [b for b in backends if "fused_head_norm" in split_fused(b)[1]
+                 and not (split_fused(b)[0] == "auto" or split_fused(b)[0].endswith(EPILOGUE))]  # fmt: skip
     if unfusable:
         raise ValueError(
-            f"{', '.join(unfusable)}: {NORM_FUSED} (the head norm in the epilogue's kernel) follows auto or a route "
-            f"ending in {EPILOGUE}"
+            f"{', '.join(unfusable)}: +norm (the head norm in the epilogue's kernel) follows auto or a route ending "
+            f"in {EPILOGUE}"
         )
     return {**COLUMNS, **{forced_column(b): ("diff", b) for b in backends}}
 

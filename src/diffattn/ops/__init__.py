@@ -57,9 +57,9 @@ from ._inputs import (
 from .chunked import diff_attention_chunked
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
 from .routes import (
-    _HEAD_NORM_FORCED,
     EPILOGUE,
     EPILOGUE_ROUTES,
+    FORCED_FLAGS,
     SAFE_DEFAULT,
     call_class,
     head_norm_in_epilogue,
@@ -91,6 +91,7 @@ __all__ = [
     "diff_attention_pairs",
     "diff_attention_stacked",
     "fused_head_norm",
+    "fused_lambda",
     "hidden_keys",
     "interleaved_pair",
     "output_through_maps",
@@ -610,17 +611,28 @@ def _call_route(name: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None)
 
 
 @contextlib.contextmanager
-def fused_head_norm(enabled: bool | None):
-    """Within the block, the ``<route>+epilogue`` routes norm a :class:`HeadNorm` in their kernel (True) or leave it to
-    PyTorch after them (False); None: as the route table says for the device (the default; see
-    :func:`diffattn.ops.routes.head_norm_in_epilogue`). For benchmarks that time both, and tests. Under torch.compile
-    the setting at trace time is what the compiled code keeps."""
-    before = _HEAD_NORM_FORCED[0]
-    _HEAD_NORM_FORCED[0] = enabled
+def _forced(flag: str, enabled: bool | None):
+    before = FORCED_FLAGS[flag]
+    FORCED_FLAGS[flag] = enabled
     try:
         yield
     finally:
-        _HEAD_NORM_FORCED[0] = before
+        FORCED_FLAGS[flag] = before
+
+
+def fused_head_norm(enabled: bool | None):
+    """Within the block, the ``<route>+epilogue`` routes norm a :class:`HeadNorm` in their kernel (True) or leave it to
+    PyTorch after them (False); None: as the route table says for the device (the default; see
+    :func:`diffattn.ops.routes.table_flag`). For benchmarks that time both, and tests. Under torch.compile the
+    setting at trace time is what the compiled code keeps."""
+    return _forced("fused_head_norm", enabled)
+
+
+def fused_lambda(enabled: bool | None):
+    """Within the block, DIFF's λ (Eq. 2) on CUDA is computed by the kernels of :mod:`diffattn.ops.triton.reparam`
+    (True) or by PyTorch (False); None: as the route table says for the device (the default). As
+    :func:`fused_head_norm`; eager only (under torch.compile PyTorch's ops, which it fuses itself)."""
+    return _forced("fused_lambda", enabled)
 
 
 def _triton_build_error(err: BaseException, backend: str = "triton") -> str:

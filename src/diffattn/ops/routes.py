@@ -130,8 +130,9 @@ def check_table(data: object) -> list[dict]:
             for k, v in routes.items()
         ):
             raise ValueError(f"entry {i}: 'routes' must map each call class to a non-empty list of route names")
-        if not isinstance(entry.get("fused_head_norm", False), bool):
-            raise ValueError(f"entry {i}: 'fused_head_norm' must be true or false")
+        for flag in TABLE_FLAGS:
+            if not isinstance(entry.get(flag, False), bool):
+                raise ValueError(f"entry {i}: {flag!r} must be true or false")
         unknown = {r for v in routes.values() for r in v} - set(ROUTE_NAMES)
         if unknown:
             raise ValueError(f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)})")
@@ -230,25 +231,40 @@ listed_routes._dynamo_marked_constant = True  # type: ignore[attr-defined]
 read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-#: :func:`head_norm_in_epilogue`'s answer where set (:func:`diffattn.ops.fused_head_norm`: benchmarks and tests);
-#: None: the table's
-_HEAD_NORM_FORCED: list[bool | None] = [None]
+#: an entry's switches for the DIFF layer's element-wise work in Triton kernels, each absent = false: nothing changes
+#: what runs before a GPU has timed it (the `small` step's columns ``+norm`` and ``+lambda``, diffattn.bench.train_step)
+#: — ``fused_head_norm``: an ``<route>+epilogue`` route norms the head in its kernel (:class:`diffattn.ops.HeadNorm`);
+#: ``fused_lambda``: DIFF's λ (Eq. 2) by one kernel each way (:mod:`diffattn.ops.triton.reparam`)
+TABLE_FLAGS = ("fused_head_norm", "fused_lambda")
+#: a flag's answer where forced (:func:`diffattn.ops.fused_head_norm`, :func:`diffattn.ops.fused_lambda`: benchmarks
+#: and tests); None: the table's
+FORCED_FLAGS: dict[str, bool | None] = dict.fromkeys(TABLE_FLAGS)
 
 
-def head_norm_in_epilogue(index: int | None) -> bool:
-    """Whether an ``<route>+epilogue`` route norms the head in its kernel (:class:`diffattn.ops.HeadNorm`) on CUDA
-    device ``index`` (None: not a CUDA tensor), or leaves the norm to PyTorch after it: the device's table entry's
-    ``"fused_head_norm"`` (absent: false — nothing changes what runs before a GPU has timed it), unless forced. A
-    trace-time constant, as :func:`listed_routes`."""
-    if _HEAD_NORM_FORCED[0] is not None:
-        return _HEAD_NORM_FORCED[0]
+def table_flag(name: str, index: int | None) -> bool:
+    """Switch ``name`` of :data:`TABLE_FLAGS` on CUDA device ``index`` (None: not a CUDA tensor, where nothing is
+    measured: false): forced, else the device's entry's. A trace-time constant, as :func:`listed_routes`."""
+    if FORCED_FLAGS[name] is not None:
+        return bool(FORCED_FLAGS[name])
     if index is None:
         return False
     entry = device_entry(index)
-    return bool(entry and entry.get("fused_head_norm", False))
+    return bool(entry and entry.get(name, False))
 
 
-head_norm_in_epilogue._dynamo_marked_constant = True  # type: ignore[attr-defined]
+table_flag._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def head_norm_in_epilogue(index: int | None) -> bool:
+    """Whether an ``<route>+epilogue`` route norms the head in its kernel on CUDA device ``index``
+    (:func:`table_flag` ``fused_head_norm``), or leaves the norm to PyTorch after it."""
+    return table_flag("fused_head_norm", index)
+
+
+def lambda_in_kernel(index: int | None) -> bool:
+    """Whether DIFF's λ is computed by the kernels of :mod:`diffattn.ops.triton.reparam` on CUDA device ``index``
+    (:func:`table_flag` ``fused_lambda``), or by PyTorch's ops."""
+    return table_flag("fused_lambda", index)
 
 
 def without_size(cls: str) -> str:
