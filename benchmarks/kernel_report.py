@@ -33,7 +33,8 @@ forward at T = 64 rows, ``--short-t``: the 64-row tiles of short sequences), ``p
 gradient split over keys, and its combine kernel, at ``--short-t`` and at the shape's T: a few long prompts leave
 SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
 reads V's two halves in place, as DiffLlama decodes), ``epilogue`` (the SDPA routes' O1 − λ·O2 as one kernel and
-its backward, :mod:`diffattn.ops.triton.epilogue`, with one λ and with one per head and token; no mask reaches it).
+its backward, :mod:`diffattn.ops.triton.epilogue`, with one λ and with one per head and token, without and with the
+head's norm; no mask reaches it; and DIFF V1's λ by :mod:`diffattn.ops.triton.reparam`, forward and backward).
 A kernel a variant never launches has no row (e.g. ``dkdv_atomic`` for ``W``, ``dv``, ``dk`` and ``fwd_cols`` for
 ``V1`` and ``V2``,
 ``epilogue`` with a mask, or ``dkdv_atomic`` for ``V1`` with a 4-D mask).
@@ -312,7 +313,7 @@ def _record_launches(
     import triton
 
     from diffattn.bench.route_sweep import VARIANTS
-    from diffattn.ops.triton import backward, decode, epilogue, forward, launch, tuning
+    from diffattn.ops.triton import backward, decode, epilogue, forward, launch, reparam, tuning
 
     kernels = (
         forward._fwd_kernel,
@@ -322,6 +323,8 @@ def _record_launches(
         backward._bwd_preprocess_kernel,
         epilogue._subtract_fwd_kernel,
         epilogue._subtract_bwd_kernel,
+        reparam._lambda_fwd_kernel,
+        reparam._lambda_bwd_kernel,
     )
     if not all(isinstance(kernel, triton.runtime.jit.JITFunction) for kernel in kernels):
         raise RuntimeError(
@@ -378,9 +381,11 @@ def _record_launches(
 
     direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
     subtract = ("_subtract_fwd_kernel", "_subtract_bwd_kernel")  # the fused epilogue's two kernels
+    lambda_kernels = ("_lambda_fwd_kernel", "_lambda_bwd_kernel")  # DIFF's λ, Eq. 2 (reported with the epilogue)
     patched = (
         [(launch, n) for n in ("_launch", *direct)]
         + [(epilogue, n) for n in subtract]
+        + [(reparam, n) for n in lambda_kernels]
         + [
             (tuning, n)
             for n in (
@@ -395,6 +400,8 @@ def _record_launches(
         setattr(launch, name, Recorder(saved[launch, name], kind_))
     for name in subtract:
         setattr(epilogue, name, Recorder(saved[epilogue, name], "epilogue"))
+    for name in lambda_kernels:
+        setattr(reparam, name, Recorder(saved[reparam, name], "epilogue"))
     tuning.INTERPRETED, tuning.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
     # every kernel and candidate the backend can launch, whatever its defaults: the autotuner's alternatives and the
     # single-pass backward (the deterministic one is asked for below, by atomic = False) are compiled even where
@@ -411,11 +418,16 @@ def _record_launches(
                 o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)
                 # one call's output over both maps (the one-call routes' backward writes its gradient whole)
                 o_pair, dout_pair = empty(b, 2 * h, t, dv), empty(b, h, t, dv)
-                # one λ, and DIFF V2's one per head and token
+                # one λ, and DIFF V2's one per head and token; without and with the head's norm (DIFF V1's Eq. 3)
                 for lam_e in (torch.empty((), dtype=torch.float32), lam.unsqueeze(-1)):
-                    epilogue._subtract_impl(o1, o2, lam_e)
-                    epilogue._subtract_bwd_impl(dout, o2, lam_e)
-                    epilogue._subtract_pair_bwd_impl(dout_pair, o_pair, lam_e, False)
+                    for norm in (None, 1e-5):
+                        epilogue._subtract_impl(o1, o2, lam_e, norm, 0.8)
+                        epilogue._subtract_bwd_impl(dout, o1, o2, lam_e, norm, 0.8)
+                        epilogue._subtract_pair_bwd_impl(dout_pair, o_pair, lam_e, False, norm, 0.8)
+                # DIFF V1's λ from its four float32 vectors of width d, forward and backward
+                vectors = [empty(d, dt=torch.float32) for _ in range(4)]
+                _, exps = reparam._lambda_fwd(*vectors, 0.8)
+                reparam._lambda_bwd(torch.empty((), dtype=torch.float32), exps, *vectors)
         elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])
