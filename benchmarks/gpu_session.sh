@@ -87,12 +87,13 @@ gpu_tests() {
   # the steps below choose routes by this sweep's table where it wrote one, else by the shipped table
   [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and routes forced beside auto where the step is host-bound (the table's were timed at 16K): `cudnn` (the small V1
-  # class's choice) and `cudnn+epilogue` (the 16K class's), each epilogue route also with the head norm in its kernel
-  # (+norm: 18 fewer kernel launches a layer counted on the CPU, benchmarks/RESULTS.md 2026-11-28; the table switches it
-  # on only from this step's numbers), and auto with it; -v logs the route auto runs for each call class, once each
+  # class's choice), `cudnn+epilogue` (the 16K class's) and it with the head norm in its kernel (+norm), auto with the
+  # norm and with λ's kernels too (+lambda): the CPU's host-time proxy (benchmarks/step_host_time.py, RESULTS.md
+  # 2026-11-28) predicts +norm faster and +lambda not; the table switches either on only from these numbers. -v logs
+  # the route auto runs for each call class, once each
   want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 10 --dtype bf16 --json "$OUT/train.json" \
-    --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,auto+norm,cudnn_maps+epilogue+norm
+    --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,auto+norm,auto+norm+lambda
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.93x through cudnn_maps where one stacked cuDNN
   # call did 1.50x (issue 34's target 1.55x), DIFF V2 at 2.42x (target 2.3x): each route's kernels per call
   want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \

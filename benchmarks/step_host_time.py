@@ -1,0 +1,187 @@
+"""The host's share of a training step, side by side, on the CPU: what a `small` model's step costs before any kernel
+does work — the part that decides its time on a GPU, where that step is host-bound (the H200 of 2026-11-28: the
+baseline's GPU busy 8.6 ms of its 40; DIFF's step 17 ms longer at 1.5 ms more GPU time). Issue 34's step target
+(≤ 1.25x the baseline's wall time, below transformers' DiffLlama) is a target on this share. Runs without a GPU.
+
+Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16]
+
+What is timed: forward + backward of the `small` preset's structure (8 layers, 8 query heads, 8 KV heads, its
+vocabulary) at a tiny width (hidden 64: head width 8, DIFF's maps 8 and 16) and 16 tokens, under CPU autocast in
+bf16 as the GPU step runs under CUDA's — so the kernels' own work is negligible and the time is dispatch, autograd
+and Python. Columns, interleaved round by round (first column rotating, the garbage collector paused), median ms and
+the median of the rounds' paired ratios to the baseline with a bootstrap interval:
+
+* ``baseline`` (Llama), ``DiffLlama`` (transformers' own two calls a layer);
+* ``DIFF cudnn`` and ``DIFF cudnn+epilogue``: the routes the H200 table runs for the small and the 16K V1 class
+  (``sdpa_kernel`` made a no-op, the device check skipped);
+* ``…+norm``: the head norm in the epilogue's kernel (:func:`diffattn.ops.fused_head_norm`), ``…+lambda``: λ by its
+  kernels (:func:`diffattn.ops.fused_lambda`).
+
+Every attention call (``scaled_dot_product_attention``, every column's) is one stand-in op each way that allocates its
+output [B, T, H, dv]-laid-out as CUDA's kernels write it and computes nothing: one dispatch, as a fused GPU kernel is
+one launch — where PyTorch's CPU SDPA would run its math fallback for DIFF's V wider than Q (a dozen ops a call that
+no GPU runs). Triton launches are stubbed (their outputs are left unwritten: the numbers are garbage, the host work is
+not), so a
+Triton launch's own host cost — Triton's Python launcher, tens of µs — is **not** in these times; the launches are
+counted beside them (ATen kernels and Triton launches in one step, views and allocations not counted), and a
+prediction for a GPU adds them at a stated cost. The CPU-only λ finiteness check of ``ops._inputs`` (four ops and a
+read of one number a call, skipped on CUDA) is in the DIFF columns here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+os.environ["TRITON_INTERPRET"] = "1"  # the kernels' Python path without a GPU (their launches are stubbed below)
+
+#: dispatches that launch no kernel on a GPU (views, metadata, allocations)
+NO_KERNEL = {
+    "view", "transpose", "expand", "detach", "split", "chunk", "unsqueeze", "squeeze", "permute", "alias",
+    "_unsafe_view", "slice", "select", "unbind", "as_strided", "t", "reshape", "split_with_sizes", "unflatten",
+    "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty", "_local_scalar_dense", "is_same_size",
+}  # fmt: skip
+#: the CPU-only check of λ's finiteness (diffattn.ops._inputs._normalise_lambda): not on a GPU
+CPU_ONLY = {"isfinite", "abs", "ne", "eq", "all"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    from diffattn import ops
+    from diffattn.bench import gc_paused, rotated
+    from diffattn.models.build import build_model
+    from diffattn.ops import sdpa
+    from diffattn.ops.triton import epilogue, reparam
+
+    torch.set_num_threads(1)
+    triton_launches = [0]
+
+    class NoLaunch:  # kernels launched as kernel[grid](...)
+        def __getitem__(self, grid):
+            return lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+
+    class LambdaNoLaunch(NoLaunch):  # λ's forward: a finite λ written (the CPU path checks it), out of the count
+        def __getitem__(self, grid):
+            def run(*a, **k):
+                triton_launches[0] += 1
+                with _disable_current_modes(), torch.no_grad():
+                    a[4].fill_(0.5)
+
+            return run
+
+    epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+    reparam._lambda_fwd_kernel, reparam._lambda_bwd_kernel = LambdaNoLaunch(), NoLaunch()
+    sdpa._cudnn_device_reason = lambda *a: None  # the cuDNN route runs on the CPU, its call the stand-in below
+    torch.nn.attention.sdpa_kernel = lambda *a, **k: contextlib.nullcontext()
+
+    class OneCall(torch.autograd.Function):  # an attention call as one dispatch each way (module docstring)
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            b, h, t, _ = q.shape
+            return q.new_empty(b, t, h, v.shape[-1]).transpose(1, 2)
+
+        @staticmethod
+        def backward(ctx, grad):  # the gradients reach the projections, as a real call's do
+            return tuple(torch.empty_like(x) for x in ctx.saved_tensors)
+
+    def stand_in(q, k, v, *args, **kwargs):
+        if torch.is_autocast_enabled("cpu"):  # as SDPA under autocast: its inputs cast to the autocast dtype
+            q, k, v = (x.to(torch.get_autocast_dtype("cpu")) for x in (q, k, v))
+        return OneCall.apply(q, k, v)
+
+    torch.nn.functional.scaled_dot_product_attention = stand_in
+    import diffattn.lambdas
+
+    plain_lambda = diffattn.lambdas.reparameterized_lambda
+
+    def lambda_by_kernel(*vectors):  # diffattn.lambdas takes the kernel on CUDA only: here as it would there
+        return reparam.reparameterized_lambda_kernel(*vectors)
+
+    columns = {  # name: (attention, backend, norm in the epilogue, λ by its kernel)
+        "baseline": ("standard", None, None, False),
+        "DiffLlama": ("diff", None, None, False),
+        "DIFF cudnn": ("diff", "cudnn", None, False),
+        "DIFF cudnn+epilogue": ("diff", "cudnn+epilogue", False, False),
+        "DIFF cudnn+epilogue+norm": ("diff", "cudnn+epilogue", True, False),
+        "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, True),
+    }
+    import diffattn.models.diff_llama as diff_llama
+
+    def step_of(attention, backend, norm, by_kernel):
+        model = build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
+                            intermediate_size=128)  # fmt: skip
+        ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
+
+        def step():
+            diff_llama.reparameterized_lambda = lambda_by_kernel if by_kernel else plain_lambda
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16), ops.fused_head_norm(norm):
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+
+        return step
+
+    steps = {name: step_of(*spec) for name, spec in columns.items()}
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    kernels = {}
+    for name, step in steps.items():  # warm-up, and one step counted
+        step()
+        triton_launches[0] = 0
+        with Count() as count:
+            step()
+        aten = sum(n for op, n in count.ops.items() if op not in NO_KERNEL | CPU_ONLY)
+        kernels[name] = (aten, triton_launches[0])
+    samples = {name: [] for name in steps}
+    names = list(steps)
+    with gc_paused():
+        for rnd in range(args.rounds):
+            for name in rotated(names, rnd):
+                start = time.perf_counter()
+                steps[name]()
+                samples[name].append(time.perf_counter() - start)
+    import numpy as np
+
+    base = statistics.median(samples["baseline"])
+    print(f"host ms per forward+backward, median of {args.rounds} interleaved rounds ({args.layers} layers, "
+          f"{args.tokens} tokens, CPU autocast bf16, one thread; Triton launches stubbed). ratio: the median of "
+          "each round's ratio to that round's baseline, with a 95% bootstrap interval (2,000 resamples of the "
+          "rounds)")  # fmt: skip
+    print(f"{'column':34s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
+          f"{'Triton':>7s}")  # fmt: skip
+    rng = np.random.default_rng(0)
+    for name in names:
+        ms = 1e3 * statistics.median(samples[name])
+        paired = np.array(samples[name]) / np.array(samples["baseline"])
+        boot = np.median(paired[rng.integers(0, len(paired), (2000, len(paired)))], axis=1)
+        low, high = np.percentile(boot, [2.5, 97.5])
+        aten, launched = kernels[name]
+        print(f"{name:34s} {ms:7.2f} {ms - 1e3 * base:6.2f} {np.median(paired):6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
+              f"{aten:13d} {launched:7d}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""benchmarks/step_host_time.py, the host's share of a training step on the CPU (the proxy of RESULTS.md's prediction
+for the host-bound `small` step): it runs, prints every column, and counts what the prediction reads off it — the
+head norm in the epilogue's kernel and λ's kernels each take ATen kernels out of a step and add Triton launches.
+Speed here means nothing (one round, one layer)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_host_time.py"
+
+
+def test_the_proxy_runs_and_counts_each_fusions_kernels():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "2", "--layers", "2", "--tokens", "8"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {}
+    for line in done.stdout.splitlines():
+        match = re.match(r"(\S+(?: \S+)?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
+        if match:
+            rows[match[1]] = (int(match[2]), int(match[3]))
+    assert set(rows) == {"baseline", "DiffLlama", "DIFF cudnn", "DIFF cudnn+epilogue", "DIFF cudnn+epilogue+norm",
+                         "DIFF cudnn+epilogue+norm+lambda"}, done.stdout  # fmt: skip
+    epilogue, norm, lam = (rows[f"DIFF cudnn+epilogue{s}"] for s in ("", "+norm", "+norm+lambda"))
+    layers = 2
+    assert rows["baseline"][1] == rows["DIFF cudnn"][1] == 0
+    assert epilogue[1] == norm[1] == 2 * layers, "the epilogue's forward and backward launch a layer"
+    assert lam[1] == norm[1] + 2 * layers, "and λ's two kernels"
+    assert norm[0] < epilogue[0] and lam[0] < norm[0], "each fusion takes ATen kernels out of the step"
