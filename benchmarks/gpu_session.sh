@@ -94,6 +94,10 @@ gpu_tests() {
   want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 10 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,auto+norm,auto+norm+lambda
+  # the table's kernel switches from those columns (diffattn.bench.switches: on only where the switched step was no
+  # slower in every pair and length), written into this run's entry, which the steps below then read
+  want train && [ -f "$OUT/train.json" ] && [ -f "$OUT/route_table.json" ] && \
+    $PY -m diffattn.bench.switches "$OUT" --write | tee "$OUT/switches.txt"
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.93x through cudnn_maps where one stacked cuDNN
   # call did 1.50x (issue 34's target 1.55x), DIFF V2 at 2.42x (target 2.3x): each route's kernels per call
   want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \
