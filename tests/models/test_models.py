@@ -474,3 +474,29 @@ def test_the_diff_layers_output_reaches_o_proj_without_a_copy(backend, monkeypat
         with Copies() as copies:
             attn(**arguments)
     assert copies.names == []
+
+
+def test_the_diff_layer_hands_its_norm_to_the_op_unless_it_has_a_gain_or_a_hook():
+    # norm="rms": the op applies Eq. 3's norm and 1 − λ_init (ops.HeadNorm: in an epilogue route's kernel where the
+    # route table switches it on); the same logits bit for bit as the layer's own norm module, which a hook on it
+    # (an analysis reading the heads before their norm) or a learnt gain still takes
+    from diffattn.ops import HeadNorm
+
+    model = build_model("debug", "diff", backend="sdpa", seed=0).eval()
+    attn = model.model.layers[0].self_attn
+    hn = attn.head_norm()
+    assert isinstance(hn, HeadNorm) and (hn.eps, hn.scale) == (attn.groupnorm.eps, 1 - attn.lambda_init)
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        by_op = model(ids).logits
+        seen = []
+        hooks = [layer.self_attn.groupnorm.register_forward_hook(lambda *a: seen.append(1))
+                 for layer in model.model.layers]  # fmt: skip
+        assert attn.head_norm() is None
+        by_module = model(ids).logits
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == len(model.model.layers) and torch.equal(by_op, by_module)
+    for norm in ("rms_affine", "none"):
+        layer = build_model("debug", "diff", seed=0, norm=norm).model.layers[0].self_attn
+        assert layer.options.norm == norm and layer.head_norm() is None, norm

@@ -185,10 +185,12 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
 
     def head_norm(self) -> HeadNorm | None:
         """Eq. 3's norm and multiplier for the op to apply (:class:`diffattn.ops.HeadNorm`), where the op can: the
-        gainless norm (``norm="rms"``, DiffLlama's); None where the layer applies its own (a learnt gain, or none)."""
-        if self.options.norm != "rms":
+        gainless norm (``norm="rms"``, DiffLlama's); None where the layer applies its own — a learnt gain, no norm, or
+        a hook on ``groupnorm`` (an analysis reading the heads before their norm sees them, as it always did)."""
+        norm = self.groupnorm
+        if self.options.norm != "rms" or norm._forward_hooks or norm._forward_pre_hooks:
             return None
-        return HeadNorm(self.groupnorm.eps, output_scale(self.lambda_init))
+        return HeadNorm(norm.eps, output_scale(self.lambda_init))
 
     def forward(
         self,
