@@ -507,3 +507,15 @@ def test_a_diff_models_head_norm_in_the_kernel_is_its_norm_within_rounding(monke
     assert len(fused) == len(plain) == len(gold) > 10
     for i, (a, b, c) in enumerate(zip(fused, plain, gold, strict=True)):
         assert_within_rounding(f"value {i}", a, c, [b], torch.float32)
+
+
+def test_the_norm_by_pytorch_is_float32_rounded_once():
+    # HeadNorm.apply (a route without the fused norm): in float32 and rounded once to the output's dtype, as the
+    # kernel — inside the op autocast is off, where a bf16 rms_norm and its product with the scale would round twice
+    out = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    norm = ops.HeadNorm(1e-5, 0.7)
+    want = (torch.nn.functional.rms_norm(out.float().transpose(1, 2), (16,), eps=1e-5) * 0.7).to(torch.bfloat16)
+    got = norm.apply(out)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.transpose(1, 2))
+    twice = torch.nn.functional.rms_norm(out.transpose(1, 2), (16,), eps=1e-5) * 0.7  # bf16 throughout
+    assert not torch.equal(twice.transpose(1, 2), got), "the test tells one rounding from two"
