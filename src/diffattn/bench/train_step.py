@@ -20,6 +20,11 @@ tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forw
 λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
 
 ``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
+Why: the route table picks a class's route by its time at batch·N = 16K tokens, where the GPU is the limit; a small
+model's step is host-bound, where a route's host cost decides — on the H200 (2026-11-27) ``auto`` (``cudnn_maps``,
+two cuDNN calls a layer) stepped 49.3 ms against DiffLlama's 45.2 though it dispatches no more ops a layer (338
+against 340, counted on this CPU with the cuDNN calls stubbed). A backend that cannot take the model's calls on the
+device is a column of NaN with its error printed, not the end of the run.
 A backend named with a :data:`FUSED` suffix after it runs with a piece of the DIFF layer's element-wise work in
 Triton kernels where the route table does not switch it on yet: ``+norm`` the head's norm in the epilogue's kernel
 (:func:`diffattn.ops.fused_head_norm`; after ``auto`` or an epilogue route: ``cudnn+epilogue+norm``), ``+lambda`` λ by
