@@ -12,6 +12,12 @@ halves of one call's output (:func:`subtract_pair`), that output's whole gradien
 faster on a GPU is measured (the routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of
 them is chosen before the route sweep has timed it.
 
+With ``norm`` = (eps, scale) the forward also norms each row, DIFF Eq. 3's head without a gain:
+``scale · y / sqrt(mean(y²) + eps)`` with y = O1 − λ·O2 (one row of dv values is one head, so a row's tile holds the
+norm's whole group), and the backward applies the norm's gradient before the subtraction's, reading O1 back — the
+layer's norm and its multiplier without the passes and launches of PyTorch's (the head norm of
+:class:`diffattn.ops.HeadNorm`, where the route table switches it on).
+
 Shapes: O1, O2 [B, H, T, dv], any strides with the last one 1 (the stacked routes hand over slices of one
 [B, 2H, T, dv] output, V2's interleaved one views of [B, H, 2, T, dv]); λ 0-d, [1, H, 1, 1] or [B, H, T, 1]
 (:func:`diffattn.ops._inputs.validate`'s forms), read through its strides; the output, and dO2, laid out in O1's
