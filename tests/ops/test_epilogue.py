@@ -419,6 +419,17 @@ def _recording(fn, took: list, name: str):
     return call
 
 
+def _gpu_operands(n: int, lam_form: str, bthd: bool = False):
+    """A generator, one call's bf16 output [1, 32, n, 128] (laid out [1, n, 32, 128] with ``bthd``, as CUDA's
+    kernels write it) and λ for its 16 heads, scalar or per token, all requiring grad."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    shape = (1, n, 32, 128) if bthd else (1, 32, n, 128)
+    o = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    o = (o.transpose(1, 2) if bthd else o).requires_grad_()
+    lam = torch.tensor(0.37, device="cuda") if lam_form == "scalar" else torch.rand(1, 16, n, 1, device="cuda")
+    return g, o, lam.requires_grad_()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("n", [1024, 16384])
@@ -426,11 +437,8 @@ def _recording(fn, took: list, name: str):
 def test_gpu_kernel_at_real_lengths_against_float64(n, lam_form):
     # compiled, bf16, the routes' shapes at 1K and 16K tokens: the output and dO2 within one bf16 rounding of the
     # float64 value, dλ within reordered float32 summation of its float64 value
-    g = torch.Generator(device="cuda").manual_seed(n)
-    o = torch.randn(1, 32, n, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    g, o, lam = _gpu_operands(n, lam_form)
     o1, o2 = o[:, :16], o[:, 16:]
-    lam = torch.tensor(0.37, device="cuda") if lam_form == "scalar" else torch.rand(1, 16, n, 1, device="cuda")
-    lam.requires_grad_()
     out = epilogue.subtract_maps(o1, o2, lam)
     product = lam.double() * o2.double()
     _within_one_rounding("out", out, o1.double() - product, torch.bfloat16, product)
@@ -452,10 +460,7 @@ def test_gpu_head_norm_in_the_kernel_at_real_lengths_against_float64(n, lam_form
     # compiled, bf16, one call's [B, T, 2H, dv]-laid-out output at 1K and 16K tokens through subtract_pair with the
     # head norm: the output and the gradients of the output and λ, by the rule of tests/ops/rounding.py against float64
     # with PyTorch's float32 norm in two summation orders as the yardstick
-    g = torch.Generator(device="cuda").manual_seed(n)
-    o = torch.randn(1, n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2).requires_grad_()
-    lam = torch.tensor(0.37, device="cuda") if lam_form == "scalar" else torch.rand(1, 16, n, 1, device="cuda")
-    lam.requires_grad_()
+    g, o, lam = _gpu_operands(n, lam_form, bthd=True)
     eps, scale = 1e-5, 0.7
     out = epilogue.subtract_pair(o, lam, "stacked", norm=(eps, scale))
     grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
