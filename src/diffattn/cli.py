@@ -71,6 +71,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  {'auto':<{width}} {'usable':<8} picks the fastest backend for the device (now: {now})")
     for s in statuses:
         print(f"  {s.name:<{width}} {'usable' if s.usable else 'unusable':<8} {s.reason}")
+    from .ops.routes import TABLE_FLAGS, table_flag
+
+    index = torch.cuda.current_device() if here.type == "cuda" else None
+    where = "this GPU's route table entry" if index is not None else "off CUDA: off"
+    switches = ", ".join(f"{flag} {'on' if table_flag(flag, index) else 'off'}" for flag in TABLE_FLAGS)
+    print(f"kernel switches of the DIFF layer ({where}): {switches}")
     from .adapters.registry import specs
     from .eval.suite import SUITE_TABLE
 
