@@ -5,6 +5,8 @@
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
 #                                              each column's kernels in one profiled step (kernel_ms; log: a table)
+#   switches.txt                               the route table's kernel switches decided from that step (written into
+#                                              route_table.json's entry: diffattn.bench.switches)
 #   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens) and one V1 decoding
 #                                              call: each route's kernels beside the baseline's and a stacked cuDNN
 #                                              call's (bench.call_kernels)
