@@ -514,13 +514,26 @@ def test_a_diff_models_head_norm_in_the_kernel_is_its_norm_within_rounding(monke
         assert_within_rounding(f"value {i}", a, c, [b], torch.float32)
 
 
-def test_the_norm_by_pytorch_is_float32_rounded_once():
-    # HeadNorm.apply (a route without the fused norm): in float32 and rounded once to the output's dtype, as the
-    # kernel — inside the op autocast is off, where a bf16 rms_norm and its product with the scale would round twice
-    out = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+def test_the_norm_by_pytorch_runs_under_the_callers_autocast_as_the_layers_module_did(monkeypatch):
+    # a route without the fused norm: the op's PyTorch norm runs under the caller's autocast (the op itself runs with
+    # autocast off inside), so a DIFF layer under mixed precision computes its heads' norm as its own norm module did
+    # (on CUDA autocast decides the norm's precision; on this CPU the output is the same bits either way)
+    inputs = _diff_inputs(False, torch.float32, model_layout=True)
     norm = ops.HeadNorm(1e-5, 0.7)
-    want = (torch.nn.functional.rms_norm(out.float().transpose(1, 2), (16,), eps=1e-5) * 0.7).to(torch.bfloat16)
-    got = norm.apply(out)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, want.transpose(1, 2))
-    twice = torch.nn.functional.rms_norm(out.transpose(1, 2), (16,), eps=1e-5) * 0.7  # bf16 throughout
-    assert not torch.equal(twice.transpose(1, 2), got), "the test tells one rounding from two"
+    seen = []
+    real = torch.nn.functional.rms_norm
+
+    def recording(*args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "rms_norm", recording)
+    module = torch.nn.RMSNorm(inputs["v"].shape[-1], eps=1e-5, elementwise_affine=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        by_op = ops.diff_attention(**inputs, backend="sdpa", head_norm=norm)
+        by_layer = (module(ops.diff_attention(**inputs, backend="sdpa").transpose(1, 2)) * 0.7).transpose(1, 2)
+    assert seen == [(True, torch.bfloat16)] * 2, "the op's norm and the module's, both under the caller's autocast"
+    assert by_op.dtype == by_layer.dtype and torch.equal(by_op, by_layer)
+    seen.clear()
+    ops.diff_attention(**inputs, backend="sdpa", head_norm=norm)
+    assert seen == [(False, torch.bfloat16)], "without autocast, none"

@@ -577,6 +577,8 @@ def _validated_run(backend: str, arrange, tensors: tuple, lam, head_norm: HeadNo
     first = tensors[0]
     # the meta device has no autocast (asking raises): a model counted there (FLOPs, shapes) runs the op as it is
     if isinstance(first, torch.Tensor) and first.device.type != "meta" and torch.is_autocast_enabled(first.device.type):
+        if head_norm is not None:  # PyTorch's norm after a route runs under the caller's autocast, as a layer's did
+            head_norm = _NormUnderAutocast(head_norm, first.device.type, torch.get_autocast_dtype(first.device.type))
         tensors = _autocast_inputs(*tensors)
         with torch.autocast(first.device.type, enabled=False):
             args, whole = arrange(*tensors)
@@ -598,6 +600,28 @@ def _run(backend: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None = No
         if type(err).__module__.split(".")[0] != "triton":
             raise
         raise RuntimeError(_triton_build_error(err, name)) from err
+
+
+@dataclass(frozen=True)
+class _NormUnderAutocast:
+    """A :class:`HeadNorm` whose PyTorch computation runs under the caller's autocast (the op runs with autocast off
+    inside): the kernels and bits of the DIFF layer's own norm module under that autocast."""
+
+    norm: HeadNorm
+    device_type: str
+    dtype: torch.dtype
+
+    @property
+    def eps(self) -> float:
+        return self.norm.eps
+
+    @property
+    def scale(self) -> float:
+        return self.norm.scale
+
+    def apply(self, out: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.norm.apply(out)
 
 
 def _call_route(name: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None) -> torch.Tensor:

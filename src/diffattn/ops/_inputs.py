@@ -186,15 +186,12 @@ class HeadNorm:
                 raise ValueError(f"HeadNorm {name} must be a finite float >= 0, got {value!r}")
 
     def apply(self, out: torch.Tensor) -> torch.Tensor:
-        """The norm of ``out`` [B, H, T, dv] by PyTorch's ops: in float32 (float64 stays) and rounded once to
-        ``out``'s dtype, as the fused kernel does — explicitly, since the op runs with autocast off inside and a bf16
-        norm would round the normed head and its product with the scale each; after the transpose to [B, T, H, dv],
-        where an SDPA route's output is dense (rms_norm would copy the [B, H, T, dv] view), and back."""
+        """The norm of ``out`` [B, H, T, dv] by PyTorch's ops, as the DIFF layer's norm module computes it (the op
+        runs this under the caller's autocast, as the module ran: the same kernels and the same bits); after the
+        transpose to [B, T, H, dv], where an SDPA route's output is dense (rms_norm would copy the [B, H, T, dv]
+        view), and back."""
         x = out.transpose(1, 2)
-        y = torch.nn.functional.rms_norm(
-            x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=self.eps
-        )
-        return (y * self.scale).to(x.dtype).transpose(1, 2)
+        return (torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.scale).transpose(1, 2)
 
 
 def validate(
