@@ -273,13 +273,15 @@ def mixed_precision_job(rank, out_dir, names):
 
     ops, computed = [], []
 
-    def recording_op(q1, k1, q2, k2, v, lam, **kw):
-        out = diff_attention(q1, k1, q2, k2, v, lam, **kw)
+    def recording_op(q1, k1, q2, k2, v, lam, head_norm=None, **kw):
+        out = diff_attention(q1, k1, q2, k2, v, lam, head_norm=head_norm, **kw)
         zero = torch.zeros_like(lam)
         o1 = diff_attention(q1, k1, q2, k2, v, zero, **kw)  # A1·V as the op computes it (λ = 0)
         o2 = diff_attention(q2, k2, q2, k2, v, zero, **kw)  # A2·V
         lam_heads = lam.unsqueeze(-1) if lam.dim() == 3 else lam  # DIFF V2: λ per head and token [B, H, T]
         fp32 = (o1.float() - lam_heads.float() * o2.float()).to(out.dtype)
+        if head_norm is not None:  # DIFF V1's layer hands the op its head norm (ops.HeadNorm), applied after
+            fp32 = head_norm.apply(fp32)
         ops.append({"q": str(q1.dtype), "lam": str(lam.dtype), "fp32_subtraction": bool(torch.equal(out, fp32))})
         return out
 

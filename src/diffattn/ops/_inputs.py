@@ -182,7 +182,9 @@ class HeadNorm:
     def __post_init__(self):
         for name in ("eps", "scale"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            # comparisons, not math.isfinite: under torch.compile(dynamic=True) a module's float may arrive symbolic,
+            # which that cannot take (as validate's scale); NaN fails both
+            if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"HeadNorm {name} must be a finite float >= 0, got {value!r}")
 
     def apply(self, out: torch.Tensor) -> torch.Tensor:
