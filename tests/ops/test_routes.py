@@ -292,6 +292,31 @@ def test_a_corrupt_table_is_one_line_naming_the_file_and_the_safe_default(
     assert str(path) in caplog.records[0].message and problem in caplog.records[0].message
 
 
+def test_the_order_is_worked_out_once_per_class_until_a_route_fails_or_the_tables_are_reset(
+    fake_device, tmp_path, monkeypatch
+):
+    # every layer of every step asks table_order: its routes' checks run once per class (and device, GQA, a mask that
+    # needs a gradient, the routes failed so far), not per call
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [_entry()])))
+    checked = []
+    real = ops.route_unsupported
+    monkeypatch.setattr(ops, "route_unsupported", lambda name, inp: checked.append(name) or real(name, inp))
+    inp = _inputs()
+    first = ops.table_order(inp)
+    assert first[0] == "sdpa_split" and checked == ["sdpa_split", "chunked", "sdpa"]
+    assert ops.table_order(inp) == first and ops.table_order(_inputs()) == first
+    assert len(checked) == 3, "the same class asked again: no route checked again"
+    cls = routes.without_size(routes.call_class(inp))
+    monkeypatch.setitem(ops._FAILED_ROUTES, ("sdpa_split", cls), "failed at run time (a test)")
+    assert ops.table_order(inp)[0] == "chunked", "a failed route is left out from then on"
+    monkeypatch.delitem(ops._FAILED_ROUTES, ("sdpa_split", cls))
+    routes.reset()
+    checked.clear()
+    assert ops.table_order(inp) == first and checked == ["sdpa_split", "chunked", "sdpa"], "reset forgets the order"
+    ops.table_order(_inputs(shared=True))
+    assert len(checked) > 3, "another class is worked out on its own"
+
+
 def test_a_route_failing_at_run_time_hands_over_to_the_next_with_one_line(monkeypatch, caplog):
     inp = _inputs()
     calls = []

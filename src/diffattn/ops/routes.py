@@ -278,8 +278,15 @@ def table_routes(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     return list(listed_routes(inp.q1.device.index, cls or call_class(inp)))
 
 
+#: :func:`diffattn.ops.table_order`'s answers, per call class, device and what else its routes' checks read (kept here
+#: so that :func:`reset` forgets them with the tables they were read from)
+ORDER_MEMO: dict[tuple, tuple[str, ...]] = {}
+
+
 def reset() -> None:
-    """Forget the tables read and the lines said (tests, or after writing a new table in this process)."""
+    """Forget the tables read, the orders read off them and the lines said (tests, or after writing a new table in
+    this process)."""
     load_entries.cache_clear()
     device_entry.cache_clear()
+    ORDER_MEMO.clear()
     _SAID.clear()
