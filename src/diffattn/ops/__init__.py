@@ -348,7 +348,8 @@ def table_order(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     :func:`auto_routes`). Worked out once per call class and what else the routes' checks read — the device, GQA,
     a mask that needs a gradient, the routes failed so far — and remembered until :func:`diffattn.ops.routes.reset`:
     every layer of every step asks (on a 2-core CPU the checks of a class's ten listed routes cost ~29 µs a call, in a
-    training step whose host time decides it)."""
+    training step whose host time decides it). What a process does not change is taken as fixed: the GPU's compute
+    capability, the Triton kernels compiled or interpreted (a test that fakes another machine resets)."""
     cls = cls or call_class(inp)
     compiling = torch.compiler.is_compiling()  # traced once anyway: no memo, and nothing of it in the graph's guards
     if not compiling:
