@@ -173,9 +173,14 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
         for kind in ("dkdv", "dq", "dv", "dk", "fwd", "fwd_cols", "dkdv_atomic"):
             for bm, bn, w, s in tuning._TUNING["none"].get(kind, {}).get(cls_name, []):
                 out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, d)))
-    for pair in ("v1", "shared_k"):
-        out += [(f"triton[splits {n}]", CallClass(pair, 64, mode="decode")) for n in DECODE_SPLITS]
-    return out
+    return out + split_routes()
+
+
+def split_routes() -> list[tuple[str, CallClass]]:
+    """The decoding forward of V1 and DIFF V2 heads at d = 64 on each of :data:`DECODE_SPLITS` key splits
+    (``triton[splits N]``)."""
+    return [(f"triton[splits {n}]", CallClass(pair, 64, mode="decode")) for pair in ("v1", "shared_k")
+            for n in DECODE_SPLITS]  # fmt: skip
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -1112,9 +1117,8 @@ def kernel_plan() -> list[tuple[str, CallClass]]:
     defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [("triton", CallClass(pair, 64, mode="decode")) for pair in ("v1", "shared_k")]
     # the key splits right after (one call each, seconds a job), ahead of the training candidates' many jobs
-    candidates = candidate_routes()
-    splits = [(route, cls) for route, cls in candidates if route.startswith("triton[splits ")]
-    return defaults + decoding + splits + [job for job in candidates if job not in splits]
+    splits = split_routes()
+    return defaults + decoding + splits + [job for job in candidate_routes() if job not in splits]
 
 
 def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
