@@ -222,7 +222,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling)
         bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
         returns_maps = attention_maps_requested(self.config, kwargs)
-        weights = None
+        weights, head_norm = None, None
         if observing() or bits is not None or returns_maps:  # the analysis paths read the two maps apart
             # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
             # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
@@ -244,15 +244,14 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             # reads Q and K without concatenating the maps' chunks back into copies; a packed row's mask reaches the
             # op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
             options = with_packed_segments(options, kwargs.get("position_ids"))
-            head_norm = self.head_norm()
+            head_norm = self.head_norm()  # the op norms and scales (in an epilogue route's kernel, where it may)
             out = diff_attention_stacked(q, k, v, lam, **options, backend=self.options.backend, head_norm=head_norm)
-            if head_norm is not None:  # normed and scaled by the op (in an epilogue route's kernel, where it may)
-                return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1)), weights
         # the norm is per head (over the last axis), so it may come after the transpose to [B, T, h, 2d]: an output laid
         # out [B, T, h, 2d] in memory — as the SDPA routes return it for the model's Q, and CUDA's kernels always — is
         # then normed as it is and joined into [B, T, h·2d] by a view, where a norm before the transpose copied it
         # into [B, h, T, 2d] (rms_norm makes its input contiguous) and the reshape copied it back; an output laid out
         # [B, h, T, 2d] is copied once either way
-        out = self.groupnorm(out.transpose(1, 2)) * output_scale(self.lambda_init)
-        out = out.reshape(bsz, q_len, -1)  # [B, T, h·2d]
-        return self.o_proj(out), weights
+        out = out.transpose(1, 2)
+        if head_norm is None:  # the layer's own norm: the analysis paths, a learnt gain, no norm, or a hook on it
+            out = self.groupnorm(out) * output_scale(self.lambda_init)
+        return self.o_proj(out.reshape(bsz, q_len, -1)), weights  # [B, T, h·2d]

@@ -374,8 +374,8 @@ class _SubtractPair(torch.autograd.Function):
         return _pair_backward(ctx, g, bwd=_subtract_pair_bwd_impl)
 
 
-def _checked_norm(norm: tuple[float, float] | None) -> tuple[float | None, float]:
-    """``norm`` as the kernels' (eps, scale): (None, 1.0) for no norm."""
+def _norm_eps_scale(norm: tuple[float, float] | None) -> tuple[float | None, float]:
+    """``norm`` as the custom ops' (norm_eps, norm_scale) arguments: (None, 1.0) for no norm."""
     if norm is None:
         return None, 1.0
     eps, scale = norm
@@ -397,7 +397,7 @@ def subtract_pair(
     if o.dim() != 4 or o.shape[1] % 2:
         raise ValueError(f"o must be [B, 2H, T, dv] (an even head count), got shape {tuple(o.shape)}")
     interleaved = layout == "interleaved"
-    eps, scale = _checked_norm(norm)
+    eps, scale = _norm_eps_scale(norm)
     if torch.compiler.is_compiling():
         return _subtract_pair_op(o, lam, interleaved, eps, scale)
     if torch.is_grad_enabled() and (o.requires_grad or lam.requires_grad):
@@ -415,7 +415,7 @@ def subtract_maps(
     Under torch.compile the custom op (opaque to the tracer, with its fake implementation); in eager training an
     autograd Function (a third of the custom op's host time); without a gradient the kernel alone. Differentiable once:
     a second derivative (``create_graph=True``) raises, as through the ``triton`` backend and ``chunked``."""
-    eps, scale = _checked_norm(norm)
+    eps, scale = _norm_eps_scale(norm)
     if torch.compiler.is_compiling():
         return _subtract_op(o1, o2, lam, eps, scale)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam)):
