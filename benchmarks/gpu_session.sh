@@ -5,8 +5,11 @@
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
 #   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
 #                                              each column's kernels in one profiled step (kernel_ms; log: a table)
-#   switches.txt                               the route table's kernel switches decided from that step (written into
-#                                              route_table.json's entry: diffattn.bench.switches)
+#   switches.txt                               the route table's kernel switches and the small class's first route
+#                                              decided from that step (written into route_table.json's entry:
+#                                              diffattn.bench.switches)
+#   train_decided.json                         where that decided anything: the step again, default columns, with the
+#                                              table as decided (what auto runs from then on; bench.targets reads it)
 #   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens) and one V1 decoding
 #                                              call: each route's kernels beside the baseline's and a stacked cuDNN
 #                                              call's (bench.call_kernels)
@@ -90,16 +93,22 @@ gpu_tests() {
   [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and routes forced beside auto where the step is host-bound (the table's were timed at 16K): `cudnn` (the small V1
   # class's choice), `cudnn+epilogue` (the 16K class's) and it with the head norm in its kernel (+norm), auto with the
-  # norm and with λ's kernels too (+lambda): the CPU's host-time proxy (benchmarks/step_host_time.py, RESULTS.md
-  # 2026-11-28) predicts +norm faster and +lambda not; the table switches either on only from these numbers. -v logs
-  # the route auto runs for each call class, once each
+  # norm and with λ's kernels too (+lambda): benchmarks/RESULTS.md (2026-11-28, the host's share; 2026-11-29, the
+  # launches) has the predictions; the table switches either on, and moves a route first for the small class, only
+  # from these numbers. 30 repetitions: the ten steps of 2026-11-28 spread 8-16 ms at 1,024 tokens, more than any
+  # difference between the DIFF columns. -v logs the route auto runs for each call class, once each
   want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
-    --seq-lens 1024,4096 --batch 4 --reps 10 --dtype bf16 --json "$OUT/train.json" \
+    --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,auto+norm,auto+norm+lambda
-  # the table's kernel switches from those columns (diffattn.bench.switches: on only where the switched step was no
-  # slower in every pair and length), written into this run's entry, which the steps below then read
+  # the table's kernel switches and the small class's first route from those columns (diffattn.bench.switches: on
+  # only where faster by the paired repetitions' interval, slower at no length), written into this run's entry, which
+  # the steps below then read; where anything was decided, the step again with the table as decided (what auto runs
+  # from then on: the targets read it)
   want train && [ -f "$OUT/train.json" ] && [ -f "$OUT/route_table.json" ] && \
     $PY -m diffattn.bench.switches "$OUT" --write | tee "$OUT/switches.txt"
+  want train && grep -q -e ": on —" -e ": moved:" "$OUT/switches.txt" 2>/dev/null && \
+    step 90 "train step, bf16, small, with the table as the step decided" $PY -m diffattn -v bench train-step \
+    --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train_decided.json"
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.93x through cudnn_maps where one stacked cuDNN
   # call did 1.50x (issue 34's target 1.55x), DIFF V2 at 2.42x (target 2.3x): each route's kernels per call
   want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \

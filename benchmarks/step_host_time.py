@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
     from diffattn import ops
-    from diffattn.bench import gc_paused, rotated
+    from diffattn.bench import gc_paused, paired_ratio, rotated
     from diffattn.models.build import build_model
     from diffattn.ops import sdpa
     from diffattn.ops.triton import epilogue, reparam
@@ -162,8 +162,6 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 steps[name]()
                 samples[name].append(time.perf_counter() - start)
-    import numpy as np
-
     base = statistics.median(samples["baseline"])
     print(f"host ms per forward+backward, median of {args.rounds} interleaved rounds ({args.layers} layers, "
           f"{args.tokens} tokens, CPU autocast bf16, one thread; Triton launches stubbed). ratio: the median of "
@@ -171,14 +169,11 @@ def main(argv: list[str] | None = None) -> int:
           "rounds)")  # fmt: skip
     print(f"{'column':34s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
           f"{'Triton':>7s}")  # fmt: skip
-    rng = np.random.default_rng(0)
     for name in names:
         ms = 1e3 * statistics.median(samples[name])
-        paired = np.array(samples[name]) / np.array(samples["baseline"])
-        boot = np.median(paired[rng.integers(0, len(paired), (2000, len(paired)))], axis=1)
-        low, high = np.percentile(boot, [2.5, 97.5])
+        ratio, low, high = paired_ratio(samples[name], samples["baseline"])
         aten, launched = kernels[name]
-        print(f"{name:34s} {ms:7.2f} {ms - 1e3 * base:6.2f} {np.median(paired):6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
+        print(f"{name:34s} {ms:7.2f} {ms - 1e3 * base:6.2f} {ratio:6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
               f"{aten:13d} {launched:7d}")  # fmt: skip
     return 0
 

@@ -1,77 +1,152 @@
-"""diffattn.bench.switches: the route table's kernel switches decided from a run's `small` step — on only where every
-switched column was no slower than its plain twin (wall time, and GPU busy time within the slack) at every length,
-off where one was slower, undecided where a column is missing — and written into the run's own table entry."""
+"""diffattn.bench.switches: what a run's `small` step decides in the route table, from its per-repetition times
+compared pair by pair — a kernel switch on only where its column was faster at some length and slower at none (GPU
+busy time within the slack), off where slower, undecided where inconclusive or a column is missing; the small class's
+first route where a forced route was faster than the class's first as it runs under the decided switches — and both
+written into the run's own table entry, where a later sweep of the same device and software keeps them."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from diffattn.bench import switches
+from diffattn.bench import paired_ratio, switches
 from diffattn.bench.route_sweep import merge_entry
 from diffattn.bench.train_step import forced_column
 from diffattn.ops import routes
 
 NORM, EPI = forced_column("cudnn+epilogue+norm"), forced_column("cudnn+epilogue")
-AUTO_NORM, AUTO, LAM = forced_column("auto+norm"), forced_column("auto"), forced_column("auto+norm+lambda")
+CUDNN, AUTO_NORM, LAM = forced_column("cudnn"), forced_column("auto+norm"), forced_column("auto+norm+lambda")
+SMALL_CLASS, STANDARD_CLASS = "v1 d64 dv128 bf16 causal none train small", "v1 d64 dv128 bf16 causal none train"
 
 
-def _row(seq_len, ms, gpu=None):
-    return {"preset": "small", "seq_len": seq_len, "ms": ms, "gpu_ms": gpu or {}}
+def _times(scale: float, reps: int = 30, seed: int = 0) -> list[float]:
+    """Step times of one column: a common per-repetition disturbance (the same in every column: seed 0), times
+    ``scale``, with a little noise of the column's own (``seed``)."""
+    common = 50 + 6 * np.random.default_rng(0).standard_normal(reps)
+    own = 0.3 * np.random.default_rng(seed).standard_normal(reps)
+    return list(scale * common + own)
 
 
-def _ms(norm=50.0, epi=52.0, auto_norm=51.0, auto=53.0, lam=51.5):
-    return {NORM: norm, EPI: epi, AUTO_NORM: auto_norm, AUTO: auto, LAM: lam}
+def _row(seq_len=1024, gpu=None, **scales):
+    columns = {NORM: "norm", EPI: "epi", CUDNN: "cudnn", AUTO_NORM: "auto_norm", LAM: "lam"}
+    base = {"norm": 0.95, "epi": 1.0, "cudnn": 1.0, "auto_norm": 1.0, "lam": 0.97} | scales
+    samples = {col: _times(base[key], seed=i + 1) for i, (col, key) in enumerate(columns.items()) if base[key]}
+    return {"preset": "small", "seq_len": seq_len, "batch": 4, "dtype": "bf16", "samples_ms": samples,
+            "ms": {k: float(np.median(v)) for k, v in samples.items()}, "gpu_ms": gpu or {}}  # fmt: skip
 
 
-def test_a_switch_is_on_only_where_every_pair_at_every_length_was_no_slower():
-    rows = [_row(1024, _ms()), _row(4096, _ms(norm=60.0, epi=60.0))]  # equal counts as no slower
-    decided = switches.decide(rows)
+def test_paired_ratio_cancels_what_moves_both_columns_of_a_repetition():
+    a, b = _times(0.97, seed=1), _times(1.0, seed=2)
+    median, low, high = paired_ratio(a, b)
+    assert low < median < high < 1, "a 3% gain under a ±12% common disturbance is resolved by pairing"
+    assert abs(median - 0.97) < 0.01
+    shuffled = list(np.random.default_rng(5).permutation(a))  # the pairing broken: the same values say nothing
+    assert paired_ratio(shuffled, b)[2] > 1
+    assert paired_ratio([1.0], [2.0]) == (0.5, -np.inf, np.inf)
+    with pytest.raises(ValueError, match="equally long"):
+        paired_ratio([1.0, 2.0], [1.0])
+
+
+def test_a_switch_is_on_where_faster_at_some_length_and_slower_at_none():
+    decided = switches.decide([_row(1024), _row(4096, norm=1.0, epi=1.0)])  # faster at 1024, the same at 4096
     assert decided["fused_head_norm"].on is True
-    assert "small at 4096 tokens" in decided["fused_head_norm"].why
-    assert decided["fused_lambda"].on is False and "1.010x" in decided["fused_lambda"].why  # 51.5 against 51.0
-    slower = switches.decide([_row(1024, _ms()), _row(4096, _ms(auto_norm=54.0))])["fused_head_norm"]
-    assert slower.on is False and slower.why.startswith("small at 4096 tokens: diffattn DIFF (auto+norm) 1.019x")
+    assert "small at 1024 tokens: diffattn DIFF (cudnn+epilogue+norm) 0.95" in decided["fused_head_norm"].why
+    assert decided["fused_lambda"].on is True
+    slower = switches.decide([_row(1024), _row(4096, norm=1.02)])["fused_head_norm"]
+    assert slower.on is False and slower.why.startswith(
+        "small at 4096 tokens: diffattn DIFF (cudnn+epilogue+norm) 1.02"
+    )
+    same = switches.decide([_row(1024, norm=1.0, lam=1.0)])
+    assert same["fused_head_norm"].on is None and same["fused_head_norm"].why.startswith("inconclusive")
+    assert same["fused_lambda"].on is None, "the same time is not faster: what runs by default is what measured faster"
 
 
-def test_more_gpu_time_than_the_slack_is_slower_and_a_missing_column_is_undecided():
-    gpu = {NORM: 10.3, EPI: 10.0, AUTO_NORM: 10.0, AUTO: 10.0, LAM: 9.0}
-    decided = switches.decide([_row(1024, _ms(), gpu)])
+def test_more_gpu_time_than_the_slack_is_slower_and_a_missing_column_or_run_without_samples_is_undecided():
+    gpu = {NORM: 10.3, EPI: 10.0, AUTO_NORM: 10.0, LAM: 9.0}
+    decided = switches.decide([_row(gpu=gpu)])
     assert decided["fused_head_norm"].on is False and "1.030x by GPU busy time" in decided["fused_head_norm"].why
-    assert decided["fused_lambda"].on is False  # faster on the GPU, slower by wall time
+    assert decided["fused_lambda"].on is True
     gpu[NORM] = 10.1  # within GPU_SLACK
-    assert switches.decide([_row(1024, _ms(), gpu)])["fused_head_norm"].on is True
-    missing = _ms()
-    missing[LAM] = float("nan")  # a forced column that could not run
-    decided = switches.decide([_row(1024, missing)])
-    assert (
-        decided["fused_lambda"].on is None
-        and "no time for diffattn DIFF (auto+norm+lambda)" in decided["fused_lambda"].why
+    assert switches.decide([_row(gpu=gpu)])["fused_head_norm"].on is True
+    missing = switches.decide([_row(lam=0)])["fused_lambda"]  # a forced column that could not run
+    assert missing.on is None and "no times for both diffattn DIFF (auto+norm+lambda)" in missing.why
+    old = {**_row(), "samples_ms": {}}  # a train.json from before the per-repetition times
+    assert switches.decide([old])["fused_head_norm"] == switches.Decision(
+        None, "small at 1024 tokens: no per-repetition times"
     )
     assert switches.decide([])["fused_head_norm"].on is None
 
 
-def _entry(date, device="NVIDIA H200"):
+def test_the_steps_call_class_is_the_one_the_diff_layer_hands_the_op(monkeypatch):
+    # step_call_class builds the DIFF layer's inputs from the preset's config: the class of the real layer's calls
+    import torch
+
+    import diffattn.ops as ops
+    from diffattn.models.build import build_model
+
+    assert switches.step_call_class({"preset": "small", "seq_len": 1024, "batch": 4, "dtype": "bf16"}) == SMALL_CLASS
+    seen = []
+    run = ops._run
+    monkeypatch.setattr(
+        ops, "_run", lambda backend, inp, norm=None: seen.append(routes.call_class(inp)) or run(backend, inp, norm)
+    )
+    model = build_model("tiny", "diff", seed=0)
+    for seq_len, small_work in ((8, 2**32), (16, 1)):  # a small call, then the same model's call above SMALL_WORK
+        monkeypatch.setattr(routes, "SMALL_WORK", small_work)
+        seen.clear()
+        ids = torch.zeros(2, seq_len, dtype=torch.long)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        row = {"preset": "tiny", "seq_len": seq_len, "batch": 2, "dtype": "fp32"}
+        assert set(seen) == {switches.step_call_class(row)}, (seen, row)
+
+
+def _entry(date, device="NVIDIA H200", **over):
     return {"device": device, "capability": "9.0", "torch": "2.11", "triton": "3.6.0", "cudnn": "91900", "date": date,
-            "routes": {"v1 d64 dv128 bf16 causal none train": ["cudnn+epilogue", "sdpa"]}}  # fmt: skip
+            "routes": {STANDARD_CLASS: ["cudnn+epilogue", "cudnn", "sdpa"], SMALL_CLASS: ["cudnn", "sdpa"]},
+            **over}  # fmt: skip
 
 
-def test_the_decisions_are_written_into_the_runs_own_entry(tmp_path, capsys):
+def test_the_small_class_runs_first_the_route_the_step_measured_faster_under_the_decided_switches():
+    rows = [
+        _row(1024),
+        _row(4096, cudnn=0.9),
+    ]  # 4096 tokens is the standard class: the sweep's to order, not the step's
+    firsts = switches.first_routes(rows, _entry("d"), norm_on=True)
+    assert list(firsts) == [SMALL_CLASS]  # cudnn+epilogue: checked at the standard size, faster with the norm fused
+    assert firsts[SMALL_CLASS].on and firsts[SMALL_CLASS].route == "cudnn+epilogue"
+    assert "diffattn DIFF (cudnn+epilogue+norm) 0.95" in firsts[SMALL_CLASS].why
+    # with the norm left to PyTorch, cudnn+epilogue runs as its plain column: no faster than cudnn
+    assert switches.first_routes(rows, _entry("d"), norm_on=False)[SMALL_CLASS].on is None
+    # a route the sweep never checked for the class is not taken, however fast
+    unchecked = _entry("d", routes={SMALL_CLASS: ["cudnn", "sdpa"]})
+    assert switches.first_routes(rows, unchecked, norm_on=True)[SMALL_CLASS].on is None
+    # the class's first as auto runs it now (an earlier step's choice) is what a route must beat
+    earlier = _entry("d", step_first={SMALL_CLASS: "cudnn+epilogue"})
+    assert "faster than cudnn+epilogue" in switches.first_routes(rows, earlier, norm_on=True)[SMALL_CLASS].why
+    no_first = switches.first_routes([_row(cudnn=0)], _entry("d"), norm_on=True)[SMALL_CLASS]
+    assert no_first.on is None and "no column that runs cudnn" in no_first.why
+
+
+def test_the_decisions_are_written_into_the_runs_own_entry_and_a_later_sweep_keeps_them(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "train.json").write_text(json.dumps({"rows": [_row(1024, _ms())]}))
+    (run / "train.json").write_text(json.dumps({"rows": [_row(1024)]}))
     table = {"format": 1, "entries": [_entry("2026-11-26", "NVIDIA H100"), _entry("2026-11-29")]}
     (run / "route_table.json").write_text(json.dumps(table))
     assert switches.main([str(run), "--write"]) == 0
-    assert "fused_head_norm: on" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fused_head_norm: on" in out and f"{SMALL_CLASS}: moved: cudnn+epilogue first" in out
     entries = routes.check_table(json.loads((run / "route_table.json").read_text()))
-    assert entries[1]["fused_head_norm"] is True and entries[1]["fused_lambda"] is False
-    assert "fused_head_norm" not in entries[0], "another run's entry is left as it was"
-    # a later sweep of the same device and software keeps what the step decided
-    later = {**_entry("2026-11-30"), "routes": {"c": ["sdpa"]}}
-    merged = merge_entry(run / "route_table.json", later, run / "route_table.json")
-    assert merged["entries"][-1]["fused_head_norm"] is True and merged["entries"][-1]["date"] == "2026-11-30"
+    assert entries[1]["fused_head_norm"] is True and entries[1]["fused_lambda"] is True
+    assert entries[1]["step_first"] == {SMALL_CLASS: "cudnn+epilogue"}
+    assert entries[1]["routes"] == _entry("x")["routes"], "the sweep's order stays as it measured it"
+    assert "fused_head_norm" not in entries[0] and "step_first" not in entries[0], "another run's entry is left alone"
+    later = {**_entry("2026-11-30"), "routes": {SMALL_CLASS: ["sdpa"]}}  # a later sweep of the same device and software
+    merged = merge_entry(run / "route_table.json", later, run / "route_table.json")["entries"][-1]
+    assert merged["date"] == "2026-11-30" and merged["fused_head_norm"] is True
+    assert merged["step_first"] == {SMALL_CLASS: "cudnn+epilogue"}
 
 
 def test_a_table_whose_newest_date_is_two_entries_is_not_guessed_at(tmp_path):
@@ -79,4 +154,4 @@ def test_a_table_whose_newest_date_is_two_entries_is_not_guessed_at(tmp_path):
     path.write_text(json.dumps({"format": 1, "entries": [_entry("2026-11-29", "A"), _entry("2026-11-29", "B")]}))
     decided = {"fused_head_norm": switches.Decision(True, "")}
     with pytest.raises(ValueError, match="2 entries of the newest date 2026-11-29"):
-        switches.write_switches(path, decided)
+        switches.write_decisions(path, decided, {})

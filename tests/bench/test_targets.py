@@ -86,6 +86,21 @@ def test_each_rule(tmp_path):
     assert missing["result"] == "n/a" and math.isnan(missing["value"])
 
 
+def test_the_step_timed_again_with_the_steps_own_decisions_is_the_one_read(tmp_path):
+    # gpu_session.sh times the step again after diffattn.bench.switches wrote its decisions into the table: what auto
+    # runs from then on, so that run is what the step targets read where it exists
+    step = {"baseline": 10.0, "diffattn DIFF (auto)": 14.0, "HF DiffLlama": 13.0, "diffattn DIFF (triton)": 11.0}
+    run = _run(tmp_path, [], [{"preset": "small", "seq_len": 1024, "ms": step}])
+    assert _by_target(targets.check(run))["`small` train step (bf16) <= 1.25x"]["value"] == pytest.approx(1.4)
+    decided = {"baseline": 10.0, "diffattn DIFF (auto)": 12.0, "HF DiffLlama": 13.0}  # default columns only
+    (run / "train_decided.json").write_text(json.dumps({"rows": [{"preset": "small", "seq_len": 1024, "ms": decided}]}))
+    got = _by_target(targets.check(run))
+    assert got["`small` train step (bf16) <= 1.25x"]["value"] == pytest.approx(1.2)
+    assert got["`small` train step below transformers' DiffLlama"]["result"] == "pass"
+    forced = got["fused kernel: `small` train step (bf16) for DIFF V1 <= 1.15x"]  # a forced column: train.json's
+    assert forced["value"] == pytest.approx(1.1)
+
+
 def test_a_class_timed_on_the_models_inputs_is_read_from_those_records_only(tmp_path):
     # a record kept from an earlier lease on other inputs is not compared with one timed on a model's inputs, faster
     # though it may be; with only older records, the figure says what it was timed on

@@ -126,6 +126,31 @@ def test_a_small_call_reads_its_small_class_else_the_class_at_the_standard_size(
     assert ops.table_order(_inputs()) == ["sdpa_split", "chunked", "sdpa"]
 
 
+def test_the_route_the_small_step_put_first_runs_first_for_that_class_only(fake_device, tmp_path, monkeypatch):
+    # diffattn.bench.switches records in the entry which route the `small` step measured fastest for its small calls
+    # (the sweep's call leaves out the head norm the DIFF layer hands the op): auto reads it at the class's front, for
+    # that class alone, and only a route the sweep checked for it or for it at the standard size
+    small, standard = "v1 d16 dv32 fp32 causal none train small", "v1 d16 dv32 fp32 causal none train"
+    for listed, first, want in (
+        ({small: ["chunked", "sdpa_split"]}, "sdpa_split", ["sdpa_split", "chunked", "sdpa"]),
+        ({standard: ["sdpa_split", "chunked"]}, "chunked", ["chunked", "sdpa_split", "sdpa"]),  # read off the standard
+        ({small: ["chunked"], standard: ["sdpa_split", "chunked"]}, "sdpa_split", ["sdpa_split", "chunked", "sdpa"]),
+        ({small: ["chunked", "sdpa_split"]}, "reference", ["chunked", "sdpa_split", "sdpa"]),  # never checked: no
+    ):
+        entry = _entry(routes=listed, step_first={small: first})
+        monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry], name=f"{first}{len(listed)}.json")))
+        routes.reset()
+        assert ops.table_order(_inputs()) == want, (listed, first)
+    monkeypatch.setattr(routes, "SMALL_WORK", 0)  # the same call at the standard size: the step's choice is not its
+    routes.reset()
+    entry = _entry(routes={standard: ["sdpa_split", "chunked"]}, step_first={small: "chunked"})
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry], name="standard.json")))
+    assert ops.table_order(_inputs()) == ["sdpa_split", "chunked", "sdpa"]
+    for bad in ({small: 3}, {small: "fastest"}, ["chunked"]):
+        with pytest.raises(ValueError, match=r"'step_first' must map|unknown routes"):
+            routes.check_table({"format": 1, "entries": [_entry(step_first=bad)]})
+
+
 def test_the_train_steps_the_gpu_script_times_are_on_their_intended_side_of_the_size():
     # the `small` preset's step at 1,024 tokens is the small calls the sweep measures; at 4,096 tokens, the paper-830m
     # step at 2,048 (DIFF Table 7's size) and the sweep's standard shapes are GPU-bound calls, read at the standard size

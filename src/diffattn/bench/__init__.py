@@ -25,3 +25,22 @@ def rotated(names: list, rep: int) -> list:
     column is always timed right after the same one."""
     shift = rep % len(names)
     return names[shift:] + names[:shift]
+
+
+def paired_ratio(new, old, *, seed: int = 0, n_boot: int = 2000, level: float = 0.95) -> tuple[float, float, float]:
+    """The median of the per-repetition ratios ``new[i] / old[i]`` of two columns timed in the same interleaved
+    repetitions (:func:`rotated`), with a percentile-bootstrap interval over the repetitions: ``(median, low, high)``.
+    Paired, so that what moves both columns of a repetition alike (the host's load, the GPU's clock) cancels; the
+    median, so that one disturbed repetition does not decide. Fewer than two pairs: an unbounded interval."""
+    import numpy as np
+
+    ratios = np.asarray(new, dtype=float) / np.asarray(old, dtype=float)
+    if ratios.ndim != 1 or len(new) != len(old) or ratios.size == 0:
+        raise ValueError(f"paired_ratio needs two equally long, non-empty series; got {len(new)} and {len(old)}")
+    median = float(np.median(ratios))
+    if ratios.size < 2:
+        return median, -np.inf, np.inf
+    rng = np.random.default_rng(seed)
+    boot = np.median(ratios[rng.integers(0, ratios.size, (n_boot, ratios.size))], axis=1)
+    low, high = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return median, float(low), float(high)

@@ -963,7 +963,7 @@ def merge_entry(table_path: Path, entry: dict, into: Path) -> dict:
     """The table at ``table_path`` with ``entry`` replacing any entry of the same device and software, written to
     ``into`` (a temporary name, then a rename)."""
     from ..files import write_text_atomic
-    from ..ops.routes import MATCH_KEYS, TABLE_FLAGS, TABLE_FORMAT, check_table
+    from ..ops.routes import MATCH_KEYS, STEP_FIRST, TABLE_FLAGS, TABLE_FORMAT, check_table
 
     entries = []
     if table_path.exists():
@@ -972,9 +972,9 @@ def merge_entry(table_path: Path, entry: dict, into: Path) -> dict:
         except ValueError:
             entries = []
     same = [e for e in entries if all(e[k] == entry[k] for k in MATCH_KEYS)]
-    # the kernel switches a step decided for this device and software (diffattn.bench.switches) stay with it: a sweep
-    # measures calls, not the step that decides them
-    carried = {flag: e[flag] for e in same for flag in TABLE_FLAGS if flag in e and flag not in entry}
+    # the kernel switches and first routes a step decided for this device and software (diffattn.bench.switches) stay
+    # with it: a sweep measures calls, not the step that decides them
+    carried = {key: e[key] for e in same for key in (*TABLE_FLAGS, STEP_FIRST) if key in e and key not in entry}
     entry = {**entry, **carried}
     entries = [e for e in entries if e not in same] + [entry]
     table = {"format": TABLE_FORMAT, "entries": entries}

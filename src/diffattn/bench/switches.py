@@ -1,21 +1,34 @@
-"""The route table's kernel switches (:data:`diffattn.ops.routes.TABLE_FLAGS`) decided from one GPU run's `small`
-training step — the one home of that rule, so that a switch is on only where a step measured it faster.
+"""What a GPU run's `small` training step decides in the route table — the one home of those rules: the kernel
+switches (:data:`diffattn.ops.routes.TABLE_FLAGS`) and the first route of the class the step's attention calls are in
+where that class is a small one (:data:`diffattn.ops.routes.SMALL_WORK`).
 
-The switches move the DIFF layer's element-wise work into Triton kernels: ``fused_head_norm`` the head norm into the
-epilogue's kernel, ``fused_lambda`` λ into kernels of its own. What they save is host work and kernel launches, which
-decide a small model's step (host-bound on the H200: the baseline's GPU busy 8.6 ms of its 40), not one attention call
-at 16K tokens, so the step decides, not the route sweep. ``benchmarks/gpu_session.sh`` times the step with each
-switch forced (``train.json``'s columns ``diffattn DIFF (<backend>+norm)``, ``…+norm+lambda``) beside the same
-backend without it; here, per switch, every pair of those columns at every length the step ran:
+Why the step, not the route sweep: the switches move the DIFF layer's element-wise work into Triton kernels
+(``fused_head_norm`` the head norm into the epilogue's kernel, ``fused_lambda`` λ into kernels of its own), and a
+small call's route differs from another mostly in host work and launches. Those decide a small model's step, which is
+host-bound on the H200 (2026-11-28: the baseline's GPU busy 8.6 ms of its 40) — and the sweep times a route's call
+without the head norm the DIFF layer hands the op with it, which an epilogue route takes into its kernel where the
+switch is on. ``benchmarks/gpu_session.sh`` times the step with routes and switches forced beside ``auto``
+(``train.json``'s columns ``diffattn DIFF (<backend>)``, ``…+norm``, ``…+norm+lambda``), every column in the same
+interleaved repetitions.
 
-* **on** where the switched column's median wall time is at most the other's and its GPU busy time at most
-  :data:`GPU_SLACK` times the other's (where both were profiled), in every pair and row;
-* **off** where a pair says otherwise (the first such pair is the reason);
-* **undecided** (left as the table has it: absent, off) where a pair's column is missing or not a number.
+The evidence, per row (length) and pair of columns: the median of the per-repetition ratios with its 95% bootstrap
+interval (:func:`diffattn.bench.paired_ratio` of :attr:`~diffattn.bench.train_step.StepRow.samples_ms`) — *faster*
+where the interval lies wholly below 1, *slower* where wholly above — and the GPU busy time of one profiled step,
+which may be at most :data:`GPU_SLACK` times the other's.
 
-Usage: ``python -m diffattn.bench.switches RUN_DIR [--write]`` prints each decision and why; ``--write`` sets the
-decided switches in the newest entry of ``RUN_DIR/route_table.json`` (the run's own, which its sweep wrote), by a
-temporary file and a rename.
+* **A switch** (:data:`PAIRS`: the switched column against its plain twin) is **on** where it was faster at some
+  length and slower at none, within the GPU slack everywhere; **off** where it was slower at some length or over the
+  slack; **undecided** otherwise — inconclusive, a column missing, or a run without per-repetition times — and left
+  as the table has it (absent: off). Inconclusive is not on: what runs by default is what measured faster.
+* **The small class's first route** (:func:`first_routes`): at each row whose DIFF calls are a small class, every
+  route forced as a column against the class's first route in the run's entry, each as it runs under the decided
+  switches (an epilogue route's ``+norm`` column where ``fused_head_norm`` is on, its plain one otherwise); of those
+  faster than it within the GPU slack, the fastest goes first. Only a route the sweep checked correct for the class
+  (listed for it, or for the class at the standard size) is taken.
+
+Usage: ``python -m diffattn.bench.switches RUN_DIR [--write]`` prints each decision and why; ``--write`` puts them into
+the newest entry of ``RUN_DIR/route_table.json`` (the run's own, which its sweep wrote), by a temporary file and a
+rename.
 """
 
 from __future__ import annotations
@@ -27,18 +40,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .train_step import forced_column
+from . import paired_ratio
+from .train_step import forced_column, split_fused
 
 #: per switch, the (switched, plain) column pairs of train.json that decide it
 PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
-    "fused_head_norm": (
-        (forced_column("cudnn+epilogue+norm"), forced_column("cudnn+epilogue")),
-        (forced_column("auto+norm"), forced_column("auto")),
-    ),
+    "fused_head_norm": ((forced_column("cudnn+epilogue+norm"), forced_column("cudnn+epilogue")),),
     "fused_lambda": ((forced_column("auto+norm+lambda"), forced_column("auto+norm")),),
 }
-#: how much more GPU busy time a switched column may take and still count as no slower (one profiled step each: the
-#: same kernels' times vary by about that between steps)
+#: how much more GPU busy time a column may take and still count as no slower (one profiled step each: the same
+#: kernels' times vary by about that between steps)
 GPU_SLACK = 1.02
 
 
@@ -46,10 +57,54 @@ GPU_SLACK = 1.02
 class Decision:
     on: bool | None  # None: undecided
     why: str
+    route: str | None = None  # a first-route decision that is on: the route it puts first
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Column ``new`` against column ``old`` in one row: the paired ratio of wall times with its interval, and the
+    ratio of GPU busy times (None where either was not profiled)."""
+
+    at: str
+    new: str
+    old: str
+    ratio: float
+    low: float
+    high: float
+    gpu_ratio: float | None
+
+    @property
+    def faster(self) -> bool:
+        return self.high < 1 and not self.over_slack
+
+    @property
+    def slower(self) -> bool:
+        return self.low > 1 or self.over_slack
+
+    @property
+    def over_slack(self) -> bool:
+        return self.gpu_ratio is not None and self.gpu_ratio > GPU_SLACK
+
+    def line(self) -> str:
+        gpu = f", {self.gpu_ratio:.3f}x by GPU busy time" if self.gpu_ratio is not None else ""
+        return f"{self.at}: {self.new} {self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] {self.old} by wall time{gpu}"
 
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def compare(row: dict, new: str, old: str) -> Comparison | str:
+    """Column ``new`` against ``old`` in a train.json row, or why they cannot be compared."""
+    at = f"{row.get('preset')} at {row.get('seq_len')} tokens"
+    samples = row.get("samples_ms") or {}
+    a, b = samples.get(new), samples.get(old)
+    if not (a and b and len(a) == len(b) and all(_finite(x) and x > 0 for x in (*a, *b))):
+        what = "no per-repetition times" if not samples else f"no times for both {new} and {old}"
+        return f"{at}: {what}"
+    gpu = row.get("gpu_ms") or {}
+    profiled = _finite(gpu.get(new)) and _finite(gpu.get(old)) and gpu[old] > 0
+    return Comparison(at, new, old, *paired_ratio(a, b), gpu[new] / gpu[old] if profiled else None)
 
 
 def decide(rows: list[dict]) -> dict[str, Decision]:
@@ -60,52 +115,128 @@ def decide(rows: list[dict]) -> dict[str, Decision]:
 def _decide(rows: list[dict], pairs: tuple[tuple[str, str], ...]) -> Decision:
     if not rows:
         return Decision(None, "train.json has no rows")
-    said = []
+    said, faster = [], False
     for row in rows:
-        at = f"{row.get('preset')} at {row.get('seq_len')} tokens"
-        ms, gpu = row.get("ms", {}), row.get("gpu_ms", {})
         for switched, plain in pairs:
-            if not (_finite(ms.get(switched)) and _finite(ms.get(plain))):
-                return Decision(None, f"{at}: no time for {switched} or {plain}")
-            ratio = ms[switched] / ms[plain]
-            profiled = _finite(gpu.get(switched)) and _finite(gpu.get(plain))
-            gpu_ratio = gpu[switched] / gpu[plain] if profiled else None
-            line = f"{at}: {switched} {ratio:.3f}x {plain} by wall time" + (
-                f", {gpu_ratio:.3f}x by GPU busy time" if profiled else ""
-            )
-            if ratio > 1 or (profiled and gpu_ratio > GPU_SLACK):
-                return Decision(False, line)
-            said.append(line)
+            found = compare(row, switched, plain)
+            if isinstance(found, str):
+                return Decision(None, found)
+            if found.slower:
+                return Decision(False, found.line())
+            faster = faster or found.faster
+            said.append(found.line())
+    if not faster:
+        return Decision(None, "inconclusive (faster at no length): " + "; ".join(said))
     return Decision(True, "; ".join(said))
 
 
-def write_switches(table_path: Path, decisions: dict[str, Decision]) -> dict:
-    """The decided switches set in the newest entry of the table at ``table_path`` (rewritten through a temporary
-    file); that entry returned. ValueError where the newest date is not one entry's alone."""
+def step_call_class(row: dict) -> str:
+    """The route table's class of the DIFF model's attention calls in a train.json row (its preset, length, batch and
+    dtype): :func:`diffattn.ops.routes.call_class` of the inputs the DIFF layer hands the op — both maps' query heads
+    stacked, ``num_attention_heads`` of them, V twice as wide as Q (:mod:`diffattn.models.diff_llama`) — built on the
+    meta device."""
+    import torch
+
+    from ..models.build import model_config
+    from ..ops import _inputs, routes
+    from .train_step import DTYPES
+
+    config = model_config(row["preset"], "diff")
+    b, n, d = row["batch"], row["seq_len"], config.head_dim
+    h, hkv = config.num_attention_heads // 2, config.num_key_value_heads // 2
+    dtype = DTYPES[row.get("dtype", "bf16")] or torch.float32
+    q1, q2 = (torch.empty(b, h, n, d, device="meta", dtype=dtype) for _ in range(2))
+    k1, k2 = (torch.empty(b, hkv, n, d, device="meta", dtype=dtype) for _ in range(2))  # two maps' keys: DIFF V1
+    v = torch.empty(b, hkv, n, 2 * d, device="meta", dtype=dtype)
+    inp = _inputs.validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None)
+    return routes.call_class(inp, grad=True)
+
+
+def _column_of(route: str, norm_on: bool, columns: set[str]) -> str | None:
+    """The forced column that shows how ``route`` runs under the decided norm switch, where the step has it."""
+    from ..ops.routes import EPILOGUE
+
+    name = forced_column(route + "+norm") if norm_on and route.endswith(EPILOGUE) else forced_column(route)
+    return name if name in columns else None
+
+
+def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Decision]:
+    """Per small class the step's rows fall into, the route to put first in ``entry`` (``on``: move it; None: leave
+    the class as it is, with why) — module docstring. ``norm_on``: the ``fused_head_norm`` switch as decided."""
+    from ..ops.routes import SMALL, step_first_order, without_size
+
+    out: dict[str, Decision] = {}
+    for row in rows:
+        try:
+            cls = step_call_class(row)
+        except (KeyError, ValueError) as err:
+            out[f"{row.get('preset')} at {row.get('seq_len')}"] = Decision(None, f"no call class: {err}")
+            continue
+        if not cls.endswith(SMALL) or cls in out:
+            continue
+        listed = entry.get("routes", {})
+        order = listed.get(cls) or listed.get(without_size(cls))
+        if not order:
+            out[cls] = Decision(None, f"the entry lists no routes for {cls}")
+            continue
+        order = step_first_order(entry, cls, order)  # what auto runs first for the class now
+        columns = set(row.get("samples_ms") or {})
+        first = _column_of(order[0], norm_on, columns)
+        if first is None:
+            out[cls] = Decision(None, f"the step forced no column that runs {order[0]}, the class's first route")
+            continue
+        checked = set(order) | set(listed.get(without_size(cls), ()))
+        candidates = []
+        for column in sorted(columns):
+            route = split_fused(column.removeprefix("diffattn DIFF (").removesuffix(")"))[0]
+            # a forced route as it runs under the decided switches (λ's kernel forced too is λ's switch, not the route)
+            if route in checked and route != order[0] and _column_of(route, norm_on, columns) == column:
+                found = compare(row, column, first)
+                if isinstance(found, Comparison) and found.faster:
+                    candidates.append((found.ratio, route, found))
+        if not candidates:
+            out[cls] = Decision(None, f"no route forced in the step was faster than {order[0]}")
+            continue
+        _, route, found = min(candidates)
+        out[cls] = Decision(True, f"{route} first: {found.line()}", route)
+    return out
+
+
+def write_decisions(table_path: Path, decisions: dict[str, Decision], firsts: dict[str, Decision]) -> dict:
+    """The decided switches and first routes (:data:`diffattn.ops.routes.STEP_FIRST`) put into the newest entry of the
+    table at ``table_path`` (rewritten through a temporary file); that entry returned. ValueError where the newest
+    date is not one entry's alone."""
     from ..files import write_text_atomic
-    from ..ops.routes import check_table
+    from ..ops.routes import STEP_FIRST, check_table
     from .route_sweep import finite_json
 
     data = json.loads(table_path.read_text())
-    entries = check_table(data)
+    mine = _runs_entry(check_table(data), table_path)
+    for flag, decision in decisions.items():
+        if decision.on is not None:
+            mine[flag] = decision.on
+    chosen = {cls: decision.route for cls, decision in firsts.items() if decision.on}
+    if chosen:
+        mine[STEP_FIRST] = {**mine.get(STEP_FIRST, {}), **chosen}
+    check_table(data)
+    write_text_atomic(table_path, json.dumps(finite_json(data), indent=1) + "\n")
+    return mine
+
+
+def _runs_entry(entries: list[dict], table_path: Path) -> dict:
     if not entries:
         raise ValueError(f"{table_path} has no entry")
     newest = max(e["date"] for e in entries)
     mine = [e for e in entries if e["date"] == newest]
     if len(mine) != 1:
         raise ValueError(f"{table_path}: {len(mine)} entries of the newest date {newest}; which is this run's?")
-    for flag, decision in decisions.items():
-        if decision.on is not None:
-            mine[0][flag] = decision.on
-    check_table(data)
-    write_text_atomic(table_path, json.dumps(finite_json(data), indent=1) + "\n")
     return mine[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a GPU run's directory (train.json, route_table.json)")
-    parser.add_argument("--write", action="store_true", help="set the decided switches in the run's route table")
+    parser.add_argument("--write", action="store_true", help="put the decisions into the run's route table")
     args = parser.parse_args(argv)
     try:
         rows = json.loads((args.run / "train.json").read_text())["rows"]
@@ -116,13 +247,24 @@ def main(argv: list[str] | None = None) -> int:
     for flag, decision in decisions.items():
         state = {True: "on", False: "off", None: "undecided"}[decision.on]
         print(f"{flag}: {state} — {decision.why}")
+    table_path = args.run / "route_table.json"
+    try:
+        from ..ops.routes import check_table
+
+        entry = _runs_entry(check_table(json.loads(table_path.read_text())), table_path)
+    except (OSError, ValueError) as err:
+        print(f"switches: no route table entry to order: {err}", file=sys.stderr)
+        return 2 if args.write else 0
+    firsts = first_routes(rows, entry, decisions["fused_head_norm"].on is True)
+    for cls, decision in firsts.items():
+        print(f"{cls}: {'moved: ' if decision.on else 'as it is — '}{decision.why}")
     if args.write:
         try:
-            write_switches(args.run / "route_table.json", decisions)
+            write_decisions(table_path, decisions, firsts)
         except (OSError, ValueError) as err:
             print(f"switches: not written: {err}", file=sys.stderr)
             return 2
-        print(f"switches written to {args.run / 'route_table.json'}")
+        print(f"decisions written to {table_path}")
     return 0
 
 

@@ -6,7 +6,9 @@ A run directory is what ``benchmarks/gpu_session.sh`` writes (``benchmarks/gpu-r
 * ``route_table.json`` — the newest entry's ``measurements``: per call class and route, the ratio to the same-size
   SDPA baseline (forward+backward for ``train`` classes, forward for ``infer``), status and correctness; for decode
   classes where measured, CUDA-graph times (``graph_ms``, ``base_graph_ms``);
-* ``train.json`` — the `small` train step (``bench train-step``): per row, each column's median ms;
+* ``train.json`` — the `small` train step (``bench train-step``): per row, each column's median ms; read from
+  ``train_decided.json`` instead where the run has it: the same step timed again after the step's own decisions were
+  written into the table (:mod:`diffattn.bench.switches`), i.e. with what ``auto`` runs from then on;
 * ``report/gpu-report.json`` — decoding per token in the models (static cache, CUDA graphs).
 
 A target whose number the run lacks is ``n/a`` with why, never a pass. Usage:
@@ -124,9 +126,19 @@ def _best_graph(ms: list[dict], where: str) -> tuple[float, str]:
     return value, source if math.isnan(value) else f"{source}, eager (no graph time): host time mostly"
 
 
-def _step_rows(run: Path) -> list[dict]:
-    data = _read(run / "train.json")
-    return [r for r in data.get("rows", []) if r.get("preset") == "small"] if isinstance(data, dict) else []
+#: the step's files, the one read first where a run has both (module docstring)
+STEP_FILES = ("train_decided.json", "train.json")
+
+
+def _step_rows(run: Path, *columns: str) -> list[dict]:
+    """The `small` rows of the first of :data:`STEP_FILES` whose rows have all of ``columns`` (the step timed again
+    has the default columns only; a forced one is read from train.json)."""
+    for name in STEP_FILES:
+        data = _read(run / name)
+        rows = [r for r in data.get("rows", []) if r.get("preset") == "small"] if isinstance(data, dict) else []
+        if any(all(c in (r.get("ms") or {}) for c in columns) for r in rows):
+            return rows
+    return []
 
 
 def _step(run: Path, column: str) -> tuple[float, str]:
@@ -148,7 +160,7 @@ def _step_ratios(run: Path, num: str, den: str, unit: str, what: str, missing: s
         t = r.get(times) or {}
         return t[num] / t[den] if num in t and t.get(den) else None
 
-    rows = [r for r in _step_rows(run) if ratio(r, "ms") is not None and math.isfinite(ratio(r, "ms"))]
+    rows = [r for r in _step_rows(run, num, den) if ratio(r, "ms") is not None and math.isfinite(ratio(r, "ms"))]
     if not rows:
         return math.nan, missing
 

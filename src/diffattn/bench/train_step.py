@@ -89,6 +89,9 @@ class StepRow:
     #: launches]}``, the longest, the rest summed). What a column's extra time is made of: which kernels, how many
     #: launches (:func:`format_kernels`)
     kernel_ms: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: every repetition's ms per column, in repetition order: the same index is the same interleaved repetition in
+    #: every column, so two columns compare pair by pair (:func:`diffattn.bench.paired_ratio`)
+    samples_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
@@ -191,7 +194,10 @@ def run_train_step_benchmark(
             busy, kernels = gpu_profile(steps) if cuda else ({}, {})
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
-            rows.append(StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compile_backend or "", kernels))
+            samples = {k: [round(1e3 * x, 4) for x in v] for k, v in times.items()}
+            rows.append(
+                StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compile_backend or "", kernels, samples)
+            )
     return rows
 
 

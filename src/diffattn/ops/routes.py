@@ -17,7 +17,10 @@ per map times the head width) is ``small`` (the key ends in " small"). Why the s
 16K, N = 4096 (decode: a cache of 8192), where the GPU is the limit; a small model's step is host-bound, where a route's
 host cost decides (the H200 of 2026-11-27 stepped the `small` model slower than transformers' DiffLlama with the route
 chosen at 16K, at no more ops: benchmarks/RESULTS.md), so the sweep also measures the `small` step's own calls and a
-small call reads their order. A table without a small class for a call reads the class without the size.
+small call reads their order. A table without a small class for a call reads the class without the size. Where the
+`small` training step measured another route faster for its small calls than the sweep's first (the entry's
+:data:`STEP_FIRST`, written by :mod:`diffattn.bench.switches`: the step times them as the model makes them, with the
+head norm the sweep's call leaves out), that route goes first for that class.
 
 An entry is used only where everything it was measured with matches this process: device name and compute
 capability, torch, triton and cuDNN versions. Another GPU's or other software's entry is ignored with one log line;
@@ -133,7 +136,11 @@ def check_table(data: object) -> list[dict]:
         for flag in TABLE_FLAGS:
             if not isinstance(entry.get(flag, False), bool):
                 raise ValueError(f"entry {i}: {flag!r} must be true or false")
-        unknown = {r for v in routes.values() for r in v} - set(ROUTE_NAMES)
+        firsts = entry.get(STEP_FIRST, {})
+        pairs = firsts.items() if isinstance(firsts, dict) else None
+        if pairs is None or not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+            raise ValueError(f"entry {i}: {STEP_FIRST!r} must map call classes to a route name")
+        unknown = ({r for v in routes.values() for r in v} | set(firsts.values())) - set(ROUTE_NAMES)
         if unknown:
             raise ValueError(f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)})")
     return entries
@@ -215,7 +222,24 @@ def listed_routes(index: int | None, cls: str) -> tuple[str, ...]:
     routes = entry["routes"].get(read_class(index, cls)) if entry else None
     if not routes:
         return (SAFE_DEFAULT,)
+    routes = step_first_order(entry, cls, routes)
     return tuple(routes) + (() if SAFE_DEFAULT in routes else (SAFE_DEFAULT,))
+
+
+#: an entry's routes the `small` training step put first for its small calls' classes, ``{call class: route}``
+#: (:mod:`diffattn.bench.switches`); kept by a later sweep of the same device and software, as the switches are
+STEP_FIRST = "step_first"
+
+
+def step_first_order(entry: dict, cls: str, routes: list[str]) -> list[str]:
+    """``routes`` (the order the entry lists for class ``cls``, or for it at the standard size) with the route the step
+    put first for ``cls`` (:data:`STEP_FIRST`) ahead of the others — where the sweep checked that route correct for
+    the class or for it at the standard size; as they are otherwise."""
+    first = (entry.get(STEP_FIRST) or {}).get(cls)
+    checked = set(routes) | set(entry["routes"].get(without_size(cls), ()))
+    if first is None or first not in checked:
+        return list(routes)
+    return [first, *(r for r in routes if r != first)]
 
 
 def read_class(index: int | None, cls: str) -> str:
