@@ -93,26 +93,28 @@ gpu_tests() {
   [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and routes forced beside auto where the step is host-bound (the table's were timed at 16K): `cudnn` (the small V1
   # class's choice), `cudnn+epilogue` (the 16K class's) and it with the head norm in its kernel (+norm), auto with the
-  # norm and with λ's kernels too (+lambda): benchmarks/RESULTS.md (2026-11-28, the host's share; 2026-11-29, the
+  # norm and with λ's kernels too (+lambda): benchmarks/RESULTS.md (2026-11-28: the host's share, and the
   # launches) has the predictions; the table switches either on, and moves a route first for the small class, only
   # from these numbers. 30 repetitions: the ten steps of 2026-11-28 spread 8-16 ms at 1,024 tokens, more than any
   # difference between the DIFF columns. -v logs the route auto runs for each call class, once each
   want train && step 120 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,auto+norm,auto+norm+lambda
-  # the table's kernel switches and the small class's first route from those columns (diffattn.bench.switches: on
-  # only where faster by the paired repetitions' interval, slower at no length), written into this run's entry, which
-  # the steps below then read; where anything was decided, the step again with the table as decided (what auto runs
-  # from then on: the targets read it)
+  # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.80x through cudnn+epilogue (GPU busy 1.67x)
+  # where one stacked cuDNN call does 1.42x (issue 34's target 1.55x): each route's kernels per call, and that route
+  # with [V; V] by its kernels (+vcopies; RESULTS.md, 2026-11-28, "[V; V] by one kernel", predicts 1.51-1.56x by GPU time)
+  want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \
+    --json "$OUT/kernels.json"
+  # the table's kernel switches and the small class's first route from the step's columns and the kernels step's
+  # (diffattn.bench.switches: on only where faster, by the paired repetitions' interval in the step and slower at no
+  # length, or by GPU busy time per call beyond 2%), written into this run's entry, which the steps below then read;
+  # where anything was decided, the step again with the table as decided (what auto runs from then on: the targets
+  # read it)
   want train && [ -f "$OUT/train.json" ] && [ -f "$OUT/route_table.json" ] && \
     $PY -m diffattn.bench.switches "$OUT" --write | tee "$OUT/switches.txt"
   want train && grep -q -e ": on —" -e ": moved:" "$OUT/switches.txt" 2>/dev/null && \
     step 90 "train step, bf16, small, with the table as the step decided" $PY -m diffattn -v bench train-step \
     --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train_decided.json"
-  # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.93x through cudnn_maps where one stacked cuDNN
-  # call did 1.50x (issue 34's target 1.55x), DIFF V2 at 2.42x (target 2.3x): each route's kernels per call
-  want kernels && step 60 "kernels of one call per route, V1 and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \
-    --json "$OUT/kernels.json"
   # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for
   # DIFF V1 (sdpa_maps+epilogue) forced beside auto: the step said 1.25x with the one and 1.45x with the other, a
   # lease apart (six 830M models with AdamW: ~80 GB; where they do not fit a forced column is NaN with its error)

@@ -34,7 +34,8 @@ gradient split over keys, and its combine kernel, at ``--short-t`` and at the sh
 SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
 reads V's two halves in place, as DiffLlama decodes), ``epilogue`` (the SDPA routes' O1 − λ·O2 as one kernel and
 its backward, :mod:`diffattn.ops.triton.epilogue`, with one λ and with one per head and token, without and with the
-head's norm; no mask reaches it; and DIFF V1's λ by :mod:`diffattn.ops.triton.reparam`, forward and backward).
+head's norm; no mask reaches it; DIFF V1's λ by :mod:`diffattn.ops.triton.reparam`, forward and backward; and, for
+V1 heads, the one-call routes' [V; V] and its gradient by :mod:`diffattn.ops.triton.vcopies`).
 A kernel a variant never launches has no row (e.g. ``dkdv_atomic`` for ``W``, ``dv``, ``dk`` and ``fwd_cols`` for
 ``V1`` and ``V2``,
 ``epilogue`` with a mask, or ``dkdv_atomic`` for ``V1`` with a 4-D mask).
@@ -313,7 +314,7 @@ def _record_launches(
     import triton
 
     from diffattn.bench.route_sweep import VARIANTS
-    from diffattn.ops.triton import backward, decode, epilogue, forward, launch, reparam, tuning
+    from diffattn.ops.triton import backward, decode, epilogue, forward, launch, reparam, tuning, vcopies
 
     kernels = (
         forward._fwd_kernel,
@@ -325,6 +326,8 @@ def _record_launches(
         epilogue._subtract_bwd_kernel,
         reparam._lambda_fwd_kernel,
         reparam._lambda_bwd_kernel,
+        vcopies._v_twice_fwd_kernel,
+        vcopies._v_twice_bwd_kernel,
     )
     if not all(isinstance(kernel, triton.runtime.jit.JITFunction) for kernel in kernels):
         raise RuntimeError(
@@ -382,10 +385,12 @@ def _record_launches(
     direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
     subtract = ("_subtract_fwd_kernel", "_subtract_bwd_kernel")  # the fused epilogue's two kernels
     lambda_kernels = ("_lambda_fwd_kernel", "_lambda_bwd_kernel")  # DIFF's λ, Eq. 2 (reported with the epilogue)
+    v_kernels = ("_v_twice_fwd_kernel", "_v_twice_bwd_kernel")  # DIFF V1's [V; V] (reported with the epilogue)
     patched = (
         [(launch, n) for n in ("_launch", *direct)]
         + [(epilogue, n) for n in subtract]
         + [(reparam, n) for n in lambda_kernels]
+        + [(vcopies, n) for n in v_kernels]
         + [
             (tuning, n)
             for n in (
@@ -402,6 +407,8 @@ def _record_launches(
         setattr(epilogue, name, Recorder(saved[epilogue, name], "epilogue"))
     for name in lambda_kernels:
         setattr(reparam, name, Recorder(saved[reparam, name], "epilogue"))
+    for name in v_kernels:
+        setattr(vcopies, name, Recorder(saved[vcopies, name], "epilogue"))
     tuning.INTERPRETED, tuning.BLOCK_OVERRIDE = False, None  # GPU tiles and no bf16 upcast, whatever the environment
     # every kernel and candidate the backend can launch, whatever its defaults: the autotuner's alternatives and the
     # single-pass backward (the deterministic one is asked for below, by atomic = False) are compiled even where
@@ -428,6 +435,9 @@ def _record_launches(
                 vectors = [empty(d, dt=torch.float32) for _ in range(4)]
                 _, exps = reparam._lambda_fwd(*vectors, 0.8)
                 reparam._lambda_bwd(torch.empty((), dtype=torch.float32), exps, *vectors)
+                if dv == 2 * d:  # DIFF V1's [V; V] from V's halves, as a projection lays them out, and its gradient
+                    halves = empty(b, s, 2 * hkv, d).transpose(1, 2)
+                    vcopies._v_twice_bwd_impl(vcopies._v_twice_impl(halves), torch.empty_like(halves))
         elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])

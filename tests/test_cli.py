@@ -56,12 +56,13 @@ def test_info_reports_every_backend_and_why(capsys):
     assert len(rows) == len(backend_status()) + 1
     assert len({row.index(" usable " if " usable " in row else " unusable ") for row in rows}) == 1
     # the route table's switches of the DIFF layer's kernels: off off CUDA, unless forced
-    assert "kernel switches of the DIFF layer (off CUDA: off): fused_head_norm off, fused_lambda off" in out
+    want = "kernel switches of the DIFF layer (off CUDA: off): fused_head_norm off, fused_lambda off, fused_v_copies"
+    assert want + " off" in out
     from diffattn.ops import fused_head_norm
 
     with fused_head_norm(True):
         assert main(["info"]) == 0
-    assert "fused_head_norm on, fused_lambda off" in capsys.readouterr().out
+    assert "fused_head_norm on, fused_lambda off, fused_v_copies off" in capsys.readouterr().out
 
 
 def test_presets_prints_counts(capsys):

@@ -216,10 +216,11 @@ def test_a_fused_column_runs_its_steps_with_its_switches_on():
 
     seen = []
     model = train_step.build_model("debug", "diff", backend="sdpa", seed=0, num_layers=1).train()
-    model.register_forward_hook(
-        lambda *_: seen.append((routes.head_norm_in_epilogue(None), routes.lambda_in_kernel(None)))
-    )
+    reads = (routes.head_norm_in_epilogue, routes.lambda_in_kernel, routes.v_copies_in_kernel)
+    model.register_forward_hook(lambda *_: seen.append(tuple(read(None) for read in reads)))
     ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
-    for fused in (("fused_head_norm",), ("fused_lambda",), ()):
+    assert train_step.split_fused("cudnn+epilogue+vcopies") == ("cudnn+epilogue", ("fused_v_copies",))
+    for fused in (("fused_head_norm",), ("fused_lambda",), ("fused_v_copies",), ()):
         train_step._step_fn(model, ids, "fp32", fused=fused)()
-    assert seen == [(True, False), (False, True), (False, False)], "forced in the column's step, the table's after"
+    want = [(True, False, False), (False, True, False), (False, False, True), (False, False, False)]
+    assert seen == want, "forced in the column's step, the table's after"

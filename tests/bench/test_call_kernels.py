@@ -30,8 +30,8 @@ def test_a_tiny_run_times_each_column_and_a_route_that_cannot_run_is_a_line():
 
 
 def test_each_pair_has_its_routes_and_only_v1_has_the_floor():
-    # the ones never run on a GPU at d = 64: last
-    assert ck.DEFAULT_ROUTES["v1"][-2:] == ("cudnn_maps+epilogue", "cudnn+epilogue")
+    # the one never run on a GPU: last (a crash there ends the process after the others' rows)
+    assert ck.DEFAULT_ROUTES["v1"][-3:] == ("cudnn_maps+epilogue", "cudnn+epilogue", "cudnn+epilogue+vcopies")
     cls = rs.CallClass.from_key(ck.DEFAULT_CLASSES[1])
     p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=1)
     assert list(ck.columns_for(cls, p, ("sdpa",))) == ["baseline", "sdpa"]
@@ -84,3 +84,16 @@ def test_the_decoding_class_profiles_the_fused_kernel_beside_the_tables_routes()
     # where the interpreter is on, as the kernel tests' collection turns it on)
     assert set(result["columns"]) | set(result["failed"]) == {"baseline", ck.FLOOR, *ck.DECODE_ROUTES}
     assert {"baseline", "sdpa_maps"} <= set(result["columns"]) and "cudnn_maps" in result["failed"]
+
+
+def test_a_route_with_a_switchs_suffix_runs_with_that_switch_forced_on(monkeypatch):
+    # "cudnn+epilogue+vcopies": the route with [V; V] by its kernels (diffattn.ops.fused_v_copies), beside its plain
+    # twin, from whose GPU busy times diffattn.bench.switches decides the switch
+    from diffattn.ops import routes, sdpa
+
+    seen = []
+    plain = sdpa.v_twice
+    monkeypatch.setattr(sdpa, "v_twice", lambda inp: seen.append(routes.v_copies_in_kernel(None)) or plain(inp))
+    result = ck.run(ck.DEFAULT_CLASSES[0], ("sdpa", "sdpa+vcopies"), device="cpu", scale="tiny", progress=print)
+    assert list(result["columns"]) == ["baseline", "sdpa", "sdpa+vcopies"]
+    assert True in seen and False in seen and not routes.v_copies_in_kernel(None), "forced in its column only"

@@ -155,3 +155,35 @@ def test_a_table_whose_newest_date_is_two_entries_is_not_guessed_at(tmp_path):
     decided = {"fused_head_norm": switches.Decision(True, "")}
     with pytest.raises(ValueError, match="2 entries of the newest date 2026-11-29"):
         switches.write_decisions(path, decided, {})
+
+
+def _kernels(switched_ms=4.0, switched_gpu=3.7, plain_ms=4.1, plain_gpu=4.0, cls=STANDARD_CLASS):
+    columns = {"cudnn+epilogue": {"ms": plain_ms, "gpu_ms": plain_gpu},
+               "cudnn+epilogue+vcopies": {"ms": switched_ms, "gpu_ms": switched_gpu}}  # fmt: skip
+    return [{"class": "shared_k d64 dv64 bf16 causal none train", "columns": {}}, {"class": cls, "columns": columns}]
+
+
+def test_the_v_copies_switch_is_decided_on_one_call_by_its_gpu_time():
+    # [V; V] by its kernels saves the GPU's work at the sweep's shape (kernels.json), not the host's in the step
+    assert switches.decide_calls(_kernels())["fused_v_copies"].on is True
+    assert "0.925x cudnn+epilogue by GPU busy time" in switches.decide_calls(_kernels())["fused_v_copies"].why
+    assert switches.decide_calls(_kernels(switched_gpu=4.1))["fused_v_copies"].on is False
+    assert switches.decide_calls(_kernels(switched_ms=4.3))["fused_v_copies"].on is False, "slower by wall time"
+    assert switches.decide_calls(_kernels(switched_gpu=3.95))["fused_v_copies"].on is None, "within the slack"
+    assert switches.decide_calls(_kernels(cls="v1 d128 dv256 bf16 causal none train"))["fused_v_copies"].on is None
+    unprofiled = _kernels()
+    del unprofiled[1]["columns"]["cudnn+epilogue"]["gpu_ms"]
+    assert "no profiled times" in switches.decide_calls(unprofiled)["fused_v_copies"].why
+
+
+def test_the_command_reads_the_kernels_step_where_the_run_has_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.json").write_text(json.dumps({"rows": [_row(1024)]}))
+    (run / "route_table.json").write_text(json.dumps({"format": 1, "entries": [_entry("2026-11-29")]}))
+    assert switches.main([str(run)]) == 0
+    assert "fused_v_copies: undecided — no kernels.json" in capsys.readouterr().out
+    (run / "kernels.json").write_text(json.dumps(_kernels()))
+    assert switches.main([str(run), "--write"]) == 0
+    assert "fused_v_copies: on — " in capsys.readouterr().out
+    assert routes.check_table(json.loads((run / "route_table.json").read_text()))[0]["fused_v_copies"] is True

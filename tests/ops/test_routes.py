@@ -274,7 +274,8 @@ def test_the_newest_matching_entry_wins(fake_device, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("flag", "read", "force"), [
     ("fused_head_norm", routes.head_norm_in_epilogue, ops.fused_head_norm),
-    ("fused_lambda", routes.lambda_in_kernel, ops.fused_lambda)])  # fmt: skip
+    ("fused_lambda", routes.lambda_in_kernel, ops.fused_lambda),
+    ("fused_v_copies", routes.v_copies_in_kernel, ops.fused_v_copies)])  # fmt: skip
 def test_a_kernel_switch_is_on_where_the_devices_entry_says_or_where_forced(
     fake_device, tmp_path, monkeypatch, flag, read, force
 ):

@@ -13,7 +13,10 @@ kernels can. This runs, on the route sweep's inputs at its standard shape (:mod:
   [B, 2h, T, d] and K [B, 2h, S, d], both maps' heads already, and V [B, 2h, S, 2d]), whose output is O1 and O2
   side by side, not subtracted: what the routes can approach, not a route;
 * each route asked for (``--routes``; by default :data:`DEFAULT_ROUTES`), through :func:`diffattn.ops.diff_attention`,
-  or one of the route sweep's comparison routes (``hf_two_calls``: transformers' DiffLlama; ``official_four_calls``).
+  or one of the route sweep's comparison routes (``hf_two_calls``: transformers' DiffLlama; ``official_four_calls``);
+  a route named with a suffix of :data:`diffattn.bench.train_step.FUSED` runs with that route-table switch forced on
+  (``cudnn+epilogue+vcopies``: [V; V] by its kernels, :mod:`diffattn.ops.triton.vcopies`), which
+  :mod:`diffattn.bench.switches` decides from the GPU busy times of it and its plain twin.
 
 For each: the median time per call (forward+backward for ``train``, forward otherwise) in interleaved rounds, its
 ratio to the baseline, and a :func:`diffattn.bench.kernels.profile_gpu` of a few calls: the kernels by name with ms
@@ -46,6 +49,7 @@ from .route_sweep import (
     whole_v,
     with_backward,
 )
+from .train_step import split_fused, switches_forced
 
 #: what the gaps are about: the V1 and DIFF V2 training calls at d = 64 at the sweep's shape (issue 34's targets:
 #: 1.55x and 2.3x; measured 1.93x and 2.42x), and V1's decoding call (issue 37: "what is in 0.30 ms"; on the H200 of
@@ -55,11 +59,20 @@ DEFAULT_CLASSES = (
     "shared_k d64 dv64 bf16 causal none train",
     "v1 d64 dv128 bf16 causal none decode",
 )
-#: per pair, the routes beside the baseline: the fastest ones of the H200's table, the epilogue variants (never run
-#: on a GPU at d = 64) last, so that a crash there ends this process after the others' rows
+#: per pair, the routes beside the baseline: the fastest ones of the H200's table, the epilogue variants after them
+#: and what has never run on a GPU ([V; V] by its kernels) last, so that a crash there ends this process after the
+#: others' rows
 DEFAULT_ROUTES = {
     # hf: transformers' DiffLlama
-    "v1": ("cudnn_maps", "cudnn", "sdpa_maps", "hf_two_calls", "cudnn_maps+epilogue", "cudnn+epilogue"),
+    "v1": (
+        "cudnn_maps",
+        "cudnn",
+        "sdpa_maps",
+        "hf_two_calls",
+        "cudnn_maps+epilogue",
+        "cudnn+epilogue",
+        "cudnn+epilogue+vcopies",
+    ),
     "shared_k": ("sdpa", "cudnn_maps", "sdpa_maps", "sdpa+epilogue"),
 }
 #: a decoding class's routes: the fused kernel (its key-split forward and the combine) beside the table's fastest
@@ -86,8 +99,14 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
 
         columns[FLOOR] = with_backward(floor, [q, k, v], train)
     for route in routes:
-        fn = route_fn(route, {})
-        columns[route] = with_backward(lambda fn=fn: fn(p), p.leaves, train)
+        base, fused = split_fused(route)
+        fn = route_fn(base, {})
+
+        def call(fn=fn, fused=fused):
+            with switches_forced(fused):
+                return fn(p)
+
+        columns[route] = with_backward(call, p.leaves, train)
     return columns
 
 

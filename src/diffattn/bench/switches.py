@@ -1,6 +1,6 @@
-"""What a GPU run's `small` training step decides in the route table — the one home of those rules: the kernel
-switches (:data:`diffattn.ops.routes.TABLE_FLAGS`) and the first route of the class the step's attention calls are in
-where that class is a small one (:data:`diffattn.ops.routes.SMALL_WORK`).
+"""What a GPU run's `small` training step (and its kernels step) decides in the route table — the one home of those
+rules: the kernel switches (:data:`diffattn.ops.routes.TABLE_FLAGS`) and the first route of the class the step's
+attention calls are in where that class is a small one (:data:`diffattn.ops.routes.SMALL_WORK`).
 
 Why the step, not the route sweep: the switches move the DIFF layer's element-wise work into Triton kernels
 (``fused_head_norm`` the head norm into the epilogue's kernel, ``fused_lambda`` λ into kernels of its own), and a
@@ -16,6 +16,8 @@ interval (:func:`diffattn.bench.paired_ratio` of :attr:`~diffattn.bench.train_st
 where the interval lies wholly below 1, *slower* where wholly above — and the GPU busy time of one profiled step,
 which may be at most :data:`GPU_SLACK` times the other's.
 
+* **A switch whose gain is the GPU's work** (:data:`CALL_PAIRS`: ``fused_v_copies``, [V; V] by its kernels) is
+  decided on one call at the sweep's standard shape instead, from ``kernels.json`` (:func:`decide_calls`).
 * **A switch** (:data:`PAIRS`: the switched column against its plain twin) is **on** where it was faster at some
   length and slower at none, within the GPU slack everywhere; **off** where it was slower at some length or over the
   slack; **undecided** otherwise — inconclusive, a column missing, or a run without per-repetition times — and left
@@ -51,6 +53,11 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
 #: how much more GPU busy time a column may take and still count as no slower (one profiled step each: the same
 #: kernels' times vary by about that between steps)
 GPU_SLACK = 1.02
+#: per switch decided on one call rather than the step, (call class, switched route, plain route) of kernels.json
+#: (:mod:`diffattn.bench.call_kernels`): a switch whose gain is the GPU's work at the sweep's standard shape
+CALL_PAIRS: dict[str, tuple[str, str, str]] = {
+    "fused_v_copies": ("v1 d64 dv128 bf16 causal none train", "cudnn+epilogue+vcopies", "cudnn+epilogue"),
+}
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,29 @@ def _decide(rows: list[dict], pairs: tuple[tuple[str, str], ...]) -> Decision:
     return Decision(True, "; ".join(said))
 
 
+def decide_calls(results: list[dict]) -> dict[str, Decision]:
+    """Each switch of :data:`CALL_PAIRS` from kernels.json's results: **on** where the switched route's GPU busy time
+    per call (the mean of the profiled calls: steady to about 1%) is below the plain route's by more than
+    :data:`GPU_SLACK` and its wall time (median of interleaved rounds) at most :data:`GPU_SLACK` times the plain's;
+    **off** where either is above the plain's by more than that; undecided otherwise, or where a column is missing."""
+    out = {}
+    for flag, (cls, switched, plain) in CALL_PAIRS.items():
+        columns = next((r.get("columns", {}) for r in results if r.get("class") == cls), {})
+        a, b = columns.get(switched, {}), columns.get(plain, {})
+        if not all(_finite(c.get(k)) and c[k] > 0 for c in (a, b) for k in ("ms", "gpu_ms")):
+            out[flag] = Decision(None, f"kernels.json: no profiled times for both {switched} and {plain} in {cls}")
+            continue
+        wall, gpu = a["ms"] / b["ms"], a["gpu_ms"] / b["gpu_ms"]
+        line = f"{cls}: {switched} {gpu:.3f}x {plain} by GPU busy time, {wall:.3f}x by wall time"
+        if gpu > GPU_SLACK or wall > GPU_SLACK:
+            out[flag] = Decision(False, line)
+        elif gpu * GPU_SLACK < 1:
+            out[flag] = Decision(True, line)
+        else:
+            out[flag] = Decision(None, f"inconclusive: {line}")
+    return out
+
+
 def step_call_class(row: dict) -> str:
     """The route table's class of the DIFF model's attention calls in a train.json row (its preset, length, batch and
     dtype): :func:`diffattn.ops.routes.call_class` of the inputs the DIFF layer hands the op — both maps' query heads
@@ -138,7 +168,7 @@ def step_call_class(row: dict) -> str:
     import torch
 
     from ..models.build import model_config
-    from ..ops import _inputs, routes
+    from ..ops import routes, validate
     from .train_step import DTYPES
 
     config = model_config(row["preset"], "diff")
@@ -148,7 +178,7 @@ def step_call_class(row: dict) -> str:
     q1, q2 = (torch.empty(b, h, n, d, device="meta", dtype=dtype) for _ in range(2))
     k1, k2 = (torch.empty(b, hkv, n, d, device="meta", dtype=dtype) for _ in range(2))  # two maps' keys: DIFF V1
     v = torch.empty(b, hkv, n, 2 * d, device="meta", dtype=dtype)
-    inp = _inputs.validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None)
+    inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None)
     return routes.call_class(inp, grad=True)
 
 
@@ -244,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"switches: cannot read {args.run / 'train.json'}: {err}", file=sys.stderr)
         return 2
     decisions = decide(rows)
+    try:  # the switches decided on one call: from the kernels step, where the run has it
+        decisions |= decide_calls(json.loads((args.run / "kernels.json").read_text()))
+    except (OSError, ValueError) as err:
+        decisions |= {flag: Decision(None, f"no kernels.json: {err}") for flag in CALL_PAIRS}
     for flag, decision in decisions.items():
         state = {True: "on", False: "off", None: "undecided"}[decision.on]
         print(f"{flag}: {state} — {decision.why}")

@@ -53,7 +53,20 @@ COLUMNS = {
 }
 
 #: the suffixes of a forced column's backend that run it with a route-table switch on (module docstring), and which
-FUSED = {"+norm": "fused_head_norm", "+lambda": "fused_lambda"}
+#: (``+vcopies``: DIFF V1's [V; V] by its kernels, for calls above the small size — the step's at 4,096 tokens)
+FUSED = {"+norm": "fused_head_norm", "+lambda": "fused_lambda", "+vcopies": "fused_v_copies"}
+
+
+def switches_forced(fused: tuple[str, ...]) -> contextlib.ExitStack:
+    """A context in which each route-table switch of ``fused`` (:data:`FUSED`'s values) is forced on, the others left
+    as the table has them."""
+    from .. import ops
+
+    stack = contextlib.ExitStack()
+    for flag in fused:
+        stack.enter_context(ops._forced(flag, True))
+    return stack
+
 
 #: the precisions a step can run in: autocast dtype (None: plain float32)
 DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -102,8 +115,6 @@ def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = No
     forward under autocast, fp16 with a gradient scaler. ``compile_backend``: the forward through ``torch.compile``
     with that backend (the same parameters: the optimizer steps the model's own). ``fused``: the route-table switches
     (:data:`FUSED`'s values) forced on in the step (the rest as the table says)."""
-    from .. import ops
-
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     device_type = batch.device.type
     amp = DTYPES[dtype]
@@ -113,11 +124,7 @@ def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = No
     def step():
         opt.zero_grad(set_to_none=True)
         autocast = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
-        with (
-            autocast,
-            ops.fused_head_norm(True if "fused_head_norm" in fused else None),
-            ops.fused_lambda(True if "fused_lambda" in fused else None),
-        ):
+        with autocast, switches_forced(fused):
             # no KV cache, as diffattn.train's Trainer runs (TrainingArguments.use_cache, default False): with the
             # config's default (True) every layer would copy its K and V into a DynamicCache each step
             loss = forward(input_ids=batch, labels=batch, use_cache=False).loss

@@ -93,6 +93,7 @@ __all__ = [
     "diff_attention_stacked",
     "fused_head_norm",
     "fused_lambda",
+    "fused_v_copies",
     "hidden_keys",
     "interleaved_pair",
     "output_through_maps",
@@ -664,6 +665,14 @@ def fused_head_norm(enabled: bool | None):
     :func:`diffattn.ops.routes.table_flag`). For benchmarks that time both, and tests. Under torch.compile the
     setting at trace time is what the compiled code keeps."""
     return _forced("fused_head_norm", enabled)
+
+
+def fused_v_copies(enabled: bool | None):
+    """Within the block, the one-call routes build DIFF V1's [V; V] and its gradient by the kernels of
+    :mod:`diffattn.ops.triton.vcopies` (True) or by PyTorch's copy (False), for calls above
+    :data:`diffattn.ops.routes.SMALL_WORK`; None: as the route table says for the device (the default). As
+    :func:`fused_head_norm`; eager only."""
+    return _forced("fused_v_copies", enabled)
 
 
 def fused_lambda(enabled: bool | None):

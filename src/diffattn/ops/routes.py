@@ -77,6 +77,11 @@ SMALL_WORK = 2**32
 SMALL = " small"
 
 
+def small_work(inp: DiffAttentionInputs) -> bool:
+    """Whether the call does at most :data:`SMALL_WORK` (B·H·T·S·d): a ``small`` call, whose time is the host's."""
+    return inp.batch * inp.num_heads * inp.q_len * inp.kv_len * inp.head_dim <= SMALL_WORK
+
+
 def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     """The route table's key for this call, e.g. ``"v1 d64 dv128 bf16 causal none train"``, or ``"… train small"``
     for a call of at most :data:`SMALL_WORK` (module docstring). ``grad``: whether a gradient will
@@ -88,7 +93,7 @@ def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     pair = "shared_k" if inp.shares_keys else "v1"
     dtype = _DTYPES.get(inp.q1.dtype, str(inp.q1.dtype).removeprefix("torch."))
     causal = "causal" if inp.causal else "full"
-    small = mode != "decode" and inp.batch * inp.num_heads * inp.q_len * inp.kv_len * inp.head_dim <= SMALL_WORK
+    small = mode != "decode" and small_work(inp)
     return f"{pair} d{inp.head_dim} dv{inp.v_dim} {dtype} {causal} {mask_class(inp)} {mode}" + (SMALL if small else "")
 
 
@@ -255,13 +260,16 @@ listed_routes._dynamo_marked_constant = True  # type: ignore[attr-defined]
 read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-#: an entry's switches for the DIFF layer's element-wise work in Triton kernels, each absent = false: nothing changes
-#: what runs before a GPU has timed it (the `small` step's columns ``+norm`` and ``+lambda``, diffattn.bench.train_step)
+#: an entry's switches for work around the attention call in Triton kernels, each absent = false: nothing changes
+#: what runs before a GPU has timed it (diffattn.bench.switches decides them from a run's measurements)
 #: — ``fused_head_norm``: an ``<route>+epilogue`` route norms the head in its kernel (:class:`diffattn.ops.HeadNorm`);
-#: ``fused_lambda``: DIFF's λ (Eq. 2) by one kernel each way (:mod:`diffattn.ops.triton.reparam`)
-TABLE_FLAGS = ("fused_head_norm", "fused_lambda")
-#: a flag's answer where forced (:func:`diffattn.ops.fused_head_norm`, :func:`diffattn.ops.fused_lambda`: benchmarks
-#: and tests); None: the table's
+#: ``fused_lambda``: DIFF's λ (Eq. 2) by one kernel each way (:mod:`diffattn.ops.triton.reparam`) — both timed in the
+#: `small` step (train.json's ``+norm`` and ``+lambda`` columns); ``fused_v_copies``: a one-call route's [V; V] and its
+#: gradient by one kernel each way for calls above :data:`SMALL_WORK` (:mod:`diffattn.ops.triton.vcopies`), timed on
+#: one call at the sweep's standard shape (kernels.json's ``+vcopies`` column)
+TABLE_FLAGS = ("fused_head_norm", "fused_lambda", "fused_v_copies")
+#: a flag's answer where forced (:func:`diffattn.ops.fused_head_norm`, :func:`diffattn.ops.fused_lambda`,
+#: :func:`diffattn.ops.fused_v_copies`: benchmarks and tests); None: the table's
 FORCED_FLAGS: dict[str, bool | None] = dict.fromkeys(TABLE_FLAGS)
 
 
@@ -289,6 +297,13 @@ def lambda_in_kernel(index: int | None) -> bool:
     """Whether DIFF's λ is computed by the kernels of :mod:`diffattn.ops.triton.reparam` on CUDA device ``index``
     (:func:`table_flag` ``fused_lambda``), or by PyTorch's ops."""
     return table_flag("fused_lambda", index)
+
+
+def v_copies_in_kernel(index: int | None) -> bool:
+    """Whether a one-call route builds DIFF V1's [V; V] (and its gradient) by the kernels of
+    :mod:`diffattn.ops.triton.vcopies` on CUDA device ``index`` (:func:`table_flag` ``fused_v_copies``; for calls above
+    :data:`SMALL_WORK`), or by PyTorch's copy."""
+    return table_flag("fused_v_copies", index)
 
 
 def without_size(cls: str) -> str:

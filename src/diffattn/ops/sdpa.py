@@ -52,6 +52,7 @@ from ._inputs import (
     interleaved_pair,
     v_from_halves,
 )
+from .routes import small_work, v_copies_in_kernel
 
 
 def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[torch.Tensor | None, bool]:
@@ -88,9 +89,31 @@ def _one_call_operands(inp: DiffAttentionInputs):
     # [B, 2H, T, d] over [B, 2Hkv, S, d]: map 1's heads, then map 2's
     q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))
     if inp.v_stacked is not None:
-        return q, k, v_from_halves(inp.v_stacked, copies=2), "stacked"  # [V; V] in one copy
+        return q, k, v_twice(inp), "stacked"  # [V; V] in one copy
     v = inp.v
     return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
+
+
+def v_twice(inp: DiffAttentionInputs) -> torch.Tensor:
+    """[V; V] from V's stacked halves (``inp.v_stacked``): by the kernels of :mod:`diffattn.ops.triton.vcopies` where
+    the route table switches them on for the device (:func:`diffattn.ops.routes.v_copies_in_kernel`), for a call above
+    :data:`~diffattn.ops.routes.SMALL_WORK`, in eager mode, where they can run (CUDA, or Triton's interpreter); else by
+    PyTorch's one copy (:func:`diffattn.ops._inputs.v_from_halves`). The same values and layout either way."""
+    v = inp.v_stacked
+    switched = v_copies_in_kernel(v.device.index if v.is_cuda else None) and not small_work(inp)
+    if switched and not torch.compiler.is_compiling() and (v.is_cuda or _interpreted()):
+        from .triton.vcopies import v_twice_from_halves
+
+        return v_twice_from_halves(v)
+    return v_from_halves(v, copies=2)
+
+
+def _interpreted() -> bool:
+    try:
+        from .triton import tuning
+    except ImportError:  # no triton: nothing to interpret
+        return False
+    return tuning.INTERPRETED
 
 
 def _combine(

@@ -1,0 +1,143 @@
+"""DIFF V1's value heads twice over, ``[V; V]``, for the one-call routes (docs/methods.md §0; DIFF Transformer Eq. 1),
+by one Triton kernel each way.
+
+What. A route that makes one SDPA call over both maps' query heads stacked (``sdpa``, ``cudnn``, ``sdpa_split``) hands
+that call keys ``[K1; K2]`` (2Hkv heads) and so needs a value head per key head: ``[V; V]`` [B, 2Hkv, S, 2w], where
+DIFF head j's V is ``[v_j | v_(j + Hkv)]``, the column halves DiffLlama keeps as two heads of width w
+(:func:`diffattn.ops._inputs.v_from_halves` with ``copies=2``, whose layout this keeps). The forward reads each half
+once and writes the four places it goes; the backward reads the two copies' gradients and writes V's gradient in V's
+own layout — dv_j = dV_j[:w] + dV_(j + Hkv)[:w], dv_(j + Hkv) = dV_j[w:] + dV_(j + Hkv)[w:] — in float32, one
+rounding (as PyTorch's sum of the two copies).
+
+Why. PyTorch builds [V; V] from the halves by one generic strided copy, and its backward by a sum over the copies
+and one more copy into V's layout: on the H200 of 2026-11-28 those kernels took 0.29 + 0.15 ms of ``cudnn+epilogue``'s
+4.02 ms of GPU time at batch·N = 16K, d = 64 (``benchmarks/gpu-runs/h200-2026-11-28/kernels.json``) — 0.6 TB/s and
+1.3 TB/s where the GPU moves ~4.8 — and issue 34's 1.55x is 0.28 ms below that route. Whether these kernels are faster
+is measured on a GPU before the route table switches them on (:func:`diffattn.ops.routes.v_copies_in_kernel`,
+``"fused_v_copies"``), and they are used for calls above :data:`diffattn.ops.routes.SMALL_WORK` only: a small call's
+time is the host's, where a Triton launch's own cost is not known to be below a copy's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._inputs import heads_inside_tokens
+from . import tuning
+from .launch import _on_device
+
+
+@triton.jit
+def _tile(X, base, rows, cols, stride_s, ok):
+    return tl.load(X + base + rows[:, None] * stride_s + cols[None, :], mask=ok)
+
+
+@triton.jit
+def _v_twice_fwd_kernel(
+    V, OUT, HKV, S, W, svb, svh, svs, sob, soh, sos, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr
+):  # fmt: skip
+    # one program: DIFF head j's halves v_j, v_(j + Hkv) over BLOCK_S keys of one batch row, written to heads j and
+    # j + Hkv of OUT, each [v_j | v_(j + Hkv)] (64-bit offsets: a cache's V may pass 2³¹ elements)
+    bh = tl.program_id(1)
+    b, j = (bh // HKV).to(tl.int64), (bh % HKV).to(tl.int64)
+    rows = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_W)
+    ok = (rows < S)[:, None] & (cols < W)[None, :]
+    va = _tile(V, b * svb + j * svh, rows, cols, svs, ok)
+    vb = _tile(V, b * svb + (j + HKV) * svh, rows, cols, svs, ok)
+    at = rows[:, None] * sos + cols[None, :]
+    for copy in tl.static_range(2):
+        head = OUT + b * sob + (j + copy * HKV) * soh
+        tl.store(head + at, va, mask=ok)
+        tl.store(head + W + at, vb, mask=ok)
+
+
+@triton.jit
+def _v_twice_bwd_kernel(
+    G, DV, HKV, S, W, sgb, sgh, sgs, sdb, sdh, sds, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr
+):  # fmt: skip
+    # one program: the gradients of DIFF head j's halves over BLOCK_S keys: each half's two copies summed in float32
+    bh = tl.program_id(1)
+    b, j = (bh // HKV).to(tl.int64), (bh % HKV).to(tl.int64)
+    rows = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_W)
+    ok = (rows < S)[:, None] & (cols < W)[None, :]
+    first, second = b * sgb + j * sgh, b * sgb + (j + HKV) * sgh
+    da = _tile(G, first, rows, cols, sgs, ok).to(tl.float32) + _tile(G, second, rows, cols, sgs, ok).to(tl.float32)
+    db = _tile(G, first + W, rows, cols, sgs, ok).to(tl.float32) + _tile(G, second + W, rows, cols, sgs, ok).to(
+        tl.float32
+    )
+    at = rows[:, None] * sds + cols[None, :]
+    out_type = DV.dtype.element_ty
+    tl.store(DV + b * sdb + j * sdh + at, da.to(out_type), mask=ok)
+    tl.store(DV + b * sdb + (j + HKV) * sdh + at, db.to(out_type), mask=ok)
+
+
+#: elements of one half a program moves (a tile of BLOCK_S keys × the half's padded width)
+_TILE_ELEMENTS = 4096
+
+
+def _launch(kernel, x: torch.Tensor, out: torch.Tensor, hkv: int, s: int, w: int) -> None:
+    block_w = max(16, triton.next_power_of_2(w))
+    block_s = 4 if tuning.INTERPRETED else max(1, _TILE_ELEMENTS // block_w)  # a few rows: tests span programs
+    (sxb, sxh, sxs), (sob, soh, sos) = x.stride()[:3], out.stride()[:3]
+    with _on_device(x.device):
+        grid = (triton.cdiv(s, block_s), x.shape[0] * hkv)
+        kernel[grid](x, out, hkv, s, w, sxb, sxh, sxs, sob, soh, sos, BLOCK_S=block_s, BLOCK_W=block_w,
+                     num_warps=1 if tuning.INTERPRETED else 4)  # fmt: skip
+
+
+def _twice_like(v: torch.Tensor) -> torch.Tensor:
+    """An empty [V; V] [B, 2Hkv, S, 2w] in the layout :func:`diffattn.ops._inputs.v_from_halves` gives it: tokens
+    outside heads where ``v`` has them so (a projection's view), contiguous otherwise (a cache's)."""
+    b, two_hkv, s, w = v.shape
+    if heads_inside_tokens(v):
+        return v.new_empty(b, s, two_hkv, 2 * w).transpose(1, 2)
+    return v.new_empty(b, two_hkv, s, 2 * w)
+
+
+def _v_twice_impl(v: torch.Tensor) -> torch.Tensor:
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    out = _twice_like(v)
+    _, two_hkv, s, w = v.shape
+    if out.numel():
+        _launch(_v_twice_fwd_kernel, v, out, two_hkv // 2, s, w)
+    return out
+
+
+def _v_twice_bwd_impl(g: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
+    """V's gradient written into ``dv`` (empty, V's shape) from the copies' gradient ``g``; ``dv`` returned."""
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    _, two_hkv, s, w = dv.shape
+    if dv.numel():
+        _launch(_v_twice_bwd_kernel, g, dv, two_hkv // 2, s, w)
+    return dv
+
+
+class _VTwice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v):
+        # V's gradient in V's own layout (its dimension order, dense: what empty_like gives), so it flows on to the
+        # projection with no copy — the layout kept, not V (which nothing else needs alive)
+        like = torch.empty_like(v, device="meta")
+        ctx.grad_layout = (like.shape, like.stride(), v.dtype, v.device)
+        return _v_twice_impl(v)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's gradient has no graph: a second derivative raises
+    def backward(ctx, g):
+        shape, stride, dtype, device = ctx.grad_layout
+        return _v_twice_bwd_impl(g, torch.empty_strided(shape, stride, dtype=dtype, device=device))
+
+
+def v_twice_from_halves(v: torch.Tensor) -> torch.Tensor:
+    """``v_from_halves(v, copies=2)`` (the same values and layout) by the kernels of this module; differentiable once,
+    in eager mode (under torch.compile the caller takes PyTorch's ops, which inductor fuses itself). ``v``: DiffLlama's
+    V [B, 2Hkv, S, w], its last dimension dense."""
+    if v.dim() != 4 or v.shape[1] % 2:
+        raise ValueError(f"v must be [B, 2Hkv, S, w] (an even head count), got shape {tuple(v.shape)}")
+    if torch.is_grad_enabled() and v.requires_grad:
+        return _VTwice.apply(v)
+    return _v_twice_impl(v)
