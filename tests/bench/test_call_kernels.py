@@ -97,3 +97,12 @@ def test_a_route_with_a_switchs_suffix_runs_with_that_switch_forced_on(monkeypat
     result = ck.run(ck.DEFAULT_CLASSES[0], ("sdpa", "sdpa+vcopies"), device="cpu", scale="tiny", progress=print)
     assert list(result["columns"]) == ["baseline", "sdpa", "sdpa+vcopies"]
     assert True in seen and False in seen and not routes.v_copies_in_kernel(None), "forced in its column only"
+
+
+def test_v1_at_d128_times_its_own_routes_with_and_without_v_twice_by_kernels():
+    # issue 34's d = 128 target: the table's route (sdpa_split+epilogue) and cuDNN's one call, each with [V; V] by its
+    # kernels beside it (diffattn.bench.switches decides fused_v_copies from these pairs too)
+    key = ck.DEFAULT_CLASSES[3]
+    assert key == "v1 d128 dv256 bf16 causal none train"
+    result = ck.run(key, device="cpu", scale="tiny", progress=lambda m: None)
+    assert set(result["columns"]) | set(result["failed"]) == {"baseline", ck.FLOOR, *ck.CLASS_ROUTES[key]}

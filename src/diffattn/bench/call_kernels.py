@@ -58,7 +58,18 @@ DEFAULT_CLASSES = (
     "v1 d64 dv128 bf16 causal none train",
     "shared_k d64 dv64 bf16 causal none train",
     "v1 d64 dv128 bf16 causal none decode",
+    "v1 d128 dv256 bf16 causal none train",
 )
+#: a class's own routes where it has them (else its pair's, :data:`DEFAULT_ROUTES`): V1 at d = 128, whose fastest
+#: route on the H200 (2026-11-28, 2.51x against issue 34's 2.3x) and cuDNN's one call, each with [V; V] by its kernels
+CLASS_ROUTES = {
+    "v1 d128 dv256 bf16 causal none train": (
+        "sdpa_split+epilogue",
+        "cudnn+epilogue",
+        "sdpa_split+epilogue+vcopies",
+        "cudnn+epilogue+vcopies",
+    ),
+}
 #: per pair, the routes beside the baseline: the fastest ones of the H200's table, the epilogue variants after them
 #: and what has never run on a GPU ([V; V] by its kernels) last, so that a crash there ends this process after the
 #: others' rows
@@ -112,13 +123,13 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
 
 def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device: str = "cuda", scale: str = "gpu",
         progress: Callable[[str], None] = print) -> dict:  # fmt: skip
-    """One class (a route table key) and ``routes`` (default: :data:`DEFAULT_ROUTES` of its pair, for decoding
-    :data:`DECODE_ROUTES`). Per column: ``ms`` (median per call, interleaved), ``ratio`` to the baseline, ``gpu_ms``
-    (busy per call) and ``kernels`` (per call); ``failed``: column → error line. ``scale="tiny"`` and a CPU device:
-    the columns run, nothing is profiled (tests)."""
+    """One class (a route table key) and ``routes`` (default: its own of :data:`CLASS_ROUTES`, else
+    :data:`DEFAULT_ROUTES` of its pair; for decoding :data:`DECODE_ROUTES`). Per column: ``ms`` (median per call,
+    interleaved), ``ratio`` to the baseline, ``gpu_ms`` (busy per call) and ``kernels`` (per call); ``failed``: column
+    → error line. ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled (tests)."""
     cls = CallClass.from_key(key)
     if routes is None:
-        routes = DECODE_ROUTES if cls.mode == "decode" else DEFAULT_ROUTES[cls.pair]
+        routes = DECODE_ROUTES if cls.mode == "decode" else CLASS_ROUTES.get(key, DEFAULT_ROUTES[cls.pair])
     shape = shape_of(cls, scale)
     p = make_problem(cls, **shape, device=device, dtype=DTYPES[cls.dtype], seed=1)
     columns, failed = {}, {}

@@ -53,10 +53,15 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
 #: how much more GPU busy time a column may take and still count as no slower (one profiled step each: the same
 #: kernels' times vary by about that between steps)
 GPU_SLACK = 1.02
-#: per switch decided on one call rather than the step, (call class, switched route, plain route) of kernels.json
-#: (:mod:`diffattn.bench.call_kernels`): a switch whose gain is the GPU's work at the sweep's standard shape
-CALL_PAIRS: dict[str, tuple[str, str, str]] = {
-    "fused_v_copies": ("v1 d64 dv128 bf16 causal none train", "cudnn+epilogue+vcopies", "cudnn+epilogue"),
+#: per switch decided on one call rather than the step, its (call class, switched route, plain route) of kernels.json
+#: (:mod:`diffattn.bench.call_kernels`): a switch whose gain is the GPU's work at the sweep's standard shape — [V; V]
+#: under the table's routes of DIFF V1 at d = 64 and d = 128
+CALL_PAIRS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "fused_v_copies": (
+        ("v1 d64 dv128 bf16 causal none train", "cudnn+epilogue+vcopies", "cudnn+epilogue"),
+        ("v1 d128 dv256 bf16 causal none train", "sdpa_split+epilogue+vcopies", "sdpa_split+epilogue"),
+        ("v1 d128 dv256 bf16 causal none train", "cudnn+epilogue+vcopies", "cudnn+epilogue"),
+    ),
 }
 
 
@@ -138,25 +143,34 @@ def _decide(rows: list[dict], pairs: tuple[tuple[str, str], ...]) -> Decision:
 
 
 def decide_calls(results: list[dict]) -> dict[str, Decision]:
-    """Each switch of :data:`CALL_PAIRS` from kernels.json's results: **on** where the switched route's GPU busy time
-    per call (the mean of the profiled calls: steady to about 1%) is below the plain route's by more than
-    :data:`GPU_SLACK` and its wall time (median of interleaved rounds) at most :data:`GPU_SLACK` times the plain's;
-    **off** where either is above the plain's by more than that; undecided otherwise, or where a column is missing."""
+    """Each switch of :data:`CALL_PAIRS` from kernels.json's results, pair by pair: a pair is *faster* where the
+    switched route's GPU busy time per call (the mean of the profiled calls: steady to about 1%) is below the plain
+    route's by more than :data:`GPU_SLACK` and its wall time (median of interleaved rounds) at most that much above;
+    *slower* where either is above by more than that. **On** where some pair was faster and none slower; **off** where
+    one was slower; undecided otherwise — inconclusive, or a pair's columns missing (a class the run did not reach)."""
     out = {}
-    for flag, (cls, switched, plain) in CALL_PAIRS.items():
-        columns = next((r.get("columns", {}) for r in results if r.get("class") == cls), {})
-        a, b = columns.get(switched, {}), columns.get(plain, {})
-        if not all(_finite(c.get(k)) and c[k] > 0 for c in (a, b) for k in ("ms", "gpu_ms")):
-            out[flag] = Decision(None, f"kernels.json: no profiled times for both {switched} and {plain} in {cls}")
-            continue
-        wall, gpu = a["ms"] / b["ms"], a["gpu_ms"] / b["gpu_ms"]
-        line = f"{cls}: {switched} {gpu:.3f}x {plain} by GPU busy time, {wall:.3f}x by wall time"
-        if gpu > GPU_SLACK or wall > GPU_SLACK:
-            out[flag] = Decision(False, line)
-        elif gpu * GPU_SLACK < 1:
-            out[flag] = Decision(True, line)
+    for flag, pairs in CALL_PAIRS.items():
+        said, faster, slower, missing = [], False, None, []
+        for cls, switched, plain in pairs:
+            columns = next((r.get("columns", {}) for r in results if r.get("class") == cls), {})
+            a, b = columns.get(switched, {}), columns.get(plain, {})
+            if not all(_finite(c.get(k)) and c[k] > 0 for c in (a, b) for k in ("ms", "gpu_ms")):
+                missing.append(f"no profiled times for both {switched} and {plain} in {cls}")
+                continue
+            wall, gpu = a["ms"] / b["ms"], a["gpu_ms"] / b["gpu_ms"]
+            line = f"{cls}: {switched} {gpu:.3f}x {plain} by GPU busy time, {wall:.3f}x by wall time"
+            if gpu > GPU_SLACK or wall > GPU_SLACK:
+                slower = slower or line
+            faster = faster or gpu * GPU_SLACK < 1
+            said.append(line)
+        if slower:
+            out[flag] = Decision(False, slower)
+        elif missing:
+            out[flag] = Decision(None, "kernels.json: " + "; ".join(missing))
+        elif faster:
+            out[flag] = Decision(True, "; ".join(said))
         else:
-            out[flag] = Decision(None, f"inconclusive: {line}")
+            out[flag] = Decision(None, "inconclusive: " + "; ".join(said))
     return out
 
 
