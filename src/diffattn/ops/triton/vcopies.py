@@ -35,16 +35,23 @@ def _tile(X, base, rows, cols, stride_s, ok):
 
 
 @triton.jit
+def _program(HKV, S, W, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
+    # this program's batch row b and DIFF head j (grid axis 1), its BLOCK_S keys (axis 0), a half's BLOCK_W columns and
+    # which of them exist (64-bit offsets: a cache's V may pass 2³¹ elements)
+    bh = tl.program_id(1)
+    rows = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_W)
+    ok = (rows < S)[:, None] & (cols < W)[None, :]
+    return (bh // HKV).to(tl.int64), (bh % HKV).to(tl.int64), rows, cols, ok
+
+
+@triton.jit
 def _v_twice_fwd_kernel(
     V, OUT, HKV, S, W, svb, svh, svs, sob, soh, sos, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr
 ):  # fmt: skip
     # one program: DIFF head j's halves v_j, v_(j + Hkv) over BLOCK_S keys of one batch row, written to heads j and
-    # j + Hkv of OUT, each [v_j | v_(j + Hkv)] (64-bit offsets: a cache's V may pass 2³¹ elements)
-    bh = tl.program_id(1)
-    b, j = (bh // HKV).to(tl.int64), (bh % HKV).to(tl.int64)
-    rows = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_W)
-    ok = (rows < S)[:, None] & (cols < W)[None, :]
+    # j + Hkv of OUT, each [v_j | v_(j + Hkv)]
+    b, j, rows, cols, ok = _program(HKV, S, W, BLOCK_S, BLOCK_W)
     va = _tile(V, b * svb + j * svh, rows, cols, svs, ok)
     vb = _tile(V, b * svb + (j + HKV) * svh, rows, cols, svs, ok)
     at = rows[:, None] * sos + cols[None, :]
@@ -59,11 +66,7 @@ def _v_twice_bwd_kernel(
     G, DV, HKV, S, W, sgb, sgh, sgs, sdb, sdh, sds, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr
 ):  # fmt: skip
     # one program: the gradients of DIFF head j's halves over BLOCK_S keys: each half's two copies summed in float32
-    bh = tl.program_id(1)
-    b, j = (bh // HKV).to(tl.int64), (bh % HKV).to(tl.int64)
-    rows = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_W)
-    ok = (rows < S)[:, None] & (cols < W)[None, :]
+    b, j, rows, cols, ok = _program(HKV, S, W, BLOCK_S, BLOCK_W)
     first, second = b * sgb + j * sgh, b * sgb + (j + HKV) * sgh
     da = _tile(G, first, rows, cols, sgs, ok).to(tl.float32) + _tile(G, second, rows, cols, sgs, ok).to(tl.float32)
     db = _tile(G, first + W, rows, cols, sgs, ok).to(tl.float32) + _tile(G, second + W, rows, cols, sgs, ok).to(
