@@ -136,6 +136,8 @@ def test_a_one_call_route_takes_the_kernels_where_switched_on_above_the_small_si
         assert torch.equal(got, want)
     launches.clear()
     _run(q, k, v, backend)  # the switch ends with its block: off, as the table has it off CUDA
+    with ops.fused_v_copies(True):  # float64 keeps PyTorch's copy: the kernel sums in float32
+        _run(*(x.detach().double().requires_grad_() for x in (q, k, v)), backend)
     assert launches == []
 
 

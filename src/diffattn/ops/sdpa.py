@@ -97,11 +97,12 @@ def _one_call_operands(inp: DiffAttentionInputs):
 def v_twice(inp: DiffAttentionInputs) -> torch.Tensor:
     """[V; V] from V's stacked halves (``inp.v_stacked``): by the kernels of :mod:`diffattn.ops.triton.vcopies` where
     the route table switches them on for the device (:func:`diffattn.ops.routes.v_copies_in_kernel`), for a call above
-    :data:`~diffattn.ops.routes.SMALL_WORK`, in eager mode, where they can run (CUDA, or Triton's interpreter); else by
-    PyTorch's one copy (:func:`diffattn.ops._inputs.v_from_halves`). The same values and layout either way."""
+    :data:`~diffattn.ops.routes.SMALL_WORK`, in eager mode, where they can run (CUDA, or Triton's interpreter) and sum
+    in float32 without loss (not float64); else by PyTorch's one copy (:func:`diffattn.ops._inputs.v_from_halves`).
+    The same values and layout either way."""
     v = inp.v_stacked
     switched = v_copies_in_kernel(v.device.index if v.is_cuda else None) and not small_work(inp)
-    if switched and not torch.compiler.is_compiling() and (v.is_cuda or _interpreted()):
+    if switched and v.dtype != torch.float64 and not torch.compiler.is_compiling() and (v.is_cuda or _interpreted()):
         from .triton.vcopies import v_twice_from_halves
 
         return v_twice_from_halves(v)
