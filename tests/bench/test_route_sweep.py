@@ -428,3 +428,43 @@ def test_the_checks_gradient_is_not_its_inputs_values():
                              torch.Generator().manual_seed(3 + rs.COTANGENT_SEED_OFFSET))  # fmt: skip
     first = cot.transpose(1, 2).reshape(-1)[:1000]
     assert not any(torch.equal(first, x.detach().reshape(-1)[:1000]) for x in p.leaves if x.is_floating_point())
+
+
+def test_a_second_sweep_in_the_same_folder_extends_the_first_and_loses_nothing(tmp_path, monkeypatch):
+    # a lease's second call (e.g. SWEEP_PLAN=kernel STEPS=sweep after the whole first call) sweeps into the same
+    # folder: it extends that call's entry, not the shipped one — its measurements kept where not timed again, what
+    # the step decided in it kept — and the first call's routes.md and routes.jsonl are set aside, not overwritten
+    a, b = rs.CallClass("v1", 16, dtype="fp32"), rs.CallClass("v1", 16, dtype="fp32", mode="infer")
+    ok = {"status": "ok", "correct": True, "base_ms": 0.5, **rs.CURRENT}
+    shipped = tmp_path / "shipped.json"
+    shipped.write_text(json.dumps({"format": 1, "entries": []}))
+    monkeypatch.setattr(routes, "ROUTE_TABLE", shipped)
+    calls = iter([
+        [{"route": "sdpa", "class": a.key, **ok, "ms": 1.0, "ratio": 2.0},
+         {"route": "sdpa", "class": b.key, **ok, "ms": 1.0, "ratio": 2.0}],
+        [{"route": "chunked", "class": a.key, **ok, "ms": 0.9, "ratio": 1.8}],
+    ])  # fmt: skip
+
+    monkeypatch.setattr(rs, "sweep", lambda plan, out, **kw: next(calls))
+    out = tmp_path / "run"
+    out.mkdir()
+    rs.run(out, 60, plan=[("sdpa", a), ("sdpa", b)], device="cpu", identity=IDENTITY, progress=lambda m: None)
+    first = routes.check_table(json.loads((out / "route_table.json").read_text()))
+    first[0]["fused_v_copies"] = True  # what diffattn.bench.switches decided after the first call's step
+    first[0]["step_first"] = {b.key: "sdpa"}
+    (out / "route_table.json").write_text(json.dumps({"format": 1, "entries": first}))
+    rs.run(out, 60, plan=[("chunked", a)], device="cpu", identity=IDENTITY, progress=lambda m: None)
+    entry = routes.check_table(json.loads((out / "route_table.json").read_text()))[-1]
+    assert entry["routes"] == {a.key: ["chunked", "sdpa"], b.key: ["sdpa"]}, "the first call's sdpa rows kept"
+    assert entry["fused_v_copies"] is True and entry["step_first"] == {b.key: "sdpa"}
+    assert (out / "routes-1.md").exists() and "chunked" not in (out / "routes-1.md").read_text()
+    assert "chunked" in (out / "routes.md").read_text()
+
+
+def test_setting_aside_takes_the_first_free_number_and_a_sweep_sets_its_raw_rows_aside(tmp_path):
+    assert rs.set_aside(tmp_path / "routes.jsonl") is None
+    (tmp_path / "routes.jsonl").write_text("1")
+    assert rs.set_aside(tmp_path / "routes.jsonl") == tmp_path / "routes-1.jsonl"
+    (tmp_path / "routes.jsonl").write_text("2")  # an earlier sweep's raw rows
+    assert rs.sweep([], tmp_path, device="cpu", budget_s=1, progress=lambda m: None) == []
+    assert (tmp_path / "routes-1.jsonl").read_text() == "1" and (tmp_path / "routes-2.jsonl").read_text() == "2"

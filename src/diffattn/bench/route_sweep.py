@@ -744,8 +744,7 @@ def sweep(
     "error: …", "crashed: …", "timed out", or "skipped: budget spent")."""
     out.mkdir(parents=True, exist_ok=True)
     results = out / "routes.jsonl"
-    if results.exists():
-        results.unlink()  # ours: the previous sweep's raw rows, rewritten below
+    set_aside(results)  # an earlier sweep's raw rows into this folder (a first call of the same lease): kept
     deadline = time.monotonic() + budget_s
     batches = worker_batches(plan, first, again)
     if warm_s > 0:
@@ -1204,15 +1203,32 @@ def with_earlier_measurements(records: list[dict], earlier: dict | None) -> list
     return out
 
 
+def set_aside(path: Path) -> Path | None:
+    """An earlier run's file at ``path`` renamed to the first free ``<stem>-<n><suffix>`` beside it (returned), so that
+    writing ``path`` anew loses nothing; None where there is none."""
+    if not path.exists():
+        return None
+    n = 1
+    while (aside := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
+        n += 1
+    path.rename(aside)
+    return aside
+
+
 def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, plan=None, **kw) -> dict:
-    """The whole sweep on this GPU: records, the table entry merged into a copy of the shipped table
-    (``out/route_table.json``), and ``out/routes.md``."""
+    """The whole sweep on this GPU: records, the table entry merged into a copy of the table it extends
+    (``out/route_table.json``), and ``out/routes.md``. The table extended is ``out/route_table.json`` itself where an
+    earlier call of the same lease wrote one there — its entry is the earlier measurements this sweep keeps and
+    extends, with what a step decided in it (:func:`merge_entry`) — else the shipped one; an earlier ``routes.md`` and
+    ``routes.jsonl`` are set aside (:func:`set_aside`), not overwritten."""
     from ..files import write_text_atomic
-    from ..ops.routes import ROUTE_TABLE, device_identity, entry_for
+    from ..ops.routes import ROUTE_TABLE, device_identity, entry_for, load_entries
 
     start = time.monotonic()
     identity = kw.pop("identity", None) or device_identity()
-    table_path = kw.pop("table_path", ROUTE_TABLE)
+    own = out / "route_table.json"
+    table_path = kw.pop("table_path", None) or (own if own.exists() else ROUTE_TABLE)
+    load_entries.cache_clear()  # the table as it is now: an earlier run in this process may have written it
     device = kw.get("device", "cuda")
     matmul = matmul_tflops(device) if device == "cuda" else None
     earlier = entry_for(identity, str(table_path))  # the newest entry of this device and software, or None
@@ -1226,7 +1242,8 @@ def run(out: Path, budget_s: float, progress: Callable[[str], None] = print, pla
     records = with_earlier_measurements(records, earlier)
     entry = table_entry(records, identity, datetime.date.today().isoformat())
     entry["matmul_tflops"] = matmul
-    merge_entry(table_path, entry, out / "route_table.json")
+    merge_entry(table_path, entry, own)
+    set_aside(out / "routes.md")
     write_text_atomic(out / "routes.md", to_markdown(records, entry, matmul))
     return {"records": records, "entry": entry, "matmul_tflops": matmul}
 
