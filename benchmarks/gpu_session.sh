@@ -10,6 +10,8 @@
 #                                              diffattn.bench.switches)
 #   train_decided.json                         where that decided anything: the step again, default columns, with the
 #                                              table as decided (what auto runs from then on; bench.targets reads it)
+#   routes-1.md, routes-1.jsonl                where fused_v_copies went on: the first sweep's, set aside by a second
+#                                              one of V1's one-call routes with it (routes.md, route_table.json)
 #   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens) and one V1 decoding
 #                                              call: each route's kernels beside the baseline's and a stacked cuDNN
 #                                              call's (bench.call_kernels)
@@ -23,8 +25,8 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
-# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, 830m, decode,
-# compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, resweep, 830m,
+# decode, compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
 # budget left for, e.g. STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
@@ -35,7 +37,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,layout,train,kernels,830m,decode,compiled,tests}
+STEPS=${STEPS:-sweep,layout,train,kernels,resweep,830m,decode,compiled,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -117,6 +119,11 @@ gpu_tests() {
   want train && grep -q -e ": on —" -e ": moved:" "$OUT/switches.txt" 2>/dev/null && \
     step 90 "train step, bf16, small, with the table as the step decided" $PY -m diffattn -v bench train-step \
     --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train_decided.json"
+  # where [V; V] by its kernels went on: V1's one-call routes timed again on its training classes (d = 64 and 128),
+  # now with it (the sweep extends this run's entry: route_sweep --plan v_copies), so the targets read them as they run
+  want resweep && grep -q "^fused_v_copies: on" "$OUT/switches.txt" 2>/dev/null && \
+    step 90 "route sweep again: V1's one-call routes with [V; V] by its kernels" $PY -m diffattn.bench.route_sweep \
+    --out "$OUT" --budget-s 70 --warm-s 0 --plan v_copies
   # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for
   # DIFF V1 (sdpa_maps+epilogue) forced beside auto: the step said 1.25x with the one and 1.45x with the other, a
   # lease apart (six 830M models with AdamW: ~80 GB; where they do not fit a forced column is NaN with its error)

@@ -468,3 +468,23 @@ def test_setting_aside_takes_the_first_free_number_and_a_sweep_sets_its_raw_rows
     (tmp_path / "routes.jsonl").write_text("2")  # an earlier sweep's raw rows
     assert rs.sweep([], tmp_path, device="cpu", budget_s=1, progress=lambda m: None) == []
     assert (tmp_path / "routes-1.jsonl").read_text() == "1" and (tmp_path / "routes-2.jsonl").read_text() == "2"
+
+
+def test_the_v_copies_plan_times_v1s_one_call_routes_again_and_a_record_names_the_switches_on():
+    # after the kernels step turned fused_v_copies on in a run's table, the lease times the routes that build [V; V]
+    # again on V1's training classes, and each record says which switches were on while it was timed
+    from diffattn import ops
+
+    plan = rs.v_copies_plan()  # (that these routes take the switch: tests/ops/test_vcopies.py)
+    assert {cls.key for _, cls in plan} == {
+        "v1 d64 dv128 bf16 causal none train",
+        "v1 d128 dv256 bf16 causal none train",
+    }
+    assert {route for route, _ in plan} == set(rs.V_TWICE_ROUTES)
+    assert all(route.removesuffix("+epilogue") in ("cudnn", "sdpa", "sdpa_split") for route in rs.V_TWICE_ROUTES)
+    assert rs.switches_on("cpu") == {}
+    with ops.fused_v_copies(True):
+        assert rs.switches_on("cpu") == {"switches": ["fused_v_copies"]}
+    record = {"status": "ok", "correct": True, "measured": "2026-11-28", "switches": ["fused_v_copies"]}
+    assert rs._status_cell(record) == "ok (2026-11-28, fused_v_copies)"
+    assert rs._status_cell({"status": "ok", "correct": True}) == "ok"

@@ -657,6 +657,18 @@ def _fatal(text: str) -> bool:
     return poisons_cuda_context(text) or "CUDA error" in text
 
 
+def switches_on(device: str) -> dict:
+    """``{"switches": [...]}``: the route table's switches on for ``device`` while a route is timed (the entry the
+    process reads: ``DIFFATTN_ROUTE_TABLE``, or forced), where any is — so a record says what ran (a route timed
+    with [V; V] by its kernels is not the same measurement as without); empty where none is."""
+    from ..ops.routes import TABLE_FLAGS, table_flag
+
+    where = torch.device(device)
+    index = (where.index or 0) if where.type == "cuda" else None
+    on = [flag for flag in TABLE_FLAGS if table_flag(flag, index)]
+    return {"switches": on} if on else {}
+
+
 def run_worker(
     route: str, jobs: list[dict], results: Path, device: str, scale: str, extra_module: str | None, warm: bool = False
 ) -> int:
@@ -685,7 +697,8 @@ def run_worker(
     for job in jobs:
         cls = CallClass(**job["cls"])
         _append(results, {"event": "start", "route": route, "class": cls.key})
-        record = {"event": "done", "route": route, "class": cls.key, "cls": asdict(cls), **CURRENT}
+        record = {"event": "done", "route": route, "class": cls.key, "cls": asdict(cls), **CURRENT,
+                  **switches_on(device)}  # fmt: skip
         try:
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -1026,12 +1039,15 @@ def _ms_cell(r: dict) -> str:
 
 
 def _status_cell(r: dict) -> str:
-    """A record's status for routes.md: ok (with the date where kept from an earlier run), WRONG, or why not."""
+    """A record's status for routes.md: ok (with the date where kept from an earlier run, and the table's switches
+    that were on while it was timed: :func:`switches_on`), WRONG, or why not."""
     if r.get("status") != "ok":
         return r.get("status", "")
     if not r.get("correct"):
         return "WRONG"
-    return f"ok ({r['measured']})" if r.get("measured") else "ok"
+    notes = [r["measured"]] if r.get("measured") else []
+    notes += r.get("switches", [])
+    return f"ok ({', '.join(notes)})" if notes else "ok"
 
 
 def _f(x, fmt: str) -> str:
@@ -1118,6 +1134,19 @@ def kernel_plan() -> list[tuple[str, CallClass]]:
     # the key splits right after (one call each, seconds a job), ahead of the training candidates' many jobs
     splits = split_routes()
     return defaults + decoding + splits + [job for job in candidate_routes() if job not in splits]
+
+
+#: the routes that build DIFF V1's [V; V] from V's halves (:func:`diffattn.ops.sdpa.v_twice`), timed again by
+#: ``--plan v_copies`` on V1's training classes once ``fused_v_copies`` is on
+V_TWICE_ROUTES = ("cudnn+epilogue", "sdpa_split+epilogue", "cudnn", "sdpa_split", "sdpa+epilogue", "sdpa")
+#   (the table's first routes of V1's d = 64 and d = 128 training classes first: a short budget times them)
+
+
+def v_copies_plan() -> list[tuple[str, CallClass]]:
+    """The routes of :data:`V_TWICE_ROUTES` on DIFF V1's training classes at d = 64 and 128 (issue 34's two V1
+    targets): what a lease times again, in the same folder, after its kernels step turned ``fused_v_copies`` on in
+    the run's table (``benchmarks/gpu_session.sh``), so that the targets read the routes as they now run."""
+    return [(route, CallClass("v1", d)) for d in (64, 128) for route in V_TWICE_ROUTES]
 
 
 def _measured_ok(entry: dict | None) -> dict[tuple[str, str], dict]:
@@ -1262,10 +1291,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-s", type=float, default=120.0, help="at most this long compiling Triton kernels first")
     parser.add_argument(
         "--plan",
-        choices=("all", "kernel"),
+        choices=("all", "kernel", "v_copies"),
         default="all",
         help="all: every route on every class, then the fused kernel's candidates; kernel: only the fused kernel "
-        "and its candidates on the train classes (issue 37), the rest of the table entry kept from earlier",
+        "and its candidates on the train classes (issue 37); v_copies: V1's one-call routes on its train classes "
+        "again (after fused_v_copies went on); the rest of the table entry kept from earlier",
     )
     parser.add_argument(
         "--write-readme",
@@ -1286,7 +1316,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"route sweep: needs a CUDA device, and torch {torch.__version__} sees none here", file=sys.stderr)
         return 2
-    plan = kernel_plan() if args.plan == "kernel" else None
+    plan = {"kernel": kernel_plan, "v_copies": v_copies_plan}.get(args.plan, lambda: None)()
     result = run(args.out, args.budget_s, progress=lambda m: print(m, file=sys.stderr, flush=True),
                  plan=plan, warm_s=args.warm_s)  # fmt: skip
     print(to_markdown(result["records"], result["entry"], result["matmul_tflops"]))
