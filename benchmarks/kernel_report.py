@@ -437,7 +437,8 @@ def _record_launches(
                 reparam._lambda_bwd(torch.empty((), dtype=torch.float32), exps, *vectors)
                 if dv == 2 * d:  # DIFF V1's [V; V] from V's halves, as a projection lays them out, and its gradient
                     halves = empty(b, s, 2 * hkv, d).transpose(1, 2)
-                    vcopies._v_twice_bwd_impl(vcopies._v_twice_impl(halves), torch.empty_like(halves))
+                    twice = vcopies._v_twice_impl(halves)
+                    vcopies._v_twice_bwd_impl(twice[..., :d], twice[..., d:], torch.empty_like(halves))
         elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])

@@ -61,24 +61,31 @@ def _untouched(buffer: torch.Tensor, inside: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["projection", "cache"])
-def test_v_twice_is_pytorchs_copy_in_its_layout_and_writes_nothing_else(layout, dtype, monkeypatch):
+@pytest.mark.parametrize("form", ["whole", "slices"])
+def test_v_twice_is_pytorchs_copy_in_its_layout_and_writes_nothing_else(form, layout, dtype, monkeypatch):
+    # whole: [V; V] as the one-call routes take it; slices: its two column halves as tensors of their own (sdpa_split)
     v = _halves(layout, dtype)
     want = v_from_halves(v, copies=2)
     buffers = []
 
-    def into_sentinel(v):  # the kernel's output placed inside a buffer of the sentinel, in _twice_like's layout
-        like = empty_like_twice(v)
+    def into_sentinel(v, width):  # each output placed inside a buffer of the sentinel, in _like's layout
+        like = empty_like(v, width)
         order = sorted(range(4), key=lambda i: -like.stride(i))  # the layout's dimensions, outermost first
         dense_shape = [like.shape[i] for i in order]
         buffer, dense = _poisoned_view(dense_shape, lambda x: x.view(dense_shape), v.dtype, SENTINEL)
         buffers.append((buffer, dense))
         return dense.permute(*[order.index(i) for i in range(4)])
 
-    empty_like_twice = vcopies._twice_like
-    monkeypatch.setattr(vcopies, "_twice_like", into_sentinel)
-    got = vcopies.v_twice_from_halves(v)
-    assert got.stride() == want.stride() and torch.equal(got, want)
-    assert _untouched(*buffers[0]), "a write outside [V; V]"
+    empty_like = vcopies._like
+    monkeypatch.setattr(vcopies, "_like", into_sentinel)
+    if form == "whole":
+        got = vcopies.v_twice_from_halves(v)
+        assert got.stride() == want.stride() and torch.equal(got, want)
+    else:
+        parts = vcopies.v_twice_slices(v)
+        for got, wanted in zip(parts, want.split(v.shape[-1], dim=-1), strict=True):
+            assert torch.equal(got, wanted) and got.stride() == empty_like(v, v.shape[-1]).stride()
+    assert buffers and all(_untouched(*b) for b in buffers), "a write outside the outputs"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -88,7 +95,7 @@ def test_the_gradient_sums_each_halfs_two_copies_once_rounded_in_vs_layout(layou
     g = _halves("cache", dtype, s=7, w=48, seed=1).reshape(2, 6, 7, 48)  # [B, 2Hkv, S, 2w], poisoned around
     (want,) = torch.autograd.grad(v_from_halves(v, copies=2), v, g.float())  # float32: the exact sums
     buffer, dv = _poisoned_view(v.shape, lambda x: x.view(v.shape), dtype, SENTINEL)
-    got = vcopies._v_twice_bwd_impl(g, dv)
+    got = vcopies._v_twice_bwd_impl(g[..., :24], g[..., 24:], dv)  # the copies of v_j's half, then of v_(j + Hkv)'s
     assert _untouched(buffer, dv), "a write outside V's gradient"
     err = (got.double() - want.double()).abs()
     if dtype == torch.float32:
@@ -99,6 +106,14 @@ def test_the_gradient_sums_each_halfs_two_copies_once_rounded_in_vs_layout(layou
     # through autograd: V's gradient in V's own layout (dense in its dimension order), so the projection's needs no copy
     (through,) = torch.autograd.grad(vcopies.v_twice_from_halves(v), v, g)
     assert torch.equal(through, got) and through.stride() == torch.empty_like(v).stride()
+    # the slices' two gradients as they come (no join): the same sums; a slice without a gradient counts as zeros
+    (sliced,) = torch.autograd.grad(vcopies.v_twice_slices(v), v, (g[..., :24], g[..., 24:]))
+    assert torch.equal(sliced, got) and sliced.stride() == through.stride()
+    (one,) = torch.autograd.grad(vcopies.v_twice_slices(v)[0], v, g[..., :24].contiguous())
+    (want_one,) = torch.autograd.grad(v_from_halves(v, copies=2)[..., :24], v, g[..., :24].float())
+    assert torch.equal(one[:, 3:], torch.zeros_like(one[:, 3:])) and (one.double() - want_one.double()).abs().max() <= (
+        torch.finfo(dtype).eps * want_one.double().abs().max()
+    )
     with pytest.raises(RuntimeError):  # differentiable once: a second derivative is an error, not a silent zero
         (first,) = torch.autograd.grad(vcopies.v_twice_from_halves(v), v, g.clone().requires_grad_(), create_graph=True)
         torch.autograd.grad(first.sum(), v)

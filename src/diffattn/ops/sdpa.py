@@ -77,6 +77,17 @@ def _sdpa_mask(inp: DiffAttentionInputs, head_layout: str = "stacked") -> tuple[
 
 def _one_call_operands(inp: DiffAttentionInputs):
     """Q, K, V of the one call over both maps' query heads, and their layout (module docstring)."""
+    q, k, layout = _one_call_qk(inp)
+    if inp.shares_keys:
+        return q, k, inp.v, layout
+    if inp.v_stacked is not None:
+        return q, k, v_twice(inp), layout  # [V; V] in one copy
+    v = inp.v
+    return q, k, torch.cat([v, v], dim=1), layout  # V: [B, 2Hkv, S, dv]
+
+
+def _one_call_qk(inp: DiffAttentionInputs):
+    """Q and K of the one call over both maps' query heads, and their layout (module docstring)."""
     h, d = inp.num_heads, inp.head_dim
     b, t = inp.batch, inp.q_len
     # the caller's Q (and K) in the call's layout already (diff_attention_pairs, diff_attention_stacked): no copy
@@ -85,28 +96,43 @@ def _one_call_operands(inp: DiffAttentionInputs):
         # K1 is K2 (DIFF V2): 2H interleaved query heads against the Hkv key/value heads, K and V passed once;
         # query heads 2i and 2i+1 (map 1 and map 2 of head i) both belong to key head i // (H/Hkv) under GQA
         q = whole[0] if whole is not None else torch.stack([inp.q1, inp.q2], dim=2).reshape(b, 2 * h, t, d)
-        return q, inp.k1, inp.v, "interleaved"
+        return q, inp.k1, "interleaved"
     # [B, 2H, T, d] over [B, 2Hkv, S, d]: map 1's heads, then map 2's
     q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))
-    if inp.v_stacked is not None:
-        return q, k, v_twice(inp), "stacked"  # [V; V] in one copy
-    v = inp.v
-    return q, k, torch.cat([v, v], dim=1), "stacked"  # V: [B, 2Hkv, S, dv]
+    return q, k, "stacked"
+
+
+def _v_copies_by_kernel(inp: DiffAttentionInputs) -> bool:
+    """Whether [V; V] is built from ``inp.v_stacked`` by the kernels of :mod:`diffattn.ops.triton.vcopies`: where the
+    route table switches them on for the device (:func:`diffattn.ops.routes.v_copies_in_kernel`), for a call above
+    :data:`~diffattn.ops.routes.SMALL_WORK`, in eager mode, where they can run (CUDA, or Triton's interpreter) and sum
+    in float32 without loss (not float64)."""
+    v = inp.v_stacked
+    switched = v_copies_in_kernel(v.device.index if v.is_cuda else None) and not small_work(inp)
+    return switched and v.dtype != torch.float64 and not torch.compiler.is_compiling() and (v.is_cuda or _interpreted())
 
 
 def v_twice(inp: DiffAttentionInputs) -> torch.Tensor:
     """[V; V] from V's stacked halves (``inp.v_stacked``): by the kernels of :mod:`diffattn.ops.triton.vcopies` where
-    the route table switches them on for the device (:func:`diffattn.ops.routes.v_copies_in_kernel`), for a call above
-    :data:`~diffattn.ops.routes.SMALL_WORK`, in eager mode, where they can run (CUDA, or Triton's interpreter) and sum
-    in float32 without loss (not float64); else by PyTorch's one copy (:func:`diffattn.ops._inputs.v_from_halves`).
-    The same values and layout either way."""
-    v = inp.v_stacked
-    switched = v_copies_in_kernel(v.device.index if v.is_cuda else None) and not small_work(inp)
-    if switched and v.dtype != torch.float64 and not torch.compiler.is_compiling() and (v.is_cuda or _interpreted()):
+    :func:`_v_copies_by_kernel`, else by PyTorch's one copy (:func:`diffattn.ops._inputs.v_from_halves`). The same
+    values and layout either way."""
+    if _v_copies_by_kernel(inp):
         from .triton.vcopies import v_twice_from_halves
 
-        return v_twice_from_halves(v)
-    return v_from_halves(v, copies=2)
+        return v_twice_from_halves(inp.v_stacked)
+    return v_from_halves(inp.v_stacked, copies=2)
+
+
+def v_twice_slices(inp: DiffAttentionInputs) -> tuple[torch.Tensor, ...]:
+    """[V; V] cut into its two column halves, [va; va] and [vb; vb], where V's stacked halves are as wide as Q and K
+    (DiffLlama's V at dv = 2d: the ``sdpa_split`` route's slices): by the kernels of
+    :mod:`diffattn.ops.triton.vcopies` as two tensors of their own where :func:`_v_copies_by_kernel` — their gradients
+    summed into V's as they come, no join of the two first — else views of PyTorch's [V; V]."""
+    if _v_copies_by_kernel(inp):
+        from .triton.vcopies import v_twice_slices as slices
+
+        return slices(inp.v_stacked)
+    return v_from_halves(inp.v_stacked, copies=2).split(inp.head_dim, dim=-1)
 
 
 def _interpreted() -> bool:
@@ -317,8 +343,13 @@ def diff_attention_sdpa_split(
     is FlashAttention-shaped with no padding (transformers' DiffLlama does this with two calls; QKᵀ is recomputed per
     slice, so its forward does 2x the QKᵀ FLOPs at dv = 2d, but it moves no padded copy of K: the route for
     decoding against a long cache, where padding copies the whole cache every token)."""
-    q, k, v, layout = _one_call_operands(inp)
-    o = _sliced_call(inp, q, k, v.split(inp.head_dim, dim=-1), _sdpa_mask(inp, head_layout=layout))
+    if inp.v_stacked is not None and not inp.shares_keys and inp.v_stacked.shape[-1] == inp.head_dim:
+        q, k, layout = _one_call_qk(inp)
+        parts = v_twice_slices(inp)  # V's halves are the slices: [V; V] never joined whole
+    else:
+        q, k, v, layout = _one_call_operands(inp)
+        parts = v.split(inp.head_dim, dim=-1)
+    o = _sliced_call(inp, q, k, parts, _sdpa_mask(inp, head_layout=layout))
     return _combine(inp, o, layout, fused_epilogue, norm)
 
 

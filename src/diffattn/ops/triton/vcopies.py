@@ -47,31 +47,33 @@ def _program(HKV, S, W, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
 
 @triton.jit
 def _v_twice_fwd_kernel(
-    V, OUT, HKV, S, W, svb, svh, svs, sob, soh, sos, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr
+    V, OUT_A, OUT_B, HKV, S, W, svb, svh, svs, sab, sah, sas, sbb, sbh, sbs,
+    BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    # one program: DIFF head j's halves v_j, v_(j + Hkv) over BLOCK_S keys of one batch row, written to heads j and
-    # j + Hkv of OUT, each [v_j | v_(j + Hkv)]
+    # one program: DIFF head j's halves v_j, v_(j + Hkv) over BLOCK_S keys of one batch row, v_j written to heads j and
+    # j + Hkv of OUT_A, v_(j + Hkv) to the same heads of OUT_B — the two column halves of [V; V] (OUT_B = OUT_A + W),
+    # or two tensors of their own (the V slices of the sdpa_split route)
     b, j, rows, cols, ok = _program(HKV, S, W, BLOCK_S, BLOCK_W)
     va = _tile(V, b * svb + j * svh, rows, cols, svs, ok)
     vb = _tile(V, b * svb + (j + HKV) * svh, rows, cols, svs, ok)
-    at = rows[:, None] * sos + cols[None, :]
     for copy in tl.static_range(2):
-        head = OUT + b * sob + (j + copy * HKV) * soh
-        tl.store(head + at, va, mask=ok)
-        tl.store(head + W + at, vb, mask=ok)
+        head = j + copy * HKV
+        tl.store(OUT_A + b * sab + head * sah + rows[:, None] * sas + cols[None, :], va, mask=ok)
+        tl.store(OUT_B + b * sbb + head * sbh + rows[:, None] * sbs + cols[None, :], vb, mask=ok)
 
 
 @triton.jit
 def _v_twice_bwd_kernel(
-    G, DV, HKV, S, W, sgb, sgh, sgs, sdb, sdh, sds, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr
+    G_A, G_B, DV, HKV, S, W, sab, sah, sas, sbb, sbh, sbs, sdb, sdh, sds,
+    BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    # one program: the gradients of DIFF head j's halves over BLOCK_S keys: each half's two copies summed in float32
+    # one program: the gradients of DIFF head j's halves over BLOCK_S keys, each half's two copies (heads j and j + Hkv
+    # of G_A for v_j, of G_B for v_(j + Hkv)) summed in float32
     b, j, rows, cols, ok = _program(HKV, S, W, BLOCK_S, BLOCK_W)
-    first, second = b * sgb + j * sgh, b * sgb + (j + HKV) * sgh
-    da = _tile(G, first, rows, cols, sgs, ok).to(tl.float32) + _tile(G, second, rows, cols, sgs, ok).to(tl.float32)
-    db = _tile(G, first + W, rows, cols, sgs, ok).to(tl.float32) + _tile(G, second + W, rows, cols, sgs, ok).to(
-        tl.float32
-    )
+    da = _tile(G_A, b * sab + j * sah, rows, cols, sas, ok).to(tl.float32)
+    da += _tile(G_A, b * sab + (j + HKV) * sah, rows, cols, sas, ok).to(tl.float32)
+    db = _tile(G_B, b * sbb + j * sbh, rows, cols, sbs, ok).to(tl.float32)
+    db += _tile(G_B, b * sbb + (j + HKV) * sbh, rows, cols, sbs, ok).to(tl.float32)
     at = rows[:, None] * sds + cols[None, :]
     out_type = DV.dtype.element_ty
     tl.store(DV + b * sdb + j * sdh + at, da.to(out_type), mask=ok)
@@ -82,65 +84,121 @@ def _v_twice_bwd_kernel(
 _TILE_ELEMENTS = 4096
 
 
-def _launch(kernel, x: torch.Tensor, out: torch.Tensor, hkv: int, s: int, w: int) -> None:
+def _launch(kernel, tensors: tuple[torch.Tensor, ...], hkv: int, s: int, w: int) -> None:
+    """``kernel`` over ``tensors`` (each [B, ·, S, ·], last stride 1; the b, h, s strides of all but the first are
+    the kernel's, after the first's own where it has them: the forward reads V, the backward writes dV last)."""
     block_w = max(16, triton.next_power_of_2(w))
     block_s = 4 if tuning.INTERPRETED else max(1, _TILE_ELEMENTS // block_w)  # a few rows: tests span programs
-    (sxb, sxh, sxs), (sob, soh, sos) = x.stride()[:3], out.stride()[:3]
-    with _on_device(x.device):
-        grid = (triton.cdiv(s, block_s), x.shape[0] * hkv)
-        kernel[grid](x, out, hkv, s, w, sxb, sxh, sxs, sob, soh, sos, BLOCK_S=block_s, BLOCK_W=block_w,
+    strides = [st for x in tensors for st in x.stride()[:3]]
+    with _on_device(tensors[0].device):
+        grid = (triton.cdiv(s, block_s), tensors[0].shape[0] * hkv)
+        kernel[grid](*tensors, hkv, s, w, *strides, BLOCK_S=block_s, BLOCK_W=block_w,
                      num_warps=1 if tuning.INTERPRETED else 4)  # fmt: skip
 
 
-def _twice_like(v: torch.Tensor) -> torch.Tensor:
-    """An empty [V; V] [B, 2Hkv, S, 2w] in the layout :func:`diffattn.ops._inputs.v_from_halves` gives it: tokens
+def _like(v: torch.Tensor, width: int) -> torch.Tensor:
+    """An empty [B, 2Hkv, S, width] in the layout :func:`diffattn.ops._inputs.v_from_halves` gives [V; V]: tokens
     outside heads where ``v`` has them so (a projection's view), contiguous otherwise (a cache's)."""
-    b, two_hkv, s, w = v.shape
+    b, two_hkv, s, _ = v.shape
     if heads_inside_tokens(v):
-        return v.new_empty(b, s, two_hkv, 2 * w).transpose(1, 2)
-    return v.new_empty(b, two_hkv, s, 2 * w)
+        return v.new_empty(b, s, two_hkv, width).transpose(1, 2)
+    return v.new_empty(b, two_hkv, s, width)
+
+
+def _twice_like(v: torch.Tensor) -> torch.Tensor:
+    """An empty [V; V] [B, 2Hkv, S, 2w] for ``v``'s halves, laid out as PyTorch's copy lays it (:func:`_like`)."""
+    return _like(v, 2 * v.shape[-1])
+
+
+def _last_dense(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _v_twice_impl(v: torch.Tensor) -> torch.Tensor:
-    v = v if v.stride(-1) == 1 else v.contiguous()
+    v = _last_dense(v)
     out = _twice_like(v)
     _, two_hkv, s, w = v.shape
     if out.numel():
-        _launch(_v_twice_fwd_kernel, v, out, two_hkv // 2, s, w)
+        _launch(_v_twice_fwd_kernel, (v, out, out[..., w:]), two_hkv // 2, s, w)
     return out
 
 
-def _v_twice_bwd_impl(g: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
-    """V's gradient written into ``dv`` (empty, V's shape) from the copies' gradient ``g``; ``dv`` returned."""
-    g = g if g.stride(-1) == 1 else g.contiguous()
+def _v_slices_impl(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v = _last_dense(v)
+    a, b = _like(v, v.shape[-1]), _like(v, v.shape[-1])
+    _, two_hkv, s, w = v.shape
+    if a.numel():
+        _launch(_v_twice_fwd_kernel, (v, a, b), two_hkv // 2, s, w)
+    return a, b
+
+
+def _v_twice_bwd_impl(g_a: torch.Tensor, g_b: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
+    """V's gradient written into ``dv`` (empty, V's shape) from the gradients of its halves' copies: ``g_a`` of v_j's
+    (heads j and j + Hkv), ``g_b`` of v_(j + Hkv)'s; ``dv`` returned."""
     _, two_hkv, s, w = dv.shape
     if dv.numel():
-        _launch(_v_twice_bwd_kernel, g, dv, two_hkv // 2, s, w)
+        _launch(_v_twice_bwd_kernel, (_last_dense(g_a), _last_dense(g_b), dv), two_hkv // 2, s, w)
     return dv
+
+
+def _grad_layout(v: torch.Tensor) -> tuple:
+    # V's gradient in V's own layout (its dimension order, dense: what empty_like gives), so it flows on to the
+    # projection with no copy — the layout kept, not V (which nothing else needs alive)
+    like = torch.empty_like(v, device="meta")
+    return like.shape, like.stride(), v.dtype, v.device
+
+
+def _empty_grad(layout: tuple) -> torch.Tensor:
+    shape, stride, dtype, device = layout
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
 class _VTwice(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v):
-        # V's gradient in V's own layout (its dimension order, dense: what empty_like gives), so it flows on to the
-        # projection with no copy — the layout kept, not V (which nothing else needs alive)
-        like = torch.empty_like(v, device="meta")
-        ctx.grad_layout = (like.shape, like.stride(), v.dtype, v.device)
+        ctx.grad_layout = _grad_layout(v)
         return _v_twice_impl(v)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # a kernel's gradient has no graph: a second derivative raises
     def backward(ctx, g):
-        shape, stride, dtype, device = ctx.grad_layout
-        return _v_twice_bwd_impl(g, torch.empty_strided(shape, stride, dtype=dtype, device=device))
+        w = ctx.grad_layout[0][-1]
+        return _v_twice_bwd_impl(g[..., :w], g[..., w:], _empty_grad(ctx.grad_layout))
+
+
+class _VSlices(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v):
+        ctx.grad_layout = _grad_layout(v)
+        return _v_slices_impl(v)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_a, g_b):  # a slice without a gradient arrives as zeros (materialize_grads)
+        return _v_twice_bwd_impl(g_a, g_b, _empty_grad(ctx.grad_layout))
+
+
+def _check(v: torch.Tensor) -> None:
+    if v.dim() != 4 or v.shape[1] % 2:
+        raise ValueError(f"v must be [B, 2Hkv, S, w] (an even head count), got shape {tuple(v.shape)}")
 
 
 def v_twice_from_halves(v: torch.Tensor) -> torch.Tensor:
     """``v_from_halves(v, copies=2)`` (the same values and layout) by the kernels of this module; differentiable once,
     in eager mode (under torch.compile the caller takes PyTorch's ops, which inductor fuses itself). ``v``: DiffLlama's
     V [B, 2Hkv, S, w], its last dimension dense."""
-    if v.dim() != 4 or v.shape[1] % 2:
-        raise ValueError(f"v must be [B, 2Hkv, S, w] (an even head count), got shape {tuple(v.shape)}")
+    _check(v)
     if torch.is_grad_enabled() and v.requires_grad:
         return _VTwice.apply(v)
     return _v_twice_impl(v)
+
+
+def v_twice_slices(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[V; V]'s two column halves as tensors of their own, ``[va; va]`` and ``[vb; vb]`` ([B, 2Hkv, S, w] each: the V
+    slices the ``sdpa_split`` route calls SDPA with at dv = 2d), by the same kernels: their gradients are summed into
+    V's from the two tensors as they come, where slicing [V; V] has autograd join them into one first (a copy of both).
+    The values of ``v_from_halves(v, copies=2).split(w, dim=-1)``; differentiable once, in eager mode."""
+    _check(v)
+    if torch.is_grad_enabled() and v.requires_grad:
+        return _VSlices.apply(v)
+    return _v_slices_impl(v)
