@@ -35,7 +35,8 @@ SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its
 reads V's two halves in place, as DiffLlama decodes), ``epilogue`` (the SDPA routes' O1 − λ·O2 as one kernel and
 its backward, :mod:`diffattn.ops.triton.epilogue`, with one λ and with one per head and token, without and with the
 head's norm; no mask reaches it; DIFF V1's λ by :mod:`diffattn.ops.triton.reparam`, forward and backward; and, for
-V1 heads, the one-call routes' [V; V] and its gradient by :mod:`diffattn.ops.triton.vcopies`).
+heads with V twice as wide as Q, the one-call routes' [V; V] and its gradient by :mod:`diffattn.ops.triton.vcopies`,
+and the epilogue reading ``sdpa_split``'s two calls' outputs unjoined, without and with the norm).
 A kernel a variant never launches has no row (e.g. ``dkdv_atomic`` for ``W``, ``dv``, ``dk`` and ``fwd_cols`` for
 ``V1`` and ``V2``,
 ``epilogue`` with a mask, or ``dkdv_atomic`` for ``V1`` with a 4-D mask).
@@ -439,6 +440,11 @@ def _record_launches(
                     halves = empty(b, s, 2 * hkv, d).transpose(1, 2)
                     twice = vcopies._v_twice_impl(halves)
                     vcopies._v_twice_bwd_impl(twice[..., :d], twice[..., d:], torch.empty_like(halves))
+                    # sdpa_split's two calls' outputs (one per slice of V) read unjoined, with V1's one λ
+                    oa, ob, lam1 = empty(b, 2 * h, t, d), empty(b, 2 * h, t, d), torch.empty((), dtype=torch.float32)
+                    for norm in (None, 1e-5):
+                        epilogue._subtract_parts_impl(oa, ob, lam1, False, norm, 0.8)
+                        epilogue._subtract_parts_bwd_impl(dout, oa, ob, lam1, False, norm, 0.8)
         elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])

@@ -162,6 +162,56 @@ def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_fr
         assert d_o.stride() == o.stride(), "the gradient laid out as the output"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("normed", [False, True])
+@pytest.mark.parametrize("memory", ["contiguous", "bthd"])
+@pytest.mark.parametrize("layout", ["stacked", "interleaved"])
+def test_two_calls_outputs_read_where_they_are_are_their_join_bit_for_bit(layout, memory, normed, dtype, monkeypatch):
+    # subtract_pair_parts: the sdpa_split route's two calls' outputs (one per slice of V) read by the kernels as the
+    # one output they would be joined into, and their gradients written each whole in its own layout by the one
+    # backward kernel — the same kernels' numbers as subtract_pair on the join, bit for bit, forward and every gradient
+    oa = _one_call_output(memory, dtype, dv=12, seed=0)
+    ob = _one_call_output(memory, dtype, dv=12, seed=1)
+    lam = torch.rand(2, 3, 7, 1, generator=torch.Generator().manual_seed(4)).to(DEVICE).requires_grad_()
+    norm = (1e-5, 0.7) if normed else None
+    launches = []
+    real = epilogue._launch_subtract
+    monkeypatch.setattr(epilogue, "_launch_subtract", lambda kernel, *a, **kw: launches.append(kernel) or real(
+        kernel, *a, **kw))  # fmt: skip
+    out = epilogue.subtract_pair_parts((oa, ob), lam, layout, norm)
+    want = epilogue.subtract_pair(torch.cat([oa, ob], dim=-1), lam, layout, norm)
+    assert torch.equal(out, want)
+    _assert_laid_out_like(out, oa)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    launches.clear()
+    got = torch.autograd.grad(out, (oa, ob, lam), g)
+    assert launches == [epilogue._subtract_bwd_kernel], "both calls' gradients from the one backward kernel"
+    wanted = torch.autograd.grad(want, (oa, ob, lam), g)
+    for name, a, b in zip(("d_oa", "d_ob", "d_lam"), got, wanted, strict=True):
+        assert torch.equal(a, b), name
+    assert got[0].stride() == oa.stride() and got[1].stride() == ob.stride(), "each gradient laid out as its output"
+
+
+def test_two_outputs_of_different_layouts_are_refused_and_the_route_joins_them():
+    oa, ob = _one_call_output("bthd", torch.float32), _one_call_output("contiguous", torch.float32, seed=1)
+    assert not epilogue.parts_fit(oa, ob) and epilogue.parts_fit(oa, _one_call_output("bthd", torch.float32, seed=2))
+    with pytest.raises(ValueError, match="two \\[B, 2H, T, d\\] tensors of one layout"):
+        epilogue.subtract_pair_parts((oa, ob), torch.tensor(0.5), "stacked")
+
+
+def test_sdpa_split_with_its_epilogue_reads_its_two_calls_outputs_unjoined(monkeypatch):
+    # the route at dv = 2d: two calls (one per slice of V), their outputs into the epilogue's kernel as they are (its
+    # numbers against float64: test_each_epilogue_route_is_its_route_forward_and_backward)
+    from diffattn.ops import sdpa
+
+    took = []
+    monkeypatch.setattr(epilogue, "subtract_pair_parts", _recording(epilogue.subtract_pair_parts, took, "parts"))
+    monkeypatch.setattr(sdpa, "_joined", _recording(sdpa._joined, took, "joined"))
+    inputs = _diff_inputs(False, torch.float32)
+    ops.diff_attention(**inputs, backend="sdpa_split+epilogue")
+    assert took == ["parts"]
+
+
 def _normed(o1, o2, lam, eps, scale, flip=False):
     """scale · y / sqrt(mean(y²) + eps), y = O1 − λ·O2: PyTorch's unfused ops in the inputs' float type (float64 for
     the gold, float32 for a yardstick); ``flip``: the columns summed in the other order (one order's error may be

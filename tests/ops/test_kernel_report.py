@@ -174,9 +174,10 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     launches ("dv", "dk") for wide and DIFF V1 heads, the forward by column blocks ("fwd_cols") for wide heads. The
     fused epilogue's forward, backward and backward writing a one-call output's gradient whole with two λ layouts,
     without and with the head's norm (twelve rows), λ's two kernels, and for heads with V twice as wide as Q (V1,
-    W) the [V; V] kernel and its backward: without a mask only (no mask reaches them)."""
+    W) the [V; V] kernel and its backward and the epilogue on sdpa_split's two outputs unjoined, forward and backward
+    without and with the norm: without a mask only (no mask reaches them)."""
     repeat = {"short": short_lengths, "prefill": short_lengths + 1}  # prefill: also at the shape's (long) T
-    repeat["epilogue"] = 14 + 2 * (variant in ("V1", "W")) if mask == "none" else 0
+    repeat["epilogue"] = 14 + 6 * (variant in ("V1", "W")) if mask == "none" else 0
     # the split dK/dV kernel's two launches (wide and DIFF V1 heads), the forward by column blocks (wide heads)
     split = int(variant in ("W", "V1"))
     repeat.update({"dv": split, "dk": split, "fwd_cols": int(variant == "W")})

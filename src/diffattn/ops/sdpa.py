@@ -249,10 +249,14 @@ def _sliced_call(inp: DiffAttentionInputs, q, k, v_parts, mask) -> torch.Tensor:
     output's gradient comes back in from the model, so that the guard copies nothing there."""
     if len(v_parts) == 1:
         return _call(inp, q, k, v_parts[0], mask)
-    outs = [_call(inp, q, k, part, mask, guard=False) for part in v_parts]
+    return _guarded(_joined([_call(inp, q, k, part, mask, guard=False) for part in v_parts]))
+
+
+def _joined(outs: list[torch.Tensor]) -> torch.Tensor:
+    """Calls' outputs side by side along the columns, joined in their own memory order (module docstring)."""
     if heads_inside_tokens(outs[0]):
-        return _guarded(torch.cat([o.transpose(1, 2) for o in outs], dim=-1).transpose(1, 2))
-    return _guarded(torch.cat(outs, dim=-1))
+        return torch.cat([o.transpose(1, 2) for o in outs], dim=-1).transpose(1, 2)
+    return torch.cat(outs, dim=-1)
 
 
 def diff_attention_sdpa(
@@ -349,7 +353,18 @@ def diff_attention_sdpa_split(
     else:
         q, k, v, layout = _one_call_operands(inp)
         parts = v.split(inp.head_dim, dim=-1)
-    o = _sliced_call(inp, q, k, parts, _sdpa_mask(inp, head_layout=layout))
+    mask = _sdpa_mask(inp, head_layout=layout)
+    if fused_epilogue and len(parts) == 2:
+        from .triton.epilogue import parts_fit, subtract_pair_parts
+
+        # each call's output read by the epilogue's kernel where it is, each call's gradient written whole in its
+        # output's layout by its backward (so each call is guarded on its own): no join of the outputs forward, no
+        # slices of a joined gradient backward
+        outs = [_call(inp, q, k, part, mask).to(inp.q1.dtype) for part in parts]
+        if parts_fit(*outs):
+            return _zero_fully_masked(inp, subtract_pair_parts(tuple(outs), inp.lam, layout, norm))
+        return _combine(inp, _joined(outs), layout, fused_epilogue, norm)
+    o = _sliced_call(inp, q, k, parts, mask)
     return _combine(inp, o, layout, fused_epilogue, norm)
 
 

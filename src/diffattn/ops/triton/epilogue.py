@@ -79,6 +79,25 @@ def _store_rows(X, rows, cols, tile, H, T, SB, SH, ST, value):
 
 
 @triton.jit
+def _rows_f32_parts(XA, XB, rows, cols, tile, H, T, SB, SH, ST, D):
+    # the rows' tile of [XA | XB], two [B, H, T, ·] tensors of one layout joined along the columns at D (the first D
+    # columns XA's), in float32; 0 outside — a join no tensor holds (PARTS)
+    offsets = _row_offsets(rows, H, T, SB, SH, ST)[:, None]
+    first = (cols < D)[None, :]
+    a = tl.load(XA + offsets + cols[None, :], mask=tile & first, other=0.0).to(tl.float32)
+    return a + tl.load(XB + offsets + (cols - D)[None, :], mask=tile & ~first, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows_parts(XA, XB, rows, cols, tile, H, T, SB, SH, ST, D, value):
+    # the rows' tile written into [XA | XB] joined at D, as _rows_f32_parts reads it
+    offsets = _row_offsets(rows, H, T, SB, SH, ST)[:, None]
+    first = (cols < D)[None, :]
+    tl.store(XA + offsets + cols[None, :], value.to(XA.dtype.element_ty), mask=tile & first)
+    tl.store(XB + offsets + (cols - D)[None, :], value.to(XB.dtype.element_ty), mask=tile & ~first)
+
+
+@triton.jit
 def _inverse_rms(y, DV, EPS):
     # 1 / sqrt(mean(y²) + eps) of each row (the padded columns hold 0 and add nothing), as torch's rms_norm
     return tl.math.rsqrt(tl.reduce(y * y, 1, _SUM) / DV + EPS)
@@ -86,16 +105,21 @@ def _inverse_rms(y, DV, EPS):
 
 @triton.jit
 def _subtract_fwd_kernel(
-    O1, O2, LAM, OUT,
+    O1, O2, LAM, OUT, O1B, O2B,
     S1B, S1H, S1T, S2B, S2H, S2T, SLB, SLH, SLT, SOB, SOH, SOT,
-    R, H, T, DV, EPS, SCALE,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, NORM: tl.constexpr,
+    R, H, T, DV, EPS, SCALE, D,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
     # NORM: the head's norm too, SCALE · y / rms(y) with y = O1 − λ·O2 (DIFF Eq. 3 without a gain; one row is one
-    # head's dv values, so the row's tile is the norm's group)
+    # head's dv values, so the row's tile is the norm's group). PARTS: O1 is [O1 | O1B] and O2 [O2 | O2B], joined at
+    # column D (two calls' outputs, each of V's slices: the sdpa_split route), read where they are
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
-    o1 = _rows_f32(O1, rows, cols, tile, H, T, S1B, S1H, S1T)
-    o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
+    if PARTS:
+        o1 = _rows_f32_parts(O1, O1B, rows, cols, tile, H, T, S1B, S1H, S1T, D)
+        o2 = _rows_f32_parts(O2, O2B, rows, cols, tile, H, T, S2B, S2H, S2T, D)
+    else:
+        o1 = _rows_f32(O1, rows, cols, tile, H, T, S1B, S1H, S1T)
+        o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
     out = o1 - _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None] * o2
     if NORM:
         out = out * (_inverse_rms(out, DV, EPS) * SCALE)[:, None]
@@ -104,27 +128,40 @@ def _subtract_fwd_kernel(
 
 @triton.jit
 def _subtract_bwd_kernel(
-    G, O2, LAM, DO2, DLAM, DO1, O1,
+    G, O2, LAM, DO2, DLAM, DO1, O1, O2B, DO2B, DO1B, O1B,
     SGB, SGH, SGT, S2B, S2H, S2T, SLB, SLH, SLT, SDB, SDH, SDT, S1B, S1H, S1T, SOB, SOH, SOT,
-    R, H, T, DV, EPS, SCALE,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, JOINED: tl.constexpr, NORM: tl.constexpr,
+    R, H, T, DV, EPS, SCALE, D,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, JOINED: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
     # dO2 = −λ·dy (float32, rounded once); the row's share of dλ, −Σ_c dy·O2, in float32. Without NORM dy is g, the
     # output's gradient; with it, the norm's backward: y = O1 − λ·O2 again (O1 read, not saved), u = y / rms(y),
     # dy = SCALE / rms(y) · (g − u · mean(g · u)), written to dO1. JOINED: O1 and O2 are the two halves of one call's
     # output, and dy is also written to dO1, the other half of that output's gradient (the join autograd would
-    # otherwise make by a cat, reading g and dO2 again)
+    # otherwise make by a cat, reading g and dO2 again). PARTS: O1, O2, dO1 and dO2 are each two tensors joined at
+    # column D, as the forward's (the B-suffixed ones the columns from D on)
     rows, ok, cols, tile = _program_rows(R, DV, BLOCK_R, BLOCK_DV)
     dy = _rows_f32(G, rows, cols, tile, H, T, SGB, SGH, SGT)
     lam = _lam_f32(LAM, rows, ok, H, T, SLB, SLH, SLT)[:, None]
-    o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
+    if PARTS:
+        o2 = _rows_f32_parts(O2, O2B, rows, cols, tile, H, T, S2B, S2H, S2T, D)
+    else:
+        o2 = _rows_f32(O2, rows, cols, tile, H, T, S2B, S2H, S2T)
     if NORM:
-        y = _rows_f32(O1, rows, cols, tile, H, T, SOB, SOH, SOT) - lam * o2
+        if PARTS:
+            o1 = _rows_f32_parts(O1, O1B, rows, cols, tile, H, T, SOB, SOH, SOT, D)
+        else:
+            o1 = _rows_f32(O1, rows, cols, tile, H, T, SOB, SOH, SOT)
+        y = o1 - lam * o2
         inv = _inverse_rms(y, DV, EPS)[:, None]
         u = y * inv
         dy = (SCALE * inv) * (dy - u * (tl.reduce(dy * u, 1, _SUM) / DV)[:, None])
-    _store_rows(DO2, rows, cols, tile, H, T, SDB, SDH, SDT, -lam * dy)
-    if JOINED or NORM:
+    if PARTS:
+        _store_rows_parts(DO2, DO2B, rows, cols, tile, H, T, SDB, SDH, SDT, D, -lam * dy)
+    else:
+        _store_rows(DO2, rows, cols, tile, H, T, SDB, SDH, SDT, -lam * dy)
+    if (JOINED or NORM) and PARTS:
+        _store_rows_parts(DO1, DO1B, rows, cols, tile, H, T, S1B, S1H, S1T, D, dy)
+    elif JOINED or NORM:
         _store_rows(DO1, rows, cols, tile, H, T, S1B, S1H, S1T, dy)  # without NORM g itself: the round trip is exact
     tl.store(DLAM + rows, -tl.reduce(dy * o2, 1, _SUM), mask=ok)
 
@@ -188,8 +225,8 @@ def _subtract_impl(
     if rows:
         eps, scale, norm = _norm_args(norm_eps, norm_scale)
         strides = (*_row_strides(o1), *_row_strides(o2), *_row_strides(lam4), *_row_strides(out))
-        args = (o1, o2, lam4, out, *strides, rows, h, t, dv, eps, scale)
-        _launch_subtract(_subtract_fwd_kernel, rows, args, dv, **norm)
+        args = (o1, o2, lam4, out, o1, o2, *strides, rows, h, t, dv, eps, scale, dv)
+        _launch_subtract(_subtract_fwd_kernel, rows, args, dv, PARTS=False, **norm)
     return out
 
 
@@ -217,8 +254,8 @@ def _subtract_bwd_launch(
         o1 = _last_contiguous(o1) if o1 is not None else o2  # not read without NORM: O2 stands in
         strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2), *_row_strides(do1),
                    *_row_strides(o1))  # fmt: skip
-        args = (g, o2, lam4, do2, dlam_rows, do1, o1, *strides, rows, h, t, dv, eps, scale)
-        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined, **norm)
+        args = (g, o2, lam4, do2, dlam_rows, do1, o1, o2, do2, do1, o1, *strides, rows, h, t, dv, eps, scale, dv)
+        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined, PARTS=False, **norm)
     return dlam_rows
 
 
@@ -271,6 +308,101 @@ def _subtract_pair_bwd_impl(
     do1, do2 = _pair(do, interleaved)
     o1, o2 = _pair(o, interleaved)
     return do, _subtract_bwd_launch(g, o1, o2, lam, do2, do1, norm_eps, norm_scale)
+
+
+def _dense_like(x: torch.Tensor, width: int) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape with the last dimension ``width``, dense in ``x``'s dimension order (as
+    :func:`_output_like` lays out ``x``'s own width)."""
+    order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), -i))  # outermost first; the last dimension last
+    dense = x.new_empty([width if i == x.dim() - 1 else x.shape[i] for i in order])
+    return dense.permute(*[order.index(i) for i in range(x.dim())])
+
+
+def _parts_args(oa: torch.Tensor, ob: torch.Tensor, interleaved: bool):
+    """(O1, O1B), (O2, O2B) of two calls' outputs [B, 2H, T, d] (each map's heads of V's two slices), and d."""
+    (o1a, o2a), (o1b, o2b) = _pair(oa, interleaved), _pair(ob, interleaved)
+    return (o1a, o1b), (o2a, o2b), oa.shape[-1]
+
+
+def _subtract_parts_impl(
+    oa: torch.Tensor,
+    ob: torch.Tensor,
+    lam: torch.Tensor,
+    interleaved: bool,
+    norm_eps: float | None = None,
+    norm_scale: float = 1.0,
+) -> torch.Tensor:
+    (o1a, o1b), (o2a, o2b), d = _parts_args(oa, ob, interleaved)
+    b, h, t, _ = o1a.shape
+    out = _dense_like(o1a, 2 * d)
+    lam4 = _lam4(lam)
+    rows = b * h * t
+    if rows:
+        eps, scale, norm = _norm_args(norm_eps, norm_scale)
+        strides = (*_row_strides(o1a), *_row_strides(o2a), *_row_strides(lam4), *_row_strides(out))
+        args = (o1a, o2a, lam4, out, o1b, o2b, *strides, rows, h, t, 2 * d, eps, scale, d)
+        _launch_subtract(_subtract_fwd_kernel, rows, args, 2 * d, PARTS=True, **norm)
+    return out
+
+
+def _subtract_parts_bwd_impl(
+    g: torch.Tensor,
+    oa: torch.Tensor,
+    ob: torch.Tensor,
+    lam: torch.Tensor,
+    interleaved: bool,
+    norm_eps: float | None = None,
+    norm_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The two calls' output gradients, each in its output's layout and written whole by the one kernel (dO1's and
+    dO2's columns of each slice), and dλ's per-row float32 shares."""
+    (o1a, o1b), (o2a, o2b), d = _parts_args(oa, ob, interleaved)
+    b, h, t, _ = o1a.shape
+    g = _last_contiguous(g)
+    doa, dob = _pair_gradient(oa), _pair_gradient(ob)
+    (do1a, do1b), (do2a, do2b), _ = _parts_args(doa, dob, interleaved)
+    dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=g.device)
+    lam4 = _lam4(lam)
+    rows = b * h * t
+    if rows:
+        eps, scale, norm = _norm_args(norm_eps, norm_scale)
+        strides = (*_row_strides(g), *_row_strides(o2a), *_row_strides(lam4), *_row_strides(do2a),
+                   *_row_strides(do1a), *_row_strides(o1a))  # fmt: skip
+        args = (g, o2a, lam4, do2a, dlam_rows, do1a, o1a, o2b, do2b, do1b, o1b, *strides, rows, h, t, 2 * d, eps, scale,
+                d)  # fmt: skip
+        _launch_subtract(_subtract_bwd_kernel, rows, args, 2 * d, JOINED=True, PARTS=True, **norm)
+    return doa, dob, dlam_rows
+
+
+def parts_fit(oa: torch.Tensor, ob: torch.Tensor) -> bool:
+    """Whether two calls' outputs can be read by the kernels as one joined along the columns
+    (:func:`subtract_pair_parts`): the same shape, dtype, device and strides, the last stride 1 — as two calls of one
+    kind give them."""
+    return (
+        oa.shape == ob.shape
+        and oa.dtype == ob.dtype
+        and oa.device == ob.device
+        and oa.stride() == ob.stride()
+        and oa.stride(-1) == 1
+        and _pair_gradient(oa).stride() == _pair_gradient(ob).stride()
+    )
+
+
+class _SubtractParts(torch.autograd.Function):
+    """:func:`subtract_pair_parts` for eager training, as :class:`_SubtractPair` is :func:`subtract_pair`'s."""
+
+    @staticmethod
+    def forward(ctx, oa, ob, lam, interleaved, norm_eps, norm_scale):
+        ctx.save_for_backward(oa, ob, lam)
+        ctx.interleaved, ctx.norm = interleaved, (norm_eps, norm_scale)
+        return _subtract_parts_impl(oa, ob, lam, interleaved, norm_eps, norm_scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        oa, ob, lam = ctx.saved_tensors
+        doa, dob, dlam_rows = _subtract_parts_bwd_impl(g, oa, ob, lam, ctx.interleaved, *ctx.norm)
+        return doa, dob, _lambda_grad(dlam_rows, lam), None, None, None
 
 
 _subtract_op = torch.library.custom_op("diffattn::subtract_maps", mutates_args=())(_subtract_impl)
@@ -403,6 +535,29 @@ def subtract_pair(
     if torch.is_grad_enabled() and (o.requires_grad or lam.requires_grad):
         return _SubtractPair.apply(o, lam, interleaved, eps, scale)
     return _subtract_pair_impl(o, lam, interleaved, eps, scale)
+
+
+def subtract_pair_parts(
+    parts: tuple[torch.Tensor, torch.Tensor], lam: torch.Tensor, layout: str, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
+    """:func:`subtract_pair` of two calls' outputs joined along the columns, ``[oa | ob]`` — each [B, 2H, T, d], one per
+    slice of V (the ``sdpa_split`` route at dv = 2d) — read and their gradients written where they are, without the
+    join: a copy of both outputs forward, and the slices of the joined gradient each SDPA backward would otherwise be
+    handed. The two must have one layout (:func:`parts_fit`); under torch.compile they are joined and handed to
+    :func:`subtract_pair` (the compiler sees its custom op). ``norm`` as :func:`subtract_maps`'s."""
+    oa, ob = parts
+    if layout not in ("stacked", "interleaved"):
+        raise ValueError(f"layout must be 'stacked' or 'interleaved', got {layout!r}")
+    if oa.dim() != 4 or oa.shape[1] % 2 or not parts_fit(oa, ob):
+        shapes = f"{tuple(oa.shape)} {tuple(oa.stride())}, {tuple(ob.shape)} {tuple(ob.stride())}"
+        raise ValueError(f"parts must be two [B, 2H, T, d] tensors of one layout, got {shapes}")
+    if torch.compiler.is_compiling():
+        return subtract_pair(torch.cat([oa, ob], dim=-1), lam, layout, norm)
+    interleaved = layout == "interleaved"
+    eps, scale = _norm_eps_scale(norm)
+    if torch.is_grad_enabled() and (oa.requires_grad or ob.requires_grad or lam.requires_grad):
+        return _SubtractParts.apply(oa, ob, lam, interleaved, eps, scale)
+    return _subtract_parts_impl(oa, ob, lam, interleaved, eps, scale)
 
 
 def subtract_maps(
