@@ -234,9 +234,10 @@ def test_whole_heads_on_each_epilogue_route_are_its_route(layout, route, monkeyp
 
 @pytest.mark.parametrize(("layout", "route"), ONE_CALL)
 def test_a_one_call_epilogue_route_hands_the_calls_output_to_the_kernel_uncut(layout, route, monkeypatch):
-    # the fused epilogue takes the call's output whole (epilogue.subtract_pair) and its backward writes that output's
-    # gradient in one pass: between the route's output and SDPA's there is no cut of the two maps (a chunk or unbind,
-    # whose backward is a cat of dO1 and dO2: one more pass over the whole gradient)
+    # the fused epilogue takes the call's output whole (epilogue.subtract_pair; sdpa_split's two calls' outputs as
+    # they are, epilogue.subtract_pair_parts) and its backward writes that output's gradient in one pass: between the
+    # route's output and SDPA's there is no cut of the two maps (a chunk or unbind, whose backward is a cat of dO1 and
+    # dO2: one more pass over the whole gradient)
     import_kernels("diffattn.ops.triton.epilogue")  # without CUDA: interpreted
     keep_interpreting(monkeypatch)
     outputs = []
@@ -252,7 +253,10 @@ def test_a_one_call_epilogue_route_hands_the_calls_output_to_the_kernel_uncut(la
     assert fn is outputs[0].grad_fn, "the route's output is made from its (first) SDPA call's"
     cuts = [n for n in nodes if n.startswith(("Split", "Unbind", "Chunk"))]
     assert not cuts, f"the maps cut apart before the epilogue: {nodes}"
-    assert "_SubtractPairBackward" in nodes
+    if route == "sdpa_split":  # its two calls' outputs (one per slice of V) read unjoined: no cat either
+        assert "_SubtractPartsBackward" in nodes and not [n for n in nodes if n.startswith("Cat")], nodes
+    else:
+        assert "_SubtractPairBackward" in nodes
 
 
 @pytest.mark.parametrize("model_order", [True, False])
