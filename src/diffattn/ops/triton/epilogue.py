@@ -217,16 +217,30 @@ def _norm_args(norm_eps: float | None, norm_scale: float) -> tuple[float, float,
 def _subtract_impl(
     o1: torch.Tensor, o2: torch.Tensor, lam: torch.Tensor, norm_eps: float | None = None, norm_scale: float = 1.0
 ) -> torch.Tensor:
-    b, h, t, dv = o1.shape
     o1, o2 = _last_contiguous(o1), _last_contiguous(o2)
-    out = _output_like(o1)
+    return _subtract_fwd_launch(o1, o2, lam, _output_like(o1), norm_eps, norm_scale)
+
+
+def _subtract_fwd_launch(
+    o1: torch.Tensor,
+    o2: torch.Tensor,
+    lam: torch.Tensor,
+    out: torch.Tensor,
+    norm_eps: float | None,
+    norm_scale: float,
+    parts: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``out`` [B, H, T, dv] written: O1 − λ·O2, normed where ``norm_eps`` is given. ``parts``: (O1B, O2B), the columns
+    from O1's width on of O1 and O2 (two calls' outputs joined there by the kernel, :func:`subtract_pair_parts`)."""
+    b, h, t, dv = out.shape
     lam4 = _lam4(lam)
     rows = b * h * t
     if rows:
         eps, scale, norm = _norm_args(norm_eps, norm_scale)
+        o1b, o2b = parts or (o1, o2)
         strides = (*_row_strides(o1), *_row_strides(o2), *_row_strides(lam4), *_row_strides(out))
-        args = (o1, o2, lam4, out, o1, o2, *strides, rows, h, t, dv, eps, scale, dv)
-        _launch_subtract(_subtract_fwd_kernel, rows, args, dv, PARTS=False, **norm)
+        args = (o1, o2, lam4, out, o1b, o2b, *strides, rows, h, t, dv, eps, scale, o1.shape[-1])
+        _launch_subtract(_subtract_fwd_kernel, rows, args, dv, PARTS=parts is not None, **norm)
     return out
 
 
@@ -239,10 +253,13 @@ def _subtract_bwd_launch(
     do1: torch.Tensor | None,
     norm_eps: float | None = None,
     norm_scale: float = 1.0,
+    parts: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """dO2 (and dO1 where given: g itself, or the norm's gradient) written in place; the per-row float32 shares of dλ
-    returned. ``o1`` is read only with the norm (``norm_eps`` not None), which needs ``do1``."""
-    b, h, t, dv = o2.shape
+    returned. ``o1`` is read only with the norm (``norm_eps`` not None), which needs ``do1``. ``parts``: (O1B, O2B,
+    dO1B, dO2B), the columns from O2's width on of O1, O2, dO1 and dO2 (:func:`subtract_pair_parts`; dO1 given)."""
+    b, h, t, d = o2.shape
+    dv = g.shape[-1]
     g, o2 = _last_contiguous(g), _last_contiguous(o2)
     dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=o2.device)
     lam4 = _lam4(lam)
@@ -252,10 +269,11 @@ def _subtract_bwd_launch(
         joined = do1 is not None and norm_eps is None
         do1 = do1 if do1 is not None else do2  # not written without JOINED or NORM: dO2 stands in
         o1 = _last_contiguous(o1) if o1 is not None else o2  # not read without NORM: O2 stands in
+        o1b, o2b, do1b, do2b = parts or (o1, o2, do1, do2)
         strides = (*_row_strides(g), *_row_strides(o2), *_row_strides(lam4), *_row_strides(do2), *_row_strides(do1),
                    *_row_strides(o1))  # fmt: skip
-        args = (g, o2, lam4, do2, dlam_rows, do1, o1, o2, do2, do1, o1, *strides, rows, h, t, dv, eps, scale, dv)
-        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined, PARTS=False, **norm)
+        args = (g, o2, lam4, do2, dlam_rows, do1, o1, o2b, do2b, do1b, o1b, *strides, rows, h, t, dv, eps, scale, d)
+        _launch_subtract(_subtract_bwd_kernel, rows, args, dv, JOINED=joined, PARTS=parts is not None, **norm)
     return dlam_rows
 
 
@@ -333,16 +351,7 @@ def _subtract_parts_impl(
     norm_scale: float = 1.0,
 ) -> torch.Tensor:
     (o1a, o1b), (o2a, o2b), d = _parts_args(oa, ob, interleaved)
-    b, h, t, _ = o1a.shape
-    out = _dense_like(o1a, 2 * d)
-    lam4 = _lam4(lam)
-    rows = b * h * t
-    if rows:
-        eps, scale, norm = _norm_args(norm_eps, norm_scale)
-        strides = (*_row_strides(o1a), *_row_strides(o2a), *_row_strides(lam4), *_row_strides(out))
-        args = (o1a, o2a, lam4, out, o1b, o2b, *strides, rows, h, t, 2 * d, eps, scale, d)
-        _launch_subtract(_subtract_fwd_kernel, rows, args, 2 * d, PARTS=True, **norm)
-    return out
+    return _subtract_fwd_launch(o1a, o2a, lam, _dense_like(o1a, 2 * d), norm_eps, norm_scale, parts=(o1b, o2b))
 
 
 def _subtract_parts_bwd_impl(
@@ -356,22 +365,11 @@ def _subtract_parts_bwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The two calls' output gradients, each in its output's layout and written whole by the one kernel (dO1's and
     dO2's columns of each slice), and dλ's per-row float32 shares."""
-    (o1a, o1b), (o2a, o2b), d = _parts_args(oa, ob, interleaved)
-    b, h, t, _ = o1a.shape
-    g = _last_contiguous(g)
+    (o1a, o1b), (o2a, o2b), _ = _parts_args(oa, ob, interleaved)
     doa, dob = _pair_gradient(oa), _pair_gradient(ob)
     (do1a, do1b), (do2a, do2b), _ = _parts_args(doa, dob, interleaved)
-    dlam_rows = torch.empty((b, h, t), dtype=torch.float32, device=g.device)
-    lam4 = _lam4(lam)
-    rows = b * h * t
-    if rows:
-        eps, scale, norm = _norm_args(norm_eps, norm_scale)
-        strides = (*_row_strides(g), *_row_strides(o2a), *_row_strides(lam4), *_row_strides(do2a),
-                   *_row_strides(do1a), *_row_strides(o1a))  # fmt: skip
-        args = (g, o2a, lam4, do2a, dlam_rows, do1a, o1a, o2b, do2b, do1b, o1b, *strides, rows, h, t, 2 * d, eps, scale,
-                d)  # fmt: skip
-        _launch_subtract(_subtract_bwd_kernel, rows, args, 2 * d, JOINED=True, PARTS=True, **norm)
-    return doa, dob, dlam_rows
+    parts = (o1b, o2b, do1b, do2b)
+    return doa, dob, _subtract_bwd_launch(g, o1a, o2a, lam, do2a, do1a, norm_eps, norm_scale, parts=parts)
 
 
 def parts_fit(oa: torch.Tensor, ob: torch.Tensor) -> bool:
