@@ -2,7 +2,7 @@
 rules: the kernel switches (:data:`diffattn.ops.routes.TABLE_FLAGS`) and the first route of the class the step's
 attention calls are in where that class is a small one (:data:`diffattn.ops.routes.SMALL_WORK`).
 
-Why the step, not the route sweep: the switches move the DIFF layer's element-wise work into Triton kernels
+Why the step, not the route sweep: two of the switches move the DIFF layer's element-wise work into Triton kernels
 (``fused_head_norm`` the head norm into the epilogue's kernel, ``fused_lambda`` λ into kernels of its own), and a
 small call's route differs from another mostly in host work and launches. Those decide a small model's step, which is
 host-bound on the H200 (2026-11-28: the baseline's GPU busy 8.6 ms of its 40) — and the sweep times a route's call
