@@ -34,6 +34,7 @@ import triton.language as tl
 from .._inputs import interleaved_pair
 from . import tuning
 from .launch import _on_device
+from .layout import _last_contiguous
 from .tile_ops import _SUM  # not tl.sum: see tile_ops (the interpreter and an earlier triton import)
 
 #: elements a program holds per tensor on a GPU (a memory-bound pass: enough to keep loads wide, few registers)
@@ -185,10 +186,6 @@ def _row_strides(x: torch.Tensor) -> tuple[int, int, int]:
 
 def _lam4(lam: torch.Tensor) -> torch.Tensor:
     return lam.reshape(1, 1, 1, 1) if lam.dim() == 0 else lam
-
-
-def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _output_like(x: torch.Tensor) -> torch.Tensor:

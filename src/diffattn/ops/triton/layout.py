@@ -62,6 +62,12 @@ def _mask_span(mask: torch.Tensor) -> int:
     return (mask.shape[3] - 1) * mask.stride(3) + (min(mask.shape[2], _MASK_ROW_BLOCK) - 1) * mask.stride(2) + 1
 
 
+def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its last dimension dense (the element-wise kernels read rows with the last stride 1; their offsets
+    are 64-bit, so no span to keep in range as :func:`_kernel_layout` does): itself, or a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
     """``x`` as the kernels read it: a contiguous last dim, and one head's span within 32-bit offsets (a strided
     view over more than 2³¹ elements per head, e.g. [B, S, H, d] transposed at millions of tokens, is copied)."""

@@ -27,6 +27,7 @@ import triton.language as tl
 from .._inputs import heads_inside_tokens
 from . import tuning
 from .launch import _on_device
+from .layout import _last_contiguous
 
 
 @triton.jit
@@ -110,12 +111,8 @@ def _twice_like(v: torch.Tensor) -> torch.Tensor:
     return _like(v, 2 * v.shape[-1])
 
 
-def _last_dense(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _v_twice_impl(v: torch.Tensor) -> torch.Tensor:
-    v = _last_dense(v)
+    v = _last_contiguous(v)
     out = _twice_like(v)
     _, two_hkv, s, w = v.shape
     if out.numel():
@@ -124,7 +121,7 @@ def _v_twice_impl(v: torch.Tensor) -> torch.Tensor:
 
 
 def _v_slices_impl(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    v = _last_dense(v)
+    v = _last_contiguous(v)
     a, b = _like(v, v.shape[-1]), _like(v, v.shape[-1])
     _, two_hkv, s, w = v.shape
     if a.numel():
@@ -137,7 +134,7 @@ def _v_twice_bwd_impl(g_a: torch.Tensor, g_b: torch.Tensor, dv: torch.Tensor) ->
     (heads j and j + Hkv), ``g_b`` of v_(j + Hkv)'s; ``dv`` returned."""
     _, two_hkv, s, w = dv.shape
     if dv.numel():
-        _launch(_v_twice_bwd_kernel, (_last_dense(g_a), _last_dense(g_b), dv), two_hkv // 2, s, w)
+        _launch(_v_twice_bwd_kernel, (_last_contiguous(g_a), _last_contiguous(g_b), dv), two_hkv // 2, s, w)
     return dv
 
 
