@@ -111,22 +111,19 @@ def _twice_like(v: torch.Tensor) -> torch.Tensor:
     return _like(v, 2 * v.shape[-1])
 
 
-def _v_twice_impl(v: torch.Tensor) -> torch.Tensor:
+def _v_twice_impl(v: torch.Tensor, slices: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """[V; V] from V's halves ``v``, or (``slices``) its two column halves as tensors of their own, by the forward
+    kernel."""
     v = _last_contiguous(v)
-    out = _twice_like(v)
     _, two_hkv, s, w = v.shape
-    if out.numel():
-        _launch(_v_twice_fwd_kernel, (v, out, out[..., w:]), two_hkv // 2, s, w)
-    return out
-
-
-def _v_slices_impl(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    v = _last_contiguous(v)
-    a, b = _like(v, v.shape[-1]), _like(v, v.shape[-1])
-    _, two_hkv, s, w = v.shape
+    if slices:
+        out = a, b = _like(v, w), _like(v, w)
+    else:
+        out = _twice_like(v)
+        a, b = out, out[..., w:]
     if a.numel():
         _launch(_v_twice_fwd_kernel, (v, a, b), two_hkv // 2, s, w)
-    return a, b
+    return out
 
 
 def _v_twice_bwd_impl(g_a: torch.Tensor, g_b: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
@@ -151,43 +148,34 @@ def _empty_grad(layout: tuple) -> torch.Tensor:
 
 
 class _VTwice(torch.autograd.Function):
+    """:func:`_v_twice_impl` (whole or in slices) with V's gradient from the copies' by the backward kernel."""
+
     @staticmethod
-    def forward(ctx, v):
-        ctx.grad_layout = _grad_layout(v)
-        return _v_twice_impl(v)
+    def forward(ctx, v, slices):
+        ctx.grad_layout, ctx.slices = _grad_layout(v), slices
+        return _v_twice_impl(v, slices)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # a kernel's gradient has no graph: a second derivative raises
-    def backward(ctx, g):
+    def backward(ctx, *grads):  # slices: a slice without a gradient arrives as zeros (materialize_grads)
         w = ctx.grad_layout[0][-1]
-        return _v_twice_bwd_impl(g[..., :w], g[..., w:], _empty_grad(ctx.grad_layout))
+        g_a, g_b = grads if ctx.slices else (grads[0][..., :w], grads[0][..., w:])
+        return _v_twice_bwd_impl(g_a, g_b, _empty_grad(ctx.grad_layout)), None
 
 
-class _VSlices(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, v):
-        ctx.grad_layout = _grad_layout(v)
-        return _v_slices_impl(v)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g_a, g_b):  # a slice without a gradient arrives as zeros (materialize_grads)
-        return _v_twice_bwd_impl(g_a, g_b, _empty_grad(ctx.grad_layout))
-
-
-def _check(v: torch.Tensor) -> None:
+def _v_twice(v: torch.Tensor, slices: bool):
     if v.dim() != 4 or v.shape[1] % 2:
         raise ValueError(f"v must be [B, 2Hkv, S, w] (an even head count), got shape {tuple(v.shape)}")
+    if torch.is_grad_enabled() and v.requires_grad:
+        return _VTwice.apply(v, slices)
+    return _v_twice_impl(v, slices)
 
 
 def v_twice_from_halves(v: torch.Tensor) -> torch.Tensor:
     """``v_from_halves(v, copies=2)`` (the same values and layout) by the kernels of this module; differentiable once,
     in eager mode (under torch.compile the caller takes PyTorch's ops, which inductor fuses itself). ``v``: DiffLlama's
     V [B, 2Hkv, S, w], its last dimension dense."""
-    _check(v)
-    if torch.is_grad_enabled() and v.requires_grad:
-        return _VTwice.apply(v)
-    return _v_twice_impl(v)
+    return _v_twice(v, slices=False)
 
 
 def v_twice_slices(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,7 +183,4 @@ def v_twice_slices(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     slices the ``sdpa_split`` route calls SDPA with at dv = 2d), by the same kernels: their gradients are summed into
     V's from the two tensors as they come, where slicing [V; V] has autograd join them into one first (a copy of both).
     The values of ``v_from_halves(v, copies=2).split(w, dim=-1)``; differentiable once, in eager mode."""
-    _check(v)
-    if torch.is_grad_enabled() and v.requires_grad:
-        return _VSlices.apply(v)
-    return _v_slices_impl(v)
+    return _v_twice(v, slices=True)
