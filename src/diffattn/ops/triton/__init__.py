@@ -10,8 +10,11 @@ One file a path, each readable alone:
   or the deterministic two-kernel one.
 * :mod:`.decode` — flash-decoding: a forward without gradient split over keys, and the kernel that merges the splits.
 * :mod:`.epilogue` — the SDPA routes' last step, O1 − λ·O2 in float32, as one kernel each way (routes
-  ``<route>+epilogue``), with DIFF V1's head norm in the same kernel where switched on.
+  ``<route>+epilogue``), with DIFF V1's head norm in the same kernel where switched on, and after ``sdpa_split``'s two
+  calls on their outputs unjoined.
 * :mod:`.reparam` — DIFF V1's λ (Eq. 2) from its four vectors, one kernel each way, where switched on.
+* :mod:`.vcopies` — DIFF V1's values twice over, [V; V], for the one-call SDPA routes, and V's gradient from the
+  copies', one kernel each way, where switched on.
 * :mod:`.tile_ops` — the ``@triton.jit`` steps those kernels share (loads, the user mask on both maps' scores).
 * :mod:`.tuning` — which tiles, backward and key splits a launch gets, and the settings that override them.
 * :mod:`.layout` — how tensors reach the kernels: strides, masks, offsets kept within 32 bits, V in two halves.
