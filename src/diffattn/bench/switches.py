@@ -207,7 +207,7 @@ def _column_of(route: str, norm_on: bool, columns: set[str]) -> str | None:
 def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Decision]:
     """Per small class the step's rows fall into, the route to put first in ``entry`` (``on``: move it; None: leave
     the class as it is, with why) — module docstring. ``norm_on``: the ``fused_head_norm`` switch as decided."""
-    from ..ops.routes import SMALL, step_first_order, without_size
+    from ..ops.routes import SMALL, checked_routes, step_first_order, without_size
 
     out: dict[str, Decision] = {}
     for row in rows:
@@ -229,7 +229,7 @@ def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Deci
         if first is None:
             out[cls] = Decision(None, f"the step forced no column that runs {order[0]}, the class's first route")
             continue
-        checked = set(order) | set(listed.get(without_size(cls), ()))
+        checked = checked_routes(entry, cls)
         candidates = []
         for column in sorted(columns):
             route = split_fused(column.removeprefix("diffattn DIFF (").removesuffix(")"))[0]

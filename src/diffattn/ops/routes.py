@@ -238,13 +238,18 @@ STEP_FIRST = "step_first"
 
 def step_first_order(entry: dict, cls: str, routes: list[str]) -> list[str]:
     """``routes`` (the order the entry lists for class ``cls``, or for it at the standard size) with the route the step
-    put first for ``cls`` (:data:`STEP_FIRST`) ahead of the others — where the sweep checked that route correct for
-    the class or for it at the standard size; as they are otherwise."""
+    put first for ``cls`` (:data:`STEP_FIRST`) ahead of the others — where the sweep checked that route correct
+    (:func:`checked_routes`); as they are otherwise."""
     first = (entry.get(STEP_FIRST) or {}).get(cls)
-    checked = set(routes) | set(entry["routes"].get(without_size(cls), ()))
-    if first is None or first not in checked:
+    if first is None or first not in checked_routes(entry, cls):
         return list(routes)
     return [first, *(r for r in routes if r != first)]
+
+
+def checked_routes(entry: dict, cls: str) -> set[str]:
+    """The routes ``entry`` lists as correct for class ``cls`` or for it at the standard size (a small class is the
+    same computation on fewer tokens): those a step may put first for it."""
+    return set(entry["routes"].get(cls, ())) | set(entry["routes"].get(without_size(cls), ()))
 
 
 def read_class(index: int | None, cls: str) -> str:
