@@ -11,9 +11,9 @@ rounding (as PyTorch's sum of the two copies).
 
 Why. PyTorch builds [V; V] from the halves by one generic strided copy, and its backward by a sum over the copies
 and one more copy into V's layout: on the H200 of 2026-11-28 those kernels took 0.29 + 0.15 ms of ``cudnn+epilogue``'s
-4.02 ms of GPU time at batch·N = 16K, d = 64 (``benchmarks/gpu-runs/h200-2026-11-28/kernels.json``) — 0.6 TB/s and
-1.3 TB/s where the GPU moves ~4.8 — and issue 34's 1.55x is 0.28 ms below that route. Whether these kernels are faster
-is measured on a GPU before the route table switches them on (:func:`diffattn.ops.routes.v_copies_in_kernel`,
+4.02 ms of GPU time at batch·N = 16K, d = 64 (``benchmarks/gpu-runs/h200-2026-11-28/kernels.json``) — ~1.2 TB/s by
+the tensors' sizes, where the GPU moves ~4.8 — and issue 34's 1.55x is 0.28 ms below that route. Whether these kernels
+are faster is measured on a GPU before the route table switches them on (:func:`diffattn.ops.routes.v_copies_in_kernel`,
 ``"fused_v_copies"``), and they are used for calls above :data:`diffattn.ops.routes.SMALL_WORK` only: a small call's
 time is the host's, where a Triton launch's own cost is not known to be below a copy's.
 """
