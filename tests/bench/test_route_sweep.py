@@ -94,17 +94,30 @@ def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(mon
     assert tuning.FWD_COLUMNS and tuning._candidates("fwd_cols", 128, 256, 4096) == [(128, 16, 8, 2)]
 
 
-def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_classes():
+def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_classes(monkeypatch):
+    from diffattn.ops.triton import tuning
+
+    monkeypatch.setattr(tuning, "FWD_WS", False)  # restored after: force_candidate sets it below
     plan = rs.kernel_plan()
     assert plan[:3] == [("triton", rs.CallClass(p, d)) for p, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [rs.CallClass(p, 64, mode="decode") for p in ("v1", "shared_k")]
-    assert plan[3:5] == [("triton", c) for c in decoding] and set(plan[5:]) == set(rs.candidate_routes())
-    assert len(plan[5:]) == len(rs.candidate_routes())
-    # the decoding forward on more key splits than its heuristic takes, first (seconds a job); every other
-    # candidate on a train class
+    forwards = [("triton", rs.CallClass(p, 64, mode="infer")) for p in ("v1", "shared_k")]
+    assert plan[3:5] == [("triton", c) for c in decoding]
+    assert set(plan[5:]) == set(rs.candidate_routes()) | set(forwards)
+    assert len(plan[5:]) == len(rs.candidate_routes()) + len(forwards)
+    # the decoding forward on more key splits than its heuristic takes, first (seconds a job); then the default
+    # forward alone, and the forward by TMA tiles alone and trained, on DIFF V1's and V2's heads (issue 37's forward
+    # target is read on the forward alone); every other candidate on a train class
     splits = [(f"triton[splits {n}]", c) for c in decoding for n in rs.DECODE_SPLITS]
     assert plan[5 : 5 + len(splits)] == splits
-    assert all(c.mode == "train" for _, c in plan[5 + len(splits) :])
+    rest = plan[5 + len(splits) :]
+    assert rest[:2] == forwards
+    tma = [(f"triton[{v}]", rs.CallClass(p, 64, mode=m)) for p in ("v1", "shared_k") for v in ("tma", "ws")
+           for m in ("infer", "train")]  # fmt: skip
+    assert [job for job in rest if job[0] in ("triton[tma]", "triton[ws]")] == tma
+    assert all(c.mode == "train" for r, c in rest[2:] if r not in ("triton[tma]", "triton[ws]"))
+    rs.force_candidate("triton[ws]")
+    assert tuning.FWD_WS
 
 
 def test_a_key_split_route_forces_its_splits(monkeypatch):

@@ -76,6 +76,7 @@ WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
 }
 MASKS = ("none", "keys", "rows", "segments")
 FWD_REGIMES = ("fwd", "fwd_mid", "fwd_short")  # the training forward at >= 128, 33–127 and <= 32 packed rows
+TMA_KINDS = {"tma": "fwd_tma", "ws": "fwd_ws"}  # case kind -> launch kind of the forward by TMA tiles (FWD_TMA, FWD_WS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,8 @@ class Case:
     compiled with on a GPU; ``default``: the GPU's default tile (then the backward cases run both backwards)."""
 
     # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "split" (defaults of the split
-    # backward), "cols" (defaults of the forward by column blocks), "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"
+    # backward), "cols" (defaults of the forward by column blocks), "tma", "ws" (defaults of the forward by TMA tiles,
+    # plain and warp-specialised), "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"
     kind: str
     width: str
     mask: str
@@ -115,6 +117,9 @@ def _cases() -> list[Case]:
                 cases.append(Case("split", width, mask, None))
             if _table_tile("fwd_cols", width, mask):
                 cases.append(Case("cols", width, mask, None))
+            for variant, kind in TMA_KINDS.items():  # the forward by TMA tiles (no mask), and warp-specialised
+                if mask == "none" and _table_tile(kind, width, mask):
+                    cases.append(Case(variant, width, mask, None))
             for kind in ("fwd", "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"):
                 by_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
                 for bm, bn, warps, stages in tuning._TUNING[mask].get(kind, {}).get(width, []):
@@ -140,6 +145,8 @@ def _shape(case: Case, which: str) -> tuple[int, int, int, int, int]:
             heads = {"fwd": 16, "fwd_mid": 4, "fwd_short": 2}[case.kind]
             return 2, heads, 1, 10, 13
         return 2, 2, 1, 11, 13
+    if case.kind in TMA_KINDS:  # one head's rows a program: two 128-row (three 64-row) tiles, the last partial
+        return 1, 2, 1, 131, 137
     if case.kind in ("fwd", "fwd_cols"):
         return 1, 2, 1, 67, 75  # 134 rows: 128- and 64-row tiles, the last partial; 75 keys: 16/32/64-key tiles
     if case.kind == "fwd_mid":
@@ -231,10 +238,10 @@ def _install_bounds_check(monkeypatch) -> None:
     def wrap(name, what, ptr_arg, mask_arg):
         original = getattr(builder, name)
 
-        def checked(self, *args):
+        def checked(self, *args, **kwargs):  # keywords: e.g. a tensor descriptor's load passes its cache policy
             ptrs = args[ptr_arg]
             _Bounds.check(what, ptrs, None if mask_arg is None else args[mask_arg], size(ptrs))
-            return original(self, *args)
+            return original(self, *args, **kwargs)
 
         monkeypatch.setattr(builder, name, checked)
 
@@ -543,7 +550,8 @@ def _assert_lse_within_rounding(label, shape, tensors, mask, segments, shared_k,
 def _tiles_that_ran(ran: list, backward_from: int) -> dict:
     """(rows, keys) of the tiles each kernel ran with, for :func:`_tiled_yardstick`: the forward's, and "dv", "dk",
     "dq" from the kernels of the backward launched from ``ran[backward_from]`` on (the single-pass kernel all three)."""
-    fwd = next((bm, bn) for kind, bm, bn in reversed(ran[:backward_from]) if kind in ("fwd", "fwd_cols"))
+    forwards = ("fwd", "fwd_cols", *TMA_KINDS.values())
+    fwd = next((bm, bn) for kind, bm, bn in reversed(ran[:backward_from]) if kind in forwards)
     bwd = {kind: (bm, bn) for kind, bm, bn in ran[backward_from:]}
     if "dkdv_atomic" in bwd:
         return {"fwd": fwd, "dv": bwd["dkdv_atomic"], "dk": bwd["dkdv_atomic"], "dq": bwd["dkdv_atomic"]}
@@ -589,6 +597,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     split = case.kind in ("split", "dv", "dk")
     monkeypatch.setattr(tuning, "SPLIT_DKDV", split)
     monkeypatch.setattr(tuning, "FWD_COLUMNS", case.kind in ("cols", "fwd_cols"))
+    monkeypatch.setattr(tuning, "FWD_TMA", case.kind == "tma")
+    monkeypatch.setattr(tuning, "FWD_WS", case.kind == "ws")
     ran: list[tuple[str, int, int]] = []
     monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
     forwards = []  # what the kernels' forward returned: (out, o1, o2, lse1, lse2)
@@ -599,7 +609,7 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     out = launch.diff_attention_triton(inp)
     names = ["out", "dq1", "dk1", "dq2", *([] if shared_k else ["dk2"]), "dv", "dlam"]
     # single-pass where it has tiles; two-kernel (its dK/dV kernel split in two for the split cases)
-    two_kernel = ("dkdv", "dq", "split", "dv", "dk")
+    two_kernel = ("dkdv", "dq", "split", "dv", "dk", *TMA_KINDS)  # the forward by TMA tiles: the default backward
     backwards = [True, False] if case.kind == "bwd" else [False] if case.kind in two_kernel else [True]
     for atomic in backwards:
         monkeypatch.setattr(tuning, "ATOMIC_DQ", atomic)
@@ -628,6 +638,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
         assert {k for k, _, _ in ran} == {"fwd", "dv", "dk", "dq"}, (case.id, ran)
     if case.kind == "cols":  # the forward by column blocks ran, and not the whole-width one
         assert {k for k, _, _ in ran} == {"fwd_cols", "dkdv", "dq"}, (case.id, ran)
+    if case.kind in TMA_KINDS:  # the forward by TMA tiles ran, and not the default one
+        assert {k for k, _, _ in ran} == {TMA_KINDS[case.kind], "dkdv", "dq"}, (case.id, ran)
 
 
 @pytest.fixture(autouse=True)
@@ -680,10 +692,12 @@ def test_every_candidate_and_default_tile_is_covered():
     defaults = {(c.kind, c.width, c.mask) for c in CASES if c.default}
     split = {("split", w, m) for w in WIDTHS for m in MASKS if _table_tile("dk", w, m)}
     split |= {("cols", w, m) for w in WIDTHS for m in MASKS if _table_tile("fwd_cols", w, m)}
+    tma = {(v, w, "none") for v, kind in TMA_KINDS.items() for w in WIDTHS if _table_tile(kind, w, "none")}
+    assert tma == {(v, w, "none") for v in TMA_KINDS for w in ("v1", "v2")}  # DIFF V1's and V2's heads, no mask
     # the wide heads (and for the split, DIFF V1's), with every mask class
     want = {(k, "wide", m) for k in ("split", "cols") for m in MASKS} | {("split", "v1", m) for m in MASKS}
     assert split == want
-    assert defaults == {(k, w, m) for k in (*FWD_REGIMES, "bwd") for w in WIDTHS for m in MASKS} | split
+    assert defaults == {(k, w, m) for k in (*FWD_REGIMES, "bwd") for w in WIDTHS for m in MASKS} | split | tma
     for width in WIDTHS:  # every default table entry is one a default case reaches
         for kind in ("fwd", "fwd_mid", "fwd_short", "dkdv", "dq"):
             assert all(_table_tile(kind, width, m) for m in MASKS), (kind, width)

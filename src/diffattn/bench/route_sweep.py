@@ -155,14 +155,18 @@ def comparison_routes(cls: CallClass) -> list[str]:
 
 def candidate_routes() -> list[tuple[str, CallClass]]:
     """Each tuning candidate of the fused kernel's training forward and both backwards (no mask), forced alone, on
-    the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the single-pass backward (``triton[atomic]``)
-    and, for wide heads, the split dK/dV kernel (``triton[split]``) and the forward by column blocks
-    (``triton[cols]``) on their default tiles; then the decoding forward of V1 and DIFF V2 heads at d = 64 on more
-    key splits than its heuristic takes (``triton[splits N]``, :data:`DECODE_SPLITS`)."""
+    the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the forward by TMA tiles, plain and
+    warp-specialised (``triton[tma]``, ``triton[ws]``: DIFF V1's and V2's heads, forward alone and trained), the
+    single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel (``triton[split]``) and the
+    forward by column blocks (``triton[cols]``) on their default tiles; then the decoding forward of V1 and DIFF V2
+    heads at d = 64 on more key splits than its heuristic takes (``triton[splits N]``, :data:`DECODE_SPLITS`)."""
     from ..ops.triton import tuning
 
     out = []
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
+        for variant, kind in (("tma", "fwd_tma"), ("ws", "fwd_ws")):  # the forward by TMA tiles: alone, then trained
+            if cls_name in tuning._TILES[kind]:
+                out += [(f"triton[{variant}]", CallClass(pair, d, mode=mode)) for mode in ("infer", "train")]
         if cls_name != "wide":  # wide heads have no single-pass backward
             out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
         if cls_name in tuning._TILES["dk"]:  # the dK/dV kernel split in two, on larger tiles
@@ -382,6 +386,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "atomic": ("ATOMIC_DQ", ("dkdv_atomic",)),  # the single-pass backward
     "split": ("SPLIT_DKDV", ("dv", "dk")),  # the dK/dV kernel as a dV and a dK launch
     "cols": ("FWD_COLUMNS", ("fwd_cols",)),  # the forward by column blocks
+    "tma": ("FWD_TMA", ("fwd_tma",)),  # the forward by TMA tiles
+    "ws": ("FWD_WS", ("fwd_ws",)),  # the forward by TMA tiles, warp-specialised
 }
 
 
@@ -1131,9 +1137,11 @@ def kernel_plan() -> list[tuple[str, CallClass]]:
     the whole plan rarely reaches them in one lease, as the table's routes come first)."""
     defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [("triton", CallClass(pair, 64, mode="decode")) for pair in ("v1", "shared_k")]
+    # the default forward alone, beside which the forward by TMA tiles (triton[tma], triton[ws]) is read
+    forwards = [("triton", CallClass(pair, 64, mode="infer")) for pair in ("v1", "shared_k")]
     # the key splits right after (one call each, seconds a job), ahead of the training candidates' many jobs
     splits = split_routes()
-    return defaults + decoding + splits + [job for job in candidate_routes() if job not in splits]
+    return defaults + decoding + splits + forwards + [job for job in candidate_routes() if job not in splits]
 
 
 #: the routes that build DIFF V1's [V; V] from V's halves (:func:`diffattn.ops.sdpa.v_twice`), timed again by

@@ -33,6 +33,7 @@ from . import tuning
 from .backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel
 from .decode import _combine_kernel
 from .forward import _fwd_kernel
+from .forward_tma import _fwd_tma_kernel
 from .layout import (
     _causal_key_padding,
     _check_offsets,
@@ -190,6 +191,11 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
         bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
     nsplit = _cdiv(s, split_len)
+    tma = nsplit == 1 and not v_half and not consts["SHARED_Q"] and tuning._fwd_tma(d, dv, mask_class)
+    if tma and _tma_fits(q1, k1, q2, k2, v):  # the forward by TMA tiles (training, and inference without splits)
+        sizes = (b, h, hkv, t, s, d, dv)
+        _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts)
+        return out, o1, o2, lse1, lse2
     if nsplit > 1:  # per-split partial outputs, merged by _combine_kernel below
         po1 = torch.empty(nsplit, r_total, dv, device=q1.device, dtype=torch.float32)
         po2 = torch.empty_like(po1)
@@ -224,6 +230,49 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
             BLOCK_R=block_r, BLOCK_DV=consts["BLOCK_DV"],
         )  # fmt: skip
     return out, o1, o2, lse1, lse2
+
+
+def _tma_fits(*tensors: Tensor | None) -> bool:
+    """Whether tensors can be read through TMA descriptors (:mod:`.forward_tma`): 16-bit elements on a GPU (any
+    float dtype on the CPU, where only the interpreter runs kernels), the last stride 1, every other stride and the
+    data pointer 16-byte aligned. None (a shared operand) fits."""
+    for x in tensors:
+        if x is None:
+            continue
+        if x.is_cuda and x.element_size() != 2:
+            return False
+        per_16_bytes = 16 // x.element_size()
+        if x.stride(-1) != 1 or any(st % per_16_bytes for st in x.stride()[:-1]) or x.data_ptr() % 16:
+            return False
+    return True
+
+
+def _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts):
+    """The forward by TMA tiles (:mod:`.forward_tma`), warp-specialised under :data:`.tuning.FWD_WS`; O1 and O2 stored
+    where ``save_parts``. Its descriptors are made on the device, in scratch memory Triton asks an allocator for: one
+    is set where none is."""
+    b, h, hkv, t, s, d, dv = sizes
+    _ensure_allocator()
+    args = (q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, out, o1, o2, lse1, lse2,
+            *strides[:15], h, hkv, t, s, scale * _LOG2E)  # fmt: skip
+    tma_consts = {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
+    tma_consts.update(SAVE_PARTS=save_parts, WS=tuning.FWD_WS)
+    kind = "fwd_ws" if tuning.FWD_WS else "fwd_tma"
+    key = (kind, q1.device.type, q1.dtype, d, dv)
+    _launch(_fwd_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), args, tma_consts, kind, d, dv, t, key)
+
+
+def _scratch(size: int, alignment: int, stream) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _ensure_allocator() -> None:
+    """Triton's allocator for a kernel's scratch memory (device-made descriptors): ours, where the process has none
+    (Triton's default raises), so a user's own allocator is kept."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 # _fwd_impl as a custom op: opaque to torch.compile (fake implementation below) and differentiable (the autograd

@@ -50,6 +50,14 @@ SPLIT_DKDV: bool = False
 #: (``_fwd_columns``). Read when the forward runs.
 FWD_COLUMNS: bool = False
 
+#: The training forward by TMA tiles (:mod:`.forward_tma`: every tile one bulk tensor copy through a descriptor) for
+#: the class the targets are read on (no user mask or segments, Q1 and Q2 apart, 16-bit inputs, head widths powers of
+#: two), and :data:`FWD_WS` the same kernel warp-specialised (a producer warp group loading, the others computing:
+#: FlashAttention-3's scheme as Triton builds it on sm_90). Both off until a GPU times them faster than the default
+#: forward (the route sweep's ``triton[tma]`` and ``triton[ws]``). Read when the forward runs.
+FWD_TMA: bool = False
+FWD_WS: bool = False
+
 #: Time the :data:`_TUNING` alternatives on a GPU (``triton.autotune``, once per kernel, head widths, causality,
 #: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles. Off: on an H200
 #: (../shared/gpu/h200-2026-11-26.md) autotuning the single-pass backward ran candidate (16, 64, 4, 1), which died
@@ -103,6 +111,11 @@ _TILES = {
     # the split dK/dV kernel (SPLIT_DKDV): the dV launch, then the dK launch
     "dv": {"wide": (32, 128), "v1": (64, 128)},
     "dk": {"wide": (16, 128), "v1": (32, 128)},
+    # the forward by TMA tiles (FWD_TMA): 128 rows on 8 warps as the default forward, 64 keys a step; warp-specialised
+    # (FWD_WS) 64 rows, launched on 4 warps and built on 12 (a producer warp group and two others): 128 rows spilled
+    # 4.5–10 KB there, 128 x 32 0.1–7 KB (triton 3.9, V2 and V1)
+    "fwd_tma": {"v2": (128, 64), "v1": (128, 64)},
+    "fwd_ws": {"v2": (64, 64), "v1": (64, 64)},
 }
 
 # Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
@@ -148,11 +161,12 @@ _SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
 def _mask_class(consts: dict) -> str:
     """The mask class of a launch's constexprs: "none", "keys" (key padding), "rows" (a per-row 4-D mask, with or
     without segments) or "segments" (segment ids, with or without key padding)."""
-    if consts["MASK_KIND"] != 0 and consts["MASK_ROWS"]:
+    kind = consts.get("MASK_KIND", 0)  # a kernel without the constexpr takes no mask (.forward_tma)
+    if kind != 0 and consts["MASK_ROWS"]:
         return "rows"
     if consts.get("SEGMENTS"):
         return "segments"
-    return "none" if consts["MASK_KIND"] == 0 else "keys"
+    return "none" if kind == 0 else "keys"
 
 
 # Alternatives the autotuner times against the default tiles on a GPU, as (BLOCK_M, BLOCK_N, num_warps,
@@ -289,7 +303,9 @@ def _blocks(
         bm, bn = max(16, bm // 2), max(16, bn // 2)
     if kind.startswith("fwd"):
         bm = min(bm, _pow2(rows))
-    return bm, bn, 8
+    # warp specialisation on sm_90 (triton 3.6, 3.9) partitions a kernel launched on one warp group, adding the
+    # producer's and the second consumer's: on 8 warps it is silently not applied (benchmarks/kernel_report.py)
+    return bm, bn, 4 if kind == "fwd_ws" else 8
 
 
 def _compile_options(kind: str, rows: int) -> dict:
@@ -342,6 +358,16 @@ def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
     if INTERPRETED or BLOCK_OVERRIDE is not None:
         return half if half >= 16 else 0
     return half if _has_tiles("fwd_cols", d, dv, mask) else 0
+
+
+def _fwd_tma(d: int, dv: int, mask: str = "none") -> bool:
+    """Whether the forward runs by TMA tiles (:data:`FWD_TMA` or :data:`FWD_WS`) for these head widths and mask
+    class: no user mask or segments, both widths powers of two of at least 16 (a descriptor's block is a whole row),
+    a class with "fwd_tma" ("fwd_ws") tiles on a GPU (any under the interpreter's forced tiles). Key splits, Q1 shared
+    with Q2 and the tensors' layout are checked where the launch has them (:func:`.launch._tma_fits`)."""
+    if not (FWD_TMA or FWD_WS) or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
+        return False
+    return INTERPRETED or BLOCK_OVERRIDE is not None or _has_tiles("fwd_ws" if FWD_WS else "fwd_tma", d, dv, mask)
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:

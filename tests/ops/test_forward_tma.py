@@ -1,0 +1,165 @@
+"""The fused kernel's forward by TMA tiles (diffattn/ops/triton/forward_tma.py; tuning.FWD_TMA, and warp-specialised
+tuning.FWD_WS): under Triton's interpreter, the default forward's numbers bit for bit where both see the same rows
+(one query head per KV head), the float64 reference's to the rounding rule otherwise (GQA), forward and every
+gradient; and the default forward wherever the TMA one does not apply. Its GPU tiles at boundary shapes, with every
+access checked: tests/ops/test_tuning_candidates.py ("tma" and "ws" cases); compiled for sm_90:
+benchmarks/kernel_report.py (kinds fwd_tma, fwd_ws)."""
+
+from __future__ import annotations
+
+import contextvars
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from diffattn.ops import diff_attention
+
+from .interpreter import import_kernels, keep_interpreting
+from .test_triton import _left_padding, _record_kinds, check_against_reference, make_inputs
+
+launch = import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
+from diffattn.ops.triton import tuning  # noqa: E402
+
+FLAGS = {"tma": "FWD_TMA", "ws": "FWD_WS"}
+KINDS = {"tma": "fwd_tma", "ws": "fwd_ws"}
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch):
+    keep_interpreting(monkeypatch)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", (16, 16))  # tiny shapes still span several tiles
+
+
+def _forward(args, *, causal, share_k, save_parts, dtype):
+    q1, k1, q2, k2, v = (x.to(dtype) for x in args[:5])
+    lam = args[5]
+    b, h, t = q1.shape[:3]
+    lam_rows = lam.reshape(1, h, 1).expand(b, h, t).contiguous() if lam.dim() == 1 else lam
+    return launch._fwd_impl(q1, k1, q2, None if share_k else k2, v, lam_rows, None, causal, 0.3, save_parts)
+
+
+@pytest.mark.parametrize("variant", ["tma", "ws"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("shape", "causal", "share_k"),
+    [
+        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), True, False),  # T < S, partial tiles, V of width 2d
+        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), False, False),  # keys past S only hidden by the bound
+        (dict(b=2, h=2, hkv=2, t=21, s=21, d=16, dv=16), True, True),  # K shared (DIFF V2), batch 2
+        (dict(h=1, hkv=1, t=5, s=40, d=16, dv=32), True, False),  # a short block of rows against many keys
+    ],
+    ids=["causal-t<s", "noncausal", "shared-k-batch2", "t5-s40"],
+)
+@pytest.mark.parametrize("save_parts", [True, False], ids=["train", "infer"])
+def test_the_default_forward_bit_for_bit(monkeypatch, variant, dtype, shape, causal, share_k, save_parts):
+    # the same tiles, the same order of every sum: output, saved per-map outputs and log-sum-exps identical to the
+    # default forward's (one query head per KV head, so both kernels see the same rows in each program)
+    args = make_inputs(**shape, lam_kind="head")
+    kinds = _record_kinds(monkeypatch)
+    default = _forward(args, causal=causal, share_k=share_k, save_parts=save_parts, dtype=dtype)
+    monkeypatch.setattr(tuning, FLAGS[variant], True)
+    by_tma = _forward(args, causal=causal, share_k=share_k, save_parts=save_parts, dtype=dtype)
+    assert kinds == ["fwd", KINDS[variant]]
+    for name, a, b in zip(("out", "o1", "o2", "lse1", "lse2"), default, by_tma, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("variant", ["tma", "ws"])
+def test_matches_the_reference_with_gqa(monkeypatch, variant):
+    # GQA: a program takes one query head's rows (the default forward packs the group's), so the sums of a tile run in
+    # another order: output and every gradient against float64 by the rounding rule; λ per head and token
+    monkeypatch.setattr(tuning, FLAGS[variant], True)
+    kinds = _record_kinds(monkeypatch)
+    check_against_reference(make_inputs(b=2, h=4, hkv=2, t=19, s=23, d=16, dv=32, lam_kind="token"))
+    assert kinds == [KINDS[variant], "dkdv", "dq"]
+
+
+@pytest.mark.parametrize(
+    ("why", "shape", "kwargs"),
+    [
+        ("key padding", dict(b=2, h=2, hkv=2, t=19, s=23, d=16, dv=32), dict(attn_mask=_left_padding(2, 23, 7))),
+        (
+            "segments",
+            dict(b=1, h=2, hkv=2, t=20, s=20, d=16, dv=32),
+            dict(segment_ids=torch.tensor([[0] * 9 + [1] * 11])),
+        ),
+        ("q shared (DiffK)", dict(h=2, hkv=2, t=19, s=23, d=16, dv=32), dict(share_q=True)),
+        ("d not a power of two", dict(h=2, hkv=2, t=19, s=23, d=24, dv=32), dict()),
+        ("strides not 16-byte aligned", dict(h=2, hkv=2, t=19, s=23, d=16, dv=32), dict(misaligned=True)),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_the_default_forward_where_tma_tiles_do_not_apply(monkeypatch, why, shape, kwargs):
+    monkeypatch.setattr(tuning, "FWD_TMA", True)
+    kinds = _record_kinds(monkeypatch)
+    q1, k1, q2, k2, v, lam = make_inputs(**shape)
+    if kwargs.pop("share_q", False):
+        q2 = q1
+    if kwargs.pop("misaligned", False):  # Q's rows 17 floats apart (68 bytes): no descriptor can step them
+        q1 = torch.cat([q1, q1[..., :1]], dim=-1)[..., :16]
+    with torch.no_grad():
+        out = diff_attention(q1, k1, q2, k2, v, lam, backend="triton", **kwargs)
+        ref = diff_attention(q1, k1, q2, k2, v, lam, backend="reference", **kwargs)
+    torch.testing.assert_close(out, ref)
+    assert kinds == ["fwd"], why
+
+
+def test_the_default_forward_with_key_splits(monkeypatch):
+    # decoding splits the keys over programs (flash-decoding): the TMA forward has no splits, so the default runs
+    monkeypatch.setattr(tuning, "FWD_WS", True)
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", 3)
+    kinds = _record_kinds(monkeypatch)
+    q1, k1, q2, k2, v, lam = make_inputs(h=2, hkv=2, t=1, s=50, d=16, dv=32)
+    with torch.no_grad():
+        diff_attention(q1, k1, q2, k2, v, lam, backend="triton")
+    assert kinds == ["fwd"]
+
+
+def test_which_heads_take_tma_tiles_on_a_gpu(monkeypatch):
+    # DIFF V1 (d = 64, dv = 128) and V2 (64, 64) heads without a mask, once a flag is on; never wide heads or a mask
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    assert not tuning._fwd_tma(64, 128)
+    for flag in FLAGS.values():
+        monkeypatch.setattr(tuning, flag, True)
+        assert tuning._fwd_tma(64, 128) and tuning._fwd_tma(64, 64)
+        assert not tuning._fwd_tma(128, 256) and not tuning._fwd_tma(64, 128, "keys")
+        assert not tuning._fwd_tma(64, 128, "segments") and not tuning._fwd_tma(48, 96)
+        monkeypatch.setattr(tuning, flag, False)
+    # warp specialisation is built from a launch on one warp group (on 8 warps Triton leaves it out)
+    assert tuning._blocks("fwd_ws", 64, 128, 4096)[2] == 4 and tuning._blocks("fwd_tma", 64, 128, 4096)[2] == 8
+
+
+def test_layouts_a_descriptor_can_read():
+    def fake(element_size, strides, ptr=0, cuda=True):
+        def stride(dim=None):
+            return strides if dim is None else strides[dim]
+
+        return SimpleNamespace(is_cuda=cuda, element_size=lambda: element_size, stride=stride, data_ptr=lambda: ptr)
+
+    assert launch._tma_fits(fake(2, (4096, 64, 128, 1)), None)  # a projection's bf16 view; a shared operand
+    assert not launch._tma_fits(fake(4, (4096, 64, 128, 1)))  # float32 on a GPU: not this kernel's tiles
+    assert launch._tma_fits(fake(4, (4096, 64, 128, 1), cuda=False))  # the interpreter takes any float dtype
+    assert not launch._tma_fits(fake(2, (4096, 64, 1, 128)))  # the last dimension strided
+    assert not launch._tma_fits(fake(2, (4100, 60, 132, 1)))  # a stride of 4 elements (8 bytes)
+    assert not launch._tma_fits(fake(2, (4096, 64, 128, 1), ptr=8))  # a base 8 bytes off 16
+
+
+def test_an_allocator_for_the_descriptors_only_where_none_is_set():
+    import triton
+    from triton.runtime import _allocation
+
+    def run():
+        launch._ensure_allocator()
+        ours = _allocation._allocator.get()
+        assert ours is launch._scratch
+
+        def users(size, alignment, stream):
+            return torch.empty(size, dtype=torch.int8)
+
+        triton.set_allocator(users)
+        launch._ensure_allocator()
+        assert _allocation._allocator.get() is users  # a user's allocator is kept
+
+    contextvars.copy_context().run(run)  # the process's own allocator is left as it was
