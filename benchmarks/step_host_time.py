@@ -13,7 +13,8 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
 
 * ``baseline`` (Llama), ``DiffLlama`` (transformers' own two calls a layer);
 * ``DIFF cudnn`` and ``DIFF cudnn+epilogue``: the routes the H200 table runs for the small and the 16K V1 class
-  (``sdpa_kernel`` made a no-op, the device check skipped);
+  (the device check skipped; the route's ``sdpa_kernel`` block and the gradient-layout guard of
+  :mod:`diffattn.ops.sdpa`, which run on CUDA only, run here too);
 * ``…+norm``: the head norm in the epilogue's kernel (:func:`diffattn.ops.fused_head_norm`), ``…+lambda``: λ by its
   kernels (:func:`diffattn.ops.fused_lambda`).
 
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
 import statistics
 import sys
@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
     reparam._lambda_fwd_kernel, reparam._lambda_bwd_kernel = LambdaNoLaunch(), NoLaunch()
     sdpa._cudnn_device_reason = lambda *a: None  # the cuDNN route runs on the CPU, its call the stand-in below
-    torch.nn.attention.sdpa_kernel = lambda *a, **k: contextlib.nullcontext()
+    # what the routes do on CUDA only, done here too: the cuDNN route's sdpa_kernel block (the stand-in ignores it)
+    # and the guard that hands each call's gradient on in its output's layout (sdpa.GUARDED_DEVICES)
+    sdpa.GUARDED_DEVICES = frozenset({"cpu", "cuda"})
 
     class OneCall(torch.autograd.Function):  # an attention call as one dispatch each way (module docstring)
         @staticmethod

@@ -35,20 +35,34 @@ def test_the_gradient_is_handed_on_in_the_outputs_layout_and_only_copied_when_it
     assert got.data_ptr() == one.data_ptr()
 
 
-def _model_layout(b, h, t, d, generator):
+def _model_layout(b, h, t, d, generator, dtype=torch.float32):
     """transformers' heads: a projection's [B, T, H·d] output viewed as [B, T, H, d] and transposed."""
-    return torch.randn(b, t, h, d, generator=generator).transpose(1, 2).requires_grad_()
+    return torch.randn(b, t, h, d, generator=generator).to(dtype).transpose(1, 2).requires_grad_()
+
+
+def _cudnn_route_on_the_cpu(monkeypatch) -> None:
+    """The ``cudnn`` routes' code path on this CPU: the device check passed and the cuDNN-only dispatch left to the
+    CPU's SDPA (as benchmarks/step_host_time.py does)."""
+    import contextlib
+
+    import torch.nn.attention
+
+    monkeypatch.setattr(sdpa, "_cudnn_device_reason", lambda *a: None)
+    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel", lambda *a, **k: contextlib.nullcontext())
 
 
 @pytest.mark.parametrize(
     "route, shared",
     [("sdpa", False), ("sdpa_split", False), ("sdpa_maps", False), ("sdpa_maps+epilogue", False),
+     ("sdpa+epilogue", False), ("sdpa_split+epilogue", False), ("cudnn", False), ("cudnn+epilogue", False),
      ("sdpa", True), ("sdpa+epilogue", True)],
 )  # fmt: skip
 def test_each_sdpa_calls_gradient_layout_is_fixed_whatever_layout_the_ops_gradient_has(route, shared, monkeypatch):
     # what cuDNN's cache needs: the same call (same Q, K, V) gets its output gradient at the same strides every time —
-    # here with the op's output gradient contiguous once and [B, T, H, dv]-ordered once
+    # here with the op's output gradient contiguous once and [B, T, H, dv]-ordered once (the one-call routes with the
+    # epilogue without the guard: its backward writes the gradient in the output's layout itself)
     keep_interpreting(monkeypatch)
+    _cudnn_route_on_the_cpu(monkeypatch)
     monkeypatch.setattr(sdpa, "GUARDED_DEVICES", frozenset({"cpu", "cuda"}))  # as on CUDA (only guarded there)
     seen = []
     real = F.scaled_dot_product_attention
@@ -63,11 +77,14 @@ def test_each_sdpa_calls_gradient_layout_is_fixed_whatever_layout_the_ops_gradie
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     g = torch.Generator().manual_seed(0)
     b, h, t, d = 2, 2, 7, 4
-    q1, q2, k1 = (_model_layout(b, h, t, d, g) for _ in range(3))
-    k2 = k1 if shared else _model_layout(b, h, t, d, g)
-    v = _model_layout(b, h, t, d if shared else 2 * d, g)
+    dtype = torch.float32
+    if route.startswith("cudnn"):  # what the cudnn routes take: 16-bit, widths multiples of 8
+        d, dtype = 8, torch.bfloat16
+    q1, q2, k1 = (_model_layout(b, h, t, d, g, dtype) for _ in range(3))
+    k2 = k1 if shared else _model_layout(b, h, t, d, g, dtype)
+    v = _model_layout(b, h, t, d if shared else 2 * d, g, dtype)
     lam = torch.tensor(0.3, requires_grad=True)
-    cotangent = torch.randn(b, h, t, v.shape[-1], generator=g)  # contiguous [B, H, T, dv]
+    cotangent = torch.randn(b, h, t, v.shape[-1], generator=g).to(dtype)  # contiguous [B, H, T, dv]
     per_layout = []
     for given in (cotangent, cotangent.transpose(1, 2).contiguous().transpose(1, 2)):
         seen.clear()
@@ -105,6 +122,27 @@ def test_the_same_call_twice_with_gradients_in_two_layouts_gives_the_same_gradie
         assert ((second.float() - first.float()).norm() / first.float().norm()).item() < 2e-2
 
 
+@pytest.mark.parametrize(
+    "route, shared, guards",
+    [("cudnn+epilogue", False, 0), ("sdpa_split+epilogue", False, 0), ("sdpa+epilogue", False, 0),
+     ("sdpa+epilogue", True, 0), ("cudnn", False, 1), ("sdpa_split", False, 1), ("sdpa_maps+epilogue", False, 2)],
+)  # fmt: skip
+def test_the_guard_only_where_a_gradient_may_arrive_in_another_layout(route, shared, guards, monkeypatch):
+    # a guard is an autograd Function a call (host time a small model's step is bound by): none where the epilogue's
+    # backward writes the whole output's gradient itself (one call, or sdpa_split's two read unjoined); one where the
+    # op's output gradient reaches the call (no epilogue), one a map where the epilogue hands O1 the gradient as given
+    keep_interpreting(monkeypatch)
+    _cudnn_route_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(sdpa, "GUARDED_DEVICES", frozenset({"cpu", "cuda"}))
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if route.startswith("cudnn") else torch.float32  # the cudnn routes take 16-bit only
+    q1, q2, k1 = (_model_layout(1, 2, 5, 8, g, dtype) for _ in range(3))
+    k2 = k1 if shared else _model_layout(1, 2, 5, 8, g, dtype)
+    v = _model_layout(1, 2, 5, 8 if shared else 16, g, dtype)
+    out = ops.diff_attention(q1, k1, q2, k2, v, 0.3, backend=route)
+    assert sum("GradInOutputLayout" in type(fn).__name__ for fn in _graph_nodes(out.grad_fn)) == guards
+
+
 def test_on_the_cpu_the_gradient_is_not_touched():
     # no cuDNN there: the guard's copies would only cost (a DIFF V2 model trains through `sdpa` on the CPU)
     q1, k1, q2, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(4))
@@ -124,8 +162,8 @@ def _graph_nodes(fn, seen=None):
 @pytest.mark.parametrize(
     "key, route",
     [("v1 d16 dv32 fp32 causal none train", r) for r in ("sdpa", "sdpa_split", "sdpa_maps", "sdpa_maps+epilogue")]
-    + [("shared_k d16 dv16 fp32 causal none train", r) for r in ("sdpa", "sdpa+epilogue", "sdpa_maps")],
-)
+    + [("shared_k d16 dv16 fp32 causal none train", r) for r in ("sdpa", "sdpa_maps")],
+)  # (the one-call routes with the epilogue have no guard: test_the_guard_only_where_a_gradient_may_arrive_...)
 def test_in_a_model_the_guard_copies_nothing_where_cuda_returns_outputs_in_qs_order(key, route, monkeypatch):
     # CUDA's attention kernels return a model's output [B, T, H, dv]-ordered (FlashAttention always, cuDNN following
     # Q), and the model's output gradient comes back in that order: each route cuts and joins its calls' outputs in

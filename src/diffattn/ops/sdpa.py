@@ -271,8 +271,9 @@ def diff_attention_sdpa(
         q, k = _padded(q, width - d), _padded(k, width - d)
     elif dv < width:
         v = _padded(v, width - dv)
-    o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))[..., :dv]
-    return _combine(inp, o, layout, fused_epilogue, norm)
+    # the epilogue's backward writes the gradient of an output it reads whole in that output's layout: no guard
+    o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout), guard=not (fused_epilogue and dv == width))
+    return _combine(inp, o[..., :dv], layout, fused_epilogue, norm)
 
 
 def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -328,7 +329,9 @@ def diff_attention_cudnn(
 
     q, k, v, layout = _one_call_operands(inp)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout))
+        # the epilogue's backward writes the output's gradient whole in its layout: no guard needed (an autograd
+        # Function less, host time a small model's step is bound by)
+        o = _call(inp, q, k, v, _sdpa_mask(inp, head_layout=layout), guard=not fused_epilogue)
     return _combine(inp, o, layout, fused_epilogue, norm)
 
 
@@ -358,12 +361,12 @@ def diff_attention_sdpa_split(
         from .triton.epilogue import parts_fit, subtract_pair_parts
 
         # each call's output read by the epilogue's kernel where it is, each call's gradient written whole in its
-        # output's layout by its backward (so each call is guarded on its own): no join of the outputs forward, no
-        # slices of a joined gradient backward
-        outs = [_call(inp, q, k, part, mask).to(inp.q1.dtype) for part in parts]
+        # output's layout by its backward (so no call needs the guard): no join of the outputs forward, no slices of
+        # a joined gradient backward. Outputs it cannot read so are joined, each call then guarded on its own
+        outs = [_call(inp, q, k, part, mask, guard=False).to(inp.q1.dtype) for part in parts]
         if parts_fit(*outs):
             return _zero_fully_masked(inp, subtract_pair_parts(tuple(outs), inp.lam, layout, norm))
-        return _combine(inp, _joined(outs), layout, fused_epilogue, norm)
+        return _combine(inp, _joined([_guarded(o) for o in outs]), layout, fused_epilogue, norm)
     o = _sliced_call(inp, q, k, parts, mask)
     return _combine(inp, o, layout, fused_epilogue, norm)
 
