@@ -30,7 +30,10 @@ single-pass backward with atomic dQ, FlashAttention-2's scheme), ``preprocess`` 
 kernel split into a dV launch and a dK launch, ``tuning.SPLIT_DKDV``: wide heads only), ``fwd_cols`` (the training
 forward by halves of V's columns, ``tuning.FWD_COLUMNS``: wide heads only), ``fwd_tma`` and ``fwd_ws`` (the
 training forward by TMA tiles, :mod:`diffattn.ops.triton.forward_tma`, ``tuning.FWD_TMA`` and, warp-specialised,
-``tuning.FWD_WS``: V1 and V2 heads without a mask), ``short`` (the training
+``tuning.FWD_WS``: V1 and V2 heads without a mask), ``dkdv_tma``, ``dq_tma``, ``dkdv_ws`` and ``dq_ws`` (the
+two-kernel backward so, :mod:`diffattn.ops.triton.backward_tma`, ``tuning.BWD_TMA``, ``tuning.BWD_WS``; for a
+warp-specialised kind the TTGIR holds each consumer partition's dots on its share of the rows, and ``flops/pair``
+counts one partition's: half the kernel's where two split a tile), ``short`` (the training
 forward at T = 64 rows, ``--short-t``: the 64-row tiles of short sequences), ``prefill`` (the forward without
 gradient split over keys, and its combine kernel, at ``--short-t`` and at the shape's T: a few long prompts leave
 SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
@@ -97,6 +100,7 @@ from pathlib import Path
 
 KINDS = (
     *("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "dv", "dk", "fwd_cols", "fwd_tma", "fwd_ws"),
+    *("dkdv_tma", "dq_tma", "dkdv_ws", "dq_ws"),
     *("short", "prefill", "decode", "epilogue"),
 )
 DEFAULT_KINDS = KINDS
@@ -317,11 +321,24 @@ def _record_launches(
     import triton
 
     from diffattn.bench.route_sweep import VARIANTS
-    from diffattn.ops.triton import backward, decode, epilogue, forward, forward_tma, launch, reparam, tuning, vcopies
+    from diffattn.ops.triton import (
+        backward,
+        backward_tma,
+        decode,
+        epilogue,
+        forward,
+        forward_tma,
+        launch,
+        reparam,
+        tuning,
+        vcopies,
+    )
 
     kernels = (
         forward._fwd_kernel,
         forward_tma._fwd_tma_kernel,
+        backward_tma._bwd_dkdv_tma_kernel,
+        backward_tma._bwd_dq_tma_kernel,
         backward._bwd_dkdv_kernel,
         backward._bwd_dq_kernel,
         decode._combine_kernel,
@@ -399,7 +416,7 @@ def _record_launches(
             (tuning, n)
             for n in (
                 *("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ"),
-                *("SPLIT_DKDV", "FWD_COLUMNS", "FWD_TMA", "FWD_WS"),
+                *("SPLIT_DKDV", "FWD_COLUMNS", "FWD_TMA", "FWD_WS", "BWD_TMA", "BWD_WS"),
             )
         ]
     )
@@ -421,7 +438,7 @@ def _record_launches(
     tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
     # the split dK/dV kernel and the forwards by column blocks and by TMA tiles for their own kinds only (the atomic
     # one: set above)
-    for name in ("split", "cols", "tma", "ws"):
+    for name in ("split", "cols", "tma", "ws", "btma", "bws"):
         flag, kinds = VARIANTS[name]
         setattr(tuning, flag, kind in kinds)
     try:

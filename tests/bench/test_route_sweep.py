@@ -116,8 +116,16 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
            for m in ("infer", "train")]  # fmt: skip
     assert [job for job in rest if job[0] in ("triton[tma]", "triton[ws]")] == tma
     assert all(c.mode == "train" for r, c in rest[2:] if r not in ("triton[tma]", "triton[ws]"))
+    # the backward by TMA tiles, alone and with the forward's, on the same heads' training classes
+    backward = [(f"triton[{v}]", rs.CallClass(p, 64)) for p in ("v1", "shared_k")
+                for v in ("btma", "tma+btma", "bws", "ws+bws")]  # fmt: skip
+    assert [job for job in rest if "btma" in job[0] or "bws" in job[0]] == backward
     rs.force_candidate("triton[ws]")
     assert tuning.FWD_WS
+    monkeypatch.setattr(tuning, "FWD_TMA", False)
+    monkeypatch.setattr(tuning, "BWD_TMA", False)
+    rs.force_candidate("triton[tma+btma]")  # two variants joined
+    assert tuning.FWD_TMA and tuning.BWD_TMA
 
 
 def test_a_key_split_route_forces_its_splits(monkeypatch):

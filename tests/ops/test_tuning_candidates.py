@@ -10,7 +10,10 @@ mask class (none, key padding, a per-row 4-D mask — bool on one shape, additiv
   a GPU clamps it); the backward's single-pass kernel (where it has tiles for the class) and the deterministic dK/dV
   + dQ kernels, both run on the same forward; for the classes with tiles for it, the two-kernel backward with its
   dK/dV kernel split into a dV and a dK launch (``split``, :data:`~diffattn.ops.triton.tuning.SPLIT_DKDV`), and the
-  training forward by blocks of V's columns (``cols``, :data:`~diffattn.ops.triton.tuning.FWD_COLUMNS`);
+  training forward by blocks of V's columns (``cols``, :data:`~diffattn.ops.triton.tuning.FWD_COLUMNS`); for the
+  classes with tiles for them and no mask, the forward and the two-kernel backward by TMA tiles, plain and
+  warp-specialised (``tma``, ``ws``, ``btma``, ``bws``: :data:`~diffattn.ops.triton.tuning.FWD_TMA` and the others;
+  the backward's on one query head per KV head, the only heads it takes);
 * every alternative of :data:`~diffattn.ops.triton.tuning._TUNING` (training forward, both backwards), forced
   alone, the other kernels on their default tiles.
 
@@ -77,6 +80,9 @@ WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
 MASKS = ("none", "keys", "rows", "segments")
 FWD_REGIMES = ("fwd", "fwd_mid", "fwd_short")  # the training forward at >= 128, 33–127 and <= 32 packed rows
 TMA_KINDS = {"tma": "fwd_tma", "ws": "fwd_ws"}  # case kind -> launch kind of the forward by TMA tiles (FWD_TMA, FWD_WS)
+# case kind -> the launch kinds of the two-kernel backward by TMA tiles (BWD_TMA, BWD_WS), and its flag
+BWD_TMA_KINDS = {"btma": ("dkdv_tma", "dq_tma"), "bws": ("dkdv_ws", "dq_ws")}
+BWD_TMA_FLAGS = {"btma": "BWD_TMA", "bws": "BWD_WS"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +92,8 @@ class Case:
 
     # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "split" (defaults of the split
     # backward), "cols" (defaults of the forward by column blocks), "tma", "ws" (defaults of the forward by TMA tiles,
-    # plain and warp-specialised), "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"
+    # plain and warp-specialised), "btma", "bws" (of the two-kernel backward so), "dkdv_atomic", "dkdv", "dq", "dv",
+    # "dk", "fwd_cols"
     kind: str
     width: str
     mask: str
@@ -120,6 +127,9 @@ def _cases() -> list[Case]:
             for variant, kind in TMA_KINDS.items():  # the forward by TMA tiles (no mask), and warp-specialised
                 if mask == "none" and _table_tile(kind, width, mask):
                     cases.append(Case(variant, width, mask, None))
+            for variant, kinds in BWD_TMA_KINDS.items():  # and the two-kernel backward so
+                if mask == "none" and all(_table_tile(kind, width, mask) for kind in kinds):
+                    cases.append(Case(variant, width, mask, None))
             for kind in ("fwd", "dkdv_atomic", "dkdv", "dq", "dv", "dk", "fwd_cols"):
                 by_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
                 for bm, bn, warps, stages in tuning._TUNING[mask].get(kind, {}).get(width, []):
@@ -140,6 +150,8 @@ CASES = _cases()
 def _shape(case: Case, which: str) -> tuple[int, int, int, int, int]:
     """``which`` "tiles": at least two tiles of the case's kernel along rows and keys, the last of each partial, T < S;
     "one-block": a single, partial key block (S < every BLOCK_N), the rows still in the case's regime."""
+    if case.kind in BWD_TMA_KINDS:  # one query head per KV head (the only heads it takes): 2 or 1 blocks each way
+        return (1, 2, 2, 131, 137) if which == "tiles" else (2, 2, 2, 11, 13)
     if which == "one-block":
         if case.kind in ("fwd", "fwd_mid", "fwd_short"):  # 16, 4 or 2 query heads per KV head: 160, 40, 20 rows
             heads = {"fwd": 16, "fwd_mid": 4, "fwd_short": 2}[case.kind]
@@ -552,7 +564,7 @@ def _tiles_that_ran(ran: list, backward_from: int) -> dict:
     "dq" from the kernels of the backward launched from ``ran[backward_from]`` on (the single-pass kernel all three)."""
     forwards = ("fwd", "fwd_cols", *TMA_KINDS.values())
     fwd = next((bm, bn) for kind, bm, bn in reversed(ran[:backward_from]) if kind in forwards)
-    bwd = {kind: (bm, bn) for kind, bm, bn in ran[backward_from:]}
+    bwd = {kind.removesuffix("_tma").removesuffix("_ws"): (bm, bn) for kind, bm, bn in ran[backward_from:]}
     if "dkdv_atomic" in bwd:
         return {"fwd": fwd, "dv": bwd["dkdv_atomic"], "dk": bwd["dkdv_atomic"], "dq": bwd["dkdv_atomic"]}
     one = bwd.get("dkdv")
@@ -599,6 +611,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     monkeypatch.setattr(tuning, "FWD_COLUMNS", case.kind in ("cols", "fwd_cols"))
     monkeypatch.setattr(tuning, "FWD_TMA", case.kind == "tma")
     monkeypatch.setattr(tuning, "FWD_WS", case.kind == "ws")
+    for variant, flag in BWD_TMA_FLAGS.items():
+        monkeypatch.setattr(tuning, flag, case.kind == variant)
     ran: list[tuple[str, int, int]] = []
     monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
     forwards = []  # what the kernels' forward returned: (out, o1, o2, lse1, lse2)
@@ -609,7 +623,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     out = launch.diff_attention_triton(inp)
     names = ["out", "dq1", "dk1", "dq2", *([] if shared_k else ["dk2"]), "dv", "dlam"]
     # single-pass where it has tiles; two-kernel (its dK/dV kernel split in two for the split cases)
-    two_kernel = ("dkdv", "dq", "split", "dv", "dk", *TMA_KINDS)  # the forward by TMA tiles: the default backward
+    # the forward by TMA tiles: the default backward; the backward by TMA tiles: the two-kernel one
+    two_kernel = ("dkdv", "dq", "split", "dv", "dk", *TMA_KINDS, *BWD_TMA_KINDS)
     backwards = [True, False] if case.kind == "bwd" else [False] if case.kind in two_kernel else [True]
     for atomic in backwards:
         monkeypatch.setattr(tuning, "ATOMIC_DQ", atomic)
@@ -640,6 +655,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
         assert {k for k, _, _ in ran} == {"fwd_cols", "dkdv", "dq"}, (case.id, ran)
     if case.kind in TMA_KINDS:  # the forward by TMA tiles ran, and not the default one
         assert {k for k, _, _ in ran} == {TMA_KINDS[case.kind], "dkdv", "dq"}, (case.id, ran)
+    if case.kind in BWD_TMA_KINDS:  # the backward by TMA tiles ran, and not the default one
+        assert {k for k, _, _ in ran} == {"fwd", *BWD_TMA_KINDS[case.kind]}, (case.id, ran)
 
 
 @pytest.fixture(autouse=True)
@@ -693,7 +710,10 @@ def test_every_candidate_and_default_tile_is_covered():
     split = {("split", w, m) for w in WIDTHS for m in MASKS if _table_tile("dk", w, m)}
     split |= {("cols", w, m) for w in WIDTHS for m in MASKS if _table_tile("fwd_cols", w, m)}
     tma = {(v, w, "none") for v, kind in TMA_KINDS.items() for w in WIDTHS if _table_tile(kind, w, "none")}
-    assert tma == {(v, w, "none") for v in TMA_KINDS for w in ("v1", "v2")}  # DIFF V1's and V2's heads, no mask
+    tma |= {(v, w, "none") for v, kinds in BWD_TMA_KINDS.items() for w in WIDTHS
+            if all(_table_tile(k, w, "none") for k in kinds)}  # fmt: skip
+    # DIFF V1's and V2's heads, no mask
+    assert tma == {(v, w, "none") for v in (*TMA_KINDS, *BWD_TMA_KINDS) for w in ("v1", "v2")}
     # the wide heads (and for the split, DIFF V1's), with every mask class
     want = {(k, "wide", m) for k in ("split", "cols") for m in MASKS} | {("split", "v1", m) for m in MASKS}
     assert split == want

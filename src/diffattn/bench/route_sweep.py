@@ -156,7 +156,9 @@ def comparison_routes(cls: CallClass) -> list[str]:
 def candidate_routes() -> list[tuple[str, CallClass]]:
     """Each tuning candidate of the fused kernel's training forward and both backwards (no mask), forced alone, on
     the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the forward by TMA tiles, plain and
-    warp-specialised (``triton[tma]``, ``triton[ws]``: DIFF V1's and V2's heads, forward alone and trained), the
+    warp-specialised (``triton[tma]``, ``triton[ws]``: DIFF V1's and V2's heads, forward alone and trained) and the
+    two-kernel backward so (``triton[btma]``, ``triton[bws]``, and each with the forward's: ``triton[tma+btma]``,
+    ``triton[ws+bws]``), the
     single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel (``triton[split]``) and the
     forward by column blocks (``triton[cols]``) on their default tiles; then the decoding forward of V1 and DIFF V2
     heads at d = 64 on more key splits than its heuristic takes (``triton[splits N]``, :data:`DECODE_SPLITS`)."""
@@ -167,6 +169,9 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
         for variant, kind in (("tma", "fwd_tma"), ("ws", "fwd_ws")):  # the forward by TMA tiles: alone, then trained
             if cls_name in tuning._TILES[kind]:
                 out += [(f"triton[{variant}]", CallClass(pair, d, mode=mode)) for mode in ("infer", "train")]
+        for variant in ("btma", "tma+btma", "bws", "ws+bws"):  # the backward by TMA tiles, then with the forward's
+            if cls_name in tuning._TILES["dkdv_ws" if "bws" in variant else "dkdv_tma"]:
+                out.append((f"triton[{variant}]", CallClass(pair, d)))
         if cls_name != "wide":  # wide heads have no single-pass backward
             out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
         if cls_name in tuning._TILES["dk"]:  # the dK/dV kernel split in two, on larger tiles
@@ -388,6 +393,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cols": ("FWD_COLUMNS", ("fwd_cols",)),  # the forward by column blocks
     "tma": ("FWD_TMA", ("fwd_tma",)),  # the forward by TMA tiles
     "ws": ("FWD_WS", ("fwd_ws",)),  # the forward by TMA tiles, warp-specialised
+    "btma": ("BWD_TMA", ("dkdv_tma", "dq_tma")),  # the two-kernel backward by TMA tiles
+    "bws": ("BWD_WS", ("dkdv_ws", "dq_ws")),  # the two-kernel backward by TMA tiles, warp-specialised
 }
 
 
@@ -402,14 +409,16 @@ DECODE_SPLITS = (10, 20, 40)
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
     every other launch kind its default tile. ``triton[NAME]`` of :data:`VARIANTS`: that variant on its tiles.
-    ``triton[splits N]``: a forward without gradient split over N key ranges (:data:`DECODE_SPLITS`)."""
+    ``triton[A+B]``: the variants A and B together. ``triton[splits N]``: a forward without gradient split over N
+    key ranges (:data:`DECODE_SPLITS`)."""
     if not route.startswith("triton["):
         return
     from ..ops.triton import tuning
 
     inner = route[len("triton[") : -1]
-    if inner in VARIANTS:
-        setattr(tuning, VARIANTS[inner][0], True)
+    if all(name in VARIANTS for name in inner.split("+")):  # one variant, or several joined by "+"
+        for name in inner.split("+"):
+            setattr(tuning, VARIANTS[name][0], True)
         return
     if inner.startswith("splits "):
         tuning.SPLIT_OVERRIDE = int(inner.split()[1])

@@ -18,6 +18,9 @@ docs/methods.md §0), from the log-sum-exps and per-map outputs the forward (:mo
   FLOPs per pair: 1.25x the key-block kernel's), for tiles as large as one of them allows — for wide heads (d = 128,
   dv = 256, whose three accumulators together leave room only for 32 × 32 tiles on mma.sync) and DIFF V1's (16
   queries a step together, 64 and 32 apart).
+* **By TMA tiles** (:mod:`.backward_tma`, under :data:`.tuning.BWD_TMA` or :data:`.tuning.BWD_WS`, off until a GPU
+  measures it faster): the two-kernel scheme for DIFF V1's and V2's heads without a mask, one query head per KV head,
+  every tile a bulk tensor copy, optionally warp-specialised.
 * Only the query blocks on a key block's causal diagonal, or of a partial key block, form a causal or bounds mask;
   a user mask applies everywhere. A row whose every key is masked has log-sum-exp +inf, so its P, and every
   gradient it would give, is exactly 0.

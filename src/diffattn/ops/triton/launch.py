@@ -31,6 +31,7 @@ from torch import Tensor
 from .._inputs import DiffAttentionInputs
 from . import tuning
 from .backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel
+from .backward_tma import _bwd_dkdv_tma_kernel, _bwd_dq_tma_kernel
 from .decode import _combine_kernel
 from .forward import _fwd_kernel
 from .forward_tma import _fwd_tma_kernel
@@ -275,6 +276,30 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
+def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale) -> None:
+    """The two-kernel backward by TMA tiles (:mod:`.backward_tma`), warp-specialised under :data:`.tuning.BWD_WS`:
+    dK1, dK2, dV, then dQ1, dQ2 written into ``outputs`` (dK2 unused when K is shared). ``common``: the default
+    kernels' leading arguments, of which these take all but the mask and segments."""
+    q1, k1, q2, k2, v, lam, _mask, _segments, dout, lse1, lse2, delta1, delta2 = common
+    dk1, dk2, dvv, dq1, dq2 = outputs
+    b, h, t, s, d, dv = sizes
+    _ensure_allocator()
+    ws = tuning.BWD_WS
+    head = (q1, k1, q2, k2, v, lam, dout, lse1, lse2, delta1, delta2)
+    tail = (*strides[:15], h, t, s, scale, scale * _LOG2E)
+    tma_consts = {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
+    tma_consts["WS"] = ws
+    kind = "dkdv_ws" if ws else "dkdv_tma"
+    key = (kind, q1.device.type, q1.dtype, d, dv)
+    dkdv_args = (*head, dk1, dk1 if k2 is None or k2 is k1 else dk2, dvv, *tail)
+    _launch(_bwd_dkdv_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(s, bn)), dkdv_args, tma_consts, kind, d, dv, t,
+            key)  # fmt: skip
+    kind = "dq_ws" if ws else "dq_tma"
+    key = (kind, q1.device.type, q1.dtype, d, dv)
+    dq_args = (*head, dq1, dq2, *tail)
+    _launch(_bwd_dq_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), dq_args, tma_consts, kind, d, dv, t, key)
+
+
 # _fwd_impl as a custom op: opaque to torch.compile (fake implementation below) and differentiable (the autograd
 # formula at the end of this section). A forward that needs neither calls _fwd_impl directly: the dispatcher
 # costs ~25 µs of host time a call, about half of a decoding step's launch overhead (benchmarks/host_overhead.py).
@@ -346,6 +371,11 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
     )  # fmt: skip
     sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E, _pow2(max(t, s)))
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
+    mask_class = tuning._mask_class(consts)
+    tma = not atomic and h == hkv and not consts["SHARED_Q"] and not tuning._split_dkdv(d, dv, mask_class)
+    if tma and tuning._bwd_tma(d, dv, mask_class) and _tma_fits(q1, k1, q2, k2, v, dout):  # (.backward_tma)
+        _bwd_tma_launch(common, (dk1, dk2, dvv, dq1, dq2), strides, consts, (b, h, t, s, d, dv), scale)
+        return dq1, dk1, dq2, dk2, dvv, dlam
     dkdv_args = (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes)
     # the key-block kernel: dK1, dK2, dV (and the atomic path's dQ) in one launch, or dV then dK in two (wide heads)
     split = not atomic and tuning._split_dkdv(d, dv, tuning._mask_class(consts))

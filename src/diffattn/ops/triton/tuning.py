@@ -58,6 +58,14 @@ FWD_COLUMNS: bool = False
 FWD_TMA: bool = False
 FWD_WS: bool = False
 
+#: The deterministic two-kernel backward by TMA tiles (:mod:`.backward_tma`), and :data:`BWD_WS` warp-specialised, for
+#: the same heads as :data:`FWD_TMA` with one query head per KV head: off until a GPU times them faster than the
+#: default backward (the route sweep's ``triton[btma]`` and ``triton[bws]``; ``triton[tma+btma]``, ``triton[ws+bws]``
+#: with the forward's). Read when the backward runs; not with the single-pass backward (:data:`ATOMIC_DQ`) or the
+#: split one (:data:`SPLIT_DKDV`).
+BWD_TMA: bool = False
+BWD_WS: bool = False
+
 #: Time the :data:`_TUNING` alternatives on a GPU (``triton.autotune``, once per kernel, head widths, causality,
 #: masks, dtypes and power-of-two bucket of the sequence length) instead of taking the default tiles. Off: on an H200
 #: (../shared/gpu/h200-2026-11-26.md) autotuning the single-pass backward ran candidate (16, 64, 4, 1), which died
@@ -116,6 +124,12 @@ _TILES = {
     # 4.5–10 KB there, 128 x 32 0.1–7 KB (triton 3.9, V2 and V1)
     "fwd_tma": {"v2": (128, 64), "v1": (128, 64)},
     "fwd_ws": {"v2": (64, 64), "v1": (64, 64)},
+    # the two-kernel backward by TMA tiles (BWD_TMA): the default backward's tiles; warp-specialised (BWD_WS): read
+    # off the report like the forward's
+    "dkdv_tma": {"v2": (32, 128), "v1": (16, 128)},
+    "dq_tma": {"v2": (128, 64), "v1": (128, 32)},
+    "dkdv_ws": {"v2": (32, 128), "v1": (16, 128)},
+    "dq_ws": {"v2": (64, 64), "v1": (64, 32)},
 }
 
 # Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
@@ -305,7 +319,7 @@ def _blocks(
         bm = min(bm, _pow2(rows))
     # warp specialisation on sm_90 (triton 3.6, 3.9) partitions a kernel launched on one warp group, adding the
     # producer's and the second consumer's: on 8 warps it is silently not applied (benchmarks/kernel_report.py)
-    return bm, bn, 4 if kind == "fwd_ws" else 8
+    return bm, bn, 4 if kind in WS_KINDS else 8
 
 
 def _compile_options(kind: str, rows: int) -> dict:
@@ -368,6 +382,20 @@ def _fwd_tma(d: int, dv: int, mask: str = "none") -> bool:
     if not (FWD_TMA or FWD_WS) or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
         return False
     return INTERPRETED or BLOCK_OVERRIDE is not None or _has_tiles("fwd_ws" if FWD_WS else "fwd_tma", d, dv, mask)
+
+
+#: the launch kinds built warp-specialised: launched on one warp group (:func:`_blocks`)
+WS_KINDS = frozenset({"fwd_ws", "dkdv_ws", "dq_ws"})
+
+
+def _bwd_tma(d: int, dv: int, mask: str = "none") -> bool:
+    """Whether the two-kernel backward runs by TMA tiles (:data:`BWD_TMA` or :data:`BWD_WS`) for these head widths and
+    mask class: as :func:`_fwd_tma`, with the backward's tile tables. One query head per KV head, Q1 apart from Q2
+    and the layout are checked where the launch has the tensors."""
+    if not (BWD_TMA or BWD_WS) or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
+        return False
+    kinds = ("dkdv_ws", "dq_ws") if BWD_WS else ("dkdv_tma", "dq_tma")
+    return INTERPRETED or BLOCK_OVERRIDE is not None or all(_has_tiles(k, d, dv, mask) for k in kinds)
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:

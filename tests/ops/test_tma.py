@@ -1,9 +1,9 @@
-"""The fused kernel's forward by TMA tiles (diffattn/ops/triton/forward_tma.py; tuning.FWD_TMA, and warp-specialised
-tuning.FWD_WS): under Triton's interpreter, the default forward's numbers bit for bit where both see the same rows
-(one query head per KV head), the float64 reference's to the rounding rule otherwise (GQA), forward and every
-gradient; and the default forward wherever the TMA one does not apply. Its GPU tiles at boundary shapes, with every
-access checked: tests/ops/test_tuning_candidates.py ("tma" and "ws" cases); compiled for sm_90:
-benchmarks/kernel_report.py (kinds fwd_tma, fwd_ws)."""
+"""The fused kernel by TMA tiles (diffattn/ops/triton/forward_tma.py and backward_tma.py; tuning.FWD_TMA, BWD_TMA,
+and warp-specialised FWD_WS, BWD_WS): under Triton's interpreter, the default kernels' numbers bit for bit where both
+see the same rows (one query head per KV head), the float64 reference's to the rounding rule otherwise (GQA), forward
+and every gradient; and the default kernels wherever the TMA ones do not apply. Their GPU tiles at boundary shapes,
+with every access checked: tests/ops/test_tuning_candidates.py ("tma", "ws", "btma", "bws" cases); compiled for
+sm_90: benchmarks/kernel_report.py (kinds fwd_tma, fwd_ws, dkdv_tma, dq_tma, dkdv_ws, dq_ws)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from diffattn.ops.triton import tuning  # noqa: E402
 
 FLAGS = {"tma": "FWD_TMA", "ws": "FWD_WS"}
 KINDS = {"tma": "fwd_tma", "ws": "fwd_ws"}
+BWD_FLAGS = {"btma": "BWD_TMA", "bws": "BWD_WS"}
+BWD_KINDS = {"btma": ["dkdv_tma", "dq_tma"], "bws": ["dkdv_ws", "dq_ws"]}
 
 
 @pytest.fixture(autouse=True)
@@ -163,3 +165,79 @@ def test_an_allocator_for_the_descriptors_only_where_none_is_set():
         assert _allocation._allocator.get() is users  # a user's allocator is kept
 
     contextvars.copy_context().run(run)  # the process's own allocator is left as it was
+
+
+def _gradients(args, *, causal, share_k, dtype):
+    q1, k1, q2, k2, v = (x.to(dtype).requires_grad_() for x in args[:5])
+    lam = args[5].clone().requires_grad_()
+    k2 = k1 if share_k else k2
+    out = diff_attention(q1, k1, q2, k2, v, lam, causal=causal, backend="triton")
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
+    leaves = [q1, k1, q2, v, lam, *([] if share_k else [k2])]
+    return [out.detach(), *torch.autograd.grad(out, leaves, cot)]
+
+
+@pytest.mark.parametrize("variant", ["btma", "bws"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("shape", "causal", "share_k"),
+    [
+        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), True, False),  # T < S, partial blocks, V of width 2d
+        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), False, False),  # a partial key block, no causal mask
+        (dict(b=2, h=2, hkv=2, t=21, s=21, d=16, dv=16), True, True),  # K shared (DIFF V2), batch 2
+        (dict(h=1, hkv=1, t=5, s=40, d=16, dv=32), True, False),  # few query rows, many key blocks
+    ],
+    ids=["causal-t<s", "noncausal", "shared-k-batch2", "t5-s40"],
+)
+def test_the_default_backward_bit_for_bit(monkeypatch, variant, dtype, shape, causal, share_k):
+    # the two-kernel backward's own tiles and order of every sum: every gradient identical to the default's
+    args = make_inputs(**shape, lam_kind="head")
+    kinds = _record_kinds(monkeypatch)
+    default = _gradients(args, causal=causal, share_k=share_k, dtype=dtype)
+    monkeypatch.setattr(tuning, BWD_FLAGS[variant], True)
+    by_tma = _gradients(args, causal=causal, share_k=share_k, dtype=dtype)
+    assert kinds == ["fwd", "dkdv", "dq", "fwd", *BWD_KINDS[variant]]
+    for i, (a, b) in enumerate(zip(default, by_tma, strict=True)):
+        assert torch.equal(a, b), i
+
+
+@pytest.mark.parametrize(("fwd", "bwd"), [("tma", "btma"), ("ws", "bws")])
+def test_forward_and_backward_by_tma_tiles_match_the_reference(monkeypatch, fwd, bwd):
+    # both halves together, as the sweep's triton[tma+btma] and triton[ws+bws] run them: output and every gradient
+    # against float64 by the rounding rule, λ per head and token
+    monkeypatch.setattr(tuning, FLAGS[fwd], True)
+    monkeypatch.setattr(tuning, BWD_FLAGS[bwd], True)
+    kinds = _record_kinds(monkeypatch)
+    check_against_reference(make_inputs(b=2, h=2, hkv=2, t=19, s=23, d=16, dv=32, lam_kind="token"))
+    assert kinds == [KINDS[fwd], *BWD_KINDS[bwd]]
+
+
+@pytest.mark.parametrize(
+    ("why", "shape", "flag"),
+    [
+        ("GQA", dict(b=2, h=4, hkv=2, t=19, s=23, d=16, dv=32), None),
+        ("the single-pass backward", dict(h=2, hkv=2, t=19, s=23, d=16, dv=32), "ATOMIC_DQ"),
+        ("the split backward", dict(h=2, hkv=2, t=19, s=23, d=16, dv=32), "SPLIT_DKDV"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_the_default_backward_where_tma_tiles_do_not_apply(monkeypatch, why, shape, flag):
+    monkeypatch.setattr(tuning, "BWD_TMA", True)
+    if flag:
+        monkeypatch.setattr(tuning, flag, True)
+    kinds = _record_kinds(monkeypatch)
+    check_against_reference(make_inputs(**shape))
+    assert not {"dkdv_tma", "dq_tma"} & set(kinds), why
+
+
+def test_which_heads_take_the_backward_by_tma_tiles_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    assert not tuning._bwd_tma(64, 128)
+    for flag in BWD_FLAGS.values():
+        monkeypatch.setattr(tuning, flag, True)
+        assert tuning._bwd_tma(64, 128) and tuning._bwd_tma(64, 64)
+        assert not tuning._bwd_tma(128, 256) and not tuning._bwd_tma(64, 128, "rows")
+        monkeypatch.setattr(tuning, flag, False)
+    assert tuning._blocks("dkdv_ws", 64, 128, 4096)[2] == 4 and tuning._blocks("dq_ws", 64, 128, 4096)[2] == 4
+    assert tuning._blocks("dkdv_tma", 64, 128, 4096)[2] == 8
