@@ -291,7 +291,7 @@ def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale) -> None:
     tma_consts["WS"] = ws
     kind = "dkdv_ws" if ws else "dkdv_tma"
     key = (kind, q1.device.type, q1.dtype, d, dv)
-    dkdv_args = (*head, dk1, dk1 if k2 is None or k2 is k1 else dk2, dvv, *tail)
+    dkdv_args = (*head, dk1, dk1 if consts["SHARED_K"] else dk2, dvv, *tail)  # (dK2 is empty when K is shared)
     _launch(_bwd_dkdv_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(s, bn)), dkdv_args, tma_consts, kind, d, dv, t,
             key)  # fmt: skip
     kind = "dq_ws" if ws else "dq_tma"
@@ -378,7 +378,7 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
         return dq1, dk1, dq2, dk2, dvv, dlam
     dkdv_args = (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes)
     # the key-block kernel: dK1, dK2, dV (and the atomic path's dQ) in one launch, or dV then dK in two (wide heads)
-    split = not atomic and tuning._split_dkdv(d, dv, tuning._mask_class(consts))
+    split = not atomic and tuning._split_dkdv(d, dv, mask_class)
     one_pass = ("dkdv_atomic" if atomic else "dkdv", True, True)  # (kind, WITH_DK, WITH_DV)
     passes = (("dv", False, True), ("dk", True, False)) if split else (one_pass,)
     for kind, with_dk, with_dv in passes:
