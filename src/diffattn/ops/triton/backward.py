@@ -38,6 +38,7 @@ import triton.language as tl
 
 from .tile_ops import (
     _SUM,
+    _dkdv_accumulate,
     _head_offsets,
     _load_keys,
     _load_queries,
@@ -122,6 +123,9 @@ def _bwd_dkdv_kernel(
     else:
         k2 = _load_tile(K2 + b64 * sk2b + hkv64 * sk2h + (offs_n[:, None] * sk2s + offs_d[None, :]), k_mask, UPCAST)
     v_mask = n_ok[:, None] & dv_ok[None, :]
+    # the accumulators this launch owns; where it owns none of them, K1 stands in, passed through the shared step
+    # unread (tile_ops._dkdv_accumulate) and never stored
+    v, dk1, dk2, dv = k1, k1, k1, k1
     if WITH_DK:  # G = dO·Vᵀ, for dS
         v = _load_tile(V + b64 * svb + hkv64 * svh + (offs_n[:, None] * svs + offs_dv[None, :]), v_mask, UPCAST)
         dk1 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
@@ -203,18 +207,8 @@ def _bwd_dkdv_kernel(
                     p1 = tl.where(keep, p1, 0.0)
                     p2 = tl.where(keep, p2, 0.0)
 
-                if WITH_DV:  # dV = (P1 − λP2)ᵀ dO: the signed map multiplies dO once
-                    dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
-                if WITH_DK:
-                    # G = dO Vᵀ is dP1, and dP2 = −λ·G: one product for both maps
-                    g = tl.dot(v, tl.trans(do), input_precision=PREC)
-                    ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
-                    ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
-                    dk1 += tl.dot(ds1, q1, input_precision=PREC)
-                    if SHARED_K:
-                        dk1 += tl.dot(ds2, q2, input_precision=PREC)
-                    else:
-                        dk2 += tl.dot(ds2, q2, input_precision=PREC)
+                dk1, dk2, dv, ds1, ds2 = _dkdv_accumulate(dk1, dk2, dv, p1, p2, q1, q2, do, v, delta1[None, :],
+                    delta2[None, :], lam, DT, SHARED_K, WITH_DK, WITH_DV, PREC)  # fmt: skip
                 if ATOMIC_DQ:
                     # dQᵀ = Kᵀ dSᵀ, [d, BM]: its rows are the head dim (64), not the few query rows of the step, so
                     # this product is a warpgroup MMA too (dS·K would have BM = 16–32 rows: mma.sync only)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile_ops import _row_block_longest_first, _row_statistics
+from .forward_tma import _key_tiles
+from .tile_ops import _dkdv_accumulate, _row_block_longest_first, _row_statistics
 
 
 @triton.jit
@@ -61,15 +62,8 @@ def _dkdv_step(
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + shift)
         p1 = tl.where(keep, p1, 0.0)
         p2 = tl.where(keep, p2, 0.0)
-    dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)  # dV = (P1 − λP2)ᵀ dO
-    g = tl.dot(v, tl.trans(do), input_precision=PREC)  # G = dO Vᵀ = dP1; dP2 = −λ·G
-    ds1 = (p1 * (g - delta1[None, :])).to(DT).to(q1.dtype)
-    ds2 = ((p2 * (g - delta2[None, :])) * (-lam)).to(DT).to(q2.dtype)
-    dk1 += tl.dot(ds1, q1, input_precision=PREC)
-    if SHARED_K:
-        dk1 += tl.dot(ds2, q2, input_precision=PREC)
-    else:
-        dk2 += tl.dot(ds2, q2, input_precision=PREC)
+    dk1, dk2, dv, _, _ = _dkdv_accumulate(dk1, dk2, dv, p1, p2, q1, q2, do, v, delta1[None, :], delta2[None, :], lam,
+                                          DT, SHARED_K, True, True, PREC)  # fmt: skip
     return dk1, dk2, dv
 
 
@@ -182,14 +176,7 @@ def _bwd_dq_tma_kernel(
         kend = S
     for start_n in tl.range(0, kend, BLOCK_N, warp_specialize=WS):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k1 = k1_desc.load([start_n, 0])
-        if SHARED_K:  # noqa: SIM108 (compile-time branch)
-            k2 = k1
-        else:
-            k2 = k2_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
-        if UPCAST:
-            k1, k2, v = k1.to(tl.float32), k2.to(tl.float32), v.to(tl.float32)
+        k1, k2, v = _key_tiles(k1_desc, k2_desc, v_desc, start_n, SHARED_K, UPCAST)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
         keep = m_ok[:, None] & (offs_n < S)[None, :]

@@ -38,14 +38,9 @@ from .tile_ops import _row_block_longest_first
 
 
 @triton.jit
-def _tma_tile(
-    acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc, start_n, t_row, shift, S, qk_scale,
-    DT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr,
-    PREC: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    # one key tile: both maps' scores, their online-softmax updates against the one V tile. MASKED: the diagonal
-    # and the last partial tile (keys past S read as zeros, so they are hidden here, as are those past the diagonal).
-    # DT: the input dtype, which probabilities are rounded to before the P·V product (as in .forward)
+def _key_tiles(k1_desc, k2_desc, v_desc, start_n, SHARED_K: tl.constexpr, UPCAST: tl.constexpr):
+    # the key tile at start_n of K1, K2 (K1 itself where SHARED_K) and V, through their descriptors (also the TMA
+    # backward's dQ kernel's)
     k1 = k1_desc.load([start_n, 0])
     if SHARED_K:  # noqa: SIM108 (compile-time branch)
         k2 = k1
@@ -54,6 +49,19 @@ def _tma_tile(
     v = v_desc.load([start_n, 0])
     if UPCAST:  # the interpreter with bf16 inputs (see diffattn.ops.triton): exact in float32
         k1, k2, v = k1.to(tl.float32), k2.to(tl.float32), v.to(tl.float32)
+    return k1, k2, v
+
+
+@triton.jit
+def _tma_tile(
+    acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc, start_n, t_row, shift, S, qk_scale,
+    DT: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # one key tile: both maps' scores, their online-softmax updates against the one V tile. MASKED: the diagonal
+    # and the last partial tile (keys past S read as zeros, so they are hidden here, as are those past the diagonal).
+    # DT: the input dtype, which probabilities are rounded to before the P·V product (as in .forward)
+    k1, k2, v = _key_tiles(k1_desc, k2_desc, v_desc, start_n, SHARED_K, UPCAST)
     s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # [BM, BN], log2 units
     s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
     if MASKED:

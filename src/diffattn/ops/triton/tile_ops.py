@@ -109,6 +109,31 @@ def _row_statistics(LSE1, LSE2, DELTA1, DELTA2, LAM, row_base, offs_m, m_ok):
 
 
 @triton.jit
+def _dkdv_accumulate(
+    dk1, dk2, dv, p1, p2, q1, q2, do, v, delta1, delta2, lam,
+    DT: tl.constexpr, SHARED_K: tl.constexpr, WITH_DK: tl.constexpr, WITH_DV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    # one query step of a key block's gradients, tiles transposed [BN, BM] (keys on rows): dV = (P1 − λP2)ᵀ dO (the
+    # signed map multiplies dO once); G = dO·Vᵀ is dP1 and dP2 = −λ·G (one product for both maps), dS_i = P_i ∘ (dP_i −
+    # Δ_i) rounded to the input dtype DT, dK_i += dS_i Q_i. Returns the accumulators and dS1, dS2 (P1, P2 where
+    # WITH_DK is off: not used then). λ, Δ1, Δ2: per query, [1, BM]
+    ds1 = p1
+    ds2 = p2
+    if WITH_DV:
+        dv += tl.dot((p1 - lam * p2).to(DT).to(do.dtype), do, input_precision=PREC)
+    if WITH_DK:
+        g = tl.dot(v, tl.trans(do), input_precision=PREC)
+        ds1 = (p1 * (g - delta1)).to(DT).to(q1.dtype)
+        ds2 = ((p2 * (g - delta2)) * (-lam)).to(DT).to(q2.dtype)
+        dk1 += tl.dot(ds1, q1, input_precision=PREC)
+        if SHARED_K:
+            dk1 += tl.dot(ds2, q2, input_precision=PREC)
+        else:
+            dk2 += tl.dot(ds2, q2, input_precision=PREC)
+    return dk1, dk2, dv, ds1, ds2
+
+
+@triton.jit
 def _segment_range(seg_base, offs, ok):
     # the smallest and largest document id of the tokens offs (those with ok) of a packed row: a query block and a
     # key tile can share a document only if their ranges overlap, so a tile outside the block's is skipped whole
