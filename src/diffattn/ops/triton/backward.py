@@ -39,6 +39,7 @@ import triton.language as tl
 from .tile_ops import (
     _SUM,
     _dkdv_accumulate,
+    _dq_accumulate,
     _head_offsets,
     _load_keys,
     _load_queries,
@@ -317,14 +318,8 @@ def _bwd_dq_kernel(
                 s1, s2 = _masked_scores(s1, s2, mval, MASK_KIND)
             p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
             p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
-            g = tl.dot(do, tl.trans(v), input_precision=PREC)  # dP1; dP2 = −λ·G
-            ds1 = p1 * (g - delta1[:, None])
-            ds2 = (p2 * (g - delta2[:, None])) * (-lam)
-            dq1 += tl.dot(ds1.to(DT).to(k1.dtype), k1, input_precision=PREC)
-            if SHARED_Q:
-                dq1 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
-            else:
-                dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+            dq1, dq2 = _dq_accumulate(dq1, dq2, p1, p2, k1, k2, do, v, delta1[:, None], delta2[:, None], lam, DT,
+                                      SHARED_Q, PREC)  # fmt: skip
 
     dq_ptr = row64 * D + (offs_m[:, None] * D + offs_d[None, :])
     q_mask = m_ok[:, None] & d_ok[None, :]

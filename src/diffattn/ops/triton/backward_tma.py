@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .forward_tma import _key_tiles
-from .tile_ops import _dkdv_accumulate, _row_block_longest_first, _row_statistics
+from .tile_ops import _dkdv_accumulate, _dq_accumulate, _row_block_longest_first, _row_statistics
 
 
 @triton.jit
@@ -184,11 +184,8 @@ def _bwd_dq_tma_kernel(
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + shift)
         p1 = tl.where(keep, tl.exp2(s1 - lse1[:, None]), 0.0)
         p2 = tl.where(keep, tl.exp2(s2 - lse2[:, None]), 0.0)
-        g = tl.dot(do, tl.trans(v), input_precision=PREC)  # dP1; dP2 = −λ·G
-        ds1 = p1 * (g - delta1[:, None])
-        ds2 = (p2 * (g - delta2[:, None])) * (-lam)
-        dq1 += tl.dot(ds1.to(DT).to(k1.dtype), k1, input_precision=PREC)
-        dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+        dq1, dq2 = _dq_accumulate(dq1, dq2, p1, p2, k1, k2, do, v, delta1[:, None], delta2[:, None], lam, DT, False,
+                                  PREC)  # fmt: skip
 
     _head_rows(DQ1 + row_base * BLOCK_D, T, BLOCK_D, BLOCK_M, BLOCK_D, BLOCK_D).store(
         [start_m, 0], (dq1 * scale).to(DQ1.dtype.element_ty)

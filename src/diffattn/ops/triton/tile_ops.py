@@ -134,6 +134,24 @@ def _dkdv_accumulate(
 
 
 @triton.jit
+def _dq_accumulate(
+    dq1, dq2, p1, p2, k1, k2, do, v, delta1, delta2, lam,
+    DT: tl.constexpr, SHARED_Q: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    # one key step of a query block's gradients, tiles [BM, BN]: G = dO·Vᵀ is dP1 and dP2 = −λ·G, dS_i = P_i ∘ (dP_i −
+    # Δ_i) rounded to the input dtype DT, dQ_i += dS_i K_i (into dQ1 alone where SHARED_Q). λ, Δ1, Δ2: per row, [BM, 1]
+    g = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds1 = p1 * (g - delta1)
+    ds2 = (p2 * (g - delta2)) * (-lam)
+    dq1 += tl.dot(ds1.to(DT).to(k1.dtype), k1, input_precision=PREC)
+    if SHARED_Q:
+        dq1 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+    else:
+        dq2 += tl.dot(ds2.to(DT).to(k2.dtype), k2, input_precision=PREC)
+    return dq1, dq2
+
+
+@triton.jit
 def _segment_range(seg_base, offs, ok):
     # the smallest and largest document id of the tokens offs (those with ok) of a packed row: a query block and a
     # key tile can share a document only if their ranges overlap, so a tile outside the block's is skipped whole
