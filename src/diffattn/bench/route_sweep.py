@@ -158,10 +158,10 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the forward by TMA tiles, plain and
     warp-specialised (``triton[tma]``, ``triton[ws]``: DIFF V1's and V2's heads, forward alone and trained) and the
     two-kernel backward so (``triton[btma]``, ``triton[bws]``, and each with the forward's: ``triton[tma+btma]``,
-    ``triton[ws+bws]``), the
-    single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel (``triton[split]``) and the
-    forward by column blocks (``triton[cols]``) on their default tiles; then the decoding forward of V1 and DIFF V2
-    heads at d = 64 on more key splits than its heuristic takes (``triton[splits N]``, :data:`DECODE_SPLITS`)."""
+    ``triton[ws+bws]``), the single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel
+    (``triton[split]``) and the forward by column blocks (``triton[cols]``) on their default tiles; then the decoding
+    forward of V1 and DIFF V2 heads at d = 64 on more key splits than its heuristic takes (``triton[splits N]``,
+    :data:`DECODE_SPLITS`)."""
     from ..ops.triton import tuning
 
     out = []

@@ -50,11 +50,12 @@ SPLIT_DKDV: bool = False
 #: (``_fwd_columns``). Read when the forward runs.
 FWD_COLUMNS: bool = False
 
-#: The training forward by TMA tiles (:mod:`.forward_tma`: every tile one bulk tensor copy through a descriptor) for
-#: the class the targets are read on (no user mask or segments, Q1 and Q2 apart, 16-bit inputs, head widths powers of
-#: two), and :data:`FWD_WS` the same kernel warp-specialised (a producer warp group loading, the others computing:
-#: FlashAttention-3's scheme as Triton builds it on sm_90). Both off until a GPU times them faster than the default
-#: forward (the route sweep's ``triton[tma]`` and ``triton[ws]``). Read when the forward runs.
+#: The forward by TMA tiles (:mod:`.forward_tma`: every tile one bulk tensor copy through a descriptor; training, and
+#: inference without key splits) for the classes the targets are read on (no user mask or segments, Q1 and Q2 apart,
+#: 16-bit inputs, head widths powers of two), and :data:`FWD_WS` the same kernel warp-specialised (a producer warp
+#: group loading, the others computing: FlashAttention-3's scheme as Triton builds it on sm_90). Both off until a GPU
+#: times them faster than the default forward (the route sweep's ``triton[tma]`` and ``triton[ws]``). Read when the
+#: forward runs.
 FWD_TMA: bool = False
 FWD_WS: bool = False
 
