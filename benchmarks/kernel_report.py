@@ -28,12 +28,12 @@ single-pass backward with atomic dQ, FlashAttention-2's scheme), ``preprocess`` 
 ``dkdv`` and ``dq`` (the deterministic two-kernel backward: ``ATOMIC_DQ = False`` or
 ``torch.use_deterministic_algorithms``, wide heads, and "v1" heads with a 4-D mask), ``dv`` and ``dk`` (that dK/dV
 kernel split into a dV launch and a dK launch, ``tuning.SPLIT_DKDV``: wide heads only), ``fwd_cols`` (the training
-forward by halves of V's columns, ``tuning.FWD_COLUMNS``: wide heads only), ``fwd_tma`` and ``fwd_ws`` (the
-training forward by TMA tiles, :mod:`diffattn.ops.triton.forward_tma`, ``tuning.FWD_TMA`` and, warp-specialised,
-``tuning.FWD_WS``: V1 and V2 heads without a mask), ``dkdv_tma``, ``dq_tma``, ``dkdv_ws`` and ``dq_ws`` (the
-two-kernel backward so, :mod:`diffattn.ops.triton.backward_tma`, ``tuning.BWD_TMA``, ``tuning.BWD_WS``; for a
-warp-specialised kind the TTGIR holds each consumer partition's dots on its share of the rows, and ``flops/pair``
-counts one partition's: half the kernel's where two split a tile), ``short`` (the training
+forward by halves of V's columns, ``tuning.FWD_COLUMNS``: wide heads only), ``fwd_tma`` (the training forward by
+TMA tiles, :mod:`diffattn.ops.triton.forward_tma`, ``tuning.FWD_TMA``: V1 and V2 heads without a mask),
+``dkdv_tma``, ``dq_tma`` and ``dkdv_ws`` (the two-kernel backward so, :mod:`diffattn.ops.triton.backward_tma`,
+``tuning.BWD_TMA``, and its dK/dV kernel warp-specialised, ``tuning.BWD_WS``; the TTGIR holds each consumer
+partition's dots on its 64 of the block's 128 keys, and ``flops/pair`` counts one partition's: half the kernel's),
+``short`` (the training
 forward at T = 64 rows, ``--short-t``: the 64-row tiles of short sequences), ``prefill`` (the forward without
 gradient split over keys, and its combine kernel, at ``--short-t`` and at the shape's T: a few long prompts leave
 SMs idle, so they split too), ``decode`` (the key-split forward at T = 1 and its combine kernel; V1
@@ -99,8 +99,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = (
-    *("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "dv", "dk", "fwd_cols", "fwd_tma", "fwd_ws"),
-    *("dkdv_tma", "dq_tma", "dkdv_ws", "dq_ws"),
+    *("fwd", "dkdv_atomic", "preprocess", "dkdv", "dq", "dv", "dk", "fwd_cols", "fwd_tma"),
+    *("dkdv_tma", "dq_tma", "dkdv_ws"),
     *("short", "prefill", "decode", "epilogue"),
 )
 DEFAULT_KINDS = KINDS
@@ -121,7 +121,7 @@ DEFAULT_MASKS = MASKS
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_SHAPE = (2, 16, 16, 2048, 2048)  # B, H, HKV, T, S: only divisibility by 16 (and == 1) reaches the code
 _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-FORWARD_KINDS = ("fwd", "fwd_cols", "fwd_tma", "fwd_ws", "short", "prefill", "decode")
+FORWARD_KINDS = ("fwd", "fwd_cols", "fwd_tma", "short", "prefill", "decode")
 _MMA_RANK = {"none": 0, "mma.sync": 1, "wgmma": 2}
 
 
@@ -416,7 +416,7 @@ def _record_launches(
             (tuning, n)
             for n in (
                 *("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ"),
-                *("SPLIT_DKDV", "FWD_COLUMNS", "FWD_TMA", "FWD_WS", "BWD_TMA", "BWD_WS"),
+                *("SPLIT_DKDV", "FWD_COLUMNS", "FWD_TMA", "BWD_TMA", "BWD_WS"),
             )
         ]
     )
@@ -438,7 +438,7 @@ def _record_launches(
     tuning.SPLIT_OVERRIDE = 4 if kind in ("decode", "prefill") else None  # CPU tensors would never split
     # the split dK/dV kernel and the forwards by column blocks and by TMA tiles for their own kinds only (the atomic
     # one: set above)
-    for name in ("split", "cols", "tma", "ws", "btma", "bws"):
+    for name in ("split", "cols", "tma", "btma", "bws"):
         flag, kinds = VARIANTS[name]
         setattr(tuning, flag, kind in kinds)
     try:
@@ -470,8 +470,8 @@ def _record_launches(
             v_heads = empty(b, 2 * hkv, s, d)
             v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])
             launch._fwd_op(q1, k1, q2, k2, v_halves[0], lam, mask, causal, scale, False, v_halves[1], segments)
-        elif kind in ("fwd", "fwd_cols", "fwd_tma", "fwd_ws", "short", "decode", "prefill"):
-            save = kind in ("fwd", "fwd_cols", "fwd_tma", "fwd_ws", "short")
+        elif kind in ("fwd", "fwd_cols", "fwd_tma", "short", "decode", "prefill"):
+            save = kind in ("fwd", "fwd_cols", "fwd_tma", "short")
             launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, save, None, segments)
         else:
             o1, o2, dout = empty(b, h, t, dv), empty(b, h, t, dv), empty(b, h, t, dv)

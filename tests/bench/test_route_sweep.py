@@ -97,7 +97,7 @@ def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(mon
 def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_classes(monkeypatch):
     from diffattn.ops.triton import tuning
 
-    monkeypatch.setattr(tuning, "FWD_WS", False)  # restored after: force_candidate sets it below
+    monkeypatch.setattr(tuning, "BWD_WS", False)  # restored after: force_candidate sets it below
     plan = rs.kernel_plan()
     assert plan[:3] == [("triton", rs.CallClass(p, d)) for p, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [rs.CallClass(p, 64, mode="decode") for p in ("v1", "shared_k")]
@@ -112,16 +112,15 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     assert plan[5 : 5 + len(splits)] == splits
     rest = plan[5 + len(splits) :]
     assert rest[:2] == forwards
-    tma = [(f"triton[{v}]", rs.CallClass(p, 64, mode=m)) for p in ("v1", "shared_k") for v in ("tma", "ws")
-           for m in ("infer", "train")]  # fmt: skip
-    assert [job for job in rest if job[0] in ("triton[tma]", "triton[ws]")] == tma
-    assert all(c.mode == "train" for r, c in rest[2:] if r not in ("triton[tma]", "triton[ws]"))
+    tma = [("triton[tma]", rs.CallClass(p, 64, mode=m)) for p in ("v1", "shared_k") for m in ("infer", "train")]
+    assert [job for job in rest if job[0] == "triton[tma]"] == tma
+    assert all(c.mode == "train" for r, c in rest[2:] if r != "triton[tma]")
     # the backward by TMA tiles, alone and with the forward's, on the same heads' training classes
     backward = [(f"triton[{v}]", rs.CallClass(p, 64)) for p in ("v1", "shared_k")
-                for v in ("btma", "tma+btma", "bws", "ws+bws")]  # fmt: skip
+                for v in ("btma", "tma+btma", "bws", "tma+bws")]  # fmt: skip
     assert [job for job in rest if "btma" in job[0] or "bws" in job[0]] == backward
-    rs.force_candidate("triton[ws]")
-    assert tuning.FWD_WS
+    rs.force_candidate("triton[bws]")
+    assert tuning.BWD_WS
     monkeypatch.setattr(tuning, "FWD_TMA", False)
     monkeypatch.setattr(tuning, "BWD_TMA", False)
     rs.force_candidate("triton[tma+btma]")  # two variants joined

@@ -172,8 +172,8 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     where it has spill-free tiles: not for wide heads, nor for DIFF V1 heads with a per-row 4-D mask (they take
     the two-kernel backward; segments are one id per key and row, and keep it). The split dK/dV kernel's two
     launches ("dv", "dk") for wide and DIFF V1 heads, the forward by column blocks ("fwd_cols") for wide heads, the
-    forward and the two-kernel backward by TMA tiles ("fwd_tma", "fwd_ws", "dkdv_tma", "dq_tma", "dkdv_ws", "dq_ws")
-    for DIFF V1 and V2 heads without a mask. The
+    forward and the two-kernel backward by TMA tiles ("fwd_tma", "dkdv_tma", "dq_tma", "dkdv_ws") for DIFF V1 and V2
+    heads without a mask. The
     fused epilogue's forward, backward and backward writing a one-call output's gradient whole with two λ layouts,
     without and with the head's norm (twelve rows), λ's two kernels, and for heads with V twice as wide as Q (V1,
     W) the [V; V] kernel and its backward and the epilogue on sdpa_split's two outputs unjoined, forward and backward
@@ -185,7 +185,7 @@ def _launched_kinds(variant: str, mask: str, kinds: tuple[str, ...], short_lengt
     repeat.update({"dv": split, "dk": split, "fwd_cols": int(variant == "W")})
     # the forward by TMA tiles, plain and warp-specialised: DIFF V1's and V2's heads without a mask
     tma = int(variant in ("V1", "V2") and mask == "none")
-    repeat.update({kind: tma for kind in ("fwd_tma", "fwd_ws", "dkdv_tma", "dq_tma", "dkdv_ws", "dq_ws")})
+    repeat.update({kind: tma for kind in ("fwd_tma", "dkdv_tma", "dq_tma", "dkdv_ws")})
     rows = [k for k in kinds if k != "dkdv_atomic" for _ in range(repeat.get(k, 1))]
     rows += ["combine" for k in kinds if k in ("prefill", "decode") for _ in range(repeat.get(k, 1))]
     if "dkdv_atomic" in kinds and (variant == "V2" or (variant == "V1" and mask in ("none", "padding", "segments"))):
@@ -251,6 +251,10 @@ def _check_contract(
             continue
         assert row["mma"] == "wgmma"
         assert all(d["mma_version"] == 3 and d["duplication"] == 1 for d in loop_dots), (row["kernel"], loop_dots)
+    for row in kernels:
+        if row["kind"] == "dkdv_ws":  # two consumer warp groups, 64 of the block's 128 keys each: no key computed twice
+            loop_dots = [d for d in row["dots"] if d["in_loop"]]
+            assert loop_dots and all(d["m"] == row["config"]["BLOCK_N"] // 2 for d in loop_dots), loop_dots
     for row in kernels:
         dv, wide = row["config"]["dv"], row["config"]["variant"].startswith("W")
         if row["kind"] == "fwd" and not wide:

@@ -1,9 +1,9 @@
 """The fused kernel by TMA tiles (diffattn/ops/triton/forward_tma.py and backward_tma.py; tuning.FWD_TMA, BWD_TMA,
-and warp-specialised FWD_WS, BWD_WS): under Triton's interpreter, the default kernels' numbers bit for bit where both
-see the same rows (one query head per KV head), the float64 reference's to the rounding rule otherwise (GQA), forward
-and every gradient; and the default kernels wherever the TMA ones do not apply. Their GPU tiles at boundary shapes,
-with every access checked: tests/ops/test_tuning_candidates.py ("tma", "ws", "btma", "bws" cases); compiled for
-sm_90: benchmarks/kernel_report.py (kinds fwd_tma, fwd_ws, dkdv_tma, dq_tma, dkdv_ws, dq_ws)."""
+and BWD_WS with the dK/dV kernel warp-specialised): under Triton's interpreter, the default kernels' numbers bit for
+bit where both see the same rows (one query head per KV head), the float64 reference's to the rounding rule otherwise
+(GQA), forward and every gradient; and the default kernels wherever the TMA ones do not apply. Their GPU tiles at
+boundary shapes, with every access checked: tests/ops/test_tuning_candidates.py ("tma", "btma", "bws" cases);
+compiled for sm_90: benchmarks/kernel_report.py (kinds fwd_tma, dkdv_tma, dq_tma, dkdv_ws)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ from .test_triton import (
 launch = import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
 from diffattn.ops.triton import tuning  # noqa: E402
 
-FLAGS = {"tma": "FWD_TMA", "ws": "FWD_WS"}
-KINDS = {"tma": "fwd_tma", "ws": "fwd_ws"}
+FLAGS = {"tma": "FWD_TMA"}
+KINDS = {"tma": "fwd_tma"}
 BWD_FLAGS = {"btma": "BWD_TMA", "bws": "BWD_WS"}
-BWD_KINDS = {"btma": ["dkdv_tma", "dq_tma"], "bws": ["dkdv_ws", "dq_ws"]}
+BWD_KINDS = {"btma": ["dkdv_tma", "dq_tma"], "bws": ["dkdv_ws", "dq_tma"]}
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,7 @@ def _forward(args, *, causal, share_k, save_parts, dtype):
     return launch._fwd_impl(q1, k1, q2, None if share_k else k2, v, lam_rows, None, causal, 0.3, save_parts)
 
 
-@pytest.mark.parametrize("variant", ["tma", "ws"])
+@pytest.mark.parametrize("variant", ["tma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     ("shape", "causal", "share_k"),
@@ -76,7 +76,7 @@ def test_the_default_forward_bit_for_bit(monkeypatch, variant, dtype, shape, cau
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("variant", ["tma", "ws"])
+@pytest.mark.parametrize("variant", ["tma"])
 def test_matches_the_reference_with_gqa(monkeypatch, variant):
     # GQA: a program takes one query head's rows (the default forward packs the group's), so the sums of a tile run in
     # another order: output and every gradient against float64 by the rounding rule; λ per head and token
@@ -118,7 +118,7 @@ def test_the_default_forward_where_tma_tiles_do_not_apply(monkeypatch, why, shap
 
 def test_the_default_forward_with_key_splits(monkeypatch):
     # decoding splits the keys over programs (flash-decoding): the TMA forward has no splits, so the default runs
-    monkeypatch.setattr(tuning, "FWD_WS", True)
+    monkeypatch.setattr(tuning, "FWD_TMA", True)
     monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", 3)
     kinds = _record_kinds(monkeypatch)
     q1, k1, q2, k2, v, lam = make_inputs(h=2, hkv=2, t=1, s=50, d=16, dv=32)
@@ -138,8 +138,7 @@ def test_which_heads_take_tma_tiles_on_a_gpu(monkeypatch):
         assert not tuning._fwd_tma(128, 256) and not tuning._fwd_tma(64, 128, "keys")
         assert not tuning._fwd_tma(64, 128, "segments") and not tuning._fwd_tma(48, 96)
         monkeypatch.setattr(tuning, flag, False)
-    # warp specialisation is built from a launch on one warp group (on 8 warps Triton leaves it out)
-    assert tuning._blocks("fwd_ws", 64, 128, 4096)[2] == 4 and tuning._blocks("fwd_tma", 64, 128, 4096)[2] == 8
+    assert tuning._blocks("fwd_tma", 64, 128, 4096)[2] == 8
 
 
 def test_layouts_a_descriptor_can_read():
@@ -210,9 +209,9 @@ def test_the_default_backward_bit_for_bit(monkeypatch, variant, dtype, shape, ca
         assert torch.equal(a, b), i
 
 
-@pytest.mark.parametrize(("fwd", "bwd"), [("tma", "btma"), ("ws", "bws")])
+@pytest.mark.parametrize(("fwd", "bwd"), [("tma", "btma"), ("tma", "bws")])
 def test_forward_and_backward_by_tma_tiles_match_the_reference(monkeypatch, fwd, bwd):
-    # both halves together, as the sweep's triton[tma+btma] and triton[ws+bws] run them: output and every gradient
+    # both halves together, as the sweep's triton[tma+btma] and triton[tma+bws] run them: output and every gradient
     # against float64 by the rounding rule, λ per head and token
     monkeypatch.setattr(tuning, FLAGS[fwd], True)
     monkeypatch.setattr(tuning, BWD_FLAGS[bwd], True)
@@ -248,8 +247,8 @@ def test_which_heads_take_the_backward_by_tma_tiles_on_a_gpu(monkeypatch):
         assert tuning._bwd_tma(64, 128) and tuning._bwd_tma(64, 64)
         assert not tuning._bwd_tma(128, 256) and not tuning._bwd_tma(64, 128, "rows")
         monkeypatch.setattr(tuning, flag, False)
-    assert tuning._blocks("dkdv_ws", 64, 128, 4096)[2] == 4 and tuning._blocks("dq_ws", 64, 128, 4096)[2] == 4
-    assert tuning._blocks("dkdv_tma", 64, 128, 4096)[2] == 8
+    # warp specialisation is built from a launch on one warp group (on 8 warps Triton leaves it out)
+    assert tuning._blocks("dkdv_ws", 64, 128, 4096)[2] == 4 and tuning._blocks("dkdv_tma", 64, 128, 4096)[2] == 8
 
 
 @pytest.mark.parametrize(
@@ -258,7 +257,7 @@ def test_which_heads_take_the_backward_by_tma_tiles_on_a_gpu(monkeypatch):
      (torch.bfloat16, 16384, 16384)],
 )  # fmt: skip
 @pytest.mark.parametrize(("d", "dv"), [(64, 128), (64, 64)])
-@pytest.mark.parametrize("variants", [("tma",), ("ws",), ("btma",), ("bws",), ("tma", "btma"), ("ws", "bws")])
+@pytest.mark.parametrize("variants", [("tma",), ("btma",), ("bws",), ("tma", "btma"), ("tma", "bws")])
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_tma_kernels_match_reference(monkeypatch, variants, d, dv, dtype, t, s):

@@ -11,9 +11,9 @@ mask class (none, key padding, a per-row 4-D mask — bool on one shape, additiv
   + dQ kernels, both run on the same forward; for the classes with tiles for it, the two-kernel backward with its
   dK/dV kernel split into a dV and a dK launch (``split``, :data:`~diffattn.ops.triton.tuning.SPLIT_DKDV`), and the
   training forward by blocks of V's columns (``cols``, :data:`~diffattn.ops.triton.tuning.FWD_COLUMNS`); for the
-  classes with tiles for them and no mask, the forward and the two-kernel backward by TMA tiles, plain and
-  warp-specialised (``tma``, ``ws``, ``btma``, ``bws``: :data:`~diffattn.ops.triton.tuning.FWD_TMA` and the others;
-  the backward's on one query head per KV head, the only heads it takes);
+  classes with tiles for them and no mask, the forward and the two-kernel backward by TMA tiles, the latter's dK/dV
+  kernel plain or warp-specialised (``tma``, ``btma``, ``bws``: :data:`~diffattn.ops.triton.tuning.FWD_TMA` and the
+  others; the backward's on one query head per KV head, the only heads it takes);
 * every alternative of :data:`~diffattn.ops.triton.tuning._TUNING` (training forward, both backwards), forced
   alone, the other kernels on their default tiles.
 
@@ -79,9 +79,9 @@ WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
 }
 MASKS = ("none", "keys", "rows", "segments")
 FWD_REGIMES = ("fwd", "fwd_mid", "fwd_short")  # the training forward at >= 128, 33–127 and <= 32 packed rows
-TMA_KINDS = {"tma": "fwd_tma", "ws": "fwd_ws"}  # case kind -> launch kind of the forward by TMA tiles (FWD_TMA, FWD_WS)
+TMA_KINDS = {"tma": "fwd_tma"}  # case kind -> launch kind of the forward by TMA tiles (FWD_TMA)
 # case kind -> the launch kinds of the two-kernel backward by TMA tiles (BWD_TMA, BWD_WS), and its flag
-BWD_TMA_KINDS = {"btma": ("dkdv_tma", "dq_tma"), "bws": ("dkdv_ws", "dq_ws")}
+BWD_TMA_KINDS = {"btma": ("dkdv_tma", "dq_tma"), "bws": ("dkdv_ws", "dq_tma")}
 BWD_TMA_FLAGS = {"btma": "BWD_TMA", "bws": "BWD_WS"}
 
 
@@ -91,9 +91,9 @@ class Case:
     compiled with on a GPU; ``default``: the GPU's default tile (then the backward cases run both backwards)."""
 
     # "fwd", "fwd_mid", "fwd_short" (the forward by row regime), "bwd" (defaults), "split" (defaults of the split
-    # backward), "cols" (defaults of the forward by column blocks), "tma", "ws" (defaults of the forward by TMA tiles,
-    # plain and warp-specialised), "btma", "bws" (of the two-kernel backward so), "dkdv_atomic", "dkdv", "dq", "dv",
-    # "dk", "fwd_cols"
+    # backward), "cols" (defaults of the forward by column blocks), "tma" (of the forward by TMA tiles), "btma",
+    # "bws" (of the two-kernel backward so, its dK/dV kernel plain or warp-specialised), "dkdv_atomic", "dkdv", "dq",
+    # "dv", "dk", "fwd_cols"
     kind: str
     width: str
     mask: str
@@ -610,7 +610,6 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     monkeypatch.setattr(tuning, "SPLIT_DKDV", split)
     monkeypatch.setattr(tuning, "FWD_COLUMNS", case.kind in ("cols", "fwd_cols"))
     monkeypatch.setattr(tuning, "FWD_TMA", case.kind == "tma")
-    monkeypatch.setattr(tuning, "FWD_WS", case.kind == "ws")
     for variant, flag in BWD_TMA_FLAGS.items():
         monkeypatch.setattr(tuning, flag, case.kind == variant)
     ran: list[tuple[str, int, int]] = []

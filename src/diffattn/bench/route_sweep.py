@@ -155,10 +155,10 @@ def comparison_routes(cls: CallClass) -> list[str]:
 
 def candidate_routes() -> list[tuple[str, CallClass]]:
     """Each tuning candidate of the fused kernel's training forward and both backwards (no mask), forced alone, on
-    the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the forward by TMA tiles, plain and
-    warp-specialised (``triton[tma]``, ``triton[ws]``: DIFF V1's and V2's heads, forward alone and trained) and the
-    two-kernel backward so (``triton[btma]``, ``triton[bws]``, and each with the forward's: ``triton[tma+btma]``,
-    ``triton[ws+bws]``), the single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel
+    the train class of its head widths: ``triton[KIND BMxBN wW sS]``; the forward by TMA tiles (``triton[tma]``:
+    DIFF V1's and V2's heads, forward alone and trained) and the two-kernel backward so, its dK/dV kernel plain or
+    warp-specialised (``triton[btma]``, ``triton[bws]``, and each with the forward's: ``triton[tma+btma]``,
+    ``triton[tma+bws]``), the single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel
     (``triton[split]``) and the forward by column blocks (``triton[cols]``) on their default tiles; then the decoding
     forward of V1 and DIFF V2 heads at d = 64 on more key splits than its heuristic takes (``triton[splits N]``,
     :data:`DECODE_SPLITS`)."""
@@ -166,10 +166,9 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
 
     out = []
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
-        for variant, kind in (("tma", "fwd_tma"), ("ws", "fwd_ws")):  # the forward by TMA tiles: alone, then trained
-            if cls_name in tuning._TILES[kind]:
-                out += [(f"triton[{variant}]", CallClass(pair, d, mode=mode)) for mode in ("infer", "train")]
-        for variant in ("btma", "tma+btma", "bws", "ws+bws"):  # the backward by TMA tiles, then with the forward's
+        if cls_name in tuning._TILES["fwd_tma"]:  # the forward by TMA tiles: alone, then trained
+            out += [("triton[tma]", CallClass(pair, d, mode=mode)) for mode in ("infer", "train")]
+        for variant in ("btma", "tma+btma", "bws", "tma+bws"):  # the backward by TMA tiles, then with the forward's
             if cls_name in tuning._TILES["dkdv_ws" if "bws" in variant else "dkdv_tma"]:
                 out.append((f"triton[{variant}]", CallClass(pair, d)))
         if cls_name != "wide":  # wide heads have no single-pass backward
@@ -392,9 +391,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "split": ("SPLIT_DKDV", ("dv", "dk")),  # the dK/dV kernel as a dV and a dK launch
     "cols": ("FWD_COLUMNS", ("fwd_cols",)),  # the forward by column blocks
     "tma": ("FWD_TMA", ("fwd_tma",)),  # the forward by TMA tiles
-    "ws": ("FWD_WS", ("fwd_ws",)),  # the forward by TMA tiles, warp-specialised
     "btma": ("BWD_TMA", ("dkdv_tma", "dq_tma")),  # the two-kernel backward by TMA tiles
-    "bws": ("BWD_WS", ("dkdv_ws", "dq_ws")),  # the two-kernel backward by TMA tiles, warp-specialised
+    "bws": ("BWD_WS", ("dkdv_ws", "dq_tma")),  # the same, its dK/dV kernel warp-specialised
 }
 
 
@@ -1146,7 +1144,7 @@ def kernel_plan() -> list[tuple[str, CallClass]]:
     the whole plan rarely reaches them in one lease, as the table's routes come first)."""
     defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [("triton", CallClass(pair, 64, mode="decode")) for pair in ("v1", "shared_k")]
-    # the default forward alone, beside which the forward by TMA tiles (triton[tma], triton[ws]) is read
+    # the default forward alone, beside which the forward by TMA tiles (triton[tma]) is read
     forwards = [("triton", CallClass(pair, 64, mode="infer")) for pair in ("v1", "shared_k")]
     # the key splits right after (one call each, seconds a job), ahead of the training candidates' many jobs
     splits = split_routes()

@@ -7,8 +7,8 @@ One file a path, each readable alone:
 
 * :mod:`.forward` — both maps in one pass over the keys, two online softmaxes against the same V tile.
 * :mod:`.forward_tma`, :mod:`.backward_tma` — the same forward and two-kernel backward with every tile loaded
-  through a TMA descriptor, optionally warp-specialised, for DIFF V1's and V2's heads without a mask (issue 37's
-  candidates, off until a GPU times them).
+  through a TMA descriptor (the dK/dV kernel optionally warp-specialised), for DIFF V1's and V2's heads without a mask
+  (issue 37's candidates, off until a GPU times them).
 * :mod:`.backward` — the row statistics, then the single-pass backward with atomic dQ (FlashAttention-2's scheme)
   or the deterministic two-kernel one.
 * :mod:`.decode` — flash-decoding: a forward without gradient split over keys, and the kernel that merges the splits.

@@ -20,7 +20,7 @@ docs/methods.md §0), from the log-sum-exps and per-map outputs the forward (:mo
   queries a step together, 64 and 32 apart).
 * **By TMA tiles** (:mod:`.backward_tma`, under :data:`.tuning.BWD_TMA` or :data:`.tuning.BWD_WS`, off until a GPU
   measures it faster): the two-kernel scheme for DIFF V1's and V2's heads without a mask, one query head per KV head,
-  every tile a bulk tensor copy, optionally warp-specialised.
+  every tile a bulk tensor copy, its dK/dV kernel optionally warp-specialised.
 * Only the query blocks on a key block's causal diagonal, or of a partial key block, form a causal or bounds mask;
   a user mask applies everywhere. A row whose every key is masked has log-sum-exp +inf, so its P, and every
   gradient it would give, is exactly 0.

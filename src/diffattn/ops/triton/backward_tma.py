@@ -1,21 +1,23 @@
-"""The fused kernel's deterministic two-kernel backward by tensor-memory-accelerator (TMA) tiles, optionally
-warp-specialised: the backward half of issue 37's TMA candidate (:mod:`.forward_tma` is the forward's), off by default
-(:data:`.tuning.BWD_TMA`, :data:`.tuning.BWD_WS`) until a GPU has timed it against the default backward
+"""The fused kernel's deterministic two-kernel backward by tensor-memory-accelerator (TMA) tiles, its dK/dV kernel
+optionally warp-specialised: the backward half of issue 37's TMA candidate (:mod:`.forward_tma` is the forward's), off
+by default (:data:`.tuning.BWD_TMA`, :data:`.tuning.BWD_WS`) until a GPU has timed it against the default backward
 (:mod:`.backward`).
 
-The same arithmetic as :mod:`.backward`'s two-kernel scheme (DIFF Transformer Eq. 1, docs/methods.md §0): a dK/dV
-kernel over key blocks (G = dO·Vᵀ once for both maps, dV = (P1 − λP2)ᵀ dO, dK_i = dS_iᵀ Q_i) and a dQ kernel over
-query blocks recomputing P1, P2 and G, after :mod:`.backward`'s preprocessing (Δ1, Δ2, dλ). For the classes the
-training targets are read on: no user mask or segments, one query head per KV head, Q1 apart from Q2 (K shared or
-not), 16-bit inputs on a GPU, head widths powers of two (:func:`.tuning._bwd_tma`). Q, K, V, dO tiles are bulk tensor
-copies through descriptors made per program over one head's rows (rows past the end read as zeros; stores past it are
-dropped), dK, dV and dQ stored the same way; the row statistics (log-sum-exps, Δ, λ) are loaded as in
-:mod:`.backward`.
+The same arithmetic as :mod:`.backward`'s two-kernel scheme (DIFF Transformer Eq. 1, docs/methods.md §0; the steps
+themselves are :mod:`.tile_ops`' ``_dkdv_accumulate`` and ``_dq_accumulate``, shared with it): a dK/dV kernel over key
+blocks (G = dO·Vᵀ once for both maps, dV = (P1 − λP2)ᵀ dO, dK_i = dS_iᵀ Q_i) and a dQ kernel over query blocks
+recomputing P1, P2 and G, after :mod:`.backward`'s preprocessing (Δ1, Δ2, dλ). For the classes the training targets
+are read on: no user mask or segments, one query head per KV head, Q1 apart from Q2 (K shared or not), 16-bit inputs
+on a GPU, head widths powers of two (:func:`.tuning._bwd_tma`). Q, K, V, dO tiles are bulk tensor copies through
+descriptors made per program over one head's rows (rows past the end read as zeros; stores past it are dropped), dK,
+dV and dQ stored the same way; the row statistics (log-sum-exps, Δ, λ) are loaded as in :mod:`.backward`.
 
-``WS``: each kernel's loop warp-specialised (a producer warp group loading, the others computing). Triton 3.6 and 3.9
-apply that on sm_90 to a kernel's only loop, with no branch on the step inside (:mod:`.forward_tma`), so the WS
-variants mask every step (the identity on whole blocks: the same numbers); the plain variants mask only the blocks on
-the causal diagonal and a partial key block, as :mod:`.backward` does.
+``WS`` (the dK/dV kernel under :data:`.tuning.BWD_WS`): its loop over query blocks warp-specialised — a producer warp
+group loading, two consumer warp groups computing 64 keys each of the block's 128 (their stores go to the two halves:
+checked in the TTGIR, and held so by the report's contract on the dots' rows). Triton 3.6 and 3.9 apply that on sm_90
+to a kernel's only loop with no branch on the step inside, so this variant masks every step (the identity on whole
+blocks: the same numbers). The dQ kernel is not warp-specialised: on its 64-row tiles both consumers took the same
+rows, and on 128-row ones the pass failed (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -142,11 +144,11 @@ def _bwd_dq_tma_kernel(
     Q1, K1, Q2, K2, V, LAM, DO, LSE1, LSE2, DELTA1, DELTA2, DQ1, DQ2,
     sq1b, sq1h, sq1t, sq2b, sq2h, sq2t, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs,
     H, T, S, scale, qk_scale,
-    CAUSAL: tl.constexpr, SHARED_K: tl.constexpr, WS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, SHARED_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (batch × head, query block, the longest first when causal): dQ1, dQ2 of its rows, every key tile
-    # masked as in .backward's dQ kernel (which masks every tile too), so WS changes nothing but the loop's build
+    # masked as in .backward's dQ kernel (which masks every tile too)
     DT = Q1.dtype.element_ty
     pid_bh = tl.program_id(0)
     pid_m = _row_block_longest_first(CAUSAL)
@@ -174,7 +176,7 @@ def _bwd_dq_tma_kernel(
         kend = tl.minimum(tl.minimum(start_m + BLOCK_M, T) + shift, S)
     else:
         kend = S
-    for start_n in tl.range(0, kend, BLOCK_N, warp_specialize=WS):
+    for start_n in range(0, kend, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k1, k2, v = _key_tiles(k1_desc, k2_desc, v_desc, start_n, SHARED_K, UPCAST)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale

@@ -22,9 +22,9 @@
   block's is skipped whole.
 * **Key splits** (``SPLIT``, decoding): a program takes one range of keys and writes float32 partial outputs and
   log-sum-exps, which :mod:`.decode` merges.
-* **By TMA tiles** (:mod:`.forward_tma`, DIFF V1's and V2's heads without a mask under :data:`.tuning.FWD_TMA` or
-  :data:`.tuning.FWD_WS`, off until a GPU measures it faster): the same arithmetic, one query head's rows a program,
-  every tile a bulk tensor copy, optionally warp-specialised.
+* **By TMA tiles** (:mod:`.forward_tma`, DIFF V1's and V2's heads without a mask under :data:`.tuning.FWD_TMA`, off
+  until a GPU measures it faster): the same arithmetic, one query head's rows a program, every tile a bulk tensor
+  copy.
 * **Column blocks** (``COLUMNS``, wide heads under :data:`.tuning.FWD_COLUMNS`, off until a GPU measures it faster):
   a program takes one block of V's and O's columns and recomputes both maps' scores for it (1.33x the FLOPs at
   d = 128, dv = 256), so its accumulators are half as wide and its tiles can be 128 rows on wgmma instead of 32 × 32.

@@ -1,22 +1,22 @@
-"""The fused kernel's forward by tensor-memory-accelerator (TMA) tiles, optionally warp-specialised: a
-candidate for issue 37 (the fused kernel at FlashAttention speed), off by default (:data:`.tuning.FWD_TMA`,
-:data:`.tuning.FWD_WS`) until a GPU has timed it against the default forward (:mod:`.forward`).
+"""The fused kernel's forward by tensor-memory-accelerator (TMA) tiles: a candidate for issue 37 (the fused kernel at
+FlashAttention speed), off by default (:data:`.tuning.FWD_TMA`) until a GPU has timed it against the default forward
+(:mod:`.forward`).
 
 The same arithmetic as :mod:`.forward` (DIFF Transformer Eq. 1, docs/methods.md §0) — both maps' online softmax against
 each key tile, two float32 accumulators, ``O = O1 − λ·O2`` in float32 and one rounding, log-sum-exps in log2 units —
 for the classes issue 37's targets are read on: no user mask, no segments, no key splits (training, and inference
 where the heuristic does not split), Q1 and Q2 apart (K shared or not), 16-bit inputs on a GPU, head widths powers of
-two (:func:`.tuning._fwd_tma`). What differs is how tiles reach the tensor cores, the two levers of FlashAttention-3
-that Triton reaches on sm_90:
+two (:func:`.tuning._fwd_tma`). What differs is how tiles reach the tensor cores: every tile is one
+``cp.async.bulk.tensor`` issued by one thread through a tensor descriptor (made on the device per program, over one
+head's [T|S, d] rows), where :mod:`.forward` forms a pointer per element and every thread issues its share of
+``cp.async``. Rows past the end read as zeros and stores past it are dropped by the hardware, so no bounds mask is
+formed on loads or stores; 64 keys a step (the default forward's V1 tiles take 32).
 
-* **TMA loads.** Every tile is one ``cp.async.bulk.tensor`` issued by one thread through a tensor descriptor (made on
-  the device per program, over one head's [T|S, d] rows), where :mod:`.forward` forms a pointer per element and
-  every thread issues its share of ``cp.async``. Rows past the end read as zeros and stores past it are dropped by the
-  hardware, so no bounds mask is formed on loads or stores.
-* **Warp specialisation** (``WS``: ``tl.range(..., warp_specialize=True)``): a producer warp group issues the loads of
-  the next key tiles while the consumer warp groups run the dots and the softmax, with registers moved from the first
-  to the others (``setmaxnreg``). Compiled for sm_90 by triton 3.6 and 3.9 (``benchmarks/kernel_report.py``, kind
-  ``fwd_tma``); without ``WS`` the loop is software-pipelined as Triton does by default.
+Not warp-specialised: Triton 3.6 and 3.9 build ``tl.range(..., warp_specialize=True)`` on sm_90 (documented for
+Blackwell only) from a launch on 4 warps, for a kernel's only loop, and then give this kernel's two consumer warp groups
+the same rows — each computed the whole 64-row tile, and stored it — or, on 128-row tiles, split one map's accumulator
+and not the other's, or spilled (benchmarks/RESULTS.md). The backward's dK/dV kernel is split cleanly and keeps it
+(:mod:`.backward_tma`).
 
 Why a separate kernel and not a constexpr of :mod:`.forward`: a descriptor covers whole rows of one head, where that
 kernel packs the rows of all query heads of a KV group into one tile (GQA) and forms masks a descriptor cannot
@@ -25,7 +25,7 @@ express (a 4-D mask's rows, segments). Here a program is one query head's block 
 longest first, as there.
 
 Addresses: descriptors need 16-byte-aligned bases and strides, and a last stride of 1 (checked on the host by
-:func:`.tuning.tma_fits`, which sends everything else to :mod:`.forward`).
+:func:`.launch._tma_fits`, which sends everything else to :mod:`.forward`).
 """
 
 from __future__ import annotations
@@ -81,8 +81,7 @@ def _fwd_tma_kernel(
     Q1, K1, Q2, K2, V, LAM, OUT, O1, O2, LSE1, LSE2,
     sq1b, sq1h, sq1t, sq2b, sq2h, sq2t, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs,
     H, HKV, T, S, qk_scale,
-    CAUSAL: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, WS: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, SHARED_K: tl.constexpr, SAVE_PARTS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (batch × query head, block of query rows); BLOCK_D, BLOCK_DV are the heads' widths themselves
@@ -135,20 +134,13 @@ def _fwd_tma_kernel(
     l2 = tl.full([BLOCK_M], 0.0, tl.float32)
     acc1 = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
     acc2 = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
-    if WS:
-        # one loop, every tile masked: triton 3.6 and 3.9 warp-specialise a kernel's only loop on sm_90 — with a
-        # second loop after it (the two phases below) the pass fails, with a branch on the tile in the loop it is
-        # silently not applied (benchmarks/RESULTS.md). The mask is the identity on whole tiles: the same numbers
-        for start_n in tl.range(0, kend, BLOCK_N, warp_specialize=True):
-            acc1, acc2, m1, m2, l1, l2 = _tma_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc,
-                start_n, t_row, shift, S, qk_scale, DT, True, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
-    else:  # FlashAttention's two phases: the tiles every row sees whole, then the diagonal and boundary tiles
-        for start_n in range(0, k_full, BLOCK_N):
-            acc1, acc2, m1, m2, l1, l2 = _tma_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc,
-                start_n, t_row, shift, S, qk_scale, DT, False, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
-        for start_n in range(k_full, kend, BLOCK_N):
-            acc1, acc2, m1, m2, l1, l2 = _tma_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc,
-                start_n, t_row, shift, S, qk_scale, DT, True, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
+    # FlashAttention's two phases: the tiles every row sees whole, then the diagonal and boundary tiles
+    for start_n in range(0, k_full, BLOCK_N):
+        acc1, acc2, m1, m2, l1, l2 = _tma_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc,
+            start_n, t_row, shift, S, qk_scale, DT, False, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
+    for start_n in range(k_full, kend, BLOCK_N):
+        acc1, acc2, m1, m2, l1, l2 = _tma_tile(acc1, acc2, m1, m2, l1, l2, q1, q2, k1_desc, k2_desc, v_desc,
+            start_n, t_row, shift, S, qk_scale, DT, True, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
 
     # every real row sees a key (no user mask, T <= S when causal); l = 0 only in rows past T, which are not stored
     ok1 = l1 > 0.0

@@ -249,18 +249,16 @@ def _tma_fits(*tensors: Tensor | None) -> bool:
 
 
 def _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts):
-    """The forward by TMA tiles (:mod:`.forward_tma`), warp-specialised under :data:`.tuning.FWD_WS`; O1 and O2 stored
-    where ``save_parts``. Its descriptors are made on the device, in scratch memory Triton asks an allocator for: one
-    is set where none is."""
+    """The forward by TMA tiles (:mod:`.forward_tma`); O1 and O2 stored where ``save_parts``. Its descriptors are made
+    on the device, in scratch memory Triton asks an allocator for: one is set where none is."""
     b, h, hkv, t, s, d, dv = sizes
     _ensure_allocator()
     args = (q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, out, o1, o2, lse1, lse2,
             *strides[:15], h, hkv, t, s, scale * _LOG2E)  # fmt: skip
     tma_consts = {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
-    tma_consts.update(SAVE_PARTS=save_parts, WS=tuning.FWD_WS)
-    kind = "fwd_ws" if tuning.FWD_WS else "fwd_tma"
-    key = (kind, q1.device.type, q1.dtype, d, dv)
-    _launch(_fwd_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), args, tma_consts, kind, d, dv, t, key)
+    tma_consts["SAVE_PARTS"] = save_parts
+    key = ("fwd_tma", q1.device.type, q1.dtype, d, dv)
+    _launch(_fwd_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), args, tma_consts, "fwd_tma", d, dv, t, key)
 
 
 def _scratch(size: int, alignment: int, stream) -> Tensor:
@@ -277,9 +275,9 @@ def _ensure_allocator() -> None:
 
 
 def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale) -> None:
-    """The two-kernel backward by TMA tiles (:mod:`.backward_tma`), warp-specialised under :data:`.tuning.BWD_WS`:
-    dK1, dK2, dV, then dQ1, dQ2 written into ``outputs`` (dK2 unused when K is shared). ``common``: the default
-    kernels' leading arguments, of which these take all but the mask and segments."""
+    """The two-kernel backward by TMA tiles (:mod:`.backward_tma`), its dK/dV kernel warp-specialised under
+    :data:`.tuning.BWD_WS`: dK1, dK2, dV, then dQ1, dQ2 written into ``outputs`` (dK2 unused when K is shared).
+    ``common``: the default kernels' leading arguments, of which these take all but the mask and segments."""
     q1, k1, q2, k2, v, lam, _mask, _segments, dout, lse1, lse2, delta1, delta2 = common
     dk1, dk2, dvv, dq1, dq2 = outputs
     b, h, t, s, d, dv = sizes
@@ -288,16 +286,15 @@ def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale) -> None:
     head = (q1, k1, q2, k2, v, lam, dout, lse1, lse2, delta1, delta2)
     tail = (*strides[:15], h, t, s, scale, scale * _LOG2E)
     tma_consts = {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
-    tma_consts["WS"] = ws
     kind = "dkdv_ws" if ws else "dkdv_tma"
     key = (kind, q1.device.type, q1.dtype, d, dv)
     dkdv_args = (*head, dk1, dk1 if consts["SHARED_K"] else dk2, dvv, *tail)  # (dK2 is empty when K is shared)
-    _launch(_bwd_dkdv_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(s, bn)), dkdv_args, tma_consts, kind, d, dv, t,
-            key)  # fmt: skip
-    kind = "dq_ws" if ws else "dq_tma"
-    key = (kind, q1.device.type, q1.dtype, d, dv)
+    _launch(_bwd_dkdv_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(s, bn)), dkdv_args, dict(tma_consts, WS=ws), kind,
+            d, dv, t, key)  # fmt: skip
+    key = ("dq_tma", q1.device.type, q1.dtype, d, dv)
     dq_args = (*head, dq1, dq2, *tail)
-    _launch(_bwd_dq_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), dq_args, tma_consts, kind, d, dv, t, key)
+    _launch(_bwd_dq_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), dq_args, tma_consts, "dq_tma", d, dv, t,
+            key)  # fmt: skip
 
 
 # _fwd_impl as a custom op: opaque to torch.compile (fake implementation below) and differentiable (the autograd

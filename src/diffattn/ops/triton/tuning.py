@@ -52,18 +52,15 @@ FWD_COLUMNS: bool = False
 
 #: The forward by TMA tiles (:mod:`.forward_tma`: every tile one bulk tensor copy through a descriptor; training, and
 #: inference without key splits) for the classes the targets are read on (no user mask or segments, Q1 and Q2 apart,
-#: 16-bit inputs, head widths powers of two), and :data:`FWD_WS` the same kernel warp-specialised (a producer warp
-#: group loading, the others computing: FlashAttention-3's scheme as Triton builds it on sm_90). Both off until a GPU
-#: times them faster than the default forward (the route sweep's ``triton[tma]`` and ``triton[ws]``). Read when the
-#: forward runs.
+#: 16-bit inputs, head widths powers of two). Off until a GPU times it faster than the default forward (the route
+#: sweep's ``triton[tma]``). Read when the forward runs.
 FWD_TMA: bool = False
-FWD_WS: bool = False
 
-#: The deterministic two-kernel backward by TMA tiles (:mod:`.backward_tma`), and :data:`BWD_WS` warp-specialised, for
-#: the same heads as :data:`FWD_TMA` with one query head per KV head: off until a GPU times them faster than the
-#: default backward (the route sweep's ``triton[btma]`` and ``triton[bws]``; ``triton[tma+btma]``, ``triton[ws+bws]``
-#: with the forward's). Read when the backward runs; not with the single-pass backward (:data:`ATOMIC_DQ`) or the
-#: split one (:data:`SPLIT_DKDV`).
+#: The deterministic two-kernel backward by TMA tiles (:mod:`.backward_tma`), and :data:`BWD_WS` the same with its
+#: dK/dV kernel warp-specialised, for the same heads as :data:`FWD_TMA` with one query head per KV head: off until a
+#: GPU times them faster than the default backward (the route sweep's ``triton[btma]`` and ``triton[bws]``;
+#: ``triton[tma+btma]``, ``triton[tma+bws]`` with the forward's). Read when the backward runs; not with the
+#: single-pass backward (:data:`ATOMIC_DQ`) or the split one (:data:`SPLIT_DKDV`).
 BWD_TMA: bool = False
 BWD_WS: bool = False
 
@@ -120,17 +117,14 @@ _TILES = {
     # the split dK/dV kernel (SPLIT_DKDV): the dV launch, then the dK launch
     "dv": {"wide": (32, 128), "v1": (64, 128)},
     "dk": {"wide": (16, 128), "v1": (32, 128)},
-    # the forward by TMA tiles (FWD_TMA): 128 rows on 8 warps as the default forward, 64 keys a step; warp-specialised
-    # (FWD_WS) 64 rows, launched on 4 warps and built on 12 (a producer warp group and two others): 128 rows spilled
-    # 4.5–10 KB there, 128 x 32 0.1–7 KB (triton 3.9, V2 and V1)
+    # the forward by TMA tiles (FWD_TMA): 128 rows on 8 warps as the default forward, 64 keys a step
     "fwd_tma": {"v2": (128, 64), "v1": (128, 64)},
-    "fwd_ws": {"v2": (64, 64), "v1": (64, 64)},
-    # the two-kernel backward by TMA tiles (BWD_TMA): the default backward's tiles; warp-specialised (BWD_WS): read
-    # off the report like the forward's
+    # the two-kernel backward by TMA tiles (BWD_TMA): the default backward's tiles; its dK/dV kernel warp-specialised
+    # (BWD_WS) on the same, launched on 4 warps and built on 12: a producer warp group and two consumers, each 64 of
+    # the block's 128 keys
     "dkdv_tma": {"v2": (32, 128), "v1": (16, 128)},
     "dq_tma": {"v2": (128, 64), "v1": (128, 32)},
     "dkdv_ws": {"v2": (32, 128), "v1": (16, 128)},
-    "dq_ws": {"v2": (64, 64), "v1": (64, 32)},
 }
 
 # Tiles with a user mask, where those of _TILES would spill, by mask class ("keys": key padding, one value per key;
@@ -376,17 +370,17 @@ def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
 
 
 def _fwd_tma(d: int, dv: int, mask: str = "none") -> bool:
-    """Whether the forward runs by TMA tiles (:data:`FWD_TMA` or :data:`FWD_WS`) for these head widths and mask
-    class: no user mask or segments, both widths powers of two of at least 16 (a descriptor's block is a whole row),
-    a class with "fwd_tma" ("fwd_ws") tiles on a GPU (any under the interpreter's forced tiles). Key splits, Q1 shared
-    with Q2 and the tensors' layout are checked where the launch has them (:func:`.launch._tma_fits`)."""
-    if not (FWD_TMA or FWD_WS) or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
+    """Whether the forward runs by TMA tiles (:data:`FWD_TMA`) for these head widths and mask class: no user mask or
+    segments, both widths powers of two of at least 16 (a descriptor's block is a whole row), a class with "fwd_tma"
+    tiles on a GPU (any under the interpreter's forced tiles). Key splits, Q1 shared with Q2 and the tensors' layout
+    are checked where the launch has them (:func:`.launch._tma_fits`)."""
+    if not FWD_TMA or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
         return False
-    return INTERPRETED or BLOCK_OVERRIDE is not None or _has_tiles("fwd_ws" if FWD_WS else "fwd_tma", d, dv, mask)
+    return INTERPRETED or BLOCK_OVERRIDE is not None or _has_tiles("fwd_tma", d, dv, mask)
 
 
 #: the launch kinds built warp-specialised: launched on one warp group (:func:`_blocks`)
-WS_KINDS = frozenset({"fwd_ws", "dkdv_ws", "dq_ws"})
+WS_KINDS = frozenset({"dkdv_ws"})
 
 
 def _bwd_tma(d: int, dv: int, mask: str = "none") -> bool:
@@ -395,7 +389,7 @@ def _bwd_tma(d: int, dv: int, mask: str = "none") -> bool:
     and the layout are checked where the launch has the tensors."""
     if not (BWD_TMA or BWD_WS) or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
         return False
-    kinds = ("dkdv_ws", "dq_ws") if BWD_WS else ("dkdv_tma", "dq_tma")
+    kinds = ("dkdv_ws" if BWD_WS else "dkdv_tma", "dq_tma")
     return INTERPRETED or BLOCK_OVERRIDE is not None or all(_has_tiles(k, d, dv, mask) for k in kinds)
 
 
