@@ -25,15 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .forward_tma import _key_tiles
+from .forward_tma import _head_rows, _key_tiles
 from .tile_ops import _dkdv_accumulate, _dq_accumulate, _row_block_longest_first, _row_statistics
-
-
-@triton.jit
-def _head_rows(BASE, rows, width, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr, row_stride):
-    # one head's [rows, width] matrix as a descriptor of [BLOCK_ROWS, BLOCK_W] tiles
-    return tl.make_tensor_descriptor(BASE, shape=[rows, width], strides=[row_stride, 1],
-                                     block_shape=[BLOCK_ROWS, BLOCK_W])  # fmt: skip
 
 
 @triton.jit
@@ -86,18 +79,14 @@ def _bwd_dkdv_tma_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < S
-    k1 = _head_rows(K1 + b64 * sk1b + h64 * sk1h, S, BLOCK_D, BLOCK_N, BLOCK_D, sk1s).load([start_n, 0])
-    if SHARED_K:
-        k2 = k1
-    else:
-        k2 = _head_rows(K2 + b64 * sk2b + h64 * sk2h, S, BLOCK_D, BLOCK_N, BLOCK_D, sk2s).load([start_n, 0])
-    v = _head_rows(V + b64 * svb + h64 * svh, S, BLOCK_DV, BLOCK_N, BLOCK_DV, svs).load([start_n, 0])
-    if UPCAST:
-        k1, k2, v = k1.to(tl.float32), k2.to(tl.float32), v.to(tl.float32)
+    k1_desc = _head_rows(K1 + b64 * sk1b + h64 * sk1h, S, sk1s, BLOCK_N, BLOCK_D)
+    k2_desc = _head_rows(K2 + b64 * sk2b + h64 * sk2h, S, sk2s, BLOCK_N, BLOCK_D)
+    v_desc = _head_rows(V + b64 * svb + h64 * svh, S, svs, BLOCK_N, BLOCK_DV)
+    k1, k2, v = _key_tiles(k1_desc, k2_desc, v_desc, start_n, SHARED_K, UPCAST)  # this program's key block
     row_base = (pid_bh * T).to(tl.int64)  # this head's first row of [B, H, T] (dO: DV elements a row)
-    q1_desc = _head_rows(Q1 + b64 * sq1b + h64 * sq1h, T, BLOCK_D, BLOCK_M, BLOCK_D, sq1t)
-    q2_desc = _head_rows(Q2 + b64 * sq2b + h64 * sq2h, T, BLOCK_D, BLOCK_M, BLOCK_D, sq2t)
-    do_desc = _head_rows(DO + row_base * BLOCK_DV, T, BLOCK_DV, BLOCK_M, BLOCK_DV, BLOCK_DV)
+    q1_desc = _head_rows(Q1 + b64 * sq1b + h64 * sq1h, T, sq1t, BLOCK_M, BLOCK_D)
+    q2_desc = _head_rows(Q2 + b64 * sq2b + h64 * sq2h, T, sq2t, BLOCK_M, BLOCK_D)
+    do_desc = _head_rows(DO + row_base * BLOCK_DV, T, BLOCK_DV, BLOCK_M, BLOCK_DV)
     dk1 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
     dk2 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
     dv = tl.full([BLOCK_N, BLOCK_DV], 0.0, tl.float32)
@@ -127,14 +116,14 @@ def _bwd_dkdv_tma_kernel(
                                       DT, False, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_M)  # fmt: skip
 
     kv_rows = pid_bh.to(tl.int64) * S  # this head's first row of dK1, dK2, dV ([B, H, S, ·] contiguous)
-    _head_rows(DK1 + kv_rows * BLOCK_D, S, BLOCK_D, BLOCK_N, BLOCK_D, BLOCK_D).store(
+    _head_rows(DK1 + kv_rows * BLOCK_D, S, BLOCK_D, BLOCK_N, BLOCK_D).store(
         [start_n, 0], (dk1 * scale).to(DK1.dtype.element_ty)
     )
     if not SHARED_K:
-        _head_rows(DK2 + kv_rows * BLOCK_D, S, BLOCK_D, BLOCK_N, BLOCK_D, BLOCK_D).store(
+        _head_rows(DK2 + kv_rows * BLOCK_D, S, BLOCK_D, BLOCK_N, BLOCK_D).store(
             [start_n, 0], (dk2 * scale).to(DK2.dtype.element_ty)
         )
-    _head_rows(DV_ + kv_rows * BLOCK_DV, S, BLOCK_DV, BLOCK_N, BLOCK_DV, BLOCK_DV).store(
+    _head_rows(DV_ + kv_rows * BLOCK_DV, S, BLOCK_DV, BLOCK_N, BLOCK_DV).store(
         [start_n, 0], dv.to(DV_.dtype.element_ty)
     )
 
@@ -158,16 +147,16 @@ def _bwd_dq_tma_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_ok = offs_m < T
     row_base = (pid_bh * T).to(tl.int64)
-    q1 = _head_rows(Q1 + b64 * sq1b + h64 * sq1h, T, BLOCK_D, BLOCK_M, BLOCK_D, sq1t).load([start_m, 0])
-    q2 = _head_rows(Q2 + b64 * sq2b + h64 * sq2h, T, BLOCK_D, BLOCK_M, BLOCK_D, sq2t).load([start_m, 0])
-    do = _head_rows(DO + row_base * BLOCK_DV, T, BLOCK_DV, BLOCK_M, BLOCK_DV, BLOCK_DV).load([start_m, 0])
+    q1 = _head_rows(Q1 + b64 * sq1b + h64 * sq1h, T, sq1t, BLOCK_M, BLOCK_D).load([start_m, 0])
+    q2 = _head_rows(Q2 + b64 * sq2b + h64 * sq2h, T, sq2t, BLOCK_M, BLOCK_D).load([start_m, 0])
+    do = _head_rows(DO + row_base * BLOCK_DV, T, BLOCK_DV, BLOCK_M, BLOCK_DV).load([start_m, 0])
     if UPCAST:
         q1, q2, do = q1.to(tl.float32), q2.to(tl.float32), do.to(tl.float32)
     lse1, lse2, delta1, delta2, lam = _row_statistics(LSE1, LSE2, DELTA1, DELTA2, LAM, row_base, offs_m, m_ok)
     lam = lam[:, None]  # λ of each query row
-    k1_desc = _head_rows(K1 + b64 * sk1b + h64 * sk1h, S, BLOCK_D, BLOCK_N, BLOCK_D, sk1s)
-    k2_desc = _head_rows(K2 + b64 * sk2b + h64 * sk2h, S, BLOCK_D, BLOCK_N, BLOCK_D, sk2s)
-    v_desc = _head_rows(V + b64 * svb + h64 * svh, S, BLOCK_DV, BLOCK_N, BLOCK_DV, svs)
+    k1_desc = _head_rows(K1 + b64 * sk1b + h64 * sk1h, S, sk1s, BLOCK_N, BLOCK_D)
+    k2_desc = _head_rows(K2 + b64 * sk2b + h64 * sk2h, S, sk2s, BLOCK_N, BLOCK_D)
+    v_desc = _head_rows(V + b64 * svb + h64 * svh, S, svs, BLOCK_N, BLOCK_DV)
     dq1 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     dq2 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
@@ -189,9 +178,9 @@ def _bwd_dq_tma_kernel(
         dq1, dq2 = _dq_accumulate(dq1, dq2, p1, p2, k1, k2, do, v, delta1[:, None], delta2[:, None], lam, DT, False,
                                   PREC)  # fmt: skip
 
-    _head_rows(DQ1 + row_base * BLOCK_D, T, BLOCK_D, BLOCK_M, BLOCK_D, BLOCK_D).store(
+    _head_rows(DQ1 + row_base * BLOCK_D, T, BLOCK_D, BLOCK_M, BLOCK_D).store(
         [start_m, 0], (dq1 * scale).to(DQ1.dtype.element_ty)
     )
-    _head_rows(DQ2 + row_base * BLOCK_D, T, BLOCK_D, BLOCK_M, BLOCK_D, BLOCK_D).store(
+    _head_rows(DQ2 + row_base * BLOCK_D, T, BLOCK_D, BLOCK_M, BLOCK_D).store(
         [start_m, 0], (dq2 * scale).to(DQ2.dtype.element_ty)
     )

@@ -38,6 +38,14 @@ from .tile_ops import _row_block_longest_first
 
 
 @triton.jit
+def _head_rows(BASE, rows, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
+    # one head's [rows, BLOCK_W] matrix at BASE (rows row_stride elements apart) as a descriptor of
+    # [BLOCK_ROWS, BLOCK_W] tiles: rows past the end load as zeros, stores past it are dropped (also .backward_tma's)
+    return tl.make_tensor_descriptor(BASE, shape=[rows, BLOCK_W], strides=[row_stride, 1],
+                                     block_shape=[BLOCK_ROWS, BLOCK_W])  # fmt: skip
+
+
+@triton.jit
 def _key_tiles(k1_desc, k2_desc, v_desc, start_n, SHARED_K: tl.constexpr, UPCAST: tl.constexpr):
     # the key tile at start_n of K1, K2 (K1 itself where SHARED_K) and V, through their descriptors (also the TMA
     # backward's dQ kernel's)
@@ -99,17 +107,12 @@ def _fwd_tma_kernel(
     t_row = row0 + tl.arange(0, BLOCK_M)
     row_ok = t_row < T
 
-    # one head's rows as a [T|S, width] matrix each: rows past the end load as zeros, stores past it are dropped
-    q1_desc = tl.make_tensor_descriptor(Q1 + b64 * sq1b + h64 * sq1h, shape=[T, BLOCK_D], strides=[sq1t, 1],
-                                        block_shape=[BLOCK_M, BLOCK_D])  # fmt: skip
-    q2_desc = tl.make_tensor_descriptor(Q2 + b64 * sq2b + h64 * sq2h, shape=[T, BLOCK_D], strides=[sq2t, 1],
-                                        block_shape=[BLOCK_M, BLOCK_D])  # fmt: skip
-    k1_desc = tl.make_tensor_descriptor(K1 + b64 * sk1b + hkv64 * sk1h, shape=[S, BLOCK_D], strides=[sk1s, 1],
-                                        block_shape=[BLOCK_N, BLOCK_D])  # fmt: skip
-    k2_desc = tl.make_tensor_descriptor(K2 + b64 * sk2b + hkv64 * sk2h, shape=[S, BLOCK_D], strides=[sk2s, 1],
-                                        block_shape=[BLOCK_N, BLOCK_D])  # fmt: skip
-    v_desc = tl.make_tensor_descriptor(V + b64 * svb + hkv64 * svh, shape=[S, BLOCK_DV], strides=[svs, 1],
-                                       block_shape=[BLOCK_N, BLOCK_DV])  # fmt: skip
+    # one head's rows as a [T|S, width] matrix each
+    q1_desc = _head_rows(Q1 + b64 * sq1b + h64 * sq1h, T, sq1t, BLOCK_M, BLOCK_D)
+    q2_desc = _head_rows(Q2 + b64 * sq2b + h64 * sq2h, T, sq2t, BLOCK_M, BLOCK_D)
+    k1_desc = _head_rows(K1 + b64 * sk1b + hkv64 * sk1h, S, sk1s, BLOCK_N, BLOCK_D)
+    k2_desc = _head_rows(K2 + b64 * sk2b + hkv64 * sk2h, S, sk2s, BLOCK_N, BLOCK_D)
+    v_desc = _head_rows(V + b64 * svb + hkv64 * svh, S, svs, BLOCK_N, BLOCK_DV)
     DT = Q1.dtype.element_ty  # the input dtype (UPCAST loads it as float32 under the interpreter)
     head_rows = (b64 * H + h64) * T  # this head's first row of OUT, O1, O2, LSE1, LSE2 and LAM
     q1 = q1_desc.load([row0, 0])
@@ -150,15 +153,10 @@ def _fwd_tma_kernel(
     o1 = acc1 / l1[:, None]
     o2 = acc2 / l2[:, None]
     out = o1 - lam[:, None] * o2  # float32 subtraction (docs/methods.md §0.2)
-    out_desc = tl.make_tensor_descriptor(OUT + head_rows * BLOCK_DV, shape=[T, BLOCK_DV], strides=[BLOCK_DV, 1],
-                                         block_shape=[BLOCK_M, BLOCK_DV])  # fmt: skip
-    out_desc.store([row0, 0], out.to(OUT.dtype.element_ty))
+    o_rows = head_rows * BLOCK_DV  # OUT, O1, O2: this head's rows, dense
+    _head_rows(OUT + o_rows, T, BLOCK_DV, BLOCK_M, BLOCK_DV).store([row0, 0], out.to(OUT.dtype.element_ty))
     tl.store(LSE1 + head_rows + t_row, tl.where(ok1, m1 + tl.log2(l1), float("inf")), mask=row_ok)
     tl.store(LSE2 + head_rows + t_row, tl.where(ok2, m2 + tl.log2(l2), float("inf")), mask=row_ok)
     if SAVE_PARTS:
-        o1_desc = tl.make_tensor_descriptor(O1 + head_rows * BLOCK_DV, shape=[T, BLOCK_DV], strides=[BLOCK_DV, 1],
-                                            block_shape=[BLOCK_M, BLOCK_DV])  # fmt: skip
-        o2_desc = tl.make_tensor_descriptor(O2 + head_rows * BLOCK_DV, shape=[T, BLOCK_DV], strides=[BLOCK_DV, 1],
-                                            block_shape=[BLOCK_M, BLOCK_DV])  # fmt: skip
-        o1_desc.store([row0, 0], o1.to(O1.dtype.element_ty))
-        o2_desc.store([row0, 0], o2.to(O2.dtype.element_ty))
+        _head_rows(O1 + o_rows, T, BLOCK_DV, BLOCK_M, BLOCK_DV).store([row0, 0], o1.to(O1.dtype.element_ty))
+        _head_rows(O2 + o_rows, T, BLOCK_DV, BLOCK_M, BLOCK_DV).store([row0, 0], o2.to(O2.dtype.element_ty))
