@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from diffattn.bench.route_sweep import VARIANTS
 from diffattn.ops import diff_attention
 
 from .interpreter import import_kernels, keep_interpreting
@@ -30,10 +31,11 @@ from .test_triton import (
 launch = import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
 from diffattn.ops.triton import tuning  # noqa: E402
 
-FLAGS = {"tma": "FWD_TMA"}
-KINDS = {"tma": "fwd_tma"}
-BWD_FLAGS = {"btma": "BWD_TMA", "bws": "BWD_WS"}
-BWD_KINDS = {"btma": ["dkdv_tma", "dq_tma"], "bws": ["dkdv_ws", "dq_tma"]}
+# each variant's tuning flag and launch kinds: the route sweep's table of them (route_sweep.VARIANTS)
+FLAGS = {name: VARIANTS[name][0] for name in ("tma",)}
+KINDS = {name: VARIANTS[name][1][0] for name in FLAGS}
+BWD_FLAGS = {name: VARIANTS[name][0] for name in ("btma", "bws")}
+BWD_KINDS = {name: list(VARIANTS[name][1]) for name in BWD_FLAGS}
 
 
 @pytest.fixture(autouse=True)
@@ -267,8 +269,6 @@ def test_gpu_tma_kernels_match_reference(monkeypatch, variants, d, dv, dtype, t,
     # dtype), at 1K-16K tokens, one query head per KV head (the backward's only heads; the forward's too here); each
     # run checked to have launched the variants' kernels. In a file of its own: the GPU script runs each file in a
     # process of its own, and a warp-specialised build that aborts takes only this file's rows
-    from diffattn.bench.route_sweep import VARIANTS
-
     kinds = [kind for name in variants for kind in VARIANTS[name][1]]
     for name in variants:
         monkeypatch.setattr(tuning, VARIANTS[name][0], True)

@@ -58,6 +58,7 @@ import numpy as np
 import pytest
 import torch
 
+from diffattn.bench.route_sweep import VARIANTS
 from diffattn.ops import diff_attention
 from diffattn.ops._inputs import validate
 
@@ -79,10 +80,10 @@ WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
 }
 MASKS = ("none", "keys", "rows", "segments")
 FWD_REGIMES = ("fwd", "fwd_mid", "fwd_short")  # the training forward at >= 128, 33–127 and <= 32 packed rows
-TMA_KINDS = {"tma": "fwd_tma"}  # case kind -> launch kind of the forward by TMA tiles (FWD_TMA)
-# case kind -> the launch kinds of the two-kernel backward by TMA tiles (BWD_TMA, BWD_WS), and its flag
-BWD_TMA_KINDS = {"btma": ("dkdv_tma", "dq_tma"), "bws": ("dkdv_ws", "dq_tma")}
-BWD_TMA_FLAGS = {"btma": "BWD_TMA", "bws": "BWD_WS"}
+# case kind -> launch kind of the forward by TMA tiles (FWD_TMA), and the launch kinds of the two-kernel backward by
+# TMA tiles (BWD_TMA, BWD_WS): the route sweep's table of the variants (route_sweep.VARIANTS, with their flags)
+TMA_KINDS = {"tma": VARIANTS["tma"][1][0]}
+BWD_TMA_KINDS = {name: VARIANTS[name][1] for name in ("btma", "bws")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +125,7 @@ def _cases() -> list[Case]:
                 cases.append(Case("split", width, mask, None))
             if _table_tile("fwd_cols", width, mask):
                 cases.append(Case("cols", width, mask, None))
-            for variant, kind in TMA_KINDS.items():  # the forward by TMA tiles (no mask), and warp-specialised
+            for variant, kind in TMA_KINDS.items():  # the forward by TMA tiles (no mask)
                 if mask == "none" and _table_tile(kind, width, mask):
                     cases.append(Case(variant, width, mask, None))
             for variant, kinds in BWD_TMA_KINDS.items():  # and the two-kernel backward so
@@ -610,8 +611,8 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     monkeypatch.setattr(tuning, "SPLIT_DKDV", split)
     monkeypatch.setattr(tuning, "FWD_COLUMNS", case.kind in ("cols", "fwd_cols"))
     monkeypatch.setattr(tuning, "FWD_TMA", case.kind == "tma")
-    for variant, flag in BWD_TMA_FLAGS.items():
-        monkeypatch.setattr(tuning, flag, case.kind == variant)
+    for variant in BWD_TMA_KINDS:
+        monkeypatch.setattr(tuning, VARIANTS[variant][0], case.kind == variant)
     ran: list[tuple[str, int, int]] = []
     monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
     forwards = []  # what the kernels' forward returned: (out, o1, o2, lse1, lse2)

@@ -166,11 +166,10 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
 
     out = []
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
-        if cls_name in tuning._TILES["fwd_tma"]:  # the forward by TMA tiles: alone, then trained
-            out += [("triton[tma]", CallClass(pair, d, mode=mode)) for mode in ("infer", "train")]
-        for variant in ("btma", "tma+btma", "bws", "tma+bws"):  # the backward by TMA tiles, then with the forward's
-            if cls_name in tuning._TILES["dkdv_ws" if "bws" in variant else "dkdv_tma"]:
-                out.append((f"triton[{variant}]", CallClass(pair, d)))
+        # the forward by TMA tiles alone, then trained; the backward by TMA tiles, alone and with the forward's
+        for variant, modes in TMA_ROUTES:
+            if all(cls_name in tuning._TILES[kind] for name in variant.split("+") for kind in VARIANTS[name][1]):
+                out += [(f"triton[{variant}]", CallClass(pair, d, mode=mode)) for mode in modes]
         if cls_name != "wide":  # wide heads have no single-pass backward
             out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
         if cls_name in tuning._TILES["dk"]:  # the dK/dV kernel split in two, on larger tiles
@@ -395,6 +394,16 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bws": ("BWD_WS", ("dkdv_ws", "dq_tma")),  # the same, its dK/dV kernel warp-specialised
 }
 
+
+#: The kernel plan's routes of the fused kernel by TMA tiles (:data:`VARIANTS` joined by "+") and the modes each is
+#: timed in, in order: the forward alone (its target is read on the forward without gradient) and trained
+TMA_ROUTES = (
+    ("tma", ("infer", "train")),
+    ("btma", ("train",)),
+    ("tma+btma", ("train",)),
+    ("bws", ("train",)),
+    ("tma+bws", ("train",)),
+)
 
 #: Key splits of the decoding forward the sweep times as routes of their own (``triton[splits N]``), beside the
 #: heuristic's (:func:`diffattn.ops.triton.tuning._num_splits`: the GPU filled about twice, 5 splits for the sweep's

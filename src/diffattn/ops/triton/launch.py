@@ -248,6 +248,12 @@ def _tma_fits(*tensors: Tensor | None) -> bool:
     return True
 
 
+def _tma_consts(consts: dict) -> dict:
+    """The constexprs of the default kernels' launch that the TMA kernels take too (they take no mask, segments or
+    padded widths)."""
+    return {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
+
+
 def _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts):
     """The forward by TMA tiles (:mod:`.forward_tma`); O1 and O2 stored where ``save_parts``. Its descriptors are made
     on the device, in scratch memory Triton asks an allocator for: one is set where none is."""
@@ -255,8 +261,7 @@ def _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, co
     _ensure_allocator()
     args = (q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, lam, out, o1, o2, lse1, lse2,
             *strides[:15], h, hkv, t, s, scale * _LOG2E)  # fmt: skip
-    tma_consts = {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
-    tma_consts["SAVE_PARTS"] = save_parts
+    tma_consts = dict(_tma_consts(consts), SAVE_PARTS=save_parts)
     key = ("fwd_tma", q1.device.type, q1.dtype, d, dv)
     _launch(_fwd_tma_kernel, lambda bm, bn: _grid(b * h, _cdiv(t, bm)), args, tma_consts, "fwd_tma", d, dv, t, key)
 
@@ -285,7 +290,7 @@ def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale) -> None:
     ws = tuning.BWD_WS
     head = (q1, k1, q2, k2, v, lam, dout, lse1, lse2, delta1, delta2)
     tail = (*strides[:15], h, t, s, scale, scale * _LOG2E)
-    tma_consts = {name: consts[name] for name in ("CAUSAL", "SHARED_K", "UPCAST", "PREC", "BLOCK_D", "BLOCK_DV")}
+    tma_consts = _tma_consts(consts)
     kind = "dkdv_ws" if ws else "dkdv_tma"
     key = (kind, q1.device.type, q1.dtype, d, dv)
     dkdv_args = (*head, dk1, dk1 if consts["SHARED_K"] else dk2, dvv, *tail)  # (dK2 is empty when K is shared)

@@ -369,14 +369,20 @@ def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
     return half if _has_tiles("fwd_cols", d, dv, mask) else 0
 
 
-def _fwd_tma(d: int, dv: int, mask: str = "none") -> bool:
-    """Whether the forward runs by TMA tiles (:data:`FWD_TMA`) for these head widths and mask class: no user mask or
-    segments, both widths powers of two of at least 16 (a descriptor's block is a whole row), a class with "fwd_tma"
-    tiles on a GPU (any under the interpreter's forced tiles). Key splits, Q1 shared with Q2 and the tensors' layout
-    are checked where the launch has them (:func:`.launch._tma_fits`)."""
-    if not FWD_TMA or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
+def _tma_heads(d: int, dv: int, mask: str, kinds: tuple[str, ...]) -> bool:
+    """Whether heads of these widths and mask class can take the TMA kernels of launch ``kinds``: no user mask or
+    segments, both widths powers of two of at least 16 (a descriptor's block is a whole row), a class with tiles for
+    every kind on a GPU (any under the interpreter's forced tiles)."""
+    if mask != "none" or d != _pow2(d) or dv != _pow2(dv):
         return False
-    return INTERPRETED or BLOCK_OVERRIDE is not None or _has_tiles("fwd_tma", d, dv, mask)
+    return INTERPRETED or BLOCK_OVERRIDE is not None or all(_has_tiles(k, d, dv, mask) for k in kinds)
+
+
+def _fwd_tma(d: int, dv: int, mask: str = "none") -> bool:
+    """Whether the forward runs by TMA tiles (:data:`FWD_TMA`) for these head widths and mask class
+    (:func:`_tma_heads`). Key splits, Q1 shared with Q2 and the tensors' layout are checked where the launch has them
+    (:func:`.launch._tma_fits`)."""
+    return FWD_TMA and _tma_heads(d, dv, mask, ("fwd_tma",))
 
 
 #: the launch kinds built warp-specialised: launched on one warp group (:func:`_blocks`)
@@ -385,12 +391,9 @@ WS_KINDS = frozenset({"dkdv_ws"})
 
 def _bwd_tma(d: int, dv: int, mask: str = "none") -> bool:
     """Whether the two-kernel backward runs by TMA tiles (:data:`BWD_TMA` or :data:`BWD_WS`) for these head widths and
-    mask class: as :func:`_fwd_tma`, with the backward's tile tables. One query head per KV head, Q1 apart from Q2
+    mask class (:func:`_tma_heads`, with the backward's tile tables). One query head per KV head, Q1 apart from Q2
     and the layout are checked where the launch has the tensors."""
-    if not (BWD_TMA or BWD_WS) or mask != "none" or d != _pow2(d) or dv != _pow2(dv):
-        return False
-    kinds = ("dkdv_ws" if BWD_WS else "dkdv_tma", "dq_tma")
-    return INTERPRETED or BLOCK_OVERRIDE is not None or all(_has_tiles(k, d, dv, mask) for k in kinds)
+    return (BWD_TMA or BWD_WS) and _tma_heads(d, dv, mask, ("dkdv_ws" if BWD_WS else "dkdv_tma", "dq_tma"))
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
