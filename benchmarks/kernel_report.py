@@ -320,7 +320,7 @@ def _record_launches(
     import torch
     import triton
 
-    from diffattn.bench.route_sweep import VARIANTS
+    from diffattn.ops.routes import TRITON_VARIANTS
     from diffattn.ops.triton import (
         backward,
         backward_tma,
@@ -439,7 +439,7 @@ def _record_launches(
     # the split dK/dV kernel and the forwards by column blocks and by TMA tiles for their own kinds only (the atomic
     # one: set above)
     for name in ("split", "cols", "tma", "btma", "bws"):
-        flag, kinds = VARIANTS[name]
+        flag, kinds = TRITON_VARIANTS[name]
         setattr(tuning, flag, kind in kinds)
     try:
         if kind == "epilogue":  # O1 − λ·O2 and its backward, on an SDPA route's outputs; no mask reaches it

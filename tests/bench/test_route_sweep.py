@@ -54,6 +54,23 @@ def test_the_entry_orders_routes_by_ratio_and_replaces_its_own_device(tmp_path):
     assert [e["device"] for e in table["entries"]] == ["other", "cpu"] and table["entries"][1]["date"] == "2026-11-26"
 
 
+def test_a_variant_of_the_fused_kernel_enters_the_entry_where_it_measured_correct_and_fastest():
+    # issue 37: a variant the kernel plan timed faster than every route of a class, and correct, leads that class;
+    # one that was wrong never enters, and a forced tile or key split is a row, not a route
+    records = [
+        {"route": "cudnn", "class": "c", "status": "ok", "correct": True, "ms": 1.5, "ratio": 1.5},
+        {"route": "triton", "class": "c", "status": "ok", "correct": True, "ms": 2.5, "ratio": 2.5},
+        {"route": "triton[tma+btma]", "class": "c", "status": "ok", "correct": True, "ms": 1.2, "ratio": 1.2},
+        {"route": "triton[bws]", "class": "c", "status": "ok", "correct": True, "ms": 2.0, "ratio": 2.0},
+        {"route": "triton[tma+bws]", "class": "c", "status": "ok", "correct": False, "ms": 1.0, "ratio": 1.0},
+        {"route": "triton[dkdv 16x64 w8 s1]", "class": "c", "status": "ok", "correct": True, "ms": 0.9, "ratio": 0.9},
+        {"route": "triton[splits 20]", "class": "d", "status": "ok", "correct": True, "ms": 0.1, "ratio": 0.9},
+    ]
+    entry = rs.table_entry(records, IDENTITY, "2026-11-29")
+    assert entry["routes"] == {"c": ["triton[tma+btma]", "cudnn", "triton[bws]", "triton"]}
+    assert routes.check_table({"format": 1, "entries": [entry]})[0]["routes"] == entry["routes"]
+
+
 def test_every_candidate_of_the_fused_kernel_is_a_route_of_its_own():
     from diffattn.ops.triton import tuning
 
@@ -67,8 +84,8 @@ def test_every_candidate_of_the_fused_kernel_is_a_route_of_its_own():
 
 def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(monkeypatch):
     # issue 37: the wide heads' dK/dV kernel split into a dV and a dK launch, and their forward by column blocks, are
-    # timed in the sweep on their default tiles (triton[split], triton[cols]) and on each candidate tile, and never
-    # chosen by the table until a person makes them the default
+    # timed in the sweep on their default tiles (triton[split], triton[cols]: variant routes, which a table lists
+    # where they measured fastest) and on each candidate tile (rows only, read to choose tuning's defaults)
     from diffattn.ops.triton import tuning
 
     for name in ("SPLIT_DKDV", "FWD_COLUMNS", "AUTOTUNE", "ATOMIC_DQ", "_candidates"):
@@ -79,17 +96,15 @@ def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(mon
     assert ("triton[split]", wide) in rs.candidate_routes()
     assert [c for r, c in rs.candidate_routes() if r == "triton[cols]"] == [wide]
     assert [c for r, c in rs.candidate_routes() if r == "triton[split]"] == [rs.CallClass("v1", 64), wide]
-    rs.force_candidate("triton[split]")
-    assert tuning.SPLIT_DKDV and not tuning.ATOMIC_DQ
-    monkeypatch.setattr(tuning, "SPLIT_DKDV", False)
+    rs.force_candidate("triton[split]")  # a variant route: the op switches it on for its own calls (route_fn)
+    assert not tuning.SPLIT_DKDV and not tuning.ATOMIC_DQ
     rs.force_candidate("triton[dk 16x128 w8 s3]")
     assert tuning.SPLIT_DKDV and tuning.AUTOTUNE
     assert tuning._candidates("dk", 128, 256, 4096) == [(16, 128, 8, 3)]
     assert tuning._candidates("dv", 128, 256, 4096) == [(32, 128, 8, 2)]  # the other launch: its default tile
     assert "triton[split]" not in rs.SWEEP_ORDER  # a candidate, not a table route
     rs.force_candidate("triton[cols]")
-    assert tuning.FWD_COLUMNS and tuning._fwd_columns(128, 256) == 128
-    monkeypatch.setattr(tuning, "FWD_COLUMNS", False)
+    assert not tuning.FWD_COLUMNS and tuning._fwd_columns(128, 256, variants=routes.variant_bits(("cols",))) == 128
     rs.force_candidate("triton[fwd_cols 128x16 w8 s2]")
     assert tuning.FWD_COLUMNS and tuning._candidates("fwd_cols", 128, 256, 4096) == [(128, 16, 8, 2)]
 
@@ -97,7 +112,6 @@ def test_the_split_kernels_of_wide_heads_are_measured_as_routes_of_their_own(mon
 def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_classes(monkeypatch):
     from diffattn.ops.triton import tuning
 
-    monkeypatch.setattr(tuning, "BWD_WS", False)  # restored after: force_candidate sets it below
     plan = rs.kernel_plan()
     assert plan[:3] == [("triton", rs.CallClass(p, d)) for p, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [rs.CallClass(p, 64, mode="decode") for p in ("v1", "shared_k")]
@@ -119,12 +133,15 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     backward = [(f"triton[{v}]", rs.CallClass(p, 64)) for p in ("v1", "shared_k")
                 for v in ("btma", "tma+btma", "bws", "tma+bws")]  # fmt: skip
     assert [job for job in rest if "btma" in job[0] or "bws" in job[0]] == backward
-    rs.force_candidate("triton[bws]")
-    assert tuning.BWD_WS
-    monkeypatch.setattr(tuning, "FWD_TMA", False)
-    monkeypatch.setattr(tuning, "BWD_TMA", False)
-    rs.force_candidate("triton[tma+btma]")  # two variants joined
-    assert tuning.FWD_TMA and tuning.BWD_TMA
+    # each runs by its own name, as auto runs a variant route the table names (nothing switched on for every call)
+    backends = []
+    monkeypatch.setattr(rs, "op_call", lambda p, backend: backends.append(backend))
+    for route in ("triton[bws]", "triton[tma+btma]"):
+        rs.force_candidate(route)
+    assert not any(getattr(tuning, flag) for flag, _ in routes.TRITON_VARIANTS.values())
+    for route in ("triton[bws]", "triton[tma+btma]", "triton[dkdv 16x64 w8 s1]", "triton"):
+        rs.route_fn(route, {})(None)
+    assert backends == ["triton[bws]", "triton[tma+btma]", "triton", "triton"]  # a forced tile runs as triton
 
 
 def test_a_key_split_route_forces_its_splits(monkeypatch):

@@ -196,6 +196,35 @@ def test_the_table_chooses_its_fastest_usable_route(fake_device, tmp_path, monke
     assert ops.table_order(_inputs(shared=True)) == ["sdpa"]
 
 
+def test_a_table_may_name_the_fused_kernels_variants_and_nothing_else(fake_device, tmp_path, monkeypatch, caplog):
+    # triton[NAME] and triton[A+B] of routes.TRITON_VARIANTS are routes (the fused kernel with those switched on for
+    # its own calls: tests/ops/test_tma.py runs them); a forced tile, an unknown variant or one named twice is not
+    assert routes.triton_variants("triton[tma+btma]") == ("tma", "btma")
+    assert routes.triton_variants("triton[bws]") == ("bws",)
+    for name in ("triton", "triton[dkdv 16x64 w4 s1]", "triton[splits 20]", "triton[nope]", "triton[tma+tma]",
+                 "triton[]", "cudnn", "triton[tma"):  # fmt: skip
+        assert routes.triton_variants(name) is None, name
+    assert routes.known_route("triton[tma+bws]") and not routes.known_route("triton[dk 16x128 w8 s3]")
+    assert routes.variant_bits(("tma", "btma")) == routes.variant_bits(("btma", "tma")) != routes.variant_bits(("tma",))
+    bad = _entry(routes={"v1 d16 dv32 fp32 causal none train": ["triton[dkdv 16x64 w4 s1]", "sdpa"]})
+    with pytest.raises(ValueError, match=r"unknown routes \['triton\[dkdv 16x64 w4 s1\]'\]"):
+        routes.check_table({"format": 1, "entries": [bad]})
+    # a listed variant is checked as the fused kernel is: on a CPU without the interpreter it is skipped, said once
+    listed = ["triton[tma+btma]", "chunked"]
+    table = _table(tmp_path, [_entry(routes={"v1 d16 dv32 fp32 causal none train": listed})])
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(table))
+    ops._LOGGED_FALLBACKS.clear()
+    with caplog.at_level(logging.INFO, logger="diffattn.ops"):
+        assert ops.table_order(_inputs()) == ["chunked", "sdpa"]
+    assert any("triton[tma+btma] skipped" in r.message and "Triton kernel" in r.message for r in caplog.records)
+    # an explicit backend by a variant's name is refused where the fused kernel is, in one line naming the route
+    with pytest.raises(ValueError, match=r"backend 'triton\[tma\]' is not usable: device cpu"):
+        ops.diff_attention(*(torch.randn(1, 2, 4, 16) for _ in range(4)), torch.randn(1, 2, 4, 32), 0.5,
+                           backend="triton[tma]")  # fmt: skip
+    with pytest.raises(ValueError, match=r"triton\[NAME\].*got 'triton\[nope\]'"):
+        ops.diff_attention(*(torch.randn(1, 2, 4, 16) for _ in range(5)), 0.5, backend="triton[nope]")
+
+
 def _routes_count(q1, k1, q2, k2, v):
     """q1 times the number of routes auto would try for these maps (λ 0.5, causal): a traced function of the lookup."""
     inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffattn.bench.route_sweep import VARIANTS
 from diffattn.ops import diff_attention
+from diffattn.ops.routes import TRITON_VARIANTS
 
 from .interpreter import import_kernels, keep_interpreting
 from .test_triton import (
@@ -31,11 +31,11 @@ from .test_triton import (
 launch = import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
 from diffattn.ops.triton import tuning  # noqa: E402
 
-# each variant's tuning flag and launch kinds: the route sweep's table of them (route_sweep.VARIANTS)
-FLAGS = {name: VARIANTS[name][0] for name in ("tma",)}
-KINDS = {name: VARIANTS[name][1][0] for name in FLAGS}
-BWD_FLAGS = {name: VARIANTS[name][0] for name in ("btma", "bws")}
-BWD_KINDS = {name: list(VARIANTS[name][1]) for name in BWD_FLAGS}
+# each variant's tuning flag and launch kinds: the table of them (routes.TRITON_VARIANTS)
+FLAGS = {name: TRITON_VARIANTS[name][0] for name in ("tma",)}
+KINDS = {name: TRITON_VARIANTS[name][1][0] for name in FLAGS}
+BWD_FLAGS = {name: TRITON_VARIANTS[name][0] for name in ("btma", "bws")}
+BWD_KINDS = {name: list(TRITON_VARIANTS[name][1]) for name in BWD_FLAGS}
 
 
 @pytest.fixture(autouse=True)
@@ -179,11 +179,11 @@ def test_an_allocator_for_the_descriptors_only_where_none_is_set():
     contextvars.copy_context().run(run)  # the process's own allocator is left as it was
 
 
-def _gradients(args, *, causal, share_k, dtype):
+def _gradients(args, *, causal, share_k, dtype, backend="triton"):
     q1, k1, q2, k2, v = (x.to(dtype).requires_grad_() for x in args[:5])
     lam = args[5].clone().requires_grad_()
     k2 = k1 if share_k else k2
-    out = diff_attention(q1, k1, q2, k2, v, lam, causal=causal, backend="triton")
+    out = diff_attention(q1, k1, q2, k2, v, lam, causal=causal, backend=backend)
     cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
     leaves = [q1, k1, q2, v, lam, *([] if share_k else [k2])]
     return [out.detach(), *torch.autograd.grad(out, leaves, cot)]
@@ -222,6 +222,35 @@ def test_forward_and_backward_by_tma_tiles_match_the_reference(monkeypatch, fwd,
     kinds = _record_kinds(monkeypatch)
     check_against_reference(make_inputs(b=2, h=2, hkv=2, t=19, s=23, d=16, dv=32, lam_kind="token"))
     assert kinds == [KINDS[fwd], *BWD_KINDS[bwd]]
+
+
+@pytest.mark.parametrize(
+    ("route", "launched"),
+    [
+        ("triton[tma+btma]", ["fwd_tma", "dkdv_tma", "dq_tma"]),
+        ("triton[bws]", ["fwd", "dkdv_ws", "dq_tma"]),
+        ("triton[tma]", ["fwd_tma", "dkdv", "dq"]),
+    ],
+)
+def test_a_variant_route_switches_its_variants_on_for_its_own_calls_only(monkeypatch, route, launched):
+    # what auto runs where the route table names triton[NAME]: that call's forward and backward on the variants'
+    # kernels (the backward chosen when it runs, from what its forward was asked), bit for bit the numbers of the
+    # same variants switched on for every call — and nothing switched on for any other call
+    from diffattn.ops.routes import triton_variants
+
+    args = make_inputs(h=2, hkv=2, t=37, s=45, d=16, dv=32, lam_kind="head")
+    kinds = _record_kinds(monkeypatch)
+    by_route = _gradients(args, causal=True, share_k=False, dtype=torch.bfloat16, backend=route)
+    assert kinds == launched
+    assert not any(getattr(tuning, flag) for flag, _ in TRITON_VARIANTS.values()), "a switch was left on"
+    kinds.clear()
+    _gradients(args, causal=True, share_k=False, dtype=torch.bfloat16)
+    assert kinds == ["fwd", "dkdv", "dq"], "the next plain call runs the default kernels"
+    for name in triton_variants(route):
+        monkeypatch.setattr(tuning, TRITON_VARIANTS[name][0], True)
+    for_every_call = _gradients(args, causal=True, share_k=False, dtype=torch.bfloat16)
+    for i, (a, b) in enumerate(zip(by_route, for_every_call, strict=True)):
+        assert torch.equal(a, b), i
 
 
 @pytest.mark.parametrize(
@@ -269,9 +298,9 @@ def test_gpu_tma_kernels_match_reference(monkeypatch, variants, d, dv, dtype, t,
     # dtype), at 1K-16K tokens, one query head per KV head (the backward's only heads; the forward's too here); each
     # run checked to have launched the variants' kernels. In a file of its own: the GPU script runs each file in a
     # process of its own, and a warp-specialised build that aborts takes only this file's rows
-    kinds = [kind for name in variants for kind in VARIANTS[name][1]]
+    kinds = [kind for name in variants for kind in TRITON_VARIANTS[name][1]]
     for name in variants:
-        monkeypatch.setattr(tuning, VARIANTS[name][0], True)
+        monkeypatch.setattr(tuning, TRITON_VARIANTS[name][0], True)
     heads = 2 if t > 4096 else 8  # 16K tokens: fewer heads, the reference's [T, S] maps in fp32 must fit
     args = _gpu_inputs(1, heads, heads, t, s, d, dv, dtype)
     ran = _record_kinds(monkeypatch)

@@ -724,7 +724,7 @@ def _assert_like_sdpa(got, args, dtype, what=""):
         assert err <= 2 * err_plain + atol, f"{what}{name}: {err:.3g} vs sdpa {err_plain:.3g}"
 
 
-#: issue 37's variants (route_sweep.VARIANTS) and the tuning function that says whether a launch takes one
+#: issue 37's variants (routes.TRITON_VARIANTS) and the tuning function that says whether a launch takes one
 _VARIANT_CHOICE = {"split": "_split_dkdv", "cols": "_fwd_columns"}
 
 
@@ -743,9 +743,9 @@ def test_gpu_kernel_variants_match_reference(monkeypatch, variant, d, dv, dtype,
     # GPU script, as a warp-specialised build could abort it), against the fp32
     # reference as test_gpu_matches_reference judges the default kernels (2x sdpa's own error in the dtype), at 1K-16K
     # tokens — each run checked to have taken its variant and launched its kernels
-    from diffattn.bench.route_sweep import VARIANTS
+    from diffattn.ops.routes import TRITON_VARIANTS
 
-    flag, kinds = VARIANTS[variant]
+    flag, kinds = TRITON_VARIANTS[variant]
     if not all(tuning._has_tiles(kind, d, dv) for kind in kinds):
         pytest.skip(f"{variant} has no tiles for d = {d}, dv = {dv}")
     monkeypatch.setattr(tuning, flag, True)

@@ -58,9 +58,9 @@ import numpy as np
 import pytest
 import torch
 
-from diffattn.bench.route_sweep import VARIANTS
 from diffattn.ops import diff_attention
 from diffattn.ops._inputs import validate
+from diffattn.ops.routes import TRITON_VARIANTS
 
 from .interpreter import import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
@@ -81,9 +81,9 @@ WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
 MASKS = ("none", "keys", "rows", "segments")
 FWD_REGIMES = ("fwd", "fwd_mid", "fwd_short")  # the training forward at >= 128, 33–127 and <= 32 packed rows
 # case kind -> launch kind of the forward by TMA tiles (FWD_TMA), and the launch kinds of the two-kernel backward by
-# TMA tiles (BWD_TMA, BWD_WS): the route sweep's table of the variants (route_sweep.VARIANTS, with their flags)
-TMA_KINDS = {"tma": VARIANTS["tma"][1][0]}
-BWD_TMA_KINDS = {name: VARIANTS[name][1] for name in ("btma", "bws")}
+# TMA tiles (BWD_TMA, BWD_WS): the table of the variants (routes.TRITON_VARIANTS, with their flags)
+TMA_KINDS = {"tma": TRITON_VARIANTS["tma"][1][0]}
+BWD_TMA_KINDS = {name: TRITON_VARIANTS[name][1] for name in ("btma", "bws")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -612,7 +612,7 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
     monkeypatch.setattr(tuning, "FWD_COLUMNS", case.kind in ("cols", "fwd_cols"))
     monkeypatch.setattr(tuning, "FWD_TMA", case.kind == "tma")
     for variant in BWD_TMA_KINDS:
-        monkeypatch.setattr(tuning, VARIANTS[variant][0], case.kind == variant)
+        monkeypatch.setattr(tuning, TRITON_VARIANTS[variant][0], case.kind == variant)
     ran: list[tuple[str, int, int]] = []
     monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
     forwards = []  # what the kernels' forward returned: (out, o1, o2, lse1, lse2)

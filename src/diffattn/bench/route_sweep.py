@@ -28,8 +28,12 @@ the same way. A route's copies (joining V's halves, its maps' gradients, a gradi
 output's) are part of its time as they are in a model (tests/bench/test_sweep_layout.py checks the layouts against
 the models).
 
-The table entry lists, per class, the routes that passed, fastest first. Routes only measured for comparison
-(transformers' two calls, the official four calls) are rows, never table routes.
+The table entry lists, per class, the routes that passed, fastest first — the fused kernel's variants
+(``triton[tma+btma]``: :data:`diffattn.ops.routes.TRITON_VARIANTS`) among them, run by that name as auto runs them, so a
+variant that measured faster and correct on a class is what auto runs there. Forced tiles (``triton[KIND BMxBN wW
+sS]``) and key splits (``triton[splits N]``) are rows, read to choose :mod:`diffattn.ops.triton.tuning`'s defaults;
+routes only measured for comparison (transformers' two calls, the official four calls) are rows too, never table
+routes.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..ops.routes import TRITON_VARIANTS, known_route, triton_variants
 from . import gc_paused
 from .sweep_records import (
     COMPARISON_ROUTES,
@@ -168,7 +173,8 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
         # the forward by TMA tiles alone, then trained; the backward by TMA tiles, alone and with the forward's
         for variant, modes in TMA_ROUTES:
-            if all(cls_name in tuning._TILES[kind] for name in variant.split("+") for kind in VARIANTS[name][1]):
+            kinds = [kind for name in triton_variants(f"triton[{variant}]") for kind in TRITON_VARIANTS[name][1]]
+            if all(cls_name in tuning._TILES[kind] for kind in kinds):
                 out += [(f"triton[{variant}]", CallClass(pair, d, mode=mode)) for mode in modes]
         if cls_name != "wide":  # wide heads have no single-pass backward
             out.append(("triton[atomic]", CallClass(pair, d)))  # the single-pass backward on its default tile
@@ -365,7 +371,8 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
         return official_four_calls
     if route == "hf_two_calls":
         return hf_two_calls
-    backend = "triton" if route.startswith("triton") else route
+    # a variant route by its own name (the op switches its variants on for its calls), a forced tile as ``triton``
+    backend = "triton" if route.startswith("triton") and triton_variants(route) is None else route
     return lambda p: op_call(p, backend)
 
 
@@ -382,20 +389,8 @@ def op_call(p: Problem, backend: str) -> torch.Tensor:
     return diff_attention_stacked(q, k, v, p.diff["lam"], backend=backend, **options)
 
 
-#: The fused kernel's variants the sweep times as routes of their own (``triton[NAME]``, on their default tiles): the
-#: :mod:`~diffattn.ops.triton.tuning` flag that switches each on, and the launch kinds only that variant runs (forcing
-#: a tile of one of them switches its variant on too).
-VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "atomic": ("ATOMIC_DQ", ("dkdv_atomic",)),  # the single-pass backward
-    "split": ("SPLIT_DKDV", ("dv", "dk")),  # the dK/dV kernel as a dV and a dK launch
-    "cols": ("FWD_COLUMNS", ("fwd_cols",)),  # the forward by column blocks
-    "tma": ("FWD_TMA", ("fwd_tma",)),  # the forward by TMA tiles
-    "btma": ("BWD_TMA", ("dkdv_tma", "dq_tma")),  # the two-kernel backward by TMA tiles
-    "bws": ("BWD_WS", ("dkdv_ws", "dq_tma")),  # the same, its dK/dV kernel warp-specialised
-}
-
-
-#: The kernel plan's routes of the fused kernel by TMA tiles (:data:`VARIANTS` joined by "+") and the modes each is
+#: The kernel plan's routes of the fused kernel by TMA tiles (:data:`~diffattn.ops.routes.TRITON_VARIANTS` joined by
+#: "+") and the modes each is
 #: timed in, in order: the forward alone (its target is read on the forward without gradient) and trained
 TMA_ROUTES = (
     ("tma", ("infer", "train")),
@@ -415,18 +410,14 @@ DECODE_SPLITS = (10, 20, 40)
 
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
-    every other launch kind its default tile. ``triton[NAME]`` of :data:`VARIANTS`: that variant on its tiles.
-    ``triton[A+B]``: the variants A and B together. ``triton[splits N]``: a forward without gradient split over N
-    key ranges (:data:`DECODE_SPLITS`)."""
-    if not route.startswith("triton["):
+    every other launch kind its default tile. ``triton[splits N]``: a forward without gradient split over N key
+    ranges (:data:`DECODE_SPLITS`). Nothing for a variant route (``triton[NAME]``, ``triton[A+B]``): the op runs it by
+    that name (:func:`route_fn`), as auto will where the table lists it."""
+    if not route.startswith("triton[") or triton_variants(route) is not None:
         return
     from ..ops.triton import tuning
 
     inner = route[len("triton[") : -1]
-    if all(name in VARIANTS for name in inner.split("+")):  # one variant, or several joined by "+"
-        for name in inner.split("+"):
-            setattr(tuning, VARIANTS[name][0], True)
-        return
     if inner.startswith("splits "):
         tuning.SPLIT_OVERRIDE = int(inner.split()[1])
         return
@@ -441,7 +432,7 @@ def force_candidate(route: str) -> None:
 
     tuning._candidates = candidates
     tuning.AUTOTUNE = True
-    for flag, kinds in VARIANTS.values():  # a kind only one variant launches: that variant
+    for flag, kinds in TRITON_VARIANTS.values():  # a kind only one variant launches: that variant
         if kind in kinds:
             setattr(tuning, flag, True)
 
@@ -973,11 +964,9 @@ def order_key(r: dict) -> tuple[int, int, float]:
 def table_entry(records: list[dict], identity: dict, date: str) -> dict:
     """The route table entry of a sweep: per class the table routes that passed, fastest first; every record kept
     as a measurement (the README's speed table is made from them)."""
-    from ..ops.routes import ROUTE_NAMES
-
     routes: dict[str, list[tuple[tuple[int, int, float], str]]] = {}
-    for r in records:
-        if r.get("status") == "ok" and r.get("correct") and r["route"] in ROUTE_NAMES and math.isfinite(r["ms"]):
+    for r in records:  # the table's routes, and the fused kernel's variants by name (forced tiles are not routes)
+        if r.get("status") == "ok" and r.get("correct") and known_route(r["route"]) and math.isfinite(r["ms"]):
             routes.setdefault(r["class"], []).append((order_key(r), r["route"]))
     measured = [{k: r.get(k) for k in ("class", "route", "status", "correct", "max_err", "yardstick", "ms",
                                           "base_ms", "ratio", "tflops", "graph_ms", "base_graph_ms", "inputs",

@@ -24,8 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..ops.routes import known_route
 from .attention import TRITON_MAX_RATIO  # issue 37's fused-kernel limits for DIFF V1 at d = 64
-from .sweep_records import COMPARISON_ROUTES, graph_ratio, is_current
+from .sweep_records import graph_ratio, is_current
 from .train_step import forced_column
 
 #: the fused kernel's routes in a sweep: ``triton`` and its forced tiles and variants (``triton[...]``)
@@ -40,7 +41,9 @@ AGAINST_HF = ("step_vs_hf", "decode_vs_hf")
 class Target:
     issue: int
     what: str  # the quantity, in the issue's words; :attr:`text` adds the limit
-    kind: str  # "route": the best correct table route of ``where``; "kernel": the best correct triton route of it;
+    kind: str  # "route": the best correct route of ``where`` a table may list (routes.known_route: what auto can
+    #            run, the fused kernel and its variants among them); "kernel": the best correct triton route of it,
+    #            forced tiles included;
     #            "kernel_decode": the same, by CUDA-graph ratio; "step": a train.json column's ratio at every row;
     #            "step_vs_hf": the DIFF (auto) step's time against HF DiffLlama's; "decode_vs_hf": per token
     where: str  # a call class key, or a train.json column key of STEP_COLUMN
@@ -189,7 +192,7 @@ def check(run: Path) -> list[dict]:
     out = []
     for t in TARGETS:
         if t.kind == "route":
-            value, source = _best(ms, t.where, lambda r: not r.startswith(KERNEL) and r not in COMPARISON_ROUTES)
+            value, source = _best(ms, t.where, known_route)  # what auto can run: a fused kernel's variant too
         elif t.kind == "kernel":
             value, source = _best(ms, t.where, lambda r: r.startswith(KERNEL))
         elif t.kind == "kernel_decode":

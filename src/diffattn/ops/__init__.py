@@ -9,7 +9,8 @@ Public entry points:
   fused attention, one call over both maps), ``cudnn`` (that call forced to cuDNN, V wider than Q and K),
   ``sdpa_split`` (one call per slice of V), ``sdpa_maps`` / ``cudnn_maps`` (one call per map, nothing concatenated),
   ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one fused kernel for both
-  maps, forward and backward: :mod:`diffattn.ops.triton`), ``<route>+epilogue`` (an SDPA route whose subtraction
+  maps, forward and backward: :mod:`diffattn.ops.triton`; ``triton[NAME]``: with its variants NAME switched on for
+  the call, :data:`diffattn.ops.routes.TRITON_VARIANTS`), ``<route>+epilogue`` (an SDPA route whose subtraction
   O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``auto`` (on CUDA the fastest correct route
   measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`; else ``sdpa``).
 * :func:`diff_attention_stacked` and :func:`diff_attention_pairs` — the op on Q and K handed over whole, in DIFF
@@ -62,10 +63,14 @@ from .routes import (
     FORCED_FLAGS,
     ORDER_MEMO,
     SAFE_DEFAULT,
+    TRITON_VARIANTS,
     call_class,
     head_norm_in_epilogue,
+    is_triton_route,
     read_class,
     table_routes,
+    triton_variants,
+    variant_bits,
     without_size,
 )
 from .sdpa import (
@@ -241,11 +246,11 @@ def _triton_status(device: torch.device) -> BackendStatus:
     )
 
 
-def _triton_impl(inp: DiffAttentionInputs) -> torch.Tensor:
+def _triton_impl(inp: DiffAttentionInputs, variants: int = 0) -> torch.Tensor:
     # imported on first use: triton.jit fixes compiled vs interpreted at import (see _triton_device_reason)
     from .triton.launch import diff_attention_triton
 
-    return diff_attention_triton(inp)
+    return diff_attention_triton(inp, variants)
 
 
 def backend_status(device: torch.device | str | None = None) -> list[BackendStatus]:
@@ -288,6 +293,18 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
 _IMPLS.update({route + EPILOGUE: functools.partial(_IMPLS[route], fused_epilogue=True) for route in EPILOGUE_ROUTES})
 
 
+def _impl(name: str) -> Callable[..., torch.Tensor]:
+    """Route ``name``'s implementation: :data:`_IMPLS`'s, or for a variant route of the fused kernel (``triton[NAME]``,
+    :func:`diffattn.ops.routes.triton_variants`) the fused kernel with those variants, made once per name."""
+    impl = _IMPLS.get(name)
+    if impl is None:
+        variants = triton_variants(name)
+        if variants is None:
+            raise ValueError(f"no route {name!r}")
+        impl = _IMPLS[name] = functools.partial(_triton_impl, variants=variant_bits(variants))
+    return impl
+
+
 def _cudnn_status(
     device: torch.device,
     name: str = "cudnn",
@@ -311,7 +328,7 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     if name.endswith(EPILOGUE):
         reasons = [route_unsupported(name.removesuffix(EPILOGUE), inp), epilogue_unsupported(inp)]
         return "; ".join(r for r in reasons if r) or None
-    if name == "triton":
+    if is_triton_route(name):
         return triton_unsupported(inp)
     if name in ("cudnn", "cudnn_maps"):
         return cudnn_unsupported(inp)
@@ -397,7 +414,7 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
     if cls is not None:
         _log_auto_fallback(route_choice_line(inp.q1.device.index, cls, names))
     for i, name in enumerate(names):
-        impl_inp = inp if name == "triton" else with_segment_mask(inp)
+        impl_inp = inp if is_triton_route(name) else with_segment_mask(inp)
         if i == len(names) - 1 or torch.compiler.is_compiling():
             return _call_route(name, impl_inp, head_norm)
         try:
@@ -428,8 +445,11 @@ def poisons_cuda_context(text: str) -> bool:
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
     """An explicit backend (not ``auto``: :func:`_run_auto`), refused in one line where it cannot take ``inp``."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend not in BACKENDS and triton_variants(backend) is None:
+        raise ValueError(
+            f"backend must be one of {', '.join(BACKENDS)}, or triton[NAME] / triton[A+B] for the fused kernel's "
+            f"variants {', '.join(TRITON_VARIANTS)}; got {backend!r}"
+        )
     reason = route_unsupported(backend, inp)
     if reason:
         raise ValueError(f"backend {backend!r} is not usable: {reason}")
@@ -477,7 +497,9 @@ def diff_attention(
             PyTorch after the route. The same output either way within the rounding of its dtype.
         backend: ``"auto"`` (``chunked`` on CPU; on CUDA the route table's fastest route for this call class that
             takes the inputs, else ``sdpa``: :func:`auto_routes`),
-            or any one of :data:`BACKENDS` by name.
+            or any one of :data:`BACKENDS` by name, or a variant route of the fused kernel, ``triton[NAME]`` or
+            ``triton[A+B]`` (:data:`diffattn.ops.routes.TRITON_VARIANTS`: e.g. ``"triton[tma+btma]"``, its forward
+            and backward by TMA tiles), which the route table names where a GPU measured it fastest.
 
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q1``. λ and the subtraction are computed in float32. Under
@@ -608,9 +630,9 @@ def _run(backend: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None = No
     name = _resolve(backend, inp)
     try:
         # only the fused kernel reads segments as such; every other backend takes them as a mask
-        return _call_route(name, inp if name == "triton" else with_segment_mask(inp), head_norm)
+        return _call_route(name, inp if is_triton_route(name) else with_segment_mask(inp), head_norm)
     except Exception as err:
-        if name != "triton" and not name.endswith(EPILOGUE):
+        if not is_triton_route(name) and not name.endswith(EPILOGUE):
             raise
         if type(err).__module__.split(".")[0] != "triton":
             raise
@@ -643,10 +665,10 @@ def _call_route(name: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None)
     """Route ``name`` on ``inp``, then ``head_norm``: inside an epilogue route's kernel where that is switched on for
     the device (:func:`diffattn.ops.routes.head_norm_in_epilogue`), else by PyTorch after the route."""
     if head_norm is None:
-        return _IMPLS[name](inp)
+        return _impl(name)(inp)
     if name.endswith(EPILOGUE) and head_norm_in_epilogue(inp.q1.device.index if inp.q1.is_cuda else None):
-        return _IMPLS[name](inp, norm=(head_norm.eps, head_norm.scale))
-    return head_norm.apply(_IMPLS[name](inp))
+        return _impl(name)(inp, norm=(head_norm.eps, head_norm.scale))
+    return head_norm.apply(_impl(name)(inp))
 
 
 @contextlib.contextmanager
@@ -687,7 +709,7 @@ def _triton_build_error(err: BaseException, backend: str = "triton") -> str:
     import triton
 
     launched = sys.modules.get(__name__ + ".triton.launch")
-    if backend == "triton":
+    if is_triton_route(backend):
         kernel = getattr(launched, "FAILED_KERNEL", None) or "the fused kernel"
     else:
         kernel = "the fused epilogue (O1 − λ·O2)"

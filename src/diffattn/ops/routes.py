@@ -6,7 +6,10 @@ is a property of the GPU and the software, so it is measured there, not argued h
 against the same-size SDPA baseline, checks each against a float64 reference, and writes one *entry* of the table:
 the device, the software versions, the date, and per call class the correct routes fastest first (plus every
 measurement, which the README's speed table is made from). ``route_table.json`` beside this file is what the
-repository ships; ``DIFFATTN_ROUTE_TABLE=path`` reads another one (the sweep's own, before it is shipped).
+repository ships; ``DIFFATTN_ROUTE_TABLE=path`` reads another one (the sweep's own, before it is shipped). The routes
+are the backends of :func:`diffattn.ops.diff_attention` that run on CUDA (:data:`ROUTE_NAMES`) and the fused kernel's
+variants by name (``triton[tma+btma]``: :data:`TRITON_VARIANTS`), so a variant the sweep measured correct and fastest
+on a class runs there, and only there, without a change of code.
 
 A call class (:func:`call_class`) is what decides the fastest route and can be read off the inputs without running
 anything: both maps' keys (``v1``: K1, K2 apart; ``shared_k``: K1 is K2 — DIFF V2, DAA, DiffQ), head widths d and dv,
@@ -145,9 +148,12 @@ def check_table(data: object) -> list[dict]:
         pairs = firsts.items() if isinstance(firsts, dict) else None
         if pairs is None or not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
             raise ValueError(f"entry {i}: {STEP_FIRST!r} must map call classes to a route name")
-        unknown = ({r for v in routes.values() for r in v} | set(firsts.values())) - set(ROUTE_NAMES)
+        unknown = {r for r in {r for v in routes.values() for r in v} | set(firsts.values()) if not known_route(r)}
         if unknown:
-            raise ValueError(f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)})")
+            raise ValueError(
+                f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)}, and "
+                f"triton[NAME] or triton[A+B] of the fused kernel's variants {', '.join(TRITON_VARIANTS)})"
+            )
     return entries
 
 
@@ -161,6 +167,48 @@ ROUTE_NAMES = (
     "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
     *(route + EPILOGUE for route in EPILOGUE_ROUTES),
 )  # fmt: skip
+
+#: The fused kernel's variants (:mod:`diffattn.ops.triton.tuning`'s switches, each off for every call by default): a
+#: route ``triton[NAME]``, or ``triton[A+B]`` for several, is the fused kernel with those switched on for its own calls
+#: (forward and backward), so that a variant the sweep measured faster and correct on a class is what auto runs for
+#: it — and nowhere else. Per name: the tuning switch, and the launch kinds only that variant runs (a tile forced for
+#: one of them switches its variant on: :func:`diffattn.bench.route_sweep.force_candidate`). Each applies where its
+#: kernels take the call and leaves the default kernels elsewhere (a variant's route runs every call the ``triton``
+#: route does).
+TRITON_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "atomic": ("ATOMIC_DQ", ("dkdv_atomic",)),  # the single-pass backward
+    "split": ("SPLIT_DKDV", ("dv", "dk")),  # the dK/dV kernel as a dV and a dK launch
+    "cols": ("FWD_COLUMNS", ("fwd_cols",)),  # the forward by column blocks
+    "tma": ("FWD_TMA", ("fwd_tma",)),  # the forward by TMA tiles
+    "btma": ("BWD_TMA", ("dkdv_tma", "dq_tma")),  # the two-kernel backward by TMA tiles
+    "bws": ("BWD_WS", ("dkdv_ws", "dq_tma")),  # the same, its dK/dV kernel warp-specialised
+}
+_VARIANT_PREFIX = "triton["
+
+
+def triton_variants(route: str) -> tuple[str, ...] | None:
+    """The variants of :data:`TRITON_VARIANTS` route ``triton[A+B]`` names, in its order; None for any other name
+    (``triton`` itself, a forced tile ``triton[KIND BMxBN wW sS]``, another route)."""
+    if not (route.startswith(_VARIANT_PREFIX) and route.endswith("]")):
+        return None
+    names = tuple(route[len(_VARIANT_PREFIX) : -1].split("+"))
+    return names if all(n in TRITON_VARIANTS for n in names) and len(set(names)) == len(names) else None
+
+
+def variant_bits(names: tuple[str, ...]) -> int:
+    """``names`` of :data:`TRITON_VARIANTS` as the bit mask a fused kernel's call carries (bit i: the i-th name)."""
+    order = list(TRITON_VARIANTS)
+    return sum(1 << order.index(name) for name in set(names))
+
+
+def is_triton_route(name: str) -> bool:
+    """``triton`` or one of its variants' routes: the fused kernel (which reads segments as such)."""
+    return name == "triton" or triton_variants(name) is not None
+
+
+def known_route(name: str) -> bool:
+    """Whether a route table may name ``name``: one of :data:`ROUTE_NAMES`, or a variant route of the fused kernel."""
+    return name in ROUTE_NAMES or triton_variants(name) is not None
 
 
 @functools.cache

@@ -151,18 +151,20 @@ def _common(q1, k1, q2, k2, v, mask, causal, segments=None):
 def _fwd_impl(
     q1: Tensor, k1: Tensor, q2: Tensor | None, k2: Tensor | None, v: Tensor, lam: Tensor, mask: Tensor | None,
     causal: bool, scale: float, save_parts: bool, v2: Tensor | None = None, segments: Tensor | None = None,
+    variants: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(out, o1, o2, lse1, lse2). q2/k2 None = shared with q1/k1. lam: float32 [B, H, T]. lse in log2 units.
     o1/o2 (the per-map outputs, for the backward's Δ) are empty unless save_parts. v2: the second half of V's
     columns (V = [v | v2]; forward without gradient only): read in place when it lies in v's storage with v's
     shape and strides (DiffLlama's value heads j and j + Hkv), else concatenated. Decided here, at run time,
     because a traced graph (torch.compile, CUDA graphs) cannot look at storage. segments: [B, S] int32 document
-    ids (None: one document). Launches on q1's device."""
+    ids (None: one document). variants: the variants this call switches on (:func:`.tuning._on`; its route's,
+    ``triton[NAME]``). Launches on q1's device."""
     with _on_device(q1.device):
-        return _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segments)
+        return _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segments, variants)
 
 
-def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segments):
+def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segments, variants):
     v_half = 0
     if v2 is not None:
         if save_parts:  # the backward differentiates one V; the caller concatenates when it needs gradients
@@ -184,7 +186,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
     r_total = b * h * t
     fp32, mask_class = consts["PREC"] == "ieee", tuning._mask_class(consts)
     # wide heads under tuning.FWD_COLUMNS: a program per half of V's columns (never with key splits)
-    columns = tuning._fwd_columns(d, dv, mask_class) if not v_half else 0
+    columns = tuning._fwd_columns(d, dv, mask_class, variants) if not v_half else 0
     kind = "fwd_cols" if columns else "fwd"
     bm, bn, _ = tuning._blocks(kind, d, dv, rows, fp32, mask_class)
     nsplit = 1 if save_parts or columns else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
@@ -192,7 +194,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
         bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
     nsplit = _cdiv(s, split_len)
-    tma = nsplit == 1 and not v_half and not consts["SHARED_Q"] and tuning._fwd_tma(d, dv, mask_class)
+    tma = nsplit == 1 and not v_half and not consts["SHARED_Q"] and tuning._fwd_tma(d, dv, mask_class, variants)
     if tma and _tma_fits(q1, k1, q2, k2, v):  # the forward by TMA tiles (training, and inference without splits)
         sizes = (b, h, hkv, t, s, d, dv)
         _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts)
@@ -279,15 +281,16 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
-def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale) -> None:
+def _bwd_tma_launch(common, outputs, strides, consts, sizes, scale, variants) -> None:
     """The two-kernel backward by TMA tiles (:mod:`.backward_tma`), its dK/dV kernel warp-specialised under
-    :data:`.tuning.BWD_WS`: dK1, dK2, dV, then dQ1, dQ2 written into ``outputs`` (dK2 unused when K is shared).
+    :data:`.tuning.BWD_WS` (or ``variants``): dK1, dK2, dV, then dQ1, dQ2 written into ``outputs`` (dK2 unused when K
+    is shared).
     ``common``: the default kernels' leading arguments, of which these take all but the mask and segments."""
     q1, k1, q2, k2, v, lam, _mask, _segments, dout, lse1, lse2, delta1, delta2 = common
     dk1, dk2, dvv, dq1, dq2 = outputs
     b, h, t, s, d, dv = sizes
     _ensure_allocator()
-    ws = tuning.BWD_WS
+    ws = tuning._on("BWD_WS", variants)
     head = (q1, k1, q2, k2, v, lam, dout, lse1, lse2, delta1, delta2)
     tail = (*strides[:15], h, t, s, scale, scale * _LOG2E)
     tma_consts = _tma_consts(consts)
@@ -309,7 +312,7 @@ _fwd_op = torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None, segments=None):
+def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None, segments=None, variants=0):
     b, h, t, _ = q1.shape
     dv = v.shape[3] + (0 if v2 is None else v2.shape[3])
     parts_shape = (b, h, t, dv) if save_parts else (0,)
@@ -325,27 +328,30 @@ def _fwd_fake(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2=None, 
 def _bwd_impl(
     dout: Tensor, q1: Tensor, k1: Tensor, q2: Tensor | None, k2: Tensor | None, v: Tensor, lam: Tensor,
     mask: Tensor | None, o1: Tensor, o2: Tensor, lse1: Tensor, lse2: Tensor, causal: bool, scale: float,
-    atomic_dq: bool, segments: Tensor | None = None,
+    atomic_dq: bool, segments: Tensor | None = None, variants: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq1, dk1, dq2, dk2, dv, dlam); dq2/dk2 are empty when q2/k2 are shared (their gradient is inside
     dq1/dk1). dlam: float32 [B, H, T]. ``atomic_dq`` False forces the deterministic two-kernel backward; True
     leaves the choice to this call, i.e. to when the backward runs (not the forward): the single-pass atomic one
     unless :data:`.tuning.ATOMIC_DQ` is False, ``torch.use_deterministic_algorithms(True)`` is on, or it has no
-    spill-free tiles for these heads and mask (:func:`.tuning._single_pass_fits`). Launches on q1's device."""
+    spill-free tiles for these heads and mask (:func:`.tuning._single_pass_fits`). ``variants``: as the forward's
+    (:func:`_fwd_impl`). Launches on q1's device."""
     with _on_device(q1.device):
-        return _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments)
+        return _bwd_run(
+            dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments, variants
+        )
 
 
 # the backward as a custom op (opaque to torch.compile; fake implementation below)
 _bwd_op = torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())(_bwd_impl)
 
 
-def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments):
+def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments, variants):
     (b, h, hkv, t, s, d, dv), mask_t, strides, consts = _common(q1, k1, q2, k2, v, mask, causal, segments)
     dout = dout.contiguous()
     atomic = (
         atomic_dq
-        and tuning.ATOMIC_DQ
+        and tuning._on("ATOMIC_DQ", variants)
         and not torch.are_deterministic_algorithms_enabled()
         and tuning._single_pass_fits(d, dv, tuning._mask_class(consts))
     )
@@ -374,13 +380,13 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
     sizes = (h, hkv, t, s, d, dv, scale, scale * _LOG2E, _pow2(max(t, s)))
     base_key = (q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], atomic)
     mask_class = tuning._mask_class(consts)
-    tma = not atomic and h == hkv and not consts["SHARED_Q"] and not tuning._split_dkdv(d, dv, mask_class)
-    if tma and tuning._bwd_tma(d, dv, mask_class) and _tma_fits(q1, k1, q2, k2, v, dout):  # (.backward_tma)
-        _bwd_tma_launch(common, (dk1, dk2, dvv, dq1, dq2), strides, consts, (b, h, t, s, d, dv), scale)
+    split = not atomic and tuning._split_dkdv(d, dv, mask_class, variants)
+    tma = not atomic and h == hkv and not consts["SHARED_Q"] and not split
+    if tma and tuning._bwd_tma(d, dv, mask_class, variants) and _tma_fits(q1, k1, q2, k2, v, dout):  # .backward_tma
+        _bwd_tma_launch(common, (dk1, dk2, dvv, dq1, dq2), strides, consts, (b, h, t, s, d, dv), scale, variants)
         return dq1, dk1, dq2, dk2, dvv, dlam
     dkdv_args = (*common, dk1, dk1 if k2 is None else dk2, dvv, dq1, dq1 if q2 is None else dq2, *strides, *sizes)
     # the key-block kernel: dK1, dK2, dV (and the atomic path's dQ) in one launch, or dV then dK in two (wide heads)
-    split = not atomic and tuning._split_dkdv(d, dv, mask_class)
     one_pass = ("dkdv_atomic" if atomic else "dkdv", True, True)  # (kind, WITH_DK, WITH_DV)
     passes = (("dv", False, True), ("dk", True, False)) if split else (one_pass,)
     for kind, with_dk, with_dv in passes:
@@ -414,7 +420,9 @@ def _bwd_run(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sca
 
 
 @_bwd_op.register_fake
-def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments=None):
+def _bwd_fake(
+    dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, scale, atomic_dq, segments=None, variants=0
+):
     return (
         torch.empty_like(q1, memory_format=torch.contiguous_format),
         torch.empty_like(k1, memory_format=torch.contiguous_format),
@@ -426,10 +434,10 @@ def _bwd_fake(dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, causal, sc
 
 
 def _setup_context(ctx, inputs, output):
-    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v2, segments = inputs
+    q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, _v2, segments, variants = inputs
     _, o1, o2, lse1, lse2 = output
     ctx.save_for_backward(q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, segments)
-    ctx.causal, ctx.scale, ctx.save_parts = causal, scale, save_parts
+    ctx.causal, ctx.scale, ctx.save_parts, ctx.variants = causal, scale, save_parts, variants
     # the atomic or deterministic backward is not chosen here but when the backward runs (_bwd_op), so that
     # torch.use_deterministic_algorithms(True) set between forward and backward is obeyed, as by PyTorch's own ops
 
@@ -441,22 +449,10 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2, bwd=None):
         raise RuntimeError("diffattn triton: backward through a forward that was run without saving for it")
     q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, segments = ctx.saved_tensors
     dq1, dk1, dq2, dk2, dv, dlam = (bwd or _bwd_op)(
-        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True, segments
+        dout, q1, k1, q2, k2, v, lam, mask, o1, o2, lse1, lse2, ctx.causal, ctx.scale, True, segments, ctx.variants
     )
-    return (
-        dq1,
-        dk1,
-        None if q2 is None else dq2,
-        None if k2 is None else dk2,
-        dv,
-        dlam,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+    # no gradient for mask, causal, scale, save_parts, v2 (a forward without gradient only), segments, variants
+    return dq1, dk1, None if q2 is None else dq2, None if k2 is None else dk2, dv, dlam, *(None,) * 7
 
 
 torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, setup_context=_setup_context)
@@ -482,9 +478,11 @@ class _EagerTraining(torch.autograd.Function):
         return _backward(ctx, *grads, bwd=_bwd_impl)
 
 
-def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
+def diff_attention_triton(inp: DiffAttentionInputs, variants: int = 0) -> torch.Tensor:
     """The ``triton`` backend. ``inp`` has passed :func:`diffattn.ops._inputs.validate` and the support check
-    of :mod:`diffattn.ops` (dtype, head dims, device)."""
+    of :mod:`diffattn.ops` (dtype, head dims, device). ``variants``: the variants this call's forward and backward
+    switch on (:func:`diffattn.ops.routes.variant_bits` of a route ``triton[NAME]``; 0: the settings of
+    :mod:`.tuning` alone)."""
     h = inp.num_heads
     leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
     need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
@@ -504,5 +502,7 @@ def diff_attention_triton(inp: DiffAttentionInputs) -> torch.Tensor:
     # forward without gradient the kernels alone
     compiling = torch.compiler.is_compiling()
     forward = _fwd_op if compiling else _EagerTraining.apply if need_grad else _fwd_impl
-    out, *_ = forward(q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2, inp.segment_ids)
+    out, *_ = forward(
+        q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2, inp.segment_ids, variants
+    )
     return out

@@ -13,13 +13,18 @@ several, partly filled ones.
 
 The backward's scheme (:data:`ATOMIC_DQ`, :func:`_single_pass_fits`) and the decoding forward's key splits
 (:data:`SPLIT_OVERRIDE`, :func:`_num_splits`) are chosen here too; :mod:`.launch` reads the settings when it
-launches, so a change takes effect on the next call.
+launches, so a change takes effect on the next call. The variants' switches (:data:`ATOMIC_DQ`, :data:`SPLIT_DKDV`,
+:data:`FWD_COLUMNS`, :data:`FWD_TMA`, :data:`BWD_TMA`, :data:`BWD_WS`) are on for a call where set here (for every
+call) or where the call asks for them by its ``variants`` bits (a route ``triton[NAME]`` of the route table:
+:data:`diffattn.ops.routes.TRITON_VARIANTS`, :func:`_on`).
 """
 
 from __future__ import annotations
 
 import torch
 import triton
+
+from ..routes import TRITON_VARIANTS
 
 #: True when the kernels were built for Triton's interpreter: TRITON_INTERPRET=1 when this package was first imported
 #: (:mod:`.launch` imports the kernel modules and this one together; triton.jit decides at decoration).
@@ -338,6 +343,19 @@ def _has_tiles(kind: str, d: int, dv: int, mask: str = "none") -> bool:
     return _width_class(d, dv) in _MASK_TILES.get(mask, {}).get(kind, _TILES[kind])
 
 
+#: each switch's bits in a call's ``variants`` (:func:`diffattn.ops.routes.variant_bits`): the variants it switches on
+_SWITCH_BITS: dict[str, int] = {
+    switch: sum(1 << i for i, (other, _) in enumerate(TRITON_VARIANTS.values()) if other == switch)
+    for switch, _ in TRITON_VARIANTS.values()
+}
+
+
+def _on(switch: str, variants: int = 0) -> bool:
+    """Whether variant switch ``switch`` (e.g. ``"FWD_TMA"``) is on for a call: set here for every call, or asked
+    for by the call's ``variants`` bits (its route, ``triton[NAME]``)."""
+    return bool(globals()[switch]) or bool(variants & _SWITCH_BITS[switch])
+
+
 def _single_pass_fits(d: int, dv: int, mask: str = "none") -> bool:
     """Whether the one-pass (atomic dQ) backward has spill-free tiles for these head widths and mask class (not for
     "wide" heads, nor for "v1" heads with a per-row 4-D mask: :data:`_MASK_TILES`)."""
@@ -346,22 +364,23 @@ def _single_pass_fits(d: int, dv: int, mask: str = "none") -> bool:
     return _has_tiles("dkdv_atomic", d, dv, mask)
 
 
-def _split_dkdv(d: int, dv: int, mask: str = "none") -> bool:
-    """Whether the two-kernel backward's dK/dV kernel runs as a dV launch and a dK launch (:data:`SPLIT_DKDV`):
-    for heads of a class with "dk" tiles (the wide ones), and for any heads under forced tiles (the interpreter's
-    tests)."""
-    if not SPLIT_DKDV:
+def _split_dkdv(d: int, dv: int, mask: str = "none", variants: int = 0) -> bool:
+    """Whether the two-kernel backward's dK/dV kernel runs as a dV launch and a dK launch (:data:`SPLIT_DKDV`, or
+    asked for by ``variants``): for heads of a class with "dk" tiles (the wide ones), and for any heads under forced
+    tiles (the interpreter's tests)."""
+    if not _on("SPLIT_DKDV", variants):
         return False
     if INTERPRETED or BLOCK_OVERRIDE is not None:
         return True
     return _has_tiles("dk", d, dv, mask)
 
 
-def _fwd_columns(d: int, dv: int, mask: str = "none") -> int:
-    """The width of V's column block each forward program takes under :data:`FWD_COLUMNS` (half of V's padded
-    width), or 0 for the whole width: for heads of a class with "fwd_cols" tiles (the wide ones), and for any heads
-    wide enough to halve (32 columns or more) under forced tiles (the interpreter's tests)."""
-    if not FWD_COLUMNS:
+def _fwd_columns(d: int, dv: int, mask: str = "none", variants: int = 0) -> int:
+    """The width of V's column block each forward program takes under :data:`FWD_COLUMNS` (or asked for by
+    ``variants``; half of V's padded width), or 0 for the whole width: for heads of a class with "fwd_cols" tiles (the
+    wide ones), and for any heads wide enough to halve (32 columns or more) under forced tiles (the interpreter's
+    tests)."""
+    if not _on("FWD_COLUMNS", variants):
         return 0
     half = _pow2(dv) // 2
     if INTERPRETED or BLOCK_OVERRIDE is not None:
@@ -378,22 +397,23 @@ def _tma_heads(d: int, dv: int, mask: str, kinds: tuple[str, ...]) -> bool:
     return INTERPRETED or BLOCK_OVERRIDE is not None or all(_has_tiles(k, d, dv, mask) for k in kinds)
 
 
-def _fwd_tma(d: int, dv: int, mask: str = "none") -> bool:
-    """Whether the forward runs by TMA tiles (:data:`FWD_TMA`) for these head widths and mask class
-    (:func:`_tma_heads`). Key splits, Q1 shared with Q2 and the tensors' layout are checked where the launch has them
-    (:func:`.launch._tma_fits`)."""
-    return FWD_TMA and _tma_heads(d, dv, mask, ("fwd_tma",))
+def _fwd_tma(d: int, dv: int, mask: str = "none", variants: int = 0) -> bool:
+    """Whether the forward runs by TMA tiles (:data:`FWD_TMA`, or asked for by ``variants``) for these head widths
+    and mask class (:func:`_tma_heads`). Key splits, Q1 shared with Q2 and the tensors' layout are checked where the
+    launch has them (:func:`.launch._tma_fits`)."""
+    return _on("FWD_TMA", variants) and _tma_heads(d, dv, mask, ("fwd_tma",))
 
 
 #: the launch kinds built warp-specialised: launched on one warp group (:func:`_blocks`)
 WS_KINDS = frozenset({"dkdv_ws"})
 
 
-def _bwd_tma(d: int, dv: int, mask: str = "none") -> bool:
-    """Whether the two-kernel backward runs by TMA tiles (:data:`BWD_TMA` or :data:`BWD_WS`) for these head widths and
-    mask class (:func:`_tma_heads`, with the backward's tile tables). One query head per KV head, Q1 apart from Q2
-    and the layout are checked where the launch has the tensors."""
-    return (BWD_TMA or BWD_WS) and _tma_heads(d, dv, mask, ("dkdv_ws" if BWD_WS else "dkdv_tma", "dq_tma"))
+def _bwd_tma(d: int, dv: int, mask: str = "none", variants: int = 0) -> bool:
+    """Whether the two-kernel backward runs by TMA tiles (:data:`BWD_TMA` or :data:`BWD_WS`, or asked for by
+    ``variants``) for these head widths and mask class (:func:`_tma_heads`, with the backward's tile tables). One
+    query head per KV head, Q1 apart from Q2 and the layout are checked where the launch has the tensors."""
+    ws = _on("BWD_WS", variants)
+    return (ws or _on("BWD_TMA", variants)) and _tma_heads(d, dv, mask, ("dkdv_ws" if ws else "dkdv_tma", "dq_tma"))
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
