@@ -16,7 +16,11 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
   (the device check skipped; the route's ``sdpa_kernel`` block and the gradient-layout guard of
   :mod:`diffattn.ops.sdpa`, which run on CUDA only, run here too);
 * ``…+norm``: the head norm in the epilogue's kernel (:func:`diffattn.ops.fused_head_norm`), ``…+lambda``: λ by its
-  kernels (:func:`diffattn.ops.fused_lambda`).
+  kernels (:func:`diffattn.ops.fused_lambda`);
+* ``DIFF cudnn_direct+norm``: the same kernels as one autograd node (:mod:`diffattn.ops.direct`), cuDNN's ATen forward
+  and backward each a stand-in that allocates what it returns (an output and its log-sum-exp; three gradients) —
+  plain dispatches, where the SDPA routes' stand-in is an autograd Function (below): that column's lead over the
+  others is read with that Function's own cost in mind (benchmarks/RESULTS.md, 2026-11-29).
 
 Every attention call (``scaled_dot_product_attention``, every column's) is one stand-in op each way that allocates its
 output [B, T, H, dv]-laid-out as CUDA's kernels write it and computes nothing: one dispatch, as a fused GPU kernel is
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from diffattn import ops
     from diffattn.bench import gc_paused, paired_ratio, rotated
     from diffattn.models.build import build_model
-    from diffattn.ops import sdpa
+    from diffattn.ops import direct, sdpa
     from diffattn.ops.triton import epilogue, reparam
 
     torch.set_num_threads(1)
@@ -106,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         return OneCall.apply(q, k, v)
 
     torch.nn.functional.scaled_dot_product_attention = stand_in
+
+    def aten_forward(q, k, v, causal, scale):  # cuDNN's ATen forward: its output in Q's layout and its log-sum-exp
+        b, h, t, _ = q.shape
+        return q.new_empty(b, t, h, v.shape[-1]).transpose(1, 2), (q.new_empty(b, h, t, 1),), (t, t)
+
+    def aten_backward(do, q, k, v, out, tensors, values, causal, scale):  # and its backward: three gradients
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    direct.ATTENTION_OPS = direct.AttentionOps(aten_forward, aten_backward, lambda *a: True)
     import diffattn.lambdas
 
     plain_lambda = diffattn.lambdas.reparameterized_lambda
@@ -120,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "DIFF cudnn+epilogue": ("diff", "cudnn+epilogue", False, False),
         "DIFF cudnn+epilogue+norm": ("diff", "cudnn+epilogue", True, False),
         "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, True),
+        "DIFF cudnn_direct+norm": ("diff", "cudnn_direct", True, False),
     }
     import diffattn.models.diff_llama as diff_llama
 

@@ -1,6 +1,7 @@
 """benchmarks/step_host_time.py, the host's share of a training step on the CPU (the proxy of RESULTS.md's prediction
 for the host-bound `small` step): it runs, prints every column, and counts what the prediction reads off it — the
-head norm in the epilogue's kernel and λ's kernels each take ATen kernels out of a step and add Triton launches.
+head norm in the epilogue's kernel and λ's kernels each take ATen kernels out of a step and add Triton launches, and
+the one-node route launches what the chain does.
 Speed here means nothing (one round, one layer)."""
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
         if match:
             rows[match[1]] = (int(match[2]), int(match[3]))
     assert set(rows) == {"baseline", "DiffLlama", "DIFF cudnn", "DIFF cudnn+epilogue", "DIFF cudnn+epilogue+norm",
-                         "DIFF cudnn+epilogue+norm+lambda"}, done.stdout  # fmt: skip
+                         "DIFF cudnn+epilogue+norm+lambda", "DIFF cudnn_direct+norm"}, done.stdout  # fmt: skip
     epilogue, norm, lam = (rows[f"DIFF cudnn+epilogue{s}"] for s in ("", "+norm", "+norm+lambda"))
     layers = 2
     assert rows["baseline"][1] == rows["DIFF cudnn"][1] == 0
     assert epilogue[1] == norm[1] == 2 * layers, "the epilogue's forward and backward launch a layer"
     assert lam[1] == norm[1] + 2 * layers, "and λ's two kernels"
     assert norm[0] < epilogue[0] and lam[0] < norm[0], "each fusion takes ATen kernels out of the step"
+    # the same kernels as one autograd node: the epilogue's launches and the chain's ATen kernels ([V; V]'s copy, its
+    # gradient's sum and copy back to V's halves; the attention call's stand-ins only allocate, which is not counted)
+    assert rows["DIFF cudnn_direct+norm"] == norm

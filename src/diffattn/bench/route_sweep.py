@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..ops.routes import TRITON_VARIANTS, known_route, triton_variants
+from ..ops.routes import DIRECT, TRITON_VARIANTS, known_route, triton_variants
 from . import gc_paused
 from .sweep_records import (
     COMPARISON_ROUTES,
@@ -138,19 +138,23 @@ def default_classes() -> list[CallClass]:
 
 #: the order in which a sweep measures the table routes (a lease's budget may end before the last): those that may be
 #: fastest first, each fused-epilogue variant beside its own route (the pair is the comparison that decides it), the
-#: fused kernel last (2.5–11× the baseline on both GPUs so far)
+#: fused kernel last (2.5–11× the baseline on both GPUs so far); ``cudnn_direct`` beside ``cudnn+epilogue``, whose
+#: kernels it runs as one autograd node
 SWEEP_ORDER = (
-    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", "cudnn+epilogue", "sdpa", "sdpa+epilogue", "sdpa_split",
+    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", "cudnn+epilogue", DIRECT, "sdpa", "sdpa+epilogue", "sdpa_split",
     "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
 )  # fmt: skip
 #: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
-#: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs)
-_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue"}}
+#: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs);
+#: cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue)
+_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT}}
 
 
 def routes_for(cls: CallClass) -> list[str]:
-    """The table routes of a class, in :data:`SWEEP_ORDER`."""
-    return [route for route in SWEEP_ORDER if route not in _NOT_FOR[cls.pair]]
+    """The table routes of a class, in :data:`SWEEP_ORDER` — ``cudnn_direct`` on training classes without a mask
+    only: elsewhere it runs ``cudnn+epilogue``, already measured (:mod:`diffattn.ops.direct`)."""
+    direct = cls.mode == "train" and cls.mask == "none"
+    return [route for route in SWEEP_ORDER if route not in _NOT_FOR[cls.pair] and (direct or route != DIRECT)]
 
 
 def comparison_routes(cls: CallClass) -> list[str]:

@@ -198,9 +198,9 @@ def step_call_class(row: dict) -> str:
 
 def _column_of(route: str, norm_on: bool, columns: set[str]) -> str | None:
     """The forced column that shows how ``route`` runs under the decided norm switch, where the step has it."""
-    from ..ops.routes import EPILOGUE
+    from ..ops.routes import runs_epilogue
 
-    name = forced_column(route + "+norm") if norm_on and route.endswith(EPILOGUE) else forced_column(route)
+    name = forced_column(route + "+norm") if norm_on and runs_epilogue(route) else forced_column(route)
     return name if name in columns else None
 
 

@@ -222,17 +222,17 @@ def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
     """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only, with
     :data:`FUSED` suffixes where they apply)."""
     from ..ops import BACKENDS
-    from ..ops.routes import EPILOGUE
+    from ..ops.routes import DIRECT, EPILOGUE, runs_epilogue
 
     unknown = [b for b in backends if split_fused(b)[0] not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     unfusable = [b for b in backends if "fused_head_norm" in split_fused(b)[1]
-                 and not (split_fused(b)[0] == "auto" or split_fused(b)[0].endswith(EPILOGUE))]  # fmt: skip
+                 and not (split_fused(b)[0] == "auto" or runs_epilogue(split_fused(b)[0]))]  # fmt: skip
     if unfusable:
         raise ValueError(
-            f"{', '.join(unfusable)}: +norm (the head norm in the epilogue's kernel) follows auto or a route ending "
-            f"in {EPILOGUE}"
+            f"{', '.join(unfusable)}: +norm (the head norm in the epilogue's kernel) follows auto, {DIRECT} or a "
+            f"route ending in {EPILOGUE}"
         )
     return {**COLUMNS, **{forced_column(b): ("diff", b) for b in backends}}
 

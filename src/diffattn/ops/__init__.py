@@ -11,8 +11,10 @@ Public entry points:
   ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one fused kernel for both
   maps, forward and backward: :mod:`diffattn.ops.triton`; ``triton[NAME]``: with its variants NAME switched on for
   the call, :data:`diffattn.ops.routes.TRITON_VARIANTS`), ``<route>+epilogue`` (an SDPA route whose subtraction
-  O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``auto`` (on CUDA the fastest correct route
-  measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`; else ``sdpa``).
+  O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``cudnn_direct`` (``cudnn+epilogue``'s
+  kernels as one autograd node in training, less host work: :mod:`diffattn.ops.direct`), ``auto`` (on CUDA the
+  fastest correct route measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`;
+  else ``sdpa``).
 * :func:`diff_attention_stacked` and :func:`diff_attention_pairs` — the op on Q and K handed over whole, in DIFF
   V1's layout (both maps' heads stacked, DiffLlama) or DIFF V2's (query heads in interleaved pairs on one K): the
   same function, whose one-call routes read the caller's tensors instead of copies joined from the two maps' cuts.
@@ -56,8 +58,10 @@ from ._inputs import (
     with_segment_mask,
 )
 from .chunked import diff_attention_chunked
+from .direct import diff_attention_cudnn_direct
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
 from .routes import (
+    DIRECT,
     EPILOGUE,
     EPILOGUE_ROUTES,
     FORCED_FLAGS,
@@ -68,6 +72,7 @@ from .routes import (
     head_norm_in_epilogue,
     is_triton_route,
     read_class,
+    runs_epilogue,
     table_routes,
     triton_variants,
     variant_bits,
@@ -112,7 +117,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = (
     "auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES),
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT,
 )  # fmt: skip
 
 
@@ -277,6 +282,9 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         why = kernels or (by_name[route].reason if not by_name[route].usable else None)
         what = f"the {route} route with O1 − λ·O2 as one Triton kernel, forward and backward"
         statuses.append(BackendStatus(route + EPILOGUE, why is None, why or what))
+    why = kernels or (by_name["cudnn"].reason if not by_name["cudnn"].usable else None)
+    what = "cudnn+epilogue's kernels as one autograd node in training (less host work), DIFF V1 without a mask"
+    statuses.append(BackendStatus(DIRECT, why is None, why or what))
     return statuses
 
 
@@ -291,6 +299,7 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
     "triton": _triton_impl,
 }
 _IMPLS.update({route + EPILOGUE: functools.partial(_IMPLS[route], fused_epilogue=True) for route in EPILOGUE_ROUTES})
+_IMPLS[DIRECT] = diff_attention_cudnn_direct
 
 
 def _impl(name: str) -> Callable[..., torch.Tensor]:
@@ -328,6 +337,8 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     if name.endswith(EPILOGUE):
         reasons = [route_unsupported(name.removesuffix(EPILOGUE), inp), epilogue_unsupported(inp)]
         return "; ".join(r for r in reasons if r) or None
+    if name == DIRECT:  # where its one node does not apply it runs cudnn+epilogue, so it takes what that route takes
+        return route_unsupported("cudnn" + EPILOGUE, inp)
     if is_triton_route(name):
         return triton_unsupported(inp)
     if name in ("cudnn", "cudnn_maps"):
@@ -632,7 +643,7 @@ def _run(backend: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None = No
         # only the fused kernel reads segments as such; every other backend takes them as a mask
         return _call_route(name, inp if is_triton_route(name) else with_segment_mask(inp), head_norm)
     except Exception as err:
-        if not is_triton_route(name) and not name.endswith(EPILOGUE):
+        if not is_triton_route(name) and not runs_epilogue(name):
             raise
         if type(err).__module__.split(".")[0] != "triton":
             raise
@@ -666,7 +677,7 @@ def _call_route(name: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None)
     the device (:func:`diffattn.ops.routes.head_norm_in_epilogue`), else by PyTorch after the route."""
     if head_norm is None:
         return _impl(name)(inp)
-    if name.endswith(EPILOGUE) and head_norm_in_epilogue(inp.q1.device.index if inp.q1.is_cuda else None):
+    if runs_epilogue(name) and head_norm_in_epilogue(inp.q1.device.index if inp.q1.is_cuda else None):
         return _impl(name)(inp, norm=(head_norm.eps, head_norm.scale))
     return head_norm.apply(_impl(name)(inp))
 

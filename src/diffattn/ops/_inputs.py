@@ -142,6 +142,20 @@ def v_from_halves(v: torch.Tensor, copies: int = 1) -> torch.Tensor:
     return halves.unsqueeze(1).expand(b, copies, hkv, s, 2, w).reshape(b, copies * hkv, s, 2 * w)
 
 
+def v_from_halves_grad(g: torch.Tensor, v: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """The gradient of ``v`` through :func:`v_from_halves` (``v`` DiffLlama's V [B, 2Hkv, S, w]) from ``g``, the
+    gradient of its result [B, copies·Hkv, S, 2w]: the copies summed, each DIFF head's two column halves put back as
+    heads j and j + Hkv, in v's own memory order — what autograd computes through the function's expand and reshape,
+    written out for a backward that runs without autograd (:mod:`diffattn.ops.direct`)."""
+    b, two_hkv, s, w = v.shape
+    hkv = two_hkv // 2
+    if heads_inside_tokens(v):  # g's [B, S, copies·Hkv, 2w] order: summed over the copies, back to [B, S, 2Hkv, w]
+        whole = g.transpose(1, 2).reshape(b, s, copies, hkv, 2, w).sum(2)  # [B, S, Hkv, 2 halves, w]
+        return whole.transpose(2, 3).reshape(b, s, two_hkv, w).transpose(1, 2)
+    whole = g.reshape(b, copies, hkv, s, 2, w).sum(1)  # [B, Hkv, S, 2 halves, w]
+    return whole.permute(0, 3, 1, 2, 4).reshape(b, two_hkv, s, w)
+
+
 def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The members of the pairs interleaved along ``dim`` (entries 2i and 2i + 1: map 1 and map 2 of head i, DIFF V2's
     query heads) as two views — the very views ``x`` sliced by ``0::2`` and ``1::2`` along ``dim`` are, cut by one

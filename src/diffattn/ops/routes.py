@@ -163,10 +163,20 @@ EPILOGUE = "+epilogue"
 #: the SDPA routes that have that variant: those that measured fastest on some class, or may with it
 EPILOGUE_ROUTES = ("sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps")
 #: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
+#: DIFF V1's one cuDNN call and the epilogue as one autograd node (:mod:`diffattn.ops.direct`): ``cudnn+epilogue``'s
+#: kernels with less host work
+DIRECT = "cudnn_direct"
 ROUTE_NAMES = (
     "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES),
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT,
 )  # fmt: skip
+
+
+def runs_epilogue(name: str) -> bool:
+    """Whether route ``name`` does O1 − λ·O2 by the epilogue's kernel, which can norm the head too
+    (:func:`head_norm_in_epilogue`): the ``<route>+epilogue`` routes and :data:`DIRECT`."""
+    return name.endswith(EPILOGUE) or name == DIRECT
+
 
 #: The fused kernel's variants (:mod:`diffattn.ops.triton.tuning`'s switches, each off for every call by default): a
 #: route ``triton[NAME]``, or ``triton[A+B]`` for several, is the fused kernel with those switched on for its own calls

@@ -1,0 +1,206 @@
+"""The ``cudnn_direct`` route (diffattn/ops/direct.py): ``cudnn+epilogue``'s computation — DIFF Eq. 1 through one
+attention call over both maps' heads and the fused epilogue — as one autograd node.
+
+Without a GPU the node runs with SDPA's CPU kernels in cuDNN's place (``direct.ATTENTION_OPS``: forward under no_grad,
+backward by autograd through the same SDPA call), and the epilogue's kernels in Triton's interpreter; it must then
+give, bit for bit, the output and every gradient of the same computation as a chain of autograd nodes (what
+``cudnn+epilogue`` is), across V's layouts, λ's forms and the head norm; where it does not apply, the route is
+``cudnn+epilogue``. On a GPU (``gpu``): the route against ``cudnn+epilogue`` and against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffattn import ops
+from diffattn.ops import HeadNorm, direct, routes
+from diffattn.ops._inputs import v_from_halves, v_from_halves_grad, validate
+
+from .interpreter import CUDA, import_kernels, keep_interpreting
+from .rounding import assert_within_rounding
+
+epilogue = import_kernels("diffattn.ops.triton.epilogue")  # interpreted without CUDA (tests/ops/interpreter.py)
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def _sdpa_forward(q, k, v, causal, scale):
+    with torch.no_grad():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), (), ()
+
+
+def _sdpa_backward(do, q, k, v, out, tensors, values, causal, scale):
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        return torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale), leaves, do)
+
+
+#: SDPA's own kernels in cuDNN's place: the node's arithmetic is then what the chain below computes
+SDPA_OPS = direct.AttentionOps(_sdpa_forward, _sdpa_backward, lambda *a: True)
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch, request):
+    if "gpu" in request.keywords:
+        return
+    keep_interpreting(monkeypatch)
+    monkeypatch.setattr(direct, "ATTENTION_OPS", SDPA_OPS)
+    # the route's support check is cuDNN's (CUDA, 16-bit): waived here, where SDPA's CPU kernels stand in for cuDNN's
+    real = ops.route_unsupported
+    monkeypatch.setattr(ops, "route_unsupported", lambda name, inp: None if name == routes.DIRECT else real(name, inp))
+
+
+def _model_inputs(dtype, *, b=2, h=2, t=13, d=8, heads_inside=True, lam_form="scalar", seed=0, device="cpu"):
+    """A DIFF V1 layer's Q [B, 2H, T, d], K [B, 2H, T, d] and V's halves stacked [B, 2H, T, d] (DiffLlama's: dv = 2d),
+    laid out as projections' views ([B, T, heads, d] in memory) or contiguous, and λ."""
+    g = torch.Generator().manual_seed(seed)
+
+    def heads(n):
+        x = torch.randn(b, t, n, d, generator=g) if heads_inside else torch.randn(b, n, t, d, generator=g)
+        x = x.to(device, dtype)
+        return (x.transpose(1, 2) if heads_inside else x).detach().requires_grad_()
+
+    lam = {"scalar": torch.tensor(0.4), "per_head": torch.rand(h, generator=g) * 0.5,
+           "per_token": torch.rand(b, h, t, generator=g) * 0.5}[lam_form]  # fmt: skip
+    return heads(2 * h), heads(2 * h), heads(2 * h), lam.to(device).requires_grad_()
+
+
+def _chain(q, k, v, lam, causal, norm):
+    """``cudnn+epilogue``'s computation as autograd's chain of nodes, its SDPA call not forced to cuDNN."""
+    inp = validate(*q.chunk(2, 1), *k.chunk(2, 1), tuple(v.chunk(2, 1)), lam, causal=causal, attn_mask=None,
+                   scale=None, qk_whole=(q, k), v_stacked=v)  # fmt: skip
+    o = F.scaled_dot_product_attention(q, k, v_from_halves(v, copies=2), is_causal=causal, scale=inp.scale)
+    return epilogue.subtract_pair(o, inp.lam, "stacked", norm)
+
+
+def _run(fn, tensors, seed=1):
+    out = fn(*tensors)
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device, out.dtype)
+    return [out.detach(), *torch.autograd.grad(out, tensors, cot)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads_inside", [True, False], ids=["projection-views", "contiguous"])
+@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
+@pytest.mark.parametrize("with_norm", [False, True], ids=["", "norm"])
+def test_the_one_node_is_the_chains_computation_bit_for_bit(dtype, heads_inside, lam_form, with_norm):
+    tensors = _model_inputs(dtype, heads_inside=heads_inside, lam_form=lam_form)
+    norm = (1e-5, 0.8) if with_norm else None
+    head_norm = HeadNorm(*norm) if with_norm else None
+    ran = []
+    real = direct._OneNode.apply
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(direct._OneNode, "apply", lambda *a: ran.append(1) or real(*a))
+        with ops.fused_head_norm(True):
+            got = _run(lambda q, k, v, lam: ops.diff_attention_stacked(q, k, v, lam, backend=routes.DIRECT,
+                                                                      head_norm=head_norm), tensors)  # fmt: skip
+    assert ran, "the one node ran"
+    want = _run(lambda q, k, v, lam: _chain(q, k, v, lam, True, norm), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
+        assert a.shape == w.shape and a.stride() == w.stride(), name
+        assert torch.equal(a, w), name
+
+
+def test_v_whole_and_maps_cut_apart_and_a_non_causal_call():
+    # diff_attention with V whole [B, Hkv, S, dv] and the maps' Q, K as separate tensors: [V; V] by one cat, Q and K
+    # joined before the node; without the causal mask
+    g = torch.Generator().manual_seed(3)
+    q1, q2, k1, k2 = (torch.randn(1, 2, 9, 8, generator=g).requires_grad_() for _ in range(4))
+    v = torch.randn(1, 2, 9, 16, generator=g).requires_grad_()
+    lam = torch.tensor(0.3, requires_grad=True)
+    tensors = (q1, k1, q2, k2, v, lam)
+    got = _run(lambda *x: ops.diff_attention(*x, causal=False, backend=routes.DIRECT), tensors)
+
+    def chain(q1, k1, q2, k2, v, lam):
+        o = F.scaled_dot_product_attention(torch.cat([q1, q2], 1), torch.cat([k1, k2], 1), torch.cat([v, v], 1))
+        return epilogue.subtract_pair(o, lam, "stacked")
+
+    for i, (a, w) in enumerate(zip(got, _run(chain, tensors), strict=True)):
+        assert torch.equal(a, w), i
+    # and against float64 by the rounding rule
+    gold = ops.diff_attention(*(x.detach().double() for x in tensors), causal=False, backend="reference")
+    yard = ops.diff_attention(*(x.detach() for x in tensors), causal=False, backend="reference")
+    assert_within_rounding("out", got[0], gold, [yard], torch.float32)
+
+
+def test_the_backward_is_one_node_from_the_output_to_the_layers_tensors():
+    q, k, v, lam = _model_inputs(torch.float32)
+    out = ops.diff_attention_stacked(q, k, v, lam, backend=routes.DIRECT)
+    assert type(out.grad_fn).__name__ == "_OneNodeBackward"
+    # its inputs: the layer's Q, K and V themselves (their views' nodes) and λ's broadcast — nothing in between
+    assert len([f for f, _ in out.grad_fn.next_functions if f is not None]) == 4
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["no gradient", "K shared", "key padding", "causal T < S", "cuDNN refuses"],
+)
+def test_where_the_one_node_does_not_apply_the_route_is_cudnn_epilogue(monkeypatch, why):
+    calls = []
+    monkeypatch.setattr(direct._OneNode, "apply", lambda *a: pytest.fail("the one node ran"))
+    import diffattn.ops.sdpa as sdpa
+
+    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    g = torch.Generator().manual_seed(0)
+    q1, q2, k1, k2 = (torch.randn(1, 2, 6, 8, generator=g).requires_grad_() for _ in range(4))
+    v = torch.randn(1, 2, 6, 16, generator=g).requires_grad_()
+    kwargs = {}
+    if why == "K shared":
+        k2 = k1
+    if why == "key padding":
+        kwargs["attn_mask"] = torch.tensor([[True] * 5 + [False]])
+    if why == "causal T < S":
+        q1, q2 = q1[:, :, :3], q2[:, :, :3]
+    if why == "cuDNN refuses":
+        monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, _sdpa_backward,
+                                                                         lambda *a: False))  # fmt: skip
+    inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, scale=None, **{"attn_mask": None, **kwargs})
+    with torch.set_grad_enabled(why != "no gradient"):
+        direct.diff_attention_cudnn_direct(inp, norm=(1e-5, 0.8))
+    assert calls == [{"fused_epilogue": True, "norm": (1e-5, 0.8)}]
+
+
+def test_v_from_halves_grad_is_autograds_gradient_bit_for_bit():
+    for heads_inside in (False, True):
+        for copies in (1, 2):
+            b, hkv, s, w = 2, 3, 5, 4
+            v = torch.randn(b, s, 2 * hkv, w).transpose(1, 2) if heads_inside else torch.randn(b, 2 * hkv, s, w)
+            v.requires_grad_()
+            made = v_from_halves(v, copies)
+            g = torch.randn(made.shape)
+            (want,) = torch.autograd.grad(made, v, g)
+            got = v_from_halves_grad(g, v, copies)
+            assert torch.equal(got, want) and got.stride() == want.stride(), (heads_inside, copies)
+
+
+def test_the_route_is_known_everywhere_a_route_is_named():
+    assert routes.DIRECT in routes.ROUTE_NAMES and routes.DIRECT in ops.BACKENDS
+    assert routes.runs_epilogue(routes.DIRECT) and routes.runs_epilogue("cudnn+epilogue")
+    assert not routes.runs_epilogue("cudnn")
+    status = {s.name: s for s in ops.backend_status("cpu")}[routes.DIRECT]
+    assert not status.usable and "CUDA" in status.reason
+    from diffattn.bench.train_step import columns_for
+
+    assert "diffattn DIFF (cudnn_direct+norm)" in columns_for(["cudnn_direct+norm"])
+    with pytest.raises(ValueError, match="follows auto, cudnn_direct or a route ending in"):
+        columns_for(["cudnn+norm"])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("t", "d"), [(1024, 64), (4096, 64), (2048, 128), (333, 64)])
+def test_gpu_the_route_is_cudnn_epilogue_and_matches_the_reference(t, d):
+    # on the GPU, through cuDNN's ATen ops: every value bit for bit the cudnn+epilogue route's (the same kernels on the
+    # same inputs), and against float64 within the rounding rule (sdpa_maps's own error the yardstick)
+    tensors = _model_inputs(torch.bfloat16, b=2, h=4, t=t, d=d, lam_form="per_head", device="cuda")
+    norm = HeadNorm(1e-5, 0.8)
+    with ops.fused_head_norm(True):
+        got = _run(lambda *x: ops.diff_attention_stacked(*x, backend=routes.DIRECT, head_norm=norm), tensors)
+        chain = _run(lambda *x: ops.diff_attention_stacked(*x, backend="cudnn+epilogue", head_norm=norm), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, chain, strict=True):
+        assert torch.equal(a, w), name
+    gold = _run(lambda *x: ops.diff_attention_stacked(*x, backend="reference", head_norm=norm),
+                [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
+    yard = _run(lambda *x: ops.diff_attention_stacked(*x, backend="sdpa_maps", head_norm=norm), tensors)
+    for name, a, w, y in zip(("out", "dq", "dk", "dv", "dlam"), got, gold, yard, strict=True):
+        assert_within_rounding(name, a, w, [y], torch.bfloat16)
