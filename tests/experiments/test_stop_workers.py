@@ -27,8 +27,8 @@ PARENT = textwrap.dedent(
             futures = [pool.submit(time.sleep, 600) for _ in range(2)]
             while len(pool._processes) < 2:
                 time.sleep(0.05)
-            print(*pool._processes, flush=True)
-            try:
+            try:  # the print too: the test signals as soon as it reads the line, maybe before print has returned
+                print(*pool._processes, flush=True)
                 wait(futures)
             except KeyboardInterrupt:
                 print("interrupted", flush=True)
