@@ -162,10 +162,10 @@ def check_table(data: object) -> list[dict]:
 EPILOGUE = "+epilogue"
 #: the SDPA routes that have that variant: those that measured fastest on some class, or may with it
 EPILOGUE_ROUTES = ("sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps")
-#: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
 #: DIFF V1's one cuDNN call and the epilogue as one autograd node (:mod:`diffattn.ops.direct`): ``cudnn+epilogue``'s
 #: kernels with less host work
 DIRECT = "cudnn_direct"
+#: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
 ROUTE_NAMES = (
     "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
     *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT,
