@@ -224,3 +224,17 @@ def test_a_fused_column_runs_its_steps_with_its_switches_on():
         train_step._step_fn(model, ids, "fp32", fused=fused)()
     want = [(True, False, False), (False, True, False), (False, False, True), (False, False, False)]
     assert seen == want, "forced in the column's step, the table's after"
+
+
+def test_every_backend_the_gpu_script_forces_is_a_column_the_step_can_make():
+    # a name the step refuses ("unknown backend", +norm after a route without the epilogue) would cost a lease the
+    # whole train step: each --backends list of benchmarks/gpu_session.sh, checked here as the step checks it
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_session.sh").read_text()
+    lists = re.findall(r"--backends (\S+)", script)
+    assert len(lists) >= 2, "the small step's and the paper-830m step's"
+    for names in lists:
+        columns = train_step.columns_for(names.split(","))
+        assert all(train_step.forced_column(name) in columns for name in names.split(",")), names
