@@ -394,8 +394,8 @@ def op_call(p: Problem, backend: str) -> torch.Tensor:
 
 
 #: The kernel plan's routes of the fused kernel by TMA tiles (:data:`~diffattn.ops.routes.TRITON_VARIANTS` joined by
-#: "+") and the modes each is
-#: timed in, in order: the forward alone (its target is read on the forward without gradient) and trained
+#: "+") and the modes each is timed in, in order: the forward alone (its target is read on the forward without
+#: gradient) and trained
 TMA_ROUTES = (
     ("tma", ("infer", "train")),
     ("btma", ("train",)),
