@@ -16,7 +16,8 @@ whole call:
   ATen backward (``aten._scaled_dot_product_cudnn_attention_backward``, with what autograd's formula for the forward
   passes it), and the two copies' gradients of V summed back into V's halves (:func:`._inputs.v_from_halves_grad`).
 
-The same kernels on the GPU in the same order, so the same numbers and GPU time; less host time. Where its one node
+The same attention and epilogue kernels on the same inputs, and V's two gradients summed as autograd sums them: the
+same numbers bit for bit (tests/ops/test_direct.py), about the same GPU time, less host time. Where its one node
 does not apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with
 T ≠ S (cuDNN's causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
 (``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every
