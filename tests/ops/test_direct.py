@@ -160,6 +160,41 @@ def test_where_the_one_node_does_not_apply_the_route_is_cudnn_epilogue(monkeypat
     assert calls == [{"fused_epilogue": True, "norm": (1e-5, 0.8)}]
 
 
+def test_a_backward_that_raises_gives_sdpas_gradients_and_hands_calls_like_it_to_cudnn_epilogue(monkeypatch, caplog):
+    # cuDNN's ATen backward is private API: where it raises (not an error that poisons the CUDA context) the step
+    # goes on — this call's gradients by SDPA's own backward, the next call of the kind through cudnn+epilogue
+    import logging
+
+    def refusing(*args):
+        raise RuntimeError("cuDNN Frontend error: no valid engine configs for the backward\nmore")
+
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, refusing, lambda *a: True))
+    monkeypatch.setattr(direct, "_REFUSED", {})
+    tensors = _model_inputs(torch.float32, lam_form="per_head")
+    with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
+        got = _run(lambda *x: ops.diff_attention_stacked(*x, backend=routes.DIRECT), tensors)
+    want = _run(lambda q, k, v, lam: _chain(q, k, v, lam, True, None), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
+        assert torch.equal(a, w), name
+    lines = [r.message for r in caplog.records]
+    assert len(lines) == 1 and "no valid engine configs" in lines[0] and "cudnn+epilogue" in lines[0]
+    calls = []
+    import diffattn.ops.sdpa as sdpa
+
+    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    ops.diff_attention_stacked(*tensors, backend=routes.DIRECT)
+    assert calls, "a call of the same kind runs cudnn+epilogue"
+
+    def poisoning(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, poisoning, lambda *a: True))
+    monkeypatch.setattr(direct, "_REFUSED", {})
+    out = ops.diff_attention_stacked(*_model_inputs(torch.float32, seed=5), backend=routes.DIRECT)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        out.sum().backward()
+
+
 def test_v_from_halves_grad_is_autograds_gradient_bit_for_bit():
     for heads_inside in (False, True):
         for copies in (1, 2):

@@ -71,6 +71,7 @@ from .routes import (
     call_class,
     head_norm_in_epilogue,
     is_triton_route,
+    poisons_cuda_context,
     read_class,
     runs_epilogue,
     table_routes,
@@ -447,11 +448,6 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
                 names[i + 1],
             )
     raise AssertionError("unreachable: the last route runs without a try")
-
-
-def poisons_cuda_context(text: str) -> bool:
-    """An error after which the CUDA context is unusable (every later kernel fails too)."""
-    return any(m in text for m in ("illegal memory access", "device-side assert", "unspecified launch failure"))
 
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:

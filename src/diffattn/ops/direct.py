@@ -21,7 +21,10 @@ same numbers bit for bit (tests/ops/test_direct.py), about the same GPU time, le
 does not apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with
 T ≠ S (cuDNN's causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
 (``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every
-call this route's support check admits.
+call this route's support check admits. The ATen ops are private, so a backward that raises at run time does not end
+the user's step (an error of the forward is ``auto``'s to hand over, as any route's): that call's gradients come from
+SDPA's own backward (its forward recomputed under autograd), calls like it run ``cudnn+epilogue`` from then on, and
+one log line says so — unless the error left the CUDA context unusable, where nothing could run after it.
 
 Its speed is a prediction until a GPU times it (benchmarks/RESULTS.md, 2026-11-29): the route table lists it only
 where the sweep measured it correct against float64 and fastest, and the `small` step's forced columns
@@ -30,12 +33,17 @@ where the sweep measured it correct against float64 and fastest, and the `small`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ._inputs import DiffAttentionInputs, v_from_halves, v_from_halves_grad
+from .routes import poisons_cuda_context
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,21 +73,29 @@ def _cudnn_backward(do, q, k, v, out, tensors, values, causal: bool, scale: floa
     )
 
 
-#: (shapes and strides of Q, K and V, V's halves or not, dtype, device, causal) → whether cuDNN takes the call
+def _call_key(q, k, v, halves: bool, causal: bool) -> tuple:
+    """A kind of call: the shapes and strides of Q, K and V, V's halves or not, dtype, device, causality."""
+    return q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), halves, q.dtype, q.device, causal
+
+
+#: kind of call (:func:`_call_key`) → whether cuDNN takes it
 _ACCEPTED: dict[tuple, bool] = {}
+#: kinds of call whose one-node backward raised in this process → the error: they run ``cudnn+epilogue`` from then on
+_REFUSED: dict[tuple, str] = {}
 
 
 def _cudnn_accepts(q, k, v, halves: bool, causal: bool) -> bool:
     """Whether ``F.scaled_dot_product_attention`` forced to cuDNN would run the call on Q, K and [V; V] made from ``v``
-    (its own check, so that the ATen op is called only where SDPA would call it); asked once per shapes, strides,
-    dtype, device and causality (the [V; V] it is asked about is made then only)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), halves, q.dtype, q.device, causal)
+    (its own check, so that the ATen op is called only where SDPA would call it); asked once per kind of call (the
+    [V; V] it is asked about, needing a gradient where V does, is made then only)."""
+    key = _call_key(q, k, v, halves, causal)
     if key not in _ACCEPTED:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         try:
             with torch.no_grad():
-                params = torch.backends.cuda.SDPAParams(q, k, _v_both(v, halves), None, 0.0, causal, False)
+                v_both = _v_both(v, halves).requires_grad_(v.requires_grad)
+            params = torch.backends.cuda.SDPAParams(q, k, v_both, None, 0.0, causal, False)
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 _ACCEPTED[key] = bool(torch.backends.cuda.can_use_cudnn_attention(params))
         except (RuntimeError, TypeError, AttributeError):  # another torch's SDPAParams: the SDPA route instead
@@ -116,13 +132,36 @@ class _OneNode(torch.autograd.Function):
         q, k, v, v_both, o, lam, *tensors = ctx.saved_tensors
         halves, causal, scale, norm_eps, norm_scale, ops, values = ctx.setup
         do, dlam_rows = _subtract_pair_bwd_impl(g, o, lam, False, norm_eps, norm_scale)  # do in o's layout
-        dq, dk, dv_both = ops.backward(do, q, k, v_both, o, tensors, values, causal, scale)
+        try:
+            dq, dk, dv_both = ops.backward(do, q, k, v_both, o, tensors, values, causal, scale)
+        except RuntimeError as err:  # a backward that cannot run never ends the user's step (module docstring)
+            dq, dk, dv_both = _backward_refused(err, (q, k, v, halves, causal), do, v_both, scale)
         if halves:
             dv = v_from_halves_grad(dv_both, v, copies=2)
         else:
             hkv = v.shape[1]
             dv = dv_both[:, :hkv] + dv_both[:, hkv:]
         return dq, dk, dv, _lambda_grad(dlam_rows, lam), None, None, None, None, None, None
+
+
+def _backward_refused(err: RuntimeError, call: tuple, do, v_both, scale: float):
+    """Q's, K's and [V; V]'s gradients by SDPA's own backward (its forward recomputed under autograd, default
+    dispatch) where cuDNN's ATen backward raised — said in one line, and calls of that kind run ``cudnn+epilogue``
+    from then on. An error that leaves the CUDA context unusable is raised: nothing after it could run."""
+    text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+    if poisons_cuda_context(text):
+        raise err
+    q, k, v, halves, causal = call
+    _REFUSED[_call_key(q, k, v, halves, causal)] = text
+    logger.warning(
+        "cudnn_direct: cuDNN's backward raised (%s); this call's gradients by SDPA's own backward, and calls like it "
+        "run cudnn+epilogue from now on",
+        text,
+    )
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v_both)]
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+        return torch.autograd.grad(out, leaves, do)
 
 
 def one_node_operands(inp: DiffAttentionInputs):
@@ -157,7 +196,7 @@ def diff_attention_cudnn_direct(inp: DiffAttentionInputs, norm: tuple[float, flo
         q, k, v, halves = operands
         ops = ATTENTION_OPS
         causal = True if inp.causal else False  # noqa: SIM210 (a Python bool for the ATen op)
-        if ops.accepts(q, k, v, halves, causal):
+        if _call_key(q, k, v, halves, causal) not in _REFUSED and ops.accepts(q, k, v, halves, causal):
             eps, scale = _norm_eps_scale(norm)
             return _OneNode.apply(q, k, v, inp.lam, halves, causal, inp.scale, eps, scale, ops)
     return diff_attention_cudnn(inp, fused_epilogue=True, norm=norm)

@@ -369,6 +369,12 @@ def v_copies_in_kernel(index: int | None) -> bool:
     return table_flag("fused_v_copies", index)
 
 
+def poisons_cuda_context(text: str) -> bool:
+    """An error (its text) after which the CUDA context is unusable (every later kernel fails too): no route can be
+    handed over to after it."""
+    return any(m in text for m in ("illegal memory access", "device-side assert", "unspecified launch failure"))
+
+
 def without_size(cls: str) -> str:
     """``cls`` at the sweep's standard size (a small call's class without its " small")."""
     return cls.removesuffix(SMALL)
