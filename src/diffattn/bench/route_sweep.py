@@ -177,7 +177,7 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     for cls_name, pair, d in (("v1", "v1", 64), ("v2", "shared_k", 64), ("wide", "v1", 128)):
         # the forward by TMA tiles alone, then trained; the backward by TMA tiles, alone and with the forward's
         for variant, modes in TMA_ROUTES:
-            kinds = [kind for name in triton_variants(f"triton[{variant}]") for kind in TRITON_VARIANTS[name][1]]
+            kinds = [kind for name in variant.split("+") for kind in TRITON_VARIANTS[name][1]]
             if all(cls_name in tuning._TILES[kind] for kind in kinds):
                 out += [(f"triton[{variant}]", CallClass(pair, d, mode=mode)) for mode in modes]
         if cls_name != "wide":  # wide heads have no single-pass backward

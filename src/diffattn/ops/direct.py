@@ -50,8 +50,8 @@ logger = logging.getLogger(__name__)
 class AttentionOps:
     """One attention call's forward and backward as the one node calls them: ``forward(q, k, v, causal, scale)`` →
     (output, tensors its backward needs, other values it needs); ``backward(do, q, k, v, out, tensors, values,
-    causal, scale)`` → (dq, dk, dv); ``accepts(q, k, v, halves, causal)``: whether the call can take Q, K and the
-    [V; V] made from ``v`` (V's halves where ``halves``)."""
+    causal, scale)`` → (dq, dk, dv); ``accepts(key, q, k, v, halves, causal)``: whether the call (of kind ``key``,
+    :func:`_call_key`) can take Q, K and the [V; V] made from ``v`` (V's halves where ``halves``)."""
 
     forward: Callable[..., tuple]
     backward: Callable[..., tuple]
@@ -84,11 +84,10 @@ _ACCEPTED: dict[tuple, bool] = {}
 _REFUSED: dict[tuple, str] = {}
 
 
-def _cudnn_accepts(q, k, v, halves: bool, causal: bool) -> bool:
+def _cudnn_accepts(key: tuple, q, k, v, halves: bool, causal: bool) -> bool:
     """Whether ``F.scaled_dot_product_attention`` forced to cuDNN would run the call on Q, K and [V; V] made from ``v``
     (its own check, so that the ATen op is called only where SDPA would call it); asked once per kind of call (the
     [V; V] it is asked about, needing a gradient where V does, is made then only)."""
-    key = _call_key(q, k, v, halves, causal)
     if key not in _ACCEPTED:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -196,7 +195,8 @@ def diff_attention_cudnn_direct(inp: DiffAttentionInputs, norm: tuple[float, flo
         q, k, v, halves = operands
         ops = ATTENTION_OPS
         causal = True if inp.causal else False  # noqa: SIM210 (a Python bool for the ATen op)
-        if _call_key(q, k, v, halves, causal) not in _REFUSED and ops.accepts(q, k, v, halves, causal):
+        key = _call_key(q, k, v, halves, causal)  # the kind of call, once: both checks below read it
+        if key not in _REFUSED and ops.accepts(key, q, k, v, halves, causal):
             eps, scale = _norm_eps_scale(norm)
             return _OneNode.apply(q, k, v, inp.lam, halves, causal, inp.scale, eps, scale, ops)
     return diff_attention_cudnn(inp, fused_epilogue=True, norm=norm)
