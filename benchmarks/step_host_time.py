@@ -20,7 +20,10 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
 * ``DIFF cudnn_direct+norm``: the same kernels as one autograd node (:mod:`diffattn.ops.direct`), cuDNN's ATen forward
   and backward each a stand-in that allocates what it returns (an output and its log-sum-exp; three gradients) —
   plain dispatches, where the SDPA routes' stand-in is an autograd Function (below): that column's lead over the
-  others is read with that Function's own cost in mind (benchmarks/RESULTS.md, 2026-11-29).
+  others is read with that Function's own cost in mind (benchmarks/RESULTS.md, 2026-11-29);
+* ``DIFF cudnn_shared_v+norm+pairs``: the layer's heads in interleaved pairs (:func:`diffattn.ops.pairs_layout`: its
+  projections' weight rows reordered each step) and the one node reading V once (no [V; V], no sum of its
+  gradients), the ATen stand-ins as above.
 
 Every attention call (``scaled_dot_product_attention``, every column's) is one stand-in op each way that allocates its
 output [B, T, H, dv]-laid-out as CUDA's kernels write it and computes nothing: one dispatch, as a fused GPU kernel is
@@ -126,18 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     def lambda_by_kernel(*vectors):  # diffattn.lambdas takes the kernel on CUDA only: here as it would there
         return reparam.reparameterized_lambda_kernel(*vectors)
 
-    columns = {  # name: (attention, backend, norm in the epilogue, λ by its kernel)
-        "baseline": ("standard", None, None, False),
-        "DiffLlama": ("diff", None, None, False),
-        "DIFF cudnn": ("diff", "cudnn", None, False),
-        "DIFF cudnn+epilogue": ("diff", "cudnn+epilogue", False, False),
-        "DIFF cudnn+epilogue+norm": ("diff", "cudnn+epilogue", True, False),
-        "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, True),
-        "DIFF cudnn_direct+norm": ("diff", "cudnn_direct", True, False),
+    columns = {  # name: (attention, backend, norm in the epilogue, λ by its kernel, DIFF V1's heads in pairs)
+        "baseline": ("standard", None, None, False, False),
+        "DiffLlama": ("diff", None, None, False, False),
+        "DIFF cudnn": ("diff", "cudnn", None, False, False),
+        "DIFF cudnn+epilogue": ("diff", "cudnn+epilogue", False, False, False),
+        "DIFF cudnn+epilogue+norm": ("diff", "cudnn+epilogue", True, False, False),
+        "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, True, False),
+        "DIFF cudnn_direct+norm": ("diff", "cudnn_direct", True, False, False),
+        "DIFF cudnn_shared_v+norm+pairs": ("diff", "cudnn_shared_v", True, False, True),
     }
     import diffattn.models.diff_llama as diff_llama
 
-    def step_of(attention, backend, norm, by_kernel):
+    def step_of(attention, backend, norm, by_kernel, pairs):
         model = build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
                             intermediate_size=128)  # fmt: skip
         ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
@@ -145,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         def step():
             diff_llama.reparameterized_lambda = lambda_by_kernel if by_kernel else plain_lambda
             model.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16), ops.fused_head_norm(norm):
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+            with autocast, ops.fused_head_norm(norm), ops.pairs_layout(True if pairs else None):
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
 

@@ -32,9 +32,30 @@ def test_a_tiny_run_times_each_column_and_a_route_that_cannot_run_is_a_line():
 def test_each_pair_has_its_routes_and_only_v1_has_the_floor():
     # the one never run on a GPU: last (a crash there ends the process after the others' rows)
     assert ck.DEFAULT_ROUTES["v1"][-3:] == ("cudnn_maps+epilogue", "cudnn+epilogue", "cudnn+epilogue+vcopies")
-    cls = rs.CallClass.from_key(ck.DEFAULT_CLASSES[1])
+    cls = rs.CallClass.from_key(next(c for c in ck.DEFAULT_CLASSES if c.startswith("shared_k")))
     p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=1)
     assert list(ck.columns_for(cls, p, ("sdpa",))) == ["baseline", "sdpa"]
+    # DIFF V1 in pairs: cudnn_shared_v beside the stacked layout's fastest route, and its own floor
+    assert ck.DEFAULT_ROUTES["v1_pairs"] == ("cudnn+epilogue", "cudnn_shared_v")
+
+
+def test_the_floor_in_pairs_is_one_cudnn_call_reading_v_once(monkeypatch):
+    # V1 in interleaved pairs: cuDNN's ATen op on the model's Q and K in pairs and V of half their heads, as they are
+    # (SDPA's API cannot give K and V two head counts); on this CPU an SDPA call with cuDNN's grouped heads stands in
+    cls = rs.CallClass.from_key("v1_pairs d64 dv128 fp32 causal none train")
+    p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=1)
+    seen = []
+
+    def cudnn(q, k, v, bias, lse, dropout, causal, debug):
+        seen.append((q.shape, k.shape, v.shape, lse, causal))
+        grouped = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return (torch.nn.functional.scaled_dot_product_attention(q, k, grouped, is_causal=causal),)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", cudnn)
+    ck.columns_for(cls, p, ())[ck.FLOOR]()
+    q, k, v = p.heads
+    assert seen == [(q.shape, k.shape, v.shape, True, True)] and k.shape[1] == 2 * v.shape[1]
+    assert all(x.grad is None for x in p.leaves)
 
 
 def test_the_floor_is_one_call_over_both_maps_stacked_and_its_gradients(monkeypatch):
@@ -77,7 +98,7 @@ def test_without_cuda_it_says_so_and_exits_2(capsys):
 def test_the_decoding_class_profiles_the_fused_kernel_beside_the_tables_routes():
     # issue 37's "what is in 0.30 ms": the fused kernel's key-split forward and combine, kernel by kernel, beside the
     # routes the H200's table runs for that call; on this CPU only the routes that run here have columns
-    key = ck.DEFAULT_CLASSES[2]
+    key = next(c for c in ck.DEFAULT_CLASSES if c.endswith(" decode"))
     assert rs.CallClass.from_key(key).mode == "decode" and "triton" in ck.DECODE_ROUTES
     result = ck.run(key, device="cpu", scale="tiny", progress=lambda _: None)
     # every column is there or one line of why not (cuDNN and the epilogue need CUDA; the fused kernel runs here only
@@ -102,7 +123,7 @@ def test_a_route_with_a_switchs_suffix_runs_with_that_switch_forced_on(monkeypat
 def test_v1_at_d128_times_its_own_routes_with_and_without_v_twice_by_kernels():
     # issue 34's d = 128 target: the table's route (sdpa_split+epilogue) and cuDNN's one call, each with [V; V] by its
     # kernels beside it (diffattn.bench.switches decides fused_v_copies from these pairs too)
-    key = ck.DEFAULT_CLASSES[3]
+    key = "v1 d128 dv256 bf16 causal none train"
     assert key == "v1 d128 dv256 bf16 causal none train"
     result = ck.run(key, device="cpu", scale="tiny", progress=lambda m: None)
     assert set(result["columns"]) | set(result["failed"]) == {"baseline", ck.FLOOR, *ck.CLASS_ROUTES[key]}

@@ -379,11 +379,16 @@ def test_after_the_inputs_changed_a_lease_times_the_target_classes_table_routes_
     plan = rs.unmeasured_first(rs.default_plan(), entry)
     first = rs.first_round(plan, entry)
     targets = {t.where for t in TARGETS if t.kind in ("route", "kernel", "kernel_decode")}
-    assert len(targets) == 6  # V1 and DIFF V2 training at d = 64 and 128, V1's forward and its decoding at d = 64
+    # V1 (stacked, and in pairs) and DIFF V2 training at d = 64 and 128, V1's forward and its decoding at d = 64
+    assert len(targets) == 8
     batches = rs.worker_batches(plan, first, frozenset(rs._measured_fully(entry)))
     jobs = [(route, cls.key) for route, classes in batches for cls in classes]
-    opening = jobs[: len(first)]
-    assert {cls for _, cls in opening} == targets and set(opening) == set(first)
+    # and the classes new to the entry, every route of them: DIFF V1 in interleaved pairs (cudnn_shared_v's)
+    new = {c.key for c in rs.default_classes() if c.pair == "v1_pairs"}
+    assert len(new) == 2 and rs.new_classes(plan, entry) == new
+    first_jobs = {(route, cls) for route, cls in jobs if (route, cls) in first or cls in first}
+    opening = jobs[: len(first_jobs)]
+    assert {cls for _, cls in opening} == targets | new and set(opening) == first_jobs
     assert {route for route, cls in opening if cls.startswith("shared_k")} >= {"sdpa", "sdpa+epilogue", "cudnn_maps"}
     assert ("triton", "v1 d64 dv128 bf16 causal none decode") in opening
     assert all(route in rs.routes_for(rs.CallClass.from_key(cls)) for route, cls in opening)  # table routes only

@@ -23,8 +23,17 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
         match = re.match(r"(\S+(?: \S+)?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
         if match:
             rows[match[1]] = (int(match[2]), int(match[3]))
-    assert set(rows) == {"baseline", "DiffLlama", "DIFF cudnn", "DIFF cudnn+epilogue", "DIFF cudnn+epilogue+norm",
-                         "DIFF cudnn+epilogue+norm+lambda", "DIFF cudnn_direct+norm"}, done.stdout  # fmt: skip
+    columns = {
+        "baseline",
+        "DiffLlama",
+        "DIFF cudnn",
+        "DIFF cudnn+epilogue",
+        "DIFF cudnn+epilogue+norm",
+        "DIFF cudnn+epilogue+norm+lambda",
+        "DIFF cudnn_direct+norm",
+        "DIFF cudnn_shared_v+norm+pairs",
+    }
+    assert set(rows) == columns, done.stdout
     epilogue, norm, lam = (rows[f"DIFF cudnn+epilogue{s}"] for s in ("", "+norm", "+norm+lambda"))
     layers = 2
     assert rows["baseline"][1] == rows["DIFF cudnn"][1] == 0
@@ -34,3 +43,7 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     # the same kernels as one autograd node: the epilogue's launches and the chain's ATen kernels ([V; V]'s copy, its
     # gradient's sum and copy back to V's halves; the attention call's stand-ins only allocate, which is not counted)
     assert rows["DIFF cudnn_direct+norm"] == norm
+    # the heads in pairs and V read once: per layer no [V; V] copy, sum of its gradient or copy back to V's halves (3
+    # fewer), and the three projections' weight rows reordered, a copy each way (6 more); the same launches
+    shared = rows["DIFF cudnn_shared_v+norm+pairs"]
+    assert shared == (norm[0] + 3 * layers, norm[1])

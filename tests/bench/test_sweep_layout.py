@@ -11,12 +11,13 @@ import torch
 
 import diffattn.models.diff_llama as diff_llama
 import diffattn.models.diff_v2 as diff_v2
+import diffattn.ops
 from diffattn.bench import route_sweep as rs
 from diffattn.bench import train_step
 from diffattn.models.build import build_model
 from diffattn.ops import interleaved_pair
 
-ARCHITECTURE = {"v1": "diff", "shared_k": "diff-v2"}
+ARCHITECTURE = {"v1": "diff", "shared_k": "diff-v2", "v1_pairs": "diff"}
 
 
 def _order(t: torch.Tensor) -> tuple[int, ...]:
@@ -74,6 +75,11 @@ def _pairs_as_maps(q, k, v, lam, **kw) -> dict:
     return {"q1": q1, "k1": k, "q2": q2, "k2": k, "v": v, "lam": lam}
 
 
+def _both_in_pairs_as_maps(q, k, v, lam, **kw) -> dict:
+    (q1, q2), (k1, k2) = interleaved_pair(q, 1), interleaved_pair(k, 1)
+    return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "lam": lam}
+
+
 def _stacked_as_maps(q, k, v, lam, **kw) -> dict:
     (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
     return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v.chunk(2, dim=1), "lam": lam}
@@ -81,7 +87,8 @@ def _stacked_as_maps(q, k, v, lam, **kw) -> dict:
 
 #: the op each layer calls on its Q and K whole, and the maps the op cuts from them
 OPS = {"v1": ("diff_attention_stacked", diff_llama, _stacked_as_maps),
-       "shared_k": ("diff_attention_pairs", diff_v2, _pairs_as_maps)}  # fmt: skip
+       "shared_k": ("diff_attention_pairs", diff_v2, _pairs_as_maps),
+       "v1_pairs": ("diff_attention_pairs", diff_llama, _both_in_pairs_as_maps)}  # fmt: skip
 
 
 def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] | None]:
@@ -105,7 +112,10 @@ def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] 
     # 4 heads of width 16 (2 DIFF heads; 4 DIFF V2 pairs), no GQA: the sweep's head counts at ``heads=2``
     model = build_model("debug", attention=ARCHITECTURE[pair], backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
-    if mode == "train":
+    if pair == "v1_pairs":  # DIFF V1's layer with its heads in pairs (a route-table switch), trained: no KV cache
+        with diffattn.ops.pairs_layout(True):
+            train_step._step_fn(model.train(), ids)()
+    elif mode == "train":
         # the train-step benchmark's own step: the kwargs the model is called with there
         train_step._step_fn(model.train(), ids)()
     elif mode == "infer":
@@ -117,8 +127,10 @@ def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] 
     return seen[-1], grads[0] if grads else None
 
 
-@pytest.mark.parametrize("pair", ["v1", "shared_k"])
-@pytest.mark.parametrize("mode", ["train", "infer", "decode"])
+@pytest.mark.parametrize(
+    ("pair", "mode"),
+    [(pair, mode) for pair in ("v1", "shared_k") for mode in ("train", "infer", "decode")] + [("v1_pairs", "train")],
+)
 def test_the_sweeps_inputs_are_laid_out_as_the_models_hand_them_over(monkeypatch, pair, mode):
     model_inputs, model_grad = _captured(monkeypatch, pair, mode)
     d = 16

@@ -500,3 +500,90 @@ def test_the_diff_layer_hands_its_norm_to_the_op_unless_it_has_a_gain_or_a_hook(
     for norm in ("rms_affine", "none"):
         layer = build_model("debug", "diff", seed=0, norm=norm).model.layers[0].self_attn
         assert layer.options.norm == norm and layer.head_norm() is None, norm
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_the_diff_layer_with_its_heads_in_pairs_is_the_same_model(num_kv_heads):
+    # diffattn.ops.pairs_layout: Q and K in interleaved pairs and V once (the official DIFF code's layout, the
+    # projections' weight rows reordered): the loss and every gradient those of the stacked layout, within the
+    # rounding rule of float64 (the stacked layout's own float32 errors by three routes the yardsticks); under GQA the
+    # pairs are cut apart by the op
+    from diffattn import ops
+
+    from ..ops.rounding import assert_within_rounding
+
+    def run(dtype, pairs, backend="sdpa"):
+        model = build_model("debug", "diff", backend=backend, num_layers=2, num_kv_heads=num_kv_heads, seed=0)
+        model = model.to(dtype)
+        ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        seen = []
+        with ops.pairs_layout(pairs):
+            model.model.layers[0].self_attn.register_forward_hook(lambda *a: seen.append(1))
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        assert seen
+        return [loss.detach(), *(p.grad for p in model.parameters())]
+
+    gold, got = run(torch.float64, False), run(torch.float32, True)
+    yards = [run(torch.float32, False, backend) for backend in ("sdpa", "sdpa_maps", "chunked")]
+    for i, (a, w, *y) in enumerate(zip(got, gold, *yards, strict=True)):
+        assert_within_rounding(f"value {i}", a, w, y, torch.float32)
+
+
+def test_the_diff_layer_takes_its_heads_in_pairs_only_where_it_may_and_the_table_measured_them_faster(monkeypatch):
+    # where the route table measured the call's class faster in pairs than stacked (routes.pairs_faster, asked with
+    # the stacked class's key): a call above SMALL_WORK (its gain is the GPU's work, its cost the host's) without a
+    # mask, a KV cache or an analysis reading the maps, one key head per query head, plain projections; forced by
+    # ops.pairs_layout: any call where it may
+    import diffattn.models.diff_llama as diff_llama
+    from diffattn import ops
+
+    model = build_model("debug", "diff", backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
+    attn = model.model.layers[0].self_attn
+    hidden = torch.zeros(2, 16, model.config.hidden_size)
+    asked = []
+    monkeypatch.setattr(diff_llama, "pairs_faster", lambda index, cls: asked.append((index, cls)) or True)
+    work = 2 * (attn.num_heads // 2) * 16 * 16 * attn.head_dim  # B·h·T·S·d of the call
+    monkeypatch.setattr(diff_llama, "SMALL_WORK", work - 1)
+    assert attn._heads_in_pairs(hidden, None, None, analysis=False)
+    assert asked == [(None, f"v1 d{attn.head_dim} dv{2 * attn.head_dim} fp32 causal none train")]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        attn._heads_in_pairs(hidden, None, None, analysis=False)
+    assert asked[-1][1] == f"v1 d{attn.head_dim} dv{2 * attn.head_dim} bf16 causal none infer"
+    assert not attn._heads_in_pairs(hidden, object(), None, analysis=False), "a KV cache keeps DiffLlama's layout"
+    assert not attn._heads_in_pairs(hidden, None, None, analysis=True)
+    assert not attn._heads_in_pairs(hidden, None, torch.ones(2, 1, 16, 16, dtype=torch.bool), analysis=False)
+    monkeypatch.setattr(diff_llama, "pairs_faster", lambda index, cls: False)
+    assert not attn._heads_in_pairs(hidden, None, None, analysis=False), "not measured faster"
+    with ops.pairs_layout(True):
+        assert attn._heads_in_pairs(hidden, None, None, analysis=False)
+    monkeypatch.setattr(diff_llama, "pairs_faster", lambda index, cls: True)
+    monkeypatch.setattr(diff_llama, "SMALL_WORK", work)
+    assert not attn._heads_in_pairs(hidden, None, None, analysis=False), "a small call keeps it"
+    monkeypatch.setattr(diff_llama, "SMALL_WORK", work - 1)
+    with ops.pairs_layout(False):
+        assert not attn._heads_in_pairs(hidden, None, None, analysis=False)
+    gqa = build_model("debug", "diff", backend="sdpa", num_layers=1, num_kv_heads=2, seed=0).model.layers[0].self_attn
+    assert not gqa._heads_in_pairs(hidden, None, None, analysis=False), "cuDNN's groups would mix the pairs"
+
+    class Adapted(torch.nn.Module):  # a projection wrapped by an adapter computes more than its weight
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def forward(self, x):
+            return self.base(x)
+
+    attn.q_proj = Adapted(attn.q_proj)
+    with ops.pairs_layout(True):
+        assert not attn._heads_in_pairs(hidden, None, None, analysis=False)
+
+
+def test_pairs_projection_is_the_projection_with_its_heads_in_pairs():
+    from diffattn.models.diff_llama import pairs_projection
+
+    linear = torch.nn.Linear(6, 4 * 3, bias=True)
+    x = torch.randn(2, 5, 6)
+    got = pairs_projection(linear, x, 3).unflatten(-1, (2, 2, 3))  # [B, T, pair j, member m, width]
+    heads = linear(x).unflatten(-1, (2, 2, 3))  # DiffLlama's [B, T, half m, head j, width]
+    assert torch.allclose(got, heads.transpose(2, 3), rtol=0, atol=1e-6)

@@ -9,6 +9,8 @@ give, bit for bit, the output and every gradient of the same computation as a ch
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,18 +26,30 @@ epilogue = import_kernels("diffattn.ops.triton.epilogue")  # interpreted without
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
+def _grouped(x, heads: int):
+    """Key or value heads as cuDNN's grouped heads read them for ``heads`` query heads: query head i reads head
+    i // (heads / x's heads) (each of x's heads repeated for its group; x itself where the counts agree)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _sdpa_call(q, k, v, causal, scale):
+    return F.scaled_dot_product_attention(q, _grouped(k, q.shape[1]), _grouped(v, q.shape[1]), is_causal=causal,
+                                          scale=scale)  # fmt: skip
+
+
 def _sdpa_forward(q, k, v, causal, scale):
     with torch.no_grad():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), (), ()
+        return _sdpa_call(q, k, v, causal, scale), (), ()
 
 
 def _sdpa_backward(do, q, k, v, out, tensors, values, causal, scale):
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        return torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale), leaves, do)
+        return torch.autograd.grad(_sdpa_call(*leaves, causal, scale), leaves, do)
 
 
-#: SDPA's own kernels in cuDNN's place: the node's arithmetic is then what the chain below computes
+#: SDPA's own kernels in cuDNN's place, with cuDNN's grouped heads (GQA, K's and V's head counts each a divisor of Q's):
+#: the node's arithmetic is then what the chains below compute
 SDPA_OPS = direct.AttentionOps(_sdpa_forward, _sdpa_backward, lambda *a: True)
 
 
@@ -47,7 +61,8 @@ def _setup(monkeypatch, request):
     monkeypatch.setattr(direct, "ATTENTION_OPS", SDPA_OPS)
     # the route's support check is cuDNN's (CUDA, 16-bit): waived here, where SDPA's CPU kernels stand in for cuDNN's
     real = ops.route_unsupported
-    monkeypatch.setattr(ops, "route_unsupported", lambda name, inp: None if name == routes.DIRECT else real(name, inp))
+    waived = (routes.DIRECT, routes.SHARED_V)
+    monkeypatch.setattr(ops, "route_unsupported", lambda name, inp: None if name in waived else real(name, inp))
 
 
 def _model_inputs(dtype, *, b=2, h=2, t=13, d=8, heads_inside=True, lam_form="scalar", seed=0, device="cpu"):
@@ -209,6 +224,15 @@ def test_v_from_halves_grad_is_autograds_gradient_bit_for_bit():
 
 
 def test_the_route_is_known_everywhere_a_route_is_named():
+    for name in (routes.DIRECT, routes.SHARED_V):
+        assert name in routes.ROUTE_NAMES and name in ops.BACKENDS and routes.runs_epilogue(name), name
+        assert not {s.name: s for s in ops.backend_status("cpu")}[name].usable, name
+    from diffattn.bench.train_step import FUSED, columns_for
+
+    assert FUSED["+pairs"] == "heads_in_pairs"
+    assert {"diffattn DIFF (auto+pairs)", "diffattn DIFF (cudnn_shared_v+norm+pairs)"} <= set(
+        columns_for(["auto+pairs", "cudnn_shared_v+norm+pairs"])
+    )
     assert routes.DIRECT in routes.ROUTE_NAMES and routes.DIRECT in ops.BACKENDS
     assert routes.runs_epilogue(routes.DIRECT) and routes.runs_epilogue("cudnn+epilogue")
     assert not routes.runs_epilogue("cudnn")
@@ -219,6 +243,161 @@ def test_the_route_is_known_everywhere_a_route_is_named():
     assert "diffattn DIFF (cudnn_direct+norm)" in columns_for(["cudnn_direct+norm"])
     with pytest.raises(ValueError, match="follows auto, cudnn_direct or a route ending in"):
         columns_for(["cudnn+norm"])
+
+
+# ---- cudnn_shared_v: DIFF V1 in interleaved pairs, V read once for both maps by cuDNN's grouped heads ----------------
+
+
+def _pairs_inputs(dtype, *, b=2, h=2, t=13, d=8, kv=None, lam_form="scalar", seed=0, device="cpu"):
+    """DIFF V1 in the official DIFF code's layout: Q [B, 2H, T, d] and K [B, 2Hkv, T, d] in interleaved pairs (map 1
+    and map 2 of head j at 2j and 2j + 1) and V [B, Hkv, T, 2d], each a projection's view ([B, T, heads, width] in
+    memory), and λ."""
+    g = torch.Generator().manual_seed(seed)
+    kv = kv or h
+
+    def heads(n, width):
+        return torch.randn(b, t, n, width, generator=g).to(device, dtype).transpose(1, 2).detach().requires_grad_()
+
+    lam = {"scalar": torch.tensor(0.4), "per_head": torch.rand(h, generator=g) * 0.5,
+           "per_token": torch.rand(b, h, t, generator=g) * 0.5}[lam_form]  # fmt: skip
+    return heads(2 * h, d), heads(2 * kv, d), heads(kv, 2 * d), lam.to(device).requires_grad_()
+
+
+def _pairs_chain(q, k, v, lam, causal, norm):
+    """The same computation as autograd's chain: one SDPA call over the pairs with V's heads repeated for each pair
+    (what cuDNN's grouped heads read), then the epilogue over interleaved pairs."""
+    inp = validate(*ops.interleaved_pair(q, 1)[:1], *ops.interleaved_pair(k, 1)[:1], *ops.interleaved_pair(q, 1)[1:],
+                   *ops.interleaved_pair(k, 1)[1:], v, lam, causal=causal, attn_mask=None, scale=None)  # fmt: skip
+    o = F.scaled_dot_product_attention(q, k, v.repeat_interleave(2, dim=1), is_causal=causal, scale=inp.scale)
+    return epilogue.subtract_pair(o, inp.lam, "interleaved", norm)
+
+
+def _shared_v(*tensors, head_norm=None, causal=True):
+    return ops.diff_attention_pairs(*tensors, causal=causal, backend=routes.SHARED_V, head_norm=head_norm)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lam_form", "with_norm"),
+    [
+        (torch.float32, "scalar", False),
+        (torch.float32, "per_token", True),
+        (torch.bfloat16, "per_head", True),
+        (torch.bfloat16, "per_token", False),
+    ],
+    ids=["fp32-scalar", "fp32-per_token-norm", "bf16-per_head-norm", "bf16-per_token"],
+)
+def test_shared_v_is_the_chains_computation_bit_for_bit_and_v_is_never_doubled(monkeypatch, dtype, lam_form, with_norm):
+    tensors = _pairs_inputs(dtype, lam_form=lam_form)
+    norm = (1e-5, 0.8) if with_norm else None
+    handed = []  # what the attention call is handed: Q, K and V themselves, no [V; V]
+    monkeypatch.setattr(
+        direct,
+        "ATTENTION_OPS",
+        direct.AttentionOps(
+            lambda q, k, v, *a: handed.append((q, k, v)) or _sdpa_forward(q, k, v, *a), _sdpa_backward, lambda *a: True
+        ),
+    )
+    with ops.fused_head_norm(True):
+        got = _run(lambda *x: _shared_v(*x, head_norm=HeadNorm(*norm) if norm else None), tensors)
+    ((q, k, v),) = handed
+    assert q is tensors[0] and k is tensors[1] and v is tensors[2]
+    want = _run(lambda *x: _pairs_chain(*x, True, norm), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
+        assert a.shape == w.shape and a.stride() == w.stride(), name
+        assert torch.equal(a, w), name
+
+
+def test_shared_v_against_float64_and_its_call_class():
+    tensors = _pairs_inputs(torch.float32, t=17, lam_form="per_head", seed=4)
+    for causal in (True, False):
+        got = _run(lambda *x, c=causal: _shared_v(*x, causal=c), tensors)
+        gold = _run(lambda *x, c=causal: ops.diff_attention_pairs(*x, causal=c, backend="reference"),
+                    [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
+        yard = _run(lambda *x, c=causal: ops.diff_attention_pairs(*x, causal=c, backend="sdpa_maps"), tensors)
+        for name, a, w, y in zip(("out", "dq", "dk", "dv", "dlam"), got, gold, yard, strict=True):
+            assert_within_rounding(name, a, w, [y], torch.float32)
+    q, k, v, lam = tensors
+    inp = validate(*ops.interleaved_pair(q, 1)[:1], *ops.interleaved_pair(k, 1)[:1], *ops.interleaved_pair(q, 1)[1:],
+                   *ops.interleaved_pair(k, 1)[1:], v, lam, causal=True, attn_mask=None, scale=None,
+                   qk_pairs=(q, k))  # fmt: skip
+    assert routes.call_class(inp) == "v1_pairs d8 dv16 fp32 causal none train small"
+    assert routes.call_class(dataclasses.replace(inp, qk_pairs=None)).startswith("v1 d8 dv16 ")
+
+
+def test_diff_attention_pairs_with_k_in_pairs_is_diff_attention_on_the_pairs_members():
+    # the op's meaning does not depend on the layout: K in pairs is K1, K2 interleaved; K as many heads as V is DIFF
+    # V2's K shared
+    q, k, v, lam = (x.detach() for x in _pairs_inputs(torch.float64, seed=2))
+    (q1, q2), (k1, k2) = ops.interleaved_pair(q, 1), ops.interleaved_pair(k, 1)
+    want = ops.diff_attention(q1, k1, q2, k2, v, lam, backend="reference")
+    assert torch.equal(ops.diff_attention_pairs(q, k, v, lam, backend="reference"), want)
+    k_shared = k[:, ::2]
+    want = ops.diff_attention(q1, k_shared, q2, k_shared, v, lam, backend="reference")
+    assert torch.equal(ops.diff_attention_pairs(q, k_shared, v, lam, backend="reference"), want)
+
+
+def test_shared_v_runs_without_a_gradient_too():
+    tensors = [x.detach() for x in _pairs_inputs(torch.float32, seed=6)]
+    ran = []
+    real = direct._OneNode.apply
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(direct._OneNode, "apply", lambda *a: ran.append(1) or real(*a))
+        with torch.no_grad():
+            got = _shared_v(*tensors)
+    assert ran and torch.equal(got, _pairs_chain(*tensors, True, None))
+
+
+@pytest.mark.parametrize("why", ["stacked layout", "GQA pairs", "key padding", "causal T < S", "compiling"])
+def test_where_shared_v_does_not_apply_the_route_is_cudnn_epilogue(monkeypatch, why):
+    calls = []
+    monkeypatch.setattr(direct._OneNode, "apply", lambda *a: pytest.fail("the one node ran"))
+    import diffattn.ops.sdpa as sdpa
+
+    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    q, k, v, lam = _pairs_inputs(torch.float32, h=4, kv=2 if why == "GQA pairs" else None)
+    (q1, q2), (k1, k2) = ops.interleaved_pair(q, 1), ops.interleaved_pair(k, 1)
+    kwargs = {"qk_pairs": None if why == "stacked layout" else (q, k)}
+    if why == "key padding":
+        kwargs["attn_mask"] = torch.ones(2, 13, dtype=torch.bool)
+    if why == "causal T < S":
+        q1, q2 = q1[:, :, :3], q2[:, :, :3]
+        kwargs["qk_pairs"] = (q[:, :, :3], k)
+    if why == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    inp = validate(q1, k1, q2, k2, v, lam, causal=True, scale=None, **{"attn_mask": None, **kwargs})
+    direct.diff_attention_cudnn_shared_v(inp, norm=(1e-5, 0.8))
+    assert calls == [{"fused_epilogue": True, "norm": (1e-5, 0.8)}]
+
+
+def test_a_forward_cudnn_refuses_runs_cudnn_epilogue_and_so_do_calls_like_it(monkeypatch, caplog):
+    # whether cuDNN's grouped heads take K and V of different head counts is known only when its ATen op runs: a
+    # forward that raises is one log line, that call and the next of its kind by cudnn+epilogue
+    import logging
+
+    import diffattn.ops.sdpa as sdpa
+
+    def refusing(*args):
+        raise RuntimeError("cuDNN Frontend error: For group-query attention, number of heads ...")
+
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(refusing, _sdpa_backward, lambda *a: True))
+    monkeypatch.setattr(direct, "_REFUSED", {})
+    calls = []
+    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    tensors = _pairs_inputs(torch.float32)
+    with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
+        _shared_v(*tensors)
+        _shared_v(*tensors)
+    assert len(calls) == 2
+    lines = [r.message for r in caplog.records]
+    assert len(lines) == 1 and "cudnn_shared_v" in lines[0] and "group-query" in lines[0], lines
+
+    def poisoning(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(poisoning, _sdpa_backward, lambda *a: True))
+    monkeypatch.setattr(direct, "_REFUSED", {})
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _shared_v(*tensors)
 
 
 @pytest.mark.gpu
@@ -237,5 +416,26 @@ def test_gpu_the_route_is_cudnn_epilogue_and_matches_the_reference(t, d):
     gold = _run(lambda *x: ops.diff_attention_stacked(*x, backend="reference", head_norm=norm),
                 [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
     yard = _run(lambda *x: ops.diff_attention_stacked(*x, backend="sdpa_maps", head_norm=norm), tensors)
+    for name, a, w, y in zip(("out", "dq", "dk", "dv", "dlam"), got, gold, yard, strict=True):
+        assert_within_rounding(name, a, w, [y], torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("t", "d"), [(1024, 64), (4096, 64), (2048, 128), (333, 64)])
+def test_gpu_shared_v_matches_the_reference(t, d, caplog):
+    # on the GPU, through cuDNN's ATen ops with K of 2H heads and V of H: within the rounding rule of float64 (the
+    # stacked cudnn+epilogue's own error the yardstick), and run by the one node — not handed to cudnn+epilogue
+    import logging
+
+    tensors = _pairs_inputs(torch.bfloat16, b=2, h=4, t=t, d=d, lam_form="per_head", device="cuda")
+    norm = HeadNorm(1e-5, 0.8)
+    with ops.fused_head_norm(True), caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
+        got = _run(lambda *x: _shared_v(*x, head_norm=norm), tensors)
+    assert not caplog.records, [r.message for r in caplog.records]
+    gold = _run(lambda *x: ops.diff_attention_pairs(*x, backend="reference", head_norm=norm),
+                [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
+    with ops.fused_head_norm(True):
+        yard = _run(lambda *x: ops.diff_attention_pairs(*x, backend="cudnn+epilogue", head_norm=norm), tensors)
     for name, a, w, y in zip(("out", "dq", "dk", "dv", "dlam"), got, gold, yard, strict=True):
         assert_within_rounding(name, a, w, [y], torch.bfloat16)

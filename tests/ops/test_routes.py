@@ -81,20 +81,23 @@ def test_call_class_reads_pair_widths_dtype_mask_mode_and_size():
 
 def _meta_inputs(cls, shape):
     """Inputs of the sweep's ``shape`` for ``cls`` as meta tensors (shapes without memory), as make_problem lays them
-    out: V1 ``heads`` DIFF heads, DIFF V2 twice as many query heads over one K."""
+    out: V1 ``heads`` DIFF heads (in pairs: Q and K handed over whole as such), DIFF V2 twice as many query heads over
+    one K."""
     train = cls.mode == "train"
 
     def m(*s):
         return torch.empty(*s, device="meta", dtype=torch.bfloat16).requires_grad_(train)
 
     b, t, s = shape["batch"], shape["t"], shape["s"]
-    h = shape["heads"] * (1 if cls.pair == "v1" else 2)
+    v1 = cls.pair in ("v1", "v1_pairs")
+    h = shape["heads"] * (1 if v1 else 2)
     q1, q2, k1 = m(b, h, t, cls.d), m(b, h, t, cls.d), m(b, h, s, cls.d)
-    k2 = m(b, h, s, cls.d) if cls.pair == "v1" else k1
+    k2 = m(b, h, s, cls.d) if v1 else k1
+    pairs = (m(b, 2 * h, t, cls.d), m(b, 2 * h, s, cls.d)) if cls.pair == "v1_pairs" else None
     segments = torch.zeros(b, s, dtype=torch.int32, device="meta") if cls.mask == "segments" else None
     mask = torch.ones(b, s, dtype=torch.bool, device="meta") if cls.mask == "padding" else None
     return validate(q1, k1, q2, k2, m(b, h, s, cls.dv), 0.5, causal=cls.causal, attn_mask=mask, scale=None,
-                    segment_ids=segments)  # fmt: skip
+                    segment_ids=segments, qk_pairs=pairs)  # fmt: skip
 
 
 def test_the_sweeps_class_key_is_the_one_auto_reads():
@@ -498,3 +501,30 @@ def test_cudnn_maps_joins_value_halves_once(monkeypatch):
     monkeypatch.setattr(ops.sdpa, "_call", stub)
     ops.sdpa.diff_attention_cudnn_maps(inp)
     assert len(seen) == 2 and seen[0] is seen[1] and seen[0].shape[-1] == 32
+
+
+def test_diff_v1s_layout_is_the_one_its_classes_measured_faster(fake_device, tmp_path, monkeypatch):
+    # the layer hands its heads over in interleaved pairs where the device's entry measured the class's first route in
+    # pairs (v1_pairs …) below its first route stacked (v1 …) by more than PAIRS_SLACK; anything missing: stacked
+    stacked, pairs = "v1 d64 dv128 bf16 causal none train", "v1_pairs d64 dv128 bf16 causal none train"
+
+    def entry(pairs_ratio, stacked_ratio=1.84, listed=True):
+        def record(cls, route, ratio, correct=True):
+            return {"class": cls, "route": route, "status": "ok", "correct": correct, "ratio": ratio}
+
+        ms = [record(stacked, "cudnn+epilogue", stacked_ratio), record(stacked, "sdpa", 2.2)]
+        if pairs_ratio is not None:  # and a faster record that failed its check, never read
+            ms += [record(pairs, "cudnn_shared_v", pairs_ratio), record(pairs, "sdpa", pairs_ratio - 0.3, False)]
+        routes_ = {stacked: ["cudnn+epilogue", "sdpa"], **({pairs: ["cudnn_shared_v", "sdpa"]} if listed else {})}
+        return _entry(routes=routes_, measurements=ms)
+
+    def faster(*args, **kw):
+        monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry(*args, **kw)])))
+        routes.reset()
+        return routes.pairs_faster(0, stacked)
+
+    assert faster(1.50) and not faster(1.82), "within the slack: stacked"
+    assert not faster(1.90) and not faster(None) and not faster(1.5, listed=False)
+    assert not faster(1.50, stacked_ratio=float("inf")), "the stacked class not measured: stacked"
+    assert faster(1.50) and {(0, stacked): True} == routes.PAIRS_MEMO
+    assert not routes.pairs_faster(None, stacked), "off CUDA nothing is measured"

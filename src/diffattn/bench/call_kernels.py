@@ -11,7 +11,9 @@ kernels can. This runs, on the route sweep's inputs at its standard shape (:mod:
 * ``baseline`` — SDPA over 2h heads of width d (default dispatch), as the sweep's ratios are taken against;
 * ``cuDNN floor`` (V1 classes) — that one stacked cuDNN call over inputs made before it (leaves: the model's Q
   [B, 2h, T, d] and K [B, 2h, S, d], both maps' heads already, and V [B, 2h, S, 2d]), whose output is O1 and O2
-  side by side, not subtracted: what the routes can approach, not a route;
+  side by side, not subtracted: what the routes can approach, not a route; for V1 in interleaved pairs, the one cuDNN
+  call over the model's Q and K as they are and V [B, h, S, 2d] once (cuDNN's grouped heads: ``cudnn_shared_v``'s
+  call, through cuDNN's ATen op);
 * each route asked for (``--routes``; by default :data:`DEFAULT_ROUTES`), through :func:`diffattn.ops.diff_attention`,
   or one of the route sweep's comparison routes (``hf_two_calls``: transformers' DiffLlama; ``official_four_calls``);
   a route named with a suffix of :data:`diffattn.bench.train_step.FUSED` runs with that route-table switch forced on
@@ -36,6 +38,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..ops.routes import SHARED_V, V1_PAIRS
 from .kernels import format_kernel_table, profile_gpu
 from .route_sweep import (
     DTYPES,
@@ -56,6 +59,7 @@ from .train_step import split_fused, switches_forced
 #: 2026-11-28 the fused kernel's was 0.272 ms replayed from a CUDA graph, 0.702 eager, the baseline's 0.071)
 DEFAULT_CLASSES = (
     "v1 d64 dv128 bf16 causal none train",
+    "v1_pairs d64 dv128 bf16 causal none train",
     "shared_k d64 dv64 bf16 causal none train",
     "v1 d64 dv128 bf16 causal none decode",
     "v1 d128 dv256 bf16 causal none train",
@@ -85,6 +89,9 @@ DEFAULT_ROUTES = {
         "cudnn+epilogue+vcopies",
     ),
     "shared_k": ("sdpa", "cudnn_maps", "sdpa_maps", "sdpa+epilogue"),
+    # DIFF V1 in interleaved pairs: V read once by cuDNN's grouped heads, against the stacked layout's fastest route
+    # (which joins the pairs' views here)
+    V1_PAIRS: ("cudnn+epilogue", SHARED_V),
 }
 #: a decoding class's routes: the fused kernel (its key-split forward and the combine) beside the table's fastest
 DECODE_ROUTES = ("triton", "sdpa_maps", "sdpa_maps+epilogue", "cudnn_maps")
@@ -96,6 +103,15 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
     route."""
     train = cls.mode == "train"
     columns = {"baseline": with_backward(baseline_call(p), p.base_leaves, train)}
+    if cls.pair == V1_PAIRS and cls.mask == "none":
+        # the model's Q and K in pairs and V of half their heads, as they are: cuDNN's ATen op directly (SDPA's API
+        # cannot give K and V two head counts), its grouped heads reading V's head j for query heads 2j and 2j + 1
+        q, k, v = (x.detach().requires_grad_(train) for x in p.heads)
+
+        def shared_floor():
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, train, 0.0, p.causal, False)[0]
+
+        columns[FLOOR] = with_backward(shared_floor, [q, k, v], train)
     if cls.pair == "v1" and cls.mask == "none":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

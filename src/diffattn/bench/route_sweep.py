@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..ops.routes import DIRECT, TRITON_VARIANTS, known_route, triton_variants
+from ..ops.routes import DIRECT, SHARED_V, TRITON_VARIANTS, V1_PAIRS, known_route, triton_variants
 from . import gc_paused
 from .sweep_records import (
     COMPARISON_ROUTES,
@@ -79,7 +79,9 @@ JOB_TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class CallClass:
-    pair: str  # "v1" (K1, K2 apart; V of width 2d) or "shared_k" (DIFF V2: K1 is K2, V of width d)
+    # "v1" (K1, K2 apart; V of width 2d), "v1_pairs" (the same, Q and K in interleaved pairs) or "shared_k" (DIFF V2:
+    # K1 is K2, V of width d)
+    pair: str
     d: int
     dtype: str = "bf16"
     causal: bool = True
@@ -93,7 +95,7 @@ class CallClass:
 
     @property
     def dv(self) -> int:
-        return 2 * self.d if self.pair == "v1" else self.d
+        return 2 * self.d if self.pair in ("v1", V1_PAIRS) else self.d
 
     @classmethod
     def from_key(cls, key: str) -> CallClass:
@@ -111,11 +113,11 @@ class CallClass:
     @property
     def key(self) -> str:
         """The route table's key (:func:`diffattn.ops.routes.call_class` of these inputs)."""
-        from ..ops.routes import SMALL
+        from ..ops.routes import class_key
 
-        causal = "causal" if self.causal else "full"
-        small = SMALL if self.size == "small" else ""
-        return f"{self.pair} d{self.d} dv{self.dv} {self.dtype} {causal} {self.mask} {self.mode}{small}"
+        return class_key(
+            self.pair, self.d, self.dv, self.dtype, self.causal, self.mask, self.mode, self.size == "small"
+        )
 
 
 def default_classes() -> list[CallClass]:
@@ -133,27 +135,37 @@ def default_classes() -> list[CallClass]:
     # paper-830m's heads (d_model 1536 over 16 heads: d = 96), the train step at DIFF Table 7's size: without these
     # classes that step runs the safe default (the H200's paper-830m step of 2026-11-27 did)
     out += [CallClass(pair, 96) for pair in ("v1", "shared_k")]
+    # DIFF V1 handed over in interleaved pairs (the official DIFF code's layout), where cudnn_shared_v reads V once for
+    # both maps: trained, at both widths (the layer hands that layout over only without a KV cache, so not its
+    # inference classes: diffattn.models.diff_llama)
+    out += [CallClass(V1_PAIRS, 64), CallClass(V1_PAIRS, 128)]
     return out
 
 
 #: the order in which a sweep measures the table routes (a lease's budget may end before the last): those that may be
 #: fastest first, each fused-epilogue variant beside its own route (the pair is the comparison that decides it), the
 #: fused kernel last (2.5–11× the baseline on both GPUs so far); ``cudnn_direct`` beside ``cudnn+epilogue``, whose
-#: kernels it runs as one autograd node
+#: kernels it runs as one autograd node, and ``cudnn_shared_v`` (the same node, V read once) before both
 SWEEP_ORDER = (
-    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", "cudnn+epilogue", DIRECT, "sdpa", "sdpa+epilogue", "sdpa_split",
-    "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
+    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", SHARED_V, "cudnn+epilogue", DIRECT, "sdpa", "sdpa+epilogue",
+    "sdpa_split", "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
 )  # fmt: skip
 #: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
 #: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs);
-#: cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue)
-_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT}}
+#: cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue); cudnn_shared_v's is DIFF V1's in
+#: interleaved pairs only (elsewhere it runs cudnn+epilogue)
+_NOT_FOR = {"v1": {"sdpa+epilogue", SHARED_V}, "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT, SHARED_V}}
+#: a pair measured with these routes only: DIFF V1 in interleaved pairs, where what is asked is whether reading V once
+#: (cudnn_shared_v) beats the stacked layout's fastest routes — those beside it, which join the pairs' views here
+_ONLY_FOR = {V1_PAIRS: {SHARED_V, "cudnn+epilogue", "cudnn_maps", "sdpa_maps+epilogue", "sdpa"}}
 
 
 def routes_for(cls: CallClass) -> list[str]:
     """The table routes of a class, in :data:`SWEEP_ORDER` — ``cudnn_direct`` on training classes without a mask
     only: elsewhere it runs ``cudnn+epilogue``, already measured (:mod:`diffattn.ops.direct`)."""
     direct = cls.mode == "train" and cls.mask == "none"
+    if cls.pair in _ONLY_FOR:
+        return [route for route in SWEEP_ORDER if route in _ONLY_FOR[cls.pair]]
     return [route for route in SWEEP_ORDER if route not in _NOT_FOR[cls.pair] and (direct or route != DIRECT)]
 
 
@@ -268,6 +280,8 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
     def view(leaf, h, kv: bool):
         return model_heads(leaf, h, kv and cached)
 
+    from ..ops import interleaved_pair
+
     if cls.pair == "v1":
         h = heads  # DIFF heads; the model's Q, K, V have 2h heads of width d (dv = 2d: V's halves of heads)
         q, k = heads_leaf(t, 2 * h, cls.d, False), heads_leaf(s, 2 * h, cls.d, True)
@@ -278,14 +292,21 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
             (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
             return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v.chunk(2, dim=1), "lam": lam}
 
+    elif cls.pair == V1_PAIRS:
+        h = heads  # the official DIFF code's layout: Q, K of 2h heads in interleaved pairs, V of h heads of width 2d
+        q, k, v = heads_leaf(t, 2 * h, cls.d, False), heads_leaf(s, 2 * h, cls.d, True), heads_leaf(s, h, cls.dv, True)
+        lam = torch.tensor(0.5, device=device).requires_grad_(train)
+
+        def cut(q, k, v, lam):  # diffattn.ops.diff_attention_pairs with K in pairs
+            (q1, q2), (k1, k2) = interleaved_pair(q, 1), interleaved_pair(k, 1)
+            return {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "lam": lam}
+
     else:
         h = 2 * heads  # DIFF V2: h heads, 2h query heads (the pairs interleaved) on h K/V heads
         q, k, v = heads_leaf(t, 2 * h, cls.d, False), heads_leaf(s, h, cls.d, True), heads_leaf(s, h, cls.dv, True)
         lam = torch.rand(batch, t, h, generator=g).to(device).requires_grad_(train)  # sigmoid(x·w_λ): [B, T, H]
 
         def cut(q, k, v, lam):  # diffattn.models.diff_v2.v2_attention: the query heads' pairs; K and V once
-            from ..ops import interleaved_pair
-
             q1, q2 = interleaved_pair(q, 1)
             return {"q1": q1, "k1": k, "q2": q2, "k2": k, "v": v, "lam": lam.transpose(1, 2)}
 
@@ -308,11 +329,11 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
     base_leaves = [heads_leaf(t, 2 * heads, cls.d, False), heads_leaf(s, 2 * heads, cls.d, True),
                    heads_leaf(s, 2 * heads, cls.d, True)]  # fmt: skip
     base = tuple(view(x, 2 * heads, kv) for x, kv in zip(base_leaves, (False, True, True), strict=True))
-    q_heads, kv_heads = (2 * h, 2 * h) if cls.pair == "v1" else (2 * h, h)
+    q_heads, k_heads, v_heads = {"v1": (2 * h, 2 * h, 2 * h), V1_PAIRS: (2 * h, 2 * h, h)}.get(cls.pair, (2 * h, h, h))
 
     def views(leaves):
         q, k, v, lam = leaves
-        model = (view(q, q_heads, False), view(k, kv_heads, True), view(v, kv_heads, True))
+        model = (view(q, q_heads, False), view(k, k_heads, True), view(v, v_heads, True))
         return model, {**cut(*model, lam), **extra}
 
     return Problem([q, k, v, lam], views, base, base_leaves, base_mask, causal and base_mask is None)
@@ -382,13 +403,14 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
 
 def op_call(p: Problem, backend: str) -> torch.Tensor:
     """The op on a problem as the models call it, on their Q and K as they are: DIFF V2's layer (K1 is K2) with the
-    query heads' pairs interleaved (:func:`diffattn.ops.diff_attention_pairs`), DIFF's layer with both maps' heads
-    stacked and V's two halves as heads (:func:`diffattn.ops.diff_attention_stacked`)."""
+    query heads' pairs interleaved, and DIFF V1 in the official code's layout (Q and K in pairs, V of half their
+    heads) by :func:`diffattn.ops.diff_attention_pairs`; DIFF's layer with both maps' heads stacked and V's two halves
+    as heads (:func:`diffattn.ops.diff_attention_stacked`)."""
     from ..ops import diff_attention_pairs, diff_attention_stacked
 
     q, k, v = p.heads
     options = {name: x for name, x in p.diff.items() if name not in ("q1", "k1", "q2", "k2", "v", "lam")}
-    if p.diff["k1"] is p.diff["k2"]:
+    if p.diff["k1"] is p.diff["k2"] or k.shape[1] == 2 * v.shape[1]:
         return diff_attention_pairs(q, k, v, p.diff["lam"], backend=backend, **options)
     return diff_attention_stacked(q, k, v, p.diff["lam"], backend=backend, **options)
 

@@ -17,7 +17,9 @@ where the interval lies wholly below 1, *slower* where wholly above — and the 
 which may be at most :data:`GPU_SLACK` times the other's.
 
 * **A switch whose gain is the GPU's work** (:data:`CALL_PAIRS`: ``fused_v_copies``, [V; V] by its kernels) is
-  decided on one call at the sweep's standard shape instead, from ``kernels.json`` (:func:`decide_calls`).
+  decided on one call at the sweep's standard shape instead, from ``kernels.json`` (:func:`decide_calls`). (DIFF V1's
+  heads in interleaved pairs change the call's class: the layer reads the sweep's two classes itself,
+  :func:`diffattn.ops.routes.pairs_faster`.)
 * **A switch** (:data:`PAIRS`: the switched column against its plain twin) is **on** where it was faster at some
   length and slower at none, within the GPU slack everywhere; **off** where it was slower at some length or over the
   slack; **undecided** otherwise — inconclusive, a column missing, or a run without per-repetition times — and left

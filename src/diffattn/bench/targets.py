@@ -57,6 +57,12 @@ class Target:
 TARGETS = (
     Target(34, "DIFF V1 fwd+bwd at d = 64", "route", "v1 d64 dv128 bf16 causal none train", 1.55),
     Target(34, "DIFF V1 fwd+bwd at d = 128", "route", "v1 d128 dv256 bf16 causal none train", 2.3),
+    # DIFF V1 with its heads in interleaved pairs (the layer's layout where the table's heads_in_pairs is on):
+    # cudnn_shared_v's classes, the same limits
+    Target(34, "DIFF V1 fwd+bwd at d = 64, heads in pairs", "route", "v1_pairs d64 dv128 bf16 causal none train",
+           1.55),
+    Target(34, "DIFF V1 fwd+bwd at d = 128, heads in pairs", "route", "v1_pairs d128 dv256 bf16 causal none train",
+           2.3),
     Target(34, "DIFF V2 fwd+bwd at d = 64", "route", "shared_k d64 dv64 bf16 causal none train", 2.3),
     Target(34, "DIFF V2 fwd+bwd at d = 128", "route", "shared_k d128 dv128 bf16 causal none train", 2.3),
     Target(34, "`small` train step (bf16)", "step", "auto", 1.25),

@@ -28,7 +28,9 @@ device is a column of NaN with its error printed, not the end of the run.
 A backend named with a :data:`FUSED` suffix after it runs with a piece of the DIFF layer's element-wise work in
 Triton kernels where the route table does not switch it on yet: ``+norm`` the head's norm in the epilogue's kernel
 (:func:`diffattn.ops.fused_head_norm`; after ``auto`` or an epilogue route: ``cudnn+epilogue+norm``), ``+lambda`` λ by
-one kernel each way (:func:`diffattn.ops.fused_lambda`; after any backend, after ``+norm`` too: ``auto+norm+lambda``).
+one kernel each way (:func:`diffattn.ops.fused_lambda`; after any backend, after ``+norm`` too: ``auto+norm+lambda``),
+``+pairs`` DIFF V1's heads handed to the op in interleaved pairs (:func:`diffattn.ops.pairs_layout`: ``auto+pairs``,
+where ``cudnn_shared_v`` reads V once for both maps).
 The step a lease times before the table may switch them on (benchmarks/RESULTS.md, 2026-11-28, the layer's launches).
 """
 
@@ -54,7 +56,12 @@ COLUMNS = {
 
 #: the suffixes of a forced column's backend that run it with a route-table switch on (module docstring), and which
 #: (``+vcopies``: DIFF V1's [V; V] by its kernels, for calls above the small size — the step's at 4,096 tokens)
-FUSED = {"+norm": "fused_head_norm", "+lambda": "fused_lambda", "+vcopies": "fused_v_copies"}
+FUSED = {
+    "+norm": "fused_head_norm",
+    "+lambda": "fused_lambda",
+    "+vcopies": "fused_v_copies",
+    "+pairs": "heads_in_pairs",
+}
 
 
 def switches_forced(fused: tuple[str, ...]) -> contextlib.ExitStack:

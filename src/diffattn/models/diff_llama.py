@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import DiffLlamaConfig
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, apply_rotary_pos_emb
@@ -52,6 +53,7 @@ from ..ops import (
     BACKENDS,
     HeadNorm,
     diff_attention_maps,
+    diff_attention_pairs,
     diff_attention_stacked,
     output_through_maps,
     with_packed_segments,
@@ -59,6 +61,7 @@ from ..ops import (
 from ..ops._inputs import v_from_halves
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
+from ..ops.routes import FORCED_FLAGS, SMALL_WORK, class_key, pairs_faster
 from .attention_interface import visible_keys
 
 NORMS = ("rms", "rms_affine", "none")
@@ -121,20 +124,41 @@ def attention_maps_requested(config, kwargs: dict) -> bool:
 lambda_init_value = lambda_init_schedule  # the public name of diffattn.lambdas.lambda_init_schedule
 
 
-def rotated_heads(module: nn.Module, hidden_states: torch.Tensor, position_embeddings, cache):
+def rotated_heads(module: nn.Module, hidden_states: torch.Tensor, position_embeddings, cache, pairs: bool = False):
     """Q, K, V heads ``[B, heads, T|S, d]`` of a Llama-layout attention module as transformers computes them:
     the projections split into heads of ``module.head_dim``, RoPE on Q and K, then K and V through the KV cache
-    (``cache``: ``past_key_values`` up to transformers 5.23, ``cache`` from 5.24; None without one)."""
+    (``cache``: ``past_key_values`` up to transformers 5.23, ``cache`` from 5.24; None without one). ``pairs``
+    (DIFF V1, no cache): Q and K in interleaved pairs and V whole, [B, Hkv/2, S, 2d] (:func:`pairs_projection`)."""
     bsz, q_len = hidden_states.shape[:2]
     shape = (bsz, q_len, -1, module.head_dim)
-    q = module.q_proj(hidden_states).view(shape).transpose(1, 2)
-    k = module.k_proj(hidden_states).view(shape).transpose(1, 2)
-    v = module.v_proj(hidden_states).view(shape).transpose(1, 2)
+    if pairs:
+        q = pairs_projection(module.q_proj, hidden_states, module.head_dim).view(shape).transpose(1, 2)
+        k = pairs_projection(module.k_proj, hidden_states, module.head_dim).view(shape).transpose(1, 2)
+        v = pairs_projection(module.v_proj, hidden_states, module.head_dim)
+        v = v.view(bsz, q_len, -1, 2 * module.head_dim).transpose(1, 2)
+    else:
+        q = module.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = module.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = module.v_proj(hidden_states).view(shape).transpose(1, 2)
     cos, sin = position_embeddings
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, module.layer_idx)
     return q, k, v
+
+
+def pairs_projection(linear: nn.Linear, x: torch.Tensor, width: int) -> torch.Tensor:
+    """``linear(x)`` with its output's heads of ``width`` in interleaved pairs: DiffLlama's heads j and j + n/2 (of its
+    n) — map 1's and map 2's head j for Q and K, the two column halves of DIFF head j's V — at 2j and 2j + 1, so that
+    Q and K [B, T, n·width] view as heads in pairs and V as n/2 heads of width 2·width (the official DIFF code's
+    layout, docs/methods.md §1). The weight's rows are taken in that order (a copy of the weight, its gradient put
+    back by autograd), not the output's columns: a weight is B·T/d_model times smaller than a projection's output (8x
+    at the sweep's 16K tokens of d_model 2048)."""
+    weight = linear.weight.unflatten(0, (2, -1, width)).transpose(0, 1).flatten(0, 2)
+    bias = linear.bias
+    if bias is not None:
+        bias = bias.unflatten(0, (2, -1, width)).transpose(0, 1).flatten(0, 2)
+    return F.linear(x, weight, bias)
 
 
 class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
@@ -192,6 +216,33 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             return None
         return HeadNorm(norm.eps, output_scale(self.lambda_init))
 
+    def _heads_in_pairs(self, hidden_states: torch.Tensor, cache, attention_mask, analysis: bool) -> bool:
+        """Whether this call hands the op its heads in interleaved pairs (:func:`pairs_projection`), where it may —
+        no KV cache (a cache keeps DiffLlama's layout, which its shapes are made for), no analysis reading the maps,
+        plain ``nn.Linear`` projections (an adapter's wrapper, DiffLoRA's or PEFT's, computes more than the weight) —
+        and it is faster: forced by :func:`diffattn.ops.pairs_layout` (any call), else on CUDA for a call without a
+        mask, one key head per query head (what ``cudnn_shared_v`` takes) and above
+        :data:`~diffattn.ops.routes.SMALL_WORK` (the layout's gain is the GPU's work, no [V; V]; its cost host work,
+        the weights' rows reordered, which decides a small call) whose class the route table measured faster in pairs
+        than stacked (:func:`diffattn.ops.routes.pairs_faster`)."""
+        if cache is not None or analysis:
+            return False
+        if not all(type(getattr(self, name)) is nn.Linear for name in ("q_proj", "k_proj", "v_proj")):
+            return False
+        forced = FORCED_FLAGS["heads_in_pairs"]
+        if forced is not None:
+            return forced
+        if attention_mask is not None or self.num_kv_heads != self.num_heads:
+            return False
+        b, t = hidden_states.shape[:2]
+        if b * (self.num_heads // 2) * t * t * self.head_dim <= SMALL_WORK:  # routes.small_work of the call
+            return False
+        device = hidden_states.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.q_proj.weight.dtype
+        mode = "train" if torch.is_grad_enabled() and self.q_proj.weight.requires_grad else "infer"
+        stacked = class_key("v1", self.head_dim, 2 * self.head_dim, dtype, True, "none", mode, False)
+        return pairs_faster(hidden_states.device.index if hidden_states.is_cuda else None, stacked)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -202,10 +253,13 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         bsz, q_len = hidden_states.shape[:2]
-        # q [B, H, T, d]; k, v [B, Hkv, S, d]
-        q, k, v = rotated_heads(
-            self, hidden_states, position_embeddings, cache if cache is not None else past_key_values
-        )
+        cache = cache if cache is not None else past_key_values
+        bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
+        returns_maps = attention_maps_requested(self.config, kwargs)
+        analysis = observing() or bits is not None or returns_maps
+        pairs = self._heads_in_pairs(hidden_states, cache, attention_mask, analysis)
+        # q [B, H, T, d]; k, v [B, Hkv, S, d] (pairs: Q and K in interleaved pairs, v [B, Hkv/2, S, 2d])
+        q, k, v = rotated_heads(self, hidden_states, position_embeddings, cache, pairs=pairs)
 
         k, v = visible_keys(q_len, attention_mask, k, v)  # a static cache's empty slots at prefill
         # V of a DIFF head is [v_j | v_(j + Hkv/2)], [B, Hkv/2, S, 2d]: handed over as it is, those halves stacked as
@@ -220,8 +274,6 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
         lam = self.lambda_full()
         options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling)
-        bits = logit_bits()  # the low-bit logit analysis (diffattn.eval.outliers); normally None
-        returns_maps = attention_maps_requested(self.config, kwargs)
         weights, head_norm = None, None
         if observing() or bits is not None or returns_maps:  # the analysis paths read the two maps apart
             # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
@@ -245,7 +297,8 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             # op as segment ids (docs/methods.md §0.2); out: [B, h, T, 2d]
             options = with_packed_segments(options, kwargs.get("position_ids"))
             head_norm = self.head_norm()  # the op norms and scales (in an epilogue route's kernel, where it may)
-            out = diff_attention_stacked(q, k, v, lam, **options, backend=self.options.backend, head_norm=head_norm)
+            op = diff_attention_pairs if pairs else diff_attention_stacked
+            out = op(q, k, v, lam, **options, backend=self.options.backend, head_norm=head_norm)
         # the norm is per head (over the last axis), so it may come after the transpose to [B, T, h, 2d]: an output laid
         # out [B, T, h, 2d] in memory — as the SDPA routes return it for the model's Q, and CUDA's kernels always — is
         # then normed as it is and joined into [B, T, h·2d] by a view, where a norm before the transpose copied it

@@ -58,7 +58,7 @@ from ._inputs import (
     with_segment_mask,
 )
 from .chunked import diff_attention_chunked
-from .direct import diff_attention_cudnn_direct
+from .direct import diff_attention_cudnn_direct, diff_attention_cudnn_shared_v
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
 from .routes import (
     DIRECT,
@@ -67,6 +67,7 @@ from .routes import (
     FORCED_FLAGS,
     ORDER_MEMO,
     SAFE_DEFAULT,
+    SHARED_V,
     TRITON_VARIANTS,
     call_class,
     head_norm_in_epilogue,
@@ -109,6 +110,7 @@ __all__ = [
     "interleaved_pair",
     "output_through_maps",
     "packed_mask_segments",
+    "pairs_layout",
     "segments_from_position_ids",
     "triton_unsupported",
     "with_packed_segments",
@@ -118,7 +120,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = (
     "auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT,
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT, SHARED_V,
 )  # fmt: skip
 
 
@@ -286,6 +288,8 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
     why = kernels or (by_name["cudnn"].reason if not by_name["cudnn"].usable else None)
     what = "cudnn+epilogue's kernels as one autograd node in training (less host work), DIFF V1 without a mask"
     statuses.append(BackendStatus(DIRECT, why is None, why or what))
+    what = "DIFF V1 in interleaved pairs: one cuDNN call reading V once for both maps, and the epilogue, one node"
+    statuses.append(BackendStatus(SHARED_V, why is None, why or what))
     return statuses
 
 
@@ -301,6 +305,7 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
 }
 _IMPLS.update({route + EPILOGUE: functools.partial(_IMPLS[route], fused_epilogue=True) for route in EPILOGUE_ROUTES})
 _IMPLS[DIRECT] = diff_attention_cudnn_direct
+_IMPLS[SHARED_V] = diff_attention_cudnn_shared_v
 
 
 def _impl(name: str) -> Callable[..., torch.Tensor]:
@@ -338,7 +343,7 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     if name.endswith(EPILOGUE):
         reasons = [route_unsupported(name.removesuffix(EPILOGUE), inp), epilogue_unsupported(inp)]
         return "; ".join(r for r in reasons if r) or None
-    if name == DIRECT:  # where its one node does not apply it runs cudnn+epilogue, so it takes what that route takes
+    if name in (DIRECT, SHARED_V):  # where the one node does not apply they run cudnn+epilogue: they take what it takes
         return route_unsupported("cudnn" + EPILOGUE, inp)
     if is_triton_route(name):
         return triton_unsupported(inp)
@@ -538,19 +543,27 @@ def diff_attention_pairs(
     segment_ids: torch.Tensor | None = None,
     head_norm: HeadNorm | None = None,
 ) -> torch.Tensor:
-    """Differential attention over query heads in interleaved pairs that read the same keys and values (DIFF V2,
-    docs/methods.md §5): ``q`` [B, 2H, T, d] holds map 1 and map 2 of head i at query heads 2i and 2i + 1; ``k``
-    [B, Hkv, S, d] and ``v`` [B, Hkv, S, dv] serve both maps. The same as :func:`diff_attention` with
-    ``q1, q2 = interleaved_pair(q, 1)`` and ``k1 = k2 = k`` (every other argument as there), except that a route
-    making one call over both maps' query heads reads ``q`` as it is instead of stacking q1 and q2 into it again — a
-    copy forward and one backward (the DIFF V2 layer's Q is in this layout already).
+    """Differential attention over query heads in interleaved pairs: ``q`` [B, 2H, T, d] holds map 1 and map 2 of
+    head i at query heads 2i and 2i + 1, and ``v`` [B, Hkv, S, dv] serves both maps. ``k`` either serves both maps
+    too, [B, Hkv, S, d] (DIFF V2, docs/methods.md §5), or is in pairs like ``q``, [B, 2Hkv, S, d]: map 1 and map 2 of
+    key head j at 2j and 2j + 1 (DIFF V1 in the official DIFF code's layout, docs/methods.md §1: its Q and K viewed
+    as 2H heads and V as H heads of width 2d; told apart by K having twice V's heads). The same as
+    :func:`diff_attention` with ``q1, q2 = interleaved_pair(q, 1)`` and ``k1 = k2 = k`` — or ``k1, k2 =
+    interleaved_pair(k, 1)`` — (every other argument as there), except that a route making one call over both maps'
+    query heads reads ``q`` (and ``k``) as it is instead of stacking the maps into it again: DIFF V2's one-call
+    routes, and for DIFF V1 ``cudnn_shared_v`` — one cuDNN call whose grouped heads read V's head j for both maps'
+    query heads 2j and 2j + 1, with no [V; V] (:mod:`diffattn.ops.direct`).
 
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q``.
     """
+    k_in_pairs = all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in (k, v)) and k.shape[1] == 2 * v.shape[1]
 
     def arrange(q, k, _q, _k, v):
         q1, q2 = interleaved_pair(q, 1)
+        if k_in_pairs:
+            k1, k2 = interleaved_pair(k, 1)
+            return (q1, k1, q2, k2, v), {"qk_pairs": (q, k)}
         return (q1, k, q2, k, v), {"qk_whole": (q, k)}
 
     _check_heads_in_twos("q", q, "[B, 2H, T, d], an even number of query heads in pairs")
@@ -709,6 +722,14 @@ def fused_lambda(enabled: bool | None):
     (True) or by PyTorch (False); None: as the route table says for the device (the default). As
     :func:`fused_head_norm`; eager only (under torch.compile PyTorch's ops, which it fuses itself)."""
     return _forced("fused_lambda", enabled)
+
+
+def pairs_layout(enabled: bool | None):
+    """Within the block, DIFF V1's layer (:mod:`diffattn.models.diff_llama`) hands the op its Q and K in interleaved
+    pairs and V once where it runs without a KV cache, calls of any size (True), or both maps' heads stacked as
+    DiffLlama has them (False); None: as the route table says for the device, for calls above
+    :data:`~diffattn.ops.routes.SMALL_WORK` (the default: stacked off CUDA). As :func:`fused_head_norm`."""
+    return _forced("heads_in_pairs", enabled)
 
 
 def _triton_build_error(err: BaseException, backend: str = "triton") -> str:

@@ -73,6 +73,12 @@ class DiffAttentionInputs:
     # DiffLlama's V as the caller had it, [B, 2Hkv, S, dv/2]: its column halves stacked as heads, v_parts its two chunks
     # (diff_attention_stacked); a one-call route builds V for both maps' heads from it in one copy
     v_stacked: torch.Tensor | None = None
+    # DIFF V1's (Q, K) in interleaved pairs as the caller had them, the official DIFF code's layout
+    # (diff_attention_pairs with K in pairs): map 1 and map 2 of query head i at 2i and 2i + 1, of key head j at 2j and
+    # 2j + 1, q1, q2 and k1, k2 their interleaved_pair; V [B, Hkv, S, dv] once for both maps. Read by the
+    # ``cudnn_shared_v`` route (one cuDNN call whose grouped heads read each V head for both maps: no [V; V]); the
+    # others take q1, k1, q2, k2
+    qk_pairs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def v(self) -> torch.Tensor:
@@ -224,10 +230,11 @@ def validate(
     segment_ids: torch.Tensor | None = None,
     qk_whole: tuple[torch.Tensor, torch.Tensor] | None = None,
     v_stacked: torch.Tensor | None = None,
+    qk_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> DiffAttentionInputs:
     """Check every argument and return them in the one layout the backends accept. ``qk_whole``: the (Q, K) the
-    caller cut q1, q2 and k1, k2 from, ``v_stacked`` the tensor v's two parts are the chunks of
-    (:class:`DiffAttentionInputs`), kept for the one-call routes."""
+    caller cut q1, q2 and k1, k2 from, ``v_stacked`` the tensor v's two parts are the chunks of, ``qk_pairs`` DIFF
+    V1's Q and K in interleaved pairs (:class:`DiffAttentionInputs`), kept for the one-call routes."""
     _check_rank("q1", q1, "[B, H, T, d]")
     _check_rank("q2", q2, "[B, H, T, d]")
     _check_rank("k1", k1, "[B, Hkv, S, d]")
@@ -279,7 +286,7 @@ def validate(
         raise ValueError(f"scale must be a positive finite float or None (1/sqrt(d)), got {scale!r}")
     segments = _normalise_segments(segment_ids, b, t, s, q1.device)
     return DiffAttentionInputs(
-        q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, qk_whole, v_stacked
+        q1, k1, q2, k2, parts, lam_t, bool(causal), mask, float(scale), segments, qk_whole, v_stacked, qk_pairs
     )
 
 

@@ -21,14 +21,26 @@ same numbers bit for bit (tests/ops/test_direct.py), about the same GPU time, le
 does not apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with
 T ≠ S (cuDNN's causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
 (``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every
-call this route's support check admits. The ATen ops are private, so a backward that raises at run time does not end
-the user's step (an error of the forward is ``auto``'s to hand over, as any route's): that call's gradients come from
-SDPA's own backward (its forward recomputed under autograd), calls like it run ``cudnn+epilogue`` from then on, and
-one log line says so — unless the error left the CUDA context unusable, where nothing could run after it.
+call this route's support check admits. The ATen ops are private, so neither a forward nor a backward that raises at
+run time ends the user's step: a forward's call runs ``cudnn+epilogue``; a backward's gradients come from SDPA's own
+backward (its forward recomputed under autograd); calls like it run ``cudnn+epilogue`` from then on, and one log line
+says so — unless the error left the CUDA context unusable, where nothing could run after it.
 
-Its speed is a prediction until a GPU times it (benchmarks/RESULTS.md, 2026-11-29): the route table lists it only
-where the sweep measured it correct against float64 and fastest, and the `small` step's forced columns
-(``cudnn_direct``, ``cudnn_direct+norm``) can put it first for the small class (:mod:`diffattn.bench.switches`).
+The ``cudnn_shared_v`` route is the same node for DIFF V1 handed over in interleaved pairs (the official DIFF code's
+layout, :func:`diffattn.ops.diff_attention_pairs` with K in pairs): Q [B, 2H, T, d] and K [B, 2H, S, d] with map 1
+and map 2 of head j at 2j and 2j + 1, V [B, H, S, 2d] once. cuDNN's grouped heads (GQA: query head i reads key head
+i // (2H/h_k) and value head i // (2H/h_v), with h_k and h_v each dividing 2H — cuDNN frontend's rule, which lets
+h_k and h_v differ) then read V's head j for both query heads of pair j: no [V; V] forward, no sum of its two
+gradients backward — cuDNN's backward sums each V head's two shares itself — and the epilogue subtracts interleaved
+pairs. ``F.scaled_dot_product_attention`` cannot express that call (its K and V have one head count), so whether
+cuDNN takes it is known only when the ATen op runs: where it raises, the route runs ``cudnn+epilogue`` as above. On
+the H200 of 2026-11-28 [V; V]'s copy and the sum of dV's halves were 0.44 ms of ``cudnn+epilogue``'s 4.0 ms GPU time
+per call at 16K tokens (benchmarks/gpu-runs/h200-2026-11-28/kernels.json).
+
+Their speed is a prediction until a GPU times it (benchmarks/RESULTS.md, 2026-11-29): the route table lists them only
+where the sweep measured them correct against float64 and fastest, and the `small` step's forced columns
+(``cudnn_direct``, ``cudnn_direct+norm``) can put ``cudnn_direct`` first for the small class
+(:mod:`diffattn.bench.switches`).
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from ._inputs import DiffAttentionInputs, v_from_halves, v_from_halves_grad
-from .routes import poisons_cuda_context
+from .routes import DIRECT, SHARED_V, poisons_cuda_context
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +62,8 @@ logger = logging.getLogger(__name__)
 class AttentionOps:
     """One attention call's forward and backward as the one node calls them: ``forward(q, k, v, causal, scale)`` →
     (output, tensors its backward needs, other values it needs); ``backward(do, q, k, v, out, tensors, values,
-    causal, scale)`` → (dq, dk, dv); ``accepts(key, q, k, v, halves, causal)``: whether the call (of kind ``key``,
-    :func:`_call_key`) can take Q, K and the [V; V] made from ``v`` (V's halves where ``halves``)."""
+    causal, scale)`` → (dq, dk, dv); ``accepts(key, q, k, v, v_layout, causal)``: whether the call (of kind ``key``,
+    :func:`_call_key`) can take Q, K and the V made from ``v`` as ``v_layout`` says (:data:`V_LAYOUTS`)."""
 
     forward: Callable[..., tuple]
     backward: Callable[..., tuple]
@@ -73,9 +85,15 @@ def _cudnn_backward(do, q, k, v, out, tensors, values, causal: bool, scale: floa
     )
 
 
-def _call_key(q, k, v, halves: bool, causal: bool) -> tuple:
-    """A kind of call: the shapes and strides of Q, K and V, V's halves or not, dtype, device, causality."""
-    return q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), halves, q.dtype, q.device, causal
+#: how the one node is handed V (:func:`_v_both`): DiffLlama's V halves stacked as heads [B, 2Hkv, S, dv/2], V whole
+#: [B, Hkv, S, dv] (both: [V; V] made for both maps' stacked heads), or V whole read once by both maps' query heads in
+#: interleaved pairs through cuDNN's grouped heads (``cudnn_shared_v``)
+V_LAYOUTS = ("halves", "whole", "shared")
+
+
+def _call_key(q, k, v, v_layout: str, causal: bool) -> tuple:
+    """A kind of call: the shapes and strides of Q, K and V, how V is handed over, dtype, device, causality."""
+    return q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), v_layout, q.dtype, q.device, causal
 
 
 #: kind of call (:func:`_call_key`) → whether cuDNN takes it
@@ -84,16 +102,18 @@ _ACCEPTED: dict[tuple, bool] = {}
 _REFUSED: dict[tuple, str] = {}
 
 
-def _cudnn_accepts(key: tuple, q, k, v, halves: bool, causal: bool) -> bool:
+def _cudnn_accepts(key: tuple, q, k, v, v_layout: str, causal: bool) -> bool:
     """Whether ``F.scaled_dot_product_attention`` forced to cuDNN would run the call on Q, K and [V; V] made from ``v``
-    (its own check, so that the ATen op is called only where SDPA would call it); asked once per kind of call (the
-    [V; V] it is asked about, needing a gradient where V does, is made then only)."""
+    (its own check, so that the ATen op is called only where SDPA would call it; for V ``shared``, the same call with
+    V's heads repeated for each pair, which SDPA can be asked about — whether cuDNN's grouped heads take it is known
+    when it runs: :func:`diff_attention_cudnn_direct`); asked once per kind of call (the V it is asked about, needing a
+    gradient where V does, is made then only)."""
     if key not in _ACCEPTED:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         try:
             with torch.no_grad():
-                v_both = _v_both(v, halves).requires_grad_(v.requires_grad)
+                v_both = _sdpa_v(_v_both(v, v_layout), v_layout).requires_grad_(v.requires_grad)
             params = torch.backends.cuda.SDPAParams(q, k, v_both, None, 0.0, causal, False)
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 _ACCEPTED[key] = bool(torch.backends.cuda.can_use_cudnn_attention(params))
@@ -109,18 +129,18 @@ ATTENTION_OPS = CUDNN
 
 
 class _OneNode(torch.autograd.Function):
-    """The whole call, forward and backward, as one autograd node (module docstring). ``v`` is DiffLlama's V halves
-    stacked as heads [B, 2Hkv, S, dv/2] (``halves``) or V [B, Hkv, S, dv]."""
+    """The whole call, forward and backward, as one autograd node (module docstring). ``v`` as ``v_layout`` says
+    (:data:`V_LAYOUTS`); Q and K over both maps' heads stacked, or in interleaved pairs for V ``shared``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lam, halves, causal, scale, norm_eps, norm_scale, ops):
+    def forward(ctx, q, k, v, lam, v_layout, causal, scale, norm_eps, norm_scale, ops):
         from .triton.epilogue import _subtract_pair_impl
 
-        v_both = _v_both(v, halves)  # [V; V]: [B, 2Hkv, S, dv]
+        v_both = _v_both(v, v_layout)  # [V; V] [B, 2Hkv, S, dv], or V itself where shared
         o, tensors, values = ops.forward(q, k, v_both, causal, scale)
-        out = _subtract_pair_impl(o, lam, False, norm_eps, norm_scale)
+        out = _subtract_pair_impl(o, lam, v_layout == "shared", norm_eps, norm_scale)
         ctx.save_for_backward(q, k, v, v_both, o, lam, *tensors)
-        ctx.setup = (halves, causal, scale, norm_eps, norm_scale, ops, values)
+        ctx.setup = (v_layout, causal, scale, norm_eps, norm_scale, ops, values)
         return out
 
     @staticmethod
@@ -129,17 +149,20 @@ class _OneNode(torch.autograd.Function):
         from .triton.epilogue import _lambda_grad, _subtract_pair_bwd_impl
 
         q, k, v, v_both, o, lam, *tensors = ctx.saved_tensors
-        halves, causal, scale, norm_eps, norm_scale, ops, values = ctx.setup
-        do, dlam_rows = _subtract_pair_bwd_impl(g, o, lam, False, norm_eps, norm_scale)  # do in o's layout
+        v_layout, causal, scale, norm_eps, norm_scale, ops, values = ctx.setup
+        # do in o's layout
+        do, dlam_rows = _subtract_pair_bwd_impl(g, o, lam, v_layout == "shared", norm_eps, norm_scale)
         try:
             dq, dk, dv_both = ops.backward(do, q, k, v_both, o, tensors, values, causal, scale)
         except RuntimeError as err:  # a backward that cannot run never ends the user's step (module docstring)
-            dq, dk, dv_both = _backward_refused(err, (q, k, v, halves, causal), do, v_both, scale)
-        if halves:
+            dq, dk, dv_both = _backward_refused(err, (q, k, v, v_layout, causal), do, v_both, scale)
+        if v_layout == "halves":
             dv = v_from_halves_grad(dv_both, v, copies=2)
-        else:
+        elif v_layout == "whole":
             hkv = v.shape[1]
             dv = dv_both[:, :hkv] + dv_both[:, hkv:]
+        else:  # cuDNN's grouped heads summed each V head's two query heads' shares: V's own gradient
+            dv = dv_both
         return dq, dk, dv, _lambda_grad(dlam_rows, lam), None, None, None, None, None, None
 
 
@@ -147,56 +170,91 @@ def _backward_refused(err: RuntimeError, call: tuple, do, v_both, scale: float):
     """Q's, K's and [V; V]'s gradients by SDPA's own backward (its forward recomputed under autograd, default
     dispatch) where cuDNN's ATen backward raised — said in one line, and calls of that kind run ``cudnn+epilogue``
     from then on. An error that leaves the CUDA context unusable is raised: nothing after it could run."""
-    text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
-    if poisons_cuda_context(text):
-        raise err
-    q, k, v, halves, causal = call
-    _REFUSED[_call_key(q, k, v, halves, causal)] = text
-    logger.warning(
-        "cudnn_direct: cuDNN's backward raised (%s); this call's gradients by SDPA's own backward, and calls like it "
-        "run cudnn+epilogue from now on",
-        text,
-    )
+    q, k, v, v_layout, causal = call
+    key = _call_key(q, k, v, v_layout, causal)
+    _refuse(err, key, v_layout, "backward", "this call's gradients by SDPA's own backward")
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_() for x in (q, k, v_both)]
-        out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+        out = F.scaled_dot_product_attention(leaves[0], leaves[1], _sdpa_v(leaves[2], v_layout), is_causal=causal,
+                                             scale=scale)  # fmt: skip
         return torch.autograd.grad(out, leaves, do)
 
 
-def one_node_operands(inp: DiffAttentionInputs):
-    """(q, k, v, halves) the one node takes for ``inp``, or None where it does not apply (module docstring): Q and K
-    over both maps' heads as the caller had them (else joined), V's halves as the caller stacked them (else V)."""
-    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
-    if not (torch.is_grad_enabled() and any(x.requires_grad for x in leaves)) or torch.compiler.is_compiling():
-        return None
-    if inp.shares_keys or inp.attn_mask is not None or inp.segment_ids is not None:
+def _refuse(err: RuntimeError, key: tuple, v_layout: str, step: str, now: str) -> None:
+    """Calls of kind ``key`` run ``cudnn+epilogue`` from now on, said in one line — unless ``err`` left the CUDA
+    context unusable, where nothing could run after it: raised."""
+    text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+    if poisons_cuda_context(text):
+        raise err
+    _REFUSED[key] = text
+    route = SHARED_V if v_layout == "shared" else DIRECT
+    logger.warning("%s: cuDNN's %s raised (%s); %s, and calls like it run cudnn+epilogue from now on", route, step,
+                   text, now)  # fmt: skip
+
+
+def one_node_operands(inp: DiffAttentionInputs, shared: bool = False):
+    """(q, k, v, v_layout) the one node takes for ``inp``, or None where it does not apply (module docstring).
+    ``cudnn_direct``: Q and K over both maps' heads as the caller had them (else joined), V's halves as the caller
+    stacked them (else V), in training only. ``shared`` (``cudnn_shared_v``): Q and K in interleaved pairs as the caller
+    had them (:attr:`DiffAttentionInputs.qk_pairs`; none: None) with one key head per query head (cuDNN's groups would
+    give a query head of a pair another pair's keys under GQA), V whole, with or without a gradient."""
+    if torch.compiler.is_compiling() or inp.shares_keys or inp.attn_mask is not None or inp.segment_ids is not None:
         return None
     if inp.causal and inp.q_len != inp.kv_len:
+        return None
+    if shared:
+        if inp.qk_pairs is None or inp.num_kv_heads != inp.num_heads:
+            return None
+        q, k = inp.qk_pairs
+        return q, k, inp.v, "shared"
+    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in leaves)):
         return None
     whole = inp.qk_whole
     q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))
     halves = inp.v_stacked is not None
-    return q, k, inp.v_stacked if halves else inp.v, halves
+    return q, k, inp.v_stacked if halves else inp.v, "halves" if halves else "whole"
 
 
-def _v_both(v: torch.Tensor, halves: bool) -> torch.Tensor:
-    """[V; V] over both maps' heads, [B, 2Hkv, S, dv], from V's halves (one copy) or from V."""
-    return v_from_halves(v, copies=2) if halves else torch.cat([v, v], dim=1)
+def _v_both(v: torch.Tensor, v_layout: str) -> torch.Tensor:
+    """The V of the one attention call: [V; V] over both maps' stacked heads, [B, 2Hkv, S, dv], from V's halves (one
+    copy) or from V; V itself where ``shared``."""
+    if v_layout == "shared":
+        return v
+    return v_from_halves(v, copies=2) if v_layout == "halves" else torch.cat([v, v], dim=1)
 
 
-def diff_attention_cudnn_direct(inp: DiffAttentionInputs, norm: tuple[float, float] | None = None) -> torch.Tensor:
-    """The ``cudnn_direct`` route (module docstring): one autograd node where it applies, else ``cudnn+epilogue``.
-    ``norm`` (eps, scale): the head's norm in the epilogue's kernel (:class:`diffattn.ops.HeadNorm`)."""
+def _sdpa_v(v_both: torch.Tensor, v_layout: str) -> torch.Tensor:
+    """The V an SDPA call over the same Q and K takes for the one call's ``v_both``: V's heads repeated for each pair of
+    query heads where ``shared`` (what cuDNN's grouped heads read), else ``v_both`` itself."""
+    return v_both.repeat_interleave(2, dim=1) if v_layout == "shared" else v_both
+
+
+def diff_attention_cudnn_direct(
+    inp: DiffAttentionInputs, norm: tuple[float, float] | None = None, shared: bool = False
+) -> torch.Tensor:
+    """The ``cudnn_direct`` route, or with ``shared`` the ``cudnn_shared_v`` route (module docstring): one autograd
+    node where it applies, else ``cudnn+epilogue``. ``norm`` (eps, scale): the head's norm in the epilogue's kernel
+    (:class:`diffattn.ops.HeadNorm`)."""
     from .sdpa import diff_attention_cudnn
     from .triton.epilogue import _norm_eps_scale
 
-    operands = one_node_operands(inp)
+    operands = one_node_operands(inp, shared)
     if operands is not None:
-        q, k, v, halves = operands
+        q, k, v, v_layout = operands
         ops = ATTENTION_OPS
         causal = True if inp.causal else False  # noqa: SIM210 (a Python bool for the ATen op)
-        key = _call_key(q, k, v, halves, causal)  # the kind of call, once: both checks below read it
-        if key not in _REFUSED and ops.accepts(key, q, k, v, halves, causal):
+        key = _call_key(q, k, v, v_layout, causal)  # the kind of call, once: both checks below read it
+        if key not in _REFUSED and ops.accepts(key, q, k, v, v_layout, causal):
             eps, scale = _norm_eps_scale(norm)
-            return _OneNode.apply(q, k, v, inp.lam, halves, causal, inp.scale, eps, scale, ops)
+            try:
+                return _OneNode.apply(q, k, v, inp.lam, v_layout, causal, inp.scale, eps, scale, ops)
+            except RuntimeError as err:  # cuDNN's ATen forward refused (its grouped heads with V shared, say)
+                _refuse(err, key, v_layout, "forward", "this call by cudnn+epilogue")
     return diff_attention_cudnn(inp, fused_epilogue=True, norm=norm)
+
+
+def diff_attention_cudnn_shared_v(inp: DiffAttentionInputs, norm: tuple[float, float] | None = None) -> torch.Tensor:
+    """The ``cudnn_shared_v`` route (module docstring): DIFF V1 in interleaved pairs by one cuDNN call that reads each V
+    head once for both maps, and the epilogue, as one autograd node; ``cudnn+epilogue`` where that does not apply."""
+    return diff_attention_cudnn_direct(inp, norm, shared=True)

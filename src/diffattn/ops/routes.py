@@ -12,7 +12,8 @@ variants by name (``triton[tma+btma]``: :data:`TRITON_VARIANTS`), so a variant t
 on a class runs there, and only there, without a change of code.
 
 A call class (:func:`call_class`) is what decides the fastest route and can be read off the inputs without running
-anything: both maps' keys (``v1``: K1, K2 apart; ``shared_k``: K1 is K2 — DIFF V2, DAA, DiffQ), head widths d and dv,
+anything: both maps' keys (``v1``: K1, K2 apart; ``v1_pairs``: the same with Q and K handed over in interleaved pairs;
+``shared_k``: K1 is K2 — DIFF V2, DAA, DiffQ), head widths d and dv,
 dtype, causal or not, the mask (``none``, key ``padding``, a per-row ``mask4d``, ``segments``) and the mode (``train``:
 a gradient will flow; ``infer``: no gradient, T > 1 — prefill with or without a KV cache; ``decode``: T = 1 against a
 cache) and, for ``train`` and ``infer``, the size: a call of at most :data:`SMALL_WORK` (B·H·T·S·d: query–key products
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -85,6 +87,12 @@ def small_work(inp: DiffAttentionInputs) -> bool:
     return inp.batch * inp.num_heads * inp.q_len * inp.kv_len * inp.head_dim <= SMALL_WORK
 
 
+#: the pair of a DIFF V1 call handed over in interleaved pairs (:attr:`DiffAttentionInputs.qk_pairs`): its own classes,
+#: for what a route copies depends on the layout (``cudnn_shared_v`` runs on this layout only, the stacked routes
+#: join the maps' views here)
+V1_PAIRS = "v1_pairs"
+
+
 def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     """The route table's key for this call, e.g. ``"v1 d64 dv128 bf16 causal none train"``, or ``"… train small"``
     for a call of at most :data:`SMALL_WORK` (module docstring). ``grad``: whether a gradient will
@@ -93,11 +101,18 @@ def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
         leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
     mode = "train" if grad else "decode" if inp.q_len == 1 else "infer"
-    pair = "shared_k" if inp.shares_keys else "v1"
-    dtype = _DTYPES.get(inp.q1.dtype, str(inp.q1.dtype).removeprefix("torch."))
-    causal = "causal" if inp.causal else "full"
+    pair = "shared_k" if inp.shares_keys else "v1" if inp.qk_pairs is None else V1_PAIRS
     small = mode != "decode" and small_work(inp)
-    return f"{pair} d{inp.head_dim} dv{inp.v_dim} {dtype} {causal} {mask_class(inp)} {mode}" + (SMALL if small else "")
+    return class_key(pair, inp.head_dim, inp.v_dim, inp.q1.dtype, inp.causal, mask_class(inp), mode, small)
+
+
+def class_key(pair: str, d: int, dv: int, dtype: torch.dtype | str, causal: bool, mask: str, mode: str,
+              small: bool) -> str:  # fmt: skip
+    """A call class's key from its parts (:func:`call_class`; the sweep's :class:`diffattn.bench.route_sweep.CallClass`
+    names its classes by it): ``dtype`` a torch dtype or its short name (``bf16``)."""
+    if isinstance(dtype, torch.dtype):
+        dtype = _DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+    return f"{pair} d{d} dv{dv} {dtype} {'causal' if causal else 'full'} {mask} {mode}" + (SMALL if small else "")
 
 
 def software() -> dict[str, str]:
@@ -165,17 +180,21 @@ EPILOGUE_ROUTES = ("sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps")
 #: DIFF V1's one cuDNN call and the epilogue as one autograd node (:mod:`diffattn.ops.direct`): ``cudnn+epilogue``'s
 #: kernels with less host work
 DIRECT = "cudnn_direct"
+#: DIFF V1 with Q and K in interleaved pairs (:func:`diffattn.ops.diff_attention_pairs`): one cuDNN call whose grouped
+#: heads read V's head j for both maps' query heads 2j and 2j + 1 — no [V; V] — and the epilogue, one autograd node
+#: (:mod:`diffattn.ops.direct`)
+SHARED_V = "cudnn_shared_v"
 #: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
 ROUTE_NAMES = (
     "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT,
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT, SHARED_V,
 )  # fmt: skip
 
 
 def runs_epilogue(name: str) -> bool:
     """Whether route ``name`` does O1 − λ·O2 by the epilogue's kernel, which can norm the head too
-    (:func:`head_norm_in_epilogue`): the ``<route>+epilogue`` routes and :data:`DIRECT`."""
-    return name.endswith(EPILOGUE) or name == DIRECT
+    (:func:`head_norm_in_epilogue`): the ``<route>+epilogue`` routes, :data:`DIRECT` and :data:`SHARED_V`."""
+    return name.endswith(EPILOGUE) or name in (DIRECT, SHARED_V)
 
 
 #: The fused kernel's variants (:mod:`diffattn.ops.triton.tuning`'s switches, each off for every call by default): a
@@ -332,8 +351,9 @@ read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
 #: one call at the sweep's standard shape (kernels.json's ``+vcopies`` column)
 TABLE_FLAGS = ("fused_head_norm", "fused_lambda", "fused_v_copies")
 #: a flag's answer where forced (:func:`diffattn.ops.fused_head_norm`, :func:`diffattn.ops.fused_lambda`,
-#: :func:`diffattn.ops.fused_v_copies`: benchmarks and tests); None: the table's
-FORCED_FLAGS: dict[str, bool | None] = dict.fromkeys(TABLE_FLAGS)
+#: :func:`diffattn.ops.fused_v_copies`: benchmarks and tests); None: the table's — and ``heads_in_pairs``, DIFF V1's
+#: layer's layout forced (:func:`diffattn.ops.pairs_layout`), which the table decides per class (:func:`pairs_faster`)
+FORCED_FLAGS: dict[str, bool | None] = dict.fromkeys((*TABLE_FLAGS, "heads_in_pairs"))
 
 
 def table_flag(name: str, index: int | None) -> bool:
@@ -369,6 +389,46 @@ def v_copies_in_kernel(index: int | None) -> bool:
     return table_flag("fused_v_copies", index)
 
 
+#: how much faster a DIFF V1 class's first route must have measured with the heads in pairs than stacked for the layer
+#: to hand them over so (:func:`pairs_faster`): the sweep's repeated timings of one route vary by about that
+PAIRS_SLACK = 1.02
+#: :func:`pairs_faster`'s answers, per device and class (forgotten by :func:`reset`)
+PAIRS_MEMO: dict[tuple, bool] = {}
+
+
+def pairs_faster(index: int | None, cls: str) -> bool:
+    """Whether DIFF V1's layer hands the op its heads in interleaved pairs for a call of class ``cls`` (its key with
+    the heads stacked, ``v1 …``) on CUDA device ``index`` (None: not CUDA, where nothing is measured: no): where the
+    device's entry measured both layouts' classes and the first route of ``v1_pairs …`` (``cudnn_shared_v``, say)
+    at a ratio to the baseline below the stacked class's first route's by more than :data:`PAIRS_SLACK` — the layout
+    is the layer's choice, so it reads what the sweep measured for each (:mod:`diffattn.models.diff_llama`). A
+    trace-time constant, as :func:`listed_routes`."""
+    if index is None:
+        return False
+    key = (index, cls)
+    if key not in PAIRS_MEMO:
+        entry = device_entry(index)
+        stacked = _first_ratio(entry, cls) if entry else math.inf
+        in_pairs = _first_ratio(entry, V1_PAIRS + cls.removeprefix("v1")) if entry else math.inf
+        PAIRS_MEMO[key] = math.isfinite(stacked) and in_pairs * PAIRS_SLACK < stacked
+    return PAIRS_MEMO[key]
+
+
+pairs_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _first_ratio(entry: dict, cls: str) -> float:
+    """The ratio to the baseline the entry measured for class ``cls``'s first listed route (its best correct record;
+    inf where the class or the record is missing)."""
+    listed = entry["routes"].get(cls)
+    if not listed:
+        return math.inf
+    ratios = [m["ratio"] for m in entry.get("measurements", []) if m.get("class") == cls
+              and m.get("route") == listed[0] and m.get("status") == "ok" and m.get("correct") is True
+              and isinstance(m.get("ratio"), (int, float)) and math.isfinite(m["ratio"])]  # fmt: skip
+    return min(ratios, default=math.inf)
+
+
 def poisons_cuda_context(text: str) -> bool:
     """An error (its text) after which the CUDA context is unusable (every later kernel fails too): no route can be
     handed over to after it."""
@@ -397,4 +457,5 @@ def reset() -> None:
     load_entries.cache_clear()
     device_entry.cache_clear()
     ORDER_MEMO.clear()
+    PAIRS_MEMO.clear()
     _SAID.clear()
