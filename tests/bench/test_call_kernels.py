@@ -36,7 +36,7 @@ def test_each_pair_has_its_routes_and_only_v1_has_the_floor():
     p = rs.make_problem(cls, **rs.shape_of(cls, "tiny"), device="cpu", dtype=torch.float32, seed=1)
     assert list(ck.columns_for(cls, p, ("sdpa",))) == ["baseline", "sdpa"]
     # DIFF V1 in pairs: cudnn_shared_v beside the stacked layout's fastest route, and its own floor
-    assert ck.DEFAULT_ROUTES["v1_pairs"] == ("cudnn+epilogue", "cudnn_shared_v")
+    assert ck.DEFAULT_ROUTES["v1_pairs"] == ("cudnn+epilogue", "cudnn_shared_v", "cudnn_shared_v_split")
 
 
 def test_the_floor_in_pairs_is_one_cudnn_call_reading_v_once(monkeypatch):

@@ -61,7 +61,7 @@ def _setup(monkeypatch, request):
     monkeypatch.setattr(direct, "ATTENTION_OPS", SDPA_OPS)
     # the route's support check is cuDNN's (CUDA, 16-bit): waived here, where SDPA's CPU kernels stand in for cuDNN's
     real = ops.route_unsupported
-    waived = (routes.DIRECT, routes.SHARED_V)
+    waived = routes.ONE_NODE_ROUTES
     monkeypatch.setattr(ops, "route_unsupported", lambda name, inp: None if name in waived else real(name, inp))
 
 
@@ -224,7 +224,7 @@ def test_v_from_halves_grad_is_autograds_gradient_bit_for_bit():
 
 
 def test_the_route_is_known_everywhere_a_route_is_named():
-    for name in (routes.DIRECT, routes.SHARED_V):
+    for name in routes.ONE_NODE_ROUTES:
         assert name in routes.ROUTE_NAMES and name in ops.BACKENDS and routes.runs_epilogue(name), name
         assert not {s.name: s for s in ops.backend_status("cpu")}[name].usable, name
     from diffattn.bench.train_step import FUSED, columns_for
@@ -272,8 +272,61 @@ def _pairs_chain(q, k, v, lam, causal, norm):
     return epilogue.subtract_pair(o, inp.lam, "interleaved", norm)
 
 
-def _shared_v(*tensors, head_norm=None, causal=True):
-    return ops.diff_attention_pairs(*tensors, causal=causal, backend=routes.SHARED_V, head_norm=head_norm)
+def _shared_v(*tensors, head_norm=None, causal=True, route=routes.SHARED_V):
+    return ops.diff_attention_pairs(*tensors, causal=causal, backend=route, head_norm=head_norm)
+
+
+def _pairs_split_chain(q, k, v, lam, causal, norm):
+    """``cudnn_shared_v_split``'s computation as autograd's chain: one SDPA call per column slice of V (its heads
+    repeated for each pair), the two outputs read by the epilogue's parts kernel."""
+    scale = q.shape[-1] ** -0.5
+    outs = [F.scaled_dot_product_attention(q, k, part.repeat_interleave(2, dim=1), is_causal=causal, scale=scale)
+            for part in v.split(q.shape[-1], dim=-1)]  # fmt: skip
+    return epilogue.subtract_pair_parts(tuple(outs), validate(*_maps(q, k), v, lam, causal=causal, attn_mask=None,
+                                                              scale=None).lam, "interleaved", norm)  # fmt: skip
+
+
+def _maps(q, k):
+    (q1, q2), (k1, k2) = ops.interleaved_pair(q, 1), ops.interleaved_pair(k, 1)
+    return q1, k1, q2, k2
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lam_form", "with_norm"),
+    [(torch.float32, "per_token", True), (torch.bfloat16, "scalar", False)],
+    ids=["fp32-per_token-norm", "bf16-scalar"],
+)
+def test_shared_v_split_is_the_chains_computation_bit_for_bit_on_vs_own_slices(monkeypatch, dtype, lam_form, with_norm):
+    # one call per column slice of V as wide as Q, each slice a view of V (no [va; va] made), its two gradients side by
+    # side in V's; Q's and K's gradients the two calls' summed
+    tensors = _pairs_inputs(dtype, lam_form=lam_form)
+    norm = (1e-5, 0.8) if with_norm else None
+    handed = []
+    recording = direct.AttentionOps(
+        lambda q, k, v, *a: handed.append(v) or _sdpa_forward(q, k, v, *a), _sdpa_backward, lambda *a: True
+    )
+    monkeypatch.setattr(direct, "ATTENTION_OPS", recording)
+    with ops.fused_head_norm(True):
+        got = _run(lambda *x: _shared_v(*x, head_norm=HeadNorm(*norm) if norm else None, route=routes.SHARED_V_SPLIT),
+                   tensors)  # fmt: skip
+    v = tensors[2]
+    assert len(handed) == 2 and all(part._base is v for part in handed), "views of V"
+    assert [part.storage_offset() - v.storage_offset() for part in handed] == [0, v.shape[-1] // 2]
+    want = _run(lambda *x: _pairs_split_chain(*x, True, norm), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
+        assert a.shape == w.shape and a.stride() == w.stride(), name
+        assert torch.equal(a, w), name
+    # against float64, and where V is not twice as wide as Q the route is cudnn+epilogue
+    gold = _run(lambda *x: ops.diff_attention_pairs(*x, backend="reference"),
+                [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
+    yard = _run(lambda *x: ops.diff_attention_pairs(*x, backend="sdpa_maps"), tensors)
+    got = _run(lambda *x: _shared_v(*x, route=routes.SHARED_V_SPLIT), tensors)
+    for name, a, w, y in zip(("out", "dq", "dk", "dv", "dlam"), got, gold, yard, strict=True):
+        assert_within_rounding(name, a, w, [y], dtype)
+    q, k, v, lam = tensors
+    narrow = validate(*_maps(q, k), v[..., :8], lam, causal=True, attn_mask=None, scale=None, qk_pairs=(q, k))
+    assert direct.one_node_operands(narrow, "shared_split") is None
+    assert direct.one_node_operands(narrow, "shared") is not None
 
 
 @pytest.mark.parametrize(
@@ -422,16 +475,18 @@ def test_gpu_the_route_is_cudnn_epilogue_and_matches_the_reference(t, d):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("route", ["cudnn_shared_v", "cudnn_shared_v_split"])
 @pytest.mark.parametrize(("t", "d"), [(1024, 64), (4096, 64), (2048, 128), (333, 64)])
-def test_gpu_shared_v_matches_the_reference(t, d, caplog):
-    # on the GPU, through cuDNN's ATen ops with K of 2H heads and V of H: within the rounding rule of float64 (the
-    # stacked cudnn+epilogue's own error the yardstick), and run by the one node — not handed to cudnn+epilogue
+def test_gpu_shared_v_matches_the_reference(t, d, route, caplog):
+    # on the GPU, through cuDNN's ATen ops with K of 2H heads and V of H (whole, or per column slice): within the
+    # rounding rule of float64 (the stacked cudnn+epilogue's own error the yardstick), and run by the one node — not
+    # handed to cudnn+epilogue
     import logging
 
     tensors = _pairs_inputs(torch.bfloat16, b=2, h=4, t=t, d=d, lam_form="per_head", device="cuda")
     norm = HeadNorm(1e-5, 0.8)
     with ops.fused_head_norm(True), caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
-        got = _run(lambda *x: _shared_v(*x, head_norm=norm), tensors)
+        got = _run(lambda *x: _shared_v(*x, head_norm=norm, route=route), tensors)
     assert not caplog.records, [r.message for r in caplog.records]
     gold = _run(lambda *x: ops.diff_attention_pairs(*x, backend="reference", head_norm=norm),
                 [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip

@@ -273,11 +273,11 @@ def test_backend_status_lists_every_backend_with_reason():
     names = {s.name: s for s in backend_status("cpu")}
     plain = {"reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton"}
     epilogue = {"cudnn_maps+epilogue", "cudnn+epilogue", "sdpa+epilogue", "sdpa_split+epilogue", "sdpa_maps+epilogue",
-                "cudnn_direct", "cudnn_shared_v"}  # fmt: skip
+                "cudnn_direct", "cudnn_shared_v", "cudnn_shared_v_split"}  # fmt: skip
     assert set(names) == plain | epilogue == set(BACKENDS) - {"auto"}
     # their routes' reason, whatever Triton can do here
     assert not names["cudnn_maps+epilogue"].usable and not names["cudnn+epilogue"].usable
-    assert not names["cudnn_direct"].usable and not names["cudnn_shared_v"].usable
+    assert not any(names[n].usable for n in ("cudnn_direct", "cudnn_shared_v", "cudnn_shared_v_split"))
     assert not names["cudnn"].usable and not names["cudnn_maps"].usable  # cuDNN attention runs on CUDA only
     assert names["sdpa_split"].usable and names["sdpa_maps"].usable
     assert names["sdpa"].usable and names["reference"].usable and names["chunked"].usable

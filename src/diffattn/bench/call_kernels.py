@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..ops.routes import SHARED_V, V1_PAIRS
+from ..ops.routes import SHARED_V, SHARED_V_SPLIT, V1_PAIRS
 from .kernels import format_kernel_table, profile_gpu
 from .route_sweep import (
     DTYPES,
@@ -93,7 +93,7 @@ DEFAULT_ROUTES = {
     "shared_k": ("sdpa", "cudnn_maps", "sdpa_maps", "sdpa+epilogue"),
     # DIFF V1 in interleaved pairs: V read once by cuDNN's grouped heads, against the stacked layout's fastest route
     # (which joins the pairs' views here)
-    V1_PAIRS: ("cudnn+epilogue", SHARED_V),
+    V1_PAIRS: ("cudnn+epilogue", SHARED_V, SHARED_V_SPLIT),
 }
 #: a decoding class's routes: the fused kernel (its key-split forward and the combine) beside the table's fastest
 DECODE_ROUTES = ("triton", "sdpa_maps", "sdpa_maps+epilogue", "cudnn_maps")

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..ops.routes import DIRECT, SHARED_V, TRITON_VARIANTS, V1_PAIRS, known_route, triton_variants
+from ..ops.routes import DIRECT, SHARED_V, SHARED_V_SPLIT, TRITON_VARIANTS, V1_PAIRS, known_route, triton_variants
 from . import gc_paused
 from .sweep_records import (
     COMPARISON_ROUTES,
@@ -147,17 +147,24 @@ def default_classes() -> list[CallClass]:
 #: fused kernel last (2.5–11× the baseline on both GPUs so far); ``cudnn_direct`` beside ``cudnn+epilogue``, whose
 #: kernels it runs as one autograd node, and ``cudnn_shared_v`` (the same node, V read once) before both
 SWEEP_ORDER = (
-    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", SHARED_V, "cudnn+epilogue", DIRECT, "sdpa", "sdpa+epilogue",
-    "sdpa_split", "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
+    "cudnn_maps", "cudnn_maps+epilogue", "cudnn", SHARED_V, SHARED_V_SPLIT, "cudnn+epilogue", DIRECT, "sdpa",
+    "sdpa+epilogue", "sdpa_split", "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
 )  # fmt: skip
 #: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
 #: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs);
 #: cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue); cudnn_shared_v's is DIFF V1's in
 #: interleaved pairs only (elsewhere it runs cudnn+epilogue)
-_NOT_FOR = {"v1": {"sdpa+epilogue", SHARED_V}, "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT, SHARED_V}}
+_NOT_FOR = {
+    "v1": {"sdpa+epilogue", SHARED_V, SHARED_V_SPLIT},
+    "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT, SHARED_V, SHARED_V_SPLIT},
+}
 #: a pair measured with these routes only: DIFF V1 in interleaved pairs, where what is asked is whether reading V once
-#: (cudnn_shared_v) beats the stacked layout's fastest routes — those beside it, which join the pairs' views here
-_ONLY_FOR = {V1_PAIRS: {SHARED_V, "cudnn+epilogue", "cudnn_maps", "sdpa_maps+epilogue", "sdpa"}}
+#: (cudnn_shared_v, and its calls per slice of V) beats the stacked layout's fastest routes — those beside it, which
+#: join the pairs' views here
+_ONLY_FOR = {
+    V1_PAIRS: {SHARED_V, SHARED_V_SPLIT, "cudnn+epilogue", "sdpa_split+epilogue", "cudnn_maps", "sdpa_maps+epilogue",
+               "sdpa"},
+}  # fmt: skip
 
 
 def routes_for(cls: CallClass) -> list[str]:

@@ -58,16 +58,18 @@ from ._inputs import (
     with_segment_mask,
 )
 from .chunked import diff_attention_chunked
-from .direct import diff_attention_cudnn_direct, diff_attention_cudnn_shared_v
+from .direct import diff_attention_cudnn_direct, diff_attention_cudnn_shared_v, diff_attention_cudnn_shared_v_split
 from .reference import DiffAttentionMaps, diff_attention_reference, output_through_maps
 from .routes import (
     DIRECT,
     EPILOGUE,
     EPILOGUE_ROUTES,
     FORCED_FLAGS,
+    ONE_NODE_ROUTES,
     ORDER_MEMO,
     SAFE_DEFAULT,
     SHARED_V,
+    SHARED_V_SPLIT,
     TRITON_VARIANTS,
     call_class,
     head_norm_in_epilogue,
@@ -120,7 +122,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = (
     "auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT, SHARED_V,
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES), *ONE_NODE_ROUTES,
 )  # fmt: skip
 
 
@@ -290,6 +292,8 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
     statuses.append(BackendStatus(DIRECT, why is None, why or what))
     what = "DIFF V1 in interleaved pairs: one cuDNN call reading V once for both maps, and the epilogue, one node"
     statuses.append(BackendStatus(SHARED_V, why is None, why or what))
+    what = "cudnn_shared_v with one cuDNN call per column slice of V as wide as Q (dv = 2d)"
+    statuses.append(BackendStatus(SHARED_V_SPLIT, why is None, why or what))
     return statuses
 
 
@@ -306,6 +310,7 @@ _IMPLS: dict[str, Callable[[DiffAttentionInputs], torch.Tensor]] = {
 _IMPLS.update({route + EPILOGUE: functools.partial(_IMPLS[route], fused_epilogue=True) for route in EPILOGUE_ROUTES})
 _IMPLS[DIRECT] = diff_attention_cudnn_direct
 _IMPLS[SHARED_V] = diff_attention_cudnn_shared_v
+_IMPLS[SHARED_V_SPLIT] = diff_attention_cudnn_shared_v_split
 
 
 def _impl(name: str) -> Callable[..., torch.Tensor]:
@@ -343,7 +348,7 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     if name.endswith(EPILOGUE):
         reasons = [route_unsupported(name.removesuffix(EPILOGUE), inp), epilogue_unsupported(inp)]
         return "; ".join(r for r in reasons if r) or None
-    if name in (DIRECT, SHARED_V):  # where the one node does not apply they run cudnn+epilogue: they take what it takes
+    if name in ONE_NODE_ROUTES:  # where the one node does not apply they run cudnn+epilogue: they take what it takes
         return route_unsupported("cudnn" + EPILOGUE, inp)
     if is_triton_route(name):
         return triton_unsupported(inp)

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from ._inputs import DiffAttentionInputs, v_from_halves, v_from_halves_grad
-from .routes import DIRECT, SHARED_V, poisons_cuda_context
+from .routes import DIRECT, SHARED_V, SHARED_V_SPLIT, poisons_cuda_context
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +85,13 @@ def _cudnn_backward(do, q, k, v, out, tensors, values, causal: bool, scale: floa
     )
 
 
-#: how the one node is handed V (:func:`_v_both`): DiffLlama's V halves stacked as heads [B, 2Hkv, S, dv/2], V whole
+#: how the one node is handed V (:func:`_v_calls`): DiffLlama's V halves stacked as heads [B, 2Hkv, S, dv/2], V whole
 #: [B, Hkv, S, dv] (both: [V; V] made for both maps' stacked heads), or V whole read once by both maps' query heads in
-#: interleaved pairs through cuDNN's grouped heads (``cudnn_shared_v``)
-V_LAYOUTS = ("halves", "whole", "shared")
+#: interleaved pairs through cuDNN's grouped heads — in one call (``cudnn_shared_v``) or one call per column slice of
+#: V as wide as Q (``cudnn_shared_v_split``)
+V_LAYOUTS = ("halves", "whole", "shared", "shared_split")
+#: the layouts whose V is read once (Q and K in interleaved pairs), and the route of each
+SHARED_ROUTES = {"shared": SHARED_V, "shared_split": SHARED_V_SPLIT}
 
 
 def _call_key(q, k, v, v_layout: str, causal: bool) -> tuple:
@@ -103,18 +106,18 @@ _REFUSED: dict[tuple, str] = {}
 
 
 def _cudnn_accepts(key: tuple, q, k, v, v_layout: str, causal: bool) -> bool:
-    """Whether ``F.scaled_dot_product_attention`` forced to cuDNN would run the call on Q, K and [V; V] made from ``v``
-    (its own check, so that the ATen op is called only where SDPA would call it; for V ``shared``, the same call with
-    V's heads repeated for each pair, which SDPA can be asked about — whether cuDNN's grouped heads take it is known
-    when it runs: :func:`diff_attention_cudnn_direct`); asked once per kind of call (the V it is asked about, needing a
-    gradient where V does, is made then only)."""
+    """Whether ``F.scaled_dot_product_attention`` forced to cuDNN would run the call on Q, K and the (first) call's V
+    made from ``v`` (its own check, so that the ATen op is called only where SDPA would call it; where V is read once,
+    the same call with V's heads repeated for each pair, which SDPA can be asked about — whether cuDNN's grouped heads
+    take it is known when it runs: :func:`diff_attention_cudnn_direct`); asked once per kind of call (the V it is
+    asked about, needing a gradient where V does, is made then only)."""
     if key not in _ACCEPTED:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         try:
             with torch.no_grad():
-                v_both = _sdpa_v(_v_both(v, v_layout), v_layout).requires_grad_(v.requires_grad)
-            params = torch.backends.cuda.SDPAParams(q, k, v_both, None, 0.0, causal, False)
+                v_call = _sdpa_v(_v_calls(v, v_layout, q.shape[-1])[0], v_layout).requires_grad_(v.requires_grad)
+            params = torch.backends.cuda.SDPAParams(q, k, v_call, None, 0.0, causal, False)
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 _ACCEPTED[key] = bool(torch.backends.cuda.can_use_cudnn_attention(params))
         except (RuntimeError, TypeError, AttributeError):  # another torch's SDPAParams: the SDPA route instead
@@ -130,51 +133,78 @@ ATTENTION_OPS = CUDNN
 
 class _OneNode(torch.autograd.Function):
     """The whole call, forward and backward, as one autograd node (module docstring). ``v`` as ``v_layout`` says
-    (:data:`V_LAYOUTS`); Q and K over both maps' heads stacked, or in interleaved pairs for V ``shared``."""
+    (:data:`V_LAYOUTS`); Q and K over both maps' heads stacked, or in interleaved pairs where V is read once
+    (:data:`SHARED_ROUTES`). One attention call per V of :func:`_v_calls` (two for V's column slices), their outputs
+    read where they are by the epilogue's kernel."""
 
     @staticmethod
     def forward(ctx, q, k, v, lam, v_layout, causal, scale, norm_eps, norm_scale, ops):
-        from .triton.epilogue import _subtract_pair_impl
+        from .triton.epilogue import _subtract_pair_impl, _subtract_parts_impl
 
-        v_both = _v_both(v, v_layout)  # [V; V] [B, 2Hkv, S, dv], or V itself where shared
-        o, tensors, values = ops.forward(q, k, v_both, causal, scale)
-        out = _subtract_pair_impl(o, lam, v_layout == "shared", norm_eps, norm_scale)
-        ctx.save_for_backward(q, k, v, v_both, o, lam, *tensors)
-        ctx.setup = (v_layout, causal, scale, norm_eps, norm_scale, ops, values)
+        v_calls = _v_calls(v, v_layout, q.shape[-1])
+        calls = [ops.forward(q, k, v_call, causal, scale) for v_call in v_calls]
+        outs = [o for o, _, _ in calls]
+        interleaved = v_layout in SHARED_ROUTES
+        if len(outs) == 1:
+            out = _subtract_pair_impl(outs[0], lam, interleaved, norm_eps, norm_scale)
+        else:
+            out = _subtract_parts_impl(*outs, lam, interleaved, norm_eps, norm_scale)
+        ctx.save_for_backward(q, k, v, lam, *v_calls, *outs, *(t for _, tensors, _ in calls for t in tensors))
+        ctx.setup = (v_layout, causal, scale, norm_eps, norm_scale, ops, [(len(t), values) for _, t, values in calls])
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: a second derivative raises
     def backward(ctx, g):
-        from .triton.epilogue import _lambda_grad, _subtract_pair_bwd_impl
+        from .triton.epilogue import _lambda_grad, _subtract_pair_bwd_impl, _subtract_parts_bwd_impl
 
-        q, k, v, v_both, o, lam, *tensors = ctx.saved_tensors
-        v_layout, causal, scale, norm_eps, norm_scale, ops, values = ctx.setup
-        # do in o's layout
-        do, dlam_rows = _subtract_pair_bwd_impl(g, o, lam, v_layout == "shared", norm_eps, norm_scale)
-        try:
-            dq, dk, dv_both = ops.backward(do, q, k, v_both, o, tensors, values, causal, scale)
-        except RuntimeError as err:  # a backward that cannot run never ends the user's step (module docstring)
-            dq, dk, dv_both = _backward_refused(err, (q, k, v, v_layout, causal), do, v_both, scale)
-        if v_layout == "halves":
-            dv = v_from_halves_grad(dv_both, v, copies=2)
-        elif v_layout == "whole":
-            hkv = v.shape[1]
-            dv = dv_both[:, :hkv] + dv_both[:, hkv:]
-        else:  # cuDNN's grouped heads summed each V head's two query heads' shares: V's own gradient
-            dv = dv_both
+        q, k, v, lam, *rest = ctx.saved_tensors
+        v_layout, causal, scale, norm_eps, norm_scale, ops, per_call = ctx.setup
+        n = len(per_call)
+        v_calls, outs, rest = rest[:n], rest[n : 2 * n], rest[2 * n :]
+        interleaved = v_layout in SHARED_ROUTES
+        # each call's output gradient in its output's layout
+        if n == 1:
+            do, dlam_rows = _subtract_pair_bwd_impl(g, outs[0], lam, interleaved, norm_eps, norm_scale)
+            dos = (do,)
+        else:
+            *dos, dlam_rows = _subtract_parts_bwd_impl(g, *outs, lam, interleaved, norm_eps, norm_scale)
+        grads = []
+        for do, v_call, o, (count, values) in zip(dos, v_calls, outs, per_call, strict=True):
+            tensors, rest = rest[:count], rest[count:]
+            try:
+                grads.append(ops.backward(do, q, k, v_call, o, tensors, values, causal, scale))
+            except RuntimeError as err:  # a backward that cannot run never ends the user's step (module docstring)
+                grads.append(_backward_refused(err, (q, k, v, v_layout, causal), do, v_call, scale))
+        dq, dk = grads[0][0], grads[0][1]
+        for more in grads[1:]:  # the slices' calls each read all of Q and K
+            dq, dk = dq + more[0], dk + more[1]
+        dv = _v_grad([grad[2] for grad in grads], v, v_layout)
         return dq, dk, dv, _lambda_grad(dlam_rows, lam), None, None, None, None, None, None
 
 
-def _backward_refused(err: RuntimeError, call: tuple, do, v_both, scale: float):
-    """Q's, K's and [V; V]'s gradients by SDPA's own backward (its forward recomputed under autograd, default
+def _v_grad(dv_calls: list[torch.Tensor], v: torch.Tensor, v_layout: str) -> torch.Tensor:
+    """V's gradient from the gradients of the V of each call (:func:`_v_calls`), as autograd computes it through
+    them: [V; V]'s two copies summed (back into V's halves where ``halves``: bit for bit autograd's, strides
+    included); V's own where ``shared`` (cuDNN's grouped heads summed each V head's two query heads' shares); the two
+    column slices' side by side where ``shared_split``."""
+    if v_layout == "halves":
+        return v_from_halves_grad(dv_calls[0], v, copies=2)
+    if v_layout == "whole":
+        hkv = v.shape[1]
+        return dv_calls[0][:, :hkv] + dv_calls[0][:, hkv:]
+    return dv_calls[0] if len(dv_calls) == 1 else torch.cat(dv_calls, dim=-1)
+
+
+def _backward_refused(err: RuntimeError, call: tuple, do, v_call, scale: float):
+    """Q's, K's and the call's V's gradients by SDPA's own backward (its forward recomputed under autograd, default
     dispatch) where cuDNN's ATen backward raised — said in one line, and calls of that kind run ``cudnn+epilogue``
     from then on. An error that leaves the CUDA context unusable is raised: nothing after it could run."""
     q, k, v, v_layout, causal = call
     key = _call_key(q, k, v, v_layout, causal)
     _refuse(err, key, v_layout, "backward", "this call's gradients by SDPA's own backward")
     with torch.enable_grad():
-        leaves = [x.detach().requires_grad_() for x in (q, k, v_both)]
+        leaves = [x.detach().requires_grad_() for x in (q, k, v_call)]
         out = F.scaled_dot_product_attention(leaves[0], leaves[1], _sdpa_v(leaves[2], v_layout), is_causal=causal,
                                              scale=scale)  # fmt: skip
         return torch.autograd.grad(out, leaves, do)
@@ -186,27 +216,32 @@ def _refuse(err: RuntimeError, key: tuple, v_layout: str, step: str, now: str) -
     text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
     if poisons_cuda_context(text):
         raise err
-    _REFUSED[key] = text
-    route = SHARED_V if v_layout == "shared" else DIRECT
+    said, _REFUSED[key] = key in _REFUSED, text
+    if said:  # the other slice's call of the same kind: said once
+        return
+    route = SHARED_ROUTES.get(v_layout, DIRECT)
     logger.warning("%s: cuDNN's %s raised (%s); %s, and calls like it run cudnn+epilogue from now on", route, step,
                    text, now)  # fmt: skip
 
 
-def one_node_operands(inp: DiffAttentionInputs, shared: bool = False):
+def one_node_operands(inp: DiffAttentionInputs, v_shared: str | None = None):
     """(q, k, v, v_layout) the one node takes for ``inp``, or None where it does not apply (module docstring).
     ``cudnn_direct``: Q and K over both maps' heads as the caller had them (else joined), V's halves as the caller
-    stacked them (else V), in training only. ``shared`` (``cudnn_shared_v``): Q and K in interleaved pairs as the caller
-    had them (:attr:`DiffAttentionInputs.qk_pairs`; none: None) with one key head per query head (cuDNN's groups would
-    give a query head of a pair another pair's keys under GQA), V whole, with or without a gradient."""
+    stacked them (else V), in training only. ``v_shared`` (``"shared"``: ``cudnn_shared_v``; ``"shared_split"``:
+    ``cudnn_shared_v_split``, V twice as wide as Q): Q and K in interleaved pairs as the caller had them
+    (:attr:`DiffAttentionInputs.qk_pairs`; none: None) with one key head per query head (cuDNN's groups would give a
+    query head of a pair another pair's keys under GQA), V whole, with or without a gradient."""
     if torch.compiler.is_compiling() or inp.shares_keys or inp.attn_mask is not None or inp.segment_ids is not None:
         return None
     if inp.causal and inp.q_len != inp.kv_len:
         return None
-    if shared:
+    if v_shared is not None:
         if inp.qk_pairs is None or inp.num_kv_heads != inp.num_heads:
             return None
+        if v_shared == "shared_split" and inp.v_dim != 2 * inp.head_dim:
+            return None
         q, k = inp.qk_pairs
-        return q, k, inp.v, "shared"
+        return q, k, inp.v, v_shared
     leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in leaves)):
         return None
@@ -216,30 +251,33 @@ def one_node_operands(inp: DiffAttentionInputs, shared: bool = False):
     return q, k, inp.v_stacked if halves else inp.v, "halves" if halves else "whole"
 
 
-def _v_both(v: torch.Tensor, v_layout: str) -> torch.Tensor:
-    """The V of the one attention call: [V; V] over both maps' stacked heads, [B, 2Hkv, S, dv], from V's halves (one
-    copy) or from V; V itself where ``shared``."""
+def _v_calls(v: torch.Tensor, v_layout: str, d: int) -> tuple[torch.Tensor, ...]:
+    """The V of each attention call: [V; V] over both maps' stacked heads, [B, 2Hkv, S, dv], from V's halves (one
+    copy) or from V; V itself where ``shared``; V's two column slices as wide as Q (``d``), views, where
+    ``shared_split``."""
+    if v_layout == "shared_split":
+        return tuple(v.split(d, dim=-1))
     if v_layout == "shared":
-        return v
-    return v_from_halves(v, copies=2) if v_layout == "halves" else torch.cat([v, v], dim=1)
+        return (v,)
+    return (v_from_halves(v, copies=2) if v_layout == "halves" else torch.cat([v, v], dim=1),)
 
 
-def _sdpa_v(v_both: torch.Tensor, v_layout: str) -> torch.Tensor:
-    """The V an SDPA call over the same Q and K takes for the one call's ``v_both``: V's heads repeated for each pair of
-    query heads where ``shared`` (what cuDNN's grouped heads read), else ``v_both`` itself."""
-    return v_both.repeat_interleave(2, dim=1) if v_layout == "shared" else v_both
+def _sdpa_v(v_call: torch.Tensor, v_layout: str) -> torch.Tensor:
+    """The V an SDPA call over the same Q and K takes for a call's ``v_call``: V's heads repeated for each pair of
+    query heads where V is read once (what cuDNN's grouped heads read), else ``v_call`` itself."""
+    return v_call.repeat_interleave(2, dim=1) if v_layout in SHARED_ROUTES else v_call
 
 
 def diff_attention_cudnn_direct(
-    inp: DiffAttentionInputs, norm: tuple[float, float] | None = None, shared: bool = False
+    inp: DiffAttentionInputs, norm: tuple[float, float] | None = None, v_shared: str | None = None
 ) -> torch.Tensor:
-    """The ``cudnn_direct`` route, or with ``shared`` the ``cudnn_shared_v`` route (module docstring): one autograd
-    node where it applies, else ``cudnn+epilogue``. ``norm`` (eps, scale): the head's norm in the epilogue's kernel
-    (:class:`diffattn.ops.HeadNorm`)."""
+    """The ``cudnn_direct`` route, or with ``v_shared`` a route that reads V once (:data:`SHARED_ROUTES`; module
+    docstring): one autograd node where it applies, else ``cudnn+epilogue``. ``norm`` (eps, scale): the head's norm in
+    the epilogue's kernel (:class:`diffattn.ops.HeadNorm`)."""
     from .sdpa import diff_attention_cudnn
     from .triton.epilogue import _norm_eps_scale
 
-    operands = one_node_operands(inp, shared)
+    operands = one_node_operands(inp, v_shared)
     if operands is not None:
         q, k, v, v_layout = operands
         ops = ATTENTION_OPS
@@ -257,4 +295,14 @@ def diff_attention_cudnn_direct(
 def diff_attention_cudnn_shared_v(inp: DiffAttentionInputs, norm: tuple[float, float] | None = None) -> torch.Tensor:
     """The ``cudnn_shared_v`` route (module docstring): DIFF V1 in interleaved pairs by one cuDNN call that reads each V
     head once for both maps, and the epilogue, as one autograd node; ``cudnn+epilogue`` where that does not apply."""
-    return diff_attention_cudnn_direct(inp, norm, shared=True)
+    return diff_attention_cudnn_direct(inp, norm, v_shared="shared")
+
+
+def diff_attention_cudnn_shared_v_split(
+    inp: DiffAttentionInputs, norm: tuple[float, float] | None = None
+) -> torch.Tensor:
+    """The ``cudnn_shared_v_split`` route (module docstring): ``cudnn_shared_v`` with one cuDNN call per column slice of
+    V as wide as Q (DIFF V1's dv = 2d: every call's value head as wide as its query head, as ``sdpa_split``'s are, with
+    no [va; va] or [vb; vb] made), the two outputs read where they are by the epilogue; ``cudnn+epilogue`` where that
+    does not apply."""
+    return diff_attention_cudnn_direct(inp, norm, v_shared="shared_split")

@@ -184,17 +184,21 @@ DIRECT = "cudnn_direct"
 #: heads read V's head j for both maps' query heads 2j and 2j + 1 — no [V; V] — and the epilogue, one autograd node
 #: (:mod:`diffattn.ops.direct`)
 SHARED_V = "cudnn_shared_v"
+#: the same with one cuDNN call per column slice of V as wide as Q (DIFF V1's dv = 2d), as ``sdpa_split`` calls
+SHARED_V_SPLIT = "cudnn_shared_v_split"
+#: the one-node routes (:mod:`diffattn.ops.direct`): where their node does not apply they run ``cudnn+epilogue``
+ONE_NODE_ROUTES = (DIRECT, SHARED_V, SHARED_V_SPLIT)
 #: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
 ROUTE_NAMES = (
     "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES), DIRECT, SHARED_V,
+    *(route + EPILOGUE for route in EPILOGUE_ROUTES), *ONE_NODE_ROUTES,
 )  # fmt: skip
 
 
 def runs_epilogue(name: str) -> bool:
     """Whether route ``name`` does O1 − λ·O2 by the epilogue's kernel, which can norm the head too
-    (:func:`head_norm_in_epilogue`): the ``<route>+epilogue`` routes, :data:`DIRECT` and :data:`SHARED_V`."""
-    return name.endswith(EPILOGUE) or name in (DIRECT, SHARED_V)
+    (:func:`head_norm_in_epilogue`): the ``<route>+epilogue`` routes and the one-node routes."""
+    return name.endswith(EPILOGUE) or name in ONE_NODE_ROUTES
 
 
 #: The fused kernel's variants (:mod:`diffattn.ops.triton.tuning`'s switches, each off for every call by default): a
