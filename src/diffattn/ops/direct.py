@@ -35,7 +35,11 @@ gradients backward — cuDNN's backward sums each V head's two shares itself —
 pairs. ``F.scaled_dot_product_attention`` cannot express that call (its K and V have one head count), so whether
 cuDNN takes it is known only when the ATen op runs: where it raises, the route runs ``cudnn+epilogue`` as above. On
 the H200 of 2026-11-28 [V; V]'s copy and the sum of dV's halves were 0.44 ms of ``cudnn+epilogue``'s 4.0 ms GPU time
-per call at 16K tokens (benchmarks/gpu-runs/h200-2026-11-28/kernels.json).
+per call at 16K tokens (benchmarks/gpu-runs/h200-2026-11-28/kernels.json). ``cudnn_shared_v_split`` makes one such
+call per column slice of V as wide as Q (views of V), as ``sdpa_split`` calls for DIFF V1's dv = 2d — every call's
+value head as wide as its query head (cuDNN's dv = 256 calls were the slow ones at d = 128) — with the two outputs
+read where they are by the epilogue's parts kernel; Q's and K's gradients are the two calls' summed, V's the two
+slices' side by side.
 
 Their speed is a prediction until a GPU times it (benchmarks/RESULTS.md, 2026-11-29): the route table lists them only
 where the sweep measured them correct against float64 and fastest, and the `small` step's forced columns
