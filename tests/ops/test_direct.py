@@ -88,6 +88,16 @@ def _chain(q, k, v, lam, causal, norm):
     return epilogue.subtract_pair(o, inp.lam, "stacked", norm)
 
 
+def _cudnn_epilogue_calls(monkeypatch) -> list[dict]:
+    """The keyword arguments of each call handed to ``cudnn+epilogue`` (:func:`diffattn.ops.sdpa.diff_attention_cudnn`,
+    recorded instead of run)."""
+    import diffattn.ops.sdpa as sdpa
+
+    calls = []
+    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    return calls
+
+
 def _run(fn, tensors, seed=1):
     out = fn(*tensors)
     cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device, out.dtype)
@@ -151,11 +161,8 @@ def test_the_backward_is_one_node_from_the_output_to_the_layers_tensors():
     ["no gradient", "K shared", "key padding", "causal T < S", "cuDNN refuses"],
 )
 def test_where_the_one_node_does_not_apply_the_route_is_cudnn_epilogue(monkeypatch, why):
-    calls = []
     monkeypatch.setattr(direct._OneNode, "apply", lambda *a: pytest.fail("the one node ran"))
-    import diffattn.ops.sdpa as sdpa
-
-    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    calls = _cudnn_epilogue_calls(monkeypatch)
     g = torch.Generator().manual_seed(0)
     q1, q2, k1, k2 = (torch.randn(1, 2, 6, 8, generator=g).requires_grad_() for _ in range(4))
     v = torch.randn(1, 2, 6, 16, generator=g).requires_grad_()
@@ -193,10 +200,7 @@ def test_a_backward_that_raises_gives_sdpas_gradients_and_hands_calls_like_it_to
         assert torch.equal(a, w), name
     lines = [r.message for r in caplog.records]
     assert len(lines) == 1 and "no valid engine configs" in lines[0] and "cudnn+epilogue" in lines[0]
-    calls = []
-    import diffattn.ops.sdpa as sdpa
-
-    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    calls = _cudnn_epilogue_calls(monkeypatch)
     ops.diff_attention_stacked(*tensors, backend=routes.DIRECT)
     assert calls, "a call of the same kind runs cudnn+epilogue"
 
@@ -402,11 +406,8 @@ def test_shared_v_runs_without_a_gradient_too():
 
 @pytest.mark.parametrize("why", ["stacked layout", "GQA pairs", "key padding", "causal T < S", "compiling"])
 def test_where_shared_v_does_not_apply_the_route_is_cudnn_epilogue(monkeypatch, why):
-    calls = []
     monkeypatch.setattr(direct._OneNode, "apply", lambda *a: pytest.fail("the one node ran"))
-    import diffattn.ops.sdpa as sdpa
-
-    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    calls = _cudnn_epilogue_calls(monkeypatch)
     q, k, v, lam = _pairs_inputs(torch.float32, h=4, kv=2 if why == "GQA pairs" else None)
     (q1, q2), (k1, k2) = ops.interleaved_pair(q, 1), ops.interleaved_pair(k, 1)
     kwargs = {"qk_pairs": None if why == "stacked layout" else (q, k)}
@@ -427,15 +428,12 @@ def test_a_forward_cudnn_refuses_runs_cudnn_epilogue_and_so_do_calls_like_it(mon
     # forward that raises is one log line, that call and the next of its kind by cudnn+epilogue
     import logging
 
-    import diffattn.ops.sdpa as sdpa
-
     def refusing(*args):
         raise RuntimeError("cuDNN Frontend error: For group-query attention, number of heads ...")
 
     monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(refusing, _sdpa_backward, lambda *a: True))
     monkeypatch.setattr(direct, "_REFUSED", {})
-    calls = []
-    monkeypatch.setattr(sdpa, "diff_attention_cudnn", lambda inp, **kw: calls.append(kw) or inp.q1.new_zeros(()))
+    calls = _cudnn_epilogue_calls(monkeypatch)
     tensors = _pairs_inputs(torch.float32)
     with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
         _shared_v(*tensors)
