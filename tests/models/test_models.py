@@ -537,6 +537,7 @@ def test_the_diff_layer_takes_its_heads_in_pairs_only_where_it_may_and_the_table
     # ops.pairs_layout: any call where it may
     import diffattn.models.diff_llama as diff_llama
     from diffattn import ops
+    from diffattn.ops import routes
 
     model = build_model("debug", "diff", backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
     attn = model.model.layers[0].self_attn
@@ -544,7 +545,7 @@ def test_the_diff_layer_takes_its_heads_in_pairs_only_where_it_may_and_the_table
     asked = []
     monkeypatch.setattr(diff_llama, "pairs_faster", lambda index, cls: asked.append((index, cls)) or True)
     work = 2 * (attn.num_heads // 2) * 16 * 16 * attn.head_dim  # B·h·T·S·d of the call
-    monkeypatch.setattr(diff_llama, "SMALL_WORK", work - 1)
+    monkeypatch.setattr(routes, "SMALL_WORK", work - 1)
     assert attn._heads_in_pairs(hidden, None, None, analysis=False)
     assert asked == [(None, f"v1 d{attn.head_dim} dv{2 * attn.head_dim} fp32 causal none train")]
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -558,9 +559,9 @@ def test_the_diff_layer_takes_its_heads_in_pairs_only_where_it_may_and_the_table
     with ops.pairs_layout(True):
         assert attn._heads_in_pairs(hidden, None, None, analysis=False)
     monkeypatch.setattr(diff_llama, "pairs_faster", lambda index, cls: True)
-    monkeypatch.setattr(diff_llama, "SMALL_WORK", work)
+    monkeypatch.setattr(routes, "SMALL_WORK", work)
     assert not attn._heads_in_pairs(hidden, None, None, analysis=False), "a small call keeps it"
-    monkeypatch.setattr(diff_llama, "SMALL_WORK", work - 1)
+    monkeypatch.setattr(routes, "SMALL_WORK", work - 1)
     with ops.pairs_layout(False):
         assert not attn._heads_in_pairs(hidden, None, None, analysis=False)
     gqa = build_model("debug", "diff", backend="sdpa", num_layers=1, num_kv_heads=2, seed=0).model.layers[0].self_attn

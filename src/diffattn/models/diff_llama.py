@@ -61,7 +61,7 @@ from ..ops import (
 from ..ops._inputs import v_from_halves
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
-from ..ops.routes import FORCED_FLAGS, SMALL_WORK, class_key, pairs_faster
+from ..ops.routes import FORCED_FLAGS, class_key, pairs_faster, work_is_small
 from .attention_interface import visible_keys
 
 NORMS = ("rms", "rms_affine", "none")
@@ -235,7 +235,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         if attention_mask is not None or self.num_kv_heads != self.num_heads:
             return False
         b, t = hidden_states.shape[:2]
-        if b * (self.num_heads // 2) * t * t * self.head_dim <= SMALL_WORK:  # routes.small_work of the call
+        if work_is_small(b, self.num_heads // 2, t, t, self.head_dim):  # no cache: S = T
             return False
         device = hidden_states.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.q_proj.weight.dtype

@@ -84,7 +84,13 @@ SMALL = " small"
 
 def small_work(inp: DiffAttentionInputs) -> bool:
     """Whether the call does at most :data:`SMALL_WORK` (B·H·T·S·d): a ``small`` call, whose time is the host's."""
-    return inp.batch * inp.num_heads * inp.q_len * inp.kv_len * inp.head_dim <= SMALL_WORK
+    return work_is_small(inp.batch, inp.num_heads, inp.q_len, inp.kv_len, inp.head_dim)
+
+
+def work_is_small(b: int, h: int, t: int, s: int, d: int) -> bool:
+    """:func:`small_work` of a call of ``b`` rows, ``h`` query heads a map, ``t`` queries, ``s`` keys, head width ``d``
+    (a layer asks before it has the call's inputs)."""
+    return b * h * t * s * d <= SMALL_WORK
 
 
 #: the pair of a DIFF V1 call handed over in interleaved pairs (:attr:`DiffAttentionInputs.qk_pairs`): its own classes,
