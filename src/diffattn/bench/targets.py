@@ -57,8 +57,8 @@ class Target:
 TARGETS = (
     Target(34, "DIFF V1 fwd+bwd at d = 64", "route", "v1 d64 dv128 bf16 causal none train", 1.55),
     Target(34, "DIFF V1 fwd+bwd at d = 128", "route", "v1 d128 dv256 bf16 causal none train", 2.3),
-    # DIFF V1 with its heads in interleaved pairs (the layer's layout where the table's heads_in_pairs is on):
-    # cudnn_shared_v's classes, the same limits
+    # DIFF V1 with its heads in interleaved pairs (the layer's layout where the table measured that class faster:
+    # routes.pairs_faster): cudnn_shared_v's classes, the same limits
     Target(34, "DIFF V1 fwd+bwd at d = 64, heads in pairs", "route", "v1_pairs d64 dv128 bf16 causal none train",
            1.55),
     Target(34, "DIFF V1 fwd+bwd at d = 128, heads in pairs", "route", "v1_pairs d128 dv256 bf16 causal none train",

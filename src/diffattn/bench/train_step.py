@@ -55,7 +55,9 @@ COLUMNS = {
 }
 
 #: the suffixes of a forced column's backend that run it with a route-table switch on (module docstring), and which
-#: (``+vcopies``: DIFF V1's [V; V] by its kernels, for calls above the small size — the step's at 4,096 tokens)
+#: (``+vcopies``: DIFF V1's [V; V] by its kernels, for calls above the small size — the step's at 4,096 tokens;
+#: ``+pairs``: DIFF V1's heads in interleaved pairs, which the layer otherwise takes per class by the table's
+#: measurements, :func:`diffattn.ops.routes.pairs_faster`)
 FUSED = {
     "+norm": "fused_head_norm",
     "+lambda": "fused_lambda",
