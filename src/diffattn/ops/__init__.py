@@ -67,6 +67,7 @@ from .routes import (
     FORCED_FLAGS,
     ONE_NODE_ROUTES,
     ORDER_MEMO,
+    ROUTE_NAMES,
     SAFE_DEFAULT,
     SHARED_V,
     SHARED_V_SPLIT,
@@ -120,10 +121,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = (
-    "auto", "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton",
-    *(route + EPILOGUE for route in EPILOGUE_ROUTES), *ONE_NODE_ROUTES,
-)  # fmt: skip
+#: what ``backend=`` takes (besides the fused kernel's variants, ``triton[NAME]``): ``auto`` and every route
+BACKENDS = ("auto", *ROUTE_NAMES)
 
 
 @dataclass(frozen=True)

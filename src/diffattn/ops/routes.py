@@ -194,9 +194,10 @@ SHARED_V = "cudnn_shared_v"
 SHARED_V_SPLIT = "cudnn_shared_v_split"
 #: the one-node routes (:mod:`diffattn.ops.direct`): where their node does not apply they run ``cudnn+epilogue``
 ONE_NODE_ROUTES = (DIRECT, SHARED_V, SHARED_V_SPLIT)
-#: every concrete route a table may name (the backends of :func:`diffattn.ops.diff_attention` that run on CUDA)
+#: every concrete route a table may name: the backends of :func:`diffattn.ops.diff_attention` (its ``BACKENDS`` are
+#: ``auto`` and these, in this order)
 ROUTE_NAMES = (
-    "cudnn", "sdpa", "sdpa_split", "sdpa_maps", "cudnn_maps", "triton", "chunked", "reference",
+    "reference", "sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps", "chunked", "triton",
     *(route + EPILOGUE for route in EPILOGUE_ROUTES), *ONE_NODE_ROUTES,
 )  # fmt: skip
 
