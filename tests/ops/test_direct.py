@@ -249,6 +249,24 @@ def test_the_route_is_known_everywhere_a_route_is_named():
         columns_for(["cudnn+norm"])
 
 
+def test_the_cudnn_calls_as_pytorch_shapes_them_take_v_of_half_the_heads():
+    # the route's wrappers of cuDNN attention's ATen ops (direct.CUDNN) on the meta device, where PyTorch's own shape
+    # functions for those ops run (what torch.compile's fake tensors see; they mirror the CUDA kernels' allocations):
+    # the arguments in the schema's order, and Q and K of 2H heads with V of H — whole, or a column slice of it —
+    # give an output over Q's heads in Q's layout and V's gradient shaped like V (no check refuses two head counts)
+    b, h, t, d = 2, 4, 64, 64
+
+    def heads(n, width):  # a projection's view, [B, T, heads, width] in memory
+        return torch.empty(b, t, n, width, device="meta", dtype=torch.bfloat16).transpose(1, 2)
+
+    q, k, v = heads(2 * h, d), heads(2 * h, d), heads(h, 2 * d)
+    for v_call in (torch.cat([v, v], 1), v, *v.split(d, dim=-1)):  # stacked [V; V], V once, V's slices
+        out, tensors, values = direct.CUDNN.forward(q, k, v_call, True, d**-0.5)
+        assert out.shape == (b, 2 * h, t, v_call.shape[-1]) and out.transpose(1, 2).is_contiguous()
+        grads = direct.CUDNN.backward(out, q, k, v_call, out, tensors, values, True, d**-0.5)
+        assert [g.shape for g in grads] == [q.shape, k.shape, v_call.shape]
+
+
 # ---- cudnn_shared_v: DIFF V1 in interleaved pairs, V read once for both maps by cuDNN's grouped heads ----------------
 
 
