@@ -51,8 +51,9 @@ from pathlib import Path
 
 import torch
 
+from ..ops.routes import error_line
 from . import attention, train_step
-from .route_sweep import error_line, finite_json
+from .route_sweep import finite_json
 
 TOTAL_S = 590.0  # ten minutes, less the writing
 #: seconds per section; their sum is at most TOTAL_S

@@ -55,7 +55,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..ops.routes import DIRECT, SHARED_V, SHARED_V_SPLIT, TRITON_VARIANTS, V1_PAIRS, known_route, triton_variants
+from ..ops.routes import (
+    DIRECT,
+    SHARED_V,
+    SHARED_V_SPLIT,
+    TRITON_VARIANTS,
+    V1_PAIRS,
+    error_line,
+    known_route,
+    triton_variants,
+)
 from . import gc_paused
 from .sweep_records import (
     COMPARISON_ROUTES,
@@ -688,11 +697,6 @@ def _append(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def error_line(err: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message (at most 300 characters)."""
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
 
 
 def _fatal(text: str) -> bool:

@@ -275,7 +275,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         lam = self.lambda_full()
         options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling)
         weights, head_norm = None, None
-        if observing() or bits is not None or returns_maps:  # the analysis paths read the two maps apart
+        if analysis:  # the analysis paths read the two maps apart
             # halves by one split each, not two slices: autograd joins a split's gradients with one cat, where two
             # slices cost a zero-filled tensor and a copy each and an addition (five kernels a tensor in the backward)
             (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)

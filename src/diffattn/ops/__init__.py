@@ -12,7 +12,9 @@ Public entry points:
   maps, forward and backward: :mod:`diffattn.ops.triton`; ``triton[NAME]``: with its variants NAME switched on for
   the call, :data:`diffattn.ops.routes.TRITON_VARIANTS`), ``<route>+epilogue`` (an SDPA route whose subtraction
   O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``cudnn_direct`` (``cudnn+epilogue``'s
-  kernels as one autograd node in training, less host work: :mod:`diffattn.ops.direct`), ``auto`` (on CUDA the
+  kernels as one autograd node in training, less host work: :mod:`diffattn.ops.direct`), ``cudnn_shared_v`` and
+  ``cudnn_shared_v_split`` (the same node for DIFF V1 in interleaved pairs, V read once by cuDNN's grouped heads:
+  :func:`diff_attention_pairs`), ``auto`` (on CUDA the
   fastest correct route measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`;
   else ``sdpa``).
 * :func:`diff_attention_stacked` and :func:`diff_attention_pairs` — the op on Q and K handed over whole, in DIFF
@@ -73,6 +75,7 @@ from .routes import (
     SHARED_V_SPLIT,
     TRITON_VARIANTS,
     call_class,
+    error_line,
     head_norm_in_epilogue,
     is_triton_route,
     poisons_cuda_context,
@@ -443,7 +446,7 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
         except torch.OutOfMemoryError:
             raise
         except Exception as err:
-            text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+            text = error_line(err)
             if poisons_cuda_context(text):
                 raise
             cls = cls or call_class(inp)  # a failure is rare: the class is computed here off CUDA

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from ._inputs import DiffAttentionInputs, v_from_halves, v_from_halves_grad
-from .routes import DIRECT, SHARED_V, SHARED_V_SPLIT, poisons_cuda_context
+from .routes import DIRECT, SHARED_V, SHARED_V_SPLIT, error_line, poisons_cuda_context
 
 logger = logging.getLogger(__name__)
 
@@ -217,11 +217,12 @@ def _backward_refused(err: RuntimeError, call: tuple, do, v_call, scale: float):
 def _refuse(err: RuntimeError, key: tuple, v_layout: str, step: str, now: str) -> None:
     """Calls of kind ``key`` run ``cudnn+epilogue`` from now on, said in one line — unless ``err`` left the CUDA
     context unusable, where nothing could run after it: raised."""
-    text = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+    text = error_line(err)
     if poisons_cuda_context(text):
         raise err
-    said, _REFUSED[key] = key in _REFUSED, text
-    if said:  # the other slice's call of the same kind: said once
+    said = key in _REFUSED  # the other slice's call of the same kind: said once
+    _REFUSED[key] = text
+    if said:
         return
     route = SHARED_ROUTES.get(v_layout, DIRECT)
     logger.warning("%s: cuDNN's %s raised (%s); %s, and calls like it run cudnn+epilogue from now on", route, step,

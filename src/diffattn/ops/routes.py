@@ -440,6 +440,12 @@ def _first_ratio(entry: dict, cls: str) -> float:
     return min(ratios, default=math.inf)
 
 
+def error_line(err: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message (at most 300 characters) — what a route
+    that failed is logged and recorded by."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+
+
 def poisons_cuda_context(text: str) -> bool:
     """An error (its text) after which the CUDA context is unusable (every later kernel fails too): no route can be
     handed over to after it."""
