@@ -98,6 +98,21 @@ def _cudnn_epilogue_calls(monkeypatch) -> list[dict]:
     return calls
 
 
+def _raising(monkeypatch, step: str, message: str) -> None:
+    """cuDNN's ATen ``step`` ("forward" or "backward") raising ``message`` from now on, the other SDPA's stand-in, and
+    no kind of call refused yet."""
+
+    def raises(*args):
+        raise RuntimeError(message)
+
+    forward, backward = (raises, _sdpa_backward) if step == "forward" else (_sdpa_forward, raises)
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(forward, backward, lambda *a: True))
+    monkeypatch.setattr(direct, "_REFUSED", {})
+
+
+POISONING = "CUDA error: an illegal memory access was encountered"
+
+
 def _run(fn, tensors, seed=1):
     out = fn(*tensors)
     cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device, out.dtype)
@@ -187,11 +202,7 @@ def test_a_backward_that_raises_gives_sdpas_gradients_and_hands_calls_like_it_to
     # goes on — this call's gradients by SDPA's own backward, the next call of the kind through cudnn+epilogue
     import logging
 
-    def refusing(*args):
-        raise RuntimeError("cuDNN Frontend error: no valid engine configs for the backward\nmore")
-
-    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, refusing, lambda *a: True))
-    monkeypatch.setattr(direct, "_REFUSED", {})
+    _raising(monkeypatch, "backward", "cuDNN Frontend error: no valid engine configs for the backward\nmore")
     tensors = _model_inputs(torch.float32, lam_form="per_head")
     with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
         got = _run(lambda *x: ops.diff_attention_stacked(*x, backend=routes.DIRECT), tensors)
@@ -204,11 +215,7 @@ def test_a_backward_that_raises_gives_sdpas_gradients_and_hands_calls_like_it_to
     ops.diff_attention_stacked(*tensors, backend=routes.DIRECT)
     assert calls, "a call of the same kind runs cudnn+epilogue"
 
-    def poisoning(*args):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, poisoning, lambda *a: True))
-    monkeypatch.setattr(direct, "_REFUSED", {})
+    _raising(monkeypatch, "backward", POISONING)
     out = ops.diff_attention_stacked(*_model_inputs(torch.float32, seed=5), backend=routes.DIRECT)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         out.sum().backward()
@@ -446,11 +453,7 @@ def test_a_forward_cudnn_refuses_runs_cudnn_epilogue_and_so_do_calls_like_it(mon
     # forward that raises is one log line, that call and the next of its kind by cudnn+epilogue
     import logging
 
-    def refusing(*args):
-        raise RuntimeError("cuDNN Frontend error: For group-query attention, number of heads ...")
-
-    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(refusing, _sdpa_backward, lambda *a: True))
-    monkeypatch.setattr(direct, "_REFUSED", {})
+    _raising(monkeypatch, "forward", "cuDNN Frontend error: For group-query attention, number of heads ...")
     calls = _cudnn_epilogue_calls(monkeypatch)
     tensors = _pairs_inputs(torch.float32)
     with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
@@ -460,11 +463,7 @@ def test_a_forward_cudnn_refuses_runs_cudnn_epilogue_and_so_do_calls_like_it(mon
     lines = [r.message for r in caplog.records]
     assert len(lines) == 1 and "cudnn_shared_v" in lines[0] and "group-query" in lines[0], lines
 
-    def poisoning(*args):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(poisoning, _sdpa_backward, lambda *a: True))
-    monkeypatch.setattr(direct, "_REFUSED", {})
+    _raising(monkeypatch, "forward", POISONING)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         _shared_v(*tensors)
 
