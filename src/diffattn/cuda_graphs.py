@@ -1,0 +1,159 @@
+"""A whole training step as one CUDA graph: forward, backward and the optimizer's update captured once and replayed
+each step, so the host issues one graph launch a step instead of a thousand kernels.
+
+Why: a small model's eager step is host-bound — on the H200 of 2026-11-28 the `small` preset's bf16 step at 1,024
+tokens took 40.0 ms of wall time for 8.6 ms of GPU work (the baseline), and DIFF's extra layer work cost 17 ms of
+host time for 1.5 ms of GPU time (``benchmarks/gpu-runs/h200-2026-11-28/train.json``). Replayed from a graph, a step
+costs what its kernels cost, and a ratio between two models is a ratio of GPU work (``diffattn bench train-step
+--cuda-graphs``).
+
+This is PyTorch's whole-network capture (the CUDA semantics notes, "Whole-network capture"): warm-up steps on a side
+stream (kernels compiled, autotuned, cuDNN plans built, the optimizer's state allocated), then one step captured with
+the gradients unset so that backward allocates them in the graph's memory, which every replay rewrites. What this
+module adds:
+
+* the warm-up leaves no trace: the parameters and the optimizer's state are put back as they were before it (state
+  the warm-up created is zeroed, as Adam's starts), so the graphed run follows the eager run's trajectory step for
+  step from the first batch on, rather than training on the first batch a few extra times;
+* clear errors for what cannot be captured (a CPU device, an optimizer not built ``capturable=True``, a gradient
+  scaler's host-side checks) and for a batch that does not fit the captured buffers.
+
+What a graph freezes: everything the host decides in the step is decided once, at capture — the route each
+attention call runs, a learning rate held as a Python float, anything annealed by a host-side counter (Dex's λ
+schedule), a dropout mask's *shape*. The captured step reads its inputs from static buffers (each call copies the
+batch in) and returns a static loss tensor that the next call overwrites: clone it to keep it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+#: optimizers whose lazily created state starts at zeros (step count, first and second moments), so the state the
+#: warm-up created can be put back to its start by zeroing it
+ZERO_STATE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    if not isinstance(optimizer, ZERO_STATE_OPTIMIZERS):
+        names = ", ".join(f"torch.optim.{c.__name__}" for c in ZERO_STATE_OPTIMIZERS)
+        raise ValueError(f"a graphed train step takes {names}, got {type(optimizer).__name__}")
+    off = [i for i, group in enumerate(optimizer.param_groups) if not group.get("capturable", False)]
+    if off:
+        raise ValueError(
+            f"the optimizer's param group(s) {off} are not capturable: build it with capturable=True (its step count "
+            "on the GPU, no host read of it in the step) to capture its update in a CUDA graph"
+        )
+
+
+def _check_cuda_inputs(inputs: Sequence[torch.Tensor]) -> None:
+    bad = [i for i, x in enumerate(inputs) if not (torch.is_tensor(x) and x.is_cuda)]
+    if bad:
+        raise ValueError(f"a CUDA graph replays CUDA work: example input(s) {bad} are not CUDA tensors")
+
+
+class OptimizerSnapshot:
+    """The parameters' values and the optimizer's state tensors at one moment, to put back in place (the same tensors,
+    so anything holding them — a captured graph, a module — sees the values restored)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer):
+        self.params = list(params)
+        self.optimizer = optimizer
+        with torch.no_grad():
+            self.values = [p.detach().clone() for p in self.params]
+            self.state = {
+                id(p): {key: value.clone() for key, value in optimizer.state[p].items() if torch.is_tensor(value)}
+                for p in self.params
+                if p in optimizer.state
+            }
+
+    def restore(self) -> None:
+        """Parameters and state tensors copied back in place; state created since the snapshot zeroed (the start of
+        :data:`ZERO_STATE_OPTIMIZERS`' state). Non-tensor state created since is dropped."""
+        with torch.no_grad():
+            for p, value in zip(self.params, self.values, strict=True):
+                p.copy_(value)
+            for p in self.params:
+                if p not in self.optimizer.state:
+                    continue
+                before = self.state.get(id(p), {})
+                state = self.optimizer.state[p]
+                for key in list(state):
+                    if key in before:
+                        state[key].copy_(before[key])
+                    elif torch.is_tensor(state[key]):
+                        state[key].zero_()
+                    else:
+                        del state[key]
+
+
+class GraphedTrainStep:
+    """``step = GraphedTrainStep(loss_fn, optimizer, example_inputs)``, then ``loss = step(*inputs)`` per step: the
+    same update as ``optimizer.zero_grad(); loss_fn(*inputs).backward(); optimizer.step()``, replayed from one CUDA
+    graph (module docstring).
+
+    Args:
+        loss_fn: the forward, ``loss_fn(*inputs) -> loss`` (a scalar tensor), with whatever autocast it wants inside
+            (``torch.autocast(..., cache_enabled=False)``: autocast's cache of cast weights does not outlive the
+            capture's autocast block).
+        optimizer: torch.optim.Adam or AdamW over every parameter the step trains, built ``capturable=True``.
+        example_inputs: CUDA tensors shaped as every later call's inputs (the first batch, say): the warm-up and the
+            capture run on copies of them, and the model ends as it began.
+        warmup_steps: eager steps on a side stream before the capture (PyTorch's notes use 3; autotuning kernels
+            need theirs here, not inside the capture).
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        example_inputs: Sequence[torch.Tensor],
+        *,
+        warmup_steps: int = 3,
+    ):
+        _check_optimizer(optimizer)
+        _check_cuda_inputs(example_inputs)
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1 (the optimizer's state must exist before capture), got "
+                             f"{warmup_steps}")  # fmt: skip
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.static_inputs = [x.detach().clone() for x in example_inputs]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        snapshot = OptimizerSnapshot(params, optimizer)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup_steps):
+                self._eager_step()
+        torch.cuda.current_stream().wait_stream(side)
+        snapshot.restore()
+        optimizer.zero_grad(set_to_none=True)  # backward allocates the gradients in the graph's own memory
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_loss = self._eager_step(zero_grad=False)
+
+    def _eager_step(self, zero_grad: bool = True) -> torch.Tensor:
+        if zero_grad:
+            self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(*self.static_inputs)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """One step on ``inputs`` (shaped as the example inputs); returns the loss, a tensor the next call
+        overwrites."""
+        if len(inputs) != len(self.static_inputs):
+            raise ValueError(f"the step was captured with {len(self.static_inputs)} input(s), got {len(inputs)}")
+        for i, (static, x) in enumerate(zip(self.static_inputs, inputs, strict=True)):
+            if x.shape != static.shape or x.dtype != static.dtype:
+                raise ValueError(
+                    f"input {i} must be shaped as at capture, {tuple(static.shape)} {static.dtype}, got "
+                    f"{tuple(x.shape)} {x.dtype} (a graph replays fixed shapes: capture one step per shape)"
+                )
+            if x is not static:
+                static.copy_(x)
+        self.graph.replay()
+        return self.static_loss

@@ -1,0 +1,246 @@
+"""diffattn.cuda_graphs: a whole training step captured as one CUDA graph. On the CPU with CUDA's stream and graph
+calls faked (a fake capture runs the step's code eagerly, which a real capture only records): the warm-up leaves the
+model and the optimizer as they were, the captured code is one eager step from there, each call copies its batch
+into the captured buffers and replays once, and what cannot be captured is refused with its reason. On a GPU
+(``gpu``): graphed steps against eager ones from the same start, for the baseline and DIFF."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import pytest
+import torch
+
+from diffattn import cuda_graphs
+from diffattn.cuda_graphs import GraphedTrainStep, OptimizerSnapshot
+from diffattn.models.build import build_model
+
+
+class FakeCuda:
+    """torch.cuda's stream and graph calls, recording what ran where: a capture runs its block eagerly and records
+    the state it began in; a replay is counted."""
+
+    def __init__(self):
+        self.stream_now = "default"
+        self.events: list[str] = []
+        self.replays = 0
+        self.at_capture: dict = {}
+        self.on_capture = lambda: {}
+
+    def Stream(self):
+        fake = self
+
+        class Side:
+            def wait_stream(self, other):
+                fake.events.append("side waits")
+
+        return Side()
+
+    def current_stream(self):
+        fake = self
+
+        class Current:
+            def wait_stream(self, other):
+                fake.events.append("default waits")
+
+        return Current()
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        self.stream_now = "side"
+        try:
+            yield
+        finally:
+            self.stream_now = "default"
+
+    def CUDAGraph(self):
+        fake = self
+
+        class Graph:
+            def replay(self):
+                fake.replays += 1
+
+        return Graph()
+
+    @contextlib.contextmanager
+    def graph(self, g):
+        self.at_capture = self.on_capture()
+        self.events.append("capture")
+        yield
+        self.events.append("captured")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    fake = FakeCuda()
+    for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(cuda_graphs, "_check_cuda_inputs", lambda inputs: None)  # the batch stays on the CPU
+    # AdamW's capturable path (its step count a tensor) on the CPU tensors, as it runs on CUDA
+    adam = importlib.import_module("torch.optim.adam")  # the module (torch.optim.adam is also a function's name)
+    monkeypatch.setattr(adam, "_get_capturable_supported_devices", lambda *a, **k: ["cpu", "cuda"])
+    return fake
+
+
+def _model_and_batch(attention="diff"):
+    model = build_model("debug", attention, backend="auto", seed=0, num_layers=1).train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    return model, ids
+
+
+def _loss_fn(model):
+    def loss_fn(ids):
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    return loss_fn
+
+
+def _adamw(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, capturable=True)
+
+
+def _state(model, opt):
+    return (
+        [p.detach().clone() for p in model.parameters()],
+        [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+        [opt.state[p]["step"].clone() for p in model.parameters() if "step" in opt.state[p]],
+    )
+
+
+def test_the_warm_up_leaves_no_trace_and_the_capture_is_one_eager_step_from_the_start(fake_cuda):
+    model, ids = _model_and_batch()
+    start = [p.detach().clone() for p in model.parameters()]
+    twin, _ = _model_and_batch()  # the same seed: the same start
+    twin_opt = _adamw(twin)
+    twin_opt.zero_grad(set_to_none=True)
+    _loss_fn(twin)(ids).backward()
+    twin_opt.step()
+
+    opt = _adamw(model)
+    streams = []
+
+    def loss_fn(ids):
+        streams.append(fake_cuda.stream_now)
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    fake_cuda.on_capture = lambda: _state(model, opt)
+    step = GraphedTrainStep(loss_fn, opt, (ids,), warmup_steps=3)
+    assert streams == ["side"] * 3 + ["default"]  # three warm-up steps on the side stream, then the capture
+    assert fake_cuda.events == ["side waits", "default waits", "capture", "captured"]
+    values, grads, steps = fake_cuda.at_capture
+    # at capture: the parameters as they began, no gradient (backward allocates them in the graph), Adam's step 0
+    for before, at in zip(start, values, strict=True):
+        assert torch.equal(before, at)
+    assert all(g is None for g in grads)
+    assert len(steps) == len(start) and all(float(s) == 0 for s in steps)
+    # the fake capture ran the captured code eagerly: it is exactly one eager step from the start
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert fake_cuda.replays == 0 and step.static_loss.shape == ()
+
+
+def test_each_call_copies_its_batch_into_the_captured_buffer_and_replays_once(fake_cuda):
+    model, ids = _model_and_batch("standard")
+    step = GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=1)
+    other = (ids + 1) % model.config.vocab_size
+    loss = step(other)
+    assert fake_cuda.replays == 1 and loss is step.static_loss
+    assert torch.equal(step.static_inputs[0], other) and step.static_inputs[0] is not other
+    step(step.static_inputs[0])  # the captured buffer itself: no copy needed
+    assert fake_cuda.replays == 2
+    with pytest.raises(ValueError, match=r"shaped as at capture, \(2, 12\) torch.int64, got \(2, 11\)"):
+        step(other[:, :11])
+    with pytest.raises(ValueError, match="captured with 1 input"):
+        step(other, other)
+    assert fake_cuda.replays == 2
+
+
+def test_what_cannot_be_captured_is_refused_with_its_reason(fake_cuda, monkeypatch):
+    model, ids = _model_and_batch("standard")
+    loss_fn = _loss_fn(model)
+    with pytest.raises(ValueError, match=r"takes torch\.optim\.Adam, torch\.optim\.AdamW, got SGD"):
+        GraphedTrainStep(loss_fn, torch.optim.SGD(model.parameters(), lr=0.1), (ids,))
+    with pytest.raises(ValueError, match=r"param group\(s\) \[0\] are not capturable: build it with capturable=True"):
+        GraphedTrainStep(loss_fn, torch.optim.AdamW(model.parameters()), (ids,))
+    with pytest.raises(ValueError, match="warmup_steps must be >= 1"):
+        GraphedTrainStep(loss_fn, _adamw(model), (ids,), warmup_steps=0)
+    monkeypatch.undo()  # the real input check: a CPU batch cannot be replayed by a CUDA graph
+    with pytest.raises(ValueError, match=r"example input\(s\) \[0\] are not CUDA tensors"):
+        GraphedTrainStep(loss_fn, _adamw(model), (ids,))
+
+
+def test_a_snapshot_puts_the_parameters_and_adams_state_back_in_place():
+    model, ids = _model_and_batch("standard")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def one_step():
+        opt.zero_grad(set_to_none=True)
+        _loss_fn(model)(ids).backward()
+        opt.step()
+
+    one_step()  # state that exists before the snapshot is copied back; state created after it is zeroed
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    state_before = {i: {k: v.clone() for k, v in opt.state[p].items()} for i, p in enumerate(params)}
+    held = [opt.state[p]["exp_avg"] for p in params]
+    snapshot = OptimizerSnapshot(params, opt)
+    one_step()
+    one_step()
+    snapshot.restore()
+    for i, p in enumerate(params):
+        assert torch.equal(p, before[i])
+        for k, v in opt.state[p].items():
+            assert torch.equal(v, state_before[i][k])
+        assert opt.state[p]["exp_avg"] is held[i]  # the same tensors, as a captured graph holds them
+    fresh_model, _ = _model_and_batch("standard")
+    fresh = torch.optim.AdamW(fresh_model.parameters(), lr=1e-2)
+    snapshot = OptimizerSnapshot(list(fresh_model.parameters()), fresh)  # before any state: state zeroed on restore
+    fresh.zero_grad(set_to_none=True)
+    _loss_fn(fresh_model)(ids).backward()
+    fresh.step()
+    snapshot.restore()
+    assert all(float(v.abs().max()) == 0 for p in fresh_model.parameters() for v in fresh.state[p].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["standard", "diff", "diff-v2"])
+def test_graphed_steps_follow_eager_ones_from_the_same_start(attention):
+    # three steps each way from the same weights on the same batches; the rule: the graph's parameters differ from
+    # the eager run's by no more than two eager runs differ from each other (cuDNN's and the kernels' reductions
+    # need not be deterministic), or a few float32 ulps
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+    def run(graphed: bool):
+        model = build_model("debug", attention, backend="auto", seed=0, num_layers=2).cuda().train()
+        generator = torch.Generator().manual_seed(0)
+        batches = [torch.randint(0, model.config.vocab_size, (2, 128), generator=generator).cuda() for _ in range(3)]
+        opt = _adamw(model)
+
+        def loss_fn(ids):
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+        if graphed:
+            step = GraphedTrainStep(loss_fn, opt, (batches[0],))
+            losses = [float(step(b)) for b in batches]
+        else:
+            losses = []
+            for b in batches:
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(b)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss))
+        return losses, [p.detach().float() for p in model.parameters()]
+
+    eager, eager_params = run(False)
+    again, again_params = run(False)
+    graphed, graphed_params = run(True)
+    for e, a, g in zip(eager_params, again_params, graphed_params, strict=True):
+        noise = float((e - a).abs().max())
+        floor = 4 * torch.finfo(torch.float32).eps * float(e.abs().max())
+        assert float((g - e).abs().max()) <= max(4 * noise, floor)
+    for e, a, g in zip(eager, again, graphed, strict=True):
+        assert abs(g - e) <= max(4 * abs(a - e), 4 * torch.finfo(torch.float32).eps * abs(e))
