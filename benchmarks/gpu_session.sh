@@ -15,6 +15,8 @@
 #   kernels.json                               one V1 and one DIFF V2 call (d = 64, 16K tokens) and one V1 decoding
 #                                              call: each route's kernels beside the baseline's and a stacked cuDNN
 #                                              call's (bench.call_kernels)
+#   train_graphed.json                         the same step with every column's whole step one CUDA graph
+#                                              (diffattn.cuda_graphs: the GPU's work without the host's launches)
 #   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
@@ -25,8 +27,8 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
-# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, resweep, 830m,
-# decode, compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, graphed, resweep,
+# 830m, decode, compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
 # budget left for, e.g. STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
@@ -37,7 +39,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,layout,train,kernels,resweep,830m,decode,compiled,tests}
+STEPS=${STEPS:-sweep,layout,train,kernels,graphed,resweep,830m,decode,compiled,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -122,6 +124,13 @@ gpu_tests() {
   want train && grep -q -e ": on —" -e ": moved:" "$OUT/switches.txt" 2>/dev/null && \
     step 90 "train step, bf16, small, with the table as the step decided" $PY -m diffattn -v bench train-step \
     --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train_decided.json"
+  # the same step with every column's whole step captured once as one CUDA graph and replayed (diffattn.cuda_graphs;
+  # RESULTS.md, 2026-11-29, "The whole step as one CUDA graph", predicts DIFF (auto) 1.10-1.20x the baseline and
+  # below DiffLlama, where the eager step's 1.42x is host work): the step's GPU work without the host's launches,
+  # with the table as decided above; bench.targets reads it beside the eager step
+  want graphed && step 100 "train step, bf16, small, the whole step one CUDA graph" $PY -m diffattn -v bench train-step \
+    --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --cuda-graphs \
+    --backends cudnn+epilogue+norm,cudnn_direct+norm,auto+pairs --json "$OUT/train_graphed.json"
   # where [V; V] by its kernels went on: V1's one-call routes timed again on its training classes (d = 64 and 128),
   # now with it (the sweep extends this run's entry: route_sweep --plan v_copies), so the targets read them as they run
   want resweep && grep -q "^fused_v_copies: on" "$OUT/switches.txt" 2>/dev/null && \

@@ -6,81 +6,18 @@ into the captured buffers and replays once, and what cannot be captured is refus
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-
 import pytest
 import torch
 
-from diffattn import cuda_graphs
 from diffattn.cuda_graphs import GraphedTrainStep, OptimizerSnapshot
 from diffattn.models.build import build_model
 
-
-class FakeCuda:
-    """torch.cuda's stream and graph calls, recording what ran where: a capture runs its block eagerly and records
-    the state it began in; a replay is counted."""
-
-    def __init__(self):
-        self.stream_now = "default"
-        self.events: list[str] = []
-        self.replays = 0
-        self.at_capture: dict = {}
-        self.on_capture = lambda: {}
-
-    def Stream(self):
-        fake = self
-
-        class Side:
-            def wait_stream(self, other):
-                fake.events.append("side waits")
-
-        return Side()
-
-    def current_stream(self):
-        fake = self
-
-        class Current:
-            def wait_stream(self, other):
-                fake.events.append("default waits")
-
-        return Current()
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        self.stream_now = "side"
-        try:
-            yield
-        finally:
-            self.stream_now = "default"
-
-    def CUDAGraph(self):
-        fake = self
-
-        class Graph:
-            def replay(self):
-                fake.replays += 1
-
-        return Graph()
-
-    @contextlib.contextmanager
-    def graph(self, g):
-        self.at_capture = self.on_capture()
-        self.events.append("capture")
-        yield
-        self.events.append("captured")
+from .fake_cuda import fake_cuda_graphs
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    fake = FakeCuda()
-    for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
-        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
-    monkeypatch.setattr(cuda_graphs, "_check_cuda_inputs", lambda inputs: None)  # the batch stays on the CPU
-    # AdamW's capturable path (its step count a tensor) on the CPU tensors, as it runs on CUDA
-    adam = importlib.import_module("torch.optim.adam")  # the module (torch.optim.adam is also a function's name)
-    monkeypatch.setattr(adam, "_get_capturable_supported_devices", lambda *a, **k: ["cpu", "cuda"])
-    return fake
+    return fake_cuda_graphs(monkeypatch)
 
 
 def _model_and_batch(attention="diff"):
@@ -168,6 +105,27 @@ def test_what_cannot_be_captured_is_refused_with_its_reason(fake_cuda, monkeypat
     monkeypatch.undo()  # the real input check: a CPU batch cannot be replayed by a CUDA graph
     with pytest.raises(ValueError, match=r"example input\(s\) \[0\] are not CUDA tensors"):
         GraphedTrainStep(loss_fn, _adamw(model), (ids,))
+
+
+def test_a_step_that_cannot_be_captured_says_what_raised_inside_the_capture(fake_cuda):
+    # a real capture's end raises an error of its own after one inside it ("operation failed due to a previous
+    # error during capture"): the message names the first one
+    model, ids = _model_and_batch("standard")
+    loss_fn = _loss_fn(model)
+    in_capture = []
+
+    def failing(ids):
+        if in_capture:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        return loss_fn(ids)
+
+    def capture_begins():
+        in_capture.append(True)
+        return {}
+
+    fake_cuda.on_capture = capture_begins
+    with pytest.raises(RuntimeError, match=r"captured as a CUDA graph: RuntimeError: CUDA error: operation not permi"):
+        GraphedTrainStep(failing, _adamw(model), (ids,))
 
 
 def test_a_snapshot_puts_the_parameters_and_adams_state_back_in_place():

@@ -14,6 +14,8 @@ from diffattn.bench import kernels as kernels_mod
 from diffattn.bench import train_step
 from diffattn.cli import main
 
+from .fake_cuda import fake_cuda_graphs
+
 
 def test_default_dtype_is_what_training_runs_in():
     assert train_step.default_dtype("cuda") == "bf16" and train_step.default_dtype("cuda:1") == "bf16"
@@ -81,6 +83,50 @@ def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
     argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--compile", "eager"]
     assert main(["bench", "train-step", *argv]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("(forward compiled: eager)")
+
+
+def test_a_graphed_step_captures_the_eager_step_with_its_switches_and_a_capturable_adamw(monkeypatch):
+    # --cuda-graphs with CUDA's graph calls faked (a fake capture runs the step eagerly): the captured step is the
+    # eager step's, in its dtype with the forced switches on in every warm-up forward and the capture's, and one
+    # replay a call
+    fake = fake_cuda_graphs(monkeypatch)
+    model = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    twin = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    seen = []
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        seen.append((diffattn.ops.routes.FORCED_FLAGS["heads_in_pairs"], torch.get_autocast_dtype("cpu")))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", recording)
+    step = train_step._graphed_step_fn(model, ids, "bf16", ("heads_in_pairs",))
+    assert seen == [(True, torch.bfloat16)] * 4 and fake.events[-2:] == ["capture", "captured"]
+    opt = train_step._optimizer(twin, capturable=True)  # the eager step, with the AdamW a graph needs
+    train_step._loss_fn(twin, "cpu", "bf16", ("heads_in_pairs",))(ids).backward()
+    opt.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):  # the capture's one step is the eager one
+        assert torch.equal(p, q)
+    step()
+    step()
+    assert fake.replays == 2 and len(seen) == 4
+
+
+def test_graphs_are_refused_where_a_step_cannot_be_one(capsys):
+    for kwargs, reason in (
+        ({"device": "cpu"}, "device cpu is not CUDA"),
+        ({"device": "cuda", "dtype": "fp16"}, "gradient scaler"),
+        ({"device": "cuda", "dtype": "bf16", "compile_backend": "inductor"}, "reduce-overhead"),
+    ):
+        with pytest.raises(ValueError, match=reason):
+            train_step.run_train_step_benchmark(["debug"], [16], reps=1, cuda_graphs=True, **kwargs)
+    argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--cuda-graphs"]
+    assert main(["bench", "train-step", *argv]) != 0
+    assert "device cpu is not CUDA" in capsys.readouterr().err
+    names = list(train_step.COLUMNS)
+    row = train_step.StepRow("small", 1024, 4, dict.fromkeys(names, 10.0), "bf16", cuda_graphs=True)
+    assert train_step.format_table([row]).splitlines()[-1].endswith("(whole step one CUDA graph)")
 
 
 @pytest.mark.heavy  # over 10 s on 2 cores in the first recording machine's seconds (tests/durations.json); CI runs it

@@ -180,7 +180,8 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         raise ValueError(f"--dtype must be one of {', '.join(sorted(DTYPES))}, got {dtype!r}")
     print(
         f"train-step benchmark: device={device}, dtype={dtype}, batch={args.batch}, median of {args.reps}, "
-        f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW",
+        f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW"
+        + (", the whole step one CUDA graph" if args.cuda_graphs else ""),
         flush=True,
     )
     rows = run_train_step_benchmark(
@@ -193,6 +194,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         dtype=dtype,
         compile_backend=args.compile,
         backends=tuple(filter(None, args.backends.split(","))),
+        cuda_graphs=args.cuda_graphs,
     )
     print(format_table(rows))
     kernels = format_kernels(rows)  # CUDA: what each column's step is made of
@@ -657,6 +659,12 @@ def _add_bench_commands(sub) -> None:
         default=None,
         metavar="BACKEND",
         help="every model's forward through torch.compile (BACKEND, default inductor); compiled in the warm-up step",
+    )
+    b.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="CUDA, bf16 or fp32: each column's whole step (forward, backward, AdamW) captured once as a CUDA graph "
+        "and replayed: the step's GPU work without the host's launches (diffattn.cuda_graphs)",
     )
     b.add_argument(
         "--backends",

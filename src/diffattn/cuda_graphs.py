@@ -131,8 +131,21 @@ class GraphedTrainStep:
         snapshot.restore()
         optimizer.zero_grad(set_to_none=True)  # backward allocates the gradients in the graph's own memory
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_loss = self._eager_step(zero_grad=False)
+        raised: list[BaseException] = []
+        try:
+            with torch.cuda.graph(self.graph):
+                try:
+                    self.static_loss = self._eager_step(zero_grad=False)
+                except Exception as err:  # the capture's end raises its own error after it: this one says why
+                    raised.append(err)
+                    raise
+        except Exception as err:
+            first = raised[0] if raised else err
+            line = (str(first).strip().splitlines() or [""])[0][:300]
+            raise RuntimeError(
+                f"the train step could not be captured as a CUDA graph: {type(first).__name__}: {line} (a host read "
+                "of a GPU value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
+            ) from first
 
     def _eager_step(self, zero_grad: bool = True) -> torch.Tensor:
         if zero_grad:

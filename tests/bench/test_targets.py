@@ -110,6 +110,26 @@ def test_the_step_timed_again_with_the_steps_own_decisions_is_the_one_read(tmp_p
     assert forced["value"] == pytest.approx(1.1)
 
 
+def test_the_graphed_step_is_read_from_its_own_file_beside_the_eager_one(tmp_path):
+    # bench train-step --cuda-graphs writes train_graphed.json: its rows answer the "whole step one CUDA graph" rows,
+    # never the eager ones, and a run without it leaves them n/a
+    eager = {"baseline": 40.0, "diffattn DIFF (auto)": 57.0, "HF DiffLlama": 55.5}
+    run = _run(tmp_path, [], [{"preset": "small", "seq_len": 1024, "ms": eager}])
+    graph_rows = ("`small` train step (bf16), whole step one CUDA graph <= 1.25x",
+                  "`small` train step below transformers' DiffLlama, whole step one CUDA graph")  # fmt: skip
+    got = _by_target(targets.check(run))
+    assert (
+        all(got[t]["result"] == "n/a" for t in graph_rows) and "no train_graphed.json" in got[graph_rows[1]]["source"]
+    )
+    graphed = {"baseline": 8.6, "diffattn DIFF (auto)": 10.0, "HF DiffLlama": 10.7}
+    rows = [{"preset": "small", "seq_len": 1024, "ms": graphed, "cuda_graphs": True}]
+    (run / "train_graphed.json").write_text(json.dumps({"rows": rows}))
+    got = _by_target(targets.check(run))
+    assert (round(got[graph_rows[0]]["value"], 3), got[graph_rows[0]]["result"]) == (1.163, "pass")
+    assert got[graph_rows[1]]["result"] == "pass" and got[graph_rows[1]]["value"] == pytest.approx(10.0 / 10.7)
+    assert got["`small` train step (bf16) <= 1.25x"]["value"] == pytest.approx(57.0 / 40.0)  # the eager rows' own
+
+
 def test_a_class_timed_on_the_models_inputs_is_read_from_those_records_only(tmp_path):
     # a record kept from an earlier lease on other inputs is not compared with one timed on a model's inputs, faster
     # though it may be; with only older records, the figure says what it was timed on

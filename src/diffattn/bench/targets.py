@@ -9,6 +9,9 @@ A run directory is what ``benchmarks/gpu_session.sh`` writes (``benchmarks/gpu-r
 * ``train.json`` — the `small` train step (``bench train-step``): per row, each column's median ms; read from
   ``train_decided.json`` instead where the run has it: the same step timed again after the step's own decisions were
   written into the table (:mod:`diffattn.bench.switches`), i.e. with what ``auto`` runs from then on;
+* ``train_graphed.json`` — the same step with every column's whole step replayed from one CUDA graph
+  (``bench train-step --cuda-graphs``): the step's GPU work without the host's launches, read by the step targets'
+  rows marked "whole step one CUDA graph" beside the eager ones;
 * ``report/gpu-report.json`` — decoding per token in the models (static cache, CUDA graphs).
 
 A target whose number the run lacks is ``n/a`` with why, never a pass. Usage:
@@ -37,6 +40,12 @@ STEP_COLUMN = {"auto": forced_column("auto"), "hf": "HF DiffLlama", "kernel": fo
 AGAINST_HF = ("step_vs_hf", "decode_vs_hf")
 
 
+#: where a step target reads its rows, the first file that has them: the eager step (the one timed again after the
+#: step's own decisions first, where a run has both: module docstring), or the step replayed from one CUDA graph
+STEP_FILES = ("train_decided.json", "train.json")
+GRAPHED_STEP_FILES = ("train_graphed.json",)
+
+
 @dataclass(frozen=True)
 class Target:
     issue: int
@@ -48,6 +57,7 @@ class Target:
     #            "step_vs_hf": the DIFF (auto) step's time against HF DiffLlama's; "decode_vs_hf": per token
     where: str  # a call class key, or a train.json column key of STEP_COLUMN
     limit: float
+    step_files: tuple[str, ...] = STEP_FILES  # the step targets' rows (:data:`STEP_FILES`, :data:`GRAPHED_STEP_FILES`)
 
     @property
     def text(self) -> str:
@@ -67,6 +77,11 @@ TARGETS = (
     Target(34, "DIFF V2 fwd+bwd at d = 128", "route", "shared_k d128 dv128 bf16 causal none train", 2.3),
     Target(34, "`small` train step (bf16)", "step", "auto", 1.25),
     Target(34, "`small` train step below transformers' DiffLlama", "step_vs_hf", "auto", 1.0),
+    # the same two, every column's whole step one CUDA graph (diffattn.cuda_graphs): the eager step is host-bound,
+    # and these rows say what the GPU work alone gives; the eager rows above stay the issue's
+    Target(34, "`small` train step (bf16), whole step one CUDA graph", "step", "auto", 1.25, GRAPHED_STEP_FILES),
+    Target(34, "`small` train step below transformers' DiffLlama, whole step one CUDA graph", "step_vs_hf", "auto",
+           1.0, GRAPHED_STEP_FILES),
     Target(34, "decode never slower than the two-call route (DiffLlama)", "decode_vs_hf", "auto", 1.0),
     Target(37, "fused kernel: DIFF V1 fwd at d = 64", "kernel", "v1 d64 dv128 bf16 causal none infer",
            TRITON_MAX_RATIO["fwd_ratio"]),
@@ -135,14 +150,10 @@ def _best_graph(ms: list[dict], where: str) -> tuple[float, str]:
     return value, source if math.isnan(value) else f"{source}, eager (no graph time): host time mostly"
 
 
-#: the step's files, the one read first where a run has both (module docstring)
-STEP_FILES = ("train_decided.json", "train.json")
-
-
-def _step_rows(run: Path, *columns: str) -> list[dict]:
-    """The `small` rows of the first of :data:`STEP_FILES` whose rows have all of ``columns`` (the step timed again
-    has the default columns only; a forced one is read from train.json)."""
-    for name in STEP_FILES:
+def _step_rows(run: Path, files: tuple[str, ...], *columns: str) -> list[dict]:
+    """The `small` rows of the first of ``files`` whose rows have all of ``columns`` (the step timed again has the
+    default columns only; a forced one is read from train.json)."""
+    for name in files:
         data = _read(run / name)
         rows = [r for r in data.get("rows", []) if r.get("preset") == "small"] if isinstance(data, dict) else []
         if any(all(c in (r.get("ms") or {}) for c in columns) for r in rows):
@@ -150,18 +161,21 @@ def _step_rows(run: Path, *columns: str) -> list[dict]:
     return []
 
 
-def _step(run: Path, column: str) -> tuple[float, str]:
+def _step(run: Path, column: str, files: tuple[str, ...] = STEP_FILES) -> tuple[float, str]:
     """The worst (largest) ratio to the baseline over the `small` rows, and each row's, with the ratio of the GPU's
-    busy time beside it where the row has one: the step is host-bound on an H200 (the baseline's GPU busy 8.6 of its
-    40 ms at 1,024 tokens, 2026-11-28), so the wall ratio the target reads is mostly host work"""
-    return _step_ratios(run, column, "baseline", "x", "", f"no `{column}` column in train.json")
+    busy time beside it where the row has one: the eager step is host-bound on an H200 (the baseline's GPU busy 8.6
+    of its 40 ms at 1,024 tokens, 2026-11-28), so the wall ratio the target reads is mostly host work"""
+    return _step_ratios(run, files, column, "baseline", "x", "", f"no `{column}` column in {files[-1]}")
 
 
-def _step_vs_hf(run: Path) -> tuple[float, str]:
-    return _step_ratios(run, STEP_COLUMN["auto"], STEP_COLUMN["hf"], "", " of DiffLlama's time", "no train.json")
+def _step_vs_hf(run: Path, files: tuple[str, ...] = STEP_FILES) -> tuple[float, str]:
+    auto, hf = STEP_COLUMN["auto"], STEP_COLUMN["hf"]
+    return _step_ratios(run, files, auto, hf, "", " of DiffLlama's time", f"no {files[-1]}")
 
 
-def _step_ratios(run: Path, num: str, den: str, unit: str, what: str, missing: str) -> tuple[float, str]:
+def _step_ratios(
+    run: Path, files: tuple[str, ...], num: str, den: str, unit: str, what: str, missing: str
+) -> tuple[float, str]:
     """The worst ratio of column ``num`` to ``den`` over the `small` rows, and each row's wall ratio with its GPU-busy
     ratio beside it where the row has one (``1.42x at 1024 (GPU busy 1.17x)``); ``missing`` where no row has both."""
 
@@ -169,7 +183,7 @@ def _step_ratios(run: Path, num: str, den: str, unit: str, what: str, missing: s
         t = r.get(times) or {}
         return t[num] / t[den] if num in t and t.get(den) else None
 
-    rows = [r for r in _step_rows(run, num, den) if ratio(r, "ms") is not None and math.isfinite(ratio(r, "ms"))]
+    rows = [r for r in _step_rows(run, files, num, den) if ratio(r, "ms") is not None and math.isfinite(ratio(r, "ms"))]
     if not rows:
         return math.nan, missing
 
@@ -204,9 +218,9 @@ def check(run: Path) -> list[dict]:
         elif t.kind == "kernel_decode":
             value, source = _best_graph(ms, t.where)
         elif t.kind == "step":
-            value, source = _step(run, STEP_COLUMN[t.where])
+            value, source = _step(run, STEP_COLUMN[t.where], t.step_files)
         elif t.kind == "step_vs_hf":
-            value, source = _step_vs_hf(run)
+            value, source = _step_vs_hf(run, t.step_files)
         else:
             value, source = _decode_vs_hf(run)
         below = t.kind in AGAINST_HF  # "below" / "never slower": a ratio under (at most) 1

@@ -19,6 +19,14 @@ a small model is host-bound (the H200 run of 2026-11-27: DIFF's extra 15.5 ms a 
 tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forward fuses the element-wise ops of
 λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
 
+``cuda_graphs`` (``--cuda-graphs``, CUDA, bf16 or fp32): every column's whole step — forward, backward and AdamW
+(``capturable=True``) — captured once as one CUDA graph and replayed each repetition
+(:class:`diffattn.cuda_graphs.GraphedTrainStep`; warm-up and capture outside the timing). Why: the eager step times
+the host issuing a thousand kernels (the H200 of 2026-11-28: the baseline's 40.0 ms for 8.6 ms of GPU work; DIFF's
+layer 17 ms more host time for 1.5 ms more GPU time); replayed, a column's time is its kernels' and a ratio is a ratio
+of GPU work — what a user who graphs the step gets. Every route runs as at capture, decided once. Not with
+``compile`` (inductor's own graphs are its ``mode="reduce-overhead"``) nor fp16 (the gradient scaler reads the host).
+
 ``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
 Why: the route table picks a class's route by its time at batch·N = 16K tokens, where the GPU is the limit; a small
 model's step is host-bound, where a route's host cost decides — on the H200 (2026-11-27) ``auto`` (``cudnn_maps``,
@@ -114,9 +122,31 @@ class StepRow:
     #: every repetition's ms per column, in repetition order: the same index is the same interleaved repetition in
     #: every column, so two columns compare pair by pair (:func:`diffattn.bench.paired_ratio`)
     samples_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: every column's whole step replayed from one CUDA graph (module docstring)
+    cuda_graphs: bool = False
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
+
+
+def _optimizer(model, capturable: bool = False) -> torch.optim.AdamW:
+    """The step's AdamW over the model's float32 parameters (``capturable``: its step count on the GPU, for a graph)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, capturable=capturable)
+
+
+def _loss_fn(forward, device_type: str, dtype: str, fused: tuple[str, ...], cache_enabled: bool = True):
+    """``ids -> loss``: the forward under autocast in ``dtype`` (none for fp32) with the switches ``fused`` forced on
+    (``cache_enabled``: autocast's cache of cast weights, off where the step is captured as a graph)."""
+    amp = DTYPES[dtype]
+
+    def loss_fn(ids):
+        autocast = torch.autocast(device_type, dtype=amp, cache_enabled=cache_enabled) if amp is not None else None
+        with autocast or contextlib.nullcontext(), switches_forced(fused):
+            # no KV cache, as diffattn.train's Trainer runs (TrainingArguments.use_cache, default False): with the
+            # config's default (True) every layer would copy its K and V into a DynamicCache each step
+            return forward(input_ids=ids, labels=ids, use_cache=False).loss
+
+    return loss_fn
 
 
 def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None, fused: tuple[str, ...] = ()):
@@ -124,24 +154,30 @@ def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = No
     forward under autocast, fp16 with a gradient scaler. ``compile_backend``: the forward through ``torch.compile``
     with that backend (the same parameters: the optimizer steps the model's own). ``fused``: the route-table switches
     (:data:`FUSED`'s values) forced on in the step (the rest as the table says)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = _optimizer(model)
     device_type = batch.device.type
-    amp = DTYPES[dtype]
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
     forward = torch.compile(model, backend=compile_backend) if compile_backend else model
+    loss_fn = _loss_fn(forward, device_type, dtype, fused)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        autocast = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
-        with autocast, switches_forced(fused):
-            # no KV cache, as diffattn.train's Trainer runs (TrainingArguments.use_cache, default False): with the
-            # config's default (True) every layer would copy its K and V into a DynamicCache each step
-            loss = forward(input_ids=batch, labels=batch, use_cache=False).loss
-        scaler.scale(loss).backward()
+        scaler.scale(loss_fn(batch)).backward()
         scaler.step(opt)
         scaler.update()
 
     return step
+
+
+def _graphed_step_fn(model, batch, dtype: str = "bf16", fused: tuple[str, ...] = ()):
+    """:func:`_step_fn`'s step (bf16 or fp32), its AdamW built ``capturable=True``, as one CUDA graph
+    (:class:`diffattn.cuda_graphs.GraphedTrainStep`: warmed up and captured here, replayed by each call). Autocast's
+    cache of cast weights is off: it does not outlive the capture's autocast block (PyTorch's advice for graphs)."""
+    from ..cuda_graphs import GraphedTrainStep
+
+    loss_fn = _loss_fn(model, batch.device.type, dtype, fused, cache_enabled=False)
+    graphed = GraphedTrainStep(loss_fn, _optimizer(model, capturable=True), (batch,))
+    return lambda: graphed(batch)
 
 
 def run_train_step_benchmark(
@@ -155,16 +191,19 @@ def run_train_step_benchmark(
     memory: bool = False,
     compile_backend: str | None = None,
     backends: tuple[str, ...] = (),
+    cuda_graphs: bool = False,
 ) -> list[StepRow]:
     """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
     ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
     ``compile_backend``: each model's forward through ``torch.compile`` with it; ``backends``: a DIFF column per
-    backend, forced (module docstring)."""
+    backend, forced; ``cuda_graphs``: each column's whole step replayed from one CUDA graph (module docstring)."""
     columns = columns_for(backends)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if cuda_graphs:
+        check_graphable(device, dtype, compile_backend)
     rows = []
     for preset in presets:
         for n in seq_lens:
@@ -181,13 +220,17 @@ def run_train_step_benchmark(
                 model.to(device).train()
                 models[name] = model
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
-                steps[name] = _step_fn(model, ids.to(device), dtype, compile_backend, fused)
+                steps[name] = (ids.to(device), fused)
             failed = {}
-            for name, fn in steps.items():  # warm-up (and, with compile_backend, the compiling)
+            for name, (ids, fused) in steps.items():  # warm-up (and the compiling, or the graph's capture)
                 try:
-                    fn()
+                    if cuda_graphs:  # warmed up and captured as it is built
+                        steps[name] = _graphed_step_fn(models[name], ids, dtype, fused)
+                    else:
+                        steps[name] = _step_fn(models[name], ids, dtype, compile_backend, fused)
+                        steps[name]()
                 except Exception as err:  # a forced backend that cannot take these calls: NaN, and why
-                    if name in COLUMNS:
+                    if name in COLUMNS and not cuda_graphs:  # a step that cannot be captured: NaN, and why, too
                         raise
                     failed[name] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
                     print(f"{preset} seq {n}: {name} failed: {failed[name]}", flush=True)
@@ -206,15 +249,26 @@ def run_train_step_benchmark(
                         if cuda:
                             torch.cuda.synchronize()
                         times[name].append(time.perf_counter() - t0)
-            peak = _step_peak_mib(steps, models) if memory and cuda else {}
+            peak = _step_peak_mib(steps, models) if memory and cuda and not cuda_graphs else {}
             busy, kernels = gpu_profile(steps) if cuda else ({}, {})
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
             samples = {k: [round(1e3 * x, 4) for x in v] for k, v in times.items()}
+            compiled = compile_backend or ""
             rows.append(
-                StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compile_backend or "", kernels, samples)
+                StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compiled, kernels, samples, cuda_graphs)
             )
     return rows
+
+
+def check_graphable(device: str, dtype: str, compile_backend: str | None = None) -> None:
+    """Why a step on ``device`` in ``dtype`` cannot be one CUDA graph (a ValueError), or nothing."""
+    if not str(device).startswith("cuda"):
+        raise ValueError(f"cuda_graphs replays a CUDA graph: device {device} is not CUDA")
+    if dtype == "fp16":
+        raise ValueError("cuda_graphs: fp16 steps through a gradient scaler, whose checks read the host; use bf16")
+    if compile_backend:
+        raise ValueError("cuda_graphs with compile: inductor graphs a compiled step itself (mode='reduce-overhead')")
 
 
 def split_fused(backend: str | None) -> tuple[str | None, tuple[str, ...]]:
@@ -307,6 +361,8 @@ def format_table(rows: list[StepRow]) -> str:
             lines[-1] += "   " + "  ".join(f"{n} {r.ms[n]:.1f} ({r.ratio(n):.2f}x)" for n in extra)
         if r.compiled:
             lines[-1] += f"   (forward compiled: {r.compiled})"
+        if r.cuda_graphs:
+            lines[-1] += "   (whole step one CUDA graph)"
         for label, figures in (("range", r.range_ms), ("gpu", r.gpu_ms)):  # the samples' spread; the GPU's share
             if figures:
                 lines.append(f"{'':<7} {'':>5} {label:>5} " + " ".join(f"{figures.get(n, nan):>22.1f}" for n in names))

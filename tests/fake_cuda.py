@@ -1,0 +1,82 @@
+"""CUDA's stream and graph calls faked on the CPU, for the tests of diffattn.cuda_graphs and of the steps built on it:
+a fake capture runs its block eagerly (a real one only records it) and records the state it began in; a replay is
+counted; an error inside a capture makes its end raise one of its own, as CUDA's does."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import torch
+
+from diffattn import cuda_graphs
+
+
+class FakeCuda:
+    """torch.cuda's stream and graph calls, recording what ran where: a capture runs its block eagerly and records
+    the state it began in; a replay is counted."""
+
+    def __init__(self):
+        self.stream_now = "default"
+        self.events: list[str] = []
+        self.replays = 0
+        self.at_capture: dict = {}
+        self.on_capture = lambda: {}
+
+    def Stream(self):
+        fake = self
+
+        class Side:
+            def wait_stream(self, other):
+                fake.events.append("side waits")
+
+        return Side()
+
+    def current_stream(self):
+        fake = self
+
+        class Current:
+            def wait_stream(self, other):
+                fake.events.append("default waits")
+
+        return Current()
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        self.stream_now = "side"
+        try:
+            yield
+        finally:
+            self.stream_now = "default"
+
+    def CUDAGraph(self):
+        fake = self
+
+        class Graph:
+            def replay(self):
+                fake.replays += 1
+
+        return Graph()
+
+    @contextlib.contextmanager
+    def graph(self, g):
+        self.at_capture = self.on_capture()
+        self.events.append("capture")
+        try:
+            yield
+        except Exception:  # as a real capture's end does after an error inside it
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture") from None
+        self.events.append("captured")
+
+
+def fake_cuda_graphs(monkeypatch) -> FakeCuda:
+    """torch.cuda's stream and graph calls replaced by a :class:`FakeCuda` (undone with ``monkeypatch``), CPU
+    batches taken as CUDA ones, and Adam's capturable path allowed on CPU tensors."""
+    fake = FakeCuda()
+    for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(cuda_graphs, "_check_cuda_inputs", lambda inputs: None)  # the batch stays on the CPU
+    # AdamW's capturable path (its step count a tensor) on the CPU tensors, as it runs on CUDA
+    adam = importlib.import_module("torch.optim.adam")  # the module (torch.optim.adam is also a function's name)
+    monkeypatch.setattr(adam, "_get_capturable_supported_devices", lambda *a, **k: ["cpu", "cuda"])
+    return fake
