@@ -164,17 +164,21 @@ def test_a_snapshot_puts_the_parameters_and_adams_state_back_in_place():
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["standard", "diff", "diff-v2"])
 def test_graphed_steps_follow_eager_ones_from_the_same_start(attention):
-    # three steps each way from the same weights on the same batches; the rule: the graph's parameters differ from
-    # the eager run's by no more than two eager runs differ from each other (cuDNN's and the kernels' reductions
-    # need not be deterministic), or a few float32 ulps
+    # three steps each way from the same weights on the same batches. The rule: the graph's parameters differ from
+    # the eager run's by no more than two eager runs differ from each other (attention's backward may sum by atomics:
+    # not bit-reproducible) or 1% of how far the eager run moved them — a replay that read a stale batch, kept a
+    # gradient or skipped an update is off by the order of the move itself. Adam's eps is 1 here so that its update
+    # is proportional to the gradient: with the default 1e-8 a gradient near zero moves its weight by ±lr whatever
+    # its rounding, which would turn a reduction's nondeterminism into differences as large as a move
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
 
     def run(graphed: bool):
         model = build_model("debug", attention, backend="auto", seed=0, num_layers=2).cuda().train()
+        start = [p.detach().float().clone() for p in model.parameters()]
         generator = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, model.config.vocab_size, (2, 128), generator=generator).cuda() for _ in range(3)]
-        opt = _adamw(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1.0, capturable=True)
 
         def loss_fn(ids):
             with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
@@ -191,14 +195,14 @@ def test_graphed_steps_follow_eager_ones_from_the_same_start(attention):
                 loss.backward()
                 opt.step()
                 losses.append(float(loss))
-        return losses, [p.detach().float() for p in model.parameters()]
+        return losses, start, [p.detach().float() for p in model.parameters()]
 
-    eager, eager_params = run(False)
-    again, again_params = run(False)
-    graphed, graphed_params = run(True)
-    for e, a, g in zip(eager_params, again_params, graphed_params, strict=True):
-        noise = float((e - a).abs().max())
-        floor = 4 * torch.finfo(torch.float32).eps * float(e.abs().max())
-        assert float((g - e).abs().max()) <= max(4 * noise, floor)
-    for e, a, g in zip(eager, again, graphed, strict=True):
-        assert abs(g - e) <= max(4 * abs(a - e), 4 * torch.finfo(torch.float32).eps * abs(e))
+    eager, start, eager_params = run(False)
+    again, _, again_params = run(False)
+    graphed, _, graphed_params = run(True)
+    assert any(float((e - s).abs().max()) > 0 for e, s in zip(eager_params, start, strict=True))
+    for s, e, a, g in zip(start, eager_params, again_params, graphed_params, strict=True):
+        noise, moved = float((e - a).abs().max()), float((e - s).abs().max())
+        assert float((g - e).abs().max()) <= max(4 * noise, 0.01 * moved, 4 * torch.finfo(torch.float32).eps)
+    for e, a, g in zip(eager, again, graphed, strict=True):  # the loss of each step, on the same batch
+        assert abs(g - e) <= max(4 * abs(a - e), 1e-3 * abs(e))
