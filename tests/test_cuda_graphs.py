@@ -77,6 +77,26 @@ def test_the_warm_up_leaves_no_trace_and_the_capture_is_one_eager_step_from_the_
     assert fake_cuda.replays == 0 and step.static_loss.shape == ()
 
 
+def test_the_captured_step_clips_the_gradients_as_the_eager_step_does(fake_cuda):
+    # max_grad_norm: clip_grad_norm_ between backward and the update, inside the capture (a norm small enough that
+    # it clips: the step differs from the unclipped one)
+    ids = _model_and_batch("standard")[1]
+    moved = {}
+    for clip in (None, 1e-3):
+        model = _model_and_batch("standard")[0]
+        GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=1, max_grad_norm=clip)
+        twin = _model_and_batch("standard")[0]
+        opt = _adamw(twin)
+        _loss_fn(twin)(ids).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(list(twin.parameters()), clip)
+        opt.step()
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):  # the capture's one step, eagerly
+            assert torch.equal(p, q)
+        moved[clip] = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(moved[None], moved[1e-3], strict=True))
+
+
 def test_each_call_copies_its_batch_into_the_captured_buffer_and_replays_once(fake_cuda):
     model, ids = _model_and_batch("standard")
     step = GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=1)

@@ -102,6 +102,11 @@ class GraphedTrainStep:
             capture run on copies of them, and the model ends as it began.
         warmup_steps: eager steps on a side stream before the capture (PyTorch's notes use 3; autotuning kernels
             need theirs here, not inside the capture).
+        max_grad_norm: the gradients clipped to this total norm before each update
+            (``torch.nn.utils.clip_grad_norm_``, which reads nothing back to the host), or None.
+
+    A learning rate that changes during training is a tensor the graph reads: build the optimizer with
+    ``lr=torch.tensor(rate, device="cuda")`` and ``fill_`` it between calls (a float is frozen at capture).
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class GraphedTrainStep:
         example_inputs: Sequence[torch.Tensor],
         *,
         warmup_steps: int = 3,
+        max_grad_norm: float | None = None,
     ):
         _check_optimizer(optimizer)
         _check_cuda_inputs(example_inputs)
@@ -119,9 +125,10 @@ class GraphedTrainStep:
                              f"{warmup_steps}")  # fmt: skip
         self.loss_fn = loss_fn
         self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
         self.static_inputs = [x.detach().clone() for x in example_inputs]
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        snapshot = OptimizerSnapshot(params, optimizer)
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        snapshot = OptimizerSnapshot(self.params, optimizer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -152,6 +159,8 @@ class GraphedTrainStep:
             self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(*self.static_inputs)
         loss.backward()
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         return loss.detach()
 
