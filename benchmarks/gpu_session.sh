@@ -29,7 +29,7 @@
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
 # STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, graphed, resweep,
 # 830m, decode, compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
-# budget left for, e.g. STEPS=830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
+# budget left for, e.g. STEPS=graphed,830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
 set -u

@@ -14,7 +14,8 @@ module adds:
 
 * the warm-up leaves no trace: the parameters and the optimizer's state are put back as they were before it (state
   the warm-up created is zeroed, as Adam's starts), so the graphed run follows the eager run's trajectory step for
-  step from the first batch on, rather than training on the first batch a few extra times;
+  step from the first batch on, rather than training on the first batch a few extra times (the random stream a
+  dropout draws from is not put back: with dropout the runs follow each other in distribution, not bit for bit);
 * clear errors for what cannot be captured (a CPU device, an optimizer not built ``capturable=True``, a gradient
   scaler's host-side checks) and for a batch that does not fit the captured buffers.
 

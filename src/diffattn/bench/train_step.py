@@ -213,29 +213,28 @@ def run_train_step_benchmark(
                 # each model recompiles the same forward code; dynamo stops compiling after its recompile limit (8)
                 # and runs eager silently: a fresh start per row keeps every row's four compiles under it
                 torch._dynamo.reset()
-            steps, models = {}, {}
+            inputs, models = {}, {}
             for name, (attention, backend) in columns.items():
                 backend, fused = split_fused(backend)
                 model = build_model(preset, attention, backend=backend, seed=0, max_position_embeddings=max(n, 1024))
                 model.to(device).train()
                 models[name] = model
                 ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(0))
-                steps[name] = (ids.to(device), fused)
-            failed = {}
-            for name, (ids, fused) in steps.items():  # warm-up (and the compiling, or the graph's capture)
+                inputs[name] = (ids.to(device), fused)
+            steps, failed = {}, {}
+            for name, (ids, fused) in inputs.items():  # warm-up (and the compiling, or the graph's capture)
                 try:
                     if cuda_graphs:  # warmed up and captured as it is built
-                        steps[name] = _graphed_step_fn(models[name], ids, dtype, fused)
+                        step = _graphed_step_fn(models[name], ids, dtype, fused)
                     else:
-                        steps[name] = _step_fn(models[name], ids, dtype, compile_backend, fused)
-                        steps[name]()
+                        step = _step_fn(models[name], ids, dtype, compile_backend, fused)
+                        step()
+                    steps[name] = step
                 except Exception as err:  # a forced backend that cannot take these calls: NaN, and why
                     if name in COLUMNS and not cuda_graphs:  # a step that cannot be captured: NaN, and why, too
                         raise
                     failed[name] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
                     print(f"{preset} seq {n}: {name} failed: {failed[name]}", flush=True)
-            for name in failed:
-                del steps[name]
             times = {name: [] for name in steps}
             cuda = device.startswith("cuda")
             names = list(steps)
