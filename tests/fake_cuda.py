@@ -23,23 +23,20 @@ class FakeCuda:
         self.at_capture: dict = {}
         self.on_capture = lambda: {}
 
-    def Stream(self):
+    def _stream(self, name: str):
         fake = self
 
-        class Side:
+        class Stream:
             def wait_stream(self, other):
-                fake.events.append("side waits")
+                fake.events.append(f"{name} waits")
 
-        return Side()
+        return Stream()
+
+    def Stream(self):
+        return self._stream("side")
 
     def current_stream(self):
-        fake = self
-
-        class Current:
-            def wait_stream(self, other):
-                fake.events.append("default waits")
-
-        return Current()
+        return self._stream("default")
 
     @contextlib.contextmanager
     def stream(self, s):

@@ -284,3 +284,17 @@ def test_every_backend_the_gpu_script_forces_is_a_column_the_step_can_make():
     for names in lists:
         columns = train_step.columns_for(names.split(","))
         assert all(train_step.forced_column(name) in columns for name in names.split(",")), names
+
+
+@pytest.mark.gpu
+def test_every_column_captures_as_one_graph_on_a_gpu():
+    # the GPU script's graphed step, shorter: every default column and two forced ones captured and replayed, each
+    # a finite time, the row marked as graphed (a column that cannot be captured is NaN with its reason printed)
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    backends = ("cudnn+epilogue+norm", "auto+pairs")
+    (row,) = train_step.run_train_step_benchmark(
+        ["small"], [256], batch=2, reps=2, device="cuda", dtype="bf16", backends=backends, cuda_graphs=True
+    )
+    assert row.cuda_graphs and set(row.ms) == set(train_step.columns_for(backends))
+    assert all(ms == ms and ms > 0 for ms in row.ms.values()), row.ms
