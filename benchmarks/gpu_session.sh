@@ -125,7 +125,7 @@ gpu_tests() {
     step 90 "train step, bf16, small, with the table as the step decided" $PY -m diffattn -v bench train-step \
     --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train_decided.json"
   # the same step with every column's whole step captured once as one CUDA graph and replayed (diffattn.cuda_graphs;
-  # RESULTS.md, 2026-11-29, "The whole step as one CUDA graph", predicts DIFF (auto) 1.10-1.20x the baseline and
+  # RESULTS.md, 2026-11-29, "The whole step as one CUDA graph", predicts DIFF (auto) 1.12-1.20x the baseline and
   # below DiffLlama, where the eager step's 1.42x is host work): the step's GPU work without the host's launches,
   # with the table as decided above; bench.targets reads it beside the eager step
   want graphed && step 100 "train step, bf16, small, the whole step one CUDA graph" $PY -m diffattn -v bench train-step \
