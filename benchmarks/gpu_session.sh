@@ -154,6 +154,6 @@ gpu_tests() {
   # issues 34's and 37's targets on what this call wrote (no GPU needed: rerun it on a run's directory that gathers
   # several calls' files, `python -m diffattn.bench.targets DIR`)
   echo "== targets"
-  $PY -m diffattn.bench.targets "$OUT" | tail -18
+  $PY -m diffattn.bench.targets "$OUT" --write | tail -18
   echo "== done after $(( $(date +%s) - start )) s"
 } 2>&1 | grep --line-buffered -v "Warning" | tee "$OUT/log.txt"

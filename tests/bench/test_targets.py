@@ -161,7 +161,10 @@ def test_the_third_h200_lease_reads_as_its_readme_says():
 
 def test_a_run_without_files_is_all_n_a_and_the_command_writes_the_table(tmp_path, capsys):
     assert {c["result"] for c in targets.check(tmp_path)} == {"n/a"}
-    assert targets.main([str(tmp_path)]) == 0
+    assert targets.main([str(tmp_path)]) == 0 and not (tmp_path / "targets.md").exists()  # read only: a run's record
+    printed = capsys.readouterr().out
+    assert targets.main([str(tmp_path), "--write"]) == 0
     written = (tmp_path / "targets.md").read_text()
+    assert written == printed
     assert written == capsys.readouterr().out and written.endswith(f"0 pass, 0 FAIL, {len(targets.TARGETS)} n/a\n")
     assert targets.main([str(tmp_path / "nowhere")]) == 2

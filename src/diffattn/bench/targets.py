@@ -15,7 +15,9 @@ A run directory is what ``benchmarks/gpu_session.sh`` writes (``benchmarks/gpu-r
 * ``report/gpu-report.json`` — decoding per token in the models (static cache, CUDA graphs).
 
 A target whose number the run lacks is ``n/a`` with why, never a pass. Usage:
-``python -m diffattn.bench.targets RUN_DIR`` prints the table and writes ``RUN_DIR/targets.md``.
+``python -m diffattn.bench.targets RUN_DIR`` prints the table; ``--write`` also writes it to ``RUN_DIR/targets.md``
+(the GPU script does, for the run it writes; a committed run's ``targets.md`` is the record of its day, read with
+that day's targets, and is not rewritten by reading the run again).
 """
 
 from __future__ import annotations
@@ -248,12 +250,15 @@ def to_markdown(checks: list[dict], run: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a GPU run's directory (what benchmarks/gpu_session.sh wrote)")
+    parser.add_argument("--write", action="store_true", help="also write the table to RUN/targets.md")
     args = parser.parse_args(argv)
     if not args.run.is_dir():
         print(f"targets: {args.run} is not a directory", file=sys.stderr)
         return 2
     text = to_markdown(check(args.run), args.run)
     print(text, end="")
+    if not args.write:
+        return 0
     tmp = args.run / "targets.md.tmp"
     tmp.write_text(text)
     tmp.replace(args.run / "targets.md")
