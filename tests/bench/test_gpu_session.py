@@ -1,0 +1,101 @@
+"""benchmarks/gpu_session.sh, dry: the whole script run on the CPU with its Python replaced by a stand-in that parses
+each step's command line with that step's own argument parser and does nothing else (pytest runs are only recorded).
+A flag the step does not take, a step that no longer runs or one that runs out of order costs a lease its step; here
+it costs a test. What each step measures is tested beside its module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# the stand-in for `python3`: records its argv, parses `-m MODULE ARGS` with MODULE's parser, writes what the script's
+# conditions look for (each --json file, the sweep's route table, a switch decided on) so every step after them runs
+STAND_IN = r"""
+import argparse, json, os, sys
+from pathlib import Path
+
+argv = sys.argv[1:]
+with open(os.environ["DRY_LOG"], "a") as log:
+    log.write(json.dumps(argv) + "\n")
+if argv[:1] == ["-c"]:  # the versions line
+    print("torch dry-run")
+    sys.exit(0)
+script, args = (argv[1], argv[2:]) if argv[:1] == ["-m"] else (argv[0], argv[1:])
+if script == "pytest" or script.endswith("cudnn_grad_layout.py"):
+    sys.exit(0)
+
+
+class Parsed(Exception):
+    pass
+
+
+parse = argparse.ArgumentParser.parse_args
+
+
+def parse_only(self, args=None, namespace=None):
+    parsed = parse(self, args, namespace)
+    raise Parsed(parsed)
+
+
+argparse.ArgumentParser.parse_args = parse_only
+if script == "diffattn":
+    from diffattn.cli import build_parser as build
+    main = lambda a: build().parse_args(a)
+elif script.endswith("gpu_report.py"):
+    from diffattn.bench.gpu_report import main
+else:
+    import importlib
+    main = importlib.import_module(script).main
+try:
+    main([a for a in args if a != "-v"] if script == "diffattn" else args)
+    sys.exit(f"{script}: its main did not parse its arguments")
+except Parsed as done:
+    parsed = vars(done.args[0])
+for key in ("json",):
+    if parsed.get(key):
+        Path(parsed[key]).write_text("{}")
+if script == "diffattn.bench.route_sweep":
+    (Path(parsed["out"]) / "route_table.json").write_text("{}")
+if script == "diffattn.bench.switches":
+    print("fused_v_copies: on — dry run")
+"""
+
+
+@pytest.mark.heavy  # a dozen Python processes each importing torch
+def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'dry run GPU, 0, 0 MiB, 0 MHz'\n")
+    stand_in = bin_dir / "python-dry"
+    stand_in.write_text(f"#!{sys.executable}\n{STAND_IN}")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    log, out = tmp_path / "argv.jsonl", tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(stand_in), "OUT": str(out),
+           "BUDGET_S": "100000", "DRY_LOG": str(log), "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+    done = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text
+    assert "exit code" not in text and "skipped" not in text, text  # every step ran, none refused its arguments
+    calls = [json.loads(line) for line in log.read_text().splitlines() if not line.startswith('["-c"')]
+    ran = [c[1] if c[0] == "-m" else c[0] for c in calls]
+    steps = ["diffattn.bench.route_sweep", "benchmarks/cudnn_grad_layout.py", "pytest", "diffattn",
+             "diffattn.bench.call_kernels", "diffattn.bench.switches", "diffattn", "diffattn",
+             "diffattn.bench.route_sweep", "diffattn", "benchmarks/gpu_report.py", "diffattn"]  # fmt: skip
+    assert ran[: len(steps)] == steps, ran
+    assert set(ran[len(steps) : -1]) == {"pytest"} and len(ran) - len(steps) - 1 > 2, ran  # one process per file
+    assert ran[-1] == "diffattn.bench.targets" and calls[-1][-1] == "--write"
+    # the train steps in their order, each told where to write: the graphed one with --cuda-graphs
+    steps_written = [Path(c[c.index("--json") + 1]).name for c in calls if c[:2] == ["-m", "diffattn"]]
+    assert steps_written == ["train.json", "train_decided.json", "train_graphed.json", "train_830m.json",
+                             "train_compiled.json"]  # fmt: skip
+    graphed = [c for c in calls if any(a.endswith("train_graphed.json") for a in c)]
+    assert len(graphed) == 1 and "--cuda-graphs" in graphed[0]
