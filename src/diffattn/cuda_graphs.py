@@ -148,11 +148,12 @@ class GraphedTrainStep:
                     raised.append(err)
                     raise
         except Exception as err:
+            from .ops.routes import error_line  # the one-line form of an error (here only, on failure: no import cost)
+
             first = raised[0] if raised else err
-            line = (str(first).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
-                f"the train step could not be captured as a CUDA graph: {type(first).__name__}: {line} (a host read "
-                "of a GPU value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
+                f"the train step could not be captured as a CUDA graph: {error_line(first)} (a host read of a GPU "
+                "value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
             ) from first
 
     def _eager_step(self, zero_grad: bool = True) -> torch.Tensor:
