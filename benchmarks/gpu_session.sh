@@ -17,7 +17,8 @@
 #                                              call's (bench.call_kernels)
 #   train_graphed.json                         the same step with every column's whole step one CUDA graph
 #                                              (diffattn.cuda_graphs: the GPU's work without the host's launches)
-#   train_compiled.json                        the same step at 1024 with every forward compiled (inductor)
+#   train_compiled.json                        the same step at 1024 compiled (inductor, reduce-overhead: forward and
+#                                              backward replayed as CUDA graphs; diffattn pretrain --compile)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   targets.md                                 issues 34's and 37's targets read off the files above (bench.targets)
@@ -27,9 +28,9 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
-# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, graphed, resweep,
-# 830m, decode, compiled, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
-# budget left for, e.g. STEPS=graphed,830m,compiled,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
+# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, graphed, compiled,
+# resweep, 830m, decode, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# budget left for, e.g. STEPS=graphed,compiled,830m,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
 set -u
@@ -39,7 +40,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,layout,train,kernels,graphed,resweep,830m,decode,compiled,tests}
+STEPS=${STEPS:-sweep,layout,train,kernels,graphed,compiled,resweep,830m,decode,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -131,6 +132,12 @@ gpu_tests() {
   want graphed && step 100 "train step, bf16, small, the whole step one CUDA graph" $PY -m diffattn -v bench train-step \
     --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --cuda-graphs \
     --backends cudnn+epilogue+norm,cudnn_direct+norm,auto+pairs --json "$OUT/train_graphed.json"
+  # the step a user gets from `diffattn pretrain --compile reduce-overhead`: inductor's fused forward and backward
+  # replayed as CUDA graphs, AdamW eager (RESULTS.md, 2026-11-29, "The step compiled", predicts it; bench.targets
+  # reads it in rows of its own)
+  want compiled && step 150 "train step, bf16, small at 1024, compiled (inductor, reduce-overhead): the host-bound step without its dispatches" \
+    $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 10 --dtype bf16 --compile \
+    --compile-mode reduce-overhead --json "$OUT/train_compiled.json"
   # where [V; V] by its kernels went on: V1's one-call routes timed again on its training classes (d = 64 and 128),
   # now with it (the sweep extends this run's entry: route_sweep --plan v_copies), so the targets read them as they run
   want resweep && grep -q "^fused_v_copies: on" "$OUT/switches.txt" 2>/dev/null && \
@@ -144,9 +151,6 @@ gpu_tests() {
     --json "$OUT/train_830m.json"
   want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
     --out "$OUT/report" --sections decode
-  want compiled && step 150 "train step, bf16, small at 1024, forward compiled (inductor): the host-bound step without its dispatches" \
-    $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 5 --dtype bf16 --compile \
-    --json "$OUT/train_compiled.json"
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
   want sanitize && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
   # (the H200 of 2026-11-28: test_gpu.py 52 s for its 170 tests, test_compile_dynamic.py 23 s, test_epilogue.py 4 s)
@@ -154,6 +158,6 @@ gpu_tests() {
   # issues 34's and 37's targets on what this call wrote (no GPU needed: rerun it on a run's directory that gathers
   # several calls' files, `python -m diffattn.bench.targets DIR`)
   echo "== targets"
-  $PY -m diffattn.bench.targets "$OUT" --write | tail -18
+  $PY -m diffattn.bench.targets "$OUT" --write | tail -26
   echo "== done after $(( $(date +%s) - start )) s"
 } 2>&1 | grep --line-buffered -v "Warning" | tee "$OUT/log.txt"

@@ -3,7 +3,7 @@ does work — the part that decides its time on a GPU, where that step is host-b
 baseline's GPU busy 8.6 ms of its 40; DIFF's step 17 ms longer at 1.5 ms more GPU time). Issue 34's step target
 (≤ 1.25x the baseline's wall time, below transformers' DiffLlama) is a target on this share. Runs without a GPU.
 
-Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16]
+Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16] [--profile COLUMN]
 
 What is timed: forward + backward of the `small` preset's structure (8 layers, 8 query heads, 8 KV heads, its
 vocabulary) at a tiny width (hidden 64: head width 8, DIFF's maps 8 and 16) and 16 tokens, under CPU autocast in
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument(
+        "--profile", metavar="COLUMN", help="instead of the table: cProfile COLUMN's steps (--rounds of them)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -175,6 +178,19 @@ def main(argv: list[str] | None = None) -> int:
             step()
         aten = sum(n for op, n in count.ops.items() if op not in NO_KERNEL | CPU_ONLY)
         kernels[name] = (aten, triton_launches[0])
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.rounds):
+            steps[args.profile]()
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("tottime").print_stats(30)  # where the host's time goes, by function
+        stats.sort_stats("cumulative").print_stats("diffattn", 30)  # and the library's share, by call tree
+        return 0
     samples = {name: [] for name in steps}
     names = list(steps)
     with gc_paused():

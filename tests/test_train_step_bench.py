@@ -85,6 +85,33 @@ def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith("(forward compiled: eager)")
 
 
+def test_a_compile_mode_reaches_torch_compile_and_the_row_and_needs_a_backend(monkeypatch, capsys):
+    # --compile-mode: torch.compile gets the mode ("default" is its None), the step marks each step's start for
+    # inductor's CUDA graphs under reduce-overhead, and the row says backend:mode
+    seen, marks = [], []
+
+    def recording_compile(model, backend=None, mode=None):
+        seen.append((backend, mode))
+        return model
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    model = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    train_step._step_fn(model, ids, "fp32", "eager", compile_mode="default")()
+    assert seen == [("eager", None)] and marks == []
+    step = train_step._step_fn(model, ids, "fp32", "eager", compile_mode="reduce-overhead")
+    step()
+    step()
+    assert seen[-1] == ("eager", "reduce-overhead") and marks == [1, 1]
+    argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--compile", "eager"]
+    assert main(["bench", "train-step", *argv, "--compile-mode", "reduce-overhead"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("(forward compiled: eager:reduce-overhead)")
+    for kwargs in ({"compile_mode": "reduce-overhead"}, {"compile_mode": "fast", "compile_backend": "eager"}):
+        with pytest.raises(ValueError, match="compile_mode must be one of default, reduce-overhead"):
+            train_step.run_train_step_benchmark(["debug"], [16], reps=1, device="cpu", **kwargs)
+
+
 def test_a_graphed_step_captures_the_eager_step_with_its_switches_and_a_capturable_adamw(monkeypatch):
     # --cuda-graphs with CUDA's graph calls faked (a fake capture runs the step eagerly): the captured step is the
     # eager step's, in its dtype with the forced switches on in every warm-up forward and the capture's, and one
@@ -192,7 +219,7 @@ def test_columns_are_timed_in_a_rotating_order_with_the_garbage_collector_paused
         model.tag = (attention, backend)
         return model
 
-    def fake_step(model, batch, dtype, compile_backend=None, fused=()):
+    def fake_step(model, batch, dtype, compile_backend=None, fused=(), compile_mode=None):
         return lambda: (calls.append(model.tag), collector.append(gc.isenabled()))
 
     monkeypatch.setattr(train_step, "build_model", fake_build)

@@ -193,6 +193,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         progress=lambda m: print(f"  … {m}", file=sys.stderr, flush=True),
         dtype=dtype,
         compile_backend=args.compile,
+        compile_mode=args.compile_mode,
         backends=tuple(filter(None, args.backends.split(","))),
         cuda_graphs=args.cuda_graphs,
     )
@@ -246,6 +247,7 @@ _PRETRAIN_FLAGS = {
     "schedule": "train.schedule",
     **_CADENCE_FLAGS,
     "fsdp": "train.fsdp",
+    "compile": "train.compile",
 }
 
 
@@ -518,6 +520,7 @@ def _add_quickstart_command(sub) -> None:
 
 
 def _add_pretrain_command(sub) -> None:
+    from .cuda_graphs import COMPILE_MODES
     from .models.architectures import ARCHITECTURES
 
     p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
@@ -541,6 +544,16 @@ def _add_pretrain_command(sub) -> None:
     p.add_argument("--schedule", choices=["linear", "cosine"])
     _add_cadence_flags(p)
     p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        choices=COMPILE_MODES,
+        metavar="MODE",
+        help="the model's forward and backward through torch.compile (inductor; --set train.compile_backend=NAME "
+        f"for another), MODE one of {', '.join(COMPILE_MODES)} (default: default); reduce-overhead replays them as "
+        "CUDA graphs, for a small model's host-bound step on a GPU",
+    )
     p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
     _add_resume_or_overwrite(p)
     p.set_defaults(func=cmd_pretrain)
@@ -627,6 +640,8 @@ def _add_run_command(sub) -> None:
 
 
 def _add_bench_commands(sub) -> None:
+    from .cuda_graphs import COMPILE_MODES
+
     p = sub.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     b = bench.add_parser("attention", help="DIFF attention per backend vs baseline SDPA and HF DiffLlama")
@@ -659,6 +674,13 @@ def _add_bench_commands(sub) -> None:
         default=None,
         metavar="BACKEND",
         help="every model's forward through torch.compile (BACKEND, default inductor); compiled in the warm-up step",
+    )
+    b.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        metavar="MODE",
+        help=f"with --compile: torch.compile's mode, one of {', '.join(COMPILE_MODES)}; reduce-overhead replays the "
+        "compiled forward and backward as CUDA graphs (what `diffattn pretrain --compile reduce-overhead` runs)",
     )
     b.add_argument(
         "--cuda-graphs",

@@ -31,6 +31,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+#: torch.compile's modes (``torch._inductor.list_mode_options``, and ``"default"``): the other way to take the host
+#: out of a step. ``"reduce-overhead"`` replays the compiled forward and backward as CUDA graphs (inductor's cudagraph
+#: trees; the optimizer's update stays eager); ``diffattn pretrain --compile MODE`` and ``diffattn bench train-step
+#: --compile-mode MODE`` take one
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 #: optimizers whose lazily created state starts at zeros (step count, first and second moments), so the state the
 #: warm-up created can be put back to its start by zeroing it
 ZERO_STATE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)

@@ -110,23 +110,35 @@ def test_the_step_timed_again_with_the_steps_own_decisions_is_the_one_read(tmp_p
     assert forced["value"] == pytest.approx(1.1)
 
 
-def test_the_graphed_step_is_read_from_its_own_file_beside_the_eager_one(tmp_path):
-    # bench train-step --cuda-graphs writes train_graphed.json: its rows answer the "whole step one CUDA graph" rows,
-    # never the eager ones, and a run without it leaves them n/a
+@pytest.mark.parametrize(
+    ("file", "how"),
+    [
+        ("train_graphed.json", "whole step one CUDA graph"),
+        ("train_compiled.json", "compiled (inductor, reduce-overhead)"),
+    ],
+)
+def test_a_graphed_or_compiled_step_is_read_from_its_own_file_beside_the_eager_one(tmp_path, file, how):
+    # bench train-step --cuda-graphs writes train_graphed.json, --compile --compile-mode reduce-overhead (the GPU
+    # script's compiled step) train_compiled.json: each file's rows answer its own two rows, never the eager ones nor
+    # the other's, and a run without it leaves them n/a
     eager = {"baseline": 40.0, "diffattn DIFF (auto)": 57.0, "HF DiffLlama": 55.5}
     run = _run(tmp_path, [], [{"preset": "small", "seq_len": 1024, "ms": eager}])
-    graph_rows = ("`small` train step (bf16), whole step one CUDA graph <= 1.25x",
-                  "`small` train step below transformers' DiffLlama, whole step one CUDA graph")  # fmt: skip
+    rows_of = {
+        f: (f"`small` train step (bf16), {h} <= 1.25x", f"`small` train step below transformers' DiffLlama, {h}")
+        for f, h in (("train_graphed.json", "whole step one CUDA graph"),
+                     ("train_compiled.json", "compiled (inductor, reduce-overhead)"))
+    }  # fmt: skip
+    ours, other = rows_of[file], rows_of[next(f for f in rows_of if f != file)]
+    assert how in ours[0]
     got = _by_target(targets.check(run))
-    assert (
-        all(got[t]["result"] == "n/a" for t in graph_rows) and "no train_graphed.json" in got[graph_rows[1]]["source"]
-    )
-    graphed = {"baseline": 8.6, "diffattn DIFF (auto)": 10.0, "HF DiffLlama": 10.7}
-    rows = [{"preset": "small", "seq_len": 1024, "ms": graphed, "cuda_graphs": True}]
-    (run / "train_graphed.json").write_text(json.dumps({"rows": rows}))
+    assert all(got[t]["result"] == "n/a" for t in ours) and f"no {file}" in got[ours[1]]["source"]
+    fast = {"baseline": 8.6, "diffattn DIFF (auto)": 10.0, "HF DiffLlama": 10.7}
+    rows = [{"preset": "small", "seq_len": 1024, "ms": fast, "cuda_graphs": file == "train_graphed.json"}]
+    (run / file).write_text(json.dumps({"rows": rows}))
     got = _by_target(targets.check(run))
-    assert (round(got[graph_rows[0]]["value"], 3), got[graph_rows[0]]["result"]) == (1.163, "pass")
-    assert got[graph_rows[1]]["result"] == "pass" and got[graph_rows[1]]["value"] == pytest.approx(10.0 / 10.7)
+    assert (round(got[ours[0]]["value"], 3), got[ours[0]]["result"]) == (1.163, "pass")
+    assert got[ours[1]]["result"] == "pass" and got[ours[1]]["value"] == pytest.approx(10.0 / 10.7)
+    assert all(got[t]["result"] == "n/a" for t in other)
     assert got["`small` train step (bf16) <= 1.25x"]["value"] == pytest.approx(57.0 / 40.0)  # the eager rows' own
 
 

@@ -464,3 +464,38 @@ def test_a_run_can_stop_part_way_through_a_longer_schedule(corpus_file, tmp_path
     )  # the default warmup is 10% of the schedule
     with pytest.raises(ValueError, match="schedule_steps must be an integer >= max_steps"):
         debug_config(corpus_file, max_steps=8, schedule_steps=4)
+
+
+def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus_file, tmp_path):
+    """``train.compile``: Trainer runs the model through torch.compile (here ``aot_eager``: dynamo's graph and
+    AOTAutograd's forward and backward, no generated code — what inductor starts from). The losses follow the eager
+    run's within float32 rounding: the yardstick is the eager run's own difference from itself with two micro-batches
+    (the same sums in another order). The final model is saved without torch.compile's ``_orig_mod.`` prefix and an
+    eager run resumes from a compiled run's checkpoint (how the step runs is not a setting a resume compares)."""
+    cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=2)
+    pretrain(cfg, tmp_path / "eager")
+    pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / "accum")
+    compiled = cfg.with_overrides({"train.compile": "default", "train.compile_backend": "aot_eager"})
+    pretrain(compiled.with_overrides({"train.max_steps": 2}), tmp_path / "compiled")
+    pretrain(compiled, tmp_path / "compiled", resume=True)
+    eager, accum, got = losses(tmp_path / "eager"), losses(tmp_path / "accum"), losses(tmp_path / "compiled")
+    assert sorted(got) == sorted(eager) == [1, 2, 3, 4]
+    yardstick = max(abs(accum[s] - eager[s]) for s in eager)
+    eps = torch.finfo(torch.float32).eps
+    for step in eager:  # 4x the yardstick, at least a few float32 epsilons of the loss
+        assert abs(got[step] - eager[step]) <= max(4 * yardstick, 8 * eps * abs(eager[step])), step
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "final")
+    assert not any("_orig_mod" in name for name in final.state_dict())
+    pretrain(cfg.with_overrides({"train.max_steps": 6}), tmp_path / "compiled", resume=True)  # eager from here
+    assert sorted(losses(tmp_path / "compiled")) == [1, 2, 3, 4, 5, 6]
+
+
+def test_compile_takes_torch_modes_only_and_adapt_refuses_it():
+    config = RunConfig().with_overrides({"train.compile": "reduce-overhead"}).validate()
+    assert config.train.compile == "reduce-overhead"
+    with pytest.raises(ValueError, match=r"train\.compile must be null .* reduce-overhead"):
+        RunConfig().with_overrides({"train.compile": "fast"}).validate()
+    from diffattn.train.adapt_config import AdaptRunConfig
+
+    with pytest.raises(ValueError, match=r"train\.compile is for `diffattn pretrain`"):
+        AdaptRunConfig().with_overrides({"train.compile": "default"}).validate()

@@ -46,6 +46,9 @@ AGAINST_HF = ("step_vs_hf", "decode_vs_hf")
 #: step's own decisions first, where a run has both: module docstring), or the step replayed from one CUDA graph
 STEP_FILES = ("train_decided.json", "train.json")
 GRAPHED_STEP_FILES = ("train_graphed.json",)
+#: or the step compiled (inductor, mode reduce-overhead: its forward and backward replayed as CUDA graphs, AdamW eager;
+#: what ``diffattn pretrain --compile reduce-overhead`` runs)
+COMPILED_STEP_FILES = ("train_compiled.json",)
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class Target:
     #            "step_vs_hf": the DIFF (auto) step's time against HF DiffLlama's; "decode_vs_hf": per token
     where: str  # a call class key, or a train.json column key of STEP_COLUMN
     limit: float
-    step_files: tuple[str, ...] = STEP_FILES  # the step targets' rows (:data:`STEP_FILES`, :data:`GRAPHED_STEP_FILES`)
+    step_files: tuple[str, ...] = STEP_FILES  # the step targets' rows: :data:`STEP_FILES`, :data:`GRAPHED_STEP_FILES`,
+    #                                           :data:`COMPILED_STEP_FILES`
 
     @property
     def text(self) -> str:
@@ -84,6 +88,10 @@ TARGETS = (
     Target(34, "`small` train step (bf16), whole step one CUDA graph", "step", "auto", 1.25, GRAPHED_STEP_FILES),
     Target(34, "`small` train step below transformers' DiffLlama, whole step one CUDA graph", "step_vs_hf", "auto",
            1.0, GRAPHED_STEP_FILES),
+    Target(34, "`small` train step (bf16), compiled (inductor, reduce-overhead)", "step", "auto", 1.25,
+           COMPILED_STEP_FILES),
+    Target(34, "`small` train step below transformers' DiffLlama, compiled (inductor, reduce-overhead)", "step_vs_hf",
+           "auto", 1.0, COMPILED_STEP_FILES),
     Target(34, "decode never slower than the two-call route (DiffLlama)", "decode_vs_hf", "auto", 1.0),
     Target(37, "fused kernel: DIFF V1 fwd at d = 64", "kernel", "v1 d64 dv128 bf16 causal none infer",
            TRITON_MAX_RATIO["fwd_ratio"]),

@@ -18,6 +18,10 @@ backward and AdamW eager as before; compiling happens in the warm-up step, outsi
 a small model is host-bound (the H200 run of 2026-11-27: DIFF's extra 15.5 ms a step is the same at 1K and 4K
 tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forward fuses the element-wise ops of
 λ, the subtraction and the norm into a few kernels — the ratio a user who compiles gets. The backend is in every row.
+``compile_mode`` (``--compile-mode MODE``, :data:`diffattn.cuda_graphs.COMPILE_MODES`): torch.compile's mode;
+``reduce-overhead`` replays the compiled forward and backward as CUDA graphs (inductor's cudagraph trees; AdamW stays
+eager): what ``diffattn pretrain --compile reduce-overhead`` runs, beside this module's whole-step graph. The mode is
+in the row's ``compiled`` (``inductor:reduce-overhead``).
 
 ``cuda_graphs`` (``--cuda-graphs``, CUDA, bf16 or fp32): every column's whole step — forward, backward and AdamW
 (``capturable=True``) — captured once as one CUDA graph and replayed each repetition
@@ -51,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..cuda_graphs import COMPILE_MODES
 from ..models.build import build_model
 from . import gc_paused, rotated
 from .kernels import KERNELS_SHOWN, format_kernel_table, profile_gpu
@@ -149,18 +154,29 @@ def _loss_fn(forward, device_type: str, dtype: str, fused: tuple[str, ...], cach
     return loss_fn
 
 
-def _step_fn(model, batch, dtype: str = "fp32", compile_backend: str | None = None, fused: tuple[str, ...] = ()):
+def _step_fn(
+    model,
+    batch,
+    dtype: str = "fp32",
+    compile_backend: str | None = None,
+    fused: tuple[str, ...] = (),
+    compile_mode: str | None = None,
+):
     """One training step in ``dtype`` (see the module docstring): float32 weights and AdamW; bf16/fp16 run the
     forward under autocast, fp16 with a gradient scaler. ``compile_backend``: the forward through ``torch.compile``
-    with that backend (the same parameters: the optimizer steps the model's own). ``fused``: the route-table switches
-    (:data:`FUSED`'s values) forced on in the step (the rest as the table says)."""
+    with that backend (the same parameters: the optimizer steps the model's own), in ``compile_mode`` (None or
+    "default": torch's default). ``fused``: the route-table switches (:data:`FUSED`'s values) forced on in the step
+    (the rest as the table says)."""
     opt = _optimizer(model)
     device_type = batch.device.type
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-    forward = torch.compile(model, backend=compile_backend) if compile_backend else model
+    mode = None if compile_mode == "default" else compile_mode
+    forward = torch.compile(model, backend=compile_backend, mode=mode) if compile_backend else model
     loss_fn = _loss_fn(forward, device_type, dtype, fused)
 
     def step():
+        if mode == "reduce-overhead":  # a new step for inductor's CUDA graphs: the last step's outputs may be rewritten
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss_fn(batch)).backward()
         scaler.step(opt)
@@ -192,10 +208,12 @@ def run_train_step_benchmark(
     compile_backend: str | None = None,
     backends: tuple[str, ...] = (),
     cuda_graphs: bool = False,
+    compile_mode: str | None = None,
 ) -> list[StepRow]:
     """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
     ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
-    ``compile_backend``: each model's forward through ``torch.compile`` with it; ``backends``: a DIFF column per
+    ``compile_backend``: each model's forward through ``torch.compile`` with it, in ``compile_mode`` (a mode of
+    :data:`~diffattn.cuda_graphs.COMPILE_MODES`; it needs a backend); ``backends``: a DIFF column per
     backend, forced; ``cuda_graphs``: each column's whole step replayed from one CUDA graph (module docstring)."""
     columns = columns_for(backends)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -204,6 +222,11 @@ def run_train_step_benchmark(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if cuda_graphs:
         check_graphable(device, dtype, compile_backend)
+    if compile_mode is not None and (compile_mode not in COMPILE_MODES or not compile_backend):
+        raise ValueError(
+            f"compile_mode must be one of {', '.join(COMPILE_MODES)}, with a compile backend; got {compile_mode!r} "
+            f"with {compile_backend!r}"
+        )
     rows = []
     for preset in presets:
         for n in seq_lens:
@@ -227,7 +250,7 @@ def run_train_step_benchmark(
                     if cuda_graphs:  # warmed up and captured as it is built
                         step = _graphed_step_fn(models[name], ids, dtype, fused)
                     else:
-                        step = _step_fn(models[name], ids, dtype, compile_backend, fused)
+                        step = _step_fn(models[name], ids, dtype, compile_backend, fused, compile_mode)
                         step()
                     steps[name] = step
                 except Exception as err:  # a forced backend that cannot take these calls: NaN, and why
@@ -253,7 +276,7 @@ def run_train_step_benchmark(
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
             samples = {k: [round(1e3 * x, 4) for x in v] for k, v in times.items()}
-            compiled = compile_backend or ""
+            compiled = (compile_backend or "") + (f":{compile_mode}" if compile_mode not in (None, "default") else "")
             rows.append(
                 StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compiled, kernels, samples, cuda_graphs)
             )

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config import YamlConfig, set_dotted
+from ..cuda_graphs import COMPILE_MODES
 from ..data.synthetic import CITY_KEYS, NEEDLE_LOSSES
 from ..models.architectures import ARCHITECTURES
 from ..models.diff_llama import NORMS
@@ -169,6 +170,14 @@ class TrainConfig:
     precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
     fsdp: bool = False  # under torchrun: FSDP full sharding instead of DDP
     loss_average: str = "token"  # token (Hugging Face's) | row: mean per sequence, then over sequences
+    # the model through torch.compile (Trainer's torch_compile): None = eager, else a mode of COMPILE_MODES; with
+    # compile_backend (inductor; aot_eager traces without generating code). How the step runs, not what it computes:
+    # a resume may change both (RUN_TIME_SETTINGS)
+    compile: str | None = None
+    compile_backend: str = "inductor"
+
+    #: the settings a resume may change: how far the run goes and how its step runs, not what it computes
+    RUN_TIME_SETTINGS = ("max_steps", "compile", "compile_backend")
 
     @property
     def resolved_schedule_steps(self) -> int:
@@ -186,6 +195,11 @@ class TrainConfig:
             raise ValueError(f"train.schedule must be linear or cosine, got {self.schedule!r}")
         if self.loss_average not in ("token", "row"):
             raise ValueError(f"train.loss_average must be token or row, got {self.loss_average!r}")
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ValueError(
+                f"train.compile must be null (eager) or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
+                f"got {self.compile!r}"
+            )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.save_every % self.log_every:

@@ -545,6 +545,10 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         fsdp="full_shard auto_wrap" if t.fsdp else "",
         ddp_find_unused_parameters=False,
         disable_tqdm=False,
+        # train.compile: Trainer compiles the model (accelerate's dynamo plugin); "default" is torch's mode None
+        torch_compile=t.compile is not None,
+        torch_compile_backend=t.compile_backend if t.compile is not None else None,
+        torch_compile_mode=t.compile if t.compile not in (None, "default") else None,
     )
 
 
@@ -574,7 +578,8 @@ def check_run_dir(
             raise RunFolderError(f"nothing to resume in {str(run_dir)!r}: it has no {RUN_CONFIG}")
         previous = type(config).load(saved).to_dict()
         now = config.to_dict()
-        previous["train"].pop("max_steps"), now["train"].pop("max_steps")  # a resume may extend a run
+        for key in config.train.RUN_TIME_SETTINGS:  # a resume may extend a run, or compile its step
+            previous["train"].pop(key, None), now["train"].pop(key, None)
         for dotted in compared_elsewhere:
             section, key = dotted.split(".", 1)
             previous.get(section, {}).pop(key, None), now.get(section, {}).pop(key, None)
