@@ -135,7 +135,7 @@ gpu_tests() {
   # the step a user gets from `diffattn pretrain --compile reduce-overhead`: inductor's fused forward and backward
   # replayed as CUDA graphs, AdamW eager (RESULTS.md, 2026-11-29, "The step compiled", predicts it; bench.targets
   # reads it in rows of its own)
-  want compiled && step 150 "train step, bf16, small at 1024, compiled (inductor, reduce-overhead): the host-bound step without its dispatches" \
+  want compiled && step ${COMPILE_S:-150} "train step, bf16, small at 1024, compiled (inductor, reduce-overhead): the host-bound step without its dispatches" \
     $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 10 --dtype bf16 --compile \
     --compile-mode reduce-overhead --json "$OUT/train_compiled.json"
   # where [V; V] by its kernels went on: V1's one-call routes timed again on its training classes (d = 64 and 128),

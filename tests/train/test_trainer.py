@@ -490,6 +490,26 @@ def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus
     assert sorted(losses(tmp_path / "compiled")) == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.heavy  # inductor generates and compiles C++ for each model: ~40 s on 2 cores
+def test_every_architecture_trains_compiled_by_inductor_like_eager(corpus_file, tmp_path):
+    """``train.compile: default`` with inductor itself (generated kernels, fused element-wise work) on the CPU: the
+    baseline, DIFF and DIFF V2 train, evaluate and save, their losses within 4x the eager run's own difference from
+    itself with two micro-batches (or a few float32 epsilons of the loss)."""
+    eps = torch.finfo(torch.float32).eps
+    for attention in ("standard", "diff", "diff-v2"):
+        cfg = debug_config(corpus_file, max_steps=3, eval_every=3, save_every=3)
+        cfg = cfg.with_overrides({"model.attention": attention})
+        pretrain(cfg, tmp_path / f"{attention}-eager")
+        pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / f"{attention}-accum")
+        pretrain(cfg.with_overrides({"train.compile": "default"}), tmp_path / f"{attention}-inductor")
+        eager, accum = losses(tmp_path / f"{attention}-eager"), losses(tmp_path / f"{attention}-accum")
+        got = losses(tmp_path / f"{attention}-inductor")
+        yardstick = max(abs(accum[s] - eager[s]) for s in eager)
+        assert sorted(got) == sorted(eager) == [1, 2, 3], attention
+        for step in eager:
+            assert abs(got[step] - eager[step]) <= max(4 * yardstick, 8 * eps * abs(eager[step])), (attention, step)
+
+
 def test_compile_takes_torch_modes_only_and_adapt_refuses_it():
     config = RunConfig().with_overrides({"train.compile": "reduce-overhead"}).validate()
     assert config.train.compile == "reduce-overhead"
