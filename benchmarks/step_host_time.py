@@ -21,6 +21,10 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
   and backward each a stand-in that allocates what it returns (an output and its log-sum-exp; three gradients) —
   plain dispatches, where the SDPA routes' stand-in is an autograd Function (below): that column's lead over the
   others is read with that Function's own cost in mind (benchmarks/RESULTS.md, 2026-11-29);
+* ``DIFF, op one dispatch``: the DIFF model (``auto``, its layer's own work: projections, RoPE, λ, the layout) with
+  its op replaced by one stand-in dispatch each way, as the baseline's attention call is: what of DIFF's extra host
+  time is the layer's and what is the op's (2026-11-29: 1.04× the baseline against the routes' 1.30–1.45×, so almost
+  all of it is the op; λ's backward is not in it, the stand-in gives λ no gradient);
 * ``DIFF cudnn_shared_v+norm+pairs``: the layer's heads in interleaved pairs (:func:`diffattn.ops.pairs_layout`: its
   projections' weight rows reordered each step) and the one node reading V once (no [V; V], no sum of its
   gradients), the ATen stand-ins as above.
@@ -132,6 +136,26 @@ def main(argv: list[str] | None = None) -> int:
     def lambda_by_kernel(*vectors):  # diffattn.lambdas takes the kernel on CUDA only: here as it would there
         return reparam.reparameterized_lambda_kernel(*vectors)
 
+    class OpOneCall(torch.autograd.Function):  # the DIFF op as one dispatch each way (q [B, 2h, T, d] → [B, h, T, 2d])
+        @staticmethod
+        def forward(ctx, q, k, v, lam):
+            ctx.save_for_backward(q, k, v)
+            b, h, t, d = q.shape
+            return q.new_empty(b, t, h // 2, 2 * d).transpose(1, 2)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (*(torch.empty_like(x) for x in ctx.saved_tensors), None)
+
+    def op_stand_in(q, k, v, lam, **kwargs):
+        if torch.is_autocast_enabled("cpu"):
+            q, k, v = (x.to(torch.get_autocast_dtype("cpu")) for x in (q, k, v))
+        return OpOneCall.apply(q, k, v, lam)
+
+    import diffattn.models.diff_llama as diff_llama
+
+    real_op = diff_llama.diff_attention_stacked
+    ONE_DISPATCH = "op one dispatch"
     columns = {  # name: (attention, backend, norm in the epilogue, λ by its kernel, DIFF V1's heads in pairs)
         "baseline": ("standard", None, None, False, False),
         "DiffLlama": ("diff", None, None, False, False),
@@ -141,15 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, True, False),
         "DIFF cudnn_direct+norm": ("diff", "cudnn_direct", True, False, False),
         "DIFF cudnn_shared_v+norm+pairs": ("diff", "cudnn_shared_v", True, False, True),
+        "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, False, False),
     }
-    import diffattn.models.diff_llama as diff_llama
 
     def step_of(attention, backend, norm, by_kernel, pairs):
-        model = build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
+        stand_in_op = backend == ONE_DISPATCH
+        model = build_model("small", attention, backend="auto" if stand_in_op else backend, seed=0, num_layers=args.layers, hidden_size=64,
                             intermediate_size=128)  # fmt: skip
         ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
 
         def step():
+            diff_llama.diff_attention_stacked = op_stand_in if stand_in_op else real_op
             diff_llama.reparameterized_lambda = lambda_by_kernel if by_kernel else plain_lambda
             model.zero_grad(set_to_none=True)
             autocast = torch.autocast("cpu", dtype=torch.bfloat16)

@@ -20,7 +20,7 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {}
     for line in done.stdout.splitlines():
-        match = re.match(r"(\S+(?: \S+)?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
+        match = re.match(r"(\S+(?: \S+)*?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
         if match:
             rows[match[1]] = (int(match[2]), int(match[3]))
     columns = {
@@ -32,6 +32,7 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
         "DIFF cudnn+epilogue+norm+lambda",
         "DIFF cudnn_direct+norm",
         "DIFF cudnn_shared_v+norm+pairs",
+        "DIFF, op one dispatch",
     }
     assert set(rows) == columns, done.stdout
     epilogue, norm, lam = (rows[f"DIFF cudnn+epilogue{s}"] for s in ("", "+norm", "+norm+lambda"))
@@ -47,3 +48,7 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     # fewer), and the three projections' weight rows reordered, a copy each way (6 more); the same launches
     shared = rows["DIFF cudnn_shared_v+norm+pairs"]
     assert shared == (norm[0] + 3 * layers, norm[1])
+    # the op as one dispatch: none of the op's own kernels (the [V; V] copy, its gradient's sum and copy back, the
+    # epilogue's launches), the layer's λ forward still there
+    one = rows["DIFF, op one dispatch"]
+    assert one[1] == 0 and rows["baseline"][0] < one[0] < norm[0]
