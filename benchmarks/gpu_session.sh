@@ -20,6 +20,7 @@
 #   train_compiled.json                        the same step at 1024 compiled (inductor, reduce-overhead: forward and
 #                                              backward replayed as CUDA graphs; diffattn pretrain --compile)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
+#   train_kernel.json                          the small step with the fused kernel forced (issue 37's step target)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   targets.md                                 issues 34's and 37's targets read off the files above (bench.targets)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
@@ -29,7 +30,7 @@
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
 # STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, graphed, compiled,
-# resweep, 830m, decode, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# resweep, 830m, decode, kernelstep, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
 # budget left for, e.g. STEPS=graphed,compiled,830m,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
@@ -40,7 +41,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,layout,train,kernels,graphed,compiled,resweep,830m,decode,tests}
+STEPS=${STEPS:-sweep,layout,train,kernels,graphed,compiled,resweep,830m,decode,kernelstep,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -151,6 +152,12 @@ gpu_tests() {
     --json "$OUT/train_830m.json"
   want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
     --out "$OUT/report" --sections decode
+  # issue 37's step target (the fused kernel's `small` step <= 1.15x for DIFF V1) had no column in any run: the step
+  # with `triton` forced beside the default columns, in a process of its own (a kernel that brought the CUDA context
+  # down would take only this step's rows with it), into train_kernel.json, which bench.targets reads for that row
+  want kernelstep && step 90 "train step, bf16, small, the fused kernel forced (issue 37's step target)" $PY -m diffattn bench \
+    train-step --presets small --seq-lens 1024,4096 --batch 4 --reps 10 --dtype bf16 --backends triton \
+    --json "$OUT/train_kernel.json"
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
   want sanitize && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
   # (the H200 of 2026-11-28: test_gpu.py 52 s for its 170 tests, test_compile_dynamic.py 23 s, test_epilogue.py 4 s)

@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def step_of(attention, backend, norm, by_kernel, pairs):
         stand_in_op = backend == ONE_DISPATCH
-        model = build_model("small", attention, backend="auto" if stand_in_op else backend, seed=0, num_layers=args.layers, hidden_size=64,
-                            intermediate_size=128)  # fmt: skip
+        model = build_model("small", attention, backend="auto" if stand_in_op else backend, seed=0,
+                            num_layers=args.layers, hidden_size=64, intermediate_size=128)  # fmt: skip
         ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
 
         def step():

@@ -89,15 +89,17 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     ran = [c[1] if c[0] == "-m" else c[0] for c in calls]
     steps = ["diffattn.bench.route_sweep", "benchmarks/cudnn_grad_layout.py", "pytest", "diffattn",
              "diffattn.bench.call_kernels", "diffattn.bench.switches", "diffattn", "diffattn", "diffattn",
-             "diffattn.bench.route_sweep", "diffattn", "benchmarks/gpu_report.py"]  # fmt: skip
+             "diffattn.bench.route_sweep", "diffattn", "benchmarks/gpu_report.py", "diffattn"]  # fmt: skip
     assert ran[: len(steps)] == steps, ran
     assert set(ran[len(steps) : -1]) == {"pytest"} and len(ran) - len(steps) - 1 > 2, ran  # one process per file
     assert ran[-1] == "diffattn.bench.targets" and calls[-1][-1] == "--write"
     # the train steps in their order, each told where to write: the graphed one with --cuda-graphs
     steps_written = [Path(c[c.index("--json") + 1]).name for c in calls if c[:2] == ["-m", "diffattn"]]
     assert steps_written == ["train.json", "train_decided.json", "train_graphed.json", "train_compiled.json",
-                             "train_830m.json"]  # fmt: skip
+                             "train_830m.json", "train_kernel.json"]  # fmt: skip
     graphed = [c for c in calls if any(a.endswith("train_graphed.json") for a in c)]
     assert len(graphed) == 1 and "--cuda-graphs" in graphed[0]
     compiled = [c for c in calls if any(a.endswith("train_compiled.json") for a in c)]
     assert len(compiled) == 1 and compiled[0][compiled[0].index("--compile-mode") + 1] == "reduce-overhead"
+    kernel = [c for c in calls if any(a.endswith("train_kernel.json") for a in c)]
+    assert len(kernel) == 1 and kernel[0][kernel[0].index("--backends") + 1] == "triton"

@@ -95,6 +95,23 @@ def test_each_rule(tmp_path):
     assert missing["result"] == "n/a" and math.isnan(missing["value"])
 
 
+def test_the_fused_kernels_step_is_read_from_its_own_step_else_from_an_eager_step_with_its_column(tmp_path):
+    # the GPU script's kernelstep writes train_kernel.json (triton forced, in a process of its own); an eager step that
+    # happens to have a triton column answers too, and neither changes the default route's step rows
+    kernel_row = "fused kernel: `small` train step (bf16) for DIFF V1 <= 1.15x"
+    eager = {"baseline": 40.0, "diffattn DIFF (auto)": 57.0, "HF DiffLlama": 55.5}
+    run = _run(tmp_path, [], [{"preset": "small", "seq_len": 1024, "ms": eager}])
+    assert _by_target(targets.check(run))[kernel_row]["result"] == "n/a"
+    with_kernel = {**eager, "diffattn DIFF (triton)": 46.0}
+    (run / "train.json").write_text(json.dumps({"rows": [{"preset": "small", "seq_len": 1024, "ms": with_kernel}]}))
+    assert _by_target(targets.check(run))[kernel_row]["value"] == pytest.approx(46.0 / 40.0)
+    own = {"baseline": 40.0, "diffattn DIFF (auto)": 56.0, "HF DiffLlama": 55.0, "diffattn DIFF (triton)": 60.0}
+    (run / "train_kernel.json").write_text(json.dumps({"rows": [{"preset": "small", "seq_len": 1024, "ms": own}]}))
+    got = _by_target(targets.check(run))
+    assert (got[kernel_row]["value"], got[kernel_row]["result"]) == (pytest.approx(1.5), "FAIL")
+    assert got["`small` train step (bf16) <= 1.25x"]["value"] == pytest.approx(57.0 / 40.0)  # the eager step's own
+
+
 def test_the_step_timed_again_with_the_steps_own_decisions_is_the_one_read(tmp_path):
     # gpu_session.sh times the step again after diffattn.bench.switches wrote its decisions into the table: what auto
     # runs from then on, so that run is what the step targets read where it exists

@@ -49,6 +49,9 @@ GRAPHED_STEP_FILES = ("train_graphed.json",)
 #: or the step compiled (inductor, mode reduce-overhead: its forward and backward replayed as CUDA graphs, AdamW eager;
 #: what ``diffattn pretrain --compile reduce-overhead`` runs)
 COMPILED_STEP_FILES = ("train_compiled.json",)
+#: the fused kernel's step: its own step's file (the GPU script's `kernelstep`: `triton` forced in a process of its
+#: own), else any eager step that has a `triton` column
+KERNEL_STEP_FILES = ("train_kernel.json", *STEP_FILES)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Target:
     where: str  # a call class key, or a train.json column key of STEP_COLUMN
     limit: float
     step_files: tuple[str, ...] = STEP_FILES  # the step targets' rows: :data:`STEP_FILES`, :data:`GRAPHED_STEP_FILES`,
-    #                                           :data:`COMPILED_STEP_FILES`
+    #                                           :data:`COMPILED_STEP_FILES`, :data:`KERNEL_STEP_FILES`
 
     @property
     def text(self) -> str:
@@ -102,7 +105,7 @@ TARGETS = (
     Target(37, "fused kernel: DIFF V2 fwd+bwd at d = 128", "kernel", "shared_k d128 dv128 bf16 causal none train", 2.2),
     Target(37, "fused kernel: decode per token at an 8K cache", "kernel_decode", "v1 d64 dv128 bf16 causal none decode",
            TRITON_MAX_RATIO["decode_ratio"]),
-    Target(37, "fused kernel: `small` train step (bf16) for DIFF V1", "step", "kernel", 1.15),
+    Target(37, "fused kernel: `small` train step (bf16) for DIFF V1", "step", "kernel", 1.15, KERNEL_STEP_FILES),
 )  # fmt: skip
 
 
