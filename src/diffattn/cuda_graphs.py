@@ -37,6 +37,12 @@ import torch
 #: --compile-mode MODE`` take one
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+
+def torch_compile_mode(mode: str | None) -> str | None:
+    """``torch.compile``'s ``mode`` for a name of :data:`COMPILE_MODES` (or None): ``"default"`` is its None."""
+    return None if mode == "default" else mode
+
+
 #: optimizers whose lazily created state starts at zeros (step count, first and second moments), so the state the
 #: warm-up created can be put back to its start by zeroing it
 ZERO_STATE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)

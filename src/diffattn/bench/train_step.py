@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..cuda_graphs import COMPILE_MODES
+from ..cuda_graphs import COMPILE_MODES, torch_compile_mode
 from ..models.build import build_model
 from . import gc_paused, rotated
 from .kernels import KERNELS_SHOWN, format_kernel_table, profile_gpu
@@ -170,7 +170,7 @@ def _step_fn(
     opt = _optimizer(model)
     device_type = batch.device.type
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-    mode = None if compile_mode == "default" else compile_mode
+    mode = torch_compile_mode(compile_mode)
     forward = torch.compile(model, backend=compile_backend, mode=mode) if compile_backend else model
     loss_fn = _loss_fn(forward, device_type, dtype, fused)
 
@@ -276,7 +276,8 @@ def run_train_step_benchmark(
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
             samples = {k: [round(1e3 * x, 4) for x in v] for k, v in times.items()}
-            compiled = (compile_backend or "") + (f":{compile_mode}" if compile_mode not in (None, "default") else "")
+            mode = torch_compile_mode(compile_mode)
+            compiled = (compile_backend or "") + (f":{mode}" if mode else "")
             rows.append(
                 StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compiled, kernels, samples, cuda_graphs)
             )

@@ -41,6 +41,7 @@ from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
+from ..cuda_graphs import torch_compile_mode
 from ..data.packing import FlatteningCollator
 from ..files import (
     RUN_CONFIG,
@@ -545,10 +546,10 @@ def training_arguments(config: RunConfig, run_dir: Path) -> TrainingArguments:
         fsdp="full_shard auto_wrap" if t.fsdp else "",
         ddp_find_unused_parameters=False,
         disable_tqdm=False,
-        # train.compile: Trainer compiles the model (accelerate's dynamo plugin); "default" is torch's mode None
+        # train.compile: Trainer compiles the model (accelerate's dynamo plugin)
         torch_compile=t.compile is not None,
         torch_compile_backend=t.compile_backend if t.compile is not None else None,
-        torch_compile_mode=t.compile if t.compile not in (None, "default") else None,
+        torch_compile_mode=torch_compile_mode(t.compile),
     )
 
 
