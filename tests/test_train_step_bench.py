@@ -170,6 +170,7 @@ def test_every_row_of_a_compiled_run_is_compiled_past_dynamos_recompile_limit():
         ["debug"], [8, 16, 24], batch=1, reps=1, device="cpu", compile_backend=counting
     )
     assert len(rows) == 3 and len(compiled) >= 12
+    assert {row.compiled for row in rows} == {"counting"}  # a callable backend by its name
 
 
 def test_forced_backends_are_columns_of_their_own_and_one_that_cannot_run_is_nan(capsys, tmp_path):

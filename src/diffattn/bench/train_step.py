@@ -276,12 +276,21 @@ def run_train_step_benchmark(
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
             samples = {k: [round(1e3 * x, 4) for x in v] for k, v in times.items()}
-            mode = torch_compile_mode(compile_mode)
-            compiled = (compile_backend or "") + (f":{mode}" if mode else "")
+            compiled = _compiled_label(compile_backend, compile_mode)
             rows.append(
                 StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compiled, kernels, samples, cuda_graphs)
             )
     return rows
+
+
+def _compiled_label(backend, mode: str | None) -> str:
+    """A row's ``compiled``: the torch.compile backend by name (a callable backend by its function's name), with the
+    mode where it is not the default (``inductor:reduce-overhead``); "" for an eager row."""
+    if not backend:
+        return ""
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+    mode = torch_compile_mode(mode)
+    return f"{name}:{mode}" if mode else name
 
 
 def check_graphable(device: str, dtype: str, compile_backend: str | None = None) -> None:
