@@ -2,7 +2,9 @@
 calls faked (a fake capture runs the step's code eagerly, which a real capture only records): the warm-up leaves the
 model and the optimizer as they were, the captured code is one eager step from there, each call copies its batch
 into the captured buffers and replays once, and what cannot be captured is refused with its reason. On a GPU
-(``gpu``): graphed steps against eager ones from the same start, for the baseline and DIFF."""
+(``gpu``): graphed steps against eager ones from the same start, for the baseline, DIFF and DIFF V2 — and steps
+compiled by inductor in ``reduce-overhead`` mode (``diffattn pretrain --compile reduce-overhead``) against bf16's own
+rounding."""
 
 from __future__ import annotations
 
@@ -181,6 +183,39 @@ def test_a_snapshot_puts_the_parameters_and_adams_state_back_in_place():
     assert all(float(v.abs().max()) == 0 for p in fresh_model.parameters() for v in fresh.state[p].values())
 
 
+def _three_steps(attention: str, how: str):
+    """Three AdamW steps of a 2-layer debug model from the same weights on the same batches, on CUDA: ``how`` "eager"
+    (bf16 autocast), "graphed" (:class:`GraphedTrainStep`), "compiled" (inductor, ``mode="reduce-overhead"``: what
+    ``diffattn pretrain --compile reduce-overhead`` runs) or "fp32" (eager, autocast off: the arithmetic the bf16 runs
+    round). Returns (each step's loss, the starting parameters, the final ones), all float32."""
+    torch._dynamo.reset()
+    model = build_model("debug", attention, backend="auto", seed=0, num_layers=2).cuda().train()
+    start = [p.detach().float().clone() for p in model.parameters()]
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, model.config.vocab_size, (2, 128), generator=generator).cuda() for _ in range(3)]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1.0, capturable=True)
+    forward = torch.compile(model, mode="reduce-overhead") if how == "compiled" else model
+
+    def loss_fn(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=how != "fp32"):
+            return forward(input_ids=ids, labels=ids, use_cache=False).loss
+
+    if how == "graphed":
+        step = GraphedTrainStep(loss_fn, opt, (batches[0],))
+        losses = [float(step(b)) for b in batches]
+    else:
+        losses = []
+        for b in batches:
+            if how == "compiled":
+                torch.compiler.cudagraph_mark_step_begin()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(b)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    return losses, start, [p.detach().float() for p in model.parameters()]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["standard", "diff", "diff-v2"])
 def test_graphed_steps_follow_eager_ones_from_the_same_start(attention):
@@ -192,37 +227,36 @@ def test_graphed_steps_follow_eager_ones_from_the_same_start(attention):
     # its rounding, which would turn a reduction's nondeterminism into differences as large as a move
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-
-    def run(graphed: bool):
-        model = build_model("debug", attention, backend="auto", seed=0, num_layers=2).cuda().train()
-        start = [p.detach().float().clone() for p in model.parameters()]
-        generator = torch.Generator().manual_seed(0)
-        batches = [torch.randint(0, model.config.vocab_size, (2, 128), generator=generator).cuda() for _ in range(3)]
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1.0, capturable=True)
-
-        def loss_fn(ids):
-            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-                return model(input_ids=ids, labels=ids, use_cache=False).loss
-
-        if graphed:
-            step = GraphedTrainStep(loss_fn, opt, (batches[0],))
-            losses = [float(step(b)) for b in batches]
-        else:
-            losses = []
-            for b in batches:
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(b)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss))
-        return losses, start, [p.detach().float() for p in model.parameters()]
-
-    eager, start, eager_params = run(False)
-    again, _, again_params = run(False)
-    graphed, _, graphed_params = run(True)
+    eager, start, eager_params = _three_steps(attention, "eager")
+    again, _, again_params = _three_steps(attention, "eager")
+    graphed, _, graphed_params = _three_steps(attention, "graphed")
     assert any(float((e - s).abs().max()) > 0 for e, s in zip(eager_params, start, strict=True))
     for s, e, a, g in zip(start, eager_params, again_params, graphed_params, strict=True):
         noise, moved = float((e - a).abs().max()), float((e - s).abs().max())
         assert float((g - e).abs().max()) <= max(4 * noise, 0.01 * moved, 4 * torch.finfo(torch.float32).eps)
     for e, a, g in zip(eager, again, graphed, strict=True):  # the loss of each step, on the same batch
         assert abs(g - e) <= max(4 * abs(a - e), 1e-3 * abs(e))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["standard", "diff", "diff-v2"])
+def test_compiled_reduce_overhead_steps_train_like_eager_ones_and_replay_graphs(attention):
+    # diffattn pretrain --compile reduce-overhead: inductor's kernels round bf16 otherwise than eager's (fused
+    # element-wise work), so the yardstick is bf16's own rounding: each parameter of the compiled run is at most twice
+    # as far from the float32 run's as the eager bf16 run's is (or 1% of the move), and each loss likewise; and
+    # inductor replayed CUDA graphs (no "cudagraph skipped" counted: a custom op it cannot graph, a CPU tensor in the
+    # graph or a mutated input would have been)
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch._dynamo.utils import counters
+
+    reference, start, reference_params = _three_steps(attention, "fp32")
+    eager, _, eager_params = _three_steps(attention, "eager")
+    counters.clear()
+    compiled, _, compiled_params = _three_steps(attention, "compiled")
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    for s, r, e, c in zip(start, reference_params, eager_params, compiled_params, strict=True):
+        rounding, moved = float((e - r).abs().max()), float((e - s).abs().max())
+        assert float((c - r).abs().max()) <= max(2 * rounding, 0.01 * moved, 4 * torch.finfo(torch.float32).eps)
+    for r, e, c in zip(reference, eager, compiled, strict=True):
+        assert abs(c - r) <= max(2 * abs(e - r), 1e-3 * abs(r))
