@@ -25,7 +25,8 @@
 #   targets.md                                 issues 34's and 37's targets read off the files above (bench.targets)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
-# Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 300), WARM_S (its compiling, 100).
+# Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 300), WARM_S (its compiling, 100),
+# COMPILE_S (the compiled step, 150), DECODE_S (decoding, 150), TESTS_S (the gpu tests, 150).
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
@@ -82,8 +83,9 @@ grad_layout() {  # (functions run in a bash of their own: no variables of this s
   timeout 40 $PY benchmarks/cudnn_grad_layout.py 2>&1 | tail -6
   timeout 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_sdpa_grad_layout.py 2>&1 | tail -6
 }
-gpu_tests() {
-  for f in $(grep -l "mark.gpu" tests/*.py tests/*/*.py | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do
+gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's tests), then the rest, each file once
+  for f in $(grep -l "mark.gpu" tests/ops/*.py tests/*.py tests/*/*.py | awk '!seen[$0]++' \
+      | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do
     echo "-- $f"
     timeout 120 $PY -m pytest -q -m gpu -p no:cacheprovider "$f" 2>&1 | tail -6
   done
@@ -161,7 +163,7 @@ gpu_tests() {
   # the miscompiled single-pass tile: reproduced on an H100 (2026-11-26) and an H200 (2026-11-27), barred since
   want sanitize && step 45 "compute-sanitizer: the backward tile (16, 64, 4, 1) alone, one small call" sanitize
   # (the H200 of 2026-11-28: test_gpu.py 52 s for its 170 tests, test_compile_dynamic.py 23 s, test_epilogue.py 4 s)
-  want tests && step 150 "gpu tests, one process per file" gpu_tests
+  want tests && step ${TESTS_S:-150} "gpu tests, one process per file (the ops' first)" gpu_tests
   # issues 34's and 37's targets on what this call wrote (no GPU needed: rerun it on a run's directory that gathers
   # several calls' files, `python -m diffattn.bench.targets DIR`)
   echo "== targets"
