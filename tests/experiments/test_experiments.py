@@ -104,6 +104,10 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"
     # the model trained further is evaluated again; the others' evaluations are reused
     assert states[("eval", "baseline")] == "fresh" and states[("eval", "diff")] == "done"
+    # how a step runs is not a setting of the run: a finished model asked to compile is done as it is
+    compiled = config.with_overrides({"models.1.train": {"compile": "default", "compile_backend": "aot_eager"}})
+    states = {(o.kind, o.name): o.state for o in run_experiment(compiled, tmp_path, report=False)}
+    assert states[("pretrain", "diff")] == "done"
     changed = config.with_overrides({"models.1.model": {"lambda_init": 0.5}})
     with pytest.raises(ValueError, match=r"was run with other settings.*lambda_init"):
         run_experiment(changed, tmp_path, report=False)

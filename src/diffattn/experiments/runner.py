@@ -10,8 +10,9 @@ Layout of ``<root>/<name>/``::
     logs/                    with jobs > 1: each worker's output (<name>.log training, eval-<name>.log evaluating)
 
 A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
-equal the requested ones; it is *resumed* from its last checkpoint when it was started with the same settings (a
-larger ``max_steps`` also resumes); a part whose saved settings differ is refused with the difference, unless
+equal the requested ones (how its step runs, ``train.compile``, aside: ``TrainConfig.RUN_TIME_SETTINGS``); it is
+*resumed* from its last checkpoint when it was started with the same settings (a larger ``max_steps`` also resumes);
+a part whose saved settings differ is refused with the difference, unless
 ``overwrite`` names it (or is ``True``).
 """
 
@@ -76,13 +77,16 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
         return FRESH
     saved = type(config).load(saved_file).to_dict()
     diff = setting_differences(saved, config.to_dict())
-    only_steps = all(d.startswith("train.max_steps:") for d in diff)
-    if diff and not only_steps:
+    # what a run may change and stay the same run (TrainConfig.RUN_TIME_SETTINGS): how far it goes, how its step runs
+    run_time = {f"train.{key}" for key in config.train.RUN_TIME_SETTINGS}
+    other = [d for d in diff if d.partition(":")[0] not in run_time]
+    if other:
         raise ValueError(
-            f"{run_dir} was run with other settings ({'; '.join(diff)}); pass --overwrite to redo it, "
+            f"{run_dir} was run with other settings ({'; '.join(other)}); pass --overwrite to redo it, "
             "or give the new variant another name"
         )
-    if (run_dir / "summary.json").is_file() and not diff and _summary_steps(run_dir) >= config.train.max_steps:
+    steps_changed = any(d.startswith("train.max_steps:") for d in diff)
+    if (run_dir / "summary.json").is_file() and not steps_changed and _summary_steps(run_dir) >= config.train.max_steps:
         return DONE
     # A summary of fewer steps than run.yaml asks for: a run extended (a larger max_steps rewrites run.yaml when it
     # starts) and stopped before its new end, whose summary is still the shorter run's: resume it, not "done".
