@@ -16,7 +16,9 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
   (the device check skipped; the route's ``sdpa_kernel`` block and the gradient-layout guard of
   :mod:`diffattn.ops.sdpa`, which run on CUDA only, run here too);
 * ``…+norm``: the head norm in the epilogue's kernel (:func:`diffattn.ops.fused_head_norm`), ``…+lambda``: λ by its
-  kernels (:func:`diffattn.ops.fused_lambda`);
+  kernels, each layer's (:func:`diffattn.ops.fused_lambda`); every other DIFF column computes every layer's λ at once
+  in the model's forward (:func:`diffattn.models.diff_llama.layer_lambdas`), and ``…, λ per layer`` each layer's own
+  by PyTorch's ops, as every column did before 2026-11-29;
 * ``DIFF cudnn_direct+norm``: the same kernels as one autograd node (:mod:`diffattn.ops.direct`), cuDNN's ATen forward
   and backward each a stand-in that allocates what it returns (an output and its log-sum-exp; three gradients) —
   plain dispatches, where the SDPA routes' stand-in is an autograd Function (below): that column's lead over the
@@ -156,19 +158,21 @@ def main(argv: list[str] | None = None) -> int:
 
     real_op = diff_llama.diff_attention_stacked
     ONE_DISPATCH = "op one dispatch"
-    columns = {  # name: (attention, backend, norm in the epilogue, λ by its kernel, DIFF V1's heads in pairs)
-        "baseline": ("standard", None, None, False, False),
-        "DiffLlama": ("diff", None, None, False, False),
-        "DIFF cudnn": ("diff", "cudnn", None, False, False),
-        "DIFF cudnn+epilogue": ("diff", "cudnn+epilogue", False, False, False),
-        "DIFF cudnn+epilogue+norm": ("diff", "cudnn+epilogue", True, False, False),
-        "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, True, False),
-        "DIFF cudnn_direct+norm": ("diff", "cudnn_direct", True, False, False),
-        "DIFF cudnn_shared_v+norm+pairs": ("diff", "cudnn_shared_v", True, False, True),
-        "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, False, False),
+    MODEL, LAYER, KERNEL = "model", "layer", "kernel"  # λ: every layer's at once, each layer's own, by its kernel
+    columns = {  # name: (attention, backend, norm in the epilogue, how λ is computed, DIFF V1's heads in pairs)
+        "baseline": ("standard", None, None, MODEL, False),
+        "DiffLlama": ("diff", None, None, MODEL, False),
+        "DIFF cudnn": ("diff", "cudnn", None, MODEL, False),
+        "DIFF cudnn+epilogue": ("diff", "cudnn+epilogue", False, MODEL, False),
+        "DIFF cudnn+epilogue+norm": ("diff", "cudnn+epilogue", True, MODEL, False),
+        "DIFF cudnn+epilogue+norm+lambda": ("diff", "cudnn+epilogue", True, KERNEL, False),
+        "DIFF cudnn_direct+norm": ("diff", "cudnn_direct", True, MODEL, False),
+        "DIFF cudnn_direct+norm, λ per layer": ("diff", "cudnn_direct", True, LAYER, False),
+        "DIFF cudnn_shared_v+norm+pairs": ("diff", "cudnn_shared_v", True, MODEL, True),
+        "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, MODEL, False),
     }
 
-    def step_of(attention, backend, norm, by_kernel, pairs):
+    def step_of(attention, backend, norm, lam_by, pairs):
         stand_in_op = backend == ONE_DISPATCH
         model = build_model("small", attention, backend="auto" if stand_in_op else backend, seed=0,
                             num_layers=args.layers, hidden_size=64, intermediate_size=128)  # fmt: skip
@@ -176,10 +180,13 @@ def main(argv: list[str] | None = None) -> int:
 
         def step():
             diff_llama.diff_attention_stacked = op_stand_in if stand_in_op else real_op
-            diff_llama.reparameterized_lambda = lambda_by_kernel if by_kernel else plain_lambda
+            diff_llama.reparameterized_lambda = lambda_by_kernel if lam_by == KERNEL else plain_lambda
             model.zero_grad(set_to_none=True)
             autocast = torch.autocast("cpu", dtype=torch.bfloat16)
-            with autocast, ops.fused_head_norm(norm), ops.pairs_layout(True if pairs else None):
+            # λ per layer (by its kernel or by PyTorch's ops): the switch of λ's kernel forced on, under which the
+            # model's forward does not compute every layer's λ at once (diffattn.models.diff_llama.layer_lambdas)
+            per_layer = ops.fused_lambda(True if lam_by != MODEL else None)
+            with autocast, ops.fused_head_norm(norm), ops.pairs_layout(True if pairs else None), per_layer:
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
 

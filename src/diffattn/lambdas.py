@@ -2,7 +2,8 @@
 
 * :func:`lambda_init_schedule` — DIFF §2.1's per-layer λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) with l = layer_idx + 1
   (``"exponential"``), or a constant; :func:`check_lambda_init` validates either form.
-* :func:`reparameterized_lambda` — DIFF Eq. 2: λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, in float32.
+* :func:`reparameterized_lambda` — DIFF Eq. 2: λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, in float32; for one
+  layer's vectors, or for every layer's stacked as rows (one λ a row: a model's layers at once).
 * :func:`output_scale` — DIFF Eq. 3's (1 − λ_init) factor after the per-head norm.
 * :func:`annealed_lambda` — Dex Eq. 4: λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn with α = min(1, t/T), so λ(0) = 0
   (DAA and DiffQ/K/V use the same schedule).
@@ -90,14 +91,21 @@ def _range_words(low, high, low_open) -> str:
 def reparameterized_lambda(
     lambda_q1: torch.Tensor, lambda_k1: torch.Tensor, lambda_q2: torch.Tensor, lambda_k2: torch.Tensor, lambda_init
 ) -> torch.Tensor:
-    """DIFF Eq. 2 in float32: exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init (a 0-d tensor). On CUDA by one Triton kernel
-    each way where the route table switches that on (:func:`diffattn.ops.routes.lambda_in_kernel`), in eager mode."""
-    if lambda_q1.is_cuda and lambda_in_kernel(lambda_q1.device.index) and not torch.compiler.is_compiling():
+    """DIFF Eq. 2 in float32: exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init — a 0-d tensor for one layer's vectors [d]
+    and λ_init a float; one λ a row for several layers' vectors stacked as rows [L, d] and λ_init a float32 tensor
+    [L] (:func:`diffattn.models.diff_llama.layer_lambdas`). One layer's on CUDA by one Triton kernel each way where the
+    route table switches that on (:func:`diffattn.ops.routes.lambda_in_kernel`), in eager mode."""
+    if (
+        lambda_q1.dim() == 1
+        and lambda_q1.is_cuda
+        and lambda_in_kernel(lambda_q1.device.index)
+        and not torch.compiler.is_compiling()
+    ):
         from .ops.triton.reparam import reparameterized_lambda_kernel
 
         return reparameterized_lambda_kernel(lambda_q1, lambda_k1, lambda_q2, lambda_k2, lambda_init)
-    lam1 = torch.exp(torch.sum(lambda_q1.float() * lambda_k1.float()))
-    lam2 = torch.exp(torch.sum(lambda_q2.float() * lambda_k2.float()))
+    lam1 = torch.exp(torch.sum(lambda_q1.float() * lambda_k1.float(), dim=-1))
+    lam2 = torch.exp(torch.sum(lambda_q2.float() * lambda_k2.float(), dim=-1))
     return lam1 - lam2 + lambda_init
 
 

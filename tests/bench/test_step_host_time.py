@@ -1,7 +1,7 @@
 """benchmarks/step_host_time.py, the host's share of a training step on the CPU (the proxy of RESULTS.md's prediction
 for the host-bound `small` step): it runs, prints every column, and counts what the prediction reads off it — the
 head norm in the epilogue's kernel and λ's kernels each take ATen kernels out of a step and add Triton launches, and
-the one-node route launches what the chain does.
+the one-node route launches what the chain does; every layer's λ at once takes out what each layer's own launched.
 Speed here means nothing (one round, one layer)."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
         "DIFF cudnn+epilogue+norm",
         "DIFF cudnn+epilogue+norm+lambda",
         "DIFF cudnn_direct+norm",
+        "DIFF cudnn_direct+norm, λ per layer",
         "DIFF cudnn_shared_v+norm+pairs",
         "DIFF, op one dispatch",
     }
@@ -44,6 +45,9 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     # the same kernels as one autograd node: the epilogue's launches and the chain's ATen kernels ([V; V]'s copy, its
     # gradient's sum and copy back to V's halves; the attention call's stand-ins only allocate, which is not counted)
     assert rows["DIFF cudnn_direct+norm"] == norm
+    # each layer's own λ (its chain forward and backward a layer) against every layer's at once (one chain, stacked)
+    per_layer = rows["DIFF cudnn_direct+norm, λ per layer"]
+    assert per_layer[1] == norm[1] and per_layer[0] > norm[0]
     # the heads in pairs and V read once: per layer no [V; V] copy, sum of its gradient or copy back to V's halves (3
     # fewer), and the three projections' weight rows reordered, a copy each way (6 more); the same launches
     shared = rows["DIFF cudnn_shared_v+norm+pairs"]

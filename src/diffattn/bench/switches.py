@@ -3,8 +3,9 @@ rules: the kernel switches (:data:`diffattn.ops.routes.TABLE_FLAGS`) and the fir
 attention calls are in where that class is a small one (:data:`diffattn.ops.routes.SMALL_WORK`).
 
 Why the step, not the route sweep: two of the switches move the DIFF layer's element-wise work into Triton kernels
-(``fused_head_norm`` the head norm into the epilogue's kernel, ``fused_lambda`` λ into kernels of its own), and a
-small call's route differs from another mostly in host work and launches. Those decide a small model's step, which is
+(``fused_head_norm`` the head norm into the epilogue's kernel, ``fused_lambda`` each layer's λ by kernels of its own,
+against every layer's at once by PyTorch's ops), and a small call's route differs from another mostly in host work
+and launches. Those decide a small model's step, which is
 host-bound on the H200 (2026-11-28: the baseline's GPU busy 8.6 ms of its 40) — and the sweep times a route's call
 without the head norm the DIFF layer hands the op with it, which an epilogue route takes into its kernel where the
 switch is on. ``benchmarks/gpu_session.sh`` times the step with routes and switches forced beside ``auto``

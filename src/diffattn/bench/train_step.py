@@ -40,7 +40,8 @@ device is a column of NaN with its error printed, not the end of the run.
 A backend named with a :data:`FUSED` suffix after it runs with a piece of the DIFF layer's element-wise work in
 Triton kernels where the route table does not switch it on yet: ``+norm`` the head's norm in the epilogue's kernel
 (:func:`diffattn.ops.fused_head_norm`; after ``auto`` or an epilogue route: ``cudnn+epilogue+norm``), ``+lambda`` λ by
-one kernel each way (:func:`diffattn.ops.fused_lambda`; after any backend, after ``+norm`` too: ``auto+norm+lambda``),
+one kernel each way, each layer's (:func:`diffattn.ops.fused_lambda`; without it a model computes every layer's at
+once, :func:`diffattn.models.diff_llama.layer_lambdas`; after any backend, after ``+norm`` too: ``auto+norm+lambda``),
 ``+pairs`` DIFF V1's heads handed to the op in interleaved pairs (:func:`diffattn.ops.pairs_layout`: ``auto+pairs``,
 where ``cudnn_shared_v`` reads V once for both maps).
 The step a lease times before the table may switch them on (benchmarks/RESULTS.md, 2026-11-28, the layer's launches).

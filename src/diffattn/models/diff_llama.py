@@ -23,6 +23,13 @@ Options (:class:`DiffAttentionOptions`):
   the paper is silent on the multiplier without the norm; we keep ``(1 − λ_init)`` so the ablation changes one
   thing).
 
+**λ of every layer at once.** A model's forward computes Eq. 2 for all its DIFF layers in one chain of ops on their
+vectors stacked as rows (:func:`layer_lambdas`, a forward pre-hook :func:`diffattn.install_diff_attention` puts on
+the ``DiffLlamaModel``) and hands each layer its own under the keyword :data:`LAMBDAS_KWARG`, which transformers'
+decoder layers pass on to their attention: the same value as the layer's own :meth:`~DiffLlamaDifferentialAttention.
+lambda_full` within float32's rounding, in a dozen kernels forward and backward for the model where each layer's own
+took about fifteen — host work a small model's training step is bound by (benchmarks/RESULTS.md, 2026-11-29).
+
 The options are recorded in ``config.diffattn`` so they are saved beside the weights. Plain ``DiffLlama`` computes
 the default options only (:attr:`DiffAttentionOptions.computed_by_plain_diffllama`): a model with those saves a
 ``diffllama`` checkpoint that plain transformers loads exactly; with any other, its config is a
@@ -61,12 +68,14 @@ from ..ops import (
 from ..ops._inputs import v_from_halves
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
-from ..ops.routes import FORCED_FLAGS, class_key, pairs_faster, work_is_small
+from ..ops.routes import FORCED_FLAGS, class_key, lambda_in_kernel, pairs_faster, work_is_small
 from .attention_interface import visible_keys
 
 NORMS = ("rms", "rms_affine", "none")
 # what our module takes over from the DiffLlamaAttention it replaces (the same objects, under the same names)
-SHARED_WITH_HF = ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+#: DIFF Eq. 2's four vectors of a layer, in the order :func:`diffattn.lambdas.reparameterized_lambda` takes them
+LAMBDA_VECTORS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+SHARED_WITH_HF = ("q_proj", "k_proj", "v_proj", "o_proj", *LAMBDA_VECTORS)
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,69 @@ class DiffTransformerConfig(DiffLlamaConfig):
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
         save_readme(save_directory, MODEL_TYPE, "DIFF Transformer checkpoint with non-default options")
+
+
+#: the keyword under which a DIFF model's forward hands its attention layers their λ, computed for every layer at once
+#: (:func:`layer_lambdas`): ``{layer_idx: λ}``; a layer called without it computes its own
+LAMBDAS_KWARG = "diffattn_lambdas"
+
+
+def layer_lambdas(decoder: nn.Module) -> dict[int, torch.Tensor] | None:
+    """λ of DIFF Eq. 2 for every DIFF attention layer of ``decoder`` (a ``DiffLlamaModel``) in one chain of ops, their
+    λ vectors stacked as rows (:func:`diffattn.lambdas.reparameterized_lambda`): ``{layer_idx: λ}``, each a 0-d
+    float32 tensor whose gradient reaches that layer's vectors. None — each layer then computes its own, as it always
+    may — where batching would not be the same computation or not the faster one:
+
+    * fewer than two DIFF layers, or layers that are not all ours;
+    * λ vectors that are not plain parameters on one device of one shape and dtype: FSDP2's and tensor parallelism's
+      DTensors (whole only inside their own layer's forward), layers spread over devices (``device_map``);
+    * activation checkpointing on a layer: a reentrant checkpoint recomputes its layer in the backward, which would
+      run this shared chain's backward once per layer;
+    * λ's own kernels switched on for the device (:func:`diffattn.ops.routes.lambda_in_kernel`: the `small` step's
+      ``+lambda`` column measures those per layer against this, and the route table switches them on only where they
+      measured faster)."""
+    layers = decoder.layers[: decoder.config.num_hidden_layers]
+    attentions = [getattr(layer, "self_attn", None) for layer in layers]
+    if len(attentions) < 2 or not all(isinstance(a, DiffLlamaDifferentialAttention) for a in attentions):
+        return None
+    if any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
+        return None
+    columns = [[getattr(a, name) for a in attentions] for name in LAMBDA_VECTORS]
+    first = columns[0][0]
+    for column in columns:
+        for vector in column:
+            if type(vector) is not nn.Parameter or vector.device != first.device or vector.shape != first.shape:
+                return None
+            if vector.dtype != first.dtype:
+                return None
+    if lambda_in_kernel(first.device.index if first.is_cuda else None):
+        return None
+    inits = tuple(a.lambda_init for a in attentions)
+    lams = reparameterized_lambda(*(torch.stack(column) for column in columns), _lambda_inits(inits, first.device))
+    return {a.layer_idx: lam for a, lam in zip(attentions, lams.unbind(), strict=True)}
+
+
+#: (λ_init of each layer, device) → those λ_init as one float32 tensor on that device: made once, not at every forward
+#: (a host-to-device copy from pageable memory waits for the stream, and could not be captured in a CUDA graph)
+_INITS: dict[tuple, torch.Tensor] = {}
+
+
+def _lambda_inits(inits: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    if torch.compiler.is_compiling():  # a constant of the graph
+        return torch.tensor(inits, dtype=torch.float32, device=device)
+    key = (inits, device)
+    if key not in _INITS:
+        _INITS[key] = torch.tensor(inits, dtype=torch.float32, device=device)
+    return _INITS[key]
+
+
+def hand_layers_their_lambdas(decoder: nn.Module, args: tuple, kwargs: dict):
+    """A ``DiffLlamaModel``'s forward pre-hook (``with_kwargs=True``): its layers' λ computed at once
+    (:func:`layer_lambdas`) added to the forward's keywords under :data:`LAMBDAS_KWARG`, where it applies."""
+    lams = layer_lambdas(decoder)
+    if lams is None:
+        return None
+    return args, {**kwargs, LAMBDAS_KWARG: lams}
 
 
 def attention_maps_requested(config, kwargs: dict) -> bool:
@@ -203,7 +275,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
 
     def lambda_full(self) -> torch.Tensor:
         """λ of Eq. 2, in float32 (a 0-d tensor)."""
-        return reparameterized_lambda(self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.lambda_init)
+        return reparameterized_lambda(*(getattr(self, name) for name in LAMBDA_VECTORS), self.lambda_init)
 
     current_lambda = lambda_full  # the read-out convention of diffattn.lambdas
 
@@ -272,7 +344,9 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
             )
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
-        lam = self.lambda_full()
+        given = kwargs.get(LAMBDAS_KWARG)  # the model's forward computed every layer's λ at once (layer_lambdas)
+        lam = given.get(self.layer_idx) if given else None
+        lam = self.lambda_full() if lam is None else lam
         options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling)
         weights, head_norm = None, None
         if analysis:  # the analysis paths read the two maps apart

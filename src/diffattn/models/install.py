@@ -2,7 +2,8 @@
 
 Module instances are replaced in their parents (the PEFT way); no transformers class is patched. The new
 module reuses the original's parameters under the same names, and :func:`remove_diff_attention` puts the
-originals back.
+originals back. The ``DiffLlamaModel`` gets one forward pre-hook, which computes every layer's λ at once and hands
+it to them (:func:`~diffattn.models.diff_llama.hand_layers_their_lambdas`); removing the attention removes it.
 
 What ``save_pretrained`` writes follows the options (:func:`set_checkpoint_type`): with those plain ``DiffLlama``
 computes, a ``diffllama`` checkpoint that plain transformers loads exactly; with any other, the config becomes a
@@ -15,10 +16,16 @@ from __future__ import annotations
 import logging
 
 from torch import nn
-from transformers import DiffLlamaConfig
+from transformers import DiffLlamaConfig, DiffLlamaModel
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
 
-from .diff_llama import MODEL_TYPE, DiffAttentionOptions, DiffLlamaDifferentialAttention, DiffTransformerConfig
+from .diff_llama import (
+    MODEL_TYPE,
+    DiffAttentionOptions,
+    DiffLlamaDifferentialAttention,
+    DiffTransformerConfig,
+    hand_layers_their_lambdas,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +65,23 @@ def _attention_modules(model: nn.Module):
         if isinstance(module, (DiffLlamaAttention, DiffLlamaDifferentialAttention)):
             parent_name, _, child = name.rpartition(".")
             yield model.get_submodule(parent_name) if parent_name else model, child, module
+
+
+#: the attribute of a ``DiffLlamaModel`` holding the handle of its λ hook (:func:`_hook_layer_lambdas`)
+_LAMBDA_HOOK = "_diffattn_lambda_hook"
+
+
+def _hook_layer_lambdas(model: nn.Module, on: bool) -> None:
+    """Put (``on``) or take away the forward pre-hook that computes every layer's λ at once on each ``DiffLlamaModel``
+    in ``model``: one at most each, whatever was installed before."""
+    for module in model.modules():
+        if isinstance(module, DiffLlamaModel):
+            handle = module.__dict__.pop(_LAMBDA_HOOK, None)
+            if handle is not None:
+                handle.remove()
+            if on:
+                hook = module.register_forward_pre_hook(hand_layers_their_lambdas, with_kwargs=True)
+                setattr(module, _LAMBDA_HOOK, hook)
 
 
 def install_diff_attention(
@@ -109,6 +133,7 @@ def install_diff_attention(
         if ours and module.options.norm == options.norm:
             new.groupnorm = module.groupnorm  # a re-install (another backend, λ_init) keeps the learnt norm gains
         setattr(parent, child, new)
+    _hook_layer_lambdas(model, on=True)
     config.diffattn = options.to_config()
     set_checkpoint_type(config, options)
     logger.info("installed diffattn DIFF attention in %d layers (%s)", len(targets), options)
@@ -124,6 +149,7 @@ def remove_diff_attention(model: nn.Module) -> nn.Module:
             restored += 1
     if restored == 0:
         raise ValueError("remove_diff_attention: this model has no diffattn DIFF attention installed")
+    _hook_layer_lambdas(model, on=False)
     if getattr(model.config, "diffattn", None) is not None:
         del model.config.diffattn
     set_checkpoint_type(model.config, None)  # HF's own attention again: a plain diffllama checkpoint

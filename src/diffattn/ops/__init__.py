@@ -725,9 +725,11 @@ def fused_v_copies(enabled: bool | None):
 
 
 def fused_lambda(enabled: bool | None):
-    """Within the block, DIFF's λ (Eq. 2) on CUDA is computed by the kernels of :mod:`diffattn.ops.triton.reparam`
-    (True) or by PyTorch (False); None: as the route table says for the device (the default). As
-    :func:`fused_head_norm`; eager only (under torch.compile PyTorch's ops, which it fuses itself)."""
+    """Within the block, DIFF's λ (Eq. 2) on CUDA is computed each layer's by the kernels of
+    :mod:`diffattn.ops.triton.reparam` (True; on the CPU, True has the layers compute their own by PyTorch's ops) or
+    by PyTorch (False: in a model's forward every layer's at once, :func:`diffattn.models.diff_llama.layer_lambdas`);
+    None: as the route table says for the device (the default). As :func:`fused_head_norm`; eager only (under
+    torch.compile PyTorch's ops, which it fuses itself)."""
     return _forced("fused_lambda", enabled)
 
 

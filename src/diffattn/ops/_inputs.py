@@ -416,7 +416,9 @@ def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int,
     # wait for the device at every call, so there a NaN λ shows as NaN outputs (the training loop refuses NaN loss)
     if lam.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isfinite(lam).all()):
         raise ValueError("lam must be finite: it holds NaN or inf (a NaN λ makes every output NaN)")
-    if lam.numel() == 1 and lam.dim() <= 1:
+    if lam.dim() == 0:  # as given: a view would add a node to every training step's graph (host time, no work)
+        return lam
+    if lam.numel() == 1 and lam.dim() == 1:
         return lam.reshape(())
     if lam.dim() == 1 and lam.numel() == num_heads:
         return lam.view(1, num_heads, 1, 1)

@@ -356,10 +356,12 @@ read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
 #: an entry's switches for work around the attention call in Triton kernels, each absent = false: nothing changes
 #: what runs before a GPU has timed it (diffattn.bench.switches decides them from a run's measurements)
 #: — ``fused_head_norm``: an ``<route>+epilogue`` route norms the head in its kernel (:class:`diffattn.ops.HeadNorm`);
-#: ``fused_lambda``: DIFF's λ (Eq. 2) by one kernel each way (:mod:`diffattn.ops.triton.reparam`) — both timed in the
-#: `small` step (train.json's ``+norm`` and ``+lambda`` columns); ``fused_v_copies``: a one-call route's [V; V] and its
-#: gradient by one kernel each way for calls above :data:`SMALL_WORK` (:mod:`diffattn.ops.triton.vcopies`), timed on
-#: one call at the sweep's standard shape (kernels.json's ``+vcopies`` column)
+#: ``fused_lambda``: DIFF's λ (Eq. 2) each layer's by one kernel each way (:mod:`diffattn.ops.triton.reparam`), where
+#: it is otherwise every layer's at once by PyTorch's ops (:func:`diffattn.models.diff_llama.layer_lambdas`) — both
+#: timed in the `small` step (train.json's ``+norm`` and ``+lambda`` columns); ``fused_v_copies``: a one-call route's
+#: [V; V] and its gradient by one kernel each way for calls above :data:`SMALL_WORK`
+#: (:mod:`diffattn.ops.triton.vcopies`), timed on one call at the sweep's standard shape (kernels.json's ``+vcopies``
+#: column)
 TABLE_FLAGS = ("fused_head_norm", "fused_lambda", "fused_v_copies")
 #: a flag's answer where forced (:func:`diffattn.ops.fused_head_norm`, :func:`diffattn.ops.fused_lambda`,
 #: :func:`diffattn.ops.fused_v_copies`: benchmarks and tests); None: the table's — and ``heads_in_pairs``, DIFF V1's
@@ -388,8 +390,9 @@ def head_norm_in_epilogue(index: int | None) -> bool:
 
 
 def lambda_in_kernel(index: int | None) -> bool:
-    """Whether DIFF's λ is computed by the kernels of :mod:`diffattn.ops.triton.reparam` on CUDA device ``index``
-    (:func:`table_flag` ``fused_lambda``), or by PyTorch's ops."""
+    """Whether DIFF's λ is computed each layer's by the kernels of :mod:`diffattn.ops.triton.reparam` on CUDA device
+    ``index`` (:func:`table_flag` ``fused_lambda``), or by PyTorch's ops — every layer's at once in a model's forward
+    (:func:`diffattn.models.diff_llama.layer_lambdas`)."""
     return table_flag("fused_lambda", index)
 
 
