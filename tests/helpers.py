@@ -11,6 +11,27 @@ from diffattn.train import RunConfig, read_metrics
 from diffattn.train.adapt import AdaptRunConfig
 
 
+def frames_compiled(run, *args, **kwargs) -> int:
+    """``run(*args, **kwargs)`` (a training run) from a fresh dynamo, its caches and counters cleared: the frames it
+    compiled (0: nothing was)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    run(*args, **kwargs)
+    return counters["frames"]["ok"]
+
+
+def assert_follows_eager(got: dict, eager: dict, accum: dict, what) -> None:
+    """A compiled run's losses within 4x the eager run's own difference from itself with two micro-batches (the same
+    sums in another order: float32 rounding's yardstick), at least a few float32 epsilons of the loss."""
+    assert sorted(got) == sorted(eager), what
+    yardstick = max(abs(accum[s] - eager[s]) for s in eager)
+    eps = torch.finfo(torch.float32).eps
+    for step in eager:
+        assert abs(got[step] - eager[step]) <= max(4 * yardstick, 8 * eps * abs(eager[step])), (what, step)
+
+
 def debug_config(corpus: Path, **train) -> RunConfig:
     cfg = RunConfig.from_dict(
         {

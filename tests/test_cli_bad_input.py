@@ -84,7 +84,7 @@ CASES = [
     ("pretrain --out {new} --grad-accum 3 --batch-size 8 --data {corpus}", r"must be divisible"),
     ("pretrain --out {new} --fsdp --data {corpus}", r"--fsdp\) needs CUDA"),
     ("pretrain --out {new} --compile fast", r"argument --compile: invalid choice: 'fast'"),
-    ("adapt --out {new} --set train.compile=default", r"train.compile is for `diffattn pretrain`"),
+    ("adapt --out {new} --set train.compile=fast", r"train.compile must be null \(eager\) or a torch.compile mode"),
     # ---- adapt
     ("adapt --out {new} --model gemma3-270m", r"unknown pretrained model 'gemma3-270m': give one of smollm2-135m"),
     ("adapt --out {new} --model /no/such/folder", r"does not exist"),

@@ -313,6 +313,7 @@ _ADAPT_FLAGS = {
     "grad_accum": "train.grad_accum",
     "lr": "train.lr",
     **_CADENCE_FLAGS,
+    "compile": "train.compile",
 }
 
 
@@ -520,7 +521,6 @@ def _add_quickstart_command(sub) -> None:
 
 
 def _add_pretrain_command(sub) -> None:
-    from .cuda_graphs import COMPILE_MODES
     from .models.architectures import ARCHITECTURES
 
     p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
@@ -544,6 +544,16 @@ def _add_pretrain_command(sub) -> None:
     p.add_argument("--schedule", choices=["linear", "cosine"])
     _add_cadence_flags(p)
     p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
+    _add_compile_flag(p)
+    p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
+    _add_resume_or_overwrite(p)
+    p.set_defaults(func=cmd_pretrain)
+
+
+def _add_compile_flag(p) -> None:
+    """``--compile [MODE]`` (``train.compile``) of the training commands."""
+    from .cuda_graphs import COMPILE_MODES
+
     p.add_argument(
         "--compile",
         nargs="?",
@@ -554,9 +564,6 @@ def _add_pretrain_command(sub) -> None:
         f"for another), MODE one of {', '.join(COMPILE_MODES)} (default: default); reduce-overhead replays them as "
         "CUDA graphs, for a small model's host-bound step on a GPU",
     )
-    p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
-    _add_resume_or_overwrite(p)
-    p.set_defaults(func=cmd_pretrain)
 
 
 def _add_adapt_command(sub) -> None:
@@ -582,6 +589,7 @@ def _add_adapt_command(sub) -> None:
     p.add_argument("--grad-accum", type=int)
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4)")
     _add_cadence_flags(p)
+    _add_compile_flag(p)
     p.add_argument(
         "--recipe",
         choices=["ours", "paper"],

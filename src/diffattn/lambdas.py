@@ -5,8 +5,8 @@
 * :func:`reparameterized_lambda` — DIFF Eq. 2: λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, in float32; for one
   layer's vectors, or for every layer's stacked as rows (one λ a row: a model's layers at once).
 * :func:`output_scale` — DIFF Eq. 3's (1 − λ_init) factor after the per-head norm.
-* :func:`annealed_lambda` — Dex Eq. 4: λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn with α = min(1, t/T), so λ(0) = 0
-  (DAA and DiffQ/K/V use the same schedule).
+* :func:`annealed_lambda` — Dex Eq. 4: λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn with α = min(1, t/T)
+  (:func:`annealing_ramp`), so λ(0) = 0 (DAA and DiffQ/K/V use the same schedule, the DIFF V2 retrofit its ramp).
 * :func:`lambda_per_layer` — the one read-out of a model's λ, for logging, reports, capture and the CLI.
 
 **The read-out convention.** An attention module that has a λ — our DIFF attention, Hugging Face's
@@ -115,20 +115,40 @@ def output_scale(lambda_init: float) -> float:
     return 1.0 - lambda_init
 
 
+def annealing_ramp(
+    step: int | torch.Tensor, anneal_steps: int | None, dtype: torch.dtype = torch.float32
+) -> float | torch.Tensor:
+    """α = min(1, t/T) of Dex Eq. 4 at step ``step`` with T = ``anneal_steps``: a float for an int step; a 0-d tensor
+    of ``dtype`` (the dtype of what α multiplies, float32 or wider) for a step held in a tensor (an adapter's
+    ``adapter_step``, which a compiled forward reads as an input where it would guard on a number and compile again
+    at every step). α(0) = 0 whatever T is; a later step needs T."""
+    if anneal_steps is None:
+        if isinstance(step, int) and step == 0:
+            return 0.0
+        raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
+    if isinstance(step, torch.Tensor):
+        return (step.to(dtype) / anneal_steps).clamp(max=1.0)
+    return min(1.0, step / anneal_steps)
+
+
 def annealed_lambda(
-    step: int, anneal_steps: int | None, lambda_init: float, lambda_learn: torch.Tensor, anneal: bool = True
+    step: int | torch.Tensor,
+    anneal_steps: int | None,
+    lambda_init: float,
+    lambda_learn: torch.Tensor,
+    anneal: bool = True,
 ) -> torch.Tensor:
-    """Dex Eq. 4 at step ``step`` with T = ``anneal_steps``: (1 − α)(t/T)·λ_init + α·λ_learn, α = min(1, t/T).
+    """Dex Eq. 4 at step ``step`` (an int, or a 0-d tensor holding it: :func:`annealing_ramp`) with T =
+    ``anneal_steps``: (1 − α)(t/T)·λ_init + α·λ_learn, α = min(1, t/T).
 
     ``anneal=False`` is the ablation λ = λ_learn from the start. λ(0) = 0 whatever T is; a later step needs T."""
     if not anneal:
         return lambda_learn
-    if anneal_steps is None:
-        if step == 0:
-            return lambda_learn * 0.0
-        raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
-    alpha = min(1.0, step / anneal_steps)
-    return (1.0 - alpha) * (step / anneal_steps) * lambda_init + alpha * lambda_learn
+    alpha = annealing_ramp(step, anneal_steps, torch.promote_types(lambda_learn.dtype, torch.float32))
+    if anneal_steps is None:  # step 0 (annealing_ramp refused any other): λ(0) = 0
+        return lambda_learn * 0.0
+    ratio = step / anneal_steps if isinstance(step, int) else step.to(alpha.dtype) / anneal_steps  # t/T
+    return (1.0 - alpha) * ratio * lambda_init + alpha * lambda_learn
 
 
 def lambda_per_layer(model: nn.Module) -> list[float] | None:

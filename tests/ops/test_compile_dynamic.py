@@ -126,18 +126,22 @@ def _adapter_config(method: str):
 )  # fmt: skip
 def test_an_adapted_model_traces_whole_with_symbolic_sizes(method, model_type, implementation):
     # every adapted layer imported its architecture's RoPE function in forward (a graph break a layer, an error
-    # under fullgraph, static shapes too) and a single map's SDPA call got symbolic flags; now one graph
-    from diffattn.adapters import adapt
+    # under fullgraph, static shapes too) and a single map's SDPA call got symbolic flags; now one graph. The step t
+    # of λ(t) changes between the calls, as in training: it reaches the graph as a tensor (AdapterState), where as a
+    # Python number it was a constant of the graph and every step compiled again
+    from diffattn.adapters import adapt, set_adapter_step
 
     from ..tiny_models import ids, tiny
 
     model = adapt(tiny(model_type), _adapter_config(method))
+    assert model._diffattn_adapter.state.anneal_steps > len(LENGTHS)  # λ(t) still annealing at the last call
     if implementation != "diffattn":
         model.set_attn_implementation(implementation)
     torch._dynamo.reset()
     counter = _counted()
     compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
-    for t in LENGTHS:
+    for step, t in enumerate(LENGTHS, start=1):
+        set_adapter_step(model, step)
         x = ids(t=t)
         got = compiled(x).logits
         assert torch.equal(got, model(x).logits)

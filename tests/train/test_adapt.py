@@ -18,7 +18,7 @@ from diffattn.train.adapt import AdaptRunConfig, adapt_pretrained
 from diffattn.train.adapt_config import default_anneal_steps
 from diffattn.train.adapt_trainer import INACTIVE_LAMBDA, _lambda_warnings
 
-from ..helpers import adapt_config
+from ..helpers import adapt_config, assert_follows_eager, frames_compiled, losses
 
 
 def _metrics(run):
@@ -257,3 +257,26 @@ def test_lambda_warning_names_the_method_and_only_the_annealed_ones():
     assert "DAA contributes nothing" in _lambda_warnings("daa", [0.0, 0.0])[0]
     assert _lambda_warnings("dex", [0.0, -2e-3]) == []  # one active layer is enough
     assert _lambda_warnings("difflora", [0.0]) == [] and _lambda_warnings("lora", None) == []
+
+
+@pytest.mark.heavy  # ~8 s on 2 cores (five runs, two compiled): CI runs it after the default suite; the default suite's
+# check that t is an input of the compiled forward: tests/ops/test_compile_dynamic.py (an adapted model traced whole)
+def test_a_compiled_run_follows_the_eager_one_and_compiles_no_more_for_more_steps(base_dir, corpus_dir, tmp_path):
+    """``train.compile`` in ``diffattn adapt``: λ(t) changes at every step while annealing (Dex Eq. 4, T = 4 here), and
+    t reaches the compiled forward as a tensor (:class:`diffattn.adapters.base.AdapterState`), so a run of four steps
+    compiles the frames a run of two does — as a Python number it compiled the model again at every step. The losses
+    follow the eager run's within float32 rounding (the eager run with two micro-batches is the yardstick)."""
+
+    def config(steps, **sets):
+        sets = {"method.anneal_steps": 4, "train.log_every": 1, **sets}
+        return adapt_config(base_dir, corpus_dir, "dex", steps=steps, **sets)
+
+    compiled = {"train.compile": "default", "train.compile_backend": "aot_eager"}
+    adapt_pretrained(config(4), tmp_path / "eager")
+    adapt_pretrained(config(4, **{"train.grad_accum": 2}), tmp_path / "accum")
+    short = frames_compiled(adapt_pretrained, config(2, **compiled), tmp_path / "short")
+    longer = frames_compiled(adapt_pretrained, config(4, **compiled), tmp_path / "compiled")
+    assert short >= 1 and longer == short
+    eager, accum = losses(tmp_path / "eager"), losses(tmp_path / "accum")
+    assert sorted(eager) == [1, 2, 3, 4]
+    assert_follows_eager(losses(tmp_path / "compiled"), eager, accum, "dex, aot_eager")

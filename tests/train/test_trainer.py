@@ -33,7 +33,7 @@ from diffattn.train import (
 from diffattn.train import data as train_data
 from diffattn.train.trainer import lr_factor
 
-from ..helpers import debug_config, losses
+from ..helpers import assert_follows_eager, debug_config, frames_compiled, losses
 
 pytestmark = pytest.mark.usefixtures("tokenizer_cache")  # every test here trains tokenizers into a session cache
 
@@ -466,26 +466,6 @@ def test_a_run_can_stop_part_way_through_a_longer_schedule(corpus_file, tmp_path
         debug_config(corpus_file, max_steps=8, schedule_steps=4)
 
 
-def _compiled_pretrain(config, run_dir, **kwargs) -> int:
-    """``pretrain`` from a fresh dynamo (its caches and counters cleared): the frames it compiled (0: nothing was)."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    pretrain(config, run_dir, **kwargs)
-    return counters["frames"]["ok"]
-
-
-def _assert_follows_eager(got: dict, eager: dict, accum: dict, what) -> None:
-    """A compiled run's losses within 4x the eager run's own difference from itself with two micro-batches (the same
-    sums in another order: float32 rounding's yardstick), at least a few float32 epsilons of the loss."""
-    assert sorted(got) == sorted(eager), what
-    yardstick = max(abs(accum[s] - eager[s]) for s in eager)
-    eps = torch.finfo(torch.float32).eps
-    for step in eager:
-        assert abs(got[step] - eager[step]) <= max(4 * yardstick, 8 * eps * abs(eager[step])), (what, step)
-
-
 def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus_file, tmp_path):
     """``train.compile``: Trainer runs the model through torch.compile (here ``aot_eager``: dynamo's graph and
     AOTAutograd's forward and backward, no generated code — what inductor starts from), and dynamo compiles it (its
@@ -493,17 +473,18 @@ def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus
     torch.compile's ``_orig_mod.`` prefix, and an eager run resumes from a compiled run's checkpoint (how the step runs
     is not a setting a resume compares)."""
     cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=2)
-    assert _compiled_pretrain(cfg, tmp_path / "eager") == 0
+    assert frames_compiled(pretrain, cfg, tmp_path / "eager") == 0
     pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / "accum")
     compiled = cfg.with_overrides({"train.compile": "default", "train.compile_backend": "aot_eager"})
-    assert _compiled_pretrain(compiled.with_overrides({"train.max_steps": 2}), tmp_path / "compiled") >= 1
-    assert _compiled_pretrain(compiled, tmp_path / "compiled", resume=True) >= 1
+    assert frames_compiled(pretrain, compiled.with_overrides({"train.max_steps": 2}), tmp_path / "compiled") >= 1
+    assert frames_compiled(pretrain, compiled, tmp_path / "compiled", resume=True) >= 1
     eager, accum, got = losses(tmp_path / "eager"), losses(tmp_path / "accum"), losses(tmp_path / "compiled")
     assert sorted(eager) == [1, 2, 3, 4]
-    _assert_follows_eager(got, eager, accum, "aot_eager")
+    assert_follows_eager(got, eager, accum, "aot_eager")
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "final")
     assert not any("_orig_mod" in name for name in final.state_dict())
-    assert _compiled_pretrain(cfg.with_overrides({"train.max_steps": 6}), tmp_path / "compiled", resume=True) == 0
+    longer = cfg.with_overrides({"train.max_steps": 6})
+    assert frames_compiled(pretrain, longer, tmp_path / "compiled", resume=True) == 0
     assert sorted(losses(tmp_path / "compiled")) == [1, 2, 3, 4, 5, 6]  # eager from step 5
 
 
@@ -511,24 +492,23 @@ def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus
 def test_every_architecture_trains_compiled_by_inductor_like_eager(corpus_file, tmp_path):
     """``train.compile: default`` with inductor itself (generated kernels, fused element-wise work) on the CPU: the
     baseline, DIFF and DIFF V2 are compiled, train, evaluate and save, their losses within float32 rounding of eager's
-    (:func:`_assert_follows_eager`)."""
+    (:func:`tests.helpers.assert_follows_eager`)."""
     for attention in ("standard", "diff", "diff-v2"):
         cfg = debug_config(corpus_file, max_steps=3, eval_every=3, save_every=3)
         cfg = cfg.with_overrides({"model.attention": attention})
         pretrain(cfg, tmp_path / f"{attention}-eager")
         pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / f"{attention}-accum")
         inductor = cfg.with_overrides({"train.compile": "default"})
-        assert _compiled_pretrain(inductor, tmp_path / f"{attention}-inductor") >= 1, attention
+        assert frames_compiled(pretrain, inductor, tmp_path / f"{attention}-inductor") >= 1, attention
         eager, accum = losses(tmp_path / f"{attention}-eager"), losses(tmp_path / f"{attention}-accum")
-        _assert_follows_eager(losses(tmp_path / f"{attention}-inductor"), eager, accum, attention)
+        assert_follows_eager(losses(tmp_path / f"{attention}-inductor"), eager, accum, attention)
 
 
-def test_compile_takes_torch_modes_only_and_adapt_refuses_it():
-    config = RunConfig().with_overrides({"train.compile": "reduce-overhead"}).validate()
-    assert config.train.compile == "reduce-overhead"
-    with pytest.raises(ValueError, match=r"train\.compile must be null .* reduce-overhead"):
-        RunConfig().with_overrides({"train.compile": "fast"}).validate()
+def test_compile_takes_torch_modes_only_in_pretrain_and_adapt():
     from diffattn.train.adapt_config import AdaptRunConfig
 
-    with pytest.raises(ValueError, match=r"train\.compile is for `diffattn pretrain`"):
-        AdaptRunConfig().with_overrides({"train.compile": "default"}).validate()
+    for run_config in (RunConfig, AdaptRunConfig):
+        config = run_config().with_overrides({"train.compile": "reduce-overhead"}).validate()
+        assert config.train.compile == "reduce-overhead"
+        with pytest.raises(ValueError, match=r"train\.compile must be null .* reduce-overhead"):
+            run_config().with_overrides({"train.compile": "fast"}).validate()

@@ -54,15 +54,42 @@ logger = logging.getLogger(__name__)
 
 
 class AdapterState:
-    """The training step t, shared by every wrapper of one model."""
+    """The training step t, shared by every wrapper of one model: an int (``step``), and a copy in every module that
+    computes with it (:meth:`follow`: its ``adapter_step`` buffer, a 0-d int64 tensor, not saved), which setting
+    ``step`` fills. A compiled forward reads the buffer as an input; a Python number would be a constant of its graph,
+    guarded on, and every step would compile the model again (λ(t) changes every step while annealing)."""
 
     def __init__(self, anneal_steps: int | None):
-        self.step = 0
+        self._step = 0
         self.anneal_steps = anneal_steps
+        self._followers: list[nn.Module] = []
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = int(value)
+        with torch.no_grad():
+            for module in self._followers:
+                module.adapter_step.fill_(self._step)  # in place: a CUDA graph reads the buffer where it is
+
+    def follow(self, module: nn.Module, device=None) -> None:
+        """Give ``module`` an ``adapter_step`` buffer holding t from now on (int64: a cast of the model to bf16
+        leaves it exact)."""
+        module.register_buffer("adapter_step", torch.tensor(self._step, device=device), persistent=False)
+        self._followers.append(module)
+
+    def step_of(self, module: nn.Module) -> int | torch.Tensor:
+        """t as ``module`` (one :meth:`follow` gave a buffer) computes with it: its buffer where T is set, else the
+        int (T unset: only step 0 is valid, which :func:`diffattn.lambdas.annealing_ramp` checks on the number)."""
+        return module.adapter_step if self.anneal_steps is not None else self._step
 
 
 class AnnealedLambda(nn.Module):
-    """λ(t) of Dex Eq. 4 for one layer: fixed λ_init, learnable ``lambda_learn`` (float32, init 0)."""
+    """λ(t) of Dex Eq. 4 for one layer: fixed λ_init, learnable ``lambda_learn`` (float32, init 0), t from the
+    model's :class:`AdapterState`."""
 
     def __init__(self, lambda_init: float, state: AdapterState, anneal: bool = True):
         super().__init__()
@@ -70,10 +97,11 @@ class AnnealedLambda(nn.Module):
         self.state = state
         self.anneal = anneal
         self.lambda_learn = nn.Parameter(torch.zeros((), dtype=torch.float32))
+        state.follow(self)
 
     def forward(self) -> torch.Tensor:
         return annealed_lambda(
-            self.state.step, self.state.anneal_steps, self.lambda_init, self.lambda_learn, anneal=self.anneal
+            self.state.step_of(self), self.state.anneal_steps, self.lambda_init, self.lambda_learn, anneal=self.anneal
         )
 
 
@@ -344,6 +372,8 @@ def adapted_model(
             inner = inner.get_base_model()
         elif isinstance(getattr(inner, "module", None), nn.Module):  # DistributedDataParallel, accelerate
             inner = inner.module
+        elif isinstance(getattr(inner, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            inner = inner._orig_mod
         else:
             break
     raise ValueError(f"{caller}: this model has no diffattn adapter")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..lambdas import annealing_ramp
 from ..models.diff_v2 import v2_gate
 from .annealed import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .base import AdapterMethod, AdapterState, wrap_attention
@@ -102,17 +103,14 @@ class DiffV2Maps(AdapterMethod):
             self.diffv2_gate.weight.zero_()
             self.diffv2_gate.bias.fill_(math.log(config.gate_init / (1.0 - config.gate_init)))
         self._lam: torch.Tensor | None = None
+        state.follow(self, device)  # t as a tensor: a compiled forward does not compile again at every step
 
-    def alpha(self) -> float:
-        """The annealing ramp of Dex Eq. 4: min(1, t/T); 1 without annealing."""
+    def alpha(self) -> float | torch.Tensor:
+        """The annealing ramp of Dex Eq. 4, min(1, t/T) (:func:`diffattn.lambdas.annealing_ramp`); 1 without
+        annealing."""
         if not self.anneal:
             return 1.0
-        t, steps = self.state.step, self.state.anneal_steps
-        if t == 0:
-            return 0.0
-        if steps is None:
-            raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
-        return min(1.0, t / steps)
+        return annealing_ramp(self.state.step_of(self), self.state.anneal_steps, self.diffv2_gate.weight.dtype)
 
     def projections(self, x, q, k):
         # λ of every head and token, from this layer's input: α(t)·sigmoid(x·w_λ + b), float32 [B, H, T]

@@ -141,10 +141,6 @@ class AdaptTrainConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.compile is not None:
-            # not built: an adapter's λ(t) follows the step count (Dex Eq. 4), Python state a compiled graph guards
-            # on, and no adapter run was tested compiled
-            raise ValueError("train.compile is for `diffattn pretrain`; `diffattn adapt` runs eager (set it to null)")
         v = self.lambda_lr
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
             raise ValueError(f"train.lambda_lr must be a learning rate > 0 (or null for the default), got {v!r}")
