@@ -61,7 +61,7 @@ def _reference_lambda(attn) -> tuple[torch.Tensor, list[torch.Tensor]]:
 def test_every_layers_lambda_and_its_gradient_are_its_own_within_float32_rounding():
     model = _model()
     attentions = _attentions(model)
-    lams = layer_lambdas(model.model)
+    lams = layer_lambdas(model.model).by_layer
     assert sorted(lams) == [a.layer_idx for a in attentions]
     weights = torch.linspace(-1.0, 2.0, len(attentions))  # a different upstream gradient for each layer's λ
     sum(w * lams[a.layer_idx] for w, a in zip(weights, attentions, strict=True)).backward()
@@ -164,7 +164,7 @@ def test_installing_again_leaves_one_hook_and_removing_the_attention_takes_it_aw
     install_diff_attention(model, "sdpa", lambda_init=0.5)
     assert _our_hooks(model.model) == 1
     # and the λ handed over follow the new λ_init
-    lams = layer_lambdas(model.model)
+    lams = layer_lambdas(model.model).by_layer
     for attn in _attentions(model):
         assert attn.lambda_init == 0.5
         assert torch.equal(lams[attn.layer_idx], attn.lambda_full())

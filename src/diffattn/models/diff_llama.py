@@ -123,15 +123,29 @@ class DiffTransformerConfig(DiffLlamaConfig):
 
 
 #: the keyword under which a DIFF model's forward hands its attention layers their λ, computed for every layer at once
-#: (:func:`layer_lambdas`): ``{layer_idx: λ}``; a layer called without it computes its own
+#: (:func:`layer_lambdas`), as a :class:`LayerLambdas`; a layer called without it computes its own
 LAMBDAS_KWARG = "diffattn_lambdas"
 
 
-def layer_lambdas(decoder: nn.Module) -> dict[int, torch.Tensor] | None:
+class LayerLambdas:
+    """Every DIFF layer's λ of one forward, ``{layer_idx: λ}`` (:func:`layer_lambdas`), as the decoder layers pass it
+    on in their keywords. An object of its own, not the dict: what casts a module's floating-point inputs on their way
+    in — FSDP2's mixed-precision policy casts every tensor in a layer's args and keywords, dicts and tuples included,
+    to its bf16 — leaves it alone, and λ reaches the op in float32 as a layer's own would (tests/train/test_sharded.py,
+    the bf16 policy)."""
+
+    __slots__ = ("by_layer",)
+
+    def __init__(self, by_layer: dict[int, torch.Tensor]):
+        self.by_layer = by_layer
+
+
+def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
     """λ of DIFF Eq. 2 for every DIFF attention layer of ``decoder`` (a ``DiffLlamaModel``) in one chain of ops, their
-    λ vectors stacked as rows (:func:`diffattn.lambdas.reparameterized_lambda`): ``{layer_idx: λ}``, each a 0-d
-    float32 tensor whose gradient reaches that layer's vectors. None — each layer then computes its own, as it always
-    may — where batching would not be the same computation or not the faster one:
+    λ vectors stacked as rows (:func:`diffattn.lambdas.reparameterized_lambda`): ``{layer_idx: λ}`` in a
+    :class:`LayerLambdas`, each a 0-d float32 tensor whose gradient reaches that layer's vectors. None — each layer
+    then computes its own, as it always may — where batching would not be the same computation or not the faster
+    one:
 
     * fewer than two DIFF layers, or layers that are not all ours;
     * λ vectors that are not plain parameters on one device of one shape and dtype: FSDP2's and tensor parallelism's
@@ -159,7 +173,7 @@ def layer_lambdas(decoder: nn.Module) -> dict[int, torch.Tensor] | None:
         return None
     inits = tuple(a.lambda_init for a in attentions)
     lams = reparameterized_lambda(*(torch.stack(column) for column in columns), _lambda_inits(inits, first.device))
-    return {a.layer_idx: lam for a, lam in zip(attentions, lams.unbind(), strict=True)}
+    return LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams.unbind(), strict=True)})
 
 
 #: (λ_init of each layer, device) → those λ_init as one float32 tensor on that device: made once, not at every forward
@@ -345,7 +359,7 @@ class DiffLlamaDifferentialAttention(DiffLlamaAttention, HasLambda):
         # transformers' SDPA mask is None exactly when plain causality (T == S, or T == 1) is enough;
         # otherwise it is a [B, 1, T, S] mask that already encodes causality and padding.
         given = kwargs.get(LAMBDAS_KWARG)  # the model's forward computed every layer's λ at once (layer_lambdas)
-        lam = given.get(self.layer_idx) if given else None
+        lam = given.by_layer.get(self.layer_idx) if given is not None else None
         lam = self.lambda_full() if lam is None else lam
         options = dict(causal=attention_mask is None, attn_mask=attention_mask, scale=self.scaling)
         weights, head_norm = None, None
