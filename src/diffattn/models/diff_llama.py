@@ -163,12 +163,10 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
         return None
     columns = [[getattr(a, name) for a in attentions] for name in LAMBDA_VECTORS]
     first = columns[0][0]
-    for column in columns:
-        for vector in column:
-            if type(vector) is not nn.Parameter or vector.device != first.device or vector.shape != first.shape:
-                return None
-            if vector.dtype != first.dtype:
-                return None
+    kind = (first.device, first.shape, first.dtype)
+    vectors = [vector for column in columns for vector in column]
+    if any(type(v) is not nn.Parameter or (v.device, v.shape, v.dtype) != kind for v in vectors):
+        return None
     if lambda_in_kernel(first.device.index if first.is_cuda else None):
         return None
     inits = tuple(a.lambda_init for a in attentions)
