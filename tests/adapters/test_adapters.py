@@ -580,3 +580,25 @@ def test_the_lora_control_wraps_without_transformers_deprecation_warning():
         with peft_wrapping():
             warnings.warn("something else", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something else"]
+
+
+@pytest.mark.parametrize("variant", ["dex", "diff-v2"])
+def test_the_step_is_a_number_eagerly_and_the_buffers_tensor_where_a_graph_is_made(variant, monkeypatch):
+    """t of λ(t): setting the step fills every module's ``adapter_step`` buffer; an eager forward reads the number
+    (λ(t) two kernels a layer), a forward being compiled or captured as a CUDA graph the buffer (a number would be
+    a constant of the graph: compiled again at every step, or frozen at capture), and both give λ(t) within float32's
+    rounding of the number's."""
+    from diffattn.adapters import base
+
+    model = adapt(tiny("llama"), OPTION_VARIANTS[variant]())
+    set_adapter_step(model, 3)
+    state = model._diffattn_adapter.state
+    followers = [m for m in model.modules() if hasattr(m, "adapter_step")]
+    assert followers and all(int(m.adapter_step) == 3 and m.adapter_step.dtype == torch.int64 for m in followers)
+    assert all(state.step_of(m) == 3 and isinstance(state.step_of(m), int) for m in followers)
+    eager = adapter_lambdas(model)
+    monkeypatch.setattr(base, "_capturing_cuda_graph", lambda: True)
+    assert all(state.step_of(m) is m.adapter_step for m in followers)
+    for got, want in zip(adapter_lambdas(model), eager, strict=True):
+        assert abs(got - want) <= 4 * torch.finfo(torch.float32).eps * max(abs(want), 1.0)
+    assert "adapter_step" not in "".join(model.state_dict())  # not saved: set from the run's step

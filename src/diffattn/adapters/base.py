@@ -56,8 +56,10 @@ logger = logging.getLogger(__name__)
 class AdapterState:
     """The training step t, shared by every wrapper of one model: an int (``step``), and a copy in every module that
     computes with it (:meth:`follow`: its ``adapter_step`` buffer, a 0-d int64 tensor, not saved), which setting
-    ``step`` fills. A compiled forward reads the buffer as an input; a Python number would be a constant of its graph,
-    guarded on, and every step would compile the model again (λ(t) changes every step while annealing)."""
+    ``step`` fills. A compiled forward, or one captured as a CUDA graph, reads the buffer (:meth:`step_of`): a Python
+    number would be a constant of its graph — guarded on, so that every step compiled the model again (λ(t) changes
+    every step while annealing), or frozen at its capture's value. An eager forward reads the number: λ(t) is then two
+    kernels a layer, where from the tensor it is ten."""
 
     def __init__(self, anneal_steps: int | None):
         self._step = 0
@@ -82,9 +84,16 @@ class AdapterState:
         self._followers.append(module)
 
     def step_of(self, module: nn.Module) -> int | torch.Tensor:
-        """t as ``module`` (one :meth:`follow` gave a buffer) computes with it: its buffer where T is set, else the
-        int (T unset: only step 0 is valid, which :func:`diffattn.lambdas.annealing_ramp` checks on the number)."""
-        return module.adapter_step if self.anneal_steps is not None else self._step
+        """t as ``module`` (one :meth:`follow` gave a buffer) computes with it: its buffer in a forward being compiled
+        or captured as a CUDA graph, where T is set; else the int (T unset: only step 0 is valid, which
+        :func:`diffattn.lambdas.annealing_ramp` checks on the number)."""
+        if self.anneal_steps is not None and (torch.compiler.is_compiling() or _capturing_cuda_graph()):
+            return module.adapter_step
+        return self._step
+
+
+def _capturing_cuda_graph() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class AnnealedLambda(nn.Module):
