@@ -103,7 +103,9 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   [ -f "$OUT/route_table.json" ] && export DIFFATTN_ROUTE_TABLE="$OUT/route_table.json"
   # and routes forced beside auto where the step is host-bound (the table's were timed at 16K): `cudnn` (the small V1
   # class's choice), `cudnn+epilogue` (the 16K class's) and it with the head norm in its kernel (+norm), auto with the
-  # norm and with λ's kernels too (+lambda), and cudnn+epilogue's kernels as one autograd node (cudnn_direct, with
+  # norm and with λ's kernels too (+lambda) or each layer's λ by PyTorch's ops (+perlayer: what computing every
+  # layer's λ at once saves, RESULTS.md, 2026-11-29, "Every layer's λ at once", predicts 2-5 ms at 1,024 tokens),
+  # and cudnn+epilogue's kernels as one autograd node (cudnn_direct, with
   # and without the norm; RESULTS.md, 2026-11-29), and auto with DIFF V1's heads in interleaved pairs at every size
   # (+pairs: the layout where cudnn_shared_v reads V once, which the sweep's classes decide for calls above the small
   # size; RESULTS.md, 2026-11-29, "V read once"): benchmarks/RESULTS.md (2026-11-28: the host's share, and the
@@ -112,7 +114,7 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   # difference between the DIFF columns. -v logs the route auto runs for each call class, once each
   want train && step 140 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train.json" \
-    --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,cudnn_direct,cudnn_direct+norm,auto+norm,auto+norm+lambda,auto+pairs
+    --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,cudnn_direct,cudnn_direct+norm,auto+norm,auto+norm+lambda,auto+norm+perlayer,auto+pairs
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.80x through cudnn+epilogue (GPU busy 1.67x)
   # where one stacked cuDNN call does 1.42x (issue 34's target 1.55x): each route's kernels per call, and that route
   # with [V; V] by its kernels (+vcopies; RESULTS.md, 2026-11-28, "[V; V] by one kernel", predicts 1.51-1.56x by GPU time)

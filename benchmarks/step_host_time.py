@@ -183,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
             diff_llama.reparameterized_lambda = lambda_by_kernel if lam_by == KERNEL else plain_lambda
             model.zero_grad(set_to_none=True)
             autocast = torch.autocast("cpu", dtype=torch.bfloat16)
-            # λ per layer (by its kernel or by PyTorch's ops): the switch of λ's kernel forced on, under which the
-            # model's forward does not compute every layer's λ at once (diffattn.models.diff_llama.layer_lambdas)
-            per_layer = ops.fused_lambda(True if lam_by != MODEL else None)
-            with autocast, ops.fused_head_norm(norm), ops.pairs_layout(True if pairs else None), per_layer:
+            # λ per layer: by PyTorch's ops (the `+perlayer` column's switch) or by its kernel (λ's kernel forced:
+            # each layer's too); else every layer's at once in the model's forward (diff_llama.layer_lambdas)
+            per_layer = ops.lambda_per_layer(True if lam_by == LAYER else None)
+            kernel = ops.fused_lambda(True if lam_by == KERNEL else None)
+            with autocast, ops.fused_head_norm(norm), ops.pairs_layout(True if pairs else None), per_layer, kernel:
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
 

@@ -282,6 +282,8 @@ def test_a_fused_column_runs_its_steps_with_its_switches_on():
     assert columns["diffattn DIFF (sdpa+epilogue+norm)"] == ("diff", "sdpa+epilogue+norm")
     assert train_step.split_fused("auto+norm+lambda") == ("auto", ("fused_head_norm", "fused_lambda"))
     assert train_step.split_fused("sdpa+epilogue") == ("sdpa+epilogue", ())
+    # +perlayer: each layer's own λ, where the model computes them at once (a comparison, not a table switch)
+    assert train_step.split_fused("auto+norm+perlayer") == ("auto", ("fused_head_norm", "lambda_per_layer"))
     with pytest.raises(ValueError, match=r"sdpa\+norm: \+norm \(the head norm in the epilogue's kernel\) follows"):
         train_step.columns_for(("sdpa+norm",))
     with pytest.raises(ValueError, match="unknown backend"):

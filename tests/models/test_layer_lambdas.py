@@ -100,8 +100,8 @@ def test_a_forward_computes_every_layers_lambda_once_and_trains_as_each_layers_o
     for how in ("at once", "per layer", "float64"):
         model = _model(dtype=torch.float64 if how == "float64" else torch.float32)
         calls.clear()
-        # λ's kernel forced: each layer's own (the float64 model's too, a reference independent of the batching)
-        with ops.fused_lambda(None if how == "at once" else True):
+        # each layer's own forced (the float64 model's too, a reference independent of the batching)
+        with ops.lambda_per_layer(None if how == "at once" else True):
             loss = model(input_ids=ids, labels=ids).loss
         runs[how] = (loss.detach().double(), [c for c in calls])
         loss.backward()
@@ -127,9 +127,14 @@ def test_each_layer_computes_its_own_lambda_where_batching_is_not_the_same_compu
     model(input_ids=ids, labels=ids).loss.backward()
     assert calls == [1] * (2 * LAYERS)  # each layer's, in the forward and again in its recomputation
     assert all(p.grad is not None for name, p in model.named_parameters() if "lambda" in name)
-    # a layer called on its own (no model forward around it) computes its own
     (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     assert layer_lambdas(model.model) is not None
+    # where λ's own kernels are switched on (measured against the batching): each layer's by its kernel
+    calls.clear()
+    with ops.fused_lambda(True):
+        model(input_ids=ids, labels=ids)
+    assert calls == [1] * LAYERS
+    # a layer called on its own (no model forward around it) computes its own
     calls.clear()
     layer = model.model.layers[0]
     hidden = torch.randn(2, 12, model.config.hidden_size)

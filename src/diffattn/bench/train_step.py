@@ -43,7 +43,9 @@ Triton kernels where the route table does not switch it on yet: ``+norm`` the he
 one kernel each way, each layer's (:func:`diffattn.ops.fused_lambda`; without it a model computes every layer's at
 once, :func:`diffattn.models.diff_llama.layer_lambdas`; after any backend, after ``+norm`` too: ``auto+norm+lambda``),
 ``+pairs`` DIFF V1's heads handed to the op in interleaved pairs (:func:`diffattn.ops.pairs_layout`: ``auto+pairs``,
-where ``cudnn_shared_v`` reads V once for both maps).
+where ``cudnn_shared_v`` reads V once for both maps), ``+perlayer`` every layer computing its own λ by PyTorch's ops
+where the model computes them at once (:func:`diffattn.ops.lambda_per_layer`: ``auto+norm+perlayer`` against
+``auto+norm`` is what computing them at once saves).
 The step a lease times before the table may switch them on (benchmarks/RESULTS.md, 2026-11-28, the layer's launches).
 """
 
@@ -71,12 +73,13 @@ COLUMNS = {
 #: the suffixes of a forced column's backend that run it with a route-table switch on (module docstring), and which
 #: (``+vcopies``: DIFF V1's [V; V] by its kernels, for calls above the small size — the step's at 4,096 tokens;
 #: ``+pairs``: DIFF V1's heads in interleaved pairs, which the layer otherwise takes per class by the table's
-#: measurements, :func:`diffattn.ops.routes.pairs_faster`)
+#: measurements, :func:`diffattn.ops.routes.pairs_faster`; ``+perlayer``: each layer's own λ, a comparison only)
 FUSED = {
     "+norm": "fused_head_norm",
     "+lambda": "fused_lambda",
     "+vcopies": "fused_v_copies",
     "+pairs": "heads_in_pairs",
+    "+perlayer": "lambda_per_layer",
 }
 
 

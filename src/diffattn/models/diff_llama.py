@@ -154,7 +154,11 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
       run this shared chain's backward once per layer;
     * λ's own kernels switched on for the device (:func:`diffattn.ops.routes.lambda_in_kernel`: the `small` step's
       ``+lambda`` column measures those per layer against this, and the route table switches them on only where they
-      measured faster)."""
+      measured faster);
+    * each layer's own forced (:func:`diffattn.ops.lambda_per_layer`: the step's ``+perlayer`` column, this
+      batching's own measurement)."""
+    if FORCED_FLAGS["lambda_per_layer"]:
+        return None
     layers = decoder.layers[: decoder.config.num_hidden_layers]
     attentions = [getattr(layer, "self_attn", None) for layer in layers]
     if len(attentions) < 2 or not all(isinstance(a, DiffLlamaDifferentialAttention) for a in attentions):

@@ -114,6 +114,7 @@ __all__ = [
     "fused_v_copies",
     "hidden_keys",
     "interleaved_pair",
+    "lambda_per_layer",
     "output_through_maps",
     "packed_mask_segments",
     "pairs_layout",
@@ -739,6 +740,14 @@ def pairs_layout(enabled: bool | None):
     DiffLlama has them (False); None: as the route table says for the device, for calls above
     :data:`~diffattn.ops.routes.SMALL_WORK` (the default: stacked off CUDA). As :func:`fused_head_norm`."""
     return _forced("heads_in_pairs", enabled)
+
+
+def lambda_per_layer(enabled: bool | None):
+    """Within the block (True), every DIFF V1 layer computes its own λ (Eq. 2) by PyTorch's ops, as before a model's
+    forward computed them all at once (:func:`diffattn.models.diff_llama.layer_lambdas`): the same values, about 15
+    more kernels a layer. For the benchmarks that time both (the `small` step's ``+perlayer`` column) and tests. As
+    :func:`fused_head_norm`; False or None: at once wherever it applies."""
+    return _forced("lambda_per_layer", enabled)
 
 
 def _triton_build_error(err: BaseException, backend: str = "triton") -> str:

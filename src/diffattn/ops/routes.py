@@ -365,8 +365,10 @@ read_class._dynamo_marked_constant = True  # type: ignore[attr-defined]
 TABLE_FLAGS = ("fused_head_norm", "fused_lambda", "fused_v_copies")
 #: a flag's answer where forced (:func:`diffattn.ops.fused_head_norm`, :func:`diffattn.ops.fused_lambda`,
 #: :func:`diffattn.ops.fused_v_copies`: benchmarks and tests); None: the table's — and ``heads_in_pairs``, DIFF V1's
-#: layer's layout forced (:func:`diffattn.ops.pairs_layout`), which the table decides per class (:func:`pairs_faster`)
-FORCED_FLAGS: dict[str, bool | None] = dict.fromkeys((*TABLE_FLAGS, "heads_in_pairs"))
+#: layer's layout forced (:func:`diffattn.ops.pairs_layout`), which the table decides per class (:func:`pairs_faster`),
+#: and ``lambda_per_layer``, every DIFF V1 layer computing its own λ by PyTorch's ops where a model's forward would
+#: compute them at once (:func:`diffattn.ops.lambda_per_layer`: a measurement's comparison, nothing a table decides)
+FORCED_FLAGS: dict[str, bool | None] = dict.fromkeys((*TABLE_FLAGS, "heads_in_pairs", "lambda_per_layer"))
 
 
 def table_flag(name: str, index: int | None) -> bool:
