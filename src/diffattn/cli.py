@@ -704,7 +704,8 @@ def _add_bench_commands(sub) -> None:
         "size by measurement, where auto's table was measured at 16K tokens; a backend that cannot run is a NaN "
         "column. A suffix runs a column with a route-table switch on: +norm (the head norm in the epilogue's kernel; "
         "after auto or an +epilogue route, e.g. cudnn+epilogue+norm), +lambda (λ by its Triton kernels; e.g. "
-        "auto+norm+lambda), +pairs (DIFF V1's heads handed to the op in interleaved pairs, e.g. auto+pairs)",
+        "auto+norm+lambda), +pairs (DIFF V1's heads handed to the op in interleaved pairs, e.g. auto+pairs), "
+        "+perlayer (each layer's own λ, where the model computes them at once: a comparison, e.g. auto+norm+perlayer)",
     )
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)
