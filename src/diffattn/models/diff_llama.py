@@ -173,9 +173,13 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
         return None
     if lambda_in_kernel(first.device.index if first.is_cuda else None):
         return None
-    inits = tuple(a.lambda_init for a in attentions)
-    lams = reparameterized_lambda(*(torch.stack(column) for column in columns), _lambda_inits(inits, first.device))
-    return LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams.unbind(), strict=True)})
+    stacked = [torch.stack(column) for column in columns]
+    if torch.compiler.is_compiling():  # each λ_init a constant of the graph, whose adds inductor fuses: no tensor made
+        diffs = reparameterized_lambda(*stacked, 0.0).unbind()
+        lams = [diff + a.lambda_init for a, diff in zip(attentions, diffs, strict=True)]
+    else:
+        lams = reparameterized_lambda(*stacked, _lambda_inits(tuple(a.lambda_init for a in attentions), first.device))
+    return LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams, strict=True)})
 
 
 #: (λ_init of each layer, device) → those λ_init as one float32 tensor on that device: made once, not at every forward
@@ -184,8 +188,6 @@ _INITS: dict[tuple, torch.Tensor] = {}
 
 
 def _lambda_inits(inits: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    if torch.compiler.is_compiling():  # a constant of the graph
-        return torch.tensor(inits, dtype=torch.float32, device=device)
     key = (inits, device)
     if key not in _INITS:
         _INITS[key] = torch.tensor(inits, dtype=torch.float32, device=device)
