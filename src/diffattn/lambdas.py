@@ -115,6 +115,23 @@ def output_scale(lambda_init: float) -> float:
     return 1.0 - lambda_init
 
 
+def _step_ratio(step: int | torch.Tensor, anneal_steps: int | None, dtype: torch.dtype) -> float | torch.Tensor:
+    """t/T of Dex Eq. 4: a float for an int step, a 0-d tensor of ``dtype`` for a step held in a tensor. T unset: only
+    t = 0 is valid (its ratio 0); a later step needs T."""
+    if anneal_steps is None:
+        if isinstance(step, int) and step == 0:
+            return 0.0
+        raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
+    if isinstance(step, torch.Tensor):
+        return step.to(dtype) / anneal_steps
+    return step / anneal_steps
+
+
+def _capped(ratio: float | torch.Tensor) -> float | torch.Tensor:
+    """min(1, t/T): α of Dex Eq. 4 from :func:`_step_ratio`'s t/T."""
+    return ratio.clamp(max=1.0) if isinstance(ratio, torch.Tensor) else min(1.0, ratio)
+
+
 def annealing_ramp(
     step: int | torch.Tensor, anneal_steps: int | None, dtype: torch.dtype = torch.float32
 ) -> float | torch.Tensor:
@@ -122,13 +139,7 @@ def annealing_ramp(
     of ``dtype`` (the dtype of what α multiplies, float32 or wider) for a step held in a tensor (an adapter's
     ``adapter_step``, which a compiled forward reads as an input where it would guard on a number and compile again
     at every step). α(0) = 0 whatever T is; a later step needs T."""
-    if anneal_steps is None:
-        if isinstance(step, int) and step == 0:
-            return 0.0
-        raise ValueError("the adapter's anneal_steps (T of Dex Eq. 4) is not set; give it in the config")
-    if isinstance(step, torch.Tensor):
-        return (step.to(dtype) / anneal_steps).clamp(max=1.0)
-    return min(1.0, step / anneal_steps)
+    return _capped(_step_ratio(step, anneal_steps, dtype))
 
 
 def annealed_lambda(
@@ -144,10 +155,10 @@ def annealed_lambda(
     ``anneal=False`` is the ablation λ = λ_learn from the start. λ(0) = 0 whatever T is; a later step needs T."""
     if not anneal:
         return lambda_learn
-    alpha = annealing_ramp(step, anneal_steps, torch.promote_types(lambda_learn.dtype, torch.float32))
-    if anneal_steps is None:  # step 0 (annealing_ramp refused any other): λ(0) = 0
+    ratio = _step_ratio(step, anneal_steps, torch.promote_types(lambda_learn.dtype, torch.float32))
+    if anneal_steps is None:  # step 0 (_step_ratio refused any other): λ(0) = 0
         return lambda_learn * 0.0
-    ratio = step / anneal_steps if isinstance(step, int) else step.to(alpha.dtype) / anneal_steps  # t/T
+    alpha = _capped(ratio)
     return (1.0 - alpha) * ratio * lambda_init + alpha * lambda_learn
 
 
