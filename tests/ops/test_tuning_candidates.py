@@ -72,6 +72,7 @@ DTYPE = torch.bfloat16 if _CUDA else torch.float32  # the interpreter: float32 (
 
 launch = import_kernels()  # interpreted without CUDA (tests/ops/interpreter.py)
 from diffattn.ops.triton import tuning  # noqa: E402
+from diffattn.ops.triton.eager import eager_twin  # noqa: E402
 
 WIDTHS = {  # head-width class -> (d, dv, K shared by both maps)
     "v2": (64, 64, True),
@@ -615,9 +616,12 @@ def _check(case: Case, which: str, config: tuple[int, int], monkeypatch) -> None
         monkeypatch.setattr(tuning, TRITON_VARIANTS[variant][0], case.kind == variant)
     ran: list[tuple[str, int, int]] = []
     monkeypatch.setattr(launch, "_launch", _forced_launch(case, config, ran))
-    forwards = []  # what the kernels' forward returned: (out, o1, o2, lse1, lse2)
+    forwards = []  # what the kernels' forward returned: (out, o1, o2, lse1, lse2), read through a twin of the eager
+    # training Function whose forward records them (the twin holds its functions, not their names in the module)
     real_forward = launch._fwd_impl
-    monkeypatch.setattr(launch, "_fwd_impl", lambda *a, **k: forwards.append(real_forward(*a, **k)) or forwards[-1])
+    recording = eager_twin("_EagerTraining", lambda *a: forwards.append(real_forward(*a)) or forwards[-1],
+                           launch._setup_context, launch._backward, launch._bwd_impl)  # fmt: skip
+    monkeypatch.setattr(launch, "_EagerTraining", recording)
     leaves, args = leaves_of(DTYPE)
     inp = validate(*args, causal=True, attn_mask=low_mask, scale=None, segment_ids=segments)
     out = launch.diff_attention_triton(inp)

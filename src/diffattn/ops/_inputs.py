@@ -53,6 +53,11 @@ import torch
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd is recording and one of ``tensors`` (None: none) requires a gradient."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
 @dataclass(frozen=True)
 class DiffAttentionInputs:
     q1: torch.Tensor
@@ -89,6 +94,11 @@ class DiffAttentionInputs:
         if len(self.v_parts) == 1:
             return self.v_parts[0]
         return v_from_halves(self.v_stacked) if self.v_stacked is not None else torch.cat(self.v_parts, dim=-1)
+
+    @property
+    def wants_grad(self) -> bool:
+        """Whether autograd records this call: grad mode is on and one of its inputs requires a gradient."""
+        return wants_grad(self.q1, self.k1, self.q2, self.k2, *self.v_parts, self.lam)
 
     @property
     def shares_keys(self) -> bool:

@@ -247,8 +247,7 @@ def one_node_operands(inp: DiffAttentionInputs, v_shared: str | None = None):
             return None
         q, k = inp.qk_pairs
         return q, k, inp.v, v_shared
-    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
-    if not (torch.is_grad_enabled() and any(x.requires_grad for x in leaves)):
+    if not inp.wants_grad:
         return None
     whole = inp.qk_whole
     q, k = whole if whole is not None else (torch.cat([inp.q1, inp.q2], dim=1), torch.cat([inp.k1, inp.k2], dim=1))

@@ -104,8 +104,7 @@ def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     for a call of at most :data:`SMALL_WORK` (module docstring). ``grad``: whether a gradient will
     flow (default: grad mode is on and some input requires grad)."""
     if grad is None:
-        leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+        grad = inp.wants_grad
     mode = "train" if grad else "decode" if inp.q_len == 1 else "infer"
     pair = "shared_k" if inp.shares_keys else "v1" if inp.qk_pairs is None else V1_PAIRS
     small = mode != "decode" and small_work(inp)

@@ -22,6 +22,8 @@ One file a path, each readable alone:
 * :mod:`.tuning` — which tiles, backward and key splits a launch gets, and the settings that override them.
 * :mod:`.layout` — how tensors reach the kernels: strides, masks, offsets kept within 32 bits, V in two halves.
 * :mod:`.launch` — the entry point :func:`~.launch.diff_attention_triton`, the custom ops and their autograd formula.
+* :mod:`.eager` — each custom op's twin for eager training (its forward and backward without the op's dispatch), and
+  the rule by which an entry point runs the op, the twin or the forward alone.
 
 The plain PyTorch statement of the same computation is :mod:`diffattn.ops.reference`; the tests hold the kernels to
 it within the rounding of plain PyTorch in the same dtype.

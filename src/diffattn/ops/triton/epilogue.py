@@ -33,6 +33,7 @@ import triton.language as tl
 
 from .._inputs import interleaved_pair
 from . import tuning
+from .eager import choose, eager_twin, wants_grad
 from .launch import _on_device
 from .layout import _last_contiguous
 from .tile_ops import _SUM  # not tl.sum: see tile_ops (the interpreter and an earlier triton import)
@@ -383,21 +384,23 @@ def parts_fit(oa: torch.Tensor, ob: torch.Tensor) -> bool:
     )
 
 
-class _SubtractParts(torch.autograd.Function):
-    """:func:`subtract_pair_parts` for eager training, as :class:`_SubtractPair` is :func:`subtract_pair`'s."""
+def _parts_setup_context(ctx, inputs, output):
+    oa, ob, lam, interleaved, norm_eps, norm_scale = inputs
+    ctx.save_for_backward(oa, ob, lam)
+    ctx.interleaved, ctx.norm = interleaved, (norm_eps, norm_scale)
 
-    @staticmethod
-    def forward(ctx, oa, ob, lam, interleaved, norm_eps, norm_scale):
-        ctx.save_for_backward(oa, ob, lam)
-        ctx.interleaved, ctx.norm = interleaved, (norm_eps, norm_scale)
-        return _subtract_parts_impl(oa, ob, lam, interleaved, norm_eps, norm_scale)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        oa, ob, lam = ctx.saved_tensors
-        doa, dob, dlam_rows = _subtract_parts_bwd_impl(g, oa, ob, lam, ctx.interleaved, *ctx.norm)
-        return doa, dob, _lambda_grad(dlam_rows, lam), None, None, None
+def _parts_backward(ctx, g, bwd):
+    oa, ob, lam = ctx.saved_tensors
+    doa, dob, dlam_rows = bwd(g, oa, ob, lam, ctx.interleaved, *ctx.norm)
+    return doa, dob, _lambda_grad(dlam_rows, lam), None, None, None
+
+
+#: :func:`subtract_pair_parts` for eager training (no custom op of its own: under torch.compile the parts are joined
+#: and handed to :func:`subtract_pair`'s)
+_SubtractParts = eager_twin(
+    "_SubtractParts", _subtract_parts_impl, _parts_setup_context, _parts_backward, _subtract_parts_bwd_impl
+)
 
 
 _subtract_op = torch.library.custom_op("diffattn::subtract_maps", mutates_args=())(_subtract_impl)
@@ -469,36 +472,10 @@ def _pair_backward(ctx, g, bwd=None):
 torch.library.register_autograd("diffattn::subtract_pair", _pair_backward, setup_context=_pair_setup_context)
 
 
-class _SubtractMaps(torch.autograd.Function):
-    """The same forward and backward for eager training, without the custom op's dispatch: on this project's CPU
-    the custom op's autograd path cost 308 µs of host time a forward+backward, this 113 µs, PyTorch's five ops 121
-    (kernel launches stubbed out; benchmarks/RESULTS.md) — the host time a small model's training step is bound by."""
-
-    @staticmethod
-    def forward(ctx, o1, o2, lam, norm_eps, norm_scale):
-        out = _subtract_impl(o1, o2, lam, norm_eps, norm_scale)
-        _setup_context(ctx, (o1, o2, lam, norm_eps, norm_scale), out)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: a second derivative
-    def backward(ctx, g):  # (create_graph=True) is one clear error, not dO2 and dλ silently taken as constants
-        return _backward(ctx, g, bwd=_subtract_bwd_impl)
-
-
-class _SubtractPair(torch.autograd.Function):
-    """:func:`subtract_pair` for eager training, as :class:`_SubtractMaps` is :func:`subtract_maps`'s."""
-
-    @staticmethod
-    def forward(ctx, o, lam, interleaved, norm_eps, norm_scale):
-        out = _subtract_pair_impl(o, lam, interleaved, norm_eps, norm_scale)
-        _pair_setup_context(ctx, (o, lam, interleaved, norm_eps, norm_scale), out)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        return _pair_backward(ctx, g, bwd=_subtract_pair_bwd_impl)
+_SubtractMaps = eager_twin("_SubtractMaps", _subtract_impl, _setup_context, _backward, _subtract_bwd_impl)
+_SubtractPair = eager_twin(
+    "_SubtractPair", _subtract_pair_impl, _pair_setup_context, _pair_backward, _subtract_pair_bwd_impl
+)
 
 
 def _norm_eps_scale(norm: tuple[float, float] | None) -> tuple[float | None, float]:
@@ -523,13 +500,8 @@ def subtract_pair(
         raise ValueError(f"layout must be 'stacked' or 'interleaved', got {layout!r}")
     if o.dim() != 4 or o.shape[1] % 2:
         raise ValueError(f"o must be [B, 2H, T, dv] (an even head count), got shape {tuple(o.shape)}")
-    interleaved = layout == "interleaved"
-    eps, scale = _norm_eps_scale(norm)
-    if torch.compiler.is_compiling():
-        return _subtract_pair_op(o, lam, interleaved, eps, scale)
-    if torch.is_grad_enabled() and (o.requires_grad or lam.requires_grad):
-        return _SubtractPair.apply(o, lam, interleaved, eps, scale)
-    return _subtract_pair_impl(o, lam, interleaved, eps, scale)
+    run = choose(_subtract_pair_op, _SubtractPair, _subtract_pair_impl, wants_grad(o, lam))
+    return run(o, lam, layout == "interleaved", *_norm_eps_scale(norm))
 
 
 def subtract_pair_parts(
@@ -548,11 +520,8 @@ def subtract_pair_parts(
         raise ValueError(f"parts must be two [B, 2H, T, d] tensors of one layout, got {shapes}")
     if torch.compiler.is_compiling():
         return subtract_pair(torch.cat([oa, ob], dim=-1), lam, layout, norm)
-    interleaved = layout == "interleaved"
-    eps, scale = _norm_eps_scale(norm)
-    if torch.is_grad_enabled() and (oa.requires_grad or ob.requires_grad or lam.requires_grad):
-        return _SubtractParts.apply(oa, ob, lam, interleaved, eps, scale)
-    return _subtract_parts_impl(oa, ob, lam, interleaved, eps, scale)
+    run = choose(None, _SubtractParts, _subtract_parts_impl, wants_grad(oa, ob, lam))
+    return run(oa, ob, lam, layout == "interleaved", *_norm_eps_scale(norm))
 
 
 def subtract_maps(
@@ -565,9 +534,5 @@ def subtract_maps(
     Under torch.compile the custom op (opaque to the tracer, with its fake implementation); in eager training an
     autograd Function (a third of the custom op's host time); without a gradient the kernel alone. Differentiable once:
     a second derivative (``create_graph=True``) raises, as through the ``triton`` backend and ``chunked``."""
-    eps, scale = _norm_eps_scale(norm)
-    if torch.compiler.is_compiling():
-        return _subtract_op(o1, o2, lam, eps, scale)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (o1, o2, lam)):
-        return _SubtractMaps.apply(o1, o2, lam, eps, scale)
-    return _subtract_impl(o1, o2, lam, eps, scale)
+    run = choose(_subtract_op, _SubtractMaps, _subtract_impl, wants_grad(o1, o2, lam))
+    return run(o1, o2, lam, *_norm_eps_scale(norm))

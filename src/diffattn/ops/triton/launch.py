@@ -33,6 +33,7 @@ from . import tuning
 from .backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel
 from .backward_tma import _bwd_dkdv_tma_kernel, _bwd_dq_tma_kernel
 from .decode import _combine_kernel
+from .eager import choose, eager_twin
 from .forward import _fwd_kernel
 from .forward_tma import _fwd_tma_kernel
 from .layout import (
@@ -458,24 +459,11 @@ def _backward(ctx, dout, _do1, _do2, _dlse1, _dlse2, bwd=None):
 torch.library.register_autograd("diffattn::triton_diff_attn_fwd", _backward, setup_context=_setup_context)
 
 
-class _EagerTraining(torch.autograd.Function):
-    """The custom op's forward and backward for eager training, without its dispatch: the custom op's autograd path
-    costs about 190 µs more host time a call than an autograd Function on this project's CPU (the fused epilogue's
-    measurement, benchmarks/RESULTS.md), per layer and step of a host-bound training step. The same implementations,
-    so the same numbers; torch.compile still sees the custom op."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _fwd_impl(*inputs)
-        _setup_context(ctx, inputs, output)
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)  # no zero-filled cotangents for the outputs nothing differentiates
-        return output
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: a second derivative
-    def backward(ctx, *grads):  # (create_graph=True) is one clear error, not the gradients silently taken as constants
-        return _backward(ctx, *grads, bwd=_bwd_impl)
+#: the custom op's forward and backward for eager training, without its dispatch (:mod:`.eager`): the custom op's
+#: autograd path costs about 190 µs more host time a call on this project's CPU (the fused epilogue's measurement,
+#: benchmarks/RESULTS.md), per layer and step of a host-bound training step; the same implementations, so the same
+#: numbers, and torch.compile still sees the custom op
+_EagerTraining = eager_twin("_EagerTraining", _fwd_impl, _setup_context, _backward, _bwd_impl)
 
 
 def diff_attention_triton(inp: DiffAttentionInputs, variants: int = 0) -> torch.Tensor:
@@ -484,8 +472,7 @@ def diff_attention_triton(inp: DiffAttentionInputs, variants: int = 0) -> torch.
     switch on (:func:`diffattn.ops.routes.variant_bits` of a route ``triton[NAME]``; 0: the settings of
     :mod:`.tuning` alone)."""
     h = inp.num_heads
-    leaves = (inp.q1, inp.k1, inp.q2, inp.k2, *inp.v_parts, inp.lam)
-    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    need_grad = inp.wants_grad
     # V as two halves goes to the forward as such when no gradient is needed (the kernel reads them in place
     # where it can); a training forward takes V whole, as its backward writes one dV
     halves = len(inp.v_parts) == 2 and not need_grad
@@ -500,8 +487,7 @@ def diff_attention_triton(inp: DiffAttentionInputs, variants: int = 0) -> torch.
     lam = torch.broadcast_to(lam4, (inp.batch, h, inp.q_len, 1)).reshape(inp.batch, h, inp.q_len).contiguous()
     # the custom op under torch.compile; eager training its autograd Function (a fraction of its host time); a
     # forward without gradient the kernels alone
-    compiling = torch.compiler.is_compiling()
-    forward = _fwd_op if compiling else _EagerTraining.apply if need_grad else _fwd_impl
+    forward = choose(_fwd_op, _EagerTraining, _fwd_impl, need_grad)
     out, *_ = forward(
         q1, k1, q2, k2, v, lam, inp.attn_mask, inp.causal, inp.scale, need_grad, v2, inp.segment_ids, variants
     )
