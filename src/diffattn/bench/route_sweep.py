@@ -159,30 +159,26 @@ SWEEP_ORDER = (
     "cudnn_maps", "cudnn_maps+epilogue", "cudnn", SHARED_V, SHARED_V_SPLIT, "cudnn+epilogue", DIRECT, "sdpa",
     "sdpa+epilogue", "sdpa_split", "sdpa_split+epilogue", "sdpa_maps", "sdpa_maps+epilogue", "triton",
 )  # fmt: skip
-#: routes a pair's classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded one-call
-#: sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue costs);
-#: cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue); cudnn_shared_v's is DIFF V1's in
-#: interleaved pairs only (elsewhere it runs cudnn+epilogue)
-_NOT_FOR = {
-    "v1": {"sdpa+epilogue", SHARED_V, SHARED_V_SPLIT},
-    "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT, SHARED_V, SHARED_V_SPLIT},
-}
-#: a pair measured with these routes only: DIFF V1 in interleaved pairs, where what is asked is whether reading V once
-#: (cudnn_shared_v, and its calls per slice of V) beats the stacked layout's fastest routes — those beside it, which
-#: join the pairs' views here
-_ONLY_FOR = {
-    V1_PAIRS: {SHARED_V, SHARED_V_SPLIT, "cudnn+epilogue", "sdpa_split+epilogue", "cudnn_maps", "sdpa_maps+epilogue",
-               "sdpa"},
-}  # fmt: skip
+#: routes of one pair's classes only: cudnn_shared_v's node reads V once for DIFF V1 in interleaved pairs, and
+#: elsewhere runs cudnn+epilogue
+_PAIR_ROUTES = {V1_PAIRS: (SHARED_V, SHARED_V_SPLIT)}
+#: what is asked of the pairs is whether reading V once beats the stacked layout's fastest routes: those are measured
+#: beside their own routes there (joining the pairs' views), and no others
+_BESIDE_PAIRS = ("cudnn+epilogue", "sdpa_split+epilogue", "cudnn_maps", "sdpa_maps+epilogue", "sdpa")
+#: routes the other pairs' classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded
+#: one-call sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue
+#: costs); cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue)
+_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT}}
 
 
 def routes_for(cls: CallClass) -> list[str]:
     """The table routes of a class, in :data:`SWEEP_ORDER` — ``cudnn_direct`` on training classes without a mask
     only: elsewhere it runs ``cudnn+epilogue``, already measured (:mod:`diffattn.ops.direct`)."""
+    if cls.pair in _PAIR_ROUTES:
+        return [route for route in SWEEP_ORDER if route in {*_PAIR_ROUTES[cls.pair], *_BESIDE_PAIRS}]
+    others = {route for routes in _PAIR_ROUTES.values() for route in routes} | _NOT_FOR[cls.pair]
     direct = cls.mode == "train" and cls.mask == "none"
-    if cls.pair in _ONLY_FOR:
-        return [route for route in SWEEP_ORDER if route in _ONLY_FOR[cls.pair]]
-    return [route for route in SWEEP_ORDER if route not in _NOT_FOR[cls.pair] and (direct or route != DIRECT)]
+    return [route for route in SWEEP_ORDER if route not in others and (direct or route != DIRECT)]
 
 
 def comparison_routes(cls: CallClass) -> list[str]:
