@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..ops.routes import SHARED_V, SHARED_V_SPLIT, V1_PAIRS
+from ..ops.routes import SHARED_V, SHARED_V_SPLIT, V1_PAIRS, error_line
 from .kernels import format_kernel_table, profile_gpu
 from .route_sweep import (
     DTYPES,
@@ -157,7 +157,7 @@ def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device:
                 fn()
             columns[name] = fn
         except Exception as err:
-            failed[name] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+            failed[name] = error_line(err)
             progress(f"{name}: failed: {failed[name]}")
     ms = interleaved_ms(columns, device)
     out = {"class": key, "shape": shape, "calls": calls, "columns": {}, "failed": failed}
@@ -168,7 +168,7 @@ def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device:
                 profiled = profile_gpu(fn, calls)
             except Exception as err:  # the kernels are an aid to reading the times, not the times
                 profiled = None
-                progress(f"{name}: not profiled: {type(err).__name__}: {str(err)[:200]}")
+                progress(f"{name}: not profiled: {error_line(err)}")
             if profiled is not None:
                 column["gpu_ms"], column["kernels"] = profiled
         out["columns"][name] = column

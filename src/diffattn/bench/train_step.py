@@ -60,6 +60,7 @@ import torch
 
 from ..cuda_graphs import COMPILE_MODES, torch_compile_mode
 from ..models.build import build_model
+from ..ops.routes import error_line
 from . import gc_paused, rotated
 from .kernels import KERNELS_SHOWN, format_kernel_table, profile_gpu
 
@@ -260,7 +261,7 @@ def run_train_step_benchmark(
                 except Exception as err:  # a forced backend that cannot take these calls: NaN, and why
                     if name in COLUMNS and not cuda_graphs:  # a step that cannot be captured: NaN, and why, too
                         raise
-                    failed[name] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+                    failed[name] = error_line(err)
                     print(f"{preset} seq {n}: {name} failed: {failed[name]}", flush=True)
             times = {name: [] for name in steps}
             cuda = device.startswith("cuda")
@@ -354,7 +355,7 @@ def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list
             else:
                 busy_by_column[name], kernels_by_column[name] = profiled
     except Exception as err:  # the figures are an aid to reading the times, not the times
-        print(f"GPU busy time not measured: {type(err).__name__}: {str(err)[:200]}", flush=True)
+        print(f"GPU busy time not measured: {error_line(err)}", flush=True)
         return {}, {}
     if unusable:
         print(f"GPU busy time not measured for {', '.join(unusable)}: no GPU event with a sane time", flush=True)

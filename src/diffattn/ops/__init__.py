@@ -759,10 +759,9 @@ def _triton_build_error(err: BaseException, backend: str = "triton") -> str:
         kernel = getattr(launched, "FAILED_KERNEL", None) or "the fused kernel"
     else:
         kernel = "the fused epilogue (O1 − λ·O2)"
-    first = (str(err).strip().splitlines() or [""])[0][:200]
     return (
         f"backend {backend!r}: {kernel} did not compile or launch with triton {triton.__version__} "
-        f"({type(err).__name__}: {first}); backend='auto' runs another route"
+        f"({error_line(err)}); backend='auto' runs another route"
     )
 
 
