@@ -66,6 +66,16 @@ def _online_softmax(acc, row_max, row_sum, s, v, DT: tl.constexpr, PREC: tl.cons
 
 
 @triton.jit
+def _normalised(acc, row_max, row_sum, EMPTY_LSE: tl.constexpr):
+    # one map's output rows and log-sum-exps (log2 units) from its online softmax's end state. A row that saw no key
+    # (row sum 0) attends to nothing: output 0, and log-sum-exp EMPTY_LSE (+inf: the backward's P exactly 0; a key
+    # split's partial row, −inf: the merge weighs it 0)
+    ok = row_sum > 0.0
+    row_sum = tl.where(ok, row_sum, 1.0)
+    return acc / row_sum[:, None], tl.where(ok, row_max + tl.log2(row_sum), EMPTY_LSE)
+
+
+@triton.jit
 def _fwd_tile(
     acc1, acc2, m1, m2, l1, l2, q1, q2, start_n, k1_base, k2_base, v_base, sk1s, sk2s, svs,
     mask_base, mask_rows, sms, t_row, row_ok, shift, S, offs_d, d_ok, dv_ok, qk_scale, v_cols, q_seg, k_seg,
@@ -229,28 +239,25 @@ def _fwd_kernel(
                     d_ok, dv_ok, qk_scale, v_cols, q_seg, k_seg,
                     phase == 1, CAUSAL, MASK_KIND, MASK_ROWS, SEGMENTS, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
 
-    # a fully masked row (l = 0) attends to nothing: output 0, and lse = +inf makes its backward P exactly 0
-    ok1 = l1 > 0.0
-    ok2 = l2 > 0.0
-    l1 = tl.where(ok1, l1, 1.0)
-    l2 = tl.where(ok2, l2, 1.0)
-    o1 = acc1 / l1[:, None]
-    o2 = acc2 / l2[:, None]
     row_off = (b * H + h_row) * T + t_row
     o_mask = row_ok[:, None] & dv_ok[None, :]
-    if SPLIT:
+    if SPLIT:  # a key split's partial rows, merged by the decoding path's combine kernel
+        o1, lse1 = _normalised(acc1, m1, l1, float("-inf"))
+        o2, lse2 = _normalised(acc2, m2, l2, float("-inf"))
         part = tl.program_id(2).to(tl.int64) * R + row_off
         p_ptr = part[:, None] * DV + offs_dv[None, :]
         tl.store(O1 + p_ptr, o1, mask=o_mask)
         tl.store(O2 + p_ptr, o2, mask=o_mask)
-        tl.store(LSE1 + part, tl.where(ok1, m1 + tl.log2(l1), float("-inf")), mask=row_ok)
-        tl.store(LSE2 + part, tl.where(ok2, m2 + tl.log2(l2), float("-inf")), mask=row_ok)
+        tl.store(LSE1 + part, lse1, mask=row_ok)
+        tl.store(LSE2 + part, lse2, mask=row_ok)
     else:
+        o1, lse1 = _normalised(acc1, m1, l1, float("inf"))
+        o2, lse2 = _normalised(acc2, m2, l2, float("inf"))
         out = o1 - lam[:, None] * o2  # float32 subtraction (docs/methods.md §0.2)
         o_ptr = row_off.to(tl.int64)[:, None] * DV + offs_dv[None, :]
         tl.store(OUT + o_ptr, out.to(OUT.dtype.element_ty), mask=o_mask)
-        tl.store(LSE1 + row_off, tl.where(ok1, m1 + tl.log2(l1), float("inf")), mask=row_ok)
-        tl.store(LSE2 + row_off, tl.where(ok2, m2 + tl.log2(l2), float("inf")), mask=row_ok)
+        tl.store(LSE1 + row_off, lse1, mask=row_ok)
+        tl.store(LSE2 + row_off, lse2, mask=row_ok)
         if SAVE_PARTS:
             tl.store(O1 + o_ptr, o1.to(O1.dtype.element_ty), mask=o_mask)
             tl.store(O2 + o_ptr, o2.to(O2.dtype.element_ty), mask=o_mask)

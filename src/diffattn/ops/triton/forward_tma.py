@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .forward import _online_softmax
+from .forward import _normalised, _online_softmax
 from .tile_ops import _row_block_longest_first
 
 
@@ -146,17 +146,13 @@ def _fwd_tma_kernel(
             start_n, t_row, shift, S, qk_scale, DT, True, CAUSAL, SHARED_K, UPCAST, PREC, BLOCK_N)  # fmt: skip
 
     # every real row sees a key (no user mask, T <= S when causal); l = 0 only in rows past T, which are not stored
-    ok1 = l1 > 0.0
-    ok2 = l2 > 0.0
-    l1 = tl.where(ok1, l1, 1.0)
-    l2 = tl.where(ok2, l2, 1.0)
-    o1 = acc1 / l1[:, None]
-    o2 = acc2 / l2[:, None]
+    o1, lse1 = _normalised(acc1, m1, l1, float("inf"))
+    o2, lse2 = _normalised(acc2, m2, l2, float("inf"))
     out = o1 - lam[:, None] * o2  # float32 subtraction (docs/methods.md §0.2)
     o_rows = head_rows * BLOCK_DV  # OUT, O1, O2: this head's rows, dense
     _head_rows(OUT + o_rows, T, BLOCK_DV, BLOCK_M, BLOCK_DV).store([row0, 0], out.to(OUT.dtype.element_ty))
-    tl.store(LSE1 + head_rows + t_row, tl.where(ok1, m1 + tl.log2(l1), float("inf")), mask=row_ok)
-    tl.store(LSE2 + head_rows + t_row, tl.where(ok2, m2 + tl.log2(l2), float("inf")), mask=row_ok)
+    tl.store(LSE1 + head_rows + t_row, lse1, mask=row_ok)
+    tl.store(LSE2 + head_rows + t_row, lse2, mask=row_ok)
     if SAVE_PARTS:
         _head_rows(O1 + o_rows, T, BLOCK_DV, BLOCK_M, BLOCK_DV).store([row0, 0], o1.to(O1.dtype.element_ty))
         _head_rows(O2 + o_rows, T, BLOCK_DV, BLOCK_M, BLOCK_DV).store([row0, 0], o2.to(O2.dtype.element_ty))
