@@ -1034,6 +1034,15 @@ def fake_cuda(monkeypatch):
     import diffattn.ops
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # torch 2.11's FakeTensorMode makes one real tensor on a fake CUDA device's first use wherever CUDA says it is
+    # available (newer ones ask the accelerator API, not faked here): a CUDA build of torch without a driver (the
+    # oldest stack's PyPI wheel, `make test-oldest`) fails there; these paths run no kernel
+    import torch._subclasses.fake_tensor as fake_tensor
+
+    monkeypatch.setattr(fake_tensor, "init_gpu_context", lambda device: None)
+    # the faked GPU has no cuDNN, whichever torch build fakes it: a CUDA build's cuDNN would be asked for the devices'
+    # capabilities, of which a machine without a driver has none
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
     monkeypatch.setattr(diffattn.ops, "_cuda_major", lambda index: 9)
     monkeypatch.setattr(diffattn.ops, "_LOGGED_FALLBACKS", set())
     monkeypatch.setattr(tuning, "INTERPRETED", False)
