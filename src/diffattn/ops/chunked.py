@@ -123,12 +123,10 @@ class _ChunkedDiffAttention(torch.autograd.Function):
             out[:, :, i0:i1] = _ungrouped(_grouped(signed, hkv) @ vc[:, :, :kend], q1.shape[1])
         ctx.save_for_backward(q1c, k1c, q2c, k2c, vc, lamc)
         ctx.inp, ctx.chunk, ctx.in_dtypes = inp, chunk, (q1.dtype, lam.dtype)
-        if torch.compiler.is_compiling() and out.dtype == q1.dtype:
-            # handed over as a tensor of its own, not the buffer the loop wrote in place: under torch 2.11's
-            # AOTAutograd the backward of a Function returning that buffer received a zero gradient (every gradient
-            # 0, silently; tests/ops/test_compile_dynamic.py), where torch 2.13's received the right one
-            return out.clone()
-        return out.to(q1.dtype)
+        # under torch.compile handed over as a tensor of its own even where .to() would return the buffer the loop wrote
+        # in place (fp32): under torch 2.11's AOTAutograd the backward of a Function returning that buffer received a
+        # zero gradient (every gradient 0, silently; tests/ops/test_compile_dynamic.py), where torch 2.13's was right
+        return out.to(q1.dtype, copy=torch.compiler.is_compiling())
 
     @staticmethod
     @torch.autograd.function.once_differentiable

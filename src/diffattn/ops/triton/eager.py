@@ -16,10 +16,6 @@ from collections.abc import Callable
 
 import torch
 
-from .._inputs import wants_grad
-
-__all__ = ["choose", "eager_twin", "wants_grad"]
-
 
 def eager_twin(
     name: str, forward: Callable, setup_context: Callable, backward: Callable, backward_impl: Callable

@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._inputs import interleaved_pair
+from .._inputs import interleaved_pair, wants_grad
 from . import tuning
-from .eager import choose, eager_twin, wants_grad
+from .eager import choose, eager_twin
 from .launch import _on_device
 from .layout import _last_contiguous
 from .tile_ops import _SUM  # not tl.sum: see tile_ops (the interpreter and an earlier triton import)
