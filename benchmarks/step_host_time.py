@@ -27,6 +27,8 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
   its op replaced by one stand-in dispatch each way, as the baseline's attention call is: what of DIFF's extra host
   time is the layer's and what is the op's (2026-11-29: 1.04× the baseline against the routes' 1.30–1.45×, so almost
   all of it is the op; λ's backward is not in it, the stand-in gives λ no gradient);
+* the one-node columns (``cudnn_direct``, ``cudnn_shared_v``) run each layer's call plan from the warm-up step on, as a
+  model does from its second step (:mod:`diffattn.ops.call_plans`: nothing before the node);
 * ``DIFF cudnn_shared_v+norm+pairs``: the layer's heads in interleaved pairs (:func:`diffattn.ops.pairs_layout`: its
   projections' weight rows reordered each step) and the one node reading V once (no [V; V], no sum of its
   gradients), the ATen stand-ins as above.

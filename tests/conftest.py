@@ -7,6 +7,7 @@
   it — what a user's local Hugging Face folder looks like (for ``diffattn adapt``).
 * ``corpus_file``: ~60 documents of real text (Shakespeare) as JSON lines (for ``diffattn pretrain``).
 * ``tokenizer_cache``: a per-session tokenizer cache (``DIFFATTN_CACHE``); the training tests use it.
+* every test starts with no call plan of the op (:mod:`diffattn.ops.call_plans`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from diffattn import DexConfig, adapt, build_model, set_adapter_step
 from diffattn.data import load_corpus, train_tokenizer
+from diffattn.ops import call_plans
 
 from .tiny_models import tiny_config
 
@@ -43,6 +45,13 @@ ADAPT_WORDS = [
     "letter",
     "storm",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _no_call_plans_from_other_tests():
+    """Every test starts with no call plan (diffattn.ops.call_plans): a plan made under another test's monkeypatched
+    routes or checks would stand in for what this test's own path decides."""
+    call_plans.forget()
 
 
 @pytest.fixture(scope="session")

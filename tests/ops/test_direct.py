@@ -490,6 +490,34 @@ def test_gpu_the_route_is_cudnn_epilogue_and_matches_the_reference(t, d):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("route", [routes.DIRECT, routes.SHARED_V])
+def test_gpu_a_planned_call_is_the_whole_paths_bit_for_bit(route):
+    # on the GPU, through cuDNN's ATen ops (diffattn.ops.call_plans): the second call of a signature runs the node the
+    # first one recorded, with nothing before it, and gives every value bit for bit as the first (the same kernels on
+    # the same inputs) and as the same call with plans off
+    from diffattn.ops import call_plans
+
+    if route == routes.DIRECT:
+        tensors = _model_inputs(torch.bfloat16, b=2, h=4, t=1024, d=64, device="cuda")
+        entry = ops.diff_attention_stacked
+    else:
+        tensors = _pairs_inputs(torch.bfloat16, b=2, h=4, t=1024, d=64, device="cuda")
+        entry = ops.diff_attention_pairs
+    norm = HeadNorm(1e-5, 0.8)
+    call_plans.forget()
+    with ops.fused_head_norm(True):
+        first = _run(lambda *x: entry(*x, backend=route, head_norm=norm), tensors)
+        assert len(call_plans.PLANS) == 1, "the first call made a plan"
+        planned = _run(lambda *x: entry(*x, backend=route, head_norm=norm), tensors)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(call_plans, "signature", lambda *a, **k: None)
+            whole = _run(lambda *x: entry(*x, backend=route, head_norm=norm), tensors)
+    for name, a, b, c in zip(("out", "dq", "dk", "dv", "dlam"), planned, first, whole, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("route", ["cudnn_shared_v", "cudnn_shared_v_split"])
 @pytest.mark.parametrize(("t", "d"), [(1024, 64), (4096, 64), (2048, 128), (333, 64)])
 def test_gpu_shared_v_matches_the_reference(t, d, route, caplog):

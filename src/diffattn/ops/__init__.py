@@ -5,18 +5,18 @@
 
 Public entry points:
 
-* :func:`diff_attention` — the op, with a ``backend`` switch: ``reference`` (fp32 math), ``sdpa`` (PyTorch's
-  fused attention, one call over both maps), ``cudnn`` (that call forced to cuDNN, V wider than Q and K),
-  ``sdpa_split`` (one call per slice of V), ``sdpa_maps`` / ``cudnn_maps`` (one call per map, nothing concatenated),
-  ``chunked`` (query chunks with a shared-product backward; fastest on CPU), ``triton`` (one fused kernel for both
-  maps, forward and backward: :mod:`diffattn.ops.triton`; ``triton[NAME]``: with its variants NAME switched on for
-  the call, :data:`diffattn.ops.routes.TRITON_VARIANTS`), ``<route>+epilogue`` (an SDPA route whose subtraction
+* :func:`diff_attention` — the op, with a ``backend`` switch: ``reference`` (fp32 math), ``sdpa`` (PyTorch's fused
+  attention, one call over both maps), ``cudnn`` (that call forced to cuDNN, V wider than Q and K), ``sdpa_split`` (one
+  call per slice of V), ``sdpa_maps`` / ``cudnn_maps`` (one call per map, nothing concatenated), ``chunked`` (query
+  chunks with a shared-product backward; the CPU's fastest where the maps read separate K), ``triton`` (one fused kernel
+  for both maps, forward and backward: :mod:`diffattn.ops.triton`; ``triton[NAME]``: with its variants NAME switched on
+  for the call, :data:`diffattn.ops.routes.TRITON_VARIANTS`), ``<route>+epilogue`` (an SDPA route whose subtraction
   O1 − λ·O2 is one Triton kernel: :mod:`diffattn.ops.triton.epilogue`), ``cudnn_direct`` (``cudnn+epilogue``'s
   kernels as one autograd node in training, less host work: :mod:`diffattn.ops.direct`), ``cudnn_shared_v`` and
   ``cudnn_shared_v_split`` (the same node for DIFF V1 in interleaved pairs, V read once by cuDNN's grouped heads:
-  :func:`diff_attention_pairs`), ``auto`` (on CUDA the
-  fastest correct route measured on this GPU model with this software: the route table, :mod:`diffattn.ops.routes`;
-  else ``sdpa``).
+  :func:`diff_attention_pairs`), ``auto`` (on CUDA the fastest correct route measured on this GPU model with this
+  software: the route table, :mod:`diffattn.ops.routes`; on a CPU ``chunked`` where the maps read separate K and
+  ``sdpa`` where they share it; elsewhere ``sdpa``).
 * :func:`diff_attention_stacked` and :func:`diff_attention_pairs` — the op on Q and K handed over whole, in DIFF
   V1's layout (both maps' heads stacked, DiffLlama) or DIFF V2's (query heads in interleaved pairs on one K): the
   same function, whose one-call routes read the caller's tensors instead of copies joined from the two maps' cuts.
@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import call_plans
 from ._inputs import (
     DiffAttentionInputs,
     HeadNorm,
@@ -453,6 +454,7 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
             cls = cls or call_class(inp)  # a failure is rare: the class is computed here off CUDA
             # kept per class whatever the size: what fails to compile or launch depends on the widths, dtype and mask
             _FAILED_ROUTES[(name, without_size(cls))] = f"failed at run time ({text})"
+            call_plans.forget()  # a plan may have been made of that route's node
             logger.warning(
                 "diff_attention backend auto: route %s failed for %s (%s); using %s from now on",
                 name,
@@ -565,6 +567,26 @@ def diff_attention_pairs(
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q``.
     """
+    options = dict(causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids, head_norm=head_norm)
+    return _planned("pairs", _pairs_whole, backend, q, k, v, lam, options)
+
+
+def _planned(entry: str, whole, backend: str, q, k, v, lam, options: dict) -> torch.Tensor:
+    """``whole(backend, q, k, v, lam, **options)`` — the op's whole path for the entry ``entry`` — or, where a call of
+    the same signature went straight to one autograd node before, that node (:mod:`diffattn.ops.call_plans`)."""
+    key = call_plans.signature(entry, backend, q, k, v, lam, **options)
+    if key is None:
+        return whole(backend, q, k, v, lam, **options)
+    if call_plans.under_autocast(key):  # cast as the whole path casts (a no-op there then): the node's own inputs
+        q, k, _, _, v = _autocast_inputs(q, k, q, k, v)
+    out = call_plans.run(key, q, k, v, lam)
+    if out is not None:
+        return out
+    return call_plans.planned(key, (q, k, v, lam), lambda: whole(backend, q, k, v, lam, **options))
+
+
+def _pairs_whole(backend, q, k, v, lam, *, causal, attn_mask, scale, segment_ids, head_norm) -> torch.Tensor:
+    """:func:`diff_attention_pairs`'s whole path."""
     k_in_pairs = all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in (k, v)) and k.shape[1] == 2 * v.shape[1]
 
     def arrange(q, k, _q, _k, v):
@@ -605,7 +627,12 @@ def diff_attention_stacked(
     Returns:
         ``[B, H, T, dv]`` in the dtype of ``q``.
     """
+    options = dict(causal=causal, attn_mask=attn_mask, scale=scale, segment_ids=segment_ids, head_norm=head_norm)
+    return _planned("stacked", _stacked_whole, backend, q, k, v, lam, options)
 
+
+def _stacked_whole(backend, q, k, v, lam, *, causal, attn_mask, scale, segment_ids, head_norm) -> torch.Tensor:
+    """:func:`diff_attention_stacked`'s whole path."""
     _check_heads_in_twos("q", q, "[B, 2H, T, d], map 1's query heads then map 2's")
     _check_heads_in_twos("k", k, "[B, 2Hkv, S, d], map 1's key heads then map 2's")
     v_heads = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 4 else None  # None: a pair, or refused later

@@ -17,7 +17,9 @@ whole call:
   passes it), and the two copies' gradients of V summed back into V's halves (:func:`._inputs.v_from_halves_grad`).
 
 The same attention and epilogue kernels on the same inputs, and V's two gradients summed as autograd sums them: the
-same numbers bit for bit (tests/ops/test_direct.py), about the same GPU time, less host time. Where its one node
+same numbers bit for bit (tests/ops/test_direct.py); the same kernels, so by prediction the same GPU time, and less
+host time on a 2-core CPU's proxy of the `small` step (benchmarks/RESULTS.md, 2026-11-29); not yet timed on a GPU.
+Where its one node
 does not apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with
 T ≠ S (cuDNN's causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
 (``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every
@@ -56,6 +58,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import call_plans
 from ._inputs import DiffAttentionInputs, v_from_halves, v_from_halves_grad
 from .routes import DIRECT, SHARED_V, SHARED_V_SPLIT, error_line, poisons_cuda_context
 
@@ -222,6 +225,7 @@ def _refuse(err: RuntimeError, key: tuple, v_layout: str, step: str, now: str) -
         raise err
     said = key in _REFUSED  # the other slice's call of the same kind: said once
     _REFUSED[key] = text
+    call_plans.forget()  # a plan may run this node for calls of this kind
     if said:
         return
     route = SHARED_ROUTES.get(v_layout, DIRECT)
@@ -289,10 +293,15 @@ def diff_attention_cudnn_direct(
         key = _call_key(q, k, v, v_layout, causal)  # the kind of call, once: both checks below read it
         if key not in _REFUSED and ops.accepts(key, q, k, v, v_layout, causal):
             eps, scale = _norm_eps_scale(norm)
+            constants = (v_layout, causal, inp.scale, eps, scale, ops)
             try:
-                return _OneNode.apply(q, k, v, inp.lam, v_layout, causal, inp.scale, eps, scale, ops)
+                out = _OneNode.apply(q, k, v, inp.lam, *constants)
             except RuntimeError as err:  # cuDNN's ATen forward refused (its grouped heads with V shared, say)
                 _refuse(err, key, v_layout, "forward", "this call by cudnn+epilogue")
+            else:  # calls like this one may skip what came before the node (diffattn.ops.call_plans)
+                stale = lambda: ATTENTION_OPS is not ops  # noqa: E731 (the ops it was made with replaced)
+                call_plans.saw_node(_OneNode.apply, (q, k, v, inp.lam), constants, stale, out)
+                return out
     return diff_attention_cudnn(inp, fused_epilogue=True, norm=norm)
 
 

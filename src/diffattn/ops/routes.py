@@ -472,11 +472,18 @@ def table_routes(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
 ORDER_MEMO: dict[tuple, tuple[str, ...]] = {}
 
 
+#: how many times :func:`reset` has run: a call's plan (:mod:`diffattn.ops.call_plans`) is keyed by it, so none made
+#: from the tables before a reset is used after it
+TABLE_GENERATION = 0
+
+
 def reset() -> None:
-    """Forget the tables read, the orders read off them and the lines said (tests, or after writing a new table in
-    this process)."""
+    """Forget the tables read, the orders read off them and the lines said, and start a new
+    :data:`TABLE_GENERATION` (tests, or after writing a new table in this process)."""
     load_entries.cache_clear()
     device_entry.cache_clear()
     ORDER_MEMO.clear()
     PAIRS_MEMO.clear()
     _SAID.clear()
+    global TABLE_GENERATION
+    TABLE_GENERATION += 1

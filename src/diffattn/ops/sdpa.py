@@ -24,14 +24,16 @@ padding mask, or a causal block with 1 < T < S, a boolean mask of [B, 1, T, S] /
 transformers itself does for SDPA.
 
 On CUDA every SDPA call's output hands its gradient back in the output's own memory layout
-(:class:`_GradInOutputLayout`). Why: PyTorch's cuDNN attention (2.5 on, with cuDNN 9.5.1 or newer) builds its
-backward graph with the strides of the first output gradient it receives and caches it under Q, K and V alone — the
-gradient's layout is not in the key — so a later call with the same Q, K, V but a gradient laid out otherwise reuses a
-graph that reads that gradient by the first one's strides (aten/src/ATen/native/cudnn/MHA.cpp, ``run_cudnn_SDP_bprop``;
-read, not yet run on a GPU). The two maps of the ``cudnn_maps`` route are such a pair, and the fused epilogue handed
-them gradients in two layouts (dO1 in the output gradient's, dO2 in O2's). The output's layout follows Q's, which is
-in the key, so a gradient always in the output's layout is always the one the cached graph was built for. Cost: a
-copy where the gradient arrives in another layout (FlashAttention's backward makes that copy itself).
+(:class:`_GradInOutputLayout`). Why: PyTorch's cuDNN attention (2.5 on, with cuDNN 9.5.1 or newer) builds its backward
+graph with the strides of the first output gradient it receives and caches it under Q, K and V alone — the gradient's
+layout is not in the key — so a later call with the same Q, K, V but a gradient laid out otherwise reuses a graph that
+reads that gradient by the first one's strides (aten/src/ATen/native/cudnn/MHA.cpp, ``run_cudnn_SDP_bprop``; read in
+PyTorch's source, then measured by benchmarks/cudnn_grad_layout.py on the H200 of 2026-11-28, torch 2.11.0+cu130, cuDNN
+9.19: the second layout's gradients 1.38 relative error off the math backend's against 2.8e-3 for a contiguous one,
+benchmarks/gpu-runs/h200-2026-11-28/log.txt). The two maps of the ``cudnn_maps`` route are such a pair, and the fused
+epilogue handed them gradients in two layouts (dO1 in the output gradient's, dO2 in O2's). The output's layout follows
+Q's, which is in the key, so a gradient always in the output's layout is always the one the cached graph was built for.
+Cost: a copy where the gradient arrives in another layout (FlashAttention's backward makes that copy itself).
 
 Fully masked rows follow the rule of :mod:`diffattn.ops._inputs`: with an ``attn_mask``, one reduction over it
 finds the query rows whose every key is masked and their output is set to 0 after the call, so they pass no

@@ -1,16 +1,17 @@
 """The last step of every SDPA route as one kernel: ``out = O1 − λ·O2`` in float32, rounded once to the output's dtype
 (DIFF Transformer Eq. 1, docs/methods.md §0.2), and its backward in one more.
 
-Why. The SDPA routes (:mod:`diffattn.ops.sdpa`) get O1 and O2 from PyTorch's attention and subtract them in PyTorch:
-two casts to float32, a product, a difference and a cast back — five passes over [B, H, T, dv] and about as many in
-the backward, each a kernel launch. On an H200 (2026-11-27) the fastest DIFF V1 route, ``cudnn_maps``, ran at 1.92×
-the baseline forward+backward where its two cuDNN calls alone do 1.50×: by the bytes those passes move, about 0.7 ms
-of its 4.9 (benchmarks/RESULTS.md, a prediction until a GPU times it). Here the forward reads O1, O2 and λ
-once and writes the output (6 bytes an element in bf16 against about 40); the backward reads the output's gradient
-and O2 and writes dO2 and one float32 per row (dO1 is the gradient itself, no copy) — or, where O1 and O2 are the
-halves of one call's output (:func:`subtract_pair`), that output's whole gradient, dO1 included. Whether that is
-faster on a GPU is measured (the routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of
-them is chosen before the route sweep has timed it.
+Why. The SDPA routes (:mod:`diffattn.ops.sdpa`) get O1 and O2 from PyTorch's attention and subtract them in PyTorch: two
+casts to float32, a product, a difference and a cast back — five passes over [B, H, T, dv] and about as many in the
+backward, each a kernel launch. Measured on the H200 of 2026-11-28 (torch 2.11.0+cu130, triton 3.6.0, cuDNN 9.19,
+benchmarks/gpu-runs/h200-2026-11-28): DIFF V1 at d = 64 through ``cudnn+epilogue`` 1.84× the baseline forward+backward
+(1.67× by GPU busy time) against ``cudnn``'s 2.05×, ``cudnn_maps+epilogue`` 2.17× against ``cudnn_maps``' 2.20×; at
+d = 96 the kernel saved 0.54–0.84 ms a call (h200-2026-11-27b). Here the forward reads O1, O2 and λ once and writes the
+output (6 bytes an element in bf16 against about 40); the backward reads the output's gradient and O2 and writes dO2 and
+one float32 per row (dO1 is the gradient itself, no copy) — or, where O1 and O2 are the halves of one call's output
+(:func:`subtract_pair`), that output's whole gradient, dO1 included. Whether that is faster on a GPU is measured (the
+routes ``<route>+epilogue`` of :mod:`diffattn.ops.routes`), not assumed: none of them is chosen before the route sweep
+has timed it.
 
 With ``norm`` = (eps, scale) the forward also norms each row, DIFF Eq. 3's head without a gain:
 ``scale · y / sqrt(mean(y²) + eps)`` with y = O1 − λ·O2 (one row of dv values is one head, so a row's tile holds the

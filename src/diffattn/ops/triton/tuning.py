@@ -2,14 +2,18 @@
 Eq. 1, docs/methods.md §0), and the settings that override those choices.
 
 Tiles on a GPU: a default per kernel, head width and mask class (:data:`_TILES`, :data:`_MASK_TILES`), and for the
-training forward and both backwards a few alternatives that ``triton.autotune`` times on first use of
-each shape class (:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
+training forward and both backwards a few alternatives that ``triton.autotune`` times on first use of each shape class
+(:data:`_TUNING`, :data:`AUTOTUNE`). Every one of them is compiled ahead of time for sm_90 by
 ``benchmarks/kernel_report.py`` (registers, spills, MMA kind and warp layout of every dot), without a mask, with key
-padding and with bool and additive 4-D masks, and held by the tests to no spills and wgmma for every dot, issued
-once: the forward takes 128-row tiles on 8 warps so no warpgroup repeats another's dots. None of this has been timed
-on hardware yet. A launch that is not autotuned and runs out of shared memory or registers retries with smaller
-tiles (:func:`.launch._launch`). Under the interpreter every kernel takes 16 × 16 tiles, so tiny test shapes span
-several, partly filled ones.
+padding and with bool and additive 4-D masks, and held by the tests to no spills and wgmma for every dot, issued once:
+the forward takes 128-row tiles on 8 warps so no warpgroup repeats another's dots. The default tiles are timed by every
+route sweep (the ``triton`` rows: H100 2026-11-26, H200 2026-11-27/28, torch 2.11.0+cu130, triton 3.6.0), and each
+autotune candidate alone on the H100 of 2026-11-26 (benchmarks/gpu-runs/h100-2026-11-26/candidates/routes.md: the best,
+DIFF V1's forward on 128 × 32 tiles and 8 warps, 2.44× the baseline forward+backward at d = 64 against the defaults'
+2.61× and that class's fastest route's 2.16×; one V1 backward candidate on the single-pass scheme measured wrong there);
+:data:`AUTOTUNE` stays off. A launch that is not autotuned and runs out of shared memory or registers retries with
+smaller tiles (:func:`.launch._launch`). Under the interpreter every kernel takes 16 × 16 tiles, so tiny test shapes
+span several, partly filled ones.
 
 The backward's scheme (:data:`ATOMIC_DQ`, :func:`_single_pass_fits`) and the decoding forward's key splits
 (:data:`SPLIT_OVERRIDE`, :func:`_num_splits`) are chosen here too; :mod:`.launch` reads the settings when it

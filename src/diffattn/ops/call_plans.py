@@ -1,0 +1,158 @@
+"""A call's plan: the op's per-call host work skipped where a call of the same kind went straight to one autograd node
+before (DIFF Transformer Eq. 1 by the ``cudnn_direct`` and ``cudnn_shared_v`` routes, :mod:`diffattn.ops.direct`).
+
+Why: a `small` model's training step on a GPU is bound by its host (issue 34; on the H200 of 2026-11-28 the baseline's
+GPU was busy 8.6 of its 40 ms a step, and DIFF's step was 1.03–1.06× DiffLlama's wall time at 0.87–0.94× its GPU time).
+Of the op's host time in that step, about half came before its one node ran (benchmarks/RESULTS.md, 2026-11-29, "A
+call's plan"): the entry's checks of its arguments' layout, the caller's tensors cut into each map's views and checked
+(:func:`diffattn.ops._inputs.validate`), autocast's handling, the route's resolution (a support check for an explicit
+backend, the call class and the route table for ``auto``), the route's own checks of whether its one node applies
+(:func:`diffattn.ops.direct.one_node_operands`, cuDNN's acceptance) — each a few µs, none of which depends on anything
+but the call's metadata.
+
+How: the entries that hand the op both maps' Q and K whole (:func:`diffattn.ops.diff_attention_stacked` and
+:func:`diffattn.ops.diff_attention_pairs`, the DIFF V1 layer's) key each call by :func:`signature` — everything the op's
+decision reads: the backend asked for, the tensors' shapes, strides, dtypes, devices and whether they require a
+gradient, λ's, causality, the scale, the head norm, grad mode, autocast's state, the forced switches of
+:data:`diffattn.ops.routes.FORCED_FLAGS`, the route tables' :data:`~diffattn.ops.routes.TABLE_GENERATION` — and run the
+op's whole path the first time, recording what it called. Where that was exactly one node on the caller's own Q, K, V
+and λ (no copy, nothing else; under autocast the casts the whole path makes, which the entry then makes first), later
+calls of the same signature call that node with the same constants and nothing before it: the same autograd Function on
+the same tensors, so the same numbers and the same graph. A plan is never made under ``torch.compile`` (which traces the
+path once anyway), for a mask or segments (their values decide the rows masked), for λ that is not one 0-d tensor, on
+the meta device; λ's finiteness, a value, is still checked on the CPU
+(:func:`diffattn.ops._inputs.check_lambda_finite`).
+
+What could change the path's answer for the same signature forgets the plans (:func:`forget`) — a route that failed at
+run time (``auto``'s next route), cuDNN refusing a node's forward or backward (its calls then run ``cudnn+epilogue``),
+the node's attention ops replaced (tests) — or is in the signature: a route table read again
+(:func:`diffattn.ops.routes.reset`), a switch forced. A plan whose node raises runs the whole path again. Bounded:
+:data:`MAX_PLANS` signatures, then all forgotten (a run whose sequence length changes every batch makes a new signature
+each time).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import routes
+from ._inputs import HeadNorm, check_lambda_finite
+
+#: how many signatures are remembered before all are forgotten
+MAX_PLANS = 1024
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What a call of one signature ran: ``apply(q, k, v, lam, *constants)`` (an autograd Function's apply), with
+    autocast off on ``autocast_off`` (the device type whose autocast the op turns off inside, else None); ``stale()``:
+    whether what the node was made with has been replaced since (its attention ops, which tests replace)."""
+
+    apply: Callable[..., torch.Tensor]
+    constants: tuple
+    stale: Callable[[], bool]
+    autocast_off: str | None
+
+
+#: signature → its plan
+PLANS: dict[tuple, NodePlan] = {}
+#: the nodes the call being planned ran, (apply, (q, k, v, lam), constants, stale, output) each; None: no call planned
+_SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("diffattn_call_plan_seen", default=None)
+
+
+#: where a signature holds autocast's dtype (None: autocast off)
+_AUTOCAST = 6
+
+
+def _layout(x: torch.Tensor) -> tuple:
+    return x.shape, x.stride(), x.dtype, x.device, x.requires_grad
+
+
+def signature(entry: str, backend: str, q, k, v, lam, causal, attn_mask, scale, segment_ids, head_norm) -> tuple | None:
+    """The key of a call of ``entry`` (the op's entry function's name) with these arguments — everything the op's
+    decision for the call reads (module docstring) — or None where no plan is made or used."""
+    if attn_mask is not None or segment_ids is not None or torch.compiler.is_compiling():
+        return None
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    if not isinstance(lam, torch.Tensor) or lam.dim() != 0:
+        return None
+    if head_norm is not None and not isinstance(head_norm, HeadNorm):  # refused by the whole path
+        return None
+    device = q.device.type
+    if device == "meta":  # no autocast state to ask for there
+        return None
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return (  # autocast's at _AUTOCAST
+entry, backend, bool(causal), scale, head_norm, torch.is_grad_enabled(), autocast,
+            tuple(routes.FORCED_FLAGS.values()), routes.TABLE_GENERATION, _layout(q), _layout(k), _layout(v),
+            _layout(lam))  # fmt: skip
+
+
+def under_autocast(key: tuple) -> bool:
+    """Whether a call of signature ``key`` runs under autocast: the entry casts its Q, K and V to autocast's dtype as
+    the whole path would (:func:`diffattn.ops._autocast_inputs`), so that a plan's node and the recorded one take the
+    same tensors."""
+    return key[_AUTOCAST] is not None
+
+
+def run(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor | None:
+    """The call by its plan, or None where ``key`` has none (or its plan is stale, or its node raised: forgotten, and
+    the caller runs the whole path, which answers a refusal as it always does)."""
+    plan = PLANS.get(key)
+    if plan is None:
+        return None
+    if plan.stale():
+        forget()
+        return None
+    if lam.device.type == "cpu":
+        check_lambda_finite(lam)
+    try:
+        if plan.autocast_off is None:
+            return plan.apply(q, k, v, lam, *plan.constants)
+        with torch.autocast(plan.autocast_off, enabled=False):
+            return plan.apply(q, k, v, lam, *plan.constants)
+    except RuntimeError:  # what the node's route answers by another route: the whole path decides again
+        forget()
+        return None
+
+
+def planned(key: tuple | None, tensors: tuple[torch.Tensor, ...], whole: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``whole()`` — the op's whole path for a call of signature ``key`` (None: not planned, nothing recorded) — and,
+    where it ran exactly one node, on ``tensors`` themselves (q, k, v, λ: no cast, no copy), whose output is the
+    call's (nothing after it, such as the head's norm by PyTorch), that node made the plan for ``key``."""
+    if key is None:
+        return whole()
+    seen: list = []
+    token = _SEEN.set(seen)
+    try:
+        out = whole()
+    finally:
+        _SEEN.reset(token)
+    if len(seen) == 1:
+        apply, operands, constants, stale, node_out = seen[0]
+        same = len(operands) == len(tensors) and all(a is b for a, b in zip(operands, tensors, strict=True))
+        if same and node_out is out:
+            if len(PLANS) >= MAX_PLANS:
+                PLANS.clear()
+            autocast_off = tensors[0].device.type if key[_AUTOCAST] is not None else None
+            PLANS[key] = NodePlan(apply, constants, stale, autocast_off)
+    return out
+
+
+def saw_node(apply: Callable[..., torch.Tensor], operands: tuple, constants: tuple, stale: Callable[[], bool],
+             out: torch.Tensor) -> None:  # fmt: skip
+    """Record a node the call being planned ran and its output (:func:`planned`; :class:`NodePlan` for the other
+    arguments); nothing when no call is planned."""
+    seen = _SEEN.get()
+    if seen is not None:
+        seen.append((apply, operands, constants, stale, out))
+
+
+def forget() -> None:
+    """Forget every plan (module docstring: what makes them stale)."""
+    PLANS.clear()

@@ -1,0 +1,264 @@
+"""A call's plan (diffattn/ops/call_plans.py): where a call of the op went straight to one autograd node, later calls of
+the same signature call that node with nothing before it.
+
+Without a GPU the node runs as tests/ops/test_direct.py runs it (SDPA's CPU kernels in cuDNN's place, the epilogue's
+kernels interpreted). A plan must give, bit for bit, what the whole path gives (output, every gradient, the graph);
+be made only where the whole path was exactly that node on the caller's own tensors and its output the call's; be keyed
+by everything the path's decision reads; and be forgotten where that decision may change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffattn import ops
+from diffattn.ops import HeadNorm, call_plans, direct, routes, sdpa
+
+from .interpreter import keep_interpreting
+from .test_direct import SDPA_OPS, _model_inputs, _run, _sdpa_backward, _sdpa_forward
+
+NORM = HeadNorm(1e-5, 0.8)
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    keep_interpreting(monkeypatch)
+    monkeypatch.setattr(direct, "ATTENTION_OPS", SDPA_OPS)
+    # where the one node does not apply its route runs cudnn+epilogue, which forces cuDNN's kernel: the sdpa route's
+    # computation stands in for it here (the same maps, Q and K padded)
+    monkeypatch.setattr(sdpa, "diff_attention_cudnn", sdpa.diff_attention_sdpa)
+    real = ops.route_unsupported  # cuDNN's support check waived, as in test_direct.py
+    monkeypatch.setattr(ops, "route_unsupported",
+                        lambda name, inp: None if name in routes.ONE_NODE_ROUTES else real(name, inp))  # fmt: skip
+
+
+@pytest.fixture
+def whole_runs(monkeypatch) -> list[str]:
+    """The entries whose whole path ran, one name a call."""
+    ran = []
+    for name in ("_stacked_whole", "_pairs_whole"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _real=real, _name=name, **k: ran.append(_name) or _real(*a, **k))
+    return ran
+
+
+def stacked(backend=routes.DIRECT, head_norm=NORM, **kwargs):
+    def call(q, k, v, lam):
+        with ops.fused_head_norm(True):
+            return ops.diff_attention_stacked(q, k, v, lam, backend=backend, head_norm=head_norm, **kwargs)
+
+    return call
+
+
+def test_a_second_call_of_the_same_kind_runs_the_recorded_node_and_gives_the_same_bits(whole_runs):
+    tensors = _model_inputs(torch.float32)
+    first = _run(stacked(), tensors)
+    assert whole_runs == ["_stacked_whole"] and len(call_plans.PLANS) == 1
+    second = _run(stacked(), tensors)
+    assert whole_runs == ["_stacked_whole"], "the plan ran, not the whole path"
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dlam"), first, second, strict=True):
+        assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b), name
+    out = stacked()(*tensors)
+    assert type(out.grad_fn).__name__ == "_OneNodeBackward"  # the same graph: one node to the caller's tensors
+    assert len([f for f, _ in out.grad_fn.next_functions if f is not None]) == 4
+
+
+def test_under_autocast_the_entry_casts_as_the_whole_path_does(whole_runs):
+    # Q and K in float32 (RoPE's output under autocast), V in bf16: the whole path casts Q and K to bf16 first
+    q, k, v, lam = _model_inputs(torch.float32)
+    v = v.detach().to(torch.bfloat16).requires_grad_()
+    tensors = (q, k, v, lam)
+
+    def call(*x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return stacked()(*x)
+
+    first, second = _run(call, tensors), _run(call, tensors)
+    assert whole_runs == ["_stacked_whole"] and len(call_plans.PLANS) == 1
+    assert first[0].dtype == torch.bfloat16
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dlam"), first, second, strict=True):
+        assert torch.equal(a, b), name
+    # and the same call with the plans off (no signature): the same bits
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(call_plans, "signature", lambda *a, **k: None)
+        for name, a, b in zip(("out", "dq", "dk", "dv", "dlam"), first, _run(call, tensors), strict=True):
+            assert torch.equal(a, b), name
+
+
+def test_the_pairs_entry_with_v_read_once_is_planned_too(whole_runs):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 7, 8, generator=g).requires_grad_()
+    k = torch.randn(1, 4, 7, 8, generator=g).requires_grad_()
+    v = torch.randn(1, 2, 7, 16, generator=g).requires_grad_()
+    lam = torch.tensor(0.3, requires_grad=True)
+
+    def call(*x):
+        with ops.fused_head_norm(True):
+            return ops.diff_attention_pairs(*x, backend=routes.SHARED_V, head_norm=NORM)
+
+    first, second = _run(call, (q, k, v, lam)), _run(call, (q, k, v, lam))
+    assert whole_runs == ["_pairs_whole"] and len(call_plans.PLANS) == 1
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("why", ["mask", "segments", "λ per head", "λ a float", "norm after the node",
+                                 "no gradient", "another route"])  # fmt: skip
+def test_no_plan_where_the_whole_path_was_not_one_node_on_the_callers_tensors(whole_runs, why):
+    q, k, v, lam = _model_inputs(torch.float32, lam_form="per_head" if why == "λ per head" else "scalar")
+    kwargs, call = {}, stacked()
+    if why == "mask":
+        kwargs = dict(attn_mask=torch.ones(2, 13, dtype=torch.bool), causal=False)
+    if why == "segments":
+        kwargs = dict(segment_ids=torch.zeros(2, 13, dtype=torch.long))
+    if why == "λ a float":
+        lam = 0.4
+    if why in ("mask", "segments", "λ a float"):
+        call = stacked(**kwargs)
+    if why == "norm after the node":  # the node, then PyTorch's norm: the node's output is not the call's
+
+        def call(*x):
+            with ops.fused_head_norm(False):
+                return ops.diff_attention_stacked(*x, backend=routes.DIRECT, head_norm=NORM)
+
+    if why == "another route":
+        call = stacked(backend="sdpa")
+    for _ in range(2):
+        with torch.set_grad_enabled(why != "no gradient"):
+            call(q, k, v, lam)
+    assert whole_runs == ["_stacked_whole"] * 2
+    assert not call_plans.PLANS
+
+
+@pytest.mark.parametrize("change", ["requires_grad", "grad mode", "layout", "dtype", "switch", "backend", "norm"])
+def test_a_call_of_another_signature_runs_the_whole_path(whole_runs, change):
+    q, k, v, lam = _model_inputs(torch.float32)
+    stacked()(q, k, v, lam)
+    call = stacked()
+    if change == "requires_grad":
+        q = q.detach()
+    if change == "layout":
+        q = q.detach().contiguous().requires_grad_()
+    if change == "dtype":
+        q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    if change == "backend":
+        call = stacked(backend=routes.SHARED_V)  # which runs cudnn+epilogue on stacked heads: not one node
+    if change == "norm":
+        call = stacked(head_norm=HeadNorm(1e-6, 0.8))
+    if change == "switch":
+        with ops.pairs_layout(False):
+            call(q, k, v, lam)
+    elif change == "grad mode":
+        with torch.no_grad():
+            call(q, k, v, lam)
+    else:
+        call(q, k, v, lam)
+    assert whole_runs == ["_stacked_whole"] * 2
+
+
+def test_what_may_change_the_paths_decision_forgets_the_plans(whole_runs, monkeypatch):
+    tensors = _model_inputs(torch.float32)
+    call = stacked()
+    call(*tensors)
+    routes.reset()  # a route table read again
+    call(*tensors)
+    assert whole_runs == ["_stacked_whole"] * 2
+    # the node's attention ops replaced: the plan made with the others is stale
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, _sdpa_backward, lambda *a: True))
+    call(*tensors)
+    assert whole_runs == ["_stacked_whole"] * 3 and len(call_plans.PLANS) == 1
+
+    # cuDNN refusing a node's backward: its calls run cudnn+epilogue from then on, so no plan may run the node
+    def raises(*args):
+        raise RuntimeError("cuDNN Frontend error: no valid engine configs")
+
+    monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, raises, lambda *a: True))
+    monkeypatch.setattr(direct, "_REFUSED", {})
+    call(*tensors)  # whole path (the ops replaced), a new plan
+    assert len(call_plans.PLANS) == 1
+    call(*tensors).sum().backward()  # the plan's node; its backward refused: forgotten
+    assert not call_plans.PLANS
+    call(*tensors)
+    assert not call_plans.PLANS, "the refused kind runs cudnn+epilogue: no node, no plan"
+
+
+def test_a_route_that_fails_at_run_time_forgets_the_plans(monkeypatch, caplog):
+    tensors = _model_inputs(torch.float32)
+    stacked()(*tensors)
+    assert call_plans.PLANS
+    # auto's first route raising (ops._run_auto): recorded as failed for its class, and the plans forgotten with it
+    monkeypatch.setattr(ops, "auto_routes", lambda inp, cls=None: ["sdpa_split", "sdpa"])
+    monkeypatch.setattr(ops, "_FAILED_ROUTES", {})
+    real = ops._impl
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory")
+
+    monkeypatch.setattr(ops, "_impl", lambda name: fail if name == "sdpa_split" else real(name))
+    stacked(backend="auto")(*tensors)
+    assert ops._FAILED_ROUTES and not call_plans.PLANS
+
+
+def test_a_plan_whose_node_raises_runs_the_whole_path(whole_runs):
+    tensors = _model_inputs(torch.float32)
+    want = _run(stacked(), tensors)
+    ((key, plan),) = call_plans.PLANS.items()
+
+    def raises(*args):
+        raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+
+    call_plans.PLANS[key] = call_plans.NodePlan(raises, plan.constants, plan.stale, plan.autocast_off)
+    got = _run(stacked(), tensors)
+    assert whole_runs == ["_stacked_whole"] * 2
+    for a, b in zip(want, got, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_nan_lambda_is_still_refused_on_the_cpu_by_a_plan():
+    q, k, v, lam = _model_inputs(torch.float32)
+    stacked()(q, k, v, lam)
+    assert call_plans.PLANS
+    with pytest.raises(ValueError, match="lam must be finite"):
+        stacked()(q, k, v, torch.tensor(float("nan"), requires_grad=True))
+
+
+def test_the_plans_are_bounded(monkeypatch):
+    monkeypatch.setattr(call_plans, "MAX_PLANS", 2)
+    for t in (5, 6, 7):
+        stacked()(*_model_inputs(torch.float32, t=t))
+        assert 1 <= len(call_plans.PLANS) <= 2
+
+
+def test_a_models_steps_run_each_layers_plan_from_the_second_on_with_the_same_loss_and_gradients():
+    # each layer's call has a signature of its own (its head norm's multiplier follows the layer's λ_init): the first
+    # step makes each layer's plan, the second runs them
+    from diffattn.models.build import build_model
+
+    def two_steps(plans: bool):
+        call_plans.forget()
+        model = build_model("debug", "diff", backend=routes.DIRECT, seed=0)
+        ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+        steps = []
+        with pytest.MonkeyPatch.context() as patch, ops.fused_head_norm(True):
+            if not plans:
+                patch.setattr(call_plans, "signature", lambda *a, **k: None)
+            ran = []
+            real = ops._stacked_whole
+            patch.setattr(ops, "_stacked_whole", lambda *a, **k: ran.append(1) or real(*a, **k))
+            for _ in range(2):
+                model.zero_grad(set_to_none=True)
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+                steps.append((loss.detach(), grads, len(ran)))
+                ran.clear()
+        return steps
+
+    layers = build_model("debug", "diff", seed=0).config.num_hidden_layers
+    planned, whole = two_steps(True), two_steps(False)
+    assert [n for _, _, n in planned] == [layers, 0] and [n for _, _, n in whole] == [layers, layers]
+    for (loss, grads, _), (loss_off, grads_off, _) in zip(planned, whole, strict=True):
+        assert torch.equal(loss, loss_off)
+        assert grads.keys() == grads_off.keys() and len(grads) > 0
+        for name in grads:
+            assert torch.equal(grads[name], grads_off[name]), name
