@@ -221,17 +221,22 @@ def test_a_backward_that_raises_gives_sdpas_gradients_and_hands_calls_like_it_to
         out.sum().backward()
 
 
-def test_v_from_halves_grad_is_autograds_gradient_bit_for_bit():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_v_from_halves_grad_is_autograds_gradient_bit_for_bit(dtype):
     for heads_inside in (False, True):
-        for copies in (1, 2):
-            b, hkv, s, w = 2, 3, 5, 4
-            v = torch.randn(b, s, 2 * hkv, w).transpose(1, 2) if heads_inside else torch.randn(b, 2 * hkv, s, w)
-            v.requires_grad_()
-            made = v_from_halves(v, copies)
-            g = torch.randn(made.shape)
-            (want,) = torch.autograd.grad(made, v, g)
-            got = v_from_halves_grad(g, v, copies)
-            assert torch.equal(got, want) and got.stride() == want.stride(), (heads_inside, copies)
+        for copies in (1, 2, 3):
+            for g_in_made_layout in (False, True):
+                b, hkv, s, w = 2, 3, 5, 4
+                v = torch.randn(b, s, 2 * hkv, w).transpose(1, 2) if heads_inside else torch.randn(b, 2 * hkv, s, w)
+                v = v.to(dtype).requires_grad_()
+                made = v_from_halves(v, copies)
+                g = torch.randn(made.shape).to(dtype)
+                if g_in_made_layout:  # as the attention call's gradient arrives: in its output's layout
+                    g = torch.empty_like(made).copy_(g)
+                (want,) = torch.autograd.grad(made, v, g)
+                got = v_from_halves_grad(g, v, copies)
+                case = (heads_inside, copies, g_in_made_layout)
+                assert torch.equal(got, want) and got.stride() == want.stride(), case
 
 
 def test_the_route_is_known_everywhere_a_route_is_named():

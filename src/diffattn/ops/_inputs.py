@@ -162,14 +162,31 @@ def v_from_halves_grad(g: torch.Tensor, v: torch.Tensor, copies: int = 1) -> tor
     """The gradient of ``v`` through :func:`v_from_halves` (``v`` DiffLlama's V [B, 2Hkv, S, w]) from ``g``, the
     gradient of its result [B, copies·Hkv, S, 2w]: the copies summed, each DIFF head's two column halves put back as
     heads j and j + Hkv, in v's own memory order — what autograd computes through the function's expand and reshape,
-    written out for a backward that runs without autograd (:mod:`diffattn.ops.direct`)."""
+    written out for a backward that runs without autograd (:mod:`diffattn.ops.direct`) — as one kernel: the copies'
+    sum (or the one copy) written straight into the halves' places, where a sum and then the reshape back to the
+    halves were two (one launch a layer and step less, host time a small model's step is bound by)."""
     b, two_hkv, s, w = v.shape
     hkv = two_hkv // 2
-    if heads_inside_tokens(v):  # g's [B, S, copies·Hkv, 2w] order: summed over the copies, back to [B, S, 2Hkv, w]
-        whole = g.transpose(1, 2).reshape(b, s, copies, hkv, 2, w).sum(2)  # [B, S, Hkv, 2 halves, w]
-        return whole.transpose(2, 3).reshape(b, s, two_hkv, w).transpose(1, 2)
-    whole = g.reshape(b, copies, hkv, s, 2, w).sum(1)  # [B, Hkv, S, 2 halves, w]
-    return whole.permute(0, 3, 1, 2, 4).reshape(b, two_hkv, s, w)
+    if heads_inside_tokens(v):  # g's [B, S, copies·Hkv, 2w] order, written to [B, S, 2 halves, Hkv, w] = v's order
+        copies_of = g.transpose(1, 2).reshape(b, s, copies, hkv, 2, w).unbind(2)  # each [B, S, Hkv, 2 halves, w]
+        out = g.new_empty(b, s, 2, hkv, w)
+        _sum_into(copies_of, out.transpose(2, 3))
+        return out.reshape(b, s, two_hkv, w).transpose(1, 2)
+    copies_of = g.reshape(b, copies, hkv, s, 2, w).unbind(1)  # each [B, Hkv, S, 2 halves, w]
+    out = g.new_empty(b, 2, hkv, s, w)  # [B, 2Hkv, S, w]
+    _sum_into(copies_of, out.permute(0, 2, 3, 1, 4))
+    return out.reshape(b, two_hkv, s, w)
+
+
+def _sum_into(parts: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+    """``out`` (a view) = the sum of ``parts`` in one kernel: one copy, or two added (each element's sum as a reduction
+    over the copies would round it: two terms, one rounding)."""
+    if len(parts) == 1:
+        out.copy_(parts[0])
+    elif len(parts) == 2:
+        torch.add(parts[0], parts[1], out=out)
+    else:
+        torch.sum(torch.stack(parts), dim=0, out=out)
 
 
 def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
