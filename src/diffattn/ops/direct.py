@@ -16,17 +16,17 @@ whole call:
   ATen backward (``aten._scaled_dot_product_cudnn_attention_backward``, with what autograd's formula for the forward
   passes it), and the two copies' gradients of V summed back into V's halves (:func:`._inputs.v_from_halves_grad`).
 
-The same attention and epilogue kernels on the same inputs, and V's two gradients summed as autograd sums them: the
-same numbers bit for bit (tests/ops/test_direct.py); the same kernels, so by prediction the same GPU time, and less
-host time on a 2-core CPU's proxy of the `small` step (benchmarks/RESULTS.md, 2026-11-29); not yet timed on a GPU.
-Where its one node
-does not apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with
-T ≠ S (cuDNN's causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
-(``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every
-call this route's support check admits. The ATen ops are private, so neither a forward nor a backward that raises at
-run time ends the user's step: a forward's call runs ``cudnn+epilogue``; a backward's gradients come from SDPA's own
-backward (its forward recomputed under autograd); calls like it run ``cudnn+epilogue`` from then on, and one log line
-says so — unless the error left the CUDA context unusable, where nothing could run after it.
+The same attention and epilogue kernels on the same inputs, and V's two gradients summed as autograd sums them: the same
+numbers bit for bit (tests/ops/test_direct.py); the same kernels, so by prediction the same GPU time, and less host time
+on a 2-core CPU's proxy of the `small` step (benchmarks/RESULTS.md, 2026-11-29); not yet timed on a GPU. A layer's later
+calls of the same kind run the node with nothing before it (:mod:`diffattn.ops.call_plans`). Where its one node does not
+apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with T ≠ S (cuDNN's
+causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
+(``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every call
+this route's support check admits. The ATen ops are private, so neither a forward nor a backward that raises at run time
+ends the user's step: a forward's call runs ``cudnn+epilogue``; a backward's gradients come from SDPA's own backward
+(its forward recomputed under autograd); calls like it run ``cudnn+epilogue`` from then on, and one log line says so —
+unless the error left the CUDA context unusable, where nothing could run after it.
 
 The ``cudnn_shared_v`` route is the same node for DIFF V1 handed over in interleaved pairs (the official DIFF code's
 layout, :func:`diffattn.ops.diff_attention_pairs` with K in pairs): Q [B, 2H, T, d] and K [B, 2H, S, d] with map 1
