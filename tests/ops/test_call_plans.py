@@ -199,19 +199,86 @@ def test_a_route_that_fails_at_run_time_forgets_the_plans(monkeypatch, caplog):
     assert ops._FAILED_ROUTES and not call_plans.PLANS
 
 
-def test_a_plan_whose_node_raises_runs_the_whole_path(whole_runs):
+class _OutOfResources(Exception):
+    """As Triton's errors are: not a RuntimeError (triton.runtime.errors.OutOfResources, CompilationError)."""
+
+
+@pytest.mark.parametrize("error", [RuntimeError, _OutOfResources], ids=["RuntimeError", "triton's kind"])
+def test_a_plan_whose_node_raises_runs_the_whole_path(whole_runs, error):
     tensors = _model_inputs(torch.float32)
     want = _run(stacked(), tensors)
     ((key, plan),) = call_plans.PLANS.items()
 
     def raises(*args):
-        raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+        raise error("CUDNN_STATUS_EXECUTION_FAILED / out of resource: shared memory")
 
     call_plans.PLANS[key] = call_plans.NodePlan(raises, plan.constants, plan.stale, plan.autocast_off)
     got = _run(stacked(), tensors)
     assert whole_runs == ["_stacked_whole"] * 2
     for a, b in zip(want, got, strict=True):
         assert torch.equal(a, b)
+
+
+def test_out_of_memory_in_a_planned_node_is_the_callers_to_see():
+    tensors = _model_inputs(torch.float32)
+    stacked()(*tensors)
+    ((key, plan),) = call_plans.PLANS.items()
+
+    def raises(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    call_plans.PLANS[key] = call_plans.NodePlan(raises, plan.constants, plan.stale, plan.autocast_off)
+    with pytest.raises(torch.OutOfMemoryError):
+        stacked()(*tensors)
+
+
+def test_no_plan_is_kept_that_was_recorded_across_a_forget():
+    # another thread's refusal (direct._refuse) forgetting the plans while this call's whole path runs
+    tensors = _model_inputs(torch.float32)
+    key = call_plans.signature("stacked", routes.DIRECT, *tensors, True, None, None, None, NORM)
+
+    def whole():
+        out = stacked()(*tensors)
+        call_plans.forget()
+        return out
+
+    call_plans.PLANS.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        real = call_plans.signature
+        patch.setattr(call_plans, "signature", lambda *a, **k: None)  # the inner call plans nothing itself
+        call_plans.planned(key, tensors, whole)
+        patch.setattr(call_plans, "signature", real)
+    assert not call_plans.PLANS
+
+
+def test_arguments_the_whole_path_refuses_get_its_error_not_the_plans():
+    q, k, v, lam = _model_inputs(torch.float32)
+    with pytest.raises(ValueError, match="scale"):
+        stacked(scale=[0.3])(q, k, v, lam)
+    with pytest.raises(ValueError, match="backend"):
+        stacked(backend=["auto"])(q, k, v, lam)
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass (its torch functions pass through): what FSDP's or a profiler's tensors are to the op."""
+
+
+def test_no_plan_for_a_tensor_subclass_or_under_a_torch_function_mode(whole_runs):
+    from torch.overrides import TorchFunctionMode
+
+    q, k, v, lam = _model_inputs(torch.float32)
+    for _ in range(2):
+        stacked()(q.as_subclass(_Tagged), k, v, lam)
+    assert whole_runs == ["_stacked_whole"] * 2 and not call_plans.PLANS
+
+    class PassThrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    for _ in range(2):
+        with PassThrough():
+            stacked()(q, k, v, lam)
+    assert whole_runs == ["_stacked_whole"] * 4 and not call_plans.PLANS
 
 
 def test_a_nan_lambda_is_still_refused_on_the_cpu_by_a_plan():

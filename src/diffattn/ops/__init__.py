@@ -467,7 +467,7 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
     """An explicit backend (not ``auto``: :func:`_run_auto`), refused in one line where it cannot take ``inp``."""
-    if backend not in BACKENDS and triton_variants(backend) is None:
+    if not isinstance(backend, str) or (backend not in BACKENDS and triton_variants(backend) is None):
         raise ValueError(
             f"backend must be one of {', '.join(BACKENDS)}, or triton[NAME] / triton[A+B] for the fused kernel's "
             f"variants {', '.join(TRITON_VARIANTS)}; got {backend!r}"

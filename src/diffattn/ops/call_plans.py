@@ -11,17 +11,17 @@ backend, the call class and the route table for ``auto``), the route's own check
 but the call's metadata.
 
 How: the entries that hand the op both maps' Q and K whole (:func:`diffattn.ops.diff_attention_stacked` and
-:func:`diffattn.ops.diff_attention_pairs`, the DIFF V1 layer's) key each call by :func:`signature` — everything the op's
-decision reads: the backend asked for, the tensors' shapes, strides, dtypes, devices and whether they require a
-gradient, λ's, causality, the scale, the head norm, grad mode, autocast's state, the forced switches of
-:data:`diffattn.ops.routes.FORCED_FLAGS`, the route tables' :data:`~diffattn.ops.routes.TABLE_GENERATION` — and run the
-op's whole path the first time, recording what it called. Where that was exactly one node on the caller's own Q, K, V
-and λ (no copy, nothing else; under autocast the casts the whole path makes, which the entry then makes first), later
-calls of the same signature call that node with the same constants and nothing before it: the same autograd Function on
-the same tensors, so the same numbers and the same graph. A plan is never made under ``torch.compile`` (which traces the
-path once anyway), for a mask or segments (their values decide the rows masked), for λ that is not one 0-d tensor, on
-the meta device; λ's finiteness, a value, is still checked on the CPU
-(:func:`diffattn.ops._inputs.check_lambda_finite`).
+:func:`diffattn.ops.diff_attention_pairs`, the DIFF V1 layer's) key each call by :func:`signature` — what the op's
+decision reads of the call and of the switches a user sets: the backend asked for, the tensors' shapes, strides, dtypes,
+devices and whether they require a gradient, λ's, causality, the scale, the head norm, grad mode, autocast's state, the
+forced switches of :data:`diffattn.ops.routes.FORCED_FLAGS`, the route tables'
+:data:`~diffattn.ops.routes.TABLE_GENERATION` — and run the op's whole path the first time, recording what it called.
+Where that was exactly one node on the caller's own Q, K, V and λ (no copy, nothing else; under autocast the casts the
+whole path makes, which the entry then makes first), later calls of the same signature call that node with the same
+constants and nothing before it: the same autograd Function on the same tensors, so the same numbers and the same graph.
+A plan is never made under ``torch.compile`` (which traces the path once anyway), for a mask or segments (their values
+decide the rows masked), for λ that is not one 0-d tensor, on the meta device; λ's finiteness, a value, is still checked
+on the CPU (:func:`diffattn.ops._inputs.check_lambda_finite`).
 
 What could change the path's answer for the same signature forgets the plans (:func:`forget`) — a route that failed at
 run time (``auto``'s next route), cuDNN refusing a node's forward or backward (its calls then run ``cudnn+epilogue``),
@@ -64,6 +64,8 @@ PLANS: dict[tuple, NodePlan] = {}
 _SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("diffattn_call_plan_seen", default=None)
 
 
+#: how many times the plans were forgotten: a plan recorded across a :func:`forget` is not kept
+_FORGOTTEN = [0]
 #: where a signature holds autocast's dtype (None: autocast off)
 _AUTOCAST = 6
 
@@ -73,24 +75,28 @@ def _layout(x: torch.Tensor) -> tuple:
 
 
 def signature(entry: str, backend: str, q, k, v, lam, causal, attn_mask, scale, segment_ids, head_norm) -> tuple | None:
-    """The key of a call of ``entry`` (the op's entry function's name) with these arguments — everything the op's
-    decision for the call reads (module docstring) — or None where no plan is made or used."""
+    """The key of a call of ``entry`` (the op's entry function's name) with these arguments — what the op's decision
+    for the call reads of it and of the switches a user sets (module docstring) — or None where no plan is made or
+    used: besides the cases of the module docstring, arguments the whole path refuses (a backend not a string, a scale
+    not a number, a head norm not a :class:`HeadNorm`: its error is the whole path's to give), tensors of a subclass or
+    under a ``__torch_function__`` mode (which may act on the ops a plan skips)."""
     if attn_mask is not None or segment_ids is not None or torch.compiler.is_compiling():
         return None
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+    if not all(type(x) is torch.Tensor for x in (q, k, v, lam)) or lam.dim() != 0:
         return None
-    if not isinstance(lam, torch.Tensor) or lam.dim() != 0:
+    if not isinstance(backend, str) or not (scale is None or type(scale) in (float, int)):
         return None
-    if head_norm is not None and not isinstance(head_norm, HeadNorm):  # refused by the whole path
+    if head_norm is not None and not isinstance(head_norm, HeadNorm):
+        return None
+    if torch._C._is_torch_function_mode_enabled():
         return None
     device = q.device.type
     if device == "meta":  # no autocast state to ask for there
         return None
     autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    return (  # autocast's at _AUTOCAST
-entry, backend, bool(causal), scale, head_norm, torch.is_grad_enabled(), autocast,
-            tuple(routes.FORCED_FLAGS.values()), routes.TABLE_GENERATION, _layout(q), _layout(k), _layout(v),
-            _layout(lam))  # fmt: skip
+    flags = tuple(routes.FORCED_FLAGS.values())
+    return (entry, backend, bool(causal), scale, head_norm, torch.is_grad_enabled(), autocast,  # autocast at _AUTOCAST
+            flags, routes.TABLE_GENERATION, _layout(q), _layout(k), _layout(v), _layout(lam))  # fmt: skip
 
 
 def under_autocast(key: tuple) -> bool:
@@ -116,7 +122,9 @@ def run(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torc
             return plan.apply(q, k, v, lam, *plan.constants)
         with torch.autocast(plan.autocast_off, enabled=False):
             return plan.apply(q, k, v, lam, *plan.constants)
-    except RuntimeError:  # what the node's route answers by another route: the whole path decides again
+    except torch.OutOfMemoryError:  # the caller's to see, as on the whole path (diffattn.ops._run_auto)
+        raise
+    except Exception:  # a refusal, a kernel that does not build: the whole path answers it as it always does
         forget()
         return None
 
@@ -127,6 +135,7 @@ def planned(key: tuple | None, tensors: tuple[torch.Tensor, ...], whole: Callabl
     call's (nothing after it, such as the head's norm by PyTorch), that node made the plan for ``key``."""
     if key is None:
         return whole()
+    forgotten_before = _FORGOTTEN[0]
     seen: list = []
     token = _SEEN.set(seen)
     try:
@@ -136,7 +145,8 @@ def planned(key: tuple | None, tensors: tuple[torch.Tensor, ...], whole: Callabl
     if len(seen) == 1:
         apply, operands, constants, stale, node_out = seen[0]
         same = len(operands) == len(tensors) and all(a is b for a, b in zip(operands, tensors, strict=True))
-        if same and node_out is out:
+        # (and no plan forgotten meanwhile, by another thread's refusal say: what was recorded may be stale)
+        if same and node_out is out and _FORGOTTEN[0] == forgotten_before:
             if len(PLANS) >= MAX_PLANS:
                 PLANS.clear()
             autocast_off = tensors[0].device.type if key[_AUTOCAST] is not None else None
@@ -156,3 +166,4 @@ def saw_node(apply: Callable[..., torch.Tensor], operands: tuple, constants: tup
 def forget() -> None:
     """Forget every plan (module docstring: what makes them stale)."""
     PLANS.clear()
+    _FORGOTTEN[0] += 1
