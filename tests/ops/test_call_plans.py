@@ -20,6 +20,11 @@ from .test_direct import SDPA_OPS, _model_inputs, _run, _sdpa_backward, _sdpa_fo
 NORM = HeadNorm(1e-5, 0.8)
 
 
+def _inputs(**kwargs):
+    """A DIFF V1 layer's Q, K, V halves and λ (test_direct.py's), small: each call interprets the epilogue's kernels."""
+    return _model_inputs(torch.float32, **{"b": 1, "t": 6, **kwargs})
+
+
 @pytest.fixture(autouse=True)
 def _setup(monkeypatch):
     keep_interpreting(monkeypatch)
@@ -51,7 +56,7 @@ def stacked(backend=routes.DIRECT, head_norm=NORM, **kwargs):
 
 
 def test_a_second_call_of_the_same_kind_runs_the_recorded_node_and_gives_the_same_bits(whole_runs):
-    tensors = _model_inputs(torch.float32)
+    tensors = _inputs()
     first = _run(stacked(), tensors)
     assert whole_runs == ["_stacked_whole"] and len(call_plans.PLANS) == 1
     second = _run(stacked(), tensors)
@@ -65,7 +70,7 @@ def test_a_second_call_of_the_same_kind_runs_the_recorded_node_and_gives_the_sam
 
 def test_under_autocast_the_entry_casts_as_the_whole_path_does(whole_runs):
     # Q and K in float32 (RoPE's output under autocast), V in bf16: the whole path casts Q and K to bf16 first
-    q, k, v, lam = _model_inputs(torch.float32)
+    q, k, v, lam = _inputs()
     v = v.detach().to(torch.bfloat16).requires_grad_()
     tensors = (q, k, v, lam)
 
@@ -105,12 +110,12 @@ def test_the_pairs_entry_with_v_read_once_is_planned_too(whole_runs):
 @pytest.mark.parametrize("why", ["mask", "segments", "λ per head", "λ a float", "norm after the node",
                                  "no gradient", "another route"])  # fmt: skip
 def test_no_plan_where_the_whole_path_was_not_one_node_on_the_callers_tensors(whole_runs, why):
-    q, k, v, lam = _model_inputs(torch.float32, lam_form="per_head" if why == "λ per head" else "scalar")
+    q, k, v, lam = _inputs(lam_form="per_head" if why == "λ per head" else "scalar")
     kwargs, call = {}, stacked()
     if why == "mask":
-        kwargs = dict(attn_mask=torch.ones(2, 13, dtype=torch.bool), causal=False)
+        kwargs = dict(attn_mask=torch.ones(1, 6, dtype=torch.bool), causal=False)
     if why == "segments":
-        kwargs = dict(segment_ids=torch.zeros(2, 13, dtype=torch.long))
+        kwargs = dict(segment_ids=torch.zeros(1, 6, dtype=torch.long))
     if why == "λ a float":
         lam = 0.4
     if why in ("mask", "segments", "λ a float"):
@@ -132,7 +137,7 @@ def test_no_plan_where_the_whole_path_was_not_one_node_on_the_callers_tensors(wh
 
 @pytest.mark.parametrize("change", ["requires_grad", "grad mode", "layout", "dtype", "switch", "backend", "norm"])
 def test_a_call_of_another_signature_runs_the_whole_path(whole_runs, change):
-    q, k, v, lam = _model_inputs(torch.float32)
+    q, k, v, lam = _inputs()
     stacked()(q, k, v, lam)
     call = stacked()
     if change == "requires_grad":
@@ -157,7 +162,7 @@ def test_a_call_of_another_signature_runs_the_whole_path(whole_runs, change):
 
 
 def test_what_may_change_the_paths_decision_forgets_the_plans(whole_runs, monkeypatch):
-    tensors = _model_inputs(torch.float32)
+    tensors = _inputs()
     call = stacked()
     call(*tensors)
     routes.reset()  # a route table read again
@@ -183,7 +188,7 @@ def test_what_may_change_the_paths_decision_forgets_the_plans(whole_runs, monkey
 
 
 def test_a_route_that_fails_at_run_time_forgets_the_plans(monkeypatch, caplog):
-    tensors = _model_inputs(torch.float32)
+    tensors = _inputs()
     stacked()(*tensors)
     assert call_plans.PLANS
     # auto's first route raising (ops._run_auto): recorded as failed for its class, and the plans forgotten with it
@@ -205,7 +210,7 @@ class _OutOfResources(Exception):
 
 @pytest.mark.parametrize("error", [RuntimeError, _OutOfResources], ids=["RuntimeError", "triton's kind"])
 def test_a_plan_whose_node_raises_runs_the_whole_path(whole_runs, error):
-    tensors = _model_inputs(torch.float32)
+    tensors = _inputs()
     want = _run(stacked(), tensors)
     ((key, plan),) = call_plans.PLANS.items()
 
@@ -220,7 +225,7 @@ def test_a_plan_whose_node_raises_runs_the_whole_path(whole_runs, error):
 
 
 def test_out_of_memory_in_a_planned_node_is_the_callers_to_see():
-    tensors = _model_inputs(torch.float32)
+    tensors = _inputs()
     stacked()(*tensors)
     ((key, plan),) = call_plans.PLANS.items()
 
@@ -234,7 +239,7 @@ def test_out_of_memory_in_a_planned_node_is_the_callers_to_see():
 
 def test_no_plan_is_kept_that_was_recorded_across_a_forget():
     # another thread's refusal (direct._refuse) forgetting the plans while this call's whole path runs
-    tensors = _model_inputs(torch.float32)
+    tensors = _inputs()
     key = call_plans.signature("stacked", routes.DIRECT, *tensors, True, None, None, None, NORM)
 
     def whole():
@@ -252,7 +257,7 @@ def test_no_plan_is_kept_that_was_recorded_across_a_forget():
 
 
 def test_arguments_the_whole_path_refuses_get_its_error_not_the_plans():
-    q, k, v, lam = _model_inputs(torch.float32)
+    q, k, v, lam = _inputs()
     with pytest.raises(ValueError, match="scale"):
         stacked(scale=[0.3])(q, k, v, lam)
     with pytest.raises(ValueError, match="backend"):
@@ -266,7 +271,7 @@ class _Tagged(torch.Tensor):
 def test_no_plan_for_a_tensor_subclass_or_under_a_torch_function_mode(whole_runs):
     from torch.overrides import TorchFunctionMode
 
-    q, k, v, lam = _model_inputs(torch.float32)
+    q, k, v, lam = _inputs()
     for _ in range(2):
         stacked()(q.as_subclass(_Tagged), k, v, lam)
     assert whole_runs == ["_stacked_whole"] * 2 and not call_plans.PLANS
@@ -282,7 +287,7 @@ def test_no_plan_for_a_tensor_subclass_or_under_a_torch_function_mode(whole_runs
 
 
 def test_a_nan_lambda_is_still_refused_on_the_cpu_by_a_plan():
-    q, k, v, lam = _model_inputs(torch.float32)
+    q, k, v, lam = _inputs()
     stacked()(q, k, v, lam)
     assert call_plans.PLANS
     with pytest.raises(ValueError, match="lam must be finite"):
@@ -292,7 +297,7 @@ def test_a_nan_lambda_is_still_refused_on_the_cpu_by_a_plan():
 def test_the_plans_are_bounded(monkeypatch):
     monkeypatch.setattr(call_plans, "MAX_PLANS", 2)
     for t in (5, 6, 7):
-        stacked()(*_model_inputs(torch.float32, t=t))
+        stacked()(*_inputs(t=t))
         assert 1 <= len(call_plans.PLANS) <= 2
 
 
@@ -304,7 +309,7 @@ def test_a_models_steps_run_each_layers_plan_from_the_second_on_with_the_same_lo
     def two_steps(plans: bool):
         call_plans.forget()
         model = build_model("debug", "diff", backend=routes.DIRECT, seed=0)
-        ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
         steps = []
         with pytest.MonkeyPatch.context() as patch, ops.fused_head_norm(True):
             if not plans:
@@ -317,14 +322,14 @@ def test_a_models_steps_run_each_layers_plan_from_the_second_on_with_the_same_lo
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                 loss.backward()
                 grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-                steps.append((loss.detach(), grads, len(ran)))
+                steps.append((loss.detach(), grads, len(ran), model.config.num_hidden_layers))
                 ran.clear()
         return steps
 
-    layers = build_model("debug", "diff", seed=0).config.num_hidden_layers
     planned, whole = two_steps(True), two_steps(False)
-    assert [n for _, _, n in planned] == [layers, 0] and [n for _, _, n in whole] == [layers, layers]
-    for (loss, grads, _), (loss_off, grads_off, _) in zip(planned, whole, strict=True):
+    layers = planned[0][3]
+    assert [n for _, _, n, _ in planned] == [layers, 0] and [n for _, _, n, _ in whole] == [layers, layers]
+    for (loss, grads, _, _), (loss_off, grads_off, _, _) in zip(planned, whole, strict=True):
         assert torch.equal(loss, loss_off)
         assert grads.keys() == grads_off.keys() and len(grads) > 0
         for name in grads:

@@ -124,7 +124,9 @@ def _run(fn, tensors, seed=1):
 @pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
 @pytest.mark.parametrize("with_norm", [False, True], ids=["", "norm"])
 def test_the_one_node_is_the_chains_computation_bit_for_bit(dtype, heads_inside, lam_form, with_norm):
-    tensors = _model_inputs(dtype, heads_inside=heads_inside, lam_form=lam_form)
+    # 7 tokens: rows of B·H·T = 28, not a multiple of the epilogue's interpreted 4-row programs, in a fraction of the
+    # time 13 took over the grid's 24 cases (the default run's budget)
+    tensors = _model_inputs(dtype, heads_inside=heads_inside, lam_form=lam_form, t=7)
     norm = (1e-5, 0.8) if with_norm else None
     head_norm = HeadNorm(*norm) if with_norm else None
     ran = []
