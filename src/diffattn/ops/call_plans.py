@@ -3,7 +3,7 @@ before (DIFF Transformer Eq. 1 by the ``cudnn_direct`` and ``cudnn_shared_v`` ro
 
 Why: a `small` model's training step on a GPU is bound by its host (issue 34; on the H200 of 2026-11-28 the baseline's
 GPU was busy 8.6 of its 40 ms a step, and DIFF's step was 1.03–1.06× DiffLlama's wall time at 0.87–0.94× its GPU time).
-Of the op's host time in that step, about half came before its one node ran (benchmarks/RESULTS.md, 2026-11-29, "A
+Of the op's host time in that step, about a third came before its one node ran (benchmarks/RESULTS.md, 2026-11-29, "A
 call's plan"): the entry's checks of its arguments' layout, the caller's tensors cut into each map's views and checked
 (:func:`diffattn.ops._inputs.validate`), autocast's handling, the route's resolution (a support check for an explicit
 backend, the call class and the route table for ``auto``), the route's own checks of whether its one node applies
