@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # the check that λ is finite runs on the CPU only (on a GPU it would wait for the device every call): skipped, as
     # on the GPU the step stands for (its ops were counted as kernels, a `mul` among them, until 2026-11-29)
-    from diffattn.ops import _inputs, call_plans
+    from diffattn.ops import _inputs
 
-    _inputs.check_lambda_finite = call_plans.check_lambda_finite = lambda lam: None
+    _inputs.check_lambda_finite = lambda lam: None
     epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
     reparam._lambda_fwd_kernel, reparam._lambda_bwd_kernel = LambdaNoLaunch(), NoLaunch()
     sdpa._cudnn_device_reason = lambda *a: None  # the cuDNN route runs on the CPU, its call the stand-in below

@@ -425,10 +425,12 @@ def with_segment_mask(inp: DiffAttentionInputs) -> DiffAttentionInputs:
 
 
 def check_lambda_finite(lam: torch.Tensor) -> None:
-    """A λ tensor on the CPU that holds NaN or inf refused in one line (eager only). Checked where it costs nothing: on
-    an accelerator the check would wait for the device at every call, so there a NaN λ shows as NaN outputs (the
-    training loop refuses a NaN loss)."""
-    if not torch.compiler.is_compiling() and not bool(torch.isfinite(lam).all()):
+    """A λ tensor on the CPU that holds NaN or inf refused in one line (eager only); nothing elsewhere. Checked where it
+    costs nothing: on an accelerator the check would wait for the device at every call, so there a NaN λ shows as NaN
+    outputs (the training loop refuses a NaN loss)."""
+    if lam.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    if not bool(torch.isfinite(lam).all()):
         raise ValueError("lam must be finite: it holds NaN or inf (a NaN λ makes every output NaN)")
 
 
@@ -447,8 +449,7 @@ def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int,
         raise ValueError(f"lam must be a floating tensor, got {lam.dtype}")
     if lam.device != device:
         raise ValueError(f"lam device must equal q1's ({device}), got {lam.device}")
-    if lam.device.type == "cpu":
-        check_lambda_finite(lam)
+    check_lambda_finite(lam)
     if lam.dim() == 0:  # as given: a view would add a node to every training step's graph (host time, no work)
         return lam
     if lam.numel() == 1 and lam.dim() == 1:
