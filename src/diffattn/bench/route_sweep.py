@@ -69,6 +69,7 @@ from . import gc_paused
 from .sweep_records import (
     COMPARISON_ROUTES,
     CURRENT,
+    EARLIER_EXCESS,
     INPUTS,  # noqa: F401 (named here by the docstring and the tests)
     graph_ratio,
     is_current,
@@ -978,29 +979,39 @@ def _last_line(path: Path) -> str:
     return (meaningful or lines or [""])[-1][:300]
 
 
-def order_key(r: dict) -> tuple[int, int, float]:
+def order_key(r: dict) -> tuple[int, float]:
     """Where a correct record's route goes in its class's order, fastest first: by its ratio to the baseline, and for
     a decoding call by its CUDA-graph ratio where it has one, ahead of routes timed eagerly only. Why: an eager
     decoding call is host time, which for the same route and call moved 2.2x between two H200 leases (`cudnn_maps`
     0.218 → 0.481 ms, V1 d = 64) and put a route measured in one lease ahead of one measured in the other; its graph
     time is the GPU's and what a static cache with CUDA graphs pays.
 
-    Records timed as the sweep times today (:func:`~diffattn.bench.sweep_records.is_current`) come after a class's
-    older ones: while a lease has timed a class again only in part, its earlier order stands. Ratios of two protocols
-    do not compare — one call a sample read up to about 0.2x higher than four calls back to back (the host's lead-in),
-    so by ratio a route timed again early would pass a faster one not yet timed again. A class timed again in full
-    (every table route of the target classes, in a lease's first round) is all current and ordered by ratio."""
+    A record timed before today's protocol (:func:`~diffattn.bench.sweep_records.is_current`: other inputs, or one
+    call a sample) is ranked by its eager ratio less :data:`~diffattn.bench.sweep_records.EARLIER_EXCESS`, the most by
+    which it may read high: while a lease has timed a class again only in part, a route timed again early passes an
+    older one only where it is faster even by the older one's best case, and an older route that was slow stays
+    behind the current ones it never beat (ranking every older record first, as this did until 2026-11-29, put the
+    two routes that lease left untimed — the slowest of V1's training class, 2.8-2.9x — ahead of `cudnn_direct`'s
+    1.66x). A graph ratio holds no host time: it is taken as it is."""
     graphed = graph_ratio(r)
-    return (int(is_current(r)), *((0, graphed) if graphed is not None else (1, r["ratio"])))
+    if graphed is not None:
+        return (0, graphed)
+    return (1, r["ratio"] - (0.0 if is_current(r) else EARLIER_EXCESS))
+
+
+def class_routes(records: list[dict]) -> dict[str, list[str]]:
+    """Per class, the table routes of ``records`` that passed, fastest first (:func:`order_key`); the fused kernel's
+    variants by name, forced tiles not (they are not routes)."""
+    routes: dict[str, list[tuple[tuple[int, float], str]]] = {}
+    for r in records:
+        if r.get("status") == "ok" and r.get("correct") and known_route(r["route"]) and math.isfinite(r["ms"]):
+            routes.setdefault(r["class"], []).append((order_key(r), r["route"]))
+    return {k: [name for _, name in sorted(v)] for k, v in routes.items()}
 
 
 def table_entry(records: list[dict], identity: dict, date: str) -> dict:
     """The route table entry of a sweep: per class the table routes that passed, fastest first; every record kept
     as a measurement (the README's speed table is made from them)."""
-    routes: dict[str, list[tuple[tuple[int, int, float], str]]] = {}
-    for r in records:  # the table's routes, and the fused kernel's variants by name (forced tiles are not routes)
-        if r.get("status") == "ok" and r.get("correct") and known_route(r["route"]) and math.isfinite(r["ms"]):
-            routes.setdefault(r["class"], []).append((order_key(r), r["route"]))
     measured = [{k: r.get(k) for k in ("class", "route", "status", "correct", "max_err", "yardstick", "ms",
                                           "base_ms", "ratio", "tflops", "graph_ms", "base_graph_ms", "inputs",
                                           "sampling")
@@ -1011,8 +1022,7 @@ def table_entry(records: list[dict], identity: dict, date: str) -> dict:
     return {**identity, "date": date, "shape": f"batch·N = {TOKENS}, N = {SEQ}, d_model {D_MODEL}; decode: batch "
             f"{DECODE_BATCH}, one query against {DECODE_CACHE} keys; small: batch {SMALL_BATCH}, N = {SMALL_SEQ}, "
             f"d_model {SMALL_D_MODEL}",
-            "routes": {k: [name for _, name in sorted(v)] for k, v in routes.items()},
-            "measurements": measured}  # fmt: skip
+            "routes": class_routes(records), "measurements": measured}  # fmt: skip
 
 
 def merge_entry(table_path: Path, entry: dict, into: Path) -> dict:
