@@ -23,6 +23,7 @@
 #   train_kernel.json                          the small step with the fused kernel forced (issue 37's step target)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   targets.md                                 issues 34's and 37's targets read off the files above (bench.targets)
+#   tests/FILE.txt                             each gpu test file's whole pytest report (tracebacks of failures)
 #   log.txt                                    everything printed: versions, each step, the sanitizer, the tests
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
 # Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 300), WARM_S (its compiling, 100),
@@ -55,7 +56,7 @@ step() {
   fi
   echo "== $title ($(left) s left)"
   if [ "$(type -t "$1")" = function ]; then  # timeout runs programs: a function of this script runs in a bash
-    timeout "$seconds" bash -c "$(declare -f "$1"); PY=$PY; $*"
+    timeout "$seconds" bash -c "$(declare -f "$1"); PY=$PY; OUT=$OUT; $*"
   else
     timeout "$seconds" "$@"
   fi
@@ -87,7 +88,10 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   for f in $(grep -l "mark.gpu" tests/ops/*.py tests/*.py tests/*/*.py | awk '!seen[$0]++' \
       | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do
     echo "-- $f"
-    timeout 120 $PY -m pytest -q -m gpu -p no:cacheprovider "$f" 2>&1 | tail -6
+    # each file's whole report kept (tests/FILE.txt: every failure's traceback and message), its summary printed
+    mkdir -p "$OUT/tests"
+    timeout 120 $PY -m pytest -q -rfE -m gpu -p no:cacheprovider "$f" > "$OUT/tests/$(basename "$f" .py).txt" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/tests/$(basename "$f" .py).txt" | tail -12
   done
 }
 {

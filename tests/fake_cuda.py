@@ -1,6 +1,7 @@
 """CUDA's stream and graph calls faked on the CPU, for the tests of diffattn.cuda_graphs and of the steps built on it:
-a fake capture runs its block eagerly (a real one only records it) and records the state it began in; a replay is
-counted; an error inside a capture makes its end raise one of its own, as CUDA's does."""
+a fake capture runs its block eagerly (a real one only records it), seen as a capture by transformers and the op, and
+refusing what a real one refuses of the host (a read of a tensor's value), and records the state it began in; a replay
+is counted; an error inside a capture makes its end raise one of its own, as CUDA's does."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import contextlib
 import importlib
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from diffattn import cuda_graphs
+from diffattn.ops import _inputs
 
 
 class FakeCuda:
@@ -22,6 +25,7 @@ class FakeCuda:
         self.replays = 0
         self.at_capture: dict = {}
         self.on_capture = lambda: {}
+        self.capturing = False
 
     def _stream(self, name: str):
         fake = self
@@ -59,11 +63,37 @@ class FakeCuda:
     def graph(self, g):
         self.at_capture = self.on_capture()
         self.events.append("capture")
+        self.capturing = True
         try:
-            yield
+            with HostReadsRefused():
+                yield
         except Exception:  # as a real capture's end does after an error inside it
             raise RuntimeError("CUDA error: operation failed due to a previous error during capture") from None
+        finally:
+            self.capturing = False
         self.events.append("captured")
+
+    @contextlib.contextmanager
+    def seen_as_capture(self):
+        """The block seen as a capture (transformers' masks, the op's reads) without refusing host reads: an eager
+        step on the very inputs a capture's step gets."""
+        self.capturing = True
+        try:
+            yield
+        finally:
+            self.capturing = False
+
+
+class HostReadsRefused(TorchDispatchMode):
+    """What a real capture refuses, refused: an op that reads a tensor's value on the host (``.item()``, ``bool()``,
+    ``torch.equal``), which waits for the device ("operation not permitted when stream is capturing")."""
+
+    REFUSED = ("aten._local_scalar_dense", "aten.equal", "aten.is_nonzero")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).split(".default")[0] in self.REFUSED:
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({func}: a host read)")
+        return func(*args, **(kwargs or {}))
 
 
 def fake_cuda_graphs(monkeypatch) -> FakeCuda:
@@ -72,6 +102,10 @@ def fake_cuda_graphs(monkeypatch) -> FakeCuda:
     fake = FakeCuda()
     for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    # a capture seen as real ones are: by transformers (its masks: under capture a [B, 1, T, T] mask where it passes
+    # none eagerly) and by the op (diffattn.ops._inputs.values_readable)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: fake.capturing)
+    monkeypatch.setattr(_inputs, "stream_capturing", lambda: fake.capturing)
     monkeypatch.setattr(cuda_graphs, "_check_cuda_inputs", lambda inputs: None)  # the batch stays on the CPU
     # AdamW's capturable path (its step count a tensor) on the CPU tensors, as it runs on CUDA
     adam = importlib.import_module("torch.optim.adam")  # the module (torch.optim.adam is also a function's name)

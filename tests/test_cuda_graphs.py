@@ -53,7 +53,8 @@ def test_the_warm_up_leaves_no_trace_and_the_capture_is_one_eager_step_from_the_
     twin, _ = _model_and_batch()  # the same seed: the same start
     twin_opt = _adamw(twin)
     twin_opt.zero_grad(set_to_none=True)
-    _loss_fn(twin)(ids).backward()
+    with fake_cuda.seen_as_capture():  # the same inputs as the capture's: transformers' mask made under capture
+        _loss_fn(twin)(ids).backward()
     twin_opt.step()
 
     opt = _adamw(model)
@@ -77,6 +78,22 @@ def test_the_warm_up_leaves_no_trace_and_the_capture_is_one_eager_step_from_the_
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q)
     assert fake_cuda.replays == 0 and step.static_loss.shape == ()
+
+
+@pytest.mark.parametrize("attention", ["diff", "diff-v2"])
+def test_under_capture_the_differential_layers_read_no_value_on_the_host(fake_cuda, attention):
+    # the H200 run of 2026-11-29: every diffattn column of the whole-step graph failed to capture. Under capture
+    # transformers hands each layer a [B, 1, T, T] mask (its is_tracing counts a capture) and the layer asked whether
+    # it was a packed row's by reading it (a host read: refused by a capture); now nothing is read, and the mask's
+    # route gives the step (the fake capture refuses host reads as a real one does)
+    model, ids = _model_and_batch(attention)
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    step = GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=1)
+    assert seen[0] is None and isinstance(seen[-1], torch.Tensor)  # eager: no mask; captured: transformers' mask
+    assert torch.isfinite(step.static_loss)
 
 
 def test_the_captured_step_clips_the_gradients_as_the_eager_step_does(fake_cuda):
@@ -146,8 +163,20 @@ def test_a_step_that_cannot_be_captured_says_what_raised_inside_the_capture(fake
         return {}
 
     fake_cuda.on_capture = capture_begins
-    with pytest.raises(RuntimeError, match=r"captured as a CUDA graph: RuntimeError: CUDA error: operation not permi"):
+    with pytest.raises(RuntimeError, match=r"captured as a CUDA graph: RuntimeError: CUDA error: operation not permi"
+                       r".* at \S*tests/test_cuda_graphs.py:\d+ \(failing\)"):  # fmt: skip
         GraphedTrainStep(failing, _adamw(model), (ids,))
+
+
+def test_a_host_read_in_the_models_code_is_named_by_its_line(fake_cuda, monkeypatch):
+    # where the capture refused a host read, the message names the model's line that made it (diffattn's or
+    # transformers', not PyTorch's dispatch below it): here the op made to read its mask's values under capture
+    from diffattn.ops import _inputs
+
+    monkeypatch.setattr(_inputs, "values_readable", lambda: True)
+    model, ids = _model_and_batch()
+    with pytest.raises(RuntimeError, match=r"a host read\) at diffattn/ops/_inputs.py:\d+ \(_segments_if_packed\)"):
+        GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=1)
 
 
 def test_a_snapshot_puts_the_parameters_and_adams_state_back_in_place():

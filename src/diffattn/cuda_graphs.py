@@ -101,6 +101,23 @@ class OptimizerSnapshot:
                         del state[key]
 
 
+def _raised_at(err: BaseException) -> str:
+    """Where ``err`` was raised, as " at FILE:LINE (FUNCTION)": the innermost frame of the model's code (diffattn's,
+    transformers') — the line that did what a capture refuses — else the innermost frame; "" without a traceback."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+
+    def models_code(name: str) -> bool:  # diffattn's or transformers', not this module's (every error's caller)
+        return ("/diffattn/" in name or "/transformers/" in name) and not name.endswith("/cuda_graphs.py")
+
+    ours = [f for f in frames if models_code(f.filename)]
+    frame = (ours or frames)[-1]
+    return f" at {'/'.join(frame.filename.split('/')[-3:])}:{frame.lineno} ({frame.name})"
+
+
 class GraphedTrainStep:
     """``step = GraphedTrainStep(loss_fn, optimizer, example_inputs)``, then ``loss = step(*inputs)`` per step: the
     same update as ``optimizer.zero_grad(); loss_fn(*inputs).backward(); optimizer.step()``, replayed from one CUDA
@@ -164,8 +181,8 @@ class GraphedTrainStep:
 
             first = raised[0] if raised else err
             raise RuntimeError(
-                f"the train step could not be captured as a CUDA graph: {error_line(first)} (a host read of a GPU "
-                "value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
+                f"the train step could not be captured as a CUDA graph: {error_line(first)}{_raised_at(first)} (a "
+                "host read of a GPU value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
             ) from first
 
     def _eager_step(self, zero_grad: bool = True) -> torch.Tensor:

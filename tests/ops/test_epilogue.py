@@ -391,6 +391,11 @@ def test_a_head_norm_is_one_output_through_every_route_fused_or_not(route, mask,
     g = torch.randn(plain.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     with ops.fused_head_norm(True):
         fused_grads = torch.autograd.grad(fused, leaves, g)
+    # a scalar λ's gradient is a sum: its terms, the gradient of λ given per token (the finest λ the op takes)
+    b, h, t = inputs["q1"].shape[:3]
+    per_token = gold_leaves[-1].detach().expand(b, h, t).clone().requires_grad_()
+    gold_per_token = ops.diff_attention(**{**gold_inputs, "lam": per_token}, backend="reference", head_norm=norm)
+    lam_terms = torch.autograd.grad(gold_per_token, per_token, g.double())[0]
     for name, a, b, c in zip(
         ("dq1", "dk1", "dq2", "dk2", "dv", "dλ"),
         fused_grads,
@@ -398,7 +403,8 @@ def test_a_head_norm_is_one_output_through_every_route_fused_or_not(route, mask,
         torch.autograd.grad(gold, gold_leaves, g.double()),
         strict=True,
     ):
-        assert_within_rounding(name, a, c, [b], torch.float32)
+        terms = lam_terms if name == "dλ" and leaves[-1].dim() == 0 else None
+        assert_within_rounding(name, a, c, [b], torch.float32, terms=terms)
 
 
 def test_a_head_norm_must_be_one():
@@ -516,14 +522,19 @@ def test_gpu_head_norm_in_the_kernel_at_real_lengths_against_float64(n, lam_form
     grad = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
     got = (out, *torch.autograd.grad(out, (o, lam), grad))
 
-    def computed(kind, flip=False):
-        oo, ll = o.detach().to(kind).requires_grad_(), lam.detach().to(kind).requires_grad_()
+    def computed(kind, flip=False, per_element=False):
+        oo, ll = o.detach().to(kind).requires_grad_(), lam.detach().to(kind)
+        if per_element:  # λ given to each element: its gradient is the terms a scalar λ's gradient sums
+            ll = ll.expand_as(oo.chunk(2, dim=1)[1]).clone()
+        ll.requires_grad_()
         y = _normed(*oo.chunk(2, dim=1), ll, eps, scale, flip)
         return (y, *torch.autograd.grad(y, (oo, ll), grad.to(kind)))
 
     gold, plain = computed(torch.float64), [computed(torch.float32), computed(torch.float32, flip=True)]
+    terms = computed(torch.float64, per_element=True)[2] if lam.dim() == 0 else None
     for i, name in enumerate(("out", "do", "dlam")):
-        assert_within_rounding(name, got[i], gold[i], [p[i].to(got[i].dtype) for p in plain], got[i].dtype)
+        assert_within_rounding(name, got[i], gold[i], [p[i].to(got[i].dtype) for p in plain], got[i].dtype,
+                               terms=terms if name == "dlam" else None)  # fmt: skip
 
 
 def test_an_epilogue_kernel_that_does_not_launch_is_one_clear_error(monkeypatch):

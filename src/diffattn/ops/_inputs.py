@@ -53,6 +53,21 @@ import torch
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def values_readable() -> bool:
+    """Whether the op may decide by reading a tensor's values on the host (a mask's, a row's): not while torch.compile
+    traces it (a traced graph cannot branch on values), nor while a CUDA stream captures a graph — a host read waits
+    for the device, which a capture refuses ("operation not permitted when stream is capturing"), and under capture
+    transformers hands every layer a [B, 1, T, T] mask where it passes none eagerly (its ``is_tracing`` counts a
+    capture: the H200 run of 2026-11-29, every diffattn column of the whole-step graph, ``diffattn.cuda_graphs``).
+    Where this is False the op takes the general path, which reads nothing: the same numbers."""
+    return not torch.compiler.is_compiling() and not stream_capturing()
+
+
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def wants_grad(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd is recording and one of ``tensors`` (None: none) requires a gradient."""
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
@@ -368,8 +383,8 @@ def packed_mask_segments(mask: torch.Tensor | None, position_ids: torch.Tensor |
     mask tensor (every layer of a forward gets the same one: :class:`LastMask`)."""
     if not isinstance(mask, torch.Tensor) or position_ids is None or mask.dtype != torch.bool or mask.dim() != 4:
         return None
-    if torch.compiler.is_compiling():  # whether a mask is a packed row's is a question of its values, which a traced
-        return None  # graph cannot branch on: the op reads the mask itself (the same result, by the mask's route)
+    if not values_readable():  # whether a mask is a packed row's is a question of its values: the op reads the mask
+        return None  # itself instead (the same result, by the mask's route)
     b, heads, t, s = mask.shape
     if heads != 1 or t != s or t == 1 or position_ids.shape[-1] != t:
         return None
@@ -428,7 +443,7 @@ def check_lambda_finite(lam: torch.Tensor) -> None:
     """A λ tensor on the CPU that holds NaN or inf refused in one line (eager only); nothing elsewhere. Checked where it
     costs nothing: on an accelerator the check would wait for the device at every call, so there a NaN λ shows as NaN
     outputs (the training loop refuses a NaN loss)."""
-    if lam.device.type != "cpu" or torch.compiler.is_compiling():
+    if lam.device.type != "cpu" or not values_readable():
         return
     if not bool(torch.isfinite(lam).all()):
         raise ValueError("lam must be finite: it holds NaN or inf (a NaN λ makes every output NaN)")

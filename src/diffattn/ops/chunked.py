@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import DiffAttentionInputs, fully_masked_rows
+from ._inputs import DiffAttentionInputs, fully_masked_rows, values_readable
 
 DEFAULT_CHUNK = 128
 
@@ -77,10 +77,10 @@ class _ChunkPlan:
 
 
 def _if_any(rows: torch.Tensor | None) -> torch.Tensor | None:
-    """``rows`` (a bool mask of fully masked rows) where any is True, else None: nothing to fill. Under torch.compile
-    kept as it is — whether any is True is a question of its values, which a traced graph cannot branch on — and the
-    fill of no row is a no-op."""
-    if rows is None or torch.compiler.is_compiling() or bool(rows.any()):
+    """``rows`` (a bool mask of fully masked rows) where any is True, else None: nothing to fill. Where values are not
+    read on the host (:func:`~diffattn.ops._inputs.values_readable`: torch.compile, a CUDA graph's capture) kept as it
+    is — the fill of no row is a no-op."""
+    if rows is None or not values_readable() or bool(rows.any()):
         return rows
     return None
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .._inputs import LastMask
+from .._inputs import LastMask, values_readable
 from .tuning import _cdiv
 
 
@@ -127,6 +127,8 @@ def _causal_key_padding(mask: torch.Tensor | None, t: int, s: int) -> torch.Tens
     Called inside the forward and backward ops, at run time: a traced graph (torch.compile) cannot branch on the
     comparison. It costs one comparison per mask, not per layer (:class:`~diffattn.ops._inputs.LastMask`)."""
     if mask is None or mask.dtype != torch.bool or mask.shape[1] != 1 or mask.shape[2] != t or t == 1:
+        return None
+    if not values_readable():  # (under a CUDA graph's capture: the kernels read the whole mask, the same numbers)
         return None
     return _CAUSAL_PADDING.get(mask, lambda mask: _as_causal_padding(mask, t, s))
 
