@@ -96,6 +96,40 @@ def test_under_capture_the_differential_layers_read_no_value_on_the_host(fake_cu
     assert torch.isfinite(step.static_loss)
 
 
+def test_masks_from_the_warm_up_capture_the_eager_steps_kernels(fake_cuda):
+    # masks_from_warm_up (the train-step benchmark's): where the warm-up needed no mask, transformers' mask function
+    # answers "none" under capture too — SDPA's causal kernels as eager, not a [B, 1, T, T] mask (the H200 run of
+    # 2026-11-29: the baseline's graph at 4,096 tokens took 41.1 ms of GPU time against its eager step's 29.6) — and
+    # the capture is the eager step bit for bit; a call with an attention mask is transformers' to answer, as ever
+    model, ids = _model_and_batch()
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    twin = _model_and_batch()[0]
+    twin_opt = _adamw(twin)
+    _loss_fn(twin)(ids).backward()  # eagerly, no capture: no mask
+    twin_opt.step()
+    GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=2, masks_from_warm_up=True)
+    assert seen == [None, None, None]  # two warm-up steps and the capture
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+    import transformers.masking_utils as masking_utils
+    from transformers.models.diffllama import modeling_diffllama
+
+    assert modeling_diffllama.create_causal_mask is masking_utils.create_causal_mask  # put back
+
+    padded = torch.ones_like(ids)
+    padded[0, :3] = 0  # a padded row: transformers makes its mask, under capture too
+
+    def masked_loss(ids):
+        return model(input_ids=ids, attention_mask=padded, labels=ids, use_cache=False).loss
+
+    seen.clear()
+    GraphedTrainStep(masked_loss, _adamw(model), (ids,), warmup_steps=1, masks_from_warm_up=True)
+    assert len(seen) == 2 and all(isinstance(m, torch.Tensor) for m in seen)
+
+
 def test_the_captured_step_clips_the_gradients_as_the_eager_step_does(fake_cuda):
     # max_grad_norm: clip_grad_norm_ between backward and the update, inside the capture (a norm small enough that
     # it clips: the step differs from the unclipped one)

@@ -17,7 +17,10 @@ module adds:
   step from the first batch on, rather than training on the first batch a few extra times (the random stream a
   dropout draws from is not put back: with dropout the runs follow each other in distribution, not bit for bit);
 * clear errors for what cannot be captured (a CPU device, an optimizer not built ``capturable=True``, a gradient
-  scaler's host-side checks) and for a batch that does not fit the captured buffers.
+  scaler's host-side checks) and for a batch that does not fit the captured buffers, naming the model's line that did
+  what a capture refuses;
+* optionally, transformers' masks as in the eager step (``masks_from_warm_up``): under capture transformers makes a
+  [B, 1, T, T] causal mask where eagerly it leaves causality to SDPA's flag — the same numbers by slower kernels.
 
 What a graph freezes: everything the host decides in the step is decided once, at capture — the route each
 attention call runs, a learning rate held as a Python float, anything annealed by a host-side counter (Dex's λ
@@ -27,6 +30,7 @@ batch in) and returns a static loss tensor that the next call overwrites: clone 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -101,6 +105,57 @@ class OptimizerSnapshot:
                         del state[key]
 
 
+class _MasksFromWarmUp:
+    """transformers' mask functions (``create_causal_mask`` as each loaded modeling module holds it) answering under
+    capture as they did in the last warm-up step where that answer was "no mask" for a call without an attention mask
+    or a cache. Why: transformers' ``is_tracing`` counts a CUDA stream's capture as tracing, so under capture its
+    masks skip SDPA's ``is_causal`` and hand every layer a [B, 1, T, T] mask — the same numbers, other kernels: the
+    baseline's `small` step at 4,096 tokens took 41.1 ms of GPU time as a graph against 29.6 eager (cuDNN's attention
+    with a mask: backward 10.47 ms against 3.66; the H200 run of 2026-11-29). Right only where every batch the graph
+    replays needs no mask, as the warm-up's did: no padding, no packed documents — whether a batch is packed is read
+    from its position ids' values, which a graph cannot branch on — hence an option (``masks_from_warm_up``)."""
+
+    NAME = "create_causal_mask"
+
+    def __init__(self):
+        self.answers: list[bool] = []  # per call of the last warm-up step: whether it returned None
+        self.recording = False
+        self.capturing = False
+        self.calls = 0
+        self._patched: list[tuple[object, object]] = []
+
+    def __enter__(self):
+        import sys
+
+        for name, module in list(sys.modules.items()):
+            # (the module's own names: an attribute of transformers' lazy modules would import what it names)
+            original = getattr(module, "__dict__", {}).get(self.NAME) if name.startswith("transformers.") else None
+            if callable(original):
+                self._patched.append((module, original))
+                setattr(module, self.NAME, self._wrap(original))
+        return self
+
+    def __exit__(self, *exc):
+        for module, original in reversed(self._patched):
+            setattr(module, self.NAME, original)
+        self._patched.clear()
+
+    def _wrap(self, original):
+        def create_causal_mask(*args, **kwargs):
+            plain = not args and all(kwargs.get(k) is None for k in ("attention_mask", "past_key_values", "cache"))
+            if self.capturing:
+                i, self.calls = self.calls, self.calls + 1
+                if plain and i < len(self.answers) and self.answers[i]:
+                    return None
+                return original(*args, **kwargs)
+            mask = original(*args, **kwargs)
+            if self.recording:
+                self.answers.append(plain and mask is None)
+            return mask
+
+        return create_causal_mask
+
+
 def _raised_at(err: BaseException) -> str:
     """Where ``err`` was raised, as " at FILE:LINE (FUNCTION)": the innermost frame of the model's code (diffattn's,
     transformers') — the line that did what a capture refuses — else the innermost frame; "" without a traceback."""
@@ -134,6 +189,10 @@ class GraphedTrainStep:
             need theirs here, not inside the capture).
         max_grad_norm: the gradients clipped to this total norm before each update
             (``torch.nn.utils.clip_grad_norm_``, which reads nothing back to the host), or None.
+        masks_from_warm_up: transformers' causal masks under capture as in the warm-up where it needed none (no
+            attention mask, no cache): SDPA's ``is_causal`` kernels, not a [B, 1, T, T] mask
+            (:class:`_MasksFromWarmUp`). Only for steps whose every batch is unpadded and unpacked, as the warm-up's
+            (diffattn's train-step benchmark); off, transformers builds its masks under capture as it decides.
 
     A learning rate that changes during training is a tensor the graph reads: build the optimizer with
     ``lr=torch.tensor(rate, device="cuda")`` and ``fill_`` it between calls (a float is frozen at capture).
@@ -147,6 +206,7 @@ class GraphedTrainStep:
         *,
         warmup_steps: int = 3,
         max_grad_norm: float | None = None,
+        masks_from_warm_up: bool = False,
     ):
         _check_optimizer(optimizer)
         _check_cuda_inputs(example_inputs)
@@ -159,15 +219,24 @@ class GraphedTrainStep:
         self.static_inputs = [x.detach().clone() for x in example_inputs]
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         snapshot = OptimizerSnapshot(self.params, optimizer)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup_steps):
-                self._eager_step()
-        torch.cuda.current_stream().wait_stream(side)
-        snapshot.restore()
-        optimizer.zero_grad(set_to_none=True)  # backward allocates the gradients in the graph's own memory
-        self.graph = torch.cuda.CUDAGraph()
+        masks = _MasksFromWarmUp() if masks_from_warm_up else None
+        with masks or contextlib.nullcontext():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for i in range(warmup_steps):
+                    if masks is not None:
+                        masks.recording = i == warmup_steps - 1  # the last step's masks: what a capture repeats
+                    self._eager_step()
+            torch.cuda.current_stream().wait_stream(side)
+            snapshot.restore()
+            optimizer.zero_grad(set_to_none=True)  # backward allocates the gradients in the graph's own memory
+            self.graph = torch.cuda.CUDAGraph()
+            if masks is not None:
+                masks.recording, masks.capturing = False, True
+            self._capture()
+
+    def _capture(self) -> None:
         raised: list[BaseException] = []
         try:
             with torch.cuda.graph(self.graph):

@@ -28,7 +28,8 @@ in the row's ``compiled`` (``inductor:reduce-overhead``).
 (:class:`diffattn.cuda_graphs.GraphedTrainStep`; warm-up and capture outside the timing). Why: the eager step times
 the host issuing a thousand kernels (the H200 of 2026-11-28: the baseline's 40.0 ms for 8.6 ms of GPU work; DIFF's
 layer 17 ms more host time for 1.5 ms more GPU time); replayed, a column's time is its kernels' and a ratio is a ratio
-of GPU work — what a user who graphs the step gets. Every route runs as at capture, decided once. Not with
+of GPU work — what a user who graphs the step gets. Every route runs as at capture, decided once; transformers'
+masks as in the eager step (``masks_from_warm_up``: none, where under capture it would make a [T, T] one). Not with
 ``compile`` (inductor's own graphs are its ``mode="reduce-overhead"``) nor fp16 (the gradient scaler reads the host).
 
 ``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
@@ -197,7 +198,8 @@ def _graphed_step_fn(model, batch, dtype: str = "bf16", fused: tuple[str, ...] =
     from ..cuda_graphs import GraphedTrainStep
 
     loss_fn = _loss_fn(model, batch.device.type, dtype, fused, cache_enabled=False)
-    graphed = GraphedTrainStep(loss_fn, _optimizer(model, capturable=True), (batch,))
+    # the batch is one unpadded, unpacked block of ids: the eager step's masks (none) hold for every replay
+    graphed = GraphedTrainStep(loss_fn, _optimizer(model, capturable=True), (batch,), masks_from_warm_up=True)
     return lambda: graphed(batch)
 
 
