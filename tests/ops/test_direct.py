@@ -486,8 +486,17 @@ def test_gpu_the_route_is_cudnn_epilogue_and_matches_the_reference(t, d):
     with ops.fused_head_norm(True):
         got = _run(lambda *x: ops.diff_attention_stacked(*x, backend=routes.DIRECT, head_norm=norm), tensors)
         chain = _run(lambda *x: ops.diff_attention_stacked(*x, backend="cudnn+epilogue", head_norm=norm), tensors)
-    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, chain, strict=True):
-        assert torch.equal(a, w), name
+        again = _run(lambda *x: ops.diff_attention_stacked(*x, backend="cudnn+epilogue", head_norm=norm), tensors)
+    # the output and dλ bit for bit (a deterministic forward, the epilogue's backward on it); dQ, dK, dV come from
+    # cuDNN's attention backward, which need not repeat itself bit for bit (PyTorch refuses cuDNN attention under
+    # torch.use_deterministic_algorithms; on the H200 of 2026-11-29 this failed at d = 128 only): within twice the
+    # chain's own difference between two runs — bit for bit where the chain repeats itself
+    for name, a, w, w2 in zip(("out", "dq", "dk", "dv", "dlam"), got, chain, again, strict=True):
+        if name in ("out", "dlam"):
+            assert torch.equal(a, w), name
+            continue
+        off, spread = (a.float() - w.float()).abs().max().item(), (w.float() - w2.float()).abs().max().item()
+        assert off <= 2 * spread, f"{name}: {off:.3g} off the chain, whose two runs differ by {spread:.3g}"
     gold = _run(lambda *x: ops.diff_attention_stacked(*x, backend="reference", head_norm=norm),
                 [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
     yard = _run(lambda *x: ops.diff_attention_stacked(*x, backend="sdpa_maps", head_norm=norm), tensors)

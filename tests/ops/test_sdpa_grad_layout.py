@@ -247,3 +247,53 @@ def test_an_adapted_models_sdpa_calls_of_one_signature_get_their_gradients_in_on
     model(ids()).logits.square().sum().backward()
     assert seen, "no SDPA call recorded"
     assert all(len(layouts) == 1 for layouts in seen.values()), seen
+
+
+#: every route that reaches SDPA through F.scaled_dot_product_attention (the one-node routes call cuDNN's ATen op
+#: directly, and the fused kernel calls none)
+_SDPA_ROUTES = ("sdpa", "sdpa_split", "sdpa_maps", "cudnn", "cudnn_maps", "sdpa+epilogue", "sdpa_split+epilogue",
+                "sdpa_maps+epilogue", "cudnn+epilogue", "cudnn_maps+epilogue")  # fmt: skip
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_every_route_of_a_class_in_one_process_hands_each_sdpa_call_one_gradient_layout(padded, monkeypatch):
+    # cuDNN's cache is per process and keyed by Q, K, V alone: two routes that make the same call must hand it the same
+    # gradient strides, or the second reads its gradient by the first's (the H200 of 2026-11-29, test_gpu.py in one
+    # process: sdpa_split+epilogue after sdpa_split wrong by ~1.2 in dQ, dK, dV — each route alone was right)
+    keep_interpreting(monkeypatch)
+    _cudnn_route_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(sdpa, "GUARDED_DEVICES", frozenset({"cpu", "cuda"}))  # as on CUDA (only guarded there)
+    layouts: dict[tuple, set] = {}
+    real = F.scaled_dot_product_attention
+
+    def key_of(t: torch.Tensor) -> tuple:
+        return tuple(t.shape), tuple(_strides_of_real_dims(t.stride(), t.shape)), t.dtype
+
+    def recording(q, k, v, attn_mask=None, *args, **kwargs):
+        out = real(q, k, v, attn_mask, *args, **kwargs)
+        mask = None if attn_mask is None else key_of(attn_mask)
+        key = (key_of(q), key_of(k), key_of(v), mask, bool(kwargs.get("is_causal", False)))
+        out.register_hook(
+            lambda g, route=route: layouts.setdefault(key, set()).add(
+                (tuple(_strides_of_real_dims(g.stride(), g.shape)), route)
+            )
+        )
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    g = torch.Generator().manual_seed(0)
+    b, h, t, d = 2, 2, 7, 8  # 16-bit, widths multiples of 8: what the cudnn routes take
+    q1, q2, k1, k2 = (_model_layout(b, h, t, d, g, torch.bfloat16) for _ in range(4))
+    v = _model_layout(b, h, t, 2 * d, g, torch.bfloat16)
+    lam = torch.tensor(0.3, requires_grad=True)
+    mask = None
+    if padded:
+        mask = torch.ones(b, t, dtype=torch.bool)
+        mask[0, :2] = False  # the first row's first two keys are padding
+    cotangent = torch.randn(b, h, t, 2 * d, generator=g).to(torch.bfloat16)
+    for route in _SDPA_ROUTES:
+        ops.diff_attention(q1, k1, q2, k2, v, lam, attn_mask=mask, backend=route).backward(cotangent)
+    assert layouts, "no SDPA call recorded"
+    for key, seen in layouts.items():
+        strides = {s for s, _ in seen}
+        assert len(strides) == 1, f"one call {key[:3]} handed gradients at {sorted(seen)}"

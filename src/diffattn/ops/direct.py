@@ -170,7 +170,8 @@ class _OneNode(torch.autograd.Function):
         n = len(per_call)
         v_calls, outs, rest = rest[:n], rest[n : 2 * n], rest[2 * n :]
         interleaved = v_layout in SHARED_ROUTES
-        # each call's output gradient in its output's layout
+        # one call's output gradient in its output's layout; two calls' (V's slices) the halves of their join's layout,
+        # as sdpa_split hands the same calls theirs (one layout per cuDNN cache key, across routes)
         if n == 1:
             do, dlam_rows = _subtract_pair_bwd_impl(g, outs[0], lam, interleaved, norm_eps, norm_scale)
             dos = (do,)

@@ -33,7 +33,12 @@ PyTorch's source, then measured by benchmarks/cudnn_grad_layout.py on the H200 o
 benchmarks/gpu-runs/h200-2026-11-28/log.txt). The two maps of the ``cudnn_maps`` route are such a pair, and the fused
 epilogue handed them gradients in two layouts (dO1 in the output gradient's, dO2 in O2's). The output's layout follows
 Q's, which is in the key, so a gradient always in the output's layout is always the one the cached graph was built for.
-Cost: a copy where the gradient arrives in another layout (FlashAttention's backward makes that copy itself).
+Cost: a copy where the gradient arrives in another layout (FlashAttention's backward makes that copy itself). The rule
+holds across routes, since one process may run two routes of one class (``auto``'s next route, a test, a benchmark):
+calls two routes make alike get their gradients at one layout — ``sdpa_split`` guards V's two slices' join and hands
+each call a half of it, and ``sdpa_split+epilogue``'s kernel writes the halves of a buffer of that layout (on the
+H200 of 2026-11-29 it wrote each in its own output's layout, and after ``sdpa_split`` in one process its dQ, dK, dV
+were wrong: ``tests/ops/test_sdpa_grad_layout.py`` now checks every route of a class in one process).
 
 Fully masked rows follow the rule of :mod:`diffattn.ops._inputs`: with an ``attn_mask``, one reduction over it
 finds the query rows whose every key is masked and their output is set to 0 after the call, so they pass no
@@ -362,13 +367,14 @@ def diff_attention_sdpa_split(
     if fused_epilogue and len(parts) == 2:
         from .triton.epilogue import parts_fit, subtract_pair_parts
 
-        # each call's output read by the epilogue's kernel where it is, each call's gradient written whole in its
-        # output's layout by its backward (so no call needs the guard): no join of the outputs forward, no slices of
-        # a joined gradient backward. Outputs it cannot read so are joined, each call then guarded on its own
+        # each call's output read by the epilogue's kernel where it is, no join of the outputs forward; backward the
+        # kernel writes the calls' gradients as the column halves of one buffer laid out as their join — the layout
+        # the same calls get from sdpa_split's guarded join (one layout per cuDNN cache key, across routes). Outputs
+        # it cannot read so are joined and guarded as sdpa_split's are
         outs = [_call(inp, q, k, part, mask, guard=False).to(inp.q1.dtype) for part in parts]
         if parts_fit(*outs):
             return _zero_fully_masked(inp, subtract_pair_parts(tuple(outs), inp.lam, layout, norm))
-        return _combine(inp, _joined([_guarded(o) for o in outs]), layout, fused_epilogue, norm)
+        return _combine(inp, _guarded(_joined(outs)), layout, fused_epilogue, norm)
     o = _sliced_call(inp, q, k, parts, mask)
     return _combine(inp, o, layout, fused_epilogue, norm)
 

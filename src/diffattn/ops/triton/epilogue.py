@@ -362,10 +362,16 @@ def _subtract_parts_bwd_impl(
     norm_eps: float | None = None,
     norm_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The two calls' output gradients, each in its output's layout and written whole by the one kernel (dO1's and
-    dO2's columns of each slice), and dλ's per-row float32 shares."""
-    (o1a, o1b), (o2a, o2b), _ = _parts_args(oa, ob, interleaved)
-    doa, dob = _pair_gradient(oa), _pair_gradient(ob)
+    """The two calls' output gradients, written by the one kernel (dO1's and dO2's columns of each slice), and dλ's
+    per-row float32 shares. The gradients are the column halves of one buffer laid out as the two outputs joined
+    (:func:`diffattn.ops.sdpa._joined`, in the outputs' dimension order): what the same two SDPA calls get from the
+    route without the epilogue (`sdpa_split`, which guards the joined output) — PyTorch's cuDNN attention caches its
+    backward under Q, K and V alone with the first gradient's strides, so two routes making the same calls must hand
+    them gradients in one layout (found on the H200 of 2026-11-29: each half in its own output's layout, row stride d
+    where `sdpa_split`'s is 2d, and `sdpa_split+epilogue` after `sdpa_split` in one process got dQ, dK, dV about 1.2
+    off in relative error)."""
+    (o1a, o1b), (o2a, o2b), d = _parts_args(oa, ob, interleaved)
+    doa, dob = _dense_like(oa, 2 * d).split(d, dim=-1)
     (do1a, do1b), (do2a, do2b), _ = _parts_args(doa, dob, interleaved)
     parts = (o1b, o2b, do1b, do2b)
     return doa, dob, _subtract_bwd_launch(g, o1a, o2a, lam, do2a, do1a, norm_eps, norm_scale, parts=parts)
@@ -374,8 +380,7 @@ def _subtract_parts_bwd_impl(
 def parts_fit(oa: torch.Tensor, ob: torch.Tensor) -> bool:
     """Whether two calls' outputs can be read by the kernels as one joined along the columns
     (:func:`subtract_pair_parts`): the same shape, dtype, device and strides, the last stride 1 — as two calls of one
-    kind give them. (Their gradients then share one layout too: :func:`_pair_gradient`'s is a function of shape and
-    strides.)"""
+    kind give them."""
     return (
         oa.shape == ob.shape
         and oa.dtype == ob.dtype
@@ -509,9 +514,10 @@ def subtract_pair_parts(
     parts: tuple[torch.Tensor, torch.Tensor], lam: torch.Tensor, layout: str, norm: tuple[float, float] | None = None
 ) -> torch.Tensor:
     """:func:`subtract_pair` of two calls' outputs joined along the columns, ``[oa | ob]`` — each [B, 2H, T, d], one per
-    slice of V (the ``sdpa_split`` route at dv = 2d) — read and their gradients written where they are, without the
-    join: a copy of both outputs forward, and the slices of the joined gradient each SDPA backward would otherwise be
-    handed. The two must have one layout (:func:`parts_fit`); under torch.compile they are joined and handed to
+    slice of V (the ``sdpa_split`` route at dv = 2d) — read where they are, without the join (a copy of both outputs
+    forward), and their gradients written as the column halves of one buffer laid out as the join, the strides the
+    same calls get from ``sdpa_split`` (:func:`_subtract_parts_bwd_impl`). The two must have one layout
+    (:func:`parts_fit`); under torch.compile they are joined and handed to
     :func:`subtract_pair` (the compiler sees its custom op). ``norm`` as :func:`subtract_maps`'s."""
     oa, ob = parts
     if layout not in ("stacked", "interleaved"):
