@@ -63,14 +63,11 @@ class FakeCuda:
     def graph(self, g):
         self.at_capture = self.on_capture()
         self.events.append("capture")
-        self.capturing = True
         try:
-            with HostReadsRefused():
+            with self.seen_as_capture(), HostReadsRefused():
                 yield
         except Exception:  # as a real capture's end does after an error inside it
             raise RuntimeError("CUDA error: operation failed due to a previous error during capture") from None
-        finally:
-            self.capturing = False
         self.events.append("captured")
 
     @contextlib.contextmanager

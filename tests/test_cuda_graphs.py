@@ -35,6 +35,15 @@ def _loss_fn(model):
     return loss_fn
 
 
+def _masks_seen(model) -> list:
+    """The attention mask the model's first layer gets at each forward, in a list that grows as it runs."""
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    return seen
+
+
 def _adamw(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, capturable=True)
 
@@ -87,10 +96,7 @@ def test_under_capture_the_differential_layers_read_no_value_on_the_host(fake_cu
     # it was a packed row's by reading it (a host read: refused by a capture); now nothing is read, and the mask's
     # route gives the step (the fake capture refuses host reads as a real one does)
     model, ids = _model_and_batch(attention)
-    seen = []
-    model.model.layers[0].self_attn.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True
-    )
+    seen = _masks_seen(model)
     step = GraphedTrainStep(_loss_fn(model), _adamw(model), (ids,), warmup_steps=1)
     assert seen[0] is None and isinstance(seen[-1], torch.Tensor)  # eager: no mask; captured: transformers' mask
     assert torch.isfinite(step.static_loss)
@@ -102,10 +108,7 @@ def test_masks_from_the_warm_up_capture_the_eager_steps_kernels(fake_cuda):
     # 2026-11-29: the baseline's graph at 4,096 tokens took 41.1 ms of GPU time against its eager step's 29.6) — and
     # the capture is the eager step bit for bit; a call with an attention mask is transformers' to answer, as ever
     model, ids = _model_and_batch()
-    seen = []
-    model.model.layers[0].self_attn.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True
-    )
+    seen = _masks_seen(model)
     twin = _model_and_batch()[0]
     twin_opt = _adamw(twin)
     _loss_fn(twin)(ids).backward()  # eagerly, no capture: no mask
