@@ -3,8 +3,10 @@
 # run in processes of its own (a crash is one line, not the end); a step that no longer fits is skipped with a line.
 # Writes into $OUT (default benchmarks/gpu-report), these files:
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
-#   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
+#   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table,
 #                                              each column's kernels in one profiled step (kernel_ms; log: a table)
+#                                              and its host time in one more (host_ms: by op, autograd node, CUDA
+#                                              runtime call and Python function; log: the rows beyond the baseline's)
 #   switches.txt                               the route table's kernel switches and the small class's first route
 #                                              decided from that step (written into route_table.json's entry:
 #                                              diffattn.bench.switches)

@@ -94,3 +94,67 @@ def test_a_profile_without_sane_gpu_events_is_no_figure(monkeypatch):
     for given in ([], [event(DeviceType.CUDA, -1.7e15, 600)], [event(DeviceType.CUDA, 0, 9e6)]):
         FakeProfile.events_given = given
         assert kernels.profile_gpu(lambda: None) is None
+
+
+def test_host_rows_are_named_from_their_package_without_object_addresses():
+    # a Python function's row names its file from the package on, whatever the install's prefix; a built-in method's
+    # row is one row whatever object it was bound to
+    assert kernels.host_name("/usr/lib/python3/site-packages/transformers/models/llama/m.py(40): forward") == (
+        "transformers/models/llama/m.py(40): forward"
+    )
+    assert kernels.host_name("/work/main/src/diffattn/ops/direct.py(12): apply") == "diffattn/ops/direct.py(12): apply"
+    a = "<built-in method run_backward of torch._C._EngineBase object at 0x7f8c4774f030>"
+    b = "<built-in method run_backward of torch._C._EngineBase object at 0x7f00aa00bb10>"
+    assert (
+        kernels.host_name(a) == kernels.host_name(b) == "<built-in method run_backward of torch._C._EngineBase object>"
+    )
+    assert kernels.host_name("aten::mm") == "aten::mm"
+    assert len(kernels.host_name("f" * 300)) == 100
+
+
+def test_a_host_table_is_self_time_per_row_of_host_events_only(monkeypatch):
+    from torch.autograd import DeviceType
+
+    monkeypatch.setattr(kernels, "HOST_KEPT", 2)
+
+    def event(name, self_us, kind=DeviceType.CPU):
+        return SimpleNamespace(name=name, device_type=kind, self_cpu_time_total=self_us)
+
+    events = [event("aten::mm", 300), event("cudaLaunchKernel", 40), event("aten::mm", 500), event("k", 9000,
+              DeviceType.CUDA), event("x.py(3): f", 100), event("cudaLaunchKernel", 40)]  # fmt: skip
+    table = kernels.host_table(events, per=2)
+    # the GPU's event is not the host's; per call; the rows past HOST_KEPT summed
+    assert table == {"aten::mm": [0.4, 1.0], "x.py(3): f": [0.05, 0.5], kernels.OTHER_HOST: [0.04, 1.0]}
+    assert kernels.calls_of(kernels.host_table(events), kernels.LAUNCH_CALLS) == 0  # summed away: HOST_KEPT is 2
+    monkeypatch.setattr(kernels, "HOST_KEPT", 60)
+    full = kernels.host_table(events)
+    assert kernels.calls_of(full, kernels.LAUNCH_CALLS) == 2 and kernels.calls_of(full, kernels.SYNC_CALLS) == 0
+
+
+def test_a_host_profile_takes_python_functions_and_ops_by_their_self_time():
+    # a real profile on this CPU: the function called, its ATen ops, each as often as a call makes them
+    x = torch.ones(1000)
+
+    def summed_twice():
+        return x.sum() + x.sum()
+
+    wall, table = kernels.profile_host(summed_twice, calls=3)
+    assert table["aten::sum"][1] == pytest.approx(2) and table["aten::add"][1] == pytest.approx(1)
+    rows = [n for n in table if n.endswith("): summed_twice")]
+    assert len(rows) == 1 and table[rows[0]][1] == pytest.approx(1)
+    assert wall > 0 and table[rows[0]][0] > 0 and table["aten::sum"][0] > 0
+
+
+def test_the_host_table_shows_what_a_column_has_beyond_the_first():
+    tables = {
+        "baseline": {"aten::mm": [5.0, 10], "aten::add": [1.0, 4]},
+        "DIFF": {"aten::mm": [5.2, 10], "aten::add": [1.0, 4], "diffattn/ops/direct.py(9): forward": [0.8, 8]},
+        "DiffLlama": {"aten::mm": [5.1, 10], "aten::add": [2.5, 8]},
+    }
+    lines = kernels.format_kernel_table("t", tables, shown=2, what="host", beyond_first=True).splitlines()
+    # most beyond the baseline first: DiffLlama's add (+1.5), DIFF's own function (+0.8); not the longest (mm)
+    assert [line.split()[0] for line in lines[2:4]] == ["aten::add", "diffattn/ops/direct.py(9):"]
+    assert lines[1].split()[0] == "host" and lines[-1].split()[:2] == ["(all", "host)"]
+    assert lines[-1].split()[2:4] == ["6.00", "(14)"]
+    longest = kernels.format_kernel_table("t", tables, shown=1).splitlines()
+    assert longest[2].split()[0] == "aten::mm" and longest[-1].split()[:2] == ["(all", "kernels)"]

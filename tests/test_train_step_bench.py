@@ -328,3 +328,37 @@ def test_every_column_captures_as_one_graph_on_a_gpu():
     )
     assert row.cuda_graphs and set(row.ms) == set(train_step.columns_for(backends))
     assert all(ms == ms and ms > 0 for ms in row.ms.values()), row.ms
+
+
+def test_the_host_profile_is_per_column_and_shows_what_diffs_step_has_beyond_the_baselines(capsys, tmp_path):
+    # on request on the CPU (by default on CUDA): one more step per column under the profiler's Python tracer; the
+    # DIFF columns' tables hold the op's Python the baseline's does not, and the printed table shows it
+    out = tmp_path / "rows.json"
+    argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--host-profile"]
+    assert main(["bench", "train-step", *argv, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    row = json.loads(out.read_text())["rows"][0]
+    assert set(row["host_ms"]) == set(row["host_wall_ms"]) == set(train_step.COLUMNS)
+    ours = {n for n in row["host_ms"]["diffattn DIFF (auto)"] if n.startswith("diffattn/ops/")}
+    assert ours and not ours & set(row["host_ms"]["baseline"])
+    assert all(w > 0 for w in row["host_wall_ms"].values())
+    assert "host time of one profiled step" in text and "kernel launches (calls)" in text
+    # not asked for on the CPU: no profile, no table
+    assert train_step.run_train_step_benchmark(("debug",), (16,), reps=1, device="cpu")[0].host_ms == {}
+
+
+def test_a_failing_host_profiler_costs_the_figures_only(monkeypatch, capsys):
+    monkeypatch.setattr(train_step, "profile_host", lambda step: (2.0, {"aten::mm": [1.0, step()]}))
+    steps = {"baseline": lambda: 3, "diffattn DIFF (auto)": lambda: 4}
+    walls, tables = train_step.host_profiles(steps)
+    assert walls == {"baseline": 2.0, "diffattn DIFF (auto)": 2.0} and tables["diffattn DIFF (auto)"] == {
+        "aten::mm": [1.0, 4]
+    }
+
+    def broken(step):
+        raise RuntimeError("profiler busy")
+
+    monkeypatch.setattr(train_step, "profile_host", broken)
+    assert train_step.host_profiles(steps) == ({}, {})
+    assert "host profile not taken: RuntimeError: profiler busy" in capsys.readouterr().out
+    assert train_step.format_host([train_step.StepRow("small", 1024, 4, {}, "bf16")]) == ""

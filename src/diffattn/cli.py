@@ -167,6 +167,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
     from .bench.train_step import (
         DTYPES,
         default_dtype,
+        format_host,
         format_kernels,
         format_table,
         rows_as_dicts,
@@ -196,11 +197,15 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         compile_mode=args.compile_mode,
         backends=tuple(filter(None, args.backends.split(","))),
         cuda_graphs=args.cuda_graphs,
+        host_profile=True if args.host_profile else None,
     )
     print(format_table(rows))
     kernels = format_kernels(rows)  # CUDA: what each column's step is made of
     if kernels:
         print("\n" + kernels)
+    host = format_host(rows)  # CUDA, or --host-profile: where each column's host time goes
+    if host:
+        print("\n" + host)
     if args.json:
         _write_json(args.json, {"device": device, "dtype": dtype, "rows": rows_as_dicts(rows)})
     return 0
@@ -706,6 +711,12 @@ def _add_bench_commands(sub) -> None:
         "after auto or an +epilogue route, e.g. cudnn+epilogue+norm), +lambda (λ by its Triton kernels; e.g. "
         "auto+norm+lambda), +pairs (DIFF V1's heads handed to the op in interleaved pairs, e.g. auto+pairs), "
         "+perlayer (each layer's own λ, where the model computes them at once: a comparison, e.g. auto+norm+perlayer)",
+    )
+    b.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="one more step per column under the profiler's Python tracer: where each column's host time goes "
+        "(on by default on CUDA, where a small model's step is host-bound; this also takes it on the CPU)",
     )
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)

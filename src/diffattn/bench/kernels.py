@@ -5,10 +5,18 @@ kernel table, :mod:`diffattn.bench.train_step`; one attention call's, :mod:`diff
 Why: two gaps the H200 leases measured could not be explained from times alone (``auto`` 9 ms off its own route
 forced at 4,096 tokens; the fused epilogue faster per call and slower in the step), and a route's ratio to the
 baseline says how much slower it is, not where: a table of kernels by column says which kernels part two columns.
+
+The host's side of a step is read here too (:func:`profile_host`): where a step is host-bound — the `small` step on the
+H200 of 2026-11-29, the baseline's GPU busy 8.6 of 35.7 ms — its wall time is the host's, and the CPU proxy
+(``benchmarks/step_host_time.py``) had DIFF's `cudnn_direct+norm` 0.08 of the baseline's time under DiffLlama's
+where the H200 put it 0.06 over (47.5 against 45.3 ms): the difference is in something the proxy stubs or does not
+have (Triton's launcher, cuDNN's plan lookups, the CUDA runtime's calls, a host sync). A table of host time by op,
+autograd node, CUDA runtime call and Python function, by column, says which.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -20,6 +28,17 @@ KERNELS_KEPT = 24
 OTHER_KERNELS = "(other kernels)"
 #: kernels shown per table by :func:`format_kernel_table` (the JSON keeps :data:`KERNELS_KEPT`)
 KERNELS_SHOWN = 16
+
+#: rows kept per host profile (:func:`host_table`), those with the most self time; the rest summed under
+#: :data:`OTHER_HOST`
+HOST_KEPT = 60
+#: the name the host rows past :data:`HOST_KEPT` are summed under
+OTHER_HOST = "(other host)"
+#: the CUDA runtime and driver calls that launch a kernel (PyTorch's ATen kernels: ``cudaLaunchKernel``; Triton's
+#: launcher and cuDNN's engines: the driver's ``cuLaunchKernel``/``cuLaunchKernelEx``)
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+#: the calls by which the host waits for the GPU (a step that makes any is no longer only host-bound where it does)
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
 def short_kernel_name(name: str) -> str:
@@ -91,23 +110,104 @@ def profile_gpu(fn: Callable[[], object], calls: int = 1) -> tuple[float, dict[s
     return busy / calls, kernel_table(sane, per=calls)
 
 
-def format_kernel_table(title: str, tables: dict[str, dict[str, list[float]]], shown: int = KERNELS_SHOWN) -> str:
+def format_kernel_table(
+    title: str,
+    tables: dict[str, dict[str, list[float]]],
+    shown: int = KERNELS_SHOWN,
+    *,
+    what: str = "kernel",
+    beyond_first: bool = False,
+) -> str:
     """One table of kernels by column (``tables``: column label → :func:`kernel_table`): ms and launches, the
-    ``shown`` kernels that took longest in any column, then the rest summed, then every kernel's total."""
+    ``shown`` kernels that took longest in any column, then the rest summed, then every kernel's total.
+    ``what``: the rows' noun (``"kernel"``; ``"host"`` for :func:`host_table`'s, whose counts are calls);
+    ``beyond_first``: the rows shown are those by which some column exceeds the first one most (the baseline: what
+    the others' extra time is made of), not the longest."""
     columns = list(tables)
-    names = {n for table in tables.values() for n in table if n != OTHER_KERNELS}
-    top = sorted(names, key=lambda n: -max(t.get(n, [0.0])[0] for t in tables.values()))[:shown]
+    names = {n for table in tables.values() for n in table if n not in (OTHER_KERNELS, OTHER_HOST)}
+    first = tables[columns[0]] if columns else {}
+
+    def rank(n: str) -> float:
+        longest = max(t.get(n, [0.0])[0] for t in tables.values())
+        return longest - first.get(n, [0.0])[0] if beyond_first else longest
+
+    top = sorted(names, key=lambda n: (-rank(n), n))[:shown]
+    total = f"(all {what}s)" if what == "kernel" else f"(all {what})"
     width = max(14, *(len(c) + 1 for c in columns))
-    wide = max(len(n) for n in [*top, "(all kernels)"])  # whole names: cuDNN's name their engine at the end
+    wide = max(len(n) for n in [*top, total])  # whole names: cuDNN's name their engine at the end
 
     def cell(ms: float, launches: float) -> str:  # launches per call: whole, or a mean over calls
         return f"{ms:.2f} ({launches:.0f})" if float(launches).is_integer() else f"{ms:.2f} ({launches:.1f})"
 
-    lines = [title, f"{'kernel':<{wide}}" + "".join(f"{c:>{width}}" for c in columns)]
+    lines = [title, f"{what:<{wide}}" + "".join(f"{c:>{width}}" for c in columns)]
     for n in top:
         cells = [cell(*tables[c][n]) if n in tables[c] else "—" for c in columns]
         lines.append(f"{n:<{wide}}" + "".join(f"{x:>{width}}" for x in cells))
-    for label, shown_too in (("(the rest)", False), ("(all kernels)", True)):
+    for label, shown_too in (("(the rest)", False), (total, True)):
         sums = [[sum(v[i] for n, v in tables[c].items() if shown_too or n not in top) for i in (0, 1)] for c in columns]
         lines.append(f"{label:<{wide}}" + "".join(f"{cell(*x):>{width}}" for x in sums))
     return "\n".join(lines)
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def host_name(name: str) -> str:
+    """A host event's name as a table's row label: a Python function's file from its package on (``diffattn/ops/
+    direct.py(40): forward``, whatever the install's prefix), a built-in's without its object's address (``<built-in
+    method run_backward of torch._C._EngineBase object>``: the same method, one row), at most 100 characters."""
+    name = _ADDRESS.sub("", name)
+    for marker in ("site-packages/", "dist-packages/", "/src/"):
+        if marker in name.split("(")[0]:
+            name = name[name.index(marker) + len(marker) :]
+    name = " ".join(name.split())
+    return name if len(name) <= 100 else name[:99] + "…"
+
+
+def host_table(events, per: int = 1) -> dict[str, list[float]]:
+    """``{row: [self ms, calls]}`` of profiled host events (each with ``name``, ``device_type`` and
+    ``self_cpu_time_total`` in µs: ATen ops, autograd nodes, CUDA runtime calls, Python functions), divided by
+    ``per``, the :data:`HOST_KEPT` with the most self time and the rest under :data:`OTHER_HOST`. Self time: an
+    event's own, its children's not, so the rows add up to the host's time in the profile's events (each thread's)."""
+    from torch.autograd import DeviceType
+
+    table: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type != DeviceType.CPU:
+            continue
+        entry = table.setdefault(host_name(e.name), [0.0, 0])
+        entry[0] += e.self_cpu_time_total / 1e3 / per
+        entry[1] += 1 / per
+    ranked = sorted(table.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    kept = dict(ranked[:HOST_KEPT])
+    rest = ranked[HOST_KEPT:]
+    if rest:
+        kept[OTHER_HOST] = [sum(v[0] for _, v in rest), sum(v[1] for _, v in rest)]
+    return kept
+
+
+def calls_of(table: dict[str, list[float]], names) -> float:
+    """How many of ``names``' calls a :func:`host_table` holds (e.g. :data:`LAUNCH_CALLS`, :data:`SYNC_CALLS`)."""
+    return sum(v[1] for n, v in table.items() if n in names)
+
+
+def profile_host(fn: Callable[[], object], calls: int = 1) -> tuple[float, dict[str, list[float]]]:
+    """``fn()`` run ``calls`` times under ``torch.profiler`` with CPU activity and the Python tracer (``with_stack``;
+    CUDA activity too where CUDA is available, for the runtime's calls): per call, the profiled run's wall time in ms
+    and the :func:`host_table` of its events. The tracer costs time of its own in every Python call (the wall time is
+    the profiled run's, longer than an unprofiled one): compare columns, not a column with its timed step. A profiler
+    that fails raises (the caller decides what that costs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities, with_stack=True) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - t0)
+    return wall_ms / calls, host_table(prof.events(), per=calls)

@@ -48,6 +48,14 @@ where ``cudnn_shared_v`` reads V once for both maps), ``+perlayer`` every layer 
 where the model computes them at once (:func:`diffattn.ops.lambda_per_layer`: ``auto+norm+perlayer`` against
 ``auto+norm`` is what computing them at once saves).
 The step a lease times before the table may switch them on (benchmarks/RESULTS.md, 2026-11-28, the layer's launches).
+
+``host_profile`` (``--host-profile``; on by default on CUDA for eager steps): one more step per column under
+PyTorch's profiler with its Python tracer, after the timing — the host's self time by ATen op, autograd node, CUDA
+runtime call and Python function (:func:`diffattn.bench.kernels.profile_host`), printed as the rows by which some
+column's host time exceeds the baseline's most, with each column's kernel launches and host waits on the GPU
+(:func:`format_host`). Why: the eager `small` step is host-bound on the lent H200s, and the CPU proxy of its host time
+(``benchmarks/step_host_time.py``) put DIFF's `cudnn_direct+norm` under DiffLlama where the H200 of 2026-11-29 put
+it over: what the GPU machine's host does that the proxy does not is read here, at no cost in timed steps.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ from ..cuda_graphs import COMPILE_MODES, torch_compile_mode
 from ..models.build import build_model
 from ..ops.routes import error_line
 from . import gc_paused, rotated
-from .kernels import KERNELS_SHOWN, format_kernel_table, profile_gpu
+from .kernels import KERNELS_SHOWN, LAUNCH_CALLS, SYNC_CALLS, calls_of, format_kernel_table, profile_gpu, profile_host
 
 COLUMNS = {
     "baseline": ("standard", None),
@@ -135,6 +143,13 @@ class StepRow:
     samples_ms: dict[str, list[float]] = field(default_factory=dict)
     #: every column's whole step replayed from one CUDA graph (module docstring)
     cuda_graphs: bool = False
+    #: CUDA (eager steps), or on request: where the host's time went in one more step per column, profiled with
+    #: PyTorch's Python tracer (:func:`diffattn.bench.kernels.profile_host`: ``{row: [self ms, calls]}`` of ATen ops,
+    #: autograd nodes, CUDA runtime calls and Python functions). Where the step is host-bound its wall time is this;
+    #: the rows some DIFF column has beyond the baseline's are what its extra time is made of (:func:`format_host`)
+    host_ms: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: the host-profiled step's wall time, per column: longer than ``ms`` by the tracer's own cost (compare columns)
+    host_wall_ms: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
@@ -216,12 +231,15 @@ def run_train_step_benchmark(
     backends: tuple[str, ...] = (),
     cuda_graphs: bool = False,
     compile_mode: str | None = None,
+    host_profile: bool | None = None,
 ) -> list[StepRow]:
     """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
     ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
     ``compile_backend``: each model's forward through ``torch.compile`` with it, in ``compile_mode`` (a mode of
     :data:`~diffattn.cuda_graphs.COMPILE_MODES`; it needs a backend); ``backends``: a DIFF column per
-    backend, forced; ``cuda_graphs``: each column's whole step replayed from one CUDA graph (module docstring)."""
+    backend, forced; ``cuda_graphs``: each column's whole step replayed from one CUDA graph (module docstring);
+    ``host_profile``: one more step per column profiled on the host (:attr:`StepRow.host_ms`; default: on CUDA, where
+    the step is not a graph — a replay is one launch)."""
     columns = columns_for(backends)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
@@ -234,6 +252,8 @@ def run_train_step_benchmark(
             f"compile_mode must be one of {', '.join(COMPILE_MODES)}, with a compile backend; got {compile_mode!r} "
             f"with {compile_backend!r}"
         )
+    if host_profile is None:
+        host_profile = device.startswith("cuda") and not cuda_graphs
     rows = []
     for preset in presets:
         for n in seq_lens:
@@ -280,12 +300,28 @@ def run_train_step_benchmark(
                         times[name].append(time.perf_counter() - t0)
             peak = _step_peak_mib(steps, models) if memory and cuda and not cuda_graphs else {}
             busy, kernels = gpu_profile(steps) if cuda else ({}, {})
+            host_wall, host = host_profiles(steps) if host_profile else ({}, {})
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()} | dict.fromkeys(failed, float("nan"))
             spread = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()} if reps > 1 else {}
             samples = {k: [round(1e3 * x, 4) for x in v] for k, v in times.items()}
             compiled = _compiled_label(compile_backend, compile_mode)
             rows.append(
-                StepRow(preset, n, batch, ms, dtype, peak, busy, spread, compiled, kernels, samples, cuda_graphs)
+                StepRow(
+                    preset,
+                    n,
+                    batch,
+                    ms,
+                    dtype,
+                    peak,
+                    busy,
+                    spread,
+                    compiled,
+                    kernels,
+                    samples,
+                    cuda_graphs,
+                    host,
+                    host_wall,
+                )
             )
     return rows
 
@@ -364,6 +400,20 @@ def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list
     return busy_by_column, kernels_by_column
 
 
+def host_profiles(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
+    """Per column, from one step under the host's profiler (:func:`diffattn.bench.kernels.profile_host`): its wall
+    time (:attr:`StepRow.host_wall_ms`) and where the host's time went (:attr:`StepRow.host_ms`). A profiler that
+    fails gives no figures (one line), not the end of the benchmark."""
+    walls, tables = {}, {}
+    try:
+        for name, step in steps.items():
+            walls[name], tables[name] = profile_host(step)
+    except Exception as err:  # an aid to reading the times, as the GPU's profile is
+        print(f"host profile not taken: {error_line(err)}", flush=True)
+        return {}, {}
+    return walls, tables
+
+
 def _step_peak_mib(steps: dict, models: dict) -> dict[str, float]:
     """Per column: ``torch.cuda.max_memory_allocated`` during one step, less what was allocated before it with that
     model's gradients freed (all four models' weights and AdamW state stay resident)."""
@@ -432,6 +482,37 @@ def format_kernels(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
         for r in rows
         if r.kernel_ms
     )
+
+
+def format_host(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
+    """Per row with a host profile (:attr:`StepRow.host_ms`): the profiled step's wall time, kernel launches and host
+    waits on the GPU per column, then :func:`diffattn.bench.kernels.format_kernel_table` of the rows by which some
+    column's host time exceeds the baseline's most. Empty without host profiles."""
+    parts = []
+    for r in rows:
+        if not r.host_ms:
+            continue
+        labels = {c: column_label(c) for c in r.host_ms}
+        width = max(14, *(len(v) + 1 for v in labels.values()))
+        figures = {
+            "profiled step, wall ms": [r.host_wall_ms.get(c, float("nan")) for c in r.host_ms],
+            "kernel launches (calls)": [calls_of(t, LAUNCH_CALLS) for t in r.host_ms.values()],
+            "host waits on the GPU": [calls_of(t, SYNC_CALLS) for t in r.host_ms.values()],
+        }
+        summary = [f"{'':<28}" + "".join(f"{labels[c]:>{width}}" for c in r.host_ms)]
+        for label, values in figures.items():
+            digits = 2 if label.endswith("ms") else 0
+            summary.append(f"{label:<28}" + "".join(f"{v:>{width}.{digits}f}" for v in values))
+        table = format_kernel_table(
+            f"host time of one profiled step, self ms (calls), rows by the most beyond the baseline: {r.preset} "
+            f"{r.seq_len} tokens x {r.batch}, {r.dtype}",
+            {labels[c]: t for c, t in r.host_ms.items()},
+            shown,
+            what="host",
+            beyond_first=True,
+        )
+        parts.append("\n".join([*summary, "", table]))
+    return "\n\n".join(parts)
 
 
 def rows_as_dicts(rows: list[StepRow]) -> list[dict]:
