@@ -34,7 +34,9 @@ class FakeCuda:
             def wait_stream(self, other):
                 fake.events.append(f"{name} waits")
 
-        return Stream()
+        stream = Stream()
+        stream.name = name
+        return stream
 
     def Stream(self):
         return self._stream("side")
@@ -60,14 +62,17 @@ class FakeCuda:
         return Graph()
 
     @contextlib.contextmanager
-    def graph(self, g):
+    def graph(self, g, stream=None):
         self.at_capture = self.on_capture()
-        self.events.append("capture")
+        self.events.append("capture" if stream is None else f"capture on {stream.name}")
+        before, self.stream_now = self.stream_now, getattr(stream, "name", "capture")  # the capture's stream current
         try:
             with self.seen_as_capture(), HostReadsRefused():
                 yield
         except Exception:  # as a real capture's end does after an error inside it
             raise RuntimeError("CUDA error: operation failed due to a previous error during capture") from None
+        finally:
+            self.stream_now = before
         self.events.append("captured")
 
     @contextlib.contextmanager
@@ -108,3 +113,22 @@ def fake_cuda_graphs(monkeypatch) -> FakeCuda:
     adam = importlib.import_module("torch.optim.adam")  # the module (torch.optim.adam is also a function's name)
     monkeypatch.setattr(adam, "_get_capturable_supported_devices", lambda *a, **k: ["cpu", "cuda"])
     return fake
+
+
+def replaying_captures(monkeypatch, fake: FakeCuda) -> None:
+    """Each fake capture's graph replays by running what it captured again, eagerly, and writing its result into the
+    captured output (as a real replay rewrites the graph's static output): a graphed loop's numbers on the CPU, to
+    hold against an eager loop's. (Without this a fake replay only counts.)"""
+    original = cuda_graphs.capture
+
+    def capture(graph, fn, stream=None):
+        out = original(graph, fn, stream=stream)
+
+        def replay():  # (not under no_grad: what was captured may run a backward)
+            fake.replays += 1
+            out.copy_(fn())
+
+        graph.replay = replay
+        return out
+
+    monkeypatch.setattr(cuda_graphs, "capture", capture)

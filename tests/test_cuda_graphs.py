@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffattn.cuda_graphs import GraphedTrainStep, OptimizerSnapshot
+from diffattn.cuda_graphs import GraphedMicroSteps, GraphedTrainStep, OptimizerSnapshot
 from diffattn.models.build import build_model
 
-from .fake_cuda import fake_cuda_graphs
+from .fake_cuda import fake_cuda_graphs, replaying_captures
 
 
 @pytest.fixture
@@ -75,8 +75,8 @@ def test_the_warm_up_leaves_no_trace_and_the_capture_is_one_eager_step_from_the_
 
     fake_cuda.on_capture = lambda: _state(model, opt)
     step = GraphedTrainStep(loss_fn, opt, (ids,), warmup_steps=3)
-    assert streams == ["side"] * 3 + ["default"]  # three warm-up steps on the side stream, then the capture
-    assert fake_cuda.events == ["side waits", "default waits", "capture", "captured"]
+    assert streams == ["side"] * 4  # three warm-up steps on the side stream, then the capture on it too
+    assert fake_cuda.events == ["side waits", "default waits", "capture on side", "captured"]
     values, grads, steps = fake_cuda.at_capture
     # at capture: the parameters as they began, no gradient (backward allocates them in the graph), Adam's step 0
     for before, at in zip(start, values, strict=True):
@@ -330,3 +330,82 @@ def test_compiled_reduce_overhead_steps_train_like_eager_ones_and_replay_graphs(
     compiled = _three_steps(attention, "compiled")
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     _assert_within(compiled, reference, eager, 2, moved=eager)
+
+
+def _micro_step(model):
+    """One micro-batch's forward and backward (its gradients added into .grad), the loss returned detached."""
+
+    def body(inputs):
+        loss = model(input_ids=inputs["ids"], labels=inputs["ids"], use_cache=False).loss / inputs["divisor"]
+        loss.backward()
+        return loss.detach()
+
+    return body
+
+
+def test_graphed_micro_steps_add_into_the_gradients_as_eager_ones_whatever_the_loop_did_to_them(monkeypatch, fake_cuda):
+    """``GraphedMicroSteps`` (``diffattn pretrain --cuda-graphs``): warm-up calls eager on the side stream, then one
+    capture on it, then replays (here: what was captured run again, :func:`tests.fake_cuda.replaying_captures`), each
+    call's gradients added into ``.grad`` as an eager twin's: accumulated over two micro-batches, after ``.grad`` was
+    set to None (zeroed in place), after it was replaced by another tensor (copied in), and a batch of another shape
+    run eagerly — the twin and the graphed model bit for bit through all of it."""
+    replaying_captures(monkeypatch, fake_cuda)
+    model, _ = _model_and_batch()
+    twin, _ = _model_and_batch()
+    micro, eager = GraphedMicroSteps(_micro_step(model), model.parameters(), warmup_steps=2), _micro_step(twin)
+    g = torch.Generator().manual_seed(1)
+
+    def batch(n=12):
+        return {"ids": torch.randint(0, model.config.vocab_size, (2, n), generator=g), "divisor": torch.tensor(2.0)}
+
+    def both(inputs):
+        loss = micro(inputs).clone()
+        assert torch.equal(loss, eager(inputs))
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
+
+    def zero_grad():
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+
+    both(batch())  # warm-up 1
+    both(batch())  # warm-up 2: accumulated onto the first
+    assert micro.graph is None and fake_cuda.events[-1] == "default waits"
+    zero_grad()
+    both(batch())  # captured (on the warm-up's stream), then replayed: the gradients from zero
+    assert fake_cuda.events[-2:] == ["capture on side", "captured"] and micro.replays == fake_cuda.replays == 1
+    captured = [p.grad for p in model.parameters()]
+    both(batch())  # accumulated onto it
+    zero_grad()
+    both(batch())
+    assert all(p.grad is c for p, c in zip(model.parameters(), captured, strict=True))
+    both(batch(n=8))  # another shape: eager, into the same gradients
+    assert micro.eager_calls == 1 and micro.replays == 3
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):  # the loop's own tensors (an out-of-place
+        p.grad, q.grad = p.grad * 0.5, q.grad * 0.5  # clip, say): copied in, then added to
+    both(batch())
+    assert micro.replays == 4 and all(p.grad is c for p, c in zip(model.parameters(), captured, strict=True))
+    zero_grad()
+    both(batch(n=8))  # eager from None: new tensors, which the next replay copies into the captured ones
+    both(batch())
+    assert micro.eager_calls == 2 and micro.replays == 5
+    with pytest.raises(ValueError, match="warmup_steps must be >= 1"):
+        GraphedMicroSteps(_micro_step(model), model.parameters(), warmup_steps=0)
+
+
+def test_a_graphed_micro_step_that_reads_the_host_is_refused_saying_so(fake_cuda):
+    """What a capture refuses (a host read) fails the capture with one error saying what was refused."""
+    model, ids = _model_and_batch()
+
+    def reads(inputs):
+        loss = model(input_ids=inputs["ids"], labels=inputs["ids"], use_cache=False).loss
+        if float(loss.detach()) > 0:  # a host read: refused under capture
+            loss.backward()
+        return loss.detach()
+
+    micro = GraphedMicroSteps(reads, model.parameters(), warmup_steps=1)
+    micro({"ids": ids})
+    with pytest.raises(
+        RuntimeError, match=r"could not be captured as a CUDA graph: .*_local_scalar_dense.*a host read"
+    ):
+        micro({"ids": ids})

@@ -129,7 +129,7 @@ def test_a_graphed_step_captures_the_eager_step_with_its_switches_and_a_capturab
 
     monkeypatch.setattr(model, "forward", recording)
     step = train_step._graphed_step_fn(model, ids, "bf16", ("heads_in_pairs",))
-    assert seen == [(True, torch.bfloat16)] * 4 and fake.events[-2:] == ["capture", "captured"]
+    assert seen == [(True, torch.bfloat16)] * 4 and fake.events[-2:] == ["capture on side", "captured"]
     opt = train_step._optimizer(twin, capturable=True)  # the eager step, with the AdamW a graph needs
     train_step._loss_fn(twin, "cpu", "bf16", ("heads_in_pairs",))(ids).backward()
     opt.step()

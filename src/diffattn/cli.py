@@ -253,6 +253,7 @@ _PRETRAIN_FLAGS = {
     **_CADENCE_FLAGS,
     "fsdp": "train.fsdp",
     "compile": "train.compile",
+    "cuda_graphs": "train.cuda_graphs",
 }
 
 
@@ -550,6 +551,14 @@ def _add_pretrain_command(sub) -> None:
     _add_cadence_flags(p)
     p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
     _add_compile_flag(p)
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_const",
+        const=True,
+        default=None,
+        help="one GPU: each micro-batch's forward and backward replayed from one CUDA graph after three eager steps "
+        "(train.cuda_graphs; not with --compile or --packing): a small model's host-bound step without its launches",
+    )
     p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
     _add_resume_or_overwrite(p)
     p.set_defaults(func=cmd_pretrain)

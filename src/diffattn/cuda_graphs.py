@@ -173,6 +173,29 @@ def _raised_at(err: BaseException) -> str:
     return f" at {'/'.join(frame.filename.split('/')[-3:])}:{frame.lineno} ({frame.name})"
 
 
+def capture(graph, fn: Callable[[], object], stream=None):
+    """``fn()`` captured into ``graph`` on ``stream`` (the stream its warm-up ran on: cuBLAS and cuDNN keep their
+    handles and workspaces per stream, and one first made under capture is made by capture-unsafe calls —
+    pytorch#187745), and what it returned: the graph's static outputs. A capture that fails raises one error naming
+    the first error inside it and the model's line that raised it (:func:`_raised_at`)."""
+    raised: list[BaseException] = []
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            try:
+                return fn()
+            except Exception as err:  # the capture's end raises its own error after it: this one says why
+                raised.append(err)
+                raise
+    except Exception as err:
+        from .ops.routes import error_line  # the one-line form of an error (here only, on failure: no import cost)
+
+        first = raised[0] if raised else err
+        raise RuntimeError(
+            f"the train step could not be captured as a CUDA graph: {error_line(first)}{_raised_at(first)} (a "
+            "host read of a GPU value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
+        ) from first
+
+
 class GraphedTrainStep:
     """``step = GraphedTrainStep(loss_fn, optimizer, example_inputs)``, then ``loss = step(*inputs)`` per step: the
     same update as ``optimizer.zero_grad(); loss_fn(*inputs).backward(); optimizer.step()``, replayed from one CUDA
@@ -234,25 +257,7 @@ class GraphedTrainStep:
             self.graph = torch.cuda.CUDAGraph()
             if masks is not None:
                 masks.recording, masks.capturing = False, True
-            self._capture()
-
-    def _capture(self) -> None:
-        raised: list[BaseException] = []
-        try:
-            with torch.cuda.graph(self.graph):
-                try:
-                    self.static_loss = self._eager_step(zero_grad=False)
-                except Exception as err:  # the capture's end raises its own error after it: this one says why
-                    raised.append(err)
-                    raise
-        except Exception as err:
-            from .ops.routes import error_line  # the one-line form of an error (here only, on failure: no import cost)
-
-            first = raised[0] if raised else err
-            raise RuntimeError(
-                f"the train step could not be captured as a CUDA graph: {error_line(first)}{_raised_at(first)} (a "
-                "host read of a GPU value, .item() or a sync, cannot be captured; nor work off the capturing stream)"
-            ) from first
+            self.static_loss = capture(self.graph, lambda: self._eager_step(zero_grad=False), stream=side)
 
     def _eager_step(self, zero_grad: bool = True) -> torch.Tensor:
         if zero_grad:
@@ -279,3 +284,131 @@ class GraphedTrainStep:
                 static.copy_(x)
         self.graph.replay()
         return self.static_loss
+
+
+class GraphedMicroSteps:
+    """``micro = GraphedMicroSteps(body, params)``, then ``loss = micro(inputs)`` per micro-batch: ``body(inputs)`` —
+    one micro-batch's forward and backward, its gradients added into the parameters' ``.grad``, returning the loss
+    detached — run eagerly for the first ``warmup_steps`` calls (on a side stream, the capture's), then captured once
+    as a CUDA graph and replayed by every later call. What a training loop that is not this module's can graph
+    (transformers' Trainer: ``diffattn pretrain --cuda-graphs``): the clipping, the optimizer's update and the zeroing
+    stay the loop's, eager, a few multi-tensor launches a step; the forward and backward, almost all of a small model's
+    thousand launches, are one.
+
+    Gradients: from the capture on, each parameter's ``.grad`` is one tensor that every replay adds into, as eager
+    backward adds into an existing gradient, so accumulation over micro-batches works as eagerly. What the loop did to
+    ``.grad`` between calls is honoured before a replay: set to None (``zero_grad()``'s default) — that tensor zeroed
+    in place and put back; replaced by another (an eager call's) — copied in. The loss returned is the graph's static
+    output, which the next call overwrites.
+
+    A call whose inputs differ from the captured ones in keys, shapes or dtypes runs eagerly (a last, shorter batch);
+    ``inputs`` are tensors by name (a number the body divides by, e.g. transformers' ``num_items_in_batch``, as a
+    tensor: a Python number would be frozen at capture). What the body decides on the host is decided once, at
+    capture, as in :class:`GraphedTrainStep`. ``masks_from_warm_up``: transformers' causal masks under capture as in
+    the last warm-up call (:class:`_MasksFromWarmUp`), for bodies whose every batch is unpadded and unpacked.
+    """
+
+    def __init__(
+        self,
+        body: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+        params,
+        *,
+        warmup_steps: int = 3,
+        masks_from_warm_up: bool = False,
+    ):
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1 (kernels are compiled, tuned and planned before capture), "
+                             f"got {warmup_steps}")  # fmt: skip
+        self.body = body
+        self.params = [p for p in params if p.requires_grad]
+        self.warmup_steps = warmup_steps
+        self.masks = _MasksFromWarmUp() if masks_from_warm_up else None
+        self.stream = None  # the warm-up's and the capture's side stream, made at the first call
+        self.graph = None
+        self.calls = 0  # calls so far (warm-up, capture, replays, eager ones)
+        self.replays = 0
+        self.eager_calls = 0  # after the capture: calls whose inputs did not match it
+        self.static: dict[str, torch.Tensor] = {}
+        self.static_loss: torch.Tensor | None = None
+        self.grads: list[torch.Tensor] = []
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.calls += 1
+        if self.graph is None and self.calls <= self.warmup_steps:
+            recording = self.masks is not None and self.calls == self.warmup_steps
+            with self._on_side_stream(), self.masks if recording else contextlib.nullcontext():
+                if recording:
+                    self.masks.recording = True
+                try:
+                    return self.body(inputs)
+                finally:
+                    if recording:
+                        self.masks.recording = False
+        if self.graph is None:
+            self._capture(inputs)
+        elif not self._matches(inputs):
+            self.eager_calls += 1
+            return self.body(inputs)
+        for name, x in inputs.items():
+            if x is not self.static[name]:
+                self.static[name].copy_(x)
+        self._gradients_in_place()
+        self.graph.replay()
+        self.replays += 1
+        return self.static_loss
+
+    @contextlib.contextmanager
+    def _on_side_stream(self):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            yield
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+    def _matches(self, inputs: dict[str, torch.Tensor]) -> bool:
+        return inputs.keys() == self.static.keys() and all(
+            torch.is_tensor(x) and x.shape == self.static[k].shape and x.dtype == self.static[k].dtype
+            for k, x in inputs.items()
+        )
+
+    def _capture(self, inputs: dict[str, torch.Tensor]) -> None:
+        bad = [k for k, x in inputs.items() if not torch.is_tensor(x)]
+        if bad:
+            raise ValueError(f"a graphed micro-step takes tensors by name: {', '.join(bad)} not a tensor")
+        self.static = {k: x.detach().clone() for k, x in inputs.items()}
+        with torch.no_grad():
+            for p in self.params:  # every gradient a tensor before the capture: backward adds into it, in place
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            before = [p.grad.clone() for p in self.params]
+        self.graph = torch.cuda.CUDAGraph()
+        if self.masks is not None:
+            self.masks.capturing, self.masks.calls = True, 0
+        try:
+            with self.masks or contextlib.nullcontext():
+                self.static_loss = capture(self.graph, lambda: self.body(self.static), stream=self.stream)
+        finally:
+            if self.masks is not None:
+                self.masks.capturing = False
+        with torch.no_grad():  # as before the capture (a real one runs nothing; a stack that ran its block, as the
+            torch._foreach_copy_([p.grad for p in self.params], before)  # CPU tests' fake capture does, undone)
+        self.grads = [p.grad for p in self.params]
+
+    def _gradients_in_place(self) -> None:
+        """Each parameter's ``.grad`` the captured tensor again, holding what the loop left there (module docstring)."""
+        zeroed, copied_to, copied_from = [], [], []
+        for p, g in zip(self.params, self.grads, strict=True):
+            if p.grad is g:
+                continue
+            if p.grad is None:
+                zeroed.append(g)
+            else:
+                copied_to.append(g)
+                copied_from.append(p.grad)
+            p.grad = g
+        with torch.no_grad():
+            if zeroed:
+                torch._foreach_zero_(zeroed)
+            if copied_to:
+                torch._foreach_copy_(copied_to, copied_from)

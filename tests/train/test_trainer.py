@@ -512,3 +512,79 @@ def test_compile_takes_torch_modes_only_in_pretrain_and_adapt():
         assert config.train.compile == "reduce-overhead"
         with pytest.raises(ValueError, match=r"train\.compile must be null .* reduce-overhead"):
             run_config().with_overrides({"train.compile": "fast"}).validate()
+
+
+def test_a_graphed_run_trains_as_the_eager_one(corpus_file, tmp_path, monkeypatch):
+    """``train.cuda_graphs`` (``diffattn pretrain --cuda-graphs``), CUDA's graph calls faked and each capture replayed
+    by running what it captured again (:func:`tests.fake_cuda.replaying_captures`): three eager micro-steps, one
+    capture, replays from there, each micro-batch without its all-ones attention mask and with the loss's divisor a
+    tensor among the graph's inputs, Trainer's clipping, AdamW and ``zero_grad`` around them — the losses and the
+    final weights bit for bit the eager run's, with two micro-batches a step."""
+    from diffattn.cuda_graphs import GraphedMicroSteps
+    from diffattn.train import trainer as trainer_mod
+
+    from ..fake_cuda import fake_cuda_graphs, replaying_captures
+
+    cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=4, grad_accum=2)
+    pretrain(cfg, tmp_path / "eager")
+    replaying_captures(monkeypatch, fake_cuda_graphs(monkeypatch))
+    monkeypatch.setattr(trainer_mod, "check_cuda_graphs", lambda config, device: None)  # the CPU taken as a GPU
+    made = []
+
+    class Recorded(GraphedMicroSteps):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(trainer_mod, "GraphedMicroSteps", Recorded)
+    pretrain(cfg.with_overrides({"train.cuda_graphs": True}), tmp_path / "graphed")
+    (micro,) = made
+    assert micro.calls == 8 and micro.replays + micro.eager_calls == 5 and micro.replays >= 3
+    # no attention mask (all ones: SDPA's is_causal, as eagerly), the loss's divisor a tensor the graph reads
+    assert sorted(micro.static) == sorted(["input_ids", "labels", trainer_mod.DiffattnTrainer.NUM_ITEMS])
+    assert losses(tmp_path / "graphed") == losses(tmp_path / "eager")
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path / "eager" / "final").state_dict()
+    graphed = AutoModelForCausalLM.from_pretrained(tmp_path / "graphed" / "final").state_dict()
+    assert all(torch.equal(eager[k], graphed[k]) for k in eager)
+
+
+def test_graphs_are_refused_where_a_run_cannot_replay_them(corpus_file, monkeypatch):
+    from diffattn.train.adapt_config import AdaptRunConfig
+    from diffattn.train.trainer import check_cuda_graphs
+
+    cfg = debug_config(corpus_file, cuda_graphs=True)
+    with pytest.raises(ValueError, match="this run's device is cpu"):
+        check_cuda_graphs(cfg, torch.device("cpu"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="runs on one GPU: this run has 2 processes"):
+        check_cuda_graphs(cfg, torch.device("cuda"))
+    check_cuda_graphs(debug_config(corpus_file), torch.device("cpu"))  # off: nothing to check
+    with pytest.raises(ValueError, match=r"train\.cuda_graphs with train\.compile: choose one"):
+        cfg.with_overrides({"train.compile": "default"}).validate()
+    with pytest.raises(ValueError, match=r"train\.cuda_graphs with data\.packing"):
+        cfg.with_overrides({"data.packing": True}).validate()
+    with pytest.raises(ValueError, match=r"train\.cuda_graphs is diffattn pretrain's"):
+        AdaptRunConfig().with_overrides({"train.cuda_graphs": True}).validate()
+
+
+@pytest.mark.gpu
+def test_gpu_a_graphed_run_trains_as_the_eager_one(tmp_path):
+    """``diffattn pretrain --cuda-graphs`` on a GPU (bf16): DIFF's losses within 4x the eager run's own difference
+    from itself with two micro-batches a step (:func:`tests.helpers.assert_follows_eager`: the graph replays the eager
+    step's kernels, whose sums cuDNN's backward may order otherwise each run); both runs' tokens/s printed (a reading
+    beside the test, not a claim: `make gpu-report`'s step is where speed is measured)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import random
+
+    words = ["the", "a", "king", "queen", "sword", "crown", "night", "day", "speak", "hath", "thou", "art", "love"]
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus.jsonl"  # (no data package on the GPU machine: text made here)
+    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=400))}) + "\n" for _ in range(60)))
+    cfg = debug_config(corpus, max_steps=12, eval_every=12, save_every=12)
+    pretrain(cfg, tmp_path / "eager")
+    pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / "accum")
+    graphed = pretrain(cfg.with_overrides({"train.cuda_graphs": True}), tmp_path / "graphed")
+    assert_follows_eager(losses(tmp_path / "graphed"), losses(tmp_path / "eager"), losses(tmp_path / "accum"), "graphs")
+    eager = json.loads((tmp_path / "eager" / "summary.json").read_text())
+    print(f"tokens/s: eager {eager['tokens_per_s']:.0f}, graphed {graphed['tokens_per_s']:.0f}")

@@ -175,9 +175,14 @@ class TrainConfig:
     # a resume may change both (RUN_TIME_SETTINGS)
     compile: str | None = None
     compile_backend: str = "inductor"
+    # each micro-batch's forward and backward replayed from one CUDA graph (diffattn.cuda_graphs.GraphedMicroSteps,
+    # diffattn pretrain --cuda-graphs): a small model's step on a GPU is host-bound, and a replay is one launch for a
+    # thousand. One GPU, eager (not with compile, whose reduce-overhead mode graphs the step its own way), data.packing
+    # false (a flattened batch's length changes from batch to batch); how the step runs, not what it computes
+    cuda_graphs: bool = False
 
     #: the settings a resume may change: how far the run goes and how its step runs, not what it computes
-    RUN_TIME_SETTINGS = ("max_steps", "compile", "compile_backend")
+    RUN_TIME_SETTINGS = ("max_steps", "compile", "compile_backend", "cuda_graphs")
 
     @property
     def resolved_schedule_steps(self) -> int:
@@ -199,6 +204,11 @@ class TrainConfig:
             raise ValueError(
                 f"train.compile must be null (eager) or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
                 f"got {self.compile!r}"
+            )
+        if self.cuda_graphs and self.compile is not None:
+            raise ValueError(
+                "train.cuda_graphs with train.compile: choose one (compile's reduce-overhead mode replays the compiled "
+                "step as CUDA graphs itself)"
             )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
@@ -260,3 +270,12 @@ class RunConfig(SectionedConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self):
+        super().validate()
+        if self.train.cuda_graphs and self.data.packing:
+            raise ValueError(
+                "train.cuda_graphs with data.packing: a graph replays fixed shapes, and a batch of documents kept "
+                "apart is flattened to a length of its own; use data.packing false (concatenate and chunk)"
+            )
+        return self

@@ -18,6 +18,12 @@ progress bar. What we add:
 * **The vocabulary projection only where a label scores** (:func:`scored_positions_loss`), for batches that score at
   most half their positions (MQAR, answer-only needle rows): the model's own loss and gradients within float
   rounding, an MQAR step of a ``quick`` model in 0.60-0.67× the time on a CPU (``benchmarks/scored_loss.py``).
+* **The micro-step as one CUDA graph** (``train.cuda_graphs``, ``--cuda-graphs``): after three eager micro-steps, each
+  micro-batch's forward and backward is replayed from one captured graph (:class:`diffattn.cuda_graphs.
+  GraphedMicroSteps`), Trainer's clipping, AdamW and zeroing eager around it. A batch with padding (the data's last)
+  runs eagerly; every other batch runs without its all-ones attention mask, as transformers runs it eagerly (SDPA's
+  ``is_causal``), and with the model's own loss over every position (the scored-positions loss picks its positions on
+  the host: the same loss, more FLOPs, on retrieval-heavy data).
 
 Output folder layout: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/checkpoint-N/``, ``final/``,
 ``summary.json``.
@@ -41,7 +47,7 @@ from safetensors import safe_open
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
-from ..cuda_graphs import torch_compile_mode
+from ..cuda_graphs import GraphedMicroSteps, torch_compile_mode
 from ..data.packing import FlatteningCollator
 from ..files import (
     RUN_CONFIG,
@@ -208,9 +214,14 @@ class DiffattnTrainer(Trainer):
         keep_checkpoints: int,
         loss_average: str = "token",
         checkpoint_tokenizer=None,
+        cuda_graphs: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        # train.cuda_graphs: the micro-steps replayed from one graph (graphed_training_step), made at the first step
+        self.cuda_graphs = cuda_graphs
+        self.graphed: GraphedMicroSteps | None = None
+        self._graphed_accumulation: int | None = None  # the accumulation steps the loss was divided by at capture
         if self.pop_callback(ProgressCallback) is not None:  # its bar, without a dict per logging step
             self.add_callback(QuietProgressCallback)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
@@ -263,6 +274,38 @@ class DiffattnTrainer(Trainer):
         loss = _row_average(per_token, target != -100)
         return (loss, outputs) if return_outputs else loss
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.cuda_graphs:
+            return self.graphed_training_step(model, inputs, num_items_in_batch)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    #: the name the loss's divisor (transformers' ``num_items_in_batch``) travels under among a graphed step's inputs
+    NUM_ITEMS = "__num_items_in_batch"
+
+    def graphed_training_step(self, model, inputs, num_items_in_batch=None):
+        """Trainer's micro-step replayed from one CUDA graph (``train.cuda_graphs``; the module docstring): eager for
+        a batch with padding or once the accumulation steps differ from the capture's (the loss is divided by them as
+        a number); else without its all-ones attention mask, the divisor a tensor among the graph's inputs."""
+        inputs = self._prepare_inputs(inputs)
+        mask = inputs.get("attention_mask")
+        padded = mask is not None and not bool(mask.all())  # a host read a step: Trainer's loop reads the loss too
+        changed = self._graphed_accumulation not in (None, self.current_gradient_accumulation_steps)
+        if padded or changed:
+            return super().training_step(model, inputs, num_items_in_batch)
+        tensors = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        if num_items_in_batch is not None:
+            tensors[self.NUM_ITEMS] = torch.as_tensor(num_items_in_batch, device=tensors["input_ids"].device)
+        if self.graphed is None:
+            self._graphed_accumulation = self.current_gradient_accumulation_steps
+
+            def micro_step(given: dict) -> torch.Tensor:
+                batch = {k: v for k, v in given.items() if k != self.NUM_ITEMS}
+                return Trainer.training_step(self, model, batch, given.get(self.NUM_ITEMS))
+
+            # no mask in any replayed batch: transformers' masks as in the eager warm-up (none: SDPA's is_causal)
+            self.graphed = GraphedMicroSteps(micro_step, model.parameters(), masks_from_warm_up=True)
+        return self.graphed(tensors)
+
     def _scores_few_positions(self, model, inputs) -> bool:
         """Whether this training batch takes the scored-positions loss: at most :data:`SCORED_POSITIONS_SHARE` of its
         positions scored (an MQAR or answer-only needle batch), one process, and a model whose forward is HF's
@@ -270,6 +313,8 @@ class DiffattnTrainer(Trainer):
         wrapped by DDP, PEFT or torch.compile): anything else takes the model's own loss."""
         labels = inputs.get("labels")
         if labels is None or self.accelerator.num_processes != 1 or self.label_smoother is not None:
+            return False
+        if self.cuda_graphs:  # the positions are picked on the host, which a graph cannot do: the model's own loss
             return False
         if self.compute_loss_func is not None or self.accelerator.unwrap_model(model) is not model:
             return False
@@ -654,6 +699,7 @@ def pretrain(
         )
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
+    check_cuda_graphs(config, args.device)
     state = PartialState()
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
@@ -693,6 +739,7 @@ def pretrain(
             keep_checkpoints=config.train.keep_checkpoints,
             loss_average=config.train.loss_average,
             checkpoint_tokenizer=tok,
+            cuda_graphs=config.train.cuda_graphs,
         )
     t0 = time.perf_counter()
     if resume and checkpoint is None:
@@ -721,6 +768,19 @@ def pretrain(
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     release_folder(run_dir)  # (a run that fails keeps it until its process ends, or resumes in this process)
     return summary
+
+
+def check_cuda_graphs(config: RunConfig, device: torch.device) -> None:
+    """Why ``train.cuda_graphs`` cannot run here (a ValueError), or nothing: it replays CUDA graphs on one GPU."""
+    if not config.train.cuda_graphs:
+        return
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"train.cuda_graphs replays CUDA graphs: this run's device is {device}")
+    if _world_size() > 1:
+        raise ValueError(
+            f"train.cuda_graphs runs on one GPU: this run has {_world_size()} processes (DDP's and FSDP's "
+            "communication inside a captured backward is not supported here)"
+        )
 
 
 def _check_seq_len(config: RunConfig) -> None:
