@@ -193,10 +193,11 @@ def calls_of(table: dict[str, list[float]], names) -> float:
 
 def profile_host(fn: Callable[[], object], calls: int = 1) -> tuple[float, dict[str, list[float]]]:
     """``fn()`` run ``calls`` times under ``torch.profiler`` with CPU activity and the Python tracer (``with_stack``;
-    CUDA activity too where CUDA is available, for the runtime's calls): per call, the profiled run's wall time in ms
-    and the :func:`host_table` of its events. The tracer costs time of its own in every Python call (the wall time is
-    the profiled run's, longer than an unprofiled one): compare columns, not a column with its timed step. A profiler
-    that fails raises (the caller decides what that costs)."""
+    CUDA activity too where CUDA is available, for the runtime's calls): per call, the host's time in ms until ``fn``
+    returned (its waits on the GPU included, the GPU's work after it not: the GPU is synchronised before and after,
+    outside the profile, so the waits counted are the step's own) and the :func:`host_table` of its events. The
+    tracer costs time of its own in every Python call (longer than an unprofiled step): compare columns, not a column
+    with its timed step. A profiler that fails raises (the caller decides what that costs)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -207,7 +208,7 @@ def profile_host(fn: Callable[[], object], calls: int = 1) -> tuple[float, dict[
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        if cuda:
-            torch.cuda.synchronize()
-        wall_ms = 1e3 * (time.perf_counter() - t0)
-    return wall_ms / calls, host_table(prof.events(), per=calls)
+        host_ms = 1e3 * (time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize()
+    return host_ms / calls, host_table(prof.events(), per=calls)

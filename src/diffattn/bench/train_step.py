@@ -148,7 +148,8 @@ class StepRow:
     #: autograd nodes, CUDA runtime calls and Python functions). Where the step is host-bound its wall time is this;
     #: the rows some DIFF column has beyond the baseline's are what its extra time is made of (:func:`format_host`)
     host_ms: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    #: the host-profiled step's wall time, per column: longer than ``ms`` by the tracer's own cost (compare columns)
+    #: the host-profiled step's host time until it returned, per column: longer than ``ms`` by the tracer's own cost
+    #: (compare columns)
     host_wall_ms: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, column: str) -> float:
@@ -401,7 +402,7 @@ def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list
 
 
 def host_profiles(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
-    """Per column, from one step under the host's profiler (:func:`diffattn.bench.kernels.profile_host`): its wall
+    """Per column, from one step under the host's profiler (:func:`diffattn.bench.kernels.profile_host`): its host
     time (:attr:`StepRow.host_wall_ms`) and where the host's time went (:attr:`StepRow.host_ms`). A profiler that
     fails gives no figures (one line), not the end of the benchmark."""
     walls, tables = {}, {}
@@ -485,7 +486,7 @@ def format_kernels(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
 
 
 def format_host(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
-    """Per row with a host profile (:attr:`StepRow.host_ms`): the profiled step's wall time, kernel launches and host
+    """Per row with a host profile (:attr:`StepRow.host_ms`): the profiled step's host time, kernel launches and host
     waits on the GPU per column, then :func:`diffattn.bench.kernels.format_kernel_table` of the rows by which some
     column's host time exceeds the baseline's most. Empty without host profiles."""
     parts = []
@@ -495,7 +496,7 @@ def format_host(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
         labels = {c: column_label(c) for c in r.host_ms}
         width = max(14, *(len(v) + 1 for v in labels.values()))
         figures = {
-            "profiled step, wall ms": [r.host_wall_ms.get(c, float("nan")) for c in r.host_ms],
+            "profiled step, host ms": [r.host_wall_ms.get(c, float("nan")) for c in r.host_ms],
             "kernel launches (calls)": [calls_of(t, LAUNCH_CALLS) for t in r.host_ms.values()],
             "host waits on the GPU": [calls_of(t, SYNC_CALLS) for t in r.host_ms.values()],
         }
