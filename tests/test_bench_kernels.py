@@ -156,5 +156,7 @@ def test_the_host_table_shows_what_a_column_has_beyond_the_first():
     assert [line.split()[0] for line in lines[2:4]] == ["aten::add", "diffattn/ops/direct.py(9):"]
     assert lines[1].split()[0] == "host" and lines[-1].split()[:2] == ["(all", "host)"]
     assert lines[-1].split()[2:4] == ["6.00", "(14)"]
+    wide = kernels.format_kernel_table("t", {"a": {"x": [1234.56, 12345]}, "b": {"x": [1.0, 1]}}, what="host")
+    assert wide.splitlines()[-1].split() == ["(all", "host)", "1234.56", "(12345)", "1.00", "(1)"]  # cells apart
     longest = kernels.format_kernel_table("t", tables, shown=1).splitlines()
     assert longest[2].split()[0] == "aten::mm" and longest[-1].split()[:2] == ["(all", "kernels)"]

@@ -133,19 +133,18 @@ def format_kernel_table(
 
     top = sorted(names, key=lambda n: (-rank(n), n))[:shown]
     total = f"(all {what}s)" if what == "kernel" else f"(all {what})"
-    width = max(14, *(len(c) + 1 for c in columns))
     wide = max(len(n) for n in [*top, total])  # whole names: cuDNN's name their engine at the end
 
     def cell(ms: float, launches: float) -> str:  # launches per call: whole, or a mean over calls
         return f"{ms:.2f} ({launches:.0f})" if float(launches).is_integer() else f"{ms:.2f} ({launches:.1f})"
 
-    lines = [title, f"{what:<{wide}}" + "".join(f"{c:>{width}}" for c in columns)]
-    for n in top:
-        cells = [cell(*tables[c][n]) if n in tables[c] else "—" for c in columns]
-        lines.append(f"{n:<{wide}}" + "".join(f"{x:>{width}}" for x in cells))
+    rows = [(n, [cell(*tables[c][n]) if n in tables[c] else "—" for c in columns]) for n in top]
     for label, shown_too in (("(the rest)", False), (total, True)):
         sums = [[sum(v[i] for n, v in tables[c].items() if shown_too or n not in top) for i in (0, 1)] for c in columns]
-        lines.append(f"{label:<{wide}}" + "".join(f"{cell(*x):>{width}}" for x in sums))
+        rows.append((label, [cell(*x) for x in sums]))
+    width = max(14, *(len(c) + 1 for c in columns), *(len(x) + 1 for _, cells in rows for x in cells))
+    lines = [title, f"{what:<{wide}}" + "".join(f"{c:>{width}}" for c in columns)]
+    lines += [f"{n:<{wide}}" + "".join(f"{x:>{width}}" for x in cells) for n, cells in rows]
     return "\n".join(lines)
 
 
