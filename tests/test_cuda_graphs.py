@@ -409,3 +409,4 @@ def test_a_graphed_micro_step_that_reads_the_host_is_refused_saying_so(fake_cuda
         RuntimeError, match=r"could not be captured as a CUDA graph: .*_local_scalar_dense.*a host read"
     ):
         micro({"ids": ids})
+    assert micro.graph is None  # nothing half-captured is ever replayed

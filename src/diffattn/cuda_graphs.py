@@ -382,18 +382,18 @@ class GraphedMicroSteps:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             before = [p.grad.clone() for p in self.params]
-        self.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         if self.masks is not None:
             self.masks.capturing, self.masks.calls = True, 0
         try:
             with self.masks or contextlib.nullcontext():
-                self.static_loss = capture(self.graph, lambda: self.body(self.static), stream=self.stream)
+                self.static_loss = capture(graph, lambda: self.body(self.static), stream=self.stream)
         finally:
             if self.masks is not None:
                 self.masks.capturing = False
         with torch.no_grad():  # as before the capture (a real one runs nothing; a stack that ran its block, as the
             torch._foreach_copy_([p.grad for p in self.params], before)  # CPU tests' fake capture does, undone)
-        self.grads = [p.grad for p in self.params]
+        self.graph, self.grads = graph, [p.grad for p in self.params]  # (a capture that failed leaves no graph)
 
     def _gradients_in_place(self) -> None:
         """Each parameter's ``.grad`` the captured tensor again, holding what the loop left there (module docstring)."""
