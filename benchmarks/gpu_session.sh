@@ -153,8 +153,11 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
     $PY -m diffattn bench train-step --presets small --seq-lens 1024 --batch 4 --reps 10 --dtype bf16 --compile \
     --compile-mode reduce-overhead --json "$OUT/train_compiled.json"
   # where [V; V] by its kernels went on: V1's one-call routes timed again on its training classes (d = 64 and 128),
-  # now with it (the sweep extends this run's entry: route_sweep --plan v_copies), so the targets read them as they run
-  want resweep && grep -q "^fused_v_copies: on" "$OUT/switches.txt" 2>/dev/null && \
+  # now with it (the sweep extends this run's entry: route_sweep --plan v_copies), so the targets read them as they run.
+  # On by this call's step (switches.txt), or, where this call ran no step that decides it, by the table in force
+  # (the shipped entry of 2026-11-29 has it on: a call with STEPS=resweep and no train step times it too)
+  want resweep && { grep -q "^fused_v_copies: on" "$OUT/switches.txt" 2>/dev/null || { [ ! -f "$OUT/switches.txt" ] && \
+    $PY -c "import sys; from diffattn.ops.routes import v_copies_in_kernel; sys.exit(not v_copies_in_kernel(0))"; }; } && \
     step 90 "route sweep again: V1's one-call routes with [V; V] by its kernels" $PY -m diffattn.bench.route_sweep \
     --out "$OUT" --budget-s 70 --warm-s 0 --plan v_copies
   # with the route the first H200 entry defaulted d = 96 to (sdpa) and the one its second lease's sweep chose for

@@ -68,8 +68,9 @@ if script == "diffattn.bench.switches":
 """
 
 
-@pytest.mark.heavy  # a dozen Python processes each importing torch
-def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_path):
+def _dry_run(tmp_path, **env_more) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """benchmarks/gpu_session.sh run with the stand-in Python (and ``env_more`` in its environment): the finished
+    process and every stand-in call's argv but the versions line's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'dry run GPU, 0, 0 MiB, 0 MHz'\n")
@@ -79,9 +80,17 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
         f.chmod(0o755)
     log, out = tmp_path / "argv.jsonl", tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(stand_in), "OUT": str(out),
-           "BUDGET_S": "100000", "DRY_LOG": str(log), "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+           "BUDGET_S": "100000", "DRY_LOG": str(log), "PYTHONPATH": str(ROOT / "src"), **env_more}  # fmt: skip
     done = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, [c for c in calls if not (c[:1] == ["-c"] and "import torch, triton, transformers" in c[1])]
+
+
+@pytest.mark.heavy  # a dozen Python processes each importing torch
+def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_path):
+    done, _ = _dry_run(tmp_path)
+    log = tmp_path / "argv.jsonl"
     text = done.stdout + done.stderr
     assert done.returncode == 0, text
     assert "exit code" not in text and "skipped" not in text, text  # every step ran, none refused its arguments
@@ -103,3 +112,15 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     assert len(compiled) == 1 and compiled[0][compiled[0].index("--compile-mode") + 1] == "reduce-overhead"
     kernel = [c for c in calls if any(a.endswith("train_kernel.json") for a in c)]
     assert len(kernel) == 1 and kernel[0][kernel[0].index("--backends") + 1] == "triton"
+
+
+@pytest.mark.heavy  # a few Python processes each importing torch
+def test_a_call_with_the_resweep_and_no_train_step_reads_the_switch_from_the_table_in_force(tmp_path):
+    # STEPS=graphed,resweep (the next lease's first call): no switches.txt in OUT, so whether [V; V] by its kernels is
+    # on is asked of the route table in force (the shipped entry has it on; the stand-in answers yes), and V1's
+    # one-call routes are swept again with it
+    done, calls = _dry_run(tmp_path, STEPS="graphed,resweep")
+    assert done.returncode == 0, done.stdout + done.stderr
+    asked = [c for c in calls if c[:1] == ["-c"] and "v_copies_in_kernel" in c[1]]
+    swept = [c for c in calls if c[:2] == ["-m", "diffattn.bench.route_sweep"]]
+    assert len(asked) == 1 and len(swept) == 1 and swept[0][swept[0].index("--plan") + 1] == "v_copies"
