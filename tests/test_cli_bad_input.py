@@ -85,6 +85,9 @@ CASES = [
     ("pretrain --out {new} --fsdp --data {corpus}", r"--fsdp\) needs CUDA"),
     ("pretrain --out {new} --compile fast", r"argument --compile: invalid choice: 'fast'"),
     ("adapt --out {new} --set train.compile=fast", r"train.compile must be null \(eager\) or a torch.compile mode"),
+    ("pretrain --out {new} --cuda-graphs", r"train\.cuda_graphs replays CUDA graphs: this run's device is cpu"),
+    ("pretrain --out {new} --cuda-graphs --packing", r"train\.cuda_graphs with data\.packing"),
+    ("adapt --out {new} --cuda-graphs --compile", r"train\.cuda_graphs with train\.compile: choose one"),
     # ---- adapt
     ("adapt --out {new} --model gemma3-270m", r"unknown pretrained model 'gemma3-270m': give one of smollm2-135m"),
     ("adapt --out {new} --model /no/such/folder", r"does not exist"),

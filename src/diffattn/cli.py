@@ -320,6 +320,7 @@ _ADAPT_FLAGS = {
     "lr": "train.lr",
     **_CADENCE_FLAGS,
     "compile": "train.compile",
+    "cuda_graphs": "train.cuda_graphs",
 }
 
 
@@ -551,21 +552,14 @@ def _add_pretrain_command(sub) -> None:
     _add_cadence_flags(p)
     p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
     _add_compile_flag(p)
-    p.add_argument(
-        "--cuda-graphs",
-        action="store_const",
-        const=True,
-        default=None,
-        help="one GPU: each micro-batch's forward and backward replayed from one CUDA graph after three eager steps "
-        "(train.cuda_graphs; not with --compile or --packing): a small model's host-bound step without its launches",
-    )
     p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="any config field")
     _add_resume_or_overwrite(p)
     p.set_defaults(func=cmd_pretrain)
 
 
 def _add_compile_flag(p) -> None:
-    """``--compile [MODE]`` (``train.compile``) of the training commands."""
+    """``--compile [MODE]`` (``train.compile``) and ``--cuda-graphs`` (``train.cuda_graphs``) of the training
+    commands: the two ways to take a small model's host-bound step on a GPU out of the host's hands."""
     from .cuda_graphs import COMPILE_MODES
 
     p.add_argument(
@@ -577,6 +571,14 @@ def _add_compile_flag(p) -> None:
         help="the model's forward and backward through torch.compile (inductor; --set train.compile_backend=NAME "
         f"for another), MODE one of {', '.join(COMPILE_MODES)} (default: default); reduce-overhead replays them as "
         "CUDA graphs, for a small model's host-bound step on a GPU",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_const",
+        const=True,
+        default=None,
+        help="one GPU: each micro-batch's forward and backward replayed from one CUDA graph after three eager steps "
+        "(train.cuda_graphs; not with --compile, nor pretrain's --packing): the host-bound step without its launches",
     )
 
 

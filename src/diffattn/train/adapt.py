@@ -77,6 +77,7 @@ from .trainer import (
     _final_eval,
     _step,
     check_checkpoint_fits,
+    check_cuda_graphs,
     check_run_dir,
     distribution,
     finished_summary,
@@ -137,6 +138,7 @@ def adapt_pretrained(
     config.validate()
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)
+    check_cuda_graphs(config, args.device)
     state = PartialState()
     options, checkpoint = _check_run_folder(config, run_dir, resume=resume, overwrite=overwrite)
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
@@ -292,6 +294,7 @@ def _adapter_trainer(config: AdaptRunConfig, model, args, run_dir: Path, train, 
             extra_no_decay=extra_no_decay,
             differential=differential,
             lambda_lr=lambda_lr,
+            cuda_graphs=config.train.cuda_graphs,
         )
 
 

@@ -141,11 +141,6 @@ class AdaptTrainConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.cuda_graphs:
-            raise ValueError(
-                "train.cuda_graphs is diffattn pretrain's: an adapted model's step is not graphed yet (use "
-                "train.compile reduce-overhead)"
-            )
         v = self.lambda_lr
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
             raise ValueError(f"train.lambda_lr must be a learning rate > 0 (or null for the default), got {v!r}")

@@ -770,8 +770,9 @@ def pretrain(
     return summary
 
 
-def check_cuda_graphs(config: RunConfig, device: torch.device) -> None:
-    """Why ``train.cuda_graphs`` cannot run here (a ValueError), or nothing: it replays CUDA graphs on one GPU."""
+def check_cuda_graphs(config, device: torch.device) -> None:
+    """Why ``train.cuda_graphs`` (of a :class:`RunConfig` or an ``AdaptRunConfig``) cannot run here (a ValueError), or
+    nothing: it replays CUDA graphs on one GPU."""
     if not config.train.cuda_graphs:
         return
     if torch.device(device).type != "cuda":
