@@ -92,3 +92,16 @@ def decode_token_by_token(model, ids: torch.Tensor, prefill: int, cache=None) ->
         steps.append(out.logits)
         cache = out.past_key_values
     return torch.cat(steps, 1), cache
+
+
+def rows_without_masks(dataset_class):
+    """``dataset_class`` (diffattn.train.data.PackedDataset) whose rows carry no attention mask: an eager run that
+    computes what a graphed one does (``train.cuda_graphs`` leaves out a mask padded at the row's end), to hold the
+    graphed run's bookkeeping to bit for bit. That leaving the mask out changes no scored position is tested on its
+    own (tests/test_cuda_graphs.py)."""
+
+    class WithoutMasks(dataset_class):
+        def __getitem__(self, i):
+            return {k: v for k, v in super().__getitem__(i).items() if k != "attention_mask"}
+
+    return WithoutMasks

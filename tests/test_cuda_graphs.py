@@ -343,6 +343,10 @@ def _micro_step(model):
     return body
 
 
+def _used(model) -> list:
+    return [p for p in model.parameters() if p is not getattr(model, "unused", None)]
+
+
 def test_graphed_micro_steps_add_into_the_gradients_as_eager_ones_whatever_the_loop_did_to_them(monkeypatch, fake_cuda):
     """``GraphedMicroSteps`` (``diffattn pretrain --cuda-graphs``): warm-up calls eager on the side stream, then one
     capture on it, then replays (here: what was captured run again, :func:`tests.fake_cuda.replaying_captures`), each
@@ -352,6 +356,8 @@ def test_graphed_micro_steps_add_into_the_gradients_as_eager_ones_whatever_the_l
     replaying_captures(monkeypatch, fake_cuda)
     model, _ = _model_and_batch()
     twin, _ = _model_and_batch()
+    for m in (model, twin):  # a parameter the forward never uses: no gradient, graphed or not (AdamW skips it)
+        m.unused = torch.nn.Parameter(torch.ones(3))
     micro, eager = GraphedMicroSteps(_micro_step(model), model.parameters(), warmup_steps=2), _micro_step(twin)
     g = torch.Generator().manual_seed(1)
 
@@ -362,7 +368,8 @@ def test_graphed_micro_steps_add_into_the_gradients_as_eager_ones_whatever_the_l
         loss = micro(inputs).clone()
         assert torch.equal(loss, eager(inputs))
         for p, q in zip(model.parameters(), twin.parameters(), strict=True):
-            assert torch.equal(p.grad, q.grad)
+            assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
+        assert model.unused.grad is None
 
     def zero_grad():
         model.zero_grad(set_to_none=True)
@@ -374,17 +381,17 @@ def test_graphed_micro_steps_add_into_the_gradients_as_eager_ones_whatever_the_l
     zero_grad()
     both(batch())  # captured (on the warm-up's stream), then replayed: the gradients from zero
     assert fake_cuda.events[-2:] == ["capture on side", "captured"] and micro.replays == fake_cuda.replays == 1
-    captured = [p.grad for p in model.parameters()]
+    captured = [p.grad for p in _used(model)]
     both(batch())  # accumulated onto it
     zero_grad()
     both(batch())
-    assert all(p.grad is c for p, c in zip(model.parameters(), captured, strict=True))
+    assert all(p.grad is c for p, c in zip(_used(model), captured, strict=True))
     both(batch(n=8))  # another shape: eager, into the same gradients
     assert micro.eager_calls == 1 and micro.replays == 3
-    for p, q in zip(model.parameters(), twin.parameters(), strict=True):  # the loop's own tensors (an out-of-place
-        p.grad, q.grad = p.grad * 0.5, q.grad * 0.5  # clip, say): copied in, then added to
+    for p, q in zip(_used(model), _used(twin), strict=True):  # the loop's own tensors (an out-of-place clip, say):
+        p.grad, q.grad = p.grad * 0.5, q.grad * 0.5  # copied in, then added to
     both(batch())
-    assert micro.replays == 4 and all(p.grad is c for p, c in zip(model.parameters(), captured, strict=True))
+    assert micro.replays == 4 and all(p.grad is c for p, c in zip(_used(model), captured, strict=True))
     zero_grad()
     both(batch(n=8))  # eager from None: new tensors, which the next replay copies into the captured ones
     both(batch())
@@ -410,3 +417,29 @@ def test_a_graphed_micro_step_that_reads_the_host_is_refused_saying_so(fake_cuda
     ):
         micro({"ids": ids})
     assert micro.graph is None  # nothing half-captured is ever replayed
+
+
+@pytest.mark.parametrize("attention", ["standard", "diff", "diff-v2"])
+def test_a_row_padded_at_its_end_scores_as_without_its_mask(attention):
+    """What ``train.cuda_graphs`` relies on to leave a batch's attention mask out (the packed data's last row is
+    padded at its end, its pad positions labelled -100): a causal model's loss and every gradient are those of the
+    masked batch, within float32 rounding of the masked batch's float64 values (tests/ops/rounding.py)."""
+    import copy
+
+    from .ops.rounding import assert_within_rounding
+
+    model, ids = _model_and_batch(attention)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def run(dtype, with_mask):
+        m = copy.deepcopy(model).to(dtype)
+        loss = m(input_ids=ids, labels=labels, attention_mask=mask if with_mask else None, use_cache=False).loss
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in m.parameters()]
+
+    gold, plain, got = run(torch.float64, True), run(torch.float32, True), run(torch.float32, False)
+    names = ["loss"] + [n for n, _ in model.named_parameters()]
+    for name, g, p, x in zip(names, gold, plain, got, strict=True):
+        assert_within_rounding(name, x, g, [p], torch.float32)

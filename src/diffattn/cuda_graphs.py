@@ -296,7 +296,8 @@ class GraphedMicroSteps:
     thousand launches, are one.
 
     Gradients: from the capture on, each parameter's ``.grad`` is one tensor that every replay adds into, as eager
-    backward adds into an existing gradient, so accumulation over micro-batches works as eagerly. What the loop did to
+    backward adds into an existing gradient, so accumulation over micro-batches works as eagerly (the parameters the
+    warm-up calls gave a gradient: one the forward never uses keeps none, as eagerly). What the loop did to
     ``.grad`` between calls is honoured before a replay: set to None (``zero_grad()``'s default) — that tensor zeroed
     in place and put back; replaced by another (an eager call's) — copied in. The loss returned is the graph's static
     output, which the next call overwrites.
@@ -331,6 +332,9 @@ class GraphedMicroSteps:
         self.static: dict[str, torch.Tensor] = {}
         self.static_loss: torch.Tensor | None = None
         self.grads: list[torch.Tensor] = []
+        #: the parameters a warm-up call gave a gradient (by id): only theirs are the graph's, so a parameter the
+        #: forward never uses keeps no gradient, as eagerly (AdamW skips it: no decay, no moments)
+        self.receiving: set[int] = set()
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         self.calls += 1
@@ -340,10 +344,12 @@ class GraphedMicroSteps:
                 if recording:
                     self.masks.recording = True
                 try:
-                    return self.body(inputs)
+                    loss = self.body(inputs)
                 finally:
                     if recording:
                         self.masks.recording = False
+            self.receiving.update(id(p) for p in self.params if p.grad is not None)
+            return loss
         if self.graph is None:
             self._capture(inputs)
         elif not self._matches(inputs):
@@ -362,9 +368,11 @@ class GraphedMicroSteps:
         if self.stream is None:
             self.stream = torch.cuda.Stream()
         self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            yield
-        torch.cuda.current_stream().wait_stream(self.stream)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            torch.cuda.current_stream().wait_stream(self.stream)
 
     def _matches(self, inputs: dict[str, torch.Tensor]) -> bool:
         return inputs.keys() == self.static.keys() and all(
@@ -377,6 +385,7 @@ class GraphedMicroSteps:
         if bad:
             raise ValueError(f"a graphed micro-step takes tensors by name: {', '.join(bad)} not a tensor")
         self.static = {k: x.detach().clone() for k, x in inputs.items()}
+        self.params = [p for p in self.params if id(p) in self.receiving]
         with torch.no_grad():
             for p in self.params:  # every gradient a tensor before the capture: backward adds into it, in place
                 if p.grad is None:

@@ -519,14 +519,18 @@ def test_a_graphed_run_trains_as_the_eager_one(corpus_file, tmp_path, monkeypatc
     by running what it captured again (:func:`tests.fake_cuda.replaying_captures`): three eager micro-steps, one
     capture, replays from there, each micro-batch without its all-ones attention mask and with the loss's divisor a
     tensor among the graph's inputs, Trainer's clipping, AdamW and ``zero_grad`` around them — the losses and the
-    final weights bit for bit the eager run's, with two micro-batches a step."""
+    final weights bit for bit an eager run's without attention masks (:func:`tests.helpers.rows_without_masks`), with
+    two micro-batches a step."""
     from diffattn.cuda_graphs import GraphedMicroSteps
     from diffattn.train import trainer as trainer_mod
 
     from ..fake_cuda import fake_cuda_graphs, replaying_captures
+    from ..helpers import rows_without_masks
 
     cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=4, grad_accum=2)
-    pretrain(cfg, tmp_path / "eager")
+    with monkeypatch.context() as m:
+        m.setattr(trainer_mod, "PackedDataset", rows_without_masks(trainer_mod.PackedDataset))
+        pretrain(cfg, tmp_path / "eager")
     replaying_captures(monkeypatch, fake_cuda_graphs(monkeypatch))
     monkeypatch.setattr(trainer_mod, "check_cuda_graphs", lambda config, device: None)  # the CPU taken as a GPU
     made = []
@@ -539,8 +543,8 @@ def test_a_graphed_run_trains_as_the_eager_one(corpus_file, tmp_path, monkeypatc
     monkeypatch.setattr(trainer_mod, "GraphedMicroSteps", Recorded)
     pretrain(cfg.with_overrides({"train.cuda_graphs": True}), tmp_path / "graphed")
     (micro,) = made
-    assert micro.calls == 8 and micro.replays + micro.eager_calls == 5 and micro.replays >= 3
-    # no attention mask (all ones: SDPA's is_causal, as eagerly), the loss's divisor a tensor the graph reads
+    assert micro.calls == 8 and micro.replays == 5 and micro.eager_calls == 0
+    # no attention mask (SDPA's is_causal), the loss's divisor a tensor the graph reads
     assert sorted(micro.static) == sorted(["input_ids", "labels", trainer_mod.DiffattnTrainer.NUM_ITEMS])
     assert losses(tmp_path / "graphed") == losses(tmp_path / "eager")
     eager = AutoModelForCausalLM.from_pretrained(tmp_path / "eager" / "final").state_dict()
@@ -548,17 +552,35 @@ def test_a_graphed_run_trains_as_the_eager_one(corpus_file, tmp_path, monkeypatc
     assert all(torch.equal(eager[k], graphed[k]) for k in eager)
 
 
+def test_a_mask_padded_at_the_ends_only_is_left_out_of_a_graphed_step():
+    # ones then zeros in every row: a causal model's scored positions are computed as without the mask
+    from diffattn.train.trainer import right_padded
+
+    assert right_padded(torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]]))
+    assert not right_padded(torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]))  # padded at the start
+    assert not right_padded(torch.tensor([[1, 0, 1, 1]]))  # a hole
+    assert not right_padded(torch.tensor([[2, 1, 0, 0]]))  # not a 0/1 mask
+
+
 def test_graphs_are_refused_where_a_run_cannot_replay_them(corpus_file, monkeypatch):
+    from types import SimpleNamespace
+
     from diffattn.train.adapt_config import AdaptRunConfig
     from diffattn.train.trainer import check_cuda_graphs
 
+    def args(device, n_gpu=1):
+        return SimpleNamespace(device=torch.device(device), n_gpu=n_gpu)
+
     cfg = debug_config(corpus_file, cuda_graphs=True)
     with pytest.raises(ValueError, match="this run's device is cpu"):
-        check_cuda_graphs(cfg, torch.device("cpu"))
+        check_cuda_graphs(cfg, args("cpu"))
+    with pytest.raises(ValueError, match=r"this process sees 2, which Trainer would drive by nn\.DataParallel"):
+        check_cuda_graphs(cfg, args("cuda", n_gpu=2))
+    check_cuda_graphs(cfg, args("cuda"))
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="runs on one GPU: this run has 2 processes"):
-        check_cuda_graphs(cfg, torch.device("cuda"))
-    check_cuda_graphs(debug_config(corpus_file), torch.device("cpu"))  # off: nothing to check
+        check_cuda_graphs(cfg, args("cuda"))
+    check_cuda_graphs(debug_config(corpus_file), args("cpu"))  # off: nothing to check
     with pytest.raises(ValueError, match=r"train\.cuda_graphs with train\.compile: choose one"):
         cfg.with_overrides({"train.compile": "default"}).validate()
     with pytest.raises(ValueError, match=r"train\.cuda_graphs with data\.packing"):

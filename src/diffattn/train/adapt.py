@@ -138,7 +138,7 @@ def adapt_pretrained(
     config.validate()
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)
-    check_cuda_graphs(config, args.device)
+    check_cuda_graphs(config, args)
     state = PartialState()
     options, checkpoint = _check_run_folder(config, run_dir, resume=resume, overwrite=overwrite)
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None

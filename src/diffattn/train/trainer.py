@@ -222,6 +222,7 @@ class DiffattnTrainer(Trainer):
         self.cuda_graphs = cuda_graphs
         self.graphed: GraphedMicroSteps | None = None
         self._graphed_accumulation: int | None = None  # the accumulation steps the loss was divided by at capture
+        self._masks_droppable: bool | None = None  # the training rows padded at their ends only (read once)
         if self.pop_callback(ProgressCallback) is not None:  # its bar, without a dict per logging step
             self.add_callback(QuietProgressCallback)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
@@ -283,12 +284,19 @@ class DiffattnTrainer(Trainer):
     NUM_ITEMS = "__num_items_in_batch"
 
     def graphed_training_step(self, model, inputs, num_items_in_batch=None):
-        """Trainer's micro-step replayed from one CUDA graph (``train.cuda_graphs``; the module docstring): eager for
-        a batch with padding or once the accumulation steps differ from the capture's (the loss is divided by them as
-        a number); else without its all-ones attention mask, the divisor a tensor among the graph's inputs."""
+        """Trainer's micro-step replayed from one CUDA graph (``train.cuda_graphs``; the module docstring), without
+        the batch's attention mask and with the loss's divisor a tensor among the graph's inputs. The mask is left out
+        where the training rows are padded only at their ends (:func:`right_padded`, read once on the host: a tail of
+        padding changes no scored position of a causal model, and its positions score nothing); else a batch with any
+        padding (read on the host, a sync a step) runs eagerly, as does every batch once the accumulation steps differ
+        from the capture's (the loss is divided by them as a number)."""
         inputs = self._prepare_inputs(inputs)
+        if self._masks_droppable is None:
+            self._masks_droppable = isinstance(self.train_dataset, PackedDataset) and right_padded(
+                self.train_dataset.packed.attention_mask
+            )
         mask = inputs.get("attention_mask")
-        padded = mask is not None and not bool(mask.all())  # a host read a step: Trainer's loop reads the loss too
+        padded = mask is not None and not self._masks_droppable and not bool(mask.all())
         changed = self._graphed_accumulation not in (None, self.current_gradient_accumulation_steps)
         if padded or changed:
             return super().training_step(model, inputs, num_items_in_batch)
@@ -699,7 +707,7 @@ def pretrain(
         )
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)  # also sets up the process group under torchrun
-    check_cuda_graphs(config, args.device)
+    check_cuda_graphs(config, args)
     state = PartialState()
     checkpoint = check_run_dir(run_dir, config, resume=resume, overwrite=overwrite)
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
@@ -770,18 +778,30 @@ def pretrain(
     return summary
 
 
-def check_cuda_graphs(config, device: torch.device) -> None:
-    """Why ``train.cuda_graphs`` (of a :class:`RunConfig` or an ``AdaptRunConfig``) cannot run here (a ValueError), or
-    nothing: it replays CUDA graphs on one GPU."""
+def check_cuda_graphs(config, args: TrainingArguments) -> None:
+    """Why ``train.cuda_graphs`` (of a :class:`RunConfig` or an ``AdaptRunConfig``) cannot run with these training
+    arguments (a ValueError), or nothing: it replays CUDA graphs on one GPU."""
     if not config.train.cuda_graphs:
         return
-    if torch.device(device).type != "cuda":
-        raise ValueError(f"train.cuda_graphs replays CUDA graphs: this run's device is {device}")
+    if args.device.type != "cuda":
+        raise ValueError(f"train.cuda_graphs replays CUDA graphs: this run's device is {args.device}")
     if _world_size() > 1:
         raise ValueError(
             f"train.cuda_graphs runs on one GPU: this run has {_world_size()} processes (DDP's and FSDP's "
             "communication inside a captured backward is not supported here)"
         )
+    if args.n_gpu > 1:
+        raise ValueError(
+            f"train.cuda_graphs runs on one GPU: this process sees {args.n_gpu}, which Trainer would drive by "
+            "nn.DataParallel (its replicas cannot be captured); choose one with CUDA_VISIBLE_DEVICES"
+        )
+
+
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row of a [rows, seq_len] 0/1 ``attention_mask`` is padded at its end only (ones, then zeros):
+    then a causal model's positions before the padding are computed as without the mask."""
+    mask = attention_mask.bool()
+    return bool((mask == attention_mask).all()) and bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
 def _check_seq_len(config: RunConfig) -> None:
