@@ -3,10 +3,12 @@
 # run in processes of its own (a crash is one line, not the end); a step that no longer fits is skipped with a line.
 # Writes into $OUT (default benchmarks/gpu-report), these files:
 #   routes.md, routes.jsonl, route_table.json  the route sweep (diffattn.bench.route_sweep) and the table it gives
-#   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table,
+#   train.json                                 the bf16 train step (small, seq 1024 and 4096) with that table, and
 #                                              each column's kernels in one profiled step (kernel_ms; log: a table)
-#                                              and its host time in one more (host_ms: by op, autograd node, CUDA
-#                                              runtime call and Python function; log: the rows beyond the baseline's)
+#   train_host.json                            the same step at 1024 with DIFF's one-node route beside the default
+#                                              columns, each column's host time in one more step (host_ms: by op,
+#                                              autograd node, CUDA runtime call and Python function; log: the rows
+#                                              beyond the baseline's, launches and host waits)
 #   switches.txt                               the route table's kernel switches and the small class's first route
 #                                              decided from that step (written into route_table.json's entry:
 #                                              diffattn.bench.switches)
@@ -34,8 +36,8 @@
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
-# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, kernels, graphed, compiled,
-# resweep, 830m, decode, kernelstep, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, hostprof, kernels, graphed,
+# compiled, resweep, 830m, decode, kernelstep, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
 # budget left for, e.g. STEPS=graphed,compiled,830m,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
@@ -46,7 +48,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,layout,train,kernels,graphed,compiled,resweep,830m,decode,kernelstep,tests}
+STEPS=${STEPS:-sweep,layout,train,hostprof,kernels,graphed,compiled,resweep,830m,decode,kernelstep,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -124,6 +126,13 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   want train && step 140 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,cudnn_direct,cudnn_direct+norm,auto+norm,auto+norm+lambda,auto+norm+perlayer,auto+pairs
+  # where the host-bound step's host time goes, on this machine's own host (the CPU proxy, step_host_time.py, put
+  # DIFF's cudnn_direct+norm under DiffLlama's host time, the H200 of 2026-11-29 over it: RESULTS.md, 2026-11-29,
+  # "Where the host's time goes on the GPU's own machine", predicts what this finds), in a process of its own (a
+  # profiler that crashed would take only this step's rows)
+  want hostprof && step 75 "train step, bf16, small at 1024, each column's host time profiled" $PY -m diffattn bench \
+    train-step --presets small --seq-lens 1024 --batch 4 --reps 3 --dtype bf16 --host-profile \
+    --backends cudnn_direct+norm --json "$OUT/train_host.json"
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.80x through cudnn+epilogue (GPU busy 1.67x)
   # where one stacked cuDNN call does 1.42x (issue 34's target 1.55x): each route's kernels per call, and that route
   # with [V; V] by its kernels (+vcopies; RESULTS.md, 2026-11-28, "[V; V] by one kernel", predicts 1.51-1.56x by GPU time)

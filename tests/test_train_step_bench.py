@@ -331,7 +331,7 @@ def test_every_column_captures_as_one_graph_on_a_gpu():
 
 
 def test_the_host_profile_is_per_column_and_shows_what_diffs_step_has_beyond_the_baselines(capsys, tmp_path):
-    # on request on the CPU (by default on CUDA): one more step per column under the profiler's Python tracer; the
+    # on request (--host-profile): one more step per column under the profiler's Python tracer, after the timing; the
     # DIFF columns' tables hold the op's Python the baseline's does not, and the printed table shows it
     out = tmp_path / "rows.json"
     argv = ["--presets", "debug", "--seq-lens", "16", "--reps", "1", "--device", "cpu", "--host-profile"]
@@ -343,8 +343,10 @@ def test_the_host_profile_is_per_column_and_shows_what_diffs_step_has_beyond_the
     assert ours and not ours & set(row["host_ms"]["baseline"])
     assert all(w > 0 for w in row["host_wall_ms"].values())
     assert "host time of one profiled step" in text and "kernel launches (calls)" in text
-    # not asked for on the CPU: no profile, no table
+    # not asked for: no profile, no table; a graphed step has no host work to profile (one launch)
     assert train_step.run_train_step_benchmark(("debug",), (16,), reps=1, device="cpu")[0].host_ms == {}
+    with pytest.raises(ValueError, match="a graphed step's host work is one launch"):
+        train_step.run_train_step_benchmark(("debug",), (16,), device="cuda", cuda_graphs=True, host_profile=True)
 
 
 def test_a_failing_host_profiler_costs_the_figures_only(monkeypatch, capsys):

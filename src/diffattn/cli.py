@@ -197,13 +197,13 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         compile_mode=args.compile_mode,
         backends=tuple(filter(None, args.backends.split(","))),
         cuda_graphs=args.cuda_graphs,
-        host_profile=True if args.host_profile else None,
+        host_profile=args.host_profile,
     )
     print(format_table(rows))
     kernels = format_kernels(rows)  # CUDA: what each column's step is made of
     if kernels:
         print("\n" + kernels)
-    host = format_host(rows)  # CUDA, or --host-profile: where each column's host time goes
+    host = format_host(rows)  # --host-profile: where each column's host time goes
     if host:
         print("\n" + host)
     if args.json:
@@ -726,8 +726,8 @@ def _add_bench_commands(sub) -> None:
     b.add_argument(
         "--host-profile",
         action="store_true",
-        help="one more step per column under the profiler's Python tracer: where each column's host time goes "
-        "(on by default on CUDA, where a small model's step is host-bound; this also takes it on the CPU)",
+        help="one more step per column under the profiler's Python tracer, after the timing: where each column's "
+        "host time goes (a small model's step on a GPU is host-bound); not with --cuda-graphs",
     )
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench_train_step)

@@ -96,7 +96,7 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     assert "exit code" not in text and "skipped" not in text, text  # every step ran, none refused its arguments
     calls = [json.loads(line) for line in log.read_text().splitlines() if not line.startswith('["-c"')]
     ran = [c[1] if c[0] == "-m" else c[0] for c in calls]
-    steps = ["diffattn.bench.route_sweep", "benchmarks/cudnn_grad_layout.py", "pytest", "diffattn",
+    steps = ["diffattn.bench.route_sweep", "benchmarks/cudnn_grad_layout.py", "pytest", "diffattn", "diffattn",
              "diffattn.bench.call_kernels", "diffattn.bench.switches", "diffattn", "diffattn", "diffattn",
              "diffattn.bench.route_sweep", "diffattn", "benchmarks/gpu_report.py", "diffattn"]  # fmt: skip
     assert ran[: len(steps)] == steps, ran
@@ -104,8 +104,10 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     assert ran[-1] == "diffattn.bench.targets" and calls[-1][-1] == "--write"
     # the train steps in their order, each told where to write: the graphed one with --cuda-graphs
     steps_written = [Path(c[c.index("--json") + 1]).name for c in calls if c[:2] == ["-m", "diffattn"]]
-    assert steps_written == ["train.json", "train_decided.json", "train_graphed.json", "train_compiled.json",
-                             "train_830m.json", "train_kernel.json"]  # fmt: skip
+    assert steps_written == ["train.json", "train_host.json", "train_decided.json", "train_graphed.json",
+                             "train_compiled.json", "train_830m.json", "train_kernel.json"]  # fmt: skip
+    host = [c for c in calls if any(a.endswith("train_host.json") for a in c)]
+    assert len(host) == 1 and "--host-profile" in host[0]
     graphed = [c for c in calls if any(a.endswith("train_graphed.json") for a in c)]
     assert len(graphed) == 1 and "--cuda-graphs" in graphed[0]
     compiled = [c for c in calls if any(a.endswith("train_compiled.json") for a in c)]

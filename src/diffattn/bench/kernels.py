@@ -166,7 +166,8 @@ def host_name(name: str) -> str:
 def host_table(events, per: int = 1) -> dict[str, list[float]]:
     """``{row: [self ms, calls]}`` of profiled host events (each with ``name``, ``device_type`` and
     ``self_cpu_time_total`` in µs: ATen ops, autograd nodes, CUDA runtime calls, Python functions), divided by
-    ``per``, the :data:`HOST_KEPT` with the most self time and the rest under :data:`OTHER_HOST`. Self time: an
+    ``per``, the :data:`HOST_KEPT` with the most self time and every launch and host wait (:data:`LAUNCH_CALLS`,
+    :data:`SYNC_CALLS`), the rest under :data:`OTHER_HOST`. Self time: an
     event's own, its children's not, so the rows add up to the host's time in the profile's events (each thread's)."""
     from torch.autograd import DeviceType
 
@@ -178,8 +179,9 @@ def host_table(events, per: int = 1) -> dict[str, list[float]]:
         entry[0] += e.self_cpu_time_total / 1e3 / per
         entry[1] += 1 / per
     ranked = sorted(table.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    kept = dict(ranked[:HOST_KEPT])
-    rest = ranked[HOST_KEPT:]
+    counted = (*LAUNCH_CALLS, *SYNC_CALLS)  # always kept, however cheap: :func:`calls_of` counts them
+    kept = dict(ranked[:HOST_KEPT]) | {n: v for n, v in ranked[HOST_KEPT:] if n in counted}
+    rest = [(n, v) for n, v in ranked[HOST_KEPT:] if n not in counted]
     if rest:
         kept[OTHER_HOST] = [sum(v[0] for _, v in rest), sum(v[1] for _, v in rest)]
     return kept

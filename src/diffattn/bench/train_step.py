@@ -49,13 +49,15 @@ where the model computes them at once (:func:`diffattn.ops.lambda_per_layer`: ``
 ``auto+norm`` is what computing them at once saves).
 The step a lease times before the table may switch them on (benchmarks/RESULTS.md, 2026-11-28, the layer's launches).
 
-``host_profile`` (``--host-profile``; on by default on CUDA for eager steps): one more step per column under
-PyTorch's profiler with its Python tracer, after the timing — the host's self time by ATen op, autograd node, CUDA
+``host_profile`` (``--host-profile``): one more step per column under PyTorch's profiler with its Python tracer,
+after the timing — the host's self time by ATen op, autograd node, CUDA
 runtime call and Python function (:func:`diffattn.bench.kernels.profile_host`), printed as the rows by which some
 column's host time exceeds the baseline's most, with each column's kernel launches and host waits on the GPU
 (:func:`format_host`). Why: the eager `small` step is host-bound on the lent H200s, and the CPU proxy of its host time
 (``benchmarks/step_host_time.py``) put DIFF's `cudnn_direct+norm` under DiffLlama where the H200 of 2026-11-29 put
-it over: what the GPU machine's host does that the proxy does not is read here, at no cost in timed steps.
+it over: what the GPU machine's host does that the proxy does not is read here. Off by default: the tracer's events
+take seconds a column to read, and a profiler that crashes the process would take the step's rows with it — so the
+GPU script takes it in a step of its own (``make gpu-report``'s ``hostprof``: ``train_host.json``).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class StepRow:
     samples_ms: dict[str, list[float]] = field(default_factory=dict)
     #: every column's whole step replayed from one CUDA graph (module docstring)
     cuda_graphs: bool = False
-    #: CUDA (eager steps), or on request: where the host's time went in one more step per column, profiled with
+    #: on request (``host_profile``): where the host's time went in one more step per column, profiled with
     #: PyTorch's Python tracer (:func:`diffattn.bench.kernels.profile_host`: ``{row: [self ms, calls]}`` of ATen ops,
     #: autograd nodes, CUDA runtime calls and Python functions). Where the step is host-bound its wall time is this;
     #: the rows some DIFF column has beyond the baseline's are what its extra time is made of (:func:`format_host`)
@@ -232,15 +234,15 @@ def run_train_step_benchmark(
     backends: tuple[str, ...] = (),
     cuda_graphs: bool = False,
     compile_mode: str | None = None,
-    host_profile: bool | None = None,
+    host_profile: bool = False,
 ) -> list[StepRow]:
     """Median step time per column. ``dtype``: "bf16", "fp16" or "fp32" (default: :func:`default_dtype`).
     ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
     ``compile_backend``: each model's forward through ``torch.compile`` with it, in ``compile_mode`` (a mode of
     :data:`~diffattn.cuda_graphs.COMPILE_MODES`; it needs a backend); ``backends``: a DIFF column per
     backend, forced; ``cuda_graphs``: each column's whole step replayed from one CUDA graph (module docstring);
-    ``host_profile``: one more step per column profiled on the host (:attr:`StepRow.host_ms`; default: on CUDA, where
-    the step is not a graph — a replay is one launch)."""
+    ``host_profile``: one more step per column profiled on the host (:attr:`StepRow.host_ms`; not for a graphed step,
+    whose replay is one launch)."""
     columns = columns_for(backends)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
@@ -253,8 +255,8 @@ def run_train_step_benchmark(
             f"compile_mode must be one of {', '.join(COMPILE_MODES)}, with a compile backend; got {compile_mode!r} "
             f"with {compile_backend!r}"
         )
-    if host_profile is None:
-        host_profile = device.startswith("cuda") and not cuda_graphs
+    if host_profile and cuda_graphs:
+        raise ValueError("host_profile: a graphed step's host work is one launch; profile the eager step")
     rows = []
     for preset in presets:
         for n in seq_lens:
