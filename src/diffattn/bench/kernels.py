@@ -16,9 +16,12 @@ autograd node, CUDA runtime call and Python function, by column, says which.
 
 from __future__ import annotations
 
+import json
 import re
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -163,20 +166,47 @@ def host_name(name: str) -> str:
     return name if len(name) <= 100 else name[:99] + "…"
 
 
-def host_table(events, per: int = 1) -> dict[str, list[float]]:
-    """``{row: [self ms, calls]}`` of profiled host events (each with ``name``, ``device_type`` and
-    ``self_cpu_time_total`` in µs: ATen ops, autograd nodes, CUDA runtime calls, Python functions), divided by
-    ``per``, the :data:`HOST_KEPT` with the most self time and every launch and host wait (:data:`LAUNCH_CALLS`,
-    :data:`SYNC_CALLS`), the rest under :data:`OTHER_HOST`. Self time: an
-    event's own, its children's not, so the rows add up to the host's time in the profile's events (each thread's)."""
-    from torch.autograd import DeviceType
+#: a profile's trace categories that are the GPU's (or no event at all), not the host's
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "ac2g", "Trace"})
 
+
+def host_self_times(trace_events) -> list[tuple[str, float]]:
+    """``(name, self µs)`` of every host event in a profile's Chrome trace events (``traceEvents``: complete events,
+    ``"ph": "X"``, with ``ts`` and ``dur`` in µs and a ``tid``; the GPU's categories, :data:`DEVICE_CATEGORIES`,
+    left out): each event's duration less its direct children's on its thread — ATen ops (``cpu_op``), Python
+    functions (``python_function``), CUDA runtime and driver calls (``cuda_runtime``, ``cuda_driver``). Read from the
+    trace, not ``prof.events()``: torch 2.11's (the lent GPUs') leaves the Python tracer's functions out of that."""
+    threads: dict[tuple, list[dict]] = {}
+    for e in trace_events:
+        if e.get("ph") == "X" and e.get("cat") not in DEVICE_CATEGORIES and "dur" in e and "ts" in e:
+            threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    out = []
+    for events in threads.values():
+        events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        selves = [float(e["dur"]) for e in events]
+        stack: list[int] = []  # the open events' indices, outermost first
+        for i, e in enumerate(events):
+            start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+            while stack and float(events[stack[-1]]["ts"]) + float(events[stack[-1]]["dur"]) <= start:
+                stack.pop()
+            if stack:  # its time is its parent's no longer (a child running past its parent: the overlap only)
+                parent = events[stack[-1]]
+                selves[stack[-1]] -= min(end, float(parent["ts"]) + float(parent["dur"])) - start
+            stack.append(i)
+        out += [(e["name"], max(0.0, self_us)) for e, self_us in zip(events, selves, strict=True)]
+    return out
+
+
+def host_table(self_times, per: int = 1) -> dict[str, list[float]]:
+    """``{row: [self ms, calls]}`` of host events' ``(name, self µs)`` (:func:`host_self_times`: ATen ops, autograd
+    nodes, CUDA runtime calls, Python functions), divided by ``per``, the :data:`HOST_KEPT` with the most self time and
+    every launch and host wait (:data:`LAUNCH_CALLS`, :data:`SYNC_CALLS`), the rest under :data:`OTHER_HOST`. Self
+    time: an event's own, its children's not, so the rows add up to the host's time in the profile's events (each
+    thread's)."""
     table: dict[str, list[float]] = {}
-    for e in events:
-        if e.device_type != DeviceType.CPU:
-            continue
-        entry = table.setdefault(host_name(e.name), [0.0, 0])
-        entry[0] += e.self_cpu_time_total / 1e3 / per
+    for name, self_us in self_times:
+        entry = table.setdefault(host_name(name), [0.0, 0])
+        entry[0] += self_us / 1e3 / per
         entry[1] += 1 / per
     ranked = sorted(table.items(), key=lambda kv: (-kv[1][0], kv[0]))
     counted = (*LAUNCH_CALLS, *SYNC_CALLS)  # always kept, however cheap: :func:`calls_of` counts them
@@ -212,4 +242,8 @@ def profile_host(fn: Callable[[], object], calls: int = 1) -> tuple[float, dict[
         host_ms = 1e3 * (time.perf_counter() - t0)
     if cuda:
         torch.cuda.synchronize()
-    return host_ms / calls, host_table(prof.events(), per=calls)
+    with tempfile.TemporaryDirectory() as folder:  # the trace holds the Python tracer's events on every torch
+        trace = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    return host_ms / calls, host_table(host_self_times(events), per=calls)
