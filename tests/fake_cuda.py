@@ -132,3 +132,24 @@ def replaying_captures(monkeypatch, fake: FakeCuda) -> None:
         return out
 
     monkeypatch.setattr(cuda_graphs, "capture", capture)
+
+
+def graphed_training_on_the_cpu(monkeypatch) -> list:
+    """``train.cuda_graphs`` runs of ``diffattn pretrain`` and ``diffattn adapt`` on the CPU: CUDA's graph calls faked
+    with each capture replayed by running it again (:func:`replaying_captures`), the CPU taken as a GPU by the runs'
+    device check, and every :class:`diffattn.cuda_graphs.GraphedMicroSteps` the trainer makes appended to the list
+    returned (to read its calls, replays and eager calls)."""
+    from diffattn.train import adapt, trainer
+
+    replaying_captures(monkeypatch, fake_cuda_graphs(monkeypatch))
+    for module in (trainer, adapt):
+        monkeypatch.setattr(module, "check_cuda_graphs", lambda config, args: None)
+    made = []
+
+    class Recorded(cuda_graphs.GraphedMicroSteps):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(trainer, "GraphedMicroSteps", Recorded)
+    return made

@@ -288,27 +288,16 @@ def test_a_graphed_run_trains_as_the_eager_one(method, sets, base_dir, corpus_di
     (:func:`tests.fake_cuda.replaying_captures`): Dex while λ(t) anneals (its step a buffer the graph reads, moved in
     place each step) and DiffLoRA, three eager micro-steps and replays after — the losses and the validation loss
     after bit for bit an eager run's without attention masks (:func:`tests.helpers.rows_without_masks`)."""
-    from diffattn.cuda_graphs import GraphedMicroSteps
     from diffattn.train import adapt as adapt_mod
-    from diffattn.train import trainer as trainer_mod
 
-    from ..fake_cuda import fake_cuda_graphs, replaying_captures
+    from ..fake_cuda import graphed_training_on_the_cpu
     from ..helpers import rows_without_masks
 
     config = adapt_config(base_dir, corpus_dir, method, steps=6, **sets)
     with monkeypatch.context() as m:
         m.setattr(adapt_mod, "PackedDataset", rows_without_masks(adapt_mod.PackedDataset))
         eager = adapt_pretrained(config, tmp_path / "eager")
-    replaying_captures(monkeypatch, fake_cuda_graphs(monkeypatch))
-    monkeypatch.setattr(adapt_mod, "check_cuda_graphs", lambda config, device: None)  # the CPU taken as a GPU
-    made = []
-
-    class Recorded(GraphedMicroSteps):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(trainer_mod, "GraphedMicroSteps", Recorded)
+    made = graphed_training_on_the_cpu(monkeypatch)
     graphed = adapt_pretrained(config.with_overrides({"train.cuda_graphs": True}), tmp_path / "graphed")
     (micro,) = made
     # six micro-steps: three warm-up calls, then replays, the batch with the data's last, padded row too (padded at

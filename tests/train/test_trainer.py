@@ -521,26 +521,16 @@ def test_a_graphed_run_trains_as_the_eager_one(corpus_file, tmp_path, monkeypatc
     tensor among the graph's inputs, Trainer's clipping, AdamW and ``zero_grad`` around them — the losses and the
     final weights bit for bit an eager run's without attention masks (:func:`tests.helpers.rows_without_masks`), with
     two micro-batches a step."""
-    from diffattn.cuda_graphs import GraphedMicroSteps
     from diffattn.train import trainer as trainer_mod
 
-    from ..fake_cuda import fake_cuda_graphs, replaying_captures
+    from ..fake_cuda import graphed_training_on_the_cpu
     from ..helpers import rows_without_masks
 
     cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=4, grad_accum=2)
     with monkeypatch.context() as m:
         m.setattr(trainer_mod, "PackedDataset", rows_without_masks(trainer_mod.PackedDataset))
         pretrain(cfg, tmp_path / "eager")
-    replaying_captures(monkeypatch, fake_cuda_graphs(monkeypatch))
-    monkeypatch.setattr(trainer_mod, "check_cuda_graphs", lambda config, device: None)  # the CPU taken as a GPU
-    made = []
-
-    class Recorded(GraphedMicroSteps):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(trainer_mod, "GraphedMicroSteps", Recorded)
+    made = graphed_training_on_the_cpu(monkeypatch)
     pretrain(cfg.with_overrides({"train.cuda_graphs": True}), tmp_path / "graphed")
     (micro,) = made
     assert micro.calls == 8 and micro.replays == 5 and micro.eager_calls == 0
