@@ -21,6 +21,8 @@
 #                                              call's (bench.call_kernels)
 #   train_graphed.json                         the same step with every column's whole step one CUDA graph
 #                                              (diffattn.cuda_graphs: the GPU's work without the host's launches)
+#   train_graphed_micro.json                   the same with forward and backward one graph, AdamW eager: what
+#                                              `diffattn pretrain --cuda-graphs` runs
 #   train_compiled.json                        the same step at 1024 compiled (inductor, reduce-overhead: forward and
 #                                              backward replayed as CUDA graphs; diffattn pretrain --compile)
 #   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
@@ -37,7 +39,7 @@
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
 # STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, hostprof, kernels, graphed,
-# compiled, resweep, 830m, decode, kernelstep, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
+# graphedmicro, compiled, resweep, 830m, decode, kernelstep, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no
 # budget left for, e.g. STEPS=graphed,compiled,830m,tests, or SWEEP_PLAN=kernel STEPS=sweep for the fused kernel's candidates:
 # a sweep into the same OUT extends the first call's entry (its measurements, switches and first routes kept) and sets
 # the first call's routes.md and routes.jsonl aside as routes-1.md, routes-1.jsonl.
@@ -48,7 +50,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - start) )); }
-STEPS=${STEPS:-sweep,layout,train,hostprof,kernels,graphed,compiled,resweep,830m,decode,kernelstep,tests}
+STEPS=${STEPS:-sweep,layout,train,hostprof,kernels,graphed,graphedmicro,compiled,resweep,830m,decode,kernelstep,tests}
 [ "${SANITIZE:-0}" = 1 ] && STEPS="$STEPS,sanitize"
 want() { [[ ",$STEPS," == *",$1,"* ]]; }  # want NAME: NAME is in STEPS
 # step SECONDS TITLE COMMAND...: run COMMAND under a timeout of SECONDS if that still fits the budget
@@ -155,6 +157,12 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   want graphed && step 100 "train step, bf16, small, the whole step one CUDA graph" $PY -m diffattn -v bench train-step \
     --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --cuda-graphs \
     --backends cudnn+epilogue+norm,cudnn_direct+norm,auto+pairs --json "$OUT/train_graphed.json"
+  # what a training run graphs (`diffattn pretrain --cuda-graphs`: forward and backward one graph, AdamW and the
+  # zeroing eager), the default columns: its AdamW is issued while the GPU replays, so it should read close to the
+  # whole step's graph where the GPU's time exceeds the host's (RESULTS.md, 2026-11-29, "Where the host's time goes")
+  want graphedmicro && step 100 "train step, bf16, small, forward and backward one CUDA graph (pretrain --cuda-graphs)" \
+    $PY -m diffattn -v bench train-step --presets small --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 \
+    --cuda-graphs micro --json "$OUT/train_graphed_micro.json"
   # the step a user gets from `diffattn pretrain --compile reduce-overhead`: inductor's fused forward and backward
   # replayed as CUDA graphs, AdamW eager (RESULTS.md, 2026-11-29, "The step compiled", predicts it; bench.targets
   # reads it in rows of its own)

@@ -140,6 +140,36 @@ def test_a_graphed_step_captures_the_eager_step_with_its_switches_and_a_capturab
     assert fake.replays == 2 and len(seen) == 4
 
 
+def test_a_micro_graphed_step_is_pretrains_graphed_step_and_trains_as_the_eager_one(monkeypatch):
+    # --cuda-graphs micro (what `diffattn pretrain --cuda-graphs` runs): forward and backward one graph after three
+    # warm-up calls, AdamW eager — with captures replayed by running them again, every step's weights bit for bit an
+    # eager twin's (fp32: no autocast); the row says its scope
+    from .fake_cuda import replaying_captures
+
+    fake = fake_cuda_graphs(monkeypatch)
+    replaying_captures(monkeypatch, fake)
+    model = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    twin = train_step.build_model("debug", "diff", backend="auto", seed=0, num_layers=1).train()
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    step = train_step._micro_graphed_step_fn(model, ids, "fp32")  # three warm-up steps, the capture's step
+    assert fake.events[-2:] == ["capture on side", "captured"] and fake.replays == 1
+    eager = train_step._step_fn(twin, ids, "fp32")
+    for n in range(6):
+        if n >= 4:
+            step()
+        eager()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert fake.replays == 3
+    names = list(train_step.COLUMNS)
+    row = train_step.StepRow(
+        "small", 1024, 4, dict.fromkeys(names, 10.0), "bf16", cuda_graphs=True, graph_scope="micro"
+    )
+    assert train_step.format_table([row]).splitlines()[-1].endswith("AdamW eager: pretrain --cuda-graphs)")
+    with pytest.raises(ValueError, match="cuda_graphs must be one of whole, micro"):
+        train_step.run_train_step_benchmark(["debug"], [16], reps=1, device="cuda", cuda_graphs="partial")
+
+
 def test_graphs_are_refused_where_a_step_cannot_be_one(capsys):
     for kwargs, reason in (
         ({"device": "cpu"}, "device cpu is not CUDA"),

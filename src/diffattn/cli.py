@@ -182,7 +182,9 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
     print(
         f"train-step benchmark: device={device}, dtype={dtype}, batch={args.batch}, median of {args.reps}, "
         f"{torch.get_num_threads()} threads; one step = forward + backward + AdamW"
-        + (", the whole step one CUDA graph" if args.cuda_graphs else ""),
+        + {"whole": ", the whole step one CUDA graph", "micro": ", forward and backward one CUDA graph"}.get(
+            args.cuda_graphs, ""
+        ),
         flush=True,
     )
     rows = run_train_step_benchmark(
@@ -196,7 +198,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         compile_backend=args.compile,
         compile_mode=args.compile_mode,
         backends=tuple(filter(None, args.backends.split(","))),
-        cuda_graphs=args.cuda_graphs,
+        cuda_graphs=args.cuda_graphs or False,
         host_profile=args.host_profile,
     )
     print(format_table(rows))
@@ -708,9 +710,14 @@ def _add_bench_commands(sub) -> None:
     )
     b.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="CUDA, bf16 or fp32: each column's whole step (forward, backward, AdamW) captured once as a CUDA graph "
-        "and replayed: the step's GPU work without the host's launches (diffattn.cuda_graphs)",
+        nargs="?",
+        const="whole",
+        default=None,
+        choices=("whole", "micro"),
+        metavar="SCOPE",
+        help="CUDA, bf16 or fp32: each column's step captured once as a CUDA graph and replayed, the step's GPU work "
+        "without the host's launches (diffattn.cuda_graphs); SCOPE whole (default: forward, backward and AdamW) or "
+        "micro (forward and backward, AdamW eager: what `diffattn pretrain --cuda-graphs` runs)",
     )
     b.add_argument(
         "--backends",

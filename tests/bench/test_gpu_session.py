@@ -97,7 +97,7 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     calls = [json.loads(line) for line in log.read_text().splitlines() if not line.startswith('["-c"')]
     ran = [c[1] if c[0] == "-m" else c[0] for c in calls]
     steps = ["diffattn.bench.route_sweep", "benchmarks/cudnn_grad_layout.py", "pytest", "diffattn", "diffattn",
-             "diffattn.bench.call_kernels", "diffattn.bench.switches", "diffattn", "diffattn", "diffattn",
+             "diffattn.bench.call_kernels", "diffattn.bench.switches", "diffattn", "diffattn", "diffattn", "diffattn",
              "diffattn.bench.route_sweep", "diffattn", "benchmarks/gpu_report.py", "diffattn"]  # fmt: skip
     assert ran[: len(steps)] == steps, ran
     assert set(ran[len(steps) : -1]) == {"pytest"} and len(ran) - len(steps) - 1 > 2, ran  # one process per file
@@ -105,7 +105,10 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     # the train steps in their order, each told where to write: the graphed one with --cuda-graphs
     steps_written = [Path(c[c.index("--json") + 1]).name for c in calls if c[:2] == ["-m", "diffattn"]]
     assert steps_written == ["train.json", "train_host.json", "train_decided.json", "train_graphed.json",
-                             "train_compiled.json", "train_830m.json", "train_kernel.json"]  # fmt: skip
+                             "train_graphed_micro.json", "train_compiled.json", "train_830m.json",
+                             "train_kernel.json"]  # fmt: skip
+    micro = [c for c in calls if any(a.endswith("train_graphed_micro.json") for a in c)]
+    assert len(micro) == 1 and micro[0][micro[0].index("--cuda-graphs") + 1] == "micro"
     host = [c for c in calls if any(a.endswith("train_host.json") for a in c)]
     assert len(host) == 1 and "--host-profile" in host[0]
     graphed = [c for c in calls if any(a.endswith("train_graphed.json") for a in c)]

@@ -127,30 +127,31 @@ def test_the_step_timed_again_with_the_steps_own_decisions_is_the_one_read(tmp_p
     assert forced["value"] == pytest.approx(1.1)
 
 
-@pytest.mark.parametrize(
-    ("file", "how"),
-    [
-        ("train_graphed.json", "whole step one CUDA graph"),
-        ("train_compiled.json", "compiled (inductor, reduce-overhead)"),
-    ],
-)
+STEP_FILES_AND_ROWS = {
+    "train_graphed.json": "whole step one CUDA graph",
+    "train_graphed_micro.json": "forward and backward one CUDA graph (pretrain --cuda-graphs)",
+    "train_compiled.json": "compiled (inductor, reduce-overhead)",
+}
+
+
+@pytest.mark.parametrize(("file", "how"), list(STEP_FILES_AND_ROWS.items()))
 def test_a_graphed_or_compiled_step_is_read_from_its_own_file_beside_the_eager_one(tmp_path, file, how):
-    # bench train-step --cuda-graphs writes train_graphed.json, --compile --compile-mode reduce-overhead (the GPU
-    # script's compiled step) train_compiled.json: each file's rows answer its own two rows, never the eager ones nor
-    # the other's, and a run without it leaves them n/a
+    # bench train-step --cuda-graphs writes train_graphed.json, --cuda-graphs micro train_graphed_micro.json,
+    # --compile --compile-mode reduce-overhead (the GPU script's compiled step) train_compiled.json: each file's rows
+    # answer its own two rows, never the eager ones nor another's, and a run without it leaves them n/a
     eager = {"baseline": 40.0, "diffattn DIFF (auto)": 57.0, "HF DiffLlama": 55.5}
     run = _run(tmp_path, [], [{"preset": "small", "seq_len": 1024, "ms": eager}])
     rows_of = {
         f: (f"`small` train step (bf16), {h} <= 1.25x", f"`small` train step below transformers' DiffLlama, {h}")
-        for f, h in (("train_graphed.json", "whole step one CUDA graph"),
-                     ("train_compiled.json", "compiled (inductor, reduce-overhead)"))
-    }  # fmt: skip
-    ours, other = rows_of[file], rows_of[next(f for f in rows_of if f != file)]
+        for f, h in STEP_FILES_AND_ROWS.items()
+    }
+    ours = rows_of[file]
+    other = [row for f, rows in rows_of.items() if f != file for row in rows]
     assert how in ours[0]
     got = _by_target(targets.check(run))
     assert all(got[t]["result"] == "n/a" for t in ours) and f"no {file}" in got[ours[1]]["source"]
     fast = {"baseline": 8.6, "diffattn DIFF (auto)": 10.0, "HF DiffLlama": 10.7}
-    rows = [{"preset": "small", "seq_len": 1024, "ms": fast, "cuda_graphs": file == "train_graphed.json"}]
+    rows = [{"preset": "small", "seq_len": 1024, "ms": fast, "cuda_graphs": file != "train_compiled.json"}]
     (run / file).write_text(json.dumps({"rows": rows}))
     got = _by_target(targets.check(run))
     assert (round(got[ours[0]]["value"], 3), got[ours[0]]["result"]) == (1.163, "pass")

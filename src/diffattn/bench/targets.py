@@ -46,6 +46,9 @@ AGAINST_HF = ("step_vs_hf", "decode_vs_hf")
 #: step's own decisions first, where a run has both: module docstring), or the step replayed from one CUDA graph
 STEP_FILES = ("train_decided.json", "train.json")
 GRAPHED_STEP_FILES = ("train_graphed.json",)
+#: or each micro-step's forward and backward one CUDA graph, AdamW eager: what ``diffattn pretrain --cuda-graphs`` runs
+#: (``bench train-step --cuda-graphs micro``)
+MICRO_GRAPHED_STEP_FILES = ("train_graphed_micro.json",)
 #: or the step compiled (inductor, mode reduce-overhead: its forward and backward replayed as CUDA graphs, AdamW eager;
 #: what ``diffattn pretrain --compile reduce-overhead`` runs)
 COMPILED_STEP_FILES = ("train_compiled.json",)
@@ -66,7 +69,8 @@ class Target:
     where: str  # a call class key, or a train.json column key of STEP_COLUMN
     limit: float
     step_files: tuple[str, ...] = STEP_FILES  # the step targets' rows: :data:`STEP_FILES`, :data:`GRAPHED_STEP_FILES`,
-    #                                           :data:`COMPILED_STEP_FILES`, :data:`KERNEL_STEP_FILES`
+    #                                           :data:`MICRO_GRAPHED_STEP_FILES`, :data:`COMPILED_STEP_FILES`,
+    #                                           :data:`KERNEL_STEP_FILES`
 
     @property
     def text(self) -> str:
@@ -91,6 +95,10 @@ TARGETS = (
     Target(34, "`small` train step (bf16), whole step one CUDA graph", "step", "auto", 1.25, GRAPHED_STEP_FILES),
     Target(34, "`small` train step below transformers' DiffLlama, whole step one CUDA graph", "step_vs_hf", "auto",
            1.0, GRAPHED_STEP_FILES),
+    Target(34, "`small` train step (bf16), forward and backward one CUDA graph (pretrain --cuda-graphs)", "step",
+           "auto", 1.25, MICRO_GRAPHED_STEP_FILES),
+    Target(34, "`small` train step below transformers' DiffLlama, forward and backward one CUDA graph (pretrain "
+           "--cuda-graphs)", "step_vs_hf", "auto", 1.0, MICRO_GRAPHED_STEP_FILES),
     Target(34, "`small` train step (bf16), compiled (inductor, reduce-overhead)", "step", "auto", 1.25,
            COMPILED_STEP_FILES),
     Target(34, "`small` train step below transformers' DiffLlama, compiled (inductor, reduce-overhead)", "step_vs_hf",

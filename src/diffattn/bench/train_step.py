@@ -23,14 +23,17 @@ tokens, ~840 more dispatched ops than the baseline's 1,817), and a compiled forw
 eager): what ``diffattn pretrain --compile reduce-overhead`` runs, beside this module's whole-step graph. The mode is
 in the row's ``compiled`` (``inductor:reduce-overhead``).
 
-``cuda_graphs`` (``--cuda-graphs``, CUDA, bf16 or fp32): every column's whole step — forward, backward and AdamW
-(``capturable=True``) — captured once as one CUDA graph and replayed each repetition
+``cuda_graphs`` (``--cuda-graphs [whole|micro]``, CUDA, bf16 or fp32): ``"whole"`` (``True``): every column's whole
+step — forward, backward and AdamW (``capturable=True``) — captured once as one CUDA graph and replayed each repetition
 (:class:`diffattn.cuda_graphs.GraphedTrainStep`; warm-up and capture outside the timing). Why: the eager step times
 the host issuing a thousand kernels (the H200 of 2026-11-28: the baseline's 40.0 ms for 8.6 ms of GPU work; DIFF's
 layer 17 ms more host time for 1.5 ms more GPU time); replayed, a column's time is its kernels' and a ratio is a ratio
 of GPU work — what a user who graphs the step gets. Every route runs as at capture, decided once; transformers'
-masks as in the eager step (``masks_from_warm_up``: none, where under capture it would make a [T, T] one). Not with
-``compile`` (inductor's own graphs are its ``mode="reduce-overhead"``) nor fp16 (the gradient scaler reads the host).
+masks as in the eager step (``masks_from_warm_up``: none, where under capture it would make a [T, T] one).
+``"micro"``: what ``diffattn pretrain --cuda-graphs`` runs — the forward and backward one graph
+(:class:`diffattn.cuda_graphs.GraphedMicroSteps`, after its three warm-up calls), AdamW and the zeroing eager around
+it (the row's ``graph_scope``). Not with ``compile`` (inductor's own graphs are its ``mode="reduce-overhead"``) nor
+fp16 (the gradient scaler reads the host).
 
 ``backends`` (``--backends a,b``): one more DIFF column per backend, forced (``diffattn DIFF (a)``), beside ``auto``.
 Why: the route table picks a class's route by its time at batch·N = 16K tokens, where the GPU is the limit; a small
@@ -143,7 +146,7 @@ class StepRow:
     #: every repetition's ms per column, in repetition order: the same index is the same interleaved repetition in
     #: every column, so two columns compare pair by pair (:func:`diffattn.bench.paired_ratio`)
     samples_ms: dict[str, list[float]] = field(default_factory=dict)
-    #: every column's whole step replayed from one CUDA graph (module docstring)
+    #: every column's step replayed from CUDA graphs (module docstring), ``graph_scope`` saying how
     cuda_graphs: bool = False
     #: on request (``host_profile``): where the host's time went in one more step per column, profiled with
     #: PyTorch's Python tracer (:func:`diffattn.bench.kernels.profile_host`: ``{row: [self ms, calls]}`` of ATen ops,
@@ -153,6 +156,9 @@ class StepRow:
     #: the host-profiled step's host time until it returned, per column: longer than ``ms`` by the tracer's own cost
     #: (compare columns)
     host_wall_ms: dict[str, float] = field(default_factory=dict)
+    #: with ``cuda_graphs``: "whole" (forward, backward and AdamW one graph) or "micro" (forward and backward one
+    #: graph, AdamW eager: ``diffattn pretrain --cuda-graphs``); "" for an eager step
+    graph_scope: str = ""
 
     def ratio(self, column: str) -> float:
         return self.ms[column] / self.ms["baseline"]
@@ -221,6 +227,37 @@ def _graphed_step_fn(model, batch, dtype: str = "bf16", fused: tuple[str, ...] =
     return lambda: graphed(batch)
 
 
+#: what ``cuda_graphs`` may say: the whole step one graph, or each micro-step's forward and backward (AdamW eager)
+GRAPH_SCOPES = ("whole", "micro")
+
+
+def _micro_graphed_step_fn(model, batch, dtype: str = "bf16", fused: tuple[str, ...] = ()):
+    """:func:`_step_fn`'s step (bf16 or fp32) as ``diffattn pretrain --cuda-graphs`` runs it: forward and backward one
+    CUDA graph (:class:`diffattn.cuda_graphs.GraphedMicroSteps`, its warm-up calls and capture made here), AdamW and
+    the zeroing eager after each replay."""
+    from ..cuda_graphs import GraphedMicroSteps
+
+    opt = _optimizer(model)
+    loss_fn = _loss_fn(model, batch.device.type, dtype, fused, cache_enabled=False)
+
+    def forward_backward(inputs):
+        loss = loss_fn(inputs["ids"])
+        loss.backward()
+        return loss.detach()
+
+    # the batch is one unpadded, unpacked block of ids: the eager step's masks (none) hold for every replay
+    micro = GraphedMicroSteps(forward_backward, model.parameters(), masks_from_warm_up=True)
+
+    def step():
+        micro({"ids": batch})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(micro.warmup_steps + 1):  # the warm-up calls, then the capture (and its replay)
+        step()
+    return step
+
+
 def run_train_step_benchmark(
     presets=("tiny", "small"),
     seq_lens=(512, 1024),
@@ -232,7 +269,7 @@ def run_train_step_benchmark(
     memory: bool = False,
     compile_backend: str | None = None,
     backends: tuple[str, ...] = (),
-    cuda_graphs: bool = False,
+    cuda_graphs: bool | str = False,
     compile_mode: str | None = None,
     host_profile: bool = False,
 ) -> list[StepRow]:
@@ -240,7 +277,8 @@ def run_train_step_benchmark(
     ``memory=True`` on CUDA also records each column's ``peak_mib`` (one more step per column, after the timing).
     ``compile_backend``: each model's forward through ``torch.compile`` with it, in ``compile_mode`` (a mode of
     :data:`~diffattn.cuda_graphs.COMPILE_MODES`; it needs a backend); ``backends``: a DIFF column per
-    backend, forced; ``cuda_graphs``: each column's whole step replayed from one CUDA graph (module docstring);
+    backend, forced; ``cuda_graphs``: each column's step replayed from CUDA graphs, ``True`` or ``"whole"`` the whole
+    step, ``"micro"`` forward and backward with AdamW eager (module docstring);
     ``host_profile``: one more step per column profiled on the host (:attr:`StepRow.host_ms`; not for a graphed step,
     whose replay is one launch)."""
     columns = columns_for(backends)
@@ -248,6 +286,10 @@ def run_train_step_benchmark(
     dtype = dtype or default_dtype(device)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    scope = "whole" if cuda_graphs is True else (cuda_graphs or "")
+    if scope and scope not in GRAPH_SCOPES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_SCOPES)} (or True: whole), got {cuda_graphs!r}")
+    cuda_graphs = bool(scope)
     if cuda_graphs:
         check_graphable(device, dtype, compile_backend)
     if compile_mode is not None and (compile_mode not in COMPILE_MODES or not compile_backend):
@@ -278,7 +320,8 @@ def run_train_step_benchmark(
             for name, (ids, fused) in inputs.items():  # warm-up (and the compiling, or the graph's capture)
                 try:
                     if cuda_graphs:  # warmed up and captured as it is built
-                        step = _graphed_step_fn(models[name], ids, dtype, fused)
+                        graphed = _graphed_step_fn if scope == "whole" else _micro_graphed_step_fn
+                        step = graphed(models[name], ids, dtype, fused)
                     else:
                         step = _step_fn(models[name], ids, dtype, compile_backend, fused, compile_mode)
                         step()
@@ -324,6 +367,7 @@ def run_train_step_benchmark(
                     cuda_graphs,
                     host,
                     host_wall,
+                    scope,
                 )
             )
     return rows
@@ -454,7 +498,8 @@ def format_table(rows: list[StepRow]) -> str:
         if r.compiled:
             lines[-1] += f"   (forward compiled: {r.compiled})"
         if r.cuda_graphs:
-            lines[-1] += "   (whole step one CUDA graph)"
+            lines[-1] += ("   (forward and backward one CUDA graph, AdamW eager: pretrain --cuda-graphs)"
+                          if r.graph_scope == "micro" else "   (whole step one CUDA graph)")  # fmt: skip
         for label, figures in (("range", r.range_ms), ("gpu", r.gpu_ms)):  # the samples' spread; the GPU's share
             if figures:
                 lines.append(f"{'':<7} {'':>5} {label:>5} " + " ".join(f"{figures.get(n, nan):>22.1f}" for n in names))
