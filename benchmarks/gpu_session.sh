@@ -131,8 +131,9 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   # where the host-bound step's host time goes, on this machine's own host (the CPU proxy, step_host_time.py, put
   # DIFF's cudnn_direct+norm under DiffLlama's host time, the H200 of 2026-11-29 over it: RESULTS.md, 2026-11-29,
   # "Where the host's time goes on the GPU's own machine", predicts what this finds), in a process of its own (a
-  # profiler that crashed would take only this step's rows)
-  want hostprof && step 75 "train step, bf16, small at 1024, each column's host time profiled" $PY -m diffattn bench \
+  # profiler that crashed would take only this step's rows; each column's trace is written and read back: up to
+  # several seconds a column)
+  want hostprof && step 100 "train step, bf16, small at 1024, each column's host time profiled" $PY -m diffattn bench \
     train-step --presets small --seq-lens 1024 --batch 4 --reps 3 --dtype bf16 --host-profile \
     --backends cudnn_direct+norm --json "$OUT/train_host.json"
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.80x through cudnn+epilogue (GPU busy 1.67x)
