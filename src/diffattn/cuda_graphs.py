@@ -173,6 +173,18 @@ def _raised_at(err: BaseException) -> str:
     return f" at {'/'.join(frame.filename.split('/')[-3:])}:{frame.lineno} ({frame.name})"
 
 
+@contextlib.contextmanager
+def on_side_stream(stream):
+    """The block's work on ``stream`` (a warm-up's, and then its capture's), after what the current stream queued and
+    before what it queues next: PyTorch's whole-network capture warms up on a side stream so."""
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
+
+
 def capture(graph, fn: Callable[[], object], stream=None):
     """``fn()`` captured into ``graph`` on ``stream`` (the stream its warm-up ran on: cuBLAS and cuDNN keep their
     handles and workspaces per stream, and one first made under capture is made by capture-unsafe calls —
@@ -245,13 +257,11 @@ class GraphedTrainStep:
         masks = _MasksFromWarmUp() if masks_from_warm_up else None
         with masks or contextlib.nullcontext():
             side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with on_side_stream(side):
                 for i in range(warmup_steps):
                     if masks is not None:
                         masks.recording = i == warmup_steps - 1  # the last step's masks: what a capture repeats
                     self._eager_step()
-            torch.cuda.current_stream().wait_stream(side)
             snapshot.restore()
             optimizer.zero_grad(set_to_none=True)  # backward allocates the gradients in the graph's own memory
             self.graph = torch.cuda.CUDAGraph()
@@ -340,7 +350,9 @@ class GraphedMicroSteps:
         self.calls += 1
         if self.graph is None and self.calls <= self.warmup_steps:
             recording = self.masks is not None and self.calls == self.warmup_steps
-            with self._on_side_stream(), self.masks if recording else contextlib.nullcontext():
+            if self.stream is None:
+                self.stream = torch.cuda.Stream()
+            with on_side_stream(self.stream), self.masks if recording else contextlib.nullcontext():
                 if recording:
                     self.masks.recording = True
                 try:
@@ -362,17 +374,6 @@ class GraphedMicroSteps:
         self.graph.replay()
         self.replays += 1
         return self.static_loss
-
-    @contextlib.contextmanager
-    def _on_side_stream(self):
-        if self.stream is None:
-            self.stream = torch.cuda.Stream()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        try:
-            with torch.cuda.stream(self.stream):
-                yield
-        finally:
-            torch.cuda.current_stream().wait_stream(self.stream)
 
     def _matches(self, inputs: dict[str, torch.Tensor]) -> bool:
         return inputs.keys() == self.static.keys() and all(

@@ -183,15 +183,14 @@ def host_self_times(trace_events) -> list[tuple[str, float]]:
     out = []
     for events in threads.values():
         events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
-        selves = [float(e["dur"]) for e in events]
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events]
+        selves = [end - start for start, end in spans]
         stack: list[int] = []  # the open events' indices, outermost first
-        for i, e in enumerate(events):
-            start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-            while stack and float(events[stack[-1]]["ts"]) + float(events[stack[-1]]["dur"]) <= start:
+        for i, (start, end) in enumerate(spans):
+            while stack and spans[stack[-1]][1] <= start:
                 stack.pop()
             if stack:  # its time is its parent's no longer (a child running past its parent: the overlap only)
-                parent = events[stack[-1]]
-                selves[stack[-1]] -= min(end, float(parent["ts"]) + float(parent["dur"])) - start
+                selves[stack[-1]] -= min(end, spans[stack[-1]][1]) - start
             stack.append(i)
         out += [(e["name"], max(0.0, self_us)) for e, self_us in zip(events, selves, strict=True)]
     return out

@@ -176,9 +176,10 @@ class TrainConfig:
     compile: str | None = None
     compile_backend: str = "inductor"
     # each micro-batch's forward and backward replayed from one CUDA graph (diffattn.cuda_graphs.GraphedMicroSteps,
-    # diffattn pretrain --cuda-graphs): a small model's step on a GPU is host-bound, and a replay is one launch for a
-    # thousand. One GPU, eager (not with compile, whose reduce-overhead mode graphs the step its own way), data.packing
-    # false (a flattened batch's length changes from batch to batch); how the step runs, not what it computes
+    # diffattn pretrain/adapt --cuda-graphs): a small model's step on a GPU is host-bound, and a replay is one launch
+    # for a thousand. One GPU, eager (not with compile, whose reduce-overhead mode graphs the step its own way),
+    # data.packing false (a flattened batch's length changes from batch to batch); how the step runs, not what it
+    # computes
     cuda_graphs: bool = False
 
     #: the settings a resume may change: how far the run goes and how its step runs, not what it computes

@@ -20,10 +20,11 @@ progress bar. What we add:
   rounding, an MQAR step of a ``quick`` model in 0.60-0.67× the time on a CPU (``benchmarks/scored_loss.py``).
 * **The micro-step as one CUDA graph** (``train.cuda_graphs``, ``--cuda-graphs``): after three eager micro-steps, each
   micro-batch's forward and backward is replayed from one captured graph (:class:`diffattn.cuda_graphs.
-  GraphedMicroSteps`), Trainer's clipping, AdamW and zeroing eager around it. A batch with padding (the data's last)
-  runs eagerly; every other batch runs without its all-ones attention mask, as transformers runs it eagerly (SDPA's
-  ``is_causal``), and with the model's own loss over every position (the scored-positions loss picks its positions on
-  the host: the same loss, more FLOPs, on retrieval-heavy data).
+  GraphedMicroSteps`), Trainer's clipping, AdamW and zeroing eager around it. Batches run without their attention
+  mask where every training row is padded at its end only, as packed data is (a causal model's scored positions are
+  the same without it: SDPA's ``is_causal``); otherwise a padded batch runs eagerly. The loss is the model's own over
+  every position (the scored-positions loss picks its positions on the host: the same loss, more FLOPs, on
+  retrieval-heavy data). ``diffattn adapt --cuda-graphs`` too.
 
 Output folder layout: ``run.yaml``, ``metrics.jsonl``, ``checkpoints/checkpoint-N/``, ``final/``,
 ``summary.json``.
@@ -222,7 +223,12 @@ class DiffattnTrainer(Trainer):
         self.cuda_graphs = cuda_graphs
         self.graphed: GraphedMicroSteps | None = None
         self._graphed_accumulation: int | None = None  # the accumulation steps the loss was divided by at capture
-        self._masks_droppable: bool | None = None  # the training rows padded at their ends only (read once)
+        # the training rows padded at their ends only (read once, on the host): a graphed batch needs no mask
+        self._masks_droppable = (
+            cuda_graphs
+            and isinstance(self.train_dataset, PackedDataset)
+            and right_padded(self.train_dataset.packed.attention_mask)
+        )
         if self.pop_callback(ProgressCallback) is not None:  # its bar, without a dict per logging step
             self.add_callback(QuietProgressCallback)
         self.run_dir, self.keep_checkpoints = run_dir, keep_checkpoints
@@ -291,10 +297,6 @@ class DiffattnTrainer(Trainer):
         padding (read on the host, a sync a step) runs eagerly, as does every batch once the accumulation steps differ
         from the capture's (the loss is divided by them as a number)."""
         inputs = self._prepare_inputs(inputs)
-        if self._masks_droppable is None:
-            self._masks_droppable = isinstance(self.train_dataset, PackedDataset) and right_padded(
-                self.train_dataset.packed.attention_mask
-            )
         mask = inputs.get("attention_mask")
         padded = mask is not None and not self._masks_droppable and not bool(mask.all())
         changed = self._graphed_accumulation not in (None, self.current_gradient_accumulation_steps)
