@@ -124,10 +124,12 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   # size; RESULTS.md, 2026-11-29, "V read once"): benchmarks/RESULTS.md (2026-11-28: the host's share, and the
   # launches) has the predictions; the table switches either on, and moves a route first for the small class, only
   # from these numbers. 30 repetitions: the ten steps of 2026-11-28 spread 8-16 ms at 1,024 tokens, more than any
-  # difference between the DIFF columns. -v logs the route auto runs for each call class, once each
+  # difference between the DIFF columns. -v logs the route auto runs for each call class, once each. DIFF V2's model
+  # with its small class's first route forced and with cudnn_direct (its one node, K and V read once: RESULTS.md,
+  # 2026-11-30), which switches.py compares for DIFF V2's small class
   want train && step 140 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train.json" \
-    --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,cudnn_direct,cudnn_direct+norm,auto+norm,auto+norm+lambda,auto+norm+perlayer,auto+pairs
+    --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,cudnn_direct,cudnn_direct+norm,auto+norm,auto+norm+lambda,auto+norm+perlayer,auto+pairs,v2:sdpa_maps,v2:cudnn_direct
   # where the host-bound step's host time goes, on this machine's own host (the CPU proxy, step_host_time.py, put
   # DIFF's cudnn_direct+norm under DiffLlama's host time, the H200 of 2026-11-29 over it: RESULTS.md, 2026-11-29,
   # "Where the host's time goes on the GPU's own machine", predicts what this finds), in a process of its own (a

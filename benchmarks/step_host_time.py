@@ -31,7 +31,10 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
   model does from its second step (:mod:`diffattn.ops.call_plans`: nothing before the node);
 * ``DIFF cudnn_shared_v+norm+pairs``: the layer's heads in interleaved pairs (:func:`diffattn.ops.pairs_layout`: its
   projections' weight rows reordered each step) and the one node reading V once (no [V; V], no sum of its
-  gradients), the ATen stand-ins as above.
+  gradients), the ATen stand-ins as above;
+* ``DIFF V2 …``: DIFF V2's model (docs/methods.md §5) through the route the H200 table runs for its small class
+  (``sdpa_maps``), its 16K class (``sdpa+epilogue``) and ``cudnn_direct`` (one node reading K and V once,
+  :mod:`diffattn.ops.direct`; 2026-11-30).
 
 Every attention call (``scaled_dot_product_attention``, every column's) is one stand-in op each way that allocates its
 output [B, T, H, dv]-laid-out as CUDA's kernels write it and computes nothing: one dispatch, as a fused GPU kernel is
@@ -176,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         "DIFF cudnn_direct+norm, λ per layer": ("diff", "cudnn_direct", True, LAYER, False),
         "DIFF cudnn_shared_v+norm+pairs": ("diff", "cudnn_shared_v", True, MODEL, True),
         "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, MODEL, False),
+        "DIFF V2 sdpa_maps": ("diff-v2", "sdpa_maps", None, MODEL, False),
+        "DIFF V2 sdpa+epilogue": ("diff-v2", "sdpa+epilogue", None, MODEL, False),
+        "DIFF V2 cudnn_direct": ("diff-v2", "cudnn_direct", None, MODEL, False),
     }
 
     def step_of(attention, backend, norm, lam_by, pairs):

@@ -219,6 +219,29 @@ def test_forced_backends_are_columns_of_their_own_and_one_that_cannot_run_is_nan
         train_step.columns_for(("cudnn_mapz",))
 
 
+def test_a_v2_prefixed_backend_is_a_forced_column_of_diff_v2s_model(monkeypatch):
+    # v2:BACKEND: DIFF V2's model with its op forced (its step is a column of its own, its backend reaching the layer),
+    # named and labelled as DIFF V2's; no switch suffix (the switches are DIFF V1's layer's), no unknown route
+    columns = train_step.columns_for(["v2:sdpa_maps", "cudnn_direct"])
+    assert columns["diffattn DIFF V2 (sdpa_maps)"] == ("diff-v2", "sdpa_maps")
+    assert columns["diffattn DIFF (cudnn_direct)"] == ("diff", "cudnn_direct")
+    assert train_step.forced_column("v2:sdpa_maps") == "diffattn DIFF V2 (sdpa_maps)"
+    assert train_step.column_label("diffattn DIFF V2 (cudnn_direct)") == "V2 cudnn_direct"
+    with pytest.raises(ValueError, match="takes no switch suffix"):
+        train_step.columns_for(["v2:auto+norm"])
+    with pytest.raises(ValueError, match="unknown backend"):
+        train_step.columns_for(["v2:cudnn_mapz"])
+    from diffattn.models import diff_v2
+
+    seen = []
+    real = diff_v2.DiffV2Attention.forward
+    monkeypatch.setattr(diff_v2.DiffV2Attention, "forward", lambda self, *a, **k: seen.append(self.backend) or real(
+        self, *a, **k))  # fmt: skip
+    (row,) = train_step.run_train_step_benchmark(["debug"], [16], batch=1, reps=1, device="cpu",
+                                                 backends=("v2:sdpa_maps",))  # fmt: skip
+    assert row.ms["diffattn DIFF V2 (sdpa_maps)"] > 0 and {"auto", "sdpa_maps"} <= set(seen)
+
+
 def test_the_gpu_profile_is_per_column_and_a_failing_profiler_costs_the_figures_only(monkeypatch, capsys):
     # what a profile holds is diffattn.bench.kernels' (tests/test_bench_kernels.py); here: one per column, a column
     # without a usable one left out with a line (never 0.0 ms, which would read as an idle GPU), and a profiler that

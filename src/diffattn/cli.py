@@ -728,7 +728,8 @@ def _add_bench_commands(sub) -> None:
         "column. A suffix runs a column with a route-table switch on: +norm (the head norm in the epilogue's kernel; "
         "after auto or an +epilogue route, e.g. cudnn+epilogue+norm), +lambda (λ by its Triton kernels; e.g. "
         "auto+norm+lambda), +pairs (DIFF V1's heads handed to the op in interleaved pairs, e.g. auto+pairs), "
-        "+perlayer (each layer's own λ, where the model computes them at once: a comparison, e.g. auto+norm+perlayer)",
+        "+perlayer (each layer's own λ, where the model computes them at once: a comparison, e.g. auto+norm+perlayer). "
+        "v2:BACKEND forces it in DIFF V2's model instead (e.g. v2:cudnn_direct; no suffix)",
     )
     b.add_argument(
         "--host-profile",

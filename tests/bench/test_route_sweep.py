@@ -207,6 +207,13 @@ def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_
     assert "cudnn_maps+epilogue" in v1 and "sdpa_split+epilogue" in v1 and "sdpa+epilogue" not in v1
     assert v1.index("cudnn+epilogue") == v1.index("cudnn") + 1 and "cudnn+epilogue" in v2
     assert "sdpa+epilogue" in v2 and "sdpa_split" not in v2
+    # cudnn_direct on both pairs' training classes without a mask (DIFF V2's: K and V read once, keys_shared), beside
+    # the route whose kernels it runs
+    for listed in (v1, v2):
+        assert listed.index("cudnn_direct") == listed.index("cudnn+epilogue") + 1
+    assert "cudnn_direct" in rs.routes_for(rs.CallClass("shared_k", 64, size="small"))
+    assert "cudnn_direct" not in rs.routes_for(rs.CallClass("shared_k", 64, mode="infer"))
+    assert "cudnn_direct" not in rs.routes_for(rs.CallClass("shared_k", 64, mask="padding"))
 
 
 def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_the_rest():

@@ -19,6 +19,7 @@ from diffattn.ops import routes
 NORM, EPI = forced_column("cudnn+epilogue+norm"), forced_column("cudnn+epilogue")
 CUDNN, AUTO_NORM, LAM = forced_column("cudnn"), forced_column("auto+norm"), forced_column("auto+norm+lambda")
 SMALL_CLASS, STANDARD_CLASS = "v1 d64 dv128 bf16 causal none train small", "v1 d64 dv128 bf16 causal none train"
+V2_SMALL_CLASS = "shared_k d64 dv64 bf16 causal none train small"
 
 
 def _times(scale: float, reps: int = 30, seed: int = 0) -> list[float]:
@@ -86,20 +87,23 @@ def test_the_steps_call_class_is_the_one_the_diff_layer_hands_the_op(monkeypatch
     import diffattn.ops as ops
     from diffattn.models.build import build_model
 
-    assert switches.step_call_class({"preset": "small", "seq_len": 1024, "batch": 4, "dtype": "bf16"}) == SMALL_CLASS
+    small = {"preset": "small", "seq_len": 1024, "batch": 4, "dtype": "bf16"}
+    assert switches.step_call_class(small) == SMALL_CLASS
+    assert switches.step_call_class(small, "diff-v2") == V2_SMALL_CLASS
     seen = []
     run = ops._run
     monkeypatch.setattr(
         ops, "_run", lambda backend, inp, norm=None: seen.append(routes.call_class(inp)) or run(backend, inp, norm)
     )
-    model = build_model("tiny", "diff", seed=0)
-    for seq_len, small_work in ((8, 2**32), (16, 1)):  # a small call, then the same model's call above SMALL_WORK
-        monkeypatch.setattr(routes, "SMALL_WORK", small_work)
-        seen.clear()
-        ids = torch.zeros(2, seq_len, dtype=torch.long)
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        row = {"preset": "tiny", "seq_len": seq_len, "batch": 2, "dtype": "fp32"}
-        assert set(seen) == {switches.step_call_class(row)}, (seen, row)
+    for arch in ("diff", "diff-v2"):
+        model = build_model("tiny", arch, seed=0)
+        for seq_len, small_work in ((8, 2**32), (16, 1)):  # a small call, then the same model's call above SMALL_WORK
+            monkeypatch.setattr(routes, "SMALL_WORK", small_work)
+            seen.clear()
+            ids = torch.zeros(2, seq_len, dtype=torch.long)
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            row = {"preset": "tiny", "seq_len": seq_len, "batch": 2, "dtype": "fp32"}
+            assert set(seen) == {switches.step_call_class(row, arch)}, (seen, row, arch)
 
 
 def _entry(date, device="NVIDIA H200", **over):
@@ -114,7 +118,8 @@ def test_the_small_class_runs_first_the_route_the_step_measured_faster_under_the
         _row(4096, cudnn=0.9),
     ]  # 4096 tokens is the standard class: the sweep's to order, not the step's
     firsts = switches.first_routes(rows, _entry("d"), norm_on=True)
-    assert list(firsts) == [SMALL_CLASS]  # cudnn+epilogue: checked at the standard size, faster with the norm fused
+    assert list(firsts) == [SMALL_CLASS, V2_SMALL_CLASS]  # cudnn+epilogue: checked at the standard size, faster with
+    assert firsts[V2_SMALL_CLASS].on is None and "lists no routes" in firsts[V2_SMALL_CLASS].why  # the norm fused
     assert firsts[SMALL_CLASS].on and firsts[SMALL_CLASS].route == "cudnn+epilogue"
     assert "diffattn DIFF (cudnn+epilogue+norm) 0.95" in firsts[SMALL_CLASS].why
     # with the norm left to PyTorch, cudnn+epilogue runs as its plain column: no faster than cudnn
@@ -127,6 +132,20 @@ def test_the_small_class_runs_first_the_route_the_step_measured_faster_under_the
     assert "faster than cudnn+epilogue" in switches.first_routes(rows, earlier, norm_on=True)[SMALL_CLASS].why
     no_first = switches.first_routes([_row(cudnn=0)], _entry("d"), norm_on=True)[SMALL_CLASS]
     assert no_first.on is None and "no column that runs cudnn" in no_first.why
+
+
+def test_diff_v2s_small_class_runs_first_the_route_forced_faster_in_its_own_model():
+    # DIFF V2's columns (--backends v2:ROUTE) decide DIFF V2's small class, with no switch; DIFF V1's forced columns of
+    # the same route are not DIFF V2's evidence
+    v2_auto, v2_direct = forced_column("v2:sdpa_maps"), forced_column("v2:cudnn_direct")
+    row = _row(1024)
+    for column, scale, seed in ((v2_auto, 1.0, 11), (v2_direct, 0.9, 12), (forced_column("sdpa"), 0.5, 13)):
+        row["samples_ms"][column] = _times(scale, seed=seed)
+    entry = _entry("d", routes={V2_SMALL_CLASS: ["sdpa_maps", "cudnn_direct", "sdpa"], SMALL_CLASS: ["cudnn"]})
+    decided = switches.first_routes([row], entry, norm_on=True)[V2_SMALL_CLASS]
+    assert decided.on and decided.route == "cudnn_direct" and "diffattn DIFF V2 (cudnn_direct) 0.9" in decided.why
+    del row["samples_ms"][v2_direct]  # V1's sdpa column, twice as fast, is not V2's
+    assert switches.first_routes([row], entry, norm_on=True)[V2_SMALL_CLASS].on is None
 
 
 def test_the_decisions_are_written_into_the_runs_own_entry_and_a_later_sweep_keeps_them(tmp_path, capsys):

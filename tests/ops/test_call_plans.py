@@ -107,10 +107,58 @@ def test_the_pairs_entry_with_v_read_once_is_planned_too(whole_runs):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("why", ["mask", "segments", "λ per head", "λ a float", "norm after the node",
-                                 "no gradient", "another route"])  # fmt: skip
+def _v2_call(q, k, v, lam):
+    return ops.diff_attention_pairs(q, k, v, lam, backend=routes.DIRECT)
+
+
+@pytest.mark.parametrize("form", ["V1, λ per head", "DIFF V2, λ per head and token", "DIFF V2, λ a transposed view"])
+def test_a_lambda_the_path_views_is_viewed_again_by_the_plan_with_the_same_bits_and_graph(whole_runs, form):
+    # λ per head [H] and DIFF V2's per head and token [B, H, T] reach the node as the path's check views them ([1, H,
+    # 1, 1], [B, H, T, 1]): the plan makes that view again — output and every gradient bit for bit the whole path's
+    # with plans off, and the node's input a view of the caller's λ, as there
+    from .test_direct import _v2_inputs
+
+    if form.startswith("V1"):
+        tensors, call, entry = _inputs(lam_form="per_head"), stacked(), "_stacked_whole"
+    else:
+        q, k, v, lam = _v2_inputs(torch.float32, b=1, t=6)
+        if form.endswith("transposed view"):  # as DIFF V2's gate hands it over: [B, T, H] transposed
+            lam = lam.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+        tensors, call, entry = (q, k, v, lam), _v2_call, "_pairs_whole"
+    first = _run(call, tensors)
+    assert whole_runs == [entry] and len(call_plans.PLANS) == 1
+    planned = _run(call, tensors)
+    assert whole_runs == [entry], "the plan ran"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(call_plans, "signature", lambda *a, **k: None)
+        whole = _run(call, tensors)
+    for name, a, b, c in zip(("out", "dq", "dk", "dv", "dlam"), planned, first, whole, strict=True):
+        assert a.shape == c.shape and a.stride() == c.stride(), name
+        assert torch.equal(a, b) and torch.equal(a, c), name
+    out = call(*tensors)
+    (lam_node,) = [f for f, _ in out.grad_fn.next_functions if f is not None and "View" in type(f).__name__]
+    assert lam_node.next_functions[0][0].variable is tensors[3]
+    with pytest.MonkeyPatch.context() as patch:  # the whole path's graph: the same view node
+        patch.setattr(call_plans, "signature", lambda *a, **k: None)
+        out = call(*tensors)
+    assert [type(f).__name__ for f, _ in out.grad_fn.next_functions if f is not None and "View" in type(f).__name__
+            ] == [type(lam_node).__name__]  # fmt: skip
+
+
+def test_a_lambda_the_node_took_as_a_copy_makes_no_plan():
+    lam = torch.rand(2, 3, 4)
+    assert call_plans._lam_view(lam, lam) is None
+    assert call_plans._lam_view(lam.view(2, 3, 4, 1), lam) == (2, 3, 4, 1)
+    assert call_plans._lam_view(lam.transpose(1, 2).unsqueeze(-1), lam) is False  # another layout of its memory
+    assert call_plans._lam_view(lam.unsqueeze(-1).clone(), lam) is False  # a copy
+    assert call_plans._lam_view(lam.double().unsqueeze(-1), lam) is False  # a cast
+    assert call_plans._lam_view(lam[:, :, 1:].unsqueeze(-1), lam) is False  # a part of it
+
+
+@pytest.mark.parametrize("why", ["mask", "segments", "λ a float", "norm after the node", "no gradient",
+                                 "another route"])  # fmt: skip
 def test_no_plan_where_the_whole_path_was_not_one_node_on_the_callers_tensors(whole_runs, why):
-    q, k, v, lam = _inputs(lam_form="per_head" if why == "λ per head" else "scalar")
+    q, k, v, lam = _inputs()
     kwargs, call = {}, stacked()
     if why == "mask":
         kwargs = dict(attn_mask=torch.ones(1, 6, dtype=torch.bool), causal=False)

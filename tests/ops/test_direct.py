@@ -175,7 +175,7 @@ def test_the_backward_is_one_node_from_the_output_to_the_layers_tensors():
 
 @pytest.mark.parametrize(
     "why",
-    ["no gradient", "K shared", "key padding", "causal T < S", "cuDNN refuses"],
+    ["no gradient", "K shared without a gradient", "key padding", "causal T < S", "cuDNN refuses"],
 )
 def test_where_the_one_node_does_not_apply_the_route_is_cudnn_epilogue(monkeypatch, why):
     monkeypatch.setattr(direct._OneNode, "apply", lambda *a: pytest.fail("the one node ran"))
@@ -184,7 +184,7 @@ def test_where_the_one_node_does_not_apply_the_route_is_cudnn_epilogue(monkeypat
     q1, q2, k1, k2 = (torch.randn(1, 2, 6, 8, generator=g).requires_grad_() for _ in range(4))
     v = torch.randn(1, 2, 6, 16, generator=g).requires_grad_()
     kwargs = {}
-    if why == "K shared":
+    if why == "K shared without a gradient":  # (DIFF V2 trained: the node, below)
         k2 = k1
     if why == "key padding":
         kwargs["attn_mask"] = torch.tensor([[True] * 5 + [False]])
@@ -194,7 +194,7 @@ def test_where_the_one_node_does_not_apply_the_route_is_cudnn_epilogue(monkeypat
         monkeypatch.setattr(direct, "ATTENTION_OPS", direct.AttentionOps(_sdpa_forward, _sdpa_backward,
                                                                          lambda *a: False))  # fmt: skip
     inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, scale=None, **{"attn_mask": None, **kwargs})
-    with torch.set_grad_enabled(why != "no gradient"):
+    with torch.set_grad_enabled(not why.endswith("no gradient") and not why.endswith("without a gradient")):
         direct.diff_attention_cudnn_direct(inp, norm=(1e-5, 0.8))
     assert calls == [{"fused_epilogue": True, "norm": (1e-5, 0.8)}]
 
@@ -274,11 +274,13 @@ def test_the_cudnn_calls_as_pytorch_shapes_them_take_v_of_half_the_heads():
         return torch.empty(b, t, n, width, device="meta", dtype=torch.bfloat16).transpose(1, 2)
 
     q, k, v = heads(2 * h, d), heads(2 * h, d), heads(h, 2 * d)
-    for v_call in (torch.cat([v, v], 1), v, *v.split(d, dim=-1)):  # stacked [V; V], V once, V's slices
-        out, tensors, values = direct.CUDNN.forward(q, k, v_call, True, d**-0.5)
+    calls = [(k, v_call) for v_call in (torch.cat([v, v], 1), v, *v.split(d, dim=-1))]  # [V; V], V once, V's slices
+    calls.append((heads(h, d), heads(h, d)))  # DIFF V2's: K and V of H heads, read once by the pairs (keys_shared)
+    for k_call, v_call in calls:
+        out, tensors, values = direct.CUDNN.forward(q, k_call, v_call, True, d**-0.5)
         assert out.shape == (b, 2 * h, t, v_call.shape[-1]) and out.transpose(1, 2).is_contiguous()
-        grads = direct.CUDNN.backward(out, q, k, v_call, out, tensors, values, True, d**-0.5)
-        assert [g.shape for g in grads] == [q.shape, k.shape, v_call.shape]
+        grads = direct.CUDNN.backward(out, q, k_call, v_call, out, tensors, values, True, d**-0.5)
+        assert [g.shape for g in grads] == [q.shape, k_call.shape, v_call.shape]
 
 
 # ---- cudnn_shared_v: DIFF V1 in interleaved pairs, V read once for both maps by cuDNN's grouped heads ----------------
@@ -473,6 +475,112 @@ def test_a_forward_cudnn_refuses_runs_cudnn_epilogue_and_so_do_calls_like_it(mon
     _raising(monkeypatch, "forward", POISONING)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         _shared_v(*tensors)
+
+
+# ---- cudnn_direct with K shared: DIFF V2's query pairs over K and V read once by cuDNN's grouped heads ---------------
+
+
+def _v2_inputs(dtype, *, b=2, h=2, kv=None, t=13, d=8, lam_form="per_token", seed=0, device="cpu"):
+    """DIFF V2's layer's call (docs/methods.md §5): Q [B, 2H, T, d] in interleaved pairs (map 1 and map 2 of head i at
+    2i and 2i + 1), K and V [B, Hkv, T, d] shared by both maps, each a projection's view, and λ (DIFF V2's: one per
+    head and token)."""
+    g = torch.Generator().manual_seed(seed)
+    kv = kv or h
+
+    def heads(n):
+        return torch.randn(b, t, n, d, generator=g).to(device, dtype).transpose(1, 2).detach().requires_grad_()
+
+    lam = {"scalar": torch.tensor(0.4), "per_token": torch.rand(b, h, t, generator=g)}[lam_form]
+    return heads(2 * h), heads(kv), heads(kv), lam.to(device).requires_grad_()
+
+
+def _v2_chain(q, k, v, lam, causal):
+    """``cudnn+epilogue``'s computation for DIFF V2's call as autograd's chain: one SDPA call over the interleaved
+    pairs with K's and V's heads repeated for each query head of their group (what cuDNN's grouped heads read), then
+    the epilogue over interleaved pairs."""
+    q1, q2 = ops.interleaved_pair(q, 1)
+    inp = validate(q1, k, q2, k, v, lam, causal=causal, attn_mask=None, scale=None)
+    o = _sdpa_call(q, k, v, causal, inp.scale)
+    return epilogue.subtract_pair(o, inp.lam, "interleaved", None)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lam_form", "kv"),
+    [(torch.float32, "per_token", None), (torch.bfloat16, "per_token", None), (torch.float32, "scalar", 1)],
+    ids=["fp32-per_token", "bf16-per_token", "fp32-scalar-GQA"],
+)
+def test_k_shared_is_one_node_reading_k_and_v_once_the_chains_computation_bit_for_bit(monkeypatch, dtype, lam_form, kv):
+    # DIFF V2 trained through cudnn_direct: the attention call is handed the layer's Q, K and V themselves (no pairs
+    # interleaved again, no K or V repeated: cuDNN's grouped heads read them), and every value is the chain's bit for
+    # bit, strides included; under GQA (two query pairs over one K head) too
+    tensors = _v2_inputs(dtype, lam_form=lam_form, kv=kv)
+    handed = []
+    monkeypatch.setattr(
+        direct,
+        "ATTENTION_OPS",
+        direct.AttentionOps(
+            lambda q, k, v, *a: handed.append((q, k, v)) or _sdpa_forward(q, k, v, *a), _sdpa_backward, lambda *a: True
+        ),
+    )
+    got = _run(lambda *x: ops.diff_attention_pairs(*x, backend=routes.DIRECT), tensors)
+    ((q, k, v),) = handed
+    assert q is tensors[0] and k is tensors[1] and v is tensors[2]
+    want = _run(lambda *x: _v2_chain(*x, True), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
+        assert a.shape == w.shape and a.stride() == w.stride(), name
+        assert torch.equal(a, w), name
+
+
+def test_k_shared_against_float64_from_each_maps_queries_and_its_call_class():
+    # DIFF V2's maps handed over apart (diff_attention with K twice: the pairs interleaved for the node) and whole,
+    # causal or not, output and every gradient against float64 by the rounding rule; its class is shared_k's
+    q, k, v, lam = _v2_inputs(torch.float32, t=17, seed=4)
+    q1, q2 = (x.detach().requires_grad_() for x in ops.interleaved_pair(q, 1))
+    tensors = (q1, q2, k, v, lam)
+    ran = []
+    real = direct._OneNode.apply
+    for causal in (True, False):
+
+        def split(q1, q2, k, v, lam, backend, c=causal):
+            return ops.diff_attention(q1, k, q2, k, v, lam, causal=c, backend=backend)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(direct._OneNode, "apply", lambda *a: ran.append(a[4]) or real(*a))
+            got = _run(lambda *x: split(*x, routes.DIRECT), tensors)
+        gold = _run(lambda *x: split(*x, "reference"), [x.detach().double().requires_grad_() for x in tensors])
+        yard = _run(lambda *x: split(*x, "sdpa_maps"), tensors)
+        for name, a, w, y in zip(("out", "dq1", "dq2", "dk", "dv", "dlam"), got, gold, yard, strict=True):
+            assert_within_rounding(name, a, w, [y], torch.float32)
+    assert ran == ["keys_shared", "keys_shared"], "the one node ran, with K and V read once"
+    inp = validate(*ops.interleaved_pair(q, 1)[:1], k, *ops.interleaved_pair(q, 1)[1:], k, v, lam, causal=True,
+                   attn_mask=None, scale=None, qk_whole=(q, k))  # fmt: skip
+    assert routes.call_class(inp) == "shared_k d8 dv8 fp32 causal none train small"
+    assert direct.one_node_operands(inp, "shared") is None, "cudnn_shared_v is DIFF V1's (K in pairs)"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("t", "d", "kv"), [(1024, 64, 4), (2048, 128, 4), (333, 64, 2)])
+def test_gpu_k_shared_matches_the_reference_through_cudnns_grouped_heads(t, d, kv, caplog):
+    # on the GPU, through cuDNN's ATen ops with Q of 2H heads over K and V of Hkv: run by the one node (no log line:
+    # cuDNN took the call), the output and dλ bit for bit cudnn+epilogue's (the same forward kernels), and every value
+    # within the rounding rule of float64 (sdpa_maps's own error the yardstick)
+    import logging
+
+    tensors = _v2_inputs(torch.bfloat16, b=2, h=4, kv=kv, t=t, d=d, device="cuda")
+    ran = []
+    real = direct._OneNode.apply
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
+        patch.setattr(direct._OneNode, "apply", lambda *a: ran.append(1) or real(*a))
+        got = _run(lambda *x: ops.diff_attention_pairs(*x, backend=routes.DIRECT), tensors)
+    assert ran and not caplog.records, [r.message for r in caplog.records]
+    chain = _run(lambda *x: ops.diff_attention_pairs(*x, backend="cudnn+epilogue"), tensors)
+    assert torch.equal(got[0], chain[0])
+    gold = _run(lambda *x: ops.diff_attention_pairs(*x, backend="reference"),
+                [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
+    yard = _run(lambda *x: ops.diff_attention_pairs(*x, backend="sdpa_maps"), tensors)
+    for name, a, w, y in zip(("out", "dq", "dk", "dv", "dlam"), got, gold, yard, strict=True):
+        assert_within_rounding(name, a, w, [y], torch.bfloat16)
 
 
 @pytest.mark.gpu

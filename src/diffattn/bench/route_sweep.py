@@ -168,8 +168,9 @@ _PAIR_ROUTES = {V1_PAIRS: (SHARED_V, SHARED_V_SPLIT)}
 _BESIDE_PAIRS = ("cudnn+epilogue", "sdpa_split+epilogue", "cudnn_maps", "sdpa_maps+epilogue", "sdpa")
 #: routes the other pairs' classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded
 #: one-call sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue
-#: costs); cudnn_direct's one node is DIFF V1's (with K shared it runs cudnn+epilogue)
-_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue", DIRECT}}
+#: costs). cudnn_direct is measured on both: with K shared (DIFF V2) its one node reads K and V once through cuDNN's
+#: grouped heads (diffattn.ops.direct, layout keys_shared)
+_NOT_FOR = {"v1": {"sdpa+epilogue"}, "shared_k": {"sdpa_split", "sdpa_split+epilogue"}}
 
 
 def routes_for(cls: CallClass) -> list[str]:

@@ -29,7 +29,8 @@ which may be at most :data:`GPU_SLACK` times the other's.
   route forced as a column against the class's first route in the run's entry, each as it runs under the decided
   switches (an epilogue route's ``+norm`` column where ``fused_head_norm`` is on, its plain one otherwise); of those
   faster than it within the GPU slack, the fastest goes first. Only a route the sweep checked correct for the class
-  (listed for it, or for the class at the standard size) is taken.
+  (listed for it, or for the class at the standard size) is taken. The same for DIFF V2's calls (``shared_k``), from
+  the columns forced in its model (``diffattn DIFF V2 (<route>)``: ``--backends v2:<route>``), which take no switch.
 
 Usage: ``python -m diffattn.bench.switches RUN_DIR [--write]`` prints each decision and why; ``--write`` puts them into
 the newest entry of ``RUN_DIR/route_table.json`` (the run's own, which its sweep wrote), by a temporary file and a
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paired_ratio
-from .train_step import forced_column, split_fused
+from .train_step import V2_PREFIX, forced_column, split_fused
 
 #: per switch, the (switched, plain) column pairs of train.json that decide it
 PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -177,34 +178,55 @@ def decide_calls(results: list[dict]) -> dict[str, Decision]:
     return out
 
 
-def step_call_class(row: dict) -> str:
-    """The route table's class of the DIFF model's attention calls in a train.json row (its preset, length, batch and
-    dtype): :func:`diffattn.ops.routes.call_class` of the inputs the DIFF layer hands the op — both maps' query heads
-    stacked, ``num_attention_heads`` of them, V twice as wide as Q (:mod:`diffattn.models.diff_llama`) — built on the
-    meta device."""
+def step_call_class(row: dict, arch: str = "diff") -> str:
+    """The route table's class of a DIFF model's attention calls in a train.json row (its preset, length, batch and
+    dtype): :func:`diffattn.ops.routes.call_class` of the inputs the layer hands the op, built on the meta device —
+    DIFF V1's (``arch`` "diff"): both maps' query heads stacked, ``num_attention_heads`` of them, V twice as wide as Q
+    (:mod:`diffattn.models.diff_llama`); DIFF V2's ("diff-v2"): ``num_attention_heads`` query heads per map over one K
+    and V as wide as Q (:mod:`diffattn.models.diff_v2`)."""
     import torch
 
     from ..models.build import model_config
     from ..ops import routes, validate
     from .train_step import DTYPES
 
-    config = model_config(row["preset"], "diff")
+    config = model_config(row["preset"], arch)
     b, n, d = row["batch"], row["seq_len"], config.head_dim
-    h, hkv = config.num_attention_heads // 2, config.num_key_value_heads // 2
+    v2 = arch == "diff-v2"
+    h, hkv = (config.num_attention_heads, config.num_key_value_heads) if v2 else (
+        config.num_attention_heads // 2, config.num_key_value_heads // 2)  # fmt: skip
     dtype = DTYPES[row.get("dtype", "bf16")] or torch.float32
     q1, q2 = (torch.empty(b, h, n, d, device="meta", dtype=dtype) for _ in range(2))
-    k1, k2 = (torch.empty(b, hkv, n, d, device="meta", dtype=dtype) for _ in range(2))  # two maps' keys: DIFF V1
-    v = torch.empty(b, hkv, n, 2 * d, device="meta", dtype=dtype)
+    k1 = torch.empty(b, hkv, n, d, device="meta", dtype=dtype)
+    k2 = k1 if v2 else torch.empty(b, hkv, n, d, device="meta", dtype=dtype)  # DIFF V2's maps share K; V1's do not
+    v = torch.empty(b, hkv, n, d if v2 else 2 * d, device="meta", dtype=dtype)
     inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None)
     return routes.call_class(inp, grad=True)
 
 
-def _column_of(route: str, norm_on: bool, columns: set[str]) -> str | None:
-    """The forced column that shows how ``route`` runs under the decided norm switch, where the step has it."""
+#: the models whose small class's first route the step decides, and the prefix of a backend forced in each (a column's
+#: name is :func:`~diffattn.bench.train_step.forced_column` of it)
+STEP_MODELS = {"diff": "", "diff-v2": V2_PREFIX}
+
+
+def _column_of(route: str, norm_on: bool, columns: set[str], arch: str = "diff") -> str | None:
+    """The forced column that shows how ``route`` runs under the decided norm switch, where the step has it (DIFF V2's
+    model takes no switch)."""
     from ..ops.routes import runs_epilogue
 
-    name = forced_column(route + "+norm") if norm_on and runs_epilogue(route) else forced_column(route)
+    if arch != "diff":
+        name = forced_column(STEP_MODELS[arch] + route)
+    else:
+        name = forced_column(route + "+norm") if norm_on and runs_epilogue(route) else forced_column(route)
     return name if name in columns else None
+
+
+def _forced_route(column: str, arch: str) -> str | None:
+    """The route a forced column of ``arch``'s model runs (its switch suffixes left off), or None: not one."""
+    prefix = forced_column(STEP_MODELS[arch] + "ROUTE").removesuffix("ROUTE)")
+    if not column.startswith(prefix):
+        return None
+    return split_fused(column.removeprefix(prefix).removesuffix(")"))[0]
 
 
 def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Decision]:
@@ -213,11 +235,11 @@ def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Deci
     from ..ops.routes import SMALL, checked_routes, step_first_order, without_size
 
     out: dict[str, Decision] = {}
-    for row in rows:
+    for row, arch in ((row, arch) for row in rows for arch in STEP_MODELS):
         try:
-            cls = step_call_class(row)
+            cls = step_call_class(row, arch)
         except (KeyError, ValueError) as err:
-            out[f"{row.get('preset')} at {row.get('seq_len')}"] = Decision(None, f"no call class: {err}")
+            out[f"{row.get('preset')} at {row.get('seq_len')} ({arch})"] = Decision(None, f"no call class: {err}")
             continue
         if not cls.endswith(SMALL) or cls in out:
             continue
@@ -228,16 +250,16 @@ def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Deci
             continue
         order = step_first_order(entry, cls, order)  # what auto runs first for the class now
         columns = set(row.get("samples_ms") or {})
-        first = _column_of(order[0], norm_on, columns)
+        first = _column_of(order[0], norm_on, columns, arch)
         if first is None:
             out[cls] = Decision(None, f"the step forced no column that runs {order[0]}, the class's first route")
             continue
         checked = checked_routes(entry, cls)
         candidates = []
         for column in sorted(columns):
-            route = split_fused(column.removeprefix("diffattn DIFF (").removesuffix(")"))[0]
+            route = _forced_route(column, arch)
             # a forced route as it runs under the decided switches (λ's kernel forced too is λ's switch, not the route)
-            if route in checked and route != order[0] and _column_of(route, norm_on, columns) == column:
+            if route in checked and route != order[0] and _column_of(route, norm_on, columns, arch) == column:
                 found = compare(row, column, first)
                 if isinstance(found, Comparison) and found.faster:
                     candidates.append((found.ratio, route, found))

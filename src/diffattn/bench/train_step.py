@@ -403,13 +403,26 @@ def split_fused(backend: str | None) -> tuple[str | None, tuple[str, ...]]:
     return backend, tuple(switches)
 
 
+#: the prefix of a forced column's backend that forces it in DIFF V2's model (``v2:cudnn_direct``), not DIFF V1's
+V2_PREFIX = "v2:"
+
+
+def _forced_model(backend: str) -> tuple[str, str]:
+    """(architecture, backend) of a forced column's backend as asked for: DIFF V2's where it has :data:`V2_PREFIX`."""
+    return ("diff-v2", backend.removeprefix(V2_PREFIX)) if backend.startswith(V2_PREFIX) else ("diff", backend)
+
+
 def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
     """:data:`COLUMNS` and one ``diffattn DIFF (BACKEND)`` column per backend asked for (known backends only, with
-    :data:`FUSED` suffixes where they apply)."""
+    :data:`FUSED` suffixes where they apply), ``diffattn DIFF V2 (BACKEND)`` for ``v2:BACKEND`` (DIFF V2's model,
+    without suffixes: the switches are DIFF V1's layer's)."""
     from ..ops import BACKENDS
     from ..ops.routes import DIRECT, EPILOGUE, runs_epilogue
 
-    unknown = [b for b in backends if split_fused(b)[0] not in BACKENDS]
+    suffixed = [b for b in backends if b.startswith(V2_PREFIX) and split_fused(b)[1]]
+    if suffixed:
+        raise ValueError(f"{', '.join(suffixed)}: a DIFF V2 column ({V2_PREFIX}BACKEND) takes no switch suffix")
+    unknown = [b for b in backends if split_fused(_forced_model(b)[1])[0] not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     unfusable = [b for b in backends if "fused_head_norm" in split_fused(b)[1]
@@ -419,12 +432,14 @@ def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
             f"{', '.join(unfusable)}: +norm (the head norm in the epilogue's kernel) follows auto, {DIRECT} or a "
             f"route ending in {EPILOGUE}"
         )
-    return {**COLUMNS, **{forced_column(b): ("diff", b) for b in backends}}
+    return {**COLUMNS, **{forced_column(b): _forced_model(b) for b in backends}}
 
 
 def forced_column(backend: str) -> str:
-    """The name of the DIFF column with ``backend`` forced (``diffattn DIFF (auto)`` for ``auto``)."""
-    return f"diffattn DIFF ({backend})"
+    """The name of the DIFF column with ``backend`` forced (``diffattn DIFF (auto)`` for ``auto``; ``diffattn DIFF V2
+    (cudnn_direct)`` for ``v2:cudnn_direct``)."""
+    arch, route = _forced_model(backend)
+    return f"diffattn DIFF V2 ({route})" if arch == "diff-v2" else f"diffattn DIFF ({route})"
 
 
 def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:

@@ -292,7 +292,7 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         what = f"the {route} route with O1 − λ·O2 as one Triton kernel, forward and backward"
         statuses.append(BackendStatus(route + EPILOGUE, why is None, why or what))
     why = kernels or (by_name["cudnn"].reason if not by_name["cudnn"].usable else None)
-    what = "cudnn+epilogue's kernels as one autograd node in training (less host work), DIFF V1 without a mask"
+    what = "cudnn+epilogue's kernels as one autograd node in training (less host work), without a mask"
     statuses.append(BackendStatus(DIRECT, why is None, why or what))
     what = "DIFF V1 in interleaved pairs: one cuDNN call reading V once for both maps, and the epilogue, one node"
     statuses.append(BackendStatus(SHARED_V, why is None, why or what))

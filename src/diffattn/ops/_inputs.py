@@ -472,7 +472,8 @@ def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int,
     if lam.dim() == 1 and lam.numel() == num_heads:
         return lam.view(1, num_heads, 1, 1)
     if lam.dim() == 3 and tuple(lam.shape) == (b, num_heads, t):
-        return lam.unsqueeze(-1)  # [B, H, T, 1]
+        # [B, H, T, 1] by view, as a call's plan makes it again (diffattn.ops.call_plans: the same node in the graph)
+        return lam.view(*lam.shape, 1)
     raise ValueError(f"lam must be {allowed()}; got shape [{', '.join(map(str, lam.shape))}]")
 
 

@@ -17,11 +17,12 @@ devices and whether they require a gradient, λ's, causality, the scale, the hea
 forced switches of :data:`diffattn.ops.routes.FORCED_FLAGS`, the route tables'
 :data:`~diffattn.ops.routes.TABLE_GENERATION` — and run the op's whole path the first time, recording what it called.
 Where that was exactly one node on the caller's own Q, K, V and λ (no copy, nothing else; under autocast the casts the
-whole path makes, which the entry then makes first), later calls of the same signature call that node with the same
-constants and nothing before it: the same autograd Function on the same tensors, so the same numbers and the same graph.
-A plan is never made under ``torch.compile`` (which traces the path once anyway), for a mask or segments (their values
-decide the rows masked), for λ that is not one 0-d tensor, on the meta device; λ's finiteness, a value, is still checked
-on the CPU (:func:`diffattn.ops._inputs.check_lambda_finite`).
+whole path makes, which the entry then makes first; λ as given or the view of it the path's check makes — one per head
+[1, H, 1, 1], DIFF V2's one per head and token [B, H, T, 1] — which the plan makes again), later calls of the same
+signature call that node with the same constants and nothing before it: the same autograd Function on the same tensors,
+so the same numbers and the same graph. A plan is never made under ``torch.compile`` (which traces the path once
+anyway), for a mask or segments (their values decide the rows masked), for λ that is not a tensor, on the meta device;
+λ's finiteness, a value, is still checked on the CPU (:func:`diffattn.ops._inputs.check_lambda_finite`).
 
 What could change the path's answer for the same signature forgets the plans (:func:`forget`) — a route that failed at
 run time (``auto``'s next route), cuDNN refusing a node's forward or backward (its calls then run ``cudnn+epilogue``),
@@ -34,6 +35,7 @@ each time).
 from __future__ import annotations
 
 import contextvars
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,12 +52,14 @@ MAX_PLANS = 1024
 class NodePlan:
     """What a call of one signature ran: ``apply(q, k, v, lam, *constants)`` (an autograd Function's apply), with
     autocast off on ``autocast_off`` (the device type whose autocast the op turns off inside, else None); ``stale()``:
-    whether what the node was made with has been replaced since (its attention ops, which tests replace)."""
+    whether what the node was made with has been replaced since (its attention ops, which tests replace);
+    ``lam_shape``: the shape of the view of the caller's λ the node took (None: λ itself)."""
 
     apply: Callable[..., torch.Tensor]
     constants: tuple
     stale: Callable[[], bool]
     autocast_off: str | None
+    lam_shape: torch.Size | None = None
 
 
 #: signature → its plan
@@ -82,7 +86,7 @@ def signature(entry: str, backend: str, q, k, v, lam, causal, attn_mask, scale, 
     under a ``__torch_function__`` mode (which may act on the ops a plan skips)."""
     if attn_mask is not None or segment_ids is not None or torch.compiler.is_compiling():
         return None
-    if not all(type(x) is torch.Tensor for x in (q, k, v, lam)) or lam.dim() != 0:
+    if not all(type(x) is torch.Tensor for x in (q, k, v, lam)):
         return None
     if not isinstance(backend, str) or not (scale is None or type(scale) in (float, int)):
         return None
@@ -116,6 +120,8 @@ def run(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torc
         forget()
         return None
     _inputs.check_lambda_finite(lam)  # (through its module: the one name a benchmark replaces)
+    if plan.lam_shape is not None:
+        lam = lam.view(plan.lam_shape)  # the view the whole path's check made (a node in the graph, as there)
     try:
         if plan.autocast_off is None:
             return plan.apply(q, k, v, lam, *plan.constants)
@@ -130,8 +136,9 @@ def run(key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torc
 
 def planned(key: tuple | None, tensors: tuple[torch.Tensor, ...], whole: Callable[[], torch.Tensor]) -> torch.Tensor:
     """``whole()`` — the op's whole path for a call of signature ``key`` (None: not planned, nothing recorded) — and,
-    where it ran exactly one node, on ``tensors`` themselves (q, k, v, λ: no cast, no copy), whose output is the
-    call's (nothing after it, such as the head's norm by PyTorch), that node made the plan for ``key``."""
+    where it ran exactly one node, on ``tensors`` themselves (q, k, v, λ: no cast, no copy; λ or a view of it,
+    :func:`_lam_view`), whose output is the call's (nothing after it, such as the head's norm by PyTorch), that node
+    made the plan for ``key``."""
     if key is None:
         return whole()
     forgotten_before = _FORGOTTEN[0]
@@ -143,14 +150,31 @@ def planned(key: tuple | None, tensors: tuple[torch.Tensor, ...], whole: Callabl
         _SEEN.reset(token)
     if len(seen) == 1:
         apply, operands, constants, stale, node_out = seen[0]
-        same = len(operands) == len(tensors) and all(a is b for a, b in zip(operands, tensors, strict=True))
+        same = len(operands) == len(tensors) == 4 and all(map(operator.is_, operands[:3], tensors[:3]))
+        lam_shape = _lam_view(operands[3], tensors[3]) if same else False
         # (and no plan forgotten meanwhile, by another thread's refusal say: what was recorded may be stale)
-        if same and node_out is out and _FORGOTTEN[0] == forgotten_before:
+        if lam_shape is not False and node_out is out and _FORGOTTEN[0] == forgotten_before:
             if len(PLANS) >= MAX_PLANS:
                 PLANS.clear()
             autocast_off = tensors[0].device.type if key[_AUTOCAST] is not None else None
-            PLANS[key] = NodePlan(apply, constants, stale, autocast_off)
+            PLANS[key] = NodePlan(apply, constants, stale, autocast_off, lam_shape)
     return out
+
+
+def _lam_view(taken: torch.Tensor, lam: torch.Tensor) -> torch.Size | bool | None:
+    """How the node took the caller's ``lam``: None where ``taken`` is ``lam`` itself; the shape where ``taken`` is the
+    view ``lam.view(shape)`` makes again (the same memory, shape and strides, and a view of ``lam`` in autograd's graph:
+    the path's check makes its views of λ by ``view``, so the plan's is the same node); False where it is neither (a
+    copy or a cast: no plan)."""
+    if taken is lam:
+        return None
+    if taken._base is not (lam if lam._base is None else lam._base) or taken.data_ptr() != lam.data_ptr():
+        return False
+    try:
+        again = lam.view(taken.shape)
+    except RuntimeError:
+        return False
+    return taken.shape if again.stride() == taken.stride() else False
 
 
 def saw_node(apply: Callable[..., torch.Tensor], operands: tuple, constants: tuple, stale: Callable[[], bool],

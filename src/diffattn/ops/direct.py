@@ -1,4 +1,4 @@
-"""The ``cudnn_direct`` route: DIFF V1's one cuDNN attention call and the fused epilogue (DIFF Transformer Eq. 1,
+"""The ``cudnn_direct`` route: one cuDNN attention call over both maps and the fused epilogue (DIFF Transformer Eq. 1,
 docs/methods.md §0) as one autograd node — the host's share of a small model's training step, which is what a `small`
 step on a GPU is bound by (issue 34: on the H200 of 2026-11-28 the baseline's GPU was busy 8.6 of its 40 ms a step).
 
@@ -17,11 +17,19 @@ whole call:
   passes it), and the two copies' gradients of V summed back into V's halves (:func:`._inputs.v_from_halves_grad`).
 
 The same attention and epilogue kernels on the same inputs, and V's two gradients summed as autograd sums them: the same
-numbers bit for bit (tests/ops/test_direct.py); the same kernels, so by prediction the same GPU time, and less host time
-on a 2-core CPU's proxy of the `small` step (benchmarks/RESULTS.md, 2026-11-29); not yet timed on a GPU. A layer's later
-calls of the same kind run the node with nothing before it (:mod:`diffattn.ops.call_plans`). Where its one node does not
-apply — no gradient needed, under ``torch.compile``, K shared (DIFF V2), a mask or segments, causal with T ≠ S (cuDNN's
-causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
+numbers bit for bit (tests/ops/test_direct.py); on the H200 of 2026-11-29 1.66× the baseline against
+``cudnn+epilogue``'s 1.82× (DIFF V1 at d = 64, 16K tokens). A layer's later calls of the same kind run the node with
+nothing before it (:mod:`diffattn.ops.call_plans`).
+
+Where both maps read the same K (DIFF V2, docs/methods.md §5; DAA and DiffQ pass theirs twice), the node takes the
+query heads in interleaved pairs (map 1 and map 2 of head i at 2i and 2i + 1, as DIFF V2's layer hands them over) and K
+and V once: cuDNN's grouped heads give query heads 2i and 2i + 1 key and value head i // (H/Hkv), as the SDPA routes'
+one call with ``enable_gqa`` does, and its backward sums each K and V head's shares itself — ``cudnn+epilogue``'s
+computation for those inputs (V layout ``keys_shared``). Not yet timed on a GPU: the route sweep times it on DIFF V2's
+training classes beside ``sdpa+epilogue`` and ``cudnn+epilogue`` (benchmarks/RESULTS.md, 2026-11-30).
+
+Where its one node does not apply — no gradient needed, under ``torch.compile``, a mask or segments, causal with
+T ≠ S (cuDNN's causal mask is aligned top-left, the op's bottom-right), or inputs cuDNN would refuse through SDPA
 (``torch.backends.cuda.can_use_cudnn_attention``) — the route runs ``cudnn+epilogue`` itself, which takes every call
 this route's support check admits. The ATen ops are private, so neither a forward nor a backward that raises at run time
 ends the user's step: a forward's call runs ``cudnn+epilogue``; a backward's gradients come from SDPA's own backward
@@ -95,10 +103,13 @@ def _cudnn_backward(do, q, k, v, out, tensors, values, causal: bool, scale: floa
 #: how the one node is handed V (:func:`_v_calls`): DiffLlama's V halves stacked as heads [B, 2Hkv, S, dv/2], V whole
 #: [B, Hkv, S, dv] (both: [V; V] made for both maps' stacked heads), or V whole read once by both maps' query heads in
 #: interleaved pairs through cuDNN's grouped heads — in one call (``cudnn_shared_v``) or one call per column slice of
-#: V as wide as Q (``cudnn_shared_v_split``)
-V_LAYOUTS = ("halves", "whole", "shared", "shared_split")
-#: the layouts whose V is read once (Q and K in interleaved pairs), and the route of each
+#: V as wide as Q (``cudnn_shared_v_split``) — or, where both maps read the same K (DIFF V2), K and V whole, each read
+#: once by both maps' query heads in interleaved pairs (``keys_shared``, the ``cudnn_direct`` route)
+V_LAYOUTS = ("halves", "whole", "shared", "shared_split", "keys_shared")
+#: the layouts whose V is read once with Q and K in interleaved pairs (DIFF V1: K in pairs too), and the route of each
 SHARED_ROUTES = {"shared": SHARED_V, "shared_split": SHARED_V_SPLIT}
+#: the layouts whose query heads come in interleaved pairs (the epilogue subtracts neighbouring heads)
+PAIRED_LAYOUTS = (*SHARED_ROUTES, "keys_shared")
 
 
 def _call_key(q, k, v, v_layout: str, causal: bool) -> tuple:
@@ -124,7 +135,8 @@ def _cudnn_accepts(key: tuple, q, k, v, v_layout: str, causal: bool) -> bool:
         try:
             with torch.no_grad():
                 v_call = _sdpa_v(_v_calls(v, v_layout, q.shape[-1])[0], v_layout).requires_grad_(v.requires_grad)
-            params = torch.backends.cuda.SDPAParams(q, k, v_call, None, 0.0, causal, False)
+            # enable_gqa where K has fewer heads than Q (keys_shared: DIFF V2's 2H query heads over K's Hkv)
+            params = torch.backends.cuda.SDPAParams(q, k, v_call, None, 0.0, causal, _grouped(q, k))
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 _ACCEPTED[key] = bool(torch.backends.cuda.can_use_cudnn_attention(params))
         except (RuntimeError, TypeError, AttributeError):  # another torch's SDPAParams: the SDPA route instead
@@ -151,7 +163,7 @@ class _OneNode(torch.autograd.Function):
         v_calls = _v_calls(v, v_layout, q.shape[-1])
         calls = [ops.forward(q, k, v_call, causal, scale) for v_call in v_calls]
         outs = [o for o, _, _ in calls]
-        interleaved = v_layout in SHARED_ROUTES
+        interleaved = v_layout in PAIRED_LAYOUTS
         if len(outs) == 1:
             out = _subtract_pair_impl(outs[0], lam, interleaved, norm_eps, norm_scale)
         else:
@@ -169,7 +181,7 @@ class _OneNode(torch.autograd.Function):
         v_layout, causal, scale, norm_eps, norm_scale, ops, per_call = ctx.setup
         n = len(per_call)
         v_calls, outs, rest = rest[:n], rest[n : 2 * n], rest[2 * n :]
-        interleaved = v_layout in SHARED_ROUTES
+        interleaved = v_layout in PAIRED_LAYOUTS
         # one call's output gradient in its output's layout; two calls' (V's slices) the halves of their join's layout,
         # as sdpa_split hands the same calls theirs (one layout per cuDNN cache key, across routes)
         if n == 1:
@@ -194,8 +206,8 @@ class _OneNode(torch.autograd.Function):
 def _v_grad(dv_calls: list[torch.Tensor], v: torch.Tensor, v_layout: str) -> torch.Tensor:
     """V's gradient from the gradients of the V of each call (:func:`_v_calls`), as autograd computes it through
     them: [V; V]'s two copies summed (back into V's halves where ``halves``: bit for bit autograd's, strides
-    included); V's own where ``shared`` (cuDNN's grouped heads summed each V head's two query heads' shares); the two
-    column slices' side by side where ``shared_split``."""
+    included); V's own where ``shared`` or ``keys_shared`` (cuDNN's grouped heads summed each V head's query heads'
+    shares); the two column slices' side by side where ``shared_split``."""
     if v_layout == "halves":
         return v_from_halves_grad(dv_calls[0], v, copies=2)
     if v_layout == "whole":
@@ -214,7 +226,7 @@ def _backward_refused(err: RuntimeError, call: tuple, do, v_call, scale: float):
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_() for x in (q, k, v_call)]
         out = F.scaled_dot_product_attention(leaves[0], leaves[1], _sdpa_v(leaves[2], v_layout), is_causal=causal,
-                                             scale=scale)  # fmt: skip
+                                             scale=scale, enable_gqa=_grouped(q, k))  # fmt: skip
         return torch.autograd.grad(out, leaves, do)
 
 
@@ -236,15 +248,24 @@ def _refuse(err: RuntimeError, key: tuple, v_layout: str, step: str, now: str) -
 
 def one_node_operands(inp: DiffAttentionInputs, v_shared: str | None = None):
     """(q, k, v, v_layout) the one node takes for ``inp``, or None where it does not apply (module docstring).
-    ``cudnn_direct``: Q and K over both maps' heads as the caller had them (else joined), V's halves as the caller
-    stacked them (else V), in training only. ``v_shared`` (``"shared"``: ``cudnn_shared_v``; ``"shared_split"``:
-    ``cudnn_shared_v_split``, V twice as wide as Q): Q and K in interleaved pairs as the caller had them
-    (:attr:`DiffAttentionInputs.qk_pairs`; none: None) with one key head per query head (cuDNN's groups would give a
-    query head of a pair another pair's keys under GQA), V whole, with or without a gradient."""
-    if torch.compiler.is_compiling() or inp.shares_keys or inp.attn_mask is not None or inp.segment_ids is not None:
+    ``cudnn_direct``, in training only: Q and K over both maps' heads as the caller had them (else joined), V's halves
+    as the caller stacked them (else V); where both maps read the same K (DIFF V2), the query heads in interleaved pairs
+    as the caller had them (else interleaved), K and V themselves (``keys_shared``: GQA welcome, since K is shared by
+    the pair). ``v_shared`` (``"shared"``: ``cudnn_shared_v``; ``"shared_split"``: ``cudnn_shared_v_split``, V twice
+    as wide as Q): Q and K in interleaved pairs as the caller had them (:attr:`DiffAttentionInputs.qk_pairs`; none:
+    None) with one key head per query head (cuDNN's groups would give a query head of a pair another pair's keys under
+    GQA), V whole, with or without a gradient."""
+    if torch.compiler.is_compiling() or inp.attn_mask is not None or inp.segment_ids is not None:
         return None
     if inp.causal and inp.q_len != inp.kv_len:
         return None
+    if inp.shares_keys:
+        if v_shared is not None or not inp.wants_grad:
+            return None
+        from .sdpa import _one_call_qk
+
+        q, k, _ = _one_call_qk(inp)  # the interleaved pairs over K itself
+        return q, k, inp.v, "keys_shared"
     if v_shared is not None:
         if inp.qk_pairs is None or inp.num_kv_heads != inp.num_heads:
             return None
@@ -262,19 +283,25 @@ def one_node_operands(inp: DiffAttentionInputs, v_shared: str | None = None):
 
 def _v_calls(v: torch.Tensor, v_layout: str, d: int) -> tuple[torch.Tensor, ...]:
     """The V of each attention call: [V; V] over both maps' stacked heads, [B, 2Hkv, S, dv], from V's halves (one
-    copy) or from V; V itself where ``shared``; V's two column slices as wide as Q (``d``), views, where
-    ``shared_split``."""
+    copy) or from V; V itself where ``shared`` or ``keys_shared``; V's two column slices as wide as Q (``d``), views,
+    where ``shared_split``."""
     if v_layout == "shared_split":
         return tuple(v.split(d, dim=-1))
-    if v_layout == "shared":
+    if v_layout in ("shared", "keys_shared"):
         return (v,)
     return (v_from_halves(v, copies=2) if v_layout == "halves" else torch.cat([v, v], dim=1),)
 
 
 def _sdpa_v(v_call: torch.Tensor, v_layout: str) -> torch.Tensor:
     """The V an SDPA call over the same Q and K takes for a call's ``v_call``: V's heads repeated for each pair of
-    query heads where V is read once (what cuDNN's grouped heads read), else ``v_call`` itself."""
+    query heads where V is read once and K is not (what cuDNN's grouped heads read: SDPA's K and V have one head
+    count), else ``v_call`` itself (``keys_shared``: K and V have one head count, and SDPA groups both)."""
     return v_call.repeat_interleave(2, dim=1) if v_layout in SHARED_ROUTES else v_call
+
+
+def _grouped(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether an SDPA call over ``q`` and ``k`` groups query heads over fewer key heads (its ``enable_gqa``)."""
+    return q.shape[1] != k.shape[1]
 
 
 def diff_attention_cudnn_direct(

@@ -182,8 +182,8 @@ def check_table(data: object) -> list[dict]:
 EPILOGUE = "+epilogue"
 #: the SDPA routes that have that variant: those that measured fastest on some class, or may with it
 EPILOGUE_ROUTES = ("sdpa", "cudnn", "sdpa_split", "sdpa_maps", "cudnn_maps")
-#: DIFF V1's one cuDNN call and the epilogue as one autograd node (:mod:`diffattn.ops.direct`): ``cudnn+epilogue``'s
-#: kernels with less host work
+#: the one cuDNN call and the epilogue as one autograd node (:mod:`diffattn.ops.direct`): ``cudnn+epilogue``'s
+#: kernels with less host work — DIFF V1's maps stacked, or DIFF V2's query pairs over K and V read once
 DIRECT = "cudnn_direct"
 #: DIFF V1 with Q and K in interleaved pairs (:func:`diffattn.ops.diff_attention_pairs`): one cuDNN call whose grouped
 #: heads read V's head j for both maps' query heads 2j and 2j + 1 — no [V; V] — and the epilogue, one autograd node
