@@ -34,6 +34,9 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
         "DIFF cudnn_direct+norm, λ per layer",
         "DIFF cudnn_shared_v+norm+pairs",
         "DIFF, op one dispatch",
+        "DIFF V2 sdpa_maps",
+        "DIFF V2 sdpa+epilogue",
+        "DIFF V2 cudnn_direct",
     }
     assert set(rows) == columns, done.stdout
     epilogue, norm, lam = (rows[f"DIFF cudnn+epilogue{s}"] for s in ("", "+norm", "+norm+lambda"))
@@ -57,3 +60,8 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     # epilogue's launches), the layer's λ forward still there
     one = rows["DIFF, op one dispatch"]
     assert one[1] == 0 and rows["baseline"][0] < one[0] < norm[0]
+    # DIFF V2 by one node (K and V read once): what its chain through SDPA and the epilogue launches, no more; by two
+    # SDPA calls a layer and PyTorch's subtraction, no Triton launch and more ATen kernels
+    v2_maps, v2_epilogue, v2_direct = (rows[f"DIFF V2 {r}"] for r in ("sdpa_maps", "sdpa+epilogue", "cudnn_direct"))
+    assert v2_direct == v2_epilogue and v2_direct[1] == 2 * layers
+    assert v2_maps[1] == 0 and v2_maps[0] > v2_direct[0]

@@ -614,20 +614,23 @@ def test_gpu_the_route_is_cudnn_epilogue_and_matches_the_reference(t, d):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("route", [routes.DIRECT, routes.SHARED_V])
+@pytest.mark.parametrize("route", [routes.DIRECT, routes.SHARED_V, "v2"])
 def test_gpu_a_planned_call_is_the_whole_paths_bit_for_bit(route):
     # on the GPU, through cuDNN's ATen ops (diffattn.ops.call_plans): the second call of a signature runs the node the
     # first one recorded, with nothing before it, and gives every value bit for bit as the first (the same kernels on
     # the same inputs) and as the same call with plans off
     from diffattn.ops import call_plans
 
+    norm = HeadNorm(1e-5, 0.8)
     if route == routes.DIRECT:
         tensors = _model_inputs(torch.bfloat16, b=2, h=4, t=1024, d=64, device="cuda")
         entry = ops.diff_attention_stacked
+    elif route == "v2":  # DIFF V2's call (no head norm): K and V read once, λ per head and token (viewed by the plan)
+        tensors = _v2_inputs(torch.bfloat16, b=2, h=4, t=1024, d=64, device="cuda")
+        entry, route, norm = ops.diff_attention_pairs, routes.DIRECT, None
     else:
         tensors = _pairs_inputs(torch.bfloat16, b=2, h=4, t=1024, d=64, device="cuda")
         entry = ops.diff_attention_pairs
-    norm = HeadNorm(1e-5, 0.8)
     call_plans.forget()
     with ops.fused_head_norm(True):
         first = _run(lambda *x: entry(*x, backend=route, head_norm=norm), tensors)
