@@ -145,6 +145,9 @@ def test_diff_v2s_small_class_runs_first_the_route_forced_faster_in_its_own_mode
     decided = switches.first_routes([row], entry, norm_on=True)[V2_SMALL_CLASS]
     assert decided.on and decided.route == "cudnn_direct" and "diffattn DIFF V2 (cudnn_direct) 0.9" in decided.why
     del row["samples_ms"][v2_direct]  # V1's sdpa column, twice as fast, is not V2's
+    assert switches._forced_route(forced_column("sdpa"), "diff-v2") is None
+    assert switches._forced_route(v2_direct, "diff") is None and switches._forced_route(v2_direct, "diff-v2") == (
+        "cudnn_direct")  # fmt: skip
     assert switches.first_routes([row], entry, norm_on=True)[V2_SMALL_CLASS].on is None
 
 
