@@ -126,7 +126,8 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   # from these numbers. 30 repetitions: the ten steps of 2026-11-28 spread 8-16 ms at 1,024 tokens, more than any
   # difference between the DIFF columns. -v logs the route auto runs for each call class, once each. DIFF V2's model
   # with its small class's first route forced and with cudnn_direct (its one node, K and V read once: RESULTS.md,
-  # 2026-11-30), which switches.py compares for DIFF V2's small class
+  # 2026-11-30), which switches.py compares for DIFF V2's small class — it needs a column of the first route as this
+  # run's table orders that class: sdpa_maps in the shipped H200 entry, cudnn_direct if this run's sweep put it first
   want train && step 140 "train step, bf16, small, with the sweep's table" $PY -m diffattn -v bench train-step --presets small \
     --seq-lens 1024,4096 --batch 4 --reps 30 --dtype bf16 --json "$OUT/train.json" \
     --backends cudnn,cudnn+epilogue,cudnn+epilogue+norm,cudnn_direct,cudnn_direct+norm,auto+norm,auto+norm+lambda,auto+norm+perlayer,auto+pairs,v2:sdpa_maps,v2:cudnn_direct

@@ -153,6 +153,8 @@ def test_a_lambda_the_node_took_as_a_copy_makes_no_plan():
     assert call_plans._lam_view(lam.unsqueeze(-1).clone(), lam) is False  # a copy
     assert call_plans._lam_view(lam.double().unsqueeze(-1), lam) is False  # a cast
     assert call_plans._lam_view(lam[:, :, 1:].unsqueeze(-1), lam) is False  # a part of it
+    assert call_plans._lam_view(lam.detach().view(2, 3, 4, 1), lam) is False  # a view of another tensor (its memory)
+    assert call_plans._lam_view(lam.view(torch.int32).view(2, 3, 4, 1), lam) is False  # its memory as another dtype
     base = torch.rand(2, 3, 4)
     assert call_plans._lam_view(base[1].view(3, 4, 1), base[0]) is False  # its neighbour in the same memory
     assert call_plans._lam_view(base[0].view(3, 4, 1), base[0]) == (3, 4, 1)

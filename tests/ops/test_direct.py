@@ -558,16 +558,47 @@ def test_k_shared_against_float64_from_each_maps_queries_and_its_call_class():
     assert direct.one_node_operands(inp, "shared") is None, "cudnn_shared_v is DIFF V1's (K in pairs)"
 
 
+def test_k_shared_asks_sdpas_check_about_grouped_heads_and_a_refused_backward_groups_them_too(monkeypatch, caplog):
+    # cuDNN's acceptance is SDPA's own check of the call with enable_gqa (K and V of fewer heads than Q); where cuDNN's
+    # backward raises, the gradients come from SDPA's own backward over the same grouped heads — the chain's, bit for
+    # bit — under GQA too (two query pairs over one K head)
+    import logging
+
+    asked = []
+
+    class Params:
+        def __init__(self, *args):
+            asked.append(args[6])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.backends.cuda, "SDPAParams", Params)
+        patch.setattr(torch.backends.cuda, "can_use_cudnn_attention", lambda params: True)
+        patch.setattr(direct, "_ACCEPTED", {})
+        q, k, v, _ = _v2_inputs(torch.float32, kv=1)
+        assert direct.CUDNN.accepts(("a",), q, k, v, "keys_shared", True) and asked == [True]
+        qs, ks, vs, _ = _model_inputs(torch.float32)
+        assert direct.CUDNN.accepts(("b",), qs, ks, vs, "halves", True) and asked == [True, False]
+
+    _raising(monkeypatch, "backward", "cuDNN Frontend error: no valid engine configs for the backward")
+    tensors = _v2_inputs(torch.float32, kv=1, seed=3)
+    with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
+        got = _run(lambda *x: ops.diff_attention_pairs(*x, backend=routes.DIRECT), tensors)
+    want = _run(lambda *x: _v2_chain(*x, True), tensors)
+    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
+        assert torch.equal(a, w), name
+    assert len(caplog.records) == 1 and "cudnn_direct" in caplog.records[0].message
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize(("t", "d", "kv"), [(1024, 64, 4), (2048, 128, 4), (333, 64, 2)])
-def test_gpu_k_shared_matches_the_reference_through_cudnns_grouped_heads(t, d, kv, caplog):
+@pytest.mark.parametrize(("t", "d"), [(1024, 64), (2048, 128), (333, 64)])
+def test_gpu_k_shared_matches_the_reference_through_cudnns_grouped_heads(t, d, caplog):
     # on the GPU, through cuDNN's ATen ops with Q of 2H heads over K and V of Hkv: run by the one node (no log line:
     # cuDNN took the call), the output and dλ bit for bit cudnn+epilogue's (the same forward kernels), and every value
     # within the rounding rule of float64 (sdpa_maps's own error the yardstick)
     import logging
 
-    tensors = _v2_inputs(torch.bfloat16, b=2, h=4, kv=kv, t=t, d=d, device="cuda")
+    tensors = _v2_inputs(torch.bfloat16, b=2, h=4, t=t, d=d, device="cuda")  # (GQA: refused, as by cudnn+epilogue)
     ran = []
     real = direct._OneNode.apply
     with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
@@ -575,7 +606,7 @@ def test_gpu_k_shared_matches_the_reference_through_cudnns_grouped_heads(t, d, k
         got = _run(lambda *x: ops.diff_attention_pairs(*x, backend=routes.DIRECT), tensors)
     assert ran and not caplog.records, [r.message for r in caplog.records]
     chain = _run(lambda *x: ops.diff_attention_pairs(*x, backend="cudnn+epilogue"), tensors)
-    assert torch.equal(got[0], chain[0])
+    assert torch.equal(got[0], chain[0]) and torch.equal(got[-1], chain[-1])
     gold = _run(lambda *x: ops.diff_attention_pairs(*x, backend="reference"),
                 [x.detach().double().requires_grad_() for x in tensors])  # fmt: skip
     yard = _run(lambda *x: ops.diff_attention_pairs(*x, backend="sdpa_maps"), tensors)

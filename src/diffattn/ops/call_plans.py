@@ -11,10 +11,10 @@ backend, the call class and the route table for ``auto``), the route's own check
 but the call's metadata.
 
 How: the entries that hand the op both maps' Q and K whole (:func:`diffattn.ops.diff_attention_stacked` and
-:func:`diffattn.ops.diff_attention_pairs`, the DIFF V1 layer's) key each call by :func:`signature` — what the op's
-decision reads of the call and of the switches a user sets: the backend asked for, the tensors' shapes, strides, dtypes,
-devices and whether they require a gradient, λ's, causality, the scale, the head norm, grad mode, autocast's state, the
-forced switches of :data:`diffattn.ops.routes.FORCED_FLAGS`, the route tables'
+:func:`diffattn.ops.diff_attention_pairs`, the DIFF V1 and V2 layers') key each call by :func:`signature` — what the
+op's decision reads of the call and of the switches a user sets: the backend asked for, the tensors' shapes, strides,
+dtypes, devices and whether they require a gradient, λ's, causality, the scale, the head norm, grad mode, autocast's
+state, the forced switches of :data:`diffattn.ops.routes.FORCED_FLAGS`, the route tables'
 :data:`~diffattn.ops.routes.TABLE_GENERATION` — and run the op's whole path the first time, recording what it called.
 Where that was exactly one node on the caller's own Q, K, V and λ (no copy, nothing else; under autocast the casts the
 whole path makes, which the entry then makes first; λ as given or the view of it the path's check makes — one per head

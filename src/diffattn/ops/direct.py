@@ -23,9 +23,11 @@ nothing before it (:mod:`diffattn.ops.call_plans`).
 
 Where both maps read the same K (DIFF V2, docs/methods.md §5; DAA and DiffQ pass theirs twice), the node takes the
 query heads in interleaved pairs (map 1 and map 2 of head i at 2i and 2i + 1, as DIFF V2's layer hands them over) and K
-and V once: cuDNN's grouped heads give query heads 2i and 2i + 1 key and value head i // (H/Hkv), as the SDPA routes'
+and V once: cuDNN's grouped heads give query heads 2i and 2i + 1 key and value head i // (2H/Hkv), as the SDPA routes'
 one call with ``enable_gqa`` does, and its backward sums each K and V head's shares itself — ``cudnn+epilogue``'s
-computation for those inputs (V layout ``keys_shared``). Not yet timed on a GPU: the route sweep times it on DIFF V2's
+computation for those inputs (V layout ``keys_shared``). The node would group fewer key heads too (GQA), but the route
+takes what ``cudnn+epilogue`` takes, which refuses GQA (not measured through cuDNN:
+:func:`diffattn.ops.sdpa.cudnn_unsupported`). Not yet timed on a GPU: the route sweep times it on DIFF V2's
 training classes beside ``sdpa+epilogue`` and ``cudnn+epilogue`` (benchmarks/RESULTS.md, 2026-11-30).
 
 Where its one node does not apply — no gradient needed, under ``torch.compile``, a mask or segments, causal with
@@ -125,17 +127,19 @@ _REFUSED: dict[tuple, str] = {}
 
 def _cudnn_accepts(key: tuple, q, k, v, v_layout: str, causal: bool) -> bool:
     """Whether ``F.scaled_dot_product_attention`` forced to cuDNN would run the call on Q, K and the (first) call's V
-    made from ``v`` (its own check, so that the ATen op is called only where SDPA would call it; where V is read once,
-    the same call with V's heads repeated for each pair, which SDPA can be asked about — whether cuDNN's grouped heads
-    take it is known when it runs: :func:`diff_attention_cudnn_direct`); asked once per kind of call (the V it is
-    asked about, needing a gradient where V does, is made then only)."""
+    made from ``v`` (its own check, so that the ATen op is called only where SDPA would call it; where V is read once
+    and K is not (``shared``, ``shared_split``), the same call with V's heads repeated for each pair, which SDPA can be
+    asked about — whether cuDNN's grouped heads take it is known when it runs: :func:`diff_attention_cudnn_direct`;
+    where K and V are both read once (``keys_shared``), the call itself, with ``enable_gqa``); asked once per kind of
+    call (the V it is asked about, needing a gradient where V does, is made then only)."""
     if key not in _ACCEPTED:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         try:
             with torch.no_grad():
                 v_call = _sdpa_v(_v_calls(v, v_layout, q.shape[-1])[0], v_layout).requires_grad_(v.requires_grad)
-            # enable_gqa where K has fewer heads than Q (keys_shared: DIFF V2's 2H query heads over K's Hkv)
+            # enable_gqa where K has fewer heads than Q (keys_shared: DIFF V2's 2H query heads over K's Hkv; and any
+            # call under GQA, which the route's support check refuses before it gets here)
             params = torch.backends.cuda.SDPAParams(q, k, v_call, None, 0.0, causal, _grouped(q, k))
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 _ACCEPTED[key] = bool(torch.backends.cuda.can_use_cudnn_attention(params))
@@ -153,8 +157,9 @@ ATTENTION_OPS = CUDNN
 class _OneNode(torch.autograd.Function):
     """The whole call, forward and backward, as one autograd node (module docstring). ``v`` as ``v_layout`` says
     (:data:`V_LAYOUTS`); Q and K over both maps' heads stacked, or in interleaved pairs where V is read once
-    (:data:`SHARED_ROUTES`). One attention call per V of :func:`_v_calls` (two for V's column slices), their outputs
-    read where they are by the epilogue's kernel."""
+    (:data:`SHARED_ROUTES`), or Q in interleaved pairs over K and V read once (``keys_shared``: DIFF V2). One attention
+    call per V of :func:`_v_calls` (two for V's column slices), their outputs read where they are by the epilogue's
+    kernel."""
 
     @staticmethod
     def forward(ctx, q, k, v, lam, v_layout, causal, scale, norm_eps, norm_scale, ops):
@@ -250,11 +255,11 @@ def one_node_operands(inp: DiffAttentionInputs, v_shared: str | None = None):
     """(q, k, v, v_layout) the one node takes for ``inp``, or None where it does not apply (module docstring).
     ``cudnn_direct``, in training only: Q and K over both maps' heads as the caller had them (else joined), V's halves
     as the caller stacked them (else V); where both maps read the same K (DIFF V2), the query heads in interleaved pairs
-    as the caller had them (else interleaved), K and V themselves (``keys_shared``: GQA welcome, since K is shared by
-    the pair). ``v_shared`` (``"shared"``: ``cudnn_shared_v``; ``"shared_split"``: ``cudnn_shared_v_split``, V twice
-    as wide as Q): Q and K in interleaved pairs as the caller had them (:attr:`DiffAttentionInputs.qk_pairs`; none:
-    None) with one key head per query head (cuDNN's groups would give a query head of a pair another pair's keys under
-    GQA), V whole, with or without a gradient."""
+    as the caller had them (else interleaved), K and V themselves (``keys_shared``: both query heads of a pair read
+    one key head, under GQA too). ``v_shared`` (``"shared"``: ``cudnn_shared_v``; ``"shared_split"``:
+    ``cudnn_shared_v_split``, V twice as wide as Q): Q and K in interleaved pairs as the caller had them
+    (:attr:`DiffAttentionInputs.qk_pairs`; none: None) with one key head per query head (cuDNN's groups would give a
+    query head of a pair another pair's keys under GQA), V whole, with or without a gradient."""
     if torch.compiler.is_compiling() or inp.attn_mask is not None or inp.segment_ids is not None:
         return None
     if inp.causal and inp.q_len != inp.kv_len:
