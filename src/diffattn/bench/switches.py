@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paired_ratio
-from .train_step import V2_PREFIX, forced_column, split_fused
+from .train_step import FORCED_MODELS, forced_backend, forced_column, split_fused
 
 #: per switch, the (switched, plain) column pairs of train.json that decide it
 PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -204,18 +204,13 @@ def step_call_class(row: dict, arch: str = "diff") -> str:
     return routes.call_class(inp, grad=True)
 
 
-#: the models whose small class's first route the step decides, and the prefix of a backend forced in each (a column's
-#: name is :func:`~diffattn.bench.train_step.forced_column` of it)
-STEP_MODELS = {"diff": "", "diff-v2": V2_PREFIX}
-
-
 def _column_of(route: str, norm_on: bool, columns: set[str], arch: str = "diff") -> str | None:
     """The forced column that shows how ``route`` runs under the decided norm switch, where the step has it (DIFF V2's
     model takes no switch)."""
     from ..ops.routes import runs_epilogue
 
     if arch != "diff":
-        name = forced_column(STEP_MODELS[arch] + route)
+        name = forced_column(FORCED_MODELS[arch][0] + route)
     else:
         name = forced_column(route + "+norm") if norm_on and runs_epilogue(route) else forced_column(route)
     return name if name in columns else None
@@ -223,10 +218,8 @@ def _column_of(route: str, norm_on: bool, columns: set[str], arch: str = "diff")
 
 def _forced_route(column: str, arch: str) -> str | None:
     """The route a forced column of ``arch``'s model runs (its switch suffixes left off), or None: not one."""
-    prefix = forced_column(STEP_MODELS[arch] + "ROUTE").removesuffix("ROUTE)")
-    if not column.startswith(prefix):
-        return None
-    return split_fused(column.removeprefix(prefix).removesuffix(")"))[0]
+    forced = forced_backend(column)
+    return split_fused(forced[1])[0] if forced is not None and forced[0] == arch else None
 
 
 def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Decision]:
@@ -235,7 +228,7 @@ def first_routes(rows: list[dict], entry: dict, norm_on: bool) -> dict[str, Deci
     from ..ops.routes import SMALL, checked_routes, step_first_order, without_size
 
     out: dict[str, Decision] = {}
-    for row, arch in ((row, arch) for row in rows for arch in STEP_MODELS):
+    for row, arch in ((row, arch) for row in rows for arch in FORCED_MODELS):
         try:
             cls = step_call_class(row, arch)
         except (KeyError, ValueError) as err:

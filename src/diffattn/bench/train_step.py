@@ -405,11 +405,24 @@ def split_fused(backend: str | None) -> tuple[str | None, tuple[str, ...]]:
 
 #: the prefix of a forced column's backend that forces it in DIFF V2's model (``v2:cudnn_direct``), not DIFF V1's
 V2_PREFIX = "v2:"
+#: per model a backend can be forced in: the prefix its backend takes as asked for, and its columns' names
+FORCED_MODELS = {"diff": ("", "diffattn DIFF ({})"), "diff-v2": (V2_PREFIX, "diffattn DIFF V2 ({})")}
 
 
 def _forced_model(backend: str) -> tuple[str, str]:
     """(architecture, backend) of a forced column's backend as asked for: DIFF V2's where it has :data:`V2_PREFIX`."""
     return ("diff-v2", backend.removeprefix(V2_PREFIX)) if backend.startswith(V2_PREFIX) else ("diff", backend)
+
+
+def forced_backend(column: str) -> tuple[str, str] | None:
+    """(architecture, backend with its switch suffixes) of a forced column's name — :func:`forced_column`'s inverse —
+    or None where ``column`` is not one (``baseline``, ``HF DiffLlama``). The default DIFF columns read as forced
+    ``auto``."""
+    for arch, (_, name) in FORCED_MODELS.items():
+        head, tail = name.split("{}")
+        if column.startswith(head) and column.endswith(tail):
+            return arch, column.removeprefix(head).removesuffix(tail)
+    return None
 
 
 def columns_for(backends=()) -> dict[str, tuple[str, str | None]]:
@@ -439,7 +452,7 @@ def forced_column(backend: str) -> str:
     """The name of the DIFF column with ``backend`` forced (``diffattn DIFF (auto)`` for ``auto``; ``diffattn DIFF V2
     (cudnn_direct)`` for ``v2:cudnn_direct``)."""
     arch, route = _forced_model(backend)
-    return f"diffattn DIFF V2 ({route})" if arch == "diff-v2" else f"diffattn DIFF ({route})"
+    return FORCED_MODELS[arch][1].format(route)
 
 
 def gpu_profile(steps: dict) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
@@ -526,11 +539,12 @@ def format_table(rows: list[StepRow]) -> str:
 def column_label(column: str) -> str:
     """A column's name, short enough for a kernel table's header: ``DIFF auto``, ``V2 auto``, a forced backend's
     name (``+epi`` for ``+epilogue``), ``DiffLlama``, ``baseline``."""
-    for prefix, label in (("diffattn DIFF V2 (", "V2 "), ("diffattn DIFF (", "")):
-        if column.startswith(prefix):
-            backend = column.removeprefix(prefix).removesuffix(")").replace("+epilogue", "+epi")
-            return label + backend if label or backend != "auto" else "DIFF auto"
-    return column.removeprefix("HF ")
+    forced = forced_backend(column)
+    if forced is None:
+        return column.removeprefix("HF ")
+    arch, backend = forced
+    backend = backend.replace("+epilogue", "+epi")
+    return f"V2 {backend}" if arch == "diff-v2" else backend if backend != "auto" else "DIFF auto"
 
 
 def format_kernels(rows: list[StepRow], shown: int = KERNELS_SHOWN) -> str:
