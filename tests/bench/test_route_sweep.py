@@ -308,6 +308,10 @@ def test_decode_rows_carry_their_cuda_graph_time_where_one_was_measured():
     row = {"ms": 0.3612, "graph_ms": 0.0451, "base_graph_ms": 0.0204}
     assert rs._ms_cell(row) == "0.361 (graph 0.045, base 0.020)"
     assert rs._ms_cell({"ms": 0.3612, "graph_ms": None}) == rs._ms_cell({"ms": 0.3612}) == "0.361"
+    # every row beside the baseline it was timed with: rows compare by their ratios (a host-bound call's baseline
+    # moves by tens of percent between rows)
+    assert rs._ms_cell({**row, "base_ms": 0.0712}) == "0.361 (base 0.071) (graph 0.045, base 0.020)"
+    assert rs._ms_cell({"ms": 1.1712, "base_ms": 0.2731}) == "1.171 (base 0.273)"
 
 
 def test_a_decode_class_is_ordered_by_cuda_graph_time_where_measured():

@@ -1070,7 +1070,7 @@ def to_markdown(records: list[dict], entry: dict, matmul: float | None) -> str:
              "process, interleaved.", ""]  # fmt: skip
     if matmul:
         lines += [f"Measured bf16 matmul rate (8192³): {matmul:.0f} TFLOP/s.", ""]
-    head = "| class | route | ms | × base | TFLOP/s | % of matmul | err vs fp64 | yardstick | status | auto's order |"
+    head = "| class | route | ms (baseline's) | × base | TFLOP/s | % of matmul | err vs fp64 | yardstick | status | auto's order |"
     lines += [head,
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in records:
@@ -1086,8 +1086,14 @@ def to_markdown(records: list[dict], entry: dict, matmul: float | None) -> str:
 
 
 def _ms_cell(r: dict) -> str:
-    """A record's milliseconds, with its CUDA-graph replay time and the baseline's beside it where measured (decode)."""
+    """A record's milliseconds and the baseline's timed beside it (its ratio's denominator), with both CUDA-graph
+    replay times where measured (decode). Why the baseline's: two rows' milliseconds come from different samples, and
+    where a call is host-bound (the ``small`` classes, decoding) the host's state moves both a row's time and its
+    baseline's by tens of percent between rows (the H200 of 2026-11-29: the same baseline at 0.27 ms in one row and
+    0.41 in another), so rows compare by their ratios, not by their milliseconds."""
     cell = _f(r.get("ms"), ".3f")
+    if r.get("base_ms") is not None:
+        cell += f" (base {r['base_ms']:.3f})"
     if r.get("graph_ms") is not None:
         cell += f" (graph {r['graph_ms']:.3f}, base {_f(r.get('base_graph_ms'), '.3f')})"
     return cell
