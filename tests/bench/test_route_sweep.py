@@ -214,6 +214,12 @@ def test_the_next_lease_of_a_shipped_device_times_the_fused_epilogue_beside_its_
     assert "cudnn_direct" in rs.routes_for(rs.CallClass("shared_k", 64, size="small"))
     assert "cudnn_direct" not in rs.routes_for(rs.CallClass("shared_k", 64, mode="infer"))
     assert "cudnn_direct" not in rs.routes_for(rs.CallClass("shared_k", 64, mask="padding"))
+    # DIFF V1 in pairs: the routes that read V once, beside the stacked layout's fastest — for the forward alone the
+    # stacked forward's first (cudnn_maps+epilogue) too, and never the other pairs' one node
+    pairs_train, pairs_infer = (rs.routes_for(rs.CallClass("v1_pairs", 64, mode=m)) for m in ("train", "infer"))
+    assert {"cudnn_shared_v", "cudnn_shared_v_split"} <= set(pairs_train) & set(pairs_infer)
+    assert set(pairs_infer) - set(pairs_train) == {"cudnn_maps+epilogue"}
+    assert "cudnn_direct" not in pairs_train + pairs_infer
 
 
 def test_classes_new_to_the_entry_are_measured_on_every_route_in_a_round_before_the_rest():
@@ -399,7 +405,8 @@ def test_after_the_inputs_changed_a_lease_times_the_target_classes_table_routes_
     jobs = [(route, cls.key) for route, classes in batches for cls in classes]
     # and the classes new to the entry, every route of them: DIFF V1 in interleaved pairs (cudnn_shared_v's)
     new = {c.key for c in rs.default_classes() if c.pair == "v1_pairs"}
-    assert len(new) == 2 and rs.new_classes(plan, entry) == new
+    assert len(new) == 4 and rs.new_classes(plan, entry) == new
+    assert {rs.CallClass.from_key(c).mode for c in new} == {"train", "infer"}
     first_jobs = {(route, cls) for route, cls in jobs if (route, cls) in first or cls in first}
     opening = jobs[: len(first_jobs)]
     assert {cls for _, cls in opening} == targets | new and set(opening) == first_jobs

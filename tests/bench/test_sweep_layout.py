@@ -112,9 +112,12 @@ def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] 
     # 4 heads of width 16 (2 DIFF heads; 4 DIFF V2 pairs), no GQA: the sweep's head counts at ``heads=2``
     model = build_model("debug", attention=ARCHITECTURE[pair], backend="sdpa", num_layers=1, num_kv_heads=4, seed=0)
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
-    if pair == "v1_pairs":  # DIFF V1's layer with its heads in pairs (a route-table switch), trained: no KV cache
+    if pair == "v1_pairs" and mode == "train":  # DIFF V1's layer with its heads in pairs (a route-table switch)
         with diffattn.ops.pairs_layout(True):
             train_step._step_fn(model.train(), ids)()
+    elif pair == "v1_pairs":  # and its forward alone, as an evaluation without a KV cache runs it (its only one)
+        with diffattn.ops.pairs_layout(True), torch.no_grad():
+            model.eval()(ids, use_cache=False)
     elif mode == "train":
         # the train-step benchmark's own step: the kwargs the model is called with there
         train_step._step_fn(model.train(), ids)()
@@ -129,7 +132,8 @@ def _captured(monkeypatch, pair: str, mode: str) -> tuple[dict, tuple[int, ...] 
 
 @pytest.mark.parametrize(
     ("pair", "mode"),
-    [(pair, mode) for pair in ("v1", "shared_k") for mode in ("train", "infer", "decode")] + [("v1_pairs", "train")],
+    [(pair, mode) for pair in ("v1", "shared_k") for mode in ("train", "infer", "decode")]
+    + [("v1_pairs", "train"), ("v1_pairs", "infer")],
 )
 def test_the_sweeps_inputs_are_laid_out_as_the_models_hand_them_over(monkeypatch, pair, mode):
     model_inputs, model_grad = _captured(monkeypatch, pair, mode)

@@ -4,6 +4,7 @@ every suite end to end on the `debug` baseline, DIFF and Dex-adapted models."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from diffattn.eval.allocation import (
     token_buckets,
 )
 from diffattn.eval.heads import cosine_distance_matrix, linear_cka, plot_heads, run_heads
-from diffattn.eval.mqar import ar_hit_mask, run_mqar
+from diffattn.eval.mqar import ar_hit_mask, ar_hit_split, mqar_per_sample, run_mqar
 from diffattn.eval.niah import fit_sample, plot_niah, run_niah
 from diffattn.eval.outliers import QuantizedLogits, run_outliers, run_quantization, top_stats
 from diffattn.eval.perplexity import run_perplexity, sliding_window_nll
@@ -49,6 +50,38 @@ def test_perplexity_end_to_end(name, debug_models, tokenizer):
     windows = res["per_window"]  # every scored token in exactly one window
     assert sum(windows["tokens"]) == 299 and sum(windows["nll"]) / 299 == pytest.approx(res["nll"])
     assert res["metadata"]["window"] == 64 and res["metadata"]["stride"] == 32
+
+
+def test_scoring_builds_no_kv_cache_so_diffs_heads_may_go_in_pairs(tokenizer, monkeypatch):
+    # perplexity and MQAR's scorers decode nothing: their layers get no KV cache, and DIFF V1's layer may then hand
+    # its heads over in pairs (forced here; on CUDA where the route table measured that faster: the layer's own test)
+    import copy
+
+    import diffattn.models.diff_llama as diff_llama
+    from diffattn import ops
+    from diffattn.models import build_model
+
+    model = build_model("debug", "diff", seed=0, num_layers=1, vocab_size=len(tokenizer)).eval()
+    caches = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda m, a, kw: caches.append(kw.get("cache", kw.get("past_key_values"))), with_kwargs=True
+    )
+    x = ids(b=1, t=40)[0]
+    stacked = sliding_window_nll(model, x, window=40, stride=40, progress=False)
+    sample = SimpleNamespace(input_ids=x.tolist(), labels=[-100] * 39 + [int(x[-1])])
+    mqar_per_sample(model, [sample])
+    ar_hit_split(model, tokenizer, "filler", tokens=100, seq_len=40)
+    assert len(caches) == 1 + 1 + 3 and all(c is None for c in caches)
+    pairs = []
+    real = diff_llama.diff_attention_pairs
+    monkeypatch.setattr(diff_llama, "diff_attention_pairs", lambda *a, **k: pairs.append(1) or real(*a, **k))
+    with ops.pairs_layout(True):
+        in_pairs = sliding_window_nll(model, x, window=40, stride=40, progress=False)
+    assert pairs and all(c is None for c in caches)
+    # the same loss: within a few times float32's own rounding of it, against float64
+    exact, _ = sliding_window_nll(copy.deepcopy(model).double(), x, window=40, stride=40, progress=False)
+    rounding = abs(stacked[0] - exact) + torch.finfo(torch.float32).eps * abs(exact)
+    assert in_pairs[1] == stacked[1] and abs(in_pairs[0] - exact) <= 4 * rounding
 
 
 # -- needle retrieval -------------------------------------------------------------------------------------------

@@ -414,7 +414,7 @@ def _fsdp_time_column(column: str, run: FsdpStep, rank: int, device: torch.devic
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # no KV cache, as diffattn.train's Trainer
         loss.backward()
         opt.step()
         return loss.detach()

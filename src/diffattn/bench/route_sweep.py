@@ -146,9 +146,10 @@ def default_classes() -> list[CallClass]:
     # classes that step runs the safe default (the H200's paper-830m step of 2026-11-27 did)
     out += [CallClass(pair, 96) for pair in ("v1", "shared_k")]
     # DIFF V1 handed over in interleaved pairs (the official DIFF code's layout), where cudnn_shared_v reads V once for
-    # both maps: trained, at both widths (the layer hands that layout over only without a KV cache, so not its
-    # inference classes: diffattn.models.diff_llama)
+    # both maps: trained, at both widths; then its forward alone, as an evaluation without a KV cache runs it (the
+    # layer hands that layout over only without a cache, so never decoding: diffattn.models.diff_llama)
     out += [CallClass(V1_PAIRS, 64), CallClass(V1_PAIRS, 128)]
+    out += [CallClass(V1_PAIRS, 64, mode="infer"), CallClass(V1_PAIRS, 128, mode="infer")]
     return out
 
 
@@ -164,8 +165,10 @@ SWEEP_ORDER = (
 #: elsewhere runs cudnn+epilogue
 _PAIR_ROUTES = {V1_PAIRS: (SHARED_V, SHARED_V_SPLIT)}
 #: what is asked of the pairs is whether reading V once beats the stacked layout's fastest routes: those are measured
-#: beside their own routes there (joining the pairs' views), and no others
+#: beside their own routes there (joining the pairs' views), and no others — and for the forward alone the stacked
+#: forward's first route on both GPUs (cudnn_maps+epilogue: 1.84x on the H200 of 2026-11-28)
 _BESIDE_PAIRS = ("cudnn+epilogue", "sdpa_split+epilogue", "cudnn_maps", "sdpa_maps+epilogue", "sdpa")
+_BESIDE_PAIRS_INFER = ("cudnn_maps+epilogue",)
 #: routes the other pairs' classes are not measured with: sdpa_split needs dv > d (not DIFF V2's heads); the padded
 #: one-call sdpa with the epilogue is left out for V1 (it lost to cudnn_maps on both GPUs by more than the epilogue
 #: costs). cudnn_direct is measured on both: with K shared (DIFF V2) its one node reads K and V once through cuDNN's
@@ -177,7 +180,8 @@ def routes_for(cls: CallClass) -> list[str]:
     """The table routes of a class, in :data:`SWEEP_ORDER` — ``cudnn_direct`` on training classes without a mask
     only: elsewhere it runs ``cudnn+epilogue``, already measured (:mod:`diffattn.ops.direct`)."""
     if cls.pair in _PAIR_ROUTES:
-        return [route for route in SWEEP_ORDER if route in {*_PAIR_ROUTES[cls.pair], *_BESIDE_PAIRS}]
+        beside = {*_BESIDE_PAIRS, *(_BESIDE_PAIRS_INFER if cls.mode == "infer" else ())}
+        return [route for route in SWEEP_ORDER if route in {*_PAIR_ROUTES[cls.pair], *beside}]
     others = {route for routes in _PAIR_ROUTES.values() for route in routes} | _NOT_FOR[cls.pair]
     direct = cls.mode == "train" and cls.mask == "none"
     return [route for route in SWEEP_ORDER if route not in others and (direct or route != DIRECT)]
@@ -280,10 +284,10 @@ def make_problem(cls: CallClass, *, batch: int, heads: int, t: int, s: int, devi
     them): Q of 2h heads split into the two maps (v1: [map 1; map 2], by one ``chunk``; DIFF V2: pairs interleaved,
     every other head), K likewise (v1), V of v1 as its two halves of heads ([va | vb] is a DIFF head's V), λ of
     DIFF V2 a [B, T, H] projection transposed; K and V through the KV cache (:func:`model_heads`) for ``infer`` and
-    ``decode``."""
+    ``decode`` — but DIFF V1 in pairs, which the layer hands over only without a cache: projections' views there."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     train = cls.mode == "train"
-    cached = not train
+    cached = not train and cls.pair != V1_PAIRS
 
     def rnd(*shape, grad=train):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_(grad)
@@ -1070,7 +1074,10 @@ def to_markdown(records: list[dict], entry: dict, matmul: float | None) -> str:
              "process, interleaved.", ""]  # fmt: skip
     if matmul:
         lines += [f"Measured bf16 matmul rate (8192³): {matmul:.0f} TFLOP/s.", ""]
-    head = "| class | route | ms (baseline's) | × base | TFLOP/s | % of matmul | err vs fp64 | yardstick | status | auto's order |"
+    head = (
+        "| class | route | ms (baseline's) | × base | TFLOP/s | % of matmul | err vs fp64 | yardstick | status "
+        "| auto's order |"
+    )
     lines += [head,
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in records:

@@ -69,7 +69,7 @@ def mqar_per_sample(model: nn.Module, samples: list, batch: int = 64) -> list[fl
         chunk = samples[start : start + batch]
         ids = torch.tensor([s.input_ids for s in chunk], device=device)
         target = torch.tensor([s.labels for s in chunk], device=device)[:, 1:]
-        pred = model(ids).logits[:, :-1].argmax(-1)
+        pred = model(ids, use_cache=False).logits[:, :-1].argmax(-1)  # no KV cache: nothing decodes
         mask = target != -100
         hits = ((pred == target) & mask).sum(-1).float() / mask.sum(-1).clamp_min(1)
         out += hits.tolist()
@@ -238,7 +238,7 @@ def ar_hit_split(model: nn.Module, tokenizer, source: str, *, tokens: int, seq_l
         chunk = ids[start : start + seq_len]
         if chunk.numel() < 2:
             break
-        logits = model(chunk[None].to(device)).logits[0, :-1].float()
+        logits = model(chunk[None].to(device), use_cache=False).logits[0, :-1].float()
         loss = F.cross_entropy(logits, chunk[1:].to(device), reduction="none").cpu()
         hit = ar_hit_mask(chunk)[1:]
         for name, m in (("ar_hit", hit), ("others", ~hit)):

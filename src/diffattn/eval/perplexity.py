@@ -51,7 +51,9 @@ def sliding_window_nll(
     for start in tqdm(starts, desc="perplexity", disable=not progress, leave=False):
         end = min(start + window, n)
         chunk = ids[start:end].to(device)[None]
-        logits = model(chunk).logits[0, :-1].float()
+        # no KV cache: nothing here decodes, and without one DIFF V1's layer may hand its heads over in pairs where
+        # the route table measured that faster (diffattn.models.diff_llama)
+        logits = model(chunk, use_cache=False).logits[0, :-1].float()
         targets = chunk[0, 1:]
         first_new = max(scored_to, start + 1) - (start + 1)  # index into targets of the first unscored token
         if first_new < targets.numel():
