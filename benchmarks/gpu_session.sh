@@ -36,7 +36,9 @@
 # COMPILE_S (the compiled step, 150), DECODE_S (decoding, 150), TESTS_S (the gpu tests, 150), TEST_FILE_S (one
 # test file's, 120: test_lambda_kernel.py did not finish in it on the H200 of 2026-11-29).
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
-# 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them).
+# 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them);
+# SWEEP_PLAN=decode only its decoding forward on its default and candidate tiles and more key splits (seconds a job:
+# for a lease's last minute or two, e.g. SWEEP_PLAN=decode STEPS=sweep BUDGET_S=100 SWEEP_S=70 WARM_S=20).
 # SANITIZE=1 adds compute-sanitizer on the miscompiled backward tile (known since 2026-11-26; off by default).
 # STEPS (comma-separated, in this order whatever the order given): sweep, layout, train, hostprof, kernels, graphed,
 # graphedmicro, compiled, resweep, 830m, decode, kernelstep, sanitize, tests; default all but sanitize. A second call on the same lease runs what the first had no

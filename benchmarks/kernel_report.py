@@ -121,6 +121,7 @@ DEFAULT_MASKS = MASKS
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_SHAPE = (2, 16, 16, 2048, 2048)  # B, H, HKV, T, S: only divisibility by 16 (and == 1) reaches the code
 _TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+_OPTION_KEYS = ("num_warps", "num_stages", "maxnreg")  # compile options a --configs row may set (maxnreg: a cap)
 FORWARD_KINDS = ("fwd", "fwd_cols", "fwd_tma", "short", "prefill", "decode")
 _MMA_RANK = {"none": 0, "mma.sync": 1, "wgmma": 2}
 
@@ -387,6 +388,8 @@ def _record_launches(
         # alternative the autotuner times (its retry on OutOfResources needs a GPU to trigger)
         fp32, split = consts["PREC"] == "ieee", consts.get("SPLIT", False)
         candidates = tuning._candidates(kind_, d_, dv_, rows, fp32, split, tuning._mask_class(consts))
+        if split and rows <= tuning.DECODE_ROWS and not fp32:  # a decoding launch: its candidate tiles too
+            candidates += [(16, bn, w, st) for bn, w, st in tuning.DECODE_TILES[tuning._width_class(d_, dv_)]]
         for i, (bm, bn, warps, stages) in enumerate(candidates):
             tiles = {"BLOCK_M": bm, "BLOCK_N": bn}
             options = {"num_warps": warps, "num_stages": stages, **tuning._compile_options(kind_, rows)}
@@ -644,7 +647,7 @@ def _ideal(kind: str, d: int, dv: int) -> float | None:
 
 def parse_config_spec(text: str) -> tuple[str, dict]:
     """``KIND[:KEY=VAL,...]`` → (kind, settings). Keys: variant, mask (one of :data:`MASKS`), d, dv, shared_q,
-    shared_k, causal, BLOCK_M, BLOCK_N, num_warps, num_stages."""
+    shared_k, causal, BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg."""
     kind, _, rest = text.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown kernel {kind!r} in --configs {text!r}; choose from {', '.join(KINDS)}")
@@ -661,7 +664,7 @@ def parse_config_spec(text: str) -> tuple[str, dict]:
             settings[key] = None if val == "none" else val
         elif key in ("shared_q", "shared_k", "causal"):
             settings[key] = val.lower() in ("1", "true", "yes")
-        elif key in ("d", "dv", *_TILE_KEYS):
+        elif key in ("d", "dv", *_TILE_KEYS, *_OPTION_KEYS):
             settings[key] = int(val)
         else:
             raise ValueError(f"unknown key {key!r} in --configs {text!r}")
@@ -789,8 +792,9 @@ def kernel_report(
     for text in configs:
         kind, settings = parse_config_spec(text)
         base = settings.pop("variant", "V1")
-        spec = {**VARIANTS[base], **{k: v for k, v in settings.items() if k not in _TILE_KEYS}}
-        work.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in _TILE_KEYS}, None))
+        launch_keys = (*_TILE_KEYS, *_OPTION_KEYS)
+        spec = {**VARIANTS[base], **{k: v for k, v in settings.items() if k not in launch_keys}}
+        work.append((kind, f"{base} [{text}]", spec, {k: v for k, v in settings.items() if k in launch_keys}, None))
 
     recorded: list[tuple[Launch, str, dict]] = []  # (launch, label, head spec)
     for kind, label, spec, overrides, t in work:
@@ -799,7 +803,7 @@ def kernel_report(
                 continue
             if overrides and "BLOCK_M" in launch.consts:
                 launch.consts.update({k: v for k, v in overrides.items() if k in ("BLOCK_M", "BLOCK_N")})
-                launch.options.update({k: v for k, v in overrides.items() if k in ("num_warps", "num_stages")})
+                launch.options.update({k: v for k, v in overrides.items() if k in _OPTION_KEYS})
             recorded.append((launch, label, spec))
     built_all = _compile_all([launch for launch, _, _ in recorded], capability, tools, jobs, progress)
     rows: list[dict] = []
@@ -870,7 +874,8 @@ def format_report(rows: list[dict]) -> str:
             tile = "see parts"
         elif c.get("BLOCK_M"):
             tile = f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
-            tile += " (tuned)" if c.get("candidate") else ""
+            if c.get("candidate"):  # an autotuner's alternative, or a decoding launch's candidate (tuning.DECODE_TILES)
+                tile += " (candidate)" if r["kind"] == "decode" else " (tuned)"
         else:
             tile = f"w{c['num_warps']}"
         table.append(

@@ -115,16 +115,21 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     plan = rs.kernel_plan()
     assert plan[:3] == [("triton", rs.CallClass(p, d)) for p, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
     decoding = [rs.CallClass(p, 64, mode="decode") for p in ("v1", "shared_k")]
+    wide_decoding = rs.CallClass("v1", 128, mode="decode")
     forwards = [("triton", rs.CallClass(p, 64, mode="infer")) for p in ("v1", "shared_k")]
-    assert plan[3:5] == [("triton", c) for c in decoding]
-    assert set(plan[5:]) == set(rs.candidate_routes()) | set(forwards)
-    assert len(plan[5:]) == len(rs.candidate_routes()) + len(forwards)
-    # the decoding forward on more key splits than its heuristic takes, first (seconds a job); then the default
-    # forward alone, and the forward by TMA tiles alone and trained, on DIFF V1's and V2's heads (issue 37's forward
-    # target is read on the forward alone); every other candidate on a train class
+    assert plan[3:6] == [("triton", c) for c in (*decoding, wide_decoding)]
+    assert set(plan[6:]) == set(rs.candidate_routes()) | set(forwards)
+    assert len(plan[6:]) == len(rs.candidate_routes()) + len(forwards)
+    # the decoding forward on each candidate tile (tuning.DECODE_TILES), then on more key splits than its heuristic
+    # takes, first (seconds a job); then the default forward alone, and the forward by TMA tiles alone and trained, on
+    # DIFF V1's and V2's heads (issue 37's forward target is read on the forward alone); every other candidate on a
+    # train class
+    tiles = [(f"triton[decode 16x{bn} w{w} s{st}]", c)
+             for width, c in zip(("v1", "v2", "wide"), (*decoding, wide_decoding), strict=True)
+             for bn, w, st in tuning.DECODE_TILES[width]]  # fmt: skip
     splits = [(f"triton[splits {n}]", c) for c in decoding for n in rs.DECODE_SPLITS]
-    assert plan[5 : 5 + len(splits)] == splits
-    rest = plan[5 + len(splits) :]
+    assert plan[6 : 6 + len(tiles) + len(splits)] == tiles + splits
+    rest = plan[6 + len(tiles) + len(splits) :]
     assert rest[:2] == forwards
     tma = [("triton[tma]", rs.CallClass(p, 64, mode=m)) for p in ("v1", "shared_k") for m in ("infer", "train")]
     assert [job for job in rest if job[0] == "triton[tma]"] == tma
@@ -144,6 +149,13 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     assert backends == ["triton[bws]", "triton[tma+btma]", "triton", "triton"]  # a forced tile runs as triton
 
 
+def test_the_decode_plan_is_the_kernel_plans_decoding_jobs():
+    plan = rs.decode_plan()
+    kernel = rs.kernel_plan()
+    assert plan == kernel[3 : 3 + len(plan)] and {c.mode for _, c in plan} == {"decode"}
+    assert set(rs.decode_tile_routes()) | set(rs.split_routes()) < set(plan)
+
+
 def test_a_key_split_route_forces_its_splits(monkeypatch):
     import torch
 
@@ -152,6 +164,32 @@ def test_a_key_split_route_forces_its_splits(monkeypatch):
     monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
     rs.force_candidate("triton[splits 20]")
     assert tuning._num_splits(torch.device("cuda"), 64, 8192, 32) == 20
+
+
+def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeypatch):
+    # issue 37's decode: triton[decode 16xBN wW sS] runs every decoding launch (a split forward of at most
+    # DECODE_ROWS rows, 16-bit inputs) on that candidate tile, warps and stages, and nothing else
+    from diffattn.ops.triton import tuning
+
+    monkeypatch.setattr(tuning, "DECODE_TILE", None)
+    monkeypatch.setattr(tuning, "INTERPRETED", False)  # a GPU's tiles, whichever way the kernels were imported
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
+    default = tuning._blocks("fwd", 64, 128, 2, False, "none", split=True)
+    assert default == (16, 32, 8) and tuning._launch_options("fwd", 2, False, True)["num_stages"] == 2
+    rs.force_candidate("triton[decode 16x128 w4 s3]")  # (DIFF V2's heads' candidate)
+    assert tuning.DECODE_TILE == (128, 4, 3)
+    assert tuning._blocks("fwd", 64, 128, 2, False, "none", split=True) == (16, 128, 4)
+    assert tuning._launch_options("fwd", 2, False, True) == {"num_stages": 3, "maxnreg": 255}
+    # not a training or prefill launch, not float32's, not more rows than one tile
+    assert tuning._blocks("fwd", 64, 128, 2, False, "none", split=False) == (*default[:2], 8)
+    assert tuning._blocks("fwd", 64, 128, 2, True, "none", split=True) == (16, 16, 8)
+    assert tuning._blocks("fwd", 64, 128, 17, False, "none", split=True)[1:] == (32, 8)
+    assert tuning._launch_options("fwd", 17, False, True)["num_stages"] == 2
+    with pytest.raises(ValueError, match="not a decoding candidate"):
+        rs.force_candidate("triton[decode 16x256 w4 s2]")
+    # every candidate is a route of the kernel plan, on its head widths' decoding class
+    names = {r for r, _ in rs.decode_tile_routes()}
+    assert names == {f"triton[decode 16x{bn} w{w} s{st}]" for t in tuning.DECODE_TILES.values() for bn, w, st in t}
 
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):

@@ -230,8 +230,18 @@ def _check_contract(
         # split dK/dV kernel of wide heads too)
         split = ("dv", "dk") if {"W", "V1"} & set(variants) else ()
         expected = {"fwd", "dkdv_atomic", "dkdv", "dq", *split, *(("fwd_cols",) if "W" in variants else ())}
+        expected.add("decode")  # the decoding launch's candidate tiles (below)
         assert {r["kind"] for r in tuned} == expected & set(kinds)
         assert {r["config"]["mask"] for r in tuned} == set(kr.MASKS)
+    if "decode" in kinds:  # every decoding candidate (tuning.DECODE_TILES) beside the default, with every mask
+        from diffattn.ops.triton import tuning
+
+        for (variant, _), label in labels.items():
+            got = [(r["config"]["BLOCK_N"], r["config"]["num_warps"], r["config"]["num_stages"]) for r in kernels
+                   if r["kind"] == "decode" and r["config"]["variant"] == label
+                   and r["config"]["candidate"] > 0]  # fmt: skip
+            width = {"V1": "v1", "V2": "v2", "W": "wide"}[variant]
+            assert sorted(got) == sorted(tuning.DECODE_TILES[width]), label
     for row in kernels:
         for key in ("kernel", "config", "registers", "spill_bytes", "mma", "flops_per_pair", "ideal_flops_per_pair"):
             assert key in row, key

@@ -698,6 +698,51 @@ def test_tile_matches_reference_at_boundary_shapes(case, which, monkeypatch):
         _check(case, which, config, monkeypatch)
 
 
+#: every decoding candidate (tuning.DECODE_TILES) of every head-width class, without a mask and with key padding;
+#: the default run checks DIFF V1's first longer tile with padding (CI runs them all, marked heavy)
+DECODE_CASES = [
+    (width, tile, mask) for width in WIDTHS for tile in tuning.DECODE_TILES[width] for mask in ("none", "keys")
+]
+DECODE_REPRESENTATIVE = ("v1", (64, 4, 2), "keys")
+
+
+@pytest.mark.parametrize(
+    ("width", "tile", "mask"),
+    [pytest.param(*c, id=f"{c[0]}-16x{c[1][0]}-w{c[1][1]}s{c[1][2]}-{c[2]}",
+                  marks=() if c == DECODE_REPRESENTATIVE else pytest.mark.heavy) for c in DECODE_CASES],
+)  # fmt: skip
+def test_decoding_candidate_matches_reference_at_boundary_shapes(width, tile, mask, monkeypatch):
+    # the decoding forward (a split forward of at most 16 rows) on each candidate tile, forced as a GPU run would
+    # take it (tuning.DECODE_TILE), every tensor in a poisoned buffer and every access bounds-checked: one token and
+    # three (rows 2 and 6 on one tile: two query heads per KV head), 5 tiles and 9 keys in 3 splits of two tiles, the
+    # last split's last tile partial; with padding, batch 0's first split sees no key at all. (Without CUDA the host
+    # plans its splits on float32's shorter tiles, and the kernel rounds each split up to whole tiles of its own:
+    # the splits above, as a GPU's 16-bit launch plans them)
+    monkeypatch.setattr(tuning, "DECODE_TILE", tile)
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", 3)
+    bn = tile[0]
+    case = Case("decode", width, mask, None)
+    for t in (1, 3):
+        shape = (2, 4, 2, t, 5 * bn + 9)
+        seed = zlib.crc32(f"{case.id} {tile} {t}".encode())
+        (q1, k1, q2, k2, v, lam, cot), keys, _, shared_k = _inputs(case, shape, "tiles", seed)
+        if keys is not None:
+            keys[0, : 2 * bn] = False  # batch 0's first split (two tiles) padded whole
+        args64 = [x.double() for x in (q1, k1, q2, k1 if shared_k else k2, v, lam)]
+        gold = diff_attention(*args64, attn_mask=keys, backend="reference")
+        args = [x.to(DTYPE) for x in (q1, k1, q2, k1 if shared_k else k2, v)] + [lam]
+        yardsticks = [plain_pytorch(*args, attn_mask=keys, order=order).detach() for order in (0, 1, 2)]
+        if not _CUDA:  # the interpreter's arithmetic (numpy's), bare and on tile-sized products
+            tensors = (q1, k1, q2, k2, v, lam, cot)
+            yardsticks += [_numpy_yardstick(shape, tensors, keys, None, shared_k, pad)[0] for pad in (0, bn)]
+        ran: list[tuple[str, int, int]] = []
+        monkeypatch.setattr(launch, "_launch", _forced_launch(case, tile[1:], ran))
+        with torch.no_grad():
+            out = launch.diff_attention_triton(validate(*args, causal=True, attn_mask=keys, scale=None))
+        assert ran == [("fwd", 16, bn)], (case.id, tile, ran)  # the candidate ran, split
+        assert_within_rounding(f"decode {width} {tile} {mask} {shape}", out, gold, yardsticks, DTYPE)
+
+
 def test_every_candidate_and_default_tile_is_covered():
     # what the parametrisation above reads off the tables: each entry of _TUNING and each default of
     # _TILES / _MASK_TILES per width and mask class has a case (the default ones via tuning._blocks at run time)

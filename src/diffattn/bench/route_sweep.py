@@ -31,7 +31,8 @@ the models).
 The table entry lists, per class, the routes that passed, fastest first — the fused kernel's variants
 (``triton[tma+btma]``: :data:`diffattn.ops.routes.TRITON_VARIANTS`) among them, run by that name as auto runs them, so a
 variant that measured faster and correct on a class is what auto runs there. Forced tiles (``triton[KIND BMxBN wW
-sS]``) and key splits (``triton[splits N]``) are rows, read to choose :mod:`diffattn.ops.triton.tuning`'s defaults;
+sS]``), key splits (``triton[splits N]``) and decoding tiles (``triton[decode 16xBN wW sS]``) are rows, read to
+choose :mod:`diffattn.ops.triton.tuning`'s defaults;
 routes only measured for comparison (transformers' two calls, the official four calls) are rows too, never table
 routes.
 """
@@ -199,8 +200,8 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     warp-specialised (``triton[btma]``, ``triton[bws]``, and each with the forward's: ``triton[tma+btma]``,
     ``triton[tma+bws]``), the single-pass backward (``triton[atomic]``) and, for wide heads, the split dK/dV kernel
     (``triton[split]``) and the forward by column blocks (``triton[cols]``) on their default tiles; then the decoding
-    forward of V1 and DIFF V2 heads at d = 64 on more key splits than its heuristic takes (``triton[splits N]``,
-    :data:`DECODE_SPLITS`)."""
+    forward on its candidate tiles (:func:`decode_tile_routes`), and of V1 and DIFF V2 heads at d = 64 on more key
+    splits than its heuristic takes (``triton[splits N]``, :data:`DECODE_SPLITS`)."""
     from ..ops.triton import tuning
 
     out = []
@@ -220,7 +221,18 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
         for kind in ("dkdv", "dq", "dv", "dk", "fwd", "fwd_cols", "dkdv_atomic"):
             for bm, bn, w, s in tuning._TUNING["none"].get(kind, {}).get(cls_name, []):
                 out.append((f"triton[{kind} {bm}x{bn} w{w} s{s}]", CallClass(pair, d)))
-    return out + split_routes()
+    return out + decode_tile_routes() + split_routes()
+
+
+def decode_tile_routes() -> list[tuple[str, CallClass]]:
+    """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128 on each of its candidate tiles
+    (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`), on the heuristic's splits."""
+    from ..ops.triton import tuning
+
+    classes = (("v1", CallClass("v1", 64, mode="decode")), ("v2", CallClass("shared_k", 64, mode="decode")),
+               ("wide", CallClass("v1", 128, mode="decode")))  # fmt: skip
+    return [(f"triton[decode 16x{bn} w{w} s{st}]", cls) for width, cls in classes
+            for bn, w, st in tuning.DECODE_TILES[width]]  # fmt: skip
 
 
 def split_routes() -> list[tuple[str, CallClass]]:
@@ -455,8 +467,9 @@ DECODE_SPLITS = (10, 20, 40)
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
     every other launch kind its default tile. ``triton[splits N]``: a forward without gradient split over N key
-    ranges (:data:`DECODE_SPLITS`). Nothing for a variant route (``triton[NAME]``, ``triton[A+B]``): the op runs it by
-    that name (:func:`route_fn`), as auto will where the table lists it."""
+    ranges (:data:`DECODE_SPLITS`). ``triton[decode 16xBN wW sS]``: every decoding launch on that candidate of
+    :data:`diffattn.ops.triton.tuning.DECODE_TILES`. Nothing for a variant route (``triton[NAME]``, ``triton[A+B]``):
+    the op runs it by that name (:func:`route_fn`), as auto will where the table lists it."""
     if not route.startswith("triton[") or triton_variants(route) is not None:
         return
     from ..ops.triton import tuning
@@ -464,6 +477,14 @@ def force_candidate(route: str) -> None:
     inner = route[len("triton[") : -1]
     if inner.startswith("splits "):
         tuning.SPLIT_OVERRIDE = int(inner.split()[1])
+        return
+    if inner.startswith("decode "):  # a decoding launch's candidate tile (tuning.DECODE_TILES)
+        _, tile, warps, stages = inner.split()
+        bm, bn = (int(x) for x in tile.split("x"))
+        candidate = (bn, int(warps[1:]), int(stages[1:]))
+        if bm != 16 or all(candidate not in tiles for tiles in tuning.DECODE_TILES.values()):
+            raise ValueError(f"{route}: not a decoding candidate of tuning.DECODE_TILES")
+        tuning.DECODE_TILE = candidate
         return
 
     kind, tile, warps, stages = inner.split()
@@ -1195,15 +1216,25 @@ def default_plan(candidates: bool = True) -> list[tuple[str, CallClass]]:
 
 def kernel_plan() -> list[tuple[str, CallClass]]:
     """Issue 37's measurements alone: the fused kernel on its default tiles, then each of its tuning candidates and
-    variants, on the train class of each head width, and its decoding forward on more key splits (``--plan kernel``:
-    the whole plan rarely reaches them in one lease, as the table's routes come first)."""
+    variants, on the train class of each head width, and its decoding forward on its candidate tiles and on more key
+    splits (``--plan kernel``: the whole plan rarely reaches them in one lease, as the table's routes come first)."""
     defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
-    decoding = [("triton", CallClass(pair, 64, mode="decode")) for pair in ("v1", "shared_k")]
+    decoding = [
+        ("triton", CallClass(pair, d, mode="decode")) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))
+    ]
     # the default forward alone, beside which the forward by TMA tiles (triton[tma]) is read
     forwards = [("triton", CallClass(pair, 64, mode="infer")) for pair in ("v1", "shared_k")]
-    # the key splits right after (one call each, seconds a job), ahead of the training candidates' many jobs
-    splits = split_routes()
-    return defaults + decoding + splits + forwards + [job for job in candidate_routes() if job not in splits]
+    # the decoding tiles and key splits right after (one call each, seconds a job), ahead of the training candidates'
+    # many jobs
+    decode = decode_tile_routes() + split_routes()
+    return defaults + decoding + decode + forwards + [job for job in candidate_routes() if job not in decode]
+
+
+def decode_plan() -> list[tuple[str, CallClass]]:
+    """Issue 37's decoding target alone (``--plan decode``: seconds a job, for what a lease has left): the fused
+    kernel's decoding forward on its default tiles, then on each candidate tile and on more key splits — the first
+    jobs of :func:`kernel_plan` without its training ones."""
+    return [job for job in kernel_plan() if job[1].mode == "decode"]
 
 
 #: the routes that build DIFF V1's [V; V] from V's halves (:func:`diffattn.ops.sdpa.v_twice`), timed again by
@@ -1361,10 +1392,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-s", type=float, default=120.0, help="at most this long compiling Triton kernels first")
     parser.add_argument(
         "--plan",
-        choices=("all", "kernel", "v_copies"),
+        choices=("all", "kernel", "decode", "v_copies"),
         default="all",
         help="all: every route on every class, then the fused kernel's candidates; kernel: only the fused kernel "
-        "and its candidates on the train classes (issue 37); v_copies: V1's one-call routes on its train classes "
+        "and its candidates on the train classes (issue 37); decode: only its decoding forward, on its default and "
+        "candidate tiles and more key splits (seconds a job); v_copies: V1's one-call routes on its train classes "
         "again (after fused_v_copies went on); the rest of the table entry kept from earlier",
     )
     parser.add_argument(
@@ -1386,7 +1418,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"route sweep: needs a CUDA device, and torch {torch.__version__} sees none here", file=sys.stderr)
         return 2
-    plan = {"kernel": kernel_plan, "v_copies": v_copies_plan}.get(args.plan, lambda: None)()
+    plan = {"kernel": kernel_plan, "decode": decode_plan, "v_copies": v_copies_plan}.get(args.plan, lambda: None)()
     result = run(args.out, args.budget_s, progress=lambda m: print(m, file=sys.stderr, flush=True),
                  plan=plan, warm_s=args.warm_s)  # fmt: skip
     print(to_markdown(result["records"], result["entry"], result["matmul_tflops"]))

@@ -140,9 +140,10 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     # program = (block of packed rows, batch × kv head[, key split]); a row is (query head of the group, query
-    # position). SPLIT (decoding, few programs): program_id(2) takes keys [split·SPLIT_LEN, +SPLIT_LEN) and writes
-    # per-split normalised outputs and log-sum-exps (−inf when it saw no key) to O1/O2/LSE1/LSE2, which are then
-    # [splits, R = B·H·T, ...] float32 buffers that _combine_kernel merges (flash-decoding).
+    # position). SPLIT (decoding, few programs): program_id(2) takes keys [split·L, +L), L = SPLIT_LEN rounded up to
+    # whole tiles of BLOCK_N, and writes per-split normalised outputs and log-sum-exps (−inf when it saw no key) to
+    # O1/O2/LSE1/LSE2, which are then [splits, R = B·H·T, ...] float32 buffers that _combine_kernel merges
+    # (flash-decoding).
     # COLUMNS (wide heads, not with SPLIT): program_id(2) takes output columns [c·BLOCK_DV, +BLOCK_DV) of V and O
     # only, recomputing both maps' scores and softmax statistics (identical in every column program, so each stores
     # the same log-sum-exps): accumulators of half the width, for tiles the whole width leaves no registers for.
@@ -211,9 +212,13 @@ def _fwd_kernel(
     if SEGMENTS:
         seg_base = SEG + b64 * S
         q_seg, seg_lo, seg_hi = _segment_range(seg_base, t_row + shift, row_ok)
-    if SPLIT:  # SPLIT_LEN is a multiple of BLOCK_N, so no tile straddles two splits
-        k_lo = tl.program_id(2) * SPLIT_LEN
-        k_hi = tl.minimum(kend, k_lo + SPLIT_LEN)
+    if SPLIT:
+        # whole tiles of this launch's BLOCK_N a split, so that no tile straddles two splits: the host's SPLIT_LEN is
+        # a multiple of the tile it planned with, and a launch on a longer tile (a candidate's, a test's) rounds it
+        # up — the splits then still cover [0, S) once, the last ones possibly empty (their rows' lse −inf, weight 0)
+        split_len = (SPLIT_LEN + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        k_lo = tl.program_id(2) * split_len
+        k_hi = tl.minimum(kend, k_lo + split_len)
     else:
         k_lo = 0
         k_hi = kend

@@ -76,12 +76,13 @@ def _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key):
         tuner = tuning._autotuner(kernel, kind, d, dv, mask)
         tuner[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
         return
-    key = (*key, mask, consts.get("SPLIT", False))
+    split = consts.get("SPLIT", False)
+    key = (*key, mask, split, tuning.DECODE_TILE)
     cached = None if tuning.BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
-    bm, bn, warps = cached or tuning._blocks(kind, d, dv, rows, fp32, mask, consts.get("SPLIT", False))
+    bm, bn, warps = cached or tuning._blocks(kind, d, dv, rows, fp32, mask, split)
     while True:
         try:
-            options = dict(num_warps=warps, num_stages=2, **tuning._compile_options(kind, rows))
+            options = dict(num_warps=warps, **tuning._launch_options(kind, rows, fp32, split))
             kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, **options)
             if tuning.BLOCK_OVERRIDE is None:
                 _LAUNCH_CACHE[key] = (bm, bn, warps)

@@ -175,6 +175,37 @@ _MASK_TILES = {
 # prompts) stores float32 partial outputs instead of O1, O2: "v1" on 128-row tiles spilled 88–140 bytes on 32 keys.
 _SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
 
+# The decoding forward's candidate launches (issue 37: 0.272 ms a call on the H200 of 2026-11-28 against the
+# baseline's 0.071, 4 rows of one token against 8,192 keys), per head-width class: (BLOCK_N, num_warps, num_stages)
+# on one 16-row tile. The default decoding launch (a split forward of at most 16 rows: the short forward's tile,
+# 16 x 32 for "v1" on 8 warps) holds 136–147 registers a thread — one CTA per SM — and lays its 16 x 32 products
+# over 8 warps with a quarter of its dot FLOPs duplicated (benchmarks/kernel_report.py, decode rows: 1,024 per key
+# against 768), walking 52 key tiles one after another a program. These take 4 warps (two CTAs per SM at <= 255
+# registers: 140–253 on sm_90 with triton 3.6 and 3.9, no spills with any mask class) and up to 2x the keys a step —
+# "v1" and "wide" first on their default's own tile, so that the warps' share and the tile's are told apart. Off
+# until a GPU has timed them (:data:`DECODE_TILE`; the route sweep's ``triton[decode …]`` candidates); every one is
+# run with its own tile at boundary shapes under the interpreter (tests/ops/test_tuning_candidates.py) and compiled
+# for sm_90 by benchmarks/kernel_report.py.
+DECODE_TILES: dict[str, list[tuple[int, int, int]]] = {
+    # left out as spilling with either Triton or as close to it (255 registers): "v1" 16 x 128 (96 bytes with a
+    # mask), 16 x 64 on 3 stages (16 bytes, triton 3.9); "wide" 16 x 64 (56 bytes with segments, triton 3.6)
+    "v1": [(32, 4, 2), (64, 4, 2)],
+    "v2": [(64, 4, 2), (128, 4, 2), (128, 4, 3)],
+    "wide": [(32, 4, 2)],
+}
+#: the decoding rows: a split forward whose rows (query heads per KV head × T) fit one 16-row tile
+DECODE_ROWS = 16
+#: one of :data:`DECODE_TILES` forced on every decoding launch (a split forward of at most :data:`DECODE_ROWS` rows
+#: with 16-bit inputs on a GPU), or None for the default tiles
+DECODE_TILE: tuple[int, int, int] | None = None
+
+
+def _decode_tile(kind: str, rows: int, fp32: bool, split: bool) -> tuple[int, int, int] | None:
+    """:data:`DECODE_TILE` where this launch is a decoding one it applies to, else None."""
+    if DECODE_TILE is None or not split or not kind.startswith("fwd") or fp32 or rows > DECODE_ROWS:
+        return None
+    return DECODE_TILE
+
 
 def _mask_class(consts: dict) -> str:
     """The mask class of a launch's constexprs: "none", "keys" (key padding), "rows" (a per-row 4-D mask, with or
@@ -311,6 +342,9 @@ def _blocks(
         return (*BLOCK_OVERRIDE, 4)
     if INTERPRETED:
         return 16, 16, 4
+    decode = _decode_tile(kind, rows, fp32, split)
+    if decode is not None:
+        return 16, decode[0], decode[1]
     cls = _width_class(d, dv)
     if kind == "fwd" and rows < 128:
         kind = "fwd_short" if rows <= 32 else "fwd_mid"
@@ -332,6 +366,13 @@ def _compile_options(kind: str, rows: int) -> dict:
     them to 128 registers (two CTAs per SM) and spilled 16–80 bytes rather than use more
     (benchmarks/kernel_report.py, the short, prefill and decode rows)."""
     return {"maxnreg": 255} if kind == "fwd" and rows < 128 else {}
+
+
+def _launch_options(kind: str, rows: int, fp32: bool = False, split: bool = False) -> dict:
+    """``num_stages`` and the compile options (:func:`_compile_options`) of a launch on its heuristic tiles
+    (:func:`_blocks`): 2 stages, or a forced decoding tile's own (:data:`DECODE_TILE`)."""
+    decode = None if BLOCK_OVERRIDE is not None or INTERPRETED else _decode_tile(kind, rows, fp32, split)
+    return {"num_stages": 2 if decode is None else decode[2], **_compile_options(kind, rows)}
 
 
 def _width_class(d: int, dv: int) -> str:
