@@ -34,7 +34,8 @@
 # Usage (from the checkout's root, on the GPU machine): bash benchmarks/gpu_session.sh   (make gpu-report)
 # Budgets (seconds, environment): BUDGET_S (all, 560), SWEEP_S (the sweep, 300), WARM_S (its compiling, 100),
 # COMPILE_S (the compiled step, 150), DECODE_S (decoding, 150), TESTS_S (the gpu tests, 150), TEST_FILE_S (one
-# test file's, 120: test_lambda_kernel.py did not finish in it on the H200 of 2026-11-29).
+# test file's, 120: test_lambda_kernel.py did not finish in it on the H200 of 2026-11-29); TEST_FILES (the gpu
+# tests of these comma-separated files alone, e.g. TEST_FILES=tests/ops/test_direct.py,tests/ops/test_triton.py).
 # SWEEP_PLAN=kernel sweeps only the fused kernel and its tuning candidates and variants on the train classes (issue
 # 37; the default plan, "all", times the route table's routes on every class first and rarely reaches them);
 # SWEEP_PLAN=decode only its decoding forward on its default and candidate tiles and more key splits (seconds a job:
@@ -93,9 +94,16 @@ grad_layout() {  # (functions run in a bash of their own: no variables of this s
   timeout 40 $PY benchmarks/cudnn_grad_layout.py 2>&1 | tail -6
   timeout 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_sdpa_grad_layout.py 2>&1 | tail -6
 }
-gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's tests), then the rest, each file once
-  for f in $(grep -l "mark.gpu" tests/ops/*.py tests/*.py tests/*/*.py | awk '!seen[$0]++' \
-      | grep -v "^tests/ops/test_sdpa_grad_layout.py$"); do
+gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's tests), then the rest, each file once;
+  # TEST_FILES (comma-separated paths): those files alone, in that order (what changed since the last lease's run)
+  local files
+  if [ -n "${TEST_FILES:-}" ]; then
+    files=$(echo "$TEST_FILES" | tr ',' ' ')
+  else
+    files=$(grep -l "mark.gpu" tests/ops/*.py tests/*.py tests/*/*.py | awk '!seen[$0]++' \
+      | grep -v "^tests/ops/test_sdpa_grad_layout.py$")
+  fi
+  for f in $files; do
     echo "-- $f"
     # each file's whole report kept (tests/FILE.txt: every failure's traceback and message), its summary printed
     mkdir -p "$OUT/tests"

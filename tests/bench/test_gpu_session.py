@@ -129,3 +129,13 @@ def test_a_call_with_the_resweep_and_no_train_step_reads_the_switch_from_the_tab
     asked = [c for c in calls if c[:1] == ["-c"] and "v_copies_in_kernel" in c[1]]
     swept = [c for c in calls if c[:2] == ["-m", "diffattn.bench.route_sweep"]]
     assert len(asked) == 1 and len(swept) == 1 and swept[0][swept[0].index("--plan") + 1] == "v_copies"
+
+
+@pytest.mark.heavy  # a Python process importing torch (the targets)
+def test_the_gpu_tests_of_the_files_asked_for_alone_in_their_order(tmp_path):
+    # TEST_FILES: a lease's short call runs the gpu tests of what changed since its last run, not every file
+    files = ["tests/ops/test_triton.py", "tests/ops/test_direct.py"]
+    done, calls = _dry_run(tmp_path, STEPS="tests", TEST_FILES=",".join(files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [c[-1] for c in calls if c[:2] == ["-m", "pytest"]]
+    assert ran == files, calls
