@@ -124,9 +124,12 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     # takes, first (seconds a job); then the default forward alone, and the forward by TMA tiles alone and trained, on
     # DIFF V1's and V2's heads (issue 37's forward target is read on the forward alone); every other candidate on a
     # train class
-    tiles = [(f"triton[decode 16x{bn} w{w} s{st}]", c)
+    tiles = [(f"16x{bn} w{w} s{st}", c)
              for width, c in zip(("v1", "v2", "wide"), (*decoding, wide_decoding), strict=True)
              for bn, w, st in tuning.DECODE_TILES[width]]  # fmt: skip
+    tiles = [(f"triton[decode {t}]", c) for t, c in tiles] + [
+        (f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_TILE_SPLITS for t, c in tiles
+    ]
     splits = [(f"triton[splits {n}]", c) for c in decoding for n in rs.DECODE_SPLITS]
     assert plan[6 : 6 + len(tiles) + len(splits)] == tiles + splits
     rest = plan[6 + len(tiles) + len(splits) :]
@@ -187,9 +190,19 @@ def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeyp
     assert tuning._launch_options("fwd", 17, False, True)["num_stages"] == 2
     with pytest.raises(ValueError, match="not a decoding candidate"):
         rs.force_candidate("triton[decode 16x256 w4 s2]")
-    # every candidate is a route of the kernel plan, on its head widths' decoding class
+    # and on the key splits asked for
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
+    rs.force_candidate("triton[decode 16x64 w4 s2 splits 4]")
+    assert tuning.DECODE_TILE == (64, 4, 2) and tuning.SPLIT_OVERRIDE == 4
+    with pytest.raises(ValueError, match="splits N"):
+        rs.force_candidate("triton[decode 16x64 w4 s2 4]")
+    # every candidate is a route of the kernel plan, on its head widths' decoding class, on the heuristic's splits
+    # and on each of DECODE_TILE_SPLITS
     names = {r for r, _ in rs.decode_tile_routes()}
-    assert names == {f"triton[decode 16x{bn} w{w} s{st}]" for t in tuning.DECODE_TILES.values() for bn, w, st in t}
+    tiles = {f"16x{bn} w{w} s{st}" for t in tuning.DECODE_TILES.values() for bn, w, st in t}
+    assert names == {f"triton[decode {t}]" for t in tiles} | {
+        f"triton[decode {t} splits {n}]" for t in tiles for n in rs.DECODE_TILE_SPLITS
+    }
 
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):

@@ -226,13 +226,16 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
 
 def decode_tile_routes() -> list[tuple[str, CallClass]]:
     """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128 on each of its candidate tiles
-    (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`), on the heuristic's splits."""
+    (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`), on the heuristic's splits, then
+    each on :data:`DECODE_TILE_SPLITS` (``triton[decode 16xBN wW sS splits N]``)."""
     from ..ops.triton import tuning
 
     classes = (("v1", CallClass("v1", 64, mode="decode")), ("v2", CallClass("shared_k", 64, mode="decode")),
                ("wide", CallClass("v1", 128, mode="decode")))  # fmt: skip
-    return [(f"triton[decode 16x{bn} w{w} s{st}]", cls) for width, cls in classes
-            for bn, w, st in tuning.DECODE_TILES[width]]  # fmt: skip
+    tiles = [(f"16x{bn} w{w} s{st}", cls) for width, cls in classes for bn, w, st in tuning.DECODE_TILES[width]]
+    return [(f"triton[decode {tile}]", cls) for tile, cls in tiles] + [
+        (f"triton[decode {tile} splits {n}]", cls) for n in DECODE_TILE_SPLITS for tile, cls in tiles
+    ]
 
 
 def split_routes() -> list[tuple[str, CallClass]]:
@@ -460,16 +463,23 @@ TMA_ROUTES = (
 #: heuristic's (:func:`diffattn.ops.triton.tuning._num_splits`: the GPU filled about twice, 5 splits for the sweep's
 #: decode class, 64 programs of one row on 132 SMs). On the H200 of 2026-11-28 that decoding call took 0.272 ms
 #: replayed from a CUDA graph against the baseline's 0.071 (3.8x, issue 37 asks 1.5x), where its bytes, every cached
-#: key and value read once, are the baseline's: each program walks ~1,640 keys in 52 tiles one after another
-DECODE_SPLITS = (10, 20, 40)
+#: key and value read once, are the baseline's: each program walks ~1,640 keys in 52 tiles one after another. 4 and
+#: 8: a whole number of waves (256 and 512 programs: the default launch fits one CTA per SM, 132 at a time; the
+#: decoding candidates two), where the heuristic's 320 leave a last wave of 56 (RESULTS.md, 2026-11-30, "The decoding
+#: forward on tiles of its own")
+DECODE_SPLITS = (4, 8, 10, 20, 40)
+#: the key splits each decoding candidate tile (:func:`decode_tile_routes`) is also timed on, beside the heuristic's:
+#: one wave of two CTAs per SM for the sweep's decode class
+DECODE_TILE_SPLITS = (4,)
 
 
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
     every other launch kind its default tile. ``triton[splits N]``: a forward without gradient split over N key
     ranges (:data:`DECODE_SPLITS`). ``triton[decode 16xBN wW sS]``: every decoding launch on that candidate of
-    :data:`diffattn.ops.triton.tuning.DECODE_TILES`. Nothing for a variant route (``triton[NAME]``, ``triton[A+B]``):
-    the op runs it by that name (:func:`route_fn`), as auto will where the table lists it."""
+    :data:`diffattn.ops.triton.tuning.DECODE_TILES` (``… splits N``: and on N key splits). Nothing for a variant
+    route (``triton[NAME]``, ``triton[A+B]``): the op runs it by that name (:func:`route_fn`), as auto will where the
+    table lists it."""
     if not route.startswith("triton[") or triton_variants(route) is not None:
         return
     from ..ops.triton import tuning
@@ -478,8 +488,12 @@ def force_candidate(route: str) -> None:
     if inner.startswith("splits "):
         tuning.SPLIT_OVERRIDE = int(inner.split()[1])
         return
-    if inner.startswith("decode "):  # a decoding launch's candidate tile (tuning.DECODE_TILES)
-        _, tile, warps, stages = inner.split()
+    if inner.startswith("decode "):  # a decoding launch's candidate tile (tuning.DECODE_TILES), on N splits if given
+        _, tile, warps, stages, *splits = inner.split()
+        if splits:
+            if len(splits) != 2 or splits[0] != "splits":
+                raise ValueError(f"{route}: not triton[decode 16xBN wW sS] or triton[decode 16xBN wW sS splits N]")
+            tuning.SPLIT_OVERRIDE = int(splits[1])
         bm, bn = (int(x) for x in tile.split("x"))
         candidate = (bn, int(warps[1:]), int(stages[1:]))
         if bm != 16 or all(candidate not in tiles for tiles in tuning.DECODE_TILES.values()):
