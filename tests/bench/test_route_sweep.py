@@ -179,10 +179,12 @@ def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeyp
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
     default = tuning._blocks("fwd", 64, 128, 2, False, "none", split=True)
     assert default == (16, 32, 8) and tuning._launch_options("fwd", 2, False, True)["num_stages"] == 2
-    rs.force_candidate("triton[decode 16x128 w4 s3]")  # (DIFF V2's heads' candidate)
-    assert tuning.DECODE_TILE == (128, 4, 3)
+    rs.force_candidate("triton[decode 16x128 w4 s2]")  # (DIFF V2's heads' candidate)
+    assert tuning.DECODE_TILE == (128, 4, 2)
     assert tuning._blocks("fwd", 64, 128, 2, False, "none", split=True) == (16, 128, 4)
-    assert tuning._launch_options("fwd", 2, False, True) == {"num_stages": 3, "maxnreg": 255}
+    assert tuning._launch_options("fwd", 2, False, True) == {"num_stages": 2, "maxnreg": 255}
+    monkeypatch.setattr(tuning, "DECODE_TILE", (128, 4, 3))  # a tile's own stages reach the launch's options
+    assert tuning._launch_options("fwd", 2, False, True)["num_stages"] == 3
     # not a training or prefill launch, not float32's, not more rows than one tile
     assert tuning._blocks("fwd", 64, 128, 2, False, "none", split=False) == (*default[:2], 8)
     assert tuning._blocks("fwd", 64, 128, 2, True, "none", split=True) == (16, 16, 8)

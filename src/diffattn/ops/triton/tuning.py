@@ -181,16 +181,18 @@ _SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
 # 16 x 32 for "v1" on 8 warps) holds 136–147 registers a thread — one CTA per SM — and lays its 16 x 32 products
 # over 8 warps with a quarter of its dot FLOPs duplicated (benchmarks/kernel_report.py, decode rows: 1,024 per key
 # against 768), walking 52 key tiles one after another a program. These take 4 warps (two CTAs per SM at <= 255
-# registers: 140–253 on sm_90 with triton 3.6 and 3.9, no spills with any mask class) and up to 2x the keys a step —
+# registers: 140–246 on sm_90 with triton 3.6 and 3.9, no spills with any mask class, decoding or a prefill of at
+# most 16 rows) and up to 2x the keys a step —
 # "v1" and "wide" first on their default's own tile, so that the warps' share and the tile's are told apart. Off
 # until a GPU has timed them (:data:`DECODE_TILE`; the route sweep's ``triton[decode …]`` candidates); every one is
 # run with its own tile at boundary shapes under the interpreter (tests/ops/test_tuning_candidates.py) and compiled
 # for sm_90 by benchmarks/kernel_report.py.
 DECODE_TILES: dict[str, list[tuple[int, int, int]]] = {
     # left out as spilling with either Triton or as close to it (255 registers): "v1" 16 x 128 (96 bytes with a
-    # mask), 16 x 64 on 3 stages (16 bytes, triton 3.9); "wide" 16 x 64 (56 bytes with segments, triton 3.6)
+    # mask), 16 x 64 on 3 stages (16 bytes, triton 3.9); "v2" 16 x 128 on 3 stages (16 bytes with a 4-D mask, 16 rows
+    # of a short prefill); "wide" 16 x 64 (56 bytes with segments, triton 3.6)
     "v1": [(32, 4, 2), (64, 4, 2)],
-    "v2": [(64, 4, 2), (128, 4, 2), (128, 4, 3)],
+    "v2": [(64, 4, 2), (128, 4, 2)],
     "wide": [(32, 4, 2)],
 }
 #: the decoding rows: a split forward whose rows (query heads per KV head × T) fit one 16-row tile
