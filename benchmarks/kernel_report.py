@@ -875,7 +875,7 @@ def format_report(rows: list[dict]) -> str:
         elif c.get("BLOCK_M"):
             tile = f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
             if c.get("candidate"):  # an autotuner's alternative, or a decoding launch's candidate (tuning.DECODE_TILES)
-                tile += " (candidate)" if r["kind"] == "decode" else " (tuned)"
+                tile += " (candidate)" if r["kind"] in ("decode", "prefill") else " (tuned)"  # (splits: no tuner)
         else:
             tile = f"w{c['num_warps']}"
         table.append(

@@ -177,19 +177,27 @@ def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeyp
     monkeypatch.setattr(tuning, "DECODE_TILE", None)
     monkeypatch.setattr(tuning, "INTERPRETED", False)  # a GPU's tiles, whichever way the kernels were imported
     monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
-    default = tuning._blocks("fwd", 64, 128, 2, False, "none", split=True)
-    assert default == (16, 32, 8) and tuning._launch_options("fwd", 2, False, True)["num_stages"] == 2
-    rs.force_candidate("triton[decode 16x128 w4 s2]")  # (DIFF V2's heads' candidate)
-    assert tuning.DECODE_TILE == (128, 4, 2)
-    assert tuning._blocks("fwd", 64, 128, 2, False, "none", split=True) == (16, 128, 4)
-    assert tuning._launch_options("fwd", 2, False, True) == {"num_stages": 2, "maxnreg": 255}
-    monkeypatch.setattr(tuning, "DECODE_TILE", (128, 4, 3))  # a tile's own stages reach the launch's options
-    assert tuning._launch_options("fwd", 2, False, True)["num_stages"] == 3
+    v1, v2 = (64, 128), (64, 64)  # DIFF V1's and V2's heads (d, dv)
+    default = tuning._blocks("fwd", *v1, 2, False, "none", split=True)
+    assert default == (16, 32, 8) and tuning._launch_options("fwd", *v1, 2, False, True)["num_stages"] == 2
+    rs.force_candidate("triton[decode 16x64 w4 s2]")  # (DIFF V1's heads' candidate)
+    assert tuning.DECODE_TILE == (64, 4, 2)
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True) == (16, 64, 4)
+    assert tuning._launch_options("fwd", *v1, 2, False, True) == {"num_stages": 2, "maxnreg": 255}
     # not a training or prefill launch, not float32's, not more rows than one tile
-    assert tuning._blocks("fwd", 64, 128, 2, False, "none", split=False) == (*default[:2], 8)
-    assert tuning._blocks("fwd", 64, 128, 2, True, "none", split=True) == (16, 16, 8)
-    assert tuning._blocks("fwd", 64, 128, 17, False, "none", split=True)[1:] == (32, 8)
-    assert tuning._launch_options("fwd", 17, False, True)["num_stages"] == 2
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=False) == (*default[:2], 8)
+    assert tuning._blocks("fwd", *v1, 2, True, "none", split=True) == (16, 16, 8)
+    assert tuning._blocks("fwd", *v1, 17, False, "none", split=True)[1:] == (32, 8)
+    # and only on heads of its own width class: DIFF V2's 16 x 128 is not V1's (it spills there)
+    rs.force_candidate("triton[decode 16x128 w4 s2]")
+    assert tuning._blocks("fwd", *v2, 2, False, "none", split=True) == (16, 128, 4)
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True) == default
+    # a tile's own stages reach the launch's options, and the autotuner-free launch's one candidate
+    monkeypatch.setitem(tuning.DECODE_TILES, "v2", [*tuning.DECODE_TILES["v2"], (128, 4, 3)])
+    monkeypatch.setattr(tuning, "DECODE_TILE", (128, 4, 3))
+    assert tuning._launch_options("fwd", *v2, 2, False, True)["num_stages"] == 3
+    assert tuning._candidates("fwd", *v2, 2, split=True) == [(16, 128, 4, 3)]
+    assert tuning._launch_options("fwd", *v2, 17, False, True)["num_stages"] == 2
     with pytest.raises(ValueError, match="not a decoding candidate"):
         rs.force_candidate("triton[decode 16x256 w4 s2]")
     # and on the key splits asked for

@@ -148,7 +148,9 @@ def default_classes() -> list[CallClass]:
     out += [CallClass(pair, 96) for pair in ("v1", "shared_k")]
     # DIFF V1 handed over in interleaved pairs (the official DIFF code's layout), where cudnn_shared_v reads V once for
     # both maps: trained, at both widths; then its forward alone, as an evaluation without a KV cache runs it (the
-    # layer hands that layout over only without a cache, so never decoding: diffattn.models.diff_llama)
+    # layer hands that layout over only without a cache, so never decoding: diffattn.models.diff_llama). Read with
+    # care: pairs_faster compares these with the stacked `v1 … infer` class, which is timed on K and V from the cache
+    # (a prefill's layout), not on the projections' views a stacked call without a cache gets — no class times that
     out += [CallClass(V1_PAIRS, 64), CallClass(V1_PAIRS, 128)]
     out += [CallClass(V1_PAIRS, 64, mode="infer"), CallClass(V1_PAIRS, 128, mode="infer")]
     return out
@@ -464,9 +466,10 @@ TMA_ROUTES = (
 #: decode class, 64 programs of one row on 132 SMs). On the H200 of 2026-11-28 that decoding call took 0.272 ms
 #: replayed from a CUDA graph against the baseline's 0.071 (3.8x, issue 37 asks 1.5x), where its bytes, every cached
 #: key and value read once, are the baseline's: each program walks ~1,640 keys in 52 tiles one after another. 4 and
-#: 8: a whole number of waves (256 and 512 programs: the default launch fits one CTA per SM, 132 at a time; the
+#: 8: last waves nearly full (256 and 512 programs: the default launch fits one CTA per SM, 132 at a time; the
 #: decoding candidates two), where the heuristic's 320 leave a last wave of 56 (RESULTS.md, 2026-11-30, "The decoding
-#: forward on tiles of its own")
+#: forward on tiles of its own"). The host rounds a split to whole tiles, so a count may run as fewer splits (40 as
+#: 37 at the sweep's decode class)
 DECODE_SPLITS = (4, 8, 10, 20, 40)
 #: the key splits each decoding candidate tile (:func:`decode_tile_routes`) is also timed on, beside the heuristic's:
 #: one wave of two CTAs per SM for the sweep's decode class
@@ -490,15 +493,15 @@ def force_candidate(route: str) -> None:
         return
     if inner.startswith("decode "):  # a decoding launch's candidate tile (tuning.DECODE_TILES), on N splits if given
         _, tile, warps, stages, *splits = inner.split()
-        if splits:
-            if len(splits) != 2 or splits[0] != "splits":
-                raise ValueError(f"{route}: not triton[decode 16xBN wW sS] or triton[decode 16xBN wW sS splits N]")
-            tuning.SPLIT_OVERRIDE = int(splits[1])
+        if splits and (len(splits) != 2 or splits[0] != "splits"):
+            raise ValueError(f"{route}: not triton[decode 16xBN wW sS] or triton[decode 16xBN wW sS splits N]")
         bm, bn = (int(x) for x in tile.split("x"))
         candidate = (bn, int(warps[1:]), int(stages[1:]))
         if bm != 16 or all(candidate not in tiles for tiles in tuning.DECODE_TILES.values()):
             raise ValueError(f"{route}: not a decoding candidate of tuning.DECODE_TILES")
         tuning.DECODE_TILE = candidate
+        if splits:
+            tuning.SPLIT_OVERRIDE = int(splits[1])
         return
 
     kind, tile, warps, stages = inner.split()

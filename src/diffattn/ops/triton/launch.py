@@ -82,7 +82,7 @@ def _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key):
     bm, bn, warps = cached or tuning._blocks(kind, d, dv, rows, fp32, mask, split)
     while True:
         try:
-            options = dict(num_warps=warps, **tuning._launch_options(kind, rows, fp32, split))
+            options = dict(num_warps=warps, **tuning._launch_options(kind, d, dv, rows, fp32, split))
             kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, **options)
             if tuning.BLOCK_OVERRIDE is None:
                 _LAUNCH_CACHE[key] = (bm, bn, warps)

@@ -178,11 +178,11 @@ _SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
 # The decoding forward's candidate launches (issue 37: 0.272 ms a call on the H200 of 2026-11-28 against the
 # baseline's 0.071, 4 rows of one token against 8,192 keys), per head-width class: (BLOCK_N, num_warps, num_stages)
 # on one 16-row tile. The default decoding launch (a split forward of at most 16 rows: the short forward's tile,
-# 16 x 32 for "v1" on 8 warps) holds 136–147 registers a thread — one CTA per SM — and lays its 16 x 32 products
+# 16 x 32 for "v1" on 8 warps) holds 142–147 registers a thread — one CTA per SM — and lays its 16 x 32 products
 # over 8 warps with a quarter of its dot FLOPs duplicated (benchmarks/kernel_report.py, decode rows: 1,024 per key
 # against 768), walking 52 key tiles one after another a program. These take 4 warps (two CTAs per SM at <= 255
 # registers: 140–246 on sm_90 with triton 3.6 and 3.9, no spills with any mask class, decoding or a prefill of at
-# most 16 rows) and up to 2x the keys a step —
+# most 16 rows: benchmarks/RESULTS.md, 2026-11-30) and up to 2x the keys a step —
 # "v1" and "wide" first on their default's own tile, so that the warps' share and the tile's are told apart. Off
 # until a GPU has timed them (:data:`DECODE_TILE`; the route sweep's ``triton[decode …]`` candidates); every one is
 # run with its own tile at boundary shapes under the interpreter (tests/ops/test_tuning_candidates.py) and compiled
@@ -197,16 +197,17 @@ DECODE_TILES: dict[str, list[tuple[int, int, int]]] = {
 }
 #: the decoding rows: a split forward whose rows (query heads per KV head × T) fit one 16-row tile
 DECODE_ROWS = 16
-#: one of :data:`DECODE_TILES` forced on every decoding launch (a split forward of at most :data:`DECODE_ROWS` rows
-#: with 16-bit inputs on a GPU), or None for the default tiles
+#: one of :data:`DECODE_TILES` forced on every decoding launch of its head-width class (a split forward of at most
+#: :data:`DECODE_ROWS` rows with 16-bit inputs on a GPU), or None for the default tiles
 DECODE_TILE: tuple[int, int, int] | None = None
 
 
-def _decode_tile(kind: str, rows: int, fp32: bool, split: bool) -> tuple[int, int, int] | None:
-    """:data:`DECODE_TILE` where this launch is a decoding one it applies to, else None."""
+def _decode_tile(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool) -> tuple[int, int, int] | None:
+    """:data:`DECODE_TILE` where this launch is a decoding one it applies to — a candidate of its own head-width
+    class (another class's tile may spill here: :data:`DECODE_TILES`' note) — else None."""
     if DECODE_TILE is None or not split or not kind.startswith("fwd") or fp32 or rows > DECODE_ROWS:
         return None
-    return DECODE_TILE
+    return DECODE_TILE if DECODE_TILE in DECODE_TILES.get(_width_class(d, dv), ()) else None
 
 
 def _mask_class(consts: dict) -> str:
@@ -306,7 +307,10 @@ def _candidates(
 ) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) this launch may run with: the default first, then the
     autotuner's alternatives when it is tuned. ``mask``: the mask class (:func:`_mask_class`)."""
-    default = (*_blocks(kind, d, dv, rows, fp32, mask, split), 2)
+    default = (
+        *_blocks(kind, d, dv, rows, fp32, mask, split),
+        _launch_options(kind, d, dv, rows, fp32, split)["num_stages"],
+    )
     if not _tunable(kind, d, dv, rows, fp32, split, mask):
         return [default]
     return [default, *_TUNING[mask][kind][_width_class(d, dv)]]
@@ -344,7 +348,7 @@ def _blocks(
         return (*BLOCK_OVERRIDE, 4)
     if INTERPRETED:
         return 16, 16, 4
-    decode = _decode_tile(kind, rows, fp32, split)
+    decode = _decode_tile(kind, d, dv, rows, fp32, split)
     if decode is not None:
         return 16, decode[0], decode[1]
     cls = _width_class(d, dv)
@@ -370,10 +374,10 @@ def _compile_options(kind: str, rows: int) -> dict:
     return {"maxnreg": 255} if kind == "fwd" and rows < 128 else {}
 
 
-def _launch_options(kind: str, rows: int, fp32: bool = False, split: bool = False) -> dict:
+def _launch_options(kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False) -> dict:
     """``num_stages`` and the compile options (:func:`_compile_options`) of a launch on its heuristic tiles
     (:func:`_blocks`): 2 stages, or a forced decoding tile's own (:data:`DECODE_TILE`)."""
-    decode = None if BLOCK_OVERRIDE is not None or INTERPRETED else _decode_tile(kind, rows, fp32, split)
+    decode = None if BLOCK_OVERRIDE is not None or INTERPRETED else _decode_tile(kind, d, dv, rows, fp32, split)
     return {"num_stages": 2 if decode is None else decode[2], **_compile_options(kind, rows)}
 
 
