@@ -388,7 +388,7 @@ def _record_launches(
         # alternative the autotuner times (its retry on OutOfResources needs a GPU to trigger)
         fp32, split = consts["PREC"] == "ieee", consts.get("SPLIT", False)
         candidates = tuning._candidates(kind_, d_, dv_, rows, fp32, split, tuning._mask_class(consts))
-        if split and rows <= tuning.DECODE_ROWS and not fp32:  # a decoding launch: its candidate tiles too
+        if tuning._decoding_launch(kind_, rows, fp32, split):  # its candidate tiles too
             candidates += [(16, bn, w, st) for bn, w, st in tuning.DECODE_TILES[tuning._width_class(d_, dv_)]]
         for i, (bm, bn, warps, stages) in enumerate(candidates):
             tiles = {"BLOCK_M": bm, "BLOCK_N": bn}

@@ -226,15 +226,20 @@ def candidate_routes() -> list[tuple[str, CallClass]]:
     return out + decode_tile_routes() + split_routes()
 
 
+#: the decoding classes issue 37's kernel plan times the fused kernel on: V1's and DIFF V2's heads at d = 64, V1's at
+#: d = 128 (one of each head-width class of :data:`diffattn.ops.triton.tuning.DECODE_TILES`)
+DECODE_CLASSES = (CallClass("v1", 64, mode="decode"), CallClass("shared_k", 64, mode="decode"),
+                  CallClass("v1", 128, mode="decode"))  # fmt: skip
+
+
 def decode_tile_routes() -> list[tuple[str, CallClass]]:
     """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128 on each of its candidate tiles
     (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`), on the heuristic's splits, then
     each on :data:`DECODE_TILE_SPLITS` (``triton[decode 16xBN wW sS splits N]``)."""
     from ..ops.triton import tuning
 
-    classes = (("v1", CallClass("v1", 64, mode="decode")), ("v2", CallClass("shared_k", 64, mode="decode")),
-               ("wide", CallClass("v1", 128, mode="decode")))  # fmt: skip
-    tiles = [(f"16x{bn} w{w} s{st}", cls) for width, cls in classes for bn, w, st in tuning.DECODE_TILES[width]]
+    tiles = [(f"16x{bn} w{w} s{st}", cls) for cls in DECODE_CLASSES
+             for bn, w, st in tuning.DECODE_TILES[tuning._width_class(cls.d, cls.dv)]]  # fmt: skip
     return [(f"triton[decode {tile}]", cls) for tile, cls in tiles] + [
         (f"triton[decode {tile} splits {n}]", cls) for n in DECODE_TILE_SPLITS for tile, cls in tiles
     ]
@@ -1236,9 +1241,7 @@ def kernel_plan() -> list[tuple[str, CallClass]]:
     variants, on the train class of each head width, and its decoding forward on its candidate tiles and on more key
     splits (``--plan kernel``: the whole plan rarely reaches them in one lease, as the table's routes come first)."""
     defaults = [("triton", CallClass(pair, d)) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))]
-    decoding = [
-        ("triton", CallClass(pair, d, mode="decode")) for pair, d in (("v1", 64), ("shared_k", 64), ("v1", 128))
-    ]
+    decoding = [("triton", cls) for cls in DECODE_CLASSES]
     # the default forward alone, beside which the forward by TMA tiles (triton[tma]) is read
     forwards = [("triton", CallClass(pair, 64, mode="infer")) for pair in ("v1", "shared_k")]
     # the decoding tiles and key splits right after (one call each, seconds a job), ahead of the training candidates'

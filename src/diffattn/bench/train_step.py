@@ -410,8 +410,12 @@ FORCED_MODELS = {"diff": ("", "diffattn DIFF ({})"), "diff-v2": (V2_PREFIX, "dif
 
 
 def _forced_model(backend: str) -> tuple[str, str]:
-    """(architecture, backend) of a forced column's backend as asked for: DIFF V2's where it has :data:`V2_PREFIX`."""
-    return ("diff-v2", backend.removeprefix(V2_PREFIX)) if backend.startswith(V2_PREFIX) else ("diff", backend)
+    """(architecture, backend) of a forced column's backend as asked for: the model of :data:`FORCED_MODELS` whose
+    prefix it has (DIFF V2's :data:`V2_PREFIX`), else DIFF V1's (no prefix)."""
+    for arch, (prefix, _) in FORCED_MODELS.items():
+        if prefix and backend.startswith(prefix):
+            return arch, backend.removeprefix(prefix)
+    return "diff", backend
 
 
 def forced_backend(column: str) -> tuple[str, str] | None:

@@ -202,10 +202,22 @@ DECODE_ROWS = 16
 DECODE_TILE: tuple[int, int, int] | None = None
 
 
+def _decoding_launch(kind: str, rows: int, fp32: bool, split: bool) -> bool:
+    """Whether a launch is one a decoding candidate (:data:`DECODE_TILES`) may run: a forward split over keys, of at
+    most :data:`DECODE_ROWS` rows, with 16-bit inputs."""
+    return split and kind.startswith("fwd") and not fp32 and rows <= DECODE_ROWS
+
+
 def _decode_tile(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool) -> tuple[int, int, int] | None:
     """:data:`DECODE_TILE` where this launch is a decoding one it applies to — a candidate of its own head-width
-    class (another class's tile may spill here: :data:`DECODE_TILES`' note) — else None."""
-    if DECODE_TILE is None or not split or not kind.startswith("fwd") or fp32 or rows > DECODE_ROWS:
+    class (another class's tile may spill here: :data:`DECODE_TILES`' note), tiles not forced or interpreted —
+    else None."""
+    if (
+        DECODE_TILE is None
+        or BLOCK_OVERRIDE is not None
+        or INTERPRETED
+        or not _decoding_launch(kind, rows, fp32, split)
+    ):
         return None
     return DECODE_TILE if DECODE_TILE in DECODE_TILES.get(_width_class(d, dv), ()) else None
 
@@ -377,7 +389,7 @@ def _compile_options(kind: str, rows: int) -> dict:
 def _launch_options(kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False) -> dict:
     """``num_stages`` and the compile options (:func:`_compile_options`) of a launch on its heuristic tiles
     (:func:`_blocks`): 2 stages, or a forced decoding tile's own (:data:`DECODE_TILE`)."""
-    decode = None if BLOCK_OVERRIDE is not None or INTERPRETED else _decode_tile(kind, d, dv, rows, fp32, split)
+    decode = _decode_tile(kind, d, dv, rows, fp32, split)
     return {"num_stages": 2 if decode is None else decode[2], **_compile_options(kind, rows)}
 
 
