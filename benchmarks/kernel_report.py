@@ -397,16 +397,17 @@ def _record_launches(
 
     class Recorder:  # for the small kernels launched directly as kernel[grid](...)
         def __init__(self, kernel, kind_):
-            self.kernel, self.kind = kernel, kind_
+            self.kernel, self.kind, self.candidate = kernel, kind_, 0
 
         def __getitem__(self, grid):
             def run(*args, **kwargs):
                 options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
-                recorded.append(Launch(self.kernel, args, kwargs, options, self.kind))
+                recorded.append(Launch(self.kernel, args, kwargs, options, self.kind, candidate=self.candidate))
 
             return run
 
-    direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess"}
+    # the decoding candidates by vector products (tuning.DECODE_VECTORS) are reported as decode rows
+    direct = {"_combine_kernel": "combine", "_bwd_preprocess_kernel": "preprocess", "_decode_vector_kernel": "decode"}
     subtract = ("_subtract_fwd_kernel", "_subtract_bwd_kernel")  # the fused epilogue's two kernels
     lambda_kernels = ("_lambda_fwd_kernel", "_lambda_bwd_kernel")  # DIFF's λ, Eq. 2 (reported with the epilogue)
     v_kernels = ("_v_twice_fwd_kernel", "_v_twice_bwd_kernel")  # DIFF V1's [V; V] (reported with the epilogue)
@@ -419,7 +420,7 @@ def _record_launches(
             (tuning, n)
             for n in (
                 *("INTERPRETED", "BLOCK_OVERRIDE", "SPLIT_OVERRIDE", "AUTOTUNE", "ATOMIC_DQ"),
-                *("SPLIT_DKDV", "FWD_COLUMNS", "FWD_TMA", "BWD_TMA", "BWD_WS"),
+                *("SPLIT_DKDV", "FWD_COLUMNS", "FWD_TMA", "BWD_TMA", "BWD_WS", "DECODE_VECTOR"),
             )
         ]
     )
@@ -469,11 +470,22 @@ def _record_launches(
                     for norm in (None, 1e-5):
                         epilogue._subtract_parts_impl(oa, ob, lam1, False, norm, 0.8)
                         epilogue._subtract_parts_bwd_impl(dout, oa, ob, lam1, False, norm, 0.8)
-        elif kind == "decode" and dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
-            v_heads = empty(b, 2 * hkv, s, d)
-            v_halves = (v_heads[:, :hkv], v_heads[:, hkv:])
-            launch._fwd_op(q1, k1, q2, k2, v_halves[0], lam, mask, causal, scale, False, v_halves[1], segments)
-        elif kind in ("fwd", "fwd_cols", "fwd_tma", "short", "decode", "prefill"):
+        elif kind == "decode":
+            if dv == 2 * d:  # DiffLlama decodes with V's two halves read in place
+                v_heads = empty(b, 2 * hkv, s, d)
+                v, v_second = v_heads[:, :hkv], v_heads[:, hkv:]
+            else:
+                v_second = None
+            launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, False, v_second, segments)
+            # each decoding candidate by vector products on the same call, where it applies (one row a KV head, no
+            # segments): its launch alone (the combine after it is the one recorded above)
+            vector = launch._decode_vector_kernel
+            for i, tile in enumerate(tuning.DECODE_VECTORS[tuning._width_class(d, dv)], start=1):
+                tuning.DECODE_VECTOR, vector.candidate = tile, i
+                before = len(recorded)
+                launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, False, v_second, segments)
+                recorded[before:] = [r for r in recorded[before:] if r.kernel is saved[launch, "_decode_vector_kernel"]]
+        elif kind in ("fwd", "fwd_cols", "fwd_tma", "short", "prefill"):
             save = kind in ("fwd", "fwd_cols", "fwd_tma", "short")
             launch._fwd_op(q1, k1, q2, k2, v, lam, mask, causal, scale, save, None, segments)
         else:
@@ -684,7 +696,8 @@ def _row(launch: Launch, built: dict, label: str, spec: dict, dtype: str, target
         spill, source = res.get("STACK", 0) + res.get("LOCAL", 0), "cuobjdump: STACK + LOCAL"
     decode = launch.kind == "fwd" and bool(launch.consts.get("SPLIT"))
     kind = "decode" if decode else launch.kind  # the key-split forward at T = 1 is its own row
-    ideal = _ideal(kind, spec["d"], spec["dv"])
+    # (the FLOP model counts tensor-core products: none for a kernel without any, the decoding by vector products)
+    ideal = _ideal(kind, spec["d"], spec["dv"]) if dots else None
     return {
         "kernel": built["name"],
         "kind": kind,
@@ -872,6 +885,8 @@ def format_report(rows: list[dict]) -> str:
         c = r["config"]
         if "tiles" in c:  # the combined backward: its parts' rows carry the tiles
             tile = "see parts"
+        elif c.get("BLOCK_N") and not c.get("BLOCK_M"):  # a decoding candidate by vector products: one row
+            tile = f"vec x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} (candidate)"
         elif c.get("BLOCK_M"):
             tile = f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
             if c.get("candidate"):  # an autotuner's alternative, or a decoding launch's candidate (tuning.DECODE_TILES)

@@ -120,16 +120,18 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     assert plan[3:6] == [("triton", c) for c in (*decoding, wide_decoding)]
     assert set(plan[6:]) == set(rs.candidate_routes()) | set(forwards)
     assert len(plan[6:]) == len(rs.candidate_routes()) + len(forwards)
-    # the decoding forward on each candidate tile (tuning.DECODE_TILES), then on more key splits than its heuristic
-    # takes, first (seconds a job); then the default forward alone, and the forward by TMA tiles alone and trained, on
-    # DIFF V1's and V2's heads (issue 37's forward target is read on the forward alone); every other candidate on a
-    # train class
-    tiles = [(f"16x{bn} w{w} s{st}", c)
-             for width, c in zip(("v1", "v2", "wide"), (*decoding, wide_decoding), strict=True)
-             for bn, w, st in tuning.DECODE_TILES[width]]  # fmt: skip
-    tiles = [(f"triton[decode {t}]", c) for t, c in tiles] + [
-        (f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_TILE_SPLITS for t, c in tiles
-    ]
+    # the decoding forward on each candidate tile (tuning.DECODE_TILES) and by vector products on each candidate
+    # (tuning.DECODE_VECTORS), then on more key splits than its heuristic takes, first (seconds a job); then the
+    # default forward alone, and the forward by TMA tiles alone and trained, on DIFF V1's and V2's heads (issue 37's
+    # forward target is read on the forward alone); every other candidate on a train class
+    classes = tuple(zip(("v1", "v2", "wide"), (*decoding, wide_decoding), strict=True))
+    tiles = [(f"16x{bn} w{w} s{st}", c) for width, c in classes for bn, w, st in tuning.DECODE_TILES[width]]
+    vectors = [(f"vec x{bn} w{w} s{st}", c) for width, c in classes for bn, w, st in tuning.DECODE_VECTORS[width]]
+    tiles = (
+        [(f"triton[decode {t}]", c) for t, c in tiles + vectors]
+        + [(f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_TILE_SPLITS for t, c in tiles]
+        + [(f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_VECTOR_SPLITS for t, c in vectors]
+    )
     splits = [(f"triton[splits {n}]", c) for c in decoding for n in rs.DECODE_SPLITS]
     assert plan[6 : 6 + len(tiles) + len(splits)] == tiles + splits
     rest = plan[6 + len(tiles) + len(splits) :]
@@ -207,12 +209,52 @@ def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeyp
     with pytest.raises(ValueError, match="splits N"):
         rs.force_candidate("triton[decode 16x64 w4 s2 4]")
     # every candidate is a route of the kernel plan, on its head widths' decoding class, on the heuristic's splits
-    # and on each of DECODE_TILE_SPLITS
-    names = {r for r, _ in rs.decode_tile_routes()}
+    # and on each of DECODE_TILE_SPLITS (the vector candidates' routes: the test below)
+    names = {r for r, _ in rs.decode_tile_routes() if "vec" not in r}
     tiles = {f"16x{bn} w{w} s{st}" for t in tuning.DECODE_TILES.values() for bn, w, st in t}
     assert names == {f"triton[decode {t}]" for t in tiles} | {
         f"triton[decode {t} splits {n}]" for t in tiles for n in rs.DECODE_TILE_SPLITS
     }
+
+
+def test_a_decoding_vector_route_runs_one_row_decoding_launches_by_vector_products(monkeypatch):
+    # issue 37's decode: triton[decode vec xBN wW sS] runs every decoding launch of one query row a KV head (split,
+    # no segments) by _decode_vector_kernel on that candidate, of its own head-width class only; "… splits N" too
+    from diffattn.ops.triton import tuning
+
+    monkeypatch.setattr(tuning, "DECODE_VECTOR", None)
+    monkeypatch.setattr(tuning, "DECODE_TILE", None)
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
+    v1, v2 = (64, 128), (64, 64)
+    rs.force_candidate("triton[decode vec x64 w4 s2]")
+    assert tuning.DECODE_VECTOR == (64, 4, 2) and tuning.DECODE_TILE is None and tuning.SPLIT_OVERRIDE is None
+    assert tuning._decode_vector(*v1, 1, True, False) == (64, 4, 2)
+    assert tuning._decode_vector(*v1, 1, False, False) is None  # not split: not a decoding launch
+    assert tuning._decode_vector(*v1, 2, True, False) is None  # rows packed into a tile (GQA, or T > 1)
+    assert tuning._decode_vector(*v1, 1, True, True) is None  # segment ids
+    rs.force_candidate("triton[decode vec x64 w8 s2]")  # V1's only: not DIFF V2's
+    assert tuning._decode_vector(*v1, 1, True, False) == (64, 8, 2)
+    assert tuning._decode_vector(*v2, 1, True, False) is None
+    rs.force_candidate("triton[decode vec x32 w4 s2 splits 16]")
+    assert tuning.DECODE_VECTOR == (32, 4, 2) and tuning.SPLIT_OVERRIDE == 16
+    for bad in ("triton[decode vec x256 w4 s2]", "triton[decode vec 16x64 w4 s2]"):
+        with pytest.raises(ValueError, match=r"not a decoding candidate of tuning\.DECODE_VECTORS"):
+            rs.force_candidate(bad)
+    with pytest.raises(ValueError, match="splits N"):
+        rs.force_candidate("triton[decode vec x64 w4 s2 16]")
+    # every candidate a route of the kernel plan on its head widths' decoding class, on the heuristic's splits and on
+    # each of DECODE_VECTOR_SPLITS; on the heuristic's right after the tiles' (ahead of the key-split rows)
+    routes = rs.decode_tile_routes()
+    for cls in rs.DECODE_CLASSES:
+        vecs = {f"vec x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_VECTORS[tuning._width_class(cls.d, cls.dv)]}
+        got = {r for r, c in routes if c == cls and "vec" in r}
+        assert got == {f"triton[decode {t}]" for t in vecs} | {
+            f"triton[decode {t} splits {n}]" for t in vecs for n in rs.DECODE_VECTOR_SPLITS
+        }
+    first_split = min(i for i, (r, _) in enumerate(routes) if "splits" in r)
+    assert all(i < first_split for i, (r, _) in enumerate(routes) if "vec" in r and "splits" not in r)
+    assert len(set(routes)) == len(routes)  # no job twice
+    assert set(rs.decode_plan()) >= set(routes)
 
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):

@@ -1,5 +1,6 @@
 """Issue 37's decoding tiles on a GPU (``pytest -m gpu``): each candidate launch of the fused kernel's decoding forward
-(:data:`diffattn.ops.triton.tuning.DECODE_TILES`, off by default until a lease has timed it) against the float32
+(:data:`diffattn.ops.triton.tuning.DECODE_TILES`, and by vector products
+:data:`~diffattn.ops.triton.tuning.DECODE_VECTORS`; off by default until a lease has timed them) against the float32
 reference at 1K and 16K cached keys, as ``tests/ops/test_triton.py`` judges the default kernels: within twice the
 ``sdpa`` backend's own error in bf16 plus half an ulp. Under the interpreter each candidate runs with its own tile at
 boundary shapes, bounds-checked: ``tests/ops/test_tuning_candidates.py``. A file of its own, so that the GPU script
@@ -66,6 +67,59 @@ def test_gpu_decoding_candidates_match_reference(monkeypatch, tile, d, dv, s):
             runs.append((q1, k1, q2, k2, (v_heads[:, :4], v_heads[:, 4:]), lam))
         got = [diff_attention(*run, attn_mask=pad, backend="triton").float() for run in runs]
     assert ran and all(r == tile for r in ran), ran
+    err_plain = (plain - want).abs().max().item()
+    atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
+    for out in got:
+        err = (out - want).abs().max().item()
+        assert err <= 2 * err_plain + atol, f"{err:.3g} vs sdpa {err_plain:.3g}"
+
+
+def _vector_candidates():
+    return [pytest.param(tile, *WIDTHS[w], id=f"{w}-vec{tile[0]}-w{tile[1]}s{tile[2]}")
+            for w, tiles in tuning.DECODE_VECTORS.items() for tile in tiles]  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("s", [1024, 16384])
+@pytest.mark.parametrize(("tile", "d", "dv"), _vector_candidates())
+def test_gpu_decoding_vector_candidates_match_reference(monkeypatch, tile, d, dv, s):
+    # one token of 4 sequences × 16 heads, one query head a KV head (every preset's decoding), one sequence's first
+    # half padded, on the heuristic's splits and on 16; DIFF V1's heads also with DiffLlama's V halves read in place
+    # — every launch checked to have run _decode_vector_kernel on the candidate's tile, warps and stages
+    monkeypatch.setattr(tuning, "DECODE_VECTOR", tile)
+    ran = []
+    real = launch._decode_vector_kernel
+
+    class Recording:  # _decode_vector_kernel[grid](*args, **consts, **options), recorded
+        fn = getattr(real, "fn", real)
+
+        def __getitem__(self, grid):
+            def call(*args, **kw):
+                ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]))
+                return real[grid](*args, **kw)
+
+            return call
+
+    monkeypatch.setattr(launch, "_decode_vector_kernel", Recording())
+    args = _gpu_inputs(4, 16, 16, 1, s, d, dv, torch.bfloat16, seed=s)
+    if dv == d:  # DIFF V2's heads: one K for both maps
+        args = (*args[:3], args[1], *args[4:])
+    pad = torch.ones(4, s, dtype=torch.bool, device="cuda")
+    pad[1, : s // 2] = False
+    q1, k1, q2, k2, v, lam = args
+    got = []
+    with torch.no_grad():
+        want = diff_attention(*(x.float() for x in args), attn_mask=pad, backend="reference")
+        plain = diff_attention(*args, attn_mask=pad, backend="sdpa").float()
+        runs = [args]
+        if dv == 2 * d:  # V as DiffLlama's two halves of heads, one tensor, read in place
+            v_heads = torch.cat([v[..., :d], v[..., d:]], dim=1)  # [B, 2·Hkv, S, d]
+            runs.append((q1, k1, q2, k2, (v_heads[:, :16], v_heads[:, 16:]), lam))
+        for splits in (None, 16):
+            monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", splits)
+            got += [diff_attention(*run, attn_mask=pad, backend="triton").float() for run in runs]
+    assert len(ran) == len(got) and all(r == tile for r in ran), ran
     err_plain = (plain - want).abs().max().item()
     atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
     for out in got:

@@ -235,15 +235,19 @@ def _check_contract(
         expected.update({"decode", "prefill"})
         assert {r["kind"] for r in tuned} == expected & set(kinds)
         assert {r["config"]["mask"] for r in tuned} == set(kr.MASKS)
-    if "decode" in kinds:  # every decoding candidate (tuning.DECODE_TILES) beside the default, with every mask
+    if "decode" in kinds:  # every decoding candidate (tuning.DECODE_TILES) beside the default, with every mask, and
+        # every one by vector products (tuning.DECODE_VECTORS) with every mask but segments (which it does not take)
         from diffattn.ops.triton import tuning
 
-        for (variant, _), label in labels.items():
-            got = [(r["config"]["BLOCK_N"], r["config"]["num_warps"], r["config"]["num_stages"]) for r in kernels
-                   if r["kind"] == "decode" and r["config"]["variant"] == label
-                   and r["config"]["candidate"] > 0]  # fmt: skip
+        for (variant, mask), label in labels.items():
             width = {"V1": "v1", "V2": "v2", "W": "wide"}[variant]
-            assert sorted(got) == sorted(tuning.DECODE_TILES[width]), label
+            tables = (("_fwd_kernel", tuning.DECODE_TILES), ("_decode_vector_kernel", tuning.DECODE_VECTORS))
+            for kernel, table in tables:
+                got = [(r["config"]["BLOCK_N"], r["config"]["num_warps"], r["config"]["num_stages"]) for r in kernels
+                       if r["kind"] == "decode" and r["config"]["variant"] == label and r["kernel"] == kernel
+                       and r["config"]["candidate"] > 0]  # fmt: skip
+                want = [] if kernel == "_decode_vector_kernel" and mask == "segments" else table[width]
+                assert sorted(got) == sorted(want), (label, kernel)
     for row in kernels:
         for key in ("kernel", "config", "registers", "spill_bytes", "mma", "flops_per_pair", "ideal_flops_per_pair"):
             assert key in row, key
@@ -253,7 +257,8 @@ def _check_contract(
         assert 0 < row["registers"] <= 255 and row["spill_bytes"] == 0, (row["kernel"], row["kind"], config)
         if not row["kernel"].startswith("_lambda_"):  # λ's kernels index four vectors of width d: 32 bits suffice
             assert row["i64_multiplies"] > 0, (row["kernel"], row["kind"])  # 64-bit offsets (issue 27 §2.4)
-        if row["kind"] in ("preprocess", "combine", "epilogue"):  # row sums, merges, differences: no matmul
+        # row sums, merges, differences and the decoding by vector products (CUDA cores, one row): no matmul
+        if row["kind"] in ("preprocess", "combine", "epilogue") or row["kernel"] == "_decode_vector_kernel":
             assert row["dots"] == [] and row["flops_per_pair"] == 0
             continue
         assert row["shared_bytes"] > 0

@@ -281,27 +281,35 @@ def _forced_launch(case: Case, config: tuple[int, int], ran: list):
         if case.tile is not None and kind == forced_kind:
             (bm, bn), (warps, stages) = case.tile, config
         ran.append((kind, bm, bn))
-        fn = getattr(kernel, "fn", kernel)  # a JITFunction, or the interpreter's wrapper of one
-        names = list(inspect.signature(fn).parameters)
-        moved: dict[int, _Relocated] = {}  # by id: an argument passed twice (shared K, Q) stays one tensor
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.numel() and id(a) not in moved:
-                moved[id(a)] = _Relocated(a)
-        new_args = [moved[id(a)].view if id(a) in moved else a for a in args]
-        _Bounds.kernel = f"{fn.__name__} ({bm}x{bn})"
-        _Bounds.ranges = [(*moved[id(a)].bytes, names[i]) for i, a in enumerate(args) if id(a) in moved]
-        try:
-            kernel[grid_of(bm, bn)](*new_args, **consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-        finally:
-            _Bounds.ranges = []
-        for i, a in enumerate(args):
-            if id(a) in moved:
-                r = moved.pop(id(a))
-                assert r.poison_intact(), f"{fn.__name__} ({bm}x{bn}) wrote outside argument {names[i]}"
-                if not torch.equal(r.view, a):  # an output (an input copied back would bump autograd's version)
-                    a.copy_(r.view)
+        options = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        _checked_call(kernel, grid_of(bm, bn), args, {**consts, **options}, f"({bm}x{bn})")
 
     return run
+
+
+def _checked_call(kernel, grid, args, kwargs, label: str) -> None:
+    """``kernel[grid](*args, **kwargs)`` with every tensor argument relocated into a poisoned buffer, every access
+    checked against them (:class:`_Bounds`, under the interpreter), the poison checked after and outputs copied
+    back."""
+    fn = getattr(kernel, "fn", kernel)  # a JITFunction, or the interpreter's wrapper of one
+    names = list(inspect.signature(fn).parameters)
+    moved: dict[int, _Relocated] = {}  # by id: an argument passed twice (shared K, Q) stays one tensor
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.numel() and id(a) not in moved:
+            moved[id(a)] = _Relocated(a)
+    new_args = [moved[id(a)].view if id(a) in moved else a for a in args]
+    _Bounds.kernel = f"{fn.__name__} {label}"
+    _Bounds.ranges = [(*moved[id(a)].bytes, names[i]) for i, a in enumerate(args) if id(a) in moved]
+    try:
+        kernel[grid](*new_args, **kwargs)
+    finally:
+        _Bounds.ranges = []
+    for i, a in enumerate(args):
+        if id(a) in moved:
+            r = moved.pop(id(a))
+            assert r.poison_intact(), f"{fn.__name__} {label} wrote outside argument {names[i]}"
+            if not torch.equal(r.view, a):  # an output (an input copied back would bump autograd's version)
+                a.copy_(r.view)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -742,6 +750,91 @@ def test_decoding_candidate_matches_reference_at_boundary_shapes(width, tile, ma
             out = launch.diff_attention_triton(validate(*args, causal=True, attn_mask=keys, scale=None))
         assert ran == [("fwd", 16, bn)], (case.id, tile, ran)  # the candidate ran, split
         assert_within_rounding(f"decode {width} {tile} {mask} {shape}", out, gold, yardsticks, DTYPE)
+
+
+#: every decoding candidate by vector products (tuning.DECODE_VECTORS) of every head-width class, without a mask,
+#: with key padding and with a per-row 4-D mask; the default run checks DIFF V1's first with padding (CI runs them
+#: all, marked heavy)
+VECTOR_CASES = [
+    (width, tile, mask)
+    for width in WIDTHS
+    for tile in tuning.DECODE_VECTORS[width]
+    for mask in ("none", "keys", "rows")
+]
+VECTOR_REPRESENTATIVE = ("v1", (64, 4, 2), "keys")
+
+
+@pytest.mark.parametrize(
+    ("width", "tile", "mask"),
+    [pytest.param(*c, id=f"{c[0]}-vec{c[1][0]}-w{c[1][1]}s{c[1][2]}-{c[2]}",
+                  marks=() if c == VECTOR_REPRESENTATIVE else pytest.mark.heavy) for c in VECTOR_CASES],
+)  # fmt: skip
+def test_decoding_vector_candidate_matches_reference_at_boundary_shapes(width, tile, mask, monkeypatch):
+    # the decoding forward by vector products (tuning.DECODE_VECTOR) on each candidate, every tensor in a poisoned
+    # buffer and every access bounds-checked: one token of 2 sequences × 4 heads (one query head per KV head, so one
+    # row a program), 5 tiles and 9 keys in 3 splits, the last tile partial; 2 tiles and 9 keys asked in 8 splits (the
+    # last ones empty); with padding, batch 0's first split sees no key; with a 4-D mask, a row that sees nothing
+    # (its head's row: a [B, H, 1, S] mask), bool on the first shape and additive on the second. DiffK's one Q for
+    # both maps on the last. And under GQA (two query heads a KV head: rows packed into a tile) it does not run
+    monkeypatch.setattr(tuning, "DECODE_VECTOR", tile)
+    bn = tile[0]
+    case = Case("decode", width, mask, None)
+    vector_ran: list[tuple] = []
+    real = launch._decode_vector_kernel
+
+    class Checked:  # launch._decode_vector_kernel[grid](...), bounds-checked and recorded
+        fn = getattr(real, "fn", real)
+
+        def __getitem__(self, grid):
+            def call(*args, **kw):
+                vector_ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], grid))
+                _checked_call(real, grid, args, kw, f"(vec x{kw['BLOCK_N']})")
+
+            return call
+
+    monkeypatch.setattr(launch, "_decode_vector_kernel", Checked())
+    for i, (s, splits, which) in enumerate(((5 * bn + 9, 3, "tiles"), (2 * bn + 9, 8, "one-block"))):
+        monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", splits)
+        shape = (2, 4, 4, 1, s)
+        seed = zlib.crc32(f"{case.id} vec {tile} {s}".encode())
+        (q1, k1, q2, k2, v, lam, _), keys, _, shared_k = _inputs(case, shape, which, seed)
+        if mask == "keys":
+            keys[0, : 2 * bn] = False  # batch 0's first split (two tiles) padded whole
+        elif mask == "rows":  # a row per head (_inputs' rows are per position: at T = 1 it would hide every key)
+            g = torch.Generator().manual_seed(seed)
+            keep = torch.rand(2, 4, 1, s, generator=g) > 0.25
+            keep[0, 1] = False  # a row that sees nothing
+            noise = torch.randn(2, 4, 1, s, generator=g)
+            keys = (keep if which == "tiles" else noise.masked_fill(~keep, torch.finfo(DTYPE).min)).to(DEVICE)
+        if i == 1:
+            q2 = q1  # DiffK: SHARED_Q
+        args64 = [x.double() for x in (q1, k1, q2, k1 if shared_k else k2, v, lam)]
+        gold_mask = keys.double() if keys is not None and keys.is_floating_point() else keys
+        gold = diff_attention(*args64, attn_mask=gold_mask, backend="reference")
+        args = [x.to(DTYPE) for x in (q1, k1, q2, k1 if shared_k else k2, v)] + [lam]
+        yardsticks = [plain_pytorch(*args, attn_mask=keys, order=order).detach() for order in (0, 1, 2)]
+        fwd_ran: list[tuple] = []
+        monkeypatch.setattr(launch, "_launch", _forced_launch(case, tile[1:], fwd_ran))
+        vector_ran.clear()
+        with torch.no_grad():
+            out = launch.diff_attention_triton(validate(*args, causal=True, attn_mask=keys, scale=None))
+        assert fwd_ran == [] and [r[:3] for r in vector_ran] == [tile], (case.id, tile, fwd_ran, vector_ran)
+        split_len = _cdiv(_cdiv(s, splits), bn) * bn
+        assert vector_ran[0][3] == (2 * 4, _cdiv(s, split_len)), vector_ran  # a program per row and split
+        assert_within_rounding(f"decode vec {width} {tile} {mask} {shape}", out, gold, yardsticks, DTYPE)
+    # two query heads a KV head: the packed tile's forward runs, not this kernel
+    (q1, k1, q2, k2, v, lam, _), keys, _, shared_k = _inputs(case, (2, 4, 2, 1, 2 * bn + 9), "tiles", 1)
+    fwd_ran = []
+    monkeypatch.setattr(launch, "_launch", _forced_launch(case, tile[1:], fwd_ran))
+    vector_ran.clear()
+    with torch.no_grad():
+        launch.diff_attention_triton(validate(q1, k1, q2, k1 if shared_k else k2, v, lam, causal=True,
+                                              attn_mask=keys, scale=None))  # fmt: skip
+    assert vector_ran == [] and [k for k, _, _ in fwd_ran] == ["fwd"], (vector_ran, fwd_ran)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def test_every_candidate_and_default_tile_is_covered():

@@ -31,8 +31,8 @@ the models).
 The table entry lists, per class, the routes that passed, fastest first — the fused kernel's variants
 (``triton[tma+btma]``: :data:`diffattn.ops.routes.TRITON_VARIANTS`) among them, run by that name as auto runs them, so a
 variant that measured faster and correct on a class is what auto runs there. Forced tiles (``triton[KIND BMxBN wW
-sS]``), key splits (``triton[splits N]``) and decoding tiles (``triton[decode 16xBN wW sS]``) are rows, read to
-choose :mod:`diffattn.ops.triton.tuning`'s defaults;
+sS]``), key splits (``triton[splits N]``) and decoding candidates (``triton[decode 16xBN wW sS]``, ``triton[decode
+vec xBN wW sS]``) are rows, read to choose :mod:`diffattn.ops.triton.tuning`'s defaults;
 routes only measured for comparison (transformers' two calls, the official four calls) are rows too, never table
 routes.
 """
@@ -234,15 +234,22 @@ DECODE_CLASSES = (CallClass("v1", 64, mode="decode"), CallClass("shared_k", 64, 
 
 def decode_tile_routes() -> list[tuple[str, CallClass]]:
     """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128 on each of its candidate tiles
-    (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`), on the heuristic's splits, then
-    each on :data:`DECODE_TILE_SPLITS` (``triton[decode 16xBN wW sS splits N]``)."""
+    (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`) and by vector products on each
+    of its candidates (``triton[decode vec xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_VECTORS`), on the
+    heuristic's splits; then the tiles on :data:`DECODE_TILE_SPLITS` and the vector candidates on
+    :data:`DECODE_VECTOR_SPLITS` (``… splits N``)."""
     from ..ops.triton import tuning
 
-    tiles = [(f"16x{bn} w{w} s{st}", cls) for cls in DECODE_CLASSES
-             for bn, w, st in tuning.DECODE_TILES[tuning._width_class(cls.d, cls.dv)]]  # fmt: skip
-    return [(f"triton[decode {tile}]", cls) for tile, cls in tiles] + [
-        (f"triton[decode {tile} splits {n}]", cls) for n in DECODE_TILE_SPLITS for tile, cls in tiles
-    ]
+    def candidates(table: dict, name: str) -> list[tuple[str, CallClass]]:
+        return [(name.format(bn=bn) + f" w{w} s{st}", cls) for cls in DECODE_CLASSES
+                for bn, w, st in table[tuning._width_class(cls.d, cls.dv)]]  # fmt: skip
+
+    tiles, vectors = candidates(tuning.DECODE_TILES, "16x{bn}"), candidates(tuning.DECODE_VECTORS, "vec x{bn}")
+    return (
+        [(f"triton[decode {tile}]", cls) for tile, cls in tiles + vectors]
+        + [(f"triton[decode {tile} splits {n}]", cls) for n in DECODE_TILE_SPLITS for tile, cls in tiles]
+        + [(f"triton[decode {vec} splits {n}]", cls) for n in DECODE_VECTOR_SPLITS for vec, cls in vectors]
+    )
 
 
 def split_routes() -> list[tuple[str, CallClass]]:
@@ -479,13 +486,19 @@ DECODE_SPLITS = (4, 8, 10, 20, 40)
 #: the key splits each decoding candidate tile (:func:`decode_tile_routes`) is also timed on, beside the heuristic's:
 #: one wave of two CTAs per SM for the sweep's decode class
 DECODE_TILE_SPLITS = (4,)
+#: the key splits each decoding candidate by vector products is also timed on: one program a row and split at 3–4
+#: CTAs per SM (117–168 registers on sm_90 at 4 warps), so more programs than the tiles' one wave of two: 512 and
+#: 1,024 for the sweep's decode class (the heuristic's 320 fill 132 SMs' 396–528 slots below one wave)
+DECODE_VECTOR_SPLITS = (8, 16)
 
 
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
     every other launch kind its default tile. ``triton[splits N]``: a forward without gradient split over N key
     ranges (:data:`DECODE_SPLITS`). ``triton[decode 16xBN wW sS]``: every decoding launch on that candidate of
-    :data:`diffattn.ops.triton.tuning.DECODE_TILES` (``… splits N``: and on N key splits). Nothing for a variant
+    :data:`diffattn.ops.triton.tuning.DECODE_TILES` (``… splits N``: and on N key splits); ``triton[decode vec xBN wW
+    sS]``: every decoding launch of one query row a KV head by vector products on that candidate of
+    :data:`diffattn.ops.triton.tuning.DECODE_VECTORS` (and ``… splits N``). Nothing for a variant
     route (``triton[NAME]``, ``triton[A+B]``): the op runs it by that name (:func:`route_fn`), as auto will where the
     table lists it."""
     if not route.startswith("triton[") or triton_variants(route) is not None:
@@ -496,15 +509,19 @@ def force_candidate(route: str) -> None:
     if inner.startswith("splits "):
         tuning.SPLIT_OVERRIDE = int(inner.split()[1])
         return
-    if inner.startswith("decode "):  # a decoding launch's candidate tile (tuning.DECODE_TILES), on N splits if given
-        _, tile, warps, stages, *splits = inner.split()
+    if inner.startswith("decode "):  # a decoding launch's candidate (tuning.DECODE_TILES, DECODE_VECTORS), N splits
+        words = inner.split()[1:]
+        vector = words[0] == "vec"
+        _, tile, warps, stages, *splits = words if vector else ["", *words]
         if splits and (len(splits) != 2 or splits[0] != "splits"):
-            raise ValueError(f"{route}: not triton[decode 16xBN wW sS] or triton[decode 16xBN wW sS splits N]")
-        bm, bn = (int(x) for x in tile.split("x"))
-        candidate = (bn, int(warps[1:]), int(stages[1:]))
-        if bm != 16 or all(candidate not in tiles for tiles in tuning.DECODE_TILES.values()):
-            raise ValueError(f"{route}: not a decoding candidate of tuning.DECODE_TILES")
-        tuning.DECODE_TILE = candidate
+            raise ValueError(f"{route}: not triton[decode 16xBN|vec xBN wW sS] or … with splits N")
+        bm, bn = tile.split("x")
+        candidate = (int(bn), int(warps[1:]), int(stages[1:]))
+        table = tuning.DECODE_VECTORS if vector else tuning.DECODE_TILES
+        if bm != ("" if vector else "16") or all(candidate not in tiles for tiles in table.values()):
+            name = "DECODE_VECTORS" if vector else "DECODE_TILES"
+            raise ValueError(f"{route}: not a decoding candidate of tuning.{name}")
+        setattr(tuning, "DECODE_VECTOR" if vector else "DECODE_TILE", candidate)
         if splits:
             tuning.SPLIT_OVERRIDE = int(splits[1])
         return

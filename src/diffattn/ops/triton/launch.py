@@ -32,7 +32,7 @@ from .._inputs import DiffAttentionInputs
 from . import tuning
 from .backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel
 from .backward_tma import _bwd_dkdv_tma_kernel, _bwd_dq_tma_kernel
-from .decode import _combine_kernel
+from .decode import _combine_kernel, _decode_vector_kernel
 from .eager import choose, eager_twin
 from .forward import _fwd_kernel
 from .forward_tma import _fwd_tma_kernel
@@ -194,6 +194,9 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
     nsplit = 1 if save_parts or columns else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
     if nsplit > 1:  # the split forward's own tiles (_SPLIT_TILES): whole tiles of them per split
         bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
+    vector = tuning._decode_vector(d, dv, rows, nsplit > 1, segments is not None)
+    if vector:  # one query row a program, by vector products (tuning.DECODE_VECTOR): whole tiles of its own a split
+        bn = vector[0]
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
     nsplit = _cdiv(s, split_len)
     tma = nsplit == 1 and not v_half and not consts["SHARED_Q"] and tuning._fwd_tma(d, dv, mask_class, variants)
@@ -201,7 +204,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
         sizes = (b, h, hkv, t, s, d, dv)
         _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts)
         return out, o1, o2, lse1, lse2
-    if nsplit > 1:  # per-split partial outputs, merged by _combine_kernel below
+    if nsplit > 1 or vector:  # per-split partial outputs, merged by _combine_kernel below
         po1 = torch.empty(nsplit, r_total, dv, device=q1.device, dtype=torch.float32)
         po2 = torch.empty_like(po1)
         pl1 = torch.empty(nsplit, r_total, device=q1.device, dtype=torch.float32)
@@ -214,27 +217,54 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
         out, *targets, *strides,
         h, hkv, t, s, d, dv, scale * _LOG2E, r_total, split_len, _pow2(max(t, s)), v_half,
     )  # fmt: skip
-    key = (kind, q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
-    fwd_consts = dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0)
-    fwd_consts.update(COLUMNS=bool(columns), BLOCK_DV=columns or consts["BLOCK_DV"])
-    _launch(
-        _fwd_kernel,
-        lambda bm, bn: _grid(b * hkv, _cdiv(rows, bm), nsplit if nsplit > 1 else _cdiv(dv, columns or dv)),
-        args,
-        fwd_consts,
-        kind,
-        d,
-        dv,
-        rows,
-        key,
-    )
-    if nsplit > 1:
+    if vector:
+        _launch_vector(q1, k1, q2, k2, v, mask_t, targets, strides, consts, (b, h, hkv, s, d, dv), scale, r_total,
+                       split_len, nsplit, v_half, vector)  # fmt: skip
+    else:
+        key = (kind, q1.device.type, q1.dtype, consts["BLOCK_D"], consts["BLOCK_DV"], _pow2(min(rows, 64)))
+        fwd_consts = dict(consts, SAVE_PARTS=save_parts, SPLIT=nsplit > 1, DV_HALF=dv // 2 if v_half else 0)
+        fwd_consts.update(COLUMNS=bool(columns), BLOCK_DV=columns or consts["BLOCK_DV"])
+        _launch(
+            _fwd_kernel,
+            lambda bm, bn: _grid(b * hkv, _cdiv(rows, bm), nsplit if nsplit > 1 else _cdiv(dv, columns or dv)),
+            args,
+            fwd_consts,
+            kind,
+            d,
+            dv,
+            rows,
+            key,
+        )
+    if nsplit > 1 or vector:
         block_r = 16
         _combine_kernel[(_cdiv(r_total, block_r),)](
             po1, po2, pl1, pl2, lam, out, lse1, lse2, h, t, dv, r_total, nsplit,
             BLOCK_R=block_r, BLOCK_DV=consts["BLOCK_DV"],
         )  # fmt: skip
     return out, o1, o2, lse1, lse2
+
+
+def _launch_vector(q1, k1, q2, k2, v, mask_t, targets, strides, consts, sizes, scale, r_total, split_len, nsplit,
+                   v_half, tile) -> None:  # fmt: skip
+    """The decoding forward by vector products (:func:`.decode._decode_vector_kernel`, :data:`.tuning.DECODE_VECTOR`):
+    one program per query row and key split, writing ``targets`` (the split buffers _combine_kernel merges). T = 1,
+    so the strides of Q's and a 4-D mask's position axis are not passed."""
+    global FAILED_KERNEL
+    b, h, hkv, s, d, dv = sizes
+    sq1b, sq1h, _, sq2b, sq2h, _, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs, smb, smh, _, sms = strides
+    block_n, warps, stages = tile
+    try:
+        _decode_vector_kernel[_grid(b * h, nsplit)](
+            q1, k1, q1 if q2 is None else q2, k1 if k2 is None else k2, v, mask_t, *targets,
+            sq1b, sq1h, sq2b, sq2h, sk1b, sk1h, sk1s, sk2b, sk2h, sk2s, svb, svh, svs, smb, smh, sms,
+            h, hkv, s, d, dv, scale * _LOG2E, r_total, split_len, v_half,
+            MASK_KIND=consts["MASK_KIND"], SHARED_Q=consts["SHARED_Q"], SHARED_K=consts["SHARED_K"],
+            DV_HALF=dv // 2 if v_half else 0, BLOCK_N=block_n, BLOCK_D=consts["BLOCK_D"],
+            BLOCK_DV=consts["BLOCK_DV"], num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+    except Exception:
+        FAILED_KERNEL = "kernel _decode_vector_kernel (decode_vec)"
+        raise
 
 
 def _tma_fits(*tensors: Tensor | None) -> bool:

@@ -202,6 +202,31 @@ DECODE_ROWS = 16
 DECODE_TILE: tuple[int, int, int] | None = None
 
 
+# Candidates for the decoding forward by vector products (:func:`.decode._decode_vector_kernel`): a split forward
+# whose launch has one query row a KV head (T = 1 without GQA, every preset's decoding), each program one row, its
+# scores and P·V float32 sums over a [BLOCK_N, d] / [BLOCK_N, dv] tile in registers — (BLOCK_N, warps, stages) by
+# head-width class. Off until a GPU has timed them (:data:`DECODE_VECTOR`; the route sweep's ``triton[decode vec …]``
+# rows); run with their own tiles at boundary shapes under the interpreter (tests/ops/test_tuning_candidates.py) and
+# compiled for sm_90 by benchmarks/kernel_report.py (registers and spills: benchmarks/RESULTS.md, 2026-11-30, "The
+# decoding forward by vector products").
+DECODE_VECTORS: dict[str, list[tuple[int, int, int]]] = {
+    "v1": [(64, 4, 2), (32, 4, 2), (64, 8, 2)],
+    "v2": [(64, 4, 2), (128, 4, 2)],
+    "wide": [(32, 4, 2), (32, 8, 2)],
+}
+#: one of :data:`DECODE_VECTORS` run for every decoding launch of one query row of its head-width class, or None
+DECODE_VECTOR: tuple[int, int, int] | None = None
+
+
+def _decode_vector(d: int, dv: int, rows: int, split: bool, segments: bool) -> tuple[int, int, int] | None:
+    """:data:`DECODE_VECTOR` where this forward is a decoding launch it applies to — split over keys, one query row
+    a KV head, no segment ids, a candidate of its own head-width class — else None. Any dtype: the kernel computes
+    in float32 whatever it reads."""
+    if DECODE_VECTOR is None or not split or rows != 1 or segments:
+        return None
+    return DECODE_VECTOR if DECODE_VECTOR in DECODE_VECTORS.get(_width_class(d, dv), ()) else None
+
+
 def _decoding_launch(kind: str, rows: int, fp32: bool, split: bool) -> bool:
     """Whether a launch is one a decoding candidate (:data:`DECODE_TILES`) may run: a forward split over keys, of at
     most :data:`DECODE_ROWS` rows, with 16-bit inputs."""
