@@ -124,14 +124,14 @@ def test_the_kernel_plan_is_the_fused_kernel_and_every_candidate_on_the_train_cl
     # (tuning.DECODE_VECTORS), then on more key splits than its heuristic takes, first (seconds a job); then the
     # default forward alone, and the forward by TMA tiles alone and trained, on DIFF V1's and V2's heads (issue 37's
     # forward target is read on the forward alone); every other candidate on a train class
-    classes = tuple(zip(("v1", "v2", "wide"), (*decoding, wide_decoding), strict=True))
-    tiles = [(f"16x{bn} w{w} s{st}", c) for width, c in classes for bn, w, st in tuning.DECODE_TILES[width]]
-    vectors = [(f"vec x{bn} w{w} s{st}", c) for width, c in classes for bn, w, st in tuning.DECODE_VECTORS[width]]
-    tiles = (
-        [(f"triton[decode {t}]", c) for t, c in tiles + vectors]
-        + [(f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_TILE_SPLITS for t, c in tiles]
-        + [(f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_VECTOR_SPLITS for t, c in vectors]
-    )
+    # (class by class, V1 at d = 64 first: issue 37's decode target)
+    tiles = []
+    for width, c in zip(("v1", "v2", "wide"), (*decoding, wide_decoding), strict=True):
+        tile_names = [f"16x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_TILES[width]]
+        vector_names = [f"vec x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_VECTORS[width]]
+        tiles += [(f"triton[decode {t}]", c) for t in tile_names + vector_names]
+        tiles += [(f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_TILE_SPLITS for t in tile_names]
+        tiles += [(f"triton[decode {t} splits {n}]", c) for n in rs.DECODE_VECTOR_SPLITS for t in vector_names]
     splits = [(f"triton[splits {n}]", c) for c in decoding for n in rs.DECODE_SPLITS]
     assert plan[6 : 6 + len(tiles) + len(splits)] == tiles + splits
     rest = plan[6 + len(tiles) + len(splits) :]
@@ -251,8 +251,9 @@ def test_a_decoding_vector_route_runs_one_row_decoding_launches_by_vector_produc
         assert got == {f"triton[decode {t}]" for t in vecs} | {
             f"triton[decode {t} splits {n}]" for t in vecs for n in rs.DECODE_VECTOR_SPLITS
         }
-    first_split = min(i for i, (r, _) in enumerate(routes) if "splits" in r)
-    assert all(i < first_split for i, (r, _) in enumerate(routes) if "vec" in r and "splits" not in r)
+    # class by class, V1 at d = 64 (issue 37's decode target) first
+    assert [c for _, c in routes] == sorted((c for _, c in routes), key=rs.DECODE_CLASSES.index)
+    assert routes[0][1] == rs.CallClass("v1", 64, mode="decode")
     assert len(set(routes)) == len(routes)  # no job twice
     assert set(rs.decode_plan()) >= set(routes)
 

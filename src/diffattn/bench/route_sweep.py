@@ -233,23 +233,22 @@ DECODE_CLASSES = (CallClass("v1", 64, mode="decode"), CallClass("shared_k", 64, 
 
 
 def decode_tile_routes() -> list[tuple[str, CallClass]]:
-    """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128 on each of its candidate tiles
-    (``triton[decode 16xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_TILES`) and by vector products on each
-    of its candidates (``triton[decode vec xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_VECTORS`), on the
-    heuristic's splits; then the tiles on :data:`DECODE_TILE_SPLITS` and the vector candidates on
-    :data:`DECODE_VECTOR_SPLITS` (``… splits N``)."""
+    """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128, one class after another (V1 at
+    d = 64, issue 37's decode target, first): on each of its candidate tiles (``triton[decode 16xBN wW sS]``,
+    :data:`diffattn.ops.triton.tuning.DECODE_TILES`) and by vector products on each of its candidates (``triton[decode
+    vec xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_VECTORS`), on the heuristic's splits; then the tiles on
+    :data:`DECODE_TILE_SPLITS` and the vector candidates on :data:`DECODE_VECTOR_SPLITS` (``… splits N``)."""
     from ..ops.triton import tuning
 
-    def candidates(table: dict, name: str) -> list[tuple[str, CallClass]]:
-        return [(name.format(bn=bn) + f" w{w} s{st}", cls) for cls in DECODE_CLASSES
-                for bn, w, st in table[tuning._width_class(cls.d, cls.dv)]]  # fmt: skip
-
-    tiles, vectors = candidates(tuning.DECODE_TILES, "16x{bn}"), candidates(tuning.DECODE_VECTORS, "vec x{bn}")
-    return (
-        [(f"triton[decode {tile}]", cls) for tile, cls in tiles + vectors]
-        + [(f"triton[decode {tile} splits {n}]", cls) for n in DECODE_TILE_SPLITS for tile, cls in tiles]
-        + [(f"triton[decode {vec} splits {n}]", cls) for n in DECODE_VECTOR_SPLITS for vec, cls in vectors]
-    )
+    out = []
+    for cls in DECODE_CLASSES:
+        width = tuning._width_class(cls.d, cls.dv)
+        tiles = [f"16x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_TILES[width]]
+        vectors = [f"vec x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_VECTORS[width]]
+        out += [(f"triton[decode {t}]", cls) for t in tiles + vectors]
+        out += [(f"triton[decode {t} splits {n}]", cls) for n in DECODE_TILE_SPLITS for t in tiles]
+        out += [(f"triton[decode {t} splits {n}]", cls) for n in DECODE_VECTOR_SPLITS for t in vectors]
+    return out
 
 
 def split_routes() -> list[tuple[str, CallClass]]:
