@@ -243,7 +243,8 @@ def test_a_decoding_vector_route_runs_one_row_decoding_launches_by_vector_produc
     with pytest.raises(ValueError, match="splits N"):
         rs.force_candidate("triton[decode vec x64 w4 s2 16]")
     # every candidate a route of the kernel plan on its head widths' decoding class, on the heuristic's splits and on
-    # each of DECODE_VECTOR_SPLITS; on the heuristic's right after the tiles' (ahead of the key-split rows)
+    # each of DECODE_VECTOR_SPLITS; within a class on the heuristic's right after the tiles' (ahead of the key-split
+    # rows)
     routes = rs.decode_tile_routes()
     for cls in rs.DECODE_CLASSES:
         vecs = {f"vec x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_VECTORS[tuning._width_class(cls.d, cls.dv)]}
@@ -254,6 +255,17 @@ def test_a_decoding_vector_route_runs_one_row_decoding_launches_by_vector_produc
     # class by class, V1 at d = 64 (issue 37's decode target) first
     assert [c for _, c in routes] == sorted((c for _, c in routes), key=rs.DECODE_CLASSES.index)
     assert routes[0][1] == rs.CallClass("v1", 64, mode="decode")
+    for cls in rs.DECODE_CLASSES:
+        names = [r for r, c in routes if c == cls]
+        unsplit = len(tuning.DECODE_TILES[tuning._width_class(cls.d, cls.dv)]) + len(
+            tuning.DECODE_VECTORS[tuning._width_class(cls.d, cls.dv)]
+        )
+        assert not any("splits" in r for r in names[:unsplit]) and all("splits" in r for r in names[unsplit:])
+    # malformed names are refused whole, not half-applied
+    for bad in ("triton[decode ]", "triton[decode vec x64 s4 w2]", "triton[decode vec x64 w4 s2 splits 0]",
+                "triton[decode vec x64 w4 s2 splits -3]", "triton[decode vec 64 w4 s2]"):  # fmt: skip
+        with pytest.raises(ValueError, match="not triton"):
+            rs.force_candidate(bad)
     assert len(set(routes)) == len(routes)  # no job twice
     assert set(rs.decode_plan()) >= set(routes)
 

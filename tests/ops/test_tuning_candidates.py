@@ -772,10 +772,14 @@ VECTOR_REPRESENTATIVE = ("v1", (64, 4, 2), "keys")
 def test_decoding_vector_candidate_matches_reference_at_boundary_shapes(width, tile, mask, monkeypatch):
     # the decoding forward by vector products (tuning.DECODE_VECTOR) on each candidate, every tensor in a poisoned
     # buffer and every access bounds-checked: one token of 2 sequences × 4 heads (one query head per KV head, so one
-    # row a program), 5 tiles and 9 keys in 3 splits, the last tile partial; 2 tiles and 9 keys asked in 8 splits (the
-    # last ones empty); with padding, batch 0's first split sees no key; with a 4-D mask, a row that sees nothing
-    # (its head's row: a [B, H, 1, S] mask), bool on the first shape and additive on the second. DiffK's one Q for
-    # both maps on the last. And under GQA (two query heads a KV head: rows packed into a tile) it does not run
+    # row a program), 5 tiles and 9 keys in 3 splits, the last tile partial; 2 tiles and 9 keys asked in 8 splits
+    # (the host plans whole tiles of the candidate's: 3 splits of one tile); with padding, batch 0's first split
+    # sees no key (an empty split: log-sum-exp −inf, weight 0); with a 4-D mask, a row that sees nothing (its head's
+    # row: a [B, H, 1, S] mask), bool on the first shape and additive on the second. DiffK's one Q for both maps on
+    # the last. Where V is twice Q's width, on the last also with V as two halves of one tensor read in place
+    # (DiffLlama's decoding), unrelocated: the kernel reads the second half at an offset from the first, which a relocated copy of
+    # the first half alone would not hold. And under GQA (two query heads a KV head: rows packed into a tile) it does
+    # not run
     monkeypatch.setattr(tuning, "DECODE_VECTOR", tile)
     bn = tile[0]
     case = Case("decode", width, mask, None)
@@ -787,8 +791,11 @@ def test_decoding_vector_candidate_matches_reference_at_boundary_shapes(width, t
 
         def __getitem__(self, grid):
             def call(*args, **kw):
-                vector_ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], grid))
-                _checked_call(real, grid, args, kw, f"(vec x{kw['BLOCK_N']})")
+                vector_ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], grid, kw["DV_HALF"]))
+                if kw["DV_HALF"]:  # V's halves read in place: not relocatable one tensor at a time (above)
+                    real[grid](*args, **kw)
+                else:
+                    _checked_call(real, grid, args, kw, f"(vec x{kw['BLOCK_N']})")
 
             return call
 
@@ -813,15 +820,22 @@ def test_decoding_vector_candidate_matches_reference_at_boundary_shapes(width, t
         gold = diff_attention(*args64, attn_mask=gold_mask, backend="reference")
         args = [x.to(DTYPE) for x in (q1, k1, q2, k1 if shared_k else k2, v)] + [lam]
         yardsticks = [plain_pytorch(*args, attn_mask=keys, order=order).detach() for order in (0, 1, 2)]
-        fwd_ran: list[tuple] = []
-        monkeypatch.setattr(launch, "_launch", _forced_launch(case, tile[1:], fwd_ran))
-        vector_ran.clear()
-        with torch.no_grad():
-            out = launch.diff_attention_triton(validate(*args, causal=True, attn_mask=keys, scale=None))
-        assert fwd_ran == [] and [r[:3] for r in vector_ran] == [tile], (case.id, tile, fwd_ran, vector_ran)
-        split_len = _cdiv(_cdiv(s, splits), bn) * bn
-        assert vector_ran[0][3] == (2 * 4, _cdiv(s, split_len)), vector_ran  # a program per row and split
-        assert_within_rounding(f"decode vec {width} {tile} {mask} {shape}", out, gold, yardsticks, DTYPE)
+        runs = [args]
+        d, dv = args[0].shape[-1], args[4].shape[-1]
+        if dv == 2 * d and i == 1:  # V as DiffLlama's two halves of heads in one tensor, read in place
+            v_heads = torch.cat([args[4][..., :d], args[4][..., d:]], dim=1)  # [B, 2·Hkv, S, d]
+            runs.append([*args[:4], (v_heads[:, :4], v_heads[:, 4:]), args[5]])
+        for run in runs:
+            fwd_ran: list[tuple] = []
+            monkeypatch.setattr(launch, "_launch", _forced_launch(case, tile[1:], fwd_ran))
+            vector_ran.clear()
+            with torch.no_grad():
+                out = launch.diff_attention_triton(validate(*run, causal=True, attn_mask=keys, scale=None))
+            assert fwd_ran == [] and [r[:3] for r in vector_ran] == [tile], (case.id, tile, fwd_ran, vector_ran)
+            split_len = _cdiv(_cdiv(s, splits), bn) * bn
+            assert vector_ran[0][3] == (2 * 4, _cdiv(s, split_len)), vector_ran  # a program per row and split
+            assert bool(vector_ran[0][4]) == (run is not args), vector_ran  # the halves read in place, or not
+            assert_within_rounding(f"decode vec {width} {tile} {mask} {shape}", out, gold, yardsticks, DTYPE)
     # two query heads a KV head: the packed tile's forward runs, not this kernel
     (q1, k1, q2, k2, v, lam, _), keys, _, shared_k = _inputs(case, (2, 4, 2, 1, 2 * bn + 9), "tiles", 1)
     fwd_ran = []

@@ -234,7 +234,9 @@ DECODE_CLASSES = (CallClass("v1", 64, mode="decode"), CallClass("shared_k", 64, 
 
 def decode_tile_routes() -> list[tuple[str, CallClass]]:
     """The decoding forward of V1 and DIFF V2 heads at d = 64 and V1's at d = 128, one class after another (V1 at
-    d = 64, issue 37's decode target, first): on each of its candidate tiles (``triton[decode 16xBN wW sS]``,
+    d = 64, issue 37's decode target, first; the sweep runs a route on all its classes in one worker, in the order
+    of the route's first appearance (:func:`worker_batches`), so V1's routes come in the first workers with the other
+    classes' jobs of the same names beside them): on each of its candidate tiles (``triton[decode 16xBN wW sS]``,
     :data:`diffattn.ops.triton.tuning.DECODE_TILES`) and by vector products on each of its candidates (``triton[decode
     vec xBN wW sS]``, :data:`diffattn.ops.triton.tuning.DECODE_VECTORS`), on the heuristic's splits; then the tiles on
     :data:`DECODE_TILE_SPLITS` and the vector candidates on :data:`DECODE_VECTOR_SPLITS` (``… splits N``)."""
@@ -510,10 +512,14 @@ def force_candidate(route: str) -> None:
         return
     if inner.startswith("decode "):  # a decoding launch's candidate (tuning.DECODE_TILES, DECODE_VECTORS), N splits
         words = inner.split()[1:]
-        vector = words[0] == "vec"
-        _, tile, warps, stages, *splits = words if vector else ["", *words]
-        if splits and (len(splits) != 2 or splits[0] != "splits"):
-            raise ValueError(f"{route}: not triton[decode 16xBN|vec xBN wW sS] or … with splits N")
+        vector = bool(words) and words[0] == "vec"
+        words = words if vector else ["", *words]
+        splits = words[4:]
+        well_formed = len(words) >= 4 and words[1].count("x") == 1 and words[2][:1] == "w" and words[3][:1] == "s"
+        if not well_formed or (splits and (len(splits) != 2 or splits[0] != "splits" or not splits[1].isdigit()
+                                            or int(splits[1]) < 1)):  # fmt: skip
+            raise ValueError(f"{route}: not triton[decode 16xBN wW sS] or triton[decode vec xBN wW sS] (… splits N)")
+        _, tile, warps, stages = words[:4]
         bm, bn = tile.split("x")
         candidate = (int(bn), int(warps[1:]), int(stages[1:]))
         table = tuning.DECODE_VECTORS if vector else tuning.DECODE_TILES

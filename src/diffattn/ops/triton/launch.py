@@ -196,10 +196,11 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
         bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
     vector = tuning._decode_vector(d, dv, rows, nsplit > 1, segments is not None)
     if vector:  # one query row a program, by vector products (tuning.DECODE_VECTOR): whole tiles of its own a split
-        bn = vector[0]
+        bn = vector[0]  # (keys within one such tile leave one split: it still runs, merged by the combine)
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
     nsplit = _cdiv(s, split_len)
-    tma = nsplit == 1 and not v_half and not consts["SHARED_Q"] and tuning._fwd_tma(d, dv, mask_class, variants)
+    tma = nsplit == 1 and not vector and not v_half and not consts["SHARED_Q"]
+    tma = tma and tuning._fwd_tma(d, dv, mask_class, variants)
     if tma and _tma_fits(q1, k1, q2, k2, v):  # the forward by TMA tiles (training, and inference without splits)
         sizes = (b, h, hkv, t, s, d, dv)
         _fwd_tma_launch(q1, k1, q2, k2, v, lam, out, o1, o2, lse1, lse2, strides, consts, sizes, scale, save_parts)
