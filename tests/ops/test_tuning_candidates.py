@@ -777,9 +777,9 @@ def test_decoding_vector_candidate_matches_reference_at_boundary_shapes(width, t
     # sees no key (an empty split: log-sum-exp −inf, weight 0); with a 4-D mask, a row that sees nothing (its head's
     # row: a [B, H, 1, S] mask), bool on the first shape and additive on the second. DiffK's one Q for both maps on
     # the last. Where V is twice Q's width, on the last also with V as two halves of one tensor read in place
-    # (DiffLlama's decoding), unrelocated: the kernel reads the second half at an offset from the first, which a relocated copy of
-    # the first half alone would not hold. And under GQA (two query heads a KV head: rows packed into a tile) it does
-    # not run
+    # (DiffLlama's decoding), unrelocated: the kernel reads the second half at an offset from the first, which a
+    # relocated copy of the first half alone would not hold. And under GQA (two query heads a KV head: rows packed
+    # into a tile) it does not run
     monkeypatch.setattr(tuning, "DECODE_VECTOR", tile)
     bn = tile[0]
     case = Case("decode", width, mask, None)
