@@ -25,7 +25,7 @@
 #                                              `diffattn pretrain --cuda-graphs` runs
 #   train_compiled.json                        the same step at 1024 compiled (inductor, reduce-overhead: forward and
 #                                              backward replayed as CUDA graphs; diffattn pretrain --compile)
-#   train_830m.json                            the paper-830m step at 2048 (bf16, batch 2)
+#   train_830m.json, train_830m_4k.json        the paper-830m step at 2048 (bf16, batch 2) and at 4096 (batch 1)
 #   train_kernel.json                          the small step with the fused kernel forced (issue 37's step target)
 #   report/gpu-report.md, .json                decoding per token (benchmarks/gpu_report.py --sections decode)
 #   targets.md                                 issues 34's and 37's targets read off the files above (bench.targets)
@@ -197,6 +197,10 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   want 830m && step 120 "train step, bf16, paper-830m at 2048 (DIFF Table 7's size)" $PY -m diffattn bench train-step \
     --presets paper-830m --seq-lens 2048 --batch 2 --reps 3 --dtype bf16 --backends sdpa,sdpa_maps+epilogue \
     --json "$OUT/train_830m.json"
+  # and at 4,096 tokens (issue 34 asks 2K and 4K), batch 1: the same tokens a step, attention's share twice
+  want 830m && step 120 "train step, bf16, paper-830m at 4096" $PY -m diffattn bench train-step \
+    --presets paper-830m --seq-lens 4096 --batch 1 --reps 3 --dtype bf16 --backends sdpa,sdpa_maps+epilogue \
+    --json "$OUT/train_830m_4k.json"
   want decode && step ${DECODE_S:-150} "decode per token, static cache, CUDA graphs, every train-step model" $PY benchmarks/gpu_report.py \
     --out "$OUT/report" --sections decode
   # issue 37's step target (the fused kernel's `small` step <= 1.15x for DIFF V1) had no column in any run: the step

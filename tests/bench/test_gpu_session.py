@@ -98,7 +98,7 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     ran = [c[1] if c[0] == "-m" else c[0] for c in calls]
     steps = ["diffattn.bench.route_sweep", "benchmarks/cudnn_grad_layout.py", "pytest", "diffattn", "diffattn",
              "diffattn.bench.call_kernels", "diffattn.bench.switches", "diffattn", "diffattn", "diffattn", "diffattn",
-             "diffattn.bench.route_sweep", "diffattn", "benchmarks/gpu_report.py", "diffattn"]  # fmt: skip
+             "diffattn.bench.route_sweep", "diffattn", "diffattn", "benchmarks/gpu_report.py", "diffattn"]  # fmt: skip
     assert ran[: len(steps)] == steps, ran
     assert set(ran[len(steps) : -1]) == {"pytest"} and len(ran) - len(steps) - 1 > 2, ran  # one process per file
     assert ran[-1] == "diffattn.bench.targets" and calls[-1][-1] == "--write"
@@ -106,7 +106,13 @@ def test_every_step_of_the_gpu_script_runs_with_arguments_its_step_takes(tmp_pat
     steps_written = [Path(c[c.index("--json") + 1]).name for c in calls if c[:2] == ["-m", "diffattn"]]
     assert steps_written == ["train.json", "train_host.json", "train_decided.json", "train_graphed.json",
                              "train_graphed_micro.json", "train_compiled.json", "train_830m.json",
-                             "train_kernel.json"]  # fmt: skip
+                             "train_830m_4k.json", "train_kernel.json"]  # fmt: skip
+    # paper-830m at 2K (batch 2) and 4K (batch 1) tokens: issue 34 asks both
+    big = {Path(c[c.index("--json") + 1]).name: c for c in calls if any("train_830m" in a for a in c)}
+    assert [(c[c.index("--seq-lens") + 1], c[c.index("--batch") + 1]) for c in big.values()] == [
+        ("2048", "2"),
+        ("4096", "1"),
+    ]
     micro = [c for c in calls if any(a.endswith("train_graphed_micro.json") for a in c)]
     assert len(micro) == 1 and micro[0][micro[0].index("--cuda-graphs") + 1] == "micro"
     host = [c for c in calls if any(a.endswith("train_host.json") for a in c)]
