@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile_ops import _MAX, _SUM, _masked_scores
+from .tile_ops import _MAX, _SUM, _head_offsets, _masked_scores
 
 
 @triton.jit
@@ -105,10 +105,7 @@ def _decode_vector_kernel(
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
     hkv64 = hkv.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    d_ok = offs_d < D
-    dv_ok = offs_dv < DV
+    offs_d, offs_dv, d_ok, dv_ok = _head_offsets(D, DV, BLOCK_D, BLOCK_DV)
     q1 = tl.load(Q1 + b64 * sq1b + h64 * sq1h + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     if SHARED_Q:  # noqa: SIM108 (compile-time branch) DiffK: one Q serves both maps
         q2 = q1
