@@ -56,7 +56,8 @@ def test_the_entry_orders_routes_by_ratio_and_replaces_its_own_device(tmp_path):
 
 def test_a_variant_of_the_fused_kernel_enters_the_entry_where_it_measured_correct_and_fastest():
     # issue 37: a variant the kernel plan timed faster than every route of a class, and correct, leads that class;
-    # one that was wrong never enters, and a forced tile or key split is a row, not a route
+    # one that was wrong never enters, and a forced training tile is a row, not a route. A decoding route (key
+    # splits, a decoding candidate) is a route: auto runs it by its name for the class it measured fastest on
     records = [
         {"route": "cudnn", "class": "c", "status": "ok", "correct": True, "ms": 1.5, "ratio": 1.5},
         {"route": "triton", "class": "c", "status": "ok", "correct": True, "ms": 2.5, "ratio": 2.5},
@@ -65,9 +66,17 @@ def test_a_variant_of_the_fused_kernel_enters_the_entry_where_it_measured_correc
         {"route": "triton[tma+bws]", "class": "c", "status": "ok", "correct": False, "ms": 1.0, "ratio": 1.0},
         {"route": "triton[dkdv 16x64 w8 s1]", "class": "c", "status": "ok", "correct": True, "ms": 0.9, "ratio": 0.9},
         {"route": "triton[splits 20]", "class": "d", "status": "ok", "correct": True, "ms": 0.1, "ratio": 0.9},
-    ]
+        {"route": "sdpa_maps", "class": "d", "status": "ok", "correct": True, "ms": 0.1, "ratio": 2.1},
+        {"route": "triton[decode vec x64 w4 s2 splits 8]", "class": "d", "status": "ok", "correct": True, "ms": 0.1,
+         "ratio": 0.8},
+        {"route": "triton[decode vec x32 w4 s2]", "class": "d", "status": "ok", "correct": False, "ms": 0.1,
+         "ratio": 0.7},
+    ]  # fmt: skip
     entry = rs.table_entry(records, IDENTITY, "2026-11-29")
-    assert entry["routes"] == {"c": ["triton[tma+btma]", "cudnn", "triton[bws]", "triton"]}
+    assert entry["routes"] == {
+        "c": ["triton[tma+btma]", "cudnn", "triton[bws]", "triton"],
+        "d": ["triton[decode vec x64 w4 s2 splits 8]", "triton[splits 20]", "sdpa_maps"],
+    }
     assert routes.check_table({"format": 1, "entries": [entry]})[0]["routes"] == entry["routes"]
 
 
@@ -161,14 +170,26 @@ def test_the_decode_plan_is_the_kernel_plans_decoding_jobs():
     assert set(rs.decode_tile_routes()) | set(rs.split_routes()) < set(plan)
 
 
-def test_a_key_split_route_forces_its_splits(monkeypatch):
+def test_a_key_split_route_runs_its_splits_for_its_own_calls(monkeypatch):
+    # triton[splits N] runs by its name (route_fn), as auto runs it where a table lists it: its calls carry N
+    # (routes.decoding_bits), nothing is set for every call
     import torch
 
     from diffattn.ops.triton import tuning
 
     monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "_sm_count", lambda index: 132)
     rs.force_candidate("triton[splits 20]")
-    assert tuning._num_splits(torch.device("cuda"), 64, 8192, 32) == 20
+    assert tuning.SPLIT_OVERRIDE is None
+    gpu, bits = torch.device("cuda", 0), routes.fused_route_bits("triton[splits 20]")
+    assert tuning._num_splits(gpu, 64, 8192, 32, bits) == 20
+    assert tuning._num_splits(gpu, 64, 8192, 32) == 5  # another call: the heuristic's (2 x 132 SMs / 64 programs)
+    monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", 3)  # forced for every call (tests, the kernel report): that
+    assert tuning._num_splits(gpu, 64, 8192, 32, bits) == 3
+    backends = []
+    monkeypatch.setattr(rs, "op_call", lambda p, backend: backends.append(backend))
+    rs.route_fn("triton[splits 20]", {})(None)
+    assert backends == ["triton[splits 20]"]
 
 
 def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeypatch):
@@ -182,18 +203,25 @@ def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeyp
     v1, v2 = (64, 128), (64, 64)  # DIFF V1's and V2's heads (d, dv)
     default = tuning._blocks("fwd", *v1, 2, False, "none", split=True)
     assert default == (16, 32, 8) and tuning._launch_options("fwd", *v1, 2, False, True)["num_stages"] == 2
+    # the route runs by its name: its calls carry the tile (routes.decoding_bits), nothing is set for every call
     rs.force_candidate("triton[decode 16x64 w4 s2]")  # (DIFF V1's heads' candidate)
-    assert tuning.DECODE_TILE == (64, 4, 2)
-    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True) == (16, 64, 4)
-    assert tuning._launch_options("fwd", *v1, 2, False, True) == {"num_stages": 2, "maxnreg": 255}
+    assert tuning.DECODE_TILE is None
+    tile = routes.fused_route_bits("triton[decode 16x64 w4 s2]")
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True, variants=tile) == (16, 64, 4)
+    assert tuning._launch_options("fwd", *v1, 2, False, True, tile) == {"num_stages": 2, "maxnreg": 255}
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True) == default  # another call: the default
     # not a training or prefill launch, not float32's, not more rows than one tile
-    assert tuning._blocks("fwd", *v1, 2, False, "none", split=False) == (*default[:2], 8)
-    assert tuning._blocks("fwd", *v1, 2, True, "none", split=True) == (16, 16, 8)
-    assert tuning._blocks("fwd", *v1, 17, False, "none", split=True)[1:] == (32, 8)
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=False, variants=tile) == (*default[:2], 8)
+    assert tuning._blocks("fwd", *v1, 2, True, "none", split=True, variants=tile) == (16, 16, 8)
+    assert tuning._blocks("fwd", *v1, 17, False, "none", split=True, variants=tile)[1:] == (32, 8)
     # and only on heads of its own width class: DIFF V2's 16 x 128 is not V1's (it spills there)
-    rs.force_candidate("triton[decode 16x128 w4 s2]")
-    assert tuning._blocks("fwd", *v2, 2, False, "none", split=True) == (16, 128, 4)
-    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True) == default
+    wide_tile = routes.fused_route_bits("triton[decode 16x128 w4 s2]")
+    assert tuning._blocks("fwd", *v2, 2, False, "none", split=True, variants=wide_tile) == (16, 128, 4)
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True, variants=wide_tile) == default
+    # a tile forced for every call (tests, the kernel report) goes before the call's
+    monkeypatch.setattr(tuning, "DECODE_TILE", (32, 4, 2))
+    assert tuning._blocks("fwd", *v1, 2, False, "none", split=True, variants=tile) == (16, 32, 4)
+    monkeypatch.setattr(tuning, "DECODE_TILE", None)
     # a tile's own stages reach the launch's options, and the autotuner-free launch's one candidate
     monkeypatch.setitem(tuning.DECODE_TILES, "v2", [*tuning.DECODE_TILES["v2"], (128, 4, 3)])
     monkeypatch.setattr(tuning, "DECODE_TILE", (128, 4, 3))
@@ -205,7 +233,8 @@ def test_a_decoding_tile_route_forces_its_tile_on_decoding_launches_only(monkeyp
     # and on the key splits asked for
     monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
     rs.force_candidate("triton[decode 16x64 w4 s2 splits 4]")
-    assert tuning.DECODE_TILE == (64, 4, 2) and tuning.SPLIT_OVERRIDE == 4
+    assert tuning.SPLIT_OVERRIDE is None
+    assert routes.decoding_of(routes.fused_route_bits("triton[decode 16x64 w4 s2 splits 4]")) == ((64, 4, 2), False, 4)
     with pytest.raises(ValueError, match="splits N"):
         rs.force_candidate("triton[decode 16x64 w4 s2 4]")
     # every candidate is a route of the kernel plan, on its head widths' decoding class, on the heuristic's splits
@@ -225,49 +254,61 @@ def test_a_decoding_vector_route_runs_one_row_decoding_launches_by_vector_produc
     monkeypatch.setattr(tuning, "DECODE_VECTOR", None)
     monkeypatch.setattr(tuning, "DECODE_TILE", None)
     monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", None)
+    monkeypatch.setattr(tuning, "INTERPRETED", False)
+    monkeypatch.setattr(tuning, "BLOCK_OVERRIDE", None)
     v1, v2 = (64, 128), (64, 64)
+    # the route runs by its name: its calls carry the candidate (routes.decoding_bits), nothing is set for every call
     rs.force_candidate("triton[decode vec x64 w4 s2]")
-    assert tuning.DECODE_VECTOR == (64, 4, 2) and tuning.DECODE_TILE is None and tuning.SPLIT_OVERRIDE is None
-    assert tuning._decode_vector(*v1, 1, True, False) == (64, 4, 2)
-    assert tuning._decode_vector(*v1, 1, False, False) is None  # not split: not a decoding launch
-    assert tuning._decode_vector(*v1, 2, True, False) is None  # rows packed into a tile (GQA, or T > 1)
-    assert tuning._decode_vector(*v1, 1, True, True) is None  # segment ids
-    rs.force_candidate("triton[decode vec x64 w8 s2]")  # V1's only: not DIFF V2's
-    assert tuning._decode_vector(*v1, 1, True, False) == (64, 8, 2)
-    assert tuning._decode_vector(*v2, 1, True, False) is None
+    assert tuning.DECODE_VECTOR is None and tuning.DECODE_TILE is None and tuning.SPLIT_OVERRIDE is None
+    vec = routes.fused_route_bits("triton[decode vec x64 w4 s2]")
+    assert tuning._decode_vector(*v1, 1, True, False, vec) == (64, 4, 2)
+    assert tuning._decode_vector(*v1, 1, True, False) is None  # another call: none
+    assert tuning._decode_vector(*v1, 1, False, False, vec) is None  # not split: not a decoding launch
+    assert tuning._decode_vector(*v1, 2, True, False, vec) is None  # rows packed into a tile (GQA, or T > 1)
+    assert tuning._decode_vector(*v1, 1, True, True, vec) is None  # segment ids
+    assert tuning._decode_tile("fwd", *v1, 1, False, True, vec) is None  # a vector candidate is no tile
+    tile = routes.fused_route_bits("triton[decode 16x64 w4 s2]")
+    assert tuning._decode_vector(*v1, 1, True, False, tile) is None  # nor a tile a vector candidate
+    wide = routes.fused_route_bits("triton[decode vec x64 w8 s2]")  # V1's only: not DIFF V2's
+    assert tuning._decode_vector(*v1, 1, True, False, wide) == (64, 8, 2)
+    assert tuning._decode_vector(*v2, 1, True, False, wide) is None
+    monkeypatch.setattr(tuning, "DECODE_VECTOR", (32, 4, 2))  # forced for every call: before the call's
+    assert tuning._decode_vector(*v1, 1, True, False, vec) == (32, 4, 2)
+    monkeypatch.setattr(tuning, "DECODE_VECTOR", None)
     rs.force_candidate("triton[decode vec x32 w4 s2 splits 16]")
-    assert tuning.DECODE_VECTOR == (32, 4, 2) and tuning.SPLIT_OVERRIDE == 16
-    for bad in ("triton[decode vec x256 w4 s2]", "triton[decode vec 16x64 w4 s2]"):
-        with pytest.raises(ValueError, match=r"not a decoding candidate of tuning\.DECODE_VECTORS"):
-            rs.force_candidate(bad)
+    bits = routes.fused_route_bits("triton[decode vec x32 w4 s2 splits 16]")
+    assert routes.decoding_of(bits) == ((32, 4, 2), True, 16) and tuning.SPLIT_OVERRIDE is None
+    with pytest.raises(ValueError, match=r"not a decoding candidate of tuning\.DECODE_VECTORS"):
+        rs.force_candidate("triton[decode vec x256 w4 s2]")
     with pytest.raises(ValueError, match="splits N"):
         rs.force_candidate("triton[decode vec x64 w4 s2 16]")
     # every candidate a route of the kernel plan on its head widths' decoding class, on the heuristic's splits and on
     # each of DECODE_VECTOR_SPLITS; within a class on the heuristic's right after the tiles' (ahead of the key-split
     # rows)
-    routes = rs.decode_tile_routes()
+    decoding = rs.decode_tile_routes()
     for cls in rs.DECODE_CLASSES:
         vecs = {f"vec x{bn} w{w} s{st}" for bn, w, st in tuning.DECODE_VECTORS[tuning._width_class(cls.d, cls.dv)]}
-        got = {r for r, c in routes if c == cls and "vec" in r}
+        got = {r for r, c in decoding if c == cls and "vec" in r}
         assert got == {f"triton[decode {t}]" for t in vecs} | {
             f"triton[decode {t} splits {n}]" for t in vecs for n in rs.DECODE_VECTOR_SPLITS
         }
     # class by class, V1 at d = 64 (issue 37's decode target) first
-    assert [c for _, c in routes] == sorted((c for _, c in routes), key=rs.DECODE_CLASSES.index)
-    assert routes[0][1] == rs.CallClass("v1", 64, mode="decode")
+    assert [c for _, c in decoding] == sorted((c for _, c in decoding), key=rs.DECODE_CLASSES.index)
+    assert decoding[0][1] == rs.CallClass("v1", 64, mode="decode")
     for cls in rs.DECODE_CLASSES:
-        names = [r for r, c in routes if c == cls]
+        names = [r for r, c in decoding if c == cls]
         unsplit = len(tuning.DECODE_TILES[tuning._width_class(cls.d, cls.dv)]) + len(
             tuning.DECODE_VECTORS[tuning._width_class(cls.d, cls.dv)]
         )
         assert not any("splits" in r for r in names[:unsplit]) and all("splits" in r for r in names[unsplit:])
     # malformed names are refused whole, not half-applied
     for bad in ("triton[decode ]", "triton[decode vec x64 s4 w2]", "triton[decode vec x64 w4 s2 splits 0]",
-                "triton[decode vec x64 w4 s2 splits -3]", "triton[decode vec 64 w4 s2]"):  # fmt: skip
+                "triton[decode vec x64 w4 s2 splits -3]", "triton[decode vec 64 w4 s2]",
+                "triton[decode vec 16x64 w4 s2]"):  # fmt: skip
         with pytest.raises(ValueError, match="not triton"):
             rs.force_candidate(bad)
-    assert len(set(routes)) == len(routes)  # no job twice
-    assert set(rs.decode_plan()) >= set(routes)
+    assert len(set(decoding)) == len(decoding)  # no job twice
+    assert set(rs.decode_plan()) >= set(decoding)
 
 
 def test_a_second_lease_measures_what_the_entry_lacks_first_and_keeps_what_it_skips(tmp_path):

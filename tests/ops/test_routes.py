@@ -228,6 +228,51 @@ def test_a_table_may_name_the_fused_kernels_variants_and_nothing_else(fake_devic
         ops.diff_attention(*(torch.randn(1, 2, 4, 16) for _ in range(5)), 0.5, backend="triton[nope]")
 
 
+def test_a_table_may_name_the_fused_kernels_decoding_routes(fake_device, tmp_path, monkeypatch, caplog):
+    # issue 37: the sweep's decoding candidates and key splits are routes (routes.decoding_route), so the one it
+    # measured correct and fastest on a decode class is what auto runs there, without an edit of code; their names
+    # are parsed whole, and what the call carries is the name's (routes.decoding_of)
+    cases = {
+        "triton[splits 8]": (None, False, 8),
+        "triton[decode 16x64 w4 s2]": ((64, 4, 2), False, None),
+        "triton[decode vec x64 w4 s2]": ((64, 4, 2), True, None),
+        "triton[decode vec x1023 w31 s15 splits 4095]": ((1023, 31, 15), True, 4095),  # each field's largest
+    }
+    for name, choice in cases.items():
+        bits = routes.fused_route_bits(name)
+        assert routes.known_route(name) and routes.is_triton_route(name), name
+        assert routes.decoding_of(bits) == choice and bits & ((1 << routes.DECODING_SHIFT) - 1) == 0, name
+    assert routes.decoding_of(routes.fused_route_bits("triton[tma+btma]")) == (None, False, None)
+    for bad in ("triton[splits 0]", "triton[splits]", "triton[splits 8 9]", "triton[decode vec x64 s4 w2]",
+                "triton[decode 32x64 w4 s2]", "triton[decode vec 16x64 w4 s2]", "triton[decode vec x64 w4 s2 8]",
+                "triton[decode vec x64 w4 s2 splits 0]", "triton[decode vec x2048 w4 s2]", "triton[decode]",
+                "triton[decode 16x64 w4]", "triton[splits 8", "triton[splits 4096]", "triton[decode vec x64 w32 s2]",
+                "triton[splits 08]", "triton[splits \u0663]", "triton[decode  16x64 w4 s2]",
+                "triton[decode 16x64 w4 s2 ]", "triton[decode vec x64 w4 s16]"):  # fmt: skip
+        # one spelling a route: no leading zeros, other digits or spaces, so a table never names one route twice
+        assert not routes.known_route(bad) and routes.fused_route_bits(bad) is None, bad
+    listed = ["triton[decode vec x64 w4 s2 splits 8]", "chunked"]
+    table = {"format": 1, "entries": [_entry(routes={"v1 d16 dv32 fp32 causal none decode": listed})]}
+    assert routes.check_table(table)[0]["routes"]["v1 d16 dv32 fp32 causal none decode"] == listed
+    # run by name, as the variants are: refused where the fused kernel is (here a CPU without the interpreter),
+    # and a name the kernels have no candidate for is one clear error
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, table["entries"])))
+    ops._LOGGED_FALLBACKS.clear()
+    with caplog.at_level(logging.INFO, logger="diffattn.ops"):
+        assert ops.table_order(_inputs(grad=False, t=1)) == ["chunked", "sdpa"]
+    assert any("triton[decode vec x64 w4 s2 splits 8] skipped" in r.message for r in caplog.records)
+    with pytest.raises(ValueError, match=r"\(96, 4, 2\).*not a decoding candidate of tuning\.DECODE_VECTORS"):
+        ops._impl("triton[decode vec x96 w4 s2]")
+    # and auto skips such a route before it runs (under torch.compile nothing is handed over at run time): on a
+    # machine where the fused kernel runs (faked here), that is the reason it gives; a candidate it has runs
+    monkeypatch.setattr(ops, "triton_unsupported", lambda inp: None)
+    decoding = _inputs(grad=False, t=1)
+    assert "not a decoding candidate" in ops.route_unsupported("triton[decode vec x96 w4 s2]", decoding)
+    assert ops.route_unsupported("triton[decode vec x64 w4 s2]", decoding) is None
+    with pytest.raises(ValueError, match=r"\(96, 4, 2\).*not a decoding candidate of tuning\.DECODE_TILES"):
+        ops._impl("triton[decode 16x96 w4 s2]")
+
+
 def _routes_count(q1, k1, q2, k2, v):
     """q1 times the number of routes auto would try for these maps (λ 0.5, causal): a traced function of the lookup."""
     inp = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None, segment_ids=None)

@@ -586,9 +586,58 @@ def test_a_decoding_launch_takes_the_forced_candidates_tile_warps_and_stages(mon
     monkeypatch.setattr(tuning, "DECODE_TILE", (64, 4, 2))  # the same shape class, another candidate
     _, kw = run(True)
     assert (kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]) == (64, 4, 2)
+    # a decoding route's tile (triton[decode 16xBN wW sS], carried by its calls) reaches the launch the same way,
+    # and the next call without it its default launch, not the one remembered under the route's tile
+    monkeypatch.setattr(tuning, "DECODE_TILE", None)
+    from diffattn.ops.routes import fused_route_bits
+
+    route = fused_route_bits("triton[decode 16x128 w4 s3]")
+    launch._launch(Kernel(), lambda bm, bn: (bm, bn), (), {**consts, "SPLIT": True}, "fwd", 64, 64, 4, ("k",), route)
+    assert (launched[-1][1]["BLOCK_N"], launched[-1][1]["num_stages"]) == (128, 3)
+    _, kw = run(True)
+    assert (kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]) == (*tuning._blocks("fwd", 64, 64, 4, split=True)[1:], 2)
 
 
-@pytest.mark.parametrize("splits", [10, 40])
+def test_a_decoding_route_runs_its_candidate_and_splits_for_its_own_calls_only(monkeypatch):
+    # what auto runs where the route table names a decoding route (issue 37: the sweep's fastest decoding candidate
+    # runs by default without an edit of code): a one-row decoding call by vector products on the route's candidate
+    # and key splits, bit for bit the same candidate forced for every call; the next plain call its default launch
+    tile, splits = (64, 4, 2), 3
+    route = f"triton[decode vec x{tile[0]} w{tile[1]} s{tile[2]} splits {splits}]"
+    assert tile in tuning.DECODE_VECTORS[tuning._width_class(16, 32)]
+    vector_launches = []
+    real = launch._decode_vector_kernel
+
+    class Recorded:  # launch._decode_vector_kernel[grid](...), recorded
+        def __getitem__(self, grid):
+            def call(*args, **kw):
+                vector_launches.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], grid))
+                return real[grid](*args, **kw)
+
+            return call
+
+    monkeypatch.setattr(launch, "_decode_vector_kernel", Recorded())
+    s = 2 * tile[0] + 9  # 3 splits of one tile, the last partial; batch 0's first split padded whole
+    q1, k1, q2, k2, v, lam = make_inputs(b=2, h=2, hkv=2, t=1, s=s, d=16, dv=32)
+    pad = torch.ones(2, s, dtype=torch.bool, device=DEVICE)
+    pad[0, : tile[0]] = False
+    with torch.no_grad():
+        by_route = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=pad, backend=route)
+        assert vector_launches == [(*tile, (2 * 2, splits))]
+        check_forward(by_route, [q1, k1, q2, k2, v, lam], attn_mask=pad)
+        vector_launches.clear()
+        diff_attention(q1, k1, q2, k2, v, lam, attn_mask=pad, backend="triton")
+        assert vector_launches == [], "the next plain call runs the default kernels"
+        monkeypatch.setattr(tuning, "DECODE_VECTOR", tile)
+        monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", splits)
+        for_every_call = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=pad, backend="triton")
+    assert vector_launches == [(*tile, (2 * 2, splits))]
+    assert torch.equal(by_route, for_every_call)
+
+
+# 10 splits in CI's heavy run (the default run's budget: 40 leaves more splits empty, and the decoding route's test
+# above runs its own splits)
+@pytest.mark.parametrize("splits", [pytest.param(10, marks=pytest.mark.heavy), 40])
 def test_split_kv_decode_forward_on_many_splits(monkeypatch, splits):
     # the route sweep's key splits for decoding (route_sweep.DECODE_SPLITS): 333 keys (no tile's multiple) in up to
     # 40 ranges of whole tiles, the last one short; batch 0's padding empties the first splits
@@ -1084,7 +1133,7 @@ def fake_cuda(monkeypatch):
     launches: list[dict] = []
     guards: list[torch.device] = []
 
-    def record_launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+    def record_launch(kernel, grid_of, args, consts, kind, d, dv, rows, key, variants=0):
         fp32, split, mask = consts["PREC"] == "ieee", consts.get("SPLIT", False), tuning._mask_class(consts)
         launches.append(
             dict(
@@ -1094,6 +1143,12 @@ def fake_cuda(monkeypatch):
                 tuned=tuning._tunable(kind, d, dv, rows, fp32, split, mask),
                 tiles=tuning._candidates(kind, d, dv, rows, fp32, split, mask),
                 options=tuning._compile_options(kind, rows),
+                # what the launch runs with its call's variants (a decoding route's tile): tile, grid, stages
+                launched=(
+                    (tile := tuning._blocks(kind, d, dv, rows, fp32, mask, split, variants)),
+                    grid_of(*tile[:2]),
+                    tuning._launch_options(kind, d, dv, rows, fp32, split, variants)["num_stages"],
+                ),
             )
         )
 
@@ -1190,6 +1245,28 @@ def test_gpu_launch_path_on_faked_cuda(fake_cuda, monkeypatch):
     assert fwd_rows["mask"] == "rows" and fwd_rows["tiles"] == [(128, 16, 8, 2), *tuning._TUNING["rows"]["fwd"]["v1"]]
     assert not dkdv_rows["tuned"] and dkdv_rows["tiles"] == [(16, 128, 8, 2)] and dq_rows["tiles"] == [(128, 32, 8, 2)]
     assert decode["split"] and decode["tiles"] == [(16, 32, 8, 2)] and decode["options"] == {"maxnreg": 255}
+
+
+def test_a_decoding_routes_tile_and_splits_reach_the_gpu_launch_on_faked_cuda(fake_cuda):
+    # the tile candidates run only compiled (the interpreter takes 16 x 16 tiles): on faked CUDA, a decoding call of a
+    # tile route (GQA: 2 rows a KV head, the tiles' case) launches on the route's tile, stages and key splits; the same
+    # call by plain triton on the default decoding launch
+    from diffattn.ops.routes import fused_route_bits
+
+    mode, launches, _ = fake_cuda
+    with mode, torch.no_grad():
+        q1, k1, q2, k2, v, _ = _cuda_inputs(2, 16, 8, 1, 8192, 64, 128)
+        lam = torch.empty(2, 16, 1, device="cuda")
+        for route in ("triton[decode 16x64 w4 s2 splits 4]", "triton"):  # the forward diff_attention runs for each
+            launch._fwd_impl(q1, k1, q2, k2, v, lam, None, True, 0.125, False, variants=fused_route_bits(route))
+    by_route, _, plain, _ = launches
+    assert by_route["kind"] == plain["kind"] == "fwd" and by_route["split"] and plain["split"]
+    assert by_route["launched"] == ((16, 64, 4), (2 * 8, 1, 4), 2)
+    default = tuning._blocks("fwd", 64, 128, 2, False, "none", split=True)
+    asked = tuning._num_splits(torch.device("cuda", 0), 2 * 8, 8192, default[1])
+    split_len = math.ceil(math.ceil(8192 / asked) / default[1]) * default[1]  # whole tiles a split
+    splits = math.ceil(8192 / split_len)
+    assert plain["launched"] == (default, (2 * 8, 1, splits), 2) and default[:2] != (16, 64) and splits != 4
 
 
 def test_the_backward_decides_atomic_or_deterministic_when_it_runs(monkeypatch):

@@ -271,9 +271,9 @@ def _forced_launch(case: Case, config: tuple[int, int], ran: list):
     (tuning._blocks, 2 stages) for the others; every tensor argument relocated into a poisoned buffer."""
     forced_kind = {"fwd_mid": "fwd", "fwd_short": "fwd"}.get(case.kind, case.kind)
 
-    def run(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+    def run(kernel, grid_of, args, consts, kind, d, dv, rows, key, variants=0):
         mask = tuning._mask_class(consts)
-        bm, bn, warps = tuning._blocks(kind, d, dv, rows, False, mask, consts.get("SPLIT", False))
+        bm, bn, warps = tuning._blocks(kind, d, dv, rows, False, mask, consts.get("SPLIT", False), variants)
         stages = 2
         if kind == "fwd":  # the row regime the GPU would be in: the case's shapes are made for it
             regime = "fwd" if rows >= 128 else "fwd_mid" if rows > 32 else "fwd_short"

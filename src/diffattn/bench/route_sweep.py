@@ -29,12 +29,12 @@ output's) are part of its time as they are in a model (tests/bench/test_sweep_la
 the models).
 
 The table entry lists, per class, the routes that passed, fastest first — the fused kernel's variants
-(``triton[tma+btma]``: :data:`diffattn.ops.routes.TRITON_VARIANTS`) among them, run by that name as auto runs them, so a
-variant that measured faster and correct on a class is what auto runs there. Forced tiles (``triton[KIND BMxBN wW
-sS]``), key splits (``triton[splits N]``) and decoding candidates (``triton[decode 16xBN wW sS]``, ``triton[decode
-vec xBN wW sS]``) are rows, read to choose :mod:`diffattn.ops.triton.tuning`'s defaults;
-routes only measured for comparison (transformers' two calls, the official four calls) are rows too, never table
-routes.
+(``triton[tma+btma]``: :data:`diffattn.ops.routes.TRITON_VARIANTS`) and its decoding routes (key splits ``triton[splits
+N]``, decoding candidates ``triton[decode 16xBN wW sS]``, ``triton[decode vec xBN wW sS]``, either ``… splits N``:
+:func:`diffattn.ops.routes.decoding_route`) among them, run by that name as auto runs them, so a variant or decoding
+candidate that measured faster and correct on a class is what auto runs there. Forced training tiles (``triton[KIND
+BMxBN wW sS]``) are rows, read to choose :mod:`diffattn.ops.triton.tuning`'s defaults; routes only measured for
+comparison (transformers' two calls, the official four calls) are rows too, never table routes.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ from ..ops.routes import (
     SHARED_V_SPLIT,
     TRITON_VARIANTS,
     V1_PAIRS,
+    decoding_route,
     error_line,
+    fused_route_bits,
     known_route,
     triton_variants,
 )
@@ -444,8 +446,9 @@ def route_fn(route: str, extra: dict[str, Callable]) -> Callable[[Problem], torc
         return official_four_calls
     if route == "hf_two_calls":
         return hf_two_calls
-    # a variant route by its own name (the op switches its variants on for its calls), a forced tile as ``triton``
-    backend = "triton" if route.startswith("triton") and triton_variants(route) is None else route
+    # a variant or decoding route by its own name (the op runs its choices for its own calls, as auto runs a route the
+    # table names), a forced training tile as ``triton``
+    backend = "triton" if route.startswith("triton") and fused_route_bits(route) is None else route
     return lambda p: op_call(p, backend)
 
 
@@ -495,40 +498,21 @@ DECODE_VECTOR_SPLITS = (8, 16)
 
 def force_candidate(route: str) -> None:
     """``triton[KIND BMxBN wW sS]``: that launch kind runs that tile alone (autotuning over one configuration);
-    every other launch kind its default tile. ``triton[splits N]``: a forward without gradient split over N key
-    ranges (:data:`DECODE_SPLITS`). ``triton[decode 16xBN wW sS]``: every decoding launch on that candidate of
-    :data:`diffattn.ops.triton.tuning.DECODE_TILES` (``… splits N``: and on N key splits); ``triton[decode vec xBN wW
-    sS]``: every decoding launch of one query row a KV head by vector products on that candidate of
-    :data:`diffattn.ops.triton.tuning.DECODE_VECTORS` (and ``… splits N``). Nothing for a variant
-    route (``triton[NAME]``, ``triton[A+B]``): the op runs it by that name (:func:`route_fn`), as auto will where the
-    table lists it."""
+    every other launch kind its default tile. Nothing for a route the op runs by its name (:func:`route_fn`), as
+    auto will where the table lists it: a variant route (``triton[NAME]``, ``triton[A+B]``) and a decoding route —
+    ``triton[splits N]``, a forward without gradient split over N key ranges (:data:`DECODE_SPLITS`); ``triton[decode
+    16xBN wW sS]``, every decoding launch on that candidate of :data:`diffattn.ops.triton.tuning.DECODE_TILES`;
+    ``triton[decode vec xBN wW sS]``, every decoding launch of one query row a KV head by vector products on that
+    candidate of :data:`diffattn.ops.triton.tuning.DECODE_VECTORS` (either ``… splits N``:
+    :func:`diffattn.ops.routes.decoding_route`) — whose name is checked here, whole, so that a misspelt one is a
+    ValueError before anything runs."""
     if not route.startswith("triton[") or triton_variants(route) is not None:
         return
     from ..ops.triton import tuning
 
     inner = route[len("triton[") : -1]
-    if inner.startswith("splits "):
-        tuning.SPLIT_OVERRIDE = int(inner.split()[1])
-        return
-    if inner.startswith("decode "):  # a decoding launch's candidate (tuning.DECODE_TILES, DECODE_VECTORS), N splits
-        words = inner.split()[1:]
-        vector = bool(words) and words[0] == "vec"
-        words = words if vector else ["", *words]
-        splits = words[4:]
-        well_formed = len(words) >= 4 and words[1].count("x") == 1 and words[2][:1] == "w" and words[3][:1] == "s"
-        if not well_formed or (splits and (len(splits) != 2 or splits[0] != "splits" or not splits[1].isdigit()
-                                            or int(splits[1]) < 1)):  # fmt: skip
-            raise ValueError(f"{route}: not triton[decode 16xBN wW sS] or triton[decode vec xBN wW sS] (… splits N)")
-        _, tile, warps, stages = words[:4]
-        bm, bn = tile.split("x")
-        candidate = (int(bn), int(warps[1:]), int(stages[1:]))
-        table = tuning.DECODE_VECTORS if vector else tuning.DECODE_TILES
-        if bm != ("" if vector else "16") or all(candidate not in tiles for tiles in table.values()):
-            name = "DECODE_VECTORS" if vector else "DECODE_TILES"
-            raise ValueError(f"{route}: not a decoding candidate of tuning.{name}")
-        setattr(tuning, "DECODE_VECTOR" if vector else "DECODE_TILE", candidate)
-        if splits:
-            tuning.SPLIT_OVERRIDE = int(splits[1])
+    if inner.split()[:1] in (["splits"], ["decode"]):  # run by name; refused here whole if malformed
+        tuning.check_decoding(decoding_route(inner))
         return
 
     kind, tile, warps, stages = inner.split()

@@ -76,15 +76,15 @@ from .routes import (
     SHARED_V_SPLIT,
     TRITON_VARIANTS,
     call_class,
+    decoding_of,
     error_line,
+    fused_route_bits,
     head_norm_in_epilogue,
     is_triton_route,
     poisons_cuda_context,
     read_class,
     runs_epilogue,
     table_routes,
-    triton_variants,
-    variant_bits,
     without_size,
 )
 from .sdpa import (
@@ -318,14 +318,18 @@ _IMPLS[SHARED_V_SPLIT] = diff_attention_cudnn_shared_v_split
 
 
 def _impl(name: str) -> Callable[..., torch.Tensor]:
-    """Route ``name``'s implementation: :data:`_IMPLS`'s, or for a variant route of the fused kernel (``triton[NAME]``,
-    :func:`diffattn.ops.routes.triton_variants`) the fused kernel with those variants, made once per name."""
+    """Route ``name``'s implementation: :data:`_IMPLS`'s, or for a variant or decoding route of the fused kernel
+    (``triton[NAME]``, ``triton[decode vec x64 w4 s2 splits 8]``: :func:`diffattn.ops.routes.fused_route_bits`) the
+    fused kernel with its choices, made once per name (a decoding candidate the kernels do not have: ValueError)."""
     impl = _IMPLS.get(name)
     if impl is None:
-        variants = triton_variants(name)
+        variants = fused_route_bits(name)
         if variants is None:
             raise ValueError(f"no route {name!r}")
-        impl = _IMPLS[name] = functools.partial(_triton_impl, variants=variant_bits(variants))
+        from .triton.tuning import check_decoding  # imports Triton: only for a route of the fused kernel
+
+        check_decoding(variants)
+        impl = _IMPLS[name] = functools.partial(_triton_impl, variants=variants)
     return impl
 
 
@@ -355,13 +359,29 @@ def route_unsupported(name: str, inp: DiffAttentionInputs) -> str | None:
     if name in ONE_NODE_ROUTES:  # where the one node does not apply they run cudnn+epilogue: they take what it takes
         return route_unsupported("cudnn" + EPILOGUE, inp)
     if is_triton_route(name):
-        return triton_unsupported(inp)
+        return triton_unsupported(inp) or _decoding_unknown(name)
     if name in ("cudnn", "cudnn_maps"):
         return cudnn_unsupported(inp)
     if name == "sdpa_split":
         return split_unsupported(inp)
     if name == "sdpa_maps":
         return maps_unsupported(inp)
+    return None
+
+
+def _decoding_unknown(name: str) -> str | None:
+    """Why fused-kernel route ``name`` names a decoding candidate the kernels do not have (a table measured before
+    the candidate was dropped: :func:`diffattn.ops.triton.tuning.check_decoding`), or None: so that auto skips it
+    before it runs — under torch.compile, where nothing is handed over at run time, as in eager mode."""
+    variants = fused_route_bits(name)
+    if not variants or decoding_of(variants)[0] is None:
+        return None
+    from .triton.tuning import check_decoding  # Triton is importable here: triton_unsupported said so
+
+    try:
+        check_decoding(variants)
+    except ValueError as err:
+        return str(err)
     return None
 
 
@@ -467,10 +487,11 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
 
 def _resolve(backend: str, inp: DiffAttentionInputs) -> str:
     """An explicit backend (not ``auto``: :func:`_run_auto`), refused in one line where it cannot take ``inp``."""
-    if not isinstance(backend, str) or (backend not in BACKENDS and triton_variants(backend) is None):
+    if not isinstance(backend, str) or (backend not in BACKENDS and fused_route_bits(backend) is None):
         raise ValueError(
             f"backend must be one of {', '.join(BACKENDS)}, or triton[NAME] / triton[A+B] for the fused kernel's "
-            f"variants {', '.join(TRITON_VARIANTS)}; got {backend!r}"
+            f"variants {', '.join(TRITON_VARIANTS)}, or a decoding route triton[splits N] / triton[decode 16xBN wW "
+            f"sS] / triton[decode vec xBN wW sS] (… splits N); got {backend!r}"
         )
     reason = route_unsupported(backend, inp)
     if reason:

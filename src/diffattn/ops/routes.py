@@ -8,8 +8,9 @@ the device, the software versions, the date, and per call class the correct rout
 measurement, which the README's speed table is made from). ``route_table.json`` beside this file is what the
 repository ships; ``DIFFATTN_ROUTE_TABLE=path`` reads another one (the sweep's own, before it is shipped). The routes
 are the backends of :func:`diffattn.ops.diff_attention` that run on CUDA (:data:`ROUTE_NAMES`) and the fused kernel's
-variants by name (``triton[tma+btma]``: :data:`TRITON_VARIANTS`), so a variant the sweep measured correct and fastest
-on a class runs there, and only there, without a change of code.
+variants by name (``triton[tma+btma]``: :data:`TRITON_VARIANTS`) and its decoding routes (``triton[decode vec x64 w4
+s2 splits 8]``: :func:`decoding_route`), so a variant or decoding candidate the sweep measured correct and fastest on a
+class runs there, and only there, without a change of code.
 
 A call class (:func:`call_class`) is what decides the fastest route and can be read off the inputs without running
 anything: both maps' keys (``v1``: K1, K2 apart; ``v1_pairs``: the same with Q and K handed over in interleaved pairs;
@@ -171,8 +172,9 @@ def check_table(data: object) -> list[dict]:
         unknown = {r for r in {r for v in routes.values() for r in v} | set(firsts.values()) if not known_route(r)}
         if unknown:
             raise ValueError(
-                f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)}, and "
-                f"triton[NAME] or triton[A+B] of the fused kernel's variants {', '.join(TRITON_VARIANTS)})"
+                f"entry {i} names unknown routes {sorted(unknown)} (known: {', '.join(ROUTE_NAMES)}, "
+                f"triton[NAME] or triton[A+B] of the fused kernel's variants {', '.join(TRITON_VARIANTS)}, and its "
+                "decoding routes triton[splits N], triton[decode 16xBN wW sS], triton[decode vec xBN wW sS])"
             )
     return entries
 
@@ -225,6 +227,99 @@ TRITON_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
 _VARIANT_PREFIX = "triton["
 
 
+#: A fused-kernel route may also name what its forwards without gradient run (issue 37's decoding): ``triton[splits
+#: N]``, split over N key ranges (the heuristic's count otherwise: :func:`diffattn.ops.triton.tuning._num_splits`);
+#: ``triton[decode 16xBN wW sS]``, every decoding launch on that candidate tile of
+#: :data:`diffattn.ops.triton.tuning.DECODE_TILES`; ``triton[decode vec xBN wW sS]``, every decoding launch of one
+#: query row a KV head by vector products on that candidate of :data:`diffattn.ops.triton.tuning.DECODE_VECTORS`;
+#: either with `` splits N``. The route sweep times each as a route of the decode classes, so the table lists one
+#: where it measured correct and fastest and auto runs it for that class (the step from measured to default without
+#: an edit of code). The call carries its choice in its ``variants`` int, above the variants' bits
+#: (:func:`decoding_bits`, read back by :func:`decoding_of`).
+DECODING_SHIFT = 8
+assert len(TRITON_VARIANTS) <= DECODING_SHIFT, "the variants' bits would run into a decoding route's"
+#: what a decoding route's fields may hold: BLOCK_N, warps, stages, splits (each below its bound)
+_DECODING_BOUNDS = {"block_n": 1 << 10, "warps": 1 << 5, "stages": 1 << 4, "splits": 1 << 12}
+
+
+def decoding_bits(tile: tuple[int, int, int] | None = None, vector: bool = False, splits: int | None = None) -> int:
+    """A decoding route's choice as bits of a call's ``variants`` (above the variants' own, :data:`DECODING_SHIFT`):
+    ``tile`` (BLOCK_N, warps, stages) of a decoding candidate or None, ``vector`` whether by vector products,
+    ``splits`` the key splits or None (the heuristic's)."""
+    bits = 0
+    if tile is not None:
+        block_n, warps, stages = tile
+        bits |= 1 | int(vector) << 1 | block_n << 2 | warps << 12 | stages << 17
+    if splits is not None:
+        bits |= splits << 21
+    return bits << DECODING_SHIFT
+
+
+def decoding_of(variants: int) -> tuple[tuple[int, int, int] | None, bool, int | None]:
+    """(tile, vector, splits) of a call's ``variants`` (:func:`decoding_bits`'s inverse; (None, False, None) for a call
+    whose route names no decoding choice)."""
+    bits = variants >> DECODING_SHIFT
+    tile = ((bits >> 2) & 1023, (bits >> 12) & 31, (bits >> 17) & 15) if bits & 1 else None
+    return tile, bool(bits & 2), (bits >> 21) or None
+
+
+def decoding_route(inner: str) -> int:
+    """The :func:`decoding_bits` of a decoding route ``triton[<inner>]`` (``splits N``, ``decode 16xBN wW sS``,
+    ``decode vec xBN wW sS``, the last two optionally with `` splits N``); ValueError naming the form for anything
+    else, refused whole: one spelling a route (single spaces, numbers in ASCII digits without leading zeros), so a
+    table never names one route twice. Whether the tile is a candidate of its head widths is the kernels' to check
+    (:func:`diffattn.ops.triton.tuning.check_decoding`): this module does not import Triton."""
+    words = inner.split(" ")
+    if words[:1] == ["splits"]:
+        if len(words) != 2 or not _count(words[1], "splits"):
+            raise ValueError(f"triton[{inner}]: not triton[splits N] (1 <= N < {_DECODING_BOUNDS['splits']})")
+        return decoding_bits(splits=int(words[1]))
+    form = "triton[decode 16xBN wW sS] or triton[decode vec xBN wW sS] (… splits N)"
+    if words[:1] != ["decode"]:
+        raise ValueError(f"triton[{inner}]: not triton[splits N], {form}")
+    vector = words[1:2] == ["vec"]
+    words = words[2:] if vector else words[1:]
+    tile, rest = words[:3], words[3:]
+    well_formed = len(tile) == 3 and tile[0].count("x") == 1 and tile[1][:1] == "w" and tile[2][:1] == "s"
+    rows, block_n = tile[0].split("x") if well_formed else ("", "")
+    well_formed = (
+        well_formed
+        and rows == ("" if vector else "16")
+        and _count(block_n, "block_n")
+        and _count(tile[1][1:], "warps")
+        and _count(tile[2][1:], "stages")
+        and (not rest or (len(rest) == 2 and rest[0] == "splits" and _count(rest[1], "splits")))
+    )
+    if not well_formed:
+        raise ValueError(f"triton[{inner}]: not {form}")
+    splits = int(rest[1]) if rest else None
+    return decoding_bits((int(block_n), int(tile[1][1:]), int(tile[2][1:])), vector, splits)
+
+
+def _count(word: str, field: str) -> bool:
+    """Whether ``word`` is a whole number from 1 to below :data:`_DECODING_BOUNDS` ``[field]``, in ASCII digits
+    without a leading zero."""
+    return word.isascii() and word.isdigit() and word[0] != "0" and int(word) < _DECODING_BOUNDS[field]
+
+
+def fused_route_bits(name: str) -> int | None:
+    """The ``variants`` int the fused kernel runs a call of route ``name`` with: 0 for ``triton``, the variants' bits
+    for ``triton[A+B]`` (:func:`variant_bits`), a decoding route's (:func:`decoding_route`); None for any other name
+    (the route sweep's forced training tiles ``triton[KIND BMxBN wW sS]`` among them: autotuner settings, not
+    routes)."""
+    if name == "triton":
+        return 0
+    if not (name.startswith(_VARIANT_PREFIX) and name.endswith("]")):
+        return None
+    variants = triton_variants(name)
+    if variants is not None:
+        return variant_bits(variants)
+    try:
+        return decoding_route(name[len(_VARIANT_PREFIX) : -1])
+    except ValueError:
+        return None
+
+
 def triton_variants(route: str) -> tuple[str, ...] | None:
     """The variants of :data:`TRITON_VARIANTS` route ``triton[A+B]`` names, in its order; None for any other name
     (``triton`` itself, a forced tile ``triton[KIND BMxBN wW sS]``, another route)."""
@@ -241,13 +336,15 @@ def variant_bits(names: tuple[str, ...]) -> int:
 
 
 def is_triton_route(name: str) -> bool:
-    """``triton`` or one of its variants' routes: the fused kernel (which reads segments as such)."""
-    return name == "triton" or triton_variants(name) is not None
+    """``triton``, one of its variants' routes or a decoding route (:func:`fused_route_bits`): the fused kernel (which
+    reads segments as such)."""
+    return fused_route_bits(name) is not None
 
 
 def known_route(name: str) -> bool:
-    """Whether a route table may name ``name``: one of :data:`ROUTE_NAMES`, or a variant route of the fused kernel."""
-    return name in ROUTE_NAMES or triton_variants(name) is not None
+    """Whether a route table may name ``name``: one of :data:`ROUTE_NAMES`, or a variant or decoding route of the fused
+    kernel (:func:`fused_route_bits`)."""
+    return name in ROUTE_NAMES or fused_route_bits(name) is not None
 
 
 @functools.cache

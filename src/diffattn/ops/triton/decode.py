@@ -9,8 +9,9 @@ writes its rows' per-map outputs, normalised over its keys only, and their log-s
 
 ``_decode_vector_kernel`` is a candidate for the split forward where a program has one query row (T = 1, one query
 head per KV head: MHA, every preset): the same split rows by float32 vector products on the CUDA cores, one row a
-program, instead of a 16-row tensor-core tile with one real row. Off until a GPU times it faster
-(:data:`.tuning.DECODE_VECTOR`, the route sweep's ``triton[decode vec …]`` rows).
+program, instead of a 16-row tensor-core tile with one real row. It runs for a route ``triton[decode vec …]`` (the
+route sweep's rows; auto's where the route table lists one for a decode class) or where forced for every call
+(:data:`.tuning.DECODE_VECTOR`): :func:`.tuning._decode_vector`.
 """
 
 from __future__ import annotations

@@ -52,15 +52,16 @@ logger = logging.getLogger(__name__)
 _LOG2E = 1.4426950408889634  # softmax runs in base 2 (exp2 is the hardware instruction); scores are pre-scaled
 
 
-def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key, variants=0):
     """Launch with the autotuner where the launch is tuned (:func:`_tunable`; it skips configurations that run
     out of resources), else with the heuristic tiles; if the GPU runs out of shared memory or registers, halve
     BLOCK_N then BLOCK_M (down to 16) and remember what worked for this shape class. The kernel of an error that
     escapes is kept in :data:`FAILED_KERNEL` (the exception itself crosses torch.library's custom-op boundary, which
-    does not keep attributes), for :func:`diffattn.ops.diff_attention`'s one-line error."""
+    does not keep attributes), for :func:`diffattn.ops.diff_attention`'s one-line error. ``variants``: the call's
+    (a decoding route's tile: :func:`.tuning._decode_tile`)."""
     global FAILED_KERNEL
     try:
-        _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key)
+        _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key, variants)
     except Exception:
         FAILED_KERNEL = f"kernel {getattr(getattr(kernel, 'fn', kernel), '__name__', None) or kind} ({kind})"
         raise
@@ -70,19 +71,19 @@ def _launch(kernel, grid_of, args, consts, kind, d, dv, rows, key):
 FAILED_KERNEL: str | None = None
 
 
-def _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key):
+def _launch_tiles(kernel, grid_of, args, consts, kind, d, dv, rows, key, variants=0):
     fp32, mask = consts["PREC"] == "ieee", tuning._mask_class(consts)
     if tuning._tunable(kind, d, dv, rows, fp32, consts.get("SPLIT", False), mask):
         tuner = tuning._autotuner(kernel, kind, d, dv, mask)
         tuner[lambda meta: grid_of(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **consts)
         return
     split = consts.get("SPLIT", False)
-    key = (*key, mask, split, tuning.DECODE_TILE)
+    key = (*key, mask, split, tuning._decode_tile(kind, d, dv, rows, fp32, split, variants))
     cached = None if tuning.BLOCK_OVERRIDE is not None else _LAUNCH_CACHE.get(key)
-    bm, bn, warps = cached or tuning._blocks(kind, d, dv, rows, fp32, mask, split)
+    bm, bn, warps = cached or tuning._blocks(kind, d, dv, rows, fp32, mask, split, variants)
     while True:
         try:
-            options = dict(num_warps=warps, **tuning._launch_options(kind, d, dv, rows, fp32, split))
+            options = dict(num_warps=warps, **tuning._launch_options(kind, d, dv, rows, fp32, split, variants))
             kernel[grid_of(bm, bn)](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, **options)
             if tuning.BLOCK_OVERRIDE is None:
                 _LAUNCH_CACHE[key] = (bm, bn, warps)
@@ -191,11 +192,11 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
     columns = tuning._fwd_columns(d, dv, mask_class, variants) if not v_half else 0
     kind = "fwd_cols" if columns else "fwd"
     bm, bn, _ = tuning._blocks(kind, d, dv, rows, fp32, mask_class)
-    nsplit = 1 if save_parts or columns else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn)
+    nsplit = 1 if save_parts or columns else tuning._num_splits(q1.device, _cdiv(rows, bm) * b * hkv, s, bn, variants)
     if nsplit > 1:  # the split forward's own tiles (_SPLIT_TILES): whole tiles of them per split
-        bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True)[1])
-    vector = tuning._decode_vector(d, dv, rows, nsplit > 1, segments is not None)
-    if vector:  # one query row a program, by vector products (tuning.DECODE_VECTOR): whole tiles of its own a split
+        bn = max(bn, tuning._blocks("fwd", d, dv, rows, fp32, mask_class, split=True, variants=variants)[1])
+    vector = tuning._decode_vector(d, dv, rows, nsplit > 1, segments is not None, variants)
+    if vector:  # one query row a program, by vector products (its route's or tuning.DECODE_VECTOR): whole tiles a split
         bn = vector[0]  # (keys within one such tile leave one split: it still runs, merged by the combine)
     split_len = _cdiv(_cdiv(s, nsplit), bn) * bn  # whole tiles per split
     nsplit = _cdiv(s, split_len)
@@ -235,6 +236,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
             dv,
             rows,
             key,
+            variants,
         )
     if nsplit > 1 or vector:
         block_r = 16
@@ -247,7 +249,7 @@ def _fwd_run(q1, k1, q2, k2, v, lam, mask, causal, scale, save_parts, v2, segmen
 
 def _launch_vector(q1, k1, q2, k2, v, mask_t, targets, strides, consts, sizes, scale, r_total, split_len, nsplit,
                    v_half, tile) -> None:  # fmt: skip
-    """The decoding forward by vector products (:func:`.decode._decode_vector_kernel`, :data:`.tuning.DECODE_VECTOR`):
+    """The decoding forward by vector products (:func:`.decode._decode_vector_kernel`, :func:`.tuning._decode_vector`):
     one program per query row and key split, writing ``targets`` (the split buffers _combine_kernel merges). T = 1,
     so the strides of Q's and a 4-D mask's position axis are not passed."""
     global FAILED_KERNEL

@@ -20,7 +20,10 @@ The backward's scheme (:data:`ATOMIC_DQ`, :func:`_single_pass_fits`) and the dec
 launches, so a change takes effect on the next call. The variants' switches (:data:`ATOMIC_DQ`, :data:`SPLIT_DKDV`,
 :data:`FWD_COLUMNS`, :data:`FWD_TMA`, :data:`BWD_TMA`, :data:`BWD_WS`) are on for a call where set here (for every
 call) or where the call asks for them by its ``variants`` bits (a route ``triton[NAME]`` of the route table:
-:data:`diffattn.ops.routes.TRITON_VARIANTS`, :func:`_on`).
+:data:`diffattn.ops.routes.TRITON_VARIANTS`, :func:`_on`). Above those bits a call may carry a decoding route's
+choice — a decoding candidate and key splits (``triton[decode vec x64 w4 s2 splits 8]``:
+:func:`diffattn.ops.routes.decoding_of`) — which :func:`_decode_tile`, :func:`_decode_vector` and :func:`_num_splits`
+read where :data:`DECODE_TILE`, :data:`DECODE_VECTOR` and :data:`SPLIT_OVERRIDE` do not force one for every call.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..routes import TRITON_VARIANTS
+from ..routes import TRITON_VARIANTS, decoding_of
 
 #: True when the kernels were built for Triton's interpreter: TRITON_INTERPRET=1 when this package was first imported
 #: (:mod:`.launch` imports the kernel modules and this one together; triton.jit decides at decoration).
@@ -183,10 +186,11 @@ _SPLIT_TILES = {"fwd": {"v1": (128, 16)}}
 # against 768), walking 52 key tiles one after another a program. These take 4 warps (two CTAs per SM at <= 255
 # registers: 140–246 on sm_90 with triton 3.6 and 3.9, no spills with any mask class, decoding or a prefill of at
 # most 16 rows: benchmarks/RESULTS.md, 2026-11-30) and up to 2x the keys a step —
-# "v1" and "wide" first on their default's own tile, so that the warps' share and the tile's are told apart. Off
-# until a GPU has timed them (:data:`DECODE_TILE`; the route sweep's ``triton[decode …]`` candidates); every one is
-# run with its own tile at boundary shapes under the interpreter (tests/ops/test_tuning_candidates.py) and compiled
-# for sm_90 by benchmarks/kernel_report.py.
+# "v1" and "wide" first on their default's own tile, so that the warps' share and the tile's are told apart. Each
+# runs where a route ``triton[decode 16xBN wW sS]`` is asked for or listed by the route table (a GPU timed it
+# correct and fastest for that decode class: :func:`diffattn.ops.routes.decoding_route`), or for every call where
+# forced (:data:`DECODE_TILE`); every one is run with its own tile at boundary shapes under the interpreter
+# (tests/ops/test_tuning_candidates.py) and compiled for sm_90 by benchmarks/kernel_report.py.
 DECODE_TILES: dict[str, list[tuple[int, int, int]]] = {
     # left out as spilling with either Triton or as close to it (255 registers): "v1" 16 x 128 (96 bytes with a
     # mask), 16 x 64 on 3 stages (16 bytes, triton 3.9); "v2" 16 x 128 on 3 stages (16 bytes with a 4-D mask, 16 rows
@@ -205,10 +209,10 @@ DECODE_TILE: tuple[int, int, int] | None = None
 # Candidates for the decoding forward by vector products (:func:`.decode._decode_vector_kernel`): a split forward
 # whose launch has one query row a KV head (T = 1 without GQA, every preset's decoding), each program one row, its
 # scores and P·V float32 sums over a [BLOCK_N, d] / [BLOCK_N, dv] tile in registers — (BLOCK_N, warps, stages) by
-# head-width class. Off until a GPU has timed them (:data:`DECODE_VECTOR`; the route sweep's ``triton[decode vec …]``
-# rows); run with their own tiles at boundary shapes under the interpreter (tests/ops/test_tuning_candidates.py) and
-# compiled for sm_90 by benchmarks/kernel_report.py (registers and spills: benchmarks/RESULTS.md, 2026-11-30, "The
-# decoding forward by vector products").
+# head-width class. Each runs where a route ``triton[decode vec xBN wW sS]`` is asked for or listed by the route
+# table, or for every call where forced (:data:`DECODE_VECTOR`); run with their own tiles at boundary shapes under
+# the interpreter (tests/ops/test_tuning_candidates.py) and compiled for sm_90 by benchmarks/kernel_report.py
+# (registers and spills: benchmarks/RESULTS.md, 2026-11-30, "The decoding forward by vector products").
 DECODE_VECTORS: dict[str, list[tuple[int, int, int]]] = {
     "v1": [(64, 4, 2), (32, 4, 2), (64, 8, 2)],
     "v2": [(64, 4, 2), (128, 4, 2)],
@@ -218,13 +222,18 @@ DECODE_VECTORS: dict[str, list[tuple[int, int, int]]] = {
 DECODE_VECTOR: tuple[int, int, int] | None = None
 
 
-def _decode_vector(d: int, dv: int, rows: int, split: bool, segments: bool) -> tuple[int, int, int] | None:
-    """:data:`DECODE_VECTOR` where this forward is a decoding launch it applies to — split over keys, one query row
-    a KV head, no segment ids, a candidate of its own head-width class — else None. Any dtype: the kernel computes
-    in float32 whatever it reads."""
-    if DECODE_VECTOR is None or not split or rows != 1 or segments:
+def _decode_vector(
+    d: int, dv: int, rows: int, split: bool, segments: bool, variants: int = 0
+) -> tuple[int, int, int] | None:
+    """The vector candidate of this forward (:data:`DECODE_VECTOR`, else the one its route names in ``variants``:
+    ``triton[decode vec xBN wW sS]``, :func:`diffattn.ops.routes.decoding_route`) where it is a decoding launch the
+    candidate applies to — split over keys, one query row a KV head, no segment ids, a candidate of its own
+    head-width class — else None. Any dtype: the kernel computes in float32 whatever it reads."""
+    tile, vector, _ = decoding_of(variants)
+    candidate = DECODE_VECTOR if DECODE_VECTOR is not None else tile if vector else None
+    if candidate is None or not split or rows != 1 or segments:
         return None
-    return DECODE_VECTOR if DECODE_VECTOR in DECODE_VECTORS.get(_width_class(d, dv), ()) else None
+    return candidate if candidate in DECODE_VECTORS.get(_width_class(d, dv), ()) else None
 
 
 def _decoding_launch(kind: str, rows: int, fp32: bool, split: bool) -> bool:
@@ -233,18 +242,29 @@ def _decoding_launch(kind: str, rows: int, fp32: bool, split: bool) -> bool:
     return split and kind.startswith("fwd") and not fp32 and rows <= DECODE_ROWS
 
 
-def _decode_tile(kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool) -> tuple[int, int, int] | None:
-    """:data:`DECODE_TILE` where this launch is a decoding one it applies to — a candidate of its own head-width
-    class (another class's tile may spill here: :data:`DECODE_TILES`' note), tiles not forced or interpreted —
-    else None."""
-    if (
-        DECODE_TILE is None
-        or BLOCK_OVERRIDE is not None
-        or INTERPRETED
-        or not _decoding_launch(kind, rows, fp32, split)
-    ):
+def _decode_tile(
+    kind: str, d: int, dv: int, rows: int, fp32: bool, split: bool, variants: int = 0
+) -> tuple[int, int, int] | None:
+    """The decoding tile of this launch (:data:`DECODE_TILE`, else the one its route names in ``variants``:
+    ``triton[decode 16xBN wW sS]``) where it is a decoding launch the tile applies to — a candidate of its own
+    head-width class (another class's tile may spill here: :data:`DECODE_TILES`' note), tiles not forced or
+    interpreted — else None."""
+    tile, vector, _ = decoding_of(variants)
+    candidate = DECODE_TILE if DECODE_TILE is not None else None if vector else tile
+    if candidate is None or BLOCK_OVERRIDE is not None or INTERPRETED or not _decoding_launch(kind, rows, fp32, split):
         return None
-    return DECODE_TILE if DECODE_TILE in DECODE_TILES.get(_width_class(d, dv), ()) else None
+    return candidate if candidate in DECODE_TILES.get(_width_class(d, dv), ()) else None
+
+
+def check_decoding(variants: int) -> None:
+    """ValueError where the decoding candidate a route names in ``variants`` (:func:`diffattn.ops.routes.decoding_of`)
+    is not one of :data:`DECODE_TILES` (or :data:`DECODE_VECTORS`, by vector products) of any head-width class: only a
+    candidate proven under the interpreter and compiled for sm_90 runs, and a name the tables lost (a table measured
+    before a candidate was dropped) is an error, not the default tiles under another name."""
+    tile, vector, _ = decoding_of(variants)
+    table, name = (DECODE_VECTORS, "DECODE_VECTORS") if vector else (DECODE_TILES, "DECODE_TILES")
+    if tile is not None and all(tile not in tiles for tiles in table.values()):
+        raise ValueError(f"{tile} (BLOCK_N, warps, stages) is not a decoding candidate of tuning.{name}")
 
 
 def _mask_class(consts: dict) -> str:
@@ -375,17 +395,25 @@ def _autotuner(kernel, kind: str, d: int, dv: int, mask: str = "none"):
 
 
 def _blocks(
-    kind: str, d: int, dv: int, rows: int, fp32: bool = False, mask: str = "none", split: bool = False
+    kind: str,
+    d: int,
+    dv: int,
+    rows: int,
+    fp32: bool = False,
+    mask: str = "none",
+    split: bool = False,
+    variants: int = 0,
 ) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) per kernel: :data:`_TILES` on a GPU, or :data:`_MASK_TILES` where it has
     tiles for the mask class, or :data:`_SPLIT_TILES` for a key-split forward. Float32 inputs (IEEE dots, twice
     the bytes per tile) spill heavily at those sizes, so they get tiles half as long; a forward with fewer rows
-    than the tile (decoding: rows = (H/Hkv)·T) gets a tile of its row count."""
+    than the tile (decoding: rows = (H/Hkv)·T) gets a tile of its row count; a decoding launch its candidate tile
+    where one is forced or its route names one (``variants``: :func:`_decode_tile`)."""
     if BLOCK_OVERRIDE is not None:
         return (*BLOCK_OVERRIDE, 4)
     if INTERPRETED:
         return 16, 16, 4
-    decode = _decode_tile(kind, d, dv, rows, fp32, split)
+    decode = _decode_tile(kind, d, dv, rows, fp32, split, variants)
     if decode is not None:
         return 16, decode[0], decode[1]
     cls = _width_class(d, dv)
@@ -411,10 +439,12 @@ def _compile_options(kind: str, rows: int) -> dict:
     return {"maxnreg": 255} if kind == "fwd" and rows < 128 else {}
 
 
-def _launch_options(kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False) -> dict:
+def _launch_options(
+    kind: str, d: int, dv: int, rows: int, fp32: bool = False, split: bool = False, variants: int = 0
+) -> dict:
     """``num_stages`` and the compile options (:func:`_compile_options`) of a launch on its heuristic tiles
-    (:func:`_blocks`): 2 stages, or a forced decoding tile's own (:data:`DECODE_TILE`)."""
-    decode = _decode_tile(kind, d, dv, rows, fp32, split)
+    (:func:`_blocks`): 2 stages, or a decoding tile's own (:func:`_decode_tile`)."""
+    decode = _decode_tile(kind, d, dv, rows, fp32, split, variants)
     return {"num_stages": 2 if decode is None else decode[2], **_compile_options(kind, rows)}
 
 
@@ -504,12 +534,14 @@ def _bwd_tma(d: int, dv: int, mask: str = "none", variants: int = 0) -> bool:
     return (ws or _on("BWD_TMA", variants)) and _tma_heads(d, dv, mask, ("dkdv_ws" if ws else "dkdv_tma", "dq_tma"))
 
 
-def _num_splits(device: torch.device, programs: int, s: int, block_n: int) -> int:
-    """Key splits for a forward without gradient: enough programs to fill the GPU about twice when there are
-    fewer programs than SMs (decoding), each split at least one key tile long (four tiles, as before, left half
-    the SMs idle at B = 1 below 2K keys)."""
-    if SPLIT_OVERRIDE is not None:
-        return max(1, SPLIT_OVERRIDE)
+def _num_splits(device: torch.device, programs: int, s: int, block_n: int, variants: int = 0) -> int:
+    """Key splits for a forward without gradient: :data:`SPLIT_OVERRIDE`, else the count the call's route names in
+    ``variants`` (``triton[splits N]``, ``triton[decode … splits N]``), else enough programs to fill the GPU about
+    twice when there are fewer programs than SMs (decoding), each split at least one key tile long (four tiles, as
+    before, left half the SMs idle at B = 1 below 2K keys)."""
+    splits = SPLIT_OVERRIDE if SPLIT_OVERRIDE is not None else decoding_of(variants)[2]
+    if splits is not None:
+        return max(1, splits)
     if device.type != "cuda":
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
