@@ -184,6 +184,9 @@ def test_a_key_split_route_runs_its_splits_for_its_own_calls(monkeypatch):
     gpu, bits = torch.device("cuda", 0), routes.fused_route_bits("triton[splits 20]")
     assert tuning._num_splits(gpu, 64, 8192, 32, bits) == 20
     assert tuning._num_splits(gpu, 64, 8192, 32) == 5  # another call: the heuristic's (2 x 132 SMs / 64 programs)
+    # where the programs fill the GPU unsplit (a large batch's decoding), none, as the heuristic has it: the route's
+    # count was measured on an under-filled GPU
+    assert tuning._num_splits(gpu, 132, 8192, 32, bits) == tuning._num_splits(gpu, 132, 8192, 32) == 1
     monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", 3)  # forced for every call (tests, the kernel report): that
     assert tuning._num_splits(gpu, 64, 8192, 32, bits) == 3
     backends = []

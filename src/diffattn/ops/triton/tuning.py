@@ -535,19 +535,22 @@ def _bwd_tma(d: int, dv: int, mask: str = "none", variants: int = 0) -> bool:
 
 
 def _num_splits(device: torch.device, programs: int, s: int, block_n: int, variants: int = 0) -> int:
-    """Key splits for a forward without gradient: :data:`SPLIT_OVERRIDE`, else the count the call's route names in
-    ``variants`` (``triton[splits N]``, ``triton[decode … splits N]``), else enough programs to fill the GPU about
-    twice when there are fewer programs than SMs (decoding), each split at least one key tile long (four tiles, as
-    before, left half the SMs idle at B = 1 below 2K keys)."""
-    splits = SPLIT_OVERRIDE if SPLIT_OVERRIDE is not None else decoding_of(variants)[2]
-    if splits is not None:
-        return max(1, splits)
+    """Key splits for a forward without gradient: :data:`SPLIT_OVERRIDE` (every call), else none where there are as
+    many programs as SMs or more, else the count the call's route names in ``variants`` (``triton[splits N]``,
+    ``triton[decode … splits N]``), else enough programs to fill the GPU about twice (decoding), each split at least
+    one key tile long (four tiles, as before, left half the SMs idle at B = 1 below 2K keys). A route's count was
+    measured where the GPU was under-filled (the sweep's decode class: 64 programs on 132 SMs), so it applies there
+    only: a large batch's decoding fills the GPU unsplit, as the heuristic has it. Off CUDA (the interpreter's tests)
+    the route's count, else none."""
+    if SPLIT_OVERRIDE is not None:
+        return max(1, SPLIT_OVERRIDE)
+    route = decoding_of(variants)[2]
     if device.type != "cuda":
-        return 1
+        return route or 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     if programs >= sms:
         return 1
-    return max(1, min(_cdiv(2 * sms, programs), _cdiv(s, block_n), 128))
+    return route or max(1, min(_cdiv(2 * sms, programs), _cdiv(s, block_n), 128))
 
 
 _SM_COUNT: dict[int, int] = {}
