@@ -107,6 +107,24 @@ def test_the_decoding_class_profiles_the_fused_kernel_beside_the_tables_routes()
     assert {"baseline", "sdpa_maps"} <= set(result["columns"]) and "cudnn_maps" in result["failed"]
 
 
+def test_on_a_gpu_the_decoding_class_also_profiles_the_tables_first_route(monkeypatch):
+    # after a decode sweep the table's first route for the class may be a decoding candidate of the fused kernel
+    # (routes.decoding_route): its kernels are profiled beside the fixed columns; a route already among them, or the
+    # safe default of a class the table lacks, adds nothing; off CUDA the fixed ones
+    from diffattn.ops import routes
+
+    key = next(c for c in ck.DEFAULT_CLASSES if c.endswith(" decode"))
+    listed = ["triton[decode vec x64 w4 s2 splits 16]"]
+    asked = []
+    monkeypatch.setattr(routes, "listed_routes", lambda index, cls: asked.append((index, cls)) or (*listed, "sdpa"))
+    assert ck.decode_routes(key, "cuda") == (*ck.DECODE_ROUTES, "triton[decode vec x64 w4 s2 splits 16]")
+    assert asked == [(0, key)]
+    for first in ("sdpa_maps+epilogue", routes.SAFE_DEFAULT):
+        listed[0] = first
+        assert ck.decode_routes(key, "cuda:0") == ck.DECODE_ROUTES
+    assert ck.decode_routes(key, "cpu") == ck.DECODE_ROUTES and len(asked) == 3
+
+
 def test_a_route_with_a_switchs_suffix_runs_with_that_switch_forced_on(monkeypatch):
     # "cudnn+epilogue+vcopies": the route with [V; V] by its kernels (diffattn.ops.fused_v_copies), beside its plain
     # twin, from whose GPU busy times diffattn.bench.switches decides the switch

@@ -95,8 +95,25 @@ DEFAULT_ROUTES = {
     # (which joins the pairs' views here)
     V1_PAIRS: ("cudnn+epilogue", SHARED_V, SHARED_V_SPLIT),
 }
-#: a decoding class's routes: the fused kernel (its key-split forward and the combine) beside the table's fastest
+#: a decoding class's routes: the fused kernel (its key-split forward and the combine) beside the table's fastest —
+#: and, on a GPU, the route the device's table lists first for the class where it is another (:func:`decode_routes`:
+#: after a decode sweep, its fastest decoding candidate, ``triton[decode vec …]``: issue 37 asks what is in its time)
 DECODE_ROUTES = ("triton", "sdpa_maps", "sdpa_maps+epilogue", "cudnn_maps")
+
+
+def decode_routes(key: str, device: str) -> tuple[str, ...]:
+    """:data:`DECODE_ROUTES`, and the route the route table lists first for decoding class ``key`` on CUDA ``device``
+    where it is not among them (the table this process reads: the sweep's own in the GPU script); off CUDA, the
+    fixed ones."""
+    where = torch.device(device)
+    if where.type != "cuda":
+        return DECODE_ROUTES
+    from ..ops.routes import SAFE_DEFAULT, listed_routes
+
+    first = listed_routes(where.index or 0, key)[0]
+    return DECODE_ROUTES + (() if first in DECODE_ROUTES or first == SAFE_DEFAULT else (first,))
+
+
 FLOOR = "cuDNN floor"
 
 
@@ -142,12 +159,12 @@ def columns_for(cls: CallClass, p: Problem, routes: tuple[str, ...]) -> dict[str
 def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device: str = "cuda", scale: str = "gpu",
         progress: Callable[[str], None] = print) -> dict:  # fmt: skip
     """One class (a route table key) and ``routes`` (default: its own of :data:`CLASS_ROUTES`, else
-    :data:`DEFAULT_ROUTES` of its pair; for decoding :data:`DECODE_ROUTES`). Per column: ``ms`` (median per call,
+    :data:`DEFAULT_ROUTES` of its pair; for decoding :func:`decode_routes`). Per column: ``ms`` (median per call,
     interleaved), ``ratio`` to the baseline, ``gpu_ms`` (busy per call) and ``kernels`` (per call); ``failed``: column
     → error line. ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled (tests)."""
     cls = CallClass.from_key(key)
     if routes is None:
-        routes = DECODE_ROUTES if cls.mode == "decode" else CLASS_ROUTES.get(key, DEFAULT_ROUTES[cls.pair])
+        routes = decode_routes(key, device) if cls.mode == "decode" else CLASS_ROUTES.get(key, DEFAULT_ROUTES[cls.pair])
     shape = shape_of(cls, scale)
     p = make_problem(cls, **shape, device=device, dtype=DTYPES[cls.dtype], seed=1)
     columns, failed = {}, {}
