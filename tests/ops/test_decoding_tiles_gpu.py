@@ -1,12 +1,15 @@
 """Issue 37's decoding tiles on a GPU (``pytest -m gpu``): each candidate launch of the fused kernel's decoding forward
 (:data:`diffattn.ops.triton.tuning.DECODE_TILES`, and by vector products
-:data:`~diffattn.ops.triton.tuning.DECODE_VECTORS`; off by default until a lease has timed them) against the float32
-reference at 1K and 16K cached keys, as ``tests/ops/test_triton.py`` judges the default kernels: within twice the
+:data:`~diffattn.ops.triton.tuning.DECODE_VECTORS`; each runs where the route table lists its route,
+``triton[decode …]``, for a decode class) forced for every call and by its route, against the float32 reference at 1K
+and 16K cached keys, as ``tests/ops/test_triton.py`` judges the default kernels: within twice the
 ``sdpa`` backend's own error in bf16 plus half an ulp. Under the interpreter each candidate runs with its own tile at
 boundary shapes, bounds-checked: ``tests/ops/test_tuning_candidates.py``. A file of its own, so that the GPU script
 can run it alone (``TEST_FILES``) where ``test_triton.py``'s many GPU tests would not fit a file's time."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -33,9 +36,10 @@ def _candidates():
 @pytest.mark.parametrize(("tile", "d", "dv"), _candidates())
 def test_gpu_decoding_candidates_match_reference(monkeypatch, tile, d, dv, s):
     # one token of 4 sequences (GQA: 4 query heads a KV head; one sequence's first half padded) on the heuristic's
-    # splits; DIFF V1's heads also with DiffLlama's V halves read in place, as its decoding runs — every launch of
-    # the split forward checked to have taken the candidate's tile, warps and stages
-    monkeypatch.setattr(tuning, "DECODE_TILE", tile)
+    # splits, the candidate forced for every call, and by its route on 4 splits (triton[decode 16xBN wW sS splits 4]:
+    # what auto runs where the table lists it); DIFF V1's heads also with DiffLlama's V halves read in place, as its
+    # decoding runs — every launch of the split forward checked to have taken the candidate's tile, warps and stages
+    route = f"triton[decode 16x{tile[0]} w{tile[1]} s{tile[2]} splits 4]"
     monkeypatch.setattr(launch, "_LAUNCH_CACHE", {})  # (a launch remembered from another test's tile)
     ran = []
     real = launch._fwd_kernel
@@ -65,8 +69,11 @@ def test_gpu_decoding_candidates_match_reference(monkeypatch, tile, d, dv, s):
         if dv == 2 * d:  # V as DiffLlama's two halves of heads, one tensor, read in place by the split forward
             v_heads = torch.cat([v[..., :d], v[..., d:]], dim=1)  # [B, 2·Hkv, S, d]
             runs.append((q1, k1, q2, k2, (v_heads[:, :4], v_heads[:, 4:]), lam))
-        got = [diff_attention(*run, attn_mask=pad, backend="triton").float() for run in runs]
-    assert ran and all(r == tile for r in ran), ran
+        got = []
+        for forced, backend in ((tile, "triton"), (None, route)):
+            monkeypatch.setattr(tuning, "DECODE_TILE", forced)
+            got += [diff_attention(*run, attn_mask=pad, backend=backend).float() for run in runs]
+    assert len(ran) == len(got) and all(r == tile for r in ran), ran
     err_plain = (plain - want).abs().max().item()
     atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
     for out in got:
@@ -85,9 +92,11 @@ def _vector_candidates():
 @pytest.mark.parametrize(("tile", "d", "dv"), _vector_candidates())
 def test_gpu_decoding_vector_candidates_match_reference(monkeypatch, tile, d, dv, s):
     # one token of 4 sequences × 16 heads, one query head a KV head (every preset's decoding), one sequence's first
-    # half padded, on the heuristic's splits and on 16; DIFF V1's heads also with DiffLlama's V halves read in place
-    # — every launch checked to have run _decode_vector_kernel on the candidate's tile, warps and stages
-    monkeypatch.setattr(tuning, "DECODE_VECTOR", tile)
+    # half padded, the candidate forced for every call on the heuristic's splits and by its route on 16 (triton[decode
+    # vec xBN wW sS splits 16]: what auto runs where the table lists it); DIFF V1's heads also with DiffLlama's V
+    # halves read in place — every launch checked to have run _decode_vector_kernel on the candidate's tile, warps
+    # and stages
+    route = f"triton[decode vec x{tile[0]} w{tile[1]} s{tile[2]} splits 16]"
     ran = []
     real = launch._decode_vector_kernel
 
@@ -97,10 +106,12 @@ def test_gpu_decoding_vector_candidates_match_reference(monkeypatch, tile, d, dv
         def __getitem__(self, grid):
             def call(*args, **kw):
                 ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]))
+                splits.append(grid[1])
                 return real[grid](*args, **kw)
 
             return call
 
+    splits: list[int] = []
     monkeypatch.setattr(launch, "_decode_vector_kernel", Recording())
     args = _gpu_inputs(4, 16, 16, 1, s, d, dv, torch.bfloat16, seed=s)
     if dv == d:  # DIFF V2's heads: one K for both maps
@@ -116,10 +127,12 @@ def test_gpu_decoding_vector_candidates_match_reference(monkeypatch, tile, d, dv
         if dv == 2 * d:  # V as DiffLlama's two halves of heads, one tensor, read in place
             v_heads = torch.cat([v[..., :d], v[..., d:]], dim=1)  # [B, 2·Hkv, S, d]
             runs.append((q1, k1, q2, k2, (v_heads[:, :16], v_heads[:, 16:]), lam))
-        for splits in (None, 16):
-            monkeypatch.setattr(tuning, "SPLIT_OVERRIDE", splits)
-            got += [diff_attention(*run, attn_mask=pad, backend="triton").float() for run in runs]
+        for forced, backend in ((tile, "triton"), (None, route)):
+            monkeypatch.setattr(tuning, "DECODE_VECTOR", forced)
+            got += [diff_attention(*run, attn_mask=pad, backend=backend).float() for run in runs]
     assert len(ran) == len(got) and all(r == tile for r in ran), ran
+    split_len = math.ceil(math.ceil(s / 16) / tile[0]) * tile[0]  # the route's 16, in whole tiles of the candidate's
+    assert splits[len(runs) :] == [math.ceil(s / split_len)] * len(runs), splits
     err_plain = (plain - want).abs().max().item()
     atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
     for out in got:
