@@ -100,11 +100,17 @@ def test_the_decoding_class_profiles_the_fused_kernel_beside_the_tables_routes()
     # routes the H200's table runs for that call; on this CPU only the routes that run here have columns
     key = next(c for c in ck.DEFAULT_CLASSES if c.endswith(" decode"))
     assert rs.CallClass.from_key(key).mode == "decode" and "triton" in ck.DECODE_ROUTES
-    result = ck.run(key, device="cpu", scale="tiny", progress=lambda _: None)
+    result = ck.run(key, calls=1, device="cpu", scale="tiny", progress=lambda _: None)
     # every column is there or one line of why not (cuDNN and the epilogue need CUDA; the fused kernel runs here only
     # where the interpreter is on, as the kernel tests' collection turns it on)
     assert set(result["columns"]) | set(result["failed"]) == {"baseline", ck.FLOOR, *ck.DECODE_ROUTES}
     assert {"baseline", "sdpa_maps"} <= set(result["columns"]) and "cudnn_maps" in result["failed"]
+    # and where each column's host time goes (an eager decoding call is host-bound on a GPU): per call, by op
+    for name, column in result["columns"].items():
+        assert column["host_ms"] > 0 and column["host"], name
+    assert any("scaled_dot_product_attention" in row for row in result["columns"]["sdpa_maps"]["host"])
+    text = ck.format_result(result)
+    assert "host per call under the profiler" in text and "host time per call, self ms" in text
 
 
 def test_on_a_gpu_the_decoding_class_also_profiles_the_tables_first_route(monkeypatch):

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.routes import SHARED_V, SHARED_V_SPLIT, V1_PAIRS, error_line
-from .kernels import format_kernel_table, profile_gpu
+from .kernels import LAUNCH_CALLS, calls_of, format_kernel_table, profile_gpu, profile_host
 from .route_sweep import (
     DTYPES,
     CallClass,
@@ -161,7 +161,11 @@ def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device:
     """One class (a route table key) and ``routes`` (default: its own of :data:`CLASS_ROUTES`, else
     :data:`DEFAULT_ROUTES` of its pair; for decoding :func:`decode_routes`). Per column: ``ms`` (median per call,
     interleaved), ``ratio`` to the baseline, ``gpu_ms`` (busy per call) and ``kernels`` (per call); ``failed``: column
-    → error line. ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled (tests)."""
+    → error line. For a decoding class also ``host_ms`` (the host's time per call under the profiler, until the call
+    returned) and ``host`` (where it went: :func:`diffattn.bench.kernels.profile_host`): an eager decoding call of
+    every DIFF route was host-bound on the H200 (2026-11-29: ``triton`` 0.50 ms a call against 0.27 of GPU time,
+    ``sdpa_maps`` 0.50 against 0.15; the baseline 0.073 against 0.070), and issue 37 asks what is in that time.
+    ``scale="tiny"`` and a CPU device: the columns run, nothing is profiled on the GPU (tests)."""
     cls = CallClass.from_key(key)
     if routes is None:
         routes = decode_routes(key, device) if cls.mode == "decode" else CLASS_ROUTES.get(key, DEFAULT_ROUTES[cls.pair])
@@ -188,6 +192,11 @@ def run(key: str, routes: tuple[str, ...] | None = None, calls: int = 5, device:
                 progress(f"{name}: not profiled: {error_line(err)}")
             if profiled is not None:
                 column["gpu_ms"], column["kernels"] = profiled
+        if cls.mode == "decode":
+            try:
+                column["host_ms"], column["host"] = profile_host(fn, calls)
+            except Exception as err:  # an aid to reading the times, as the kernels are
+                progress(f"{name}: host not profiled: {error_line(err)}")
         out["columns"][name] = column
     return out
 
@@ -203,6 +212,13 @@ def format_result(result: dict) -> str:
     if tables:
         title = f"kernels per call, ms (launches), mean of {result['calls']} profiled calls"
         lines += ["", format_kernel_table(title, tables)]
+    hosts = {name: c["host"] for name, c in result["columns"].items() if "host" in c}
+    if hosts:
+        lines += ["", "host per call under the profiler (its Python tracer adds its own time): ms, kernel launches"]
+        lines += [f"  {name:<24} {result['columns'][name]['host_ms']:8.3f} ms  {calls_of(table, LAUNCH_CALLS):4.0f}"
+                  for name, table in hosts.items()]  # fmt: skip
+        title = f"host time per call, self ms (calls), rows by the most beyond the baseline, {result['calls']} calls"
+        lines += ["", format_kernel_table(title, hosts, what="host", beyond_first=True)]
     return "\n".join(lines)
 
 
