@@ -152,6 +152,8 @@ gpu_tests() {  # the ops' files first (the kernels against float64: issue 37's t
   # where a call's time goes beyond cuDNN's: V1 at d = 64 trains at 1.80x through cudnn+epilogue (GPU busy 1.67x)
   # where one stacked cuDNN call does 1.42x (issue 34's target 1.55x): each route's kernels per call, and that route
   # with [V; V] by its kernels (+vcopies; RESULTS.md, 2026-11-28, "[V; V] by one kernel", predicts 1.51-1.56x by GPU time)
+  # The decoding class's columns also get a host profile each (an eager decoding call was host-bound, issue 37's
+  # "what is in the time"), and the table's first decoding route where it is a candidate (after SWEEP_PLAN=decode)
   want kernels && step 75 "kernels of one call per route, V1 (stacked and in pairs) and DIFF V2 at d = 64, and V1 decoding" $PY -m diffattn.bench.call_kernels \
     --json "$OUT/kernels.json"
   # the table's kernel switches and the small class's first route from the step's columns and the kernels step's
