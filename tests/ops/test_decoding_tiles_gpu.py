@@ -25,6 +25,55 @@ from diffattn.ops.triton import tuning  # noqa: E402
 WIDTHS = {"v1": (64, 128), "v2": (64, 64), "wide": (128, 256)}
 
 
+def _decoding_case(d, dv, s, hkv):
+    """One token of 4 sequences × 16 query heads on ``hkv`` KV heads (DIFF V2's heads, dv == d: one K for both maps),
+    the second sequence's first half padded: the inputs, the mask, and each way the decoding call takes them — V
+    whole, and for DIFF V1's heads (dv == 2d) V as DiffLlama's two halves of heads in one tensor, read in place."""
+    args = _gpu_inputs(4, 16, hkv, 1, s, d, dv, torch.bfloat16, seed=s)
+    if dv == d:
+        args = (*args[:3], args[1], *args[4:])
+    pad = torch.ones(4, s, dtype=torch.bool, device="cuda")
+    pad[1, : s // 2] = False
+    q1, k1, q2, k2, v, lam = args
+    runs = [args]
+    if dv == 2 * d:
+        v_heads = torch.cat([v[..., :d], v[..., d:]], dim=1)  # [B, 2·Hkv, S, d]
+        runs.append((q1, k1, q2, k2, (v_heads[:, :hkv], v_heads[:, hkv:]), lam))
+    return args, pad, runs
+
+
+def _assert_as_near_as_sdpa(got, args, pad):
+    """Each output within twice the ``sdpa`` backend's own error against the float32 reference, plus half an ulp of
+    bf16 at the output's scale (``tests/ops/test_triton.py``'s rule for the default kernels)."""
+    with torch.no_grad():
+        want = diff_attention(*(x.float() for x in args), attn_mask=pad, backend="reference")
+        plain = diff_attention(*args, attn_mask=pad, backend="sdpa").float()
+    err_plain = (plain - want).abs().max().item()
+    atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
+    for out in got:
+        err = (out - want).abs().max().item()
+        assert err <= 2 * err_plain + atol, f"{err:.3g} vs sdpa {err_plain:.3g}"
+
+
+def _recorded(kernel, ran: list, only_split: bool = False):
+    """A stand-in for ``kernel[grid](*args, **consts, **options)`` that records (BLOCK_N, warps, stages, grid) of each
+    launch (of each split launch, ``only_split``) and runs it."""
+    real = kernel
+
+    class Recording:
+        fn = getattr(real, "fn", real)
+
+        def __getitem__(self, grid):
+            def call(*args, **kw):
+                if kw.get("SPLIT") or not only_split:
+                    ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], grid))
+                return real[grid](*args, **kw)
+
+            return call
+
+    return Recording()
+
+
 def _candidates():
     return [pytest.param(tile, *WIDTHS[w], id=f"{w}-16x{tile[0]}-w{tile[1]}s{tile[2]}")
             for w, tiles in tuning.DECODE_TILES.items() for tile in tiles]  # fmt: skip
@@ -41,44 +90,16 @@ def test_gpu_decoding_candidates_match_reference(monkeypatch, tile, d, dv, s):
     # decoding runs — every launch of the split forward checked to have taken the candidate's tile, warps and stages
     route = f"triton[decode 16x{tile[0]} w{tile[1]} s{tile[2]} splits 4]"
     monkeypatch.setattr(launch, "_LAUNCH_CACHE", {})  # (a launch remembered from another test's tile)
-    ran = []
-    real = launch._fwd_kernel
-
-    class Recording:  # _fwd_kernel[grid](*args, **consts, **options), its split launches recorded
-        fn = getattr(real, "fn", real)
-
-        def __getitem__(self, grid):
-            def call(*args, **kw):
-                if kw.get("SPLIT"):
-                    ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]))
-                return real[grid](*args, **kw)
-
-            return call
-
-    monkeypatch.setattr(launch, "_fwd_kernel", Recording())
-    args = _gpu_inputs(4, 16, 4, 1, s, d, dv, torch.bfloat16, seed=s)
-    if dv == d:  # DIFF V2's heads: one K for both maps
-        args = (*args[:3], args[1], *args[4:])
-    pad = torch.ones(4, s, dtype=torch.bool, device="cuda")
-    pad[1, : s // 2] = False
-    q1, k1, q2, k2, v, lam = args
+    ran: list[tuple] = []
+    monkeypatch.setattr(launch, "_fwd_kernel", _recorded(launch._fwd_kernel, ran, only_split=True))
+    args, pad, runs = _decoding_case(d, dv, s, hkv=4)
+    got = []
     with torch.no_grad():
-        want = diff_attention(*(x.float() for x in args), attn_mask=pad, backend="reference")
-        plain = diff_attention(*args, attn_mask=pad, backend="sdpa").float()
-        runs = [args]
-        if dv == 2 * d:  # V as DiffLlama's two halves of heads, one tensor, read in place by the split forward
-            v_heads = torch.cat([v[..., :d], v[..., d:]], dim=1)  # [B, 2·Hkv, S, d]
-            runs.append((q1, k1, q2, k2, (v_heads[:, :4], v_heads[:, 4:]), lam))
-        got = []
         for forced, backend in ((tile, "triton"), (None, route)):
             monkeypatch.setattr(tuning, "DECODE_TILE", forced)
             got += [diff_attention(*run, attn_mask=pad, backend=backend).float() for run in runs]
-    assert len(ran) == len(got) and all(r == tile for r in ran), ran
-    err_plain = (plain - want).abs().max().item()
-    atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
-    for out in got:
-        err = (out - want).abs().max().item()
-        assert err <= 2 * err_plain + atol, f"{err:.3g} vs sdpa {err_plain:.3g}"
+    assert len(ran) == len(got) and all(r[:3] == tile for r in ran), ran
+    _assert_as_near_as_sdpa(got, args, pad)
 
 
 def _vector_candidates():
@@ -97,44 +118,15 @@ def test_gpu_decoding_vector_candidates_match_reference(monkeypatch, tile, d, dv
     # halves read in place — every launch checked to have run _decode_vector_kernel on the candidate's tile, warps
     # and stages
     route = f"triton[decode vec x{tile[0]} w{tile[1]} s{tile[2]} splits 16]"
-    ran = []
-    real = launch._decode_vector_kernel
-
-    class Recording:  # _decode_vector_kernel[grid](*args, **consts, **options), recorded
-        fn = getattr(real, "fn", real)
-
-        def __getitem__(self, grid):
-            def call(*args, **kw):
-                ran.append((kw["BLOCK_N"], kw["num_warps"], kw["num_stages"]))
-                splits.append(grid[1])
-                return real[grid](*args, **kw)
-
-            return call
-
-    splits: list[int] = []
-    monkeypatch.setattr(launch, "_decode_vector_kernel", Recording())
-    args = _gpu_inputs(4, 16, 16, 1, s, d, dv, torch.bfloat16, seed=s)
-    if dv == d:  # DIFF V2's heads: one K for both maps
-        args = (*args[:3], args[1], *args[4:])
-    pad = torch.ones(4, s, dtype=torch.bool, device="cuda")
-    pad[1, : s // 2] = False
-    q1, k1, q2, k2, v, lam = args
+    ran: list[tuple] = []
+    monkeypatch.setattr(launch, "_decode_vector_kernel", _recorded(launch._decode_vector_kernel, ran))
+    args, pad, runs = _decoding_case(d, dv, s, hkv=16)
     got = []
     with torch.no_grad():
-        want = diff_attention(*(x.float() for x in args), attn_mask=pad, backend="reference")
-        plain = diff_attention(*args, attn_mask=pad, backend="sdpa").float()
-        runs = [args]
-        if dv == 2 * d:  # V as DiffLlama's two halves of heads, one tensor, read in place
-            v_heads = torch.cat([v[..., :d], v[..., d:]], dim=1)  # [B, 2·Hkv, S, d]
-            runs.append((q1, k1, q2, k2, (v_heads[:, :16], v_heads[:, 16:]), lam))
         for forced, backend in ((tile, "triton"), (None, route)):
             monkeypatch.setattr(tuning, "DECODE_VECTOR", forced)
             got += [diff_attention(*run, attn_mask=pad, backend=backend).float() for run in runs]
-    assert len(ran) == len(got) and all(r == tile for r in ran), ran
+    assert len(ran) == len(got) and all(r[:3] == tile for r in ran), ran
     split_len = math.ceil(math.ceil(s / 16) / tile[0]) * tile[0]  # the route's 16, in whole tiles of the candidate's
-    assert splits[len(runs) :] == [math.ceil(s / split_len)] * len(runs), splits
-    err_plain = (plain - want).abs().max().item()
-    atol = 0.5 * torch.finfo(torch.bfloat16).eps * want.abs().max().item() + 1e-5
-    for out in got:
-        err = (out - want).abs().max().item()
-        assert err <= 2 * err_plain + atol, f"{err:.3g} vs sdpa {err_plain:.3g}"
+    assert [r[3][1] for r in ran[len(runs) :]] == [math.ceil(s / split_len)] * len(runs), ran
+    _assert_as_near_as_sdpa(got, args, pad)
