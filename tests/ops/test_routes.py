@@ -243,6 +243,15 @@ def test_a_table_may_name_the_fused_kernels_decoding_routes(fake_device, tmp_pat
         assert routes.known_route(name) and routes.is_triton_route(name), name
         assert routes.decoding_of(bits) == choice and bits & ((1 << routes.DECODING_SHIFT) - 1) == 0, name
     assert routes.decoding_of(routes.fused_route_bits("triton[tma+btma]")) == (None, False, None)
+    for tile in ((1, 1, 1), (1023, 1, 15), (16, 31, 1)):  # each field's ends, read back alone
+        for vector in (False, True):
+            for splits in (None, 1, 4095):
+                assert routes.decoding_of(routes.decoding_bits(tile, vector, splits)) == (tile, vector, splits)
+    assert routes.decoding_of(routes.decoding_bits(splits=7)) == (None, False, 7)
+    with pytest.raises(ValueError, match="warps must be below 32"):
+        routes.decoding_bits((64, 32, 2))
+    with pytest.raises(ValueError, match="splits must be below 4096"):
+        routes.decoding_bits(splits=4096)
     for bad in ("triton[splits 0]", "triton[splits]", "triton[splits 8 9]", "triton[decode vec x64 s4 w2]",
                 "triton[decode 32x64 w4 s2]", "triton[decode vec 16x64 w4 s2]", "triton[decode vec x64 w4 s2 8]",
                 "triton[decode vec x64 w4 s2 splits 0]", "triton[decode vec x2048 w4 s2]", "triton[decode]",

@@ -238,29 +238,37 @@ _VARIANT_PREFIX = "triton["
 #: (:func:`decoding_bits`, read back by :func:`decoding_of`).
 DECODING_SHIFT = 8
 assert len(TRITON_VARIANTS) <= DECODING_SHIFT, "the variants' bits would run into a decoding route's"
-#: what a decoding route's fields may hold: BLOCK_N, warps, stages, splits (each below its bound)
-_DECODING_BOUNDS = {"block_n": 1 << 10, "warps": 1 << 5, "stages": 1 << 4, "splits": 1 << 12}
+#: a decoding route's fields, in bits of its choice above two flags (a tile named; by vector products), in this order
+#: and this many bits each: what a field may hold is below 2 to that power
+_DECODING_FIELDS = {"block_n": 10, "warps": 5, "stages": 4, "splits": 12}
+_NO_DECODING: tuple[None, bool, None] = (None, False, None)
 
 
 def decoding_bits(tile: tuple[int, int, int] | None = None, vector: bool = False, splits: int | None = None) -> int:
     """A decoding route's choice as bits of a call's ``variants`` (above the variants' own, :data:`DECODING_SHIFT`):
     ``tile`` (BLOCK_N, warps, stages) of a decoding candidate or None, ``vector`` whether by vector products,
-    ``splits`` the key splits or None (the heuristic's)."""
-    bits = 0
-    if tile is not None:
-        block_n, warps, stages = tile
-        bits |= 1 | int(vector) << 1 | block_n << 2 | warps << 12 | stages << 17
-    if splits is not None:
-        bits |= splits << 21
+    ``splits`` the key splits or None (the heuristic's). ValueError for a field beyond its bits."""
+    values = dict(zip(("block_n", "warps", "stages"), tile or (0, 0, 0), strict=True)) | {"splits": splits or 0}
+    bits, shift = (1 | int(vector) << 1) if tile is not None else 0, 2
+    for name, width in _DECODING_FIELDS.items():
+        if not 0 <= values[name] < 1 << width:
+            raise ValueError(f"a decoding route's {name} must be below {1 << width}, got {values[name]}")
+        bits, shift = bits | values[name] << shift, shift + width
     return bits << DECODING_SHIFT
 
 
+@functools.cache
 def decoding_of(variants: int) -> tuple[tuple[int, int, int] | None, bool, int | None]:
     """(tile, vector, splits) of a call's ``variants`` (:func:`decoding_bits`'s inverse; (None, False, None) for a call
-    whose route names no decoding choice)."""
+    whose route names no decoding choice). Read at every launch, so kept per value."""
     bits = variants >> DECODING_SHIFT
-    tile = ((bits >> 2) & 1023, (bits >> 12) & 31, (bits >> 17) & 15) if bits & 1 else None
-    return tile, bool(bits & 2), (bits >> 21) or None
+    if not bits:
+        return _NO_DECODING
+    fields, shift = {}, 2
+    for name, width in _DECODING_FIELDS.items():
+        fields[name], shift = (bits >> shift) & ((1 << width) - 1), shift + width
+    tile = (fields["block_n"], fields["warps"], fields["stages"]) if bits & 1 else None
+    return tile, bool(bits & 2), fields["splits"] or None
 
 
 def decoding_route(inner: str) -> int:
@@ -272,7 +280,7 @@ def decoding_route(inner: str) -> int:
     words = inner.split(" ")
     if words[:1] == ["splits"]:
         if len(words) != 2 or not _count(words[1], "splits"):
-            raise ValueError(f"triton[{inner}]: not triton[splits N] (1 <= N < {_DECODING_BOUNDS['splits']})")
+            raise ValueError(f"triton[{inner}]: not triton[splits N] (1 <= N < {1 << _DECODING_FIELDS['splits']})")
         return decoding_bits(splits=int(words[1]))
     form = "triton[decode 16xBN wW sS] or triton[decode vec xBN wW sS] (… splits N)"
     if words[:1] != ["decode"]:
@@ -297,9 +305,9 @@ def decoding_route(inner: str) -> int:
 
 
 def _count(word: str, field: str) -> bool:
-    """Whether ``word`` is a whole number from 1 to below :data:`_DECODING_BOUNDS` ``[field]``, in ASCII digits
+    """Whether ``word`` is a whole number from 1 to what :data:`_DECODING_FIELDS` ``[field]`` holds, in ASCII digits
     without a leading zero."""
-    return word.isascii() and word.isdigit() and word[0] != "0" and int(word) < _DECODING_BOUNDS[field]
+    return word.isascii() and word.isdigit() and word[0] != "0" and int(word) < 1 << _DECODING_FIELDS[field]
 
 
 def fused_route_bits(name: str) -> int | None:
