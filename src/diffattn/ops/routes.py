@@ -257,18 +257,24 @@ def decoding_bits(tile: tuple[int, int, int] | None = None, vector: bool = False
     return bits << DECODING_SHIFT
 
 
-@functools.cache
 def decoding_of(variants: int) -> tuple[tuple[int, int, int] | None, bool, int | None]:
     """(tile, vector, splits) of a call's ``variants`` (:func:`decoding_bits`'s inverse; (None, False, None) for a call
-    whose route names no decoding choice). Read at every launch, so kept per value."""
+    whose route names no decoding choice). Read at every launch, so kept per value (in a plain dict: dynamo, which
+    may trace a route's checks, warns on a ``functools.cache`` wrapper)."""
     bits = variants >> DECODING_SHIFT
     if not bits:
         return _NO_DECODING
-    fields, shift = {}, 2
-    for name, width in _DECODING_FIELDS.items():
-        fields[name], shift = (bits >> shift) & ((1 << width) - 1), shift + width
-    tile = (fields["block_n"], fields["warps"], fields["stages"]) if bits & 1 else None
-    return tile, bool(bits & 2), fields["splits"] or None
+    choice = _DECODINGS.get(bits)
+    if choice is None:
+        fields, shift = {}, 2
+        for name, width in _DECODING_FIELDS.items():
+            fields[name], shift = (bits >> shift) & ((1 << width) - 1), shift + width
+        tile = (fields["block_n"], fields["warps"], fields["stages"]) if bits & 1 else None
+        choice = _DECODINGS[bits] = (tile, bool(bits & 2), fields["splits"] or None)
+    return choice
+
+
+_DECODINGS: dict[int, tuple[tuple[int, int, int] | None, bool, int | None]] = {}
 
 
 def decoding_route(inner: str) -> int:
