@@ -320,18 +320,22 @@ def fused_route_bits(name: str) -> int | None:
     """The ``variants`` int the fused kernel runs a call of route ``name`` with: 0 for ``triton``, the variants' bits
     for ``triton[A+B]`` (:func:`variant_bits`), a decoding route's (:func:`decoding_route`); None for any other name
     (the route sweep's forced training tiles ``triton[KIND BMxBN wW sS]`` among them: autotuner settings, not
-    routes)."""
+    routes). Asked on every call of auto, so kept per name (a plain dict, as :func:`decoding_of`)."""
     if name == "triton":
         return 0
     if not (name.startswith(_VARIANT_PREFIX) and name.endswith("]")):
         return None
-    variants = triton_variants(name)
-    if variants is not None:
-        return variant_bits(variants)
-    try:
-        return decoding_route(name[len(_VARIANT_PREFIX) : -1])
-    except ValueError:
-        return None
+    if name not in _FUSED_ROUTES:
+        variants = triton_variants(name)
+        try:
+            bits = variant_bits(variants) if variants is not None else decoding_route(name[len(_VARIANT_PREFIX) : -1])
+        except ValueError:
+            bits = None
+        _FUSED_ROUTES[name] = bits
+    return _FUSED_ROUTES[name]
+
+
+_FUSED_ROUTES: dict[str, int | None] = {}
 
 
 def triton_variants(route: str) -> tuple[str, ...] | None:
