@@ -229,11 +229,21 @@ def _decode_vector(
     ``triton[decode vec xBN wW sS]``, :func:`diffattn.ops.routes.decoding_route`) where it is a decoding launch the
     candidate applies to — split over keys, one query row a KV head, no segment ids, a candidate of its own
     head-width class — else None. Any dtype: the kernel computes in float32 whatever it reads."""
-    tile, vector, _ = decoding_of(variants)
-    candidate = DECODE_VECTOR if DECODE_VECTOR is not None else tile if vector else None
-    if candidate is None or not split or rows != 1 or segments:
+    if not split or rows != 1 or segments:
         return None
-    return candidate if candidate in DECODE_VECTORS.get(_width_class(d, dv), ()) else None
+    return _decoding_candidate(True, d, dv, variants)
+
+
+def _decoding_candidate(vector: bool, d: int, dv: int, variants: int) -> tuple[int, int, int] | None:
+    """The decoding candidate of one kind — by vector products (``vector``) or on a tile — for a launch of these head
+    widths: the one forced for every call (:data:`DECODE_VECTOR`, :data:`DECODE_TILE`), else the one of that kind its
+    route names in ``variants``; None unless it is a candidate of its own head-width class (:data:`DECODE_VECTORS`,
+    :data:`DECODE_TILES`)."""
+    forced = DECODE_VECTOR if vector else DECODE_TILE
+    tile, tile_is_vector, _ = decoding_of(variants)
+    candidate = forced if forced is not None else tile if tile_is_vector == vector else None
+    table = DECODE_VECTORS if vector else DECODE_TILES
+    return candidate if candidate in table.get(_width_class(d, dv), ()) else None
 
 
 def _decoding_launch(kind: str, rows: int, fp32: bool, split: bool) -> bool:
@@ -249,11 +259,9 @@ def _decode_tile(
     ``triton[decode 16xBN wW sS]``) where it is a decoding launch the tile applies to — a candidate of its own
     head-width class (another class's tile may spill here: :data:`DECODE_TILES`' note), tiles not forced or
     interpreted — else None."""
-    tile, vector, _ = decoding_of(variants)
-    candidate = DECODE_TILE if DECODE_TILE is not None else None if vector else tile
-    if candidate is None or BLOCK_OVERRIDE is not None or INTERPRETED or not _decoding_launch(kind, rows, fp32, split):
+    if BLOCK_OVERRIDE is not None or INTERPRETED or not _decoding_launch(kind, rows, fp32, split):
         return None
-    return candidate if candidate in DECODE_TILES.get(_width_class(d, dv), ()) else None
+    return _decoding_candidate(False, d, dv, variants)
 
 
 def check_decoding(variants: int) -> None:
