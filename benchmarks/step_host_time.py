@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="time an eager decoding step instead: one token a call against a static cache (bf16 weights, no grad)",
+    )
+    parser.add_argument("--cache", type=int, default=64, help="--decode: the prompt prefilled into the cache")
+    parser.add_argument(
         "--profile", metavar="COLUMN", help="instead of the table: cProfile COLUMN's steps (--rounds of them)"
     )
     args = parser.parse_args(argv)
@@ -81,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
     from diffattn import ops
-    from diffattn.bench import gc_paused, paired_ratio, rotated
+    from diffattn.bench import gc_paused, gpu_report, paired_ratio, rotated
     from diffattn.models.build import build_model
     from diffattn.ops import direct, sdpa
-    from diffattn.ops.triton import epilogue, reparam
+    from diffattn.ops.triton import epilogue, launch, reparam
 
     torch.set_num_threads(1)
     triton_launches = [0]
@@ -184,10 +190,49 @@ def main(argv: list[str] | None = None) -> int:
         "DIFF V2 cudnn_direct": ("diff-v2", "cudnn_direct", None, MODEL, False),
     }
 
-    def step_of(attention, backend, norm, lam_by, pairs):
+    if args.decode:  # the eager decoding step's columns: the routes the H200 table runs for `small`'s decode classes
+        columns = {
+            "baseline": ("standard", None, None, MODEL, False),
+            "DiffLlama": ("diff", None, None, MODEL, False),
+            "DIFF sdpa_maps+epilogue+norm": ("diff", "sdpa_maps+epilogue", True, MODEL, False),
+            "DIFF sdpa_maps": ("diff", "sdpa_maps", None, MODEL, False),
+            "DIFF triton": ("diff", "triton", None, MODEL, False),
+            "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, MODEL, False),
+            "DIFF V2 sdpa": ("diff-v2", "sdpa", None, MODEL, False),
+        }
+        # the fused kernel's launches, stubbed as the others' are (its decoding kernels and their combine)
+        launch._launch = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+        launch._combine_kernel = launch._decode_vector_kernel = NoLaunch()
+
+    def model_of(attention, backend, **overrides):
+        return build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
+                           intermediate_size=128, **overrides)  # fmt: skip
+
+    def decode_step_of(attention, backend, norm, lam_by, pairs):
+        # as the GPU report's decode section (diffattn.bench.gpu_report.decode_steps), eagerly: bf16 weights, a
+        # static cache holding the prompt, each run `--tokens` tokens at the same positions
+        from transformers import StaticCache
+
         stand_in_op = backend == ONE_DISPATCH
-        model = build_model("small", attention, backend="auto" if stand_in_op else backend, seed=0,
-                            num_layers=args.layers, hidden_size=64, intermediate_size=128)  # fmt: skip
+        model = model_of(attention, "auto" if stand_in_op else backend, dtype=torch.bfloat16,
+                         max_position_embeddings=args.cache + args.tokens).eval()  # fmt: skip
+        cache = StaticCache(config=model.config, max_cache_len=args.cache + args.tokens)
+        ids = torch.randint(0, model.config.vocab_size, (1, args.cache), generator=torch.Generator().manual_seed(0))
+        with ops.fused_head_norm(norm):
+            _, eager, _, _ = gpu_report.decode_steps(model, cache, ids, args.tokens)
+
+        def step():
+            diff_llama.diff_attention_stacked = op_stand_in if stand_in_op else real_op
+            with ops.fused_head_norm(norm):
+                eager()
+
+        return step
+
+    def step_of(attention, backend, norm, lam_by, pairs):
+        if args.decode:
+            return decode_step_of(attention, backend, norm, lam_by, pairs)
+        stand_in_op = backend == ONE_DISPATCH
+        model = model_of(attention, "auto" if stand_in_op else backend)
         ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
 
         def step():
@@ -245,15 +290,20 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 steps[name]()
                 samples[name].append(time.perf_counter() - start)
-    base = statistics.median(samples["baseline"])
-    print(f"host ms per forward+backward, median of {args.rounds} interleaved rounds ({args.layers} layers, "
-          f"{args.tokens} tokens, CPU autocast bf16, one thread; Triton launches stubbed). ratio: the median of "
-          "each round's ratio to that round's baseline, with a 95% bootstrap interval (2,000 resamples of the "
-          "rounds)")  # fmt: skip
+    per = args.tokens if args.decode else 1  # decode: per token
+    base = statistics.median(samples["baseline"]) / per
+    what = (
+        f"host ms per decoded token (eager, static cache of {args.cache} + {args.tokens}, bf16 weights, no grad)"
+        if args.decode
+        else f"host ms per forward+backward ({args.tokens} tokens, CPU autocast bf16)"
+    )
+    print(f"{what}, median of {args.rounds} interleaved rounds ({args.layers} layers, one thread; Triton launches "
+          "stubbed). ratio: the median of each round's ratio to that round's baseline, with a 95% bootstrap interval "
+          "(2,000 resamples of the rounds)")  # fmt: skip
     print(f"{'column':34s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
           f"{'Triton':>7s}")  # fmt: skip
     for name in names:
-        ms = 1e3 * statistics.median(samples[name])
+        ms = 1e3 * statistics.median(samples[name]) / per
         ratio, low, high = paired_ratio(samples[name], samples["baseline"])
         aten, launched = kernels[name]
         print(f"{name:34s} {ms:7.2f} {ms - 1e3 * base:6.2f} {ratio:6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "

@@ -192,3 +192,41 @@ def test_a_model_of_one_layer_lets_it_compute_its_own():
     model = _model(layers=1)
     assert layer_lambdas(model.model) is None
     assert math.isfinite(float(_attentions(model)[0].lambda_full().detach()))
+
+
+def test_forwards_without_gradient_compute_lambda_once_until_a_vector_changes(monkeypatch):
+    """Decoding: λ is the same at every token, so a forward without gradient reuses the last one's λ — until a vector
+    is updated in place (an optimiser's step), its memory replaced (``model.to``), λ_init changed, or a forward takes a
+    gradient; the outputs are those of λ computed anew."""
+    calls = _count_lambda_calls(monkeypatch)
+    model, ids = _model(), _ids()
+    with torch.no_grad():
+        first = model(input_ids=ids).logits
+        again = model(input_ids=ids).logits
+    assert calls == [LAYERS] and torch.equal(first, again)
+
+    attn = _attentions(model)[1]
+    with torch.no_grad():
+        attn.lambda_q1.add_(0.25)  # an in-place update, as an optimiser's step
+        updated = model(input_ids=ids).logits
+    assert calls == [LAYERS] * 2 and not torch.equal(updated, first)
+    lam = layer_lambdas(model.model).by_layer[attn.layer_idx]  # with gradient: computed, not remembered
+    reference, _ = _reference_lambda(attn)
+    assert calls == [LAYERS] * 3
+    assert abs(lam.item() - reference.item()) <= 4 * F32_EPS * abs(reference.item())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, updated)  # remembered from the no-grad forward before
+    assert calls == [LAYERS] * 3
+
+    attn.lambda_init = attn.lambda_init + 0.1
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert calls == [LAYERS] * 4
+    model.double()  # every vector's memory replaced
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert calls == [LAYERS] * 5
+    with torch.inference_mode():  # another mode: computed there, and remembered for its own forwards
+        model(input_ids=ids)
+        model(input_ids=ids)
+    assert calls == [LAYERS] * 6

@@ -308,3 +308,45 @@ def test_triton_float16_finfo_min_is_minus_infinity(triton_kernels):
         assert torch.equal(a, b), name
     for b, i in _empty_rows(keep, causal=True):
         assert torch.all(finfo_min[0][b, :, i] == 0) and torch.all(finfo_min[1][b, :, i] == 0)
+
+
+def test_fully_masked_rows_are_found_once_per_mask_until_it_changes(monkeypatch):
+    """Every layer of a forward hands the op the same mask: its empty rows are found once (the same tensor returned),
+    and again where the mask is edited in place, a call reads it with another causality or length, the mask is an
+    inference tensor (no version counter), or a graph is traced or captured."""
+    from diffattn.ops import _inputs
+
+    found = []
+    real = _inputs._fully_masked_rows
+    monkeypatch.setattr(_inputs, "_fully_masked_rows", lambda *a: found.append(a[1:]) or real(*a))
+    t, s = 3, 6
+    keep = torch.rand(2, 1, t, s, generator=torch.Generator().manual_seed(0)) > 0.5
+    keep[0, 0, 0] = False  # one empty row at least
+
+    def rows(mask, causal=True):
+        q_len = mask.shape[2]
+        q, k = torch.zeros(2, 2, q_len, 4), torch.zeros(2, 1, s, 4)
+        inp = validate(q, k, q, k, k, 0.5, causal=causal, attn_mask=mask, scale=None)
+        want = real(inp.attn_mask, causal, q_len, s)
+        got = fully_masked_rows(inp)
+        assert torch.equal(got, want)
+        return got
+
+    first = rows(keep)
+    assert rows(keep) is first and len(found) == 1
+    keep[1, 0, 2, :] = False  # edited in place: its version counter moves
+    assert rows(keep) is not first and len(found) == 2
+    rows(keep, causal=False)
+    assert len(found) == 3
+    part = keep[:, :, :1]  # another tensor (a view): found for it
+    rows(part)
+    assert len(found) == 4
+    with torch.inference_mode():
+        frozen = keep.clone()
+    rows(frozen)
+    rows(frozen)
+    assert len(found) == 6
+    monkeypatch.setattr(_inputs, "values_readable", lambda: False)
+    rows(keep)
+    rows(keep)
+    assert len(found) == 8

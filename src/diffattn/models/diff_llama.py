@@ -39,6 +39,8 @@ diffattn``), which plain transformers refuses instead of loading it silently wro
 
 from __future__ import annotations
 
+import operator
+import weakref
 from dataclasses import asdict, dataclass
 
 import torch
@@ -65,7 +67,7 @@ from ..ops import (
     output_through_maps,
     with_packed_segments,
 )
-from ..ops._inputs import v_from_halves
+from ..ops._inputs import v_from_halves, values_readable
 from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from ..ops.routes import FORCED_FLAGS, class_key, lambda_in_kernel, pairs_faster, work_is_small
@@ -173,13 +175,58 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
         return None
     if lambda_in_kernel(first.device.index if first.is_cuda else None):
         return None
+    remembered = _remembered_lambdas(decoder, vectors, attentions)
+    if remembered is not None:
+        return remembered
     stacked = [torch.stack(column) for column in columns]
     if torch.compiler.is_compiling():  # each λ_init a constant of the graph, whose adds inductor fuses: no tensor made
         diffs = reparameterized_lambda(*stacked, 0.0).unbind()
         lams = [diff + a.lambda_init for a, diff in zip(attentions, diffs, strict=True)]
     else:
         lams = reparameterized_lambda(*stacked, _lambda_inits(tuple(a.lambda_init for a in attentions), first.device))
-    return LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams, strict=True)})
+    found = LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams, strict=True)})
+    _remember_without_grad(decoder, vectors, attentions, found)
+    return found
+
+
+#: decoder → (what its λ were computed from, those λ) of its last forward without gradient (:func:`_remembered_lambdas`)
+_WITHOUT_GRAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _lambdas_source(vectors: list[torch.Tensor], attentions: list) -> tuple | None:
+    """What a forward's λ are computed from, where they may be remembered across forwards: without gradient (decoding:
+    λ is the same at every token until the vectors change), not while a graph is traced or captured (a remembered λ
+    would be a tensor made outside the graph). The vectors themselves (compared by identity), each one's version
+    counter and memory (an in-place update — an optimiser's step, ``load_state_dict`` — or ``.data`` replaced, as
+    ``model.to`` does, tells them apart), λ_init, and the modes the chain runs in."""
+    if torch.is_grad_enabled() or not values_readable():
+        return None
+    device = vectors[0].device
+    autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    state = tuple((v._version, v.data_ptr()) for v in vectors)
+    return (tuple(vectors), state, tuple(a.lambda_init for a in attentions), autocast,
+            torch.is_inference_mode_enabled())  # fmt: skip
+
+
+def _remembered_lambdas(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list) -> LayerLambdas | None:
+    """The λ of ``decoder``'s last forward without gradient, where they were computed from what this one's would be
+    (:func:`_lambdas_source`): at decoding, every layer's λ chain (a dozen kernels and their host work) once, not once a
+    token (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work")."""
+    source = _lambdas_source(vectors, attentions)
+    last = _WITHOUT_GRAD.get(decoder)
+    if source is None or last is None:
+        return None
+    (vectors_then, *rest), lams = last
+    if len(vectors_then) != len(vectors) or not all(map(operator.is_, vectors_then, vectors)):
+        return None
+    return lams if tuple(rest) == source[1:] else None
+
+
+def _remember_without_grad(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list,
+                           lams: LayerLambdas) -> None:  # fmt: skip
+    source = _lambdas_source(vectors, attentions)
+    if source is not None:
+        _WITHOUT_GRAD[decoder] = (source, lams)
 
 
 #: (λ_init of each layer, device) → those λ_init as one float32 tensor on that device: made once, not at every forward

@@ -361,8 +361,10 @@ class LastMask:
     def __init__(self) -> None:
         self._last: tuple | None = None  # (weak reference to the mask, its version, what was derived)
 
-    def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object]):
-        version = None if mask.is_inference() else mask._version
+    def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object], key: tuple = ()):
+        """``derive(mask)``, or what it gave for the same mask, unchanged since, and the same ``key`` (what else the
+        derivation reads)."""
+        version = None if mask.is_inference() else (mask._version, *key)
         last = self._last
         if version is not None and last is not None and last[0]() is mask and last[1] == version:
             return last[2]
@@ -544,17 +546,33 @@ def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.to(dtype).masked_fill(hidden_keys(mask), float("-inf"))
 
 
+_FULLY_MASKED = LastMask()  # the last mask seen by fully_masked_rows and its empty rows
+
+
 def fully_masked_rows(inp: DiffAttentionInputs) -> torch.Tensor | None:
     """Bool ``[B|1, H|1, T, 1]``, True for each query row whose every key is masked (module docstring), or None
     without an ``attn_mask`` (causality alone masks no whole row). One reduction over the mask; with causality,
-    no [T, S] causal mask is built: a row is empty when its first kept key lies past its last visible one."""
+    no [T, S] causal mask is built: a row is empty when its first kept key lies past its last visible one.
+
+    Found once per mask tensor (:class:`LastMask`), not once per layer: a model hands every layer of a forward the same
+    mask, and at decoding a layer's call is a few kernels, whose host work this was a tenth of (benchmarks/RESULTS.md,
+    2026-11-30, "An eager decoding step's host work"). Not while a graph is traced or captured (a hit would hand the
+    graph a tensor made outside it): found in the graph there, every call."""
     if inp.attn_mask is None:
         return None
-    keep = ~hidden_keys(inp.attn_mask)  # [B|1, H|1, T|1, S]
+    if not values_readable():
+        return _fully_masked_rows(inp.attn_mask, inp.causal, inp.q_len, inp.kv_len)
+    return _FULLY_MASKED.get(
+        inp.attn_mask, lambda mask: _fully_masked_rows(mask, inp.causal, inp.q_len, inp.kv_len),
+        key=(inp.causal, inp.q_len, inp.kv_len),
+    )  # fmt: skip
+
+
+def _fully_masked_rows(mask: torch.Tensor, causal: bool, t: int, s: int) -> torch.Tensor:
+    keep = ~hidden_keys(mask)  # [B|1, H|1, T|1, S]
     empty = ~keep.any(dim=-1, keepdim=True)
-    if not inp.causal:
+    if not causal:
         return empty
-    t, s = inp.q_len, inp.kv_len
     first = keep.view(torch.uint8).argmax(dim=-1, keepdim=True)  # the first kept key (0 for an empty row)
     last_visible = torch.arange(t, device=keep.device).unsqueeze(-1) + (s - t)  # [T, 1]: keys j <= i + S − T
     return empty | (first > last_visible)
