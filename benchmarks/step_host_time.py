@@ -4,6 +4,17 @@ baseline's GPU busy 8.6 ms of its 40; DIFF's step 17 ms longer at 1.5 ms more GP
 (≤ 1.25x the baseline's wall time, below transformers' DiffLlama) is a target on this share. Runs without a GPU.
 
 Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16] [--profile COLUMN]
+       python benchmarks/step_host_time.py --decode [--cache 64] [--tokens 4] ...
+
+``--decode``: an eager decoding step instead (issue 37: "the decode path's fixed cost measured and cut"; issue 34:
+"decode never slower than the two-call route"), which on the H200 of 2026-11-29 was all host: `small` decoded at 7.0 ms
+a token eagerly against 0.40 in a CUDA graph, DIFF (auto) at 12.2 against DiffLlama's 10.9. As the GPU report's
+decode section (:func:`diffattn.bench.gpu_report.decode_steps`), eagerly: bf16 weights, transformers' static cache
+holding a ``--cache``-token prompt, ``--tokens`` tokens a step at the same positions, no gradient; ms per token.
+Columns: the baseline, DiffLlama, DIFF by ``sdpa_maps+epilogue`` (head norm in its kernel, the H200 table's first
+route for V1's unmasked d = 64 decoding class), ``sdpa_maps``, ``sdpa`` (what auto ran there on 2026-11-29: the
+static cache's mask put the call in a class the table did not have), ``triton`` (its launches stubbed too), the op
+as one dispatch, and DIFF V2 by ``sdpa``.
 
 What is timed: forward + backward of the `small` preset's structure (8 layers, 8 query heads, 8 KV heads, its
 vocabulary) at a tiny width (hidden 64: head width 8, DIFF's maps 8 and 16) and 16 tokens, under CPU autocast in
@@ -196,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "DiffLlama": ("diff", None, None, MODEL, False),
             "DIFF sdpa_maps+epilogue+norm": ("diff", "sdpa_maps+epilogue", True, MODEL, False),
             "DIFF sdpa_maps": ("diff", "sdpa_maps", None, MODEL, False),
+            "DIFF sdpa": ("diff", "sdpa", None, MODEL, False),
             "DIFF triton": ("diff", "triton", None, MODEL, False),
             "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, MODEL, False),
             "DIFF V2 sdpa": ("diff-v2", "sdpa", None, MODEL, False),

@@ -114,6 +114,39 @@ def test_the_sweeps_class_key_is_the_one_auto_reads():
         assert routes.call_class(_meta_inputs(cls, shape_of(cls))) == cls.key, cls
 
 
+def test_a_decoding_call_with_a_static_caches_mask_reads_its_class_else_the_unmasked_one(fake_device, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    # transformers' static cache: one query row, the cache's empty slots masked ([B, 1, 1, S], causality in the mask,
+    # causal=False): one value per key — the padding class, causal or not (one row sees every key either way)
+    g = torch.Generator().manual_seed(0)
+    q1, q2, k1, k2 = (torch.randn(1, 2, n, 16, generator=g) for n in (1, 1, 8, 8))
+    v = torch.randn(1, 2, 8, 32, generator=g)
+    keep = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    keep[..., 6:] = False  # two empty slots
+    with torch.no_grad():
+        inp = validate(q1, k1, q2, k2, v, 0.5, causal=False, attn_mask=keep, scale=None)
+        assert routes.call_class(inp) == "v1 d16 dv32 fp32 causal padding decode"
+        unmasked = validate(q1, k1, q2, k2, v, 0.5, causal=True, attn_mask=None, scale=None)
+        assert routes.call_class(unmasked) == "v1 d16 dv32 fp32 causal none decode"
+        # the table measured decoding without the mask only: the call reads that class (before: nothing, sdpa)
+        decode = {"v1 d16 dv32 fp32 causal none decode": ["sdpa_maps", "chunked"]}
+        monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [_entry(routes=decode)])))
+        assert ops.table_order(inp) == ["sdpa_maps", "chunked", "sdpa"]
+        line = ops.route_choice_line(0, routes.call_class(inp), ops.table_order(inp))
+        assert "read from the table's 'v1 d16 dv32 fp32 causal none decode'" in line
+        # and its own class where the table has it
+        own = {**decode, "v1 d16 dv32 fp32 causal padding decode": ["chunked", "sdpa_maps"]}
+        monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [_entry(routes=own)], "own.json")))
+        routes.reset()
+        assert ops.table_order(inp) == ["chunked", "sdpa_maps", "sdpa"]
+        # a mask of one value per key and row (a 4-D mask of T > 1) is not read as that
+        q_rows = [torch.randn(1, 2, 3, 16, generator=g) for _ in range(2)]
+        rows = validate(q_rows[0], k1, q_rows[1], k2, v, 0.5, causal=True,
+                        attn_mask=torch.ones(1, 1, 3, 8, dtype=torch.bool), scale=None)  # fmt: skip
+        assert routes.call_class(rows) == "v1 d16 dv32 fp32 causal mask4d infer small"
+        assert routes.near_classes(routes.call_class(rows)) == ("v1 d16 dv32 fp32 causal mask4d infer",)
+
+
 def test_a_small_call_reads_its_small_class_else_the_class_at_the_standard_size(fake_device, tmp_path, monkeypatch):
     # the `small` step is host-bound: the route measured fastest on its own calls, where the table has it
     entry = _entry(routes={"v1 d16 dv32 fp32 causal none train": ["sdpa_split", "chunked"],

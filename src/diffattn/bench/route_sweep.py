@@ -145,6 +145,10 @@ def default_classes() -> list[CallClass]:
         for pair in ("v1", "shared_k"):
             out += [CallClass(pair, d, mask=m, mode="train") for m in ("padding", "segments")]
             out += [CallClass(pair, d, mask="padding", mode="infer")]
+            # decoding against transformers' static cache: its empty slots masked, one value per key (until
+            # 2026-11-30 no class, so a model decoding so ran the safe default; now it reads the unmasked class
+            # until this one is measured: diffattn.ops.routes.near_classes)
+            out += [CallClass(pair, d, mask="padding", mode="decode")]
     # paper-830m's heads (d_model 1536 over 16 heads: d = 96), the train step at DIFF Table 7's size: without these
     # classes that step runs the safe default (the H200's paper-830m step of 2026-11-27 did)
     out += [CallClass(pair, 96) for pair in ("v1", "shared_k")]

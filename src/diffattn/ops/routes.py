@@ -22,7 +22,8 @@ per map times the head width) is ``small`` (the key ends in " small"). Why the s
 16K, N = 4096 (decode: a cache of 8192), where the GPU is the limit; a small model's step is host-bound, where a route's
 host cost decides (the H200 of 2026-11-27 stepped the `small` model slower than transformers' DiffLlama with the route
 chosen at 16K, at no more ops: benchmarks/RESULTS.md), so the sweep also measures the `small` step's own calls and a
-small call reads their order. A table without a small class for a call reads the class without the size. Where the
+small call reads their order. A table without a small class for a call reads the class without the size, and one
+without a decoding call's class with a mask the same class without it (:func:`near_classes`). Where the
 `small` training step measured another route faster for its small calls than the sweep's first (the entry's
 :data:`STEP_FIRST`, written by :mod:`diffattn.bench.switches`: the step times them as the model makes them, with the
 head norm the sweep's call leaves out), that route goes first for that class.
@@ -61,13 +62,14 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
 
 
 def mask_class(inp: DiffAttentionInputs) -> str:
-    """``segments``, ``none``, ``padding`` (one value per key: [B|1, 1, 1, S] with T > 1) or ``mask4d``."""
+    """``segments``, ``none``, ``padding`` (one value per key: [B|1, 1, 1, S], at T = 1 too — a static KV cache's empty
+    slots at decoding; until 2026-11-30 only with T > 1) or ``mask4d``."""
     if inp.segment_ids is not None:
         return "segments"
     mask = inp.attn_mask
     if mask is None:
         return "none"
-    if mask.shape[1] == 1 and mask.shape[2] == 1 and inp.q_len > 1:
+    if mask.shape[1] == 1 and mask.shape[2] == 1:
         return "padding"
     return "mask4d"
 
@@ -109,7 +111,10 @@ def call_class(inp: DiffAttentionInputs, grad: bool | None = None) -> str:
     mode = "train" if grad else "decode" if inp.q_len == 1 else "infer"
     pair = "shared_k" if inp.shares_keys else "v1" if inp.qk_pairs is None else V1_PAIRS
     small = mode != "decode" and small_work(inp)
-    return class_key(pair, inp.head_dim, inp.v_dim, inp.q1.dtype, inp.causal, mask_class(inp), mode, small)
+    # one query row sees every key whether causal or not (bottom-right alignment): the same call, one class — a model
+    # decoding with a mask hands the op causal=False, the mask holding causality (transformers' static cache)
+    causal = inp.causal or inp.q_len == 1
+    return class_key(pair, inp.head_dim, inp.v_dim, inp.q1.dtype, causal, mask_class(inp), mode, small)
 
 
 def class_key(pair: str, d: int, dv: int, dtype: torch.dtype | str, causal: bool, mask: str, mode: str,
@@ -455,12 +460,30 @@ def checked_routes(entry: dict, cls: str) -> set[str]:
 
 
 def read_class(index: int | None, cls: str) -> str:
-    """The class of the table a call of class ``cls`` reads on CUDA device ``index``: a small call's own where the
-    table measured it, else the same class at the sweep's standard size (:func:`without_size`); ``cls`` where the
-    table has neither. A trace-time constant, as :func:`listed_routes`."""
+    """The class of the table a call of class ``cls`` reads on CUDA device ``index``: its own where the table measured
+    it, else the nearest the table has (:func:`near_classes`); ``cls`` where the table has none. A trace-time constant,
+    as :func:`listed_routes`."""
     entry = device_entry(index if index is not None else torch.cuda.current_device())
     table = entry["routes"] if entry else {}
-    return cls if cls in table or without_size(cls) not in table else without_size(cls)
+    return next((c for c in (cls, *near_classes(cls)) if c in table), cls)
+
+
+#: the end of the class key of a decoding call with one mask value per key, and of the same call without the mask
+PADDED_DECODE, UNMASKED_DECODE = " padding decode", " none decode"
+
+
+def near_classes(cls: str) -> tuple[str, ...]:
+    """The classes a call of class ``cls`` reads, nearest first, where the table lacks its own: a small call's class at
+    the sweep's standard size (:func:`without_size`: the same computation on more tokens); a decoding call with one
+    mask value per key — what a model decoding against transformers' static cache hands over, the cache's empty slots
+    masked — the same decoding call without the mask (its work: the cache's keys and values, and S mask values more,
+    a 64th of one map's keys at d = 64 in bf16). Until 2026-11-30 such a call read nothing and ran the safe default
+    (the H200's static-cache decoding of 2026-11-29: ``sdpa``, which copies the whole cache every token)."""
+    if cls.endswith(SMALL):
+        return (without_size(cls),)
+    if cls.endswith(PADDED_DECODE):
+        return (cls.removesuffix(PADDED_DECODE) + UNMASKED_DECODE,)
+    return ()
 
 
 listed_routes._dynamo_marked_constant = True  # type: ignore[attr-defined]
