@@ -495,6 +495,8 @@ def test_a_decode_class_is_ordered_by_cuda_graph_time_where_measured():
     entry = rs.table_entry(records, IDENTITY, "2026-11-28")
     assert entry["routes"][dec] == ["sdpa_maps", "cudnn_maps", "cudnn"]
     assert entry["routes"][train] == ["sdpa", "cudnn_maps"]  # a graph time only where one was measured: any mode
+    # and a decoding class's order by eager time beside it, for the calls run eagerly (routes.EAGER_ROUTES)
+    assert entry[rs.EAGER_ROUTES] == {dec: ["cudnn", "cudnn_maps", "sdpa_maps"]}
     kept = {m["route"]: m for m in entry["measurements"] if m["class"] == dec}
     assert kept["cudnn_maps"]["graph_ms"] == 0.16 and "graph_ms" not in kept["cudnn"]  # kept for the next merge
     assert "(graph 1.40×)" in rs.readme_table([{**entry, "capability": "9.0"}])

@@ -387,3 +387,21 @@ def test_a_models_steps_run_each_layers_plan_from_the_second_on_with_the_same_lo
         assert grads.keys() == grads_off.keys() and len(grads) > 0
         for name in grads:
             assert torch.equal(grads[name], grads_off[name]), name
+
+
+def test_a_decoding_calls_plan_is_not_used_under_a_cuda_graphs_capture(monkeypatch):
+    # a decoding call run eagerly and one captured read different orders (routes.EAGER_ROUTES): their signatures
+    # differ, so a plan recorded eagerly is not replayed in a capture; other calls' signatures are the same
+    from diffattn.ops import _inputs as inputs_module
+
+    def signatures(tensors):
+        eager = call_plans.signature("stacked", routes.DIRECT, *tensors, True, None, None, None, NORM)
+        with monkeypatch.context() as patch:
+            patch.setattr(inputs_module, "stream_capturing", lambda: True)
+            captured = call_plans.signature("stacked", routes.DIRECT, *tensors, True, None, None, None, NORM)
+        return eager, captured
+
+    eager, captured = signatures(_inputs(t=1))
+    assert eager is not None and captured is not None and eager != captured
+    eager, captured = signatures(_inputs(t=6))
+    assert eager is not None and eager == captured

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import diffattn.ops as ops
+from diffattn.ops import _inputs as _inputs_module
 from diffattn.ops import routes
 from diffattn.ops._inputs import validate
 
@@ -145,6 +146,30 @@ def test_a_decoding_call_with_a_static_caches_mask_reads_its_class_else_the_unma
                         attn_mask=torch.ones(1, 1, 3, 8, dtype=torch.bool), scale=None)  # fmt: skip
         assert routes.call_class(rows) == "v1 d16 dv32 fp32 causal mask4d infer small"
         assert routes.near_classes(routes.call_class(rows)) == ("v1 d16 dv32 fp32 causal mask4d infer",)
+
+
+def test_a_decoding_call_run_eagerly_reads_its_classs_order_by_eager_time(fake_device, tmp_path, monkeypatch):
+    # by graph time sdpa_maps first, by eager time (host time included) chunked: a decoding call run eagerly takes
+    # the eager order, one traced or captured the graph order; other modes have no eager order
+    dec = "v1 d16 dv32 fp32 causal none decode"
+    entry = _entry(routes={dec: ["sdpa_maps", "chunked"], "v1 d16 dv32 fp32 causal none infer": ["sdpa_maps"]},
+                   eager_routes={dec: ["chunked", "sdpa_maps"]})  # fmt: skip
+    monkeypatch.setenv(routes.ROUTE_TABLE_ENV, str(_table(tmp_path, [entry])))
+    with torch.no_grad():
+        inp = _inputs(grad=False, t=1)
+        assert routes.call_class(inp) == dec
+        assert routes.decoding_eagerly(dec) and ops.table_order(inp) == ["chunked", "sdpa_maps", "sdpa"]
+        line = ops.route_choice_line(0, dec, ops.table_order(inp), routes.decoding_eagerly(dec))
+        assert line == f"{dec} runs chunked (route order by eager time: chunked, sdpa_maps, sdpa)"
+        capturing = _inputs_module.stream_capturing
+        monkeypatch.setattr(_inputs_module, "stream_capturing", lambda: True)  # captured into a CUDA graph
+        assert ops.table_order(inp) == ["sdpa_maps", "chunked", "sdpa"]
+        monkeypatch.setattr(_inputs_module, "stream_capturing", capturing)
+        assert ops.table_order(_inputs(grad=False, t=2)) == ["sdpa_maps", "sdpa"]  # prefill: no eager order
+    # a table whose eager order names a class it has no routes for, or is not a list of names, is refused
+    for bad in ({"v1 d16 dv32 fp32 causal none train decode": ["sdpa"]}, {dec: "chunked"}, {dec: []}):
+        with pytest.raises(ValueError, match="eager_routes"):
+            routes.check_table({"format": 1, "entries": [{**entry, routes.EAGER_ROUTES: bad}]})
 
 
 def test_a_small_call_reads_its_small_class_else_the_class_at_the_standard_size(fake_device, tmp_path, monkeypatch):
@@ -518,7 +543,7 @@ def test_new_routes_match_the_reference(backend, shared):
 
 
 def test_the_shipped_table_is_valid_and_names_its_measurements():
-    from diffattn.bench.route_sweep import order_key
+    from diffattn.bench.route_sweep import eager_order_key, order_key
 
     entries = routes.check_table(json.loads(routes.ROUTE_TABLE.read_text()))
     assert entries, "the repository ships at least one measured entry"
@@ -529,6 +554,11 @@ def test_the_shipped_table_is_valid_and_names_its_measurements():
             keys = [order_key(next(m for m in entry["measurements"] if (m["class"], m["route"]) == (cls, r)))
                     for r in order]  # fmt: skip
             assert keys == sorted(keys), f"{cls}: not fastest first"  # by ratio; decoding by graph time first
+        for cls, order in entry.get(routes.EAGER_ROUTES, {}).items():  # a decoding class's order by eager time
+            assert cls.endswith(" decode") and sorted(order) == sorted(entry["routes"][cls]), cls
+            keys = [eager_order_key(next(m for m in entry["measurements"] if (m["class"], m["route"]) == (cls, r)))
+                    for r in order]  # fmt: skip
+            assert keys == sorted(keys), f"{cls}: not fastest first by eager time"
 
 
 def test_the_readme_speed_table_is_the_shipped_tables_measurements():

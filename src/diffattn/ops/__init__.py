@@ -76,6 +76,7 @@ from .routes import (
     SHARED_V_SPLIT,
     TRITON_VARIANTS,
     call_class,
+    decoding_eagerly,
     decoding_of,
     error_line,
     fused_route_bits,
@@ -416,13 +417,14 @@ def table_order(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
     capability, the Triton kernels compiled or interpreted (a test that fakes another machine resets)."""
     cls = cls or call_class(inp)
     compiling = torch.compiler.is_compiling()  # traced once anyway: no memo, and nothing of it in the graph's guards
+    eager = decoding_eagerly(cls)  # a decoding call run eagerly reads its class's order by eager time
     if not compiling:
         key = (cls, inp.q1.device.type, inp.q1.device.index, inp.num_heads, inp.num_kv_heads,
-               inp.attn_mask is not None and inp.attn_mask.requires_grad, tuple(_FAILED_ROUTES))  # fmt: skip
+               inp.attn_mask is not None and inp.attn_mask.requires_grad, tuple(_FAILED_ROUTES), eager)  # fmt: skip
         if key in ORDER_MEMO:
             return list(ORDER_MEMO[key])
     usable = []
-    for name in table_routes(inp, cls):
+    for name in table_routes(inp, cls, eager):
         reason = route_unsupported(name, inp) or _FAILED_ROUTES.get((name, without_size(cls)))
         if reason is None:
             usable.append(name)
@@ -441,13 +443,14 @@ def auto_backend(device: torch.device, inp: DiffAttentionInputs | None = None) -
     return auto_routes(inp)[0]
 
 
-def route_choice_line(index: int | None, cls: str, names: list[str]) -> str:
-    """What auto runs for a call of class ``cls`` on CUDA device ``index``, in one line: the route, the order, and the
-    table's class it was read from where that is not ``cls`` (a small call of a class the table measured only at
-    the standard size)."""
+def route_choice_line(index: int | None, cls: str, names: list[str], eager: bool = False) -> str:
+    """What auto runs for a call of class ``cls`` on CUDA device ``index``, in one line: the route, the order (by
+    eager time: ``eager``, :func:`diffattn.ops.routes.decoding_eagerly`), and the table's class it was read from where
+    that is not ``cls`` (:func:`diffattn.ops.routes.near_classes`)."""
     read = read_class(index, cls)
     source = "" if read == cls else f"; read from the table's {read!r}, which has no {cls!r}"
-    return f"{cls} runs {names[0]} (route order: {', '.join(names)}{source})"
+    order = "route order by eager time" if eager else "route order"
+    return f"{cls} runs {names[0]} ({order}: {', '.join(names)}{source})"
 
 
 def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> torch.Tensor:
@@ -458,7 +461,7 @@ def _run_auto(inp: DiffAttentionInputs, head_norm: HeadNorm | None = None) -> to
     cls = call_class(inp) if inp.q1.device.type == "cuda" else None  # the class decides only on CUDA
     names = auto_routes(inp, cls)
     if cls is not None:
-        _log_auto_fallback(route_choice_line(inp.q1.device.index, cls, names))
+        _log_auto_fallback(route_choice_line(inp.q1.device.index, cls, names, decoding_eagerly(cls)))
     for i, name in enumerate(names):
         impl_inp = inp if is_triton_route(name) else with_segment_mask(inp)
         if i == len(names) - 1 or torch.compiler.is_compiling():

@@ -99,8 +99,10 @@ def signature(entry: str, backend: str, q, k, v, lam, causal, attn_mask, scale, 
         return None
     autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     flags = tuple(routes.FORCED_FLAGS.values())
+    # a decoding call captured into a CUDA graph reads another order than one run eagerly (routes.EAGER_ROUTES)
+    captured = q.shape[-2] == 1 and _inputs.stream_capturing()
     return (entry, backend, bool(causal), scale, head_norm, torch.is_grad_enabled(), autocast,  # autocast at _AUTOCAST
-            flags, routes.TABLE_GENERATION, _layout(q), _layout(k), _layout(v), _layout(lam))  # fmt: skip
+            flags, routes.TABLE_GENERATION, captured, _layout(q), _layout(k), _layout(v), _layout(lam))  # fmt: skip
 
 
 def under_autocast(key: tuple) -> bool:

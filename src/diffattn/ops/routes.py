@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from ._inputs import DiffAttentionInputs
+from ._inputs import DiffAttentionInputs, values_readable
 
 logger = logging.getLogger(__name__)
 
@@ -162,11 +162,12 @@ def check_table(data: object) -> list[dict]:
             if not isinstance(entry.get(key), str):
                 raise ValueError(f"entry {i} has no {key!r} string")
         routes = entry.get("routes")
-        if not isinstance(routes, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(r, str) for r in v)
-            for k, v in routes.items()
-        ):
+        if not _class_orders(routes):
             raise ValueError(f"entry {i}: 'routes' must map each call class to a non-empty list of route names")
+        eager = entry.get(EAGER_ROUTES, {})
+        if not _class_orders(eager) or not set(eager) <= set(routes):
+            raise ValueError(f"entry {i}: {EAGER_ROUTES!r} must map classes of 'routes' to a non-empty list of routes")
+        routes = {**routes, **{f"{EAGER_ROUTES} {k}": v for k, v in eager.items()}}  # their names checked below too
         for flag in TABLE_FLAGS:
             if not isinstance(entry.get(flag, False), bool):
                 raise ValueError(f"entry {i}: {flag!r} must be true or false")
@@ -182,6 +183,14 @@ def check_table(data: object) -> list[dict]:
                 "decoding routes triton[splits N], triton[decode 16xBN wW sS], triton[decode vec xBN wW sS])"
             )
     return entries
+
+
+def _class_orders(orders: object) -> bool:
+    """Whether ``orders`` maps call classes to non-empty lists of route names (an entry's ``routes``)."""
+    return isinstance(orders, dict) and all(
+        isinstance(k, str) and isinstance(v, list) and v and all(isinstance(r, str) for r in v)
+        for k, v in orders.items()
+    )
 
 
 #: the suffix of a route whose last step, O1 − λ·O2, is one Triton kernel (:mod:`diffattn.ops.triton.epilogue`)
@@ -421,21 +430,42 @@ def device_entry(index: int) -> dict | None:
     return entry_for(device_identity(index), str(_table_path()))
 
 
-def listed_routes(index: int | None, cls: str) -> tuple[str, ...]:
+def listed_routes(index: int | None, cls: str, eager: bool = False) -> tuple[str, ...]:
     """The routes the table lists for call class ``cls`` on CUDA device ``index`` (None: the current one), fastest
     first, then :data:`SAFE_DEFAULT`; ``(SAFE_DEFAULT,)`` where no entry or class matches (a ``small`` class the
-    table lacks: the class without the size).
+    table lacks: the class without the size). ``eager``: a decoding call run eagerly (:func:`decoding_eagerly`), which
+    reads the class's order by eager time where the entry has one (:data:`EAGER_ROUTES`).
 
     torch.compile takes the result as a constant at trace time (the flag below). It must be this plain function of
     constants that carries the flag: on torch 2.11 dynamo ignores the flag on a ``functools.cache`` wrapper and traces
     into it, and the CUDA queries inside end a ``fullgraph`` trace ("torch.* op returned non-Tensor", H200 run of
     2026-11-27: every decode step of a diffattn model under ``torch.compile``)."""
     entry = device_entry(index if index is not None else torch.cuda.current_device())
-    routes = entry["routes"].get(read_class(index, cls)) if entry else None
+    read = read_class(index, cls)
+    routes = (entry.get(EAGER_ROUTES) or {}).get(read) if entry and eager else None
+    routes = routes or (entry["routes"].get(read) if entry else None)
     if not routes:
         return (SAFE_DEFAULT,)
     routes = step_first_order(entry, cls, routes)
     return tuple(routes) + (() if SAFE_DEFAULT in routes else (SAFE_DEFAULT,))
+
+
+#: an entry's decoding classes with their routes in the order of their eager times, ``{call class: [route, …]}``
+#: (written by the sweep, :func:`diffattn.bench.route_sweep.eager_decode_routes`), where ``routes`` orders a decoding
+#: class by its CUDA-graph time: what a decoding call pays depends on how it runs. Replayed from a graph (a static cache
+#: under ``torch.compile(mode="reduce-overhead")``, :mod:`diffattn.cuda_graphs`) a call is its GPU time; run eagerly it
+#: is its host time as well, which for `small` is all of it (the H200, 2026-11-29: 7.0 ms a token eagerly against 0.40
+#: in a graph) and differs by route (V1 d = 64 at the sweep's 8K cache: ``sdpa_maps+epilogue`` first by graph time,
+#: 0.149 ms, and 0.449 eagerly; ``cudnn_maps`` 0.301 and 0.339). A decoding call run eagerly reads this order
+#: (:func:`decoding_eagerly`); traced or captured, the graph order.
+EAGER_ROUTES = "eager_routes"
+
+
+def decoding_eagerly(cls: str) -> bool:
+    """Whether a call of class ``cls`` is a decoding call run eagerly: not traced by torch.compile, not captured into
+    a CUDA graph (:func:`diffattn.ops._inputs.values_readable`, the one home of that question): the calls that read
+    :data:`EAGER_ROUTES`."""
+    return cls.endswith(" decode") and values_readable()
 
 
 #: an entry's routes the `small` training step put first for its small calls' classes, ``{call class: route}``
@@ -599,10 +629,10 @@ def without_size(cls: str) -> str:
     return cls.removesuffix(SMALL)
 
 
-def table_routes(inp: DiffAttentionInputs, cls: str | None = None) -> list[str]:
+def table_routes(inp: DiffAttentionInputs, cls: str | None = None, eager: bool = False) -> list[str]:
     """:func:`listed_routes` for this call's device and class (``cls``: its :func:`call_class`, where the caller has
-    it). (Which of them can run these inputs is :func:`diffattn.ops.auto_backend`'s to check.)"""
-    return list(listed_routes(inp.q1.device.index, cls or call_class(inp)))
+    it; ``eager`` as there). (Which of them can run these inputs is :func:`diffattn.ops.auto_backend`'s to check.)"""
+    return list(listed_routes(inp.q1.device.index, cls or call_class(inp), eager))
 
 
 #: :func:`diffattn.ops.table_order`'s answers, per call class, device and what else its routes' checks read (kept here
