@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from diffattn import ops
     from diffattn.bench import gc_paused, gpu_report, paired_ratio, rotated
     from diffattn.models.build import build_model
-    from diffattn.ops import direct, sdpa
+    from diffattn.ops import call_plans, direct, sdpa
     from diffattn.ops.triton import epilogue, launch, reparam
 
     torch.set_num_threads(1)
@@ -201,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         "DIFF V2 cudnn_direct": ("diff-v2", "cudnn_direct", None, MODEL, False),
     }
 
+    NO_PLANS = "DIFF sdpa_maps+epilogue+norm, no plans"  # the column without route plans (diffattn.ops.call_plans)
+    route_signature = call_plans.route_signature
     if args.decode:  # the eager decoding step's columns: the routes the H200 table runs for `small`'s decode classes
         columns = {
             "baseline": ("standard", None, None, MODEL, False),
             "DiffLlama": ("diff", None, None, MODEL, False),
             "DIFF sdpa_maps+epilogue+norm": ("diff", "sdpa_maps+epilogue", True, MODEL, False),
+            NO_PLANS: ("diff", "sdpa_maps+epilogue", True, MODEL, False),
             "DIFF sdpa_maps": ("diff", "sdpa_maps", None, MODEL, False),
             "DIFF sdpa": ("diff", "sdpa", None, MODEL, False),
             "DIFF triton": ("diff", "triton", None, MODEL, False),
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
                            intermediate_size=128, **overrides)  # fmt: skip
 
-    def decode_step_of(attention, backend, norm, lam_by, pairs):
+    def decode_step_of(attention, backend, norm, lam_by, pairs, plans=True):
         # as the GPU report's decode section (diffattn.bench.gpu_report.decode_steps), eagerly: bf16 weights, a
         # static cache holding the prompt, each run `--tokens` tokens at the same positions
         from transformers import StaticCache
@@ -238,11 +241,18 @@ def main(argv: list[str] | None = None) -> int:
             with ops.fused_head_norm(norm):
                 eager()
 
-        return step
+        def step_without_route_plans():  # the op's whole path every call, as before 2026-11-30
+            call_plans.route_signature = lambda *a, **k: None
+            try:
+                step()
+            finally:
+                call_plans.route_signature = route_signature
 
-    def step_of(attention, backend, norm, lam_by, pairs):
+        return step if plans else step_without_route_plans
+
+    def step_of(attention, backend, norm, lam_by, pairs, plans=True):
         if args.decode:
-            return decode_step_of(attention, backend, norm, lam_by, pairs)
+            return decode_step_of(attention, backend, norm, lam_by, pairs, plans)
         stand_in_op = backend == ONE_DISPATCH
         model = model_of(attention, "auto" if stand_in_op else backend)
         ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return step
 
-    steps = {name: step_of(*spec) for name, spec in columns.items()}
+    steps = {name: step_of(*spec, plans=name != NO_PLANS) for name, spec in columns.items()}
 
     class Count(TorchDispatchMode):
         def __init__(self):

@@ -179,6 +179,27 @@ def test_cached_decoding_equals_the_full_forward():
     assert gen.shape == (2, 9)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_decoding_by_route_plans_gives_the_whole_paths_logits_bit_for_bit(backend, monkeypatch):
+    # DIFF V2's layers hand the op their query pairs, one K and λ per head and token (diffattn.ops.call_plans: route
+    # plans, the pairs entry): the static cache's decoding calls by their plan give the whole path's logits exactly
+    from diffattn.ops import call_plans
+
+    model = build_model("debug", "diff-v2", backend=backend, seed=0).eval()
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+
+    def decode():
+        with torch.no_grad():
+            cache = StaticCache(config=model.config, max_cache_len=16)
+            return decode_token_by_token(model, ids, prefill=6, cache=cache)[0]
+
+    planned = decode()
+    assert call_plans.ROUTE_PLANS and {p.entry for p in call_plans.ROUTE_PLANS.values()} == {"pairs"}
+    monkeypatch.setattr(call_plans, "route_signature", lambda *a, **k: None)
+    call_plans.forget()
+    assert torch.equal(planned, decode())
+
+
 def test_save_and_plain_from_pretrained_after_import_diffattn(tmp_path):
     model = build_model("debug", "diff-v2", seed=0).eval()
     model.save_pretrained(tmp_path)

@@ -165,6 +165,34 @@ def test_cached_token_by_token_decoding_equals_full_forward(hf_diff, backend):
     torch.testing.assert_close(block, full[:, 6:], atol=ATOL, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["sdpa_maps", "auto"])
+def test_decoding_by_route_plans_gives_the_whole_paths_logits_bit_for_bit(hf_diff, backend, monkeypatch):
+    # a decoding call of a kind decided before runs its route without the whole path (diffattn.ops.call_plans: route
+    # plans), on the static cache's mask as on a dynamic cache's none: the same logits, bit for bit
+    from diffattn.ops import call_plans
+
+    model = _installed_copy(hf_diff, backend)
+    ids = _ids(b=1, t=10)
+
+    def decode():
+        with torch.no_grad():
+            static, _ = decode_token_by_token(
+                model, ids, prefill=4, cache=StaticCache(config=model.config, max_cache_len=16)
+            )
+            dynamic, _ = decode_token_by_token(model, ids, prefill=4)
+        return static, dynamic
+
+    planned = decode()
+    # the static cache's decoding calls keep their signature (its length is fixed: one a layer, whose head norms
+    # differ), planned from the second token on; the dynamic cache's grow by a key every token, a signature each
+    plans = call_plans.ROUTE_PLANS
+    assert plans and all(key[-1] is not None for key in plans)  # each with the static cache's mask
+    monkeypatch.setattr(call_plans, "route_signature", lambda *a, **k: None)
+    call_plans.forget()
+    whole = decode()
+    assert all(torch.equal(a, b) for a, b in zip(planned, whole, strict=True))
+
+
 def test_generate_matches_hf_greedy(hf_diff):
     ids = _ids(b=1, t=5)
     kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)

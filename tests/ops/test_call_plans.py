@@ -8,6 +8,8 @@ by everything the path's decision reads; and be forgotten where that decision ma
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -184,7 +186,10 @@ def test_no_plan_where_the_whole_path_was_not_one_node_on_the_callers_tensors(wh
     for _ in range(2):
         with torch.set_grad_enabled(why != "no gradient"):
             call(q, k, v, lam)
-    assert whole_runs == ["_stacked_whole"] * 2
+    if why == "no gradient":  # no node plan, but a route plan (decoding's), made at the second call
+        assert whole_runs == ["_stacked_whole"] * 2 and len(call_plans.ROUTE_PLANS) == 1
+    else:
+        assert whole_runs == ["_stacked_whole"] * 2 and not call_plans.ROUTE_PLANS
     assert not call_plans.PLANS
 
 
@@ -405,3 +410,87 @@ def test_a_decoding_calls_plan_is_not_used_under_a_cuda_graphs_capture(monkeypat
     assert eager is not None and captured is not None and eager != captured
     eager, captured = signatures(_inputs(t=6))
     assert eager is not None and eager == captured
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# route plans: a call without gradient whose route is several nodes (decoding against a static cache's mask)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _decoding(seed=0, s=9):
+    """One decoding step's Q [1, 2H, 1, d], K and V's halves stacked [1, 2H, S, d] (DiffLlama's), λ, and transformers'
+    static-cache mask [1, 1, 1, S] (the last two slots empty)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, n, 8, generator=g) for n in (1, s, s))
+    keep = torch.ones(1, 1, 1, s, dtype=torch.bool)
+    keep[..., -2:] = False
+    return q, k, v, torch.tensor(0.3), keep
+
+
+@pytest.mark.parametrize("backend", ["sdpa_maps", "sdpa_maps+epilogue", "auto"])
+def test_a_decoding_call_of_a_decided_kind_runs_its_route_without_the_whole_path(whole_runs, backend):
+    q, k, v, lam, keep = _decoding()
+
+    def call(q, k, v, lam, keep):
+        with torch.no_grad():
+            return ops.diff_attention_stacked(q, k, v, lam, causal=False, attn_mask=keep, backend=backend,
+                                              head_norm=NORM)  # fmt: skip
+
+    first = call(q, k, v, lam, keep)
+    assert whole_runs == ["_stacked_whole"] and not call_plans.ROUTE_PLANS  # made at a signature's second call
+    assert torch.equal(call(q, k, v, lam, keep), first)
+    assert whole_runs == ["_stacked_whole"] * 2 and len(call_plans.ROUTE_PLANS) == 1
+    again = call(q, k, v, lam, keep)
+    assert whole_runs == ["_stacked_whole"] * 2, "the route plan ran, not the whole path"
+    assert torch.equal(first, again)
+    # another token: new values, the same layout — the plan's answer is the whole path's, bit for bit
+    token = _decoding(seed=1)
+    token[4][..., 3] = False  # another slot masked: the mask's values are read by the route, not the plan
+    planned = call(*token)
+    assert whole_runs == ["_stacked_whole"] * 2
+    call_plans.forget()
+    assert torch.equal(planned, call(*token)) and whole_runs == ["_stacked_whole"] * 3
+    # another layout (a longer cache: one call of each, as a growing cache makes them), a gradient, a mask validate
+    # does not take as it is: no plan of any
+    runs = len(whole_runs)
+    call(*_decoding(s=11))
+    call(*_decoding(s=12))
+    ops.diff_attention_stacked(q, k, v, lam.requires_grad_(), causal=False, attn_mask=keep, backend=backend)
+    ops.diff_attention_stacked(q, k, v, lam, causal=False, attn_mask=keep, backend=backend)
+    call(q, k, v, lam.detach(), keep.reshape(1, 9))  # a key-padding mask [B, S]: validate makes a view of it
+    call(q, k, v, lam.detach(), keep.reshape(1, 9))
+    call(q, k, v, lam.detach(), keep.reshape(1, 9))
+    assert len(whole_runs) == runs + 7 and not call_plans.ROUTE_PLANS
+
+
+def test_a_route_that_raises_on_its_plan_is_answered_by_the_whole_path(whole_runs, monkeypatch):
+    q, k, v, lam, keep = _decoding()
+
+    def call():
+        with torch.no_grad():
+            return ops.diff_attention_stacked(q, k, v, lam, causal=False, attn_mask=keep, backend="sdpa_maps")
+
+    call()
+    call()
+    assert len(call_plans.ROUTE_PLANS) == 1
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("the route refuses now")
+
+    monkeypatch.setitem(ops._IMPLS, "sdpa_maps", refuses)
+    with pytest.raises(RuntimeError, match="the route refuses now"):
+        call()
+    assert whole_runs == ["_stacked_whole"] * 3 and not call_plans.ROUTE_PLANS  # forgotten, then the whole path's error
+
+
+def test_the_inputs_a_plan_makes_again_are_validates_exactly():
+    q, k, v, lam, keep = _decoding()
+    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+    inp = ops.validate(q1, k1, q2, k2, tuple(v.chunk(2, dim=1)), lam, causal=False, attn_mask=keep, scale=None,
+                       qk_whole=(q, k), v_stacked=v)  # fmt: skip
+    plan = call_plans.RoutePlan("stacked", "sdpa_maps", True, None, False, inp.scale)
+    assert call_plans._same_inputs(call_plans.plan_inputs(plan, q, k, v, lam, keep), inp)
+    for other in ({"halves": False}, {"causal": True}, {"scale": inp.scale * 2}, {"entry": "pairs"}):
+        other = dataclasses.replace(plan, **other)
+        assert not call_plans._same_inputs(call_plans.plan_inputs(other, q, k, v, lam, keep), inp), other
+    assert not call_plans._same_inputs(call_plans.plan_inputs(plan, q, k, v.clone(), lam, keep), inp)  # other memory

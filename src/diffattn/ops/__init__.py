@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import call_plans
+from . import _inputs, call_plans
 from ._inputs import (
     DiffAttentionInputs,
     HeadNorm,
@@ -597,16 +597,42 @@ def diff_attention_pairs(
 
 def _planned(entry: str, whole, backend: str, q, k, v, lam, options: dict) -> torch.Tensor:
     """``whole(backend, q, k, v, lam, **options)`` — the op's whole path for the entry ``entry`` — or, where a call of
-    the same signature went straight to one autograd node before, that node (:mod:`diffattn.ops.call_plans`)."""
+    the same signature went straight to one autograd node before, that node; or, where a call without gradient of the
+    same signature (with its mask's layout) was decided before, the route it ran (:mod:`diffattn.ops.call_plans`)."""
     key = call_plans.signature(entry, backend, q, k, v, lam, **options)
+    route_key = call_plans.route_signature(key, entry, backend, q, k, v, lam, **options)
+    plan = call_plans.route_plan(route_key)
+    if plan is not None:  # a call without gradient whose route was decided before (call_plans: route plans)
+        out = _by_route_plan(plan, q, k, v, lam, options)
+        if out is not None:
+            return out
     if key is None:
-        return whole(backend, q, k, v, lam, **options)
+        return call_plans.planned_route(route_key, (q, k, v, lam), options["attn_mask"],
+                                        lambda: whole(backend, q, k, v, lam, **options))  # fmt: skip
     if call_plans.under_autocast(key):  # cast as the whole path casts (a no-op there then): the node's own inputs
         q, k, _, _, v = _autocast_inputs(q, k, q, k, v)
     out = call_plans.run(key, q, k, v, lam)
     if out is not None:
         return out
-    return call_plans.planned(key, (q, k, v, lam), lambda: whole(backend, q, k, v, lam, **options))
+    return call_plans.planned_route(
+        route_key, (q, k, v, lam), options["attn_mask"],
+        lambda: call_plans.planned(key, (q, k, v, lam), lambda: whole(backend, q, k, v, lam, **options)),
+    )  # fmt: skip
+
+
+def _by_route_plan(plan, q, k, v, lam, options: dict) -> torch.Tensor | None:
+    """The call by its route plan (:mod:`diffattn.ops.call_plans`): the remembered route on the inputs validate made
+    before, made again from these tensors; None where the route raised (the plans forgotten: the whole path then
+    answers it as it always does — auto's next route, or the error). Out of memory is the caller's to see."""
+    _inputs.check_lambda_finite(lam)  # (through its module: the one name a benchmark replaces)
+    inp = call_plans.plan_inputs(plan, q, k, v, lam, options["attn_mask"])
+    try:
+        return _call_route(plan.route, inp, options["head_norm"])
+    except torch.OutOfMemoryError:
+        raise
+    except Exception:
+        call_plans.forget()
+        return None
 
 
 def _pairs_whole(backend, q, k, v, lam, *, causal, attn_mask, scale, segment_ids, head_norm) -> torch.Tensor:
@@ -743,6 +769,7 @@ class _NormUnderAutocast:
 def _call_route(name: str, inp: DiffAttentionInputs, head_norm: HeadNorm | None) -> torch.Tensor:
     """Route ``name`` on ``inp``, then ``head_norm``: inside an epilogue route's kernel where that is switched on for
     the device (:func:`diffattn.ops.routes.head_norm_in_epilogue`), else by PyTorch after the route."""
+    call_plans.saw_route(name, inp)
     if head_norm is None:
         return _impl(name)(inp)
     if runs_epilogue(name) and head_norm_in_epilogue(inp.q1.device.index if inp.q1.is_cuda else None):

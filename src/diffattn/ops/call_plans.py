@@ -1,5 +1,7 @@
 """A call's plan: the op's per-call host work skipped where a call of the same kind went straight to one autograd node
-before (DIFF Transformer Eq. 1 by the ``cudnn_direct`` and ``cudnn_shared_v`` routes, :mod:`diffattn.ops.direct`).
+before (DIFF Transformer Eq. 1 by the ``cudnn_direct`` and ``cudnn_shared_v`` routes, :mod:`diffattn.ops.direct`);
+and a route plan (:class:`RoutePlan`, the second half of this module): a decoding call's checks and route resolution
+skipped where a call of the same kind without gradient was decided before, its route then run as it is.
 
 Why: a `small` model's training step on a GPU is bound by its host (issue 34; on the H200 of 2026-11-28 the baseline's
 GPU was busy 8.6 of its 40 ms a step, and DIFF's step was 1.03–1.06× DiffLlama's wall time at 0.87–0.94× its GPU time).
@@ -35,6 +37,7 @@ each time).
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,24 +146,31 @@ def planned(key: tuple | None, tensors: tuple[torch.Tensor, ...], whole: Callabl
     made the plan for ``key``."""
     if key is None:
         return whole()
-    forgotten_before = _FORGOTTEN[0]
-    seen: list = []
-    token = _SEEN.set(seen)
-    try:
-        out = whole()
-    finally:
-        _SEEN.reset(token)
+    out, seen, forgotten = _recording(_SEEN, whole)
     if len(seen) == 1:
         apply, operands, constants, stale, node_out = seen[0]
         same = len(operands) == len(tensors) == 4 and all(map(operator.is_, operands[:3], tensors[:3]))
         lam_shape = _lam_view(operands[3], tensors[3]) if same else False
         # (and no plan forgotten meanwhile, by another thread's refusal say: what was recorded may be stale)
-        if lam_shape is not False and node_out is out and _FORGOTTEN[0] == forgotten_before:
+        if lam_shape is not False and node_out is out and not forgotten:
             if len(PLANS) >= MAX_PLANS:
                 PLANS.clear()
             autocast_off = tensors[0].device.type if key[_AUTOCAST] is not None else None
             PLANS[key] = NodePlan(apply, constants, stale, autocast_off, lam_shape)
     return out
+
+
+def _recording(seen_var: contextvars.ContextVar, whole: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, list, bool]:
+    """``whole()``, what it recorded into ``seen_var`` meanwhile (:func:`saw_node`, :func:`saw_route`), and whether the
+    plans were forgotten meanwhile (by another thread's refusal, say: what was recorded may be stale)."""
+    forgotten_before = _FORGOTTEN[0]
+    seen: list = []
+    token = seen_var.set(seen)
+    try:
+        out = whole()
+    finally:
+        seen_var.reset(token)
+    return out, seen, _FORGOTTEN[0] != forgotten_before
 
 
 def _lam_view(taken: torch.Tensor, lam: torch.Tensor) -> torch.Size | bool | None:
@@ -189,6 +199,146 @@ def saw_node(apply: Callable[..., torch.Tensor], operands: tuple, constants: tup
 
 
 def forget() -> None:
-    """Forget every plan (module docstring: what makes them stale)."""
+    """Forget every plan, route plans too (module docstring: what makes them stale)."""
     PLANS.clear()
+    ROUTE_PLANS.clear()
+    _SIGHTED.clear()
     _FORGOTTEN[0] += 1
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Route plans: a call without gradient whose route is several nodes (decoding)
+# --------------------------------------------------------------------------------------------------------------------
+#
+# Why: an eager decoding token is all host time (the H200, 2026-11-29: `small` 7.0 ms a token eagerly against 0.40 in a
+# CUDA graph), and the op's part of it is its whole path every call: the entry's checks, validate's, the route's
+# resolution (auto's call class and table order, or an explicit backend's support check) — then the route (SDPA calls,
+# the epilogue), which is the work. A decoding call of one signature resolves to the same route every token, so the
+# second call's route is remembered with what validate made of the arguments (not the first's: a cache that grows every
+# token makes a new signature every call), and later calls of that signature cut the caller's tensors the same way and
+# run that route (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work"). Only where the whole path
+# is the same computation: the entries taking Q and K whole (DiffLlama's layers, DIFF V2's), no gradient (training
+# calls' one-node plans are above), no autocast, no segments, a mask taken as it is (a bool mask, or an additive one in
+# Q's dtype: validate's is then the caller's own tensor), and where cutting the tensors again gives validate's inputs
+# exactly (:func:`_same_inputs`, checked when the plan is made). λ's finiteness, a value, is still checked (on the CPU).
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """What a call without gradient of one signature ran: ``route`` on the caller's Q and K cut into the maps' heads as
+    its entry cuts them (:func:`plan_inputs`), V's halves stacked as heads cut likewise where ``halves`` (else V
+    whole), λ as given or by the view of ``lam_shape``, ``causal`` and ``scale`` as validate made them."""
+
+    entry: str
+    route: str
+    halves: bool
+    lam_shape: torch.Size | None
+    causal: bool
+    scale: float
+    k_pairs: bool = False  # the pairs entry: K in interleaved pairs too (DIFF V1's), else one K for both maps
+
+
+#: route signature → its plan
+ROUTE_PLANS: dict[tuple, RoutePlan] = {}
+#: the route signatures called once so far (a plan is made at the second call)
+_SIGHTED: set[tuple] = set()
+#: the routes the call being planned ran, (route, inputs) each; None: no call planned
+_ROUTES_SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("diffattn_route_plan_seen", default=None)
+
+
+def route_signature(key: tuple | None, entry: str, backend: str, q, k, v, lam, causal, attn_mask, scale, segment_ids,
+                    head_norm) -> tuple | None:  # fmt: skip
+    """The key of a route plan for this call (``key``: its :func:`signature`, None with a mask), or None where none is
+    made or used (the cases of the comment above; what :func:`signature` refuses)."""
+    if entry not in ("stacked", "pairs") or segment_ids is not None:
+        return None
+    if attn_mask is not None:
+        if type(attn_mask) is not torch.Tensor:
+            return None
+        key = signature(entry, backend, q, k, v, lam, causal, None, scale, None, head_norm)
+        mask = _layout(attn_mask)
+    else:
+        mask = None
+    if key is None or key[_AUTOCAST] is not None or _inputs.wants_grad(q, k, v, lam, attn_mask):
+        return None
+    return (*key, mask)
+
+
+def route_plan(key: tuple | None) -> RoutePlan | None:
+    return None if key is None else ROUTE_PLANS.get(key)
+
+
+def plan_inputs(plan: RoutePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
+                attn_mask: torch.Tensor | None) -> _inputs.DiffAttentionInputs:  # fmt: skip
+    """The inputs validate made for the call ``plan`` was made of, made again from these tensors as the plan's entry
+    cuts them: the stacked entry's Q and K each into the maps' halves by one chunk, V's stacked halves likewise
+    (DiffLlama's layout, read in place); the pairs entry's Q into its interleaved pairs, and K likewise or whole for
+    both maps (DIFF V2's)."""
+    lam_t = lam if plan.lam_shape is None else lam.view(plan.lam_shape)
+    if plan.entry == "pairs":
+        q1, q2 = _inputs.interleaved_pair(q, 1)
+        if plan.k_pairs:
+            k1, k2 = _inputs.interleaved_pair(k, 1)
+            whole, pairs = None, (q, k)
+        else:
+            k1 = k2 = k
+            whole, pairs = (q, k), None
+        return _inputs.DiffAttentionInputs(q1, k1, q2, k2, (v,), lam_t, plan.causal, attn_mask, plan.scale, None,
+                                           whole, None, pairs)  # fmt: skip
+    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+    parts = tuple(v.chunk(2, dim=1)) if plan.halves else (v,)
+    return _inputs.DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, plan.causal, attn_mask, plan.scale, None, (q, k),
+                                       v if plan.halves else None, None)  # fmt: skip
+
+
+def planned_route(key: tuple | None, tensors: tuple, attn_mask: torch.Tensor | None,
+                  whole: Callable[[], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """``whole()`` — the op's path for a call of route signature ``key`` (None: nothing recorded) — and, where it ran
+    exactly one route on inputs that cutting ``tensors`` (q, k, v, λ) again gives exactly (:func:`_same_inputs`), the
+    plan for ``key``."""
+    if key is None:
+        return whole()
+    if key not in _SIGHTED:  # made from a signature's second call: a cache that grows every token (transformers'
+        if len(_SIGHTED) >= MAX_PLANS:  # dynamic cache) makes a new signature each call, which would be recorded for
+            _SIGHTED.clear()  # nothing
+        _SIGHTED.add(key)
+        return whole()
+    out, seen, forgotten = _recording(_ROUTES_SEEN, whole)
+    if len(seen) != 1 or forgotten:
+        return out
+    route, inp = seen[0]
+    q, k, v, lam = tensors
+    lam_shape = _lam_view(inp.lam, lam)
+    if lam_shape is False or inp.attn_mask is not attn_mask:
+        return out
+    plan = RoutePlan(key[0], route, len(inp.v_parts) == 2, lam_shape, inp.causal, inp.scale, inp.qk_pairs is not None)
+    if _same_inputs(plan_inputs(plan, q, k, v, lam, attn_mask), inp):
+        if len(ROUTE_PLANS) >= MAX_PLANS:
+            ROUTE_PLANS.clear()
+        ROUTE_PLANS[key] = plan
+    return out
+
+
+def saw_route(route: str, inp) -> None:
+    """Record that the call being planned ran ``route`` on ``inp`` (:func:`planned_route`); nothing when none is, as
+    under torch.compile (which plans nothing, and cannot trace a context variable's read)."""
+    if torch.compiler.is_compiling():
+        return
+    seen = _ROUTES_SEEN.get()
+    if seen is not None:
+        seen.append((route, inp))
+
+
+def _same_inputs(a, b) -> bool:
+    """Whether two :class:`~diffattn.ops._inputs.DiffAttentionInputs` are the same inputs: each tensor the same view of
+    the same memory (shape, strides, dtype, address), the same tensors in the tuples, the same flags and numbers."""
+
+    def same(x, y) -> bool:
+        if isinstance(x, tuple) or isinstance(y, tuple):
+            return isinstance(x, tuple) and isinstance(y, tuple) and len(x) == len(y) and all(map(same, x, y))
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
+                    and x.stride() == y.stride() and x.dtype == y.dtype and x.data_ptr() == y.data_ptr())  # fmt: skip
+        return x == y and type(x) is type(y)
+
+    return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
