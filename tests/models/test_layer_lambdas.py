@@ -194,39 +194,65 @@ def test_a_model_of_one_layer_lets_it_compute_its_own():
     assert math.isfinite(float(_attentions(model)[0].lambda_full().detach()))
 
 
-def test_forwards_without_gradient_compute_lambda_once_until_a_vector_changes(monkeypatch):
-    """Decoding: λ is the same at every token, so a forward without gradient reuses the last one's λ — until a vector
-    is updated in place (an optimiser's step), its memory replaced (``model.to``), λ_init changed, or a forward takes a
-    gradient; the outputs are those of λ computed anew."""
+def test_a_decodings_forwards_compute_lambda_once_until_a_vector_changes(monkeypatch):
+    """Decoding: λ is the same at every token, so a forward without gradient against the same KV cache reuses the last
+    one's λ — until a vector is updated in place (an optimiser's step), its memory replaced (``model.to``), λ_init
+    changed, another mode (autocast, inference mode), or a forward takes a gradient; a forward without a cache, or
+    with another, computes its own (so an edit through ``.data``, which moves nothing, is seen from the next cache on);
+    the outputs are those of λ computed anew."""
+    from transformers import DynamicCache
+
+    from diffattn.eval.common import cache_keyword
+
     calls = _count_lambda_calls(monkeypatch)
     model, ids = _model(), _ids()
+    keyword = cache_keyword(model)
+    cache = DynamicCache()
+
+    def forward(cache=cache):
+        with torch.no_grad():
+            return model(input_ids=ids, use_cache=True, **{keyword: cache}).logits
+
+    first = forward()
+    again = forward()
+    assert calls == [LAYERS]
     with torch.no_grad():
-        first = model(input_ids=ids).logits
-        again = model(input_ids=ids).logits
-    assert calls == [LAYERS] and torch.equal(first, again)
+        fresh = model(input_ids=ids).logits  # no cache: its own λ
+    assert calls == [LAYERS] * 2 and torch.equal(first[:, -1], fresh[:, -1])
+    assert not torch.equal(again, first)  # (the cache grew: the second forward saw more keys)
 
     attn = _attentions(model)[1]
     with torch.no_grad():
         attn.lambda_q1.add_(0.25)  # an in-place update, as an optimiser's step
-        updated = model(input_ids=ids).logits
-    assert calls == [LAYERS] * 2 and not torch.equal(updated, first)
+    forward()
+    assert calls == [LAYERS] * 3
     lam = layer_lambdas(model.model).by_layer[attn.layer_idx]  # with gradient: computed, not remembered
     reference, _ = _reference_lambda(attn)
-    assert calls == [LAYERS] * 3
     assert abs(lam.item() - reference.item()) <= 4 * F32_EPS * abs(reference.item())
-    with torch.no_grad():
-        assert torch.equal(model(input_ids=ids).logits, updated)  # remembered from the no-grad forward before
-    assert calls == [LAYERS] * 3
+    assert calls == [LAYERS] * 4
+    forward()
+    forward()
+    assert calls == [LAYERS] * 4  # (the forward with gradient computed its own and left the decoding's memo alone)
 
     attn.lambda_init = attn.lambda_init + 0.1
-    with torch.no_grad():
-        model(input_ids=ids)
-    assert calls == [LAYERS] * 4
-    model.double()  # every vector's memory replaced
-    with torch.no_grad():
-        model(input_ids=ids)
+    forward()
     assert calls == [LAYERS] * 5
-    with torch.inference_mode():  # another mode: computed there, and remembered for its own forwards
-        model(input_ids=ids)
-        model(input_ids=ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        forward()
     assert calls == [LAYERS] * 6
+    forward()  # out of autocast again: another mode than the last forward's
+    assert calls == [LAYERS] * 7
+    attn.lambda_k2.data.mul_(2)  # through .data: neither version nor memory moves — seen from the next cache on
+    forward(DynamicCache())
+    assert calls == [LAYERS] * 8
+    model.double()  # every vector's memory replaced
+    forward()
+    assert calls == [LAYERS] * 9
+    with torch.inference_mode():  # another mode: computed there, and remembered for its own forwards
+        forward()
+        forward()
+    assert calls == [LAYERS] * 10
+    monkeypatch.setattr(diff_llama, "values_readable", lambda: False)  # traced or captured: computed every time
+    forward()
+    forward()
+    assert calls == [LAYERS] * 12

@@ -461,6 +461,17 @@ def test_a_decoding_call_of_a_decided_kind_runs_its_route_without_the_whole_path
     call(q, k, v, lam.detach(), keep.reshape(1, 9))
     call(q, k, v, lam.detach(), keep.reshape(1, 9))
     assert len(whole_runs) == runs + 7 and not call_plans.ROUTE_PLANS
+    # a plan's call still refuses a NaN λ (a value: checked every call), and a mask of another dtype in the same
+    # shape is another signature (validate casts an additive mask to Q's dtype: the plan would hand it on as it is)
+    call(q, k, v, lam.detach(), keep)
+    call(q, k, v, lam.detach(), keep)
+    assert len(call_plans.ROUTE_PLANS) == 1
+    with pytest.raises(ValueError, match="lam must be finite"):
+        call(q, k, v, torch.tensor(float("nan")), keep)
+    runs = len(whole_runs)
+    additive = torch.zeros(1, 1, 1, 9, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+    got = call(q, k, v, lam.detach(), additive)
+    assert len(whole_runs) == runs + 1 and torch.equal(got, call(q, k, v, lam.detach(), keep))
 
 
 def test_a_route_that_raises_on_its_plan_is_answered_by_the_whole_path(whole_runs, monkeypatch):

@@ -346,7 +346,17 @@ def test_fully_masked_rows_are_found_once_per_mask_until_it_changes(monkeypatch)
     rows(frozen)
     rows(frozen)
     assert len(found) == 6
+    with torch.inference_mode():  # found under inference mode (an inference tensor): not handed to a later call out
+        rows(keep)  # of it, which may save it for a backward
+    assert not rows(keep).is_inference() and len(found) == 8
+    # one mask of one value per key read by calls of two lengths (causality then differs by row): found for each
+    per_key = keep[:, :, :1].clone()
+    for q_len in (1, 3, 1):
+        q, k = torch.zeros(2, 2, q_len, 4), torch.zeros(2, 1, s, 4)
+        inp = validate(q, k, q, k, k, 0.5, causal=True, attn_mask=per_key, scale=None)
+        assert torch.equal(fully_masked_rows(inp), real(per_key, True, q_len, s))
+    assert len(found) == 11
     monkeypatch.setattr(_inputs, "values_readable", lambda: False)
     rows(keep)
     rows(keep)
-    assert len(found) == 8
+    assert len(found) == 13

@@ -142,10 +142,11 @@ class LayerLambdas:
         self.by_layer = by_layer
 
 
-def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
+def layer_lambdas(decoder: nn.Module, cache=None) -> LayerLambdas | None:
     """λ of DIFF Eq. 2 for every DIFF attention layer of ``decoder`` (a ``DiffLlamaModel``) in one chain of ops, their
     λ vectors stacked as rows (:func:`diffattn.lambdas.reparameterized_lambda`): ``{layer_idx: λ}`` in a
-    :class:`LayerLambdas`, each a 0-d float32 tensor whose gradient reaches that layer's vectors. None — each layer
+    :class:`LayerLambdas`, each a 0-d float32 tensor whose gradient reaches that layer's vectors (``cache``: the
+    forward's KV cache, by which the forwards of one decoding share their λ: :func:`_lambdas_source`). None — each layer
     then computes its own, as it always may — where batching would not be the same computation or not the faster
     one:
 
@@ -175,7 +176,7 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
         return None
     if lambda_in_kernel(first.device.index if first.is_cuda else None):
         return None
-    remembered = _remembered_lambdas(decoder, vectors, attentions)
+    remembered = _remembered_lambdas(decoder, vectors, attentions, cache)
     if remembered is not None:
         return remembered
     stacked = [torch.stack(column) for column in columns]
@@ -185,7 +186,7 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
     else:
         lams = reparameterized_lambda(*stacked, _lambda_inits(tuple(a.lambda_init for a in attentions), first.device))
     found = LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams, strict=True)})
-    _remember_without_grad(decoder, vectors, attentions, found)
+    _remember_without_grad(decoder, vectors, attentions, cache, found)
     return found
 
 
@@ -193,40 +194,48 @@ def layer_lambdas(decoder: nn.Module) -> LayerLambdas | None:
 _WITHOUT_GRAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _lambdas_source(vectors: list[torch.Tensor], attentions: list) -> tuple | None:
-    """What a forward's λ are computed from, where they may be remembered across forwards: without gradient (decoding:
-    λ is the same at every token until the vectors change), not while a graph is traced or captured (a remembered λ
-    would be a tensor made outside the graph). The vectors themselves (compared by identity), each one's version
-    counter and memory (an in-place update — an optimiser's step, ``load_state_dict`` — or ``.data`` replaced, as
-    ``model.to`` does, tells them apart), λ_init, and the modes the chain runs in."""
-    if torch.is_grad_enabled() or not values_readable():
+def _lambdas_source(vectors: list[torch.Tensor], attentions: list, cache) -> tuple | None:
+    """What a forward's λ are computed from, where they may be remembered across forwards: the forwards of one
+    decoding — without gradient, against one KV cache ``cache`` (the same object every token: λ is the same at every
+    token until the vectors change; a forward without a cache computes its own) — not while a graph is traced or
+    captured (a remembered λ would be a tensor made outside the graph). The cache and the vectors themselves (compared
+    by identity; the cache by weak reference, so that the memo keeps no cache alive), each vector's version counter
+    and memory (an in-place update — an optimiser's step, ``load_state_dict`` — or ``.data`` replaced, as ``model.to``
+    does, tells them apart), λ_init, and the modes the chain runs in. An edit through ``.data`` in place
+    (``p.data.copy_``: it moves neither the version counter nor the memory) is seen from the next cache on, not within
+    one decoding."""
+    if cache is None or torch.is_grad_enabled() or not values_readable():
         return None
     device = vectors[0].device
     autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     state = tuple((v._version, v.data_ptr()) for v in vectors)
-    return (tuple(vectors), state, tuple(a.lambda_init for a in attentions), autocast,
+    return (tuple(vectors), cache, state, tuple(a.lambda_init for a in attentions), autocast,
             torch.is_inference_mode_enabled())  # fmt: skip
 
 
-def _remembered_lambdas(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list) -> LayerLambdas | None:
+def _remembered_lambdas(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list,
+                        cache) -> LayerLambdas | None:  # fmt: skip
     """The λ of ``decoder``'s last forward without gradient, where they were computed from what this one's would be
-    (:func:`_lambdas_source`): at decoding, every layer's λ chain (a dozen kernels and their host work) once, not once a
-    token (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work")."""
-    source = _lambdas_source(vectors, attentions)
+    (:func:`_lambdas_source`): at decoding, every layer's λ chain (a dozen kernels and their host work) once per cache,
+    not once a token (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work")."""
+    source = _lambdas_source(vectors, attentions, cache)
     last = _WITHOUT_GRAD.get(decoder)
     if source is None or last is None:
         return None
-    (vectors_then, *rest), lams = last
-    if len(vectors_then) != len(vectors) or not all(map(operator.is_, vectors_then, vectors)):
+    (vectors_then, cache_then, *rest), lams = last
+    if cache_then() is not cache or len(vectors_then) != len(vectors):
         return None
-    return lams if tuple(rest) == source[1:] else None
+    if not all(map(operator.is_, vectors_then, vectors)):
+        return None
+    return lams if tuple(rest) == source[2:] else None
 
 
-def _remember_without_grad(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list,
+def _remember_without_grad(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list, cache,
                            lams: LayerLambdas) -> None:  # fmt: skip
-    source = _lambdas_source(vectors, attentions)
+    source = _lambdas_source(vectors, attentions, cache)
     if source is not None:
-        _WITHOUT_GRAD[decoder] = (source, lams)
+        vectors_now, _, *rest = source
+        _WITHOUT_GRAD[decoder] = ((vectors_now, weakref.ref(cache), *rest), lams)
 
 
 #: (λ_init of each layer, device) → those λ_init as one float32 tensor on that device: made once, not at every forward
@@ -244,7 +253,9 @@ def _lambda_inits(inits: tuple[float, ...], device: torch.device) -> torch.Tenso
 def hand_layers_their_lambdas(decoder: nn.Module, args: tuple, kwargs: dict):
     """A ``DiffLlamaModel``'s forward pre-hook (``with_kwargs=True``): its layers' λ computed at once
     (:func:`layer_lambdas`) added to the forward's keywords under :data:`LAMBDAS_KWARG`, where it applies."""
-    lams = layer_lambdas(decoder)
+    # the KV cache, under the name transformers gives it (``cache`` from 5.24): a decoding's forwards share it
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    lams = layer_lambdas(decoder, cache)
     if lams is None:
         return None
     return args, {**kwargs, LAMBDAS_KWARG: lams}

@@ -356,7 +356,9 @@ class LastMask:
     """What was derived from the last mask seen, remembered by identity and version counter: the model hands every
     layer, forward and backward, the same mask tensor, so a derivation runs once per mask, not per layer. An edit
     through ``mask.data`` is not seen; inference-mode tensors have no version counter, so theirs is derived anew
-    every call. Holds the mask by weak reference only."""
+    every call; and what was derived under inference mode is an inference tensor, which a call with gradient may not
+    save for its backward, so whether inference mode is on is part of the key. Holds the mask by weak reference
+    only."""
 
     def __init__(self) -> None:
         self._last: tuple | None = None  # (weak reference to the mask, its version, what was derived)
@@ -364,7 +366,7 @@ class LastMask:
     def get(self, mask: torch.Tensor, derive: Callable[[torch.Tensor], object], key: tuple = ()):
         """``derive(mask)``, or what it gave for the same mask, unchanged since, and the same ``key`` (what else the
         derivation reads)."""
-        version = None if mask.is_inference() else (mask._version, *key)
+        version = None if mask.is_inference() else (mask._version, torch.is_inference_mode_enabled(), *key)
         last = self._last
         if version is not None and last is not None and last[0]() is mask and last[1] == version:
             return last[2]
