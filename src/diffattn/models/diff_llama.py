@@ -176,7 +176,8 @@ def layer_lambdas(decoder: nn.Module, cache=None) -> LayerLambdas | None:
         return None
     if lambda_in_kernel(first.device.index if first.is_cuda else None):
         return None
-    remembered = _remembered_lambdas(decoder, vectors, attentions, cache)
+    source = _lambdas_source(vectors, attentions, cache)
+    remembered = _remembered_lambdas(decoder, source, cache)
     if remembered is not None:
         return remembered
     stacked = [torch.stack(column) for column in columns]
@@ -186,7 +187,7 @@ def layer_lambdas(decoder: nn.Module, cache=None) -> LayerLambdas | None:
     else:
         lams = reparameterized_lambda(*stacked, _lambda_inits(tuple(a.lambda_init for a in attentions), first.device))
     found = LayerLambdas({a.layer_idx: lam for a, lam in zip(attentions, lams, strict=True)})
-    _remember_without_grad(decoder, vectors, attentions, cache, found)
+    _remember_without_grad(decoder, source, cache, found)
     return found
 
 
@@ -213,15 +214,14 @@ def _lambdas_source(vectors: list[torch.Tensor], attentions: list, cache) -> tup
             torch.is_inference_mode_enabled())  # fmt: skip
 
 
-def _remembered_lambdas(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list,
-                        cache) -> LayerLambdas | None:  # fmt: skip
+def _remembered_lambdas(decoder: nn.Module, source: tuple | None, cache) -> LayerLambdas | None:
     """The λ of ``decoder``'s last forward without gradient, where they were computed from what this one's would be
-    (:func:`_lambdas_source`): at decoding, every layer's λ chain (a dozen kernels and their host work) once per cache,
-    not once a token (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work")."""
-    source = _lambdas_source(vectors, attentions, cache)
+    (``source``, :func:`_lambdas_source`): at decoding, every layer's λ chain (a dozen kernels and their host work)
+    once per cache, not once a token (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work")."""
     last = _WITHOUT_GRAD.get(decoder)
     if source is None or last is None:
         return None
+    vectors = source[0]
     (vectors_then, cache_then, *rest), lams = last
     if cache_then() is not cache or len(vectors_then) != len(vectors):
         return None
@@ -230,12 +230,11 @@ def _remembered_lambdas(decoder: nn.Module, vectors: list[torch.Tensor], attenti
     return lams if tuple(rest) == source[2:] else None
 
 
-def _remember_without_grad(decoder: nn.Module, vectors: list[torch.Tensor], attentions: list, cache,
-                           lams: LayerLambdas) -> None:  # fmt: skip
-    source = _lambdas_source(vectors, attentions, cache)
+def _remember_without_grad(decoder: nn.Module, source: tuple | None, cache, lams: LayerLambdas) -> None:
+    """Remember ``lams`` as what ``source`` (:func:`_lambdas_source`) gives, the cache by weak reference."""
     if source is not None:
-        vectors_now, _, *rest = source
-        _WITHOUT_GRAD[decoder] = ((vectors_now, weakref.ref(cache), *rest), lams)
+        vectors, _, *rest = source
+        _WITHOUT_GRAD[decoder] = ((vectors, weakref.ref(cache), *rest), lams)
 
 
 #: (λ_init of each layer, device) → those λ_init as one float32 tensor on that device: made once, not at every forward
