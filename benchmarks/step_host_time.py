@@ -4,17 +4,19 @@ baseline's GPU busy 8.6 ms of its 40; DIFF's step 17 ms longer at 1.5 ms more GP
 (≤ 1.25x the baseline's wall time, below transformers' DiffLlama) is a target on this share. Runs without a GPU.
 
 Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16] [--profile COLUMN]
-       python benchmarks/step_host_time.py --decode [--cache 64] [--tokens 4] ...
+       python benchmarks/step_host_time.py --decode [--dynamic] [--cache 64] [--tokens 4] ...
 
 ``--decode``: an eager decoding step instead (issue 37: "the decode path's fixed cost measured and cut"; issue 34:
 "decode never slower than the two-call route"), which on the H200 of 2026-11-29 was all host: `small` decoded at 7.0 ms
 a token eagerly against 0.40 in a CUDA graph, DIFF (auto) at 12.2 against DiffLlama's 10.9. As the GPU report's
 decode section (:func:`diffattn.bench.gpu_report.decode_steps`), eagerly: bf16 weights, transformers' static cache
-holding a ``--cache``-token prompt, ``--tokens`` tokens a step at the same positions, no gradient; ms per token.
-Columns: the baseline, DiffLlama, DIFF by ``sdpa_maps+epilogue`` (head norm in its kernel, the H200 table's first
-route for V1's unmasked d = 64 decoding class), ``sdpa_maps``, ``sdpa`` (what auto ran there on 2026-11-29: the
-static cache's mask put the call in a class the table did not have), ``triton`` (its launches stubbed too), the op
-as one dispatch, and DIFF V2 by ``sdpa``.
+holding a ``--cache``-token prompt, ``--tokens`` tokens a step at the same positions, no gradient; ms per token
+(``--dynamic``: transformers' dynamic cache instead, what ``generate()`` decodes against by default, cropped back to the
+prompt before each step). Columns: the baseline, DiffLlama, DIFF by ``sdpa_maps+epilogue`` (head norm in its kernel,
+the H200 table's first route for V1's unmasked d = 64 decoding class) and the same without route plans (``…, no
+plans``: the op's whole path every call, :mod:`diffattn.ops.call_plans`), ``sdpa_maps``, ``sdpa`` (what auto ran there
+on 2026-11-29: the static cache's mask put the call in a class the table did not have), ``triton`` (its launches
+stubbed too), the op as one dispatch, and DIFF V2 by ``sdpa``.
 
 What is timed: forward + backward of the `small` preset's structure (8 layers, 8 query heads, 8 KV heads, its
 vocabulary) at a tiny width (hidden 64: head width 8, DIFF's maps 8 and 16) and 16 tokens, under CPU autocast in
@@ -89,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         help="time an eager decoding step instead: one token a call against a static cache (bf16 weights, no grad)",
     )
     parser.add_argument("--cache", type=int, default=64, help="--decode: the prompt prefilled into the cache")
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="--decode against transformers' dynamic cache (generate()'s default: it grows a key every token)",
+    )
     parser.add_argument(
         "--profile", metavar="COLUMN", help="instead of the table: cProfile COLUMN's steps (--rounds of them)"
     )
@@ -223,6 +230,27 @@ def main(argv: list[str] | None = None) -> int:
         return build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
                            intermediate_size=128, **overrides)  # fmt: skip
 
+    def dynamic_decoding(model, ids, norm):
+        # the prompt prefilled into a dynamic cache once; each run decodes --tokens tokens after it, the cache cropped
+        # back to the prompt first (transformers 5.24's crop: a negative count of tokens to remove)
+        from transformers import DynamicCache
+
+        from diffattn.eval.common import cache_keyword
+
+        keyword, cache = cache_keyword(model), DynamicCache(config=model.config)
+        token = ids[:, -1:].clone()
+        positions = [torch.tensor([[args.cache + i]]) for i in range(args.tokens)]
+        with torch.no_grad(), ops.fused_head_norm(norm):
+            model(ids, use_cache=True, **{keyword: cache})
+
+        def eager():
+            cache.crop(args.cache - cache.get_seq_length())
+            with torch.no_grad():
+                for position in positions:
+                    model(token, use_cache=True, position_ids=position, **{keyword: cache})
+
+        return eager
+
     def decode_step_of(attention, backend, norm, lam_by, pairs, plans=True):
         # as the GPU report's decode section (diffattn.bench.gpu_report.decode_steps), eagerly: bf16 weights, a
         # static cache holding the prompt, each run `--tokens` tokens at the same positions
@@ -231,10 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         stand_in_op = backend == ONE_DISPATCH
         model = model_of(attention, "auto" if stand_in_op else backend, dtype=torch.bfloat16,
                          max_position_embeddings=args.cache + args.tokens).eval()  # fmt: skip
-        cache = StaticCache(config=model.config, max_cache_len=args.cache + args.tokens)
         ids = torch.randint(0, model.config.vocab_size, (1, args.cache), generator=torch.Generator().manual_seed(0))
-        with ops.fused_head_norm(norm):
-            _, eager, _, _ = gpu_report.decode_steps(model, cache, ids, args.tokens)
+        if args.dynamic:
+            eager = dynamic_decoding(model, ids, norm)
+        else:
+            cache = StaticCache(config=model.config, max_cache_len=args.cache + args.tokens)
+            with ops.fused_head_norm(norm):
+                _, eager, _, _ = gpu_report.decode_steps(model, cache, ids, args.tokens)
 
         def step():
             diff_llama.diff_attention_stacked = op_stand_in if stand_in_op else real_op
@@ -314,21 +345,22 @@ def main(argv: list[str] | None = None) -> int:
                 samples[name].append(time.perf_counter() - start)
     per = args.tokens if args.decode else 1  # decode: per token
     base = statistics.median(samples["baseline"]) / per
+    kind = "dynamic cache from" if args.dynamic else "static cache of"
     what = (
-        f"host ms per decoded token (eager, static cache of {args.cache} + {args.tokens}, bf16 weights, no grad)"
+        f"host ms per decoded token (eager, {kind} {args.cache} + {args.tokens}, bf16 weights, no grad)"
         if args.decode
         else f"host ms per forward+backward ({args.tokens} tokens, CPU autocast bf16)"
     )
     print(f"{what}, median of {args.rounds} interleaved rounds ({args.layers} layers, one thread; Triton launches "
           "stubbed). ratio: the median of each round's ratio to that round's baseline, with a 95% bootstrap interval "
           "(2,000 resamples of the rounds)")  # fmt: skip
-    print(f"{'column':34s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
+    print(f"{'column':40s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
           f"{'Triton':>7s}")  # fmt: skip
     for name in names:
         ms = 1e3 * statistics.median(samples[name]) / per
         ratio, low, high = paired_ratio(samples[name], samples["baseline"])
         aten, launched = kernels[name]
-        print(f"{name:34s} {ms:7.2f} {ms - 1e3 * base:6.2f} {ratio:6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
+        print(f"{name:40s} {ms:7.2f} {ms - 1e3 * base:6.2f} {ratio:6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
               f"{aten:13d} {launched:7d}")  # fmt: skip
     return 0
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_host_time.py"
 
 
@@ -65,3 +67,33 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     v2_maps, v2_epilogue, v2_direct = (rows[f"DIFF V2 {r}"] for r in ("sdpa_maps", "sdpa+epilogue", "cudnn_direct"))
     assert v2_direct == v2_epilogue and v2_direct[1] == 2 * layers
     assert v2_maps[1] == 0 and v2_maps[0] > v2_direct[0]
+
+
+def _rows(argv: list[str]) -> dict[str, tuple[int, int]]:
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {}
+    for line in done.stdout.splitlines():
+        match = re.match(r"(\S+(?: \S+)*?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
+        if match:
+            rows[match[1]] = (int(match[2]), int(match[3]))
+    return rows
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_the_decoding_proxy_runs_against_either_cache_and_a_plan_launches_what_the_whole_path_does(cache):
+    layers, tokens = 2, 3
+    argv = ["--decode", "--rounds", "2", "--layers", str(layers), "--tokens", str(tokens), "--cache", "8"]
+    rows = _rows(argv + (["--dynamic"] if cache == "dynamic" else []))
+    assert set(rows) == {
+        "baseline", "DiffLlama", "DIFF sdpa_maps+epilogue+norm", "DIFF sdpa_maps+epilogue+norm, no plans",
+        "DIFF sdpa_maps", "DIFF sdpa", "DIFF triton", "DIFF, op one dispatch", "DIFF V2 sdpa",
+    }  # fmt: skip
+    # route plans skip the op's host work, not its kernels: the same ATen kernels and launches with them and without
+    assert rows["DIFF sdpa_maps+epilogue+norm"] == rows["DIFF sdpa_maps+epilogue+norm, no plans"]
+    assert rows["DIFF sdpa_maps+epilogue+norm"][1] == layers * tokens, "the epilogue's kernel once a layer a token"
+    # the op as one dispatch: a decoding DIFF layer's own work is the baseline's (λ computed once per decoding, its
+    # ops not in a token: diffattn.models.diff_llama.layer_lambdas' memo)
+    assert rows["DIFF, op one dispatch"] == rows["baseline"]
+    assert rows["DIFF sdpa_maps"][1] == rows["DIFF sdpa"][1] == 0 < rows["DIFF triton"][1]

@@ -165,14 +165,20 @@ def test_cached_token_by_token_decoding_equals_full_forward(hf_diff, backend):
     torch.testing.assert_close(block, full[:, 6:], atol=ATOL, rtol=1e-5)
 
 
+def _decoding_call(plan, q, k, v, lam, options) -> tuple[bool, int, int]:
+    return options["attn_mask"] is not None, q.shape[-2], k.shape[-2]
+
+
 @pytest.mark.parametrize("backend", ["sdpa_maps", "auto"])
 def test_decoding_by_route_plans_gives_the_whole_paths_logits_bit_for_bit(hf_diff, backend, monkeypatch):
     # a decoding call of a kind decided before runs its route without the whole path (diffattn.ops.call_plans: route
     # plans), on the static cache's mask as on a dynamic cache's none: the same logits, bit for bit
+    from diffattn import ops
     from diffattn.ops import call_plans
 
     model = _installed_copy(hf_diff, backend)
     ids = _ids(b=1, t=10)
+    by_plan_of = ops._by_route_plan
 
     def decode():
         with torch.no_grad():
@@ -182,11 +188,15 @@ def test_decoding_by_route_plans_gives_the_whole_paths_logits_bit_for_bit(hf_dif
             dynamic, _ = decode_token_by_token(model, ids, prefill=4)
         return static, dynamic
 
+    by_plan = []  # (with a mask?, T, S) of each call a plan ran
+    monkeypatch.setattr(ops, "_by_route_plan", lambda *a: by_plan.append(_decoding_call(*a)) or by_plan_of(*a))
     planned = decode()
-    # the static cache's decoding calls keep their signature (its length is fixed: one a layer, whose head norms
-    # differ), planned from the second token on; the dynamic cache's grow by a key every token, a signature each
-    plans = call_plans.ROUTE_PLANS
-    assert plans and all(key[-1] is not None for key in plans)  # each with the static cache's mask
+    # the static cache's decoding calls keep their signature (its length is fixed; the layers' head norms differ, and
+    # a plan applies the call's own): planned from the second layer of the first token on; the dynamic cache's grow by
+    # a key every token, a signature each token that its layers share: planned from each token's second layer on
+    layers, tokens = model.config.num_hidden_layers, ids.shape[1] - 4
+    assert sum(masked for masked, _, _ in by_plan) == (layers - 2) + (tokens - 1) * layers
+    assert sum(not masked and s > 4 for masked, _, s in by_plan) == tokens * (layers - 2)
     monkeypatch.setattr(call_plans, "route_signature", lambda *a, **k: None)
     call_plans.forget()
     whole = decode()

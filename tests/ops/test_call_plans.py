@@ -474,6 +474,27 @@ def test_a_decoding_call_of_a_decided_kind_runs_its_route_without_the_whole_path
     assert len(whole_runs) == runs + 1 and torch.equal(got, call(q, k, v, lam.detach(), keep))
 
 
+def test_the_layers_of_one_token_share_a_route_plan_each_call_normed_by_its_own_head_norm(whole_runs, monkeypatch):
+    # DIFF's layers differ in their head norm's multiplier (1 - λ_init by depth): the plan's key says whether a norm
+    # comes, the call hands its own — so a cache that grows every token has its calls planned from its second layer on
+    q, k, v, lam, keep = _decoding()
+    norms = (HeadNorm(1e-5, 0.8), HeadNorm(1e-6, 0.55), None, HeadNorm(1e-5, 0.3))
+
+    def layers():
+        with torch.no_grad():
+            return [ops.diff_attention_stacked(q, k, v, lam, causal=False, attn_mask=keep, backend="sdpa_maps",
+                                               head_norm=norm) for norm in norms]  # fmt: skip
+
+    planned = layers()
+    # the first layer sights the signature, the second makes its plan, the fourth's call runs it; no norm: another key
+    assert whole_runs == ["_stacked_whole"] * 3 and len(call_plans.ROUTE_PLANS) == 1
+    monkeypatch.setattr(call_plans, "route_signature", lambda *a, **k: None)  # the whole path every call
+    whole = layers()
+    assert whole_runs == ["_stacked_whole"] * 7
+    assert all(torch.equal(a, b) for a, b in zip(planned, whole, strict=True))
+    assert not torch.equal(planned[0], planned[1]) and not torch.equal(planned[0], planned[3])
+
+
 def test_a_route_that_raises_on_its_plan_is_answered_by_the_whole_path(whole_runs, monkeypatch):
     q, k, v, lam, keep = _decoding()
 

@@ -73,8 +73,8 @@ _SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("diffattn_ca
 
 #: how many times the plans were forgotten: a plan recorded across a :func:`forget` is not kept
 _FORGOTTEN = [0]
-#: where a signature holds autocast's dtype (None: autocast off)
-_AUTOCAST = 6
+#: where a signature holds the head norm, and autocast's dtype (None: autocast off)
+_HEAD_NORM, _AUTOCAST = 4, 6
 
 
 def _layout(x: torch.Tensor) -> tuple:
@@ -215,12 +215,13 @@ def forget() -> None:
 # resolution (auto's call class and table order, or an explicit backend's support check) — then the route (SDPA calls,
 # the epilogue), which is the work. A decoding call of one signature resolves to the same route every token, so the
 # second call's route is remembered with what validate made of the arguments (not the first's: a cache that grows every
-# token makes a new signature every call), and later calls of that signature cut the caller's tensors the same way and
-# run that route (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's host work"). Only where the whole path
-# is the same computation: the entries taking Q and K whole (DiffLlama's layers, DIFF V2's), no gradient (training
-# calls' one-node plans are above), no autocast, no segments, a mask taken as it is (a bool mask, or an additive one in
-# Q's dtype: validate's is then the caller's own tensor), and where cutting the tensors again gives validate's inputs
-# exactly (:func:`_same_inputs`, checked when the plan is made). λ's finiteness, a value, is still checked (on the CPU).
+# token makes a new signature every token, which that token's layers then share), and later calls of that signature cut
+# the caller's tensors the same way and run that route (benchmarks/RESULTS.md, 2026-11-30, "An eager decoding step's
+# host work"). Only where the whole path is the same computation: the entries taking Q and K whole (DiffLlama's layers,
+# DIFF V2's), no gradient (training calls' one-node plans are above), no autocast, no segments, a mask taken as it is
+# (a bool mask, or an additive one in Q's dtype: validate's is then the caller's own tensor), and where cutting the
+# tensors again gives validate's inputs exactly (:func:`_same_inputs`, checked when the plan is made). λ's finiteness,
+# a value, is still checked (on the CPU). The head norm is the call's own: the key says only whether one comes.
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,9 @@ def route_signature(key: tuple | None, entry: str, backend: str, q, k, v, lam, c
         mask = None
     if key is None or key[_AUTOCAST] is not None or _inputs.wants_grad(q, k, v, lam, attn_mask):
         return None
-    return (*key, mask)
+    # whether a head norm comes, not its numbers: a plan applies the call's own (DIFF's differ by layer, λ_init's
+    # depth), so one token's layers share a signature — a cache that grows every token is planned from its second layer
+    return (*key[:_HEAD_NORM], head_norm is not None, *key[_HEAD_NORM + 1 :], mask)
 
 
 def route_plan(key: tuple | None) -> RoutePlan | None:
@@ -299,8 +302,8 @@ def planned_route(key: tuple | None, tensors: tuple, attn_mask: torch.Tensor | N
     if key is None:
         return whole()
     if key not in _SIGHTED:  # made from a signature's second call: a cache that grows every token (transformers'
-        if len(_SIGHTED) >= MAX_PLANS:  # dynamic cache) makes a new signature each call, which would be recorded for
-            _SIGHTED.clear()  # nothing
+        if len(_SIGHTED) >= MAX_PLANS:  # dynamic cache) makes a new signature each token, which its first layer's
+            _SIGHTED.clear()  # call would record for nothing if its model had one layer
         _SIGHTED.add(key)
         return whole()
     out, seen, forgotten = _recording(_ROUTES_SEEN, whole)
