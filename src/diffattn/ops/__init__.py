@@ -55,7 +55,9 @@ from ._inputs import (
     hidden_keys,
     interleaved_pair,
     packed_mask_segments,
+    pairs_cut,
     segments_from_position_ids,
+    stacked_cut,
     validate,
     with_packed_segments,
     with_segment_mask,
@@ -640,11 +642,7 @@ def _pairs_whole(backend, q, k, v, lam, *, causal, attn_mask, scale, segment_ids
     k_in_pairs = all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in (k, v)) and k.shape[1] == 2 * v.shape[1]
 
     def arrange(q, k, _q, _k, v):
-        q1, q2 = interleaved_pair(q, 1)
-        if k_in_pairs:
-            k1, k2 = interleaved_pair(k, 1)
-            return (q1, k1, q2, k2, v), {"qk_pairs": (q, k)}
-        return (q1, k, q2, k, v), {"qk_whole": (q, k)}
+        return pairs_cut(q, k, v, k_in_pairs)
 
     _check_heads_in_twos("q", q, "[B, 2H, T, d], an even number of query heads in pairs")
     return _validated_run(backend, arrange, (q, k, q, k, v), lam, causal=causal, attn_mask=attn_mask, scale=scale,
@@ -689,10 +687,7 @@ def _stacked_whole(backend, q, k, v, lam, *, causal, attn_mask, scale, segment_i
     halves_stacked = v_heads == k.shape[1]  # V's column halves stacked as heads, as DiffLlama has them
 
     def arrange(q, k, _q, _k, v):
-        (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-        if halves_stacked:
-            return (q1, k1, q2, k2, tuple(v.chunk(2, dim=1))), {"qk_whole": (q, k), "v_stacked": v}
-        return (q1, k1, q2, k2, v), {"qk_whole": (q, k)}
+        return stacked_cut(q, k, v, halves_stacked)
 
     if v_heads is not None and not halves_stacked and v_heads != k.shape[1] // 2:
         raise ValueError(

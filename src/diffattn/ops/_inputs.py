@@ -215,6 +215,29 @@ def interleaved_pair(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Ten
     return first, second
 
 
+def stacked_cut(q: torch.Tensor, k: torch.Tensor, v, halves_stacked: bool) -> tuple[tuple, dict]:
+    """DIFF V1's stacked layout (:func:`diffattn.ops.diff_attention_stacked`) cut into the maps' views for
+    :func:`validate`: ``((q1, k1, q2, k2, v), whole)`` — Q and K each by one chunk into map 1's heads and map 2's, V as
+    given or, ``halves_stacked``, its column halves stacked as heads (DiffLlama's) chunked likewise; ``whole``: the
+    caller's tensors they were cut from, validate's keywords. The one home of that cut: the entry's whole path and a
+    decoding call's route plan (:func:`diffattn.ops.call_plans.plan_inputs`) both make it."""
+    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
+    if halves_stacked:
+        return (q1, k1, q2, k2, tuple(v.chunk(2, dim=1))), {"qk_whole": (q, k), "v_stacked": v}
+    return (q1, k1, q2, k2, v), {"qk_whole": (q, k)}
+
+
+def pairs_cut(q: torch.Tensor, k: torch.Tensor, v, k_in_pairs: bool) -> tuple[tuple, dict]:
+    """The pairs layout (:func:`diffattn.ops.diff_attention_pairs`) cut as :func:`stacked_cut` cuts the stacked one:
+    Q's interleaved pairs into the maps' views, K likewise where ``k_in_pairs`` (DIFF V1's heads in pairs), else one K
+    for both maps (DIFF V2's); V whole."""
+    q1, q2 = interleaved_pair(q, 1)
+    if k_in_pairs:
+        k1, k2 = interleaved_pair(k, 1)
+        return (q1, k1, q2, k2, v), {"qk_pairs": (q, k)}
+    return (q1, k, q2, k, v), {"qk_whole": (q, k)}
+
+
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 

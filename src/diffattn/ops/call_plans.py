@@ -273,25 +273,16 @@ def route_plan(key: tuple | None) -> RoutePlan | None:
 
 def plan_inputs(plan: RoutePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
                 attn_mask: torch.Tensor | None) -> _inputs.DiffAttentionInputs:  # fmt: skip
-    """The inputs validate made for the call ``plan`` was made of, made again from these tensors as the plan's entry
-    cuts them: the stacked entry's Q and K each into the maps' halves by one chunk, V's stacked halves likewise
-    (DiffLlama's layout, read in place); the pairs entry's Q into its interleaved pairs, and K likewise or whole for
-    both maps (DIFF V2's)."""
+    """The inputs validate made for the call ``plan`` was made of, made again from these tensors by the cut the plan's
+    entry makes (:func:`~diffattn.ops._inputs.stacked_cut`, :func:`~diffattn.ops._inputs.pairs_cut`: the one home of
+    each), without validate's checks."""
+    cut = _inputs.pairs_cut if plan.entry == "pairs" else _inputs.stacked_cut
+    (q1, k1, q2, k2, v_in), whole = cut(q, k, v, plan.k_pairs if plan.entry == "pairs" else plan.halves)
     lam_t = lam if plan.lam_shape is None else lam.view(plan.lam_shape)
-    if plan.entry == "pairs":
-        q1, q2 = _inputs.interleaved_pair(q, 1)
-        if plan.k_pairs:
-            k1, k2 = _inputs.interleaved_pair(k, 1)
-            whole, pairs = None, (q, k)
-        else:
-            k1 = k2 = k
-            whole, pairs = (q, k), None
-        return _inputs.DiffAttentionInputs(q1, k1, q2, k2, (v,), lam_t, plan.causal, attn_mask, plan.scale, None,
-                                           whole, None, pairs)  # fmt: skip
-    (q1, q2), (k1, k2) = q.chunk(2, dim=1), k.chunk(2, dim=1)
-    parts = tuple(v.chunk(2, dim=1)) if plan.halves else (v,)
-    return _inputs.DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, plan.causal, attn_mask, plan.scale, None, (q, k),
-                                       v if plan.halves else None, None)  # fmt: skip
+    parts = v_in if isinstance(v_in, tuple) else (v_in,)
+    qk_whole, v_stacked, qk_pairs = (whole.get(name) for name in ("qk_whole", "v_stacked", "qk_pairs"))
+    return _inputs.DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, plan.causal, attn_mask, plan.scale, None,
+                                       qk_whole, v_stacked, qk_pairs)  # fmt: skip
 
 
 def planned_route(key: tuple | None, tensors: tuple, attn_mask: torch.Tensor | None,
