@@ -16,15 +16,20 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_host_time.py"
 
 
-def test_the_proxy_runs_and_counts_each_fusions_kernels():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "2", "--layers", "2", "--tokens", "8"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+def _rows(argv: list[str]) -> dict[str, tuple[int, int]]:
+    """The script's table run with ``argv``: each column's (ATen kernels, Triton launches) a step."""
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {}
     for line in done.stdout.splitlines():
         match = re.match(r"(\S+(?: \S+)*?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
         if match:
             rows[match[1]] = (int(match[2]), int(match[3]))
+    return rows
+
+
+def test_the_proxy_runs_and_counts_each_fusions_kernels():
+    rows = _rows(["--rounds", "2", "--layers", "2", "--tokens", "8"])
     columns = {
         "baseline",
         "DiffLlama",
@@ -40,7 +45,7 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
         "DIFF V2 sdpa+epilogue",
         "DIFF V2 cudnn_direct",
     }
-    assert set(rows) == columns, done.stdout
+    assert set(rows) == columns, sorted(rows)
     epilogue, norm, lam = (rows[f"DIFF cudnn+epilogue{s}"] for s in ("", "+norm", "+norm+lambda"))
     layers = 2
     assert rows["baseline"][1] == rows["DIFF cudnn"][1] == 0
@@ -67,17 +72,6 @@ def test_the_proxy_runs_and_counts_each_fusions_kernels():
     v2_maps, v2_epilogue, v2_direct = (rows[f"DIFF V2 {r}"] for r in ("sdpa_maps", "sdpa+epilogue", "cudnn_direct"))
     assert v2_direct == v2_epilogue and v2_direct[1] == 2 * layers
     assert v2_maps[1] == 0 and v2_maps[0] > v2_direct[0]
-
-
-def _rows(argv: list[str]) -> dict[str, tuple[int, int]]:
-    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = {}
-    for line in done.stdout.splitlines():
-        match = re.match(r"(\S+(?: \S+)*?)\s+[\d.]+\s+-?[\d.]+\s+[\d.]+\s+\[[\d.]+, [\d.]+\]\s+(\d+)\s+(\d+)$", line)
-        if match:
-            rows[match[1]] = (int(match[2]), int(match[3]))
-    return rows
 
 
 @pytest.mark.heavy
