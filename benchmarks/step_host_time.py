@@ -12,11 +12,12 @@ a token eagerly against 0.40 in a CUDA graph, DIFF (auto) at 12.2 against DiffLl
 decode section (:func:`diffattn.bench.gpu_report.decode_steps`), eagerly: bf16 weights, transformers' static cache
 holding a ``--cache``-token prompt, ``--tokens`` tokens a step at the same positions, no gradient; ms per token
 (``--dynamic``: transformers' dynamic cache instead, what ``generate()`` decodes against by default, cropped back to the
-prompt before each step). Columns: the baseline, DiffLlama, DIFF by ``sdpa_maps+epilogue`` (head norm in its kernel,
-the H200 table's first route for V1's unmasked d = 64 decoding class) and the same without route plans (``…, no
-plans``: the op's whole path every call, :mod:`diffattn.ops.call_plans`), ``sdpa_maps``, ``sdpa`` (what auto ran there
-on 2026-11-29: the static cache's mask put the call in a class the table did not have), ``triton`` (its launches
-stubbed too), the op as one dispatch, and DIFF V2 by ``sdpa``.
+prompt before each step: :func:`diffattn.bench.gpu_report.dynamic_decoding`). Columns: the baseline, DiffLlama, DIFF
+by ``sdpa_maps+epilogue`` (head norm in its kernel, the H200 table's first route for V1's unmasked d = 64 decoding
+class) and the same without route plans (``…, no plans``: the op's whole path every call,
+:mod:`diffattn.ops.call_plans`), ``sdpa_maps``, ``sdpa`` (what auto ran there on 2026-11-29: the static cache's mask
+put the call in a class the table did not have), ``triton`` (its launches stubbed too), the op as one dispatch, and
+DIFF V2 by ``sdpa``.
 
 What is timed: forward + backward of the `small` preset's structure (8 layers, 8 query heads, 8 KV heads, its
 vocabulary) at a tiny width (hidden 64: head width 8, DIFF's maps 8 and 16) and 16 tokens, under CPU autocast in
@@ -230,27 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         return build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
                            intermediate_size=128, **overrides)  # fmt: skip
 
-    def dynamic_decoding(model, ids, norm):
-        # the prompt prefilled into a dynamic cache once; each run decodes --tokens tokens after it, the cache cropped
-        # back to the prompt first (transformers 5.24's crop: a negative count of tokens to remove)
-        from transformers import DynamicCache
-
-        from diffattn.eval.common import cache_keyword
-
-        keyword, cache = cache_keyword(model), DynamicCache(config=model.config)
-        token = ids[:, -1:].clone()
-        positions = [torch.tensor([[args.cache + i]]) for i in range(args.tokens)]
-        with torch.no_grad(), ops.fused_head_norm(norm):
-            model(ids, use_cache=True, **{keyword: cache})
-
-        def eager():
-            cache.crop(args.cache - cache.get_seq_length())
-            with torch.no_grad():
-                for position in positions:
-                    model(token, use_cache=True, position_ids=position, **{keyword: cache})
-
-        return eager
-
     def decode_step_of(attention, backend, norm, lam_by, pairs, plans=True):
         # as the GPU report's decode section (diffattn.bench.gpu_report.decode_steps), eagerly: bf16 weights, a
         # static cache holding the prompt, each run `--tokens` tokens at the same positions
@@ -260,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         model = model_of(attention, "auto" if stand_in_op else backend, dtype=torch.bfloat16,
                          max_position_embeddings=args.cache + args.tokens).eval()  # fmt: skip
         ids = torch.randint(0, model.config.vocab_size, (1, args.cache), generator=torch.Generator().manual_seed(0))
-        if args.dynamic:
-            eager = dynamic_decoding(model, ids, norm)
+        if args.dynamic:  # the GPU report's own (diffattn.bench.gpu_report.dynamic_decoding)
+            with ops.fused_head_norm(norm):
+                eager = gpu_report.dynamic_decoding(model, ids, args.tokens)
         else:
             cache = StaticCache(config=model.config, max_cache_len=args.cache + args.tokens)
             with ops.fused_head_norm(norm):

@@ -103,8 +103,12 @@ def fake_gpu(monkeypatch):
         def graphed():
             pass
 
-        per_token[eager], per_token[graphed] = 0.5 * factor, 0.2 * factor
-        return gpu_report.PreparedDecode(eager, graphed, tokens, 300.0, cuda_graphs=column != "diffattn DIFF V2 (auto)")
+        def dynamic():
+            pass
+
+        per_token[eager], per_token[graphed], per_token[dynamic] = 0.5 * factor, 0.2 * factor, 0.6 * factor
+        graphs = column != "diffattn DIFF V2 (auto)"
+        return gpu_report.PreparedDecode(eager, graphed, tokens, 300.0, cuda_graphs=graphs, dynamic=dynamic)
 
     def run_fsdp_two_process(timeout_s, run):
         asked["fsdp"].append((timeout_s, run))
@@ -188,7 +192,9 @@ def test_every_section_on_a_fake_gpu_within_the_budget(fake_gpu, tmp_path, capsy
     assert decode["baseline"]["graph_ms_per_token"] == 0.2 and decode["baseline"]["eager_ms_per_token"] == 0.5
     assert sections["decode"]["errors"][0]["model"] == "HF DiffLlama"
     assert decode["baseline"]["cuda_graphs"] and not decode["diffattn DIFF V2 (auto)"]["cuda_graphs"]
-    assert "| 2080 | diffattn DIFF V2 (auto) | 0.200 | 1.00 | 0.500 | 1.00 | 300 | no: compiled only" in md
+    assert decode["baseline"]["dynamic_ms_per_token"] == 0.6 and decode["diffattn DIFF V2 (auto)"]["dynamic_ratio"] == 1
+    row = "| 2080 | diffattn DIFF V2 (auto) | 0.200 | 1.00 | 0.500 | 1.00 | 0.600 | 1.00 | 300 | no: compiled only"
+    assert row in md
 
     # one GPU: no FSDP2 step run, and the report says so
     assert asked["fsdp"] == [] and sections["fsdp2"]["status"] == "skipped: one GPU"
@@ -376,6 +382,13 @@ def test_decode_steps_run_the_same_positions_again_for_every_model(column):
     with torch.no_grad():
         full = model(torch.cat([ids, ids[:, -1:]], dim=1)).logits[:, -1]
     torch.testing.assert_close(first[0][:, -1], full, rtol=1e-4, atol=1e-4)
+    # against a dynamic cache (generate()'s default) likewise: cropped back to the prompt, the same positions each run,
+    # the static cache's logits
+    dynamic = gpu_report.dynamic_decoding(model, ids, tokens)
+    grown, again = dynamic(), dynamic()
+    for a, b, c in zip(grown, again, first, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
 
 
 def test_sections_runs_only_those_asked_for(fake_gpu, tmp_path, capsys):

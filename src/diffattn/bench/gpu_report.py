@@ -16,7 +16,8 @@ its error and the report goes on:
    (docs/methods.md §5).
 4. **decode** — one token at a time against transformers' ``StaticCache``, the step compiled with
    ``torch.compile(mode="reduce-overhead", fullgraph=True)`` so it replays as a CUDA graph (and the same step eager),
-   bf16 weights, per model of the train-step columns.
+   and eagerly against transformers' dynamic cache (what ``generate()`` decodes against by default), bf16 weights, per
+   model of the train-step columns.
 5. **FSDP2** — a 2-process ``fully_shard`` training step (NCCL, bf16 ``MixedPrecisionPolicy``) for the baseline and
    DIFF V1, only when a second GPU exists; on one GPU the row says "skipped: one GPU".
 
@@ -239,14 +240,17 @@ def run_train_section(budget: Budget, progress) -> dict:
 
 @dataclass
 class PreparedDecode:
-    """A model's decoding step, ready to time: ``eager()`` and ``graphed()`` each decode ``tokens`` tokens;
-    ``cuda_graphs`` False where inductor compiled the step but skipped CUDA graphs (it logs why)."""
+    """A model's decoding step, ready to time: ``eager()`` and ``graphed()`` each decode ``tokens`` tokens against a
+    static cache, ``dynamic()`` (where given) eagerly against transformers' dynamic cache, what ``generate()`` makes by
+    default (:func:`dynamic_decoding`); ``cuda_graphs`` False where inductor compiled the step but skipped CUDA graphs
+    (it logs why)."""
 
     eager: Callable[[], None]
     graphed: Callable[[], None]
     tokens: int
     peak_mib: float
     cuda_graphs: bool = True
+    dynamic: Callable[[], None] | None = None
 
 
 def prepare_decode(column: str, *, preset: str, prompt_len: int, tokens: int) -> PreparedDecode:
@@ -285,7 +289,10 @@ def prepare_decode(column: str, *, preset: str, prompt_len: int, tokens: int) ->
         graphed()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**20
-    return PreparedDecode(eager, graphed, tokens, peak, counters["inductor"]["cudagraph_skips"] == skips)
+    dynamic = dynamic_decoding(model, ids.to("cuda"), tokens)  # after the peak: its cache is not the static one's
+    dynamic()
+    graphs = counters["inductor"]["cudagraph_skips"] == skips
+    return PreparedDecode(eager, graphed, tokens, peak, graphs, dynamic)
 
 
 def decode_steps(model, cache, ids: torch.Tensor, tokens: int):
@@ -312,6 +319,31 @@ def decode_steps(model, cache, ids: torch.Tensor, tokens: int):
     with torch.no_grad():
         model(ids, use_cache=True, **{keyword: cache})
     return step, eager, token, positions
+
+
+def dynamic_decoding(model, ids: torch.Tensor, tokens: int) -> Callable[[], list[torch.Tensor]]:
+    """Prefill ``ids`` into transformers' dynamic cache — what ``model.generate()`` decodes against by default: it grows
+    by a key every token — and return ``run()``, which decodes ``tokens`` tokens after the prompt eagerly, the cache
+    cropped back to the prompt first (``crop`` by a negative count of tokens: transformers 5.17 and 5.24), and returns
+    their logits. One cache object across runs, as one generation's forwards share one (a memo kept per cache, such as
+    DIFF's λ, is then worked out once per prefill, not once per run: one chain in ``tokens`` tokens' time)."""
+    from transformers import DynamicCache
+
+    from ..eval.common import cache_keyword
+
+    keyword, cache = cache_keyword(model), DynamicCache(config=model.config)
+    prompt_len = ids.shape[1]
+    token = ids[:, -1:].clone()
+    positions = [torch.tensor([[prompt_len + i]], device=ids.device) for i in range(tokens)]
+    with torch.no_grad():
+        model(ids, use_cache=True, **{keyword: cache})
+
+    def run():
+        cache.crop(prompt_len - cache.get_seq_length())
+        with torch.no_grad():
+            return [model(token, use_cache=True, position_ids=p, **{keyword: cache}).logits for p in positions]
+
+    return run
 
 
 def rewind_static_cache(cache, length: int) -> None:
@@ -345,13 +377,14 @@ def run_decode_section(budget: Budget, progress) -> dict:
         "model",
     )
     rows = []
-    times = {name: {"eager": [], "graph": []} for name in prepared}
+    times = {name: {"eager": [], "graph": [], "dynamic": []} for name in prepared}
     for _ in range(DECODE_REPS):  # interleaved round-robin, as the other benchmarks
         for name, p in prepared.items():
             times[name]["eager"].append(ms_per_token(p.eager, p.tokens))
             times[name]["graph"].append(ms_per_token(p.graphed, p.tokens))
+            times[name]["dynamic"].append(ms_per_token(p.dynamic, p.tokens) if p.dynamic else math.nan)
     median = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
-    base = median.get("baseline", {"eager": math.nan, "graph": math.nan})
+    base = median.get("baseline", {"eager": math.nan, "graph": math.nan, "dynamic": math.nan})
     for name, m in median.items():
         rows.append(
             {
@@ -362,6 +395,8 @@ def run_decode_section(budget: Budget, progress) -> dict:
                 "eager_ratio": m["eager"] / base["eager"],
                 "graph_ms_per_token": m["graph"],
                 "graph_ratio": m["graph"] / base["graph"],
+                "dynamic_ms_per_token": m["dynamic"],
+                "dynamic_ratio": m["dynamic"] / base["dynamic"],
                 "peak_mib": prepared[name].peak_mib,
                 "cuda_graphs": prepared[name].cuda_graphs,
             }
@@ -581,9 +616,11 @@ def _train_markdown(part: dict) -> list[str]:
 
 def _decode_markdown(part: dict) -> list[str]:
     return _table(
-        ["cache", "model", "CUDA graph ms/token", "× base", "eager ms/token", "× base", "peak MiB", "graphs replayed"],
+        ["cache", "model", "CUDA graph ms/token", "× base", "eager ms/token", "× base", "eager, dynamic cache",
+         "× base", "peak MiB", "graphs replayed"],
         [[str(r["cache_len"]), r["model"], _num(r["graph_ms_per_token"], ".3f"), _num(r["graph_ratio"], ".2f"),
-          _num(r["eager_ms_per_token"], ".3f"), _num(r["eager_ratio"], ".2f"), _num(r["peak_mib"], ".0f"),
+          _num(r["eager_ms_per_token"], ".3f"), _num(r["eager_ratio"], ".2f"),
+          _num(r.get("dynamic_ms_per_token"), ".3f"), _num(r.get("dynamic_ratio"), ".2f"), _num(r["peak_mib"], ".0f"),
           "yes" if r["cuda_graphs"] else "no: compiled only (inductor skipped graphs)"] for r in part["rows"]],
     ) + _notes(part, "skipped_models", "model")  # fmt: skip
 
@@ -615,7 +652,11 @@ def _headings() -> dict[str, tuple[str, Callable[[dict], list[str]]]]:
             f"train step, bf16 mixed precision, preset {TRAIN_PRESET}, batch {TRAIN_BATCH}",
             _train_markdown,
         ),
-        "decode": (f"decode per token, bf16 weights, static cache, preset {DECODE_PRESET}, batch 1", _decode_markdown),
+        "decode": (
+            f"decode per token, bf16 weights, static cache (and eagerly a dynamic one), preset {DECODE_PRESET}, "
+            "batch 1",
+            _decode_markdown,
+        ),
         "fsdp2": (f"FSDP2 step, 2 processes, preset {FSDP_PRESET}, bf16 parameters, fp32 reduction", _fsdp_markdown),
     }
 
