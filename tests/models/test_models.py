@@ -192,8 +192,9 @@ def test_decoding_by_route_plans_gives_the_whole_paths_logits_bit_for_bit(hf_dif
     monkeypatch.setattr(ops, "_by_route_plan", lambda *a: by_plan.append(_decoding_call(*a)) or by_plan_of(*a))
     planned = decode()
     # the static cache's decoding calls keep their signature (its length is fixed; the layers' head norms differ, and
-    # a plan applies the call's own): planned from the second layer of the first token on; the dynamic cache's grow by
-    # a key every token, a signature each token that its layers share: planned from each token's second layer on
+    # a plan applies the call's own): the plan made at the first token's second layer, run from its third on; the
+    # dynamic cache's grow by a key every token, a signature each token that its layers share: the plan made at each
+    # token's second layer, run from its third on
     layers, tokens = model.config.num_hidden_layers, ids.shape[1] - 4
     assert sum(masked for masked, _, _ in by_plan) == (layers - 2) + (tokens - 1) * layers
     assert sum(not masked and s > 4 for masked, _, s in by_plan) == tokens * (layers - 2)

@@ -476,7 +476,8 @@ def test_a_decoding_call_of_a_decided_kind_runs_its_route_without_the_whole_path
 
 def test_the_layers_of_one_token_share_a_route_plan_each_call_normed_by_its_own_head_norm(whole_runs, monkeypatch):
     # DIFF's layers differ in their head norm's multiplier (1 - λ_init by depth): the plan's key says whether a norm
-    # comes, the call hands its own — so a cache that grows every token has its calls planned from its second layer on
+    # comes, the call hands its own — so a cache that grows every token has its calls planned from each token's third
+    # layer on (its second makes the plan)
     q, k, v, lam, keep = _decoding()
     norms = (HeadNorm(1e-5, 0.8), HeadNorm(1e-6, 0.55), None, HeadNorm(1e-5, 0.3))
 
@@ -493,6 +494,29 @@ def test_the_layers_of_one_token_share_a_route_plan_each_call_normed_by_its_own_
     assert whole_runs == ["_stacked_whole"] * 7
     assert all(torch.equal(a, b) for a, b in zip(planned, whole, strict=True))
     assert not torch.equal(planned[0], planned[1]) and not torch.equal(planned[0], planned[3])
+
+
+@pytest.mark.parametrize("k_in_pairs", [True, False], ids=["v1-pairs", "v2-shared-k"])
+def test_the_pairs_entry_decoding_runs_its_route_plan_with_k_in_pairs_or_whole(whole_runs, k_in_pairs):
+    # DIFF V1 in interleaved pairs (K in pairs too) and DIFF V2 (one K for both maps): a decoding call of a decided kind
+    # runs its route plan, on inputs cut again as pairs_cut cuts them — validate's exactly, or no plan is made
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 1, 8, generator=g)
+    k = torch.randn(1, 4 if k_in_pairs else 2, 9, 8, generator=g)
+    v = torch.randn(1, 2, 9, 16 if k_in_pairs else 8, generator=g)
+    lam = torch.tensor(0.3)
+
+    def call(*tensors):
+        with torch.no_grad():
+            return ops.diff_attention_pairs(*tensors, causal=True, backend="sdpa_maps")
+
+    first, second = call(q, k, v, lam), call(q, k, v, lam)
+    assert whole_runs == ["_pairs_whole"] * 2 and len(call_plans.ROUTE_PLANS) == 1
+    later = (torch.randn_like(q), torch.randn_like(k), torch.randn_like(v), torch.tensor(0.6))
+    planned = call(*later)
+    assert whole_runs == ["_pairs_whole"] * 2, "the route plan ran, not the whole path"
+    call_plans.forget()
+    assert torch.equal(first, second) and torch.equal(planned, call(*later))
 
 
 def test_a_route_that_raises_on_its_plan_is_answered_by_the_whole_path(whole_runs, monkeypatch):

@@ -263,7 +263,8 @@ def route_signature(key: tuple | None, entry: str, backend: str, q, k, v, lam, c
     if key is None or key[_AUTOCAST] is not None or _inputs.wants_grad(q, k, v, lam, attn_mask):
         return None
     # whether a head norm comes, not its numbers: a plan applies the call's own (DIFF's differ by layer, λ_init's
-    # depth), so one token's layers share a signature — a cache that grows every token is planned from its second layer
+    # depth), so one token's layers share a signature — a cache that grows every token makes a new one each token, its
+    # plan made at the token's second layer and run from the third on
     return (*key[:_HEAD_NORM], head_norm is not None, *key[_HEAD_NORM + 1 :], mask)
 
 
