@@ -546,7 +546,7 @@ def test_the_inputs_a_plan_makes_again_are_validates_exactly():
                        qk_whole=(q, k), v_stacked=v)  # fmt: skip
     plan = call_plans.RoutePlan("stacked", "sdpa_maps", True, None, False, inp.scale)
     assert call_plans._same_inputs(call_plans.plan_inputs(plan, q, k, v, lam, keep), inp)
-    for other in ({"halves": False}, {"causal": True}, {"scale": inp.scale * 2}, {"entry": "pairs"}):
+    for other in ({"split": False}, {"causal": True}, {"scale": inp.scale * 2}, {"entry": "pairs"}):
         other = dataclasses.replace(plan, **other)
         assert not call_plans._same_inputs(call_plans.plan_inputs(other, q, k, v, lam, keep), inp), other
     assert not call_plans._same_inputs(call_plans.plan_inputs(plan, q, k, v.clone(), lam, keep), inp)  # other memory

@@ -226,17 +226,17 @@ def forget() -> None:
 
 @dataclass(frozen=True)
 class RoutePlan:
-    """What a call without gradient of one signature ran: ``route`` on the caller's Q and K cut into the maps' heads as
-    its entry cuts them (:func:`plan_inputs`), V's halves stacked as heads cut likewise where ``halves`` (else V
-    whole), λ as given or by the view of ``lam_shape``, ``causal`` and ``scale`` as validate made them."""
+    """What a call without gradient of one signature ran: ``route`` on the caller's tensors cut as its entry cuts them
+    (:func:`plan_inputs`) with the cut's flag ``split`` — the stacked entry's V halves stacked as heads
+    (:func:`~diffattn.ops._inputs.stacked_cut`), the pairs entry's K in pairs (:func:`~diffattn.ops._inputs.pairs_cut`)
+    —, λ as given or by the view of ``lam_shape``, ``causal`` and ``scale`` as validate made them."""
 
     entry: str
     route: str
-    halves: bool
+    split: bool
     lam_shape: torch.Size | None
     causal: bool
     scale: float
-    k_pairs: bool = False  # the pairs entry: K in interleaved pairs too (DIFF V1's), else one K for both maps
 
 
 #: route signature → its plan
@@ -256,6 +256,8 @@ def route_signature(key: tuple | None, entry: str, backend: str, q, k, v, lam, c
     if attn_mask is not None:
         if type(attn_mask) is not torch.Tensor:
             return None
+        if _inputs.wants_grad(*(x for x in (q, k, v, lam, attn_mask) if isinstance(x, torch.Tensor))):
+            return None  # a training call with a mask: no route plan, and no second signature worked out for one
         key = signature(entry, backend, q, k, v, lam, causal, None, scale, None, head_norm)
         mask = _layout(attn_mask)
     else:
@@ -278,12 +280,10 @@ def plan_inputs(plan: RoutePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     entry makes (:func:`~diffattn.ops._inputs.stacked_cut`, :func:`~diffattn.ops._inputs.pairs_cut`: the one home of
     each), without validate's checks."""
     cut = _inputs.pairs_cut if plan.entry == "pairs" else _inputs.stacked_cut
-    (q1, k1, q2, k2, v_in), whole = cut(q, k, v, plan.k_pairs if plan.entry == "pairs" else plan.halves)
+    (q1, k1, q2, k2, v_in), whole = cut(q, k, v, plan.split)
     lam_t = lam if plan.lam_shape is None else lam.view(plan.lam_shape)
     parts = v_in if isinstance(v_in, tuple) else (v_in,)
-    qk_whole, v_stacked, qk_pairs = (whole.get(name) for name in ("qk_whole", "v_stacked", "qk_pairs"))
-    return _inputs.DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, plan.causal, attn_mask, plan.scale, None,
-                                       qk_whole, v_stacked, qk_pairs)  # fmt: skip
+    return _inputs.DiffAttentionInputs(q1, k1, q2, k2, parts, lam_t, plan.causal, attn_mask, plan.scale, **whole)
 
 
 def planned_route(key: tuple | None, tensors: tuple, attn_mask: torch.Tensor | None,
@@ -306,7 +306,8 @@ def planned_route(key: tuple | None, tensors: tuple, attn_mask: torch.Tensor | N
     lam_shape = _lam_view(inp.lam, lam)
     if lam_shape is False or inp.attn_mask is not attn_mask:
         return out
-    plan = RoutePlan(key[0], route, len(inp.v_parts) == 2, lam_shape, inp.causal, inp.scale, inp.qk_pairs is not None)
+    split = inp.qk_pairs is not None if key[0] == "pairs" else len(inp.v_parts) == 2
+    plan = RoutePlan(key[0], route, split, lam_shape, inp.causal, inp.scale)
     if _same_inputs(plan_inputs(plan, q, k, v, lam, attn_mask), inp):
         if len(ROUTE_PLANS) >= MAX_PLANS:
             ROUTE_PLANS.clear()
