@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+import diffattn
 from diffattn.bench.attention import run_attention_benchmark, target_lines
-from diffattn.cli import main
+from diffattn.cli import build_parser, main
 
 
 def test_help_lists_subcommands(capsys):
@@ -24,6 +25,20 @@ def test_help_lists_subcommands(capsys):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "diffattn.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("diffattn ")
+
+
+def test_version_is_answered_without_loading_torch_as_argparse_would_answer_it(capsys):
+    """``diffattn --version`` before the parser (whose help texts import torch and transformers) is built."""
+    code = (
+        "import sys\nfrom diffattn.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    print(e.code, 'torch' in sys.modules or 'transformers' in sys.modules)"
+    )
+    for argv in (["--version"], ["-v", "--version"]):
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+        assert out.stdout.splitlines() == [f"diffattn {diffattn.__version__}", "0 False"], out.stderr
+    with pytest.raises(SystemExit) as e:  # the parser's own version action, where the fast path does not answer
+        build_parser().parse_args(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"diffattn {diffattn.__version__}\n"
 
 
 def test_cli_starts_without_loading_torch():

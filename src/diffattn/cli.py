@@ -741,7 +741,16 @@ def _add_bench_commands(sub) -> None:
     b.set_defaults(func=cmd_bench_train_step)
 
 
+def _asks_only_the_version(argv: list[str]) -> bool:
+    """``diffattn --version`` (with ``-v`` at most beside it): answered before the parser is built, since building it
+    imports torch and transformers for its help texts (seconds) and the version needs neither."""
+    return "--version" in argv and set(argv) <= {"--version", "-v", "--verbose"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _asks_only_the_version(sys.argv[1:] if argv is None else argv):
+        print(f"diffattn {__version__}")  # what argparse's version action prints, and its exit
+        raise SystemExit(0)
     try:  # Ctrl-C while the parser is built (its help texts import the suite and method tables): one line too
         parser = build_parser()
         args = parser.parse_args(argv)
