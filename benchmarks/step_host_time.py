@@ -3,7 +3,8 @@ does work — the part that decides its time on a GPU, where that step is host-b
 baseline's GPU busy 8.6 ms of its 40; DIFF's step 17 ms longer at 1.5 ms more GPU time). Issue 34's step target
 (≤ 1.25x the baseline's wall time, below transformers' DiffLlama) is a target on this share. Runs without a GPU.
 
-Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16] [--profile COLUMN]
+Usage: python benchmarks/step_host_time.py [--rounds 30] [--layers 8] [--tokens 16] [--triton-launcher]
+                                           [--profile COLUMN]
        python benchmarks/step_host_time.py --decode [--dynamic] [--cache 64] [--tokens 4] ...
 
 ``--decode``: an eager decoding step instead (issue 37: "the decode path's fixed cost measured and cut"; issue 34:
@@ -55,8 +56,11 @@ output [B, T, H, dv]-laid-out as CUDA's kernels write it and computes nothing: o
 one launch — where PyTorch's CPU SDPA would run its math fallback for DIFF's V wider than Q (a dozen ops a call that
 no GPU runs). Triton launches are stubbed (their outputs are left unwritten: the numbers are garbage, the host work is
 not), so a
-Triton launch's own host cost — Triton's Python launcher, tens of µs — is **not** in these times; the launches are
-counted beside them (ATen kernels and Triton launches in one step, views and allocations not counted), and a
+Triton launch's own host cost — Triton's Python launcher, tens of µs — is **not** in these times, unless
+``--triton-launcher`` runs each launch through Triton's own launch path under a host-only driver
+(:mod:`diffattn.bench.triton_host`: compiled for sm_90 on first use, bound and specialised by Triton every call, only
+the generated C launcher stood in; 2026-11-30); the launches are counted beside them (ATen kernels and Triton
+launches in one step, views and allocations not counted), and a
 prediction for a GPU adds them at a stated cost. The check that λ is finite (a few ops and a read of one number a call)
 runs on the CPU only and is skipped here, as on the GPU (until 2026-11-29 it was in the DIFF columns, its ops counted
 as 8 kernels a step).
@@ -66,12 +70,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import sys
 import time
-
-os.environ["TRITON_INTERPRET"] = "1"  # the kernels' Python path without a GPU (their launches are stubbed below)
 
 #: dispatches that launch no kernel on a GPU (views, metadata, allocations)
 NO_KERNEL = {
@@ -98,10 +101,25 @@ def main(argv: list[str] | None = None) -> int:
         help="--decode against transformers' dynamic cache (generate()'s default: it grows a key every token)",
     )
     parser.add_argument(
+        "--triton-launcher",
+        action="store_true",
+        help="Triton's own launch path run for real under a host-only driver (diffattn.bench.triton_host: each kernel "
+        "compiled for sm_90 on first use, only the C launcher stood in) instead of each launch stubbed",
+    )
+    parser.add_argument(
         "--profile", metavar="COLUMN", help="instead of the table: cProfile COLUMN's steps (--rounds of them)"
     )
     args = parser.parse_args(argv)
+    if args.triton_launcher:  # the kernels imported compiled, for the host-only driver to compile and "launch"
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:  # the kernels' Python path without a GPU (their launches are stubbed below)
+        os.environ["TRITON_INTERPRET"] = "1"
+    with contextlib.ExitStack() as host_only:  # --triton-launcher's driver, Triton's own again on the way out
+        return _table(args, parser, host_only)
 
+
+def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only: contextlib.ExitStack) -> int:
+    """The columns built, warmed up, counted and timed in interleaved rounds; the table printed."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -113,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     triton_launches = [0]
+    if args.triton_launcher:
+        from diffattn.bench.triton_host import host_only_triton
+        from diffattn.ops.triton import tuning
+
+        if tuning.INTERPRETED:  # main() called again in one process: triton.jit decided at the first import
+            parser.error("--triton-launcher: the kernels were imported for the interpreter in this process")
+        launch_count = host_only.enter_context(host_only_triton())
+        ops._triton_device_reason_by_type = lambda device_type: None  # the Triton routes on CPU tensors, compiled
 
     class NoLaunch:  # kernels launched as kernel[grid](...)
         def __getitem__(self, grid):
@@ -132,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     from diffattn.ops import _inputs
 
     _inputs.check_lambda_finite = lambda lam: None
-    epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
-    reparam._lambda_fwd_kernel, reparam._lambda_bwd_kernel = LambdaNoLaunch(), NoLaunch()
+    if not args.triton_launcher:
+        epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+        reparam._lambda_fwd_kernel, reparam._lambda_bwd_kernel = LambdaNoLaunch(), NoLaunch()
     sdpa._cudnn_device_reason = lambda *a: None  # the cuDNN route runs on the CPU, its call the stand-in below
     # what the routes do on CUDA only, done here too: the cuDNN route's sdpa_kernel block (the stand-in ignores it)
     # and the guard that hands each call's gradient on in its output's layout (sdpa.GUARDED_DEVICES)
@@ -223,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             "DIFF, op one dispatch": ("diff", ONE_DISPATCH, None, MODEL, False),
             "DIFF V2 sdpa": ("diff-v2", "sdpa", None, MODEL, False),
         }
-        # the fused kernel's launches, stubbed as the others' are (its decoding kernels and their combine)
-        launch._launch = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
-        launch._combine_kernel = launch._decode_vector_kernel = NoLaunch()
+        if not args.triton_launcher:  # the fused kernel's launches, stubbed as the others' are (decoding, combine)
+            launch._launch = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+            launch._combine_kernel = launch._decode_vector_kernel = NoLaunch()
 
     def model_of(attention, backend, **overrides):
         return build_model("small", attention, backend=backend, seed=0, num_layers=args.layers, hidden_size=64,
@@ -285,6 +312,18 @@ def main(argv: list[str] | None = None) -> int:
         return step
 
     steps = {name: step_of(*spec, plans=name != NO_PLANS) for name, spec in columns.items()}
+    if args.triton_launcher:  # the epilogue's launches stubbed in one column, its twin's: Triton's launcher paired
+        twin = "DIFF sdpa_maps+epilogue+norm" if args.decode else "DIFF cudnn_direct+norm"
+        real_launch, twin_step = epilogue._launch_subtract, step_of(*columns[twin])
+
+        def without_launcher():
+            epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, 1 + triton_launches[0])
+            try:
+                twin_step()
+            finally:
+                epilogue._launch_subtract = real_launch
+
+        steps[f"{twin}, launches stubbed"] = without_launcher
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -299,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, step in steps.items():  # warm-up, and one step counted
         step()
         triton_launches[0] = 0
+        if args.triton_launcher:
+            launch_count.reset()
         with Count() as count:
             step()
         aten = sum(n for op, n in count.ops.items() if op not in NO_KERNEL)
-        kernels[name] = (aten, triton_launches[0])
+        kernels[name] = (aten, triton_launches[0] + (launch_count.launches if args.triton_launcher else 0))
     if args.profile:
         import cProfile
         import pstats
@@ -332,9 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.decode
         else f"host ms per forward+backward ({args.tokens} tokens, CPU autocast bf16)"
     )
+    launches = "through Triton's launcher, host-only" if args.triton_launcher else "stubbed"
     print(f"{what}, median of {args.rounds} interleaved rounds ({args.layers} layers, one thread; Triton launches "
-          "stubbed). ratio: the median of each round's ratio to that round's baseline, with a 95% bootstrap interval "
-          "(2,000 resamples of the rounds)")  # fmt: skip
+          f"{launches}). ratio: the median of each round's ratio to that round's baseline, with a 95% bootstrap "
+          "interval (2,000 resamples of the rounds)")  # fmt: skip
     print(f"{'column':40s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
           f"{'Triton':>7s}")  # fmt: skip
     for name in names:

@@ -91,3 +91,19 @@ def test_the_decoding_proxy_runs_against_either_cache_and_a_plan_launches_what_t
     # ops not in a token: diffattn.models.diff_llama.layer_lambdas' memo)
     assert rows["DIFF, op one dispatch"] == rows["baseline"]
     assert rows["DIFF sdpa_maps"][1] == rows["DIFF sdpa"][1] == 0 < rows["DIFF triton"][1]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("decode", [False, True], ids=["train", "decode"])
+def test_through_tritons_own_launcher_each_column_launches_what_the_stubs_counted(decode):
+    """``--triton-launcher``: every launch through Triton's real launch path (compiled for sm_90, launched nowhere;
+    diffattn.bench.triton_host), so the host's share includes Triton's launcher. The same ATen kernels and Triton
+    launches a step as with the launches stubbed: the stubs stood for exactly these launches, the fused kernel's
+    decoding among them. One more column, the epilogue's launches stubbed in its twin's step, launches the same."""
+    argv = ["--rounds", "2", "--layers", "2", "--tokens", "3" if decode else "8"]
+    argv += ["--decode", "--cache", "8"] if decode else []
+    stubbed, launched = _rows(argv), _rows([*argv, "--triton-launcher"])
+    twin = "DIFF sdpa_maps+epilogue+norm" if decode else "DIFF cudnn_direct+norm"
+    assert launched.pop(f"{twin}, launches stubbed") == launched[twin] == stubbed[twin]
+    assert launched == stubbed
+    assert sum(triton for _, triton in launched.values()) > 0
