@@ -53,17 +53,17 @@ the median of the rounds' paired ratios to the baseline with a bootstrap interva
 
 Every attention call (``scaled_dot_product_attention``, every column's) is one stand-in op each way that allocates its
 output [B, T, H, dv]-laid-out as CUDA's kernels write it and computes nothing: one dispatch, as a fused GPU kernel is
-one launch — where PyTorch's CPU SDPA would run its math fallback for DIFF's V wider than Q (a dozen ops a call that
-no GPU runs). Triton launches are stubbed (their outputs are left unwritten: the numbers are garbage, the host work is
-not), so a
-Triton launch's own host cost — Triton's Python launcher, tens of µs — is **not** in these times, unless
+one launch — where PyTorch's CPU SDPA would run its math fallback for DIFF's V wider than Q (a dozen ops a call that no
+GPU runs). Triton launches are stubbed (their outputs are left unwritten: the numbers are garbage, the host work is
+not), so a Triton launch's own host cost — Triton's Python launcher, tens of µs — is **not** in these times, unless
 ``--triton-launcher`` runs each launch through Triton's own launch path under a host-only driver
 (:mod:`diffattn.bench.triton_host`: compiled for sm_90 on first use, bound and specialised by Triton every call, only
-the generated C launcher stood in; 2026-11-30); the launches are counted beside them (ATen kernels and Triton
-launches in one step, views and allocations not counted), and a
-prediction for a GPU adds them at a stated cost. The check that λ is finite (a few ops and a read of one number a call)
-runs on the CPU only and is skipped here, as on the GPU (until 2026-11-29 it was in the DIFF columns, its ops counted
-as 8 kernels a step).
+the generated C launcher stood in; one more column, ``… , launches stubbed``, runs ``cudnn_direct+norm`` — decoding:
+``sdpa_maps+epilogue+norm`` — with the epilogue's launches stubbed, so that the launcher's cost is a paired difference;
+2026-11-30); the launches are counted beside them (ATen kernels and Triton launches
+in one step, views and allocations not counted), and a prediction for a GPU adds them at a stated cost. The check that λ
+is finite (a few ops and a read of one number a call) runs on the CPU only and is skipped here, as on the GPU (until
+2026-11-29 it was in the DIFF columns, its ops counted as 8 kernels a step).
 """
 
 from __future__ import annotations
