@@ -60,10 +60,10 @@ not), so a Triton launch's own host cost — Triton's Python launcher, tens of �
 (:mod:`diffattn.bench.triton_host`: compiled for sm_90 on first use, bound and specialised by Triton every call, only
 the generated C launcher stood in; one more column, ``… , launches stubbed``, runs ``cudnn_direct+norm`` — decoding:
 ``sdpa_maps+epilogue+norm`` — with the epilogue's launches stubbed, so that the launcher's cost is a paired difference;
-2026-11-30); the launches are counted beside them (ATen kernels and Triton launches
-in one step, views and allocations not counted), and a prediction for a GPU adds them at a stated cost. The check that λ
-is finite (a few ops and a read of one number a call) runs on the CPU only and is skipped here, as on the GPU (until
-2026-11-29 it was in the DIFF columns, its ops counted as 8 kernels a step).
+2026-11-30); the launches are counted beside them (ATen kernels and Triton launches in one step, views and allocations
+not counted), and a prediction for a GPU adds them at a stated cost. The check that λ is finite (a few ops and a read of
+one number a call) runs on the CPU only and is skipped here, as on the GPU (until 2026-11-29 it was in the DIFF columns,
+its ops counted as 8 kernels a step).
 """
 
 from __future__ import annotations
