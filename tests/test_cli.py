@@ -178,3 +178,13 @@ def test_eval_needle_options_parse(monkeypatch):
     )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["eval", "m", "--out", "o", "--niah-heatmap-lengths", "0"])
+
+
+def test_the_training_commands_help_lists_every_backend(capsys):
+    from diffattn.ops import BACKENDS
+
+    for command in ("pretrain", "adapt"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert ", ".join(BACKENDS) in out.replace(", ", ",").replace(",", ", "), command

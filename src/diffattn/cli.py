@@ -531,6 +531,7 @@ def _add_quickstart_command(sub) -> None:
 
 def _add_pretrain_command(sub) -> None:
     from .models.architectures import ARCHITECTURES
+    from .ops import BACKENDS
 
     p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
     _add_run_folder_flags(p, "model, data, train")
@@ -540,7 +541,7 @@ def _add_pretrain_command(sub) -> None:
         choices=[*ARCHITECTURES, "both", "all"],
         help=f"both = paired standard and diff runs; all = every architecture ({', '.join(ARCHITECTURES)})",
     )
-    p.add_argument("--backend", help="DIFF attention backend (auto, reference, sdpa, chunked)")
+    p.add_argument("--backend", help=f"DIFF attention backend ({', '.join(BACKENDS)})")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary (default 8192)")
     p.add_argument("--seq-len", type=int, help="training sequence length (default 512)")

@@ -41,7 +41,8 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     from diffattn.cli import main
     from diffattn.experiments.claims import paper_claims
     from diffattn.experiments.config import ExperimentConfig
-    from diffattn.experiments.report import refresh_report
+    from diffattn.experiments.report import _check_export_destination, _exported_files, refresh_report
+    from diffattn.files import file_sha256
 
     # an export made before the simulated floors (its models are not kept, so it was not measured again): its
     # retrieval table still has the formula's chance row, which refresh rewrites
@@ -68,9 +69,17 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     (folder / "report.md").write_text(after + "\nmy notes\n")  # outside the two sections: kept as written
     refresh_report(folder)
     assert (folder / "report.md").read_text() == after + "\nmy notes\n"
+    # and still the user's: the refresh wrote it as it found it, so the record keeps the export's own text, and a
+    # later export that would change the annotated report is refused, naming it (as refresh's wording says)
+    owned = _exported_files(folder)
+    assert file_sha256(folder / "report.md") not in owned["report.md"]
+    with pytest.raises(ValueError, match=r"export to .* would overwrite report\.md \(changed since diffattn export"):
+        _check_export_destination(folder, {"report.md": "another export's text"}, owned)
     edited = after.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
     (folder / "report.md").write_text(edited)  # inside the claims section: refresh would overwrite it
-    with pytest.raises(ValueError, match=r"report\.md \(changed since diffattn export wrote it\)"):
+    with pytest.raises(
+        ValueError, match=r"refresh of .* would overwrite report\.md \(changed since diffattn export wrote"
+    ):
         refresh_report(folder)
     assert (folder / "report.md").read_text() == edited
     (folder / EXPORT_MARKER).unlink()

@@ -301,7 +301,10 @@ def _refresh_locked(folder: Path) -> Path:
             f"{folder} is not an exported report (diffattn export writes report.md, results.json and "
             f"{EXPORT_MARKER}); a run folder's report is rewritten by `diffattn run` itself"
         )
-    doc = json.loads(results_path.read_text())
+    try:
+        doc = json.loads(results_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{results_path} is not valid JSON ({e}): the folder is damaged; export it again") from e
     config = ExperimentConfig.from_dict(doc["config"])
     rows, evals = {m["model"]: m for m in doc["models"]}, doc["evaluations"]
     claim_lines, claims, scope = _claims_section(config, rows, evals)
@@ -319,12 +322,13 @@ def _refresh_locked(folder: Path) -> Path:
         for name, text in texts.items():
             (staged / name).write_text(text)
         new = {f.name: file_sha256(f) for f in staged.iterdir()}
-        _check_export_destination(folder, new, owned)
+        _check_export_destination(folder, new, owned, command="refresh")
+        recorded = _record_after(folder, new, owned)
         for name in new:
             os.replace(staged / name, folder / name)
     marker = (folder / EXPORT_MARKER).read_text()
     source = json.loads(marker)["exported_from"] if owned else marker.removeprefix("exported from ").strip()
-    _write_export_marker(folder, Path(source or folder), {**owned, **{n: [h] for n, h in new.items()}})
+    _write_export_marker(folder, Path(source or folder), {**owned, **recorded})
     return report_path
 
 
@@ -594,10 +598,29 @@ def _exported_files(dest: Path) -> dict[str, list[str]] | None:
     return files
 
 
-def _check_export_destination(dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None) -> None:
-    """Refuse, naming them, the files the export would overwrite without knowing them its own (the rule of
-    :func:`diffattn.files.overwrite_problem`: a file the previous export did not write, one changed since, a link or
-    a folder in the way), and a link or a file where the export puts a folder."""
+def _record_after(dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None) -> dict[str, list[str]]:
+    """What the marker records of the files ``new`` a refresh writes into ``dest``: each one's SHA-256 — except a
+    file that already held those contents without being the export's: a report.md annotated outside the sections a
+    refresh rewrites, which the refresh reproduces verbatim (it reads the file it rewrites, where an export copies
+    its source). That one keeps its earlier record (or none): recording it would make the user's note the export's
+    own, and the next export would overwrite it (found by a review, 2026-11-30)."""
+    recorded = {}
+    for name, sha in new.items():
+        had = file_sha256(dest / name)
+        earlier = (owned or {}).get(name)
+        if had is None or had != sha or had in (earlier or []):
+            recorded[name] = [sha]
+        elif earlier:
+            recorded[name] = earlier
+    return recorded
+
+
+def _check_export_destination(
+    dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None, command: str = "export"
+) -> None:
+    """Refuse, naming them, the files ``diffattn export`` (or ``refresh``) would overwrite without knowing them its own
+    (the rule of :func:`diffattn.files.overwrite_problem`: a file the previous export did not write, one changed
+    since, a link or a folder in the way), and a link or a file where the export puts a folder."""
     problems = []
     for name in new:
         p = dest
@@ -610,9 +633,10 @@ def _check_export_destination(dest: Path, new: dict[str, str], owned: dict[str, 
         if why:
             problems.append(f"{name} ({why})")
     if problems:
+        where = f"export to {dest}" if command == "export" else f"refresh of {dest}"
         raise ValueError(
-            f"export to {dest} would overwrite {', '.join(sorted(set(problems)))}: move them away (or delete them) "
-            "and export again"
+            f"{where} would overwrite {', '.join(sorted(set(problems)))}: move them away (or delete them) and "
+            f"{command} again"
         )
 
 
