@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..adapters.annealed import AnnealedOptions
 from ..adapters.registry import get_method, method_names, specs
-from ..config import from_dict
+from ..config import from_dict, yaml_floats
 from ..ops import BACKENDS
 from .config import RetrievalMixFields, SectionedConfig, TrainConfig, setting_differences
 from .trainer import RunFolderError
@@ -214,7 +214,7 @@ class AdaptRunConfig(SectionedConfig):
         """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
         the run's steps when unset). Raises ValueError for a config whose new parameters could never learn."""
         spec = get_method(self.method.name)
-        options = dict(self.method.options)
+        options = yaml_floats(dict(self.method.options), spec.config)  # gate_init: 2e-2, as train.lr: 2e-2
         if spec.annealed and options.get("anneal_steps") is None:
             options["anneal_steps"] = default_anneal_steps(self.train.max_steps)
         try:
