@@ -12,6 +12,7 @@ from our code), a few optimiser steps lower the loss, the methods' own refusals.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -292,6 +293,25 @@ def test_an_adapter_folder_missing_a_trained_tensor_is_refused(tmp_path):
 def test_bad_configs_are_one_clear_error(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    "config", [DAAConfig, functools.partial(DexConfig, heads="all"), DiffV2Config], ids=["DAA", "Dex", "DiffV2"]
+)
+def test_a_step_past_0_without_anneal_steps_is_refused_when_set_not_at_the_next_forward(config):
+    """The configs' default T is None (``diffattn adapt`` fills in 20% of the run's steps): λ(t) is then defined at
+    step 0 only, so the step that needs T is refused where it is set, naming the option; without annealing, or
+    with T given, any step is fine."""
+    model = adapt(tiny("llama"), config())
+    set_adapter_step(model, 0)
+    name = getattr(config, "func", config).__name__
+    with pytest.raises(ValueError, match=rf"{name}\.anneal_steps \(T of Dex Eq\. 4\) is not set"):
+        set_adapter_step(model, 1)
+    model(ids())  # still at step 0
+    for options in ({"anneal": False}, {"anneal_steps": 4}):
+        model = adapt(tiny("llama"), config(**options))
+        set_adapter_step(model, 7)
+        model(ids())
 
 
 @pytest.mark.parametrize("variant", ["daa-pre", "diffq", "diffk", "diffv"])

@@ -389,8 +389,16 @@ def adapted_model(
 
 
 def set_adapter_step(model: nn.Module, step: int) -> None:
-    """Set the training step t of λ(t) (Dex Eq. 4) for every adapted layer."""
-    adapted_model(model, "set_adapter_step")._diffattn_adapter.state.step = int(step)
+    """Set the training step t of λ(t) (Dex Eq. 4) for every adapted layer. A step past 0 needs T (the config's
+    ``anneal_steps``) where λ anneals: refused here, not at the next forward, mid-training."""
+    info = adapted_model(model, "set_adapter_step")._diffattn_adapter
+    if int(step) != 0 and info.state.anneal_steps is None and getattr(info.config, "anneal", False):
+        raise ValueError(
+            f"{type(info.config).__name__}.anneal_steps (T of Dex Eq. 4) is not set, and λ(t) anneals: it is defined "
+            f"at step 0 only, so step {int(step)} cannot be set; give anneal_steps in the config (diffattn adapt "
+            "takes 20% of the run's steps), or anneal=False"
+        )
+    info.state.step = int(step)
 
 
 def set_adapter_backend(model: nn.Module, backend: str) -> None:
