@@ -739,3 +739,24 @@ def test_every_floor_test_reads_one_rule_at_the_printed_digits():
     assert untestable([run("a", values), run("b", values)]) is not None  # at the floor at the printed precision
     higher = [v + 0.002 for v in values]
     assert untestable([run("a", values), run("b", higher)]) is None
+
+
+def test_the_default_heatmap_lengths_are_those_its_needles_fit_and_the_others_are_named(debug_models, tokenizer):
+    """By default the heatmap runs at 1/2, 3/4 and all of the context: at a short context its needles alone may
+    outgrow its half, which failed the whole suite after the others had run (a review, 2026-11-30). Now such a length
+    is left out and named, as the default grid's cells are; an explicit length that does not fit is still refused."""
+    from diffattn.data import make_needle_sample
+    from diffattn.eval.niah.sampling import needle_answer_text
+
+    sample = make_needle_sample(0, "", context_chars=0, num_needles=4)  # 4, not 8: the debug model's 256 positions
+    needles = len(tokenizer(sample.prompt + needle_answer_text(sample))["input_ids"])
+    context = int(1.5 * needles)  # the needles fit 3/4 and all of it, not half
+    res = run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=context, grid=((1, 1),),
+                   samples=1, depths=(0.0,), heatmap_needles=4, progress=False)  # fmt: skip
+    left_out = res["metadata"]["heatmap_lengths_left_out"]
+    assert [d["length"] for d in left_out] == [context // 2] and "could not fit" in left_out[0]["why"]
+    assert res["heatmap"]["lengths"] == [3 * context // 4, context]
+    with pytest.raises(ValueError, match="could not fit a needle sample"):
+        run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=context, grid=((1, 1),),
+                 samples=1, depths=(0.0,), heatmap_needles=4, heatmap_lengths=[context // 2],
+                 progress=False)  # fmt: skip

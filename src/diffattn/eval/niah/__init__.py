@@ -12,7 +12,8 @@ Two protocols:
   Dex's cell), plus DIFF Table 2's own cells N = 2, 4, 6 with R = 2 (:data:`TABLE2_CELLS`; its N = 1, R = 1 cell is
   the first R = 1 cell); with the default grid, cells that do not fit the context are left out
   (``metadata["cells_left_out"]``), an explicit grid must fit whole;
-* the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5);
+* the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5); by default at 1/2,
+  3/4 and all of the context where its needles fit (``metadata["heatmap_lengths_left_out"]`` names the others);
 * optionally one multi-value cell (RULER's niah_multivalue, DiffLoRA Fig. 3 "MV"): one key with V values among N
   needles (the N − V others distractors with keys of their own), the question asking for all V; scored like a
   grid cell with V queried numbers (per-needle credit, solved = all V among the first V numbers; chance V/N and

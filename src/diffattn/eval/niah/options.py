@@ -50,7 +50,8 @@ class NiahOptions:
     niah_needles: int = option(8, "N of the NIAH heatmap (R = 1)", minimum=1)
     niah_heatmap_lengths: tuple[int, ...] | None = option(
         None,
-        "comma-separated heatmap context lengths; 'none' for no heatmap (default: 1/2, 3/4, all of the context)",
+        "comma-separated heatmap context lengths; 'none' for no heatmap (default: 1/2, 3/4, all of the context, "
+        "those where its needles fit)",
         parse=int_list,
     )
     niah_heatmap_samples: int | None = option(None, "samples per heatmap cell (default: --samples)", minimum=1)
@@ -89,11 +90,9 @@ def check_needle_cells(options, targets, cells, heatmap_needles: int | None = No
             continue
         seen.add((t.tokenizer, context, t.positions))
         checks = [(n, r, context) for n, r in cells]
-        if heatmap:  # the heatmap's needles at every heatmap length (default: 1/2, 3/4 and all of the context)
-            lengths = options.niah_heatmap_lengths
-            if lengths is None:
-                lengths = sorted({context // 2, 3 * context // 4, context} - {0})
-            checks += [(heatmap_needles, 1, length) for length in lengths]
+        if heatmap and options.niah_heatmap_lengths is not None:  # the heatmap's needles at every length asked
+            # for (the default lengths, 1/2, 3/4 and all of the context, are those where they fit: run_niah)
+            checks += [(heatmap_needles, 1, length) for length in options.niah_heatmap_lengths]
         for n, r, length in checks:
             if length > t.positions:
                 raise ValueError(f"eval.options: a heatmap length {length} exceeds {t.name}'s positions")

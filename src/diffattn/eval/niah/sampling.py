@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from functools import partial
 from typing import NamedTuple
@@ -29,6 +30,8 @@ from ..needle_floors import cell_floors, heuristic_scores
 from ..stats import (
     wilson_interval,
 )
+
+logger = logging.getLogger(__name__)
 
 GRID = ((1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (2, 2), (4, 2), (6, 2))
 # DIFF Table 2's cells that can tell retrieval from copying (its N = 1, R = 1 cell has floor 1: one needle to copy)
@@ -172,6 +175,22 @@ def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_di
     return fits, left_out
 
 
+def default_heatmap_lengths(
+    tokenizer, text: str, context_tokens: int, needles: int, value_digits: int, seed: int = 0
+) -> tuple[list[int], list[dict]]:
+    """The heatmap's default lengths — half, three quarters and all of ``context_tokens`` — where its seed's sample
+    of ``needles`` needles fits, and the others with the reason (as the default grid leaves out cells that do not fit:
+    at a short context the needles alone may outgrow half of it)."""
+    fits, left_out = [], []
+    for length in sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0}):
+        try:
+            fit_sample(tokenizer, text, length, seed * 100003, num_needles=needles, value_digits=value_digits)
+            fits.append(length)
+        except ValueError as e:
+            left_out.append({"length": length, "why": str(e)})
+    return fits, left_out
+
+
 def run_niah(
     model: nn.Module,
     tokenizer,
@@ -192,20 +211,26 @@ def run_niah(
     """The (N, R) grid at ``context_tokens`` and the N = 8, R = 1 length × depth heatmap; see the module doc.
 
     ``grid``: (N, R) cells; None = :data:`GRID` where it fits the context.
-    ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``; ``[]`` = no heatmap.
+    ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``, where the heatmap's needles fit
+    (the others named in ``metadata["heatmap_lengths_left_out"]``); ``[]`` = no heatmap.
     ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
     length (the papers: 7). ``multivalue``: (N, V) of the multi-value cell (None: none)."""
     context_tokens = evaluation_window(model, context_tokens, cap=2048)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
-    if heatmap_lengths is None:
-        heatmap_lengths = sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0})
-    heatmap_lengths = list(heatmap_lengths)
     heatmap_samples = samples if heatmap_samples is None else heatmap_samples
-    for length in heatmap_lengths:
-        check_fits(model, length, f"the needle heatmap at length {length}")
     if samples < 1 or heatmap_samples < 1:
         raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
+    lengths_left_out = []
+    if heatmap_lengths is None:
+        heatmap_lengths, lengths_left_out = default_heatmap_lengths(
+            tokenizer, text, context_tokens, heatmap_needles, value_digits, seed
+        )
+        for dropped in lengths_left_out:
+            logger.info("needle heatmap: length %d left out: %s", dropped["length"], dropped["why"])
+    heatmap_lengths = list(heatmap_lengths)
+    for length in heatmap_lengths:
+        check_fits(model, length, f"the needle heatmap at length {length}")
     if grid is None:
         grid, left_out = _fitting_grid(tokenizer, text, context_tokens, seed, value_digits)
     else:
@@ -264,6 +289,7 @@ def run_niah(
             "floor": "per cell and per claim: the best heuristic without the skill (needle_floors.HEURISTICS: the "
             "first, last, random or most frequent numbers), scored on the same prompts with the same scorers",
             "cells_left_out": left_out,
+            "heatmap_lengths_left_out": lengths_left_out,
             "multivalue": None
             if multivalue is None
             else "one key's V values among N needles (the others distractor keys), all V asked; scored as V queried "
