@@ -280,6 +280,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus_file, t
     [
         ({"data.source": "/no/such/corpus.txt"}, "does not exist"),
         ({"data.seq_len": 300}, "data.seq_len=300 exceeds the model's maximum of 256"),
+        ({"data.seq_len": 300}, r"lower it \(--seq-len 256, or data\.seq_len in the config\)"),
     ],
 )
 def test_bad_data_and_lengths_fail_clearly(corpus_file, tmp_path, change, message):

@@ -811,7 +811,8 @@ def _check_seq_len(config: RunConfig) -> None:
     if config.data.seq_len > max_pos:
         raise ValueError(
             f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions "
-            f"(preset {config.model.preset!r}); lower it or override max_position_embeddings"
+            f"(preset {config.model.preset!r}); lower it (--seq-len {max_pos}, or data.seq_len in the config) or "
+            "override max_position_embeddings"
         )
 
 
