@@ -760,3 +760,8 @@ def test_the_default_heatmap_lengths_are_those_its_needles_fit_and_the_others_ar
         run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=context, grid=((1, 1),),
                  samples=1, depths=(0.0,), heatmap_needles=4, heatmap_lengths=[context // 2],
                  progress=False)  # fmt: skip
+    # every sample the heatmap draws fits a length kept, not only the first: each depth's seeds place the needles
+    # elsewhere, and near the edge some take more tokens (a second review found 118 tokens kept, then failing)
+    res = run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=118, grid=((1, 1),),
+                   samples=3, heatmap_needles=4, progress=False)  # fmt: skip
+    assert len(res["heatmap"]["lengths"]) + len(res["metadata"]["heatmap_lengths_left_out"]) == 3

@@ -126,14 +126,24 @@ def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
     }
 
 
+def _grid_seeds(seed: int, samples: int) -> list[int]:
+    """The seeds of a grid cell's samples: the same in every cell, so that models are compared on the same prompts."""
+    return [seed * 100003 + i for i in range(samples)]
+
+
+def _heatmap_seeds(seed: int, depth_index: int, samples: int) -> list[int]:
+    """The seeds of the heatmap's samples at its ``depth_index``-th depth (at every length)."""
+    return [seed * 100003 + 7919 * (depth_index + 1) + i for i in range(samples)]
+
+
 def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int, seed: int) -> dict:
     """The length × depth heatmap: per cell, ``samples`` samples of ``needles`` needles, one queried, the first at
-    the depth; sample i of depth j uses seed ``seed*100003 + 7919*(j + 1) + i``."""
+    the depth; sample i of depth j uses seed ``seed*100003 + 7919*(j + 1) + i`` (:func:`_heatmap_seeds`)."""
     heat, heat_scores, heat_ci, heat_strict, heat_floors = [], [], [], [], []
     for length in lengths:
         row, row_scores, row_ci, row_strict, row_floors = [], [], [], [], []
         for j, depth in enumerate(depths):
-            seeds = [seed * 100003 + 7919 * (j + 1) + i for i in range(samples)]
+            seeds = _heatmap_seeds(seed, j, samples)
             cell = score_cell(length, seeds, num_needles=needles, num_queries=1, depth=depth)
             scores, strict = [c.score for c in cell], [c.strict for c in cell]
             row.append(sum(scores) / len(scores))
@@ -159,14 +169,13 @@ def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int,
     }
 
 
-def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_digits: int):
-    """The cells of :data:`GRID` whose seed-0 sample fits the context, and the others with the reason."""
+def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_digits: int, samples: int):
+    """The cells of :data:`GRID` whose every sample fits the context, and the others with the reason."""
     fits, left_out = [], []
     for n, r in GRID:
         try:
-            fit_sample(
-                tokenizer, text, context_tokens, seed * 100003, num_needles=n, num_queries=r, value_digits=value_digits
-            )
+            for s in _grid_seeds(seed, samples):
+                fit_sample(tokenizer, text, context_tokens, s, num_needles=n, num_queries=r, value_digits=value_digits)
             fits.append((n, r))
         except ValueError as e:
             left_out.append({"N": n, "R": r, "why": str(e)})
@@ -176,15 +185,18 @@ def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_di
 
 
 def default_heatmap_lengths(
-    tokenizer, text: str, context_tokens: int, needles: int, value_digits: int, seed: int = 0
+    tokenizer, text: str, context_tokens: int, needles: int, value_digits: int, seed: int, depths, samples: int
 ) -> tuple[list[int], list[dict]]:
-    """The heatmap's default lengths — half, three quarters and all of ``context_tokens`` — where its seed's sample
-    of ``needles`` needles fits, and the others with the reason (as the default grid leaves out cells that do not fit:
-    at a short context the needles alone may outgrow half of it)."""
+    """The heatmap's default lengths — half, three quarters and all of ``context_tokens`` — where every sample of
+    ``needles`` needles it will draw fits (each depth's seeds, the first needle at the depth), and the others with
+    the reason (as the default grid leaves out cells that do not fit: at a short context the needles alone may
+    outgrow half of it)."""
     fits, left_out = [], []
     for length in sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0}):
         try:
-            fit_sample(tokenizer, text, length, seed * 100003, num_needles=needles, value_digits=value_digits)
+            for j, depth in enumerate(depths):
+                for s in _heatmap_seeds(seed, j, samples):
+                    fit_sample(tokenizer, text, length, s, num_needles=needles, value_digits=value_digits, depth=depth)
             fits.append(length)
         except ValueError as e:
             left_out.append({"length": length, "why": str(e)})
@@ -224,7 +236,7 @@ def run_niah(
     lengths_left_out = []
     if heatmap_lengths is None:
         heatmap_lengths, lengths_left_out = default_heatmap_lengths(
-            tokenizer, text, context_tokens, heatmap_needles, value_digits, seed
+            tokenizer, text, context_tokens, heatmap_needles, value_digits, seed, depths, heatmap_samples
         )
         for dropped in lengths_left_out:
             logger.info("needle heatmap: length %d left out: %s", dropped["length"], dropped["why"])
@@ -232,7 +244,7 @@ def run_niah(
     for length in heatmap_lengths:
         check_fits(model, length, f"the needle heatmap at length {length}")
     if grid is None:
-        grid, left_out = _fitting_grid(tokenizer, text, context_tokens, seed, value_digits)
+        grid, left_out = _fitting_grid(tokenizer, text, context_tokens, seed, value_digits, samples)
     else:
         left_out = []
     grid_rows = []
@@ -241,7 +253,7 @@ def run_niah(
     examples = []
     digest = hashlib.sha1()
     score_cell = partial(_score_cell, model, tokenizer, text, digest, bar, value_digits=value_digits)
-    cell_seeds = [seed * 100003 + i for i in range(samples)]  # the same per cell: paired across models
+    cell_seeds = _grid_seeds(seed, samples)  # the same per cell: paired across models
     for n, r in grid:
         cell = score_cell(context_tokens, cell_seeds, num_needles=n, num_queries=r)
         examples.append({"N": n, "R": r, "answers": list(cell[0].sample.answers), "output": cell[0].output})
