@@ -377,13 +377,13 @@ def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only:
     print(f"{what}, median of {args.rounds} interleaved rounds ({args.layers} layers, one thread; Triton launches "
           f"{launches}). ratio: the median of each round's ratio to that round's baseline, with a 95% bootstrap "
           "interval (2,000 resamples of the rounds)")  # fmt: skip
-    print(f"{'column':40s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
+    print(f"{'column':48s} {'ms':>7s} {'+ms':>6s} {'ratio':>6s} {'95% interval':>14s} {'ATen kernels':>13s} "
           f"{'Triton':>7s}")  # fmt: skip
     for name in names:
         ms = 1e3 * statistics.median(samples[name]) / per
         ratio, low, high = paired_ratio(samples[name], samples["baseline"])
         aten, launched = kernels[name]
-        print(f"{name:40s} {ms:7.2f} {ms - 1e3 * base:6.2f} {ratio:6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
+        print(f"{name:48s} {ms:7.2f} {ms - 1e3 * base:6.2f} {ratio:6.2f} {f'[{low:.2f}, {high:.2f}]':>14s} "
               f"{aten:13d} {launched:7d}")  # fmt: skip
     return 0
 

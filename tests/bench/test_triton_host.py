@@ -14,7 +14,7 @@ def test_a_launch_runs_tritons_own_path_compiles_each_specialisation_and_is_coun
     import triton.language as tl
     from triton.runtime.driver import driver
 
-    from diffattn.bench.triton_host import host_only_triton
+    from diffattn.bench.triton_host import HOST_ONLY_DEVICE, host_only_triton
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a compiled kernel, as a GPU's (decided when decorated)
 
@@ -28,9 +28,16 @@ def test_a_launch_runs_tritons_own_path_compiles_each_specialisation_and_is_coun
     with host_only_triton() as count:
         for n in (64, 64, 63):  # 63: not a multiple of 16, another specialisation of n, compiled too
             double[(1,)](x, n, BLOCK=64)
-        compiled = list(double.device_caches[0][0].values())
+    compiled = list(double.device_caches[HOST_ONLY_DEVICE][0].values())
     assert count.launches == 3
     assert len(compiled) == 2 and all(k.metadata.target.arch == 90 for k in compiled)  # sm_90, once per specialisation
     assert "ld.global" in compiled[0].asm["ptx"]
     assert torch.equal(x, torch.ones(64)), "launched nowhere: nothing written"
     assert driver._active is before
+    # kept apart from a GPU's kernels (Triton's cache is per device): none serves a real launch after the context
+    assert set(double.device_caches) == {HOST_ONLY_DEVICE}
+    with host_only_triton() as again:  # a second context reuses them and counts its own launches
+        double[(1,)](x, 64, BLOCK=64)
+    assert (count.launches, again.launches) == (3, 1)
+    with pytest.raises(RuntimeError, match="launched outside it"):  # its stand-in launcher, called outside
+        compiled[0].run()

@@ -30,6 +30,13 @@ _DEVICE_PROPERTIES = {
 }
 
 
+#: the device index the stand-in reports: Triton keeps compiled kernels per device, so those compiled here (their
+#: launcher the stand-in's) stay apart from any real GPU's, and a real launch after the context compiles its own
+HOST_ONLY_DEVICE = -1
+
+_ACTIVE: list[LaunchCount] = []  # the counts of the contexts open now, innermost last
+
+
 class LaunchCount:
     """How many launches reached the stand-in C launcher since :func:`host_only_triton` began (or :meth:`reset`)."""
 
@@ -40,7 +47,7 @@ class LaunchCount:
         self.launches = 0
 
 
-def _driver(count: LaunchCount, capability: int):
+def _driver(capability: int):
     import torch
     from triton.backends.compiler import GPUTarget
 
@@ -60,7 +67,9 @@ def _driver(count: LaunchCount, capability: int):
             self.global_scratch_align = self.profile_scratch_align = 1
 
         def __call__(self, *args) -> None:
-            count.launches += 1
+            if not _ACTIVE:  # unreachable through Triton (another device's cache): a kernel held and launched by hand
+                raise RuntimeError("a kernel compiled under host_only_triton() was launched outside it")
+            _ACTIVE[-1].launches += 1
 
     class HostOnlyDriver:
         utils = Utils()
@@ -70,7 +79,7 @@ def _driver(count: LaunchCount, capability: int):
             return True
 
         def get_current_device(self) -> int:
-            return 0
+            return HOST_ONLY_DEVICE
 
         def set_current_device(self, device) -> None:
             pass
@@ -96,13 +105,17 @@ def _driver(count: LaunchCount, capability: int):
 @contextlib.contextmanager
 def host_only_triton(capability: int = 90) -> Iterator[LaunchCount]:
     """Triton's launches on this machine's CPU tensors, compiled for ``sm_<capability>``, launched nowhere; yields
-    their count. Triton's own driver is active again afterwards."""
+    their count. Triton's own driver is active again afterwards, and the kernels compiled here are kept under
+    :data:`HOST_ONLY_DEVICE`, not a GPU's index, so that none of them serves a real launch later in the process;
+    a second context reuses them and counts its own launches."""
     from triton.runtime.driver import driver
 
     count = LaunchCount()
     previous = driver._active  # None until a launch looked one up: then Triton's lookup runs again on the next
-    driver.set_active(_driver(count, capability))
+    driver.set_active(_driver(capability))
+    _ACTIVE.append(count)
     try:
         yield count
     finally:
+        _ACTIVE.remove(count)
         driver.set_active(previous)
