@@ -10,7 +10,7 @@ import pytest
 
 import diffattn
 from diffattn.bench.attention import run_attention_benchmark, target_lines
-from diffattn.cli import build_parser, main
+from diffattn.cli import _asks_only_the_version, build_parser, main
 
 
 def test_help_lists_subcommands(capsys):
@@ -36,6 +36,8 @@ def test_version_is_answered_without_loading_torch_as_argparse_would_answer_it(c
     for argv in (["--version"], ["-v", "--version"]):
         out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
         assert out.stdout.splitlines() == [f"diffattn {diffattn.__version__}", "0 False"], out.stderr
+    for argv in ([], ["-v"], ["info", "--version"]):  # no version asked before a command: the parser answers
+        assert not _asks_only_the_version(argv)
     with pytest.raises(SystemExit) as e:  # the parser's own version action, where the fast path does not answer
         build_parser().parse_args(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"diffattn {diffattn.__version__}\n"

@@ -134,6 +134,7 @@ CASES = [
     ("export {linked_exp} {new}", r"report\.md is \(or lies under\) a symbolic link"),
     ("export {finished_exp} {edited_export}", r"would overwrite report\.md \(changed since diffattn export wrote it\)"),
     ("export {finished_exp} {planted_export}", r"\.diffattn-export file diffattn export did not write"),
+    ("refresh {emptied_export}", r"emptied/results\.json is not a results file \('.*' is a required property\)"),
     ("refresh {damaged_export}", r"damaged/results\.json is not valid JSON \(Extra data.*\): the folder is damaged"),
 ]
 
@@ -267,6 +268,9 @@ def world(tmp_path_factory, tokenizer):
     damaged = export_report(finished, root / "damaged")
     (damaged / "results.json").write_text((damaged / "results.json").read_text() + "x")
     files["damaged_export"] = damaged
+    emptied = export_report(finished, root / "emptied")
+    (emptied / "results.json").write_text("{}")
+    files["emptied_export"] = emptied
     planted_export = root / "planted-export"
     planted_export.mkdir()
     (planted_export / EXPORT_MARKER).write_text("")

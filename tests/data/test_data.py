@@ -539,6 +539,9 @@ def test_a_field_that_takes_a_float_among_others_and_a_methods_option_take_them_
 
     assert RunConfig.from_dict({"model": {"lambda_init": yaml.safe_load("5e-1")}}).model.lambda_init == 0.5
     assert RunConfig.from_dict({"model": {"lambda_init": "exponential"}}).model.lambda_init == "exponential"
+    from diffattn.config import coerce
+
+    assert coerce("2e-2", float | None, "x") == 0.02 and coerce("2e-2", int | None, "x") == "2e-2"  # floats only
     config = AdaptRunConfig(method=AdaptMethodSection(name=method, options={option: yaml.safe_load("2e-2")}))
     config.train.max_steps = 10
     assert getattr(config.method_config(), option) == 0.02

@@ -78,7 +78,8 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     edited = after.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
     (folder / "report.md").write_text(edited)  # inside the claims section: refresh would overwrite it
     with pytest.raises(
-        ValueError, match=r"refresh of .* would overwrite report\.md \(changed since diffattn export wrote"
+        ValueError,
+        match=r"refresh of .* would overwrite report\.md \(changed since diffattn export wrote it\): undo the edit",
     ):
         refresh_report(folder)
     assert (folder / "report.md").read_text() == edited

@@ -301,10 +301,19 @@ def _refresh_locked(folder: Path) -> Path:
             f"{folder} is not an exported report (diffattn export writes report.md, results.json and "
             f"{EXPORT_MARKER}); a run folder's report is rewritten by `diffattn run` itself"
         )
+    import jsonschema
+
+    from .schema import validate_results
+
     try:
         doc = json.loads(results_path.read_text())
+        validate_results(doc)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{results_path} is not valid JSON ({e}): the folder is damaged; export it again") from e
+    except jsonschema.ValidationError as e:
+        raise ValueError(
+            f"{results_path} is not a results file ({e.message}): the folder is damaged; export it again"
+        ) from e
     config = ExperimentConfig.from_dict(doc["config"])
     rows, evals = {m["model"]: m for m in doc["models"]}, doc["evaluations"]
     claim_lines, claims, scope = _claims_section(config, rows, evals)
@@ -633,10 +642,14 @@ def _check_export_destination(
         if why:
             problems.append(f"{name} ({why})")
     if problems:
-        where = f"export to {dest}" if command == "export" else f"refresh of {dest}"
-        raise ValueError(
-            f"{where} would overwrite {', '.join(sorted(set(problems)))}: move them away (or delete them) and "
-            f"{command} again"
+        files = ", ".join(sorted(set(problems)))
+        if command == "export":
+            raise ValueError(
+                f"export to {dest} would overwrite {files}: move them away (or delete them) and export again"
+            )
+        raise ValueError(  # refresh reads the files it rewrites: moved away, there is nothing to refresh
+            f"refresh of {dest} would overwrite {files}: undo the edit, or export the run again into another folder "
+            "and refresh that"
         )
 
 
