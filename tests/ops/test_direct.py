@@ -561,7 +561,7 @@ def test_k_shared_against_float64_from_each_maps_queries_and_its_call_class():
 def test_k_shared_asks_sdpas_check_about_grouped_heads_and_a_refused_backward_groups_them_too(monkeypatch, caplog):
     # cuDNN's acceptance is SDPA's own check of the call with enable_gqa (K and V of fewer heads than Q); where cuDNN's
     # backward raises, the gradients come from SDPA's own backward over the same grouped heads — the chain's, bit for
-    # bit — under GQA too (two query pairs over one K head)
+    # bit where no group sums, within rounding where one does — under GQA too (two query pairs over one K head)
     import logging
 
     asked = []
@@ -584,8 +584,13 @@ def test_k_shared_asks_sdpas_check_about_grouped_heads_and_a_refused_backward_gr
     with caplog.at_level(logging.WARNING, logger="diffattn.ops.direct"):
         got = _run(lambda *x: ops.diff_attention_pairs(*x, backend=routes.DIRECT), tensors)
     want = _run(lambda *x: _v2_chain(*x, True), tensors)
-    for name, a, w in zip(("out", "dq", "dk", "dv", "dlam"), got, want, strict=True):
-        assert torch.equal(a, w), name
+    gold = _run(lambda *x: _v2_chain(*x, True), [x.detach().double().requires_grad_() for x in tensors])
+    for name, a, w, g in zip(("out", "dq", "dk", "dv", "dlam"), got, want, gold, strict=True):
+        if name in ("dk", "dv"):  # summed over the group's query heads inside SDPA (enable_gqa) or by autograd after
+            # the chain's repeat: two summation orders, equal bit for bit on an Intel Xeon, not on an AMD EPYC
+            assert_within_rounding(name, a, g, [w], torch.float32)
+        else:
+            assert torch.equal(a, w), name
     assert len(caplog.records) == 1 and "cudnn_direct" in caplog.records[0].message
 
 
