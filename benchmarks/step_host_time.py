@@ -131,6 +131,10 @@ def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only:
 
     torch.set_num_threads(1)
     triton_launches = [0]
+
+    def stubbed_launch(*args, **kwargs):  # a launch's place: counted, nothing computed
+        triton_launches[0] += 1
+
     if args.triton_launcher:
         from diffattn.bench.triton_host import host_only_triton
         from diffattn.ops.triton import tuning
@@ -142,7 +146,7 @@ def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only:
 
     class NoLaunch:  # kernels launched as kernel[grid](...)
         def __getitem__(self, grid):
-            return lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+            return stubbed_launch
 
     class LambdaNoLaunch(NoLaunch):  # λ's forward: a finite λ written (the CPU path checks it), out of the count
         def __getitem__(self, grid):
@@ -159,7 +163,7 @@ def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only:
 
     _inputs.check_lambda_finite = lambda lam: None
     if not args.triton_launcher:
-        epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+        epilogue._launch_subtract = stubbed_launch
         reparam._lambda_fwd_kernel, reparam._lambda_bwd_kernel = LambdaNoLaunch(), NoLaunch()
     sdpa._cudnn_device_reason = lambda *a: None  # the cuDNN route runs on the CPU, its call the stand-in below
     # what the routes do on CUDA only, done here too: the cuDNN route's sdpa_kernel block (the stand-in ignores it)
@@ -251,7 +255,7 @@ def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only:
             "DIFF V2 sdpa": ("diff-v2", "sdpa", None, MODEL, False),
         }
         if not args.triton_launcher:  # the fused kernel's launches, stubbed as the others' are (decoding, combine)
-            launch._launch = lambda *a, **k: triton_launches.__setitem__(0, triton_launches[0] + 1)
+            launch._launch = stubbed_launch
             launch._combine_kernel = launch._decode_vector_kernel = NoLaunch()
 
     def model_of(attention, backend, **overrides):
@@ -317,7 +321,7 @@ def _table(args: argparse.Namespace, parser: argparse.ArgumentParser, host_only:
         real_launch, twin_step = epilogue._launch_subtract, step_of(*columns[twin])
 
         def without_launcher():
-            epilogue._launch_subtract = lambda *a, **k: triton_launches.__setitem__(0, 1 + triton_launches[0])
+            epilogue._launch_subtract = stubbed_launch
             try:
                 twin_step()
             finally:

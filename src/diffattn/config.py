@@ -93,7 +93,7 @@ def coerce(value, hint, name: str):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         number = _yaml_float(value, hint)
-        if number is not None:
+        if isinstance(number, float):
             return number
         raise ValueError(f"{name} must be a number, got {value!r}")
     if hint is str:
@@ -104,20 +104,20 @@ def coerce(value, hint, name: str):
         if isinstance(value, dict):
             return value
         raise ValueError(f"{name} must be a mapping, got {value!r}")
-    number = _yaml_float(value, hint)  # unions such as str | float: 1e-2 a number here too, the rest as given
-    return value if number is None else number  # and validated by the dataclass
+    return _yaml_float(value, hint)  # unions such as str | float: 1e-2 a number here too, the rest as given, and
+    # validated by the dataclass
 
 
-def _yaml_float(value, hint) -> float | None:
+def _yaml_float(value, hint):
     """``value`` as a float where it is a string YAML 1.1 left unread — it reads 1e-2 (an exponent without a dot) as
     a string, in a config file as after ``--set`` — and the field ``hint`` takes a float (``float``, ``str | float``,
-    ``float | None``); else None."""
+    ``float | None``); else ``value`` as given."""
     takes_float = hint is float or (
         typing.get_origin(hint) in (typing.Union, types.UnionType) and float in typing.get_args(hint)
     )
     if takes_float and isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
         return float(value)
-    return None
+    return value
 
 
 def yaml_floats(options: dict, cls) -> dict:
@@ -125,8 +125,7 @@ def yaml_floats(options: dict, cls) -> dict:
     read as a number had YAML 1.1 known the form (``gate_init: 2e-2``) turned into that number; the rest as given,
     for the dataclass to check."""
     hints = typing.get_type_hints(cls)
-    converted = {key: _yaml_float(value, hints.get(key)) for key, value in options.items()}
-    return {key: value if converted[key] is None else converted[key] for key, value in options.items()}
+    return {key: _yaml_float(value, hints.get(key)) for key, value in options.items()}
 
 
 def check_keys(d: dict, cls, where: str) -> None:

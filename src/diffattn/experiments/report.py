@@ -605,19 +605,16 @@ def _exported_files(dest: Path) -> dict[str, list[str]] | None:
 
 
 def _record_after(dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None) -> dict[str, list[str]]:
-    """What the marker records of the files ``new`` a refresh writes into ``dest``: each one's SHA-256 — except a
+    """What the marker records anew of the files ``new`` a refresh writes into ``dest``: each one's SHA-256 — except a
     file that already held those contents without being the export's: a report.md annotated outside the sections a
     refresh rewrites, which the refresh reproduces verbatim (it reads the file it rewrites, where an export copies
-    its source). That one keeps its earlier record (or none): recording it would make the user's note the export's
-    own, and the next export would overwrite it (found by a review, 2026-11-30)."""
+    its source). That one is left out, so its earlier record (``owned``'s, or none) stands: recording it would make
+    the user's note the export's own, and the next export would overwrite it (found by a review, 2026-11-30)."""
     recorded = {}
     for name, sha in new.items():
         had = file_sha256(dest / name)
-        earlier = (owned or {}).get(name)
-        if had is None or had != sha or had in (earlier or []):
+        if had is None or had != sha or had in (owned or {}).get(name, []):
             recorded[name] = [sha]
-        elif earlier:
-            recorded[name] = earlier
     return recorded
 
 
