@@ -31,24 +31,53 @@ def test_committed_results_follow_the_schema_and_the_report_is_complete(folder):
     assert all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in results["claims"])
 
 
-def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_edited_file(tmp_path):
+def _drawn_once(side_by_side):
+    """report._side_by_side that draws its pictures once and then writes the same bytes and returns the same lines:
+    the same evaluations draw the same pictures, and matplotlib is most of a refresh's time (the default run's
+    budget)."""
+    drawn = {}
+
+    def replay(evals, staged: Path):
+        if not drawn:
+            drawn["lines"] = side_by_side(evals, staged)
+            drawn["files"] = {f.relative_to(staged): f.read_bytes() for f in staged.rglob("*.png")}
+        for name, data in drawn["files"].items():
+            (staged / name).parent.mkdir(parents=True, exist_ok=True)
+            (staged / name).write_bytes(data)
+        return drawn["lines"]
+
+    return replay
+
+
+def _with_line(claims_section, line: str):
+    """report._claims_section with one more line: a later version's verdicts."""
+
+    def section(*args):
+        lines, claims, scope = claims_section(*args)
+        return [*lines, line, ""], claims, scope
+
+    return section
+
+
+def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_edited_file(tmp_path, monkeypatch):
     """`diffattn refresh` on a copy of a committed export: the claim rows become this version's (results.json's
     claims equal the engine's from the same evaluations), the retrieval table prints this version's chance row, every
-    other section is untouched, a second refresh changes nothing, and an edited report is refused, left as it was."""
-    import shutil
+    other section is untouched, a second refresh changes nothing; notes outside the sections it rewrites are kept,
+    and stay the user's, also when the verdicts change; an edit inside them is refused, left as it was."""
     from dataclasses import asdict
 
     from diffattn.cli import main
+    from diffattn.experiments import report as report_module
     from diffattn.experiments.claims import paper_claims
     from diffattn.experiments.config import ExperimentConfig
-    from diffattn.experiments.report import _check_export_destination, _exported_files, refresh_report
+    from diffattn.experiments.report import _check_export_destination, _exported_files, export_report, refresh_report
     from diffattn.files import file_sha256
 
     # an export made before the simulated floors (its models are not kept, so it was not measured again): its
     # retrieval table still has the formula's chance row, which refresh rewrites
-    folder = tmp_path / "mini-scratch"
-    shutil.copytree(RESULTS / "mini-scratch", folder)
-    before = (folder / "report.md").read_text()
+    folder = export_report(RESULTS / "mini-scratch", tmp_path / "mini-scratch")
+    before = (folder / "report.md").read_text() + "\nan early note\n"  # outside the sections: kept by every refresh
+    (folder / "report.md").write_text(before)
     assert main(["refresh", str(folder)]) == 0
     doc = json.loads((folder / "results.json").read_text())
     validate_results(doc)
@@ -64,6 +93,7 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
         return text[text.index("## Protocol") : text.index("## Evaluations")], text[text.index("### Every model") :]
 
     assert kept(after) == kept(before)
+    monkeypatch.setattr(report_module, "_side_by_side", _drawn_once(report_module._side_by_side))
     refresh_report(folder)
     assert (folder / "report.md").read_text() == after
     (folder / "report.md").write_text(after + "\nmy notes\n")  # outside the two sections: kept as written
@@ -75,7 +105,22 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     assert file_sha256(folder / "report.md") not in owned["report.md"]
     with pytest.raises(ValueError, match=r"export to .* would overwrite report\.md \(changed since diffattn export"):
         _check_export_destination(folder, {"report.md": "another export's text"}, owned)
-    edited = after.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
+    # a later version whose verdicts differ: the claims section rewritten around the notes, which stay the user's
+    with monkeypatch.context() as m:
+        m.setattr(report_module, "_claims_section", _with_line(report_module._claims_section, "A later verdict."))
+        refresh_report(folder)
+    later = (folder / "report.md").read_text()
+    assert "A later verdict." in later and kept(later.removesuffix("\nmy notes\n")) == kept(before)
+    assert file_sha256(folder / "report.md") not in _exported_files(folder)["report.md"]
+    with monkeypatch.context() as m:  # a marker from before the sections were recorded licenses no such rewrite
+        marker = json.loads((folder / EXPORT_MARKER).read_text())
+        (folder / EXPORT_MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "report_sections"}))
+        m.setattr(report_module, "_claims_section", _with_line(report_module._claims_section, "Another verdict."))
+        with pytest.raises(ValueError, match=r"refresh of .* would overwrite report\.md"):
+            refresh_report(folder)
+        assert (folder / "report.md").read_text() == later
+        (folder / EXPORT_MARKER).write_text(json.dumps(marker))
+    edited = later.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
     (folder / "report.md").write_text(edited)  # inside the claims section: refresh would overwrite it
     with pytest.raises(
         ValueError,

@@ -281,7 +281,10 @@ def refresh_report(folder: str | Path) -> Path:
     engine and suites, from its own ``results.json``: the "Paper claims" section, the side-by-side "Evaluations"
     tables and pictures, and results.json's ``claims``. Nothing is measured again: the models, their evaluations and
     every other section stay as they were, and the claims section says it was refreshed. Like an export it
-    overwrites only files the export wrote and nobody changed since (and records the new ones)."""
+    overwrites only files the export wrote and nobody changed since (and records the new ones) — except that a
+    report.md annotated outside the sections a refresh rewrites (:data:`REFRESHED_SECTIONS`, whose contents the
+    export's marker records) is refreshed with the notes kept, and stays the user's: the next export refuses to
+    overwrite it."""
     folder = Path(folder)
     if folder.is_symlink() or not folder.is_dir():
         raise ValueError(f"{folder} is not a folder (diffattn refresh reads an exported report's folder)")
@@ -322,32 +325,62 @@ def _refresh_locked(folder: Path) -> Path:
     texts = {"results.json": json.dumps(jsonable(doc), indent=2)}
     with tempfile.TemporaryDirectory(dir=folder, prefix=".refresh-") as tmp:
         staged = Path(tmp)
-        lines = _replace_section(report_path.read_text().split("\n"), "## Paper claims", claim_lines)
+        report = report_path.read_text()
+        claims_at, evaluations_at = REFRESHED_SECTIONS
+        lines = _replace_section(report.split("\n"), claims_at, claim_lines)
         evaluations = _side_by_side(evals, staged)  # pictures drawn aside, moved in once checked
-        texts["report.md"] = "\n".join(_replace_section(lines, "## Evaluations", evaluations, "### Every model"))
+        texts["report.md"] = "\n".join(_replace_section(lines, evaluations_at, evaluations))
         for name, text in texts.items():
             (staged / name).write_text(text)
         new = {f.name: file_sha256(f) for f in staged.iterdir()}
-        _check_export_destination(folder, new, owned, command="refresh")
+        licence, had = owned, file_sha256(report_path)
+        if had not in owned.get("report.md", []) and _refreshed_sha256(report) in _exported_sections(folder):
+            # annotated outside what refresh rewrites, which is as the export (or a refresh) wrote it: notes kept
+            licence = {**owned, "report.md": [*owned.get("report.md", []), had]}
+        _check_export_destination(folder, new, licence, command="refresh")
         recorded = _record_after(folder, new, owned)
         for name in new:
             os.replace(staged / name, folder / name)
     marker = (folder / EXPORT_MARKER).read_text()
     source = json.loads(marker)["exported_from"] if owned else marker.removeprefix("exported from ").strip()
-    _write_export_marker(folder, Path(source or folder), {**owned, **recorded})
+    _write_export_marker(folder, Path(source or folder), {**owned, **recorded}, [_refreshed_sha256(texts["report.md"])])
     return report_path
 
 
-def _replace_section(lines: list[str], header: str, body: list[str], until: str = "## ") -> list[str]:
-    """``lines`` with what follows ``header`` up to the next line starting with ``until`` (or a "## " header)
-    replaced by ``["", *body]`` (a missing header: the report is not one this version can refresh)."""
+#: what ``diffattn refresh`` rewrites of a report.md: (header, the line start that ends the section; a "## " header
+#: always does)
+REFRESHED_SECTIONS = (("## Paper claims", "## "), ("## Evaluations", "### Every model"))
+
+
+def _refreshed_sha256(text: str) -> str | None:
+    """SHA-256 of what a refresh rewrites of a report's ``text`` (its :data:`REFRESHED_SECTIONS`' lines); None when
+    a section is missing (not a report refresh can read)."""
+    lines, parts = text.split("\n"), []
+    for header, until in REFRESHED_SECTIONS:
+        if header not in lines:
+            return None
+        start, end = _section_span(lines, header, until)
+        parts.append("\n".join(lines[start:end]))
+    return hashlib.sha256("\n\0\n".join(parts).encode()).hexdigest()
+
+
+def _replace_section(lines: list[str], section: tuple[str, str], body: list[str]) -> list[str]:
+    """``lines`` with what follows ``section``'s header up to the next line starting with its ``until`` (or a "## "
+    header) replaced by ``["", *body]`` (a missing header: the report is not one this version can refresh)."""
+    header, until = section
     if header not in lines:
         raise ValueError(f"the report has no {header!r} section")
+    start, end = _section_span(lines, header, until)
+    return [*lines[:start], "", *body, *lines[end:]]
+
+
+def _section_span(lines: list[str], header: str, until: str) -> tuple[int, int]:
+    """The lines after ``header`` up to the next starting with ``until`` or "## ", as a slice's (start, end)."""
     start = lines.index(header) + 1
     end = next(
         (i for i in range(start, len(lines)) if lines[i].startswith(until) or lines[i].startswith("## ")), len(lines)
     )
-    return [*lines[:start], "", *body, *lines[end:]]
+    return start, end
 
 
 def _training_section(outcomes, out: Path) -> list[str]:
@@ -552,14 +585,15 @@ def _export_locked(src: Path, report: Path, dest: Path) -> Path:
         # while files move in, the marker accepts each file's old contents and its new ones
         current = {n: [new[n], file_sha256(dest / n)] for n in new}
         dest.mkdir(parents=True, exist_ok=True)
-        _write_export_marker(dest, src, {**stale, **{n: [h for h in hs if h] for n, hs in current.items()}})
+        sections = [_refreshed_sha256((staging / "report.md").read_text()), *_exported_sections(dest)]
+        _write_export_marker(dest, src, {**stale, **{n: [h for h in hs if h] for n, hs in current.items()}}, sections)
         for name in names:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / name, dest / name)
         for name in stale:  # the previous export's files that this one no longer has, as it wrote them
             (dest / name).unlink()
             _remove_empty_parents(dest / name, dest)
-        _write_export_marker(dest, src, {n: [h] for n, h in new.items()})
+        _write_export_marker(dest, src, {n: [h] for n, h in new.items()}, sections[:1])
         return dest
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # left only when the process was killed: removed next time
@@ -604,18 +638,28 @@ def _exported_files(dest: Path) -> dict[str, list[str]] | None:
     return files
 
 
+def _exported_sections(dest: Path) -> list[str]:
+    """The SHA-256s of report.md's :data:`REFRESHED_SECTIONS` that the marker in ``dest`` records as the export's (or a
+    refresh's) own text; none for a marker from before 2026-12-01, or one without them."""
+    try:
+        doc = json.loads((dest / EXPORT_MARKER).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    sections = doc.get("report_sections") if isinstance(doc, dict) else None
+    return [h for h in sections if isinstance(h, str)] if isinstance(sections, list) else []
+
+
 def _record_after(dest: Path, new: dict[str, str], owned: dict[str, list[str]] | None) -> dict[str, list[str]]:
-    """What the marker records anew of the files ``new`` a refresh writes into ``dest``: each one's SHA-256 — except a
-    file that already held those contents without being the export's: a report.md annotated outside the sections a
-    refresh rewrites, which the refresh reproduces verbatim (it reads the file it rewrites, where an export copies
-    its source). That one is left out, so its earlier record (``owned``'s, or none) stands: recording it would make
-    the user's note the export's own, and the next export would overwrite it (found by a review, 2026-11-30)."""
-    recorded = {}
-    for name, sha in new.items():
-        had = file_sha256(dest / name)
-        if had is None or had != sha or had in (owned or {}).get(name, []):
-            recorded[name] = [sha]
-    return recorded
+    """What the marker records anew of the files ``new`` a refresh writes into ``dest``: the SHA-256 of each that was
+    the export's own before (or absent). A report.md annotated outside the sections a refresh rewrites — reproduced
+    verbatim, or with those sections rewritten around the notes (it reads the file it rewrites, where an export
+    copies its source) — is left out, so its earlier record (``owned``'s, or none) stands: recording it would make
+    the user's notes the export's own, and the next export would overwrite them (found by a review, 2026-11-30)."""
+    return {
+        name: [sha]
+        for name, sha in new.items()
+        if (had := file_sha256(dest / name)) is None or had in (owned or {}).get(name, [])
+    }
 
 
 def _check_export_destination(
@@ -647,8 +691,14 @@ def _check_export_destination(
         )
 
 
-def _write_export_marker(dest: Path, src: Path, files: dict[str, list[str]]) -> None:
-    doc = {"exported_from": str(src.resolve()), "files": dict(sorted(files.items()))}
+def _write_export_marker(dest: Path, src: Path, files: dict[str, list[str]], sections: list[str | None]) -> None:
+    """The marker: where the export came from, each file's accepted SHA-256s, and the SHA-256s of report.md's
+    :data:`REFRESHED_SECTIONS` as the export (or a refresh) wrote them (``sections``; None entries dropped)."""
+    doc = {
+        "exported_from": str(src.resolve()),
+        "files": dict(sorted(files.items())),
+        "report_sections": [h for h in sections if h],
+    }
     write_text_atomic(dest / EXPORT_MARKER, json.dumps(doc, indent=1) + "\n")
 
 
