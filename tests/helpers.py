@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
+import pytest
 import torch
 
 from diffattn.eval.common import cache_keyword
@@ -105,3 +107,40 @@ def rows_without_masks(dataset_class):
             return {k: v for k, v in super().__getitem__(i).items() if k != "attention_mask"}
 
     return WithoutMasks
+
+
+def pairwise(**factors) -> list:
+    """Every combination of ``factors`` (name → values, or name → {id: value}) as pytest params for one
+    ``parametrize`` over the names in that order, with the ids stacked decorators give (a ``str``, ``bool``, ``int`` or
+    None value as itself, another ``name{index}``, joined by "-"): those of a strength-2 covering set in the default
+    run, the rest marked ``heavy``. Every pair of values of any two factors meets in a default test; CI's heavy run
+    (and ``make test-heavy``) takes the whole product. The set is chosen greedily — the combination covering most pairs
+    not yet covered, the first in product order on a tie — so the same factors always choose the same tests."""
+    levels = [
+        list(values.items()) if isinstance(values, dict) else [(_param_id(name, i, v), v) for i, v in enumerate(values)]
+        for name, values in factors.items()
+    ]
+    cases = list(itertools.product(*(range(len(level)) for level in levels)))
+
+    def pairs(case):
+        return {(a, case[a], b, case[b]) for a, b in itertools.combinations(range(len(case)), 2)}
+
+    uncovered = set().union(*map(pairs, cases)) if len(levels) > 1 else set()
+    default = set(cases) if len(levels) < 2 else set()
+    while uncovered:
+        best = max(cases, key=lambda case: len(pairs(case) & uncovered))  # max keeps the first of equals
+        default.add(best)
+        uncovered -= pairs(best)
+    return [
+        pytest.param(
+            *(levels[k][i][1] for k, i in enumerate(case)),
+            id="-".join(levels[k][i][0] for k, i in enumerate(case)),
+            marks=() if case in default else pytest.mark.heavy,
+        )
+        for case in cases
+    ]
+
+
+def _param_id(name: str, index: int, value) -> str:
+    """pytest's own id of a parameter value: the value where it is plain, else the argument's name and index."""
+    return str(value) if value is None or isinstance(value, (str, bool, int)) else f"{name}{index}"

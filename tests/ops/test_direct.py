@@ -19,6 +19,7 @@ from diffattn import ops
 from diffattn.ops import HeadNorm, direct, routes
 from diffattn.ops._inputs import v_from_halves, v_from_halves_grad, validate
 
+from ..helpers import pairwise
 from .interpreter import CUDA, import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
 
@@ -119,10 +120,15 @@ def _run(fn, tensors, seed=1):
     return [out.detach(), *torch.autograd.grad(out, tensors, cot)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("heads_inside", [True, False], ids=["projection-views", "contiguous"])
-@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
-@pytest.mark.parametrize("with_norm", [False, True], ids=["", "norm"])
+@pytest.mark.parametrize(
+    ("with_norm", "lam_form", "heads_inside", "dtype"),
+    pairwise(  # every pair of these in the default run, the whole product in CI's heavy run
+        with_norm={"": False, "norm": True},
+        lam_form=["scalar", "per_head", "per_token"],
+        heads_inside={"projection-views": True, "contiguous": False},
+        dtype={"fp32": torch.float32, "bf16": torch.bfloat16},
+    ),
+)
 def test_the_one_node_is_the_chains_computation_bit_for_bit(dtype, heads_inside, lam_form, with_norm):
     # 7 tokens: rows of B·H·T = 28, not a multiple of the epilogue's interpreted 4-row programs, in a fraction of the
     # time 13 took over the grid's 24 cases (the default run's budget)

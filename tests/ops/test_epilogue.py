@@ -18,6 +18,7 @@ from diffattn import ops
 from diffattn.ops import routes, sdpa
 from diffattn.ops._inputs import validate
 
+from ..helpers import pairwise
 from .interpreter import CUDA as _CUDA
 from .interpreter import import_kernels, keep_interpreting
 from .rounding import assert_within_rounding
@@ -72,9 +73,14 @@ def _operands(layout, dtype, lam_form, b=2, h=3, t=7, dv=24, seed=0):
     return o1, o2, lam.to(DEVICE).requires_grad_()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
-@pytest.mark.parametrize("layout", ["stacked", "interleaved", "apart", "stacked_bthd", "apart_bthd"])
+@pytest.mark.parametrize(
+    ("layout", "lam_form", "dtype"),
+    pairwise(  # every pair of these in the default run, the whole product in CI's heavy run
+        layout=["stacked", "interleaved", "apart", "stacked_bthd", "apart_bthd"],
+        lam_form=["scalar", "per_head", "per_token"],
+        dtype=[torch.float32, torch.bfloat16, torch.float16],
+    ),
+)
 def test_the_kernel_does_pytorchs_float32_arithmetic_forward_and_backward(dtype, lam_form, layout):
     o1, o2, lam = _operands(layout, dtype, lam_form)
     out = epilogue.subtract_maps(o1, o2, lam)
@@ -119,10 +125,15 @@ def _cut(o, layout):
     return o.unflatten(1, (-1, 2)).unbind(2) if layout == "interleaved" else o.chunk(2, dim=1)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
-@pytest.mark.parametrize("memory", ["contiguous", "bthd", "dv_outer"])
-@pytest.mark.parametrize("layout", ["stacked", "interleaved"])
+@pytest.mark.parametrize(
+    ("layout", "memory", "lam_form", "dtype"),
+    pairwise(
+        layout=["stacked", "interleaved"],
+        memory=["contiguous", "bthd", "dv_outer"],
+        lam_form=["scalar", "per_head", "per_token"],
+        dtype=[torch.float32, torch.bfloat16],
+    ),
+)
 def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_from_one_kernel(
     layout, memory, lam_form, dtype, monkeypatch
 ):
@@ -162,10 +173,15 @@ def test_subtract_pair_is_subtract_maps_on_the_halves_with_the_whole_gradient_fr
         assert d_o.stride() == o.stride(), "the gradient laid out as the output"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("normed", [False, True])
-@pytest.mark.parametrize("memory", ["contiguous", "bthd"])
-@pytest.mark.parametrize("layout", ["stacked", "interleaved"])
+@pytest.mark.parametrize(
+    ("layout", "memory", "normed", "dtype"),
+    pairwise(
+        layout=["stacked", "interleaved"],
+        memory=["contiguous", "bthd"],
+        normed=[False, True],
+        dtype=[torch.float32, torch.bfloat16],
+    ),
+)
 def test_two_calls_outputs_read_where_they_are_are_their_join_bit_for_bit(layout, memory, normed, dtype, monkeypatch):
     # subtract_pair_parts: the sdpa_split route's two calls' outputs (one per slice of V) read by the kernels as the
     # one output they would be joined into, and their gradients written each whole in its own layout by the one
@@ -225,9 +241,14 @@ def _normed(o1, o2, lam, eps, scale, flip=False):
     return out.flip(-1) if flip else out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lam_form", ["scalar", "per_head", "per_token"])
-@pytest.mark.parametrize("layout", ["stacked", "interleaved", "apart", "stacked_bthd", "pair", "pair_bthd"])
+@pytest.mark.parametrize(
+    ("layout", "lam_form", "dtype"),
+    pairwise(
+        layout=["stacked", "interleaved", "apart", "stacked_bthd", "pair", "pair_bthd"],
+        lam_form=["scalar", "per_head", "per_token"],
+        dtype=[torch.float32, torch.bfloat16],
+    ),
+)
 def test_the_head_norm_in_the_kernel_is_pytorchs_norm_within_its_rounding(layout, lam_form, dtype):
     # DIFF Eq. 3's head, scale · RMSNorm(O1 − λ·O2) without a gain, in the subtraction's kernel (norm=(eps, scale)):
     # the output and every gradient against float64, within the rule of tests/ops/rounding.py (twice plain PyTorch's

@@ -92,12 +92,12 @@ def _segment_mask(b: int, t: int) -> torch.Tensor:
 
 def _segment_cases():
     """Every (causal, share, atomic) case; the single-pass backward with atomic dQ (off by default: the H200 measured
-    it slower) once in the default run, V1 causal, its other three cases in the heavy run (the default run's
-    budget, 2026-11-30)."""
+    it slower) in the heavy run (the default run's budget, 2026-11-30 and 2026-12-01: its plain case is
+    test_triton's test_single_pass_backward_with_atomic_dq)."""
     for causal, c in ((True, "causal"), (False, "full")):
         for share, sh in (((), "v1"), (("k",), "shared-k")):
             for atomic, a in ((True, "atomic-dq"), (False, "two-kernel")):
-                heavy = atomic and (not causal or share)
+                heavy = atomic
                 yield pytest.param(causal, share, atomic, id=f"{c}-{sh}-{a}", marks=pytest.mark.heavy if heavy else ())
 
 

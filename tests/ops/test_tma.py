@@ -16,6 +16,7 @@ import torch
 from diffattn.ops import diff_attention
 from diffattn.ops.routes import TRITON_VARIANTS
 
+from ..helpers import pairwise
 from .interpreter import import_kernels, keep_interpreting
 from .test_triton import (
     _assert_like_sdpa,
@@ -54,20 +55,22 @@ def _forward(args, *, causal, share_k, save_parts, dtype):
     return launch._fwd_impl(q1, k1, q2, None if share_k else k2, v, lam_rows, None, causal, 0.3, save_parts)
 
 
-@pytest.mark.parametrize("variant", ["tma"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
-    ("shape", "causal", "share_k"),
-    [
-        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), True, False),  # T < S, partial tiles, V of width 2d
-        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), False, False),  # keys past S only hidden by the bound
-        (dict(b=2, h=2, hkv=2, t=21, s=21, d=16, dv=16), True, True),  # K shared (DIFF V2), batch 2
-        (dict(h=1, hkv=1, t=5, s=40, d=16, dv=32), True, False),  # a short block of rows against many keys
-    ],
-    ids=["causal-t<s", "noncausal", "shared-k-batch2", "t5-s40"],
+    ("save_parts", "case", "dtype", "variant"),
+    pairwise(  # every pair of these in the default run, the whole product in CI's heavy run
+        save_parts={"train": True, "infer": False},
+        case={  # (shape, causal, K shared)
+            "causal-t<s": (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), True, False),  # T < S, partial tiles, V 2d wide
+            "noncausal": (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), False, False),  # keys past S hidden by the bound
+            "shared-k-batch2": (dict(b=2, h=2, hkv=2, t=21, s=21, d=16, dv=16), True, True),  # DIFF V2, batch 2
+            "t5-s40": (dict(h=1, hkv=1, t=5, s=40, d=16, dv=32), True, False),  # a short block of rows, many keys
+        },
+        dtype={"fp32": torch.float32, "bf16": torch.bfloat16},
+        variant=["tma"],
+    ),
 )
-@pytest.mark.parametrize("save_parts", [True, False], ids=["train", "infer"])
-def test_the_default_forward_bit_for_bit(monkeypatch, variant, dtype, shape, causal, share_k, save_parts):
+def test_the_default_forward_bit_for_bit(monkeypatch, save_parts, case, dtype, variant):
+    shape, causal, share_k = case
     # the same tiles, the same order of every sum: output, saved per-map outputs and log-sum-exps identical to the
     # default forward's (one query head per KV head, so both kernels see the same rows in each program)
     args = make_inputs(**shape, lam_kind="head")
@@ -189,20 +192,22 @@ def _gradients(args, *, causal, share_k, dtype, backend="triton"):
     return [out.detach(), *torch.autograd.grad(out, leaves, cot)]
 
 
-@pytest.mark.parametrize("variant", ["btma", "bws"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
-    ("shape", "causal", "share_k"),
-    [
-        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), True, False),  # T < S, partial blocks, V of width 2d
-        (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), False, False),  # a partial key block, no causal mask
-        (dict(b=2, h=2, hkv=2, t=21, s=21, d=16, dv=16), True, True),  # K shared (DIFF V2), batch 2
-        (dict(h=1, hkv=1, t=5, s=40, d=16, dv=32), True, False),  # few query rows, many key blocks
-    ],
-    ids=["causal-t<s", "noncausal", "shared-k-batch2", "t5-s40"],
+    ("case", "dtype", "variant"),
+    pairwise(  # every pair of these in the default run, the whole product in CI's heavy run
+        case={  # (shape, causal, K shared)
+            "causal-t<s": (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), True, False),  # T < S, partial blocks, V 2d wide
+            "noncausal": (dict(h=2, hkv=2, t=37, s=45, d=16, dv=32), False, False),  # a partial key block, no mask
+            "shared-k-batch2": (dict(b=2, h=2, hkv=2, t=21, s=21, d=16, dv=16), True, True),  # DIFF V2, batch 2
+            "t5-s40": (dict(h=1, hkv=1, t=5, s=40, d=16, dv=32), True, False),  # few query rows, many key blocks
+        },
+        dtype={"fp32": torch.float32, "bf16": torch.bfloat16},
+        variant=["btma", "bws"],
+    ),
 )
-def test_the_default_backward_bit_for_bit(monkeypatch, variant, dtype, shape, causal, share_k):
+def test_the_default_backward_bit_for_bit(monkeypatch, case, dtype, variant):
     # the two-kernel backward's own tiles and order of every sum: every gradient identical to the default's
+    shape, causal, share_k = case
     args = make_inputs(**shape, lam_kind="head")
     kinds = _record_kinds(monkeypatch)
     default = _gradients(args, causal=causal, share_k=share_k, dtype=dtype)
@@ -229,7 +234,9 @@ def test_forward_and_backward_by_tma_tiles_match_the_reference(monkeypatch, fwd,
     [
         ("triton[tma+btma]", ["fwd_tma", "dkdv_tma", "dq_tma"]),
         ("triton[bws]", ["fwd", "dkdv_ws", "dq_tma"]),
-        ("triton[tma]", ["fwd_tma", "dkdv", "dq"]),
+        # the forward's variant alone: the two above take the switch's paths (a backward chosen from its forward's
+        # variants, and without one); CI's heavy run (the default run's budget, 2026-12-01)
+        pytest.param("triton[tma]", ["fwd_tma", "dkdv", "dq"], marks=pytest.mark.heavy),
     ],
 )
 def test_a_variant_route_switches_its_variants_on_for_its_own_calls_only(monkeypatch, route, launched):

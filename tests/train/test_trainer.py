@@ -467,6 +467,7 @@ def test_a_run_can_stop_part_way_through_a_longer_schedule(corpus_file, tmp_path
         debug_config(corpus_file, max_steps=8, schedule_steps=4)
 
 
+@pytest.mark.heavy  # 15.6 s on the 2-core AMD EPYC of 2026-12-01 (9.8 of the record's s): with adapt's, CI's heavy run
 def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus_file, tmp_path):
     """``train.compile``: Trainer runs the model through torch.compile (here ``aot_eager``: dynamo's graph and
     AOTAutograd's forward and backward, no generated code — what inductor starts from), and dynamo compiles it (its
