@@ -62,13 +62,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         entry = device_entry(torch.cuda.current_device())
         now = (
-            f"the route table's fastest route per call class, measured on this GPU {entry['date']}; else sdpa"
+            f"the route table's fastest of the routes it timed per call class, on this GPU {entry['date']} (some "
+            "classes from earlier leases); else sdpa"
             if entry
             else "sdpa: the route table has no entry for this GPU and software (`make gpu-report` measures one)"
         )
     statuses = backend_status()
     width = max(len(s.name) for s in statuses)  # the epilogue routes' names are the longest
-    print(f"  {'auto':<{width}} {'usable':<8} picks the fastest backend for the device (now: {now})")
+    print(f"  {'auto':<{width}} {'usable':<8} per call class the fastest correct route measured (now: {now})")
     for s in statuses:
         print(f"  {s.name:<{width}} {'usable' if s.usable else 'unusable':<8} {s.reason}")
     from .ops.routes import TABLE_FLAGS, table_flag
@@ -725,9 +726,9 @@ def _add_bench_commands(sub) -> None:
         default="",
         metavar="A,B",
         help="one more DIFF column per backend, forced (e.g. cudnn_maps,sdpa_maps,sdpa): the route for this model "
-        "size by measurement, where auto's table was measured at 16K tokens; a backend that cannot run is a NaN "
-        "column. A suffix runs a column with a route-table switch on: +norm (the head norm in the epilogue's kernel; "
-        "after auto or an +epilogue route, e.g. cudnn+epilogue+norm), +lambda (λ by its Triton kernels; e.g. "
+        "size by measurement, where most of auto's table was measured at 16K tokens; a backend that cannot run is a "
+        "NaN column. A suffix runs a column with a route-table switch on: +norm (the head norm in the epilogue's "
+        "kernel; after auto or an +epilogue route, e.g. cudnn+epilogue+norm), +lambda (λ by its Triton kernels; e.g. "
         "auto+norm+lambda), +pairs (DIFF V1's heads handed to the op in interleaved pairs, e.g. auto+pairs), "
         "+perlayer (each layer's own λ, where the model computes them at once: a comparison, e.g. auto+norm+perlayer). "
         "v2:BACKEND forces it in DIFF V2's model instead (e.g. v2:cudnn_direct; no suffix)",

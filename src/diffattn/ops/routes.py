@@ -78,8 +78,10 @@ def mask_class(inp: DiffAttentionInputs) -> str:
 #: expected to exceed the GPU's: 4x the `small` step's DIFF V1 call (4·4·1024²·64 = 2^30; DIFF V2's 2^31), where on the
 #: H200 (2026-11-27) such a call's GPU work (~0.05 ms forward+backward at its matmul rate) would be about a quarter of
 #: its host work (~0.2 ms: two SDPA calls and the subtraction's ops, forward and backward) — an estimate, to be
-#: replaced by the measured crossing. Above it: the sweep's standard shapes (2^36–2^37), the paper-830m step at 2,048
-#: tokens (2·8·2048²·96 = 2^32.6), the `small` step at 4,096 tokens (2^34)
+#: replaced by the measured crossing: the H200's second lease (2026-11-27, torch 2.11.0+cu130) timed such calls alone
+#: at 1.05–1.60 ms a route against the baseline's 0.27–0.51 ms, mostly host time and too noisy to place it
+#: (benchmarks/gpu-runs/h200-2026-11-27b/README.md). Above it: the sweep's standard shapes (2^36–2^37), the paper-830m
+#: step at 2,048 tokens (2·8·2048²·96 = 2^32.6), the `small` step at 4,096 tokens (2^34)
 SMALL_WORK = 2**32
 #: the end of a small call's class key
 SMALL = " small"
