@@ -32,6 +32,7 @@ from diffattn.eval.icl import (
     run_order_robustness,
 )
 from diffattn.eval.icl.decoding import _Runner
+from diffattn.eval.icl.many_shot import HEURISTICS, heuristic_scores
 from diffattn.eval.icl_data import (
     LEXNAMES,
     clean_text,
@@ -385,10 +386,48 @@ def test_run_icl_end_to_end_is_deterministic(model, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="do not fit"):
         run_icl(model, tokenizer, pairs, shots=[meta["max_shots"] + 1], draws=1, test_size=6, progress=False)
 
+    # the floor: each heuristic without the skill played on every draw's own test set and demonstrations
+    counts = meta["test_label_counts"]
+    assert sorted(counts) == sorted(LABELS) and sum(counts.values()) == 6
+    best_constant = max(counts.values()) / 6
+    assert result["heuristics"]["constant"] == [best_constant] * 3 and best_constant > 1 / len(LABELS)
+    assert result["floor"] == [max(result["heuristics"][h][i] for h in HEURISTICS) for i in range(3)]
+    assert all(f >= best_constant for f in result["floor"])
+
     auto = run_icl(model, tokenizer, pairs, draws=1, test_size=4, max_length=64, progress=False)
     assert auto["shots"] == default_shot_grid(auto["metadata"]["max_shots"])
     assert auto["metadata"]["max_prompt_tokens"] <= 64
     assert plot_icl({"tiny": result, "tiny-64": auto}, tmp_path / "icl.png").stat().st_size > 0
+
+
+def test_heuristics_score_what_a_model_without_the_skill_would():
+    gold = ["a", "a", "b", "c"]
+    assert heuristic_scores(["a", "b", "c"], gold, ["c", "b", "b"]) == {
+        "constant": 0.5,  # always "a", the test set's most frequent label
+        "demo_majority": 0.25,  # "b", twice among the demonstrations
+        "last_demo": 0.25,  # "b"
+    }
+    # a tie among the demonstrations goes to the first label in label order; the last one is the prompt's last
+    tied = heuristic_scores(["a", "b", "c"], gold, ["c", "a"])
+    assert tied == {"constant": 0.5, "demo_majority": 0.5, "last_demo": 0.5}
+
+
+def test_the_icl_rows_chance_is_the_simulated_floor_and_1_over_labels_without_one():
+    from diffattn.eval.icl.claims import _chance, _chance_words
+
+    class _Run:
+        def __init__(self, many_shot):
+            self.many_shot = many_shot
+
+        def results(self, suite, key, *path):
+            return self.many_shot if not path else self.many_shot.get(path[0])
+
+    heuristics = {"constant": [0.3, 0.3], "demo_majority": [0.4, 0.2], "last_demo": [0.1, 0.25]}
+    floored = {"shots": [1, 4], "labels": ["a", "b", "c", "d"], "floor": [0.4, 0.3], "heuristics": heuristics}
+    assert _chance(_Run(floored)) == 0.3
+    assert _chance_words(floored, 1) == "chance 0.40 (the best heuristic, demo_majority; 1 / 4 labels = 0.25)"
+    older = {"shots": [1, 4], "labels": ["a", "b", "c", "d"]}  # results from before the floor was simulated
+    assert _chance(_Run(older)) == 0.25 and "no simulated floor" in _chance_words(older, 4)
 
 
 def test_run_icl_refuses_bad_input(model, tokenizer):

@@ -67,9 +67,10 @@ RESULTS = "results.json"
 # Bumped when a suite's outputs change meaning or gain fields the report needs (2: per-sample values, strict needle
 # scores, |attention| shares; 3: hidden-state outliers of every layer's raw output, the last before the final norm;
 # 4: every suite measured at the model's training length by default, NIAH R = 1 cells across N with chance levels;
-# 5: floors by simulation in NIAH and MQAR, needles at one sentence start in random order, MQAR per-sample scores),
-# so experiments re-evaluate results written by older code instead of reusing them.
-RESULTS_VERSION = 5
+# 5: floors by simulation in NIAH and MQAR, needles at one sentence start in random order, MQAR per-sample scores;
+# 6: the ICL floor by simulation and the test set's label counts), so experiments re-evaluate results written by
+# older code instead of reusing them.
+RESULTS_VERSION = 6
 
 
 def register_suite(entry: Suite) -> Suite:

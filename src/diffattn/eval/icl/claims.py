@@ -23,21 +23,55 @@ def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
         return None
     k = common_shots[-1]
     ar, an = mr["accuracy"][mr["shots"].index(k)], mn["accuracy"][mn["shots"].index(k)]
-    labels = len(mr.get("labels") or []) or 1
-    diff = paired_difference(ar, an, seed=seed) if len(ar) == len(an) else unpaired_difference(ar, an)
-    note = f"data uncertainty only; {k} shots, {len(ar)} draws; chance {1 / labels:.2f} (1 / {labels} labels)"
+    paired = len(ar) == len(an) and same_draws(mr, mn)
+    diff = paired_difference(ar, an, seed=seed) if paired else unpaired_difference(ar, an)
+    note = f"data uncertainty only; {k} shots, {len(ar)} draws; {_chance_words(mr, k)}"
     (rv, rci), (nv, nci) = t_interval(ar), t_interval(an)  # each model's mean over the draws, t interval
     return Comparison(
         f"accuracy at {k} shots", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
-        kind=paired_kind(diff, "draws of demonstrations") if len(ar) == len(an) else "Welch t over draws",
+        kind=paired_kind(diff, "draws of demonstrations") if paired else "Welch t over draws (not the same draws)",
         note=note, cells=f"{k} shots",
     )  # fmt: skip
 
 
+#: what two runs' metadata must share for their draws to be the same demonstrations and test items: the data, its
+#: split and the seeds of the draws
+SAME_DATA = ("dataset", "dataset_options", "seed", "test_size", "labels", "demo_pool_size", "draws")
+
+
+def same_draws(mr: dict, mn: dict) -> bool:
+    """Whether two many-shot results drew the same demonstrations and test items, so that their draws pair: the same
+    data and seeds (:data:`SAME_DATA`), and the same draws kept — a draw that overflows the context is redrawn, which
+    depends on the tokenizer: neither run redrew, or both redrew as often with the same label tokens and the same
+    longest prompt (one tokenizer)."""
+    a, b = mr.get("metadata") or {}, mn.get("metadata") or {}
+    if any(a.get(key) != b.get(key) for key in SAME_DATA):
+        return False
+    if a.get("redraws") == 0 and b.get("redraws") == 0:
+        return True
+    return all(a.get(key) == b.get(key) for key in ("redraws", "label_tokens", "end_token", "max_prompt_tokens"))
+
+
 def _chance(run: Run) -> float | None:
-    """Guessing one of the labels: 1 / labels."""
-    labels = run.results("icl", "many_shot", "labels")
+    """The accuracy a model without the skill reaches at the largest shot count: the best heuristic's, simulated on
+    the run's own draws (:data:`~diffattn.eval.icl.many_shot.HEURISTICS`: a constant label, the demonstrations'
+    majority, the last demonstration's); 1 / labels for results from before 2026-12-01, which did not simulate it
+    (too low where the test set's labels are unbalanced)."""
+    m = run.results("icl", "many_shot")
+    if m and m.get("floor"):
+        return m["floor"][-1]
+    labels = (m or {}).get("labels")
     return 1 / len(labels) if labels else None
+
+
+def _chance_words(m: dict, k: int) -> str:
+    """The chance level of results ``m`` at ``k`` shots, with where it comes from."""
+    labels = len(m.get("labels") or []) or 1
+    if not m.get("floor"):
+        return f"chance {1 / labels:.2f} (1 / {labels} labels; no simulated floor in these results)"
+    i = m["shots"].index(k)
+    best = max(m["heuristics"], key=lambda h: m["heuristics"][h][i])
+    return f"chance {m['floor'][i]:.2f} (the best heuristic, {best}; 1 / {labels} labels = {1 / labels:.2f})"
 
 
 def _margin(run: Run) -> float | None:

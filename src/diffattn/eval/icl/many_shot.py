@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -114,6 +115,7 @@ def _base_metadata(setup: _Setup, dataset_options, seed, model) -> dict:
         "labels": labels,
         "test_size": len(test),
         "test_set": "a seeded uniform sample of the data set (numpy default_rng([seed, 0])), fixed for every run",
+        "test_label_counts": {y: sum(t == y for _, t in test) for y in labels},  # unbalanced: the constant floor
         "demo_pool_size": len(pool),
         "prompt": {
             **asdict(fmt),
@@ -237,11 +239,13 @@ def run_icl(
         return sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen])
 
     accuracy: list[list[float]] = []
+    heuristics: list[list[dict[str, float]]] = []  # per shot count, per draw: what each heuristic scores
+    gold = [y for _, y in setup.test]
     redraws = 0
     longest = 0
     with _test_set_scorer(model, setup, share_prefix, len(grid) * draws, f"icl {name}", progress) as score:
         for k in grid:
-            per_draw = []
+            per_draw, per_draw_heuristics = [], []
             for d in range(draws):
                 chosen, again = _draw_fitting(
                     np.random.default_rng([seed, k, d]), pool_demos, len(pool), k, cost, budget
@@ -251,7 +255,10 @@ def run_icl(
                 longest = max(longest, len(prefix) + max(len(q) for q in test_queries))
                 _check_fit(longest, context, f"{k} shots")
                 per_draw.append(score(prefix))
+                per_draw_heuristics.append(heuristic_scores(labels, gold, [pool[i][1] for i in chosen]))
             accuracy.append(per_draw)
+            heuristics.append(per_draw_heuristics)
+    floors = {h: [float(np.mean([d[h] for d in per_k])) for per_k in heuristics] for h in HEURISTICS}
 
     metadata = _base_metadata(setup, dataset_options, seed, model)
     metadata.update(
@@ -271,6 +278,7 @@ def run_icl(
             "max_prompt_tokens": longest,
             "std": "population standard deviation (ddof=0) over draws",
             "share_prefix": share_prefix,
+            "floor": "per shot count, the best mean over the draws of the heuristics without the skill (HEURISTICS)",
         }
     )
     return {
@@ -279,7 +287,33 @@ def run_icl(
         "mean": [float(np.mean(a)) for a in accuracy],
         "std": [float(np.std(a)) for a in accuracy],
         "labels": labels,
+        "heuristics": floors,  # per heuristic, per shot count: its mean accuracy over the draws
+        "floor": [max(floors[h][i] for h in HEURISTICS) for i in range(len(grid))],
         "metadata": metadata,
+    }
+
+
+#: what a model without in-context learning can score, the floor of the accuracy (the best of them, simulated on each
+#: draw's own test set and demonstrations, as the needle and MQAR floors are): ``constant``, the test set's most
+#: frequent label always (the best constant answer: the test set is a uniform sample of an unbalanced data set, so
+#: it beats 1 / labels); ``demo_majority``, the most frequent label among the draw's demonstrations (ties: the first
+#: in label order); ``last_demo``, the last demonstration's label
+HEURISTICS = ("constant", "demo_majority", "last_demo")
+
+
+def heuristic_scores(labels: Sequence[str], gold: Sequence[str], demo_labels: Sequence[str]) -> dict[str, float]:
+    """What each of :data:`HEURISTICS` scores on a test set with labels ``gold``, after demonstrations labelled
+    ``demo_labels`` (in prompt order)."""
+    counts = Counter(demo_labels)
+    majority = max(labels, key=lambda y: (counts[y], -labels.index(y)))
+
+    def share(label: str) -> float:
+        return sum(g == label for g in gold) / len(gold)
+
+    return {
+        "constant": max(share(y) for y in labels),
+        "demo_majority": share(majority),
+        "last_demo": share(demo_labels[-1]),
     }
 
 
