@@ -142,5 +142,17 @@ def pairwise(**factors) -> list:
 
 
 def _param_id(name: str, index: int, value) -> str:
-    """pytest's own id of a parameter value: the value where it is plain, else the argument's name and index."""
-    return str(value) if value is None or isinstance(value, (str, bool, int)) else f"{name}{index}"
+    """pytest's own id of a parameter value (its ``_idval_from_value``): a plain value or an enum member as ``str``, a
+    pattern as its pattern, a class or function as its name, anything else as the argument's name and index."""
+    import enum
+    import re
+
+    if isinstance(value, str):
+        return value.encode("unicode_escape").decode("ascii")  # pytest's ascii_escaped
+    if value is None or isinstance(value, (int, float, complex, bool, enum.Enum)):
+        return str(value)
+    if isinstance(value, re.Pattern):
+        return value.pattern
+    if getattr(value, "__name__", None) and (isinstance(value, type) or callable(value)):
+        return value.__name__
+    return f"{name}{index}"

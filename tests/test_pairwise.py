@@ -39,6 +39,17 @@ def test_ids_are_those_of_stacked_decorators_and_the_choice_is_the_same_every_ti
     assert params[0].id == "stacked-contiguous-scalar-dtype0" and params[-1].id == "apart-bthd-per_token-dtype1"
     assert [p.id for p in _default(params)] == [p.id for p in _default(pairwise(**FACTORS))]
     assert [p.id for p in pairwise(flag=[False, True], n=[None, 3])] == ["False-None", "False-3", "True-None", "True-3"]
+    # as pytest names other values (its _idval_from_value): a float, an enum member, a function, a non-ASCII string
+    import enum
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    def scale():
+        pass
+
+    ids = [p.id for p in pairwise(x=[0.5], c=[Colour.RED], f=[scale], s=["λ"])]
+    assert ids == ["0.5-Colour.RED-scale-\\u03bb"]
 
 
 def test_one_factor_or_a_full_pair_grid_stays_whole_in_the_default_run():

@@ -455,3 +455,19 @@ def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path):
     assert plot_order_robustness(result, tmp_path / "order.png").stat().st_size > 0
     with pytest.raises(ValueError, match="rounds need"):
         run_order_robustness(model, tokenizer, pairs, rounds=50, permutations=1, test_size=6, progress=False)
+
+
+def test_draws_pair_only_where_both_runs_drew_the_same_demonstrations_and_test_items():
+    from diffattn.eval.icl.claims import same_draws
+
+    meta = {"dataset": "fortunes", "dataset_options": {}, "seed": 0, "test_size": 30, "labels": ["a", "b"],
+            "demo_pool_size": 200, "draws": 5, "redraws": 0, "label_tokens": {"a": 1, "b": 2}, "end_token": 7,
+            "max_prompt_tokens": 250}  # fmt: skip
+    run = {"metadata": meta}
+    assert same_draws(run, {"metadata": {**meta, "max_prompt_tokens": 240}})  # no redraw: the seeds decide
+    assert not same_draws(run, {"metadata": {**meta, "seed": 1}})
+    assert not same_draws(run, {"metadata": {**meta, "test_size": 40}})
+    redrawn = {**meta, "redraws": 3}  # a redraw depends on the tokenizer: the same one's marks needed
+    assert same_draws({"metadata": redrawn}, {"metadata": dict(redrawn)})
+    assert not same_draws({"metadata": redrawn}, {"metadata": {**redrawn, "max_prompt_tokens": 240}})
+    assert not same_draws({"metadata": redrawn}, {"metadata": meta})

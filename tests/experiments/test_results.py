@@ -49,12 +49,12 @@ def _drawn_once(side_by_side):
     return replay
 
 
-def _with_line(claims_section, line: str):
-    """report._claims_section with one more line: a later version's verdicts."""
+def _with_line(claims_section, line: list[str]):
+    """report._claims_section with one more line, ``line[0]`` (the caller changes it): another version's verdicts."""
 
     def section(*args):
         lines, claims, scope = claims_section(*args)
-        return [*lines, line, ""], claims, scope
+        return [*lines, line[0], ""], claims, scope
 
     return section
 
@@ -73,11 +73,13 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     from diffattn.experiments.report import _check_export_destination, _exported_files, export_report, refresh_report
     from diffattn.files import file_sha256
 
-    # an export made before the simulated floors (its models are not kept, so it was not measured again): its
-    # retrieval table still has the formula's chance row, which refresh rewrites
+    # the committed mini-scratch exported again, annotated outside the sections refresh rewrites, and refreshed by a
+    # version whose verdicts read one line more: the export's own record of those sections licenses the rewrite
     folder = export_report(RESULTS / "mini-scratch", tmp_path / "mini-scratch")
     before = (folder / "report.md").read_text() + "\nan early note\n"  # outside the sections: kept by every refresh
     (folder / "report.md").write_text(before)
+    verdict = ["A first verdict."]
+    monkeypatch.setattr(report_module, "_claims_section", _with_line(report_module._claims_section, verdict))
     assert main(["refresh", str(folder)]) == 0
     doc = json.loads((folder / "results.json").read_text())
     validate_results(doc)
@@ -86,6 +88,7 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     want = paper_claims(config, rows, doc["evaluations"], seed=config.seed)
     assert doc["claims"] == json.loads(json.dumps([asdict(c) for c in want]))
     after = (folder / "report.md").read_text()
+    assert "A first verdict." in after and after != before
     assert "Verdicts refreshed by diffattn" in after and "reach chance" in after
     assert "| chance | 1.00 | 1.00 | 0.50 / 0.17 | 0.33 / 0.07 | 1.00 |" in after  # N=6, R=2: R/N and 1/C(6, 2)
 
@@ -106,28 +109,41 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
     with pytest.raises(ValueError, match=r"export to .* would overwrite report\.md \(changed since diffattn export"):
         _check_export_destination(folder, {"report.md": "another export's text"}, owned)
     # a later version whose verdicts differ: the claims section rewritten around the notes, which stay the user's
-    with monkeypatch.context() as m:
-        m.setattr(report_module, "_claims_section", _with_line(report_module._claims_section, "A later verdict."))
-        refresh_report(folder)
+    verdict[0] = "A later verdict."
+    refresh_report(folder)
     later = (folder / "report.md").read_text()
     assert "A later verdict." in later and kept(later.removesuffix("\nmy notes\n")) == kept(before)
     assert file_sha256(folder / "report.md") not in _exported_files(folder)["report.md"]
-    with monkeypatch.context() as m:  # a marker from before the sections were recorded licenses no such rewrite
-        marker = json.loads((folder / EXPORT_MARKER).read_text())
-        (folder / EXPORT_MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "report_sections"}))
-        m.setattr(report_module, "_claims_section", _with_line(report_module._claims_section, "Another verdict."))
-        with pytest.raises(ValueError, match=r"refresh of .* would overwrite report\.md"):
-            refresh_report(folder)
-        assert (folder / "report.md").read_text() == later
-        (folder / EXPORT_MARKER).write_text(json.dumps(marker))
-    edited = later.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand")
-    (folder / "report.md").write_text(edited)  # inside the claims section: refresh would overwrite it
-    with pytest.raises(
-        ValueError,
-        match=r"refresh of .* would overwrite report\.md \(changed since diffattn export wrote it\): undo the edit",
-    ):
+    verdict[0] = "Another verdict."
+    marker = json.loads((folder / EXPORT_MARKER).read_text())  # one from before the sections were recorded:
+    (folder / EXPORT_MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "report_sections"}))
+    with pytest.raises(ValueError, match=r"refresh of .* would overwrite report\.md"):  # it licenses no rewrite
         refresh_report(folder)
-    assert (folder / "report.md").read_text() == edited
+    assert (folder / "report.md").read_text() == later
+    (folder / EXPORT_MARKER).write_text(json.dumps(marker))
+    refused = r"refresh of .* would overwrite report\.md \(changed since diffattn export wrote it\): undo the edit"
+    evaluations = later.index("## Evaluations")
+    for edited in (  # inside the claims section, and inside the evaluations tables: refresh would overwrite either
+        later.replace("Verdicts refreshed by diffattn", "My own verdicts, refreshed by hand"),
+        later[:evaluations] + later[evaluations:].replace("|", "¦", 3),
+    ):
+        (folder / "report.md").write_text(edited)
+        with pytest.raises(ValueError, match=refused):
+            refresh_report(folder)
+        assert (folder / "report.md").read_text() == edited
+
+    def saved_meanwhile(side_by_side):  # the user saves an edit inside the verdicts while the pictures are drawn
+        def draw(evals, staged):
+            (folder / "report.md").write_text(later.replace("A later verdict.", "MY HAND-WRITTEN VERDICT"))
+            return side_by_side(evals, staged)
+
+        return draw
+
+    (folder / "report.md").write_text(later)
+    monkeypatch.setattr(report_module, "_side_by_side", saved_meanwhile(report_module._side_by_side))
+    with pytest.raises(ValueError, match=refused):
+        refresh_report(folder)
+    assert "MY HAND-WRITTEN VERDICT" in (folder / "report.md").read_text()
     (folder / EXPORT_MARKER).unlink()
     with pytest.raises(ValueError, match="not an exported report"):
         refresh_report(folder)

@@ -325,7 +325,9 @@ def _refresh_locked(folder: Path) -> Path:
     texts = {"results.json": json.dumps(jsonable(doc), indent=2)}
     with tempfile.TemporaryDirectory(dir=folder, prefix=".refresh-") as tmp:
         staged = Path(tmp)
-        report = report_path.read_text()
+        # the text and its checksum from one read: a save while the pictures are drawn then no longer matches
+        data = report_path.read_bytes()
+        report, had = data.decode(), hashlib.sha256(data).hexdigest()
         claims_at, evaluations_at = REFRESHED_SECTIONS
         lines = _replace_section(report.split("\n"), claims_at, claim_lines)
         evaluations = _side_by_side(evals, staged)  # pictures drawn aside, moved in once checked
@@ -333,7 +335,7 @@ def _refresh_locked(folder: Path) -> Path:
         for name, text in texts.items():
             (staged / name).write_text(text)
         new = {f.name: file_sha256(f) for f in staged.iterdir()}
-        licence, had = owned, file_sha256(report_path)
+        licence = owned
         if had not in owned.get("report.md", []) and _refreshed_sha256(report) in _exported_sections(folder):
             # annotated outside what refresh rewrites, which is as the export (or a refresh) wrote it: notes kept
             licence = {**owned, "report.md": [*owned.get("report.md", []), had]}
