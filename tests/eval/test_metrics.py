@@ -270,6 +270,19 @@ def test_mqar_floor_is_the_best_heuristic_played_out(pairs):
     assert each["random value of the block"] == pytest.approx(1 / pairs)
 
 
+def test_mqar_samples_draw_from_the_range_training_rows_draw_from():
+    """Without mqar_vocab, keys from the first half of the tokenizer's ordinary range and values from the second,
+    as data.mqar_vocab-less training rows (make_mqar_sample over the whole span): a cap at 8,192 made values of tokens
+    the training had used as keys once the span passed it."""
+    from diffattn.eval.mqar import mqar_samples
+
+    samples = mqar_samples(0, 64, length=64, pairs=8, offset=300, span=20_000)
+    keys = {k for s in samples for k, _ in s.pairs}
+    values = {v for s in samples for _, v in s.pairs}
+    assert min(values) >= 300 + 10_000 and max(keys) < 300 + 10_000
+    assert max(values) > 300 + 8_192  # beyond the old cap, where training's values lie
+
+
 def test_mqar_pairs_option_and_measures(debug_models, tokenizer):
     """--mqar-pairs gives one length's pair counts; the measures read the largest count with its floor as chance,
     compare two models on the same samples (paired), and the slope per doubling of the pairs."""

@@ -532,7 +532,7 @@ def _trim(raw: dict, *, model, task_list, paths, include_defaults, limit, num_fe
             "scoring": (
                 "lm-eval: loglikelihood = sum of the continuation tokens' log-probabilities given the context "
                 "(context's trailing whitespace moved to the continuation); multiple_choice acc = argmax of that "
-                "sum, acc_norm = argmax of it divided by the choice's length in bytes"
+                "sum, acc_norm = argmax of it divided by the choice's length in characters (acc_bytes: in bytes)"
             ),
         }
     )

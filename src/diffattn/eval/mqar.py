@@ -150,10 +150,12 @@ def mqar_samples(
     seed: int, count: int, *, length: int, pairs: int, offset: int, span: int, vocab: int | None = None
 ) -> list[MQARSample]:
     """The suite's ``count`` seeded samples of one (length, pairs) configuration (the same for every model): keys
-    and values from the first ``vocab`` tokens of the range (default: up to 8192 of them)."""
+    and values from the first ``vocab`` tokens of the range (default: all ``span`` of them, as the training rows draw
+    theirs without ``data.mqar_vocab``: keys from the first half, values from the second, so a cap here made values
+    of tokens that training had used as keys once the span passed it; until 2026-12-01 the cap was 8,192)."""
     if vocab is not None and vocab > span:
         raise ValueError(f"mqar_vocab {vocab} is more than the tokenizer's {span} ordinary tokens")
-    vocab = min(span, max(2 * pairs + 2, 8192)) if vocab is None else vocab
+    vocab = span if vocab is None else vocab
     if vocab < 2 * pairs + 2:
         raise ValueError(f"the tokenizer has too few ordinary tokens ({span}) for {pairs} MQAR pairs")
     return [
@@ -292,7 +294,9 @@ class MqarOptions:
     )
     mqar_length: int = option(128, "sequence length of the --mqar-pairs configurations", minimum=8)
     mqar_vocab: int | None = option(
-        None, "keys and values from this many tokens (as the training's data.mqar_vocab; default up to 8192)", minimum=4
+        None,
+        "keys and values from this many tokens (as the training's data.mqar_vocab; default every ordinary one)",
+        minimum=4,
     )
     mqar_ar_hit: int = option(
         1, "1: also the AR-Hit/Others loss split on --text (for models trained on text); 0: MQAR only", minimum=0,
