@@ -280,6 +280,14 @@ def test_pretrained_models_are_evaluated_and_adapted_by_name(corpus, tmp_path):
     validate_results(results)
     base_row = next(m for m in results["models"] if m["model"] == "base")
     assert base_row["kind"].startswith("pretrained") and base_row["parameters"] > 0
+    # the base measured where its adapter is, at the adapter's training length (a pretrained model records none)
+    lengths = {
+        n: json.loads((tmp_path / "runs" / "debug-exp" / "eval" / n / "results.json").read_text())["metadata"][
+            "trained_length"
+        ]
+        for n in ("base", "dex")
+    }
+    assert lengths["base"] == lengths["dex"] == ExperimentConfig.from_dict(d).adapter_data()["seq_len"]
     # Dex vs its pretrained base, and vs its own projection at λ = 0
     assert [c["source"] for c in results["claims"]] == ["Dex Table 2", "Dex Table 2 (vs λ = 0)"]
 

@@ -605,10 +605,12 @@ def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo:
         "options": _jsonable_options(options),
         "results_version": RESULTS_VERSION,
     }
+    base_length = _base_length(config, name)
     if (
         results_file.is_file()
         and _eval_request(results_file) == wanted
         and _same_training(_evaluated_steps(path), _trained_steps(_model_dir(config, out, name)))
+        and (base_length is None or _read_json(results_file).get("metadata", {}).get("trained_length") == base_length)
         and not redo
     ):
         return PartOutcome("eval", name, path, DONE, 0.0, _read_json(results_file))
@@ -617,6 +619,7 @@ def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo:
 
 def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome:
     """One model's suites into ``out/eval/NAME``, skipped when already there (:func:`_evaluated`)."""
+    from ..eval.common import TRAINED_LENGTH, trained_length
     from ..eval.suite import claim_eval_id, load_for_eval, run_suites
 
     done = _evaluated(config, out, name, options, redo=redo)
@@ -627,12 +630,30 @@ def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, r
     trained = _trained_steps(model_dir)
     t0 = time.perf_counter()
     model, tokenizer, description = load_for_eval(model_dir)
+    base_length = _base_length(config, name)
+    if base_length is not None and trained_length(model) is None:  # measured where its adapters are
+        setattr(model, TRAINED_LENGTH, base_length)
     # inside this experiment's folder: ours, whatever an older version left there
     mark(path, "eval", ident=claim_eval_id(path) if path.is_dir() else None)
     doc = run_suites(model, tokenizer, config.eval.suites, path, options=options, name=name, description=description)
     if trained is not None:  # which training the results are of: a model trained further is evaluated again
         write_text_atomic(path / EVALUATED_STEPS, json.dumps(trained))
     return PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc)
+
+
+def _base_length(config: ExperimentConfig, name: str) -> int | None:
+    """The length a pretrained model of this experiment is measured at where adapters of it are trained here: theirs
+    (the shortest, where they differ). A pretrained model records no training length, so the suites would measure it
+    at its maximum context up to their caps and its adapters at their training length — different windows and
+    prompts, whose rows then cannot pair (found by a helper's audit, 2026-12-01). None for a model that is no
+    adapter's base here."""
+    from ..train.adapt_config import AdaptRunConfig
+
+    if config.pretrained_path(name) is None:
+        return None
+    adapters = [a for a in config.adapters if a.base == name]
+    lengths = [AdaptRunConfig.from_dict({"data": config.adapter_data(a)}).data.seq_len for a in adapters]
+    return min(lengths) if lengths else None
 
 
 def _eval_targets(scratch) -> list:
