@@ -193,3 +193,31 @@ def test_forced_lambda_zero_is_dex_without_its_lambda_term_and_niah_reads_it(tok
     at0 = MEASURES["niah:r1"].at_lambda0(Run("dex", suites={"niah": results}))
     row = MEASURES["niah:r1"].compare(Run("dex at λ = 0", suites=at0), Run("dex", suites={"niah": results}), 0)
     assert row is not None and "exact McNemar" in row.kind  # the same prompts: paired
+
+
+def test_the_heads_suite_reads_dex_against_its_projection_at_lambda_0(tokenizer):
+    """The head statistics of Dex's effective attention at λ = 0 are its projection's, not the base's softmax maps:
+    recorded as ``lambda0_reference`` in the same passes, equal to Dex's own at λ = 0, apart from them once λ moves;
+    a model without an effective attention has none."""
+    from diffattn.eval.heads import _at_lambda0, _compare, run_heads
+    from diffattn.eval.measures import Run
+
+    heads = dict(source="filler", tokens=80, seq_len=40, progress=False)
+    base = run_heads(_tiny_llama(len(tokenizer)), tokenizer, **heads)
+    assert "lambda0_reference" not in base
+    dex = _dex(_tiny_llama(len(tokenizer)))
+    _set_lambda(dex, 0.0)
+    at_zero = run_heads(dex, tokenizer, **heads)
+    ref = at_zero["lambda0_reference"]
+    assert ref["summary"] == at_zero["summary"] and "λ forced to 0" in at_zero["metadata"]["lambda0_reference"]
+    # the projection is not the base's maps: its negative entries and distances are the projection's own
+    assert ref["layers"][0]["negative_share"] > 0 == base["layers"][0]["negative_share"]
+    assert ref["summary"]["cosine_distance"] != pytest.approx(base["summary"]["cosine_distance"], abs=1e-4)
+    last = len(ref["layers"]) - 1
+    _set_lambda(dex, 0.4, layers=[last])
+    moved = run_heads(dex, tokenizer, **heads)
+    assert moved["lambda0_reference"]["layers"][last] == ref["layers"][last]  # λ does not move the reference
+    assert moved["layers"][last]["cosine_distance"] != pytest.approx(ref["layers"][last]["cosine_distance"])
+    # the claims engine's λ = 0 reading, and the side-by-side table's row
+    assert _at_lambda0(Run("dex", {}, {"heads": moved}))["heads"]["summary"] == moved["lambda0_reference"]["summary"]
+    assert any(line.startswith("| dex at λ = 0 |") for line in _compare({"base": base, "dex": moved}, None))

@@ -11,6 +11,14 @@ For every layer, over held-out text windows:
 
 Maps are the *signed* maps for two-map models (A1 − λA2) and Dex's effective attention (see :mod:`.capture`).
 The per-layer head-distance matrices are kept for the heatmap picture.
+
+The λ = 0 reference (``lambda0_reference``: ``layers`` and ``summary`` as above, for a model whose method has an
+effective attention, Dex): its effective attention X = A·V·(I − λW_Dᵀ)·V⁺ is A·V·V⁺ at λ = 0, a dense, partly
+negative projection of A, so its maps' distances, entropy, sparsity and negative share differ from the base's
+softmax maps before λ moves (a Dex model at step 0, whose logits are the base's: cosine distance 0.096 against 0.000,
+negative share 0.10 against 0), where CKA between head outputs does not (X·V = A·V at λ = 0). The same statistics of
+the effective attention with λ forced to 0, in the same forward passes, are what Dex's λ is read against
+(:func:`diffattn.eval.allocation` does the same for the attention shares; found by a helper's audit, 2026-12-01).
 """
 
 from __future__ import annotations
@@ -64,47 +72,79 @@ def run_heads(
     windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
     device = model_device(model)
     acc: dict[int, dict] = {}
+    at_lambda0: dict[int, dict] = {}  # the same statistics of the effective attention at λ = 0 (module doc)
     for chunk in tqdm(windows, desc="head analysis", disable=not progress, leave=False):
-        with AttentionCapture(model) as cap:
+        with AttentionCapture(model, reference=True) as cap:
             model(chunk[None].to(device))
-        for layer, rec in cap.last().items():
-            keep = rec.keep.expand_as(rec.signed)[0, 0]  # [T, S]
-            maps = rec.signed[0]  # [H, T, S]
-            h = maps.shape[0]
-            dist = cosine_distance_matrix(maps, keep)
-            off = ~torch.eye(h, dtype=torch.bool)
-            stats = acc.setdefault(
-                layer,
-                {
-                    "n": 0,
-                    "dist": torch.zeros(h, h),
-                    "cka": 0.0,
-                    "cos": 0.0,
-                    "entropy": 0.0,
-                    "neg_share": 0.0,
-                    "neg_mag": 0.0,
-                    "lam": None,
-                    **{f"sparsity@{e:g}": 0.0 for e in EPSILONS},
-                },
-            )
-            stats["n"] += 1
-            stats["dist"] += dist
-            stats["cos"] += float(dist[off].mean()) if h > 1 else 0.0
-            stats["entropy"] += _entropy(maps, keep)
-            kept = maps[:, keep]
-            for e in EPSILONS:
-                stats[f"sparsity@{e:g}"] += float((kept.abs() < e).float().mean())
-            neg = kept < 0
-            stats["neg_share"] += float(neg.float().mean())
-            stats["neg_mag"] += float(kept[neg].abs().mean()) if neg.any() else 0.0
-            if rec.lam is not None:
-                stats["lam"] = float(rec.lam.mean())
-            v = rec.v
-            if v is not None and h > 1:  # O_h = A_h V_h, [T, dv] per head
-                rep = h // v.shape[1]
-                outs = maps @ (v[0] if rep == 1 else v[0].repeat_interleave(rep, dim=0))
-                pairs = [(i, j) for i in range(h) for j in range(i + 1, h)]
-                stats["cka"] += sum(linear_cka(outs[i], outs[j]) for i, j in pairs) / len(pairs)
+        records = cap.last()
+        for layer, rec in records.items():
+            _accumulate(acc, layer, rec, rec.signed)
+        if any(rec.reference is not None for rec in records.values()):
+            for layer, rec in records.items():
+                maps = rec.signed if rec.reference is None else rec.reference
+                _accumulate(at_lambda0, layer, rec, maps, lam=rec.reference is None)
+    result = {
+        **_averaged(acc),
+        "metadata": {
+            **meta,
+            "maps": "signed maps (A1 − λA2) for two-map models, Dex effective attention, softmax maps otherwise",
+            "entropy": "of |a| renormalised per row, nats",
+            "cka": "linear CKA between head outputs A_h V_h, mean over head pairs",
+        },
+    }
+    if at_lambda0:
+        result["lambda0_reference"] = _averaged(at_lambda0)
+        result["metadata"]["lambda0_reference"] = (
+            "the same statistics of the effective attention with λ forced to 0 (Dex: A·V·V⁺, the projection alone), "
+            "in the same forward passes"
+        )
+    return result
+
+
+def _accumulate(acc: dict[int, dict], layer: int, rec, signed: torch.Tensor, lam: bool = True) -> None:
+    """Add one window's statistics of ``layer``'s maps ``signed`` ``[1, H, T, S]`` (its record ``rec``: mask, V, and
+    λ where ``lam``; the λ = 0 reference records none) to ``acc``."""
+    keep = rec.keep.expand_as(signed)[0, 0]  # [T, S]
+    maps = signed[0]  # [H, T, S]
+    h = maps.shape[0]
+    dist = cosine_distance_matrix(maps, keep)
+    off = ~torch.eye(h, dtype=torch.bool)
+    stats = acc.setdefault(
+        layer,
+        {
+            "n": 0,
+            "dist": torch.zeros(h, h),
+            "cka": 0.0,
+            "cos": 0.0,
+            "entropy": 0.0,
+            "neg_share": 0.0,
+            "neg_mag": 0.0,
+            "lam": None,
+            **{f"sparsity@{e:g}": 0.0 for e in EPSILONS},
+        },
+    )
+    stats["n"] += 1
+    stats["dist"] += dist
+    stats["cos"] += float(dist[off].mean()) if h > 1 else 0.0
+    stats["entropy"] += _entropy(maps, keep)
+    kept = maps[:, keep]
+    for e in EPSILONS:
+        stats[f"sparsity@{e:g}"] += float((kept.abs() < e).float().mean())
+    neg = kept < 0
+    stats["neg_share"] += float(neg.float().mean())
+    stats["neg_mag"] += float(kept[neg].abs().mean()) if neg.any() else 0.0
+    if lam and rec.lam is not None:
+        stats["lam"] = float(rec.lam.mean())
+    v = rec.v
+    if v is not None and h > 1:  # O_h = A_h V_h, [T, dv] per head
+        rep = h // v.shape[1]
+        outs = maps @ (v[0] if rep == 1 else v[0].repeat_interleave(rep, dim=0))
+        pairs = [(i, j) for i in range(h) for j in range(i + 1, h)]
+        stats["cka"] += sum(linear_cka(outs[i], outs[j]) for i, j in pairs) / len(pairs)
+
+
+def _averaged(acc: dict[int, dict]) -> dict:
+    """``layers`` (each layer's statistics averaged over the windows) and ``summary`` (their mean over layers)."""
     layers = {}
     for layer, s in sorted(acc.items()):
         n = s["n"]
@@ -119,16 +159,7 @@ def run_heads(
             "distance_matrix": (s["dist"] / n).tolist(),
         }
     summary = {k: sum(v[k] for v in layers.values()) / len(layers) for k in ("cosine_distance", "cka", "entropy")}
-    return {
-        "layers": layers,
-        "summary": summary,
-        "metadata": {
-            **meta,
-            "maps": "signed maps (A1 − λA2) for two-map models, Dex effective attention, softmax maps otherwise",
-            "entropy": "of |a| renormalised per row, nats",
-            "cka": "linear CKA between head outputs A_h V_h, mean over head pairs",
-        },
-    }
+    return {"layers": layers, "summary": summary}
 
 
 def plot_heads(results: dict, path, layers: list[int] | None = None) -> object:
@@ -156,10 +187,12 @@ def _run_suite(model, tokenizer, o, folder, name):
 
 def _compare(heads: dict[str, dict], out) -> list[str]:
     lines = ["| model | head cosine distance | head CKA | entropy |", "|---|---|---|---|"]
-    lines += [
-        "| " + " | ".join([n, *(fmt(r["summary"][k]) for k in ("cosine_distance", "cka", "entropy"))]) + " |"
-        for n, r in heads.items()
-    ]
+    for n, r in heads.items():
+        rows = [(n, r)] + ([(f"{n} at λ = 0", r["lambda0_reference"])] if "lambda0_reference" in r else [])
+        lines += [
+            "| " + " | ".join([name, *(fmt(x["summary"][k]) for k in ("cosine_distance", "cka", "entropy"))]) + " |"
+            for name, x in rows
+        ]
     return [*lines, ""]
 
 
@@ -176,10 +209,17 @@ def _compare_summary(ref: Run, new: Run, seed: int, key: str) -> Comparison | No
     )  # fmt: skip
 
 
+def _at_lambda0(run: Run) -> dict | None:
+    """The model's own head statistics with λ forced to 0, as a model's results (the module doc)."""
+    own = run.results("heads", "lambda0_reference")
+    return None if own is None else {"heads": {**own, "metadata": run.results("heads", "metadata")}}
+
+
 MEASURES = {
     f"heads:{key}": Measure(
         f"head {key} (mean over layers)", 3, per_run=lambda run, key=key: run.results("heads", "summary", key),
         compare=lambda ref, new, seed, key=key: _compare_summary(ref, new, seed, key),
+        at_lambda0=_at_lambda0,
     )
     for key in ("cka", "cosine_distance")
 }  # fmt: skip
