@@ -111,8 +111,8 @@ def rows_without_masks(dataset_class):
 
 def pairwise(**factors) -> list:
     """Every combination of ``factors`` (name → values, or name → {id: value}) as pytest params for one
-    ``parametrize`` over the names in that order, with the ids stacked decorators give (a ``str``, ``bool``, ``int`` or
-    None value as itself, another ``name{index}``, joined by "-"): those of a strength-2 covering set in the default
+    ``parametrize`` over the names in that order, with the ids stacked decorators give (each value's as pytest names
+    it, :func:`_param_id`, joined by "-"): those of a strength-2 covering set in the default
     run, the rest marked ``heavy``. Every pair of values of any two factors meets in a default test; CI's heavy run
     (and ``make test-heavy``) takes the whole product. The set is chosen greedily — the combination covering most pairs
     not yet covered, the first in product order on a tie — so the same factors always choose the same tests."""
@@ -125,7 +125,7 @@ def pairwise(**factors) -> list:
     def pairs(case):
         return {(a, case[a], b, case[b]) for a, b in itertools.combinations(range(len(case)), 2)}
 
-    uncovered = set().union(*map(pairs, cases)) if len(levels) > 1 else set()
+    uncovered = set().union(*map(pairs, cases))  # none with one factor: then every case is in the default run
     default = set(cases) if len(levels) < 2 else set()
     while uncovered:
         best = max(cases, key=lambda case: len(pairs(case) & uncovered))  # max keeps the first of equals

@@ -214,11 +214,11 @@ def test_a_negative_size_override_is_one_line_before_anything_is_written(corpus_
 
 
 def test_a_damaged_results_json_of_an_experiment_is_named(tmp_path):
-    from diffattn.experiments.runner import _eval_request
+    from diffattn.experiments.runner import _read_json  # what _evaluated reads a model's results.json with
 
     (tmp_path / "results.json").write_text('{"suites": ')
     with pytest.raises(ValueError, match=r"results.json is not valid JSON .*rerun with --overwrite"):
-        _eval_request(tmp_path / "results.json")
+        _read_json(tmp_path / "results.json")
 
 
 def test_a_diff_folder_saved_by_a_newer_diffattn_is_one_line(diff_folder, tmp_path, capsys):

@@ -18,7 +18,7 @@ negative projection of A, so its maps' distances, entropy, sparsity and negative
 softmax maps before λ moves (a Dex model at step 0, whose logits are the base's: cosine distance 0.096 against 0.000,
 negative share 0.10 against 0), where CKA between head outputs does not (X·V = A·V at λ = 0). The same statistics of
 the effective attention with λ forced to 0, in the same forward passes, are what Dex's λ is read against
-(:func:`diffattn.eval.allocation` does the same for the attention shares; found by a helper's audit, 2026-12-01).
+(:mod:`diffattn.eval.allocation` does the same for the attention shares; found by a helper's audit, 2026-12-01).
 """
 
 from __future__ import annotations

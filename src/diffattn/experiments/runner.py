@@ -595,7 +595,8 @@ def _model_dir(config: ExperimentConfig, out: Path, name: str) -> Path:
 
 def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome | None:
     """The outcome of a model's evaluation already in ``out/eval/NAME`` when its results are of the same request
-    (suites, options, results version) and of the same training and not ``redo``; else None (it is to run)."""
+    (suites, options, results version), of the same training (a pretrained base: at its adapters' length,
+    :func:`_base_length`) and not ``redo``; else None (it is to run)."""
     from ..eval.suite import RESULTS, RESULTS_VERSION
 
     path = out / "eval" / name
@@ -606,14 +607,15 @@ def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo:
         "results_version": RESULTS_VERSION,
     }
     base_length = _base_length(config, name)
+    doc = _read_json(results_file) if results_file.is_file() else None  # read once: per-sample results run to MBs
     if (
-        results_file.is_file()
-        and _eval_request(results_file) == wanted
+        doc is not None
+        and _eval_request(doc) == wanted
         and _same_training(_evaluated_steps(path), _trained_steps(_model_dir(config, out, name)))
-        and (base_length is None or _read_json(results_file).get("metadata", {}).get("trained_length") == base_length)
+        and (base_length is None or doc.get("metadata", {}).get("trained_length") == base_length)
         and not redo
     ):
-        return PartOutcome("eval", name, path, DONE, 0.0, _read_json(results_file))
+        return PartOutcome("eval", name, path, DONE, 0.0, doc)
     return None
 
 
@@ -721,8 +723,8 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path} is not valid JSON ({e}): rerun with --overwrite naming its part") from e
 
 
-def _eval_request(results_file: Path) -> dict:
-    doc = _read_json(results_file)
+def _eval_request(doc: dict) -> dict:
+    """What a results.json ``doc`` was asked for: its suites, options and results version."""
     meta = doc.get("metadata", {})
     return {
         "suites": list(doc.get("suites", {})),
