@@ -249,6 +249,42 @@ def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_
     assert row.verdict == "agrees" and "reach chance" not in row.note
 
 
+def test_the_r1_row_reads_r1_cells_only_and_the_dex_daa_row_names_the_cells_it_falls_back_to():
+    """niah:r1 (DIFF's "R = 1 across N" row) reads the R = 1 cells with N >= 2 and gives no row on a grid without
+    them; niah:r1_else_n2 (Dex Fig. 10, DAA Table 2: the paper's cell is N = 8, R = 1) reads every cell with N >= 2
+    there (a grid of N = 1 and Table 2's R = 2 cells), and its row over seeds names those cells, as its single-run
+    row does, not the R = 1 cells it did not read; with R = 1 cells, both read them in the measure's own words."""
+    from diffattn.adapters.registry import PaperClaim
+    from diffattn.eval.measures import Run
+    from diffattn.experiments.claims import check_claim
+
+    rng = np.random.default_rng(1)
+
+    def niah(cells):
+        grid = []
+        for n, r in cells:
+            sc = [float(x) for x in rng.integers(0, 2, 20)]
+            grid.append({"N": n, "R": r, "accuracy": float(np.mean(sc)), "scores": sc, "strict_scores": sc})
+        return {"niah": {"grid": grid, "mean_accuracy": 0.5, "metadata": {"samples_sha1": "same"}}}
+
+    groups = {"base": ["b0", "b1"], "new": ["n0", "n1"]}
+    r1_words = "prompts solved over the R = 1 cells with N >= 2 (mean over seeds)"
+    for measure in ("niah:r1", "niah:r1_else_n2"):
+        spec = PaperClaim("s", "c", "p", measure, "higher", "baseline")
+        for cells, words, single_cells in (
+            (((1, 1), (2, 2), (4, 2)), "prompts solved over cells (N=2, R=2), (N=4, R=2) (the grid has no R = 1 cell",
+             "cells (N=2, R=2), (N=4, R=2)"),
+            (((1, 1), (2, 1), (4, 1), (4, 2)), r1_words, "R = 1 cells N = 2, 4"),
+        ):  # fmt: skip
+            runs = {name: Run(name, {}, niah(cells)) for name in ("b0", "b1", "n0", "n1")}
+            row, single = check_claim(spec, "base", "new", runs, groups, 0), check_claim(spec, "b0", "n0", runs, {}, 0)
+            if measure == "niah:r1" and cells[1][1] == 2:
+                assert row is None and single is None
+                continue
+            assert row.runs == "2 vs 2 seeds" and words in row.ours, row.ours
+            assert single.cells == single_cells
+
+
 def test_the_report_says_where_a_run_stopped_inside_a_longer_schedule():
     from diffattn.experiments.report import _horizon_words
 

@@ -385,7 +385,8 @@ register(
                 "alloc:attention_to_answer",
             ),
             PaperClaim(
-                "Dex §4.2, Fig. 10", "Dex improves multi-needle retrieval", "66.9% → 78.3% (N=8, R=1)", "niah:r1"
+                "Dex §4.2, Fig. 10", "Dex improves multi-needle retrieval", "66.9% → 78.3% (N=8, R=1)",
+                "niah:r1_else_n2",
             ),
             PaperClaim(
                 "Dex Fig. 11b", "Dex lowers inter-head redundancy (linear CKA between head outputs)",
@@ -405,11 +406,11 @@ register(
             ),
             PaperClaim(
                 "Dex §4.2 (vs λ = 0)", "Dex's λ term improves retrieval (its own weights at λ = 0)",
-                "paper: vs the base only", "niah:r1", reference="lambda0",
+                "paper: vs the base only", "niah:r1_else_n2", reference="lambda0",
             ),
             PaperClaim(
                 "Dex §4.2 (vs attn-ft)", "Dex improves retrieval beyond an attention fine-tune",
-                "paper: vs the base only", "niah:r1", reference="attn-ft",
+                "paper: vs the base only", "niah:r1_else_n2", reference="attn-ft",
             ),
         ),
     )

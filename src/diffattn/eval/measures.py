@@ -81,6 +81,9 @@ class Measure:
     # seeds_note(ref_runs, new_runs) -> text | None: what a row over seeds adds to its note (the single-run
     # comparison says it in its own note; e.g. where the attention went, averaged over the seeds)
     seeds_note: Callable | None = None
+    # metric_for(runs) -> words: a row over seeds' words for these runs, where the results decide what was read
+    # (e.g. the cells a grid has); None or absent: ``metric``
+    metric_for: Callable | None = None
     at_lambda0: Callable | None = None
     chance: Callable | None = None
 

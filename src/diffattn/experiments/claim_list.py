@@ -581,7 +581,7 @@ PAPER_CLAIM_LIST: tuple[ClaimEntry, ...] = (
         not_testable=(
             "measured, no row reads it yet: the alloc suite (attention to answer, attention noise, negative mass) and "
             "the heads suite (entropy) run on DAA and attn-ft in configs/mini-adapters.yaml; DAA's registry entry "
-            "reads only niah:r1"
+            "reads only niah:r1_else_n2"
         ),
         refs=("Fig. 4",),
     ),
@@ -635,7 +635,7 @@ PAPER_CLAIM_LIST: tuple[ClaimEntry, ...] = (
         DAA, "DiffK retrieves needles better than fine-tuning; DiffQ and DiffV do not (Table 2 NR: 88.3, 84.4, 84.4 vs "
         "FT 85.3)",
         not_testable=(
-            "the niah suite measures it for any adapter (niah:r1 is the measure DAA's Table 2 row reads; "
+            "the niah suite measures it for any adapter (niah:r1_else_n2 is the measure DAA's Table 2 row reads; "
             "configs/adapters-lambda.yaml has its cells for diffv and attn-ft, configs/mini-adapters.yaml runs niah on "
             "diffq, diffk, diffv with other cells), but no row reads it: DiffQ/K/V's registry entries declare no "
             "paper_claims"

@@ -213,7 +213,8 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
         rv = [v for v in map(m.per_run, ref_runs) if finite(v)]
         nv = [v for v in map(m.per_run, new_runs) if finite(v)]
         if len(rv) >= 2 and len(nv) >= 2:
-            row = _over_seeds(spec, m, ref, new, rv, nv)
+            words = m.metric_for(ref_runs + new_runs) if m.metric_for else None
+            row = _over_seeds(spec, m, ref, new, rv, nv, metric=words or m.metric)
             extra = m.seeds_note(ref_runs, new_runs) if m.seeds_note else None
             if extra:
                 row.note += f"; {extra}"
@@ -263,7 +264,7 @@ def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run]) -> Claim:
     return row
 
 
-def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals) -> Claim:
+def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals, *, metric: str) -> Claim:
     """Groups of replicate runs: each side's mean with its t interval, the difference with Welch's interval, and
     what the comparison could see: the smallest difference it detects with 80% power from the measured spread,
     and the interval read as an equivalence bound (no difference larger than its farther end)."""
@@ -283,7 +284,7 @@ def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals) -> C
         spec.paper,
         ref=ref,
         new=new,
-        metric=f"{m.metric} (mean over seeds)",
+        metric=f"{metric} (mean over seeds)",
         claimed=spec.claimed,
         digits=digits,
         ref_value=rm,

@@ -50,12 +50,25 @@ def _table2_cells(r: dict | None) -> list[dict]:
 
 
 def _discriminating_r1(r: dict | None) -> list[dict]:
-    """The R = 1 cells with N >= 2: where retrieving and copying the one needle differ (N = 1 has floor 1); a grid
-    without such cells (e.g. N = 1, R = 1 and Table 2's R = 2 cells only) gives every cell with N >= 2 instead, and
-    the row names the cells it read."""
-    grid = (r or {}).get("grid") or []
-    r1 = [g for g in grid if g["R"] == 1 and g["N"] >= 2]
-    return r1 or [g for g in grid if g["N"] >= 2]
+    """The R = 1 cells with N >= 2: where retrieving and copying the one needle differ (N = 1 has floor 1)."""
+    return [g for g in (r or {}).get("grid") or [] if g["R"] == 1 and g["N"] >= 2]
+
+
+def _r1_else_n2(r: dict | None) -> list[dict]:
+    """The R = 1 cells with N >= 2, or, in a grid without them (e.g. N = 1, R = 1 and Table 2's R = 2 cells only),
+    every cell with N >= 2: the nearest a grid has to a paper's one-needle cell (Dex Fig. 10, DAA Table 2: N = 8,
+    R = 1); the row names the cells it read."""
+    return _discriminating_r1(r) or [g for g in (r or {}).get("grid") or [] if g["N"] >= 2]
+
+
+def _r1_else_n2_metric_for(runs: list[Run]) -> str | None:
+    """niah:r1_else_n2's words over seeds where a grid has no R = 1 cell with N >= 2 and the measure read its other
+    cells with N >= 2: the cells named, as the single-run row names them; None (the measure's own words) where every
+    run read R = 1 cells."""
+    read = {_cells_text(cells) for cells in (_r1_else_n2(run.results("niah")) for run in runs) if cells}
+    if not read or all(text.startswith("R = 1 ") for text in read):
+        return None
+    return f"prompts solved over {' / '.join(sorted(read))} (the grid has no R = 1 cell with N >= 2)"
 
 
 def _cells_text(cells: list[dict]) -> str:
@@ -434,6 +447,13 @@ MEASURES = {
         compare=partial(_compare_solved_over, _discriminating_r1),
         chance=lambda run: pooled_floor(_discriminating_r1(run.results("niah")), "solved"),
         at_lambda0=_at_lambda0,
+    ),
+    "niah:r1_else_n2": Measure(
+        "prompts solved over the R = 1 cells with N >= 2", 3,
+        per_run=lambda run: _solved_over(_r1_else_n2, run.results("niah")),
+        compare=partial(_compare_solved_over, _r1_else_n2),
+        chance=lambda run: pooled_floor(_r1_else_n2(run.results("niah")), "solved"),
+        at_lambda0=_at_lambda0, metric_for=_r1_else_n2_metric_for,
     ),
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
