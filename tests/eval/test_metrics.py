@@ -727,6 +727,34 @@ def test_the_mqar_slope_interval_is_undefined_from_one_sample_per_configuration_
     assert many.diff.interval[0] < many.diff.estimate < many.diff.interval[1]
 
 
+def test_the_mqar_slope_says_when_the_length_grows_with_the_pairs():
+    """The default MQAR grid doubles the length with the pairs (4 pairs at 64 tokens … 16 at 256): the slope is then
+    per doubling of both, and its row says so, single-run and over seeds; at one length, the plain words."""
+    from diffattn.adapters.registry import PaperClaim
+    from diffattn.eval.measures import Run
+    from diffattn.eval.mqar import MEASURES, SLOPE_WORDS
+    from diffattn.experiments.claims import check_claim
+
+    rng = np.random.default_rng(0)
+
+    def run(name, lengths):
+        rows = []
+        for p, length in zip((4, 8, 16), lengths, strict=True):
+            per = [float(x) for x in rng.integers(0, 2, 8)]
+            rows.append({"seq_len": length, "pairs": p, "samples": 8, "floor": 0.1, "accuracy": float(np.mean(per)),
+                         "per_sample": per})  # fmt: skip
+        return Run(name, suites={"mqar": {"mqar": rows, "metadata": {"seed": 0, "token_offset": 0}}})
+
+    spec = PaperClaim("s", "c", "p", "mqar:slope", "higher", "baseline")
+    groups = {"t": ["t0", "t1"], "d": ["d0", "d1"]}
+    for lengths, words in (((64, 128, 256), f"{SLOPE_WORDS} (the length growing with them, 64 → 256 tokens"),
+                           ((64, 64, 64), f"{SLOPE_WORDS} (mean over seeds)")):  # fmt: skip
+        runs = {n: run(n, lengths) for n in ("t0", "t1", "d0", "d1")}
+        assert words in check_claim(spec, "t", "d", runs, groups, 0).ours
+        single = MEASURES["mqar:slope"].compare(runs["t0"], runs["d0"], 0).metric
+        assert single == SLOPE_WORDS if lengths[0] == lengths[-1] else single.startswith(words)
+
+
 def test_every_floor_test_reads_one_rule_at_the_printed_digits():
     """review leftover of issue 35: the needle gap's floor test rounded to the printed digits, the MQAR slope's did
     not, so a lower end of 0.3404 cleared a 0.340 floor for one and not the other. Both, and the claim rows' chance

@@ -368,6 +368,23 @@ def accuracy_slope(run: Run) -> float | None:
     return sum(wi * r["accuracy"] for wi, r in zip(w, rows, strict=True))
 
 
+SLOPE_WORDS = "MQAR accuracy change per doubling of the pairs"
+
+
+def _slope_words(rows: list[dict]) -> str:
+    """The slope's words for these configurations: where the sequence length grows with the pairs (the default
+    grid: 4 pairs at 64 tokens … 16 at 256), the slope is per doubling of both, and the words say so."""
+    lengths = [r["seq_len"] for r in rows]
+    if len(set(lengths)) == 1:
+        return SLOPE_WORDS
+    return f"{SLOPE_WORDS} (the length growing with them, {lengths[0]} → {lengths[-1]} tokens: not separated)"
+
+
+def _slope_metric_for(runs: list[Run]) -> str | None:
+    words = {_slope_words(rows) for rows in map(_rows, runs) if rows}
+    return next(iter(words)) if len(words) == 1 else None
+
+
 def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
     """The slopes' difference; its interval sums the paired per-configuration differences' variances (the
     configurations use independent samples): normal, data uncertainty only."""
@@ -375,7 +392,7 @@ def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
     if sr is None or sn is None:
         return None
     rows = _rows(ref)
-    metric = "MQAR accuracy change per doubling of the pairs"
+    metric = _slope_words(rows)
     paired = _paired_rows(ref, new)
     if paired is None or any("per_sample" not in r for r in paired[0] + paired[1]):
         return Comparison(metric, ref_value=sr, new_value=sn, kind=NO_PER_SAMPLE, cells=_cells(rows))
@@ -433,8 +450,8 @@ MEASURES = {
         "MQAR accuracy at the largest pair count", ACCURACY_DIGITS,
         per_run=lambda run: (_largest(run) or {}).get("accuracy"), compare=_compare_accuracy, chance=_floor,
     ),
-    "mqar:slope": Measure("MQAR accuracy change per doubling of the pairs", 3, per_run=accuracy_slope,
-                          compare=_compare_slope, untestable=_slope_at_floor),
+    "mqar:slope": Measure(SLOPE_WORDS, 3, per_run=accuracy_slope, compare=_compare_slope, untestable=_slope_at_floor,
+                          metric_for=_slope_metric_for),
     "mqar:ar_hit_loss": Measure(
         "AR-Hit loss", 3, per_run=lambda run: run.results("mqar", "ar_hit", "ar_hit_loss"), compare=_compare_ar_hit
     ),
