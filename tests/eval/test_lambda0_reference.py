@@ -221,3 +221,24 @@ def test_the_heads_suite_reads_dex_against_its_projection_at_lambda_0(tokenizer)
     # the claims engine's λ = 0 reading, and the side-by-side table's row
     assert _at_lambda0(Run("dex", {}, {"heads": moved}))["heads"]["summary"] == moved["lambda0_reference"]["summary"]
     assert any(line.startswith("| dex at λ = 0 |") for line in _compare({"base": base, "dex": moved}, None))
+
+
+def test_the_heads_suite_reads_a_layer_without_dex_heads_once_for_both_its_rows(tokenizer, monkeypatch):
+    """A layer without Dex heads has the same maps at λ = 0 (Dex returns them unchanged): its λ = 0 statistics are
+    its own, computed once per window (the suite computed them twice, CKA over every head pair included)."""
+    from diffattn.eval import heads as suite
+
+    calls = []
+    accumulate = suite._accumulate
+    monkeypatch.setattr(
+        suite, "_accumulate", lambda acc, layer, *a, **k: calls.append(layer) or accumulate(acc, layer, *a, **k)
+    )
+    dex = adapt(_tiny_llama(len(tokenizer)), DexConfig(heads=[SELECTED[0], []], anneal=False))
+    _set_lambda(dex, 0.4, layers=[0])
+    res = suite.run_heads(dex, tokenizer, source="filler", tokens=80, seq_len=40, progress=False)
+    layers = sorted(res["layers"])
+    windows = calls.count(layers[-1])
+    assert len(layers) >= 2 and windows >= 2
+    assert sorted(calls) == [0] * 2 * windows + [layer for layer in layers[1:] for _ in range(windows)]
+    ref = res["lambda0_reference"]["layers"]
+    assert all(ref[layer] == res["layers"][layer] for layer in layers[1:]) and ref[0] != res["layers"][0]

@@ -74,6 +74,9 @@ def run_heads(
     device = model_device(model)
     acc: dict[int, dict] = {}
     at_lambda0: dict[int, dict] = {}  # the same statistics of the effective attention at λ = 0 (module doc)
+    # layers whose maps are the same at λ = 0 (no reference, or the maps themselves: a Dex layer without selected
+    # heads): their statistics are read from ``acc``, not computed twice (CKA over every head pair is the cost)
+    unreferenced: set[int] = set()
     for chunk in tqdm(windows, desc="head analysis", disable=not progress, leave=False):
         with AttentionCapture(model, reference=True) as cap:
             model(chunk[None].to(device))
@@ -82,8 +85,12 @@ def run_heads(
             _accumulate(acc, layer, rec, rec.signed)
         if any(rec.reference is not None for rec in records.values()):
             for layer, rec in records.items():
-                maps = rec.signed if rec.reference is None else rec.reference
-                _accumulate(at_lambda0, layer, rec, maps, lam=rec.reference is None)
+                if rec.reference is None or rec.reference is rec.signed:
+                    unreferenced.add(layer)
+                else:
+                    _accumulate(at_lambda0, layer, rec, rec.reference, lam=False)
+    if at_lambda0:  # which layers have a reference is the model's structure: the same in every window
+        at_lambda0 |= {layer: acc[layer] for layer in unreferenced}
     result = {
         **_averaged(acc),
         "metadata": {
