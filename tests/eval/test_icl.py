@@ -441,7 +441,7 @@ def test_run_icl_refuses_bad_input(model, tokenizer):
         run_icl(model, tokenizer, _pairs(), max_length=10_000, progress=False)
 
 
-def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path):
+def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path, monkeypatch):
     pairs = _pairs()
     result = run_order_robustness(model, tokenizer, pairs, rounds=2, permutations=3, test_size=6, progress=False)
     json.dumps(result)
@@ -455,6 +455,22 @@ def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path):
     assert plot_order_robustness(result, tmp_path / "order.png").stat().st_size > 0
     with pytest.raises(ValueError, match="rounds need"):
         run_order_robustness(model, tokenizer, pairs, rounds=50, permutations=1, test_size=6, progress=False)
+    # by default the demo set fills the length the model was trained at, as every suite measures there (results
+    # version 7; it filled the model's 256 positions), else its maximum context
+    from diffattn.eval.common import TRAINED_LENGTH
+
+    full = run_order_robustness(model, tokenizer, pairs, permutations=1, test_size=6, progress=False)["metadata"]
+    assert (full["context_length"], full["context_source"], full["trained_length"]) == (
+        256, "config.max_position_embeddings", None,
+    )  # fmt: skip
+    monkeypatch.setattr(model, TRAINED_LENGTH, 160, raising=False)
+    short = run_order_robustness(model, tokenizer, pairs, permutations=1, test_size=6, progress=False)
+    meta = short["metadata"]
+    assert (meta["context_length"], meta["context_source"], meta["trained_length"]) == (
+        160, "the length the model was trained at", 160,
+    )  # fmt: skip
+    assert 1 <= short["rounds"] < run_order_robustness(model, tokenizer, pairs, permutations=1, test_size=6,
+                                                        max_length=256, progress=False)["rounds"]  # fmt: skip
 
 
 def test_draws_pair_only_where_both_runs_drew_the_same_demonstrations_and_test_items():

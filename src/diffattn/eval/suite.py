@@ -68,9 +68,10 @@ RESULTS = "results.json"
 # scores, |attention| shares; 3: hidden-state outliers of every layer's raw output, the last before the final norm;
 # 4: every suite measured at the model's training length by default, NIAH R = 1 cells across N with chance levels;
 # 5: floors by simulation in NIAH and MQAR, needles at one sentence start in random order, MQAR per-sample scores;
-# 6: the ICL floor by simulation and the test set's label counts), so experiments re-evaluate results written by
-# older code instead of reusing them.
-RESULTS_VERSION = 6
+# 6: the ICL floor by simulation and the test set's label counts; 7: the ICL prompts at the training length too,
+# which filled the model's maximum context), so experiments re-evaluate results written by older code instead of
+# reusing them.
+RESULTS_VERSION = 7
 
 
 def register_suite(entry: Suite) -> Suite:

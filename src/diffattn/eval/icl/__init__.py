@@ -32,7 +32,8 @@ tokens. Whether the decoded prompt reproduces the prompt string exactly is check
 
 **Many-shot accuracy** (:func:`run_icl`). A fixed test set (``test_size`` items, a seeded sample) and a demo pool
 (the rest, disjoint). Shot counts default to 1, 2, 4, … up to the most that fit the context
-(``max_position_embeddings``, or ``max_length``), plus that maximum. The maximum is computed from the tokenised
+(``max_length``, else the length the model was trained at where its run recorded it, else
+``max_position_embeddings``), plus that maximum. The maximum is computed from the tokenised
 lengths: the largest k with ``BOS + k·(mean demo + separator) + 3·sqrt(k)·std(demo) + longest test item +
 longest label ≤ context``, capped at the pool size (mean and std over the pool, or over a seeded sample of 5,000
 demos of a larger pool, which is tokenised lazily); a draw that still overflows is redrawn (seeded; counted in

@@ -14,14 +14,22 @@ from ..common import (
     forward_parameters,
     model_device,
     model_max_length,
+    trained_length,
 )
 from ..icl_data import Pair
 from .prompts import LabelTrie, PromptTokens
 
 
 def _context_length(model, max_length: int | None) -> tuple[int, str]:
+    """The prompt length the suite fills (the order-robustness set fills it) and where it comes from: ``max_length``,
+    else the length the model was trained at where its run recorded it (as every other suite's window:
+    :func:`~diffattn.eval.common.evaluation_window`; a model trained on 128 tokens measured at its 1,024 positions
+    measures its length extrapolation as much as its in-context learning), else its maximum context."""
     limit = model_max_length(model)
     if max_length is None:
+        trained = trained_length(model)
+        if trained is not None and trained < limit:
+            return trained, "the length the model was trained at"
         return limit, "config.max_position_embeddings"
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..common import trained_length
 from ..icl_data import Pair, load_icl_dataset, validate_pairs
 from .decoding import _context_length, _LazyDemos, _model_info, _Runner
 from .prompts import PromptFormat, PromptTokens
@@ -138,6 +139,7 @@ def _base_metadata(setup: _Setup, dataset_options, seed, model) -> dict:
         "accuracy": "exact label match, in [0, 1]",
         "context_length": setup.context,
         "context_source": setup.context_source,
+        "trained_length": trained_length(model),  # None: not recorded (a pretrained model)
         "seed": seed,
         "model": _model_info(model),
     }

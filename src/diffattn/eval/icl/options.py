@@ -28,7 +28,10 @@ class IclOptions:
     # the order-robustness demo set fills it, so on a model with 8,192 positions every permutation is an
     # 8k-token prefill: this is the suite's cost knob
     icl_context_tokens: int | None = option(
-        None, "ICL prompt length in tokens (default: the model's maximum; the order-robustness set fills it)", minimum=8
+        None,
+        "ICL prompt length in tokens (default: the length the model was trained at, else its maximum; the "
+        "order-robustness set fills it)",
+        minimum=8,
     )
 
 
