@@ -328,7 +328,7 @@ def _alloc(answers, noises, sha="same-prompts"):
 
 
 def _niah(cells, sha="same-prompts"):
-    grid = [{"N": n, "R": 1, "accuracy": float(np.mean(sc)), "scores": sc} for n, sc in cells]
+    grid = [{"N": n, "R": 1, "accuracy": float(np.mean(sc)), "scores": sc, "strict_scores": sc} for n, sc in cells]
     return {
         "grid": grid,
         "mean_accuracy": float(np.mean([g["accuracy"] for g in grid])),

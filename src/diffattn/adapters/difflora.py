@@ -198,7 +198,8 @@ register(
         paper_claims=(
             PaperClaim(
                 "DiffLoRA §4", "DiffLoRA falls short of LoRA at matched parameters in most tasks",
-                "below LoRA on most benchmarks (+11 pts on HumanEval)", "loss", claimed="higher", reference="lora",
+                "below LoRA on most benchmarks (+11 pts on HumanEval); ours: held-out loss in their place",
+                "loss", claimed="higher", reference="lora",
             ),
             PaperClaim(
                 "DiffLoRA Fig. 3 (MV)", "DiffLoRA gains over LoRA on multi-value needle retrieval",

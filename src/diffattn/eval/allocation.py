@@ -530,13 +530,20 @@ def _compare_share(ref: Run, new: Run, seed: int, key: str) -> Comparison | None
     if not ar or not an or key not in ar or key not in an:
         return None
     per_key, metric = _BUCKETS[key]
-    magnitude = all(f"{per_key}_magnitude" in p for p in (ar.get("per_sample") or []) + (an.get("per_sample") or []))
-    if magnitude:  # shares of |a|: a signed map cannot meet the claim by cancelling + and − entries of one bucket
+    samples_r, samples_n = ar.get("per_sample") or [], an.get("per_sample") or []
+    if not samples_r or not samples_n:  # no interval: the two means, of |attention| where both results have them
+        both = ar.get(f"{key}_magnitude") is not None and an.get(f"{key}_magnitude") is not None
+        value = f"{key}_magnitude" if both else key
+        words = f"{metric} (share of |attention|)" if both else f"{metric} (signed share)"
+        return Comparison(words, ref_value=ar[value], new_value=an[value], kind=NO_PER_SAMPLE)
+    magnitude = all(f"{per_key}_magnitude" in p for p in samples_r + samples_n)
+    if magnitude:
+        # shares of |a|: a signed map cannot meet the claim by cancelling + and − entries of one bucket
         per_key, metric = f"{per_key}_magnitude", f"{metric} (share of |attention|)"
-    sr = [p[per_key] for p in ar.get("per_sample") or []]
-    sn = [p[per_key] for p in an.get("per_sample") or []]
-    if not sr or not sn:
-        return Comparison(metric, ref_value=ar[key], new_value=an[key], kind=NO_PER_SAMPLE)
+    else:
+        metric = f"{metric} (signed share)"
+    sr = [p[per_key] for p in samples_r]
+    sn = [p[per_key] for p in samples_n]
     (rm, rse), (nm, nse) = mean_se(sr), mean_se(sn)
     rci = normal_interval(rm, rse) if math.isfinite(rse) else None
     nci = normal_interval(nm, nse) if math.isfinite(nse) else None
@@ -608,6 +615,15 @@ def _where_over_seeds(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
     return None if ref is None or new is None else f"mean over the seeds: {_where_words(ref, new)}"
 
 
+def _share_words_for(key: str, runs: list[Run]) -> str | None:
+    """The words over seeds where a run's results predate shares of |attention| and its signed share was read."""
+    signed = [run.results("alloc", f"{key}_magnitude") is None for run in runs if run.results("alloc", key) is not None]
+    if not any(signed):
+        return None
+    how = "signed share" if all(signed) else "share of |attention|, signed where a run's results have no |attention|"
+    return f"{_BUCKETS[key][1]} ({how})"
+
+
 def _share_measure(key: str) -> Measure:
     return Measure(
         f"{_BUCKETS[key][1]} (share of |attention|)",
@@ -616,6 +632,7 @@ def _share_measure(key: str) -> Measure:
         compare=lambda ref, new, seed: _compare_share(ref, new, seed, key),
         at_lambda0=_at_lambda0,
         seeds_note=_where_over_seeds,
+        metric_for=lambda runs: _share_words_for(key, runs),
     )
 
 

@@ -244,8 +244,10 @@ def _compare_top1(ref: Run, new: Run, seed: int, which: str, label: str) -> Comp
     rm, rci = bootstrap_contrast([wr], seed=seed)
     nm, nci = bootstrap_contrast([wn], seed=seed)
     diff = paired_difference(wr, wn, seed=seed)
+    # the interval, and so the verdict, is the mean per-window top-1's: the row's words name it (the overall top-1,
+    # which rows over seeds read, is in the headline)
     return Comparison(
-        metric, ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff,
+        f"mean per-window top-1 {label}", ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff,
         ours=f"{headline}; mean per-window top-1 {value_text(rm, rci, 2)} → {value_text(nm, nci, 2)}",
         kind=paired_kind(diff, "text windows, of the mean per-window top-1 (the overall top-1 has no interval)"),
         note="data uncertainty only, one seed",

@@ -318,6 +318,10 @@ PAPER_CLAIM_LIST: tuple[ClaimEntry, ...] = (
         row="Dex §4.2, Fig. 10", refs=("Fig. 10",),
     ),
     ClaimEntry(
+        DEX, "Dex improves retrieval of one needle among several at one length (ours: the R = 1 cells across N)",
+        row="Dex §4.2 (ours: R = 1 cells across N)", refs=("Fig. 10",),
+    ),
+    ClaimEntry(
         DEX, "Dex lowers inter-head redundancy (linear CKA)",
         row="Dex Fig. 11b", refs=("Fig. 11", "Fig. 17", "Fig. 19"),
     ),

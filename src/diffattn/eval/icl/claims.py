@@ -3,7 +3,7 @@ Dex Table 3)."""
 
 from __future__ import annotations
 
-from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, paired_kind
+from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, paired_kind
 from ..stats import paired_difference, t_interval, unpaired_difference
 
 
@@ -87,12 +87,43 @@ def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
     )
 
 
+def _order_floor(order: dict) -> float | None:
+    """What a model that ignores the demonstrations scores on the order suite's test set: the most frequent label's
+    share (a constant label; results from before test_label_counts were recorded: 1 / labels)."""
+    meta = order.get("metadata") or {}
+    counts = meta.get("test_label_counts")
+    if counts and sum(counts.values()):
+        return max(counts.values()) / sum(counts.values())
+    labels = order.get("labels") or meta.get("labels")
+    return 1 / len(labels) if labels else None
+
+
+def _margin_at_floor(runs: list[Run]) -> str | None:
+    """A model at the floor (its mean accuracy over the random permutations does not clear a constant label's) has a
+    margin near 0 because it ignores the demonstrations, not because it is robust to their order: a row with one
+    cannot test the claim, whichever side it is on."""
+    for run in runs:
+        order = run.results("icl", "order_robustness")
+        random = ((order or {}).get("arrangements") or {}).get("random")
+        floor = None if not order else _order_floor(order)
+        if random is None or floor is None:
+            continue
+        if not clears_floor(random["mean"], floor, 3):
+            return (
+                f"{run.name} is at the floor over the permutations (mean accuracy {random['mean']:.3f}, a constant "
+                f"label scores {floor:.3f}): its margin is that of ignoring the demonstrations"
+            )
+    return None
+
+
 MEASURES = {
     "icl:many_shot": Measure(
         "accuracy at the largest shot count", 3, per_run=lambda run: _at_largest(run.results("icl", "many_shot")),
         compare=_compare_shots, chance=_chance,
     ),
-    "icl:order_margin": Measure("order margin (random)", 3, per_run=_margin, compare=_compare_margin),
+    "icl:order_margin": Measure(
+        "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor
+    ),
 }  # fmt: skip
 
 # The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
