@@ -56,8 +56,9 @@ def _discriminating_r1(r: dict | None) -> list[dict]:
 
 def _r1_else_n2(r: dict | None) -> list[dict]:
     """The R = 1 cells with N >= 2, or, in a grid without them (e.g. N = 1, R = 1 and Table 2's R = 2 cells only),
-    every cell with N >= 2: the nearest a grid has to a paper's one-needle cell (Dex Fig. 10, DAA Table 2: N = 8,
-    R = 1); the row names the cells it read."""
+    every cell with N >= 2: what Dex's R = 1 rows against λ = 0 and the attention fine-tune read (Fig. 10 is N = 8,
+    R = 1 over lengths and depths; its row reads the heatmap) and DAA's Table 2 row (its NR column names no N or R);
+    the row names the cells it read."""
     return _discriminating_r1(r) or [g for g in (r or {}).get("grid") or [] if g["N"] >= 2]
 
 
