@@ -113,3 +113,20 @@ def test_dex_fig10_reads_the_heatmap_and_the_r1_cells_row_is_ours():
     rows = {c.source: c.measure for c in get_method("dex").paper_claims if c.reference == "base"}
     assert rows["Dex §4.2, Fig. 10"] == "niah:heatmap"
     assert rows["Dex §4.2 (ours: R = 1 cells across N)"] == "niah:r1_else_n2"
+
+
+def test_the_heatmap_row_reads_strict_scores_only():
+    """A heatmap without strict scores (older results) gives no row: its lenient scores (the queried number anywhere
+    in the output) are solved by a model writing every needle's number, and the floor is of strict prompts solved."""
+    from diffattn.eval.niah import MEASURES
+
+    def run(name, strict):
+        scores = [[[1.0, 0.0, 1.0]] * 2]  # one length × two depths × three prompts
+        h = {"lengths": [64], "depths": [0.0, 1.0], "N": 4, "scores": scores}
+        if strict:
+            h["strict_scores"] = [[[1.0, 0.0, 0.0]] * 2]
+        return Run(name, {}, {"niah": {"grid": [], "heatmap": h, "metadata": {"samples_sha1": "s"}}})
+
+    m = MEASURES["niah:heatmap"]
+    assert m.per_run(run("a", True)) == 1 / 3 and m.compare(run("a", True), run("b", True), 0) is not None
+    assert m.per_run(run("a", False)) is None and m.compare(run("a", False), run("b", False), 0) is None

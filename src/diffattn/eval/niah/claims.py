@@ -276,8 +276,10 @@ def _compare_row(rr, rn, gr, gn, seed, cell: str) -> Comparison | None:
 
 
 def _heatmap_solved(r: dict | None) -> float | None:
+    """The heatmap's prompts solved (strict: the first number is the queried one); None for results without strict
+    scores, whose lenient ones (the number anywhere in the output) a model writing every needle's number solves."""
     h = (r or {}).get("heatmap") or {}
-    scores = h.get("strict_scores") or h.get("scores")
+    scores = h.get("strict_scores")
     if not h.get("lengths") or not scores:
         return None
     return float(np.mean([s == 1.0 for row in scores for cell in row for s in cell]))
@@ -296,13 +298,15 @@ def _heatmap_chance(run: Run) -> float | None:
 
 
 def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
-    """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores where the
-    results have them; the exact McNemar interval over the same prompts."""
+    """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores (None for
+    results without them: :func:`_heatmap_solved`); the exact McNemar interval over the same prompts."""
     rr, rn = ref.results("niah"), new.results("niah")
     hr, hn = (rr or {}).get("heatmap") or {}, (rn or {}).get("heatmap") or {}
     if not hr.get("lengths") or hr.get("lengths") != hn.get("lengths") or hr.get("N") != hn.get("N"):
         return None
-    key = "strict_scores" if hr.get("strict_scores") and hn.get("strict_scores") else "scores"
+    key = "strict_scores"
+    if not hr.get(key) or not hn.get(key):
+        return None
     flat = lambda h: [int(s == 1.0) for row in h[key] for cell in row for s in cell]  # noqa: E731
     sr, sn = flat(hr), flat(hn)
     if not sr or len(sr) != len(sn) or not _paired(rr, rn):
@@ -313,8 +317,8 @@ def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
         ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
         new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
         diff=diff, kind=f"exact McNemar interval over the same {diff.n} prompts",
-        note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, "
-        f"{'strict' if key == 'strict_scores' else 'string_match_all'} scores; floor {_heatmap_chance(ref):.2f}",
+        note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, strict scores; "
+        f"floor {_heatmap_chance(ref):.2f}",
         cells=f"heatmap N={hr['N']}, R=1, lengths {hr['lengths']}",
     )  # fmt: skip
 
