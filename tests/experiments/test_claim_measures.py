@@ -130,3 +130,18 @@ def test_the_heatmap_row_reads_strict_scores_only():
     m = MEASURES["niah:heatmap"]
     assert m.per_run(run("a", True)) == 1 / 3 and m.compare(run("a", True), run("b", True), 0) is not None
     assert m.per_run(run("a", False)) is None and m.compare(run("a", False), run("b", False), 0) is None
+
+
+def test_the_gap_and_paper_cell_rows_read_strict_credit_only():
+    """The needle gap and the paper's own cell read strict credit, single-run and over seeds; results without it
+    give no value (they fell back to lenient credit under the same words and strict floors)."""
+    from diffattn.eval.niah import MEASURES
+
+    strict, lenient = _niah([(1, 1, 1.0), (6, 2, 0.5), (8, 1, 0.5)]), _niah([(1, 1, 1.0), (6, 2, 0.5), (8, 1, 0.5)],
+                                                                            strict=False)  # fmt: skip
+    for g in strict["niah"]["grid"]:
+        g["strict_accuracy"] = g["accuracy"]
+    a, b, c = Run("a", {}, strict), Run("b", {}, strict), Run("c", {}, lenient)
+    gap, cell = MEASURES["niah:gap"], MEASURES["niah:paper_cell"]
+    assert gap.per_run(a) is not None and gap.compare(a, b, 0) is not None and cell.per_run(a) is not None
+    assert gap.per_run(c) is None and gap.compare(c, c, 0) is None and cell.per_run(c) is None

@@ -10,14 +10,12 @@ from functools import partial
 import numpy as np
 
 from ..measures import (
-    NO_PER_SAMPLE,
     Comparison,
     Measure,
     PaperClaim,
     Run,
     clears_floor,
     finite,
-    first,
     interval,
     paired_kind,
     same_metadata,
@@ -214,9 +212,10 @@ def _cell(r: dict | None, n: int, rr: int) -> dict | None:
 
 
 def _cell_value(r: dict | None, n: int, rr: int) -> float | None:
-    """One run's per-needle credit (strict) in the (N, R) cell, None when the grid lacks it."""
+    """One run's per-needle credit (strict) in the (N, R) cell, None when the grid lacks it or its strict credit
+    (the row over one run reads strict scores only: :func:`_compare_row`)."""
     g = _cell(r, n, rr)
-    return None if g is None else first(g.get("strict_accuracy"), g.get("accuracy"))
+    return None if g is None else g.get("strict_accuracy")
 
 
 def _compare_cell(ref: Run, new: Run, seed: int, n: int, r: int) -> Comparison | None:
@@ -330,8 +329,9 @@ def _grid_growth(r: dict | None) -> float | None:
     if len(grid) < 2:
         return None
     lo, hi = min(grid, key=lambda g: g["N"]), max(grid, key=lambda g: g["N"])
-    key = "strict_accuracy" if "strict_accuracy" in lo and "strict_accuracy" in hi else "accuracy"
-    return hi[key] - lo[key]
+    if lo.get("strict_accuracy") is None or hi.get("strict_accuracy") is None:
+        return None  # strict credit only: the floors are of it (a lenient score is solved by writing every number)
+    return hi["strict_accuracy"] - lo["strict_accuracy"]
 
 
 def _compare_gap(ref: Run, new: Run, seed: int) -> Comparison | None:
@@ -345,16 +345,12 @@ def _compare_gap(ref: Run, new: Run, seed: int) -> Comparison | None:
     n_lo, n_hi = gr[lo]["N"], gr[hi]["N"]
     sides = dict(ref=f"N={n_lo}", new=f"N={n_hi}")
     metric = f"accuracy gap {new.name} − {ref.name}"
-    gap_lo = gn[lo]["accuracy"] - gr[lo]["accuracy"]
-    gap_hi = gn[hi]["accuracy"] - gr[hi]["accuracy"]
+    # strict scores only (None without them): the floors the row is read against are strict credit's, and a lenient
+    # score (the number anywhere in the output) is solved by a model writing every needle's number
     cr, cn = _grid_scores(rr, strict=True, cells=gr), _grid_scores(rn, strict=True, cells=gn)
     scoring = "strict scores (first R numbers)"
     if cr is None or cn is None:
-        cr, cn = _grid_scores(rr, cells=gr), _grid_scores(rn, cells=gn)
-        scoring = "RULER string_match_all scores"
-    if cr is None or cn is None:
-        ours = f"{ref.name} → {new.name}: gap {gap_lo:+.2f} at N={n_lo} → {gap_hi:+.2f} at N={n_hi}"
-        return Comparison(metric, ref_value=gap_lo, new_value=gap_hi, kind=NO_PER_SAMPLE, ours=ours, **sides)
+        return None
     if _paired(rr, rn):
         d_lo = np.asarray(cn[lo]) - np.asarray(cr[lo])
         d_hi = np.asarray(cn[hi]) - np.asarray(cr[hi])
@@ -399,7 +395,7 @@ def _gap_at_floor(runs: list[Run]) -> str | None:
         if len(grid) < 2:
             return None
         hi = max(grid, key=lambda g: g["N"])
-        scores = hi.get("strict_scores") or hi.get("scores")
+        scores = hi.get("strict_scores")
         if not scores:
             return None
         if clears_floor(wilson_interval(sum(scores), len(scores))[0], cell_floor(hi), MEASURES["niah:gap"].digits):
@@ -417,8 +413,7 @@ def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> 
         grid = _like_for_like(run.results("niah"))
         if not grid:
             return None
-        hi = max(grid, key=lambda g: g["N"])
-        return first(hi.get("strict_accuracy"), hi.get("accuracy"))
+        return max(grid, key=lambda g: g["N"]).get("strict_accuracy")
 
     rv = [v for v in map(at_largest, ref_runs) if finite(v)]
     nv = [v for v in map(at_largest, new_runs) if finite(v)]
