@@ -417,20 +417,23 @@ def _not_ahead_at_largest(ref: Run, new: Run, seed: int) -> str | None:
     needle gap's row requires (``niah:gap``). Why not, or None where it is ahead (the paired interval of the
     accuracies there above 0 at the printed digits)."""
     c = _compare_accuracy(ref, new, seed)
-    ci = None if c is None or c.diff is None else c.diff.interval
-    if ci is not None and math.isfinite(ci[0]) and round(float(ci[0]), ACCURACY_DIGITS) > 0:
+    if _ahead(None if c is None or c.diff is None else c.diff.interval):
         return None
     return f"the slope is flatter but {new.name} is not ahead at the largest pair count"
+
+
+def _ahead(ci) -> bool:
+    """Whether a difference's interval lies above 0 at the printed digits: the floor rule every row reads
+    (:func:`~diffattn.eval.measures.clears_floor`), against 0."""
+    return ci is not None and math.isfinite(ci[0]) and clears_floor(ci[0], 0.0, ACCURACY_DIGITS)
 
 
 def _behind_at_largest_over_seeds(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
     """:func:`_not_ahead_at_largest` over seeds: Welch over the runs' accuracies at the largest pair count."""
     rv = [r["accuracy"] for r in map(_largest, ref_runs) if r]
     nv = [r["accuracy"] for r in map(_largest, new_runs) if r]
-    if len(rv) >= 2 and len(nv) >= 2:
-        ci = unpaired_difference(rv, nv, method="welch").interval
-        if ci is not None and math.isfinite(ci[0]) and round(float(ci[0]), ACCURACY_DIGITS) > 0:
-            return None
+    if len(rv) >= 2 and len(nv) >= 2 and _ahead(unpaired_difference(rv, nv, method="welch").interval):
+        return None
     return f"the slope is flatter but {new} is not ahead at the largest pair count over seeds"
 
 

@@ -64,10 +64,11 @@ def _r1_else_n2_metric_for(runs: list[Run]) -> str | None:
     """niah:r1_else_n2's words over seeds where a grid has no R = 1 cell with N >= 2 and the measure read its other
     cells with N >= 2: the cells named, as the single-run row names them; None (the measure's own words) where every
     run read R = 1 cells."""
-    read = {_cells_text(cells) for cells in (_r1_else_n2(run.results("niah")) for run in runs) if cells}
-    if not read or all(text.startswith("R = 1 ") for text in read):
+    read = [cells for cells in (_r1_else_n2(run.results("niah")) for run in runs) if cells]
+    if all(g["R"] == 1 for cells in read for g in cells):
         return None
-    return f"prompts solved over {' / '.join(sorted(read))} (the grid has no R = 1 cell with N >= 2)"
+    words = sorted({_cells_text(cells) for cells in read})
+    return f"prompts solved over {' / '.join(words)} (the grid has no R = 1 cell with N >= 2)"
 
 
 def _cells_text(cells: list[dict]) -> str:
