@@ -10,7 +10,7 @@ import pytest
 
 import diffattn
 from diffattn.bench.attention import run_attention_benchmark, target_lines
-from diffattn.cli import _asks_only_the_version, build_parser, main
+from diffattn.cli import COMMANDS, _named_command, build_parser, main
 
 
 def test_help_lists_subcommands(capsys):
@@ -27,25 +27,35 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and out.stdout.startswith("diffattn ")
 
 
-def test_version_is_answered_without_loading_torch_as_argparse_would_answer_it(capsys):
-    """``diffattn --version`` before the parser (whose help texts import torch and transformers) is built."""
+def test_version_and_help_are_answered_without_loading_torch(capsys):
+    """``diffattn --help``, ``--version`` and a command that needs neither are answered without importing torch or
+    transformers (seconds): main builds only the named command's flags, whose help texts import the method and suite
+    tables."""
+    argvs = (["--version"], ["-v", "--version"], ["--help"], ["export", "--help"])
     code = (
-        "import sys\nfrom diffattn.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-        "    print(e.code, 'torch' in sys.modules or 'transformers' in sys.modules)"
+        "import sys\nfrom diffattn.cli import main\n"
+        f"for argv in {argvs!r}:\n"
+        "    try:\n        main(argv)\n    except SystemExit as e:\n"
+        "        print('exit', e.code, 'torch' in sys.modules or 'transformers' in sys.modules)"
     )
-    for argv in (["--version"], ["-v", "--version"]):
-        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
-        assert out.stdout.splitlines() == [f"diffattn {diffattn.__version__}", "0 False"], out.stderr
-    for argv in ([], ["-v"], ["info", "--version"]):  # no version asked before a command: the parser answers
-        assert not _asks_only_the_version(argv)
-    with pytest.raises(SystemExit) as e:  # the parser's own version action, where the fast path does not answer
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.startswith(f"diffattn {diffattn.__version__}\nexit 0 False\n"), out.stderr
+    assert [line for line in out.stdout.splitlines() if line.startswith("exit")] == ["exit 0 False"] * 4, out.stdout
+    with pytest.raises(SystemExit) as e:  # the full parser answers the same
         build_parser().parse_args(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"diffattn {diffattn.__version__}\n"
 
 
-def test_cli_starts_without_loading_torch():
-    code = "import sys, diffattn.cli; sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+def test_the_command_listing_is_the_same_whichever_commands_are_built():
+    """A command built without its flags is listed with the same line as when built in full, and main builds the
+    command argv names (past the top-level flags)."""
+    full, bare = build_parser().format_help(), build_parser(only=()).format_help()
+    assert full == bare and all(name in bare for name in COMMANDS)
+    assert _named_command(["-v", "adapt", "--model", "x"]) == "adapt" and _named_command(["--help"]) is None
+    args = build_parser(only=("presets",)).parse_args(["-v", "presets", "--count-all"])
+    assert args.count_all and args.verbose
+    with pytest.raises(SystemExit):  # an unbuilt command has no flags
+        build_parser(only=("info",)).parse_args(["presets", "--count-all"])
 
 
 def test_package_names_resolve_lazily():

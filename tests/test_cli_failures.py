@@ -283,7 +283,7 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch):
     the command's handler) printed a 30-line KeyboardInterrupt traceback."""
     import diffattn.cli as cli
 
-    def interrupted():
+    def interrupted(**_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_parser", interrupted)

@@ -450,7 +450,10 @@ REPORT_TO_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: typing.Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The parser. ``only``: the commands whose flags are built (``None``: every command); the others are listed
+    with their one line and no flags, since some flags' choices and help texts import torch and transformers (seconds)
+    and ``diffattn --help`` or ``diffattn info`` needs none of that (:func:`main` builds only the command it runs)."""
     parser = _Parser(
         prog="diffattn",
         description="Differential attention for language models: DIFF Transformer, Dex, DiffLoRA, DAA.",
@@ -458,34 +461,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"diffattn {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_quickstart_command(sub)
-    _add_pretrain_command(sub)
-    _add_adapt_command(sub)
-    _add_eval_command(sub)
-    _add_run_command(sub)
+    for name, (line, add_flags) in COMMANDS.items():
+        p = sub.add_parser(name, help=line, description=line[:1].upper() + line[1:] + ".")
+        if only is None or name in only:
+            add_flags(p)
+    return parser
 
-    p = sub.add_parser("export", help="copy an experiment's report, results and pictures (no checkpoints) elsewhere")
+
+def _named_command(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not a flag (the top-level flags take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _export_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment_dir", help="runs/NAME of a finished experiment")
     p.add_argument("dest", help="the destination folder, e.g. results/NAME (new, or an earlier export)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser(
-        "refresh",
-        help="rewrite finished reports' claim verdicts and evaluation tables from their results.json with this "
-        "version's claims engine (nothing is measured again)",
-    )
+
+def _refresh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("folders", nargs="+", help="exported report folders (report.md + results.json), e.g. results/NAME")
     p.set_defaults(func=cmd_refresh)
 
-    p = sub.add_parser("info", help="versions, device, and which attention backends are usable (and why not)")
-    p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("presets", help="list the model presets with baseline and DIFF parameter counts")
+def _presets_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count-all", action="store_true", help="also count the paper-size presets (meta device)")
     p.set_defaults(func=cmd_presets)
-
-    _add_bench_commands(sub)
-    return parser
 
 
 def _add_report_to(p: argparse.ArgumentParser) -> None:
@@ -516,11 +517,7 @@ def _add_resume_or_overwrite(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
 
 
-def _add_quickstart_command(sub) -> None:
-    p = sub.add_parser(
-        "quickstart",
-        help="check the backends, then run the embedded quickstart experiment (about 10 minutes on a CPU)",
-    )
+def _quickstart_flags(p: argparse.ArgumentParser) -> None:
     _add_report_to(p)
     p.add_argument("--new-tokens", type=int, default=8, help="tokens generated per debug model in the check")
     p.add_argument("--check-only", action="store_true", help="only the backend check (seconds)")
@@ -530,11 +527,10 @@ def _add_quickstart_command(sub) -> None:
     p.set_defaults(func=cmd_quickstart)
 
 
-def _add_pretrain_command(sub) -> None:
+def _pretrain_flags(p: argparse.ArgumentParser) -> None:
     from .models.architectures import ARCHITECTURES
     from .ops import BACKENDS
 
-    p = sub.add_parser("pretrain", help="train a DIFF Transformer and/or its same-size baseline from scratch")
     _add_run_folder_flags(p, "model, data, train")
     p.add_argument("--preset", help="model preset (see `diffattn presets`)")
     p.add_argument(
@@ -586,16 +582,15 @@ def _add_compile_flag(p) -> None:
     )
 
 
-def _add_adapt_command(sub) -> None:
+def _adapt_flags(p: argparse.ArgumentParser) -> None:
     from .adapters import method_names, specs  # the registry: every method's name comes from its entry
     from .models.pretrained import PRETRAINED
     from .ops import BACKENDS
 
-    adapt_help = (
-        f"fine-tune a pretrained model with an adapter method ({', '.join(method_names('method'))}) "
-        f"or a control ({', '.join(method_names('control'))})"
+    p.description = (
+        f"Fine-tune a pretrained model with an adapter method ({', '.join(method_names('method'))}) "
+        f"or a control ({', '.join(method_names('control'))})."
     )
-    p = sub.add_parser("adapt", help=adapt_help, description=adapt_help)
     _add_run_folder_flags(p, "model, method, data, train")
     p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
     p.add_argument("--method", help="a registered method or control (`diffattn info` lists them)")
@@ -624,10 +619,9 @@ def _add_adapt_command(sub) -> None:
     p.set_defaults(func=cmd_adapt)
 
 
-def _add_eval_command(sub) -> None:
+def _eval_flags(p: argparse.ArgumentParser) -> None:
     from .eval.suite import SUITE_TABLE
 
-    p = sub.add_parser("eval", help="run evaluation suites on a model or run folder: results.json + pictures")
     p.add_argument("model", help="a diffattn run folder, a Hugging Face folder, or smollm2-135m")
     p.add_argument(
         "--suite",
@@ -645,8 +639,7 @@ def _add_eval_command(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def _add_run_command(sub) -> None:
-    p = sub.add_parser("run", help="run an experiment YAML: pretrain, adapt, evaluate, report (skips finished parts)")
+def _run_flags(p: argparse.ArgumentParser) -> None:
     _add_report_to(p)
     p.add_argument("experiment", help="the experiment YAML (see diffattn.experiments.config)")
     p.add_argument("--root", default="runs", help="parent of the experiment's folder (default runs/)")
@@ -667,10 +660,9 @@ def _add_run_command(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _add_bench_commands(sub) -> None:
+def _bench_flags(p: argparse.ArgumentParser) -> None:
     from .cuda_graphs import COMPILE_MODES
 
-    p = sub.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     b = bench.add_parser("attention", help="DIFF attention per backend vs baseline SDPA and HF DiffLlama")
     b.add_argument("--sizes", default="512,1024,2048,4096", help="comma-separated sequence lengths")
@@ -743,18 +735,40 @@ def _add_bench_commands(sub) -> None:
     b.set_defaults(func=cmd_bench_train_step)
 
 
-def _asks_only_the_version(argv: list[str]) -> bool:
-    """``diffattn --version`` (with ``-v`` at most beside it): answered before the parser is built, since building it
-    imports torch and transformers for its help texts (seconds) and the version needs neither."""
-    return "--version" in argv and set(argv) <= {"--version", "-v", "--verbose"}
+# Every command: the one line `diffattn --help` lists (written here, importing nothing: that listing must not wait
+# for torch) and what adds its flags (which may import the tables their choices and help texts come from).
+COMMANDS: dict[str, tuple[str, typing.Callable[[argparse.ArgumentParser], None]]] = {
+    "quickstart": (
+        "check the backends, then run the embedded quickstart experiment (about 10 minutes on a CPU)",
+        _quickstart_flags,
+    ),
+    "pretrain": ("train a DIFF Transformer and/or its same-size baseline from scratch", _pretrain_flags),
+    "adapt": (
+        "fine-tune a pretrained model with an adapter method or a control (`diffattn adapt --help` lists them)",
+        _adapt_flags,
+    ),
+    "eval": ("run evaluation suites on a model or run folder: results.json + pictures", _eval_flags),
+    "run": ("run an experiment YAML: pretrain, adapt, evaluate, report (skips finished parts)", _run_flags),
+    "export": ("copy an experiment's report, results and pictures (no checkpoints) elsewhere", _export_flags),
+    "refresh": (
+        "rewrite finished reports' claim verdicts and evaluation tables from their results.json with this "
+        "version's claims engine (nothing is measured again)",
+        _refresh_flags,
+    ),
+    "info": (
+        "versions, device, and which attention backends are usable (and why not)",
+        lambda p: p.set_defaults(func=cmd_info),
+    ),
+    "presets": ("list the model presets with baseline and DIFF parameter counts", _presets_flags),
+    "bench": ("benchmarks that print ratios measured side by side", _bench_flags),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    if _asks_only_the_version(sys.argv[1:] if argv is None else argv):
-        print(f"diffattn {__version__}")  # what argparse's version action prints, and its exit
-        raise SystemExit(0)
+    argv = sys.argv[1:] if argv is None else argv
     try:  # Ctrl-C while the parser is built (its help texts import the suite and method tables): one line too
-        parser = build_parser()
+        command = _named_command(argv)
+        parser = build_parser(only=() if command is None else (command,))
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
         print(f"{_line_start()}diffattn: interrupted", file=sys.stderr)
