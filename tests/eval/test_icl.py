@@ -379,6 +379,9 @@ def test_run_icl_end_to_end_is_deterministic(model, tokenizer, tmp_path):
     json.dumps(result)
     assert result["shots"] == [1, 2, 4] and result["labels"] == sorted(LABELS)
     assert all(len(a) == 2 and all(0.0 <= x <= 1.0 for x in a) for a in result["accuracy"])
+    # each test item's hit per draw, in the test set's order: what the claim row's interval reads
+    assert [[sum(h) / len(h) for h in per_k] for per_k in result["hits"]] == result["accuracy"]
+    assert all(len(h) == 6 and set(h) <= {0, 1} for per_k in result["hits"] for h in per_k)
     meta = result["metadata"]
     assert meta["tokenization_round_trip"] and meta["draws"] == 2 and meta["test_size"] == 6
     assert meta["context_length"] == 256 and meta["max_prompt_tokens"] <= 256

@@ -118,6 +118,7 @@ def test_niah_end_to_end(name, debug_models, tokenizer, tmp_path):
     assert np.array(res["heatmap"]["scores"]).shape == (2, 2, 1) and np.array(res["heatmap"]["ci"]).shape == (2, 2, 2)
     lo, hi = res["mean_accuracy_ci"]
     assert 0 <= lo <= res["mean_accuracy"] <= hi <= 1 and "samples_sha1" in res["metadata"]
+    assert res["metadata"]["prompt_seeds"] == "per cell"  # every cell's prompts are draws of their own
     assert plot_niah(res, tmp_path / "niah.png").stat().st_size > 0
 
 
@@ -600,7 +601,8 @@ def test_table2_row_reads_the_papers_cells_and_the_r1_row_leaves_n1_out():
                 "floor_solved": 1 / math.comb(n, r)}  # fmt: skip
 
     def results():
-        return {"grid": [cell(n, r) for n, r in GRID], "mean_accuracy": 0.5, "metadata": {"samples_sha1": "s"}}
+        metadata = {"samples_sha1": "s", "prompt_seeds": "per cell"}
+        return {"grid": [cell(n, r) for n, r in GRID], "mean_accuracy": 0.5, "metadata": metadata}
 
     a, b = Run("a", suites={"niah": results()}), Run("b", suites={"niah": results()})
     grid = a.suites["niah"]["grid"]
@@ -613,6 +615,24 @@ def test_table2_row_reads_the_papers_cells_and_the_r1_row_leaves_n1_out():
     r1 = [g for g in grid if g["R"] == 1 and g["N"] >= 2]
     assert MEASURES["niah:r1"].per_run(a) == pytest.approx(solved(r1))
     assert MEASURES["niah:r1"].compare(a, b, 0).cells == "R = 1 cells N = 2, 4, 6, 8"
+
+
+def test_allocation_prompts_carry_the_heatmaps_needles_and_the_preflight_checks_them(tokenizer):
+    """The papers measured allocation in their multi-needle setting (DIFF §3.4, Dex §4.2: one needle queried among
+    distractors); the suite drew one needle alone until 2026-12-01 (audit). It takes N from niah_needles now, and its
+    preflight refuses an N whose prompts cannot fit, before any training."""
+    from diffattn.eval.allocation import SUITE
+    from diffattn.eval.common import EvalTarget
+    from diffattn.eval.suite import options_class
+
+    target = EvalTarget("m", positions=4096, trained_length=64, tokenizer=lambda: tokenizer)
+
+    def options(needles):
+        return options_class()(context_tokens=64, haystack="filler", niah_digits=2, niah_needles=needles)
+
+    SUITE.preflight(options(1), [target])
+    with pytest.raises(ValueError, match=r"eval\.options \(niah/alloc\)"):
+        SUITE.preflight(options(8), [target])
 
 
 def test_allocation_buckets_sum_to_one_with_the_question_shown_and_the_row_says_where_attention_went(

@@ -206,3 +206,20 @@ def test_mcnemar_interval_excludes_zero_exactly_when_the_exact_test_rejects():
     assert mcnemar_exact_difference([1, 0], [1, 0]).interval == (0.0, 0.0)  # no discordant pair: no evidence
     with pytest.raises(ValueError, match="binary"):
         mcnemar_exact_difference([0.5], [1])
+
+
+def test_the_crossed_interval_is_the_one_way_t_where_one_source_has_no_spread():
+    """Draws × items: with no spread over items it is Student's t over the draws' means; with none over draws, over
+    the items' means; with both it is wider than either alone (the items are a draw too)."""
+    from diffattn.eval.stats import crossed_paired_difference, t_interval
+
+    ref = np.zeros((3, 30))
+    by_draw = np.array([[0.1] * 30, [0.2] * 30, [0.0] * 30])
+    assert crossed_paired_difference(ref, by_draw).interval == pytest.approx(t_interval([0.1, 0.2, 0.0])[1])
+    items = np.random.default_rng(0).integers(0, 2, 30).astype(float)
+    by_item = np.tile(items, (3, 1))
+    assert crossed_paired_difference(ref, by_item).interval == pytest.approx(t_interval(items)[1])
+    both = crossed_paired_difference(ref, by_item + by_draw)
+    assert both.interval[1] - both.interval[0] > t_interval(items)[1][1] - t_interval(items)[1][0]
+    with pytest.raises(ValueError, match="draws × items"):
+        crossed_paired_difference(ref, np.zeros((3, 29)))

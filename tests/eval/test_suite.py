@@ -37,6 +37,7 @@ def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     doc = json.loads((out / "results.json").read_text())
     assert list(doc["suites"]) == suites.split(",")
+    assert doc["suites"]["alloc"]["metadata"]["num_needles"] == 2  # the heatmap's N: one queried among distractors
     order = doc["suites"]["icl"]["order_robustness"]
     for part in (order, doc["suites"]["icl"]["many_shot"]):  # --icl-context-tokens bounds both ICL prompts
         assert (part["metadata"]["context_length"], part["metadata"]["context_source"]) == (240, "max_length argument")

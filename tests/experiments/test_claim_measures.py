@@ -4,6 +4,7 @@ under the same words, a floor of the row's own quantity, and no "agrees" from a 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from diffattn.adapters.registry import PaperClaim
 from diffattn.eval.measures import Run
@@ -29,7 +30,7 @@ def test_prompts_solved_rows_never_fall_back_to_a_lenient_score_and_name_the_flo
     rng = np.random.default_rng(1)
     ref, new = Run("a", {}, _niah(cells, rng=rng)), Run("b", {}, _niah(cells, rng=rng, sha="other"))
     row = MEASURES["niah"].compare(ref, new, 0)
-    assert row.metric.startswith("prompts solved") and "unpaired bootstrap within grid cells" in row.kind
+    assert row.metric.startswith("prompts solved") and "unpaired bootstrap over seeds" in row.kind  # cells share them
     assert row.ref_value == MEASURES["niah"].per_run(ref)  # the quantity the rows over seeds read
     # the floor in the note is prompts solved's, each cell's and the pooled one the verdict is tested against
     pooled = MEASURES["niah"].chance(ref)
@@ -145,3 +146,81 @@ def test_the_gap_and_paper_cell_rows_read_strict_credit_only():
     gap, cell = MEASURES["niah:gap"], MEASURES["niah:paper_cell"]
     assert gap.per_run(a) is not None and gap.compare(a, b, 0) is not None and cell.per_run(a) is not None
     assert gap.per_run(c) is None and gap.compare(c, c, 0) is None and cell.per_run(c) is None
+
+
+def _heatmap(outcomes, lengths=3, *, per_cell=True):
+    """A heatmap result with the same per-prompt outcomes at every length (what one seed per depth and sample gave)."""
+    heat = [[list(map(float, depth)) for depth in outcomes] for _ in range(lengths)]
+    metadata = {"samples_sha1": "same", **({"prompt_seeds": "per cell"} if per_cell else {})}
+    h = {"lengths": list(range(64, 64 + 32 * lengths, 32)), "depths": [0.0, 0.5], "N": 4, "R": 1,
+         "strict_scores": heat, "scores": heat, "heuristics": []}  # fmt: skip
+    return {"niah": {"grid": [], "heatmap": h, "mean_accuracy": 0.5, "metadata": metadata}}
+
+
+def test_pooled_retrieval_tests_resample_a_seeds_prompts_together_where_cells_share_seeds():
+    """Results before per-cell seeds drew sample i of every length (and of every grid cell) from one seed: near copies
+    of one prompt. An exact McNemar test over the pooled cells counted each copy as another prompt (audit 2026-12-01:
+    three lengths, an interval about √3 too narrow); a bootstrap over the seeds does not. Per-cell seeds: McNemar."""
+    from diffattn.eval.niah import MEASURES
+    from diffattn.eval.niah.sampling import cell_seeds
+
+    ref = [[0] * 20, [0] * 20]
+    new = [[1] * 4 + [0] * 16, [1] * 3 + [0] * 17]  # 7 of 40 prompts won, none lost: McNemar over 40 (0.016)
+    row = lambda per_cell: MEASURES["niah:heatmap"].compare(  # noqa: E731
+        Run("a", {}, _heatmap(ref, per_cell=per_cell)), Run("b", {}, _heatmap(new, per_cell=per_cell)), 0
+    )
+    independent, shared = row(True), row(False)
+    assert independent.diff.interval[0] > 0 and "McNemar interval over the same 120 prompts" in independent.kind
+    assert shared.diff.estimate == independent.diff.estimate and "bootstrap over 40 seeds" in shared.kind
+    # the far ends of the exact interval and the seeds' bootstrap: never narrower than either
+    assert (
+        shared.diff.interval[0]
+        <= independent.diff.interval[0]
+        <= independent.diff.interval[1]
+        <= (shared.diff.interval[1])
+    )
+    assert (
+        shared.diff.interval[1] - shared.diff.interval[0] > independent.diff.interval[1] - independent.diff.interval[0]
+    )
+    # the grid: R = 1 cells sharing seeds, resampled by seed too
+    rng = np.random.default_rng(3)
+    cells = [(2, 1, 0.5), (4, 1, 0.5), (6, 1, 0.5)]
+    a, b = _niah(cells, rng=rng), _niah(cells, rng=rng)
+    assert "bootstrap over 40 seeds" in MEASURES["niah:r1"].compare(Run("a", {}, a), Run("b", {}, b), 0).kind
+    for r in (a, b):
+        r["niah"]["metadata"]["prompt_seeds"] = "per cell"
+    assert "McNemar" in MEASURES["niah:r1"].compare(Run("a", {}, a), Run("b", {}, b), 0).kind
+    # new results: every cell's own seeds, the same for every model
+    seeds = [cell_seeds(0, f"heatmap length={n} depth=0.25", 5) for n in (64, 96)] + [cell_seeds(0, "grid N=2 R=1", 5)]
+    assert len({s for cell in seeds for s in cell}) == 15 and cell_seeds(0, "grid N=2 R=1", 5) == seeds[2]
+
+
+def test_the_many_shot_interval_counts_the_test_items_as_well_as_the_draws():
+    """Three draws that agree exactly gave a zero-width t interval over the draws, so 3 items of 30 won "agreed";
+    the items are a draw too (audit 2026-12-01): the two-way t over draws × items does not reject (t = 1.8)."""
+    from diffattn.eval.icl import MEASURES
+
+    ref_items, new_items = [0] * 30, [1] * 3 + [0] * 27
+
+    def run(name, items, hits=True):
+        m = {"shots": [8], "accuracy": [[float(np.mean(items))] * 3], "labels": ["a", "b"], "metadata": {}}
+        return Run(name, {}, {"icl": {"many_shot": {**m, **({"hits": [[items] * 3]} if hits else {})}}})
+
+    row = MEASURES["icl:many_shot"].compare(run("a", ref_items), run("b", new_items), 0)
+    assert row.diff.estimate == pytest.approx(0.1) and row.diff.interval[0] < 0 < row.diff.interval[1]
+    assert "two-way t over 3 draws × 30 items" in row.kind
+    old = MEASURES["icl:many_shot"].compare(run("a", ref_items, False), run("b", new_items, False), 0)
+    assert old.diff.interval[0] > 0 and "the items as fixed" in old.kind  # results without hits say what they read
+
+
+def test_the_head_cka_row_counts_the_layers_where_it_is_lower_beside_the_mean():
+    """Dex Fig. 11b says "lower CKA than the base in most layers"; the row reads the mean over layers and says in how
+    many layers the new model is lower (audit 2026-12-01)."""
+    from diffattn.eval.heads import MEASURES
+
+    def run(name, per_layer):
+        layers = {str(i): {"cka": v} for i, v in enumerate(per_layer)}
+        return Run(name, {}, {"heads": {"layers": layers, "summary": {"cka": float(np.mean(per_layer))}}})
+
+    row = MEASURES["heads:cka"].compare(run("base", [0.5, 0.5, 0.5, 0.5]), run("dex", [0.1, 0.6, 0.6, 0.4]), 0)
+    assert row.note == "dex lower in 2 of 4 layers" and row.new_value < row.ref_value

@@ -1,4 +1,4 @@
-"""Seeded synthetic retrieval tasks: multi-needle retrieval and Zoology MQAR, plus the training practice mix.
+"""Seeded synthetic retrieval tasks: multi-needle retrieval and MQAR (after Zoology), plus the training practice mix.
 
 Pure generators (a seed in, the same sample out, on any machine) shared by training and by evaluation.
 
@@ -12,12 +12,15 @@ last by ``" and "``). Prompt template, exactly: ``context + "\\n" + question + "
 continuation is ``" " + ", ".join(answers)``. Scoring is RULER's ``string_match_all``: the fraction of the
 queried numbers that occur (case-insensitively) in the model output.
 
-MQAR (multi-query associative recall; Arora et al. 2023, Zoology ``multiquery_ar``): a block of ``num_pairs``
-key–value pairs ``k1 v1 k2 v2 …`` (distinct keys from the lower half of a ``V``-token range, distinct values
-from the upper half), then every key queried once more, in random order, at even offsets after the block whose
-distances follow Zoology's power law (``power_a = 0.01``), each query immediately followed by its value.
-All other positions hold one filler token, the range's token 0 (``token_offset``), as in Zoology's published
-configs (``random_non_queries=False``): random filler would collide with keys and make a different, harder
+MQAR (multi-query associative recall, after Arora et al. 2023, Zoology ``multiquery_ar``): a block of
+``num_pairs`` key–value pairs ``k1 v1 k2 v2 …`` (distinct keys from the lower half of a ``V``-token range,
+distinct values from the upper half), then every key queried once more, in random order, at even offsets after the
+block whose distances follow Zoology's power law (``power_a = 0.01``). Two differences from Zoology's generator:
+each query is followed *in the input* by its value (teacher-forced, a language model's usual layout; Zoology's
+input holds filler there and only the label holds the value), so a model can see which values were already asked —
+the suite's floor counts that (``eval.mqar.HEURISTICS``: "a random value not asked yet", 0.34 at 8 pairs); and all
+other positions hold one filler token, the range's token 0 (``token_offset``), where Zoology's default
+(``random_non_queries=True``) draws random tokens, which would collide with keys and make a different, harder
 task. Labels are aligned with ``input_ids`` as Hugging Face expects (it shifts them): ``labels[t] =
 input_ids[t]`` where ``input_ids[t]`` is an answer value, ``-100`` everywhere else.
 """
@@ -305,7 +308,8 @@ class MQARSample:
 
 
 def make_mqar_sample(seed: int, *, vocab_size: int, seq_len: int, num_pairs: int, token_offset: int = 0) -> MQARSample:
-    """A Zoology MQAR sequence of exactly ``seq_len`` tokens over ``[token_offset, token_offset + vocab_size)``.
+    """An MQAR sequence (after Zoology; the module doc says how ours differs) of exactly ``seq_len`` tokens over
+    ``[token_offset, token_offset + vocab_size)``.
 
     Keys come from ``[token_offset + 1, token_offset + V/2)``, values from ``[token_offset + V/2,
     token_offset + V)`` (``V = vocab_size``, ``V/2`` rounded down); ``token_offset`` itself is the filler.

@@ -39,9 +39,12 @@ the top level's fields (means, ``*_se``, ``*_magnitude``, ``negative_mass``, ``n
 in the same sample order with the same keys, ``per_layer``) and ``metadata["what"]``. Models without an effective
 attention have no such key.
 
-Samples: single-needle retrieval prompts by default (N = 1, R = 1), the answer at the depths
-{0, 25, 50, 75, 100}% in turn; both are options. Paper figures: Transformer 0.03 answer / 0.51 noise; DIFF
-0.27–0.40 / 0.01–0.02 (docs/evaluation.md §6.1: a real run should use at least 50 samples).
+Samples: retrieval prompts of N needles, one queried, the answer at the depths {0, 25, 50, 75, 100}% in turn, the
+distractor needles at random depths: the multi-needle setting the papers measured in (DIFF §3.4, Dex §4.2: N = 8,
+R = 1). The suite takes N from ``niah_needles`` (default 8, the heatmap's N); the function's ``num_needles`` defaults
+to 1 (no distractor). Results before 2026-12-01 (results version 8) used one needle. Paper figures: Transformer
+0.03 answer / 0.51 noise; DIFF 0.27–0.40 / 0.01–0.02 (docs/evaluation.md §6.1: a real run should use at least 50
+samples).
 """
 
 from __future__ import annotations
@@ -471,7 +474,7 @@ def _per_layer_panels(fig, grid, results: dict[str, dict], names: list[str]) -> 
 
 
 def _run_suite(model, tokenizer, o, folder, name):
-    r = run_allocation(model, tokenizer, **o.needle_prompts())
+    r = run_allocation(model, tokenizer, num_needles=o.niah_needles, **o.needle_prompts())
     return r, {"alloc": plot_allocation({name: r}, folder / "allocation.png").name}
 
 
@@ -554,6 +557,9 @@ def _compare_share(ref: Run, new: Run, seed: int, key: str) -> Comparison | None
         diff = unpaired_difference(sr, sn, method="welch")
         kind = f"Welch t over samples ({len(sr)} vs {len(sn)}; unpaired: different prompts); values ± 1.96 SE"
     note = "data uncertainty only, one seed; rows normalised by their sum of absolute values"
+    needles = {(r.get("metadata") or {}).get("num_needles") for r in (ar, an)}
+    if len(needles) == 1 and None not in needles:
+        note += f"; prompts of {needles.pop()} needle(s), one queried"
     if magnitude:
         note += f"; signed shares {ar[key]:.3f} → {an[key]:.3f}"
     where = where_attention_went(ar, an)
@@ -657,7 +663,7 @@ SUITE = Suite(
     _run_suite,
     headline=_headline,
     compare=compare,
-    preflight=lambda options, targets: check_needle_cells(options, targets, [(1, 1)]),
+    preflight=lambda options, targets: check_needle_cells(options, targets, [(options.niah_needles, 1)]),
     protocol=needle_protocol,
     measures=MEASURES,
     claims=CLAIMS,

@@ -128,6 +128,10 @@ class CommonOptions:
     context_tokens: int | None = option(None, "NIAH/allocation context length", minimum=8)
     samples: int = option(5, "NIAH samples per cell / allocation samples", minimum=1)
     niah_digits: int = option(7, "needle number length in niah and alloc (the papers: 7)", minimum=1, maximum=12)
+    # DIFF Fig. 5 and Table 3, Dex Fig. 10 and Table 2: one needle queried among distractors, N = 8
+    niah_needles: int = option(
+        8, "needles N (one queried) of the NIAH heatmap and of each allocation prompt", minimum=1
+    )
     tokens: int = option(4096, "token budget of ppl/outliers/quant/heads", minimum=1)
     # the window of ppl (stride = window / 2), outliers, quant, heads and AR-Hit (default: the length the model was
     # trained at, recorded in its run; else min(model max, 1024)): a model measured beyond it is out of distribution
@@ -135,7 +139,8 @@ class CommonOptions:
     seed: int = option(0, "seed of every sampled prompt and draw")
 
     def needle_prompts(self) -> dict:
-        """The options the needle suites (niah, alloc) share: the same seeded prompts for both."""
+        """The options the needle suites (niah, alloc) share: haystack, context, samples, digits and seed (each suite
+        draws its own prompts from them)."""
         return {
             "haystack": self.haystack, "context_tokens": self.context_tokens, "samples": self.samples,
             "value_digits": self.niah_digits, "seed": self.seed,

@@ -211,9 +211,14 @@ def _compare_summary(ref: Run, new: Run, seed: int, key: str) -> Comparison | No
     vr, vn = ref.results("heads", "summary", key), new.results("heads", "summary", key)
     if not finite(vr) or not finite(vn):
         return None
+    # the paper says "in most layers" (Dex Fig. 11b): the layers' directions beside the mean, which the row reads
+    lr, ln = ref.results("heads", "layers") or {}, new.results("heads", "layers") or {}
+    shared = [layer for layer in lr if finite((lr[layer] or {}).get(key)) and finite((ln.get(layer) or {}).get(key))]
+    lower = sum(ln[layer][key] < lr[layer][key] for layer in shared)
     return Comparison(
         f"head {key} (mean over layers)", ref_value=vr, new_value=vn,
         kind=ONE_NUMBER + " (mean over layers and windows)",
+        note=f"{new.name} lower in {lower} of {len(shared)} layers" if shared else "",
     )  # fmt: skip
 
 

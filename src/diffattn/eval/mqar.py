@@ -1,4 +1,5 @@
-"""Associative recall: Zoology MQAR accuracy, and the AR-Hit vs Others loss split on real text (DIFF Table 6).
+"""Associative recall: MQAR accuracy (after Zoology; how our generator differs: :mod:`diffattn.data.synthetic`),
+and the AR-Hit vs Others loss split on real text (DIFF Table 6).
 
 MQAR sequences come from the seeded generator :func:`diffattn.data.make_mqar_sample` (keys from the lower half of
 a token range, values from the upper half, the key–value block first, every key queried once later); accuracy is

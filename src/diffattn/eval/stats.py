@@ -339,6 +339,40 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
     return m, (m - t * se, m + t * se)
 
 
+def crossed_paired_difference(ref_values, new_values, level: float = 0.95) -> Difference:
+    """Mean of ``new − ref`` over a draws × items table of paired values (two models scored on the same test items
+    after the same draws of demonstrations), with a t interval whose variance counts both sources of chance: the
+    draws and the items, crossed (each draw is scored on every item).
+
+    The two-way random-effects variance of the grand mean of the differences x[d, i] is
+    ``σ²_D/D + σ²_I/I + σ²_E/(D·I) = (MS_D + MS_I − MS_E)/(D·I)`` with the mean squares of draws, items and their
+    residual. The −MS_E term is dropped, so the variance is ``(MS_D + MS_I)/(D·I)``: never below the true one (by
+    σ²_E/(D·I) above it) and never negative, with Welch–Satterthwaite's df of the two terms. With no spread over
+    items it is Student's t over the draws' means; with no spread over draws, Student's t over the items' means —
+    the one-way intervals it replaces (a t over draws alone ignored which test items were drawn)."""
+    ref, new = np.asarray(ref_values, dtype=float), np.asarray(new_values, dtype=float)
+    if ref.shape != new.shape or ref.ndim != 2 or ref.size == 0:
+        raise ValueError(f"crossed_paired_difference wants two draws × items tables of one shape, got {ref.shape} "
+                         f"and {new.shape}")  # fmt: skip
+    x = new - ref
+    draws, items = x.shape
+    mean = float(x.mean())
+    if draws * items < 2 or (draws < 2 and items < 2):
+        return Difference(mean, (-math.inf, math.inf), "one value: no interval", int(x.size))
+    terms = []  # (variance term, its df)
+    if draws >= 2:
+        terms.append((items * float(np.var(x.mean(axis=1), ddof=1)) / (draws * items), draws - 1))
+    if items >= 2:
+        terms.append((draws * float(np.var(x.mean(axis=0), ddof=1)) / (draws * items), items - 1))
+    var = sum(v for v, _ in terms)
+    method = f"two-way t over {draws} draws × {items} items (paired; crossed draws and items)"
+    if var == 0:
+        return Difference(mean, (mean, mean), method, int(x.size))
+    df = var**2 / sum(v**2 / f for v, f in terms if v > 0)
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
+    return Difference(mean, (mean - half, mean + half), method, int(x.size))
+
+
 # -- power over replicate runs --------------------------------------------------------------------------------------
 def welch_power(difference: float, sd_ref: float, n_ref: int, sd_new: float, n_new: int, alpha: float = 0.05) -> float:
     """Power of the two-sided Welch t test at level ``alpha`` when the true ``new − ref`` is ``difference`` and

@@ -69,9 +69,10 @@ RESULTS = "results.json"
 # 4: every suite measured at the model's training length by default, NIAH R = 1 cells across N with chance levels;
 # 5: floors by simulation in NIAH and MQAR, needles at one sentence start in random order, MQAR per-sample scores;
 # 6: the ICL floor by simulation and the test set's label counts; 7: the ICL prompts at the training length too,
-# which filled the model's maximum context), so experiments re-evaluate results written by older code instead of
-# reusing them.
-RESULTS_VERSION = 7
+# which filled the model's maximum context; 8: every NIAH cell's prompts from seeds of its own, allocation prompts of
+# niah_needles needles, one queried, where they had one, ICL per-item hits), so experiments re-evaluate results
+# written by older code instead of reusing them.
+RESULTS_VERSION = 8
 
 
 def register_suite(entry: Suite) -> Suite:

@@ -3,8 +3,10 @@ Dex Table 3)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, paired_kind
-from ..stats import paired_difference, t_interval, unpaired_difference
+from ..stats import crossed_paired_difference, paired_difference, t_interval, unpaired_difference
 
 
 # -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
@@ -14,7 +16,9 @@ def _at_largest(m: dict | None) -> float | None:
 
 def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
     """DIFF Fig. 6: many-shot accuracy at the largest shot count both models ran, paired over the same draws
-    (the same demonstrations and test items); chance is the measure's (:func:`_chance`)."""
+    (the same demonstrations and test items): a two-way t over draws × test items where the results keep each item's
+    hit (:func:`~diffattn.eval.stats.crossed_paired_difference`), else over the draws; chance is the measure's
+    (:func:`_chance`)."""
     mr, mn = ref.results("icl", "many_shot"), new.results("icl", "many_shot")
     if not mr or not mn:
         return None
@@ -24,14 +28,29 @@ def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
     k = common_shots[-1]
     ar, an = mr["accuracy"][mr["shots"].index(k)], mn["accuracy"][mn["shots"].index(k)]
     paired = len(ar) == len(an) and same_draws(mr, mn)
-    diff = paired_difference(ar, an, seed=seed) if paired else unpaired_difference(ar, an)
+    hr, hn = _item_hits(mr, k), _item_hits(mn, k)
+    if paired and hr is not None and hn is not None and np.shape(hr) == np.shape(hn):
+        # the same draws scored on the same test items: both are chance draws (a t over the draws alone took the
+        # test set as fixed, and 30-40 items carry a standard error of about 0.08 of their own)
+        diff = crossed_paired_difference(hr, hn)
+        kind = diff.method
+    elif paired:
+        diff = paired_difference(ar, an, seed=seed)
+        kind = paired_kind(diff, "draws of demonstrations") + " (results without per-item hits: the items as fixed)"
+    else:
+        diff, kind = unpaired_difference(ar, an), "Welch t over draws (not the same draws)"
     note = f"data uncertainty only; {k} shots, {len(ar)} draws; {_chance_words(mr, k)}"
     (rv, rci), (nv, nci) = t_interval(ar), t_interval(an)  # each model's mean over the draws, t interval
     return Comparison(
-        f"accuracy at {k} shots", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
-        kind=paired_kind(diff, "draws of demonstrations") if paired else "Welch t over draws (not the same draws)",
+        f"accuracy at {k} shots", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff, kind=kind,
         note=note, cells=f"{k} shots",
     )  # fmt: skip
+
+
+def _item_hits(m: dict, k: int) -> list[list[int]] | None:
+    """Results ``m``'s per-draw, per-test-item hits at ``k`` shots (None for results from before they were kept)."""
+    hits = m.get("hits")
+    return None if not hits else hits[m["shots"].index(k)]
 
 
 #: what two runs' metadata must share for their draws to be the same demonstrations and test items: the data, its

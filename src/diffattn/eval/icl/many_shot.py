@@ -153,9 +153,9 @@ def _check_fit(n: int, context: int, what: str) -> None:
 @contextmanager
 def _test_set_scorer(
     model, setup: _Setup, share_prefix: bool, prefixes: int, desc: str, progress: bool
-) -> Iterator[Callable[[list[int]], float]]:
-    """Yields ``accuracy(prefix)``: the share of the test items whose label the model decodes after this
-    demonstration prefix (in eval mode, without gradients, one progress bar over ``prefixes`` prefixes); the
+) -> Iterator[Callable[[list[int]], list[int]]]:
+    """Yields ``hits(prefix)``: per test item, in the test set's order, 1 if the model decodes its label after this
+    demonstration prefix else 0 (in eval mode, without gradients, one progress bar over ``prefixes`` prefixes); the
     model's training mode is restored afterwards."""
     runner = _Runner(model, share_prefix)
     was_training = model.training
@@ -163,13 +163,13 @@ def _test_set_scorer(
     gold = [y for _, y in setup.test]
     bar = tqdm(total=prefixes * len(setup.test), desc=desc, disable=not progress)
 
-    def accuracy(prefix: list[int]) -> float:
+    def hits(prefix: list[int]) -> list[int]:
         preds = runner.predict(setup.tokens.trie, prefix, setup.test_queries, bar)
-        return float(np.mean([p == g for p, g in zip(preds, gold, strict=True)]))
+        return [int(p == g) for p, g in zip(preds, gold, strict=True)]
 
     try:
         with torch.inference_mode():
-            yield accuracy
+            yield hits
     finally:
         bar.close()
         model.train(was_training)
@@ -241,13 +241,14 @@ def run_icl(
         return sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen])
 
     accuracy: list[list[float]] = []
+    item_hits: list[list[list[int]]] = []  # per shot count, per draw, per test item: 1 if solved
     heuristics: list[list[dict[str, float]]] = []  # per shot count, per draw: what each heuristic scores
     gold = [y for _, y in setup.test]
     redraws = 0
     longest = 0
     with _test_set_scorer(model, setup, share_prefix, len(grid) * draws, f"icl {name}", progress) as score:
         for k in grid:
-            per_draw, per_draw_heuristics = [], []
+            per_draw, per_draw_hits, per_draw_heuristics = [], [], []
             for d in range(draws):
                 chosen, again = _draw_fitting(
                     np.random.default_rng([seed, k, d]), pool_demos, len(pool), k, cost, budget
@@ -256,9 +257,11 @@ def run_icl(
                 prefix = tokens.prefix(pool_demos[chosen])
                 longest = max(longest, len(prefix) + max(len(q) for q in test_queries))
                 _check_fit(longest, context, f"{k} shots")
-                per_draw.append(score(prefix))
+                per_draw_hits.append(score(prefix))
+                per_draw.append(float(np.mean(per_draw_hits[-1])))
                 per_draw_heuristics.append(heuristic_scores(labels, gold, [pool[i][1] for i in chosen]))
             accuracy.append(per_draw)
+            item_hits.append(per_draw_hits)
             heuristics.append(per_draw_heuristics)
     floors = {h: [float(np.mean([d[h] for d in per_k])) for per_k in heuristics] for h in HEURISTICS}
 
@@ -286,6 +289,7 @@ def run_icl(
     return {
         "shots": grid,
         "accuracy": accuracy,
+        "hits": item_hits,  # per shot count, per draw, per test item (the test set's order): 1 if solved, else 0
         "mean": [float(np.mean(a)) for a in accuracy],
         "std": [float(np.std(a)) for a in accuracy],
         "labels": labels,

@@ -132,7 +132,7 @@ def run_order_robustness(
                 order = arrangement_order(demo_labels, arrangement, seed=seed * 1000 + p)
                 prefix = tokens.prefix(pool_demos[[demo_index[i] for i in order]])
                 _check_fit(len(prefix) + max(len(q) for q in test_queries), context, f"{rounds} rounds")
-                accs.append(score(prefix))
+                accs.append(float(np.mean(score(prefix))))
             results[arrangement] = {
                 "accuracies": accs,
                 "mean": float(np.mean(accs)),

@@ -36,10 +36,10 @@ Uncertainty: every grid row and heatmap cell keeps its per-sample scores (``"sco
 (``"ci"``; fractional scores of R > 1 count as partial successes); ``mean_accuracy_ci`` is Wilson's interval on the
 pooled grid samples (every cell has the same number of samples, so the pooled mean is ``mean_accuracy``; Wilson
 stays honest at 0 and 1, where a bootstrap of all-equal scores collapses to a point). Pairing: sample ``i`` of a
-grid cell uses the seed ``seed·100003 + i`` (heatmap cells add ``7919·(depth index + 1)``), so two models evaluated
-with the same options see the same samples — the same prompts where their tokenizers fit the same text into the
-context, which ``metadata["samples_sha1"]`` (a fingerprint of every prompt) confirms — and paired comparisons of
-their scores are valid.
+cell uses a seed drawn from ``seed``, the cell's name and ``i`` (:func:`.sampling.cell_seeds`), so two models
+evaluated with the same options see the same samples — the same prompts where their tokenizers fit the same text into
+the context, which ``metadata["samples_sha1"]`` (a fingerprint of every prompt) confirms — and paired comparisons of
+their scores are valid; no two cells share a prompt's keys, numbers or depths.
 
 A package, one concern per module: :mod:`.sampling` (prompts, scoring, run_niah), :mod:`.options` (the suite's
 options, their checks, the protocol line), :mod:`.plots`, :mod:`.tables` (``compare``) and :mod:`.claims` (the cells

@@ -31,7 +31,7 @@ from ..stats import (
     verdict,
     wilson_interval,
 )
-from .sampling import TABLE2_CELLS, needle_chance
+from .sampling import PER_CELL_SEEDS, TABLE2_CELLS, needle_chance
 
 
 def _like_for_like(r: dict | None) -> list[dict]:
@@ -174,36 +174,86 @@ def _compare_solved(ref: Run, new: Run, seed: int) -> Comparison | None:
     return _compare_solved_over(_like_for_like, ref, new, seed)
 
 
+def _independent_cells(*results: dict) -> bool:
+    """Whether every one of ``results`` drew each cell's prompts from seeds of its own (sampling.cell_seeds). Older
+    results drew sample i of every grid cell (and of every heatmap length at one depth) from one seed: those prompts
+    share their keys, numbers and depths, and a test pooling the cells must resample them together."""
+    return all(((r or {}).get("metadata") or {}).get("prompt_seeds") == PER_CELL_SEEDS for r in results)
+
+
+def _seed_means(groups: list[list[list[int]]]) -> list[float] | None:
+    """Each seed's share of prompts solved, for results whose cells share seeds: ``groups`` = lists of cells (one
+    list of 1/0 per prompt each) whose sample i came from one seed — a seed's prompts are one draw, the unit a pooled
+    test resamples. None when the cells of a group differ in size."""
+    means = []
+    for cells in groups:
+        if len({len(c) for c in cells}) != 1:
+            return None
+        means.extend(np.mean(np.asarray(cells, dtype=float), axis=0).tolist())
+    return means
+
+
+_BY_SEED = "a seed's prompts in every cell together: the cells share seeds"
+
+
+def _paired_solved(groups_r, groups_n, independent: bool, seed: int) -> tuple[Difference, str] | None:
+    """new − ref prompts solved pooled over the same prompts (``groups_*``: as :func:`_seed_means` takes them): the
+    exact McNemar interval when every prompt is a draw of its own. Where the cells share seeds, the interval reaches
+    the far ends of both that one and a paired bootstrap over the seeds: the exact interval counts near copies of a
+    prompt as prompts of their own (too narrow), and a percentile bootstrap over few discordant seeds covers too
+    little (4 : 0 of 50 seeds excludes 0 where the exact test gives p = 0.125)."""
+    flat = lambda groups: [hit for cells in groups for cell in cells for hit in cell]  # noqa: E731
+    exact = mcnemar_exact_difference(flat(groups_r), flat(groups_n))
+    if independent or all(len(cells) == 1 for cells in groups_r + groups_n):  # no prompt repeated across cells
+        return exact, f"exact McNemar interval over the same {exact.n} prompts"
+    sr, sn = _seed_means(groups_r), _seed_means(groups_n)
+    if sr is None or sn is None or len(sr) != len(sn):
+        return None
+    boot = paired_difference(sr, sn, seed=seed)
+    lo, hi = min(exact.interval[0], boot.interval[0]), max(exact.interval[1], boot.interval[1])
+    kind = (
+        f"exact McNemar over {exact.n} prompts and paired bootstrap over {len(sr)} seeds, the wider ends of the two "
+        f"({_BY_SEED})"
+    )
+    return Difference(exact.estimate, (lo, hi), kind, len(sr)), kind
+
+
 def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison | None:
     """Prompts solved over the given cells of two NIAH results: exact McNemar when the prompts are the same, an
     unpaired bootstrap within cells otherwise; None for results without strict scores (the row reads prompts solved
-    against the floor of prompts solved, and a lenient per-needle credit in their place would clear it trivially)."""
+    against the floor of prompts solved, and a lenient per-needle credit in their place would clear it trivially).
+    Results whose cells share seeds are resampled by seed (:func:`_independent_cells`)."""
     hr, hn = _grid_solved(rr, cells_r), _grid_solved(rn, cells_n)
     if hr is None or hn is None:
         return None
     metric = "prompts solved (strict: the first R numbers are the queried ones)"
     rci, nci = wilson_interval(sum(hr), len(hr)), wilson_interval(sum(hn), len(hn))
     lenient = f"RULER string_match_all mean accuracy {rr['mean_accuracy']:.3f} → {rn['mean_accuracy']:.3f}"
-    if len(hr) == len(hn) and _paired(rr, rn):
+    solved = lambda cells: [[int(score == 1.0) for score in g["strict_scores"]] for g in cells]  # noqa: E731
+    sr, sn = solved(cells_r), solved(cells_n)
+    independent = _independent_cells(rr, rn)
+    paired = _paired_solved([sr], [sn], independent, seed) if len(hr) == len(hn) and _paired(rr, rn) else None
+    if paired is not None:
         # one binary trial per prompt (solved: its first R numbers are the R queried ones), paired across the two
         # models: the exact McNemar interval, read off the prompts the two disagree on (Newcombe's, used before,
         # was narrowed by prompts both solve and could "agree" where McNemar's exact test does not reject)
-        diff = mcnemar_exact_difference(hr, hn)
+        diff, kind = paired
         return Comparison(
             metric, ref_value=float(np.mean(hr)), ref_ci=rci, new_value=float(np.mean(hn)), new_ci=nci, diff=diff,
-            kind=f"exact McNemar interval over the same {diff.n} prompts",
-            note=f"data uncertainty only, one seed; {lenient}",
+            kind=kind, note=f"data uncertainty only, one seed; {lenient}",
         )  # fmt: skip
     # different prompts: each cell's solved prompts resampled within the cell (equal prompts per cell: the pooled
-    # share is the mean of the cells' shares)
-    sr = [[float(score == 1.0) for score in g["strict_scores"]] for g in cells_r]
-    sn = [[float(score == 1.0) for score in g["strict_scores"]] for g in cells_n]
-    k_r, k_n = len(sr), len(sn)
-    est, ci = bootstrap_contrast(sn + sr, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
+    # share is the mean of the cells' shares), or each seed's where the cells share seeds
+    if independent or len(sr) == 1 or _seed_means([sr]) is None or _seed_means([sn]) is None:
+        groups_r, groups_n, within = sr, sn, "within grid cells"
+    else:
+        groups_r, groups_n, within = [_seed_means([sr])], [_seed_means([sn])], f"over seeds ({_BY_SEED})"
+    k_r, k_n = len(groups_r), len(groups_n)
+    est, ci = bootstrap_contrast(groups_n + groups_r, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
     return Comparison(
         metric, ref_value=float(np.mean(hr)), ref_ci=rci, new_value=float(np.mean(hn)), new_ci=nci,
-        diff=Difference(est, ci, "unpaired bootstrap within cells", len(hr) + len(hn)),
-        kind="unpaired bootstrap within grid cells (different prompts)",
+        diff=Difference(est, ci, f"unpaired bootstrap {within}", len(hr) + len(hn)),
+        kind=f"unpaired bootstrap {within}, different prompts",
         note=f"data uncertainty only, one seed; {lenient}",
     )  # fmt: skip
 
@@ -299,7 +349,8 @@ def _heatmap_chance(run: Run) -> float | None:
 
 def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores (None for
-    results without them: :func:`_heatmap_solved`); the exact McNemar interval over the same prompts."""
+    results without them: :func:`_heatmap_solved`); the exact McNemar interval over the same prompts (by seed for
+    results whose lengths share seeds: :func:`_paired_solved`)."""
     rr, rn = ref.results("niah"), new.results("niah")
     hr, hn = (rr or {}).get("heatmap") or {}, (rn or {}).get("heatmap") or {}
     if not hr.get("lengths") or hr.get("lengths") != hn.get("lengths") or hr.get("N") != hn.get("N"):
@@ -307,16 +358,22 @@ def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     key = "strict_scores"
     if not hr.get(key) or not hn.get(key):
         return None
-    flat = lambda h: [int(s == 1.0) for row in h[key] for cell in row for s in cell]  # noqa: E731
-    sr, sn = flat(hr), flat(hn)
-    if not sr or len(sr) != len(sn) or not _paired(rr, rn):
+    # per depth, its cells over the lengths (older results drew sample i of one depth from one seed at every length)
+    by_depth = lambda h: [  # noqa: E731
+        [[int(s == 1.0) for s in row[j]] for row in h[key]] for j in range(len(h["depths"]))
+    ]
+    gr, gn = by_depth(hr), by_depth(hn)
+    sr = [hit for cells in gr for cell in cells for hit in cell]
+    sn = [hit for cells in gn for cell in cells for hit in cell]
+    paired = _paired_solved(gr, gn, _independent_cells(rr, rn), seed) if len(sr) == len(sn) else None
+    if not sr or paired is None or not _paired(rr, rn):
         return None
-    diff = mcnemar_exact_difference(sr, sn)
+    diff, kind = paired
     return Comparison(
         f"heatmap prompts solved (N={hr['N']}, R=1)",
         ref_value=float(np.mean(sr)), ref_ci=wilson_interval(sum(sr), len(sr)),
         new_value=float(np.mean(sn)), new_ci=wilson_interval(sum(sn), len(sn)),
-        diff=diff, kind=f"exact McNemar interval over the same {diff.n} prompts",
+        diff=diff, kind=kind,
         note=f"data uncertainty only; lengths {hr['lengths']} × {len(hr['depths'])} depths, strict scores; "
         f"floor {_heatmap_chance(ref):.2f}",
         cells=f"heatmap N={hr['N']}, R=1, lengths {hr['lengths']}",

@@ -47,7 +47,6 @@ class NiahOptions:
         "NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,8x1,2x2,4x2,6x2 where they fit the context)",
         parse=parse_grid,
     )
-    niah_needles: int = option(8, "N of the NIAH heatmap (R = 1)", minimum=1)
     niah_heatmap_lengths: tuple[int, ...] | None = option(
         None,
         "comma-separated heatmap context lengths; 'none' for no heatmap (default: 1/2, 3/4, all of the context, "
@@ -133,8 +132,8 @@ def needle_protocol(o) -> str:
             else f"a multi-value cell (one key's V = {multivalue[1]} values among N = {multivalue[0]} "
             f"needles, all V asked), {o.samples} samples; "
         )
-        + f"allocation over {o.samples} single-needle prompts at depths 0–100%. Every model sees the same prompts "
-        "(seeded), so comparisons are paired."
+        + f"allocation over {o.samples} prompts of {o.niah_needles} needles, one queried, at depths 0–100%. Every "
+        "model sees the same prompts (seeded), so comparisons are paired."
     )
 
 

@@ -126,24 +126,36 @@ def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
     }
 
 
-def _grid_seeds(seed: int, samples: int) -> list[int]:
-    """The seeds of a grid cell's samples: the same in every cell, so that models are compared on the same prompts."""
-    return [seed * 100003 + i for i in range(samples)]
+# metadata["prompt_seeds"] of results whose cells draw their prompts from seeds of their own (:func:`cell_seeds`);
+# older results drew sample i of every cell from one seed, so one prompt's keys, numbers and depths repeated across
+# lengths and needle counts, and a test pooling cells counted each such near copy as another prompt (niah.claims
+# reads them by seed instead)
+PER_CELL_SEEDS = "per cell"
 
 
-def _heatmap_seeds(seed: int, depth_index: int, samples: int) -> list[int]:
-    """The seeds of the heatmap's samples at its ``depth_index``-th depth (at every length)."""
-    return [seed * 100003 + 7919 * (depth_index + 1) + i for i in range(samples)]
+def cell_seeds(seed: int, cell: str, samples: int) -> list[int]:
+    """The seeds of one cell's samples, from ``seed`` and the cell's name (e.g. ``grid N=4 R=1``, ``heatmap
+    length=96 depth=0.25``): the same for every model evaluated with the same seed (paired comparisons), and no two
+    cells alike, so every prompt of a grid or heatmap is a draw of its own."""
+    return [int.from_bytes(hashlib.sha256(f"{seed}/{cell}/{i}".encode()).digest()[:8], "big") for i in range(samples)]
+
+
+def _grid_seeds(seed: int, n: int, r: int, samples: int) -> list[int]:
+    return cell_seeds(seed, f"grid N={n} R={r}", samples)
+
+
+def _heatmap_seeds(seed: int, length: int, depth: float, samples: int) -> list[int]:
+    return cell_seeds(seed, f"heatmap length={length} depth={float(depth)}", samples)
 
 
 def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int, seed: int) -> dict:
     """The length × depth heatmap: per cell, ``samples`` samples of ``needles`` needles, one queried, the first at
-    the depth; sample i of depth j uses seed ``seed*100003 + 7919*(j + 1) + i`` (:func:`_heatmap_seeds`)."""
+    the depth, from the cell's own seeds (:func:`cell_seeds`)."""
     heat, heat_scores, heat_ci, heat_strict, heat_floors = [], [], [], [], []
     for length in lengths:
         row, row_scores, row_ci, row_strict, row_floors = [], [], [], [], []
-        for j, depth in enumerate(depths):
-            seeds = _heatmap_seeds(seed, j, samples)
+        for depth in depths:
+            seeds = _heatmap_seeds(seed, length, depth, samples)
             cell = score_cell(length, seeds, num_needles=needles, num_queries=1, depth=depth)
             scores, strict = [c.score for c in cell], [c.strict for c in cell]
             row.append(sum(scores) / len(scores))
@@ -174,7 +186,7 @@ def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_di
     fits, left_out = [], []
     for n, r in GRID:
         try:
-            for s in _grid_seeds(seed, samples):
+            for s in _grid_seeds(seed, n, r, samples):
                 fit_sample(tokenizer, text, context_tokens, s, num_needles=n, num_queries=r, value_digits=value_digits)
             fits.append((n, r))
         except ValueError as e:
@@ -194,8 +206,8 @@ def default_heatmap_lengths(
     fits, left_out = [], []
     for length in sorted({context_tokens // 2, 3 * context_tokens // 4, context_tokens} - {0}):
         try:
-            for j, depth in enumerate(depths):
-                for s in _heatmap_seeds(seed, j, samples):
+            for depth in depths:
+                for s in _heatmap_seeds(seed, length, depth, samples):
                     fit_sample(tokenizer, text, length, s, num_needles=needles, value_digits=value_digits, depth=depth)
             fits.append(length)
         except ValueError as e:
@@ -253,15 +265,15 @@ def run_niah(
     examples = []
     digest = hashlib.sha1()
     score_cell = partial(_score_cell, model, tokenizer, text, digest, bar, value_digits=value_digits)
-    cell_seeds = _grid_seeds(seed, samples)  # the same per cell: paired across models
     for n, r in grid:
-        cell = score_cell(context_tokens, cell_seeds, num_needles=n, num_queries=r)
+        cell = score_cell(context_tokens, _grid_seeds(seed, n, r, samples), num_needles=n, num_queries=r)
         examples.append({"N": n, "R": r, "answers": list(cell[0].sample.answers), "output": cell[0].output})
         grid_rows.append(_grid_row(n, r, cell))
     multivalue_row = None
     if multivalue is not None:
         n, v = multivalue
-        cell = score_cell(context_tokens, cell_seeds, num_needles=n, num_queries=1, values_per_key=v)
+        seeds = cell_seeds(seed, f"multivalue N={n} V={v}", samples)
+        cell = score_cell(context_tokens, seeds, num_needles=n, num_queries=1, values_per_key=v)
         examples.append({"N": n, "V": v, "answers": list(cell[0].sample.answers), "output": cell[0].output})
         multivalue_row = {**_grid_row(n, v, cell), "R": 1, "V": v}  # chance V/N: V numbers asked of the N
     heatmap = _heatmap(score_cell, heatmap_lengths, depths, heatmap_samples, heatmap_needles, seed)
@@ -294,8 +306,9 @@ def run_niah(
             "seed": seed,
             "intervals": "cells: Wilson 95% score interval (fractional scores of R > 1 as partial successes); "
             "mean_accuracy_ci: Wilson 95% interval on the pooled grid samples (equal samples per cell)",
-            "pairing": "sample i of a cell uses seed seed*100003 + i (heatmap: + 7919*(depth index + 1)): models "
+            "pairing": "sample i of a cell uses the seed sha256('{seed}/{cell}/{i}') takes (its first 8 bytes): models "
             "evaluated with the same options see the same samples (same samples_sha1): paired comparisons are valid",
+            "prompt_seeds": PER_CELL_SEEDS,  # every cell's prompts are draws of their own (none repeats across cells)
             "samples_sha1": digest.hexdigest(),
             "chance": "writing R of the N needles' numbers at random: R/N per-needle credit, 1/C(N, R) solved",
             "floor": "per cell and per claim: the best heuristic without the skill (needle_floors.HEURISTICS: the "
