@@ -78,6 +78,10 @@ def test_info_reports_every_backend_and_why(capsys):
 
     for status in backend_status():
         assert " ".join(status.reason.split()) in " ".join(out.split()), status
+    # a cuDNN route with the epilogue says cuDNN needs CUDA, not how the epilogue's Triton kernel runs on a CPU
+    assert {s.name: s.reason for s in backend_status("cpu")}[
+        "cudnn+epilogue"
+    ] == "device cpu: cuDNN attention runs on CUDA"
     # one column for the verdict, however long a backend's name ("sdpa_split+epilogue")
     rows = out.split("backends of diffattn.ops.diff_attention:\n")[1].split("kernel switches")[0].splitlines()
     assert len(rows) == len(backend_status()) + 1

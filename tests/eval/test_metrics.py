@@ -617,22 +617,26 @@ def test_table2_row_reads_the_papers_cells_and_the_r1_row_leaves_n1_out():
     assert MEASURES["niah:r1"].compare(a, b, 0).cells == "R = 1 cells N = 2, 4, 6, 8"
 
 
-def test_allocation_prompts_carry_the_heatmaps_needles_and_the_preflight_checks_them(tokenizer):
+def test_allocation_prompts_carry_distractor_needles_the_most_that_fit_unless_asked(debug_models, tokenizer):
     """The papers measured allocation in their multi-needle setting (DIFF §3.4, Dex §4.2: one needle queried among
-    distractors); the suite drew one needle alone until 2026-12-01 (audit). It takes N from niah_needles now, and its
-    preflight refuses an N whose prompts cannot fit, before any training."""
-    from diffattn.eval.allocation import SUITE
+    distractors); the suite drew one needle alone until 2026-12-01 (audit). By default it takes niah_needles, or the
+    most that fit the context, and says why fewer; an asked alloc_needles must fit, refused before any training."""
+    from diffattn.eval.allocation import SUITE, run_allocation
     from diffattn.eval.common import EvalTarget
     from diffattn.eval.suite import options_class
 
     target = EvalTarget("m", positions=4096, trained_length=64, tokenizer=lambda: tokenizer)
 
-    def options(needles):
-        return options_class()(context_tokens=64, haystack="filler", niah_digits=2, niah_needles=needles)
+    def options(**kw):
+        return options_class()(context_tokens=64, haystack="filler", niah_digits=2, **kw)
 
-    SUITE.preflight(options(1), [target])
+    SUITE.preflight(options(niah_needles=8), [target])  # the default: the most that fit
     with pytest.raises(ValueError, match=r"eval\.options \(niah/alloc\)"):
-        SUITE.preflight(options(8), [target])
+        SUITE.preflight(options(alloc_needles=8), [target])
+    res = run_allocation(debug_models["diff"], tokenizer, haystack="filler", context_tokens=64, samples=2,
+                         most_needles=8, value_digits=2, progress=False)  # fmt: skip
+    meta = res["metadata"]
+    assert 1 < meta["num_needles"] < 8 and meta["fewer_needles_why"].startswith("8 needles: could not fit")
 
 
 def test_allocation_buckets_sum_to_one_with_the_question_shown_and_the_row_says_where_attention_went(

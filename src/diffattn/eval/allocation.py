@@ -41,8 +41,9 @@ attention have no such key.
 
 Samples: retrieval prompts of N needles, one queried, the answer at the depths {0, 25, 50, 75, 100}% in turn, the
 distractor needles at random depths: the multi-needle setting the papers measured in (DIFF §3.4, Dex §4.2: N = 8,
-R = 1). The suite takes N from ``niah_needles`` (default 8, the heatmap's N); the function's ``num_needles`` defaults
-to 1 (no distractor). Results before 2026-12-01 (results version 8) used one needle. Paper figures: Transformer
+R = 1). The suite's N: ``alloc_needles`` where asked, else ``niah_needles`` (default 8, the heatmap's N) where its
+prompts fit the context, else the most that fit (``metadata["fewer_needles_why"]``); the function's ``num_needles``
+defaults to 1 (no distractor). Results before 2026-12-01 (results version 8) used one needle. Paper figures: Transformer
 0.03 answer / 0.51 noise; DIFF 0.27–0.40 / 0.01–0.02 (docs/evaluation.md §6.1: a real run should use at least 50
 samples).
 """
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +61,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
-from .common import Suite, check_fits, evaluation_window, figure, group_colors, load_text, model_device, save_figure
+from .common import (
+    Suite,
+    check_fits,
+    evaluation_window,
+    figure,
+    group_colors,
+    load_text,
+    model_device,
+    option,
+    save_figure,
+)
 from .measures import NO_PER_SAMPLE, Comparison, Measure, PaperClaim, Run, first, paired_kind, same_metadata
 from .niah import DEPTHS, check_needle_cells, fit_sample, needle_protocol
 from .stats import mean_se, normal_interval, paired_difference, unpaired_difference
@@ -144,13 +156,15 @@ def run_allocation(
     context_tokens: int | None = None,
     samples: int = 10,
     num_needles: int = 1,
+    most_needles: int | None = None,
     depths=DEPTHS,
     value_digits: int = 7,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
     """Mean attention share per bucket of the last prompt token (see the module doc), with per-sample values,
-    standard errors over samples, negative mass and per-layer detail."""
+    standard errors over samples, negative mass and per-layer detail. ``most_needles``: instead of ``num_needles``,
+    the most needles up to it whose every sample fits the context (the suite's default; metadata says why fewer)."""
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("attention allocation needs a fast tokenizer (character offsets of every token)")
     if samples < 1:
@@ -158,12 +172,14 @@ def run_allocation(
     context_tokens = evaluation_window(model, context_tokens)
     check_fits(model, context_tokens, f"attention allocation at context_tokens={context_tokens}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
+    fewer = None
+    if most_needles is not None:
+        num_needles, fewer = fitting_needles(tokenizer, text, context_tokens, most_needles, samples, value_digits, seed)
     tally = _Tally()  # the model's own maps (rec.signed)
     reference = _Tally()  # the same rows of the effective attention at λ = 0 (rec.reference), when there is one
     digest = hashlib.sha1()
     for i in tqdm(range(samples), desc="attention allocation", disable=not progress, leave=False):
-        depth = depths[i % len(depths)]
-        sample_seed = seed * 100003 + i
+        depth, sample_seed = _sample_placement(i, depths, seed)
         sample = fit_sample(
             tokenizer,
             text,
@@ -191,6 +207,8 @@ def run_allocation(
             "context_tokens": context_tokens,
             "samples": samples,
             "num_needles": num_needles,
+            "needles_rule": f"the most up to {most_needles} that fit the context" if most_needles else "as asked",
+            "fewer_needles_why": fewer,  # why not most_needles (None: it fitted, or num_needles was asked)
             "value_digits": value_digits,
             "depths": list(depths),
             "row": "last prompt token; every head's row normalised, then averaged over heads and layers (one value "
@@ -212,6 +230,32 @@ def run_allocation(
         }
         result["metadata"]["lambda0_reference"] = LAMBDA0_REFERENCE
     return result
+
+
+def _sample_placement(i: int, depths, seed: int) -> tuple[float, int]:
+    """Sample ``i``'s depth (the depths in turn) and seed: the same for every model evaluated with the same options."""
+    return depths[i % len(depths)], seed * 100003 + i
+
+
+def fitting_needles(
+    tokenizer, text: str, context_tokens: int, most: int, samples: int, value_digits: int, seed: int, depths=DEPTHS
+) -> tuple[int, str | None]:
+    """The most needles, up to ``most``, whose every allocation sample fits ``context_tokens``, and why not ``most``
+    (None when it fits); one needle must fit (the suite's preflight checked it)."""
+    why = None
+    for n in range(most, 0, -1):
+        try:
+            for i in range(samples):
+                depth, sample_seed = _sample_placement(i, depths, seed)
+                fit_sample(tokenizer, text, context_tokens, sample_seed, num_needles=n, depth=depth,
+                           value_digits=value_digits)  # fmt: skip
+        except ValueError as e:
+            why = why or f"{most} needles: {e}"
+            if n == 1:
+                raise
+            continue
+        return n, why
+    raise AssertionError("unreachable: n = 1 returns or raises")
 
 
 def _tokens_in_buckets(tokenizer, sample) -> tuple[dict, dict]:
@@ -473,8 +517,21 @@ def _per_layer_panels(fig, grid, results: dict[str, dict], names: list[str]) -> 
             axl.xaxis.get_major_locator().set_params(integer=True)
 
 
+@dataclass
+class AllocOptions:
+    """Allocation's own option (its prompts' other options are :class:`~diffattn.eval.common.CommonOptions`)."""
+
+    alloc_needles: int | None = option(
+        None,
+        "needles in each allocation prompt, one queried (default: niah_needles where they fit the context, else the "
+        "most that fit)",
+        minimum=1,
+    )
+
+
 def _run_suite(model, tokenizer, o, folder, name):
-    r = run_allocation(model, tokenizer, num_needles=o.niah_needles, **o.needle_prompts())
+    needles = {"num_needles": o.alloc_needles} if o.alloc_needles is not None else {"most_needles": o.niah_needles}
+    r = run_allocation(model, tokenizer, **needles, **o.needle_prompts())
     return r, {"alloc": plot_allocation({name: r}, folder / "allocation.png").name}
 
 
@@ -663,7 +720,9 @@ SUITE = Suite(
     _run_suite,
     headline=_headline,
     compare=compare,
-    preflight=lambda options, targets: check_needle_cells(options, targets, [(options.niah_needles, 1)]),
+    # an asked alloc_needles must fit; by default the most up to niah_needles that fit, at least one
+    preflight=lambda options, targets: check_needle_cells(options, targets, [(options.alloc_needles or 1, 1)]),
+    options=AllocOptions,
     protocol=needle_protocol,
     measures=MEASURES,
     claims=CLAIMS,

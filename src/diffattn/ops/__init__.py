@@ -287,14 +287,19 @@ def backend_status(device: torch.device | str | None = None) -> list[BackendStat
         BackendStatus("chunked", True, "query chunks in PyTorch ops, shared dO·Vᵀ backward; fastest on CPU"),
         _triton_status(device),
     ]
-    # an epilogue route runs where the Triton kernels and its route both can: the reason of whichever cannot
+    # an epilogue route runs where the Triton kernels and its route both can: the route's reason where it cannot (on
+    # a CPU "cuDNN attention runs on CUDA", not how the epilogue's Triton kernel could run there), else the kernels'
     by_name = {status.name: status for status in statuses}
     kernels = _triton_device_reason(device)
+
+    def why_not(route: str) -> str | None:
+        return (None if by_name[route].usable else by_name[route].reason) or kernels
+
     for route in EPILOGUE_ROUTES:
-        why = kernels or (by_name[route].reason if not by_name[route].usable else None)
+        why = why_not(route)
         what = f"the {route} route with O1 − λ·O2 as one Triton kernel, forward and backward"
         statuses.append(BackendStatus(route + EPILOGUE, why is None, why or what))
-    why = kernels or (by_name["cudnn"].reason if not by_name["cudnn"].usable else None)
+    why = why_not("cudnn")
     what = "cudnn+epilogue's kernels as one autograd node in training (less host work), without a mask"
     statuses.append(BackendStatus(DIRECT, why is None, why or what))
     what = "DIFF V1 in interleaved pairs: one cuDNN call reading V once for both maps, and the epilogue, one node"

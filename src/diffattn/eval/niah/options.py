@@ -117,6 +117,15 @@ def _preflight(options, targets) -> None:
         check_needle_cells(options, targets, [mv], values_per_key=mv[1])
 
 
+def _alloc_needles(o) -> str:
+    """How many needles allocation's prompts carry, in words (alloc.AllocOptions)."""
+    asked = getattr(o, "alloc_needles", None)
+    if asked is not None:
+        return f"{asked} needles"
+    most = getattr(o, "niah_needles", None)
+    return f"up to {most} needles (the most that fit)" if most else "needles"
+
+
 def needle_protocol(o) -> str:
     """The report's protocol sentence of the needle suites (niah and alloc share it: the same prompts)."""
     grid = ", ".join(f"({n}, {r})" for n, r in o.niah_grid or GRID) + ("" if o.niah_grid else " where they fit")
@@ -132,7 +141,7 @@ def needle_protocol(o) -> str:
             else f"a multi-value cell (one key's V = {multivalue[1]} values among N = {multivalue[0]} "
             f"needles, all V asked), {o.samples} samples; "
         )
-        + f"allocation over {o.samples} prompts of {o.niah_needles} needles, one queried, at depths 0–100%. Every "
+        + f"allocation over {o.samples} prompts of {_alloc_needles(o)}, one queried, at depths 0–100%. Every "
         "model sees the same prompts (seeded), so comparisons are paired."
     )
 
