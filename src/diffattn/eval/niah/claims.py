@@ -365,8 +365,10 @@ def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     gr, gn = by_depth(hr), by_depth(hn)
     sr = [hit for cells in gr for cell in cells for hit in cell]
     sn = [hit for cells in gn for cell in cells for hit in cell]
-    paired = _paired_solved(gr, gn, _independent_cells(rr, rn), seed) if len(sr) == len(sn) else None
-    if not sr or paired is None or not _paired(rr, rn):
+    if not sr or len(sr) != len(sn) or not _paired(rr, rn):
+        return None
+    paired = _paired_solved(gr, gn, _independent_cells(rr, rn), seed)
+    if paired is None:
         return None
     diff, kind = paired
     return Comparison(
