@@ -357,13 +357,13 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95) -> Di
     x = new - ref
     draws, items = x.shape
     mean = float(x.mean())
-    if draws * items < 2 or (draws < 2 and items < 2):
+    if x.size < 2:
         return Difference(mean, (-math.inf, math.inf), "one value: no interval", int(x.size))
-    terms = []  # (variance term, its df)
+    terms = []  # (variance term, its df): MS_D/(D·I) is the variance of the draws' means over D, MS_I/(D·I) the items'
     if draws >= 2:
-        terms.append((items * float(np.var(x.mean(axis=1), ddof=1)) / (draws * items), draws - 1))
+        terms.append((float(np.var(x.mean(axis=1), ddof=1)) / draws, draws - 1))
     if items >= 2:
-        terms.append((draws * float(np.var(x.mean(axis=0), ddof=1)) / (draws * items), items - 1))
+        terms.append((float(np.var(x.mean(axis=0), ddof=1)) / items, items - 1))
     var = sum(v for v, _ in terms)
     method = f"two-way t over {draws} draws × {items} items (paired; crossed draws and items)"
     if var == 0:

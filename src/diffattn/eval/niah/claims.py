@@ -244,10 +244,11 @@ def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison | None:
         )  # fmt: skip
     # different prompts: each cell's solved prompts resampled within the cell (equal prompts per cell: the pooled
     # share is the mean of the cells' shares), or each seed's where the cells share seeds
-    if independent or len(sr) == 1 or _seed_means([sr]) is None or _seed_means([sn]) is None:
+    by_seed_r, by_seed_n = (None, None) if independent or len(sr) == 1 else (_seed_means([sr]), _seed_means([sn]))
+    if by_seed_r is None or by_seed_n is None:
         groups_r, groups_n, within = sr, sn, "within grid cells"
     else:
-        groups_r, groups_n, within = [_seed_means([sr])], [_seed_means([sn])], f"over seeds ({_BY_SEED})"
+        groups_r, groups_n, within = [by_seed_r], [by_seed_n], f"over seeds ({_BY_SEED})"
     k_r, k_n = len(groups_r), len(groups_n)
     est, ci = bootstrap_contrast(groups_n + groups_r, [1 / k_n] * k_n + [-1 / k_r] * k_r, seed=seed)
     return Comparison(
