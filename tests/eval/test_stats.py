@@ -223,3 +223,26 @@ def test_the_crossed_interval_is_the_one_way_t_where_one_source_has_no_spread():
     assert both.interval[1] - both.interval[0] > t_interval(items)[1][1] - t_interval(items)[1][0]
     with pytest.raises(ValueError, match="draws × items"):
         crossed_paired_difference(ref, np.zeros((3, 29)))
+
+
+def test_the_crossed_interval_over_strata_reads_each_strata_draws_and_the_items_across_all():
+    """Strata × draws × items (a curve of shot counts, each with its own draws, the same test items): one stratum is
+    the draws × items table; a fixed difference between strata is not chance (the interval of draws that agree
+    within each stratum has no draw term, however far apart the strata), the draws within a stratum are."""
+    from diffattn.eval.stats import crossed_paired_difference, t_interval
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(3, 30))
+    one = crossed_paired_difference(np.zeros((1, 3, 30)), table[None])
+    assert one.interval == pytest.approx(crossed_paired_difference(np.zeros((3, 30)), table).interval)
+    items = rng.integers(0, 2, 30).astype(float)
+    shifted = np.stack([np.tile(items, (3, 1)) + shift for shift in (0.0, 0.5, -0.3)])  # strata apart, draws agree
+    d = crossed_paired_difference(np.zeros_like(shifted), shifted, strata_name="shot counts")
+    assert d.estimate == pytest.approx(items.mean() + 0.2 / 3)
+    assert d.interval == pytest.approx(np.add(t_interval(items)[1], 0.2 / 3))
+    assert "over 3 shot counts × 3 draws each × 30 items" in d.method
+    draws = rng.normal(size=(4, 5, 1)) * np.ones((4, 5, 30))  # the draws vary, the items do not
+    d = crossed_paired_difference(np.zeros_like(draws), draws)
+    terms = [float(np.var(s[:, 0], ddof=1)) / 5 / 4**2 for s in draws]  # each stratum's draw variance over K²
+    df = sum(terms) ** 2 / sum(v**2 / 4 for v in terms)  # Welch–Satterthwaite, 4 df each
+    assert d.interval[1] - d.estimate == pytest.approx(scipy.stats.t.ppf(0.975, df) * sum(terms) ** 0.5)

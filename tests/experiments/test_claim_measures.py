@@ -108,6 +108,36 @@ def test_an_order_margin_row_with_a_model_at_the_floor_cannot_agree():
     assert check_claim(spec, "t", "d", runs | skilled, groups, 0).verdict == "agrees"
 
 
+def test_the_order_margin_row_has_an_interval_over_the_test_items():
+    """The margin (best − worst over permutations) read as one number had no interval (audit 2026-12-01): with
+    per-item hits a percentile bootstrap over the test items gives each model's and the difference's, paired where
+    both scored the same items; the permutations are held (a maximum over resampled permutations never exceeds the
+    observed one)."""
+    from diffattn.eval.icl import MEASURES
+
+    rng = np.random.default_rng(0)
+    items = rng.random(40) < 0.6
+    sensitive = [list((rng.random(40) < p).astype(int)) for p in np.linspace(0.3, 0.8, 10)]  # order moves it
+    robust = [list(items.astype(int))] * 10  # every order gives the same answers: margin 0
+
+    def run(name, hits, seed=0, with_hits=True):
+        accs = [float(np.mean(h)) for h in hits]
+        random = {"accuracies": accs, "margin": max(accs) - min(accs), "mean": float(np.mean(accs))}
+        meta = {"dataset": "d", "dataset_options": {}, "seed": seed, "test_size": 40, "labels": ["a", "b"]}
+        order = {"arrangements": {"random": random | ({"hits": hits} if with_hits else {})}, "metadata": meta}
+        return Run(name, {}, {"icl": {"order_robustness": order}})
+
+    row = MEASURES["icl:order_margin"].compare(run("t", sensitive), run("d", robust), 0)
+    margin = max(map(np.mean, sensitive)) - min(map(np.mean, sensitive))
+    assert row.diff.estimate == pytest.approx(-margin) and row.diff.interval[1] < 0
+    assert row.new_ci == (0.0, 0.0) and row.ref_ci[0] < margin < row.ref_ci[1]
+    assert row.kind == "paired percentile bootstrap over the 40 test items, the 10 permutations held"
+    other_items = MEASURES["icl:order_margin"].compare(run("t", sensitive), run("d", robust, seed=1), 0)
+    assert other_items.kind.startswith("independent percentile bootstrap over the 40 and 40 test items")
+    old = MEASURES["icl:order_margin"].compare(run("t", sensitive, with_hits=False), run("d", robust), 0)
+    assert old.diff is None and "results without per-item hits" in old.kind
+
+
 def test_dex_fig10_reads_the_heatmap_and_the_r1_cells_row_is_ours():
     from diffattn.adapters import get_method
 
@@ -211,6 +241,48 @@ def test_the_many_shot_interval_counts_the_test_items_as_well_as_the_draws():
     assert "two-way t over 3 draws × 30 items" in row.kind
     old = MEASURES["icl:many_shot"].compare(run("a", ref_items, False), run("b", new_items, False), 0)
     assert old.diff.interval[0] > 0 and "the items as fixed" in old.kind  # results without hits say what they read
+
+
+def test_the_many_shot_row_averages_the_curve_as_the_paper_does():
+    """DIFF Fig. 6's +5.2 to +21.6 points are average gains over the curve, 1 shot to the longest prompts; the row
+    read the largest shot count alone (audit 2026-12-01). It averages the shot counts both models ran, each alike,
+    with each shot count's own draws in the interval; chance is the heuristics' floor averaged the same way; over
+    seeds, runs with other shot counts cannot agree."""
+    from diffattn.eval.icl import MEASURES
+
+    rng = np.random.default_rng(0)
+
+    def run(name, accuracy_by_shots, shots=(1, 4, 16)):
+        hits = [[list((rng.random(30) < a).astype(int)) for _ in range(3)] for a in accuracy_by_shots]
+        acc = [[float(np.mean(d)) for d in h] for h in hits]
+        m = {"shots": list(shots), "accuracy": acc, "mean": [float(np.mean(a)) for a in acc], "hits": hits,
+             "labels": ["a", "b"], "floor": [0.5, 0.55, 0.6], "heuristics": {"constant": [0.5, 0.55, 0.6]},
+             "metadata": {"redraws": 0}}  # fmt: skip
+        return Run(name, {}, {"icl": {"many_shot": m}})
+
+    ref, new = run("a", [0.5, 0.6, 0.7]), run("b", [0.6, 0.8, 0.9])
+    row = MEASURES["icl:many_shot"].compare(ref, new, 0)
+    curve = lambda r: np.mean(r.results("icl", "many_shot")["hits"])  # noqa: E731
+    assert row.diff.estimate == pytest.approx(curve(new) - curve(ref))
+    assert row.metric == "accuracy (mean over the shot counts)" and row.cells == "3 shot counts (1 to 16)"
+    assert "over 3 shot counts × 3 draws each × 30 items" in row.kind
+    assert "chance 0.55 (the best heuristic, constant" in row.note
+    assert MEASURES["icl:many_shot"].chance(ref) == pytest.approx(0.55)
+    assert MEASURES["icl:many_shot"].per_run(new) == pytest.approx(curve(new))
+    # a model that ran fewer shot counts: the row averages the ones both ran
+    short = run("c", [0.6, 0.8], shots=(1, 4))
+    assert MEASURES["icl:many_shot"].compare(ref, short, 0).cells == "2 shot counts (1 to 4)"
+    spec = PaperClaim("s", "c", "p", "icl:many_shot", "higher", "baseline")
+    groups = {"base": ["a0", "a1", "a2"], "new": ["b0", "b1", "b2"]}
+    runs = {f"a{i}": run(f"a{i}", [0.5, 0.6, 0.7]) for i in range(3)} | {
+        f"b{i}": run(f"b{i}", [0.9] * 3) for i in range(3)
+    }
+    row = check_claim(spec, "base", "new", runs, groups, 0)
+    assert row.verdict == "agrees" and row.metric.startswith("accuracy (mean over the shot counts)")
+    runs["b2"] = run("b2", [0.9] * 4, shots=(1, 4, 16, 64))
+    row = check_claim(spec, "base", "new", runs, groups, 0)
+    assert row.verdict == "inconclusive" and "the runs' shot counts differ" in row.note
+    assert row.metric.startswith("accuracy (mean over each run's own shot counts)")
 
 
 def test_the_head_cka_row_counts_the_layers_where_it_is_lower_beside_the_mean():

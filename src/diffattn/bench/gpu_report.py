@@ -53,8 +53,10 @@ from pathlib import Path
 import torch
 
 from ..ops.routes import error_line
-from . import attention, train_step
 from .route_sweep import finite_json
+
+# .attention and .train_step load transformers (4 s): the functions that use them import them, so that without CUDA
+# main says so at once
 
 TOTAL_S = 590.0  # ten minutes, less the writing
 #: seconds per section; their sum is at most TOTAL_S
@@ -165,6 +167,8 @@ def op_shape(n: int, head_dim: int) -> dict:
 
 def measure_op(n: int, head_dim: int) -> list[dict]:
     """One size of the op benchmark in bf16 (``diff triton`` and the other routes, interleaved), peak memory on."""
+    from . import attention
+
     shape = op_shape(n, head_dim)
     rows = attention.run_attention_benchmark(
         [n],
@@ -215,6 +219,8 @@ def run_op_section(head_dim: int, budget: Budget, progress) -> dict:
 
 
 def measure_train_step(seq_len: int) -> list[dict]:
+    from . import train_step
+
     rows = train_step.run_train_step_benchmark(
         (TRAIN_PRESET,), (seq_len,), batch=TRAIN_BATCH, reps=TRAIN_REPS, device="cuda", dtype="bf16", memory=True
     )
@@ -261,6 +267,7 @@ def prepare_decode(column: str, *, preset: str, prompt_len: int, tokens: int) ->
     from transformers import StaticCache
 
     from ..models.build import build_model
+    from . import train_step
 
     attention_kind, backend = train_step.COLUMNS[column]
     torch.cuda.synchronize()
@@ -368,6 +375,8 @@ def ms_per_token(run: Callable[[], None], tokens: int) -> float:
 
 
 def run_decode_section(budget: Budget, progress) -> dict:
+    from . import train_step
+
     prepared, skipped, errors = _within_budget(
         train_step.COLUMNS,
         budget,
@@ -433,6 +442,7 @@ def _fsdp_time_column(column: str, run: FsdpStep, rank: int, device: torch.devic
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from ..models.build import build_model
+    from . import train_step
 
     cuda = device.type == "cuda"
     attention_kind, backend = train_step.COLUMNS[column]
@@ -541,6 +551,8 @@ def _verdict(value: float, ok: bool) -> str:
 def check_targets(report: dict) -> list[dict]:
     """The kernel targets on every ``diff triton`` op row (against the baseline and the other DIFF routes at the same
     size and d) and on DIFF V1's decode row."""
+    from . import attention
+
     checks = []
     for section in ("op d=64", "op d=128"):
         rows = report["sections"].get(section, {}).get("rows", [])

@@ -339,38 +339,91 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
     return m, (m - t * se, m + t * se)
 
 
-def crossed_paired_difference(ref_values, new_values, level: float = 0.95) -> Difference:
+def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strata_name: str = "strata") -> Difference:
     """Mean of ``new − ref`` over a draws × items table of paired values (two models scored on the same test items
     after the same draws of demonstrations), with a t interval whose variance counts both sources of chance: the
-    draws and the items, crossed (each draw is scored on every item).
+    draws and the items, crossed (each draw is scored on every item). A strata × draws × items array — e.g. one
+    draws × items table per shot count, each shot count with draws of its own and the same test items in all
+    (``strata_name``: what the method's words call the strata) — gives the mean of the strata's means: the draws
+    vary within their stratum, the items across all of them.
 
     The two-way random-effects variance of the grand mean of the differences x[d, i] is
     ``σ²_D/D + σ²_I/I + σ²_E/(D·I) = (MS_D + MS_I − MS_E)/(D·I)`` with the mean squares of draws, items and their
     residual. The −MS_E term is dropped, so the variance is ``(MS_D + MS_I)/(D·I)``: never below the true one (by
     σ²_E/(D·I) above it) and never negative, with Welch–Satterthwaite's df of the two terms. With no spread over
     items it is Student's t over the draws' means; with no spread over draws, Student's t over the items' means —
-    the one-way intervals it replaces (a t over draws alone ignored which test items were drawn)."""
+    the one-way intervals it replaces (a t over draws alone ignored which test items were drawn). Over K strata the
+    draw term is each stratum's ``MS_D/(D·I)`` summed over K² (the strata's fixed differences are not chance; their
+    draws are) and the item term reads the items' means over every stratum and draw."""
     ref, new = np.asarray(ref_values, dtype=float), np.asarray(new_values, dtype=float)
-    if ref.shape != new.shape or ref.ndim != 2 or ref.size == 0:
-        raise ValueError(f"crossed_paired_difference wants two draws × items tables of one shape, got {ref.shape} "
-                         f"and {new.shape}")  # fmt: skip
+    if ref.shape != new.shape or ref.ndim not in (2, 3) or ref.size == 0:
+        raise ValueError(f"crossed_paired_difference wants two draws × items tables (or strata × draws × items "
+                         f"arrays) of one shape, got {ref.shape} and {new.shape}")  # fmt: skip
     x = new - ref
-    draws, items = x.shape
-    mean = float(x.mean())
+    strata = x.shape[0] if x.ndim == 3 else 1
+    x = x.reshape(strata, *x.shape[-2:])
+    _, draws, items = x.shape
+    mean = float(x.mean())  # equal draws and items per stratum: the mean of the strata's means
     if x.size < 2:
         return Difference(mean, (-math.inf, math.inf), "one value: no interval", int(x.size))
     terms = []  # (variance term, its df): MS_D/(D·I) is the variance of the draws' means over D, MS_I/(D·I) the items'
     if draws >= 2:
-        terms.append((float(np.var(x.mean(axis=1), ddof=1)) / draws, draws - 1))
+        terms += [(float(np.var(s.mean(axis=1), ddof=1)) / draws / strata**2, draws - 1) for s in x]
     if items >= 2:
-        terms.append((float(np.var(x.mean(axis=0), ddof=1)) / items, items - 1))
+        terms.append((float(np.var(x.mean(axis=(0, 1)), ddof=1)) / items, items - 1))
     var = sum(v for v, _ in terms)
     method = f"two-way t over {draws} draws × {items} items (paired; crossed draws and items)"
+    if strata > 1:
+        method = (f"two-way t over {strata} {strata_name} × {draws} draws each × {items} items (paired; draws "
+                  "within each, crossed with the items)")  # fmt: skip
     if var == 0:
         return Difference(mean, (mean, mean), method, int(x.size))
     df = var**2 / sum(v**2 / f for v, f in terms if v > 0)
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
     return Difference(mean, (mean - half, mean + half), method, int(x.size))
+
+
+def _ranges_over_rows(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """For each resample (a row of item indices in ``idx``), max − min over ``table``'s rows of the row's mean over
+    the resampled items."""
+    means = table[:, idx].mean(axis=2)  # rows × resamples
+    return means.max(axis=0) - means.min(axis=0)
+
+
+def bootstrap_range_difference(
+    ref_table, new_table, *, paired: bool, rows: str = "rows", seed: int = 0, n_boot: int = 2000, level: float = 0.95
+) -> tuple[Difference, tuple[float, float], tuple[float, float]]:
+    """The range over rows (max − min) of each row's mean over the items — e.g. accuracy over permutations of one
+    demo set, the best minus the worst (DIFF Fig. 7's order margin) — for two models, their difference ``new − ref``,
+    and percentile-bootstrap intervals that resample the items (the test set is a draw; the rows, e.g. permutation
+    seeds, are held as they were drawn). ``paired``: both tables score the same items in the same column order, and
+    a resample draws the same items for both; ``rows``: what the method's words call the rows. Returns the
+    difference and each model's range interval.
+
+    The rows are not resampled: a bootstrap of a maximum over resampled rows never exceeds the observed one. Below
+    :data:`SMALL_SAMPLE` items a percentile bootstrap covers less than its level, and no t interval stands in for
+    a range; the method says so."""
+    ref, new = np.asarray(ref_table, dtype=float), np.asarray(new_table, dtype=float)
+    if ref.ndim != 2 or new.ndim != 2 or not ref.size or not new.size:
+        raise ValueError(f"bootstrap_range_difference wants two rows × items tables, got {ref.shape} and {new.shape}")
+    if paired and ref.shape[1] != new.shape[1]:
+        raise ValueError(f"paired tables must score the same items: {ref.shape[1]} vs {new.shape[1]}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    idx_ref = rng.integers(0, ref.shape[1], size=(n_boot, ref.shape[1]))
+    idx_new = idx_ref if paired else rng.integers(0, new.shape[1], size=(n_boot, new.shape[1]))
+    full = lambda t: float(t.mean(axis=1).max() - t.mean(axis=1).min())  # noqa: E731
+    br, bn = _ranges_over_rows(ref, idx_ref), _ranges_over_rows(new, idx_new)
+    alpha = (1 - level) / 2
+    ci = lambda b: tuple(float(q) for q in np.quantile(b, [alpha, 1 - alpha]))  # noqa: E731
+    items = min(ref.shape[1], new.shape[1])
+    small = f"; below {SMALL_SAMPLE} items it covers less than {100 * level:g}%" if items < SMALL_SAMPLE else ""
+    how = "paired" if paired else "independent"
+    method = (f"{how} percentile bootstrap over the {ref.shape[1]}{'' if paired else f' and {new.shape[1]}'} test "
+              f"items, the {ref.shape[0]} {rows} held{small}")  # fmt: skip
+    diff = Difference(full(new) - full(ref), ci(bn - br), method, int(items))
+    return diff, ci(br), ci(bn)
 
 
 # -- power over replicate runs --------------------------------------------------------------------------------------

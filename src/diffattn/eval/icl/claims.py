@@ -1,56 +1,98 @@
-"""What the icl suite's claim rows read: accuracy at the largest shot count and the order margins (DIFF Fig. 6-7,
+"""What the icl suite's claim rows read: accuracy averaged over the shot counts and the order margins (DIFF Fig. 6-7,
 Dex Table 3)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, paired_kind
-from ..stats import crossed_paired_difference, paired_difference, t_interval, unpaired_difference
+from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, paired_kind, same_metadata
+from ..stats import (
+    bootstrap_range_difference,
+    crossed_paired_difference,
+    paired_difference,
+    t_interval,
+    unpaired_difference,
+)
 
 
 # -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
-def _at_largest(m: dict | None) -> float | None:
-    return None if not m or not m.get("mean") else m["mean"][-1]
+def _curve_mean(m: dict | None, shots=None) -> float | None:
+    """The mean accuracy over the curve's shot counts (``shots``; default all of ``m``'s), each shot count's mean
+    over its draws weighted alike: what DIFF Fig. 6's "average accuracy improvement" averages."""
+    if not m or not m.get("mean"):
+        return None
+    shots = m["shots"] if shots is None else shots
+    return float(np.mean([m["mean"][m["shots"].index(k)] for k in shots]))
+
+
+def _shots_words(shots) -> str:
+    return f"{len(shots)} shot counts ({shots[0]} to {shots[-1]})" if len(shots) > 1 else f"{shots[0]} shots"
 
 
 def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
-    """DIFF Fig. 6: many-shot accuracy at the largest shot count both models ran, paired over the same draws
-    (the same demonstrations and test items): a two-way t over draws × test items where the results keep each item's
-    hit (:func:`~diffattn.eval.stats.crossed_paired_difference`), else over the draws; chance is the measure's
+    """DIFF Fig. 6: many-shot accuracy averaged over the curve — the shot counts both models ran, alike — paired
+    over the same draws (the same demonstrations and test items): a two-way t over shot counts × draws × test items
+    where the results keep each item's hit (:func:`~diffattn.eval.stats.crossed_paired_difference`: each shot
+    count's own draws, the same items in all), else over the draws' curve averages; chance is the measure's
     (:func:`_chance`)."""
     mr, mn = ref.results("icl", "many_shot"), new.results("icl", "many_shot")
     if not mr or not mn:
         return None
-    common_shots = sorted(set(mr["shots"]) & set(mn["shots"]))
-    if not common_shots:
+    shots = sorted(set(mr["shots"]) & set(mn["shots"]))
+    if not shots:
         return None
-    k = common_shots[-1]
-    ar, an = mr["accuracy"][mr["shots"].index(k)], mn["accuracy"][mn["shots"].index(k)]
-    paired = len(ar) == len(an) and same_draws(mr, mn)
-    hr, hn = _item_hits(mr, k), _item_hits(mn, k)
+    ar = np.array([mr["accuracy"][mr["shots"].index(k)] for k in shots])  # shot counts × draws
+    an = np.array([mn["accuracy"][mn["shots"].index(k)] for k in shots])
+    # each draw index's accuracy averaged over the curve: draw d of every shot count is seeded by (seed, shots, d),
+    # so the same index is the same demonstrations in both models where their draws are the same
+    cr, cn = ar.mean(axis=0), an.mean(axis=0)
+    paired = ar.shape == an.shape and same_draws(mr, mn)
+    hr, hn = _item_hits(mr, shots), _item_hits(mn, shots)
     if paired and hr is not None and hn is not None and np.shape(hr) == np.shape(hn):
         # the same draws scored on the same test items: both are chance draws (a t over the draws alone took the
         # test set as fixed, and 30-40 items carry a standard error of about 0.08 of their own)
-        diff = crossed_paired_difference(hr, hn)
+        diff = crossed_paired_difference(hr, hn, strata_name="shot counts")
         kind = diff.method
     elif paired:
-        diff = paired_difference(ar, an, seed=seed)
+        diff = paired_difference(cr, cn, seed=seed)
         kind = paired_kind(diff, "draws of demonstrations") + " (results without per-item hits: the items as fixed)"
     else:
-        diff, kind = unpaired_difference(ar, an), "Welch t over draws (not the same draws)"
-    note = f"data uncertainty only; {k} shots, {len(ar)} draws; {_chance_words(mr, k)}"
-    (rv, rci), (nv, nci) = t_interval(ar), t_interval(an)  # each model's mean over the draws, t interval
+        diff, kind = unpaired_difference(cr, cn), "Welch t over draws (not the same draws)"
+    note = (f"data uncertainty only; mean over {_shots_words(shots)}, {ar.shape[1]} draws each; "
+            f"{_chance_words(mr, shots)}")  # fmt: skip
+    (rv, rci), (nv, nci) = t_interval(cr), t_interval(cn)  # each model's curve mean over the draws, t interval
     return Comparison(
-        f"accuracy at {k} shots", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff, kind=kind,
-        note=note, cells=f"{k} shots",
+        _metric(shots), ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff, kind=kind, note=note,
+        cells=_shots_words(shots),
     )  # fmt: skip
 
 
-def _item_hits(m: dict, k: int) -> list[list[int]] | None:
-    """Results ``m``'s per-draw, per-test-item hits at ``k`` shots (None for results from before they were kept)."""
+def _metric(shots) -> str:
+    return "accuracy (mean over the shot counts)" if len(shots) > 1 else f"accuracy at {shots[0]} shots"
+
+
+def _item_hits(m: dict, shots) -> list | None:
+    """Results ``m``'s hits at ``shots``: shot counts × draws × test items (None for results from before they were
+    kept)."""
     hits = m.get("hits")
-    return None if not hits else hits[m["shots"].index(k)]
+    return None if not hits else [hits[m["shots"].index(k)] for k in shots]
+
+
+def _grids(runs: list[Run]) -> set[tuple]:
+    return {tuple(m["shots"]) for m in (run.results("icl", "many_shot") for run in runs) if m and m.get("shots")}
+
+
+def _shot_grids_differ(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
+    """Over seeds each run's value is the mean over its own curve: runs that ran other shot counts (another tokenizer
+    or context) average other points, so an "agrees" would not compare like with like (one pair of runs compares
+    the shot counts both ran)."""
+    grids = _grids(ref_runs + new_runs)
+    return f"the runs' shot counts differ ({' vs '.join(map(str, sorted(grids)))})" if len(grids) > 1 else None
+
+
+def _seeds_metric(runs: list[Run]) -> str:
+    grids = _grids(runs)
+    return _metric(list(grids.pop())) if len(grids) == 1 else "accuracy (mean over each run's own shot counts)"
 
 
 #: what two runs' metadata must share for their draws to be the same demonstrations and test items: the data, its
@@ -72,38 +114,60 @@ def same_draws(mr: dict, mn: dict) -> bool:
 
 
 def _chance(run: Run) -> float | None:
-    """The accuracy a model without the skill reaches at the largest shot count: the best heuristic's, simulated on
-    the run's own draws (:data:`~diffattn.eval.icl.many_shot.HEURISTICS`: a constant label, the demonstrations'
-    majority, the last demonstration's); 1 / labels for results from before 2026-12-01, which did not simulate it
-    (too low where the test set's labels are unbalanced)."""
+    """The accuracy a model without the skill reaches over the curve: the best heuristic's at each shot count,
+    simulated on the run's own draws (:data:`~diffattn.eval.icl.many_shot.HEURISTICS`: a constant label, the
+    demonstrations' majority, the last demonstration's), averaged as the accuracy is; 1 / labels for results from
+    before 2026-12-01, which did not simulate it (too low where the test set's labels are unbalanced)."""
     m = run.results("icl", "many_shot")
     if m and m.get("floor"):
-        return m["floor"][-1]
+        return float(np.mean(m["floor"]))
     labels = (m or {}).get("labels")
     return 1 / len(labels) if labels else None
 
 
-def _chance_words(m: dict, k: int) -> str:
-    """The chance level of results ``m`` at ``k`` shots, with where it comes from."""
+def _chance_words(m: dict, shots) -> str:
+    """The chance level of results ``m`` over ``shots``, with where it comes from."""
     labels = len(m.get("labels") or []) or 1
     if not m.get("floor"):
         return f"chance {1 / labels:.2f} (1 / {labels} labels; no simulated floor in these results)"
-    i = m["shots"].index(k)
-    best = max(m["heuristics"], key=lambda h: m["heuristics"][h][i])
-    return f"chance {m['floor'][i]:.2f} (the best heuristic, {best}; 1 / {labels} labels = {1 / labels:.2f})"
+    at = [m["shots"].index(k) for k in shots]
+    floor = float(np.mean([m["floor"][i] for i in at]))
+    best = {max(m["heuristics"], key=lambda h: m["heuristics"][h][i]) for i in at}
+    which = f", {best.pop()}" if len(best) == 1 else " at each shot count"
+    return f"chance {floor:.2f} (the best heuristic{which}; 1 / {labels} labels = {1 / labels:.2f})"
 
 
 def _margin(run: Run) -> float | None:
     return run.results("icl", "order_robustness", "arrangements", "random", "margin")
 
 
+#: what two order results' metadata must share for their test items to be the same, in the same order
+SAME_TEST_ITEMS = ("dataset", "dataset_options", "seed", "test_size", "labels")
+
+
 def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
+    """DIFF Fig. 7: the random-order margin, best − worst accuracy over the permutations, with intervals from a
+    percentile bootstrap over the test items (:func:`~diffattn.eval.stats.bootstrap_range_difference`; paired where
+    both models scored the same items), the permutations held; one number each for results without per-item hits
+    (results version 8 and older)."""
     mr, mn = _margin(ref), _margin(new)
     if mr is None or mn is None:
         return None
-    return Comparison(
-        "order margin (random)", ref_value=mr, new_value=mn, kind=ONE_NUMBER + " (best − worst over permutations)"
+    orders = [run.results("icl", "order_robustness") for run in (ref, new)]
+    hr, hn = (o["arrangements"]["random"].get("hits") for o in orders)
+    if not hr or not hn:
+        return Comparison(
+            "order margin (random)", ref_value=mr, new_value=mn,
+            kind=ONE_NUMBER + " (best − worst over permutations; results without per-item hits)",
+        )  # fmt: skip
+    paired = same_metadata(orders[0].get("metadata"), orders[1].get("metadata"), *SAME_TEST_ITEMS) and (
+        np.shape(hr)[1] == np.shape(hn)[1]
     )
+    diff, rci, nci = bootstrap_range_difference(hr, hn, paired=paired, rows="permutations", seed=seed)
+    return Comparison(
+        "order margin (random)", ref_value=mr, ref_ci=rci, new_value=mn, new_ci=nci, diff=diff, kind=diff.method,
+        note=f"data uncertainty only; {len(hr)} and {len(hn)} permutations of one demo set each",
+    )  # fmt: skip
 
 
 def _order_floor(order: dict) -> float | None:
@@ -137,8 +201,8 @@ def _margin_at_floor(runs: list[Run]) -> str | None:
 
 MEASURES = {
     "icl:many_shot": Measure(
-        "accuracy at the largest shot count", 3, per_run=lambda run: _at_largest(run.results("icl", "many_shot")),
-        compare=_compare_shots, chance=_chance,
+        "accuracy (mean over the shot counts)", 3, per_run=lambda run: _curve_mean(run.results("icl", "many_shot")),
+        compare=_compare_shots, chance=_chance, seeds_veto=_shot_grids_differ, metric_for=_seeds_metric,
     ),
     "icl:order_margin": Measure(
         "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor
@@ -150,8 +214,8 @@ MEASURES = {
 CLAIMS = (
     PaperClaim(
         "DIFF Transformer Fig. 6", "better many-shot in-context learning",
-        "+5.2 to +21.6 points (+0.052 to +0.216 as fractions) at 64K-token prompts", "icl:many_shot", "higher",
-        "baseline",
+        "+5.2 to +21.6 points (+0.052 to +0.216 as fractions), averaged over 1 shot to 64K-token prompts",
+        "icl:many_shot", "higher", "baseline",
     ),
     PaperClaim(
         "DIFF Transformer Fig. 7", "more robust to the order of demonstrations",

@@ -111,7 +111,8 @@ def run_order_robustness(
 
     The demo set holds ``rounds`` examples of every class (default: as many rounds as fit the context).
     Returns ``labels``, ``rounds``, ``shots`` (= rounds × classes) and, per arrangement, ``accuracies`` (one per
-    permutation), ``mean``, ``std``, ``best``, ``worst``, ``margin``, plus ``metadata``.
+    permutation), ``hits`` (per permutation, each test item's 1 or 0), ``mean``, ``std``, ``best``, ``worst``,
+    ``margin``, plus ``metadata``.
     """
     if not isinstance(permutations, int) or permutations < 1:
         raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
@@ -127,14 +128,16 @@ def run_order_robustness(
     prefixes = len(arrangements) * permutations
     with _test_set_scorer(model, setup, share_prefix, prefixes, f"icl order {name}", progress) as score:
         for arrangement in arrangements:
-            accs = []
+            accs, hits = [], []
             for p in range(permutations):
                 order = arrangement_order(demo_labels, arrangement, seed=seed * 1000 + p)
                 prefix = tokens.prefix(pool_demos[[demo_index[i] for i in order]])
                 _check_fit(len(prefix) + max(len(q) for q in test_queries), context, f"{rounds} rounds")
-                accs.append(float(np.mean(score(prefix))))
+                hits.append(score(prefix))
+                accs.append(float(np.mean(hits[-1])))
             results[arrangement] = {
                 "accuracies": accs,
+                "hits": hits,  # per permutation, per test item (the test set's order): 1 if solved
                 "mean": float(np.mean(accs)),
                 "std": float(np.std(accs)),
                 "best": max(accs),
