@@ -197,6 +197,19 @@ def test_allocation_of_a_two_map_model_with_lambda_near_one_stays_in_range(debug
     assert picture.stat().st_size > 0
 
 
+def test_allocation_measures_at_the_needle_suites_context_for_a_model_without_a_training_length(tokenizer):
+    """niah and alloc share one context option and one family of prompts: without a training length both measure
+    at the model's maximum up to NEEDLE_CONTEXT_CAP (alloc stopped at 1024 where niah went to 2048 until
+    2026-12-01)."""
+    from diffattn import build_model
+    from diffattn.eval.common import NEEDLE_CONTEXT_CAP
+
+    model = build_model("debug", "standard", seed=0, vocab_size=len(tokenizer)).eval()
+    model.config.max_position_embeddings = 2 * NEEDLE_CONTEXT_CAP
+    res = run_allocation(model, tokenizer, haystack="filler", samples=1, progress=False)
+    assert res["metadata"]["context_tokens"] == NEEDLE_CONTEXT_CAP == 2048
+
+
 # -- associative recall ----------------------------------------------------------------------------------------
 def test_ar_hit_marks_repeated_bigrams_only():
     x = torch.tensor([5, 6, 7, 5, 6, 8, 6, 7])

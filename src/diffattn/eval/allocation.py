@@ -62,6 +62,7 @@ from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
 from .common import (
+    NEEDLE_CONTEXT_CAP,
     Suite,
     check_fits,
     evaluation_window,
@@ -169,26 +170,21 @@ def run_allocation(
         raise ValueError("attention allocation needs a fast tokenizer (character offsets of every token)")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    context_tokens = evaluation_window(model, context_tokens)
+    context_tokens = evaluation_window(model, context_tokens, cap=NEEDLE_CONTEXT_CAP)
     check_fits(model, context_tokens, f"attention allocation at context_tokens={context_tokens}")
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
     fewer = None
     if most_needles is not None:
-        num_needles, fewer = fitting_needles(tokenizer, text, context_tokens, most_needles, samples, value_digits, seed)
+        num_needles, fewer, prompts = fitting_needles(
+            tokenizer, text, context_tokens, most_needles, samples, value_digits, seed, depths
+        )
+    else:
+        prompts = _samples(tokenizer, text, context_tokens, num_needles, samples, value_digits, seed, depths)
     tally = _Tally()  # the model's own maps (rec.signed)
     reference = _Tally()  # the same rows of the effective attention at λ = 0 (rec.reference), when there is one
     digest = hashlib.sha1()
-    for i in tqdm(range(samples), desc="attention allocation", disable=not progress, leave=False):
+    for i, sample in enumerate(tqdm(prompts, desc="attention allocation", disable=not progress, leave=False)):
         depth, sample_seed = _sample_placement(i, depths, seed)
-        sample = fit_sample(
-            tokenizer,
-            text,
-            context_tokens,
-            sample_seed,
-            num_needles=num_needles,
-            depth=depth,
-            value_digits=value_digits,
-        )
         digest.update(sample.prompt.encode() + b"\0")
         enc, buckets = _tokens_in_buckets(tokenizer, sample)
         with AttentionCapture(model, rows="last", reference=True) as cap, torch.no_grad():
@@ -237,24 +233,29 @@ def _sample_placement(i: int, depths, seed: int) -> tuple[float, int]:
     return depths[i % len(depths)], seed * 100003 + i
 
 
+def _samples(tokenizer, text: str, context_tokens: int, n: int, samples: int, value_digits: int, seed: int, depths):
+    """The allocation prompts of ``n`` needles: sample ``i`` at its depth and seed (:func:`_sample_placement`)."""
+    out = []
+    for i in range(samples):
+        depth, sample_seed = _sample_placement(i, depths, seed)
+        out.append(fit_sample(tokenizer, text, context_tokens, sample_seed, num_needles=n, depth=depth,
+                              value_digits=value_digits))  # fmt: skip
+    return out
+
+
 def fitting_needles(
     tokenizer, text: str, context_tokens: int, most: int, samples: int, value_digits: int, seed: int, depths=DEPTHS
-) -> tuple[int, str | None]:
-    """The most needles, up to ``most``, whose every allocation sample fits ``context_tokens``, and why not ``most``
-    (None when it fits); one needle must fit (the suite's preflight checked it)."""
+) -> tuple[int, str | None, list]:
+    """The most needles, up to ``most``, whose every allocation sample fits ``context_tokens``, why not ``most``
+    (None when it fits), and those samples; one needle must fit (the suite's preflight checked it)."""
     why = None
     for n in range(most, 0, -1):
         try:
-            for i in range(samples):
-                depth, sample_seed = _sample_placement(i, depths, seed)
-                fit_sample(tokenizer, text, context_tokens, sample_seed, num_needles=n, depth=depth,
-                           value_digits=value_digits)  # fmt: skip
+            return n, why, _samples(tokenizer, text, context_tokens, n, samples, value_digits, seed, depths)
         except ValueError as e:
             why = why or f"{most} needles: {e}"
             if n == 1:
                 raise
-            continue
-        return n, why
     raise AssertionError("unreachable: n = 1 returns or raises")
 
 

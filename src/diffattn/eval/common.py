@@ -46,6 +46,11 @@ def trained_length(model: nn.Module) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+#: the needle suites' context (niah, alloc: one option, the same prompts' family) for a model without a training
+#: length, up to the model's maximum: room for N = 8 needles and the heatmap's lengths in a pretrained model's window
+NEEDLE_CONTEXT_CAP = 2048
+
+
 def evaluation_window(model: nn.Module, requested: int | None, *, cap: int = 1024) -> int:
     """The window a suite measures in: ``requested`` (the evaluation's ``window``) when given, else the length the
     model was trained at (a model measured beyond it is out of distribution: a ``quick`` model trained on 128
@@ -124,7 +129,7 @@ class CommonOptions:
 
     text: str = option("shakespeare", "evaluation text: shakespeare, filler or a path")
     haystack: str = option("shakespeare", "NIAH/allocation haystack: shakespeare or filler")
-    # default: the length the model was trained at, else min(model max, 1024)
+    # default: the length the model was trained at, else min(model max, NEEDLE_CONTEXT_CAP)
     context_tokens: int | None = option(None, "NIAH/allocation context length", minimum=8)
     samples: int = option(5, "NIAH samples per cell / allocation samples", minimum=1)
     niah_digits: int = option(7, "needle number length in niah and alloc (the papers: 7)", minimum=1, maximum=12)

@@ -21,6 +21,7 @@ from ...data.synthetic import (
     score_string_match_all,
 )
 from ..common import (
+    NEEDLE_CONTEXT_CAP,
     check_fits,
     evaluation_window,
     load_text,
@@ -239,7 +240,7 @@ def run_niah(
     (the others named in ``metadata["heatmap_lengths_left_out"]``); ``[]`` = no heatmap.
     ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
     length (the papers: 7). ``multivalue``: (N, V) of the multi-value cell (None: none)."""
-    context_tokens = evaluation_window(model, context_tokens, cap=2048)
+    context_tokens = evaluation_window(model, context_tokens, cap=NEEDLE_CONTEXT_CAP)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
     heatmap_samples = samples if heatmap_samples is None else heatmap_samples
     if samples < 1 or heatmap_samples < 1:
