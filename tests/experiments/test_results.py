@@ -159,22 +159,32 @@ def test_the_seed_spread_single_run_reports_quote_is_the_committed_experiments_o
     from diffattn.experiments.claims import SEED_SPREAD, SEED_SPREAD_SOURCE
     from diffattn.experiments.config import ExperimentConfig
 
-    columns = {  # SEED_SPREAD's label → results.json's model column
-        "validation loss (75% retrieval mix)": "val_loss",
-        "strict retrieval accuracy": "NIAH strict",
-        "attention to the answer (|a| share)": "|attn|→answer",
-        "attention noise (|a| share)": "|attn| noise",
-        "top-1 |attention logit|": "top-1 |logit|",
-        "top-1 |hidden state|": "top-1 |hidden|",
+    def top1(which):
+        return lambda row, ev: statistics.fmean(ev["outliers"]["per_window"][f"{which}_top1"])
+
+    def quant_drop(row, ev):
+        nll = {q["bits"]: q["nll"] for q in ev["quant"]["quantization"]}
+        return nll[min(nll)] - nll[16]
+
+    columns = {  # SEED_SPREAD's label → the value a single-run row reads, from a model's row and evaluations
+        "test NLL/token (ppl suite)": lambda row, ev: ev["ppl"]["nll"],
+        "validation loss (75% retrieval mix)": lambda row, ev: row["val_loss"],
+        "strict retrieval accuracy": lambda row, ev: row["NIAH strict"],
+        "attention to the answer (|a| share)": lambda row, ev: row["|attn|→answer"],
+        "attention noise (|a| share)": lambda row, ev: row["|attn| noise"],
+        "mean per-window top-1 |attention logit|": top1("attention_logits"),
+        "mean per-window top-1 |hidden state|": top1("hidden_states"),
+        "NLL increase at the lowest logit width": quant_drop,
     }
     assert set(columns) == set(SEED_SPREAD)
-    arms: list[list[dict]] = []  # each arm's replicate rows, grouped as the claims engine groups them
+    arms: list[list[tuple[dict, dict]]] = []  # each arm's replicates (row, evaluations), grouped as the claims are
     for folder in re.findall(r"results/([\w-]+)", SEED_SPREAD_SOURCE):
-        rows = {r["model"]: r for r in json.loads((RESULTS / folder / "results.json").read_text())["models"]}
+        doc = json.loads((RESULTS / folder / "results.json").read_text())
+        rows = {r["model"]: r for r in doc["models"]}
         groups = ExperimentConfig.load(RESULTS / folder / "experiment.yaml").seed_groups()
-        arms += [[rows[name] for name in names] for names in groups.values()]
-    assert arms and all(len(rows) >= 2 for rows in arms)
-    for label, column in columns.items():
-        variances = [statistics.variance([r[column] for r in rows]) for rows in arms]
+        arms += [[(rows[name], doc["evaluations"][name]) for name in names] for names in groups.values()]
+    assert arms and all(len(replicates) >= 2 for replicates in arms)
+    for label, value in columns.items():
+        variances = [statistics.variance([value(*r) for r in replicates]) for replicates in arms]
         spread = math.sqrt(statistics.fmean(variances))
         assert f"{SEED_SPREAD[label]:.2g}" == f"{spread:.2g}", (label, spread)

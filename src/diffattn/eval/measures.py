@@ -16,6 +16,9 @@ from ..paper_claim import PaperClaim  # noqa: F401  (re-exported: suites' claims
 from .stats import Difference
 
 NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"
+#: the key of a run's row that holds the share of its training rows that were text (not synthetic retrieval or MQAR
+#: rows): diffattn.experiments.claims.paper_claims adds it from the experiment's data sections
+TEXT_SHARE = "train_text_share"
 ONE_NUMBER = "none: the suite reports one number"
 
 

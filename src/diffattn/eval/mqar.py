@@ -45,7 +45,14 @@ from .measures import (
     same_metadata,
     value_text,
 )
-from .stats import Difference, bootstrap_contrast, mean_se, normal_interval, paired_difference, unpaired_difference
+from .stats import (
+    Difference,
+    mean_interval,
+    mean_se,
+    normal_interval,
+    paired_difference,
+    unpaired_difference,
+)
 
 ACCURACY_DIGITS = 3  # what the accuracy rows print; the floor test reads the same precision
 
@@ -343,8 +350,8 @@ def _compare_accuracy(ref: Run, new: Run, seed: int) -> Comparison | None:
     if paired is None or "per_sample" not in a or "per_sample" not in b:
         kind = NO_PER_SAMPLE if paired else "none: the two models saw different samples"
         return Comparison(metric, ref_value=a["accuracy"], new_value=b["accuracy"], kind=kind, cells=_cells([a]))
-    rm, rci = bootstrap_contrast([a["per_sample"]], seed=seed)
-    nm, nci = bootstrap_contrast([b["per_sample"]], seed=seed)
+    rm, rci = mean_interval(a["per_sample"], seed=seed)
+    nm, nci = mean_interval(b["per_sample"], seed=seed)
     diff = paired_difference(a["per_sample"], b["per_sample"], seed=seed)
     return Comparison(
         metric, ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff, cells=_cells([a]),

@@ -293,6 +293,15 @@ def paired_difference(
     raise ValueError(f"method must be 'bootstrap' or 'normal', got {method!r}")
 
 
+def mean_interval(values, *, weights=None, seed: int = 0, level: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """One model's mean over its samples (e.g. per-window NLL, token-weighted) with the interval
+    :func:`paired_difference` gives a difference: a percentile bootstrap, or Student's t below :data:`SMALL_SAMPLE`
+    samples, where a percentile bootstrap covers too little."""
+    a = _array(values, "mean_interval")
+    d = paired_difference(np.zeros_like(a), a, weights=weights, seed=seed, level=level)
+    return d.estimate, d.interval
+
+
 def unpaired_difference(
     ref_values,
     new_values,
