@@ -335,6 +335,7 @@ def test_mqar_pairs_option_and_measures(debug_models, tokenizer):
 def test_top_stats_on_known_values():
     stats = top_stats(np.arange(1, 201, dtype=float))
     assert stats["top1"] == 200 and stats["top3"] == 198 and stats["top100"] == 101 and stats["median"] == 100.5
+    assert stats["values"] == 200  # what the maxima are over: pools of other sizes do not compare like with like
 
 
 def test_sixteen_bit_quantization_changes_nothing_and_four_bits_do(debug_models, tokenizer):

@@ -44,13 +44,19 @@ def test_prompts_solved_rows_never_fall_back_to_a_lenient_score_and_name_the_flo
 def test_the_top1_row_names_the_per_window_statistic_its_verdict_reads():
     from diffattn.eval.outliers import OUTLIER_MEASURES
 
-    def run(name, windows, top1):
-        r = {"attention_logits": {"top1": top1}, "per_window": {"attention_logits_top1": windows},
+    def run(name, windows, top1, values=None):
+        r = {"attention_logits": {"top1": top1, "values": values}, "per_window": {"attention_logits_top1": windows},
              "metadata": {"tokens_sha1": "t", "seq_len": 64}}  # fmt: skip
         return Run(name, {}, {"outliers": r})
 
     row = OUTLIER_MEASURES["outliers:attention_logits"].compare(run("a", [20, 21, 22], 300), run("b", [25] * 3, 40), 0)
     assert row.metric == "mean per-window top-1 |logit|" and "top-1 |logit| 300.00 → 40.00" in row.ours
+    assert "pool" not in row.note  # results without the pools' sizes say nothing of them
+    # DIFF V2's maxima are over twice the Transformer's logits (four maps where it has two): the note says so
+    twice = OUTLIER_MEASURES["outliers:attention_logits"].compare(
+        run("a", [20, 21, 22], 30, 66_048), run("v2", [25] * 3, 40, 132_096), 0
+    )
+    assert "v2's maxima are over 2× as many values as a's (a larger pool, a larger maximum)" in twice.note
 
 
 def test_an_allocation_share_is_labelled_of_attention_only_where_it_is():

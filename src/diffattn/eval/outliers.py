@@ -48,7 +48,9 @@ BITS = (16, 8, 6, 4)
 
 
 def top_stats(values: np.ndarray) -> dict[str, float]:
-    """Top-1/2/3/10/100 and median of a flat array of magnitudes (k beyond the size: None)."""
+    """Top-1/2/3/10/100 and median of a flat array of magnitudes (k beyond the size: None), and how many values they
+    are of (``values``: a maximum over more values is larger, so two models' top-k compare like with like only over
+    pools of one size)."""
     if values.size == 0:
         raise ValueError("no values to summarise")
     n = values.size
@@ -56,6 +58,7 @@ def top_stats(values: np.ndarray) -> dict[str, float]:
     top = np.sort(np.partition(values, n - k_max)[n - k_max :])[::-1]
     out = {f"top{k}": float(top[k - 1]) if k <= n else None for k in TOP_K}
     out["median"] = float(np.median(values))
+    out["values"] = int(n)
     return out
 
 
@@ -256,12 +259,24 @@ def _compare_top1(ref: Run, new: Run, seed: int, which: str, label: str) -> Comp
     diff = paired_difference(wr, wn, seed=seed)
     # the interval, and so the verdict, is the mean per-window top-1's, as over seeds: the row's words name it (the
     # overall top-1, the paper's, is in the headline)
+    pools = _pools(ref, new, which)
     return Comparison(
         f"mean per-window top-1 {label}", ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff,
         ours=f"{headline}; mean per-window top-1 {value_text(rm, rci, 2)} → {value_text(nm, nci, 2)}",
         kind=paired_kind(diff, "text windows, of the mean per-window top-1 (the overall top-1 has no interval)"),
-        note="data uncertainty only, one seed",
+        note="data uncertainty only, one seed" + (f"; {pools}" if pools else ""),
     )  # fmt: skip
+
+
+def _pools(ref: Run, new: Run, which: str) -> str | None:
+    """Where two models' maxima are over pools of different sizes (DIFF V2 has twice the Transformer's logit maps, the
+    halved-heads control half; DIFF V1 as many: two maps of half the heads), how much larger the new model's is: a
+    larger pool has a larger maximum (audit 2026-12-01: about +1 logit per doubling in seeds-loss)."""
+    nr, nn_ = ref.results("outliers", which, "values"), new.results("outliers", which, "values")
+    if not nr or not nn_ or nr == nn_:
+        return None
+    ratio = nn_ / nr
+    return f"{new.name}'s maxima are over {ratio:.2g}× as many values as {ref.name}'s (a larger pool, a larger maximum)"
 
 
 def _quant_windows(r: dict | None):
@@ -330,7 +345,10 @@ def _overall_over_seeds(which: str, label: str):
         rv, nv = overall(ref_runs), overall(new_runs)
         if not rv or not nv:
             return None
-        return f"overall top-1 {label} (mean over seeds) {np.mean(rv):.2f} → {np.mean(nv):.2f}"
+        pools = _pools(ref_runs[0], new_runs[0], which)
+        return f"overall top-1 {label} (mean over seeds) {np.mean(rv):.2f} → {np.mean(nv):.2f}" + (
+            f"; {pools}" if pools else ""
+        )
 
     return note
 
