@@ -46,7 +46,9 @@ class Comparison:
     """Two runs compared on a measure: the values, their intervals and the difference new − reference (``diff``;
     None: no interval), with what kind of interval it is (``kind``) and notes for the reader. ``ours`` replaces the
     default "ref → new: metric a → b" text; ``ref``/``new`` relabel the two sides (e.g. two cells of one pair);
-    ``veto``: why an "agrees" verdict would not be the paper's claim (then it reads "inconclusive")."""
+    ``veto``: why an "agrees" verdict would not be the paper's claim (then it reads "inconclusive"); ``chance``: the
+    chance level of what this comparison read, where it differs from the measure's per-run one (e.g. the shot counts
+    both runs ran)."""
 
     metric: str
     ref_value: float | None = None
@@ -61,6 +63,7 @@ class Comparison:
     ref: str | None = None
     new: str | None = None
     veto: str | None = None
+    chance: float | None = None
 
 
 @dataclass(frozen=True)

@@ -247,11 +247,12 @@ def _compare_top1(ref: Run, new: Run, seed: int, which: str, label: str) -> Comp
     wr = (orr.get("per_window") or {}).get(f"{which}_top1")
     wn = (on.get("per_window") or {}).get(f"{which}_top1")
     headline = f"{ref.name} → {new.name}: top-1 {label} {vr:.2f} → {vn:.2f}"
+    pools = _pools(ref, new, which)
     if not wr or not wn:
-        return Comparison(metric, ref_value=vr, new_value=vn, kind=NO_PER_SAMPLE, ours=headline)
+        return Comparison(metric, ref_value=vr, new_value=vn, kind=NO_PER_SAMPLE, ours=headline, note=pools or "")
     if len(wr) != len(wn) or not same_metadata(orr.get("metadata"), on.get("metadata"), "tokens_sha1", "seq_len"):
         return Comparison(
-            metric, ref_value=vr, new_value=vn, ours=headline,
+            metric, ref_value=vr, new_value=vn, ours=headline, note=pools or "",
             kind="none: the two models saw different token windows (another tokenizer)",
         )  # fmt: skip
     rm, rci = mean_interval(wr, seed=seed)
@@ -259,7 +260,6 @@ def _compare_top1(ref: Run, new: Run, seed: int, which: str, label: str) -> Comp
     diff = paired_difference(wr, wn, seed=seed)
     # the interval, and so the verdict, is the mean per-window top-1's, as over seeds: the row's words name it (the
     # overall top-1, the paper's, is in the headline)
-    pools = _pools(ref, new, which)
     return Comparison(
         f"mean per-window top-1 {label}", ref_value=rm, ref_ci=rci, new_value=nm, new_ci=nci, diff=diff,
         ours=f"{headline}; mean per-window top-1 {value_text(rm, rci, 2)} → {value_text(nm, nci, 2)}",
@@ -345,7 +345,8 @@ def _overall_over_seeds(which: str, label: str):
         rv, nv = overall(ref_runs), overall(new_runs)
         if not rv or not nv:
             return None
-        pools = _pools(ref_runs[0], new_runs[0], which)
+        sized = [[r for r in runs if r.results("outliers", which, "values")] for runs in (ref_runs, new_runs)]
+        pools = _pools(sized[0][0], sized[1][0], which) if all(sized) else None
         return f"overall top-1 {label} (mean over seeds) {np.mean(rv):.2f} → {np.mean(nv):.2f}" + (
             f"; {pools}" if pools else ""
         )

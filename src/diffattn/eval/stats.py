@@ -359,9 +359,10 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strat
     The two-way random-effects variance of the grand mean of the differences x[d, i] is
     ``σ²_D/D + σ²_I/I + σ²_E/(D·I) = (MS_D + MS_I − MS_E)/(D·I)`` with the mean squares of draws, items and their
     residual. The −MS_E term is dropped, so the variance is ``(MS_D + MS_I)/(D·I)``: never below the true one (by
-    σ²_E/(D·I) above it) and never negative, with Welch–Satterthwaite's df of the two terms. With no spread over
-    items it is Student's t over the draws' means; with no spread over draws, Student's t over the items' means —
-    the one-way intervals it replaces (a t over draws alone ignored which test items were drawn). Over K strata the
+    σ²_E/(D·I) above it) and never negative, with Welch–Satterthwaite's df of the two terms. In one stratum, with no
+    spread over items it is Student's t over the draws' means; with no spread over draws, Student's t over the items'
+    means — the one-way intervals it replaces (a t over draws alone ignored which test items were drawn); with one
+    draw (per stratum) the draws' spread cannot be read, and the method says the interval lacks it. Over K strata the
     draw term is each stratum's ``MS_D/(D·I)`` summed over K² (the strata's fixed differences are not chance; their
     draws are) and the item term reads the items' means over every stratum and draw."""
     ref, new = np.asarray(ref_values, dtype=float), np.asarray(new_values, dtype=float)
@@ -385,54 +386,13 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strat
     if strata > 1:
         method = (f"two-way t over {strata} {strata_name} × {draws} draws each × {items} items (paired; draws "
                   "within each, crossed with the items)")  # fmt: skip
+    if draws < 2:  # no spread over draws to read: the interval is the items' alone
+        method += "; one draw: the draws' spread is not in the interval"
     if var == 0:
         return Difference(mean, (mean, mean), method, int(x.size))
     df = var**2 / sum(v**2 / f for v, f in terms if v > 0)
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
     return Difference(mean, (mean - half, mean + half), method, int(x.size))
-
-
-def _ranges_over_rows(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """For each resample (a row of item indices in ``idx``), max − min over ``table``'s rows of the row's mean over
-    the resampled items."""
-    means = table[:, idx].mean(axis=2)  # rows × resamples
-    return means.max(axis=0) - means.min(axis=0)
-
-
-def bootstrap_range_difference(
-    ref_table, new_table, *, paired: bool, rows: str = "rows", seed: int = 0, n_boot: int = 2000, level: float = 0.95
-) -> tuple[Difference, tuple[float, float], tuple[float, float]]:
-    """The range over rows (max − min) of each row's mean over the items — e.g. accuracy over permutations of one
-    demo set, the best minus the worst (DIFF Fig. 7's order margin) — for two models, their difference ``new − ref``,
-    and percentile-bootstrap intervals that resample the items (the test set is a draw; the rows, e.g. permutation
-    seeds, are held as they were drawn). ``paired``: both tables score the same items in the same column order, and
-    a resample draws the same items for both; ``rows``: what the method's words call the rows. Returns the
-    difference and each model's range interval.
-
-    The rows are not resampled: a bootstrap of a maximum over resampled rows never exceeds the observed one. Below
-    :data:`SMALL_SAMPLE` items a percentile bootstrap covers less than its level, and no t interval stands in for
-    a range; the method says so."""
-    ref, new = np.asarray(ref_table, dtype=float), np.asarray(new_table, dtype=float)
-    if ref.ndim != 2 or new.ndim != 2 or not ref.size or not new.size:
-        raise ValueError(f"bootstrap_range_difference wants two rows × items tables, got {ref.shape} and {new.shape}")
-    if paired and ref.shape[1] != new.shape[1]:
-        raise ValueError(f"paired tables must score the same items: {ref.shape[1]} vs {new.shape[1]}")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    rng = np.random.default_rng(seed)
-    idx_ref = rng.integers(0, ref.shape[1], size=(n_boot, ref.shape[1]))
-    idx_new = idx_ref if paired else rng.integers(0, new.shape[1], size=(n_boot, new.shape[1]))
-    full = lambda t: float(t.mean(axis=1).max() - t.mean(axis=1).min())  # noqa: E731
-    br, bn = _ranges_over_rows(ref, idx_ref), _ranges_over_rows(new, idx_new)
-    alpha = (1 - level) / 2
-    ci = lambda b: tuple(float(q) for q in np.quantile(b, [alpha, 1 - alpha]))  # noqa: E731
-    items = min(ref.shape[1], new.shape[1])
-    small = f"; below {SMALL_SAMPLE} items it covers less than {100 * level:g}%" if items < SMALL_SAMPLE else ""
-    how = "paired" if paired else "independent"
-    method = (f"{how} percentile bootstrap over the {ref.shape[1]}{'' if paired else f' and {new.shape[1]}'} test "
-              f"items, the {ref.shape[0]} {rows} held{small}")  # fmt: skip
-    diff = Difference(full(new) - full(ref), ci(bn - br), method, int(items))
-    return diff, ci(br), ci(bn)
 
 
 # -- power over replicate runs --------------------------------------------------------------------------------------

@@ -71,8 +71,9 @@ RESULTS = "results.json"
 # 6: the ICL floor by simulation and the test set's label counts; 7: the ICL prompts at the training length too,
 # which filled the model's maximum context; 8: every NIAH cell's prompts from seeds of its own, allocation prompts of
 # niah_needles needles, one queried, where they had one, ICL per-item hits; 9: the order suite's per-item hits, which
-# the margin's interval reads, and how many values each outlier top-k is over), so experiments re-evaluate results
-# written by older code instead of reusing them.
+# a margin's analysis could read, how many values each outlier top-k is over, and alloc at niah's context, 2048,
+# for a model without a training length), so experiments re-evaluate results written by older code instead of
+# reusing them.
 RESULTS_VERSION = 9
 
 

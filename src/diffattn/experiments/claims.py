@@ -227,7 +227,7 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
     if c is None:
         return None
     runs = [ref_runs[0], new_runs[0]]
-    return _untestable(_untestable_at_chance(_row(spec, m, ref, new, c), m, runs), m, runs)
+    return _untestable(_untestable_at_chance(_row(spec, m, ref, new, c), m, runs, c.chance), m, runs)
 
 
 def _untestable(row: Claim, m: Measure, runs: list[Run]) -> Claim:
@@ -241,12 +241,14 @@ def _untestable(row: Claim, m: Measure, runs: list[Run]) -> Claim:
     return row
 
 
-def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run]) -> Claim:
+def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run], level: float | None = None) -> Claim:
     """A row whose two sides both reach down to the measure's chance level (the lower end of each 95% interval, or
     the value where there is none, at or below it at the printed digits) compares two models that do not have the
     skill: whichever is ahead, the difference says nothing about the claim, so the verdict is "inconclusive" and
-    the note says why."""
-    levels = [c for c in (m.chance(run) for run in runs) if finite(c)] if m.chance else []
+    the note says why. ``level``: the comparison's own chance level (:attr:`Comparison.chance`: of what it read),
+    else the higher of the runs' (``Measure.chance``)."""
+    per_run = [c for c in (m.chance(run) for run in runs) if finite(c)] if m.chance else []
+    levels = [level] if finite(level) else per_run
     if not levels or row.ref_value is None or row.new_value is None:
         return row
     level, d = max(levels), m.digits
@@ -305,8 +307,8 @@ def paper_claims(config, rows: dict[str, dict], evals: dict[str, dict], *, group
     ``evals``: {model: {suite: results}}; ``groups``: replicate runs per model (default :func:`seed_groups`);
     ``seed``: of every bootstrap (deterministic)."""
     groups = seed_groups(config) if groups is None else groups
+    # from-scratch models only: an adapter's language modelling is its pretraining's, whatever rows adapted it
     text_share = {m.name: _text_share(config.data) for m in config.models}
-    text_share |= {a.name: _text_share(config.adapter_data(a)) for a in config.adapters}
     runs = {
         n: Run(n, {**rows.get(n, {}), **({TEXT_SHARE: text_share[n]} if n in text_share else {})}, evals.get(n) or {})
         for n in {*rows, *evals}
