@@ -38,6 +38,7 @@ from ..adapters.registry import get_method
 from ..eval.measures import TEXT_SHARE, Measure, PaperClaim, Run, clears_floor, finite, interval, value_text
 from ..eval.stats import Difference, minimum_detectable_difference, t_interval, unpaired_difference, verdict
 from ..models.architectures import ARCHITECTURES
+from ..models.presets import get_preset
 
 
 def claim_table() -> list[PaperClaim]:
@@ -338,8 +339,6 @@ def _fewer_heads(config) -> dict[str, str]:
     """The standard models with fewer heads than their preset's (DIFF Table 6's halved-heads control), by group, with
     the words a claim source adds: its rows quote the paper's figures, which (but for Table 6's AR-Hit row) are
     against the full-heads Transformer; the source says which Transformer the row's is."""
-    from ..models.presets import get_preset
-
     out = {}
     for m in config.models:
         heads = (m.model.get("overrides") or {}).get("num_heads")
