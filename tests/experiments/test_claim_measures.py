@@ -287,6 +287,12 @@ def test_the_many_shot_row_averages_the_curve_as_the_paper_does():
     row = check_claim(spec, "base", "new", runs, groups, 0)
     assert row.verdict == "inconclusive" and "the runs' shot counts differ" in row.note
     assert row.metric.startswith("accuracy (mean over each run's own shot counts)")
+    # nor can they disagree, both sides above chance: the other points are no comparison either way
+    runs |= {f"a{i}": run(f"a{i}", [0.95] * 3) for i in range(3)} | {f"b{i}": run(f"b{i}", [0.8] * 3) for i in range(2)}
+    runs["b2"] = run("b2", [0.8] * 4, (1, 4, 16, 64))
+    row = check_claim(spec, "base", "new", runs, groups, 0)
+    assert row.diff_ci[1] < 0 and row.verdict == "inconclusive" and "reach chance" not in row.note
+    assert "the runs' shot counts differ" in row.note
 
 
 def test_the_head_cka_row_counts_the_layers_where_it_is_lower_beside_the_mean():

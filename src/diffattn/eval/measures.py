@@ -84,6 +84,10 @@ class Measure:
     # untestable(runs) -> reason | None: why no verdict either way can be read (e.g. every model at the floor where
     # the claim is decided); unlike ``chance``, for measures whose value is not a score with a floor of its own
     untestable: Callable | None = None
+    # seeds_untestable(ref_runs, new_runs) -> reason | None: over seeds only, why the runs' values cannot be compared
+    # either way (e.g. each run's value read over other points than the other side's; one pair's ``compare`` reads
+    # the points both have)
+    seeds_untestable: Callable | None = None
     # seeds_note(ref_runs, new_runs) -> text | None: what a row over seeds adds to its note (the single-run
     # comparison says it in its own note; e.g. where the attention went, averaged over the seeds)
     seeds_note: Callable | None = None

@@ -223,7 +223,9 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
             if veto:
                 row.verdict = "inconclusive"
                 row.note += f"; {veto}"
-            return _untestable(_untestable_at_chance(row, m, ref_runs + new_runs), m, ref_runs + new_runs)
+            seeds_reason = m.seeds_untestable(ref_runs, new_runs) if m.seeds_untestable else None
+            row = _untestable(_untestable_at_chance(row, m, ref_runs + new_runs), m, ref_runs + new_runs)
+            return _untestable(row, m, [], seeds_reason) if seeds_reason else row
     c = m.compare(ref_runs[0], new_runs[0], seed)
     if c is None:
         return None
@@ -231,9 +233,10 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
     return _untestable(_untestable_at_chance(_row(spec, m, ref, new, c), m, runs, c.chance), m, runs)
 
 
-def _untestable(row: Claim, m: Measure, runs: list[Run]) -> Claim:
-    """The measure's own reason why the runs cannot test the claim (``Measure.untestable``): no verdict either way."""
-    reason = m.untestable(runs) if m.untestable else None
+def _untestable(row: Claim, m: Measure, runs: list[Run], reason: str | None = None) -> Claim:
+    """The measure's own reason why the runs cannot test the claim (``Measure.untestable``, or ``reason``, e.g.
+    ``Measure.seeds_untestable``'s): no verdict either way."""
+    reason = reason or (m.untestable(runs) if m.untestable else None)
     if reason and row.verdict != "inconclusive":
         row.verdict = "inconclusive"
         row.note += f"; {reason}: the comparison cannot test the claim"

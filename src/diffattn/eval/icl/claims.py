@@ -90,10 +90,10 @@ def _grids(runs: list[Run]) -> set[tuple]:
     return {tuple(m["shots"]) for m in (run.results("icl", "many_shot") for run in runs) if m and m.get("shots")}
 
 
-def _shot_grids_differ(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
+def _shot_grids_differ(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
     """Over seeds each run's value is the mean over its own curve: runs that ran other shot counts (another tokenizer
-    or context) average other points, so an "agrees" would not compare like with like (one pair of runs compares
-    the shot counts both ran)."""
+    or context) average other points, so no verdict compares like with like (one pair of runs compares the shot
+    counts both ran)."""
     grids = _grids(ref_runs + new_runs)
     return f"the runs' shot counts differ ({' vs '.join(map(str, sorted(grids)))})" if len(grids) > 1 else None
 
@@ -204,7 +204,7 @@ def _margin_at_floor(runs: list[Run]) -> str | None:
 MEASURES = {
     "icl:many_shot": Measure(
         "accuracy (mean over the shot counts)", 3, per_run=lambda run: _curve_mean(run.results("icl", "many_shot")),
-        compare=_compare_shots, chance=_chance, seeds_veto=_shot_grids_differ, metric_for=_seeds_metric,
+        compare=_compare_shots, chance=_chance, seeds_untestable=_shot_grids_differ, metric_for=_seeds_metric,
     ),
     "icl:order_margin": Measure(
         "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor
