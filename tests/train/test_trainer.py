@@ -208,12 +208,27 @@ def test_row_loss_average_equals_token_average_on_full_text_rows_and_accumulates
         assert ma[step] == pytest.approx(mr[step], rel=1e-4), step
 
 
+def test_the_unigram_floor_scores_the_validation_targets_by_the_training_frequencies():
+    """Add-one frequencies of the training labels; the validation targets after each row's first, padding left out:
+    a model that learnt only which tokens are common scores this."""
+    from diffattn.data import PackedSequences
+
+    def rows(labels):
+        t = torch.tensor(labels)
+        return PackedSequences(t.clamp(min=0), t, (t >= 0).long(), int((t >= 0).sum()))
+
+    floor = train_data.unigram_nll(rows([[0, 1, 1, 2]]), rows([[3, 1, 2, -100]]), vocab_size=4)
+    assert floor == pytest.approx(-(math.log(3 / 8) + math.log(2 / 8)) / 2)  # counts + 1: 2, 3, 2, 1 of 8
+
+
 def test_max_text_sequences_caps_the_text_rows_and_sizes_the_mix_on_them(corpus_file, tmp_path):
     cfg = debug_config(corpus_file).with_overrides(
         {"data.retrieval_fraction": 0.5, "data.mqar_fraction": 0.0, "data.max_text_sequences": 20}
     )
     data = train_data.prepare_data(cfg)
     assert data.info["retrieval_mix_sequences"] == 20 and data.info["train_sequences"] == 40
+    # the loss rows' floor: the validation rows under the text rows' token frequencies, below a uniform guess
+    assert 0 < data.info["val_unigram_nll"] < math.log(data.info["vocab_size"])
     with pytest.raises(ValueError, match="max_text_sequences"):
         cfg.with_overrides({"data.max_text_sequences": 0}).validate()
 

@@ -19,6 +19,9 @@ NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to
 #: the key of a run's row that holds the share of its training rows that were text (not synthetic retrieval or MQAR
 #: rows): diffattn.experiments.claims.paper_claims adds it from the experiment's data sections
 TEXT_SHARE = "train_text_share"
+#: the model-row column of a pretraining run's validation cross-entropy under the training text's token frequencies
+#: (diffattn.train.data.unigram_nll): a text loss not below it is no language modelling
+UNIGRAM_FLOOR = "val_unigram_nll"
 ONE_NUMBER = "none: the suite reports one number"
 
 

@@ -182,6 +182,11 @@ def _model_rows(config, outcomes) -> dict[str, dict]:
             row.update(
                 _training_row(s, kind, parameters="parameters", trainable="parameters", val_loss="final_val_loss")
             )
+            from ..eval.measures import UNIGRAM_FLOOR
+
+            floor = (s.get("data") or {}).get("val_unigram_nll")  # runs from before 2026-12-01 have none
+            if floor is not None:
+                row[UNIGRAM_FLOOR] = floor
         elif o.kind == "adapt":
             kind = f"{s.get('method')} on {Path(str(s.get('model'))).parent.name or s.get('model')}"
             row.update(
