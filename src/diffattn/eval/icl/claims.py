@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, paired_kind
+from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, finite, paired_kind
 from ..stats import (
     crossed_paired_difference,
     paired_difference,
@@ -169,7 +169,23 @@ def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
     return Comparison(
         "order margin (random)", ref_value=mr, new_value=mn,
         kind=ONE_NUMBER + " (best − worst over permutations; a bootstrap over the items would be biased)",
+        note=_accuracies_beside([ref], [new]) or "",
     )  # fmt: skip
+
+
+def _accuracies_beside(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
+    """The two sides' mean accuracy over the random permutations, which a margin is read beside: the items' noise
+    alone widens a best − worst range, the more the nearer the accuracy is to 0.5."""
+    means = [
+        [m for m in (r.results("icl", "order_robustness", "arrangements", "random", "mean") for r in runs) if finite(m)]
+        for runs in (ref_runs, new_runs)
+    ]
+    if not all(means):
+        return None
+    return (
+        f"mean accuracy over the permutations {np.mean(means[0]):.3f} → {np.mean(means[1]):.3f} (the items' noise "
+        "alone widens a margin, the more the nearer the accuracy is to 0.5)"
+    )
 
 
 def _order_floor(order: dict) -> float | None:
@@ -207,7 +223,8 @@ MEASURES = {
         compare=_compare_shots, chance=_chance, seeds_untestable=_shot_grids_differ, metric_for=_seeds_metric,
     ),
     "icl:order_margin": Measure(
-        "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor
+        "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor,
+        seeds_note=_accuracies_beside,
     ),
 }  # fmt: skip
 
