@@ -184,7 +184,8 @@ def _model_rows(config, outcomes) -> dict[str, dict]:
             )
             from ..eval.measures import UNIGRAM_FLOOR
 
-            floor = (s.get("data") or {}).get("val_unigram_nll")  # runs from before 2026-12-01 have none
+            # the data section's key is the column's name (train.data.prepare_data); runs before 2026-12-01 have none
+            floor = (s.get("data") or {}).get(UNIGRAM_FLOOR)
             if floor is not None:
                 row[UNIGRAM_FLOOR] = floor
         elif o.kind == "adapt":

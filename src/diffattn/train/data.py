@@ -210,7 +210,8 @@ def prepare_data(config: RunConfig) -> PreparedData:
         "passes_over_data": round(passes, 2),
         "train_tokens": int(train.num_tokens),
         "val_sequences": int(val.input_ids.shape[0]),
-        "val_unigram_nll": round(floor, 4),  # what knowing the text's token frequencies alone scores on val
+        # what knowing the text's token frequencies alone scores on val (eval.measures.UNIGRAM_FLOOR reads this key)
+        "val_unigram_nll": round(floor, 4),
     }
     logger.info("data: %s", info)
     return PreparedData(tokenizer, train, val, info)

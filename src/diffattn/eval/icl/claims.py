@@ -15,13 +15,15 @@ from ..stats import (
 
 
 # -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
-def _curve_mean(m: dict | None, shots=None) -> float | None:
-    """The mean accuracy over the curve's shot counts (``shots``; default all of ``m``'s), each shot count's mean
-    over its draws weighted alike: what DIFF Fig. 6's "average accuracy improvement" averages."""
-    if not m or not m.get("mean"):
-        return None
-    shots = m["shots"] if shots is None else shots
-    return float(np.mean([m["mean"][m["shots"].index(k)] for k in shots]))
+def _mean_at(m: dict, key: str, shots) -> float:
+    """The mean of results ``m``'s per-shot-count list ``key`` over ``shots``, each shot count alike."""
+    return float(np.mean([m[key][m["shots"].index(k)] for k in shots]))
+
+
+def _curve_mean(m: dict | None) -> float | None:
+    """The mean accuracy over the curve's shot counts, each shot count's mean over its draws weighted alike: what
+    DIFF Fig. 6's "average accuracy improvement" averages."""
+    return _mean_at(m, "mean", m["shots"]) if m and m.get("mean") else None
 
 
 def _shots_words(shots) -> str:
@@ -127,16 +129,13 @@ def _chance(run: Run) -> float | None:
     demonstrations' majority, the last demonstration's), averaged as the accuracy is; 1 / labels for results from
     before 2026-12-01, which did not simulate it (too low where the test set's labels are unbalanced)."""
     m = run.results("icl", "many_shot")
-    if m and m.get("floor"):
-        return float(np.mean(m["floor"]))
-    labels = (m or {}).get("labels")
-    return 1 / len(labels) if labels else None
+    return _floor_over(m, m["shots"]) if m and (m.get("floor") or m.get("labels")) else None
 
 
 def _floor_over(m: dict, shots) -> float:
     """The chance level of results ``m`` over ``shots``: the simulated floor averaged over them, else 1 / labels."""
     if m.get("floor"):
-        return float(np.mean([m["floor"][m["shots"].index(k)] for k in shots]))
+        return _mean_at(m, "floor", shots)
     return 1 / (len(m.get("labels") or []) or 1)
 
 
