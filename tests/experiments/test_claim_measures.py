@@ -309,3 +309,37 @@ def test_the_head_cka_row_counts_the_layers_where_it_is_lower_beside_the_mean():
 
     row = MEASURES["heads:cka"].compare(run("base", [0.5, 0.5, 0.5, 0.5]), run("dex", [0.1, 0.6, 0.6, 0.4]), 0)
     assert row.note == "dex lower in 2 of 4 layers" and row.new_value < row.ref_value
+
+
+def test_the_order_variance_row_reads_the_orders_without_the_items_noise():
+    """The order margin's bias (the test above) is the items' noise; the order-variance row removes it: two models
+    without any order effect, at 0.5 and 0.97, read inconclusive where their margins differ by 0.2, and a model whose
+    orders matter reads as less robust than one whose orders do not, from one run and over seeds."""
+    from diffattn.eval.icl import MEASURES
+
+    rng = np.random.default_rng(0)
+    difficulty = rng.normal(0, 1, 200)
+
+    def run(name, logit, order_sd, items=30):  # 10 orders × items, logistic item and order effects
+        p = 1 / (1 + np.exp(-(logit + difficulty[:items] + rng.normal(0, order_sd, (10, 1)))))
+        hits = (rng.random(p.shape) < p).astype(int).tolist()
+        accs = [float(np.mean(h)) for h in hits]
+        random = {"accuracies": accs, "hits": hits, "margin": max(accs) - min(accs), "mean": float(np.mean(accs))}
+        return Run(name, {}, {"icl": {"order_robustness": {"arrangements": {"random": random}}}})
+
+    spec = PaperClaim("s", "c", "p", "icl:order_variance", "lower", "baseline")
+    flat = {"t": run("t", 0.0, 0.0), "d": run("d", 3.5, 0.0)}
+    assert MEASURES["icl:order_margin"].compare(flat["t"], flat["d"], 0).new_value < flat["t"].results(
+        "icl", "order_robustness", "arrangements", "random", "margin") - 0.1  # fmt: skip
+    row = check_claim(spec, "t", "d", flat, {}, 0)
+    assert row.verdict == "inconclusive" and row.metric.startswith("order variance") and "margins" in row.note
+    assert row.diff_ci[0] < 0 < row.diff_ci[1] and "modified large-sample" in row.interval
+    ordered = {"t": run("t", 0.0, 1.0, items=200), "d": run("d", 0.0, 0.0, items=200)}
+    row = check_claim(spec, "t", "d", ordered, {}, 0)
+    assert row.verdict == "agrees" and row.ref_value > 100 and abs(row.new_value) < 20  # points²
+    seeds = {f"t{i}": run(f"t{i}", 0.0, 1.0, items=200) for i in range(3)}
+    seeds |= {f"d{i}": run(f"d{i}", 0.0, 0.0, items=200) for i in range(3)}
+    row = check_claim(spec, "t", "d", seeds, {"t": ["t0", "t1", "t2"], "d": ["d0", "d1", "d2"]}, 0)
+    assert row.verdict == "agrees" and "mean accuracy over the permutations" in row.note
+    no_hits = Run("old", {}, {"icl": {"order_robustness": {"arrangements": {"random": {"margin": 0.1, "mean": 0.5}}}}})
+    assert MEASURES["icl:order_variance"].compare(no_hits, flat["d"], 0) is None

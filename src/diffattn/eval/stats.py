@@ -12,6 +12,9 @@
 * :func:`unpaired_difference` — the difference of two independent means (e.g. models trained with different
   seeds): Welch's t interval (Welch 1947, *Biometrika* 34: 28–35) with the Welch–Satterthwaite degrees of
   freedom, or an unpaired bootstrap. With two values per side the interval is wide: that is the honest answer.
+* :func:`rows_variance`, :func:`rows_variance_difference` — the variance of the true row means of a rows × items
+  table (e.g. accuracy under each order of the demonstrations, items a sample) with the items' noise removed (two-way
+  ANOVA mean squares), and the difference of two, with modified large-sample intervals (Graybill & Wang 1980).
 * :func:`verdict` — "agrees" / "disagrees" only when the interval excludes 0, in the claimed direction or
   against it; "inconclusive" otherwise (the interval includes "no difference").
 * :func:`welch_power`, :func:`minimum_detectable_difference`, :func:`runs_for_power` — what a comparison of two
@@ -24,6 +27,7 @@ Every bootstrap is deterministic: a seeded ``numpy.random.Generator`` (``seed=0`
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 from typing import NamedTuple
@@ -393,6 +397,67 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strat
     df = var**2 / sum(v**2 / f for v, f in terms if v > 0)
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
     return Difference(mean, (mean - half, mean + half), method, int(x.size))
+
+
+# -- a variance component and its difference ------------------------------------------------------------------------
+def _rows_terms(table) -> tuple[float, list[tuple[float, int]], list[tuple[float, int]]]:
+    """The between-rows variance component of a rows × items table and the mean-square terms it is made of:
+    ``(MS_rows − MS_resid)/I`` as (estimate, [(MS_rows/I, rows − 1)], [(MS_resid/I, (rows − 1)(items − 1))])."""
+    x = np.asarray(table, dtype=float)
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 2 or not np.all(np.isfinite(x)):
+        raise ValueError(f"a rows × items table of finite values with at least 2 of each is needed, got {x.shape}")
+    rows, items = x.shape
+    row_means, item_means, grand = x.mean(axis=1), x.mean(axis=0), x.mean()
+    ms_rows = items * float(np.sum((row_means - grand) ** 2)) / (rows - 1)
+    resid_df = (rows - 1) * (items - 1)
+    ms_resid = float(np.sum((x - row_means[:, None] - item_means[None, :] + grand) ** 2)) / resid_df
+    return (ms_rows - ms_resid) / items, [(ms_rows / items, rows - 1)], [(ms_resid / items, resid_df)]
+
+
+@functools.lru_cache(maxsize=256)
+def _mls_widths(df: int, level: float) -> tuple[float, float]:
+    """(G, H) of :func:`_mls_interval` for a term with ``df`` degrees of freedom."""
+    a = (1 - level) / 2
+    return 1 - df / float(scipy.stats.chi2.ppf(1 - a, df)), df / float(scipy.stats.chi2.ppf(a, df)) - 1
+
+
+def _mls_interval(estimate: float, positive, negative, level: float) -> tuple[float, float]:
+    """The modified large-sample interval of a difference of scaled mean squares (Graybill & Wang 1980, *JASA* 75:
+    869–873; Ting, Burdick, Graybill, Jeyaratnam & Lu 1990, *J. Stat. Comput. Simul.* 35: 135–143), cross terms
+    dropped (which widens it): each term ``c·MS`` with ``df`` degrees of freedom widens the lower end by ``G·c·MS``
+    when it adds and by ``H·c·MS`` when it subtracts (the upper end the other way round), where ``G = 1 −
+    df/χ²(1 − α/2; df)`` and ``H = df/χ²(α/2; df) − 1`` are the exact chi-square interval's one-term widths."""
+    widths = lambda df: _mls_widths(df, level)  # noqa: E731
+    low = sum((widths(df)[0] * t) ** 2 for t, df in positive) + sum((widths(df)[1] * t) ** 2 for t, df in negative)
+    high = sum((widths(df)[1] * t) ** 2 for t, df in positive) + sum((widths(df)[0] * t) ** 2 for t, df in negative)
+    return estimate - math.sqrt(low), estimate + math.sqrt(high)
+
+
+def rows_variance(table, level: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """The variance of the rows' true means in a rows × items table whose items are a sample (e.g. one accuracy per
+    order of the demonstrations, each item's hit under every order), with the items' noise removed: the two-way
+    ANOVA estimate ``(MS_rows − MS_resid)/I`` — unbiased, so negative where the rows vary less than the items' noise
+    alone would make them — and its modified large-sample interval (:func:`_mls_interval`). The spread of the rows'
+    observed means (or their range) is not this: it adds the item × row noise, the more the nearer a 0/1 outcome's
+    rate is to 0.5."""
+    estimate, positive, negative = _rows_terms(table)
+    return estimate, _mls_interval(estimate, positive, negative, level)
+
+
+def rows_variance_difference(ref_table, new_table, level: float = 0.95, rows_name: str = "rows") -> Difference:
+    """``new − ref`` of two tables' :func:`rows_variance` (independent rows, e.g. two models' orders), with the
+    modified large-sample interval of the four mean squares: its 95% interval held the true difference in 95–98% of
+    simulated pairs of 10 orders × 30-500 items (logistic item and order effects, accuracies 0.5-0.96), and with no
+    order effect in either model it excluded 0 on each side in 1.8-2.9% of draws whatever the two accuracies
+    (``tests/eval/test_stats.py``). ``rows_name``: what the method's words call the rows."""
+    est_r, pos_r, neg_r = _rows_terms(ref_table)
+    est_n, pos_n, neg_n = _rows_terms(new_table)
+    estimate = est_n - est_r
+    lo, hi = _mls_interval(estimate, pos_n + neg_r, neg_n + pos_r, level)
+    (rows_r, items_r), (rows_n, items_n) = np.shape(ref_table), np.shape(new_table)
+    method = (f"modified large-sample interval of two-way ANOVA mean squares ({rows_r} {rows_name} × {items_r} items "
+              f"and {rows_n} × {items_n})")  # fmt: skip
+    return Difference(float(estimate), (float(lo), float(hi)), method, int(rows_r + rows_n))
 
 
 # -- power over replicate runs --------------------------------------------------------------------------------------
