@@ -176,19 +176,17 @@ def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
     )  # fmt: skip
 
 
-def _accuracies_beside(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
+def _accuracies_beside(ref_runs: list[Run], new_runs: list[Run], why: bool = True) -> str | None:
     """The two sides' mean accuracy over the random permutations, which a margin is read beside: the items' noise
-    alone widens a best − worst range, the more the nearer the accuracy is to 0.5."""
+    alone widens a best − worst range, the more the nearer the accuracy is to 0.5 (``why``: say so)."""
     means = [
         [m for m in (r.results("icl", "order_robustness", "arrangements", "random", "mean") for r in runs) if finite(m)]
         for runs in (ref_runs, new_runs)
     ]
     if not all(means):
         return None
-    return (
-        f"mean accuracy over the permutations {np.mean(means[0]):.3f} → {np.mean(means[1]):.3f} (the items' noise "
-        "alone widens a margin, the more the nearer the accuracy is to 0.5)"
-    )
+    text = f"mean accuracy over the permutations {np.mean(means[0]):.3f} → {np.mean(means[1]):.3f}"
+    return text + " (the items' noise alone widens a margin, the more the nearer the accuracy is to 0.5)" * why
 
 
 #: an order variance in points² (accuracy in points, 0-100): the squares of accuracies in [0, 1] are too small to read
@@ -225,7 +223,7 @@ def _compare_order_variance(ref: Run, new: Run, seed: int) -> Comparison | None:
     diff = diff._replace(estimate=diff.estimate * POINTS2, interval=scale(diff.interval))
     mr, mn = _margin(ref), _margin(new)
     margins = f"margins {mr:.3f} → {mn:.3f}" if finite(mr) and finite(mn) else ""
-    note = "; ".join(t for t in (ORDER_VARIANCE_WORDS, margins, _accuracies_beside([ref], [new])) if t)
+    note = "; ".join(t for t in (ORDER_VARIANCE_WORDS, margins, _accuracies_beside([ref], [new], why=False)) if t)
     return Comparison(
         ORDER_VARIANCE, ref_value=rv * POINTS2, ref_ci=scale(rci), new_value=nv * POINTS2, new_ci=scale(nci),
         diff=diff, kind=diff.method, note=note,
@@ -279,7 +277,7 @@ MEASURES = {
     ),
     "icl:order_variance": Measure(
         ORDER_VARIANCE, 1, per_run=_order_variance, compare=_compare_order_variance, untestable=_margin_at_floor,
-        seeds_note=_accuracies_beside,
+        seeds_note=lambda ref_runs, new_runs: _accuracies_beside(ref_runs, new_runs, why=False),
     ),
 }  # fmt: skip
 
