@@ -45,6 +45,7 @@ from diffattn.eval.icl_data import (
     read_fortunes,
     read_wordnet,
 )
+from diffattn.eval.stats import rows_variance
 from diffattn.models.build import build_model
 
 from ..tiny_models import CONFIGS, tiny_config
@@ -457,6 +458,7 @@ def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path, monkeypatch
         assert r["accuracies"] == pytest.approx(np.mean(r["hits"], axis=1).tolist())
         assert r["margin"] == pytest.approx(max(r["accuracies"]) - min(r["accuracies"]))
         assert r["best"] - r["worst"] == pytest.approx(r["margin"])
+        assert r["order_variance"] == pytest.approx(rows_variance(r["hits"])[0])  # the items' noise removed
     assert result["metadata"]["permutations"] == 3
     assert plot_order_robustness(result, tmp_path / "order.png").stat().st_size > 0
     with pytest.raises(ValueError, match="rounds need"):
@@ -465,7 +467,9 @@ def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path, monkeypatch
     # version 7; it filled the model's 256 positions), else its maximum context
     from diffattn.eval.common import TRAINED_LENGTH
 
-    full = run_order_robustness(model, tokenizer, pairs, permutations=1, test_size=6, progress=False)["metadata"]
+    one = run_order_robustness(model, tokenizer, pairs, permutations=1, test_size=6, progress=False)
+    assert one["arrangements"]["random"]["order_variance"] is None  # one order: no variance to read
+    full = one["metadata"]
     assert (full["context_length"], full["context_source"], full["trained_length"]) == (
         256, "config.max_position_embeddings", None,
     )  # fmt: skip
@@ -493,3 +497,18 @@ def test_draws_pair_only_where_both_runs_drew_the_same_demonstrations_and_test_i
     assert same_draws({"metadata": redrawn}, {"metadata": dict(redrawn)})
     assert not same_draws({"metadata": redrawn}, {"metadata": {**redrawn, "max_prompt_tokens": 240}})
     assert not same_draws({"metadata": redrawn}, {"metadata": meta})
+
+
+def test_the_reports_order_table_gives_the_order_variance_where_the_results_have_it(tmp_path):
+    import copy
+
+    from diffattn.eval.icl import compare
+
+    runs = json.loads((Path(__file__).parents[2] / "results/mini-scratch/results.json").read_text())["evaluations"]
+    old = runs["diff-s0"]["icl"]  # results from before the order variance was recorded
+    new = copy.deepcopy(old)
+    new["order_robustness"]["arrangements"]["random"]["order_variance"] = 0.00123
+    lines = compare({"old": old, "new": new}, tmp_path)
+    assert "order variance (random, points², items' noise removed)" in lines[2]
+    assert lines[4].startswith("| old |") and lines[4].endswith("| – |")
+    assert lines[5].startswith("| new |") and lines[5].endswith("| 12.3 |")

@@ -1,5 +1,5 @@
 """Order robustness (run_order_robustness, DIFF Fig. 7): one fixed demo set permuted in two arrangements, the
-best − worst margin."""
+best − worst margin, and the order variance with the test items' noise removed (ours)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..icl_data import Pair
+from ..stats import rows_variance
 from .many_shot import _base_metadata, _check_fit, _prepare, _test_set_scorer
 from .prompts import PromptFormat
 
@@ -143,6 +144,8 @@ def run_order_robustness(
                 "best": max(accs),
                 "worst": min(accs),
                 "margin": order_margin(accs),
+                # the orders' true spread, the items' noise removed (unbiased; None: too few orders or items)
+                "order_variance": rows_variance(hits)[0] if permutations >= 2 and len(test_queries) >= 2 else None,
             }
 
     metadata = _base_metadata(setup, dataset_options, seed, model)
@@ -165,6 +168,12 @@ def run_order_robustness(
                 ),
             },
             "margin": "best - worst accuracy over the permutations (accuracy in [0, 1])",
+            "order_variance": (
+                "variance over orders of the accuracy each would have on the whole item population, the test items' "
+                "noise removed: (MS_orders - MS_residual) / items of the permutations x items hits (accuracy², "
+                "unbiased, so negative where the orders vary less than the items' noise alone would make them; "
+                "diffattn.eval.stats.rows_variance)"
+            ),
             "std": "population standard deviation (ddof=0) over permutations",
             "share_prefix": share_prefix,
         }

@@ -53,7 +53,8 @@ def plot_icl(results: Mapping, path: str | Path) -> Path:
 
 
 def plot_order_robustness(results: Mapping, path: str | Path) -> Path:
-    """Accuracy of every permutation per arrangement, with the margin in the labels (DIFF Fig. 7)."""
+    """Accuracy of every permutation per arrangement, with the margin (and the order variance in points², where the
+    results have it) in the labels (DIFF Fig. 7)."""
     plt = figure()
     series = _series(results)
     if not series:
@@ -69,7 +70,9 @@ def plot_order_robustness(results: Mapping, path: str | Path) -> Path:
             ax.scatter([pos] * len(accs), accs, alpha=0.7)
             ax.vlines(pos, r["worst"], r["best"])
             ticks.append(pos)
-            names.append(f"{name}\n{arrangement}\nmargin {100 * r['margin']:.1f}")
+            variance = r.get("order_variance")  # results from before 2026-12-02 have none
+            spread = "" if variance is None else f"\norder var {1e4 * variance:.1f}"
+            names.append(f"{name}\n{arrangement}\nmargin {100 * r['margin']:.1f}{spread}")
             pos += 1
     ax.set_xticks(ticks, names, fontsize=7)
     ax.set_ylabel("accuracy")
@@ -89,8 +92,15 @@ def compare(icl: dict[str, dict], out: Path) -> list[str]:
 
     many = {n: r["many_shot"] for n, r in icl.items()}
     lines = [f"![ICL accuracy]({plot_icl(many, out / 'icl_all.png').name})", ""]
-    lines += ["| model | order margin (random) | order margin (by class) |", "|---|---|---|"]
+    lines += [
+        "| model | order margin (random) | order margin (by class) | order variance (random, points², items' noise "
+        "removed) |",
+        "|---|---|---|---|",
+    ]
     for n, r in icl.items():
         arr = r["order_robustness"]["arrangements"]
-        lines.append(f"| {n} | " + " | ".join(fmt(arr.get(k, {}).get("margin")) for k in ("random", "by_class")) + " |")
+        cells = [fmt(arr.get(k, {}).get("margin")) for k in ("random", "by_class")]
+        variance = arr.get("random", {}).get("order_variance")
+        cells.append("–" if variance is None else f"{1e4 * variance:.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return [*lines, ""]
