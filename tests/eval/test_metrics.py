@@ -23,7 +23,7 @@ from diffattn.eval.mqar import ar_hit_mask, ar_hit_split, mqar_per_sample, run_m
 from diffattn.eval.niah import fit_sample, plot_niah, run_niah
 from diffattn.eval.outliers import QuantizedLogits, run_outliers, run_quantization, top_stats
 from diffattn.eval.perplexity import run_perplexity, sliding_window_nll
-from diffattn.ops.quantized import quantize_absmax
+from diffattn.ops.quantized import UNIFORM_LOGITS, quantize_absmax, quantized_attention, quantized_logits
 
 from ..tiny_models import ids, tiny
 
@@ -365,6 +365,19 @@ def test_absmax_quantizer_levels():
     x = torch.tensor([[[[-2.0, 1.2, 0.9, 0.0]]]])
     q = quantize_absmax(x, bits=2)  # levels {-1, 0, 1} · 2
     assert q.tolist() == [[[[-2.0, 2.0, 0.0, 0.0]]]]
+    assert quantize_absmax(x, bits=UNIFORM_LOGITS).tolist() == [[[[0.0, 0.0, 0.0, 0.0]]]]
+
+
+def test_uniform_logits_give_each_query_the_mean_of_the_values_it_sees():
+    """bits 0: every map uniform over the visible keys: a causal running mean of V, (1 − λ) times it for two maps."""
+    q1, k1, q2, k2 = (torch.randn(1, 2, 5, 4) for _ in range(4))
+    v = torch.randn(1, 2, 5, 3)
+    running = v.cumsum(dim=2) / torch.arange(1, 6).view(1, 1, 5, 1)
+    options = dict(causal=True, attn_mask=None, scale=0.5, bits=UNIFORM_LOGITS)
+    torch.testing.assert_close(quantized_attention(q1, k1, None, None, v, None, **options), running)
+    torch.testing.assert_close(quantized_attention(q1, k1, q2, k2, v, 0.3, **options), 0.7 * running)
+    with pytest.raises(ValueError, match="uniform maps"):
+        quantized_logits(1).__enter__()
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -373,7 +386,8 @@ def test_outliers_and_quantization_end_to_end(name, debug_models, tokenizer):
     out = run_outliers(model, tokenizer, source="filler", tokens=128, seq_len=64, progress=False)
     assert out["attention_logits"]["top1"] >= out["attention_logits"]["top100"] >= out["attention_logits"]["median"]
     q = run_quantization(model, tokenizer, bits=(16, 4), source="filler", tokens=128, seq_len=64, progress=False)
-    assert [r["bits"] for r in q["quantization"]] == [16, 4]
+    assert [r["bits"] for r in q["quantization"]] == [16, 4] and q["uniform"]["bits"] == UNIFORM_LOGITS
+    assert q["uniform"]["per_window"]["tokens"] == q["quantization"][0]["per_window"]["tokens"]  # paired windows
     ppl16 = run_perplexity(model, tokenizer, source="filler", window=64, stride=64, max_tokens=128, progress=False)
     assert q["quantization"][0]["ppl"] == pytest.approx(ppl16["ppl"], rel=1e-5)
     # per window: 2 windows of 64 tokens, paired across models and widths by the token fingerprint

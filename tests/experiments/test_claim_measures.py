@@ -343,3 +343,27 @@ def test_the_order_variance_row_reads_the_orders_without_the_items_noise():
     assert row.verdict == "agrees" and "mean accuracy over the permutations" in row.note
     no_hits = Run("old", {}, {"icl": {"order_robustness": {"arrangements": {"random": {"margin": 0.1, "mean": 0.5}}}}})
     assert MEASURES["icl:order_variance"].compare(no_hits, flat["d"], 0) is None
+
+
+def test_a_quantization_row_with_logits_worth_nothing_cannot_test_the_claim():
+    """DIFF Fig. 8's drop at low bits means robustness only where the logits are worth something: a model that
+    scores as well with uniform maps (every logit equal) loses little at 4 bits because it uses its logits little."""
+    rng = np.random.default_rng(0)
+    tokens = [64] * 8
+
+    def run(name, nll16, drop, worth):  # per-window summed NLL at 16 and 4 bits and with uniform maps
+        base = nll16 + rng.normal(0, 0.05, 8)
+        row = lambda b, per_token: {"bits": b, "nll": float(np.mean(per_token)),  # noqa: E731
+                                    "per_window": {"nll": list(per_token * 64), "tokens": tokens}}  # fmt: skip
+        quant = {"quantization": [row(16, base), row(4, base + drop + rng.normal(0, 0.002, 8))],
+                 "uniform": row(0, base + worth + rng.normal(0, 0.002, 8)),
+                 "metadata": {"tokens_sha1": "same text", "seq_len": 64}}  # fmt: skip
+        return Run(name, {}, {"quant": quant})
+
+    spec = PaperClaim("s", "c", "p", "quant:drop", "lower", "baseline")
+    runs = {"t": run("t", 4.0, 0.05, 1.0), "d": run("d", 4.0, 0.01, 0.8)}
+    row = check_claim(spec, "t", "d", runs, {}, 0)
+    assert row.verdict == "agrees" and "what the logits are worth" in row.note and "costs 5% → 1% of it" in row.note
+    runs["d"] = run("d", 4.0, 0.001, 0.0)  # uniform maps score as well as the model's own
+    row = check_claim(spec, "t", "d", runs, {}, 0)
+    assert row.verdict == "inconclusive" and "d's attention logits are worth nothing" in row.note

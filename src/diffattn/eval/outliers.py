@@ -7,8 +7,10 @@ top-1/2/3/10/100 values and the median of each. Paper: top-1 attention logit 318
 
 Quantization: the logits of every map are absmax-quantized per head and sample to 16 (none), 8, 6 and 4 bits
 (:mod:`diffattn.ops.quantized`) and the score left is measured: token perplexity on the same held-out text
-(the offline stand-in for the paper's HellaSwag; stated in the metadata). Plain Hugging Face attention modules
-(baselines, pretrained bases) are rerouted through the same quantized attention by :class:`QuantizedLogits`.
+(the offline stand-in for the paper's HellaSwag; stated in the metadata), and with every logit equal (each map
+uniform, ours): what the logits are worth, without which a small drop may only mean a model that uses them little.
+Plain Hugging Face attention modules (baselines, pretrained bases) are rerouted through the same quantized attention
+by :class:`QuantizedLogits`.
 
 Per window: both suites also keep one value per evaluation window (``per_window``): the top-1 |attention logit|
 and |hidden state| of each window, and each window's summed NLL and token count at each width. Two models with
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..ops.quantized import quantized_attention, quantized_logits
+from ..ops.quantized import UNIFORM_LOGITS, quantized_attention, quantized_logits
 from .capture import AttentionCapture, reporting_and_plain_attention
 from .common import Suite, check_fits, evaluation_window, fmt, load_text, model_device
 from .measures import (
@@ -35,6 +37,7 @@ from .measures import (
     Measure,
     PaperClaim,
     Run,
+    clears_floor,
     finite,
     paired_kind,
     same_metadata,
@@ -187,29 +190,35 @@ def run_quantization(
     seq_len: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """Token perplexity with attention logits quantized to each width in ``bits`` (16 = unquantized)."""
+    """Token perplexity with attention logits quantized to each width in ``bits`` (16 = unquantized), and with every
+    logit equal (``uniform``: each map uniform over the visible keys, :data:`~diffattn.ops.quantized.UNIFORM_LOGITS`;
+    ours): the floor no width can take the model below, so that uniform − 16-bit is what its logits are worth."""
     windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
     ids = torch.cat(windows)
     window = meta["seq_len"]
-    rows = []
-    for b in tqdm(bits, desc="logit quantization", disable=not progress, leave=False):
+
+    def score(b: int) -> dict:
         per: list[tuple[float, int]] = []
         with QuantizedLogits(model, None if b >= 16 else b):
             nll, count = sliding_window_nll(model, ids, window=window, stride=window, progress=False, per_window=per)
-        rows.append(
-            {
-                "bits": b,
-                "nll": nll / count,
-                "ppl": math.exp(min(nll / count, 50.0)),
-                "per_window": {"nll": [w[0] for w in per], "tokens": [w[1] for w in per]},
-            }
-        )
+        return {
+            "bits": b,
+            "nll": nll / count,
+            "ppl": math.exp(min(nll / count, 50.0)),
+            "per_window": {"nll": [w[0] for w in per], "tokens": [w[1] for w in per]},
+        }
+
+    widths = [*bits, UNIFORM_LOGITS]
+    rows = [score(b) for b in tqdm(widths, desc="logit quantization", disable=not progress, leave=False)]
     return {
-        "quantization": rows,
+        "quantization": rows[:-1],
+        "uniform": rows[-1],
         "metadata": {
             **meta,
             "quantizer": "absmax per head and sample over kept entries, scale = max|x|/(2^(b-1)-1), round",
             "applied_to": "attention logits of every map only",
+            "uniform": "every logit equal (bits 0): each map uniform over the keys the mask keeps, what the model "
+            "scores without its attention patterns (ours; results from before 2026-12-02 lack it)",
             "score": "token perplexity, disjoint windows (stand-in for the paper's HellaSwag accuracy)",
             "per_window": "summed NLL and tokens of every window at each width (paired across widths and across "
             "models with the same tokens_sha1)",
@@ -230,8 +239,13 @@ def _compare_outliers(outl: dict[str, dict], out) -> list[str]:
 def _compare_quant_tables(quant: dict[str, dict], out) -> list[str]:
     bits = [q["bits"] for q in next(iter(quant.values()))["quantization"]]
     lines = ["Perplexity with attention logits quantized (absmax per head):", ""]
-    lines += ["| model | " + " | ".join(f"{b}-bit" for b in bits) + " |", "|---|" + "---|" * len(bits)]
-    lines += [f"| {n} | " + " | ".join(f"{q['ppl']:.3f}" for q in r["quantization"]) + " |" for n, r in quant.items()]
+    lines += [
+        "| model | " + " | ".join(f"{b}-bit" for b in bits) + " | uniform maps |",
+        "|---|" + "---|" * (len(bits) + 1),
+    ]
+    for n, r in quant.items():
+        uniform = f"{r['uniform']['ppl']:.3f}" if r.get("uniform") else "–"  # results from before 2026-12-02 lack it
+        lines.append(f"| {n} | " + " | ".join(f"{q['ppl']:.3f}" for q in r["quantization"]) + f" | {uniform} |")
     return [*lines, ""]
 
 
@@ -300,6 +314,45 @@ def _quant_drop(r: dict | None) -> float | None:
     return by_bits[min(by_bits)] - by_bits[16]
 
 
+def _logit_worth(r: dict | None, seed: int = 0):
+    """What a model's attention logits are worth on the text: the NLL/token with every logit equal (each map
+    uniform) less that at 16 bits, paired over the windows (token-weighted; a :class:`~diffattn.eval.stats.Difference`):
+    what a width that kept nothing of the logits would cost; None for results without the uniform row (before
+    2026-12-02)."""
+    rows = {q["bits"]: q for q in (r or {}).get("quantization") or []}
+    uniform = (r or {}).get("uniform")
+    w16, wu = per_token_windows(rows.get(16)), per_token_windows(uniform)
+    if w16 is None or wu is None or not np.array_equal(w16[1], wu[1]):
+        return None
+    return paired_difference(w16[0], wu[0], weights=w16[1], seed=seed)
+
+
+def _worth_words(qr: dict | None, qn: dict | None, dr: float, dn: float) -> str | None:
+    """The two sides' logit worth and the share of it the lowest width costs, for a quant row's note."""
+    wr, wn = _logit_worth(qr), _logit_worth(qn)
+    if wr is None or wn is None:
+        return None
+    share = lambda drop, worth: f"{drop / worth.estimate:.0%}" if worth.estimate > 0 else "–"  # noqa: E731
+    return (
+        f"what the logits are worth (uniform maps − 16-bit NLL/token) {value_text(wr.estimate, wr.interval, 4)} → "
+        f"{value_text(wn.estimate, wn.interval, 4)}; the lowest width costs {share(dr, wr)} → {share(dn, wn)} of it"
+    )
+
+
+def _logits_worth_nothing(runs: list[Run]) -> str | None:
+    """A model whose attention logits are worth nothing on the text (uniform maps score as well as its own: the
+    lower end of the paired interval not above 0 at the row's digits) has nothing a low width could take: its small
+    drop is not robustness, so the row cannot test the claim (audit of 2026-12-01, finding 6)."""
+    for run in runs:
+        worth = _logit_worth(run.results("quant"))
+        if worth is not None and math.isfinite(worth.interval[0]) and not clears_floor(worth.interval[0], 0.0, 4):
+            return (
+                f"{run.name}'s attention logits are worth nothing on this text (uniform maps − 16-bit NLL/token "
+                f"{value_text(worth.estimate, worth.interval, 4)}): a low width has nothing to take"
+            )
+    return None
+
+
 def _compare_quant(ref: Run, new: Run, seed: int) -> Comparison | None:
     """The NLL increase from 16 bits to the lowest width, paired over the same text windows."""
     qr, qn = ref.results("quant"), new.results("quant")
@@ -325,7 +378,8 @@ def _compare_quant(ref: Run, new: Run, seed: int) -> Comparison | None:
     return Comparison(
         metric, ref_value=ref_d.estimate, ref_ci=ref_d.interval, new_value=new_d.estimate, new_ci=new_d.interval,
         diff=diff, kind=paired_kind(diff, "text windows (token-weighted)"),
-        note="data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
+        note="; ".join(t for t in ("data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
+                                   _worth_words(qr, qn, dr, dn)) if t),
     )  # fmt: skip
 
 
@@ -373,7 +427,7 @@ OUTLIER_MEASURES = {
 QUANT_MEASURES = {
     "quant:drop": Measure(
         "NLL increase at the lowest width", 4, per_run=lambda run: _quant_drop(run.results("quant")),
-        compare=_compare_quant,
+        compare=_compare_quant, untestable=_logits_worth_nothing,
     )
 }  # fmt: skip
 

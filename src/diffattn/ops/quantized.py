@@ -4,7 +4,9 @@ Inside ``with quantized_logits(bits):`` the attention modules this library owns 
 :func:`quantized_attention` instead of their fast backend: the scaled logits Q·Kᵀ·s of each map are quantized by
 absmax per head and sample — ``scale = max|x| / (2^(b−1) − 1)`` over the entries the mask keeps, round, dequantize —
 and then masked, softmaxed and combined as usual (A1 − λA2 for two maps). ``bits=None`` or 16 means no
-quantization (the paper's 16-bit baseline). Plain Hugging Face attention modules are handled by
+quantization (the paper's 16-bit baseline); ``bits=0`` (:data:`UNIFORM_LOGITS`, ours) makes every logit equal, so
+each map is uniform over the keys the mask keeps: what a model scores without its attention patterns, the floor
+below which no width can take it. Plain Hugging Face attention modules are handled by
 :class:`diffattn.eval.outliers.QuantizedLogits`, which reroutes them through the same function.
 """
 
@@ -20,6 +22,10 @@ from .reference import _safe_softmax, additive_bias
 
 _BITS: list[int] = []
 
+#: the width with no logit information at all: every logit equal, each map uniform over the visible keys (1-bit
+#: signed absmax has no level but 0, the same thing)
+UNIFORM_LOGITS = 0
+
 
 def logit_bits() -> int | None:
     """The active logit bit width, or None (the normal case: one list check)."""
@@ -28,9 +34,9 @@ def logit_bits() -> int | None:
 
 @contextmanager
 def quantized_logits(bits: int | None) -> Iterator[None]:
-    """Quantize attention logits to ``bits`` in the block (None or 16: unchanged)."""
-    if bits is not None and not (isinstance(bits, int) and 2 <= bits <= 16):
-        raise ValueError(f"bits must be an int in [2, 16] or None, got {bits!r}")
+    """Quantize attention logits to ``bits`` in the block (None or 16: unchanged; 0: every logit equal)."""
+    if bits is not None and not (isinstance(bits, int) and (2 <= bits <= 16 or bits == UNIFORM_LOGITS)):
+        raise ValueError(f"bits must be an int in [2, 16], {UNIFORM_LOGITS} (uniform maps) or None, got {bits!r}")
     if bits is None or bits >= 16:
         yield
         return
@@ -42,7 +48,10 @@ def quantized_logits(bits: int | None) -> Iterator[None]:
 
 
 def quantize_absmax(x: torch.Tensor, bits: int, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """Absmax-quantize ``x`` [B, H, T, S] per (B, H) to signed ``bits`` and dequantize; ``keep`` limits the max."""
+    """Absmax-quantize ``x`` [B, H, T, S] per (B, H) to signed ``bits`` and dequantize; ``keep`` limits the max;
+    ``bits`` 0 (:data:`UNIFORM_LOGITS`) or 1 keeps no level but 0."""
+    if bits <= 1:
+        return torch.zeros_like(x)
     levels = 2 ** (bits - 1) - 1
     mag = x.abs() if keep is None else x.abs().masked_fill(~keep, 0)
     scale = mag.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12) / levels
