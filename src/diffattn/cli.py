@@ -53,6 +53,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"transformers  {transformers.__version__}")
     print(f"triton        {triton_version}")
     print(f"device        {device}")
+    from .environment import processor
+
+    # the instruction set torch's CPU kernels use decides the rounding: the same seed trains another model elsewhere
+    print(f"cpu           {processor()} (torch kernels: {torch.backends.cpu.get_cpu_capability()})")
     print("backends of diffattn.ops.diff_attention:")
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if here.type == "cpu":

@@ -96,6 +96,14 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     assert "paired t over the same" in results["claims"][0]["interval"] and results["claims_scope"]
     assert "## Paper claims" in report and "| Dex Table 2 |" in report
     assert (out / "allocation_all.png").stat().st_size > 0
+    # where each part trained: its summary records the processor whose kernels decide the rounding, and the report
+    # says whether that is where it was evaluated
+    from diffattn.environment import environment
+
+    here = environment()
+    assert all(o.summary["environment"] == here for o in outcomes if o.kind in ("pretrain", "adapt"))
+    assert results["environment"]["cpu_capability"] == here["cpu_capability"]
+    assert "Trained in the same environment." in report
     again = run_experiment(config, tmp_path)
     assert all(o.state == "done" for o in again)
     # a longer budget for one model resumes it; changed settings are refused unless overwritten

@@ -15,12 +15,12 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
+from ..environment import environment
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
 from ..files import contents, file_sha256, locked, new_id, overwrite_problem, write_text_atomic, writing
 from ..models.architectures import ARCHITECTURES, MEAN_LAMBDA
@@ -231,8 +231,9 @@ def write_report(config, out: Path, outcomes) -> Path:
     lines += _side_by_side(evals, out)
     lines += _pictures_section(outcomes, out)
     lines += ["## Config and environment", "", "```yaml", (out / "experiment.yaml").read_text().rstrip(), "```", ""]
-    env = _environment()
+    env = environment()
     lines.append(", ".join(f"{k} {v}" for k, v in env.items()))
+    lines += _training_environments(outcomes, env)
     report = out / "report.md"
     text = "\n".join(lines) + "\n"
     check_report_writable(out, text)
@@ -423,17 +424,27 @@ def _pictures_section(outcomes, out: Path) -> list[str]:
     return lines
 
 
-def _environment() -> dict:
-    import torch
-    import transformers
+def _training_environments(outcomes, evaluated: dict) -> list[str]:
+    """The report's lines on where the models were trained: each training part's recorded environment
+    (:func:`diffattn.environment.environment`, in its summary.json since 2026-12-02), grouped, where it differs from
+    the evaluation's in what decides the numbers (:data:`~diffattn.environment.REPRODUCING`): the same seed trains
+    another model on another CPU kind."""
+    from ..environment import REPRODUCING
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "threads": torch.get_num_threads(),
-    }
+    groups: dict[tuple, list[str]] = {}
+    for o in outcomes:
+        env = (o.summary or {}).get("environment") if o.kind in ("pretrain", "adapt") else None
+        if env:
+            groups.setdefault(tuple(sorted(env.items())), []).append(o.name)
+    if not groups:
+        return []
+    same = lambda env: all(env.get(k) == evaluated.get(k) for k in REPRODUCING)  # noqa: E731
+    if len(groups) == 1 and same(dict(next(iter(groups)))):
+        return ["", "Trained in the same environment."]
+    lines = ["", "Trained in:"]
+    for env, names in groups.items():
+        lines.append(f"- {', '.join(names)}: " + ", ".join(f"{k} {v}" for k, v in env))
+    return lines
 
 
 def _cards_get_headlines(outcomes, rows: dict[str, dict], metrics: list[str]) -> None:

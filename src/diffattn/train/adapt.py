@@ -56,6 +56,7 @@ from ..adapters.base import set_adapter_backend
 from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
 from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
+from ..environment import environment
 from ..files import NoSpaceError, is_inside, publish_folder, release_folder, write_text_atomic, writing
 from ..models.pretrained import load_pretrained
 from .adapt_config import (
@@ -197,6 +198,7 @@ def adapt_pretrained(
         "lambda_lr_parameters": sum(p.numel() for n, p in model.named_parameters() if n in trainer.differential),
         "distributed": distribution(config),
         "report_to": [r for r in report_to() if r != "none"],
+        "environment": environment(),  # the same seed trains another model on another CPU kind
         "warnings": _lambda_warnings(config.method.name, lambdas),
         "data": _data_summary(config, corpus, train, val, mix_rows),
     }

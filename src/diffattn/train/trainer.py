@@ -50,6 +50,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ..cuda_graphs import GraphedMicroSteps, torch_compile_mode
 from ..data.packing import FlatteningCollator
+from ..environment import environment
 from ..files import (
     RUN_CONFIG,
     NoSpaceError,
@@ -771,6 +772,7 @@ def pretrain(
         "data": data.info,
         "model_type": model.config.model_type,
         "report_to": [r for r in report_to() if r != "none"],
+        "environment": environment(),  # the same seed trains another model on another CPU kind
     }
     if trainer.args.should_save:
         _save_final(trainer, tok, config, run_dir, summary)
