@@ -351,9 +351,13 @@ def test_sixteen_bit_quantization_changes_nothing_and_four_bits_do(debug_models,
         assert (low - base).abs().max() > 1e-6
 
 
-def test_high_bit_quantized_attention_is_close_to_the_model():
-    model = tiny("qwen3")  # q/k norms and GQA through the plain-module hook
-    x = ids(t=16)
+@pytest.mark.parametrize("model_type, t", [("qwen3", 16), ("mistral", 48)])
+def test_high_bit_quantized_attention_is_close_to_the_model(model_type, t):
+    """q/k norms and GQA (qwen3), and a sliding window shorter than the text (mistral: its cache keeps the window,
+    its first call attended to all of its own keys) through the plain-module hook."""
+    model = tiny(model_type)
+    assert model_type != "mistral" or model.config.sliding_window < t
+    x = ids(t=t)
     with torch.no_grad():
         base = model(x).logits
         with QuantizedLogits(model, 14):
@@ -366,6 +370,33 @@ def test_absmax_quantizer_levels():
     q = quantize_absmax(x, bits=2)  # levels {-1, 0, 1} · 2
     assert q.tolist() == [[[[-2.0, 2.0, 0.0, 0.0]]]]
     assert quantize_absmax(x, bits=UNIFORM_LOGITS).tolist() == [[[[0.0, 0.0, 0.0, 0.0]]]]
+
+
+def test_uniform_maps_reach_every_models_attention(debug_models, tokenizer):
+    """Under bits 0 the queries and keys no longer matter, in our models, DIFF V2 and an adapter alike: scrambling
+    their projections leaves the logits as they were (and the suite refuses 0 among its widths)."""
+    x = torch.randint(0, len(tokenizer), (1, 16))
+    for name, model in debug_models.items():
+        projections = [m for n, m in model.named_modules() if n.endswith(("q_proj", "k_proj"))]
+        weights = [m.weight for m in projections if hasattr(m, "weight")]
+        kept = [w.detach().clone() for w in weights]
+        with torch.no_grad():
+            plain = model(x).logits
+            with QuantizedLogits(model, UNIFORM_LOGITS):
+                before = model(x).logits
+            try:
+                for w in weights:
+                    w.mul_(torch.randn_like(w))
+                with QuantizedLogits(model, UNIFORM_LOGITS):
+                    after = model(x).logits
+                changed = model(x).logits
+            finally:  # the fixture's model as it was
+                for w, k in zip(weights, kept, strict=True):
+                    w.copy_(k)
+        torch.testing.assert_close(after, before, msg=name)
+        assert weights and (changed - plain).abs().max() > 1e-4, name  # the scrambling itself changes the model
+    with pytest.raises(ValueError, match="widths in"):
+        run_quantization(debug_models["baseline"], tokenizer, bits=(16, 0), source="filler", tokens=128, seq_len=64)
 
 
 def test_uniform_logits_give_each_query_the_mean_of_the_values_it_sees():

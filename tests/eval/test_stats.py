@@ -286,3 +286,16 @@ def test_the_orders_variance_removes_the_items_noise_and_its_interval_holds_the_
     assert np.mean(found) > 0.8
     with pytest.raises(ValueError, match="rows × items"):
         rows_variance([[1, 0, 1]])
+    assert rows_variance(np.ones((10, 30)))[1] == (-math.inf, math.inf)  # a constant table: no width to read
+
+
+def test_the_modified_large_sample_widths_are_the_chi_square_intervals():
+    """G = 1 − df/χ²(0.975; df), H = df/χ²(0.025; df) − 1 (Graybill & Wang 1980), against values computed by hand."""
+    from diffattn.eval.stats import _mls_interval, _mls_widths
+
+    for df, (g, h) in {9: (0.5269, 2.3329), 261: (0.1516, 0.1965)}.items():
+        assert _mls_widths(df, 0.95) == pytest.approx((g, h), abs=1e-4)
+    # one positive term is the exact chi-square interval of its expectation
+    lo, hi = _mls_interval(2.0, [(2.0, 9)], [], 0.95)
+    chi2 = scipy.stats.chi2.ppf
+    assert (lo, hi) == pytest.approx((2.0 * 9 / chi2(0.975, 9), 2.0 * 9 / chi2(0.025, 9)))

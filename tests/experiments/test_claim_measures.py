@@ -320,12 +320,12 @@ def test_the_order_variance_row_reads_the_orders_without_the_items_noise():
     rng = np.random.default_rng(0)
     difficulty = rng.normal(0, 1, 200)
 
-    def run(name, logit, order_sd, items=30):  # 10 orders × items, logistic item and order effects
-        p = 1 / (1 + np.exp(-(logit + difficulty[:items] + rng.normal(0, order_sd, (10, 1)))))
+    def run(name, logit, order_sd, items=30, orders=10, meta=None):  # orders × items, logistic item and order effects
+        p = 1 / (1 + np.exp(-(logit + difficulty[:items] + rng.normal(0, order_sd, (orders, 1)))))
         hits = (rng.random(p.shape) < p).astype(int).tolist()
         accs = [float(np.mean(h)) for h in hits]
         random = {"accuracies": accs, "hits": hits, "margin": max(accs) - min(accs), "mean": float(np.mean(accs))}
-        return Run(name, {}, {"icl": {"order_robustness": {"arrangements": {"random": random}}}})
+        return Run(name, {}, {"icl": {"order_robustness": {"arrangements": {"random": random}, "metadata": meta}}})
 
     spec = PaperClaim("s", "c", "p", "icl:order_variance", "lower", "baseline")
     flat = {"t": run("t", 0.0, 0.0), "d": run("d", 3.5, 0.0)}
@@ -339,10 +339,21 @@ def test_the_order_variance_row_reads_the_orders_without_the_items_noise():
     assert row.verdict == "agrees" and row.ref_value > 100 and abs(row.new_value) < 20  # points²
     seeds = {f"t{i}": run(f"t{i}", 0.0, 1.0, items=200) for i in range(3)}
     seeds |= {f"d{i}": run(f"d{i}", 0.0, 0.0, items=200) for i in range(3)}
-    row = check_claim(spec, "t", "d", seeds, {"t": ["t0", "t1", "t2"], "d": ["d0", "d1", "d2"]}, 0)
+    groups = {"t": ["t0", "t1", "t2"], "d": ["d0", "d1", "d2"]}
+    row = check_claim(spec, "t", "d", seeds, groups, 0)  # results without the orders' record: Welch over the runs
     assert row.verdict == "agrees" and "mean accuracy over the permutations" in row.note
+    assert row.interval.startswith("Welch t over seeds")
+    # the seeds scored on the same orders and items: their mean hits compared once (Welch would miss the orders'
+    # sampling, shared by every run)
+    meta = {"permutation_seeds": list(range(10)), "seed": 0, "test_size": 200}
+    seeds = {f"t{i}": run(f"t{i}", 0.0, 1.0, items=200, meta=meta) for i in range(3)}
+    seeds |= {f"d{i}": run(f"d{i}", 0.0, 0.0, items=200, meta=meta) for i in range(3)}
+    row = check_claim(spec, "t", "d", seeds, groups, 0)
+    assert row.verdict == "agrees" and "seeds' mean hits on the same 10 orders" in row.metric
+    assert row.interval.startswith("modified large-sample") and row.runs == "3 vs 3 seeds"
     no_hits = Run("old", {}, {"icl": {"order_robustness": {"arrangements": {"random": {"margin": 0.1, "mean": 0.5}}}}})
     assert MEASURES["icl:order_variance"].compare(no_hits, flat["d"], 0) is None
+    assert MEASURES["icl:order_variance"].compare(run("two", 0.0, 0.0, orders=2), flat["d"], 0) is None  # too few
 
 
 def test_a_quantization_row_with_logits_worth_nothing_cannot_test_the_claim():
@@ -363,7 +374,11 @@ def test_a_quantization_row_with_logits_worth_nothing_cannot_test_the_claim():
     spec = PaperClaim("s", "c", "p", "quant:drop", "lower", "baseline")
     runs = {"t": run("t", 4.0, 0.05, 1.0), "d": run("d", 4.0, 0.01, 0.8)}
     row = check_claim(spec, "t", "d", runs, {}, 0)
-    assert row.verdict == "agrees" and "what the logits are worth" in row.note and "costs 5% → 1% of it" in row.note
+    assert row.verdict == "agrees" and "what the logits are worth (uniform maps − 16-bit NLL/token) 1.0" in row.note
     runs["d"] = run("d", 4.0, 0.001, 0.0)  # uniform maps score as well as the model's own
     row = check_claim(spec, "t", "d", runs, {}, 0)
     assert row.verdict == "inconclusive" and "d's attention logits are worth nothing" in row.note
+    seeds = {f"t{i}": run(f"t{i}", 4.0, 0.05, 1.0) for i in range(3)}
+    seeds |= {f"d{i}": run(f"d{i}", 4.0, 0.01, 0.8) for i in range(3)}
+    row = check_claim(spec, "t", "d", seeds, {"t": ["t0", "t1", "t2"], "d": ["d0", "d1", "d2"]}, 0)
+    assert row.runs == "3 vs 3 seeds" and "16-bit NLL/token, mean over seeds) 1.0" in row.note

@@ -243,11 +243,23 @@ class AttentionCall:
 def recompute_attention_call(spec: ModelTypeSpec, module: nn.Module, args: tuple, kwargs: dict) -> AttentionCall:
     """Recompute, in a forward hook (``register_forward_hook(..., with_kwargs=True)``) of a plain attention module,
     the Q, K, V it attended with. With a KV cache the forward already appended this call's keys, so the full keys
-    and values are read back from the cache."""
+    and values are read back from the cache — except where the cache keeps fewer than the call attended: a sliding-
+    window layer's cache keeps only its last window, while its first call (no keys before it) attended to all of its
+    own, which are then the ones just projected."""
     hidden = args[0] if args else kwargs["hidden_states"]
     position_embeddings, mask, cache = call_arguments(spec, args[1:], kwargs)
     q, k, v = project_qkv(spec, module, hidden, position_embeddings)
     if cache is not None:
         entry = self_attention_cache(cache).layers[module.layer_idx]
-        k, v = entry.keys, entry.values
+        attended = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
+        kept = entry.keys.shape[-2]
+        if attended is None and kept < q.shape[2]:  # plain causality over this call alone: its own keys
+            attended = k.shape[-2]
+        if attended is None or kept == attended:
+            k, v = entry.keys, entry.values
+        elif k.shape[-2] != attended:
+            raise ValueError(
+                f"cannot recompute layer {module.layer_idx}'s attention: it attended to {attended} keys, its cache "
+                f"keeps {kept} and this call projected {k.shape[-2]}"
+            )
     return AttentionCall(q, k, v, mask, logit_scale(module))

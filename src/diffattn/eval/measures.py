@@ -94,6 +94,10 @@ class Measure:
     # seeds_note(ref_runs, new_runs) -> text | None: what a row over seeds adds to its note (the single-run
     # comparison says it in its own note; e.g. where the attention went, averaged over the seeds)
     seeds_note: Callable | None = None
+    # seeds_compare(ref_runs, new_runs, seed) -> Comparison | None: over seeds, the comparison where Welch over the
+    # runs' values would miss a source of chance every run shares (e.g. the same few orders of the demonstrations);
+    # None (or absent): Welch over the runs' ``per_run`` values
+    seeds_compare: Callable | None = None
     # metric_for(runs) -> words: a row over seeds' words for these runs, where the results decide what was read
     # (e.g. the cells a grid has); None or absent: ``metric``
     metric_for: Callable | None = None

@@ -190,9 +190,11 @@ def run_quantization(
     seq_len: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """Token perplexity with attention logits quantized to each width in ``bits`` (16 = unquantized), and with every
-    logit equal (``uniform``: each map uniform over the visible keys, :data:`~diffattn.ops.quantized.UNIFORM_LOGITS`;
-    ours): the floor no width can take the model below, so that uniform − 16-bit is what its logits are worth."""
+    """Token perplexity with attention logits quantized to each width in ``bits`` (16 = unquantized; each in [2, 16]),
+    and with every logit equal (``uniform``: each map uniform over the visible keys,
+    :data:`~diffattn.ops.quantized.UNIFORM_LOGITS`; ours): uniform − 16-bit is what the model's logits are worth."""
+    if not bits or any(not isinstance(b, int) or not 2 <= b <= 16 for b in bits):
+        raise ValueError(f"bits must be widths in [2, 16] (uniform maps are scored apart), got {bits!r}")
     windows, meta = _windows(model, tokenizer, source, tokens, seq_len)
     ids = torch.cat(windows)
     window = meta["seq_len"]
@@ -327,22 +329,36 @@ def _logit_worth(r: dict | None, seed: int = 0):
     return paired_difference(w16[0], wu[0], weights=w16[1], seed=seed)
 
 
-def _worth_words(qr: dict | None, qn: dict | None, dr: float, dn: float) -> str | None:
-    """The two sides' logit worth and the share of it the lowest width costs, for a quant row's note."""
+WORTH = "what the logits are worth (uniform maps − 16-bit NLL/token"
+
+
+def _worth_words(qr: dict | None, qn: dict | None) -> str | None:
+    """The two sides' logit worth, for a quant row's note. Not as a share the drop is of it: a coarse width can cost
+    more than uniform maps (absmax rounding can move a map further from the model's own), and for two-map heads
+    uniform maps give (1 − λ)·mean V through the head's norm, another intervention than a one-map head's (review of
+    2026-12-02)."""
     wr, wn = _logit_worth(qr), _logit_worth(qn)
     if wr is None or wn is None:
         return None
-    share = lambda drop, worth: f"{drop / worth.estimate:.0%}" if worth.estimate > 0 else "–"  # noqa: E731
-    return (
-        f"what the logits are worth (uniform maps − 16-bit NLL/token) {value_text(wr.estimate, wr.interval, 4)} → "
-        f"{value_text(wn.estimate, wn.interval, 4)}; the lowest width costs {share(dr, wr)} → {share(dn, wn)} of it"
-    )
+    return f"{WORTH}) {value_text(wr.estimate, wr.interval, 4)} → {value_text(wn.estimate, wn.interval, 4)}"
+
+
+def _worth_over_seeds(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
+    """A quant row over seeds' note: each side's logit worth averaged over its seeds."""
+    means = []
+    for runs in (ref_runs, new_runs):
+        worth = [w.estimate for w in (_logit_worth(r.results("quant")) for r in runs) if w is not None]
+        if not worth:
+            return None
+        means.append(np.mean(worth))
+    return f"{WORTH}, mean over seeds) {means[0]:.4f} → {means[1]:.4f}"
 
 
 def _logits_worth_nothing(runs: list[Run]) -> str | None:
     """A model whose attention logits are worth nothing on the text (uniform maps score as well as its own: the
     lower end of the paired interval not above 0 at the row's digits) has nothing a low width could take: its small
-    drop is not robustness, so the row cannot test the claim (audit of 2026-12-01, finding 6)."""
+    drop is not robustness, so the row cannot test the claim (audit of 2026-12-01, finding 6). A sanity check: a
+    trained model's logits are worth far more than 0, and logits worth little but something do not trip it."""
     for run in runs:
         worth = _logit_worth(run.results("quant"))
         if worth is not None and math.isfinite(worth.interval[0]) and not clears_floor(worth.interval[0], 0.0, 4):
@@ -379,7 +395,7 @@ def _compare_quant(ref: Run, new: Run, seed: int) -> Comparison | None:
         metric, ref_value=ref_d.estimate, ref_ci=ref_d.interval, new_value=new_d.estimate, new_ci=new_d.interval,
         diff=diff, kind=paired_kind(diff, "text windows (token-weighted)"),
         note="; ".join(t for t in ("data uncertainty only, one seed; perplexity stands in for the paper's HellaSwag",
-                                   _worth_words(qr, qn, dr, dn)) if t),
+                                   _worth_words(qr, qn)) if t),
     )  # fmt: skip
 
 
@@ -427,7 +443,7 @@ OUTLIER_MEASURES = {
 QUANT_MEASURES = {
     "quant:drop": Measure(
         "NLL increase at the lowest width", 4, per_run=lambda run: _quant_drop(run.results("quant")),
-        compare=_compare_quant, untestable=_logits_worth_nothing,
+        compare=_compare_quant, untestable=_logits_worth_nothing, seeds_note=_worth_over_seeds,
     )
 }  # fmt: skip
 

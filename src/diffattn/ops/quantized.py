@@ -5,9 +5,10 @@ Inside ``with quantized_logits(bits):`` the attention modules this library owns 
 absmax per head and sample — ``scale = max|x| / (2^(b−1) − 1)`` over the entries the mask keeps, round, dequantize —
 and then masked, softmaxed and combined as usual (A1 − λA2 for two maps). ``bits=None`` or 16 means no
 quantization (the paper's 16-bit baseline); ``bits=0`` (:data:`UNIFORM_LOGITS`, ours) makes every logit equal, so
-each map is uniform over the keys the mask keeps: what a model scores without its attention patterns, the floor
-below which no width can take it. Plain Hugging Face attention modules are handled by
-:class:`diffattn.eval.outliers.QuantizedLogits`, which reroutes them through the same function.
+each map is uniform over the keys the mask keeps: what a model scores without its attention patterns, a reference for
+what its logits are worth (not a floor: a coarse width can move a map further from the model's own than uniform).
+Plain Hugging Face attention modules are handled by :class:`diffattn.eval.outliers.QuantizedLogits`, which reroutes
+them through the same function.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def plot_order_robustness(results: Mapping, path: str | Path) -> Path:
             ax.vlines(pos, r["worst"], r["best"])
             ticks.append(pos)
             variance = r.get("order_variance")  # results from before 2026-12-02 have none
-            spread = "" if variance is None else f"\norder var {1e4 * variance:.1f}"
+            spread = "" if variance is None else f"\norder var {1e4 * variance:.1f} pt²"
             names.append(f"{name}\n{arrangement}\nmargin {100 * r['margin']:.1f}{spread}")
             pos += 1
     ax.set_xticks(ticks, names, fontsize=7)
