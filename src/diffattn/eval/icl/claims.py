@@ -168,10 +168,12 @@ def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
     mr, mn = _margin(ref), _margin(new)
     if mr is None or mn is None:
         return None
+    beside = "" if _order_hits(ref) is None or _order_hits(new) is None else (
+        "; the order-variance row reads the same orders without the items' noise"
+    )  # fmt: skip
     return Comparison(
         "order margin (random)", ref_value=mr, new_value=mn,
-        kind=ONE_NUMBER + " (best − worst over permutations; a bootstrap over the items would be biased; the order "
-        "variance row reads the orders without the items' noise)",
+        kind=ONE_NUMBER + f" (best − worst over permutations; a bootstrap over the items would be biased{beside})",
         note=_accuracies_beside([ref], [new]) or "",
     )  # fmt: skip
 
