@@ -449,12 +449,13 @@ def rows_variance(table, level: float = 0.95) -> tuple[float, tuple[float, float
 
 def rows_variance_difference(ref_table, new_table, level: float = 0.95, rows_name: str = "rows") -> Difference:
     """``new − ref`` of two tables' :func:`rows_variance`, with the modified large-sample interval of the four mean
-    squares taken as independent: its 95% interval held the true difference in 95–98% of simulated pairs of 10
-    orders × 30-500 items (logistic item and order effects, accuracies 0.5-0.96), and with no order effect in either
-    model it excluded 0 on each side in 1.6-2.9% of draws whatever the two accuracies (``tests/eval/test_stats.py``;
-    a review's 4,000 draws a cell, 2026-12-02). Two models scored on the same orders and items are not independent:
-    with order effects correlated 0.8 between them the interval held the truth in 97.5%, conservative. With 2 rows a
-    side it is not: 88% (3 rows: conservative again). ``rows_name``: what the method's words call the rows."""
+    squares taken as independent: its 95% interval held the true difference in 96-98% of simulated pairs of 10
+    orders × 30-200 items (logistic item and order effects, accuracies 0.5-0.96), and with no order effect in either
+    model it excluded 0 on each side in 1.9-2.3% of draws whatever the two accuracies
+    (``benchmarks/order_variance_simulation.py``; a review's 4,000 draws a cell agree; a smaller version is
+    ``tests/eval/test_stats.py``). Two models scored on the same orders and items are not independent: with order
+    effects correlated 0.8 between them the interval held the truth in 97.5% (the review), conservative. With 2 rows
+    a side it is not: 90% (3 rows: 98%). ``rows_name``: what the method's words call the rows."""
     est_r, pos_r, neg_r = _rows_terms(ref_table)
     est_n, pos_n, neg_n = _rows_terms(new_table)
     estimate = est_n - est_r

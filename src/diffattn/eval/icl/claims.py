@@ -195,8 +195,8 @@ def _accuracies_beside(ref_runs: list[Run], new_runs: list[Run], why: bool = Tru
 POINTS2 = 1e4
 
 
-#: the fewest orders an order-variance row reads: with 2 its interval held the truth in 88% of simulated draws, with 3
-#: in over 95% (review of 2026-12-02)
+#: the fewest orders an order-variance row reads: with 2 its interval held the truth in 90% of simulated draws, with 3
+#: in 98% (benchmarks/order_variance_simulation.py)
 MIN_ORDERS = 3
 
 
@@ -243,8 +243,9 @@ def _compare_order_variance(ref: Run, new: Run, seed: int) -> Comparison | None:
     the random orders would have on the whole item population, each model's from its permutations × items hits (two-way
     ANOVA: the orders' mean square less the order × item residual's), compared with the modified large-sample
     interval (:func:`~diffattn.eval.stats.rows_variance_difference`). It is on the accuracy scale, as the paper's
-    margin: a model near 0 or 1 accuracy has less room to vary with the same sensitivity (simulated, logistic order sd
-    0.5 at accuracy 0.50 against 0.96: "agrees" in 44% of draws of 10 × 30, 84% of 10 × 100), so the note gives the
+    margin: a model near 0 or 1 accuracy has less room to vary with the same sensitivity (logistic order sd 0.5 at
+    accuracy 0.50 against 0.96: "agrees" in 40% of draws of 10 × 30, 82% of 10 × 100;
+    ``benchmarks/order_variance_simulation.py``), so the note gives the
     accuracies and the logit-scale variance beside it. The margins go in the note too."""
     hr, hn = _order_hits(ref), _order_hits(new)
     if hr is None or hn is None:
@@ -261,9 +262,9 @@ SAME_ORDERS = ("dataset", "dataset_options", "seed", "test_size", "labels", "rou
 def _seeds_order_variance(ref_runs: list[Run], new_runs: list[Run], seed: int) -> Comparison | None:
     """Over seeds: every run is scored on the same few orders (the evaluation's seed, not the training's) and the same
     items, so Welch over the runs' variances misses their sampling — simulated, 3 vs 3 seeds sharing each order's
-    effect: 14-17% false verdicts on each side (review of 2026-12-02). Each side's hits are averaged over its seeds
-    and the two mean tables compared as one run's are: 1-3% false verdicts a side, 94-98% coverage, and more power
-    (simulated 2026-12-02, 600 draws a case, 3 vs 3 seeds of 10 orders × 100 items).
+    effect: 15% false verdicts on each side. Each side's hits are averaged over its seeds and the two mean tables
+    compared as one run's are: 1.2-2.6% false verdicts a side, 95-97% coverage, and more power
+    (``benchmarks/order_variance_simulation.py``: 3 vs 3 seeds of 10 orders × 100 items).
     What it reads is the order variance of the seeds' mean accuracy. Runs on other orders: None (Welch)."""
     runs = ref_runs + new_runs
     tables = [_order_hits(run) for run in runs]
