@@ -1,5 +1,5 @@
 """How the order-variance row (DIFF Fig. 7; diffattn.eval.icl.claims, docs/evaluation.md §7.4) behaves on simulated
-hits, where the truth is known: the numbers evaluation.md quotes.
+hits, where the truth is known: the numbers docs/evaluation.md §7.4 quotes.
 
 Each model's hits: ``orders × items`` draws of Bernoulli(sigmoid(mu + b_i + a_p)), item difficulties b_i ~ N(0, 1)
 shared by both models, order effects a_p ~ N(0, sd). The truth is the variance over orders of the accuracy on the item
