@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
 # docs/architecture.md §2, lowest first; packages in one layer may import each other only as the table there says
 LAYERS = [
     {"ops"},
-    {"lambdas", "config", "files", "cards", "hf_auto", "paper_claim", "cuda_graphs"},
+    {"lambdas", "config", "files", "cards", "hf_auto", "paper_claim", "cuda_graphs", "environment"},
     {"data"},
     {"models"},
     {"adapters"},
