@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import sys
 import typing
 from pathlib import Path
@@ -36,8 +35,8 @@ def _positive_int(text: str) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
-    import transformers
 
+    from .environment import environment
     from .ops import auto_backend, backend_status
 
     try:
@@ -46,17 +45,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         triton_version = triton.__version__
     except ImportError:
         triton_version = "not installed"
-    device = "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    env = environment()  # the record every training run and report keeps: one home for these facts
     print(f"diffattn      {__version__}")
-    print(f"python        {platform.python_version()}")
-    print(f"torch         {torch.__version__} ({torch.get_num_threads()} threads)")
-    print(f"transformers  {transformers.__version__}")
+    print(f"python        {env['python']}")
+    print(f"torch         {env['torch']} ({env['threads']} threads)")
+    print(f"transformers  {env['transformers']}")
     print(f"triton        {triton_version}")
-    print(f"device        {device}")
-    from .environment import processor
-
+    print(f"device        {env['device'] + (': ' + env['gpu'] if 'gpu' in env else '')}")
     # the instruction set torch's CPU kernels use decides the rounding: the same seed trains another model elsewhere
-    print(f"cpu           {processor()} (torch kernels: {torch.backends.cpu.get_cpu_capability()})")
+    print(f"cpu           {env['cpu']} (torch kernels: {env['cpu_capability']})")
     print("backends of diffattn.ops.diff_attention:")
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if here.type == "cpu":

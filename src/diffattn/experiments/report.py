@@ -20,7 +20,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from ..environment import environment
+from ..environment import REPRODUCING, environment
 from ..eval.common import ema, figure, fmt, group_colors, jsonable, save_figure, seed_group
 from ..files import contents, file_sha256, locked, new_id, overwrite_problem, write_text_atomic, writing
 from ..models.architectures import ARCHITECTURES, MEAN_LAMBDA
@@ -429,8 +429,6 @@ def _training_environments(outcomes, evaluated: dict) -> list[str]:
     (:func:`diffattn.environment.environment`, in its summary.json since 2026-12-02), grouped, where it differs from
     the evaluation's in what decides the numbers (:data:`~diffattn.environment.REPRODUCING`): the same seed trains
     another model on another CPU kind."""
-    from ..environment import REPRODUCING
-
     groups: dict[tuple, list[str]] = {}
     for o in outcomes:
         env = (o.summary or {}).get("environment") if o.kind in ("pretrain", "adapt") else None

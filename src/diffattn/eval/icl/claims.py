@@ -217,11 +217,12 @@ def _order_variance(run: Run) -> float | None:
     return None if table is None else rows_variance(table)[0] * POINTS2
 
 
-def _logit_scale(table: np.ndarray) -> str:
-    """The order variance divided by the items' mean p(1 − p), squared (each item's p its mean over the orders): about
-    the variance of the orders' effect on the logit scale, where an accuracy near 0 or 1 no longer shrinks it."""
+def _logit_scale(table: np.ndarray, variance: float) -> str:
+    """The table's order variance (:func:`rows_variance`'s estimate) divided by the items' mean p(1 − p), squared
+    (each item's p its mean over the orders): about the variance of the orders' effect on the logit scale, where an
+    accuracy near 0 or 1 no longer shrinks it."""
     slope = float(np.mean(table.mean(axis=0) * (1 - table.mean(axis=0))))
-    return "–" if slope == 0 else f"{rows_variance(table)[0] / slope**2:.3f}"
+    return "–" if slope == 0 else f"{variance / slope**2:.3f}"
 
 
 def _variance_row(hr: np.ndarray, hn: np.ndarray, metric: str, extra: list[str]) -> Comparison:
@@ -230,7 +231,8 @@ def _variance_row(hr: np.ndarray, hn: np.ndarray, metric: str, extra: list[str])
     diff = rows_variance_difference(hr, hn, rows_name="orders")
     scale = lambda ci: tuple(v * POINTS2 for v in ci)  # noqa: E731
     diff = diff._replace(estimate=diff.estimate * POINTS2, interval=scale(diff.interval))
-    logit = f"on the logit scale (÷ the items' mean p(1 − p), squared) about {_logit_scale(hr)} → {_logit_scale(hn)}"
+    logit = "on the logit scale (÷ the items' mean p(1 − p), squared) about "
+    logit += f"{_logit_scale(hr, rv)} → {_logit_scale(hn, nv)}"
     note = "; ".join(t for t in (ORDER_VARIANCE_WORDS, *extra, logit) if t)
     return Comparison(
         metric, ref_value=rv * POINTS2, ref_ci=scale(rci), new_value=nv * POINTS2, new_ci=scale(nci), diff=diff,
