@@ -831,3 +831,12 @@ def test_rows_read_one_quantity_and_say_what_they_cannot_test(corpus):
     )  # fmt: skip
     assert hidden.verdict == "agrees" and hidden.metric == "mean per-window top-1 |hidden| (mean over seeds)"
     assert "overall top-1 |hidden| (mean over seeds) 414.67 → 234.33" in hidden.note
+    assert hidden.interval.startswith("Welch t over seeds")  # windows not named: not known to be the same
+    for e in evals.values():  # every run scored the same text windows: counted once beside the seeds
+        e["outliers"]["metadata"] = {"tokens_sha1": "same", "seq_len": 64}
+    shared = next(
+        c for c in paper_claims(config(1.0), rows, evals)
+        if c.claim == "smaller hidden-state outliers" and c.ref == "baseline"
+    )  # fmt: skip
+    assert shared.interval.startswith("two-way t over seeds × items (3 vs 3 runs × 16 shared items")
+    assert shared.verdict == "agrees" and shared.diff_value == pytest.approx(hidden.diff_value)

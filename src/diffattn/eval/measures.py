@@ -98,6 +98,11 @@ class Measure:
     # runs' values would miss a source of chance every run shares (e.g. the same few orders of the demonstrations);
     # None (or absent): Welch over the runs' ``per_run`` values
     seeds_compare: Callable | None = None
+    # per_item(run) -> (identity, values) | None: the run's value on each test item (its mean is ``per_run``'s value)
+    # and what names the items (e.g. the text windows' token hash): over seeds, where every run of both sides names
+    # the same items, the row counts the items once beside the seeds (stats.seeds_items_difference) instead of Welch
+    # over the runs' values, which misses which items were drawn
+    per_item: Callable | None = None
     # metric_for(runs) -> words: a row over seeds' words for these runs, where the results decide what was read
     # (e.g. the cells a grid has); None or absent: ``metric``
     metric_for: Callable | None = None

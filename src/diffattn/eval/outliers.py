@@ -407,6 +407,17 @@ def _window_top1(run: Run, which: str) -> float | None:
     return float(np.mean(windows)) if windows else None
 
 
+def _window_values(run: Run, which: str):
+    """(the windows' token hash and length, each window's top-1 |value| of ``which``) or None: the items a row over
+    seeds counts once beside the seeds (``Measure.per_item``)."""
+    r = run.results("outliers") or {}
+    windows = (r.get("per_window") or {}).get(f"{which}_top1")
+    meta = r.get("metadata") or {}
+    if not windows or meta.get("tokens_sha1") is None:
+        return None
+    return (meta["tokens_sha1"], meta.get("seq_len")), windows
+
+
 def _overall_over_seeds(which: str, label: str):
     """The seeds row's note: the overall top-1 (the paper's Table 5 value), averaged over each side's seeds."""
 
@@ -431,6 +442,7 @@ def _top1_measure(which: str, label: str) -> Measure:
         f"mean per-window top-1 {label}",
         2,
         per_run=lambda run: _window_top1(run, which),
+        per_item=lambda run: _window_values(run, which),
         compare=lambda ref, new, seed: _compare_top1(ref, new, seed, which, label),
         seeds_note=_overall_over_seeds(which, label),
     )

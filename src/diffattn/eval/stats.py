@@ -399,6 +399,83 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strat
     return Difference(mean, (mean - half, mean + half), method, int(x.size))
 
 
+def _seeds_items_terms(table) -> tuple[np.ndarray, float, int, float]:
+    """A runs × items table's item means, the variance of its runs' means over the runs (Welch's term × runs), the
+    runs' count and its two-way residual mean square (0 with one run or one item)."""
+    x = np.asarray(table, dtype=float)
+    runs, items = x.shape
+    run_means, item_means = x.mean(axis=1), x.mean(axis=0)
+    resid = x - run_means[:, None] - item_means[None, :] + x.mean()
+    ms_resid = float(np.sum(resid**2)) / ((runs - 1) * (items - 1)) if runs >= 2 and items >= 2 else 0.0
+    return item_means, float(np.var(run_means, ddof=1)), runs, ms_resid
+
+
+WELCH_EXACTLY = "; the items add nothing beyond the seeds' spread: Welch's interval"  # its method's words then
+
+
+def seeds_items_difference(ref_table, new_table, level: float = 0.95) -> Difference:
+    """``new − ref`` of two groups of replicate runs (training seeds) scored on the same test items: two runs ×
+    items tables with the same items in the same columns (each side its own runs), the difference of their grand
+    means with a t interval whose variance counts both sources of chance. Welch over the runs' means counts the
+    seeds only: every run read the same items, so which items were drawn is a chance the runs share, and the item ×
+    model interaction is not in the runs' spread.
+
+    With run r's value on item i ``μ + s_r + u_i + e_ri`` on each side (the items' effects u and v of the two models
+    correlated any way), the grand means' difference has variance ``σ²_s/n + σ²_t/m + σ²(u − v)/I + σ²_e/(nI) +
+    σ²_f/(mI)``. Welch's two terms (the runs' means' variances over n and m) hold all but σ²(u − v)/I; the items'
+    differences of means ``d_i`` have a variance over the items of ``σ²(u − v) + σ²_e/n + σ²_f/m``, and each side's
+    two-way residual mean square estimates its σ²_e, so the item term is ``(s²_d − MS_E/n − MS_F/m)/I``, truncated at
+    0: the variance is never below Welch's, and is Welch's exactly where the items add nothing. Its df: Satterthwaite's
+    over the five mean-square terms, the residuals' with their negative signs (the item term alone would claim I − 1
+    where its residual share leaves far fewer: 2.3 of 15 in one export's 16 windows).
+    ``benchmarks/seeds_items_simulation.py`` measures its coverage."""
+    ref, new = np.asarray(ref_table, dtype=float), np.asarray(new_table, dtype=float)
+    if ref.ndim != 2 or new.ndim != 2 or ref.shape[1] != new.shape[1] or min(ref.shape[0], new.shape[0]) < 2:
+        raise ValueError(f"seeds_items_difference wants two runs × items tables of at least 2 runs each over the same "
+                         f"items, got {ref.shape} and {new.shape}")  # fmt: skip
+    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(new))):
+        raise ValueError("seeds_items_difference wants finite values")
+    (ir, vr, n, er), (in_, vn, m, en) = _seeds_items_terms(ref), _seeds_items_terms(new)
+    items = ref.shape[1]
+    estimate = float(new.mean() - ref.mean())
+    terms = [(vr / n, n - 1), (vn / m, m - 1)]
+    if items >= 2:
+        item_terms = [(float(np.var(in_ - ir, ddof=1)) / items, items - 1)]
+        item_terms += [(-er / (n * items), (n - 1) * (items - 1)), (-en / (m * items), (m - 1) * (items - 1))]
+        if sum(v for v, _ in item_terms) > 0:
+            terms += item_terms
+    var = sum(v for v, _ in terms)
+    method = f"two-way t over seeds × items ({n} vs {m} runs × {items} shared items; items counted once)"
+    if len(terms) == 2:
+        method += WELCH_EXACTLY
+    if var == 0:
+        return Difference(estimate, (estimate, estimate), method, n + m)
+    df = var**2 / sum(v**2 / f for v, f in terms if v != 0)
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
+    return Difference(estimate, (estimate - half, estimate + half), method, n + m)
+
+
+def seeds_items_mean(table, level: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """One group's grand mean over a runs × items table with the t interval of :func:`seeds_items_difference`'s
+    variance for one side: the runs' means' variance over the runs plus the items' (the item means' variance less the
+    residual's share, truncated at 0) over the items."""
+    x = np.asarray(table, dtype=float)
+    item_means, var_runs, _, ms_resid = _seeds_items_terms(x)
+    runs, items = x.shape
+    terms = [(var_runs / runs, runs - 1)]
+    if items >= 2:
+        item_terms = [(float(np.var(item_means, ddof=1)) / items, items - 1)]
+        item_terms.append((-ms_resid / (runs * items), (runs - 1) * (items - 1)))
+        if sum(v for v, _ in item_terms) > 0:
+            terms += item_terms
+    var, mean = sum(v for v, _ in terms), float(x.mean())
+    if var == 0:
+        return mean, (mean, mean)
+    df = var**2 / sum(v**2 / f for v, f in terms if v != 0)
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
+    return mean, (mean - half, mean + half)
+
+
 # -- a variance component and its difference ------------------------------------------------------------------------
 def _rows_terms(table) -> tuple[float, list[tuple[float, int]], list[tuple[float, int]]]:
     """The between-rows variance component of a rows × items table and the mean-square terms it is made of:
