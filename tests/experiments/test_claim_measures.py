@@ -42,6 +42,27 @@ def test_prompts_solved_rows_never_fall_back_to_a_lenient_score_and_name_the_flo
     assert MEASURES["niah"].compare(ref, lenient, 0) is None  # no strict scores: no prompts solved to read
 
 
+def test_retrieval_rows_give_their_prompts_to_rows_over_seeds_only_where_they_are_independent_items():
+    """``Measure.per_item`` (docs/evaluation.md §13.4): each prompt's value, whose mean is the run's value; pooled
+    cells only where each cell drew its prompts from seeds of its own, and never without the prompts' hash."""
+    from diffattn.eval.niah import MEASURES
+    from diffattn.eval.niah.sampling import PER_CELL_SEEDS
+
+    cells = [(1, 1, 1.0), (2, 1, 0.6), (4, 2, 0.2), (6, 2, 0.1)]
+    old = Run("a", {}, _niah(cells))
+    results = _niah(cells)
+    results["niah"]["metadata"]["prompt_seeds"] = PER_CELL_SEEDS
+    for g in results["niah"]["grid"]:
+        g["strict_accuracy"] = g["accuracy"]  # R = 2 cells' hits here are 0/1: credit and solved alike
+    new = Run("b", {}, results)
+    for name in ("niah", "niah:r1", "niah:paper_cell"):
+        key, values = MEASURES[name].per_item(new)
+        assert np.mean(values) == pytest.approx(MEASURES[name].per_run(new)) and key[0] == "same"
+    assert MEASURES["niah"].per_item(old) is None and MEASURES["niah:paper_cell"].per_item(old) is not None
+    del results["niah"]["metadata"]["samples_sha1"]
+    assert MEASURES["niah:paper_cell"].per_item(new) is None
+
+
 def test_the_top1_row_names_the_per_window_statistic_its_verdict_reads():
     from diffattn.eval.outliers import OUTLIER_MEASURES
 

@@ -153,6 +153,29 @@ def _solved_over(cells_of, r: dict | None) -> float | None:
     return float(np.mean(hits)) if hits else None
 
 
+def _solved_items(cells_of, run: Run):
+    """(the prompts' hash and cells, each prompt solved or not) over the cells ``cells_of`` picks, the items a row over
+    seeds counts once beside the seeds (``Measure.per_item``); None for results whose cells drew sample i from one
+    seed (their prompts share keys, numbers and depths across cells: not independent items) or without strict
+    scores."""
+    r = run.results("niah")
+    cells = cells_of(r) if r else None
+    hits = _grid_solved(r, cells) if cells else None
+    sha = (r.get("metadata") or {}).get("samples_sha1") if r else None
+    if not hits or sha is None or not _independent_cells(r):
+        return None
+    return ((sha, tuple((g["N"], g["R"]) for g in cells)), hits)
+
+
+def _cell_items(run: Run, n: int, rr: int):
+    """(the prompts' hash and the cell, each prompt's strict per-needle credit) of the (N, R) cell, or None."""
+    r = run.results("niah")
+    g, sha = _cell(r, n, rr), ((r or {}).get("metadata") or {}).get("samples_sha1")
+    if g is None or not g.get("strict_scores") or sha is None:
+        return None
+    return ((sha, (n, rr)), g["strict_scores"])
+
+
 def _compare_solved_over(cells_of, ref: Run, new: Run, seed: int) -> Comparison | None:
     """Prompts solved over the cells ``cells_of`` picks, the same cells in both runs (docs/evaluation.md §5.6)."""
     rr, rn = ref.results("niah"), new.results("niah")
@@ -494,12 +517,14 @@ MEASURES = {
     "niah": Measure(
         "prompts solved over DIFF Table 2's cells with R = 2 (N = 2, 4, 6, those the grid has)", 3,
         per_run=lambda run: _solved_over(_table2_cells, run.results("niah")),
+        per_item=partial(_solved_items, _table2_cells),
         compare=partial(_compare_solved_over, _table2_cells),
         chance=lambda run: pooled_floor(_table2_cells(run.results("niah")), "solved"),
     ),
     "niah:r1": Measure(
         "prompts solved over the R = 1 cells with N >= 2", 3,
         per_run=lambda run: _solved_over(_discriminating_r1, run.results("niah")),
+        per_item=partial(_solved_items, _discriminating_r1),
         compare=partial(_compare_solved_over, _discriminating_r1),
         chance=lambda run: pooled_floor(_discriminating_r1(run.results("niah")), "solved"),
         at_lambda0=_at_lambda0,
@@ -507,12 +532,14 @@ MEASURES = {
     "niah:r1_else_n2": Measure(
         "prompts solved over the R = 1 cells with N >= 2", 3,
         per_run=lambda run: _solved_over(_r1_else_n2, run.results("niah")),
+        per_item=partial(_solved_items, _r1_else_n2),
         compare=partial(_compare_solved_over, _r1_else_n2),
         chance=lambda run: pooled_floor(_r1_else_n2(run.results("niah")), "solved"),
         at_lambda0=_at_lambda0, metric_for=_r1_else_n2_metric_for,
     ),
     "niah:paper_cell": Measure(
         "per-needle credit at N=6, R=2", 3, per_run=lambda run: _cell_value(run.results("niah"), 6, 2),
+        per_item=lambda run: _cell_items(run, 6, 2),
         compare=lambda ref, new, seed: _compare_cell(ref, new, seed, 6, 2),
         chance=lambda run: _cell_floor_of(run, 6, 2),
     ),
