@@ -58,9 +58,16 @@ def test_retrieval_rows_give_their_prompts_to_rows_over_seeds_only_where_they_ar
     for name in ("niah", "niah:r1", "niah:paper_cell"):
         key, values = MEASURES[name].per_item(new)
         assert np.mean(values) == pytest.approx(MEASURES[name].per_run(new)) and key[0] == "same"
-    assert MEASURES["niah"].per_item(old) is None and MEASURES["niah:paper_cell"].per_item(old) is not None
+    # cells that share seeds: a seed's prompts over the cells are one item (their mean is still the run's value)
+    key, values = MEASURES["niah"].per_item(old)
+    assert key[-1] == "seeds" and len(values) == 40 and np.mean(values) == pytest.approx(MEASURES["niah"].per_run(old))
+    for name, res in (("niah:heatmap", _heatmap([[1, 0, 1], [0, 0, 1]], per_cell=False)),
+                      ("niah:multivalue", {"niah": {**results["niah"], "multivalue": {**results["niah"]["grid"][2],
+                                                                                       "V": 2}}})):  # fmt: skip
+        key, values = MEASURES[name].per_item(Run("c", {}, res))
+        assert np.mean(values) == pytest.approx(MEASURES[name].per_run(Run("c", {}, res))) and key[0] == "same"
     del results["niah"]["metadata"]["samples_sha1"]
-    assert MEASURES["niah:paper_cell"].per_item(new) is None
+    assert MEASURES["niah:paper_cell"].per_item(new) is None and MEASURES["niah:multivalue"].per_item(new) is None
 
 
 def test_the_top1_row_names_the_per_window_statistic_its_verdict_reads():
@@ -96,6 +103,41 @@ def test_an_allocation_share_is_labelled_of_attention_only_where_it_is():
         and "signed where" in m.metric_for([a, c])
         and "(signed share)" in (m.metric_for([a, b]))
     )
+
+
+def test_mqar_and_allocation_rows_give_their_samples_to_rows_over_seeds_and_the_slope_pairs_sample_k_across_configs():
+    """``Measure.per_item`` (docs/evaluation.md §13.4) of the MQAR and allocation rows: values whose mean is the run's
+    value, named by what drew the samples. Sample k of every MQAR configuration comes from one seed (the same first
+    keys), so the slope's items are each sample's weighted contribution over the configurations, and the single-run
+    interval reads their paired differences: a sample solved at every pair count adds nothing to the slope."""
+    from diffattn.eval.allocation import MEASURES as ALLOC
+    from diffattn.eval.mqar import MEASURES as MQAR
+
+    def mqar(name, outcomes):  # outcomes[k]: sample k's 0/1 at 2, 4 and 8 pairs
+        rows = [{"seq_len": 128, "pairs": p, "samples": len(outcomes), "floor": 0.1,
+                 "accuracy": float(np.mean([o[c] for o in outcomes])), "per_sample": [float(o[c]) for o in outcomes]}
+                for c, p in enumerate((2, 4, 8))]  # fmt: skip
+        return Run(name, {}, {"mqar": {"mqar": rows, "metadata": {"seed": 0, "token_offset": 5}}})
+
+    a = mqar("a", [(1, 1, 1)] * 10 + [(1, 0, 0)] * 10 + [(0, 0, 0)] * 10)
+    b = mqar("b", [(1, 1, 1)] * 10 + [(1, 0, 1)] * 10 + [(0, 0, 0)] * 10)
+    for name in ("mqar:accuracy", "mqar:slope"):
+        key, values = MQAR[name].per_item(a)
+        assert np.mean(values) == pytest.approx(MQAR[name].per_run(a)) and key[:2] == (0, 5)
+    slope = MQAR["mqar:slope"].compare(a, b, 0)
+    d = [0.0] * 10 + [0.5] * 10 + [0.0] * 10  # b − a per sample, slope weights −1/2, 0, 1/2 over log2(pairs)
+    assert slope.diff.estimate == pytest.approx(np.mean(d)) and "paired contributions" in slope.kind
+    assert slope.diff.interval[1] - slope.diff.interval[0] == pytest.approx(2 * 1.959964 * np.std(d, ddof=1) / 30**0.5,
+                                                                            rel=1e-4)  # fmt: skip
+
+    per_sample = [{"answer": 0.1 * i, "answer_magnitude": 0.2 * i} for i in range(4)]
+    signed = {"attention_to_answer": 0.15, "per_sample": per_sample, "metadata": {"samples_sha1": "p"}}
+    both = {**signed, "attention_to_answer_magnitude": 0.3}
+    m = ALLOC["alloc:attention_to_answer"]
+    for res in (signed, both):
+        key, values = m.per_item(Run("r", {}, {"alloc": res}))
+        assert np.mean(values) == pytest.approx(m.per_run(Run("r", {}, {"alloc": res}))) and key[0] == "p"
+    assert m.per_item(Run("r", {}, {"alloc": {**both, "metadata": {}}})) is None
 
 
 def test_a_flatter_mqar_slope_agrees_only_from_a_model_ahead_at_the_largest_pair_count():

@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -688,12 +689,27 @@ def _share_words_for(key: str, runs: list[Run]) -> str | None:
     return f"{_BUCKETS[key][1]} ({how})"
 
 
+def _share_items(key: str, run: Run):
+    """(the prompts' hash and which share, each prompt's share) — the items a row over seeds counts once beside the
+    seeds (``Measure.per_item``): the share of |attention| where the run has it, else the signed one, as ``per_run``
+    reads; None without per-sample values or the prompts' hash."""
+    r = run.results("alloc") or {}
+    samples, sha = r.get("per_sample") or [], (r.get("metadata") or {}).get("samples_sha1")
+    per_key = _BUCKETS[key][0]
+    if r.get(f"{key}_magnitude") is not None:
+        per_key = f"{per_key}_magnitude"
+    if not samples or sha is None or any(per_key not in p for p in samples):
+        return None
+    return (sha, per_key), [p[per_key] for p in samples]
+
+
 def _share_measure(key: str) -> Measure:
     return Measure(
         f"{_BUCKETS[key][1]} (share of |attention|)",
         3,
         per_run=lambda run: first(run.results("alloc", f"{key}_magnitude"), run.results("alloc", key)),
         compare=lambda ref, new, seed: _compare_share(ref, new, seed, key),
+        per_item=partial(_share_items, key),
         at_lambda0=_at_lambda0,
         seeds_note=_where_over_seeds,
         metric_for=lambda runs: _share_words_for(key, runs),

@@ -12,8 +12,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..paper_claim import PaperClaim  # noqa: F401  (re-exported: suites' claims are data of their entry)
-from .stats import Difference
+from .stats import Difference, seeds_items_difference, unpaired_difference
 
 NO_PER_SAMPLE = "none: the results hold no per-sample values (rerun the suite to get them)"
 #: the key of a run's row that holds the share of its training rows that were text (not synthetic retrieval or MQAR
@@ -154,3 +156,28 @@ def same_metadata(a: dict | None, b: dict | None, *keys) -> bool:
     if not a or not b:
         return False
     return all(a.get(k) is not None and a.get(k) == b.get(k) for k in keys)
+
+
+def shared_items(m: Measure, ref_runs: list[Run], new_runs: list[Run]):
+    """Both sides' runs × items tables where every run has the measure's per-item values on the same items
+    (``Measure.per_item``: the same identity and count), else None."""
+    if m.per_item is None:
+        return None
+    per = [m.per_item(r) for r in ref_runs + new_runs]
+    if any(p is None for p in per) or len({(p[0], len(p[1])) for p in per}) != 1 or len(per[0][1]) < 2:
+        return None
+    ref, new = per[: len(ref_runs)], per[len(ref_runs) :]
+    return np.array([p[1] for p in ref], dtype=float), np.array([p[1] for p in new], dtype=float)
+
+
+def seeds_difference(m: Measure, ref_runs: list[Run], new_runs: list[Run]) -> Difference | None:
+    """``new − ref`` of a measure over replicate runs, the interval every row over seeds reads: the test items counted
+    once beside the seeds where every run read the same ones (:func:`shared_items`,
+    :func:`~diffattn.eval.stats.seeds_items_difference`), else Welch over the runs' values; None with fewer than two
+    runs with a value a side."""
+    items = shared_items(m, ref_runs, new_runs)
+    if items is not None:
+        return seeds_items_difference(*items)
+    rv = [v for v in map(m.per_run, ref_runs) if finite(v)]
+    nv = [v for v in map(m.per_run, new_runs) if finite(v)]
+    return unpaired_difference(rv, nv, method="welch") if len(rv) >= 2 and len(nv) >= 2 else None

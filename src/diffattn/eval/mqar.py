@@ -43,6 +43,7 @@ from .measures import (
     clears_floor,
     paired_kind,
     same_metadata,
+    seeds_difference,
     value_text,
 )
 from .stats import (
@@ -51,7 +52,6 @@ from .stats import (
     mean_se,
     normal_interval,
     paired_difference,
-    unpaired_difference,
 )
 
 ACCURACY_DIGITS = 3  # what the accuracy rows print; the floor test reads the same precision
@@ -394,27 +394,24 @@ def _slope_metric_for(runs: list[Run]) -> str | None:
 
 
 def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
-    """The slopes' difference; its interval sums the paired per-configuration differences' variances (the
-    configurations use independent samples): normal, data uncertainty only."""
+    """The slopes' difference, with the normal interval of the mean over the samples of each sample's paired
+    contribution to it (:func:`_slope_items`): sample k of every configuration comes from one seed (its keys are the
+    first keys of the larger configurations'), so the configurations' samples are not independent, and a sum of the
+    configurations' variances would miss their covariance. Data uncertainty only."""
     sr, sn = accuracy_slope(ref), accuracy_slope(new)
     if sr is None or sn is None:
         return None
     rows = _rows(ref)
     metric = _slope_words(rows)
-    paired = _paired_rows(ref, new)
-    if paired is None or any("per_sample" not in r for r in paired[0] + paired[1]):
+    terms_r, terms_n = _slope_items(ref), _slope_items(new)
+    if _paired_rows(ref, new) is None or terms_r is None or terms_n is None:
         return Comparison(metric, ref_value=sr, new_value=sn, kind=NO_PER_SAMPLE, cells=_cells(rows))
-    w = slope_weights([r["pairs"] for r in rows])
-    var = 0.0
-    for wi, a, b in zip(w, *paired, strict=True):
-        # the SE of one configuration's mean paired difference (undefined, NaN, from a single sample: never 0)
-        _, se = mean_se([y - x for x, y in zip(a["per_sample"], b["per_sample"], strict=True)])
-        var += wi**2 * se**2
-    est = sn - sr
-    diff = Difference(est, normal_interval(est, math.sqrt(var)), "normal", len(rows))
+    est, se = mean_se([b - a for a, b in zip(terms_r[1], terms_n[1], strict=True)])
+    diff = Difference(est, normal_interval(est, se), "normal", len(terms_r[1]))
     return Comparison(
         metric, ref_value=sr, new_value=sn, diff=diff, cells=_cells(rows),
-        kind="normal, from the paired per-configuration differences over the same samples",
+        kind=f"normal, from the {len(terms_r[1])} samples' paired contributions to the slope (sample k of every "
+        "configuration from one seed)",
         note="data uncertainty only, one seed", veto=_not_ahead_at_largest(ref, new, seed),
     )  # fmt: skip
 
@@ -437,10 +434,10 @@ def _ahead(ci) -> bool:
 
 
 def _behind_at_largest_over_seeds(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
-    """:func:`_not_ahead_at_largest` over seeds: Welch over the runs' accuracies at the largest pair count."""
-    rv = [r["accuracy"] for r in map(_largest, ref_runs) if r]
-    nv = [r["accuracy"] for r in map(_largest, new_runs) if r]
-    if len(rv) >= 2 and len(nv) >= 2 and _ahead(unpaired_difference(rv, nv, method="welch").interval):
+    """:func:`_not_ahead_at_largest` over seeds: the accuracies at the largest pair count, with the interval the
+    accuracy's own row over seeds reads (:func:`~diffattn.eval.measures.seeds_difference`)."""
+    ahead = seeds_difference(MEASURES["mqar:accuracy"], ref_runs, new_runs)
+    if ahead is not None and _ahead(ahead.interval):
         return None
     return f"the slope is flatter but {new} is not ahead at the largest pair count over seeds"
 
@@ -474,6 +471,40 @@ def _slope_at_floor(runs: list[Run]) -> str | None:
     return "every model is at or below the floor at every pair count (the slope is the no-recall heuristics')"
 
 
+def _samples_identity(run: Run, rows: list[dict]):
+    """What names the MQAR samples ``rows`` were scored on (they are drawn from these alone: :func:`mqar_samples`),
+    or None for results without the seed."""
+    meta = run.results("mqar", "metadata") or {}
+    if meta.get("seed") is None or meta.get("token_offset") is None:
+        return None
+    configs = tuple((r["seq_len"], r["pairs"], r["samples"]) for r in rows)
+    return meta["seed"], meta["token_offset"], meta.get("token_span"), meta.get("vocab"), configs
+
+
+def _accuracy_items(run: Run):
+    """(the samples' identity, each sample's accuracy) at the largest pair count (``Measure.per_item``), or None."""
+    row = _largest(run)
+    identity = None if row is None else _samples_identity(run, [row])
+    return None if identity is None or "per_sample" not in row else (identity, row["per_sample"])
+
+
+def _slope_items(run: Run):
+    """(the samples' identity, sample k's contribution Σ_c w_c·x_ck to the slope): their mean is the slope
+    (:func:`accuracy_slope`), and sample k of every configuration comes from one seed, so these, not the
+    configurations' samples, are the independent items. None without per-sample values, two pair counts, or the same
+    count of samples in every configuration."""
+    rows = _rows(run)
+    if not rows or len({r["pairs"] for r in rows}) < 2 or any("per_sample" not in r for r in rows):
+        return None
+    counts = {len(r["per_sample"]) for r in rows}
+    identity = _samples_identity(run, rows)
+    if len(counts) != 1 or identity is None:
+        return None
+    w = slope_weights([r["pairs"] for r in rows])
+    terms = [sum(wi * r["per_sample"][k] for wi, r in zip(w, rows, strict=True)) for k in range(counts.pop())]
+    return identity, terms
+
+
 def _floor(run: Run) -> float | None:
     row = _largest(run)
     return None if row is None else row.get("floor")
@@ -483,9 +514,11 @@ MEASURES = {
     "mqar:accuracy": Measure(
         "MQAR accuracy at the largest pair count", ACCURACY_DIGITS,
         per_run=lambda run: (_largest(run) or {}).get("accuracy"), compare=_compare_accuracy, chance=_floor,
+        per_item=_accuracy_items,
     ),
     "mqar:slope": Measure(SLOPE_WORDS, 3, per_run=accuracy_slope, compare=_compare_slope, untestable=_slope_at_floor,
-                          metric_for=_slope_metric_for, seeds_veto=_behind_at_largest_over_seeds),
+                          metric_for=_slope_metric_for, seeds_veto=_behind_at_largest_over_seeds,
+                          per_item=_slope_items),
     "mqar:ar_hit_loss": Measure(
         "AR-Hit loss", 3, per_run=lambda run: run.results("mqar", "ar_hit", "ar_hit_loss"), compare=_compare_ar_hit
     ),

@@ -411,6 +411,7 @@ def _seeds_items_terms(table) -> tuple[np.ndarray, float, int, float]:
 
 
 WELCH_EXACTLY = "; the items add nothing beyond the seeds' spread: Welch's interval"  # its method's words then
+NO_SPREAD = "; no spread between runs or items"  # every value the same: no width to read (its method's words then)
 
 
 def seeds_items_difference(ref_table, new_table, level: float = 0.95) -> Difference:
@@ -446,10 +447,10 @@ def seeds_items_difference(ref_table, new_table, level: float = 0.95) -> Differe
             terms += item_terms
     var = sum(v for v, _ in terms)
     method = f"two-way t over seeds × items ({n} vs {m} runs × {items} shared items; items counted once)"
+    if var == 0:  # no spread at all to read a width from, as Welch's interval says of runs that agree exactly
+        return Difference(estimate, (-math.inf, math.inf), method + NO_SPREAD, n + m)
     if len(terms) == 2:
         method += WELCH_EXACTLY
-    if var == 0:
-        return Difference(estimate, (estimate, estimate), method, n + m)
     df = var**2 / sum(v**2 / f for v, f in terms if v != 0)
     half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
     return Difference(estimate, (estimate - half, estimate + half), method, n + m)

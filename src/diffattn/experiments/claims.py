@@ -35,8 +35,19 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..adapters.registry import get_method
-from ..eval.measures import TEXT_SHARE, Measure, PaperClaim, Run, clears_floor, finite, interval, value_text
+from ..eval.measures import (
+    TEXT_SHARE,
+    Measure,
+    PaperClaim,
+    Run,
+    clears_floor,
+    finite,
+    interval,
+    shared_items,
+    value_text,
+)
 from ..eval.stats import (
+    NO_SPREAD,
     WELCH_EXACTLY,
     Difference,
     minimum_detectable_difference,
@@ -170,7 +181,8 @@ def _make(
         diff_value, diff_ci = float(diff.estimate), [lo, hi]
     else:
         if diff is not None:  # e.g. a single sample or window, or one run per model: no spread to measure
-            kind = f"none: too few samples for an interval (n = {diff.n}); {kind}"
+            why = "no spread to read a width from" if "no spread" in diff.method else "too few samples for an interval"
+            kind = f"none: {why} (n = {diff.n}); {kind}"
         diff_value = None if ref_value is None or new_value is None else float(new_value - ref_value)
         difference = "–" if diff_value is None else f"{diff_value:+.{d}f} (no interval)"
         v, diff_ci = "inconclusive", None
@@ -225,7 +237,7 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
         if len(rv) >= 2 and len(nv) >= 2:
             words = m.metric_for(ref_runs + new_runs) if m.metric_for else None
             shared = m.seeds_compare(ref_runs, new_runs, seed) if m.seeds_compare else None
-            items = _shared_items(m, ref_runs, new_runs) if shared is None else None
+            items = shared_items(m, ref_runs, new_runs) if shared is None else None
             if shared is not None:  # the measure's own comparison over seeds (a chance all runs share counted once)
                 row = _row(spec, m, ref, new, shared)
                 row.runs = f"{len(rv)} vs {len(nv)} seeds"
@@ -287,25 +299,13 @@ def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run], level: float 
     return row
 
 
-def _shared_items(m: Measure, ref_runs: list[Run], new_runs: list[Run]):
-    """Both sides' runs × items tables where every run has the measure's per-item values on the same items
-    (``Measure.per_item``), else None."""
-    if m.per_item is None:
-        return None
-    per = [m.per_item(r) for r in ref_runs + new_runs]
-    if any(p is None for p in per) or len({(p[0], len(p[1])) for p in per}) != 1 or len(per[0][1]) < 2:
-        return None
-    ref, new = per[: len(ref_runs)], per[len(ref_runs) :]
-    return np.array([p[1] for p in ref], dtype=float), np.array([p[1] for p in new], dtype=float)
-
-
 def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals, *, metric: str, items=None) -> Claim:
     """Groups of replicate runs: each side's mean with its t interval, the difference with Welch's interval, and
     what the comparison could see: the smallest difference it detects with 80% power from the measured spread,
     and the interval read as an equivalence bound (no difference larger than its farther end). ``items``: both
-    sides' runs × items tables where every run read the same test items (:func:`_shared_items`): the means and the
-    difference then count the items once beside the seeds (:func:`~diffattn.eval.stats.seeds_items_difference`;
-    Welch's power figures stay the seeds' own)."""
+    sides' runs × items tables where every run read the same test items
+    (:func:`~diffattn.eval.measures.shared_items`): the means and the difference then count the items once beside
+    the seeds (:func:`~diffattn.eval.stats.seeds_items_difference`; Welch's power figures stay the seeds' own)."""
     digits = m.digits
     if items is None:
         (rm, rci), (nm, nci) = t_interval(ref_vals), t_interval(new_vals)
@@ -314,7 +314,7 @@ def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals, *, m
     else:
         (rm, rci), (nm, nci) = seeds_items_mean(items[0]), seeds_items_mean(items[1])
         diff = seeds_items_difference(*items)
-        welch = diff.method.endswith(WELCH_EXACTLY)
+        welch = diff.method.endswith((WELCH_EXACTLY, NO_SPREAD))
         kind = diff.method + ("" if welch else ": spread over training runs and test items")
     sd_r, sd_n = float(np.std(ref_vals, ddof=1)), float(np.std(new_vals, ddof=1))
     mdd = minimum_detectable_difference(sd_r, len(ref_vals), sd_n, len(new_vals))

@@ -15,10 +15,10 @@ from ..measures import (
     PaperClaim,
     Run,
     clears_floor,
-    finite,
     interval,
     paired_kind,
     same_metadata,
+    seeds_difference,
     value_text,
 )
 from ..needle_floors import HEURISTICS
@@ -153,18 +153,30 @@ def _solved_over(cells_of, r: dict | None) -> float | None:
     return float(np.mean(hits)) if hits else None
 
 
+def _prompt_items(r: dict, groups: list[list[list[int]]], what):
+    """(identity, values): the items a row over seeds counts once beside the seeds (``Measure.per_item``), from
+    ``groups`` as :func:`_seed_means` takes them (lists of cells, one list of 1/0 per prompt each): every prompt where
+    each cell drew its prompts from seeds of its own; else each seed's share over the cells that share it (a seed's
+    prompts are one draw: the unit that is independent), whose mean is the pooled share where the cells are of equal
+    size. ``what`` names the cells; None without the prompts' hash."""
+    sha = (r.get("metadata") or {}).get("samples_sha1")
+    if sha is None:
+        return None
+    if _independent_cells(r):
+        return (sha, what, "prompts"), [hit for cells in groups for cell in cells for hit in cell]
+    means = _seed_means(groups)
+    return None if means is None else ((sha, what, "seeds"), means)
+
+
 def _solved_items(cells_of, run: Run):
-    """(the prompts' hash and cells, each prompt solved or not) over the cells ``cells_of`` picks, the items a row over
-    seeds counts once beside the seeds (``Measure.per_item``); None for results whose cells drew sample i from one
-    seed (their prompts share keys, numbers and depths across cells: not independent items) or without strict
-    scores."""
+    """Each prompt solved or not over the cells ``cells_of`` picks (by seed where the cells share seeds:
+    :func:`_prompt_items`), or None without strict scores."""
     r = run.results("niah")
     cells = cells_of(r) if r else None
-    hits = _grid_solved(r, cells) if cells else None
-    sha = (r.get("metadata") or {}).get("samples_sha1") if r else None
-    if not hits or sha is None or not _independent_cells(r):
+    if not cells or _grid_solved(r, cells) is None:
         return None
-    return ((sha, tuple((g["N"], g["R"]) for g in cells)), hits)
+    solved = [[int(score == 1.0) for score in g["strict_scores"]] for g in cells]
+    return _prompt_items(r, [solved], tuple((g["N"], g["R"]) for g in cells))
 
 
 def _cell_items(run: Run, n: int, rr: int):
@@ -316,6 +328,15 @@ def _multivalue_chance(run: Run) -> float | None:
     return None if g is None else cell_floor(g)
 
 
+def _multivalue_items(run: Run):
+    """(the prompts' hash and the cell, each prompt's strict per-needle credit) of the multi-value cell, or None."""
+    r = run.results("niah") or {}
+    g, sha = r.get("multivalue"), (r.get("metadata") or {}).get("samples_sha1")
+    if g is None or not g.get("strict_scores") or sha is None:
+        return None
+    return (sha, ("multivalue", g["N"], g["V"])), g["strict_scores"]
+
+
 def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
     """The multi-value cell (one key's V values among N needles) as :func:`_compare_cell` reads a grid cell; the
     two runs must have asked the same (N, V)."""
@@ -371,6 +392,22 @@ def _heatmap_chance(run: Run) -> float | None:
     return max(float(np.mean([c[name]["solved"] for c in cells])) for name in HEURISTICS)
 
 
+def _heatmap_by_depth(h: dict) -> list[list[list[int]]]:
+    """The heatmap's prompts solved (strict) per depth, each depth's cells over the lengths: the groups
+    :func:`_seed_means` takes (older results drew sample i of one depth from one seed at every length)."""
+    scores = h["strict_scores"]
+    return [[[int(s == 1.0) for s in row[j]] for row in scores] for j in range(len(h["depths"]))]
+
+
+def _heatmap_items(run: Run):
+    """The heatmap's prompts solved, as the items of a row over seeds (:func:`_prompt_items`), or None."""
+    r = run.results("niah") or {}
+    h = r.get("heatmap") or {}
+    if _heatmap_solved(r) is None:
+        return None
+    return _prompt_items(r, _heatmap_by_depth(h), ("heatmap", h.get("N"), tuple(h["lengths"])))
+
+
 def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     """DIFF Fig. 5: the length × depth heatmap (N needles, R = 1), every cell pooled, strict scores (None for
     results without them: :func:`_heatmap_solved`); the exact McNemar interval over the same prompts (by seed for
@@ -382,11 +419,7 @@ def _compare_heatmap(ref: Run, new: Run, seed: int) -> Comparison | None:
     key = "strict_scores"
     if not hr.get(key) or not hn.get(key):
         return None
-    # per depth, its cells over the lengths (older results drew sample i of one depth from one seed at every length)
-    by_depth = lambda h: [  # noqa: E731
-        [[int(s == 1.0) for s in row[j]] for row in h[key]] for j in range(len(h["depths"]))
-    ]
-    gr, gn = by_depth(hr), by_depth(hn)
+    gr, gn = _heatmap_by_depth(hr), _heatmap_by_depth(hn)
     sr = [hit for cells in gr for cell in cells for hit in cell]
     sn = [hit for cells in gn for cell in cells for hit in cell]
     if not sr or len(sr) != len(sn) or not _paired(rr, rn):
@@ -489,19 +522,27 @@ def _gap_at_floor(runs: list[Run]) -> str | None:
     return f"every model is at the floor at N={hi['N']} (floor {cell_floor(hi):.2f} per needle)"
 
 
+def _at_largest_n(run: Run) -> dict | None:
+    """The like-for-like (R = 1) cell with the largest N, or None."""
+    grid = _like_for_like(run.results("niah"))
+    return max(grid, key=lambda g: g["N"]) if grid else None
+
+
+# the strict per-needle credit at the largest N: what the gap row over seeds requires the new model to be ahead on
+_AT_LARGEST_N = Measure(
+    "per-needle credit at the largest N", 2, per_run=lambda run: (_at_largest_n(run) or {}).get("strict_accuracy"),
+    compare=lambda ref, new, seed: None,
+    per_item=lambda run: None if _at_largest_n(run) is None else _cell_items(run, _at_largest_n(run)["N"], 1),
+)  # fmt: skip
+
+
 def _behind_at_largest_n(ref_runs: list[Run], new_runs: list[Run], new: str) -> str | None:
-    """Over seeds, the gap claim agrees only when the new model is also ahead at the largest N (Welch over the
-    runs' accuracies there), as :func:`_compare_gap` requires of one run."""
-
-    def at_largest(run):
-        grid = _like_for_like(run.results("niah"))
-        if not grid:
-            return None
-        return max(grid, key=lambda g: g["N"]).get("strict_accuracy")
-
-    rv = [v for v in map(at_largest, ref_runs) if finite(v)]
-    nv = [v for v in map(at_largest, new_runs) if finite(v)]
-    ahead = unpaired_difference(rv, nv, method="welch")
+    """Over seeds, the gap claim agrees only when the new model is also ahead at the largest N (the interval every
+    row over seeds reads: :func:`~diffattn.eval.measures.seeds_difference`), as :func:`_compare_gap` requires of one
+    run."""
+    ahead = seeds_difference(_AT_LARGEST_N, ref_runs, new_runs)
+    if ahead is None:
+        return f"the gap grows but {new} has no accuracy at the largest N in two runs to compare"
     if verdict(interval(ahead.interval) or (-math.inf, math.inf), "higher", digits=2) == "agrees":
         return None
     return f"the gap grows but {new} is not ahead at the largest N over seeds ({ahead.estimate:+.2f})"
@@ -545,11 +586,11 @@ MEASURES = {
     ),
     "niah:multivalue": Measure(
         "per-needle credit in the multi-value cell", 3, per_run=lambda run: _multivalue_value(run.results("niah")),
-        compare=_compare_multivalue, chance=_multivalue_chance,
+        compare=_compare_multivalue, chance=_multivalue_chance, per_item=_multivalue_items,
     ),
     "niah:heatmap": Measure(
         "heatmap prompts solved", 3, per_run=lambda run: _heatmap_solved(run.results("niah")),
-        compare=_compare_heatmap, chance=_heatmap_chance,
+        compare=_compare_heatmap, chance=_heatmap_chance, per_item=_heatmap_items,
     ),
     "niah:gap": Measure(
         "accuracy at the largest N − at the smallest N (difference = growth of the gap)", 2,
