@@ -251,6 +251,32 @@ def _heatmap(outcomes, lengths=3, *, per_cell=True):
     return {"niah": {"grid": [], "heatmap": h, "mean_accuracy": 0.5, "metadata": metadata}}
 
 
+def test_the_needle_gap_resamples_a_seeds_prompt_in_both_cells_together_where_they_share_seeds():
+    """The gap's growth is a difference of two cells; where sample i of both came from one seed (older results) a
+    seed's two prompts are one draw: a model that solves or misses a seed's prompt at both N has grown by exactly 0,
+    which resampling each cell on its own does not see. Its items over seeds: prompt k at the largest N less at the
+    smallest."""
+    from diffattn.eval.niah import MEASURES
+    from diffattn.eval.niah.sampling import PER_CELL_SEEDS
+
+    def run(name, p, *, per_cell):
+        res = _niah([(2, 1, p), (8, 1, p)], rng=np.random.default_rng(int(p * 10)))
+        lo, hi = res["niah"]["grid"]
+        hi["strict_scores"] = hi["scores"] = list(lo["strict_scores"])  # each seed solved at both N or at neither
+        for g in (lo, hi):
+            g["strict_accuracy"] = g["accuracy"] = float(np.mean(g["strict_scores"]))
+        if per_cell:
+            res["niah"]["metadata"]["prompt_seeds"] = PER_CELL_SEEDS
+        return Run(name, {}, res)
+
+    gap = MEASURES["niah:gap"]
+    shared, independent = (gap.compare(run("a", 0.3, per_cell=c), run("b", 0.7, per_cell=c), 0) for c in (False, True))
+    assert "over the 40 seeds" in shared.kind and shared.diff.interval == (0.0, 0.0)
+    assert "within the two cells" in independent.kind and independent.diff.interval[1] > 0.1
+    key, values = gap.per_item(run("a", 0.3, per_cell=False))
+    assert key == ("same", (2, 8)) and np.mean(values) == gap.per_run(run("a", 0.3, per_cell=False)) == 0.0
+
+
 def test_pooled_retrieval_tests_resample_a_seeds_prompts_together_where_cells_share_seeds():
     """Results before per-cell seeds drew sample i of every length (and of every grid cell) from one seed: near copies
     of one prompt. An exact McNemar test over the pooled cells counted each copy as another prompt (audit 2026-12-01:

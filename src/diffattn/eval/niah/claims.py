@@ -468,18 +468,30 @@ def _compare_gap(ref: Run, new: Run, seed: int) -> Comparison | None:
     scoring = "strict scores (first R numbers)"
     if cr is None or cn is None:
         return None
+    # older results drew sample i of both cells from one seed (the same keys, numbers and depths): there a seed's
+    # prompt in the two cells is one draw, resampled together (each cell's own resampling misses their covariance)
+    by_seed = not _independent_cells(rr, rn) and len({len(cr[lo]), len(cr[hi]), len(cn[lo]), len(cn[hi])}) == 1
+    growth = lambda c: np.asarray(c[hi]) - np.asarray(c[lo])  # noqa: E731  (each seed's part of one run's growth)
     if _paired(rr, rn):
         d_lo = np.asarray(cn[lo]) - np.asarray(cr[lo])
         d_hi = np.asarray(cn[hi]) - np.asarray(cr[hi])
         lo_v, lo_ci = bootstrap_contrast([d_lo], seed=seed)
         hi_v, hi_ci = bootstrap_contrast([d_hi], seed=seed)
-        est, ci = bootstrap_contrast([d_hi, d_lo], [1.0, -1.0], seed=seed)
-        kind = f"paired bootstrap within the two cells ({d_lo.size} + {d_hi.size} samples)"
+        if by_seed:
+            est, ci = bootstrap_contrast([growth(cn) - growth(cr)], seed=seed)
+            kind = f"paired bootstrap over the {d_lo.size} seeds ({_BY_SEED})"
+        else:
+            est, ci = bootstrap_contrast([d_hi, d_lo], [1.0, -1.0], seed=seed)
+            kind = f"paired bootstrap within the two cells ({d_lo.size} + {d_hi.size} samples)"
     else:
         lo_v, lo_ci = bootstrap_contrast([cn[lo], cr[lo]], [1.0, -1.0], seed=seed)
         hi_v, hi_ci = bootstrap_contrast([cn[hi], cr[hi]], [1.0, -1.0], seed=seed)
-        est, ci = bootstrap_contrast([cn[hi], cr[hi], cn[lo], cr[lo]], [1.0, -1.0, -1.0, 1.0], seed=seed)
-        kind = "unpaired bootstrap within the two cells (different prompts)"
+        if by_seed:
+            est, ci = bootstrap_contrast([growth(cn), growth(cr)], [1.0, -1.0], seed=seed)
+            kind = f"unpaired bootstrap over each run's seeds ({_BY_SEED}; different prompts)"
+        else:
+            est, ci = bootstrap_contrast([cn[hi], cr[hi], cn[lo], cr[lo]], [1.0, -1.0, -1.0, 1.0], seed=seed)
+            kind = "unpaired bootstrap within the two cells (different prompts)"
     ours = f"{ref.name} → {new.name}: gap {value_text(lo_v, lo_ci, 2)} at N={n_lo} → "
     ours += f"{value_text(hi_v, hi_ci, 2)} at N={n_hi}"
     # the paper's claim is a gap in DIFF's favour that grows with N: growth that only undoes a deficit at small N
@@ -520,6 +532,22 @@ def _gap_at_floor(runs: list[Run]) -> str | None:
         cells.append(hi)
     hi = cells[0]
     return f"every model is at the floor at N={hi['N']} (floor {cell_floor(hi):.2f} per needle)"
+
+
+def _gap_items(run: Run):
+    """(the prompts' hash and the two cells, prompt k's strict credit at the largest N less at the smallest): their
+    mean is the run's part of the gap's growth (:func:`_grid_growth`), and prompt k of the two cells is one item
+    whether the cells share seeds (then they are one draw) or not (then pairing by k draws independent pairs);
+    None without strict scores, the prompts' hash, or cells of equal size."""
+    r = run.results("niah") or {}
+    grid, sha = _like_for_like(r), (r.get("metadata") or {}).get("samples_sha1")
+    if len(grid) < 2 or sha is None:
+        return None
+    lo, hi = min(grid, key=lambda g: g["N"]), max(grid, key=lambda g: g["N"])
+    a, b = lo.get("strict_scores"), hi.get("strict_scores")
+    if not a or not b or len(a) != len(b):
+        return None
+    return (sha, (lo["N"], hi["N"])), [y - x for x, y in zip(a, b, strict=True)]
 
 
 def _at_largest_n(run: Run) -> dict | None:
@@ -595,7 +623,7 @@ MEASURES = {
     "niah:gap": Measure(
         "accuracy at the largest N − at the smallest N (difference = growth of the gap)", 2,
         per_run=lambda run: _grid_growth(run.results("niah")), compare=_compare_gap, seeds_veto=_behind_at_largest_n,
-        untestable=_gap_at_floor,
+        untestable=_gap_at_floor, per_item=_gap_items,
     ),
 }  # fmt: skip
 
