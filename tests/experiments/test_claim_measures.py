@@ -9,7 +9,7 @@ import pytest
 from diffattn.adapters.registry import PaperClaim
 from diffattn.eval.measures import Run
 from diffattn.eval.stats import crossed_paired_difference
-from diffattn.experiments.claims import check_claim
+from diffattn.experiments.claims import check_claim, measure
 
 
 def _niah(cells, *, strict=True, sha="same", rng=None):
@@ -471,3 +471,10 @@ def test_a_quantization_row_with_logits_worth_nothing_cannot_test_the_claim():
     seeds |= {f"d{i}": run(f"d{i}", 4.0, 0.01, 0.8) for i in range(3)}
     row = check_claim(spec, "t", "d", seeds, {"t": ["t0", "t1", "t2"], "d": ["d0", "d1", "d2"]}, 0)
     assert row.runs == "3 vs 3 seeds" and "16-bit NLL/token, mean over seeds) 1.0" in row.note
+    assert "seeds × items (3 vs 3 runs × 8 shared items" in row.interval  # the same windows: counted once
+    # windows of unequal length: each window's share of the tokens scales its item, so their mean is the weighted drop
+    counts = [64] * 7 + [10]
+    row = lambda b, nll: {"bits": b, "nll": sum(nll) / sum(counts), "per_window": {"nll": nll, "tokens": counts}}  # noqa: E731
+    quant = {"quantization": [row(16, [100.0] * 8), row(4, [110.0] * 7 + [105.0])], "metadata": {"tokens_sha1": "x"}}
+    m, uneven = measure("quant:drop"), Run("u", {}, {"quant": quant})
+    assert np.mean(m.per_item(uneven)[1]) == pytest.approx(m.per_run(uneven)) == pytest.approx(75 / 458)

@@ -316,6 +316,20 @@ def _quant_drop(r: dict | None) -> float | None:
     return by_bits[min(by_bits)] - by_bits[16]
 
 
+def _quant_items(run: Run):
+    """(the windows' token hash, length, lowest width and token counts; each window's NLL increase at the lowest width,
+    scaled by its share of the tokens × the window count): their plain mean is the run's token-weighted drop
+    (:func:`_quant_drop`), and every run over the same windows scales them alike — the items a row over seeds counts
+    once beside the seeds (``Measure.per_item``). None without per-window values or the tokens' hash."""
+    r = run.results("quant")
+    windows, meta = _quant_windows(r), (r or {}).get("metadata") or {}
+    if windows is None or windows[1] is None or meta.get("tokens_sha1") is None:
+        return None
+    low, (w16, wlo, tokens) = windows
+    values = (wlo - w16) * tokens * len(tokens) / tokens.sum()
+    return (meta["tokens_sha1"], meta.get("seq_len"), low, tuple(tokens.tolist())), values.tolist()
+
+
 def _logit_worth(r: dict | None, seed: int = 0):
     """What a model's attention logits are worth on the text: the NLL/token with every logit equal (each map
     uniform) less that at 16 bits, paired over the windows (token-weighted; a :class:`~diffattn.eval.stats.Difference`):
@@ -456,6 +470,7 @@ QUANT_MEASURES = {
     "quant:drop": Measure(
         "NLL increase at the lowest width", 4, per_run=lambda run: _quant_drop(run.results("quant")),
         compare=_compare_quant, untestable=_logits_worth_nothing, seeds_note=_worth_over_seeds,
+        per_item=_quant_items,
     )
 }  # fmt: skip
 
