@@ -158,3 +158,52 @@ def test_no_import_circle_between_modules_even_through_deferred_imports():
     circles = _circles(_module_graph())
     assert circles == [], circles
     assert not any("diffattn.adapters.registry" in c for c in circles)  # AnnealedOptions: a leaf module now
+
+
+def _top_level_imports(path: Path, name: str, package: str) -> set[str]:
+    """Every module ``path`` imports when it is imported: its body's imports, in ``try`` and ``if`` blocks too, but
+    not inside functions or classes, nor under ``if TYPE_CHECKING`` (annotations only)."""
+
+    def body_imports(statements):
+        for node in statements:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from body_imports(node.orelse)
+            elif isinstance(node, ast.If | ast.Try):
+                for block in (node.body, node.orelse, getattr(node, "finalbody", []), *(
+                        h.body for h in getattr(node, "handlers", []))):  # fmt: skip
+                    yield from body_imports(block)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                yield target
+                yield from (f"{target}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+
+    return set(body_imports(ast.parse(path.read_text()).body))
+
+
+def test_the_eval_commands_flags_are_built_without_importing_transformers():
+    """``diffattn eval --help`` builds its flags from the suite table (``diffattn.eval.suite``): whatever that imports
+    when it is imported stays clear of transformers, whose import (with diffattn's models, which it registers) took
+    over 5 s of the 9.7 s that help took (2026-12-02; now about 3 s, torch's import)."""
+    modules = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    seen, todo, external = set(), ["diffattn.eval.suite"], {}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        path = modules[name]
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        parents = [".".join(name.split(".")[:i]) for i in range(2, len(name.split(".")))]
+        for target in [*_top_level_imports(path, name, package), *parents]:
+            if target.split(".")[0] == "diffattn":
+                todo.append(target)
+            else:
+                external.setdefault(target.split(".")[0], set()).add(name)
+    assert "diffattn.eval.niah.claims" in seen and "torch" in external  # the walk reaches the suites
+    assert "transformers" not in external, f"imported at the top of {sorted(external['transformers'])}"

@@ -25,10 +25,13 @@ import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # annotations only: importing transformers costs seconds (`diffattn eval --help`)
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 

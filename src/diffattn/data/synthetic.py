@@ -33,11 +33,14 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from .packing import IGNORE_INDEX, PackedSequences, special_token_ids
+
+if TYPE_CHECKING:  # annotations only: importing transformers costs seconds (`diffattn eval --help`)
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,14 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from .corpus import Corpus
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +113,14 @@ def _is_complete(entry: Path) -> bool:
 
 
 def _load(entry: Path) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast  # here, not at the top: seconds (`diffattn eval --help`)
+
     return PreTrainedTokenizerFast.from_pretrained(str(entry))
 
 
 def _train(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast  # here, not at the top: seconds (`diffattn eval --help`)
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

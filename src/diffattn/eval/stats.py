@@ -33,7 +33,6 @@ from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
-import scipy.stats
 
 VERDICTS = ("agrees", "disagrees", "inconclusive")
 
@@ -45,6 +44,14 @@ class Difference(NamedTuple):
     interval: tuple[float, float]
     method: str  # what the interval is, in words
     n: int  # samples (pairs) or values behind it
+
+
+def _scipy_stats():
+    """scipy.stats, imported on first use: over a second that a command line that only parses its flags (``diffattn
+    eval --help``) need not pay."""
+    import scipy.stats
+
+    return scipy.stats
 
 
 def _z(level: float) -> float:
@@ -96,14 +103,14 @@ def normal_interval(mean: float, se: float, level: float = 0.95) -> tuple[float,
 # -- Student's t ---------------------------------------------------------------------------------------------------
 def t_cdf(t: float, df: float) -> float:
     """CDF of Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
-    return float(scipy.stats.t.cdf(t, df))
+    return float(_scipy_stats().t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t (``df`` may be fractional, as Welch's)."""
     if not 0 < p < 1 or not df > 0:
         raise ValueError(f"need 0 < p < 1 and df > 0, got p={p}, df={df}")
-    return float(scipy.stats.t.ppf(p, df))
+    return float(_scipy_stats().t.ppf(p, df))
 
 
 # -- paired proportions ----------------------------------------------------------------------------------------------
@@ -164,8 +171,8 @@ def mcnemar_exact_difference(ref_hits, new_hits, level: float = 0.95) -> Differe
     if m == 0:
         lo_pi = hi_pi = 0.5
     else:
-        lo_pi = float(scipy.stats.beta.ppf(alpha / 2, c, m - c + 1)) if c > 0 else 0.0
-        hi_pi = float(scipy.stats.beta.ppf(1 - alpha / 2, c + 1, m - c)) if c < m else 1.0
+        lo_pi = float(_scipy_stats().beta.ppf(alpha / 2, c, m - c + 1)) if c > 0 else 0.0
+        hi_pi = float(_scipy_stats().beta.ppf(1 - alpha / 2, c + 1, m - c)) if c < m else 1.0
     interval = (m * (2 * lo_pi - 1) / n, m * (2 * hi_pi - 1) / n)
     pct = f"{100 * level:g}%"
     method = f"exact McNemar, conditional on the {m} discordant of {n} paired trials (Clopper–Pearson, {pct})"
@@ -179,7 +186,7 @@ def mcnemar_exact_p(ref_hits, new_hits) -> float:
     c = int(((ref == 0) & (new == 1)).sum())
     if b + c == 0:
         return 1.0
-    tail = float(scipy.stats.binom.cdf(min(b, c), b + c, 0.5))
+    tail = float(_scipy_stats().binom.cdf(min(b, c), b + c, 0.5))
     return min(1.0, 2 * tail)
 
 
@@ -496,7 +503,7 @@ def _rows_terms(table) -> tuple[float, list[tuple[float, int]], list[tuple[float
 def _mls_widths(df: int, level: float) -> tuple[float, float]:
     """(G, H) of :func:`_mls_interval` for a term with ``df`` degrees of freedom."""
     a = (1 - level) / 2
-    return 1 - df / float(scipy.stats.chi2.ppf(1 - a, df)), df / float(scipy.stats.chi2.ppf(a, df)) - 1
+    return 1 - df / float(_scipy_stats().chi2.ppf(1 - a, df)), df / float(_scipy_stats().chi2.ppf(a, df)) - 1
 
 
 def _mls_interval(estimate: float, positive, negative, level: float) -> tuple[float, float]:
@@ -557,7 +564,7 @@ def welch_power(difference: float, sd_ref: float, n_ref: int, sd_new: float, n_n
     df = (vr + vn) ** 2 / (vr**2 / (n_ref - 1) + vn**2 / (n_new - 1)) if vr + vn > 0 else n_ref + n_new - 2
     t = t_quantile(1 - alpha / 2, df)
     nc = abs(difference) / se
-    return float(scipy.stats.nct.sf(t, df, nc) + scipy.stats.nct.cdf(-t, df, nc))
+    return float(_scipy_stats().nct.sf(t, df, nc) + _scipy_stats().nct.cdf(-t, df, nc))
 
 
 def minimum_detectable_difference(
