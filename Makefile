@@ -30,8 +30,15 @@ install: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
 	@# chatterbot-corpus: YAML conversations, one ICL data set (diffattn.eval.icl_data); data only, hence --no-deps
 	@$(PYTHON) -c "import chatterbot_corpus" 2>/dev/null || $(PIP) install -q --no-deps "chatterbot-corpus==1.3.3"
 
+# torch picks its CPU kernels by the instruction set it finds, and a training run's rounding with them: on a CPU with
+# AVX2 the quickstart takes AVX2's (unless the caller set others), those the committed export results/quickstart was
+# made with, so that it reproduces it to the last digit (README, "Evidence so far"). Not on a CPU without AVX2:
+# torch would run AVX2 code there (ATEN_CPU_CAPABILITY is not checked against the CPU).
+QUICKSTART_ISA := $(if $(shell grep -qsw avx2 /proc/cpuinfo && echo yes),\
+  ATEN_CPU_CAPABILITY=$${ATEN_CPU_CAPABILITY:-avx2} ONEDNN_MAX_CPU_ISA=$${ONEDNN_MAX_CPU_ISA:-AVX2})
+
 quickstart: install
-	$(PYTHON) -m diffattn quickstart
+	$(QUICKSTART_ISA) $(PYTHON) -m diffattn quickstart
 
 test: install
 	$(PYTHON) -m pytest -q

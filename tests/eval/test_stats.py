@@ -9,6 +9,7 @@ import pytest
 import scipy.stats
 
 from diffattn.eval.stats import (
+    WELCH_EXACTLY,
     bootstrap_contrast,
     bootstrap_mean,
     mean_se,
@@ -325,5 +326,25 @@ def test_seeds_items_counts_the_shared_items_once_and_is_welch_where_they_add_no
     assert d.estimate == pytest.approx(welch.estimate) and d.interval == pytest.approx(welch.interval)
     mean, ci = seeds_items_mean(np.broadcast_to(a.mean(axis=0), (3, 20)) + np.arange(3)[:, None])
     assert mean == pytest.approx(a.mean() + 1) and ci[0] < mean < ci[1]
-    with pytest.raises(ValueError, match="runs × items"):
+    with pytest.raises(ValueError, match="the same items"):
         seeds_items_difference(a, a[:, :10])
+
+
+def test_seeds_items_over_draws_crossed_with_items_is_the_two_way_formula_with_one_draw_and_counts_the_draws():
+    """Runs × shot counts × draws × items (many-shot ICL, every run after the same draws): with one stratum and one
+    draw it is the runs × items formula exactly; a shift that moves the draws, alike in every run, is a chance the
+    runs share (their spread does not show it) and widens the interval past Welch's; a shift that moves every cell
+    alike adds nothing: Welch's exactly."""
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(0, 1, (3, 20)), rng.normal(0, 1, (4, 20))
+    two_way, as_cells = seeds_items_difference(a, b), seeds_items_difference(a[:, None, None], b[:, None, None])
+    assert as_cells.interval == pytest.approx(two_way.interval, rel=1e-12) and as_cells.method == two_way.method
+    assert seeds_items_mean(a[:, None, None])[1] == pytest.approx(seeds_items_mean(a)[1], rel=1e-12)
+    x = rng.normal(0, 1, (3, 2, 5, 20))
+    welch = unpaired_difference(x.mean(axis=(1, 2, 3)), (x + 0.5).mean(axis=(1, 2, 3)), method="welch")
+    alike = seeds_items_difference(x, x + 0.5)
+    assert alike.interval == pytest.approx(welch.interval) and alike.method.endswith(WELCH_EXACTLY)
+    draws = seeds_items_difference(x, x + np.linspace(-1, 1, 5)[None, None, :, None])
+    assert "3 vs 3 runs × 2 shot counts × 5 draws × 20 items" in seeds_items_difference(
+        x, x, strata_name="shot counts").method  # fmt: skip
+    assert draws.estimate == pytest.approx(0) and draws.interval[1] - draws.interval[0] > 2 * (welch.interval[1] - 0.5)

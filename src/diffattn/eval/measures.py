@@ -159,12 +159,13 @@ def same_metadata(a: dict | None, b: dict | None, *keys) -> bool:
 
 
 def shared_items(m: Measure, ref_runs: list[Run], new_runs: list[Run]):
-    """Both sides' runs × items tables where every run has the measure's per-item values on the same items
-    (``Measure.per_item``: the same identity and count), else None."""
+    """Both sides' runs × items tables (runs × strata × draws × items where the measure's items are crossed with
+    draws) where every run has the measure's per-item values on the same items (``Measure.per_item``: the same
+    identity and shape), else None."""
     if m.per_item is None:
         return None
     per = [m.per_item(r) for r in ref_runs + new_runs]
-    if any(p is None for p in per) or len({(p[0], len(p[1])) for p in per}) != 1 or len(per[0][1]) < 2:
+    if any(p is None for p in per) or len({(p[0], np.shape(p[1])) for p in per}) != 1 or np.size(per[0][1]) < 2:
         return None
     ref, new = per[: len(ref_runs)], per[len(ref_runs) :]
     return np.array([p[1] for p in ref], dtype=float), np.array([p[1] for p in new], dtype=float)

@@ -359,6 +359,22 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
     return m, (m - t * se, m + t * se)
 
 
+def _crossed_terms(x: np.ndarray) -> list[tuple[float, int]]:
+    """The variance terms of a strata × draws × items array's grand mean, each with its df, in a fixed order (each
+    stratum's draws, then the items; none for one draw or one item): ``MS_D/(D·I)`` per stratum over K² — the
+    variance of its draws' means over D — and ``MS_I/(D·I)`` — the variance of the items' means over every stratum
+    and draw, over I (:func:`crossed_paired_difference`). Leading axes (e.g. runs) give each term per leading index,
+    as arrays."""
+    strata, draws, items = x.shape[-3:]
+    terms = []
+    if draws >= 2:
+        per_stratum = np.var(x.mean(axis=-1), axis=-1, ddof=1) / draws / strata**2  # [..., strata]
+        terms += [(per_stratum[..., k], draws - 1) for k in range(strata)]
+    if items >= 2:
+        terms.append((np.var(x.mean(axis=(-3, -2)), axis=-1, ddof=1) / items, items - 1))
+    return [(float(v) if np.ndim(v) == 0 else v, df) for v, df in terms]
+
+
 def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strata_name: str = "strata") -> Difference:
     """Mean of ``new − ref`` over a draws × items table of paired values (two models scored on the same test items
     after the same draws of demonstrations), with a t interval whose variance counts both sources of chance: the
@@ -387,11 +403,7 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strat
     mean = float(x.mean())  # equal draws and items per stratum: the mean of the strata's means
     if x.size < 2:
         return Difference(mean, (-math.inf, math.inf), "one value: no interval", int(x.size))
-    terms = []  # (variance term, its df): MS_D/(D·I) is the variance of the draws' means over D, MS_I/(D·I) the items'
-    if draws >= 2:
-        terms += [(float(np.var(s.mean(axis=1), ddof=1)) / draws / strata**2, draws - 1) for s in x]
-    if items >= 2:
-        terms.append((float(np.var(x.mean(axis=(0, 1)), ddof=1)) / items, items - 1))
+    terms = _crossed_terms(x)
     var = sum(v for v, _ in terms)
     method = f"two-way t over {draws} draws × {items} items (paired; crossed draws and items)"
     if strata > 1:
@@ -406,22 +418,69 @@ def crossed_paired_difference(ref_values, new_values, level: float = 0.95, strat
     return Difference(mean, (mean - half, mean + half), method, int(x.size))
 
 
-def _seeds_items_terms(table) -> tuple[np.ndarray, float, int, float]:
-    """A runs × items table's item means, the variance of its runs' means over the runs (Welch's term × runs), the
-    runs' count and its two-way residual mean square (0 with one run or one item)."""
+def _runs_cells(table, name: str) -> np.ndarray:
+    """A runs × items table, or a runs × strata × draws × items array (the draws crossed with the items within each
+    stratum, the items the same in all), as runs × strata × draws × items."""
     x = np.asarray(table, dtype=float)
-    runs, items = x.shape
-    run_means, item_means = x.mean(axis=1), x.mean(axis=0)
-    resid = x - run_means[:, None] - item_means[None, :] + x.mean()
-    ms_resid = float(np.sum(resid**2)) / ((runs - 1) * (items - 1)) if runs >= 2 and items >= 2 else 0.0
-    return item_means, float(np.var(run_means, ddof=1)), runs, ms_resid
+    if x.ndim == 2:
+        x = x[:, None, None, :]
+    if x.ndim != 4 or x.shape[0] < 2 or x.size == 0:
+        raise ValueError(f"{name} wants runs × items tables (or runs × strata × draws × items arrays) of at least 2 "
+                         f"runs, got {np.shape(table)}")  # fmt: skip
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} wants finite values")
+    return x
+
+
+def _seeds_cells_terms(sides) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+    """The variance terms of ``Σ sign·(grand mean)`` over ``sides`` = [(runs × strata × draws × items, sign)] that
+    share their draws and items: (the runs' terms, one per side — the variance of its runs' means over the runs,
+    Welch's —, the shared cells' terms). The cells' terms are :func:`_crossed_terms` of the sides' signed table of
+    cell means over the runs, less each side's run-by-cell noise in them (already in its runs' term): each term of
+    a run's residual table (less its own mean and the side's cell means) averaged over the runs, over n − 1
+    (the residual lost 1/n of it to the cell means) and, as a negative term, with (n − 1) × the term's df."""
+    runs, cells = [], _crossed_terms(sum(sign * x.mean(axis=0) for x, sign in sides))
+    for x, _ in sides:
+        n = x.shape[0]
+        run_means = x.mean(axis=(1, 2, 3))
+        runs.append((float(np.var(run_means, ddof=1)) / n, n - 1))
+        resid = x - x.mean(axis=0)[None] - (run_means - x.mean())[:, None, None, None]
+        cells += [(-float(np.mean(v)) / (n - 1), (n - 1) * df) for v, df in _crossed_terms(resid)]
+    return runs, cells
+
+
+def _seeds_cells_interval(estimate: float, runs, cells, level: float) -> tuple[tuple[float, float], bool]:
+    """The t interval of the runs' terms plus the cells' where these add a positive variance (else the runs' alone:
+    Welch's), and whether the cells' were kept. The df: Satterthwaite's over the runs' terms and the cells' sum,
+    whose own df is Satterthwaite's over its terms (the negative ones too), at least 1: a sum near 0 of mean squares
+    with few df each (3 draws a shot count: 2) has less than one, and with it a t quantile in the hundreds on the
+    whole variance (an accuracy's interval ±175), where the runs' terms it barely adds to are well estimated."""
+    cells_var = sum(v for v, _ in cells)
+    kept = cells_var > 0
+    var = sum(v for v, _ in runs) + (cells_var if kept else 0.0)
+    if var == 0:
+        return (-math.inf, math.inf), kept
+    spread = sum(v**2 / f for v, f in runs if v != 0)
+    if kept:
+        cells_df = max(1.0, cells_var**2 / sum(v**2 / f for v, f in cells if v != 0))
+        spread += cells_var**2 / cells_df
+    df = var**2 / spread
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
+    return (estimate - half, estimate + half), kept
+
+
+def _cells_words(x: np.ndarray, strata_name: str) -> str:
+    strata, draws, items = x.shape[1:]
+    if strata == draws == 1:
+        return f"{items} shared items"
+    return f"{strata} {strata_name} × {draws} draws × {items} items, shared"
 
 
 WELCH_EXACTLY = "; the items add nothing beyond the seeds' spread: Welch's interval"  # its method's words then
 NO_SPREAD = "; no spread between runs or items"  # every value the same: no width to read (its method's words then)
 
 
-def seeds_items_difference(ref_table, new_table, level: float = 0.95) -> Difference:
+def seeds_items_difference(ref_table, new_table, level: float = 0.95, strata_name: str = "strata") -> Difference:
     """``new − ref`` of two groups of replicate runs (training seeds) scored on the same test items: two runs ×
     items tables with the same items in the same columns (each side its own runs), the difference of their grand
     means with a t interval whose variance counts both sources of chance. Welch over the runs' means counts the
@@ -434,54 +493,42 @@ def seeds_items_difference(ref_table, new_table, level: float = 0.95) -> Differe
     differences of means ``d_i`` have a variance over the items of ``σ²(u − v) + σ²_e/n + σ²_f/m``, and each side's
     two-way residual mean square estimates its σ²_e, so the item term is ``(s²_d − MS_E/n − MS_F/m)/I``, truncated at
     0: the variance is never below Welch's, and is Welch's exactly where the items add nothing. Its df: Satterthwaite's
-    over the five mean-square terms, the residuals' with their negative signs (the item term alone would claim I − 1
-    where its residual share leaves far fewer: 2.3 of 15 in one export's 16 windows).
-    ``benchmarks/seeds_items_simulation.py`` measures its coverage."""
-    ref, new = np.asarray(ref_table, dtype=float), np.asarray(new_table, dtype=float)
-    if ref.ndim != 2 or new.ndim != 2 or ref.shape[1] != new.shape[1] or min(ref.shape[0], new.shape[0]) < 2:
-        raise ValueError(f"seeds_items_difference wants two runs × items tables of at least 2 runs each over the same "
-                         f"items, got {ref.shape} and {new.shape}")  # fmt: skip
-    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(new))):
-        raise ValueError("seeds_items_difference wants finite values")
-    (ir, vr, n, er), (in_, vn, m, en) = _seeds_items_terms(ref), _seeds_items_terms(new)
-    items = ref.shape[1]
+    over Welch's two terms and the item term, whose own df is Satterthwaite's over its three mean squares, the
+    residuals' with their negative signs (the item term alone would claim I − 1 where its residual share leaves far
+    fewer: 2.3 of 15 in one export's 16 windows), at least 1 (:func:`_seeds_cells_interval`).
+    ``benchmarks/seeds_items_simulation.py`` measures its coverage.
+
+    Runs × strata × draws × items arrays (many-shot ICL: each shot count's draws of demonstrations, the same test
+    items in all, every run scored after the same draws) read the same way with the draws crossed with the items:
+    the cells' terms are :func:`crossed_paired_difference`'s of the table of differences of the runs' means, less
+    each side's run-by-cell noise in them (:func:`_seeds_cells_terms`); on runs × 1 × 1 × items it is the formula
+    above exactly. ``strata_name``: what the method's words call the strata."""
+    ref, new = _runs_cells(ref_table, "seeds_items_difference"), _runs_cells(new_table, "seeds_items_difference")
+    if ref.shape[1:] != new.shape[1:]:
+        raise ValueError(f"seeds_items_difference wants the same items (and strata and draws) on both sides, got "
+                         f"{np.shape(ref_table)} and {np.shape(new_table)}")  # fmt: skip
+    n, m = ref.shape[0], new.shape[0]
     estimate = float(new.mean() - ref.mean())
-    terms = [(vr / n, n - 1), (vn / m, m - 1)]
-    if items >= 2:
-        item_terms = [(float(np.var(in_ - ir, ddof=1)) / items, items - 1)]
-        item_terms += [(-er / (n * items), (n - 1) * (items - 1)), (-en / (m * items), (m - 1) * (items - 1))]
-        if sum(v for v, _ in item_terms) > 0:
-            terms += item_terms
-    var = sum(v for v, _ in terms)
-    method = f"two-way t over seeds × items ({n} vs {m} runs × {items} shared items; items counted once)"
-    if var == 0:  # no spread at all to read a width from, as Welch's interval says of runs that agree exactly
-        return Difference(estimate, (-math.inf, math.inf), method + NO_SPREAD, n + m)
-    if len(terms) == 2:
+    runs, cells = _seeds_cells_terms([(ref, -1.0), (new, 1.0)])
+    ci, kept = _seeds_cells_interval(estimate, runs, cells, level)
+    method = f"two-way t over seeds × items ({n} vs {m} runs × {_cells_words(ref, strata_name)}; items counted once)"
+    if not math.isfinite(ci[0]):  # no spread at all to read a width from, as Welch's interval says of exact agreement
+        method += NO_SPREAD
+    elif not kept:
         method += WELCH_EXACTLY
-    df = var**2 / sum(v**2 / f for v, f in terms if v != 0)
-    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
-    return Difference(estimate, (estimate - half, estimate + half), method, n + m)
+    return Difference(estimate, ci, method, n + m)
 
 
 def seeds_items_mean(table, level: float = 0.95) -> tuple[float, tuple[float, float]]:
-    """One group's grand mean over a runs × items table with the t interval of :func:`seeds_items_difference`'s
-    variance for one side: the runs' means' variance over the runs plus the items' (the item means' variance less the
-    residual's share, truncated at 0) over the items."""
-    x = np.asarray(table, dtype=float)
-    item_means, var_runs, _, ms_resid = _seeds_items_terms(x)
-    runs, items = x.shape
-    terms = [(var_runs / runs, runs - 1)]
-    if items >= 2:
-        item_terms = [(float(np.var(item_means, ddof=1)) / items, items - 1)]
-        item_terms.append((-ms_resid / (runs * items), (runs - 1) * (items - 1)))
-        if sum(v for v, _ in item_terms) > 0:
-            terms += item_terms
-    var, mean = sum(v for v, _ in terms), float(x.mean())
-    if var == 0:
-        return mean, (mean, mean)
-    df = var**2 / sum(v**2 / f for v, f in terms if v != 0)
-    half = t_quantile(0.5 + level / 2, df) * math.sqrt(var)
-    return mean, (mean - half, mean + half)
+    """One group's grand mean over a runs × items table (or runs × strata × draws × items array) with the t interval
+    of :func:`seeds_items_difference`'s variance for one side: the runs' means' variance over the runs plus the
+    items' (and draws') terms of the cell means less the run-by-cell noise in them, dropped where not positive. A
+    table without any spread has the interval of its mean alone, as Student's t of equal values has."""
+    x = _runs_cells(table, "seeds_items_mean")
+    mean = float(x.mean())
+    runs, cells = _seeds_cells_terms([(x, 1.0)])
+    ci, _ = _seeds_cells_interval(mean, runs, cells, level)
+    return mean, ci if math.isfinite(ci[0]) else (mean, mean)
 
 
 # -- a variance component and its difference ------------------------------------------------------------------------

@@ -3,6 +3,8 @@ Dex Table 3)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from ..measures import ONE_NUMBER, Comparison, Measure, PaperClaim, Run, clears_floor, finite, paired_kind
@@ -123,6 +125,33 @@ def same_draws(mr: dict, mn: dict) -> bool:
     if a.get("redraws") == 0 and b.get("redraws") == 0:
         return True
     return all(a.get(key) == b.get(key) for key in ("redraws", "label_tokens", "end_token", "max_prompt_tokens"))
+
+
+def _draws_identity(m: dict) -> str:
+    """What names a many-shot result's draws and test items: two results with the same string paired
+    (:func:`same_draws`)."""
+    meta = m.get("metadata") or {}
+    keys = SAME_DATA if meta.get("redraws") == 0 else (*SAME_DATA, "redraws", "label_tokens", "end_token",
+                                                           "max_prompt_tokens")  # fmt: skip
+    return json.dumps({key: meta.get(key) for key in keys}, sort_keys=True, default=str)
+
+
+def _curve_items(run: Run):
+    """(what names the draws, test items and shot counts; every item's hit after every draw at every shot count, a
+    shot counts × draws × items array whose mean is the run's :func:`_curve_mean`): what a row over seeds counts once
+    beside the seeds (``Measure.per_item``, the draws crossed with the items); None for results without per-item
+    hits or with draws of unequal size."""
+    m = run.results("icl", "many_shot")
+    hits = _item_hits(m, m["shots"]) if m and m.get("mean") else None
+    if not hits:
+        return None
+    try:
+        table = np.asarray(hits, dtype=float)
+    except ValueError:  # ragged: draws of unequal size
+        return None
+    if table.ndim != 3:
+        return None
+    return (_draws_identity(m), tuple(m["shots"]), table.shape), table
 
 
 def _chance(run: Run) -> float | None:
@@ -327,6 +356,7 @@ MEASURES = {
     "icl:many_shot": Measure(
         "accuracy (mean over the shot counts)", 3, per_run=lambda run: _curve_mean(run.results("icl", "many_shot")),
         compare=_compare_shots, chance=_chance, seeds_untestable=_shot_grids_differ, metric_for=_seeds_metric,
+        per_item=_curve_items,
     ),
     "icl:order_margin": Measure(
         "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor,
