@@ -129,6 +129,8 @@ def test_mqar_and_allocation_rows_give_their_samples_to_rows_over_seeds_and_the_
     assert slope.diff.estimate == pytest.approx(np.mean(d)) and "paired contributions" in slope.kind
     assert slope.diff.interval[1] - slope.diff.interval[0] == pytest.approx(2 * 1.959964 * np.std(d, ddof=1) / 30**0.5,
                                                                             rel=1e-4)  # fmt: skip
+    b.suites["mqar"]["metadata"]["seed"] = 1  # other samples: no pairs, and the row says why
+    assert MQAR["mqar:slope"].compare(a, b, 0).kind == "none: the two models saw different samples"
 
     per_sample = [{"answer": 0.1 * i, "answer_magnitude": 0.2 * i} for i in range(4)]
     signed = {"attention_to_answer": 0.15, "per_sample": per_sample, "metadata": {"samples_sha1": "p"}}

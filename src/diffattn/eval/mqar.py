@@ -405,7 +405,13 @@ def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
     metric = _slope_words(rows)
     terms_r, terms_n = _slope_items(ref), _slope_items(new)
     if _paired_rows(ref, new) is None or terms_r is None or terms_n is None:
-        return Comparison(metric, ref_value=sr, new_value=sn, kind=NO_PER_SAMPLE, cells=_cells(rows))
+        if _paired_rows(ref, new) is None:
+            kind = "none: the two models saw different samples"
+        elif any("per_sample" not in r for r in _rows(ref) + _rows(new)):
+            kind = NO_PER_SAMPLE
+        else:
+            kind = "none: the configurations hold unequal numbers of samples (sample k of each is one item)"
+        return Comparison(metric, ref_value=sr, new_value=sn, kind=kind, cells=_cells(rows))
     est, se = mean_se([b - a for a, b in zip(terms_r[1], terms_n[1], strict=True)])
     diff = Difference(est, normal_interval(est, se), "normal", len(terms_r[1]))
     return Comparison(
