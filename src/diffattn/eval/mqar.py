@@ -404,8 +404,9 @@ def _compare_slope(ref: Run, new: Run, seed: int) -> Comparison | None:
     rows = _rows(ref)
     metric = _slope_words(rows)
     terms_r, terms_n = _slope_items(ref), _slope_items(new)
-    if _paired_rows(ref, new) is None or terms_r is None or terms_n is None:
-        if _paired_rows(ref, new) is None:
+    paired = _paired_rows(ref, new)
+    if paired is None or terms_r is None or terms_n is None:
+        if paired is None:
             kind = "none: the two models saw different samples"
         elif any("per_sample" not in r for r in _rows(ref) + _rows(new)):
             kind = NO_PER_SAMPLE

@@ -168,6 +168,11 @@ def _prompt_items(r: dict, groups: list[list[list[int]]], what):
     return None if means is None else ((sha, what, "seeds"), means)
 
 
+def _solved_cells(cells: list[dict]) -> list[list[int]]:
+    """Each cell's prompts, 1 where solved (strict score 1) else 0: the groups :func:`_seed_means` takes."""
+    return [[int(score == 1.0) for score in g["strict_scores"]] for g in cells]
+
+
 def _solved_items(cells_of, run: Run):
     """Each prompt solved or not over the cells ``cells_of`` picks (by seed where the cells share seeds:
     :func:`_prompt_items`), or None without strict scores."""
@@ -175,8 +180,7 @@ def _solved_items(cells_of, run: Run):
     cells = cells_of(r) if r else None
     if not cells or _grid_solved(r, cells) is None:
         return None
-    solved = [[int(score == 1.0) for score in g["strict_scores"]] for g in cells]
-    return _prompt_items(r, [solved], tuple((g["N"], g["R"]) for g in cells))
+    return _prompt_items(r, [_solved_cells(cells)], tuple((g["N"], g["R"]) for g in cells))
 
 
 def _cell_items(run: Run, n: int, rr: int):
@@ -264,8 +268,7 @@ def _compare_cells(rr, rn, cells_r, cells_n, seed) -> Comparison | None:
     metric = "prompts solved (strict: the first R numbers are the queried ones)"
     rci, nci = wilson_interval(sum(hr), len(hr)), wilson_interval(sum(hn), len(hn))
     lenient = f"RULER string_match_all mean accuracy {rr['mean_accuracy']:.3f} → {rn['mean_accuracy']:.3f}"
-    solved = lambda cells: [[int(score == 1.0) for score in g["strict_scores"]] for g in cells]  # noqa: E731
-    sr, sn = solved(cells_r), solved(cells_n)
+    sr, sn = _solved_cells(cells_r), _solved_cells(cells_n)
     independent = _independent_cells(rr, rn)
     paired = _paired_solved([sr], [sn], independent, seed) if len(hr) == len(hn) and _paired(rr, rn) else None
     if paired is not None:
