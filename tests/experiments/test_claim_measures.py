@@ -378,7 +378,7 @@ def test_the_many_shot_row_averages_the_curve_as_the_paper_does():
     row = check_claim(spec, "base", "new", runs, groups, 0)
     assert row.verdict == "agrees" and row.metric.startswith("accuracy (mean over the shot counts)")
     # the same draws and items in every run: counted once beside the seeds, the draws crossed with the items
-    assert "3 vs 3 runs × 3 strata × 3 draws × 30 items, shared" in row.interval
+    assert "3 vs 3 runs × 3 shot counts × 3 draws × 30 items, shared" in row.interval
     key, table = MEASURES["icl:many_shot"].per_item(new)
     assert key[1] == (1, 4, 16) and table.shape == (3, 3, 30)
     assert table.mean() == pytest.approx(MEASURES["icl:many_shot"].per_run(new))

@@ -471,6 +471,25 @@ def test_claims_use_seeds_or_per_window_nll_for_the_loss_and_rounding_hides_noth
     ]
     assert loss.verdict == "disagrees" and loss.diff_value == pytest.approx(0.05)
     assert "data uncertainty only, one seed" in loss.note and "text windows" in loss.interval
+    # over seeds, every run with the ppl suite on the same tokens: its NLL/token (windows token-weighted), the
+    # windows counted once beside the seeds, the validation loss in the note; a run without it: Welch on val loss
+    tokens = [64, 32] * 12
+    evals = {
+        n: ppl(shift)
+        for n, shift in zip(groups["baseline"] + groups["diff"], (0, 0.01, 0.02, 0.1, 0.12, 0.11), strict=True)
+    }
+    for e in evals.values():
+        e["ppl"]["per_window"]["nll"] = (np.array(e["ppl"]["per_window"]["nll"]) / 64 * tokens).tolist()
+    rows = {n: {"val_loss": v} for n, v in zip(evals, (5.10, 5.12, 5.11, 5.00, 5.02, 5.01), strict=True)}
+    loss = _by(paper_claims(config, rows, evals, groups=groups))[("DIFF Transformer Fig. 3", "lower")]
+    weighted = float(np.sum(windows * tokens) / np.sum(tokens))
+    assert loss.metric == "test NLL/token (ppl suite) (mean over seeds)" and loss.verdict == "disagrees"
+    assert loss.ref_value == pytest.approx(weighted + 0.01) and loss.diff_value == pytest.approx(0.1)
+    assert loss.interval.startswith("two-way t over seeds × items (3 vs 3 runs × 24 shared items")
+    assert "val loss (mean over seeds) 5.1100 → 5.0100" in loss.note
+    del evals["d2"]["ppl"]
+    loss = _by(paper_claims(config, rows, evals, groups=groups))[("DIFF Transformer Fig. 3", "lower")]
+    assert loss.metric == "val loss (mean over seeds)" and "Welch t over seeds (3 vs 3 runs)" in loss.interval
     # a consistent allocation difference of 0.0002: its interval excludes 0, but it prints as 0.000 → inconclusive
     base = np.linspace(0.02, 0.03, 30)
     evals = {"baseline": {"alloc": _alloc(base, base)}, "diff": {"alloc": _alloc(base + 0.0002, base)}}

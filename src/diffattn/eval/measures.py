@@ -105,6 +105,13 @@ class Measure:
     # the same items, the row counts the items once beside the seeds (stats.seeds_items_difference) instead of Welch
     # over the runs' values, which misses which items were drawn
     per_item: Callable | None = None
+    # what the strata of ``per_item``'s runs × strata × draws × items values are called in a row's words (ICL: the
+    # shot counts)
+    item_strata: str = "strata"
+    # over seeds, the measure read instead where every run of both sides has its per-item values on the same items
+    # (:func:`over_seeds_measure`; e.g. the validation loss, which keeps no per-window values, reads the ppl suite's
+    # per-window NLL on the same tokens, as its single-run comparison does)
+    seeds_measure: Measure | None = None
     # metric_for(runs) -> words: a row over seeds' words for these runs, where the results decide what was read
     # (e.g. the cells a grid has); None or absent: ``metric``
     metric_for: Callable | None = None
@@ -171,6 +178,13 @@ def shared_items(m: Measure, ref_runs: list[Run], new_runs: list[Run]):
     return np.array([p[1] for p in ref], dtype=float), np.array([p[1] for p in new], dtype=float)
 
 
+def over_seeds_measure(m: Measure, ref_runs: list[Run], new_runs: list[Run]) -> Measure:
+    """The measure a row over seeds reads: ``m.seeds_measure`` where every run of both sides has its per-item values
+    on the same items (:func:`shared_items`), else ``m``."""
+    alt = m.seeds_measure
+    return alt if alt is not None and shared_items(alt, ref_runs, new_runs) is not None else m
+
+
 def seeds_difference(m: Measure, ref_runs: list[Run], new_runs: list[Run]) -> Difference | None:
     """``new − ref`` of a measure over replicate runs, the interval every row over seeds reads: the test items counted
     once beside the seeds where every run read the same ones (:func:`shared_items`,
@@ -178,7 +192,7 @@ def seeds_difference(m: Measure, ref_runs: list[Run], new_runs: list[Run]) -> Di
     runs with a value a side."""
     items = shared_items(m, ref_runs, new_runs)
     if items is not None:
-        return seeds_items_difference(*items)
+        return seeds_items_difference(*items, strata_name=m.item_strata)
     rv = [v for v in map(m.per_run, ref_runs) if finite(v)]
     nv = [v for v in map(m.per_run, new_runs) if finite(v)]
     return unpaired_difference(rv, nv, method="welch") if len(rv) >= 2 and len(nv) >= 2 else None

@@ -143,6 +143,9 @@ def _run_suite(model, tokenizer, o, folder, name):
 
 
 # -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+TEST_NLL = "test NLL/token (ppl suite)"  # what the loss rows read where the ppl suite has per-window NLLs
+
+
 def per_token_windows(r: dict | None) -> tuple[np.ndarray, np.ndarray] | None:
     """(per-window mean NLL, tokens) of a ``per_window`` {"nll": sums, "tokens": counts} record."""
     pw = (r or {}).get("per_window")
@@ -174,7 +177,7 @@ def _compare_loss(ref: Run, new: Run, seed: int) -> Comparison | None:
         nv, nci = mean_interval(wn[0], weights=wn[1], seed=seed)
         diff = paired_difference(wr[0], wn[0], weights=wr[1], seed=seed)
         return Comparison(
-            "test NLL/token (ppl suite)", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
+            TEST_NLL, ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
             kind=paired_kind(diff, "text windows (token-weighted)"), note=f"data uncertainty only, one seed; {val}",
         )  # fmt: skip
     why = "no per-window NLL of the same text (ppl suite)" if wr is None or wn is None else "different token windows"
@@ -208,7 +211,44 @@ def _no_language_modelling(runs: list[Run]) -> str | None:
     return None
 
 
-# the training's validation loss, with this suite's paired interval where both models ran it
+def _test_nll_windows(run: Run):
+    """The ppl suite's (per-window mean NLL, tokens, metadata) of a run, or None."""
+    r = run.results("ppl")
+    windows = per_token_windows(r)
+    return None if windows is None else (*windows, (r or {}).get("metadata") or {})
+
+
+def _test_nll(run: Run) -> float | None:
+    """The run's NLL/token on the ppl suite's text (its windows token-weighted), or None."""
+    w = _test_nll_windows(run)
+    return None if w is None else float(np.sum(w[0] * w[1]) / np.sum(w[1]))
+
+
+def _test_nll_items(run: Run):
+    """(the text's token hash, window, stride and the windows' token counts; each window's NLL/token scaled by its
+    share of the tokens × the window count): their plain mean is :func:`_test_nll`, and every run over the same
+    windows scales them alike — the items a row over seeds counts once beside the seeds (``Measure.per_item``). None
+    without per-window values or the tokens' hash."""
+    w = _test_nll_windows(run)
+    if w is None or w[2].get("tokens_sha1") is None:
+        return None
+    nll, tokens, meta = w
+    identity = (meta["tokens_sha1"], meta.get("window"), meta.get("stride"), tuple(tokens.tolist()))
+    return identity, (nll * tokens * len(tokens) / tokens.sum()).tolist()
+
+
+def _val_loss_beside(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
+    """The training's validation loss over the same seeds, beside a row that reads the ppl suite's NLL (None where a
+    side has none)."""
+    values = [[v for v in (r.row.get("val_loss") for r in runs) if finite(v)] for runs in (ref_runs, new_runs)]
+    if not all(values):
+        return None
+    return f"val loss (mean over seeds) {np.mean(values[0]):.4f} → {np.mean(values[1]):.4f}"
+
+
+# the training's validation loss, with this suite's paired interval where both models ran it; over seeds, where every
+# run ran it on the same tokens, this suite's NLL/token with its windows counted once beside the seeds (the
+# validation loss keeps no per-window values, and the windows every run shares are a chance Welch does not see)
 MEASURES = {
     "loss": Measure(
         "val loss",
@@ -216,8 +256,18 @@ MEASURES = {
         per_run=lambda run: run.row.get("val_loss"),
         compare=_compare_loss,
         untestable=_no_language_modelling,
+        seeds_measure=Measure(
+            TEST_NLL,
+            4,
+            per_run=_test_nll,
+            compare=_compare_loss,
+            untestable=_no_language_modelling,
+            per_item=_test_nll_items,
+            seeds_note=_val_loss_beside,
+        ),
     )
 }
+
 
 # The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
 # same-preset standard model: diffattn.experiments.claims.claim_table).

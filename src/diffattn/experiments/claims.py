@@ -43,6 +43,7 @@ from ..eval.measures import (
     clears_floor,
     finite,
     interval,
+    over_seeds_measure,
     shared_items,
     value_text,
 )
@@ -232,6 +233,7 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
     run = lambda name: runs.get(name) or Run(name)  # noqa: E731
     ref_runs, new_runs = [run(n) for n in groups.get(ref, [ref])], [run(n) for n in groups.get(new, [new])]
     if len(ref_runs) >= 2 and len(new_runs) >= 2:
+        m = over_seeds_measure(m, ref_runs, new_runs)
         rv = [v for v in map(m.per_run, ref_runs) if finite(v)]
         nv = [v for v in map(m.per_run, new_runs) if finite(v)]
         if len(rv) >= 2 and len(nv) >= 2:
@@ -313,7 +315,7 @@ def _over_seeds(spec: PaperClaim, m: Measure, ref, new, ref_vals, new_vals, *, m
         kind = f"Welch t over seeds ({len(ref_vals)} vs {len(new_vals)} runs): spread over training runs"
     else:
         (rm, rci), (nm, nci) = seeds_items_mean(items[0]), seeds_items_mean(items[1])
-        diff = seeds_items_difference(*items)
+        diff = seeds_items_difference(*items, strata_name=m.item_strata)
         welch = diff.method.endswith((WELCH_EXACTLY, NO_SPREAD))
         kind = diff.method + ("" if welch else ": spread over training runs and test items")
     sd_r, sd_n = float(np.std(ref_vals, ddof=1)), float(np.std(new_vals, ddof=1))

@@ -17,8 +17,11 @@ from ..stats import (
     unpaired_difference,
 )
 
-
 # -- what claims read (diffattn.experiments.claims) ----------------------------------------------------------------
+
+SHOT_COUNTS = "shot counts"  # the strata of the many-shot curve's per-item hits, in rows' words
+
+
 def _mean_at(m: dict, key: str, shots) -> float:
     """The mean of results ``m``'s per-shot-count list ``key`` over ``shots``, each shot count alike."""
     return float(np.mean([m[key][m["shots"].index(k)] for k in shots]))
@@ -56,7 +59,7 @@ def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
     if paired and hr is not None and hn is not None and np.shape(hr) == np.shape(hn):
         # the same draws scored on the same test items: both are chance draws (a t over the draws alone took the
         # test set as fixed, and 30-40 items carry a standard error of about 0.08 of their own)
-        diff = crossed_paired_difference(hr, hn, strata_name="shot counts")
+        diff = crossed_paired_difference(hr, hn, strata_name=SHOT_COUNTS)
         kind = diff.method
     elif paired:
         diff = paired_difference(cr, cn, seed=seed)
@@ -78,7 +81,7 @@ def _compare_shots(ref: Run, new: Run, seed: int) -> Comparison | None:
 def _crossed_mean(hits):
     """One model's accuracy over shot counts × draws × items, with the crossed interval of
     :func:`~diffattn.eval.stats.crossed_paired_difference` (against zeros: the mean itself)."""
-    return crossed_paired_difference(np.zeros(np.shape(hits)), hits, strata_name="shot counts")
+    return crossed_paired_difference(np.zeros(np.shape(hits)), hits, strata_name=SHOT_COUNTS)
 
 
 def _metric(shots) -> str:
@@ -356,7 +359,7 @@ MEASURES = {
     "icl:many_shot": Measure(
         "accuracy (mean over the shot counts)", 3, per_run=lambda run: _curve_mean(run.results("icl", "many_shot")),
         compare=_compare_shots, chance=_chance, seeds_untestable=_shot_grids_differ, metric_for=_seeds_metric,
-        per_item=_curve_items,
+        per_item=_curve_items, item_strata=SHOT_COUNTS,
     ),
     "icl:order_margin": Measure(
         "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor,

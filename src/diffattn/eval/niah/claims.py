@@ -183,13 +183,19 @@ def _solved_items(cells_of, run: Run):
     return _prompt_items(r, [_solved_cells(cells)], tuple((g["N"], g["R"]) for g in cells))
 
 
-def _cell_items(run: Run, n: int, rr: int):
-    """(the prompts' hash and the cell, each prompt's strict per-needle credit) of the (N, R) cell, or None."""
-    r = run.results("niah")
-    g, sha = _cell(r, n, rr), ((r or {}).get("metadata") or {}).get("samples_sha1")
-    if g is None or not g.get("strict_scores") or sha is None:
+def _row_items(r: dict | None, row: dict | None, name: tuple):
+    """(the prompts' hash and ``name``, each prompt's strict per-needle credit) of one row of a niah result (a grid
+    cell, the multi-value cell), or None where the row or the prompts' hash is missing."""
+    sha = ((r or {}).get("metadata") or {}).get("samples_sha1")
+    if row is None or not row.get("strict_scores") or sha is None:
         return None
-    return ((sha, (n, rr)), g["strict_scores"])
+    return (sha, name), row["strict_scores"]
+
+
+def _cell_items(run: Run, n: int, rr: int):
+    """:func:`_row_items` of the (N, R) cell."""
+    r = run.results("niah")
+    return _row_items(r, _cell(r, n, rr), (n, rr))
 
 
 def _compare_solved_over(cells_of, ref: Run, new: Run, seed: int) -> Comparison | None:
@@ -332,12 +338,10 @@ def _multivalue_chance(run: Run) -> float | None:
 
 
 def _multivalue_items(run: Run):
-    """(the prompts' hash and the cell, each prompt's strict per-needle credit) of the multi-value cell, or None."""
+    """:func:`_row_items` of the multi-value cell."""
     r = run.results("niah") or {}
-    g, sha = r.get("multivalue"), (r.get("metadata") or {}).get("samples_sha1")
-    if g is None or not g.get("strict_scores") or sha is None:
-        return None
-    return (sha, ("multivalue", g["N"], g["V"])), g["strict_scores"]
+    g = r.get("multivalue")
+    return _row_items(r, g, ("multivalue", g["N"], g["V"]) if g else None)
 
 
 def _compare_multivalue(ref: Run, new: Run, seed: int) -> Comparison | None:
