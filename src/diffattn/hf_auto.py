@@ -14,8 +14,9 @@ of a second) and must never break an import of transformers. So registration run
   ``transformers.models.auto.modeling_auto``, is no such point: transformers first imports it from inside the
   class definitions of its model modules (``auto_docstring`` looks classes up in it), and importing more models
   there fails with a circular import;
-* whenever :mod:`diffattn.models` is imported (a model built before any Auto class was imported, or a
-  registration that failed in the hook).
+* whenever a name of :mod:`diffattn.models` other than the presets and the architecture table is first used, and
+  whenever a model is built or loaded (``build_model``, ``load_pretrained``): a model built before any Auto class
+  was imported, or a registration that failed in the hook.
 
 The registration itself is :func:`diffattn.models.auto.register_auto_classes`; the card a checkpoint of our types
 carries is :func:`diffattn.cards.save_readme`. This module is only the hook.
@@ -38,14 +39,14 @@ _TOP_LEVEL = "transformers"
 
 def _register_quietly() -> None:
     try:
-        # deferred, one way: diffattn.models never imports this module (its own import registers, models.auto)
+        # deferred, one way: diffattn.models never imports this module (it registers itself, models.auto)
         from .models.auto import register_auto_classes
 
         register_auto_classes()
     except Exception as error:  # never break the user's import of transformers; diffattn.models retries
         logger.warning(
             "diffattn could not register its model types with transformers' Auto classes after transformers was "
-            "imported (%s: %s); they are registered when diffattn.models is imported",
+            "imported (%s: %s); they are registered when a model is built or loaded",
             type(error).__name__,
             error,
         )

@@ -1,52 +1,56 @@
 """Models: named presets, the from-scratch architectures (baseline, DIFF, DIFF V2) and their builder, and our DIFF
-attention installed into them."""
+attention installed into them.
 
-from .architectures import ARCHITECTURES, Architecture, get_architecture, register_architecture
-from .build import build_model, count_parameters, describe_parameters, model_config
-from .diff_llama import DiffAttentionOptions, DiffLlamaDifferentialAttention, DiffTransformerConfig, lambda_init_value
-from .diff_model import DiffTransformerForCausalLM, DiffTransformerModel
-from .diff_v2 import (
-    DiffTransformerV2Config,
-    DiffTransformerV2ForCausalLM,
-    DiffTransformerV2Model,
-    DiffV2Attention,
-    set_v2_backend,
-)
-from .install import install_diff_attention, remove_diff_attention
-from .presets import PRESETS, ModelPreset, get_preset
-from .pretrained import PRETRAINED, load_pretrained
+The names below are imported on first use (PEP 562): the presets and the architecture table (what
+``diffattn pretrain --help`` lists) load without transformers, whose import takes seconds; any other name imports
+its module and registers diffattn's model types with transformers' Auto classes (:mod:`.auto`; after
+``import diffattn`` they are also registered as soon as transformers is imported: :mod:`diffattn.hf_auto`).
+"""
 
-__all__ = [
-    "ARCHITECTURES",
-    "PRESETS",
-    "PRETRAINED",
-    "Architecture",
-    "DiffAttentionOptions",
-    "DiffLlamaDifferentialAttention",
-    "DiffTransformerConfig",
-    "DiffTransformerForCausalLM",
-    "DiffTransformerModel",
-    "DiffTransformerV2Config",
-    "DiffTransformerV2ForCausalLM",
-    "DiffTransformerV2Model",
-    "DiffV2Attention",
-    "ModelPreset",
-    "build_model",
-    "count_parameters",
-    "describe_parameters",
-    "get_architecture",
-    "get_preset",
-    "install_diff_attention",
-    "lambda_init_value",
-    "load_pretrained",
-    "model_config",
-    "register_architecture",
-    "remove_diff_attention",
-    "set_v2_backend",
-]
+from __future__ import annotations
 
-# importing the model classes registers their model types with transformers' Auto classes (a model built before any
-# Auto class was imported loads back through them too; diffattn.models.auto)
-from .auto import register_auto_classes
+import importlib
 
-register_auto_classes()
+_LAZY = {
+    **dict.fromkeys(("ARCHITECTURES", "Architecture", "get_architecture", "register_architecture"), "architectures"),
+    **dict.fromkeys(("PRESETS", "ModelPreset", "get_preset"), "presets"),
+    **dict.fromkeys(("build_model", "count_parameters", "describe_parameters", "model_config"), "build"),
+    **dict.fromkeys(
+        ("DiffAttentionOptions", "DiffLlamaDifferentialAttention", "DiffTransformerConfig", "lambda_init_value"),
+        "diff_llama",
+    ),
+    **dict.fromkeys(("DiffTransformerForCausalLM", "DiffTransformerModel"), "diff_model"),
+    **dict.fromkeys(
+        (
+            "DiffTransformerV2Config",
+            "DiffTransformerV2ForCausalLM",
+            "DiffTransformerV2Model",
+            "DiffV2Attention",
+            "set_v2_backend",
+        ),
+        "diff_v2",
+    ),
+    **dict.fromkeys(("install_diff_attention", "remove_diff_attention"), "install"),
+    **dict.fromkeys(("PRETRAINED", "load_pretrained"), "pretrained"),
+}
+_LIGHT = {"architectures", "presets"}  # the modules that import no transformers
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY[name]
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if module not in _LIGHT:
+        # a model built before any Auto class was imported loads back through them too; idempotent (models.auto)
+        from .auto import register_auto_classes
+
+        register_auto_classes()
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -19,15 +19,15 @@ claims then know it (``tests/models/test_models.py`` does this with a toy row).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from torch import nn
-from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM
-
-from .diff_v2 import DiffTransformerV2Config, DiffTransformerV2ForCausalLM, set_v2_backend
-from .install import install_diff_attention
 from .presets import ModelPreset
+
+if TYPE_CHECKING:
+    from torch import nn
 
 MEAN_LAMBDA = "mean λ over layers"  # the λ read-out of DIFF Eq. 2 (and of the adapters' λ(t))
 
@@ -47,8 +47,11 @@ class Architecture:
     name: str  # the value of model.attention
     label: str  # its name in paired runs' tables and pictures
     short_label: str  # its name in one-line summaries (describe_parameters, `diffattn presets`)
-    config_class: type  # the Hugging Face config, made from the preset's sizes plus config_options
-    model_class: type
+    # the Hugging Face config (made from the preset's sizes plus config_options) and model classes, or their
+    # "module:Name", imported when a model is first built: listing the rows (`diffattn pretrain --help`) then
+    # imports no transformers (:meth:`make_config`, :meth:`make_model`)
+    config_class: type | str
+    model_class: type | str
     shape: Callable[[ModelPreset], str]  # its heads in words, for describe_parameters ("4 heads × d=16")
     config_options: dict = field(default_factory=dict)
     differential: bool = False  # paired with the baseline (``differential=False``) of its preset in claims
@@ -61,6 +64,22 @@ class Architecture:
     preset_problems: Callable[[ModelPreset], list[str]] = _no_problems  # what it needs of a preset beyond the sizes
     lambda_readout: str | None = None  # what the λ it logs per layer is (the report's axis); None: it logs none
     claims_label: str = ""  # appended to the source of a DIFF paper claim measured on it ("" for DIFF itself)
+
+    def make_config(self, **sizes):
+        """Its Hugging Face config from ``sizes`` (the preset's) and its own ``config_options``."""
+        return _class(self.config_class)(**sizes, **self.config_options)
+
+    def make_model(self, config, **kwargs):
+        """A freshly initialised model of ``config`` (``kwargs``: ``_from_config``'s, e.g. ``dtype``)."""
+        return _class(self.model_class)._from_config(config, **kwargs)
+
+
+def _class(ref: type | str) -> type:
+    """A class, or the one a "module:Name" names (imported now)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -103,11 +122,15 @@ def matched_intermediate_size(preset: ModelPreset, architecture: Architecture) -
 
 
 def _install_diff(model: nn.Module, backend: str | None, lambda_init=None, norm=None) -> None:
+    from .install import install_diff_attention  # transformers' DiffLlama: imported when a model is built
+
     if backend is not None:  # None keeps Hugging Face's own DiffLlamaAttention
         install_diff_attention(model, backend, lambda_init=lambda_init, norm=norm)
 
 
 def _install_v2(model: nn.Module, backend: str | None) -> None:
+    from .diff_v2 import set_v2_backend
+
     set_v2_backend(model, backend or "auto")
 
 
@@ -129,17 +152,18 @@ def _v2_extra_weights(p: ModelPreset) -> int:
     return p.num_heads * p.head_dim * p.hidden_size + p.hidden_size * p.num_heads
 
 
+_V2 = "diffattn.models.diff_v2"  # its classes subclass transformers': named, imported when a V2 model is built
 register_architecture(
     Architecture(
-        name="standard", label="Transformer (baseline)", short_label="baseline", config_class=LlamaConfig,
-        model_class=LlamaForCausalLM,
+        name="standard", label="Transformer (baseline)", short_label="baseline",
+        config_class="transformers:LlamaConfig", model_class="transformers:LlamaForCausalLM",
         config_options={"mlp_bias": False}, shape=lambda p: f"{p.num_heads} heads × d={p.head_dim}",
     )
 )  # fmt: skip
 register_architecture(
     Architecture(
-        name="diff", label="DIFF Transformer", short_label="DIFF", config_class=DiffLlamaConfig,
-        model_class=DiffLlamaForCausalLM,
+        name="diff", label="DIFF Transformer", short_label="DIFF", config_class="transformers:DiffLlamaConfig",
+        model_class="transformers:DiffLlamaForCausalLM",
         config_options={"lambda_std_dev": 0.1}, shape=lambda p: f"{p.diff_heads} heads × d={p.head_dim}, V 2d",
         differential=True, options=("backend", "lambda_init", "norm"), install=_install_diff,
         # its λ vectors and per-head norm add fewer weights per layer than one SwiGLU unit: nothing to match
@@ -148,8 +172,9 @@ register_architecture(
 )  # fmt: skip
 register_architecture(
     Architecture(
-        name="diff-v2", label="DIFF Transformer V2", short_label="DIFF V2", config_class=DiffTransformerV2Config,
-        model_class=DiffTransformerV2ForCausalLM, config_options={"mlp_bias": False, "use_diff_v2": True},
+        name="diff-v2", label="DIFF Transformer V2", short_label="DIFF V2",
+        config_class=f"{_V2}:DiffTransformerV2Config", model_class=f"{_V2}:DiffTransformerV2ForCausalLM",
+        config_options={"mlp_bias": False, "use_diff_v2": True},
         shape=lambda p: f"{p.num_heads} pairs × d={p.head_dim}", differential=True, options=("backend",),
         install=_install_v2, extra_layer_weights=_v2_extra_weights, preset_problems=_v2_problems,
         lambda_readout="DIFF V2 gate: mean sigmoid(x·w_λ)", claims_label="applied to V2",

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .architectures import ARCHITECTURES, get_architecture, matched_intermediate_size
+from .auto import register_auto_classes
 from .presets import ModelPreset, get_preset
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def model_config(preset: str | ModelPreset, attention: str = "standard", **overr
         eos_token_id=None,
         pad_token_id=None,
     )
-    return architecture.config_class(**common, **architecture.config_options)
+    return architecture.make_config(**common)
 
 
 def build_model(
@@ -82,8 +83,9 @@ def build_model(
         )
     if seed is not None:
         torch.manual_seed(seed)
+    register_auto_classes()  # a model built before any Auto class was imported loads back through them too
     # each class's default attention implementation: sdpa for Llama and DiffLlama, our fused op for DIFF V2
-    model = architecture.model_class._from_config(config, dtype=dtype or torch.float32)
+    model = architecture.make_model(config, dtype=dtype or torch.float32)
     if architecture.install is not None:
         options = {"backend": backend, **given}
         architecture.install(model, **{k: options[k] for k in architecture.options})

@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from ..files import RUN_CONFIG
+from .auto import register_auto_classes
 from .install import recorded_options, set_checkpoint_type
 
 logger = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ def load_pretrained(
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
     check_json_files(folder)  # a truncated tokenizer.json otherwise fails without its name
+    register_auto_classes()  # our model types (idempotent; a registration that failed in diffattn.hf_auto's hook)
     config = None
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
