@@ -5,6 +5,7 @@ back up; and no module imports another package's private (underscore) names. Rea
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
@@ -33,6 +34,12 @@ DEFERRED_UP = {("hf_auto", "models")}  # inside a function only (docs/architectu
 LAYER = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once for every test of this file."""
+    return ast.parse(path.read_text())
+
+
 def _package(path: Path) -> str:
     rel = path.relative_to(SRC)
     return rel.parts[0].removesuffix(".py")
@@ -40,7 +47,7 @@ def _package(path: Path) -> str:
 
 def _imports(path: Path):
     """(imported diffattn package, names, whether inside a function) of every diffattn import in ``path``."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     depth = len(path.relative_to(SRC).parts) - 1  # package depth of the module
     functions = {
         id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(f)
@@ -65,6 +72,7 @@ def _imports(path: Path):
                     yield parts[1], [], id(node) in functions
 
 
+@functools.cache  # two tests read it
 def _violations():
     up, private = [], []
     for path in sorted(SRC.rglob("*.py")):
@@ -107,7 +115,7 @@ def _module_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom):
                 base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
                 target = ".".join([*base, *([node.module] if node.module else [])])
@@ -180,19 +188,21 @@ def _top_level_imports(path: Path, name: str, package: str) -> set[str]:
             elif isinstance(node, ast.Import):
                 yield from (alias.name for alias in node.names)
 
-    return set(body_imports(ast.parse(path.read_text()).body))
+    return set(body_imports(_tree(path).body))
 
 
-def test_the_eval_and_pretrain_commands_flags_are_built_without_importing_transformers():
+def test_the_commands_flags_are_built_without_importing_transformers():
     """``diffattn eval --help`` builds its flags from the suite table (``diffattn.eval.suite``), ``diffattn pretrain
-    --help`` from the architecture table, the backends and the compile modes: whatever those import when they are
-    imported stays clear of transformers, whose import (with diffattn's models, which it registers) took over 5 s of
-    the 9.7 s that eval's help took (2026-12-02; now about 3 s, torch's import; pretrain's 5.0 s → 1.4 s)."""
+    --help`` from the architecture table, the backends and the compile modes, ``diffattn adapt --help`` from the
+    method registry and the table of offline models: whatever those import when they are imported stays clear of
+    transformers, whose import (with diffattn's models, which it registers) took over 5 s of the 9.7 s that eval's
+    help took (2026-12-02; now about 2-3 s, torch's import; pretrain's 5.0 s → 1.4 s, adapt's 4.4 s → 2.1 s)."""
     modules = {}
     for path in SRC.rglob("*.py"):
         parts = path.relative_to(SRC.parent).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     roots = ["diffattn.eval.suite", "diffattn.models.architectures", "diffattn.ops", "diffattn.cuda_graphs"]
+    roots += ["diffattn.adapters", "diffattn.models.pretrained"]
     seen, todo, external = set(), list(roots), {}
     while todo:
         name = todo.pop()
@@ -207,5 +217,6 @@ def test_the_eval_and_pretrain_commands_flags_are_built_without_importing_transf
                 todo.append(target)
             else:
                 external.setdefault(target.split(".")[0], set()).add(name)
-    assert {"diffattn.eval.niah.claims", "diffattn.models", "diffattn.ops.routes"} <= seen and "torch" in external
+    assert {"diffattn.eval.niah.claims", "diffattn.models", "diffattn.ops.routes", "diffattn.adapters.dex"} <= seen
+    assert "torch" in external
     assert "transformers" not in external, f"imported at the top of {sorted(external['transformers'])}"

@@ -7,6 +7,8 @@
 * :func:`output_scale` — DIFF Eq. 3's (1 − λ_init) factor after the per-head norm.
 * :func:`annealed_lambda` — Dex Eq. 4: λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn with α = min(1, t/T)
   (:func:`annealing_ramp`), so λ(0) = 0 (DAA and DiffQ/K/V use the same schedule, the DIFF V2 retrofit its ramp).
+* :func:`v2_gate` — DIFF V2's λ of every head and token, sigmoid(x·w_λ) (docs/methods.md §5), for the V2 model and
+  the V2 retrofit alike.
 * :func:`lambda_per_layer` — the one read-out of a model's λ, for logging, reports, capture and the CLI.
 
 **The read-out convention.** An attention module that has a λ — our DIFF attention, Hugging Face's
@@ -160,6 +162,11 @@ def annealed_lambda(
         return lambda_learn * 0.0
     alpha = _capped(ratio)
     return (1.0 - alpha) * ratio * lambda_init + alpha * lambda_learn
+
+
+def v2_gate(lambda_proj: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+    """DIFF V2's λ of every head and token, sigmoid(x·w_λ) in float32: [B, T, d_model] → [B, H, T]."""
+    return torch.sigmoid(lambda_proj(hidden_states).float()).transpose(1, 2)
 
 
 def lambda_per_layer(model: nn.Module) -> list[float] | None:

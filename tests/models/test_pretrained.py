@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffattn.models import build_model
-from diffattn.models.pretrained import load_pretrained, pretrained_cache_dir
+from diffattn.models.pretrained import WEIGHT_FILES, load_pretrained, pretrained_cache_dir
 
 
 def test_local_folder_loads_with_its_tokenizer(tmp_path):
@@ -26,6 +26,11 @@ def test_local_folder_loads_with_its_tokenizer(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
     assert tokenizer("hi").input_ids == [1]
+    # the weight files a folder is checked for, written out so that the table loads without transformers: its names
+    from transformers import utils
+
+    names = (utils.SAFE_WEIGHTS_NAME, utils.SAFE_WEIGHTS_INDEX_NAME, utils.WEIGHTS_NAME, utils.WEIGHTS_INDEX_NAME)
+    assert names == WEIGHT_FILES
 
 
 @pytest.mark.parametrize(

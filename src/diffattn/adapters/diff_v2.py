@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..lambdas import annealing_ramp
-from ..models.diff_v2 import v2_gate
+from ..lambdas import annealing_ramp, v2_gate
 from .annealed import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .base import AdapterMethod, AdapterState, wrap_attention
 from .model_types import get_spec, head_layout, linear_part

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from ..files import RUN_CONFIG, read_yaml
-from ..models.pretrained import load_pretrained
 from .io import load_adapter
 from .registry import ADAPTER, FINAL, MERGED, get_method, method_names, specs
 
@@ -28,6 +27,9 @@ def load_adapted(run_dir: str | os.PathLike, *, merged: bool = False, dtype: tor
     ``merged=True``: the plain model in ``merged/`` (``--merge``, the mergeable methods: zero-overhead inference,
     equal to the unmerged one to float rounding); refused when the run has none.
     """
+    from ..models.pretrained import load_pretrained  # transformers: imported when a model is loaded, so the
+    # adapter registry (`diffattn adapt --help`, `diffattn info`) loads without it
+
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).is_file():
         raise ValueError(f"{str(run_dir)!r} is not a diffattn adapt run folder (no {RUN_CONFIG})")

@@ -39,7 +39,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ..cards import save_readme
-from ..lambdas import HasLambda
+from ..lambdas import HasLambda, v2_gate
 from ..ops import (
     BACKENDS,
     diff_attention_maps,
@@ -84,11 +84,6 @@ class DiffTransformerV2Config(LlamaConfig):
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-
-
-def v2_gate(lambda_proj: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
-    """λ of every head and token, sigmoid(x·w_λ) in float32: [B, T, d_model] → [B, H, T]."""
-    return torch.sigmoid(lambda_proj(hidden_states).float()).transpose(1, 2)
 
 
 def v2_attention(

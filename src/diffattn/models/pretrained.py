@@ -27,14 +27,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from ..files import RUN_CONFIG
 from .auto import register_auto_classes
-from .install import recorded_options, set_checkpoint_type
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# transformers (and with it diffattn's model classes) is imported where a model is loaded, so the table of offline
+# models (PRETRAINED: `diffattn adapt --help`) loads without it
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +85,8 @@ def _convert(name: str, source: GGUFSource, target: Path) -> None:
         raise ValueError(f"reading a GGUF file needs the PyPI package 'gguf': {source.install}")
     gguf = _gguf_path(name, source)
     logger.info("converting %s (%s) to a Hugging Face folder once; this takes ~30 s", name, gguf.name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = quantised.config
@@ -125,7 +131,14 @@ def model_type_of(name_or_path: str | os.PathLike) -> str | None:
         return None
 
 
-WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)  # transformers' names
+#: transformers' names of a folder's weights (transformers.utils SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME,
+#: WEIGHTS_NAME, WEIGHTS_INDEX_NAME: tests/models/test_pretrained.py checks they are still these)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
@@ -221,6 +234,10 @@ def load_pretrained(
             f"or the path of a local Hugging Face folder (nothing is fetched from a hub)"
         )
     check_json_files(folder)  # a truncated tokenizer.json otherwise fails without its name
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .install import recorded_options, set_checkpoint_type
+
     register_auto_classes()  # our model types (idempotent; a registration that failed in diffattn.hf_auto's hook)
     config = None
     try:
@@ -285,6 +302,8 @@ def tensor_mismatch(folder: str | os.PathLike, expected: dict[str, tuple[tuple, 
 def _first_shape_mismatch(folder: Path, config) -> str | None:
     """The first tensor of the folder whose shape is not the one its config builds, in words (transformers only says
     that one is, in a report it logs); None when none is found that way."""
+    from transformers import AutoModelForCausalLM
+
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
