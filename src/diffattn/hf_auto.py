@@ -8,9 +8,12 @@ first, yet ``import diffattn`` must not load torch and transformers (the ``diffa
 of a second) and must never break an import of transformers. So registration runs
 
 * at once, if ``transformers`` is already imported when ``import diffattn`` runs;
-* otherwise from a one-shot import hook (:class:`_AfterImport`), right after the top-level ``transformers``
-  package has executed. At that point no transformers module is half-imported (Python imports a submodule only
-  after its package), so importing transformers' Llama modeling and ours is safe. The Auto classes' own module,
+* otherwise from an import hook (:class:`_AfterImport`), right after the top-level ``transformers`` package has
+  executed. At that point no transformers module is half-imported (Python imports a submodule only after its
+  package), so importing transformers' Llama modeling and ours is safe — unless transformers' first import came
+  from inside one of our model modules (``import diffattn.models.diff_v2``, or ``diffattn.train``, first): that
+  module has not defined its classes yet, so the registration runs right after it has executed. The Auto classes'
+  own module,
   ``transformers.models.auto.modeling_auto``, is no such point: transformers first imports it from inside the
   class definitions of its model modules (``auto_docstring`` looks classes up in it), and importing more models
   there fails with a circular import;
@@ -35,15 +38,32 @@ import sys
 logger = logging.getLogger(__name__)
 
 _TOP_LEVEL = "transformers"
+#: the model modules the registration imports (diffattn.models.auto): where transformers' first import comes from
+#: inside one of them (``import diffattn.models.diff_v2`` or ``diffattn.train`` first), that module is half-imported
+#: when transformers has executed, so the registration waits until it has executed too
+_MODEL_MODULES = frozenset(f"diffattn.models.{m}" for m in ("diff_llama", "diff_model", "diff_v2", "install"))
+_state = {"pending": False, "done": False}
 
 
-def _register_quietly() -> None:
+def _half_imported(besides: str | None = None) -> list[str]:
+    """Those of :data:`_MODEL_MODULES` whose body is running (the import system marks their spec meanwhile), but
+    ``besides`` (one that has just executed, still marked until its import returns)."""
+    modules = (sys.modules.get(name) for name in _MODEL_MODULES if name != besides)
+    return [m.__name__ for m in modules if m is not None and getattr(m.__spec__, "_initializing", False)]
+
+
+def _register_quietly(besides: str | None = None) -> None:
+    if _half_imported(besides):  # registered when the last of them has executed (_AfterImport)
+        _state["pending"] = True
+        return
     try:
-        # deferred, one way: diffattn.models never imports this module (it registers itself, models.auto)
+        # deferred, one way: diffattn.models never imports this module
         from .models.auto import register_auto_classes
 
         register_auto_classes()
-    except Exception as error:  # never break the user's import of transformers; diffattn.models retries
+        _state.update(pending=False, done=True)
+    except Exception as error:  # never break the user's import of transformers; building or loading retries
+        _state["pending"] = False
         logger.warning(
             "diffattn could not register its model types with transformers' Auto classes after transformers was "
             "imported (%s: %s); they are registered when a model is built or loaded",
@@ -53,15 +73,21 @@ def _register_quietly() -> None:
 
 
 class _AfterImport:
-    """Finds the top-level ``transformers`` package with the normal finders, then registers after it executes (a
-    meta path finder by protocol: ``find_spec``; not an ``importlib.abc`` subclass, whose import alone took half of
-    ``import diffattn``'s time, the window before the command line's Ctrl-C handler)."""
+    """Finds the top-level ``transformers`` package and diffattn's model modules with the normal finders, and
+    registers after transformers executes, or after the model module that imported it has (a meta path finder by
+    protocol: ``find_spec``; not an ``importlib.abc`` subclass, whose import alone took half of ``import diffattn``'s
+    time, the window before the command line's Ctrl-C handler). Removed once the registration has run."""
+
+    finding = False  # the normal finders are finding a spec for us: stand aside
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _TOP_LEVEL:
+        if self.finding or (fullname != _TOP_LEVEL and fullname not in _MODEL_MODULES):
             return None
-        sys.meta_path.remove(self)  # one shot; the normal finders do the finding
-        spec = importlib.util.find_spec(fullname)
+        self.finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.finding = False
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
@@ -71,8 +97,13 @@ class _AfterImport:
             try:
                 loader_exec(module)
             finally:
-                del loader.exec_module  # transformers' own loader again (this instance attribute shadowed it)
-            _register_quietly()
+                del loader.exec_module  # the module's own loader again (this instance attribute shadowed it)
+            if fullname == _TOP_LEVEL:
+                _register_quietly()
+            elif _state["pending"]:
+                _register_quietly(besides=fullname)
+            if _state["done"] and self in sys.meta_path:
+                sys.meta_path.remove(self)
 
         loader.exec_module = exec_module
         return spec

@@ -85,10 +85,18 @@ MODEL_CLASSES = (
     "LlamaForCausalLM", "DiffLlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel", "AutoModelForCausalLM"
 )  # fmt: skip
 
+# modules that import transformers first from inside diffattn's model modules (the Auto classes' registration
+# waits for them: diffattn.models.auto.register_deferred)
+FIRST_IMPORTERS = (
+    "diffattn.models.diff_llama", "diffattn.models.diff_model", "diffattn.models.diff_v2", "diffattn.models.install",
+    "diffattn.train.config",
+)  # fmt: skip
+
 DRIVER = textwrap.dedent(
     '''
     import os, sys, time, traceback
     ROOT, CLASSES = sys.argv[1], sys.argv[2:]
+    FIRST_IMPORTERS = os.environ["FIRST_IMPORTERS"].split(",")
 
     def run(name, body):
         """Run ``body`` in a forked child (a fresh import state) and print one result line."""
@@ -157,6 +165,21 @@ DRIVER = textwrap.dedent(
         diffattn.build_model("debug", "diff-v2", seed=0)  # before the user imports any Auto class
         check_loads()
 
+    def model_module_first(module):
+        """One of diffattn's model modules (or a package importing one) is transformers' first importer: the hook
+        finds it half-imported and puts the registration off to that module's end, without a warning."""
+        def body():
+            import importlib
+            import logging
+            warned = []
+            handler = logging.Handler(logging.WARNING)
+            handler.emit = warned.append
+            logging.getLogger("diffattn").addHandler(handler)
+            importlib.import_module(module)
+            assert not warned, [r.getMessage() for r in warned]
+            check_loads()
+        return body
+
     def without_diffattn():
         check_loads(diffattn_imported=False)
         assert "diffattn" not in sys.modules
@@ -170,6 +193,8 @@ DRIVER = textwrap.dedent(
     run("transformers first", transformers_first)
     run("bare transformers first", bare_transformers_first)
     run("model built before the Auto module", built_before_the_auto_module)
+    for module in FIRST_IMPORTERS:
+        run(f"{module} first", model_module_first(module))
     run("without diffattn", without_diffattn)
     '''
 )
@@ -180,12 +205,13 @@ DRIVER = textwrap.dedent(
 def test_every_import_order_works_and_registers_the_auto_classes(saved):
     done = subprocess.run(
         [sys.executable, "-c", DRIVER, str(saved), *MODEL_CLASSES], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "FIRST_IMPORTERS": ",".join(FIRST_IMPORTERS)},
     )  # fmt: skip
     report = done.stdout
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FAILED" not in report, report
-    assert report.count(": ok") == len(MODEL_CLASSES) + 5, report + done.stderr[-3000:]
+    assert report.count(": ok") == len(MODEL_CLASSES) + 5 + len(FIRST_IMPORTERS), report + done.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- saved DIFF models with options

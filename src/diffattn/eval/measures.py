@@ -189,7 +189,8 @@ def seeds_difference(m: Measure, ref_runs: list[Run], new_runs: list[Run]) -> Di
     """``new − ref`` of a measure over replicate runs, the interval every row over seeds reads: the test items counted
     once beside the seeds where every run read the same ones (:func:`shared_items`,
     :func:`~diffattn.eval.stats.seeds_items_difference`), else Welch over the runs' values; None with fewer than two
-    runs with a value a side."""
+    runs with a value a side. The measure is the one such a row reads (:func:`over_seeds_measure`)."""
+    m = over_seeds_measure(m, ref_runs, new_runs)
     items = shared_items(m, ref_runs, new_runs)
     if items is not None:
         return seeds_items_difference(*items, strata_name=m.item_strata)

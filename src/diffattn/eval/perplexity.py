@@ -228,13 +228,15 @@ def _test_nll_items(run: Run):
     """(the text's token hash, window, stride and the windows' token counts; each window's NLL/token scaled by its
     share of the tokens × the window count): their plain mean is :func:`_test_nll`, and every run over the same
     windows scales them alike — the items a row over seeds counts once beside the seeds (``Measure.per_item``). None
-    without per-window values or the tokens' hash."""
+    without finite per-window values or without the tokens' hash, window and stride."""
     w = _test_nll_windows(run)
-    if w is None or w[2].get("tokens_sha1") is None:
+    if w is None or not np.all(np.isfinite(w[0])):
         return None
     nll, tokens, meta = w
-    identity = (meta["tokens_sha1"], meta.get("window"), meta.get("stride"), tuple(tokens.tolist()))
-    return identity, (nll * tokens * len(tokens) / tokens.sum()).tolist()
+    named = [meta.get(k) for k in ("tokens_sha1", "window", "stride")]  # what _compare_loss pairs windows by
+    if any(v is None for v in named):
+        return None
+    return (*named, tuple(tokens.tolist())), (nll * tokens * len(tokens) / tokens.sum()).tolist()
 
 
 def _val_loss_beside(ref_runs: list[Run], new_runs: list[Run]) -> str | None:
