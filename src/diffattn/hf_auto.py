@@ -17,8 +17,7 @@ of a second) and must never break an import of transformers. So registration run
   ``transformers.models.auto.modeling_auto``, is no such point: transformers first imports it from inside the
   class definitions of its model modules (``auto_docstring`` looks classes up in it), and importing more models
   there fails with a circular import;
-* whenever a name of :mod:`diffattn.models` other than the presets and the architecture table is first used, and
-  whenever a model is built or loaded (``build_model``, ``load_pretrained``): a model built before any Auto class
+* whenever a model is built or loaded (``build_model``, ``load_pretrained``): a model built before any Auto class
   was imported, or a registration that failed in the hook.
 
 The registration itself is :func:`diffattn.models.auto.register_auto_classes`; the card a checkpoint of our types
@@ -42,7 +41,7 @@ _TOP_LEVEL = "transformers"
 #: inside one of them (``import diffattn.models.diff_v2`` or ``diffattn.train`` first), that module is half-imported
 #: when transformers has executed, so the registration waits until it has executed too
 _MODEL_MODULES = frozenset(f"diffattn.models.{m}" for m in ("diff_llama", "diff_model", "diff_v2", "install"))
-_state = {"pending": False, "done": False}
+_pending = False  # transformers has executed while a model module was half-imported: registered after the last one
 
 
 def _half_imported(besides: str | None = None) -> list[str]:
@@ -53,17 +52,16 @@ def _half_imported(besides: str | None = None) -> list[str]:
 
 
 def _register_quietly(besides: str | None = None) -> None:
-    if _half_imported(besides):  # registered when the last of them has executed (_AfterImport)
-        _state["pending"] = True
+    global _pending
+    _pending = bool(_half_imported(besides))  # then registered when the last of them has executed (_AfterImport)
+    if _pending:
         return
     try:
         # deferred, one way: diffattn.models never imports this module
         from .models.auto import register_auto_classes
 
         register_auto_classes()
-        _state.update(pending=False, done=True)
     except Exception as error:  # never break the user's import of transformers; building or loading retries
-        _state["pending"] = False
         logger.warning(
             "diffattn could not register its model types with transformers' Auto classes after transformers was "
             "imported (%s: %s); they are registered when a model is built or loaded",
@@ -76,7 +74,7 @@ class _AfterImport:
     """Finds the top-level ``transformers`` package and diffattn's model modules with the normal finders, and
     registers after transformers executes, or after the model module that imported it has (a meta path finder by
     protocol: ``find_spec``; not an ``importlib.abc`` subclass, whose import alone took half of ``import diffattn``'s
-    time, the window before the command line's Ctrl-C handler). Removed once the registration has run."""
+    time, the window before the command line's Ctrl-C handler). Removed once the registration has run or failed."""
 
     finding = False  # the normal finders are finding a spec for us: stand aside
 
@@ -98,12 +96,10 @@ class _AfterImport:
                 loader_exec(module)
             finally:
                 del loader.exec_module  # the module's own loader again (this instance attribute shadowed it)
-            if fullname == _TOP_LEVEL:
-                _register_quietly()
-            elif _state["pending"]:
+            if fullname == _TOP_LEVEL or _pending:
                 _register_quietly(besides=fullname)
-            if _state["done"] and self in sys.meta_path:
-                sys.meta_path.remove(self)
+            if _TOP_LEVEL in sys.modules and not _pending and self in sys.meta_path:
+                sys.meta_path.remove(self)  # the registration has run (or failed, and said so)
 
         loader.exec_module = exec_module
         return spec

@@ -86,7 +86,7 @@ MODEL_CLASSES = (
 )  # fmt: skip
 
 # modules that import transformers first from inside diffattn's model modules (the Auto classes' registration
-# waits for them: diffattn.models.auto.register_deferred)
+# waits until those have executed: diffattn.hf_auto)
 FIRST_IMPORTERS = (
     "diffattn.models.diff_llama", "diffattn.models.diff_model", "diffattn.models.diff_v2", "diffattn.models.install",
     "diffattn.train.config",
@@ -167,7 +167,7 @@ DRIVER = textwrap.dedent(
 
     def model_module_first(module):
         """One of diffattn's model modules (or a package importing one) is transformers' first importer: the hook
-        finds it half-imported and puts the registration off to that module's end, without a warning."""
+        finds it half-imported and registers right after it has executed, without a warning."""
         def body():
             import importlib
             import logging

@@ -2,9 +2,9 @@
 attention installed into them.
 
 The names below are imported on first use (PEP 562): the presets and the architecture table (what
-``diffattn pretrain --help`` lists) load without transformers, whose import takes seconds; any other name imports
-its module and registers diffattn's model types with transformers' Auto classes (:mod:`.auto`; after
-``import diffattn`` they are also registered as soon as transformers is imported: :mod:`diffattn.hf_auto`).
+``diffattn pretrain --help`` lists) load without transformers, whose import takes seconds. diffattn's model types
+are registered with transformers' Auto classes as soon as transformers is imported (:mod:`diffattn.hf_auto`), and
+again, idempotently, whenever a model is built or loaded (:mod:`.auto`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ _LAZY = {
     **dict.fromkeys(("install_diff_attention", "remove_diff_attention"), "install"),
     **dict.fromkeys(("PRETRAINED", "load_pretrained"), "pretrained"),
 }
-_LIGHT = {"architectures", "presets"}  # the modules that import no transformers
 
 __all__ = sorted(_LAZY)
 
@@ -41,13 +40,7 @@ __all__ = sorted(_LAZY)
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _LAZY[name]
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    if module not in _LIGHT:
-        # a model built before any Auto class was imported loads back through them too; idempotent (models.auto)
-        from .auto import register_auto_classes
-
-        register_auto_classes()
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

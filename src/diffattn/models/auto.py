@@ -1,8 +1,7 @@
 """Registration of diffattn's own model types with transformers' Auto classes: ``diffattn_v2``
 (:mod:`.diff_v2`) and ``diffattn_diff`` (:mod:`.diff_model`), and of the fused two-map op as an attention
-implementation (``attn_implementation="diffattn"``). Run when a model is built or loaded, or a model name of
-:mod:`diffattn.models` is first used, and, after ``import diffattn``, as soon as transformers is (the hook in
-:mod:`diffattn.hf_auto`). Idempotent."""
+implementation (``attn_implementation="diffattn"``). Run when a model is built or loaded and, after
+``import diffattn``, as soon as transformers is (the hook in :mod:`diffattn.hf_auto`). Idempotent."""
 
 from __future__ import annotations
 
