@@ -109,6 +109,10 @@ CASES = [
     ("eval {model} --out {new} --niah-grid 2x3", r"NxR cells with 1 <= R <= N"),
     ("eval {model} --out {new} --niah-multivalue 8x1", r"--niah-multivalue wants one NxV cell with 2 <= V <= N"),
     ("eval {model} --out {new} --niah-multivalue 8x4,6x2", r"--niah-multivalue wants one NxV cell"),
+    (
+        "eval {model} --out {new} --niah-grid-placement middle",
+        r"--niah-grid-placement: unknown placement .middle.; choose",
+    ),
     ("eval {model} --out {new} --niah-digits 0", r"--niah-digits must be between 1 and 12"),
     ("eval {model} --out {new} --suite icl --icl-dataset nope", r"unknown ICL dataset 'nope'"),
     ("eval {model} --out {new} --suite icl --icl-context-tokens 4", r"--icl-context-tokens must be >= 8"),

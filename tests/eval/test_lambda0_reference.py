@@ -184,7 +184,7 @@ def test_forced_lambda_zero_is_dex_without_its_lambda_term_and_niah_reads_it(tok
     with pytest.raises(ValueError, match="no adapted layer whose λ can be forced"), forced_lambda(base, 0.0):
         pass
     options = SimpleNamespace(niah_grid=((1, 1), (2, 1)), niah_needles=2, niah_heatmap_lengths=[],
-                              niah_heatmap_samples=None, niah_multivalue=None,
+                              niah_heatmap_samples=None, niah_multivalue=None, niah_grid_placement="depths",
                               needle_prompts=lambda: dict(haystack="filler", context_tokens=128, samples=2,
                                                           value_digits=2, progress=False))  # fmt: skip
     results, _ = SUITE.run(dex, tokenizer, options, tmp_path, "dex")

@@ -603,6 +603,37 @@ def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models,
                  grid=((8, 1),), heatmap_lengths=[], progress=False)  # fmt: skip
 
 
+def test_niah_grid_samples_take_the_five_depths_in_turn_and_random_placement_stays_available(
+    debug_models, tokenizer, monkeypatch
+):
+    """Sample i of a grid cell puts its first queried needle at depth 0, 25, 50, 75, 100% in turn (the protocol's
+    depths): the prompts run_niah answered (its samples_sha1) are those of fit_sample at those depths, placed in that
+    order from the haystack's start to its end; placement "random" gives the prompts of a random depth. (What is
+    drawn, not what is answered: the model's answers are stubbed out.)"""
+    import hashlib
+
+    import diffattn.eval.niah.sampling as sampling
+    from diffattn.eval.common import load_text
+    from diffattn.eval.niah import DEPTHS, fit_sample
+    from diffattn.eval.niah.sampling import _grid_seeds
+
+    monkeypatch.setattr(sampling, "greedy_answer", lambda *args: "")
+    text = load_text("filler", "test")[0]
+    options = dict(haystack="filler", context_tokens=128, grid=((2, 1),), samples=5, heatmap_lengths=[], progress=False)
+    for placement, depths in (("depths", list(DEPTHS)), ("random", [None] * 5)):
+        res = run_niah(debug_models["baseline"], tokenizer, grid_placement=placement, **options)
+        samples = [fit_sample(tokenizer, text, 128, s, num_needles=2, num_queries=1, value_digits=7, depth=d)
+                   for s, d in zip(_grid_seeds(0, 2, 1, 5), depths, strict=True)]  # fmt: skip
+        digest = hashlib.sha1(b"".join(s.prompt.encode() + b"\0" for s in samples)).hexdigest()
+        assert res["metadata"]["samples_sha1"] == digest and res["metadata"]["grid_placement"] == placement
+        assert res["grid"][0]["depths"] == depths
+        if placement == "depths":  # the first queried needle at the haystack's start, ..., at its end, in order
+            placed = [s.depth for s in samples]
+            assert placed[0] == 0.0 and placed[-1] == 1.0 and placed == sorted(set(placed))
+    with pytest.raises(ValueError, match="unknown needle grid placement 'middle'; choose one of depths, random"):
+        run_niah(debug_models["baseline"], tokenizer, grid_placement="middle", **options)
+
+
 def test_the_multi_value_cell_is_kept_apart_from_the_grid_with_its_chance(debug_models, tokenizer, tmp_path):
     """niah's multi-value cell (DiffLoRA Fig. 3 MV) scores V asked numbers per prompt, carries chance V/N and
     1/C(N, V), stays out of the R = 1 cells, and the claim measure compares it paired between two runs."""

@@ -75,7 +75,7 @@ from .common import (
     save_figure,
 )
 from .measures import NO_PER_SAMPLE, Comparison, Measure, PaperClaim, Run, first, paired_kind, same_metadata
-from .niah import DEPTHS, check_needle_cells, fit_sample, needle_protocol
+from .niah import DEPTHS, check_needle_cells, depths_in_turn, fit_sample, needle_protocol
 from .stats import mean_se, normal_interval, paired_difference, unpaired_difference
 
 BUCKETS = ("bos", "before", "answer", "after", "query")
@@ -184,14 +184,14 @@ def run_allocation(
     tally = _Tally()  # the model's own maps (rec.signed)
     reference = _Tally()  # the same rows of the effective attention at λ = 0 (rec.reference), when there is one
     digest = hashlib.sha1()
-    for i, sample in enumerate(tqdm(prompts, desc="attention allocation", disable=not progress, leave=False)):
-        depth, sample_seed = _sample_placement(i, depths, seed)
+    bar = tqdm(prompts, desc="attention allocation", disable=not progress, leave=False)
+    for i, (sample, depth) in enumerate(zip(bar, depths_in_turn(depths, samples), strict=True)):
         digest.update(sample.prompt.encode() + b"\0")
         enc, buckets = _tokens_in_buckets(tokenizer, sample)
         with AttentionCapture(model, rows="last", reference=True) as cap, torch.no_grad():
             model(enc["input_ids"].to(model_device(model)))
         records = cap.last()
-        label = {"seed": sample_seed, "depth": depth}
+        label = {"seed": _sample_seed(i, seed), "depth": depth}
         tally.add({layer: rec.signed[0, :, 0] for layer, rec in records.items()}, buckets, label)
         if any(rec.reference is not None for rec in records.values()):
             # a layer the method leaves alone has no λ term: its own map is its reference
@@ -229,19 +229,19 @@ def run_allocation(
     return result
 
 
-def _sample_placement(i: int, depths, seed: int) -> tuple[float, int]:
-    """Sample ``i``'s depth (the depths in turn) and seed: the same for every model evaluated with the same options."""
-    return depths[i % len(depths)], seed * 100003 + i
+def _sample_seed(i: int, seed: int) -> int:
+    """Sample ``i``'s seed: the same for every model evaluated with the same options."""
+    return seed * 100003 + i
 
 
 def _samples(tokenizer, text: str, context_tokens: int, n: int, samples: int, value_digits: int, seed: int, depths):
-    """The allocation prompts of ``n`` needles: sample ``i`` at its depth and seed (:func:`_sample_placement`)."""
-    out = []
-    for i in range(samples):
-        depth, sample_seed = _sample_placement(i, depths, seed)
-        out.append(fit_sample(tokenizer, text, context_tokens, sample_seed, num_needles=n, depth=depth,
-                              value_digits=value_digits))  # fmt: skip
-    return out
+    """The allocation prompts of ``n`` needles: sample ``i`` at its seed (:func:`_sample_seed`) and its depth, the
+    depths in turn (:func:`~diffattn.eval.niah.sampling.depths_in_turn`, as the needle grid places them)."""
+    return [
+        fit_sample(tokenizer, text, context_tokens, _sample_seed(i, seed), num_needles=n, depth=depth,
+                   value_digits=value_digits)
+        for i, depth in enumerate(depths_in_turn(depths, samples))
+    ]  # fmt: skip
 
 
 def fitting_needles(

@@ -72,9 +72,9 @@ RESULTS = "results.json"
 # which filled the model's maximum context; 8: every NIAH cell's prompts from seeds of its own, allocation prompts of
 # niah_needles needles, one queried, where they had one, ICL per-item hits; 9: the order suite's per-item hits, which
 # a margin's analysis could read, how many values each outlier top-k is over, and alloc at niah's context, 2048,
-# for a model without a training length), so experiments re-evaluate results written by older code instead of
-# reusing them.
-RESULTS_VERSION = 9
+# for a model without a training length; 10: the needle grid's first queried needle at the five depths in turn,
+# not at a random depth), so experiments re-evaluate results written by older code instead of reusing them.
+RESULTS_VERSION = 10
 
 
 def register_suite(entry: Suite) -> Suite:

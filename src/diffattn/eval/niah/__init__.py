@@ -11,7 +11,10 @@ Two protocols:
   thing that changes between cells: every cell is scored the same way, one queried needle, solved or not; N = 8 is
   Dex's cell), plus DIFF Table 2's own cells N = 2, 4, 6 with R = 2 (:data:`TABLE2_CELLS`; its N = 1, R = 1 cell is
   the first R = 1 cell); with the default grid, cells that do not fit the context are left out
-  (``metadata["cells_left_out"]``), an explicit grid must fit whole;
+  (``metadata["cells_left_out"]``), an explicit grid must fit whole; sample i of a cell puts its first queried
+  needle at depth 0, 25, 50, 75, 100% in turn (:func:`.sampling.depths_in_turn`, each row's ``depths``: the
+  protocol's five depths, docs/evaluation.md §5, Dex §4.2's), ``niah_grid_placement: random`` at a uniform random
+  depth (every result before results version 10);
 * the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5); by default at 1/2,
   3/4 and all of the context where its needles fit (``metadata["heatmap_lengths_left_out"]`` names the others);
 * optionally one multi-value cell (RULER's niah_multivalue, DiffLoRA Fig. 3 "MV"): one key with V values among N
@@ -50,15 +53,26 @@ from __future__ import annotations
 
 from ..common import Suite
 from .claims import CLAIMS, MEASURES, cell_floor, pooled_floor, r1_chance, r1_solved
-from .options import NiahOptions, _preflight, check_needle_cells, needle_protocol, parse_grid, parse_multivalue
+from .options import NiahOptions, _check, _preflight, check_needle_cells, needle_protocol, parse_grid, parse_multivalue
 from .plots import plot_niah, plot_niah_grid_all, plot_niah_heatmaps_all
-from .sampling import DEPTHS, GRID, TABLE2_CELLS, fit_sample, greedy_answer, needle_chance, run_niah
+from .sampling import (
+    DEPTHS,
+    GRID,
+    GRID_PLACEMENTS,
+    TABLE2_CELLS,
+    depths_in_turn,
+    fit_sample,
+    greedy_answer,
+    needle_chance,
+    run_niah,
+)
 from .tables import compare
 
 __all__ = [
     "CLAIMS",
     "DEPTHS",
     "GRID",
+    "GRID_PLACEMENTS",
     "LAMBDA0_REFERENCE",
     "MEASURES",
     "SUITE",
@@ -67,6 +81,7 @@ __all__ = [
     "cell_floor",
     "check_needle_cells",
     "compare",
+    "depths_in_turn",
     "fit_sample",
     "greedy_answer",
     "needle_chance",
@@ -92,6 +107,7 @@ def _run_suite(model, tokenizer, o, folder, name):
 
     options = dict(
         grid=o.niah_grid,
+        grid_placement=o.niah_grid_placement,
         heatmap_needles=o.niah_needles,
         heatmap_samples=o.niah_heatmap_samples,
         multivalue=tuple(o.niah_multivalue) if o.niah_multivalue is not None else None,
@@ -119,6 +135,7 @@ SUITE = Suite(
     },
     compare=compare,
     options=NiahOptions,
+    check=_check,
     preflight=_preflight,
     protocol=needle_protocol,
     measures=MEASURES,

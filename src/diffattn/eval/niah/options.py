@@ -10,7 +10,7 @@ from ..common import (
     load_text,
     option,
 )
-from .sampling import GRID, fit_sample
+from .sampling import GRID, GRID_PLACEMENTS, fit_sample
 
 
 def parse_grid(text: str) -> tuple[tuple[int, int], ...]:
@@ -46,6 +46,11 @@ class NiahOptions:
         None,
         "NxR cells of the retrieval grid (default: 1x1,2x1,4x1,6x1,8x1,2x2,4x2,6x2 where they fit the context)",
         parse=parse_grid,
+    )
+    niah_grid_placement: str = option(
+        "depths",
+        "where a grid cell's first queried needle goes: depths (sample i at 0/25/50/75/100%% in turn, the papers' "
+        "five depths) or random (a uniform random depth: results before version 10)",
     )
     niah_heatmap_lengths: tuple[int, ...] | None = option(
         None,
@@ -104,6 +109,14 @@ def check_needle_cells(options, targets, cells, heatmap_needles: int | None = No
                 raise ValueError(f"eval.options (niah/alloc) for {t.name}: {e}") from e
 
 
+def _check(o, name) -> None:
+    if o.niah_grid_placement not in GRID_PLACEMENTS:
+        raise ValueError(
+            f"{name('niah_grid_placement')}: unknown placement {o.niah_grid_placement!r}; choose one of "
+            + ", ".join(GRID_PLACEMENTS)
+        )
+
+
 def _preflight(options, targets) -> None:
     # the default grid is used where it fits: its N = 1 cell must
     cells = [tuple(c) for c in options.niah_grid] if options.niah_grid is not None else [(1, 1)]
@@ -134,7 +147,13 @@ def needle_protocol(o) -> str:
         "Retrieval evaluation: needles "
         f'"The special magic {{city}} number is: {{{o.niah_digits}-digit number}}." '
         f"in a {o.haystack} haystack (test split) of {o.context_tokens or 'the training length of'} tokens; "
-        f"(N needles, R queried) cells {grid}, {o.samples} samples each, greedy decoding, RULER string_match_all; "
+        f"(N needles, R queried) cells {grid}, {o.samples} samples each, "
+        + (
+            "the first queried needle at 0/25/50/75/100% in turn, "
+            if getattr(o, "niah_grid_placement", "depths") == "depths"
+            else "the queried needle at a random depth, "
+        )
+        + "greedy decoding, RULER string_match_all; "
         + (
             ""
             if multivalue is None

@@ -38,6 +38,27 @@ GRID = ((1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (2, 2), (4, 2), (6, 2))
 # DIFF Table 2's cells that can tell retrieval from copying (its N = 1, R = 1 cell has floor 1: one needle to copy)
 TABLE2_CELLS = ((2, 2), (4, 2), (6, 2))
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# where a grid cell's first queried needle goes: sample i at depths_in_turn (the protocol's five depths,
+# docs/evaluation.md §5; Dex §4.2: "0%, 25%, 50%, 75%, and 100%"), or "random" (results before version 10: a uniform
+# random depth)
+GRID_PLACEMENTS = ("depths", "random")
+
+
+def depths_in_turn(depths, samples: int) -> list[float]:
+    """Sample ``i``'s depth of the first queried needle: ``depths[i % len(depths)]``, the depths in turn, so that a
+    cell of ``samples`` samples holds every depth equally often (up to one) and averages over them (the needle
+    grid and the allocation prompts)."""
+    if not depths:
+        raise ValueError("depths must name at least one depth in [0, 1]")
+    return [float(depths[i % len(depths)]) for i in range(samples)]
+
+
+def grid_depths(placement: str, samples: int, depths=DEPTHS) -> list[float | None]:
+    """The grid cells' per-sample depths for a placement of :data:`GRID_PLACEMENTS`: ``depths`` in turn, or None
+    (random) for every sample."""
+    if placement not in GRID_PLACEMENTS:
+        raise ValueError(f"unknown needle grid placement {placement!r}; choose one of {', '.join(GRID_PLACEMENTS)}")
+    return depths_in_turn(depths, samples) if placement == "depths" else [None] * samples
 
 
 def fit_sample(tokenizer, haystack: str, context_tokens: int, seed: int, **kwargs):
@@ -89,12 +110,15 @@ class _Scored(NamedTuple):
     heuristics: dict  # what each heuristic without the skill scores on this prompt (needle_floors)
 
 
-def _score_cell(model, tokenizer, text: str, digest, bar, length: int, seeds: list[int], **needles) -> list[_Scored]:
-    """One cell: a needle sample of ``length`` tokens per seed (``needles``: :func:`fit_sample`'s options), its
-    prompt added to ``digest`` (the record that paired models saw the same samples), greedily answered and scored."""
+def _score_cell(
+    model, tokenizer, text: str, digest, bar, length: int, seeds: list[int], depths=None, **needles
+) -> list[_Scored]:
+    """One cell: a needle sample of ``length`` tokens per seed (``needles``: :func:`fit_sample`'s options; ``depths``:
+    per seed, its first queried needle's depth, None random), its prompt added to ``digest`` (the record that
+    paired models saw the same samples), greedily answered and scored."""
     cell = []
-    for s in seeds:
-        sample = fit_sample(tokenizer, text, length, s, **needles)
+    for s, depth in zip(seeds, [None] * len(seeds) if depths is None else depths, strict=True):
+        sample = fit_sample(tokenizer, text, length, s, depth=depth, **needles)
         digest.update(sample.prompt.encode() + b"\0")
         cell.append(_Scored(sample, *_score(model, tokenizer, sample), heuristic_scores(sample)))
         bar.update()
@@ -108,11 +132,12 @@ def needle_chance(n: int, r: int) -> tuple[float, float]:
     return r / n, 1 / math.comb(n, r)
 
 
-def _grid_row(n: int, r: int, cell: list[_Scored]) -> dict:
+def _grid_row(n: int, r: int, cell: list[_Scored], depths: list[float | None]) -> dict:
     scores, strict = [c.score for c in cell], [c.strict for c in cell]
     return {
         "N": n,
         "R": r,
+        "depths": depths,  # per sample, its first queried needle's depth (None: random)
         "accuracy": sum(scores) / len(scores),
         "samples": len(cell),
         "scores": scores,
@@ -157,7 +182,7 @@ def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int,
         row, row_scores, row_ci, row_strict, row_floors = [], [], [], [], []
         for depth in depths:
             seeds = _heatmap_seeds(seed, length, depth, samples)
-            cell = score_cell(length, seeds, num_needles=needles, num_queries=1, depth=depth)
+            cell = score_cell(length, seeds, depths=[depth] * samples, num_needles=needles, num_queries=1)
             scores, strict = [c.score for c in cell], [c.strict for c in cell]
             row.append(sum(scores) / len(scores))
             row_scores.append(scores)
@@ -182,13 +207,15 @@ def _heatmap(score_cell, lengths: list[int], depths, samples: int, needles: int,
     }
 
 
-def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_digits: int, samples: int):
-    """The cells of :data:`GRID` whose every sample fits the context, and the others with the reason."""
+def _fitting_grid(tokenizer, text: str, context_tokens: int, seed: int, value_digits: int, depths: list):
+    """The cells of :data:`GRID` whose every sample (one per entry of ``depths``) fits the context, and the others
+    with the reason."""
     fits, left_out = [], []
     for n, r in GRID:
         try:
-            for s in _grid_seeds(seed, n, r, samples):
-                fit_sample(tokenizer, text, context_tokens, s, num_needles=n, num_queries=r, value_digits=value_digits)
+            for s, depth in zip(_grid_seeds(seed, n, r, len(depths)), depths, strict=True):
+                fit_sample(tokenizer, text, context_tokens, s, num_needles=n, num_queries=r, value_digits=value_digits,
+                           depth=depth)  # fmt: skip
             fits.append((n, r))
         except ValueError as e:
             left_out.append({"N": n, "R": r, "why": str(e)})
@@ -226,6 +253,7 @@ def run_niah(
     samples: int = 10,
     heatmap_lengths: list[int] | None = None,
     depths=DEPTHS,
+    grid_placement: str = "depths",
     heatmap_needles: int = 8,
     heatmap_samples: int | None = None,
     value_digits: int = 7,
@@ -239,12 +267,16 @@ def run_niah(
     ``heatmap_lengths``: None = half, three quarters and all of ``context_tokens``, where the heatmap's needles fit
     (the others named in ``metadata["heatmap_lengths_left_out"]``); ``[]`` = no heatmap.
     ``heatmap_samples``: samples per heatmap cell (default ``samples``). ``value_digits``: the needle numbers'
-    length (the papers: 7). ``multivalue``: (N, V) of the multi-value cell (None: none)."""
+    length (the papers: 7). ``multivalue``: (N, V) of the multi-value cell (None: none). ``grid_placement``: where
+    a grid cell's first queried needle goes (:data:`GRID_PLACEMENTS`): ``"depths"``, sample i at ``depths`` (the
+    heatmap's; default :data:`DEPTHS`) in turn (:func:`depths_in_turn`), or ``"random"``; the multi-value cell's
+    needles are at random depths (RULER's)."""
     context_tokens = evaluation_window(model, context_tokens, cap=NEEDLE_CONTEXT_CAP)
     check_fits(model, context_tokens, f"needle retrieval at context_tokens={context_tokens}")
     heatmap_samples = samples if heatmap_samples is None else heatmap_samples
     if samples < 1 or heatmap_samples < 1:
         raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
+    cell_depths = grid_depths(grid_placement, samples, depths)
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
     lengths_left_out = []
     if heatmap_lengths is None:
@@ -257,7 +289,7 @@ def run_niah(
     for length in heatmap_lengths:
         check_fits(model, length, f"the needle heatmap at length {length}")
     if grid is None:
-        grid, left_out = _fitting_grid(tokenizer, text, context_tokens, seed, value_digits, samples)
+        grid, left_out = _fitting_grid(tokenizer, text, context_tokens, seed, value_digits, cell_depths)
     else:
         left_out = []
     grid_rows = []
@@ -267,16 +299,17 @@ def run_niah(
     digest = hashlib.sha1()
     score_cell = partial(_score_cell, model, tokenizer, text, digest, bar, value_digits=value_digits)
     for n, r in grid:
-        cell = score_cell(context_tokens, _grid_seeds(seed, n, r, samples), num_needles=n, num_queries=r)
+        seeds = _grid_seeds(seed, n, r, samples)
+        cell = score_cell(context_tokens, seeds, depths=cell_depths, num_needles=n, num_queries=r)
         examples.append({"N": n, "R": r, "answers": list(cell[0].sample.answers), "output": cell[0].output})
-        grid_rows.append(_grid_row(n, r, cell))
+        grid_rows.append(_grid_row(n, r, cell, cell_depths))
     multivalue_row = None
     if multivalue is not None:
         n, v = multivalue
         seeds = cell_seeds(seed, f"multivalue N={n} V={v}", samples)
         cell = score_cell(context_tokens, seeds, num_needles=n, num_queries=1, values_per_key=v)
         examples.append({"N": n, "V": v, "answers": list(cell[0].sample.answers), "output": cell[0].output})
-        multivalue_row = {**_grid_row(n, v, cell), "R": 1, "V": v}  # chance V/N: V numbers asked of the N
+        multivalue_row = {**_grid_row(n, v, cell, [None] * samples), "R": 1, "V": v}  # chance V/N: V numbers of N
     heatmap = _heatmap(score_cell, heatmap_lengths, depths, heatmap_samples, heatmap_needles, seed)
     bar.close()
     pooled = [s for g in grid_rows for s in g["scores"]]
@@ -303,7 +336,16 @@ def run_niah(
                 "accuracy: RULER string_match_all (a queried number anywhere in the output); strict_accuracy: the "
                 "queried numbers among the first R numbers of the output (no credit for listing extra numbers)"
             ),
-            "placement": "first queried needle at the depth (heatmap) or random; others random; sentence starts",
+            "placement": (
+                "first queried needle at the heatmap cell's depth; in the grid "
+                + (
+                    f"at the depths {', '.join(f'{100 * d:g}%' for d in depths)} in turn (the grid rows' depths)"
+                    if grid_placement == "depths"
+                    else "at a random depth"
+                )
+                + "; in the multi-value cell random; the other needles random; sentence starts"
+            ),
+            "grid_placement": grid_placement,
             "seed": seed,
             "intervals": "cells: Wilson 95% score interval (fractional scores of R > 1 as partial successes); "
             "mean_accuracy_ci: Wilson 95% interval on the pooled grid samples (equal samples per cell)",
