@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from diffattn.environment import REPRODUCING, environment, processor
+from diffattn.environment import REPRODUCING, environment, package_version, processor
 from diffattn.experiments.report import _training_environments
 
 
@@ -15,6 +15,13 @@ def test_the_record_names_the_processor_and_the_kernels_instruction_set():
     env = environment()
     assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["cpu"] == processor()
     assert env["threads"] == torch.get_num_threads() and set(REPRODUCING) - {"gpu"} <= set(env)
+
+
+def test_package_versions_come_from_the_installed_metadata_without_an_import():
+    import transformers
+
+    assert environment()["transformers"] == package_version("transformers") == transformers.__version__
+    assert package_version("diffattn-no-such-package") == "not installed"
 
 
 def test_the_report_lists_training_environments_only_where_they_differ_from_the_evaluations():

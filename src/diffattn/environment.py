@@ -13,7 +13,21 @@ steps bit for bit.
 from __future__ import annotations
 
 import platform
+import sys
+from importlib import metadata
 from pathlib import Path
+
+
+def package_version(name: str) -> str:
+    """An installed package's version without importing it where it is not imported yet (transformers takes 3 s to
+    import, and ``diffattn info`` needs no more of it than this string); "not installed" where it is not."""
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__version__", None):
+        return module.__version__
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def processor() -> str:
@@ -40,12 +54,11 @@ def environment() -> dict:
     """The software versions, the device, the torch threads, the CPU and the instruction set torch's CPU kernels use
     (and the GPU's name on CUDA)."""
     import torch
-    import transformers
 
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": package_version("transformers"),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "threads": torch.get_num_threads(),
         "cpu": processor(),
