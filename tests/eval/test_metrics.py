@@ -604,32 +604,46 @@ def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models,
 
 
 def test_niah_grid_samples_take_the_five_depths_in_turn_and_random_placement_stays_available(
-    debug_models, tokenizer, monkeypatch
+    debug_models, tokenizer, monkeypatch, tmp_path, caplog
 ):
     """Sample i of a grid cell puts its first queried needle at depth 0, 25, 50, 75, 100% in turn (the protocol's
     depths): the prompts run_niah answered (its samples_sha1) are those of fit_sample at those depths, placed in that
-    order from the haystack's start to its end; placement "random" gives the prompts of a random depth. (What is
-    drawn, not what is answered: the model's answers are stubbed out.)"""
+    order from the haystack's start to its end (the rows' placed_depths); placement "random" (here through the suite's
+    options, as a config or the CLI gives it) gives the prompts of a random depth; a sample count that is not a
+    multiple of the depths' warns. (What is drawn, not what is answered: the model's answers are stubbed out.)"""
     import hashlib
+    from types import SimpleNamespace
 
     import diffattn.eval.niah.sampling as sampling
     from diffattn.eval.common import load_text
-    from diffattn.eval.niah import DEPTHS, fit_sample
+    from diffattn.eval.niah import DEPTHS, SUITE, fit_sample
     from diffattn.eval.niah.sampling import _grid_seeds
 
     monkeypatch.setattr(sampling, "greedy_answer", lambda *args: "")
     text = load_text("filler", "test")[0]
-    options = dict(haystack="filler", context_tokens=128, grid=((2, 1),), samples=5, heatmap_lengths=[], progress=False)
-    for placement, depths in (("depths", list(DEPTHS)), ("random", [None] * 5)):
-        res = run_niah(debug_models["baseline"], tokenizer, grid_placement=placement, **options)
+    options = dict(haystack="filler", context_tokens=128, grid=((2, 1),), heatmap_lengths=[], progress=False)
+    suite_options = SimpleNamespace(
+        niah_grid=((2, 1),), niah_grid_placement="random", niah_needles=2, niah_heatmap_lengths=[],
+        niah_heatmap_samples=None, niah_multivalue=None,
+        needle_prompts=lambda: dict(haystack="filler", context_tokens=128, samples=5, progress=False),
+    )  # fmt: skip
+    # seven samples: the five depths, then the first two again, with a warning that they are not held equally often
+    for placement, depths in (("depths", [*DEPTHS, 0.0, 0.25]), ("random", [None] * 5)):
+        if placement == "depths":
+            with caplog.at_level("WARNING", logger="diffattn.eval.niah.sampling"):
+                res = run_niah(debug_models["baseline"], tokenizer, grid_placement=placement, **options, samples=7)
+            assert "7 samples a cell do not hold the 5 depths equally often" in caplog.text
+        else:
+            res = SUITE.run(debug_models["baseline"], tokenizer, suite_options, tmp_path, "baseline")[0]
         samples = [fit_sample(tokenizer, text, 128, s, num_needles=2, num_queries=1, value_digits=7, depth=d)
-                   for s, d in zip(_grid_seeds(0, 2, 1, 5), depths, strict=True)]  # fmt: skip
+                   for s, d in zip(_grid_seeds(0, 2, 1, len(depths)), depths, strict=True)]  # fmt: skip
         digest = hashlib.sha1(b"".join(s.prompt.encode() + b"\0" for s in samples)).hexdigest()
         assert res["metadata"]["samples_sha1"] == digest and res["metadata"]["grid_placement"] == placement
-        assert res["grid"][0]["depths"] == depths
+        assert res["grid"][0]["depths"] == depths and res["grid"][0]["placed_depths"] == [s.depth for s in samples]
         if placement == "depths":  # the first queried needle at the haystack's start, ..., at its end, in order
-            placed = [s.depth for s in samples]
+            placed = [s.depth for s in samples[:5]]
             assert placed[0] == 0.0 and placed[-1] == 1.0 and placed == sorted(set(placed))
+    assert sampling.depths_in_turn(np.asarray(DEPTHS), 6) == [*DEPTHS, 0.0]  # an array of depths too
     with pytest.raises(ValueError, match="unknown needle grid placement 'middle'; choose one of depths, random"):
         run_niah(debug_models["baseline"], tokenizer, grid_placement="middle", **options)
 

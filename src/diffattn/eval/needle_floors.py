@@ -5,7 +5,8 @@ first needles of the context, the last, random ones, the most frequent numbers) 
 the suite's own scorers score them; the floor a row prints is the best heuristic over the cells the row reads. The
 formula it replaces, R/N per needle and 1/C(N, R) prompts solved, is what *random* needles score; on short
 haystacks the placement and the depth protocol make some heuristics score more (in the heatmap, depth 0 puts the
-queried needle first: "copy the first needle" solves every depth-0 prompt), so a model at the formula's level can
+queried needle first, ahead of any needle that shares its sentence start only at random: "copy the first needle"
+solves most depth-0 prompts), so a model at the formula's level can
 still be without the skill.
 
 Random heuristics are scored exactly: the mean over every choice they could make (all R-subsets of the N needles),

@@ -438,7 +438,8 @@ def _references(spec: PaperClaim, a, config, runs: dict[str, Run]) -> list[str]:
 
 
 # The seed-to-seed spread of the claims' metrics, measured on this project's CPU (pooled within-model SD over the
-# replicate runs of results/mini-scratch-v2-rerun, this version's protocol: 3 seeds per model, 3 models, df 6; the
+# replicate runs of results/mini-scratch-v2-rerun, the placement-fixed protocol (its grid's queried needle at random
+# depths, as before results version 10): 3 seeds per model, 3 models, df 6; the
 # earlier pooling over mini-scratch and mini-scratch-v2 mixed the pre-fix exports). A single-run report quotes it, so
 # a reader sees when a difference between two single runs is smaller than what a second seed would move.
 # tests/experiments/test_results.py recomputes it from the export SEED_SPREAD_SOURCE names.

@@ -151,7 +151,7 @@ def needle_protocol(o) -> str:
         + (
             "the first queried needle at 0/25/50/75/100% in turn, "
             if getattr(o, "niah_grid_placement", "depths") == "depths"
-            else "the queried needle at a random depth, "
+            else "the first queried needle at a random depth, "
         )
         + "greedy decoding, RULER string_match_all; "
         + (

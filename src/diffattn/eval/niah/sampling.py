@@ -48,7 +48,7 @@ def depths_in_turn(depths, samples: int) -> list[float]:
     """Sample ``i``'s depth of the first queried needle: ``depths[i % len(depths)]``, the depths in turn, so that a
     cell of ``samples`` samples holds every depth equally often (up to one) and averages over them (the needle
     grid and the allocation prompts)."""
-    if not depths:
+    if len(depths) == 0:  # len, not truth: a NumPy array of depths is accepted
         raise ValueError("depths must name at least one depth in [0, 1]")
     return [float(depths[i % len(depths)]) for i in range(samples)]
 
@@ -137,7 +137,10 @@ def _grid_row(n: int, r: int, cell: list[_Scored], depths: list[float | None]) -
     return {
         "N": n,
         "R": r,
-        "depths": depths,  # per sample, its first queried needle's depth (None: random)
+        "depths": depths,  # per sample, its first queried needle's asked-for depth (None: random)
+        # per sample, where it went: the fraction of the haystack before it. Needles go in at sentence starts, so a
+        # short haystack moves them (at 256 tokens and N = 8 an asked 25% can land at 0)
+        "placed_depths": [c.sample.depth for c in cell],
         "accuracy": sum(scores) / len(scores),
         "samples": len(cell),
         "scores": scores,
@@ -277,6 +280,11 @@ def run_niah(
     if samples < 1 or heatmap_samples < 1:
         raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
     cell_depths = grid_depths(grid_placement, samples, depths)
+    if grid_placement == "depths" and samples % len(depths):
+        logger.warning(
+            "needle grid: %d samples a cell do not hold the %d depths equally often (the first %d take one more)",
+            samples, len(depths), samples % len(depths),
+        )  # fmt: skip
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
     lengths_left_out = []
     if heatmap_lengths is None:
