@@ -105,6 +105,7 @@ def test_presets_prints_counts(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert "debug" in out and "paper-3b" in out and "baseline 90,432 params" in out
+    assert "builds the model at its tokenizer's (--vocab-size, default 8,192)" in out  # why pretrain's count differs
 
 
 def test_quickstart_checks_pass_and_generates(capsys):
@@ -202,10 +203,34 @@ def test_eval_needle_options_parse(monkeypatch):
 
 
 def test_the_training_commands_help_lists_every_backend(capsys):
+    """pretrain's and adapt's help list every backend; the flags' helps give their defaults, each as its home has it
+    (the run configs' dataclasses, the evaluation options class)."""
+    import argparse
+    import dataclasses
+
+    from diffattn.eval.suite import option_specs
     from diffattn.ops import BACKENDS
+    from diffattn.train.adapt_config import AdaptMethodSection
+    from diffattn.train.config import DataConfig, ModelConfig, TrainConfig
 
     for command in ("pretrain", "adapt"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         out = " ".join(capsys.readouterr().out.split())
         assert ", ".join(BACKENDS) in out.replace(", ", ",").replace(",", ", "), command
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    helps = {c: {o: a.help or "" for a in commands[c]._actions for o in a.option_strings} for c in commands}
+    homes = {"--preset": ModelConfig, "--attention": ModelConfig, "--backend": ModelConfig, "--vocab-size": DataConfig,
+             "--seq-len": DataConfig, "--retrieval-fraction": DataConfig, "--max-steps": TrainConfig,
+             "--batch-size": (TrainConfig, "global_batch_size"), "--grad-accum": TrainConfig, "--lr": TrainConfig,
+             "--schedule": TrainConfig}  # fmt: skip
+    for flag, home in homes.items():
+        cls, field = home if isinstance(home, tuple) else (home, flag[2:].replace("-", "_"))
+        default = {f.name: f.default for f in dataclasses.fields(cls)}[field]
+        said = f"default {default:g}" if isinstance(default, float) else f"default {default}"
+        assert said in helps["pretrain"][flag], (flag, said)
+    assert "default dex" in helps["adapt"]["--method"] and AdaptMethodSection.name == "dex"
+    for spec in option_specs():  # eval: from the options class, where the help text does not say it itself
+        if spec.default not in (None, ()) and "default" not in spec.help:
+            assert helps["eval"][spec.flag].endswith(f"(default {spec.default})"), spec.flag

@@ -134,6 +134,7 @@ CASES = [
     # ---- bench, export
     ("bench attention --device cuda", r"CUDA is not available"),
     ("export {decoy} {new}", r"no report.md"),
+    ("export {new} {decoy}", r"experiment folder .* does not exist"),
     ("export {finished_exp} {decoy}", r"not made by diffattn export"),
     ("export {linked_exp} {new}", r"report\.md is \(or lies under\) a symbolic link"),
     ("export {finished_exp} {edited_export}", r"would overwrite report\.md \(changed since diffattn export wrote it\)"),

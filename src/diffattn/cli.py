@@ -93,7 +93,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from .models import PRESETS, describe_parameters
+    from .train.config import DataConfig
 
+    print(  # the counts read each preset's own vocabulary; pretrain's comes from the tokenizer it trains
+        "parameter counts at each preset's vocabulary size; `diffattn pretrain` builds the model at its tokenizer's "
+        f"(--vocab-size, default {DataConfig.vocab_size:,}), which adds or removes embedding rows"
+    )
     for name, p in PRESETS.items():
         print(f"{name:<12} {p.description}")
         if not name.startswith("paper") or args.count_all:
@@ -375,6 +380,8 @@ def _add_suite_options(p: argparse.ArgumentParser) -> None:
     for spec in option_specs():
         kind = spec.parse or (int if int in (typing.get_args(spec.kind) or (spec.kind,)) else str)
         help_text = spec.help if spec.owner is None else f"{spec.owner}: {spec.help}"
+        if spec.default not in (None, ()) and "default" not in spec.help:  # the options class is its home
+            help_text += f" (default {spec.default})"
         p.add_argument(spec.flag, dest=spec.name, type=kind, default=spec.default, help=help_text)
 
 
@@ -533,23 +540,24 @@ def _pretrain_flags(p: argparse.ArgumentParser) -> None:
     from .ops import BACKENDS
 
     _add_run_folder_flags(p, "model, data, train")
-    p.add_argument("--preset", help="model preset (see `diffattn presets`)")
+    p.add_argument("--preset", help="model preset (see `diffattn presets`; default tiny)")
     p.add_argument(
         "--attention",
         choices=[*ARCHITECTURES, "both", "all"],
-        help=f"both = paired standard and diff runs; all = every architecture ({', '.join(ARCHITECTURES)})",
+        help=f"both = paired standard and diff runs; all = every architecture ({', '.join(ARCHITECTURES)}); "
+        "default diff (no baseline: `both` trains the Transformer beside it)",
     )
-    p.add_argument("--backend", help=f"DIFF attention backend ({', '.join(BACKENDS)})")
+    p.add_argument("--backend", help=f"DIFF attention backend ({', '.join(BACKENDS)}; default auto)")
     p.add_argument("--data", help="'shakespeare', or a .txt/.jsonl/.json file or directory")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary (default 8192)")
     p.add_argument("--seq-len", type=int, help="training sequence length (default 512)")
     p.add_argument("--retrieval-fraction", type=float, help="share of retrieval practice sequences (default 0)")
     p.add_argument("--packing", action="store_const", const=True, help="documents apart, no cross-document attention")
-    p.add_argument("--max-steps", type=int)
+    p.add_argument("--max-steps", type=int, help="optimiser steps (default 200)")
     p.add_argument("--batch-size", type=int, help="global batch in sequences (default 8)")
-    p.add_argument("--grad-accum", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--schedule", choices=["linear", "cosine"])
+    p.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 0.001)")
+    p.add_argument("--schedule", choices=["linear", "cosine"], help="warmup, then decay (default linear)")
     _add_cadence_flags(p)
     p.add_argument("--fsdp", action="store_const", const=True, default=None, help="FSDP instead of DDP")
     _add_compile_flag(p)
@@ -594,7 +602,7 @@ def _adapt_flags(p: argparse.ArgumentParser) -> None:
     )
     _add_run_folder_flags(p, "model, method, data, train")
     p.add_argument("--model", help=f"{', '.join(PRETRAINED)} or a local Hugging Face folder")
-    p.add_argument("--method", help="a registered method or control (`diffattn info` lists them)")
+    p.add_argument("--method", help="a registered method or control (`diffattn info` lists them; default dex)")
     mergeable = ", ".join(s.name for s in specs() if s.mergeable)
     p.add_argument("--merge", action="store_const", const=True, default=None, help=f"also write merged/ ({mergeable})")
     p.add_argument("--backend", help=f"backend of the adapters' two-map attention op ({', '.join(BACKENDS)})")
@@ -627,7 +635,7 @@ def _eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--suite",
         default=",".join(name for name, entry in SUITE_TABLE.items() if entry.default),
-        help="comma-separated suites of the suite table (`diffattn info` lists them)",
+        help="comma-separated suites of the suite table (`diffattn info` lists them; default %(default)s)",
     )
     p.add_argument("--out", required=True, help="folder for results.json and the PNGs")
     p.add_argument("--name", help="the model's name in results and plots (default: the argument)")

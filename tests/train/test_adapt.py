@@ -93,6 +93,14 @@ def test_dex_cli_run_logs_lambda_and_its_adapter_reloads(base_dir, corpus_dir, t
     with torch.no_grad():
         torch.testing.assert_close(merged(x).logits, adapted(x).logits, atol=1e-5, rtol=1e-5)
         assert (adapted(x).logits - load_pretrained(base_dir)[0](x).logits).abs().max() > 1e-4
+    # `diffattn eval` of the run reads adapter/: merged/ attends with the base's maps, not Dex's effective attention
+    from diffattn.eval.suite import load_for_eval
+
+    evaluated, _, description = load_for_eval(out)
+    assert vars(evaluated)["_diffattn_adapter"].method == "dex"
+    assert "adapter/ (its merged/ attends with the base's maps)" in description
+    with torch.no_grad():
+        torch.testing.assert_close(evaluated(x).logits, adapted(x).logits)
 
 
 def _difflora_count(layers, d_model, q_width, k_width, rank):
@@ -149,8 +157,11 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
     with torch.no_grad():
         assert torch.isfinite(model(x).logits).all()
         assert (model(x).logits - base(x).logits).abs().max() > 1e-4  # the trained weights came back
-    if method == "diffv":  # --merge: a plain model with the adapter's logits
+    if method == "diffv":  # --merge: a plain model with the adapter's logits, what `diffattn eval` reads (its maps)
         assert (out / "merged").is_dir() and type(model).__name__ == "LlamaForCausalLM"
+        from diffattn.eval.suite import load_for_eval
+
+        assert load_for_eval(out)[2].endswith(" merged/")
     for form in ("adapter", "merged", "final"):  # every folder gets a Hub model card with the run's facts
         if (out / form).is_dir():
             card = (out / form / "README.md").read_text()

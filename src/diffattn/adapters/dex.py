@@ -372,6 +372,7 @@ register(
         trained_names=dex_trained_names,
         freeze=dex_trainable_parameters,
         merge=merge_dex,
+        merged_hides_attention=True,  # A − λ·f(A) lives in the output transform merge_dex folds away
         differential_weights=("dex_w_d",),
         needs_calibration=_needs_calibration,
         config_from_saved=_config_from_saved,

@@ -70,6 +70,10 @@ class MethodSpec:
     freeze: Callable | None = None  # model -> trainable names, after freezing the rest (default: trained_names)
     merge: Callable | None = None  # model -> plain model of the base architecture; None: not mergeable
     why_not_mergeable: str = ""
+    # the merged model attends with the base's softmax maps, not the method's effective attention (Dex: the output
+    # transform folded into W_O), so `diffattn eval` of a run reads its adapter/ form, in which the attention suites
+    # (alloc, heads) see what the method attends with; the other methods' merged maps are their own
+    merged_hides_attention: bool = False
     # the adapted model equals its base before training with the default options (λ(0) = 0, a zero-init update);
     # the conformance tests check it where claimed (DiffLoRA's fixed λ = 0.1 scales the output by 1 − λ)
     identity_at_init: bool = True

@@ -216,11 +216,15 @@ def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
         run = _read_yaml(path / RUN_CONFIG)
         length = ((run.get("data") or {}) if isinstance(run, dict) else {}).get("seq_len")
         if "method" in run:  # diffattn adapt
+            from ..adapters.registry import get_method
             from ..adapters.runs import load_adapted
 
-            merged = (path / "merged").is_dir()  # the zero-overhead form when the run wrote one (equal outputs)
+            spec = get_method(run["method"].get("name"))
+            # the zero-overhead form when the run wrote one (equal outputs), unless it hides the method's attention
+            merged = (path / "merged").is_dir() and not spec.merged_hides_attention
             model, tok = load_adapted(path, merged=merged)
-            form = " merged/" if merged else ""
+            hidden = (path / "merged").is_dir() and not merged
+            form = " merged/" if merged else " adapter/ (its merged/ attends with the base's maps)" if hidden else ""
             what = f"{run['method'].get('name')} on {run['model'].get('name')}"
             return _trained_at(model.eval(), length), tok, f"adapt run {path} ({what}){form}"
         if (path / "final").is_dir():

@@ -551,6 +551,8 @@ def export_report(experiment_dir: str | Path, dest: str | Path) -> Path:
     next one recognises; a temporary copy a killed export left is removed by the next export to ``dest``."""
     src, dest = Path(experiment_dir), Path(dest)
     report = src / "report.md"
+    if not src.is_dir():
+        raise ValueError(f"experiment folder {str(src)!r} does not exist")
     if not report.is_file() or not (src / "results.json").is_file():
         raise ValueError(f"{src} has no report.md and results.json: run the experiment (diffattn run) first")
     for required in ("report.md", "results.json"):
