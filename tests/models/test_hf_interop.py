@@ -227,11 +227,13 @@ def _reloads(folder, tmp_path):
     (adapt / "run.yaml").write_text(f"model: {{name: {folder}}}\nmethod: {{name: dex}}\n")
     shutil.copytree(folder, control / "final")
     (control / "run.yaml").write_text(f"model: {{name: {folder}}}\nmethod: {{name: lora}}\n")
+    adapted, _, description = load_for_eval(adapt)  # Dex with merged/ alone: read, saying what its maps are
+    assert description.endswith("merged/ (no adapter/: the attention suites read the base's maps, not the method's)")
     return {
         "load_pretrained": load_pretrained(folder)[0],
         "load_for_eval(folder)": load_for_eval(folder)[0],
         "load_for_eval(pretrain run)": load_for_eval(pretrain)[0],
-        "load_for_eval(adapt run)": load_for_eval(adapt)[0],
+        "load_for_eval(adapt run)": adapted,
         "load_adapted(merged)": load_adapted(adapt, merged=True)[0],
         "load_adapted(final)": load_adapted(control)[0],
     }

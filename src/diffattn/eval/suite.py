@@ -221,10 +221,14 @@ def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
 
             spec = get_method(run["method"].get("name"))
             # the zero-overhead form when the run wrote one (equal outputs), unless it hides the method's attention
-            merged = (path / "merged").is_dir() and not spec.merged_hides_attention
+            # and the adapter is there to read instead
+            has_merged, has_adapter = (path / "merged").is_dir(), (path / "adapter").is_dir()
+            merged = has_merged and not (spec.merged_hides_attention and has_adapter)
             model, tok = load_adapted(path, merged=merged)
-            hidden = (path / "merged").is_dir() and not merged
-            form = " merged/" if merged else " adapter/ (its merged/ attends with the base's maps)" if hidden else ""
+            if merged and spec.merged_hides_attention:  # said where the CLI and the report print the description
+                form = " merged/ (no adapter/: the attention suites read the base's maps, not the method's)"
+            else:
+                form = " merged/" if merged else " adapter/ (its merged/ attends with the base's maps)" * has_merged
             what = f"{run['method'].get('name')} on {run['model'].get('name')}"
             return _trained_at(model.eval(), length), tok, f"adapt run {path} ({what}){form}"
         if (path / "final").is_dir():

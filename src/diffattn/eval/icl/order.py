@@ -81,7 +81,8 @@ def _order_demo_set(
         if rounds < 1:
             raise ValueError(
                 f"one round of {len(labels)} classes does not fit the context of {context} tokens; "
-                "lower max_classes or max_chars"
+                "lower the data set's max_classes or max_chars (--icl-max-classes, --icl-max-chars; eval options "
+                "icl_max_classes, icl_max_chars)"
             )
     elif not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
