@@ -216,19 +216,22 @@ def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
         run = _read_yaml(path / RUN_CONFIG)
         length = ((run.get("data") or {}) if isinstance(run, dict) else {}).get("seq_len")
         if "method" in run:  # diffattn adapt
-            from ..adapters.registry import get_method
+            from ..adapters.registry import ADAPTER, MERGED, get_method
             from ..adapters.runs import load_adapted
 
             spec = get_method(run["method"].get("name"))
             # the zero-overhead form when the run wrote one (equal outputs), unless it hides the method's attention
             # and the adapter is there to read instead
-            has_merged, has_adapter = (path / "merged").is_dir(), (path / "adapter").is_dir()
+            has_merged, has_adapter = (path / MERGED).is_dir(), (path / ADAPTER).is_dir()
             merged = has_merged and not (spec.merged_hides_attention and has_adapter)
             model, tok = load_adapted(path, merged=merged)
-            if merged and spec.merged_hides_attention:  # said where the CLI and the report print the description
+            # the form read, said where the CLI and the report print the description
+            if not merged:
+                form = " adapter/ (its merged/ attends with the base's maps)" if has_merged else ""
+            elif spec.merged_hides_attention:
                 form = " merged/ (no adapter/: the attention suites read the base's maps, not the method's)"
             else:
-                form = " merged/" if merged else " adapter/ (its merged/ attends with the base's maps)" * has_merged
+                form = " merged/"
             what = f"{run['method'].get('name')} on {run['model'].get('name')}"
             return _trained_at(model.eval(), length), tok, f"adapt run {path} ({what}){form}"
         if (path / "final").is_dir():
