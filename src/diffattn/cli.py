@@ -403,7 +403,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options.validate(suites, style="flag")  # before the model loads
     model, tokenizer, description = load_for_eval(args.model, trust_remote_code=args.trust_remote_code)
     doc = run_suites(
-        model, tokenizer, suites, args.out, options=options, name=args.name or args.model, description=description
+        model,
+        tokenizer,
+        suites,
+        args.out,
+        options=options,
+        name=args.name or args.model,
+        description=description,
+        style="flag",
     )
     print(f"{len(suites)} suite(s) on {description}: {args.out}/results.json")
     for suite, res in doc["suites"].items():

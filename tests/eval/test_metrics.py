@@ -734,9 +734,9 @@ def test_allocation_prompts_carry_distractor_needles_the_most_that_fit_unless_as
     def options(**kw):
         return options_class()(context_tokens=64, haystack="filler", niah_digits=2, **kw)
 
-    SUITE.preflight(options(niah_needles=8), [target])  # the default: the most that fit
-    with pytest.raises(ValueError, match=r"eval\.options \(niah/alloc\)"):
-        SUITE.preflight(options(alloc_needles=8), [target])
+    SUITE.preflight(options(niah_needles=8), [target], str)  # the default: the most that fit
+    with pytest.raises(ValueError, match=r"the needle prompts \(niah/alloc\) for m"):
+        SUITE.preflight(options(alloc_needles=8), [target], str)
     res = run_allocation(debug_models["diff"], tokenizer, haystack="filler", context_tokens=64, samples=2,
                          most_needles=8, value_digits=2, progress=False)  # fmt: skip
     meta = res["metadata"]

@@ -4,6 +4,7 @@ pictures, and one clear error (with no results.json left behind) for each kind o
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_every_suite_writes_results_and_pictures(diff_folder, tmp_path, capsys):
     [
         (["no/such/model"], "model 'no/such/model' does not exist"),
         (["{model}", "--suite", "ppl,nope"], "unknown suite.*nope.*choose from ppl, niah"),
-        (["{model}", "--suite", "niah", "--context-tokens", "4096"], "needs 4096 tokens but the model's maximum"),
+        (["{model}", "--suite", "niah", "--context-tokens", "4096"], "--context-tokens=4096 exceeds .*256 positions"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_the_earlier_results_survive(args, message, diff_folder, tmp_path, capsys):
@@ -74,6 +75,35 @@ def test_bad_input_is_one_clear_error_and_the_earlier_results_survive(args, mess
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
     assert (out / "results.json").read_text() == earlier and not (out / ".partial").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--suite", "ppl,icl", "--icl-dataset", "chatterbot", "--icl-max-chars", "40"],
+         r"icl for .* at 256 tokens \(config.max_position_embeddings\): one round of 21 classes does not fit"),
+        (["--suite", "ppl,heads", "--window", "4096"], r"--window needs 4096 tokens but .*'s maximum context is 256"),
+        (["--suite", "ppl,mqar", "--mqar-pairs", "64", "--mqar-length", "512", "--mqar-ar-hit", "0"],
+         r"MQAR at seq 512 \(--mqar-length, --mqar-pairs\) needs 512 tokens"),
+    ],
+)  # fmt: skip
+def test_a_suite_that_cannot_run_on_the_model_is_refused_before_the_first_suite_runs(
+    args, message, diff_folder, tmp_path, monkeypatch, capsys
+):
+    """results.json is written when every suite succeeded, so a suite that cannot run on the loaded model (an ICL
+    set whose one round overflows the context, a window or MQAR length past its positions) must fail before the
+    others run: it failed at its own turn, and the finished suites were lost (a user's review, 2026-12-03)."""
+    import dataclasses
+
+    from diffattn.eval.suite import SUITE_TABLE
+
+    ran = []
+    entry = SUITE_TABLE["ppl"]
+    monkeypatch.setitem(SUITE_TABLE, "ppl", dataclasses.replace(entry, run=lambda *a: ran.append(a) or entry.run(*a)))
+    code = main(["eval", str(diff_folder), "--out", str(tmp_path / "eval"), "--tokens", "128", *args])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert ran == [] and not (tmp_path / "eval" / "results.json").exists()
 
 
 def test_eval_refuses_a_folder_of_someone_elses_files(diff_folder, tmp_path, capsys):

@@ -72,7 +72,7 @@ def test_adapter_data_takes_the_retrieval_mix_fields_with_the_same_checks():
             RunConfig.from_dict({"data": section}).validate()
 
 
-def test_needle_prompts_that_cannot_fit_are_refused_before_any_training(corpus, tmp_path):
+def test_needle_and_icl_prompts_that_cannot_fit_are_refused_before_any_training(corpus, tmp_path):
     d = {
         "name": "nofit",
         "data": {"source": str(corpus), "seq_len": 32, "vocab_size": 300, "val_sequences": 2},
@@ -80,12 +80,19 @@ def test_needle_prompts_that_cannot_fit_are_refused_before_any_training(corpus, 
         "models": [{"name": "baseline", "preset": "debug"}],
         "eval": {"suites": ["niah"], "options": {"context_tokens": 40, "niah_grid": [[6, 2]], "samples": 50}},
     }
-    with pytest.raises(ValueError, match=r"eval\.options \(niah/alloc\) for baseline: could not fit a needle sample"):
+    with pytest.raises(
+        ValueError, match=r"the needle prompts \(niah/alloc\) for baseline: could not fit a needle sample"
+    ):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path)
     assert not (tmp_path / "nofit").exists()  # nothing trained, nothing written
     d["eval"]["options"] = {"context_tokens": 128, "niah_grid": [[12, 2]], "niah_digits": 1}
     with pytest.raises(ValueError, match="fewer distinct numbers than N=12"):
         run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    # an ICL set whose demonstrations cannot fit the training length (the suite's context) fails before training too
+    d["eval"] = {"suites": ["icl"], "options": {"icl_dataset": "chatterbot"}}
+    with pytest.raises(ValueError, match=r"icl for baseline at 32 tokens .*: not even one demonstration fits"):
+        run_experiment(ExperimentConfig.from_dict(d), tmp_path)
+    assert not (tmp_path / "nofit").exists()
 
 
 def test_a_folder_from_an_older_version_is_refused_with_the_differences_or_rerun_when_asked(corpus, tmp_path):

@@ -93,11 +93,12 @@ def _segment_mask(b: int, t: int) -> torch.Tensor:
 def _segment_cases():
     """Every (causal, share, atomic) case; the single-pass backward with atomic dQ (off by default: the H200 measured
     it slower) in the heavy run (the default run's budget, 2026-11-30 and 2026-12-01: its plain case is
-    test_triton's test_single_pass_backward_with_atomic_dq)."""
+    test_triton's test_single_pass_backward_with_atomic_dq), and of the two-kernel cases the default run keeps causal
+    shared-K and full V1, each mask and each sharing once (the budget, 2026-12-03: the eval preflight's tests)."""
     for causal, c in ((True, "causal"), (False, "full")):
         for share, sh in (((), "v1"), (("k",), "shared-k")):
             for atomic, a in ((True, "atomic-dq"), (False, "two-kernel")):
-                heavy = atomic
+                heavy = atomic or causal != bool(share)
                 yield pytest.param(causal, share, atomic, id=f"{c}-{sh}-{a}", marks=pytest.mark.heavy if heavy else ())
 
 

@@ -738,7 +738,9 @@ SUITE = Suite(
     headline=_headline,
     compare=compare,
     # an asked alloc_needles must fit; by default the most up to niah_needles that fit, at least one
-    preflight=lambda options, targets: check_needle_cells(options, targets, [(options.alloc_needles or 1, 1)]),
+    preflight=lambda options, targets, name: check_needle_cells(
+        options, targets, [(options.alloc_needles or 1, 1)], name=name
+    ),
     options=AllocOptions,
     protocol=needle_protocol,
     measures=MEASURES,

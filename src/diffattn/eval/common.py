@@ -30,9 +30,14 @@ def model_max_length(model: nn.Module) -> int:
 
 def check_fits(model: nn.Module, tokens: int, what: str) -> None:
     """Refuse a request for more positions than the model has, saying what was asked and what fits."""
-    limit = model_max_length(model)
+    check_positions(model_max_length(model), tokens, what)
+
+
+def check_positions(limit: int, tokens: int, what: str, whose: str = "the model's") -> None:
+    """:func:`check_fits` on a number of positions (a suite's preflight knows the model by its
+    :class:`EvalTarget`)."""
     if tokens > limit:
-        raise ValueError(f"{what} needs {tokens} tokens but the model's maximum context is {limit} positions")
+        raise ValueError(f"{what} needs {tokens} tokens but {whose} maximum context is {limit} positions")
 
 
 # Where :func:`diffattn.eval.suite.load_for_eval` records the sequence length a diffattn run trained the model at
@@ -55,7 +60,12 @@ def evaluation_window(model: nn.Module, requested: int | None, *, cap: int = 102
     """The window a suite measures in: ``requested`` (the evaluation's ``window``) when given, else the length the
     model was trained at (a model measured beyond it is out of distribution: a ``quick`` model trained on 128
     tokens has perplexity 246 at 512 against 104 at 128), else the model's maximum context up to ``cap``."""
-    return requested or trained_length(model) or min(model_max_length(model), cap)
+    return default_window(requested, trained_length(model), model_max_length(model), cap)
+
+
+def default_window(requested: int | None, trained: int | None, positions: int, cap: int) -> int:
+    """:func:`evaluation_window`'s rule on numbers (one home: the suites' runs and their preflights read it)."""
+    return requested or trained or min(positions, cap)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -154,12 +164,40 @@ class CommonOptions:
 
 @dataclass(frozen=True)
 class EvalTarget:
-    """A model an experiment will evaluate, known before it is trained: what a suite's preflight can check."""
+    """A model a suite's preflight checks the options against: one an experiment will train (known before it is
+    trained), or a loaded one (:meth:`of_model`, before its first suite runs)."""
 
     name: str
     positions: int  # the most positions the model will accept
-    trained_length: int  # the sequence length it will be trained at (the suites' default context)
+    trained_length: int | None  # the sequence length it is trained at (the suites' default context); None: unknown
     tokenizer: Callable[[], object]  # its data's tokenizer, built on the first call
+
+    @classmethod
+    def of_model(cls, model: nn.Module, tokenizer, name: str) -> EvalTarget:
+        """The target of a loaded model: its positions and the training length its run recorded."""
+        return cls(name, model_max_length(model), trained_length(model), lambda: tokenizer)
+
+    def window(self, requested: int | None, cap: int = 1024) -> int:
+        """The window a suite measures this model in (:func:`evaluation_window`)."""
+        return default_window(requested, self.trained_length, self.positions, cap)
+
+    def check_fits(self, tokens: int, what: str) -> None:
+        """:func:`check_fits` before the model is loaded or trained."""
+        check_positions(self.positions, tokens, what, whose=f"{self.name}'s")
+
+
+def option_name(field: str, style: str = "field") -> str:
+    """An option as the user wrote it: ``"flag"`` (``--samples``), ``"experiment"`` (``eval.options.samples``) or
+    ``"field"`` (``samples``): how the suites' checks and preflights name a bad value."""
+    return {"flag": f"--{field.replace('_', '-')}", "experiment": f"eval.options.{field}"}.get(style, field)
+
+
+def window_preflight(options, targets, name) -> None:
+    """The preflight of the suites that measure in the shared ``window`` (ppl, outliers, quant, heads, MQAR's
+    AR-Hit): it must fit every target's positions (the default, the training length or the maximum up to 1,024,
+    always does)."""
+    for t in targets:
+        t.check_fits(t.window(options.window), name("window"))
 
 
 @dataclass(frozen=True)
@@ -174,9 +212,10 @@ class Suite:
     ``options``: a dataclass of the suite's own options (fields made with :func:`option`; their names are the
     ``diffattn eval`` flags and the ``eval.options`` keys of an experiment). ``check(options, name)``: refuses bad
     values when the suite is asked for (``name(field)`` spells a field as the user wrote it).
-    ``preflight(options, [EvalTarget])``: refuses, before any training, what cannot run on the models an experiment
-    will train. ``protocol(options) -> sentence``: the report's protocol line (suites sharing the function share the
-    line; a suite without one is listed with the others). ``measures``: what claims can read of its results
+    ``preflight(options, [EvalTarget], name)``: refuses what cannot run on the models an experiment will train
+    (before any training) or on the model ``diffattn eval`` loaded (before any suite runs). ``protocol(options) ->
+    sentence``: the report's protocol line (suites sharing the function share the line; a suite without one is
+    listed with the others). ``measures``: what claims can read of its results
     (:class:`~diffattn.eval.measures.Measure` by name). ``default``: part of ``diffattn eval``'s default suites."""
 
     name: str

@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .capture import AttentionCapture
-from .common import Suite, figure, fmt, model_device, save_figure
+from .common import Suite, figure, fmt, model_device, save_figure, window_preflight
 from .measures import ONE_NUMBER, Comparison, Measure, Run, finite
 from .outliers import _windows
 
@@ -243,4 +243,5 @@ SUITE = Suite(
     headline=lambda r: {"head cos dist": r["summary"]["cosine_distance"], "head CKA": r["summary"]["cka"]},
     compare=_compare,
     measures=MEASURES,
+    preflight=window_preflight,
 )

@@ -32,7 +32,16 @@ from tqdm.auto import tqdm
 
 from ..data.packing import special_token_ids
 from ..data.synthetic import MQARSample, make_mqar_sample
-from .common import Suite, check_fits, evaluation_window, int_list, load_text, model_device, option
+from .common import (
+    Suite,
+    check_fits,
+    evaluation_window,
+    int_list,
+    load_text,
+    model_device,
+    option,
+    window_preflight,
+)
 from .measures import (
     NO_PER_SAMPLE,
     ONE_NUMBER,
@@ -277,6 +286,18 @@ def _check(o, name) -> None:
                 f"{name('mqar_pairs')} {p} does not fit {name('mqar_length')} {o.mqar_length}: a sequence holds "
                 f"the key-value block and one query-answer slot per pair (needs length >= 4·pairs = {4 * p})"
             )
+
+
+def _preflight(o, targets, name) -> None:
+    """Every (length, pairs) configuration fits each target's positions, its tokenizer has the keys and values,
+    and AR-Hit's window fits."""
+    for t in targets:
+        for length, pairs in suite_configs(o):
+            t.check_fits(length, f"MQAR at seq {length} ({name('mqar_length')}, {name('mqar_pairs')})")
+            offset, span = mqar_token_range(t.tokenizer())
+            mqar_samples(o.seed, 1, length=length, pairs=pairs, offset=offset, span=span, vocab=o.mqar_vocab)
+    if o.mqar_ar_hit:
+        window_preflight(o, targets, name)
 
 
 def _run_suite(model, tokenizer, o, folder, name):
@@ -583,6 +604,7 @@ SUITE = Suite(
     compare=_compare_tables,
     options=MqarOptions,
     check=_check,
+    preflight=_preflight,
     measures=MEASURES,
     claims=CLAIMS,
 )

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ..ops.quantized import UNIFORM_LOGITS, quantized_attention, quantized_logits
 from .capture import AttentionCapture, reporting_and_plain_attention
-from .common import Suite, check_fits, evaluation_window, fmt, load_text, model_device
+from .common import Suite, check_fits, evaluation_window, fmt, load_text, model_device, window_preflight
 from .measures import (
     NO_PER_SAMPLE,
     Comparison,
@@ -499,6 +499,7 @@ OUTLIERS_SUITE = Suite(
     compare=_compare_outliers,
     measures=OUTLIER_MEASURES,
     claims=OUTLIER_CLAIMS,
+    preflight=window_preflight,
 )
 # The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
 # same-preset standard model: diffattn.experiments.claims.claim_table).
@@ -521,4 +522,5 @@ QUANT_SUITE = Suite(
     compare=_compare_quant_tables,
     measures=QUANT_MEASURES,
     claims=QUANT_CLAIMS,
+    preflight=window_preflight,
 )

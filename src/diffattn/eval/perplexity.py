@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from .common import Suite, check_fits, evaluation_window, figure, model_device, save_figure
+from .common import Suite, check_fits, evaluation_window, figure, model_device, save_figure, window_preflight
 from .measures import (
     TEXT_SHARE,
     UNIGRAM_FLOOR,
@@ -287,4 +287,5 @@ SUITE = Suite(
     headline=lambda r: {"PPL": r["ppl"]},
     measures=MEASURES,
     claims=CLAIMS,
+    preflight=window_preflight,
 )

@@ -15,7 +15,9 @@ more samples — raise them for real runs).
 
 Nothing is left behind as if complete, and nothing finished is lost: ``results.json`` is replaced once, atomically,
 after every suite succeeded (a failing rerun leaves the earlier results as they were); pictures go to
-``<out>/.partial/`` first and move into place with it. ``--out`` must be new, empty or an evaluation's folder.
+``<out>/.partial/`` first and move into place with it. ``--out`` must be new, empty or an evaluation's folder. Every
+suite's preflight checks the options against the loaded model before the first suite runs, so a suite that cannot run
+on it (an ICL set that overflows its context) fails before the others spend their time.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ..files import (
     write_text_atomic,
 )
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
-from .common import TRAINED_LENGTH, CommonOptions, Suite, jsonable, trained_length
+from .common import TRAINED_LENGTH, CommonOptions, EvalTarget, Suite, jsonable, option_name, trained_length
 
 # The suite table: a new suite is a module with its `Suite` entry and one name here (or `register_suite(entry)`).
 SUITE_TABLE: dict[str, Suite] = {
@@ -136,8 +138,7 @@ class OptionsBase(CommonOptions):
         of the suites asked for (``suites``; default every suite). ``style`` names values as the user wrote them:
         ``"flag"`` (``--samples``), ``"experiment"`` (``eval.options.samples``) or ``"field"`` (``samples``)."""
 
-        def name(field: str) -> str:
-            return {"flag": f"--{field.replace('_', '-')}", "experiment": f"eval.options.{field}"}.get(style, field)
+        name = functools.partial(option_name, style=style)
 
         for spec in option_specs():
             value = getattr(self, spec.name)
@@ -294,12 +295,17 @@ def run_suites(
     options=None,
     name: str = "model",
     description: str = "",
+    style: str = "field",
 ) -> dict:
-    """Run ``suites`` on ``model``; write ``<out>/results.json`` and one PNG per picture. Returns the results."""
+    """Run ``suites`` on ``model``; write ``<out>/results.json`` and one PNG per picture. Returns the results.
+    ``style``: how an error names a bad option (``"flag"``: ``diffattn eval``'s; ``"experiment"``: a config's)."""
     suites = parse_suites(suites)
-    o = (options or options_class()()).validate(suites)
+    o = (options or options_class()()).validate(suites, style=style)
     out = Path(out)
     check_eval_folder(out)
+    # every suite's preflight on this model before the first runs: results.json is written when all succeed, so a
+    # suite that cannot run (an ICL set that does not fit the context) must fail now, not after the others ran
+    preflight_suites(suites, o, [EvalTarget.of_model(model, tokenizer, name)], style=style)
     lock_folder(out, command="diffattn eval")  # a second evaluation into the folder is refused, naming this one
     try:
         check_eval_folder(out)  # again under the lock: another process may have written there meanwhile
@@ -314,6 +320,16 @@ def run_suites(
             shutil.rmtree(partial, ignore_errors=True)  # on failure: no half-made pictures either
     finally:
         release_folder(out)
+
+
+def preflight_suites(suites: list[str], options, targets, *, style: str = "field") -> None:
+    """Each suite's preflight (:attr:`Suite.preflight`) against the models ``targets`` (:class:`EvalTarget`): what
+    cannot run on them is refused before any suite runs (or, in an experiment, before any training), naming the
+    options in ``style`` (:func:`~diffattn.eval.common.option_name`)."""
+    name = functools.partial(option_name, style=style)
+    for suite in suites:
+        if SUITE_TABLE[suite].preflight is not None:
+            SUITE_TABLE[suite].preflight(options, targets, name)
 
 
 def claim_eval_id(out: Path) -> str:

@@ -419,15 +419,12 @@ def _check_adapters(config: ExperimentConfig, adapters) -> None:
 def _suite_options_preflighted(config: ExperimentConfig, scratch):
     """The suites' options, validated, after every suite's preflight: a missing ICL data set (say Debian's
     WordNet) or needle prompts that do not fit the context fail now, not after hours of training."""
-    from ..eval.suite import SUITE_TABLE, SuiteOptions
+    from ..eval.suite import SuiteOptions, preflight_suites
 
     options = SuiteOptions(**{"seed": config.seed, **config.eval.options}).validate(
         config.eval.suites, style="experiment"
     )
-    targets = _eval_targets(scratch)
-    for suite in config.eval.suites:
-        if SUITE_TABLE[suite].preflight is not None:
-            SUITE_TABLE[suite].preflight(options, targets)
+    preflight_suites(config.eval.suites, options, _eval_targets(scratch), style="experiment")
     return options
 
 
@@ -637,7 +634,16 @@ def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, r
         setattr(model, TRAINED_LENGTH, base_length)
     # inside this experiment's folder: ours, whatever an older version left there
     mark(path, "eval", ident=claim_eval_id(path) if path.is_dir() else None)
-    doc = run_suites(model, tokenizer, config.eval.suites, path, options=options, name=name, description=description)
+    doc = run_suites(
+        model,
+        tokenizer,
+        config.eval.suites,
+        path,
+        options=options,
+        name=name,
+        description=description,
+        style="experiment",
+    )
     if trained is not None:  # which training the results are of: a model trained further is evaluated again
         write_text_atomic(path / EVALUATED_STEPS, json.dumps(trained))
     return PartOutcome("eval", name, path, FRESH, time.perf_counter() - t0, doc)

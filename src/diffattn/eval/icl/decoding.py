@@ -25,9 +25,12 @@ def _context_length(model, max_length: int | None) -> tuple[int, str]:
     else the length the model was trained at where its run recorded it (as every other suite's window:
     :func:`~diffattn.eval.common.evaluation_window`; a model trained on 128 tokens measured at its 1,024 positions
     measures its length extrapolation as much as its in-context learning), else its maximum context."""
-    limit = model_max_length(model)
+    return context_length(max_length, trained_length(model), model_max_length(model))
+
+
+def context_length(max_length: int | None, trained: int | None, limit: int) -> tuple[int, str]:
+    """:func:`_context_length`'s rule on numbers (the suite's preflight reads it before the model runs)."""
     if max_length is None:
-        trained = trained_length(model)
         if trained is not None and trained < limit:
             return trained, "the length the model was trained at"
         return limit, "config.max_position_embeddings"

@@ -80,7 +80,13 @@ class _Setup(NamedTuple):
 
 
 def _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length) -> _Setup:
-    context, context_source = _context_length(model, max_length)
+    context = _context_length(model, max_length)
+    return _prepare_at(context, tokenizer, dataset, dataset_options, prompt, test_size, seed)
+
+
+def _prepare_at(context: tuple[int, str], tokenizer, dataset, dataset_options, prompt, test_size, seed) -> _Setup:
+    """:func:`_prepare` at a known (context length, its source): no model needed (the suite's preflight)."""
+    context, context_source = context
     pairs, name = _dataset_pairs(dataset, dataset_options, seed)
     fmt = prompt or PromptFormat()
     labels = sorted({y for _, y in pairs})
@@ -175,6 +181,18 @@ def _test_set_scorer(
         model.train(was_training)
 
 
+def _shot_counts(setup: _Setup, shots: Sequence[int] | None, seed: int) -> tuple[int, list[int]]:
+    """The most shots that fit the context and the shot counts :func:`run_icl` runs (:func:`_shot_grid`)."""
+    tokens, pool = setup.tokens, setup.pool
+    k_max = max_shots(setup.pool_demos.sample_lengths(seed), setup.budget, len(tokens.sep), pool_size=len(pool))
+    if k_max < 1:
+        raise ValueError(
+            f"not even one demonstration fits the context of {setup.context} tokens; lower max_chars "
+            "(--icl-max-chars; eval option icl_max_chars) or lengthen the context"
+        )
+    return k_max, _shot_grid(shots, k_max, setup.context)
+
+
 def _shot_grid(shots: Sequence[int] | None, k_max: int, context: int) -> list[int]:
     """The shot counts to run: the given ones (checked against the most that fit), or the default grid."""
     if shots is None:
@@ -232,10 +250,7 @@ def run_icl(
         raise ValueError(f"draws must be a positive integer, got {draws!r}")
     setup = _prepare(model, tokenizer, dataset, dataset_options, prompt, test_size, seed, max_length)
     _, name, _, labels, tokens, _, pool, context, _, test_queries, pool_demos, budget = setup
-    k_max = max_shots(pool_demos.sample_lengths(seed), budget, len(tokens.sep), pool_size=len(pool))
-    if k_max < 1:
-        raise ValueError(f"not even one demonstration fits the context of {context} tokens; lower max_chars")
-    grid = _shot_grid(shots, k_max, context)
+    k_max, grid = _shot_counts(setup, shots, seed)
 
     def cost(chosen: list[int]) -> int:
         return sum(len(ids) + len(tokens.sep) for ids in pool_demos[chosen])

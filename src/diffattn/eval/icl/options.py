@@ -46,6 +46,35 @@ def _check(o, name) -> None:
         )
 
 
-def _preflight(o, targets) -> None:
-    """The data set is loaded now: a missing one (say Debian's WordNet) fails before hours of training."""
-    load_icl_dataset(o.icl_dataset, **_dataset_options(o))
+def _preflight(o, targets, name) -> None:
+    """The data set is loaded now: a missing one (say Debian's WordNet) fails before hours of training, and both
+    protocols' demonstrations must fit each target's ICL context with its tokenizer (the same test set, pool and
+    budget the runs compute): a shot grid, or one round of every class for the order set, that does not fit fails
+    before the model trains or, in ``diffattn eval``, before the first suite runs (found by a user's review: an ICL
+    that could not fit, run last, discarded the finished suites)."""
+    from .decoding import context_length
+    from .many_shot import _prepare_at, _shot_counts
+    from .order import _order_demo_set
+
+    if not targets:  # else each target's setup loads it
+        load_icl_dataset(o.icl_dataset, **_dataset_options(o))
+    seen = set()
+    for t in targets:
+        try:
+            context = context_length(o.icl_context_tokens, t.trained_length, t.positions)
+        except ValueError as e:
+            raise ValueError(f"{name('icl_context_tokens')} for {t.name}: {e}") from e
+        if (t.tokenizer, context) in seen:
+            continue
+        seen.add((t.tokenizer, context))
+        try:
+            setup = _prepare_at(
+                context, t.tokenizer(), o.icl_dataset, _dataset_options(o), None, o.icl_test_size, o.seed
+            )
+            _shot_counts(setup, o.icl_shots, o.seed)
+            _order_demo_set(
+                None, setup.labels, setup.pool, setup.pool_demos, len(setup.tokens.sep), setup.budget,
+                setup.context, o.seed,
+            )  # fmt: skip
+        except ValueError as e:
+            raise ValueError(f"icl for {t.name} at {context[0]} tokens ({context[1]}): {e}") from e

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 
 from ..common import (
+    NEEDLE_CONTEXT_CAP,
     int_list,
     load_text,
     option,
+    option_name,
 )
 from .sampling import GRID, GRID_PLACEMENTS, fit_sample
 
@@ -66,30 +69,32 @@ class NiahOptions:
     )
 
 
-def check_needle_cells(options, targets, cells, heatmap_needles: int | None = None, values_per_key: int = 1) -> None:
+def check_needle_cells(
+    options, targets, cells, heatmap_needles: int | None = None, values_per_key: int = 1, name=None
+) -> None:
     """The needle prompts of ``cells`` (and of the heatmap with ``heatmap_needles`` at its lengths) must fit the
     context the evaluation asks for, with the tokenizer each target model will be trained with: refused before any
     training with the reason (the preflight of niah and alloc). ``values_per_key`` > 1: ``cells`` are (N, V)
-    multi-value cells, asked as one key."""
+    multi-value cells, asked as one key. ``name(field)`` spells an option as the user wrote it (default: as an
+    experiment config does)."""
+    name = name or functools.partial(option_name, style="experiment")
     from ...data.synthetic import CITY_KEYS
 
     heatmap = [(heatmap_needles, 1)] if heatmap_needles is not None else []
     for n, r in [*cells, *heatmap]:
         if not 1 <= r <= n <= len(CITY_KEYS):
-            raise ValueError(
-                f"eval.options: a needle cell needs 1 <= R <= N <= {len(CITY_KEYS)} (keys), got N={n}, R={r}"
-            )
+            raise ValueError(f"a needle cell needs 1 <= R <= N <= {len(CITY_KEYS)} (keys), got N={n}, R={r}")
         if 9 * 10 ** (options.niah_digits - 1) < n:
-            raise ValueError(f"eval.options.niah_digits={options.niah_digits} gives fewer distinct numbers than N={n}")
+            raise ValueError(f"{name('niah_digits')}={options.niah_digits} gives fewer distinct numbers than N={n}")
     if not targets:
         return
     haystack = options.haystack
     text = load_text(haystack, "test")[0] if haystack in ("shakespeare", "filler") else haystack
     seen = set()
     for t in targets:
-        context = options.context_tokens or t.trained_length  # the suites' default: the trained length
+        context = t.window(options.context_tokens, cap=NEEDLE_CONTEXT_CAP)  # the suites' default context
         if context > t.positions:
-            raise ValueError(f"eval.options.context_tokens={context} exceeds {t.name}'s {t.positions} positions")
+            raise ValueError(f"{name('context_tokens')}={context} exceeds {t.name}'s {t.positions} positions")
         if (t.tokenizer, context, t.positions) in seen:
             continue
         seen.add((t.tokenizer, context, t.positions))
@@ -99,14 +104,17 @@ def check_needle_cells(options, targets, cells, heatmap_needles: int | None = No
             checks += [(heatmap_needles, 1, length) for length in options.niah_heatmap_lengths]
         for n, r, length in checks:
             if length > t.positions:
-                raise ValueError(f"eval.options: a heatmap length {length} exceeds {t.name}'s positions")
+                raise ValueError(
+                    f"{name('niah_heatmap_lengths')}: a heatmap length {length} exceeds {t.name}'s {t.positions} "
+                    "positions"
+                )
             try:
                 fit_sample(
                     t.tokenizer(), text, length, 0, num_needles=n, value_digits=options.niah_digits,
                     **({"num_queries": r} if values_per_key == 1 else {"num_queries": 1, "values_per_key": r}),
                 )  # fmt: skip
             except ValueError as e:
-                raise ValueError(f"eval.options (niah/alloc) for {t.name}: {e}") from e
+                raise ValueError(f"the needle prompts (niah/alloc) for {t.name}: {e}") from e
 
 
 def _check(o, name) -> None:
@@ -117,17 +125,15 @@ def _check(o, name) -> None:
         )
 
 
-def _preflight(options, targets) -> None:
+def _preflight(options, targets, name) -> None:
     # the default grid is used where it fits: its N = 1 cell must
     cells = [tuple(c) for c in options.niah_grid] if options.niah_grid is not None else [(1, 1)]
-    check_needle_cells(options, targets, cells, heatmap_needles=options.niah_needles)
+    check_needle_cells(options, targets, cells, heatmap_needles=options.niah_needles, name=name)
     if options.niah_multivalue is not None:
         mv = tuple(options.niah_multivalue)
         if len(mv) != 2 or not all(isinstance(x, int) for x in mv) or not 2 <= mv[1] <= mv[0]:
-            raise ValueError(
-                f"eval.options.niah_multivalue wants [N, V] with 2 <= V <= N, got {options.niah_multivalue}"
-            )
-        check_needle_cells(options, targets, [mv], values_per_key=mv[1])
+            raise ValueError(f"{name('niah_multivalue')} wants [N, V] with 2 <= V <= N, got {options.niah_multivalue}")
+        check_needle_cells(options, targets, [mv], values_per_key=mv[1], name=name)
 
 
 def _alloc_needles(o) -> str:
