@@ -57,9 +57,13 @@ def _debug(corpus) -> dict:
     }
 
 
-def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_path):
+def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_path, capsys):
     config = ExperimentConfig.from_dict(_debug(corpus))
     outcomes = run_experiment(config, tmp_path)
+    # one line per part as it starts, and per evaluation with why it runs (none were printed without --verbose)
+    said = capsys.readouterr().out
+    assert "pretrain baseline: training\n" in said and "adapt dex: training\n" in said
+    assert "eval lora: not evaluated yet\n" in said
     assert [(o.kind, o.name, o.state) for o in outcomes] == [
         ("pretrain", "baseline", "fresh"),
         ("pretrain", "diff", "fresh"),
@@ -104,14 +108,29 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     assert all(o.summary["environment"] == here for o in outcomes if o.kind in ("pretrain", "adapt"))
     assert results["environment"]["cpu_capability"] == here["cpu_capability"]
     assert "Trained in the same environment." in report
+    capsys.readouterr()
     again = run_experiment(config, tmp_path)
     assert all(o.state == "done" for o in again)
+    said = capsys.readouterr().out
+    assert (
+        "pretrain diff: done, read back\n" in said and "eval dex: done (the same suites, options and training)" in said
+    )
     # a longer budget for one model resumes it; changed settings are refused unless overwritten
     longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
     states = {(o.kind, o.name): o.state for o in run_experiment(longer, tmp_path, report=False)}
     assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"
     # the model trained further is evaluated again; the others' evaluations are reused
     assert states[("eval", "baseline")] == "fresh" and states[("eval", "diff")] == "done"
+    said = capsys.readouterr().out
+    assert "pretrain baseline: resuming from its last checkpoint\n" in said
+    assert "eval baseline: its model was trained again since it was evaluated\n" in said
+    # an evaluation asked for with other options runs again and says which (it did so silently)
+    from diffattn.eval.suite import SuiteOptions
+    from diffattn.experiments.runner import _evaluation_state
+
+    more = SuiteOptions(**{"seed": config.seed, **config.eval.options, "samples": 7}).validate(config.eval.suites)
+    outcome, why = _evaluation_state(longer, tmp_path / "debug-exp", "diff", more, redo=False)
+    assert outcome is None and why.startswith("the evaluation asked for changed (options.samples: ") and "-> 7" in why
     # how a step runs is not a setting of the run: a finished model asked to compile is done as it is
     compiled = config.with_overrides({"models.1.train": {"compile": "default", "compile_backend": "aot_eager"}})
     states = {(o.kind, o.name): o.state for o in run_experiment(compiled, tmp_path, report=False)}

@@ -50,6 +50,15 @@ from .config import ExperimentConfig
 logger = logging.getLogger(__name__)
 
 DONE, RESUME, FRESH = "done", "resume", "fresh"
+# what `diffattn run` prints as each training part starts (one line per part: which is running, which is reused)
+PART_STATES = {DONE: "done, read back", RESUME: "resuming from its last checkpoint", FRESH: "training"}
+
+
+def _say(line: str) -> None:
+    """One status line of the run (a part starting or reused), above any progress bar."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line)
 
 
 @dataclass
@@ -375,7 +384,10 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
     if not evaluate:
         return outcomes
     names = list(config.eval.models or config.model_names())
-    done = {name: _evaluated(config, out, name, options, redo=_wants(overwrite, name)) for name in names}
+    evaluations = {name: _evaluation_state(config, out, name, options, redo=_wants(overwrite, name)) for name in names}
+    for name, (_, why) in evaluations.items():
+        _say(f"eval {name}: {why or 'done (the same suites, options and training), results reused'}")
+    done = {name: outcome for name, (outcome, _) in evaluations.items()}
     if jobs > 1 and sum(outcome is None for outcome in done.values()) > 1:
         outcomes += _evaluate_in_parallel(config, out, options, done, overwrite, jobs)
     else:
@@ -433,11 +445,10 @@ def _train_part(kind: str, train, name: str, path: Path, state: str, run_config)
     as its state says."""
     replace = _replace_old(path, state)
     t0 = time.perf_counter()
+    _say(f"{kind} {name}: {PART_STATES[state] if not replace else 'training again (replaces the finished run)'}")
     if state == DONE:
         summary = _read_json(path / "summary.json")
-        logger.info("%s %s: done, skipped", kind, name)
     else:
-        logger.info("%s %s: %s", kind, name, state)
         summary = train(run_config, path, resume=state == RESUME, overwrite=replace)
     return PartOutcome(kind, name, path, state, time.perf_counter() - t0, summary)
 
@@ -593,8 +604,14 @@ def _model_dir(config: ExperimentConfig, out: Path, name: str) -> Path:
 def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome | None:
     """The outcome of a model's evaluation already in ``out/eval/NAME`` when its results are of the same request
     (suites, options, results version), of the same training (a pretrained base: at its adapters' length,
-    :func:`_base_length`) and not ``redo``; else None (it is to run)."""
+    :func:`_base_length`) and not ``redo``; else None (it is to run: :func:`_evaluation_state` says why)."""
+    return _evaluation_state(config, out, name, options, redo=redo)[0]
+
+
+def _evaluation_state(config, out: Path, name: str, options, *, redo: bool) -> tuple[PartOutcome | None, str | None]:
+    """(the reusable outcome, None) or (None, why it runs, in words): one home of :func:`_evaluated`'s rule."""
     from ..eval.suite import RESULTS, RESULTS_VERSION
+    from ..train.config import setting_differences
 
     path = out / "eval" / name
     results_file = path / RESULTS
@@ -605,15 +622,26 @@ def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo:
     }
     base_length = _base_length(config, name)
     doc = _read_json(results_file) if results_file.is_file() else None  # read once: per-sample results run to MBs
-    if (
-        doc is not None
-        and _eval_request(doc) == wanted
-        and _same_training(_evaluated_steps(path), _trained_steps(_model_dir(config, out, name)))
-        and (base_length is None or doc.get("metadata", {}).get("trained_length") == base_length)
-        and not redo
-    ):
-        return PartOutcome("eval", name, path, DONE, 0.0, doc)
-    return None
+    if doc is None:
+        return None, "not evaluated yet"
+    if redo:
+        return None, "evaluated again (--overwrite names it)"
+    asked = _eval_request(doc)
+    if asked != wanted:
+        if asked["results_version"] != RESULTS_VERSION:
+            return (
+                None,
+                f"its results are of results version {asked['results_version']}, this code writes {RESULTS_VERSION}",
+            )
+        changed = setting_differences(
+            {k: asked[k] for k in ("suites", "options")}, {k: wanted[k] for k in ("suites", "options")}
+        )
+        return None, f"the evaluation asked for changed ({'; '.join(changed)})"
+    if not _same_training(_evaluated_steps(path), _trained_steps(_model_dir(config, out, name))):
+        return None, "its model was trained again since it was evaluated"
+    if base_length is not None and doc.get("metadata", {}).get("trained_length") != base_length:
+        return None, f"it is measured at its adapters' length now, {base_length} tokens"
+    return PartOutcome("eval", name, path, DONE, 0.0, doc), None
 
 
 def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, redo: bool) -> PartOutcome:
