@@ -127,6 +127,24 @@ def test_niah_refuses_a_context_longer_than_the_model(debug_models, tokenizer):
         run_niah(debug_models["baseline"], tokenizer, context_tokens=4096, progress=False)
 
 
+def test_niah_at_a_models_full_context_generates_no_token_past_its_last_position(tokenizer, monkeypatch):
+    """The prompts leave room for the answer, not for its 4 tokens of slack: past the last position GPT-2's learned
+    positions raised IndexError (and every other model made transformers warn); the slack stops at the positions."""
+    model = tiny("gpt2", vocab_size=len(tokenizer)).eval()
+    positions, asked = model.config.n_positions, []
+    generate = model.generate
+
+    def recorded(ids, **kw):
+        asked.append(ids.shape[1] + kw["max_new_tokens"])
+        return generate(ids, **kw)
+
+    monkeypatch.setattr(model, "generate", recorded)
+    res = run_niah(model, tokenizer, haystack="filler", context_tokens=positions, grid=((1, 1),), samples=5,
+                   heatmap_lengths=[], value_digits=2, progress=False)  # fmt: skip
+    assert len(res["grid"][0]["scores"]) == 5 and len(asked) == 5
+    assert max(asked) == positions  # the slack was cut where it would have passed the last position
+
+
 # -- attention allocation --------------------------------------------------------------------------------------
 def test_buckets_of_a_constructed_row_sum_to_one_and_land_right():
     # tokens: BOS, 3 context-before, 2 answer, 2 context-after, 2 query (char offsets)

@@ -26,6 +26,7 @@ from ..common import (
     evaluation_window,
     load_text,
     model_device,
+    model_max_length,
 )
 from ..needle_floors import cell_floors, heuristic_scores
 from ..stats import (
@@ -79,9 +80,15 @@ def fit_sample(tokenizer, haystack: str, context_tokens: int, seed: int, **kwarg
 
 @torch.no_grad()
 def greedy_answer(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int) -> str:
-    """Greedy continuation of ``prompt`` (batch of one: no padding to get wrong)."""
+    """Greedy continuation of ``prompt`` (batch of one: no padding to get wrong), up to ``max_new_tokens`` tokens and
+    never past the model's last position: the suite's prompts leave room for the answer (:func:`fit_sample`) but not
+    for its 4 tokens of slack, which past the positions crashed a model with learned positions (GPT-2's embedding
+    lookup: IndexError) and made transformers warn for every other model evaluated at its full context."""
     enc = tokenizer(prompt, return_tensors="pt")
     ids = enc["input_ids"].to(model_device(model))
+    max_new_tokens = min(max_new_tokens, model_max_length(model) - ids.shape[1])
+    if max_new_tokens < 1:  # a prompt that fills every position has no room for an answer
+        return ""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = model.generate(
         ids,
@@ -339,7 +346,7 @@ def run_niah(
             "samples_per_cell": samples,
             "heatmap_samples_per_cell": heatmap_samples,
             "value_digits": value_digits,
-            "decoding": "greedy; max_new_tokens = answer tokens + 4",
+            "decoding": "greedy; max_new_tokens = answer tokens + 4, up to the model's last position",
             "scoring": (
                 "accuracy: RULER string_match_all (a queried number anywhere in the output); strict_accuracy: the "
                 "queried numbers among the first R numbers of the output (no credit for listing extra numbers)"
