@@ -243,6 +243,25 @@ class DiffattnTrainer(Trainer):
             self.loss_is_scaled_for_ga = False
             self.model_accepts_loss_kwargs = False
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """A resumed run's checkpoint holds a tied ``lm_head.weight`` once, as the input embeddings; transformers 5.x
+        Trainer skips its "missing keys" warning only for ``_keys_to_ignore_on_save``, so every resume of a tied model
+        warned that ``lm_head.weight`` was missing. A key the model ties (``_tied_weights_keys``) to a parameter that is
+        the same tensor was loaded with it: it is not reported; any other missing key still warns."""
+        model = self.accelerator.unwrap_model(self.model)
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        tied = getattr(model, "_tied_weights_keys", None)
+        if isinstance(tied, dict) and load_result.missing_keys:
+            params = dict(model.named_parameters(remove_duplicate=False))
+
+            def loaded_through_its_tie(key: str) -> bool:
+                source = tied.get(key)
+                return key in params and source in params and params[key] is params[source]
+
+            missing = [k for k in load_result.missing_keys if not loaded_through_its_tie(k)]
+            load_result = load_result._replace(missing_keys=missing)
+        super()._issue_warnings_after_load(load_result)
+
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The run's schedule as :func:`lr_factor` computes it, from the warmup and decay that
         :func:`training_arguments` records in the arguments (any other scheduler type: Trainer's own)."""
