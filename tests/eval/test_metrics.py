@@ -616,6 +616,21 @@ def test_niah_default_grid_scores_like_with_like_and_prints_chance(debug_models,
     assert r1_chance(res) == pytest.approx(best) and best >= np.mean([1 / g["N"] for g in r1]) - 1e-12
     assert "| floor | " + " | ".join(floors) + f" | {r1_chance(res):.2f} |" in table
     assert (tmp_path / "niah_grid_all.png").stat().st_size > 0
+    # by depth (two samples a cell: 0% and 25%): solved and the floor of the R = 1 prompts at each depth, pooled
+    from diffattn.eval.niah.tables import depth_table
+
+    for g in res["grid"]:  # the per-prompt floors are those the cell's floors average
+        for h, values in g["heuristics_solved"].items():
+            assert np.mean(values) == pytest.approx(g["heuristics"][h]["solved"])
+    assert "| model | 0% | 25% |" in table
+    for d in (0.0, 0.25):
+        pooled = [[v for g in r1 for v, at in zip(g["heuristics_solved"][h], g["depths"], strict=True) if at == d]
+                  for h in r1[0]["heuristics_solved"]]  # fmt: skip
+        hits = [int(x == 1.0) for g in r1 for x, at in zip(g["strict_scores"], g["depths"], strict=True) if at == d]
+        assert len(hits) == len(r1) and f"{max(np.mean(p) for p in pooled):.2f}" in depth_table({"a": res})[4]
+        assert f"| a | {np.mean(hits):.2f} [" in "\n".join(depth_table({"a": res}))
+    random = {**res, "grid": [{**g, "depths": [None] * len(g["depths"])} for g in res["grid"]]}
+    assert depth_table({"a": res, "b": random}) == []  # random placement: no depths to group by
     with pytest.raises(ValueError, match="could not fit a needle sample into 72 tokens"):  # explicit: fit whole
         run_niah(debug_models["baseline"], tokenizer, haystack="filler", context_tokens=72, samples=1,
                  grid=((8, 1),), heatmap_lengths=[], progress=False)  # fmt: skip

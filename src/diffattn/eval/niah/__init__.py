@@ -14,7 +14,8 @@ Two protocols:
   (``metadata["cells_left_out"]``), an explicit grid must fit whole; sample i of a cell puts its first queried
   needle at depth 0, 25, 50, 75, 100% in turn (:func:`.sampling.depths_in_turn`, each row's ``depths``: the
   protocol's five depths, docs/evaluation.md §5, Dex §4.2's; ``placed_depths``: where the needles went, a short
-  haystack's sentence starts moving them), ``niah_grid_placement: random`` at a uniform random
+  haystack's sentence starts moving them; the report's table by depth, :func:`.tables.depth_table`, reads them with
+  each row's per-prompt floors, ``heuristics_solved``), ``niah_grid_placement: random`` at a uniform random
   depth (every result before results version 10);
 * the N = 8, R = 1 heatmap over context lengths × depths {0, 25, 50, 75, 100}% (DIFF Fig. 5); by default at 1/2,
   3/4 and all of the context where its needles fit (``metadata["heatmap_lengths_left_out"]`` names the others);

@@ -158,6 +158,9 @@ def _grid_row(n: int, r: int, cell: list[_Scored], depths: list[float | None]) -
         "chance": needle_chance(n, r)[0],
         "chance_solved": needle_chance(n, r)[1],
         **cell_floors([c.heuristics for c in cell]),  # floor, floor_solved: the best heuristic, simulated
+        # per heuristic, per sample: the share of its outputs that solve the prompt (the floors of any subset of the
+        # samples, such as those of one depth: tables.depth_table)
+        "heuristics_solved": {h: [c.heuristics[h]["solved"] for c in cell] for h in cell[0].heuristics},
         "ci": list(wilson_interval(sum(scores), len(scores))),
     }
 

@@ -47,7 +47,51 @@ def compare(niah: dict[str, dict], out: Path) -> list[str]:
         row = [_with_ci(g["accuracy"], g.get("ci")) for g in r["grid"]]
         row.append(_with_ci(r["mean_accuracy"], r.get("mean_accuracy_ci")))
         lines.append(f"| {n} | " + " | ".join(row) + " |")
-    return [*lines, "", *_multivalue_table(niah)]
+    return [*lines, "", *depth_table(niah), *_multivalue_table(niah)]
+
+
+def depth_table(niah: dict[str, dict]) -> list[str]:
+    """The R = 1 cells' prompts solved by the depth of the queried needle (0, 25, 50, 75, 100%: the grid takes them
+    in turn), each with its Wilson 95% interval, beside the floor of the same prompts at that depth (the best
+    question-ignoring heuristic's: copying the first needle solves most depth-0 prompts) and where the needles went.
+    No lines for results without depths (random placement) or without per-prompt floors (before 2026-12-03)."""
+    cells = {n: [g for g in r["grid"] if g["R"] == 1] for n, r in niah.items()}
+    if not all(
+        rows and all(g.get("heuristics_solved") and None not in g.get("depths", [None]) for g in rows)
+        for rows in cells.values()
+    ):
+        return []
+    first = next(iter(cells.values()))
+    depths = sorted({d for g in first for d in g["depths"]})
+
+    def at(g: dict, values: list, depth: float) -> list:
+        return [v for v, d in zip(values, g["depths"], strict=True) if d == depth]
+
+    def floor(depth: float) -> float:
+        heuristics = first[0]["heuristics_solved"]
+        pooled = {h: [v for g in first for v in at(g, g["heuristics_solved"][h], depth)] for h in heuristics}
+        return max(sum(v) / len(v) for v in pooled.values())
+
+    def solved(rows: list[dict], depth: float) -> str:
+        hits = [int(s == 1.0) for g in rows for s in at(g, g["strict_scores"], depth)]
+        lo, hi = wilson_interval(sum(hits), len(hits))
+        return f"{sum(hits) / len(hits):.2f} [{lo:.2f}, {hi:.2f}]"
+
+    placed = [[p for g in first for p in at(g, g["placed_depths"], d)] for d in depths]
+    samples = sum(1 for g in first for d in g["depths"] if d == depths[0])
+    lines = [
+        f"By depth of the queried needle, over the R = 1 cells (N = {', '.join(str(g['N']) for g in first)}; "
+        f"{samples} prompts at each depth): prompts solved with the Wilson 95% interval. The floor is the best "
+        "heuristic's on the same prompts at that depth; needles go in at sentence starts, so the row below it says "
+        "where they went (the mean fraction of the haystack before them).",
+        "",
+        "| model | " + " | ".join(f"{100 * d:.0f}%" for d in depths) + " |",
+        "|---|" + "---|" * len(depths),
+        "| floor | " + " | ".join(f"{floor(d):.2f}" for d in depths) + " |",
+        "| placed at | " + " | ".join(f"{sum(p) / len(p):.2f}" for p in placed) + " |",
+    ]
+    lines += [f"| {n} | " + " | ".join(solved(rows, d) for d in depths) + " |" for n, rows in cells.items()]
+    return [*lines, ""]
 
 
 def _multivalue_table(niah: dict[str, dict]) -> list[str]:
