@@ -471,7 +471,7 @@ def test_run_order_robustness_end_to_end(model, tokenizer, tmp_path, monkeypatch
     assert one["arrangements"]["random"]["order_variance"] is None  # one order: no variance to read
     full = one["metadata"]
     assert (full["context_length"], full["context_source"], full["trained_length"]) == (
-        256, "config.max_position_embeddings", None,
+        256, "the model's maximum context", None,
     )  # fmt: skip
     monkeypatch.setattr(model, TRAINED_LENGTH, 160, raising=False)
     short = run_order_robustness(model, tokenizer, pairs, permutations=1, test_size=6, progress=False)

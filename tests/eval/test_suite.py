@@ -80,11 +80,13 @@ def test_bad_input_is_one_clear_error_and_the_earlier_results_survive(args, mess
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--suite", "ppl,icl", "--icl-dataset", "chatterbot", "--icl-max-chars", "40"],
-         r"icl for .* at 256 tokens \(config.max_position_embeddings\): one round of 21 classes does not fit"),
-        (["--suite", "ppl,heads", "--window", "4096"], r"--window needs 4096 tokens but .*'s maximum context is 256"),
-        (["--suite", "ppl,mqar", "--mqar-pairs", "64", "--mqar-length", "512", "--mqar-ar-hit", "0"],
-         r"MQAR at seq 512 \(--mqar-length, --mqar-pairs\) needs 512 tokens"),
+        pytest.param(["--suite", "ppl,icl", "--icl-dataset", "chatterbot", "--icl-max-chars", "40"],
+                     r"icl for .* at 256 tokens \(the model's maximum context\): one round of 21 classes does not fit",
+                     id="icl"),
+        pytest.param(["--suite", "ppl,heads", "--window", "4096"],
+                     r"--window needs 4096 tokens but .*'s maximum context is 256", id="window"),
+        pytest.param(["--suite", "ppl,mqar", "--mqar-pairs", "64", "--mqar-length", "512", "--mqar-ar-hit", "0"],
+                     r"MQAR at seq 512 \(--mqar-length\) needs 512 tokens", id="mqar"),
     ],
 )  # fmt: skip
 def test_a_suite_that_cannot_run_on_the_model_is_refused_before_the_first_suite_runs(
@@ -104,6 +106,18 @@ def test_a_suite_that_cannot_run_on_the_model_is_refused_before_the_first_suite_
     assert code == 2
     assert re.search(message, capsys.readouterr().err)
     assert ran == [] and not (tmp_path / "eval" / "results.json").exists()
+
+
+def test_a_rerun_with_other_suites_removes_the_pictures_its_results_do_not_have(diff_folder, tmp_path):
+    """An evaluation folder is replaced by a rerun: its results and pictures are the rerun's alone (an earlier
+    alloc's picture stayed beside results without alloc: a user's review, 2026-12-03)."""
+    out, small = tmp_path / "eval", ["--tokens", "128", "--window", "64", "--text", "filler"]
+    assert main(["eval", str(diff_folder), "--suite", "ppl", "--out", str(out), *small]) == 0
+    assert (out / "ppl.png").is_file()
+    (out / "notes.txt").write_text("mine")  # not a picture of the evaluation's: left alone
+    assert main(["eval", str(diff_folder), "--suite", "outliers", "--out", str(out), *small]) == 0
+    assert list(json.loads((out / "results.json").read_text())["suites"]) == ["outliers"]
+    assert not (out / "ppl.png").exists() and (out / "notes.txt").read_text() == "mine"
 
 
 def test_eval_refuses_a_folder_of_someone_elses_files(diff_folder, tmp_path, capsys):

@@ -205,6 +205,21 @@ def test_packaged_configs_parse_and_validate():
         assert config.name == path.stem and config.model_names() and config.eval.suites
 
 
+@pytest.mark.heavy  # every config's data tokenizers are built: ~15 s on 2 cores; CI runs it
+def test_packaged_configs_pass_every_suites_preflight(tokenizer_cache):
+    """What `diffattn run` checks before any training, on every shipped experiment: three of them (mini-scratch,
+    mini-scratch-v2, paper-mini) asked for an ICL that could not fit their training length, and were refused once
+    the ICL preflight checked the fit (2026-12-03; a helper's review)."""
+    from pathlib import Path
+
+    import diffattn
+    from diffattn.experiments import runner
+
+    for path in sorted((Path(diffattn.__file__).parent / "configs").glob("*.yaml")):
+        config = ExperimentConfig.load(path).validate()
+        runner._suite_options_preflighted(config, [(m, runner._scratch_config(config, m)) for m in config.models])
+
+
 @pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
 def test_quickstart_runs_the_embedded_experiment(corpus, tmp_path, capsys):
     """`diffattn quickstart` = the backend check, then configs/quickstart.yaml (shrunk here to debug sizes)."""

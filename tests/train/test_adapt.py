@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+import yaml
 from transformers import TrainerCallback
 
 from diffattn import load_adapter, load_pretrained
@@ -169,9 +170,15 @@ def test_every_method_and_control_trains_and_reloads(method, sets, base_dir, cor
             assert "budget: 3 steps ×" in card and "## Loading" in card
 
 
-def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path):
+def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
+    monkeypatch.chdir(base_dir.parent)  # the base named relative to here: run.yaml records it absolute, so the run
+    # is read from any directory (it recorded the relative name, read against the reader's directory)
+    relative = {"train.save_every": 2, "model.name": base_dir.name}
+    relative = adapt_config(base_dir, corpus_dir, "daa", steps=2, **relative)
+    adapt_pretrained(relative, out)
+    assert yaml.safe_load((out / "run.yaml").read_text())["model"]["name"] == str(base_dir.resolve())
+    monkeypatch.chdir(tmp_path)
     config = adapt_config(base_dir, corpus_dir, "daa", steps=4, **{"train.save_every": 2})
     summary = adapt_pretrained(config, out, resume=True)
     assert summary["steps"] == 4 and summary["val_loss_before"] is None

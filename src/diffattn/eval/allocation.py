@@ -732,15 +732,24 @@ CLAIMS = (
 )  # fmt: skip
 
 
+def _preflight(options, targets, name) -> None:
+    """The allocation prompts fit (:func:`check_needle_cells`), and each target's tokenizer is a fast one (the
+    buckets read every token's character offsets: :func:`run_allocation`)."""
+    check_needle_cells(options, targets, [(options.alloc_needles or 1, 1)], name=name)
+    for t in targets:
+        if not getattr(t.tokenizer(), "is_fast", False):
+            raise ValueError(
+                f"attention allocation for {t.name} needs a fast tokenizer (character offsets of every token)"
+            )
+
+
 SUITE = Suite(
     "alloc",
     _run_suite,
     headline=_headline,
     compare=compare,
     # an asked alloc_needles must fit; by default the most up to niah_needles that fit, at least one
-    preflight=lambda options, targets, name: check_needle_cells(
-        options, targets, [(options.alloc_needles or 1, 1)], name=name
-    ),
+    preflight=_preflight,
     options=AllocOptions,
     protocol=needle_protocol,
     measures=MEASURES,

@@ -60,12 +60,14 @@ def evaluation_window(model: nn.Module, requested: int | None, *, cap: int = 102
     """The window a suite measures in: ``requested`` (the evaluation's ``window``) when given, else the length the
     model was trained at (a model measured beyond it is out of distribution: a ``quick`` model trained on 128
     tokens has perplexity 246 at 512 against 104 at 128), else the model's maximum context up to ``cap``."""
-    return default_window(requested, trained_length(model), model_max_length(model), cap)
+    return default_window(requested, trained_length(model), lambda: model_max_length(model), cap)
 
 
-def default_window(requested: int | None, trained: int | None, positions: int, cap: int) -> int:
-    """:func:`evaluation_window`'s rule on numbers (one home: the suites' runs and their preflights read it)."""
-    return requested or trained or min(positions, cap)
+def default_window(requested: int | None, trained: int | None, positions: int | Callable[[], int], cap: int) -> int:
+    """:func:`evaluation_window`'s rule on numbers (one home: the suites' runs and their preflights read it).
+    ``positions`` may be a function, called only when neither a window nor a training length is given (a model
+    whose config names no maximum context measures at a window it is given)."""
+    return requested or trained or min(positions() if callable(positions) else positions, cap)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -197,7 +199,8 @@ def window_preflight(options, targets, name) -> None:
     AR-Hit): it must fit every target's positions (the default, the training length or the maximum up to 1,024,
     always does)."""
     for t in targets:
-        t.check_fits(t.window(options.window), name("window"))
+        source = "the length it was trained at" if t.trained_length else "the model's maximum up to 1,024"
+        t.check_fits(t.window(options.window), name("window") if options.window else f"the default window ({source})")
 
 
 @dataclass(frozen=True)

@@ -227,9 +227,9 @@ def run_mqar(
         },
     }
     if text_source is not None:
-        result["ar_hit"] = ar_hit_split(
-            model, tokenizer, text_source, tokens=text_tokens, seq_len=evaluation_window(model, seq_len)
-        )
+        window = evaluation_window(model, seq_len)
+        check_fits(model, window, f"AR-Hit's window of {window} tokens")  # as every suite measuring in the window
+        result["ar_hit"] = ar_hit_split(model, tokenizer, text_source, tokens=text_tokens, seq_len=window)
     return result
 
 
@@ -293,7 +293,13 @@ def _preflight(o, targets, name) -> None:
     and AR-Hit's window fits."""
     for t in targets:
         for length, pairs in suite_configs(o):
-            t.check_fits(length, f"MQAR at seq {length} ({name('mqar_length')}, {name('mqar_pairs')})")
+            asked = (
+                f"MQAR at seq {length} ({name('mqar_length')})"
+                if o.mqar_pairs
+                else f"MQAR's default setting seq {length} ({pairs} pairs; set {name('mqar_pairs')} and "
+                f"{name('mqar_length')} to what fits)"
+            )
+            t.check_fits(length, asked)
             offset, span = mqar_token_range(t.tokenizer())
             mqar_samples(o.seed, 1, length=length, pairs=pairs, offset=offset, span=span, vocab=o.mqar_vocab)
     if o.mqar_ar_hit:

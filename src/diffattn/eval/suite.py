@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import platform
@@ -75,8 +76,11 @@ RESULTS = "results.json"
 # niah_needles needles, one queried, where they had one, ICL per-item hits; 9: the order suite's per-item hits, which
 # a margin's analysis could read, how many values each outlier top-k is over, and alloc at niah's context, 2048,
 # for a model without a training length; 10: the needle grid's first queried needle at the five depths in turn,
-# not at a random depth), so experiments re-evaluate results written by older code instead of reusing them.
-RESULTS_VERSION = 10
+# not at a random depth; 11: the needle answer's 4 tokens of slack stop at the model's last position (a model
+# evaluated at its full context generated past it: GPT-2 crashed), the grid rows' per-prompt floors for the table
+# by depth, the ICL context source in words), so experiments re-evaluate results written by older code instead of
+# reusing them.
+RESULTS_VERSION = 11
 
 
 def register_suite(entry: Suite) -> Suite:
@@ -305,7 +309,8 @@ def run_suites(
     check_eval_folder(out)
     # every suite's preflight on this model before the first runs: results.json is written when all succeed, so a
     # suite that cannot run (an ICL set that does not fit the context) must fail now, not after the others ran
-    preflight_suites(suites, o, [EvalTarget.of_model(model, tokenizer, name)], style=style)
+    if any(SUITE_TABLE[s].preflight is not None for s in suites):  # (a custom suite may need no positions)
+        preflight_suites(suites, o, [EvalTarget.of_model(model, tokenizer, name)], style=style)
     lock_folder(out, command="diffattn eval")  # a second evaluation into the folder is refused, naming this one
     try:
         check_eval_folder(out)  # again under the lock: another process may have written there meanwhile
@@ -328,8 +333,14 @@ def preflight_suites(suites: list[str], options, targets, *, style: str = "field
     options in ``style`` (:func:`~diffattn.eval.common.option_name`)."""
     name = functools.partial(option_name, style=style)
     for suite in suites:
-        if SUITE_TABLE[suite].preflight is not None:
-            SUITE_TABLE[suite].preflight(options, targets, name)
+        preflight = SUITE_TABLE[suite].preflight
+        if preflight is None:
+            continue
+        try:  # a suite written before preflights took ``name`` (2026-12-03) takes (options, targets)
+            two = len(inspect.signature(preflight).parameters) == 2
+        except (TypeError, ValueError):
+            two = False
+        preflight(options, targets) if two else preflight(options, targets, name)
 
 
 def claim_eval_id(out: Path) -> str:
@@ -409,7 +420,22 @@ def _run(model, tokenizer, suites, out: Path, partial: Path, o, name: str, descr
             "device": str(next(model.parameters()).device),
         },
     }
+    earlier = _earlier_pictures(out)
     for f in partial.iterdir():  # every suite succeeded: publish the pictures, then the results
         os.replace(f, out / f.name)
     write_text_atomic(out / RESULTS, json.dumps(jsonable(document), indent=2))
+    for stale in earlier - set(pictures.values()):  # an earlier evaluation's picture these results do not have
+        (out / stale).unlink(missing_ok=True)
     return document
+
+
+def _earlier_pictures(out: Path) -> set[str]:
+    """The pictures the evaluation already in ``out`` listed (the folder is ours: :func:`check_eval_folder`), so that
+    a rerun with other suites removes those it does not make again: an old ``allocation.png`` stayed beside results
+    without alloc (a user's review, 2026-12-03). Plain file names only."""
+    try:
+        listed = json.loads((out / RESULTS).read_text()).get("pictures") or {}
+    except (OSError, ValueError, AttributeError):
+        return set()
+    names = listed.values() if isinstance(listed, dict) else ()
+    return {n for n in names if isinstance(n, str) and n == Path(n).name and n.endswith(".png")}

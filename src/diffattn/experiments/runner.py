@@ -436,7 +436,9 @@ def _suite_options_preflighted(config: ExperimentConfig, scratch):
     options = SuiteOptions(**{"seed": config.seed, **config.eval.options}).validate(
         config.eval.suites, style="experiment"
     )
-    preflight_suites(config.eval.suites, options, _eval_targets(scratch), style="experiment")
+    evaluated = set(config.eval.models or config.model_names())  # a model left out of eval.models is not checked
+    targets = _eval_targets([(m, c) for m, c in scratch if m.name in evaluated])
+    preflight_suites(config.eval.suites, options, targets, style="experiment")
     return options
 
 
@@ -445,7 +447,7 @@ def _train_part(kind: str, train, name: str, path: Path, state: str, run_config)
     as its state says."""
     replace = _replace_old(path, state)
     t0 = time.perf_counter()
-    _say(f"{kind} {name}: {PART_STATES[state] if not replace else 'training again (replaces the finished run)'}")
+    _say(f"{kind} {name}: {PART_STATES[state] if not replace else 'training again (replaces its earlier run)'}")
     if state == DONE:
         summary = _read_json(path / "summary.json")
     else:

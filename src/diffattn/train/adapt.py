@@ -58,7 +58,7 @@ from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
 from ..environment import environment
 from ..files import NoSpaceError, is_inside, publish_folder, release_folder, write_text_atomic, writing
-from ..models.pretrained import load_pretrained
+from ..models.pretrained import PRETRAINED, load_pretrained
 from .adapt_config import (
     RESOLVED_OPTIONS,
     AdaptRunConfig,
@@ -127,6 +127,16 @@ def _count(model) -> tuple[int, int]:
     return trainable, sum(p.numel() for p in model.parameters())
 
 
+def _base_folder_absolute(config: AdaptRunConfig) -> AdaptRunConfig:
+    """The config with a base model named by a relative folder made absolute: run.yaml records it, and ``diffattn
+    eval`` or :func:`~diffattn.adapters.runs.load_adapted` of the run reads the base from there, from whatever
+    directory they run in (a relative name was read against theirs: a user's review, 2026-12-03)."""
+    name = config.model.name
+    if name in PRETRAINED or Path(name).is_absolute() or not Path(name).is_dir():
+        return config
+    return config.with_overrides({"model.name": str(Path(name).resolve())})
+
+
 def adapt_pretrained(
     config: AdaptRunConfig,
     run_dir: str | os.PathLike,
@@ -136,7 +146,7 @@ def adapt_pretrained(
     callbacks: list[TrainerCallback] | None = None,
 ) -> dict:
     """Fine-tune ``config.model.name`` with ``config.method`` on ``config.data``; returns the summary."""
-    config.validate()
+    config = _base_folder_absolute(config.validate())
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)
     check_cuda_graphs(config, args)

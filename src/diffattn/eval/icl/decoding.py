@@ -33,7 +33,7 @@ def context_length(max_length: int | None, trained: int | None, limit: int) -> t
     if max_length is None:
         if trained is not None and trained < limit:
             return trained, "the length the model was trained at"
-        return limit, "config.max_position_embeddings"
+        return limit, "the model's maximum context"
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
     if max_length > limit:

@@ -86,8 +86,9 @@ def greedy_answer(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int)
     lookup: IndexError) and made transformers warn for every other model evaluated at its full context."""
     enc = tokenizer(prompt, return_tensors="pt")
     ids = enc["input_ids"].to(model_device(model))
-    max_new_tokens = min(max_new_tokens, model_max_length(model) - ids.shape[1])
-    if max_new_tokens < 1:  # a prompt that fills every position has no room for an answer
+    # the last token generated is never fed back: k new tokens take the positions up to len(prompt) + k - 2
+    max_new_tokens = min(max_new_tokens, model_max_length(model) - ids.shape[1] + 1)
+    if max_new_tokens < 1:  # a prompt longer than the positions
         return ""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = model.generate(
