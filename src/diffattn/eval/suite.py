@@ -15,7 +15,8 @@ more samples — raise them for real runs).
 
 Nothing is left behind as if complete, and nothing finished is lost: ``results.json`` is replaced once, atomically,
 after every suite succeeded (a failing rerun leaves the earlier results as they were); pictures go to
-``<out>/.partial/`` first and move into place with it. ``--out`` must be new, empty or an evaluation's folder. Every
+``<out>/.partial/`` first and move into place with it. ``--out`` must be new, empty or an evaluation's folder (a rerun
+there replaces its results, and removes the earlier pictures the new results do not list). Every
 suite's preflight checks the options against the loaded model before the first suite runs, so a suite that cannot run
 on it (an ICL set that overflows its context) fails before the others spend their time.
 """
