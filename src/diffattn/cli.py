@@ -428,10 +428,21 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
-    from .experiments.report import refresh_report
+    from .experiments.report import EXPORT_MARKER, refresh_report
+    from .files import file_sha256
 
-    for folder in args.folders:
-        print(f"refreshed the verdicts of {refresh_report(folder)}")
+    def digests(folder: Path) -> dict[str, str | None]:  # the export's files (its marker records the refresh itself)
+        return {f.name: file_sha256(f) for f in folder.iterdir() if f.name != EXPORT_MARKER} if folder.is_dir() else {}
+
+    for folder in map(Path, args.folders):
+        before = digests(folder)
+        report = refresh_report(folder)
+        changed = sorted(name for name, digest in digests(folder).items() if before.get(name) != digest)
+        print(
+            f"refreshed {report}: rewrote {', '.join(changed)}"
+            if changed
+            else f"refreshed {report}: nothing changed (its verdicts and tables are already this version's)"
+        )
     return 0
 
 

@@ -664,9 +664,14 @@ def test_niah_grid_samples_take_the_five_depths_in_turn_and_random_placement_sta
     # seven samples: the five depths, then the first two again, with a warning that they are not held equally often
     for placement, depths in (("depths", [*DEPTHS, 0.0, 0.25]), ("random", [None] * 5)):
         if placement == "depths":
+            monkeypatch.setattr(sampling, "_WARNED_UNEVEN", set())
             with caplog.at_level("WARNING", logger="diffattn.eval.niah.sampling"):
                 res = run_niah(debug_models["baseline"], tokenizer, grid_placement=placement, **options, samples=7)
-            assert "7 samples a cell do not hold the 5 depths equally often" in caplog.text
+                assert "7 samples a cell do not hold the 5 depths equally often" in caplog.text
+                assert "a multiple of 5, such as 10, holds each as often" in caplog.text
+                caplog.clear()  # once per process: an experiment's every model is evaluated alike
+                run_niah(debug_models["baseline"], tokenizer, grid_placement=placement, **options, samples=7)
+                assert "do not hold" not in caplog.text
         else:
             res = SUITE.run(debug_models["baseline"], tokenizer, suite_options, tmp_path, "baseline")[0]
         samples = [fit_sample(tokenizer, text, 128, s, num_needles=2, num_queries=1, value_digits=7, depth=d)

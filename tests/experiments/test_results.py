@@ -59,7 +59,9 @@ def _with_line(claims_section, line: list[str]):
     return section
 
 
-def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_edited_file(tmp_path, monkeypatch):
+def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_edited_file(
+    tmp_path, monkeypatch, capsys
+):
     """`diffattn refresh` on a copy of a committed export: the claim rows become this version's (results.json's
     claims equal the engine's from the same evaluations), the retrieval table prints this version's chance row, every
     other section is untouched, a second refresh changes nothing; notes outside the sections it rewrites are kept,
@@ -96,9 +98,10 @@ def test_refresh_rewrites_only_the_verdicts_and_evaluation_tables_and_never_an_e
         return text[text.index("## Protocol") : text.index("## Evaluations")], text[text.index("### Every model") :]
 
     assert kept(after) == kept(before)
+    assert capsys.readouterr().out.endswith("report.md: rewrote report.md\n")  # its claims section only
     monkeypatch.setattr(report_module, "_side_by_side", _drawn_once(report_module._side_by_side))
-    refresh_report(folder)
-    assert (folder / "report.md").read_text() == after
+    assert main(["refresh", str(folder)]) == 0  # says so when a refresh changes nothing (it said "refreshed")
+    assert (folder / "report.md").read_text() == after and "nothing changed" in capsys.readouterr().out
     (folder / "report.md").write_text(after + "\nmy notes\n")  # outside the two sections: kept as written
     refresh_report(folder)
     assert (folder / "report.md").read_text() == after + "\nmy notes\n"

@@ -43,6 +43,15 @@ def test_bad_names_fail_clearly(arg, message, tmp_path, monkeypatch):
         load_pretrained(arg)
 
 
+def test_a_pretrain_run_folder_is_refused_naming_its_model(tmp_path):
+    """`diffattn adapt --model RUN` (eval takes a run folder; load_pretrained a model): the error names RUN/final."""
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    (tmp_path / "run.yaml").write_text("model: {}\n")
+    with pytest.raises(ValueError, match=r"is a diffattn pretrain run, not a model: give its model, .*final"):
+        load_pretrained(str(tmp_path))
+
+
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("DIFFATTN_CACHE", str(tmp_path))
     assert pretrained_cache_dir() == tmp_path / "pretrained"

@@ -151,6 +151,8 @@ def check_model_folder(path: Path) -> None:
                 f"{str(path)!r} is a diffattn adapt run, not a model: adapting an adapted model is not supported; "
                 "adapt its base, or adapt the plain model it can be merged into (--merge writes merged/)"
             )
+        if (path / RUN_CONFIG).is_file() and (path / "final" / "config.json").is_file():
+            raise ValueError(f"{str(path)!r} is a diffattn pretrain run, not a model: give its model, {path / 'final'}")
         raise ValueError(f"{str(path)!r} is a folder but not a Hugging Face model (no config.json)")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         raise ValueError(f"model folder {str(path)!r} has no weights (one of {', '.join(WEIGHT_FILES)})")

@@ -34,6 +34,7 @@ from ..stats import (
 )
 
 logger = logging.getLogger(__name__)
+_WARNED_UNEVEN: set[tuple[int, int]] = set()  # (samples, depths) whose uneven grid was already warned of
 
 GRID = ((1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (2, 2), (4, 2), (6, 2))
 # DIFF Table 2's cells that can tell retrieval from copying (its N = 1, R = 1 cell has floor 1: one needle to copy)
@@ -291,10 +292,12 @@ def run_niah(
     if samples < 1 or heatmap_samples < 1:
         raise ValueError(f"samples and heatmap_samples must be >= 1, got {samples} and {heatmap_samples}")
     cell_depths = grid_depths(grid_placement, samples, depths)
-    if grid_placement == "depths" and samples % len(depths):
+    if grid_placement == "depths" and samples % len(depths) and (samples, len(depths)) not in _WARNED_UNEVEN:
+        _WARNED_UNEVEN.add((samples, len(depths)))  # once per process: an experiment evaluates many models alike
         logger.warning(
-            "needle grid: %d samples a cell do not hold the %d depths equally often (the first %d take one more)",
-            samples, len(depths), samples % len(depths),
+            "needle grid: %d samples a cell do not hold the %d depths equally often (the first %d take one more); "
+            "a multiple of %d, such as %d, holds each as often",
+            samples, len(depths), samples % len(depths), len(depths), len(depths) * -(-samples // len(depths)),
         )  # fmt: skip
     text, description = load_text(haystack, "test") if haystack in ("shakespeare", "filler") else (haystack, "given")
     lengths_left_out = []
