@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,6 +207,10 @@ def test_packaged_configs_parse_and_validate():
 
 
 @pytest.mark.heavy  # every config's data tokenizers are built: ~15 s on 2 cores; CI runs it
+@pytest.mark.skipif(
+    not (Path("/usr/share/wordnet/data.noun").is_file() and Path("/usr/share/games/fortunes").is_dir()),
+    reason="the configs' ICL sets read Debian's wordnet-base and fortunes (.ci/run installs them)",
+)
 def test_packaged_configs_pass_every_suites_preflight(tokenizer_cache):
     """What `diffattn run` checks before any training, on every shipped experiment: three of them (mini-scratch,
     mini-scratch-v2, paper-mini) asked for an ICL that could not fit their training length, and were refused once
