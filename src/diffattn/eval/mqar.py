@@ -292,6 +292,7 @@ def _preflight(o, targets, name) -> None:
     """Every (length, pairs) configuration fits each target's positions, its tokenizer has the keys and values,
     and AR-Hit's window fits."""
     for t in targets:
+        offset, span = mqar_token_range(t.tokenizer())
         for length, pairs in suite_configs(o):
             asked = (
                 f"MQAR at seq {length} ({name('mqar_length')})"
@@ -300,7 +301,6 @@ def _preflight(o, targets, name) -> None:
                 f"{name('mqar_length')} to what fits)"
             )
             t.check_fits(length, asked)
-            offset, span = mqar_token_range(t.tokenizer())
             mqar_samples(o.seed, 1, length=length, pairs=pairs, offset=offset, span=span, vocab=o.mqar_vocab)
     if o.mqar_ar_hit:
         window_preflight(o, targets, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..needle_floors import floor_of
 from ..stats import (
     wilson_interval,
 )
@@ -67,10 +68,13 @@ def depth_table(niah: dict[str, dict]) -> list[str]:
     def at(g: dict, values: list, depth: float) -> list:
         return [v for v, d in zip(values, g["depths"], strict=True) if d == depth]
 
-    def floor(depth: float) -> float:
-        heuristics = first[0]["heuristics_solved"]
-        pooled = {h: [v for g in first for v in at(g, g["heuristics_solved"][h], depth)] for h in heuristics}
-        return max(sum(v) / len(v) for v in pooled.values())
+    def floor(depth: float) -> float:  # the best heuristic over the depth's prompts (floor_of: one strategy for all)
+        per_prompt = [
+            {h: {"solved": v} for h, v in zip(g["heuristics_solved"], values, strict=True)}
+            for g in first
+            for values in at(g, list(zip(*g["heuristics_solved"].values(), strict=True)), depth)
+        ]
+        return floor_of(per_prompt, "solved")[0]
 
     def solved(rows: list[dict], depth: float) -> str:
         hits = [int(s == 1.0) for g in rows for s in at(g, g["strict_scores"], depth)]
