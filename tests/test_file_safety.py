@@ -41,7 +41,14 @@ from diffattn.files import (
     save_record,
     write_text_atomic,
 )
-from diffattn.train import NonFiniteLossError, RunFolderError, checkpoint_problem, latest_checkpoint, pretrain
+from diffattn.train import (
+    NonFiniteLossError,
+    RunConfig,
+    RunFolderError,
+    checkpoint_problem,
+    latest_checkpoint,
+    pretrain,
+)
 from diffattn.train.adapt import adapt_pretrained
 from diffattn.train.trainer import check_run_dir, rotate_checkpoints, start_run_folder
 
@@ -157,26 +164,42 @@ def test_a_checkpoint_with_non_finite_weights_is_never_published(corpus_file, tm
     assert good.name == "checkpoint-2" and checkpoint_problem(good) is None
 
 
-def _complete_run(corpus_file, run: Path, **train) -> None:
-    pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, **train), run)
+def _extendable(corpus_file, **train):
+    """A 12-step run with checkpoints 4, 8, 12, planned over a 16-step schedule so a resume may extend it."""
+    return debug_config(corpus_file, save_every=4, keep_checkpoints=3, schedule_steps=16, **train)
 
 
-def test_a_truncated_optimizer_state_is_skipped_by_resume(corpus_file, tmp_path):
+@pytest.fixture(scope="module")
+def finished_run(corpus_file, tmp_path_factory) -> Path:
+    """One finished run of :func:`_extendable`, trained once for the tests that damage, rotate or resume a copy."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    with pytest.MonkeyPatch.context() as patch:  # the tokenizer_cache fixture's cache, for a module's fixture
+        patch.setenv("DIFFATTN_CACHE", str(tmp_path_factory.getbasetemp() / "tokenizer-cache"))
+        pretrain(_extendable(corpus_file), run)
+    return run
+
+
+def _complete_run(finished_run: Path, run: Path) -> None:
+    """A copy of the finished run at ``run``: the tests change what they are given."""
+    shutil.copytree(finished_run, run, symlinks=True)
+
+
+def test_a_truncated_optimizer_state_is_skipped_by_resume(corpus_file, finished_run, tmp_path):
     run = tmp_path / "run"
-    _complete_run(corpus_file, run)
+    _complete_run(finished_run, run)
     optimizer = run / "checkpoints" / "checkpoint-12" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[: optimizer.stat().st_size // 2])
     assert "optimizer.pt" in checkpoint_problem(optimizer.parent)
     assert latest_checkpoint(run).name == "checkpoint-8"
     # --resume falls back to checkpoint-8 (with a warning) and replays steps 9-12: each step logged once
-    pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, max_steps=14), run, resume=True)
+    pretrain(_extendable(corpus_file, max_steps=14), run, resume=True)
     steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert steps == list(range(1, 15))
 
 
-def test_rotation_never_deletes_the_newest_complete_checkpoint(corpus_file, tmp_path):
+def test_rotation_never_deletes_the_newest_complete_checkpoint(finished_run, tmp_path):
     run = tmp_path / "run"
-    _complete_run(corpus_file, run)  # checkpoints 4, 8, 12
+    _complete_run(finished_run, run)  # checkpoints 4, 8, 12
     for step in (16, 20):  # two newer folders, both corrupt (a crash, a full disk)
         bad = run / "checkpoints" / f"checkpoint-{step}"
         bad.mkdir()
@@ -337,19 +360,19 @@ def test_a_marker_alone_licenses_no_deletion(how, corpus_file, tmp_path):
         check_removable(proof, kind="run")  # a marker alone, of any form, and nothing else: nothing to lose
 
 
-def test_an_earlier_versions_run_resumes_and_is_then_provably_ours(corpus_file, tmp_path):
+def test_an_earlier_versions_run_resumes_and_is_then_provably_ours(corpus_file, finished_run, tmp_path):
     run = tmp_path / "run"
-    _complete_run(corpus_file, run)
+    _complete_run(finished_run, run)
     (run / MARKER).write_text(json.dumps({"kind": "run", "command": "pretrain"}))  # as an earlier version wrote it
-    debug_config(corpus_file, save_every=4, keep_checkpoints=3).save(run / RUN_CONFIG)
+    _extendable(corpus_file).save(run / RUN_CONFIG)
     with pytest.raises(UnsafeDeleteError, match="records no identity"):
         check_removable(run, kind="run")
-    pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, max_steps=14), run, resume=True)
+    pretrain(_extendable(corpus_file, max_steps=14), run, resume=True)
     check_removable(run, kind="run")  # resumed: its marker and run.yaml now name one identity
     ident = json.loads((run / MARKER).read_text())["id"]
     assert recorded_id(run / RUN_CONFIG) == ident
     assert yaml.safe_load((run / RUN_CONFIG).read_text())["train"]["max_steps"] == 14  # the comment is ignored
-    pretrain(debug_config(corpus_file, save_every=4, keep_checkpoints=3, max_steps=16), run, resume=True)
+    pretrain(_extendable(corpus_file, max_steps=16), run, resume=True)
     assert json.loads((run / MARKER).read_text())["id"] == ident  # a resume keeps the run's identity
 
 
@@ -365,24 +388,57 @@ def test_overwrite_empties_the_folder_but_keeps_its_lock_file(corpus_file, tmp_p
         release_folder(run)
 
 
-def test_resume_with_an_unloadable_optimizer_state_changes_nothing(corpus_file, tmp_path, capsys):
+def test_resume_with_an_unloadable_optimizer_state_changes_nothing(corpus_file, finished_run, tmp_path, capsys):
     """A whole zip archive (so checkpoint_problem's checksums pass) that is no optimizer state: refused by
     --resume before run.yaml is rewritten or metrics.jsonl cut, with one line and exit 2."""
     import zipfile
 
     run = tmp_path / "run"
-    _complete_run(corpus_file, run)
+    _complete_run(finished_run, run)
     for step in (4, 8, 12):
         with zipfile.ZipFile(run / "checkpoints" / f"checkpoint-{step}" / "optimizer.pt", "w") as z:
             z.writestr("junk", "not an optimizer state")
     before = checksums(tmp_path)
     capsys.readouterr()  # the first run's progress bars
-    code = main(["pretrain", "--out", str(run), "--config", str(run / RUN_CONFIG), "--resume", "--max-steps", "14"])
-    err = capsys.readouterr().err
+    code = main(["pretrain", "--out", str(run), "--resume", "--max-steps", "14"])  # the settings: run.yaml's
+    said = capsys.readouterr()
+    assert f"resuming with the settings of {run / RUN_CONFIG}" in said.out
+    err = said.err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert re.search(r"cannot resume .* from checkpoint-12: optimizer\.pt cannot be loaded .*nothing was changed", err)
     assert checksums(tmp_path) == before
+
+
+def test_a_resume_without_config_starts_from_the_runs_own_settings(corpus_file, tmp_path, capsys):
+    """``--resume`` without ``--config`` needed every original flag again (or was refused as changed): it now reads
+    the folder's run.yaml, or a paired folder's first arm's with the pairing its arms name."""
+    import argparse
+
+    from diffattn.cli import _starting_config
+    from diffattn.train.config import PAIRED
+
+    pairings = {"both": PAIRED["both"], "all": PAIRED["all"]}
+    saved = debug_config(corpus_file, max_steps=5)
+
+    def start(out, *, resume=True, config=None):
+        return _starting_config(RunConfig, argparse.Namespace(config=config, resume=resume, out=str(out)), pairings)
+
+    (tmp_path / "single").mkdir()
+    saved.save(tmp_path / "single" / RUN_CONFIG)
+    assert start(tmp_path / "single") == saved
+    assert start(tmp_path / "single", resume=False) == RunConfig()  # a new run starts from the defaults
+    for arm in ("standard", "diff"):
+        (tmp_path / "pair" / arm).mkdir(parents=True)
+        saved.with_overrides({"model.attention": arm}).save(tmp_path / "pair" / arm / RUN_CONFIG)
+    assert start(tmp_path / "pair") == saved.with_overrides({"model.attention": "both"})
+    (tmp_path / "pair" / "diff-v2").mkdir()
+    saved.with_overrides({"model.attention": "diff-v2"}).save(tmp_path / "pair" / "diff-v2" / RUN_CONFIG)
+    assert start(tmp_path / "pair").model.attention == "all"  # an arm outside "both": the run of every architecture
+    assert start(tmp_path / "empty") == RunConfig()  # nothing saved: the trainer says there is nothing to resume
+    said = capsys.readouterr().out
+    assert f"resuming with the settings of {tmp_path / 'single' / RUN_CONFIG}" in said
+    assert "resuming the paired run (both: standard, diff) with the settings of" in said
 
 
 # ---------------------------------------------------------------- one run at a time in a folder
@@ -694,3 +750,7 @@ def test_a_run_extended_and_stopped_before_its_new_end_resumes_not_done(corpus_f
     # asked for fewer steps than it has: a settings change like any other (only max_steps differs: resume,
     # where the trainer finds the run already past that budget and changes nothing)
     assert run_state(part, debug_config(corpus_file, max_steps=8), overwrite=False) == "resume"
+    # a finished run whose schedule ended at its last step (checkpoint-12) is not extended: it is refused, named
+    (part / "checkpoints" / "checkpoint-12").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"train schedule: 12 steps, warm-up 2 -> 20 steps.*--overwrite to redo it"):
+        run_state(part, debug_config(corpus_file, max_steps=20), overwrite=False)

@@ -278,13 +278,39 @@ def _parse_sets(items: list[str]) -> dict[str, object]:
     return out
 
 
+def _starting_config(cls, args: argparse.Namespace, paired: dict | None = None):
+    """The config the flags override: ``--config``'s file; on ``--resume`` without one, the run's own ``run.yaml``
+    (a resume names only what it changes: ``diffattn adapt --out runs/dex --resume --max-steps 400``; it needed every
+    original flag again, or was refused as changed: a user's review, 2026-12-03); else the defaults. ``paired``: the
+    pairings a pretrain folder of ``standard/``, ``diff/``, … may hold, read from its first arm's ``run.yaml``."""
+    from .files import RUN_CONFIG
+
+    if args.config or not args.resume:
+        return cls.load(args.config) if args.config else cls()
+    out = Path(args.out)
+    if (out / RUN_CONFIG).is_file():
+        print(f"resuming with the settings of {out / RUN_CONFIG}")
+        return cls.load(out / RUN_CONFIG)
+    paired = paired or {}
+    every_arm = {arm for arms in paired.values() for arm in arms}
+    present = [arm for arm in every_arm if (out / arm / RUN_CONFIG).is_file()]
+    for pairing, arms in paired.items():  # narrowest first: the first pairing that holds every arm present
+        if present and set(present) <= set(arms):
+            first = out / next(arm for arm in arms if arm in present) / RUN_CONFIG
+            print(f"resuming the paired run ({pairing}: {', '.join(arms)}) with the settings of {first}")
+            config = cls.load(first)
+            config.model.attention = pairing
+            return config
+    return cls()  # nothing saved here: the trainer says there is nothing to resume
+
+
 def cmd_pretrain(args: argparse.Namespace) -> int:
     import os
 
     from .train import NonFiniteLossError, RunConfig, latest_checkpoint, pretrain, pretrain_paired
     from .train.config import PAIRED
 
-    config = RunConfig.load(args.config) if args.config else RunConfig()
+    config = _starting_config(RunConfig, args, paired={"both": PAIRED["both"], "all": PAIRED["all"]})
     overrides = {
         field: getattr(args, flag) for flag, field in _PRETRAIN_FLAGS.items() if getattr(args, flag) is not None
     }
@@ -338,7 +364,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     from .train.adapt import adapt_pretrained
     from .train.adapt_config import AdaptRunConfig
 
-    config = AdaptRunConfig.load(args.config) if args.config else AdaptRunConfig()
+    config = _starting_config(AdaptRunConfig, args)
     overrides = {field: getattr(args, flag) for flag, field in _ADAPT_FLAGS.items() if getattr(args, flag) is not None}
     overrides.update(_parse_sets(args.set))
     if args.recipe == "paper":  # the paper's values, under what the command line sets explicitly
@@ -347,7 +373,10 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
         chosen = config.with_overrides(overrides)
         recipe, source = paper_recipe(
-            chosen.method.name, model_type_of(chosen.model.name), chosen.train.max_steps, given=set(overrides)
+            chosen.method.name,
+            model_type_of(chosen.model.name),
+            chosen.train.resolved_schedule_steps,
+            given=set(overrides),
         )
         overrides = {**recipe, **overrides}
         shown = ", ".join(f"{k.split('.', 1)[1]}={overrides[k]}" for k in recipe)
@@ -539,7 +568,12 @@ def _add_cadence_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_resume_or_overwrite(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint, with its run.yaml's settings (without --config) "
+        "and what the flags change (--max-steps: up to the schedule it planned, train.schedule_steps)",
+    )
     mode.add_argument("--overwrite", action="store_true", help="delete --out and start again")
 
 

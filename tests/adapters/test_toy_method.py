@@ -48,6 +48,8 @@ def test_the_toy_method_inherits_the_lambda_t_options_and_their_checks(toy):
     config = AdaptRunConfig(method=AdaptMethodSection(name=toy.NAME))
     config.train.max_steps = 30
     assert config.method_config().anneal_steps == default_anneal_steps(30) == 10  # T from the run's length
+    config.train.schedule_steps = 100  # stopped part-way through a longer plan: T is the plan's, as its steps were
+    assert config.method_config().anneal_steps == default_anneal_steps(100) == 20
     config.method.options = {"gain_init": 0.0}
     with pytest.raises(ValueError, match="ToyLambdaConfig would train nothing: with gain_init=0"):
         config.method_config()  # check_learnable, inherited, before anything is loaded

@@ -673,7 +673,8 @@ def test_niah_grid_samples_take_the_five_depths_in_turn_and_random_placement_sta
                 run_niah(debug_models["baseline"], tokenizer, grid_placement=placement, **options, samples=7)
                 assert "do not hold" not in caplog.text
         else:
-            res = SUITE.run(debug_models["baseline"], tokenizer, suite_options, tmp_path, "baseline")[0]
+            res, pictures = SUITE.run(debug_models["baseline"], tokenizer, suite_options, tmp_path, "baseline")
+            assert pictures == {"niah": "niah_grid.png"}  # no heatmap asked for: the picture is named for its bars
         samples = [fit_sample(tokenizer, text, 128, s, num_needles=2, num_queries=1, value_digits=7, depth=d)
                    for s, d in zip(_grid_seeds(0, 2, 1, len(depths)), depths, strict=True)]  # fmt: skip
         digest = hashlib.sha1(b"".join(s.prompt.encode() + b"\0" for s in samples)).hexdigest()

@@ -59,7 +59,9 @@ def _debug(corpus) -> dict:
 
 
 def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_path, capsys):
-    config = ExperimentConfig.from_dict(_debug(corpus))
+    planned = _debug(corpus)  # the from-scratch runs stop at step 3 of a 4-step schedule: one may be extended
+    planned["train"]["schedule_steps"] = 4
+    config = ExperimentConfig.from_dict(planned)
     outcomes = run_experiment(config, tmp_path)
     # one line per part as it starts, and per evaluation with why it runs (none were printed without --verbose)
     said = capsys.readouterr().out
@@ -116,7 +118,7 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     assert (
         "pretrain diff: done, read back\n" in said and "eval dex: done (the same suites, options and training)" in said
     )
-    # a longer budget for one model resumes it; changed settings are refused unless overwritten
+    # a longer budget for one model, inside its schedule, resumes it; changed settings are refused unless overwritten
     longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
     states = {(o.kind, o.name): o.state for o in run_experiment(longer, tmp_path, report=False)}
     assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"

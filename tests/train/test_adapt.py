@@ -174,27 +174,51 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path, mo
     out = tmp_path / "run"
     monkeypatch.chdir(base_dir.parent)  # the base named relative to here: run.yaml records it absolute, so the run
     # is read from any directory (it recorded the relative name, read against the reader's directory)
-    relative = {"train.save_every": 2, "model.name": base_dir.name}
-    relative = adapt_config(base_dir, corpus_dir, "daa", steps=2, **relative)
+    # planned over 4 steps (its learning rate and λ(t)'s annealing), stopped at 2, resumed to the plan's end
+    planned = {"train.save_every": 2, "train.schedule_steps": 4}
+    relative = adapt_config(base_dir, corpus_dir, "daa", steps=2, **planned, **{"model.name": base_dir.name})
+    assert relative.method_config().anneal_steps == default_anneal_steps(4) == 2  # T of the planned run
     adapt_pretrained(relative, out)
     assert yaml.safe_load((out / "run.yaml").read_text())["model"]["name"] == str(base_dir.resolve())
     monkeypatch.chdir(tmp_path)
-    config = adapt_config(base_dir, corpus_dir, "daa", steps=4, **{"train.save_every": 2})
+    config = adapt_config(base_dir, corpus_dir, "daa", steps=4, **planned)
     summary = adapt_pretrained(config, out, resume=True)
     assert summary["steps"] == 4 and summary["val_loss_before"] is None
+    # past its schedule's end, λ(t) would anneal again over a longer T and the rate warm up from its floor: refused
+    with pytest.raises(ValueError, match=r"train schedule: 4 steps, warm-up 0 -> 6 steps, warm-up 1 \(steps 1-4"):
+        beyond = adapt_config(base_dir, corpus_dir, "daa", steps=6, **{"train.save_every": 2})
+        adapt_pretrained(beyond, out, resume=True)
     with pytest.raises(ValueError, match="differ from the saved run"):
         adapt_pretrained(adapt_config(base_dir, corpus_dir, "dex", steps=4), out, resume=True)
+
+
+def test_adapting_past_the_length_a_diffattn_base_was_trained_at_warns(tmp_path):
+    """A from-scratch base records its training length in final/run.yaml: an adapter trained at more positions
+    also learns a longer context, said in the log and summary.json's warnings; a hub model records none."""
+    from diffattn.train.adapt import _beyond_base_length, base_training_length
+
+    final = tmp_path / "models" / "t" / "final"
+    final.mkdir(parents=True)
+    (final / "run.yaml").write_text("# diffattn run\ndata: {seq_len: 64}\ntrain: {max_steps: 3}\n")
+    config = AdaptRunConfig().with_overrides({"model.name": str(final), "data.seq_len": 128})
+    assert base_training_length(str(final)) == 64
+    warning = _beyond_base_length(config)
+    assert "data.seq_len=128 is longer than the 64 tokens" in warning and "positions 64-127 are new" in warning
+    assert _beyond_base_length(config.with_overrides({"data.seq_len": 64})) is None
+    (final / "run.yaml").write_text("data: {seq_len: 64}\nmethod: {name: dex}\n")  # an adapter run's: not a base's
+    assert base_training_length(str(final)) is None
+    assert base_training_length("smollm2-135m") is None and base_training_length(str(tmp_path / "none")) is None
 
 
 def test_resume_sees_a_changed_code_default_and_accepts_its_old_value_given(base_dir, corpus_dir, tmp_path):
     """run.yaml holds the options given; method_options.json the resolved ones. A run made when DAA's default
     placement was pre-RoPE (simulated by editing the saved file) must not resume as post-RoPE unannounced."""
     out = tmp_path / "run"
-    adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=2, **{"train.save_every": 2}), out)
+    longer = {"train.save_every": 2, "train.schedule_steps": 4}
+    adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=2, **longer), out)
     saved = json.loads((out / "method_options.json").read_text())
     assert saved["position"] == "post-rope"
     (out / "method_options.json").write_text(json.dumps({**saved, "position": "pre-rope"}))
-    longer = {"train.save_every": 2}
     with pytest.raises(ValueError, match=r"resolve differently.*position: 'pre-rope' -> 'post-rope'"):
         adapt_pretrained(adapt_config(base_dir, corpus_dir, "daa", steps=4, **longer), out, resume=True)
     given = adapt_config(base_dir, corpus_dir, "daa", steps=4, **longer, **{"method.options.position": "pre-rope"})

@@ -54,6 +54,34 @@ def test_warmup_defaults_to_a_tenth_of_the_run():
         RunConfig().with_overrides({"train.max_steps": 2, "train.warmup_steps": 5}).validate()
 
 
+def _train(max_steps: int, **train) -> RunConfig:
+    return RunConfig().with_overrides({"train.max_steps": max_steps, **{f"train.{k}": v for k, v in train.items()}})
+
+
+@pytest.mark.parametrize(
+    ("saved", "asked", "trained", "refused"),
+    [
+        pytest.param(_train(200), _train(400), 200, "200 steps, warm-up 20 -> 400 steps, warm-up 40", id="extended"),
+        pytest.param(_train(200), _train(400), 0, None, id="no-step-taken"),
+        pytest.param(_train(200), _train(100), 200, None, id="fewer-steps-than-taken"),
+        pytest.param(_train(200, schedule_steps=400), _train(400), 200, None, id="to-the-planned-end"),
+        pytest.param(_train(400), _train(200, schedule_steps=400), 100, None, id="stopped-part-way"),
+        pytest.param(_train(400), _train(200), 100, "400 steps, warm-up 40 -> 200 steps", id="cut-short"),
+        pytest.param(_train(200), _train(200, warmup_steps=30), 200, "warm-up 20 -> 200 steps, warm-up 30", id="wu"),
+        pytest.param(_train(200), _train(400, compile="default"), 0, None, id="run-time-settings"),
+    ],
+)
+def test_a_resume_keeps_the_schedule_its_steps_followed(saved, asked, trained, refused):
+    from diffattn.train.config import resume_differences
+
+    diff = resume_differences(saved, asked, trained_steps=trained)
+    if refused is None:
+        assert diff == []
+    else:
+        assert len(diff) == 1 and diff[0].startswith("train schedule: ") and refused in diff[0], diff
+        assert f"steps 1-{trained} followed the first" in diff[0] and "train.schedule_steps" in diff[0]
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -263,6 +291,10 @@ def test_resume_refuses_changed_settings(corpus_file, tmp_path):
         pretrain(changed, tmp_path / "run", resume=True)
     with pytest.raises(RunFolderError, match="nothing to resume"):
         pretrain(cfg, tmp_path / "elsewhere", resume=True)
+    # the schedule is compared as planned: given as the length it defaulted to, the run is finished, not changed
+    planned = cfg.with_overrides({"train.schedule_steps": 4})
+    assert planned.train.schedule_plan == cfg.train.schedule_plan == "4 steps, warm-up 2"
+    assert pretrain(planned, tmp_path / "run", resume=True)["steps"] == 4
 
 
 def test_corrupt_or_partial_checkpoint_is_never_picked(corpus_file, tmp_path):
@@ -400,7 +432,7 @@ def test_a_bad_checkpoint_is_refused_before_anything_is_written_and_a_finished_r
     resumed to the same budget trains nothing and changes nothing."""
     from safetensors.torch import load_file, save_file
 
-    cfg = debug_config(corpus_file, max_steps=4)
+    cfg = debug_config(corpus_file, max_steps=4, schedule_steps=6)  # a schedule it may be extended in
     cfg.train.save_every = 4
     run = tmp_path / "run"
     pretrain(cfg, run)
@@ -483,6 +515,13 @@ def test_a_run_can_stop_part_way_through_a_longer_schedule(corpus_file, tmp_path
     )  # the default warmup is 10% of the schedule
     with pytest.raises(ValueError, match="schedule_steps must be an integer >= max_steps"):
         debug_config(corpus_file, max_steps=8, schedule_steps=4)
+    # resumed to the schedule's end, the part is the full run: the same rates and losses, step for step
+    pretrain(part.with_overrides({"train.max_steps": 8}), tmp_path / "part", resume=True)
+    assert [r["lr"] for r in read_metrics(tmp_path / "part" / "metrics.jsonl") if "loss" in r] == lr["full"]
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")
+    # the full run's schedule ended at its step 8: two more steps would warm up again from a decayed rate
+    with pytest.raises(RunFolderError, match=r"train schedule: 8 steps, warm-up 2 -> 10 steps, warm-up 2 \(steps 1-8"):
+        pretrain(full.with_overrides({"train.max_steps": 10}), tmp_path / "full", resume=True)
 
 
 @pytest.mark.heavy  # 15.6 s on the 2-core AMD EPYC of 2026-12-01 (9.8 of the record's s): with adapt's, CI's heavy run
@@ -492,7 +531,7 @@ def test_a_compiled_run_trains_like_the_eager_one_and_saves_plain_weights(corpus
     counters say so). The losses follow the eager run's within float32 rounding. The final model is saved without
     torch.compile's ``_orig_mod.`` prefix, and an eager run resumes from a compiled run's checkpoint (how the step runs
     is not a setting a resume compares)."""
-    cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=2)
+    cfg = debug_config(corpus_file, max_steps=4, eval_every=4, save_every=2, schedule_steps=6)  # may go to 6
     assert frames_compiled(pretrain, cfg, tmp_path / "eager") == 0
     pretrain(cfg.with_overrides({"train.grad_accum": 2}), tmp_path / "accum")
     compiled = cfg.with_overrides({"train.compile": "default", "train.compile_backend": "aot_eager"})

@@ -45,6 +45,13 @@ def check_positions(limit: int, tokens: int, what: str, whose: str = "the model'
 TRAINED_LENGTH = "diffattn_trained_length"
 
 
+def recorded_length(run: object) -> int | None:
+    """The sequence length a run folder's ``run.yaml`` (read as YAML) trained at, ``data.seq_len``; None when it
+    records none."""
+    length = ((run.get("data") or {}) if isinstance(run, dict) else {}).get("seq_len")
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
 def trained_length(model: nn.Module) -> int | None:
     """The sequence length ``model`` was trained at, when its run recorded it (:data:`TRAINED_LENGTH`)."""
     value = getattr(model, TRAINED_LENGTH, None)

@@ -50,7 +50,16 @@ from ..files import (
     write_text_atomic,
 )
 from . import allocation, heads, icl, mqar, niah, outliers, perplexity
-from .common import TRAINED_LENGTH, CommonOptions, EvalTarget, Suite, jsonable, option_name, trained_length
+from .common import (
+    TRAINED_LENGTH,
+    CommonOptions,
+    EvalTarget,
+    Suite,
+    jsonable,
+    option_name,
+    recorded_length,
+    trained_length,
+)
 
 # The suite table: a new suite is a module with its `Suite` entry and one name here (or `register_suite(entry)`).
 SUITE_TABLE: dict[str, Suite] = {
@@ -220,7 +229,7 @@ def _load_for_eval(name_or_path: str | os.PathLike, trust_remote_code: bool):
     path = Path(name_or_path)
     if path.is_dir() and (path / RUN_CONFIG).is_file():
         run = _read_yaml(path / RUN_CONFIG)
-        length = ((run.get("data") or {}) if isinstance(run, dict) else {}).get("seq_len")
+        length = recorded_length(run)
         if "method" in run:  # diffattn adapt
             from ..adapters.registry import ADAPTER, MERGED, get_method
             from ..adapters.runs import load_adapted

@@ -11,9 +11,9 @@ Layout of ``<root>/<name>/``::
 
 A part is *done* when its ``summary.json`` (training) or ``results.json`` (evaluation) exists and its saved settings
 equal the requested ones (how its step runs, ``train.compile``, aside: ``TrainConfig.RUN_TIME_SETTINGS``); it is
-*resumed* from its last checkpoint when it was started with the same settings (a larger ``max_steps`` also resumes);
-a part whose saved settings differ is refused with the difference, unless
-``overwrite`` names it (or is ``True``).
+*resumed* from its last checkpoint when it was started with the same settings (a larger ``max_steps`` also resumes,
+up to the schedule the run planned: ``train.schedule_steps``; :func:`diffattn.train.config.resume_differences`);
+a part whose saved settings differ is refused with the difference, unless ``overwrite`` names it (or is ``True``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from ..files import (
     write_text_atomic,
 )
 from ..models.architectures import ARCHITECTURES
-from ..train.config import setting_differences
+from ..train.config import checkpoint_dirs, checkpoint_step, resume_differences, setting_differences
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -84,17 +84,17 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
                 "yourself, then run again"
             )
         return FRESH
-    saved = type(config).load(saved_file).to_dict()
-    diff = setting_differences(saved, config.to_dict())
-    # what a run may change and stay the same run (TrainConfig.RUN_TIME_SETTINGS): how far it goes, how its step runs
-    run_time = {f"train.{key}" for key in config.train.RUN_TIME_SETTINGS}
-    other = [d for d in diff if d.partition(":")[0] not in run_time]
+    saved = type(config).load(saved_file)
+    # what a run may change and stay the same run: how far it goes inside its schedule, how its step runs (the
+    # trainer's rule, from the newest checkpoint folder's step; the trainer checks that folder is whole)
+    trained = max(map(checkpoint_step, checkpoint_dirs(run_dir)), default=0)
+    other = resume_differences(saved, config, trained_steps=trained)
     if other:
         raise ValueError(
             f"{run_dir} was run with other settings ({'; '.join(other)}); pass --overwrite to redo it, "
             "or give the new variant another name"
         )
-    steps_changed = any(d.startswith("train.max_steps:") for d in diff)
+    steps_changed = saved.train.max_steps != config.train.max_steps
     if (run_dir / "summary.json").is_file() and not steps_changed and _summary_steps(run_dir) >= config.train.max_steps:
         return DONE
     # A summary of fewer steps than run.yaml asks for: a run extended (a larger max_steps rewrites run.yaml when it
@@ -613,7 +613,6 @@ def _evaluated(config: ExperimentConfig, out: Path, name: str, options, *, redo:
 def _evaluation_state(config, out: Path, name: str, options, *, redo: bool) -> tuple[PartOutcome | None, str | None]:
     """(the reusable outcome, None) or (None, why it runs, in words): one home of :func:`_evaluated`'s rule."""
     from ..eval.suite import RESULTS, RESULTS_VERSION
-    from ..train.config import setting_differences
 
     path = out / "eval" / name
     results_file = path / RESULTS

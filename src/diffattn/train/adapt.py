@@ -57,7 +57,15 @@ from ..adapters.registry import ADAPTER, FINAL, MERGED, get_method, method_names
 from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
 from ..environment import environment
-from ..files import NoSpaceError, is_inside, publish_folder, release_folder, write_text_atomic, writing
+from ..files import (
+    RUN_CONFIG,
+    NoSpaceError,
+    is_inside,
+    publish_folder,
+    release_folder,
+    write_text_atomic,
+    writing,
+)
 from ..models.pretrained import PRETRAINED, load_pretrained
 from .adapt_config import (
     RESOLVED_OPTIONS,
@@ -159,6 +167,9 @@ def adapt_pretrained(
     max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if max_pos is not None and config.data.seq_len > max_pos:
         raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions")
+    beyond = _beyond_base_length(config)
+    if beyond:
+        logger.warning(beyond)
     corpus = load_corpus(config.data.source, seed=config.data.split_seed)
     with args.main_process_first(desc="tokenize"):
         train, val, mix_rows = _packed_data(config, corpus, tokenizer)
@@ -209,7 +220,7 @@ def adapt_pretrained(
         "distributed": distribution(config),
         "report_to": [r for r in report_to() if r != "none"],
         "environment": environment(),  # the same seed trains another model on another CPU kind
-        "warnings": _lambda_warnings(config.method.name, lambdas),
+        "warnings": [*([beyond] if beyond else []), *_lambda_warnings(config.method.name, lambdas)],
         "data": _data_summary(config, corpus, train, val, mix_rows),
     }
     for warning in summary["warnings"]:
@@ -220,6 +231,36 @@ def adapt_pretrained(
         shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     release_folder(run_dir)  # the run's lock on its folder (a failed run keeps it until its process ends)
     return summary
+
+
+def base_training_length(name: str) -> int | None:
+    """The sequence length a diffattn-pretrained base was trained at: ``data.seq_len`` of the ``run.yaml`` its
+    ``final/`` (or checkpoint) folder holds; None for any other model (a hub model's training length is not
+    recorded in its folder)."""
+    import yaml
+
+    from ..eval.common import recorded_length
+
+    try:
+        run = yaml.safe_load((Path(name) / RUN_CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return recorded_length(run) if isinstance(run, dict) and "method" not in run else None
+
+
+def _beyond_base_length(config: AdaptRunConfig) -> str | None:
+    """A warning when the run trains at more positions than its base ever saw: positions past the base's training
+    length are new to it (rotary angles it never attended at, or learned position rows barely trained), so the
+    adapter learns a length extension along with its method, and a comparison with its base measured at the base's
+    length is not like for like (a user's review, 2026-12-03). A warning, not a refusal: extending is a use."""
+    base = base_training_length(config.model.name)
+    if base is None or config.data.seq_len <= base:
+        return None
+    return (
+        f"data.seq_len={config.data.seq_len} is longer than the {base} tokens its base {config.model.name} was "
+        f"trained at: positions {base}-{config.data.seq_len - 1} are new to it, so the run also learns a longer "
+        f"context; give data.seq_len <= {base} to adapt only the attention"
+    )
 
 
 def _check_run_folder(config: AdaptRunConfig, run_dir: Path, *, resume: bool, overwrite: bool):

@@ -212,11 +212,14 @@ class AdaptRunConfig(SectionedConfig):
 
     def method_config(self):
         """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
-        the run's steps when unset). Raises ValueError for a config whose new parameters could never learn."""
+        the steps the schedule is planned over, ``train.resolved_schedule_steps``, when unset). Raises ValueError for
+        a config whose new parameters could never learn."""
         spec = get_method(self.method.name)
         options = yaml_floats(dict(self.method.options), spec.config)  # gate_init: 2e-2, as train.lr: 2e-2
         if spec.annealed and options.get("anneal_steps") is None:
-            options["anneal_steps"] = default_anneal_steps(self.train.max_steps)
+            # over the steps the schedule is planned for, so a run stopped part-way (max_steps < schedule_steps)
+            # anneals as the first max_steps steps of the longer run did, and may be resumed to its end
+            options["anneal_steps"] = default_anneal_steps(self.train.resolved_schedule_steps)
         try:
             method_config = spec.config(**options)
         except TypeError as e:
@@ -232,7 +235,8 @@ RESOLVED_OPTIONS = "method_options.json"  # the method's options with every code
 def resolved_method_options(config: AdaptRunConfig) -> dict:
     """The method's full config as the code resolves it now (defaults included), for comparison on resume: run.yaml
     holds only the options given, so a changed code default (DAA's placement, Dex's init) would pass unseen.
-    A defaulted ``anneal_steps`` is left out: it follows ``max_steps``, which a resume may extend."""
+    A defaulted ``anneal_steps`` is left out: it follows the planned schedule, which
+    :func:`~diffattn.train.config.resume_differences` compares."""
     resolved = _jsonable(config.method_config())
     if "anneal_steps" not in config.method.options:
         resolved.pop("anneal_steps", None)

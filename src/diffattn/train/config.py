@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import YamlConfig, set_dotted
 from ..cuda_graphs import COMPILE_MODES
@@ -184,6 +185,10 @@ class TrainConfig:
 
     #: the settings a resume may change: how far the run goes and how its step runs, not what it computes
     RUN_TIME_SETTINGS = ("max_steps", "compile", "compile_backend", "cuda_graphs")
+    #: the settings that plan the learning-rate schedule: a resume compares them resolved (:attr:`schedule_plan`),
+    #: so a run of 400 steps may be resumed as ``max_steps: 200, schedule_steps: 400`` (the same schedule, stopped
+    #: part-way) but not extended past the schedule its first steps followed (:func:`resume_differences`)
+    SCHEDULE_SETTINGS = ("schedule_steps", "warmup_steps")
 
     @property
     def resolved_schedule_steps(self) -> int:
@@ -192,6 +197,11 @@ class TrainConfig:
     @property
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else round(0.1 * self.resolved_schedule_steps)
+
+    @property
+    def schedule_plan(self) -> str:
+        """The learning-rate schedule as planned, in words (what a resume must keep once a step has been taken)."""
+        return f"{self.resolved_schedule_steps} steps, warm-up {self.resolved_warmup_steps}"
 
     def validate(self) -> None:
         for name in ("max_steps", "global_batch_size", "grad_accum", "log_every", "eval_every", "save_every"):
@@ -247,6 +257,51 @@ def setting_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return out
+
+
+CHECKPOINTS = "checkpoints"  # a run folder's checkpoints/checkpoint-<step>/
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of a run folder, whole or not (the trainer's ``latest_checkpoint`` checks)."""
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit()]
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def resume_differences(saved, now, *, trained_steps: int, elsewhere: tuple[str, ...] = ()) -> list[str]:
+    """What ``now`` changes of the run saved as ``saved`` (run configs) that a resume may not change, in
+    :func:`setting_differences`' words; empty when the run may resume. ``trained_steps``: the step it resumes from
+    (0: it starts again). ``elsewhere``: dotted settings the caller compares itself (resolved method options).
+
+    ``TrainConfig.RUN_TIME_SETTINGS`` may change. The schedule is compared as planned
+    (:attr:`TrainConfig.schedule_plan`) once a step has been taken under it: a run extended past the schedule its
+    steps followed would be neither run (the learning rate of an ended decay, then a new warm-up from mid-schedule;
+    a user's review, 2026-12-03). A new ``max_steps`` alone may change the plan where no step is to come (the run
+    is at or past it: its saved result stands), and any plan is whole where the run starts again from step 0."""
+    previous, current = saved.to_dict(), now.to_dict()
+    for key in (*now.train.RUN_TIME_SETTINGS, *now.train.SCHEDULE_SETTINGS):
+        previous["train"].pop(key, None), current["train"].pop(key, None)
+    for dotted in elsewhere:
+        section, key = dotted.split(".", 1)
+        previous.get(section, {}).pop(key, None), current.get(section, {}).pop(key, None)
+    diff = setting_differences(previous, current)
+    before, after = saved.train.schedule_plan, now.train.schedule_plan
+    # the plan changed by a smaller max_steps alone, on a run already past it: nothing trains (the result stands)
+    nothing_to_train = trained_steps >= now.train.max_steps and (
+        dataclasses.replace(now.train, max_steps=saved.train.max_steps).schedule_plan == before
+    )
+    if trained_steps > 0 and after != before and not nothing_to_train:
+        diff.append(
+            f"train schedule: {before} -> {after} (steps 1-{trained_steps} followed the first; plan a run you may "
+            "extend with train.schedule_steps from its start: it resumes to any max_steps up to it)"
+        )
+    return diff
 
 
 class SectionedConfig(YamlConfig):

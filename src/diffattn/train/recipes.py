@@ -27,8 +27,10 @@ def paper_recipe(
     method: str, model_type: str | None, max_steps: int, *, given: frozenset[str] | set[str] = frozenset()
 ) -> tuple[dict[str, object], str]:
     """``(dotted train overrides, source)`` of the paper's recipe for ``method`` on a model of ``model_type``
-    trained for ``max_steps`` steps. A fixed warm-up longer than the run is refused, not shortened silently,
-    unless the user gives the warm-up (``"train.warmup_steps"`` in ``given``: what they set themselves)."""
+    whose schedule is planned over ``max_steps`` steps (``train.resolved_schedule_steps``: a warm-up ratio is of
+    the planned schedule, so a run stopped part-way warms up as the full one did). A fixed warm-up longer than the
+    run is refused, not shortened silently, unless the user gives the warm-up (``"train.warmup_steps"`` in
+    ``given``: what they set themselves)."""
     recipes = __getattr__("PAPER_RECIPES")
     if method not in recipes:
         raise ValueError(f"no paper recipe for method {method!r}; known: {', '.join(recipes)}")

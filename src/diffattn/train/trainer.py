@@ -73,13 +73,18 @@ from ..models.architectures import ARCHITECTURES
 from ..models.build import build_model
 from ..models.presets import get_preset
 from ..models.pretrained import tensor_mismatch
-from .config import RunConfig, setting_differences
+from .config import (
+    CHECKPOINTS,
+    RunConfig,
+    checkpoint_dirs,
+    checkpoint_step,
+    resume_differences,
+)
 from .data import PackedDataset, prepare_data
 from .tracking import lambda_logs, report_to, tracker_environment
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
 STAGING = ".staging"
 FINAL = "final"
 METRICS = "metrics.jsonl"
@@ -412,15 +417,7 @@ def rotate_checkpoints(run_dir: Path, keep: int, *, newest_complete: Path | None
     return deleted
 
 
-def _step(path: Path) -> int:
-    return int(path.name.rsplit("-", 1)[1])
-
-
-def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    root = run_dir / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("checkpoint-") and p.name[11:].isdigit()]
+_step, _checkpoint_dirs = checkpoint_step, checkpoint_dirs  # their home: .config (the runner reads them too)
 
 
 RESUME_STATE = ("trainer_state.json", "optimizer.pt", "scheduler.pt")  # what Trainer needs to resume exactly
@@ -652,17 +649,15 @@ def check_run_dir(
     if resume:
         if not saved.is_file():
             raise RunFolderError(f"nothing to resume in {str(run_dir)!r}: it has no {RUN_CONFIG}")
-        previous = type(config).load(saved).to_dict()
-        now = config.to_dict()
-        for key in config.train.RUN_TIME_SETTINGS:  # a resume may extend a run, or compile its step
-            previous["train"].pop(key, None), now["train"].pop(key, None)
-        for dotted in compared_elsewhere:
-            section, key = dotted.split(".", 1)
-            previous.get(section, {}).pop(key, None), now.get(section, {}).pop(key, None)
-        diff = setting_differences(previous, now)
+        checkpoint = latest_checkpoint(run_dir)
+        diff = resume_differences(
+            type(config).load(saved),
+            config,
+            trained_steps=_step(checkpoint) if checkpoint is not None else 0,
+            elsewhere=compared_elsewhere,
+        )
         if diff:
             raise RunFolderError(f"--resume with settings that differ from the saved run ({'; '.join(diff)})")
-        checkpoint = latest_checkpoint(run_dir)
         problem = resume_problem(checkpoint) if checkpoint is not None else None
         if problem:  # found now, before anything is written, not by Trainer after run.yaml was rewritten
             raise RunFolderError(

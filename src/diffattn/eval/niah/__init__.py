@@ -124,7 +124,9 @@ def _run_suite(model, tokenizer, o, folder, name):
             "metadata": {"what": LAMBDA0_REFERENCE},
         }
         r["metadata"]["lambda0_reference"] = LAMBDA0_REFERENCE
-    return r, {"niah": plot_niah(r, folder / "niah_heatmap.png").name}
+    # named by what it shows: the grid alone where no heatmap was asked for (niah_heatmap_lengths: [])
+    picture = "niah_heatmap.png" if r["heatmap"]["lengths"] else "niah_grid.png"
+    return r, {"niah": plot_niah(r, folder / picture).name}
 
 
 SUITE = Suite(

@@ -49,6 +49,7 @@ def plot_niah(results: dict, path) -> object:
     ax_grid.set_xlabel("cell (N needles, R queried)")
     ax_grid.tick_params(axis="x", labelsize=7)
     ax_grid.set_title(f"at {results['metadata']['context_tokens']} tokens (95% CI)")
+    ax_grid.legend(fontsize=7, loc="upper right")  # the dashes: each cell's floor (they were unexplained)
     return save_figure(fig, path)
 
 
