@@ -142,9 +142,41 @@ def test_bench_attention_tiny_run_writes_ratios(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "HF DiffLlamaAttention" in out and "diff reference" in out and "diff auto" in out
+    assert "GFLOP/s fwd" in out  # a CPU's rates, not 0.00 TFLOP/s
+    assert "(--reps 1): this run measured nothing of its noise" in out
     rows = json.loads(path.read_text())["rows"]
     base = [r for r in rows if r["impl"].startswith("baseline")]
     assert base and all(r["fwd_ratio"] == 1.0 for r in base)
+
+
+def test_under_the_table_the_runs_noise_auto_against_the_route_it_ran_and_the_spread():
+    """auto read 1.6x faster than chunked, the very route it ran, on a busy 2-core CPU with 5 repetitions: the table
+    now says what such a run's noise is, the same computation timed twice and the repetitions' spread."""
+    from diffattn.bench.attention import BASELINE, Row, format_table, noise_lines
+
+    def row(impl, fwd, fwd_bwd, spread, runs=""):
+        r = Row("op", 128, impl, fwd, fwd_bwd, fwd_tflops=2.0, fwd_bwd_tflops=1.5)
+        r.fwd_spread = r.fwd_bwd_spread = spread
+        r.runs = runs
+        return r
+
+    rows = [
+        row(BASELINE, 0.4, 1.4, 0.1),
+        row("diff chunked", 1.1, 2.8, 0.4),
+        row("diff auto", 0.7, 2.4, 0.2, "chunked"),
+    ]
+    lines = noise_lines(rows)
+    assert lines[0] == (
+        "noise, N=128: diff auto ran chunked, so one computation was timed twice: fwd 0.70 vs 1.10 ms (1.57x), "
+        "fwd+bwd 2.40 vs 2.80 ms (1.17x); ratios nearer 1 than these are this run's noise"
+    )
+    assert lines[1] == (
+        "spread of the repetitions, (max - min) / median, fwd: 20% for the median row, up to 40% (diff chunked, N=128)"
+    )
+    assert len(lines) == 3  # fwd+bwd's; no decode line (not timed)
+    # a route that was not a row of its own (auto ran sdpa, not timed forced): nothing to compare it with
+    assert not any(line.startswith("noise") for line in noise_lines([row("diff auto", 0.7, 2.4, 0.2, "sdpa")]))
+    assert "TFLOP/s fwd" in format_table(rows)  # rates of 1 TFLOP/s and more stay in TFLOP/s
 
 
 def test_target_lines_report_met_and_missed():

@@ -70,6 +70,11 @@ def test_the_spread_and_the_gpus_busy_time_are_lines_of_their_own_where_measured
     assert train_step.rows_as_dicts([row])[0]["gpu_ms"] == dict.fromkeys(names, 4.5)
     cpu = train_step.StepRow("small", 1024, 4, ms, "fp32", {}, {}, dict.fromkeys(names, 0.3))
     assert train_step.format_table([cpu]).splitlines()[-1].split()[0] == "range"  # no gpu line without one
+    # said once under the table: what each extra line is (the range line was unlabelled)
+    legend = train_step.table_legend([row]).splitlines()
+    assert [line.split(":")[0] for line in legend] == ["range", "gpu"] and "slowest repetition less its" in legend[0]
+    assert train_step.table_legend([cpu]).splitlines()[0].startswith("range: ")
+    assert train_step.table_legend([train_step.StepRow("small", 1024, 4, ms)]) == ""  # one repetition: no range
 
 
 def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):

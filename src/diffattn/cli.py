@@ -179,6 +179,7 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         format_table,
         rows_as_dicts,
         run_train_step_benchmark,
+        table_legend,
     )
 
     presets, seq_lens = args.presets.split(","), _positive_ints(args.seq_lens, "--seq-lens")
@@ -209,6 +210,9 @@ def cmd_bench_train_step(args: argparse.Namespace) -> int:
         host_profile=args.host_profile,
     )
     print(format_table(rows))
+    legend = table_legend(rows)
+    if legend:
+        print(legend)
     kernels = format_kernels(rows)  # CUDA: what each column's step is made of
     if kernels:
         print("\n" + kernels)
@@ -726,21 +730,37 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
 
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     b = bench.add_parser("attention", help="DIFF attention per backend vs baseline SDPA and HF DiffLlama")
-    b.add_argument("--sizes", default="512,1024,2048,4096", help="comma-separated sequence lengths")
+    b.add_argument(
+        "--sizes", default="512,1024,2048,4096", help="comma-separated sequence lengths (default %(default)s)"
+    )
     b.add_argument("--heads", type=_positive_int, default=4, help="DIFF heads h (baseline gets 2h); default 4")
     b.add_argument("--head-dim", type=_positive_int, default=64, help="head width d (default 64)")
-    b.add_argument("--batch", type=_positive_int, default=1)
-    b.add_argument("--reps", type=_positive_int, default=5, help="repetitions; the median is reported")
-    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    b.add_argument("--batch", type=_positive_int, default=1, help="sequences per call (default %(default)s)")
+    b.add_argument(
+        "--reps",
+        type=_positive_int,
+        default=5,
+        help="repetitions, interleaved round-robin; the median is reported, and under each table the spread of the "
+        "repetitions and auto timed against the route it ran: the run's noise (default %(default)s)",
+    )
+    b.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="(default %(default)s)"
+    )
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     b.add_argument("--levels", default="op,module", help="op, module or both (default)")
     b.add_argument("--json", default=None, help="also write the rows to this JSON file")
     b.set_defaults(func=cmd_bench)
     b = bench.add_parser("train-step", help="training step time: DIFF vs baseline vs HF DiffLlama")
-    b.add_argument("--presets", default="tiny,small")
-    b.add_argument("--seq-lens", default="512,1024")
-    b.add_argument("--batch", type=int, default=2)
-    b.add_argument("--reps", type=int, default=5)
+    b.add_argument("--presets", default="tiny,small", help="comma-separated model presets (default %(default)s)")
+    b.add_argument("--seq-lens", default="512,1024", help="comma-separated sequence lengths (default %(default)s)")
+    b.add_argument("--batch", type=_positive_int, default=2, help="sequences per step (default %(default)s)")
+    b.add_argument(
+        "--reps",
+        type=_positive_int,
+        default=5,
+        help="timed steps per column, interleaved round-robin; the median is reported, each column's max - min on "
+        "the row's `range` line (default %(default)s)",
+    )
     b.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     b.add_argument(
         "--dtype",

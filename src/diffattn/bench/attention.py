@@ -73,6 +73,11 @@ class Row:
     fwd_tflops: float = float("nan")  # from the stated formulas (attention_flops), op level
     fwd_bwd_tflops: float = float("nan")
     fwd_bwd_peak_mib: float = float("nan")  # CUDA, on request: see _fwd_bwd_peak_mib
+    # (max − min) / median of the repetitions (_spread): this run's noise, beside the medians
+    fwd_spread: float = float("nan")
+    fwd_bwd_spread: float = float("nan")
+    decode_spread: float = float("nan")
+    runs: str = ""  # an ``auto`` row at op level: the route auto ran for these inputs (its own row times it again)
 
 
 def visible_pairs(t: int, s: int, causal: bool) -> int:
@@ -100,8 +105,11 @@ def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
-def _interleaved_medians(fns: dict[str, Callable[[], None]], reps: int, warmup: int = 1) -> dict[str, float]:
-    """Median milliseconds per implementation; NaN for one that runs out of memory (it is then dropped)."""
+def _interleaved_medians(
+    fns: dict[str, Callable[[], None]], reps: int, warmup: int = 1
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median milliseconds per implementation, and each one's spread: (max − min) / median of its repetitions (NaN
+    with fewer than two); NaN for one that runs out of memory (it is then dropped)."""
     failed: set[str] = set()
 
     def call(name, fn):
@@ -131,9 +139,18 @@ def _interleaved_medians(fns: dict[str, Callable[[], None]], reps: int, warmup: 
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - t0)
-    return {
+    medians = {
         name: float("nan") if name in failed or not ts else 1e3 * statistics.median(ts) for name, ts in times.items()
     }
+    spreads = {name: _spread(ts) if name not in failed else float("nan") for name, ts in times.items()}
+    return medians, spreads
+
+
+def _spread(times: list[float]) -> float:
+    """(max − min) / median of a row's repetitions: how far one computation's timings fell apart in this run."""
+    if len(times) < 2:
+        return float("nan")
+    return (max(times) - min(times)) / statistics.median(times)
 
 
 def _fwd_bwd_peak_mib(fns: dict[str, Callable[[], None]], leaves: list[torch.Tensor]) -> dict[str, float]:
@@ -226,10 +243,21 @@ def _flex_attention(t: int, s: int, device):
 
 
 def _op_impls(
-    n: int, heads: int, d: int, batch: int, device, dtype, backends: list[str], *, t: int | None = None, flex=True
+    n: int,
+    heads: int,
+    d: int,
+    batch: int,
+    device,
+    dtype,
+    backends: list[str],
+    *,
+    t: int | None = None,
+    flex=True,
+    auto_runs: dict[str, str] | None = None,
 ):
     """Implementations at one size: ``t`` queries (default n) against n keys, causal, bottom-right aligned
-    (``flex=False`` leaves out FlexAttention, compiled once per size). Returns name → (run, leaves, flop kind)."""
+    (``flex=False`` leaves out FlexAttention, compiled once per size). Returns name → (run, leaves, flop kind);
+    ``auto_runs``, when given, gets each ``auto`` row's name → the route auto runs for its inputs."""
     t = n if t is None else t
     g = torch.Generator(device="cpu").manual_seed(0)
     cuda = torch.device(device).type == "cuda"
@@ -255,10 +283,14 @@ def _op_impls(
             [q1, k1, q2, k2, v2, lam],
             "diff",
         )
-    from ..ops import route_unsupported
+    from ..ops import auto_backend, route_unsupported
     from ..ops._inputs import validate
 
     v2_inputs = validate(qa, kv_k, qb, kv_k, kv_v, gate, causal=True, attn_mask=None, scale=None)
+    if auto_runs is not None and "auto" in backends:
+        v1_inputs = validate(q1, k1, q2, k2, v2, lam, causal=True, attn_mask=None, scale=None)
+        auto_runs.update({"diff auto": auto_backend(v1_inputs.q1.device, v1_inputs),
+                          "diff-v2 auto": auto_backend(v2_inputs.q1.device, v2_inputs)})  # fmt: skip
     for backend in backends:
         if backend != "auto" and route_unsupported(backend, v2_inputs):
             continue  # e.g. sdpa_split: V2's values are as wide as its keys, nothing to split
@@ -346,8 +378,9 @@ def run_attention_benchmark(
         for n in sizes:
             if progress:
                 progress(f"{level} N={n}")
+            auto_runs: dict[str, str] = {}
             if level == "op":
-                impls = _op_impls(n, heads, head_dim, batch, device, dtype, backends, flex=flex)
+                impls = _op_impls(n, heads, head_dim, batch, device, dtype, backends, flex=flex, auto_runs=auto_runs)
             else:
                 impls = {
                     name: (*v, None) for name, v in _module_impls(n, heads, head_dim, batch, device, dtype).items()
@@ -355,23 +388,27 @@ def run_attention_benchmark(
             fns_f, fns_fb = {}, {}
             for name, (run, leaves, _) in impls.items():
                 fns_f[name], fns_fb[name] = _fwd_and_fwd_bwd(run, leaves)
-            f_ms = _interleaved_medians(fns_f, reps)
-            fb_ms = _interleaved_medians(fns_fb, reps)
+            f_ms, f_spread = _interleaved_medians(fns_f, reps)
+            fb_ms, fb_spread = _interleaved_medians(fns_fb, reps)
             peak_mib: dict[str, float] = {}
             if memory and level == "op" and torch.device(device).type == "cuda":
                 peak_mib = _fwd_bwd_peak_mib(
                     fns_fb, list({id(x): x for _, lv, _ in impls.values() for x in lv}.values())
                 )
             dec_ms: dict[str, float] = {}
+            dec_spread: dict[str, float] = {}
             if level == "op" and decode:
                 dec = _op_impls(n, heads, head_dim, batch, device, dtype, backends, t=1, flex=flex)
-                dec_ms = _interleaved_medians(
+                dec_ms, dec_spread = _interleaved_medians(
                     {name: _fwd_and_fwd_bwd(r, lv)[0] for name, (r, lv, _) in dec.items()}, reps
                 )
             base = next(iter(impls))
             del impls, fns_f, fns_fb  # free this size's tensors before the next
             for name in f_ms:
                 row = Row(level, n, name, f_ms[name], fb_ms[name], f_ms[name] / f_ms[base], fb_ms[name] / fb_ms[base])
+                row.fwd_spread, row.fwd_bwd_spread = f_spread[name], fb_spread[name]
+                row.decode_spread = dec_spread.get(name, float("nan"))
+                row.runs = auto_runs.get(name, "")
                 if level == "op":
                     kind = "baseline" if name == base else "diff"
                     h, dv = (2 * heads, head_dim) if kind == "baseline" else (heads, 2 * head_dim)
@@ -388,22 +425,73 @@ def run_attention_benchmark(
 
 
 def format_table(rows: list[Row]) -> str:
+    """Each level's rows (ms and ratio to the baseline; at op level decode and the stated FLOP rate, in GFLOP/s where
+    no row reaches 1 TFLOP/s, a CPU's), then what the run's noise was: :func:`noise_lines`."""
     lines = []
     for level in dict.fromkeys(r.level for r in rows):
+        level_rows = [r for r in rows if r.level == level]
+        unit, scale = _flop_unit(level_rows)
         lines.append(f"\n[{level}]")
         header = f"{'N':>6}  {'implementation':<32} {'fwd ms':>9} {'x base':>7} {'fwd+bwd ms':>11} {'x base':>7}"
         if level == "op":
-            header += f" {'decode ms':>10} {'x base':>7} {'TFLOP/s fwd':>12} {'fwd+bwd':>8}"
+            header += f" {'decode ms':>10} {'x base':>7} {unit + ' fwd':>12} {'fwd+bwd':>8}"
         lines.append(header)
-        for r in (r for r in rows if r.level == level):
+        for r in level_rows:
             line = (
                 f"{r.seq_len:>6}  {r.impl:<32} {r.fwd_ms:>9.2f} {r.fwd_ratio:>7.2f} "
                 f"{r.fwd_bwd_ms:>11.2f} {r.fwd_bwd_ratio:>7.2f}"
             )
             if level == "op":
-                line += f" {r.decode_ms:>10.3f} {r.decode_ratio:>7.2f} {r.fwd_tflops:>12.2f} {r.fwd_bwd_tflops:>8.2f}"
+                line += (
+                    f" {r.decode_ms:>10.3f} {r.decode_ratio:>7.2f} {scale * r.fwd_tflops:>12.2f} "
+                    f"{scale * r.fwd_bwd_tflops:>8.2f}"
+                )
             lines.append(line)
+        lines += noise_lines(level_rows)
     return "\n".join(lines)
+
+
+def _flop_unit(rows: list[Row]) -> tuple[str, float]:
+    """TFLOP/s, or GFLOP/s (×1000) where no row reaches 1 TFLOP/s: a CPU's rates printed as 0.02 said nothing."""
+    rates = [r.fwd_tflops for r in rows if r.fwd_tflops == r.fwd_tflops] + [
+        r.fwd_bwd_tflops for r in rows if r.fwd_bwd_tflops == r.fwd_bwd_tflops
+    ]
+    return ("TFLOP/s", 1.0) if not rates or max(rates) >= 1.0 else ("GFLOP/s", 1e3)
+
+
+def noise_lines(rows: list[Row]) -> list[str]:
+    """What the run's own noise was, under its table (a ratio is read against it; found when ``auto`` read 1.6×
+    faster than the very route it ran, on a busy 2-core CPU). Per size where an ``auto`` row and the row of the route
+    it ran were both timed: one computation timed twice, the ratio of its two medians. Then the spread of the
+    repetitions, (max − min) / median: the rows' median and the largest."""
+    out = []
+    by_name = {(r.seq_len, r.impl): r for r in rows}
+    for r in rows:
+        twin = by_name.get((r.seq_len, f"{r.impl.rsplit(' ', 1)[0]} {r.runs}")) if r.runs else None
+        if twin is None or twin is r:
+            continue
+        parts = [
+            f"{what} {a:.2f} vs {b:.2f} ms ({max(a, b) / min(a, b):.2f}x)"
+            for what, a, b in (("fwd", r.fwd_ms, twin.fwd_ms), ("fwd+bwd", r.fwd_bwd_ms, twin.fwd_bwd_ms))
+            if a > 0 and b > 0  # NaN (out of memory) fails both
+        ]
+        if parts:
+            out.append(
+                f"noise, N={r.seq_len}: {r.impl} ran {r.runs}, so one computation was timed twice: {', '.join(parts)}; "
+                "ratios nearer 1 than these are this run's noise"
+            )
+    for field, what in (("fwd_spread", "fwd"), ("fwd_bwd_spread", "fwd+bwd"), ("decode_spread", "decode")):
+        spreads = sorted((getattr(r, field), r.impl, r.seq_len) for r in rows if getattr(r, field) == getattr(r, field))
+        if spreads:
+            top = spreads[-1]
+            middle = statistics.median(s[0] for s in spreads)
+            out.append(
+                f"spread of the repetitions, (max - min) / median, {what}: {100 * middle:.0f}% for the median row, "
+                f"up to {100 * top[0]:.0f}% ({top[1]}, N={top[2]})"
+            )
+    if not any(r.fwd_spread == r.fwd_spread for r in rows):
+        out.append("spread: one repetition per row (--reps 1): this run measured nothing of its noise")
+    return out
 
 
 def target_lines(rows: list[Row], seq_len: int = 2048) -> list[str]:

@@ -540,6 +540,20 @@ def format_table(rows: list[StepRow]) -> str:
     return "\n".join(lines)
 
 
+def table_legend(rows: list[StepRow]) -> str:
+    """What the lines under each row of :func:`format_table` are, said once under the table (the ``range`` line was
+    unlabelled: a user's review, 2026-12-03)."""
+    parts = []
+    if any(r.range_ms for r in rows):
+        parts.append(
+            "range: each column's slowest repetition less its fastest, ms (the median's spread; two columns whose "
+            "difference is within their ranges are not told apart by this run)"
+        )
+    if any(r.gpu_ms for r in rows):
+        parts.append("gpu: ms some kernel ran during one profiled step (well below the step's ms: host-bound)")
+    return "\n".join(parts)
+
+
 def column_label(column: str) -> str:
     """A column's name, short enough for a kernel table's header: ``DIFF auto``, ``V2 auto``, a forced backend's
     name (``+epi`` for ``+epilogue``), ``DiffLlama``, ``baseline``."""
