@@ -311,14 +311,16 @@ def _starting_config(cls, args: argparse.Namespace, paired: dict | None = None):
 def cmd_pretrain(args: argparse.Namespace) -> int:
     import os
 
-    from .train import NonFiniteLossError, RunConfig, latest_checkpoint, pretrain, pretrain_paired
-    from .train.config import PAIRED
+    from .train.config import PAIRED, RunConfig
 
     config = _starting_config(RunConfig, args, paired={"both": PAIRED["both"], "all": PAIRED["all"]})
     overrides = {
         field: getattr(args, flag) for flag, field in _PRETRAIN_FLAGS.items() if getattr(args, flag) is not None
     }
     config = config.with_overrides({**overrides, **_parse_sets(args.set)}).validate()
+    # the trainer (transformers: seconds) only once the settings are known good: a bad flag is answered at once
+    from .train import NonFiniteLossError, latest_checkpoint, pretrain, pretrain_paired
+
     run = pretrain_paired if config.model.attention in PAIRED else pretrain
     try:
         result = run(config, args.out, resume=args.resume, overwrite=args.overwrite)
@@ -364,8 +366,6 @@ _ADAPT_FLAGS = {
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    from .train import NonFiniteLossError, latest_checkpoint
-    from .train.adapt import adapt_pretrained
     from .train.adapt_config import AdaptRunConfig
 
     config = _starting_config(AdaptRunConfig, args)
@@ -386,6 +386,10 @@ def cmd_adapt(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{k.split('.', 1)[1]}={overrides[k]}" for k in recipe)
         print(f"paper recipe of {chosen.method.name} ({source}): {shown}")
     config = config.with_overrides(overrides).validate()
+    config.method_config()  # the method's options, checked before the trainer's import (transformers: seconds)
+    from .train import NonFiniteLossError, latest_checkpoint
+    from .train.adapt import adapt_pretrained
+
     try:
         s = adapt_pretrained(config, args.out, resume=args.resume, overwrite=args.overwrite)
     except NonFiniteLossError as e:

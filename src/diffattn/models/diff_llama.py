@@ -72,8 +72,8 @@ from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from ..ops.routes import FORCED_FLAGS, class_key, lambda_in_kernel, pairs_faster, work_is_small
 from .attention_interface import visible_keys
+from .presets import NORMS
 
-NORMS = ("rms", "rms_affine", "none")
 # what our module takes over from the DiffLlamaAttention it replaces (the same objects, under the same names)
 #: DIFF Eq. 2's four vectors of a layer, in the order :func:`diffattn.lambdas.reparameterized_lambda` takes them
 LAMBDA_VECTORS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")

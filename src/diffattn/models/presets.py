@@ -28,6 +28,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+#: the DIFF layer's head norms (``model.norm``), an option of every preset's model: here, not in the model's module
+#: (:mod:`.diff_llama`), so a run's config validates without importing transformers
+NORMS = ("rms", "rms_affine", "none")
+
 
 @dataclass(frozen=True)
 class ModelPreset:

@@ -14,8 +14,7 @@ from ..adapters.annealed import AnnealedOptions
 from ..adapters.registry import get_method, method_names, specs
 from ..config import from_dict, yaml_floats
 from ..ops import BACKENDS
-from .config import RetrievalMixFields, SectionedConfig, TrainConfig, setting_differences
-from .trainer import RunFolderError
+from .config import RetrievalMixFields, RunFolderError, SectionedConfig, TrainConfig, setting_differences
 
 
 def __getattr__(name: str):

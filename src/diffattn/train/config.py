@@ -17,8 +17,7 @@ from ..config import YamlConfig, set_dotted
 from ..cuda_graphs import COMPILE_MODES
 from ..data.synthetic import CITY_KEYS, NEEDLE_LOSSES
 from ..models.architectures import ARCHITECTURES
-from ..models.diff_llama import NORMS
-from ..models.presets import PRESETS
+from ..models.presets import NORMS, PRESETS
 from ..ops import BACKENDS
 
 
@@ -257,6 +256,10 @@ def setting_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return out
+
+
+class RunFolderError(ValueError):
+    """The output folder cannot be used as asked (exists, or has nothing to resume)."""
 
 
 CHECKPOINTS = "checkpoints"  # a run folder's checkpoints/checkpoint-<step>/

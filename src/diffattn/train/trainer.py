@@ -76,6 +76,7 @@ from ..models.pretrained import tensor_mismatch
 from .config import (
     CHECKPOINTS,
     RunConfig,
+    RunFolderError,
     checkpoint_dirs,
     checkpoint_step,
     resume_differences,
@@ -152,10 +153,6 @@ def scored_positions_loss(model, inputs: dict, loss_average: str = "token", num_
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; nothing of that step was saved."""
-
-
-class RunFolderError(ValueError):
-    """The output folder cannot be used as asked (exists, or has nothing to resume)."""
 
 
 class MetricsCallback(TrainerCallback):
