@@ -216,7 +216,8 @@ def test_packaged_configs_parse_and_validate():
 def test_packaged_configs_pass_every_suites_preflight(tokenizer_cache):
     """What `diffattn run` checks before any training, on every shipped experiment: three of them (mini-scratch,
     mini-scratch-v2, paper-mini) asked for an ICL that could not fit their training length, and were refused once
-    the ICL preflight checked the fit (2026-12-03; a helper's review)."""
+    the ICL preflight checked the fit (2026-12-03; a helper's review). Their adapters and pretrained models too, by
+    their bases' positions and tokenizers (SmolLM2 converted from its offline GGUF where not cached yet)."""
     from pathlib import Path
 
     import diffattn
@@ -224,7 +225,9 @@ def test_packaged_configs_pass_every_suites_preflight(tokenizer_cache):
 
     for path in sorted((Path(diffattn.__file__).parent / "configs").glob("*.yaml")):
         config = ExperimentConfig.load(path).validate()
-        runner._suite_options_preflighted(config, [(m, runner._scratch_config(config, m)) for m in config.models])
+        scratch = [(m, runner._scratch_config(config, m)) for m in config.models]
+        adapters = [(a, runner._adapt_config(config, a, Path("runs") / config.name)) for a in config.adapters]
+        runner._suite_options_preflighted(config, scratch, adapters)  # the adapters and pretrained models too
 
 
 @pytest.mark.heavy  # > 10 s on 2 cores (tests/durations.json): CI runs it after the default suite
@@ -339,6 +342,36 @@ def test_pretrained_models_are_evaluated_and_adapted_by_name(corpus, tmp_path):
     assert lengths["base"] == lengths["dex"] == ExperimentConfig.from_dict(d).adapter_data()["seq_len"]
     # Dex vs its pretrained base, and vs its own projection at λ = 0
     assert [c["source"] for c in results["claims"]] == ["Dex Table 2", "Dex Table 2 (vs λ = 0)"]
+
+
+def test_an_adapter_whose_evaluation_cannot_fit_is_refused_before_any_training(corpus, tmp_path):
+    """An adapter was checked only once trained: options that do not fit it failed after its training. Now its base's
+    positions and tokenizer at its own training length are checked first, on a from-scratch base and on a pretrained
+    folder alike (read from its config.json, no weights); the models nobody evaluates are not checked."""
+    from diffattn import build_model
+    from diffattn.data import load_corpus, train_tokenizer
+
+    folder = tmp_path / "hf-model"
+    tokenizer = train_tokenizer(load_corpus(corpus), 300, cache_dir=tmp_path / "tok")
+    build_model("debug", "standard", seed=0, vocab_size=len(tokenizer)).save_pretrained(folder)  # 256 positions
+    tokenizer.save_pretrained(folder)
+    d = _debug(corpus)
+    d["pretrained"] = [{"name": "base", "path": str(folder)}]
+    d["adapters"] = [
+        {"name": "dex", "base": "baseline", "method": "dex", "options": {"heads": "all"}},
+        {"name": "dex-pre", "base": "base", "method": "dex", "options": {"heads": "all"}},
+    ]
+    d["eval"]["options"]["context_tokens"] = 512  # alloc's prompts: more than the debug preset's 256 positions
+    for evaluated in ("dex", "dex-pre"):
+        d["eval"]["models"] = [evaluated]
+        with pytest.raises(ValueError, match=rf"eval.options.context_tokens=512 exceeds {evaluated}'s 256 positions"):
+            run_experiment(ExperimentConfig.from_dict(d), tmp_path / "runs")
+        assert not (tmp_path / "runs" / "debug-exp").exists()  # nothing trained, nothing written
+    from diffattn.experiments import runner
+
+    targets = runner._eval_targets(ExperimentConfig.from_dict(d), [], [])
+    assert [(t.name, t.positions, t.trained_length) for t in targets] == [("base", 256, 32)]  # its adapter's length
+    assert len(targets[0].tokenizer()) == len(tokenizer)
 
 
 def test_zero_steps_and_a_foreign_folder_are_refused_before_anything_runs(corpus, tmp_path):

@@ -19,13 +19,13 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 
 
 def model_max_length(model: nn.Module) -> int:
-    """The most positions the model accepts (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
-    config = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError("cannot tell the model's maximum context: its config has no max_position_embeddings")
+    """The most positions the model accepts (:func:`diffattn.models.pretrained.config_positions`)."""
+    from ..models.pretrained import config_positions
+
+    value = config_positions(getattr(model, "config", None))
+    if value is None:
+        raise ValueError("cannot tell the model's maximum context: its config has no max_position_embeddings")
+    return value
 
 
 def check_fits(model: nn.Module, tokens: int, what: str) -> None:

@@ -330,7 +330,7 @@ def run_experiment(
     scratch = [(m, _scratch_config(config, m)) for m in config.models]
     adapters = [(a, _adapt_config(config, a, out)) for a in config.adapters]
     _check_adapters(config, adapters)
-    options = _suite_options_preflighted(config, scratch)
+    options = _suite_options_preflighted(config, scratch, adapters)
 
     source = str(Path(source).resolve()) if source is not None else config.source
     check_experiment_folder(out, config.name, source)
@@ -428,7 +428,7 @@ def _check_adapters(config: ExperimentConfig, adapters) -> None:
                 )
 
 
-def _suite_options_preflighted(config: ExperimentConfig, scratch):
+def _suite_options_preflighted(config: ExperimentConfig, scratch, adapters=()):
     """The suites' options, validated, after every suite's preflight: a missing ICL data set (say Debian's
     WordNet) or needle prompts that do not fit the context fail now, not after hours of training."""
     from ..eval.suite import SuiteOptions, preflight_suites
@@ -437,7 +437,7 @@ def _suite_options_preflighted(config: ExperimentConfig, scratch):
         config.eval.suites, style="experiment"
     )
     evaluated = set(config.eval.models or config.model_names())  # a model left out of eval.models is not checked
-    targets = _eval_targets([(m, c) for m, c in scratch if m.name in evaluated])
+    targets = [t for t in _eval_targets(config, scratch, adapters) if t.name in evaluated]
     preflight_suites(config.eval.suites, options, targets, style="experiment")
     return options
 
@@ -693,10 +693,14 @@ def _base_length(config: ExperimentConfig, name: str) -> int | None:
     return min(lengths) if lengths else None
 
 
-def _eval_targets(scratch) -> list:
-    """What the suites' preflights can know of the from-scratch models before they are trained: each one's
-    positions, training length and tokenizer (built on first use, once per data section). Pretrained models and
-    adapter bases are checked when evaluated."""
+def _eval_targets(config: ExperimentConfig, scratch, adapters=()) -> list:
+    """What the suites' preflights can know of the experiment's models before any is trained or loaded: each one's
+    positions, training length and tokenizer (built on first use, once per source). A from-scratch model: its
+    preset and data. A pretrained model: its folder's config.json and tokenizer, no weights (a known offline name is
+    converted here, as the run would convert it), at its adapters' length (:func:`_base_length`). An adapter: its
+    base's positions and tokenizer at its own training length — it was checked only once trained, so an evaluation
+    that could not fit it failed after the training (a user's review, 2026-12-03). A base whose folder cannot be read
+    here is checked when evaluated."""
     from functools import cache
 
     from ..eval.common import EvalTarget
@@ -704,14 +708,44 @@ def _eval_targets(scratch) -> list:
     from ..train.data import data_tokenizer
 
     tokenizers = {}
-    targets = []
+    targets: dict[str, EvalTarget] = {}
     for m, run_config in scratch:
         preset = get_preset(run_config.model.preset, **run_config.model.overrides)
         key = repr(run_config.data)
         if key not in tokenizers:
             tokenizers[key] = cache(lambda data=run_config.data: data_tokenizer(data))
-        targets.append(EvalTarget(m.name, preset.max_position_embeddings, run_config.data.seq_len, tokenizers[key]))
-    return targets
+        targets[m.name] = EvalTarget(m.name, preset.max_position_embeddings, run_config.data.seq_len, tokenizers[key])
+    for p in config.pretrained:
+        found = _folder_target(p.name, p.path, _base_length(config, p.name))
+        if found is not None:
+            targets[p.name] = found
+    for a, run_config in adapters:
+        base = targets.get(a.base) or _folder_target(a.base, run_config.model.name, None)
+        if base is not None:
+            targets[a.name] = EvalTarget(a.name, base.positions, run_config.data.seq_len, base.tokenizer)
+    return list(targets.values())
+
+
+def _folder_target(name: str, path: str, trained_length: int | None):
+    """The :class:`~diffattn.eval.common.EvalTarget` of a pretrained model by its config.json and tokenizer (loaded
+    on first use), or None where there is no folder to read (a name the adapter part will refuse itself)."""
+    from functools import cache
+
+    from ..eval.common import EvalTarget
+    from ..models.pretrained import PRETRAINED, max_positions_of, pretrained_folder
+
+    folder = pretrained_folder(path) if path in PRETRAINED else Path(path)
+    positions = max_positions_of(folder) if folder.is_dir() else None
+    if positions is None:
+        return None
+
+    @cache
+    def tokenizer():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+
+    return EvalTarget(name, positions, trained_length, tokenizer)
 
 
 EVALUATED_STEPS = "evaluated_steps.json"  # beside results.json: the training steps of the model it evaluated

@@ -131,6 +131,30 @@ def model_type_of(name_or_path: str | os.PathLike) -> str | None:
         return None
 
 
+#: where a Hugging Face config says how many positions its model takes (GPT-2's: ``n_positions``)
+POSITION_FIELDS = ("max_position_embeddings", "n_positions")
+
+
+def config_positions(config) -> int | None:
+    """The most positions a model takes by its config (an object, or config.json read as a dict); None where it
+    says none."""
+    for name in POSITION_FIELDS:
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def max_positions_of(folder: str | os.PathLike) -> int | None:
+    """:func:`config_positions` of a Hugging Face folder's config.json, without loading the model."""
+    import json
+
+    try:
+        return config_positions(json.loads((Path(folder) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 #: transformers' names of a folder's weights (transformers.utils SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME,
 #: WEIGHTS_NAME, WEIGHTS_INDEX_NAME: tests/models/test_pretrained.py checks they are still these)
 WEIGHT_FILES = (

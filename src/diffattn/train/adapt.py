@@ -66,7 +66,7 @@ from ..files import (
     write_text_atomic,
     writing,
 )
-from ..models.pretrained import PRETRAINED, load_pretrained
+from ..models.pretrained import PRETRAINED, config_positions, load_pretrained
 from .adapt_config import (
     RESOLVED_OPTIONS,
     AdaptRunConfig,
@@ -164,7 +164,7 @@ def adapt_pretrained(
     if done is not None:
         return done
     model, tokenizer = load_pretrained(config.model.name)
-    max_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    max_pos = config_positions(model.config)
     if max_pos is not None and config.data.seq_len > max_pos:
         raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the model's maximum of {max_pos} positions")
     beyond = _beyond_base_length(config)
