@@ -178,12 +178,13 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path, mo
     planned = {"train.save_every": 2, "train.schedule_steps": 4}
     relative = adapt_config(base_dir, corpus_dir, "daa", steps=2, **planned, **{"model.name": base_dir.name})
     assert relative.method_config().anneal_steps == default_anneal_steps(4) == 2  # T of the planned run
-    adapt_pretrained(relative, out)
+    before = adapt_pretrained(relative, out)["val_loss_before"]
     assert yaml.safe_load((out / "run.yaml").read_text())["model"]["name"] == str(base_dir.resolve())
     monkeypatch.chdir(tmp_path)
     config = adapt_config(base_dir, corpus_dir, "daa", steps=4, **planned)
     summary = adapt_pretrained(config, out, resume=True)
-    assert summary["steps"] == 4 and summary["val_loss_before"] is None
+    # the loss before training: the first start's step-0 evaluation, read back from metrics.jsonl (it was null)
+    assert summary["steps"] == 4 and summary["val_loss_before"] == before is not None
     # past its schedule's end, λ(t) would anneal again over a longer T and the rate warm up from its floor: refused
     with pytest.raises(ValueError, match=r"train schedule: 4 steps, warm-up 0 -> 6 steps, warm-up 1 \(steps 1-4"):
         beyond = adapt_config(base_dir, corpus_dir, "daa", steps=6, **{"train.save_every": 2})

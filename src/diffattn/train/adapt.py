@@ -192,7 +192,7 @@ def adapt_pretrained(
     trainer = _adapter_trainer(config, model, args, run_dir, train, val, callbacks, is_adapter)
     if is_adapter:
         set_adapter_step(model, 0)
-    val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else None
+    val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else _logged_val_loss_before(run_dir)
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     wall = time.perf_counter() - t0
@@ -261,6 +261,15 @@ def _beyond_base_length(config: AdaptRunConfig) -> str | None:
         f"trained at: positions {base}-{config.data.seq_len - 1} are new to it, so the run also learns a longer "
         f"context; give data.seq_len <= {base} to adapt only the attention"
     )
+
+
+def _logged_val_loss_before(run_dir: Path) -> float | None:
+    """A resumed run's validation loss before training: the step-0 evaluation its first start logged to
+    metrics.jsonl (kept there on resume); None where it is not there (a run from before it was logged). A resumed
+    run's summary said ``null`` (a user's review, 2026-12-03)."""
+    from .paired import read_metrics
+
+    return next((r["val_loss"] for r in read_metrics(run_dir / METRICS) if r["step"] == 0 and "val_loss" in r), None)
 
 
 def _check_run_folder(config: AdaptRunConfig, run_dir: Path, *, resume: bool, overwrite: bool):
