@@ -157,7 +157,7 @@ def test_under_the_table_the_runs_noise_auto_against_the_route_it_ran_and_the_sp
     def row(impl, fwd, fwd_bwd, spread, runs=""):
         r = Row("op", 128, impl, fwd, fwd_bwd, fwd_tflops=2.0, fwd_bwd_tflops=1.5)
         r.fwd_spread = r.fwd_bwd_spread = spread
-        r.runs = runs
+        r.runs = r.runs_fwd = runs
         return r
 
     rows = [
@@ -177,6 +177,13 @@ def test_under_the_table_the_runs_noise_auto_against_the_route_it_ran_and_the_sp
     # a route that was not a row of its own (auto ran sdpa, not timed forced): nothing to compare it with
     assert not any(line.startswith("noise") for line in noise_lines([row("diff auto", 0.7, 2.4, 0.2, "sdpa")]))
     assert "TFLOP/s fwd" in format_table(rows)  # rates of 1 TFLOP/s and more stay in TFLOP/s
+    # on CUDA the forward (under no_grad) is another call class: each column is paired with its own route's row
+    rows[2].runs_fwd = "sdpa"
+    rows.append(row("diff sdpa", 0.9, 3.0, 0.1))
+    assert noise_lines(rows)[0].startswith(
+        "noise, N=128: diff auto ran sdpa (fwd) and chunked (fwd+bwd), so one computation was timed twice: "
+        "fwd 0.70 vs 0.90 ms (1.29x), fwd+bwd 2.40 vs 2.80 ms (1.17x)"
+    )
 
 
 def test_target_lines_report_met_and_missed():

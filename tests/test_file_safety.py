@@ -439,6 +439,22 @@ def test_a_resume_without_config_starts_from_the_runs_own_settings(corpus_file, 
     said = capsys.readouterr().out
     assert f"resuming with the settings of {tmp_path / 'single' / RUN_CONFIG}" in said
     assert "resuming the paired run (both: standard, diff) with the settings of" in said
+    assert "; an interrupted all run: pass --attention all" in said  # the guess, and how to say otherwise
+
+
+def test_a_paired_resume_starts_the_arms_the_interrupted_run_never_began(corpus_file, tmp_path, monkeypatch):
+    """`--attention all --resume` on a run stopped before its diff-v2 arm began said "nothing to resume" there."""
+    from diffattn.train import paired
+
+    calls = []
+    monkeypatch.setattr(paired, "pretrain", lambda cfg, out, resume, **kw: calls.append((out.name, resume)) or {})
+    monkeypatch.setattr(paired, "write_comparison", lambda out, summaries: None)
+    for arm in ("standard", "diff"):
+        (tmp_path / "pair" / arm).mkdir(parents=True)
+        debug_config(corpus_file).save(tmp_path / "pair" / arm / RUN_CONFIG)
+    paired.pretrain_paired(debug_config(corpus_file, max_steps=12).with_overrides({"model.attention": "all"}),
+                           tmp_path / "pair", resume=True)  # fmt: skip
+    assert calls[:3] == [("standard", True), ("diff", True), ("diff-v2", False)]
 
 
 # ---------------------------------------------------------------- one run at a time in a folder
@@ -736,7 +752,7 @@ def test_a_refused_export_into_a_new_folder_leaves_no_trace_of_its_lock(tmp_path
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["a.txt"]
 
 
-def test_a_run_extended_and_stopped_before_its_new_end_resumes_not_done(corpus_file, tmp_path):
+def test_a_run_extended_and_stopped_before_its_new_end_resumes_not_done(corpus_file, finished_run, tmp_path):
     """A larger max_steps rewrites run.yaml when the run resumes; stopped before the new end, its summary.json is
     still the shorter run's. Found when a 500 → 1,500-step MQAR readout skipped three such runs as "done"."""
     part = tmp_path / "demo" / "models" / "t"
@@ -750,7 +766,7 @@ def test_a_run_extended_and_stopped_before_its_new_end_resumes_not_done(corpus_f
     # asked for fewer steps than it has: a settings change like any other (only max_steps differs: resume,
     # where the trainer finds the run already past that budget and changes nothing)
     assert run_state(part, debug_config(corpus_file, max_steps=8), overwrite=False) == "resume"
-    # a finished run whose schedule ended at its last step (checkpoint-12) is not extended: it is refused, named
-    (part / "checkpoints" / "checkpoint-12").mkdir(parents=True)
-    with pytest.raises(ValueError, match=r"train schedule: 12 steps, warm-up 2 -> 20 steps.*--overwrite to redo it"):
-        run_state(part, debug_config(corpus_file, max_steps=20), overwrite=False)
+    # a finished run past whose schedule more steps are asked for (planned over 16, 20 asked) is refused, named
+    _complete_run(finished_run, tmp_path / "finished")
+    with pytest.raises(ValueError, match=r"train schedule: 16 steps, warm-up 2 -> 20 steps.*--overwrite to redo it"):
+        run_state(tmp_path / "finished", debug_config(corpus_file, max_steps=20), overwrite=False)

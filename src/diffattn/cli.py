@@ -301,7 +301,9 @@ def _starting_config(cls, args: argparse.Namespace, paired: dict | None = None):
     for pairing, arms in paired.items():  # narrowest first: the first pairing that holds every arm present
         if present and set(present) <= set(arms):
             first = out / next(arm for arm in arms if arm in present) / RUN_CONFIG
-            print(f"resuming the paired run ({pairing}: {', '.join(arms)}) with the settings of {first}")
+            wider = [p for p in paired if p != pairing and set(arms) < set(paired[p])]
+            hint = f"; an interrupted {' or '.join(wider)} run: pass --attention {wider[0]}" if wider else ""
+            print(f"resuming the paired run ({pairing}: {', '.join(arms)}) with the settings of {first}{hint}")
             config = cls.load(first)
             config.model.attention = pairing
             return config

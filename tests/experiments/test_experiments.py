@@ -374,6 +374,24 @@ def test_an_adapter_whose_evaluation_cannot_fit_is_refused_before_any_training(c
     assert len(targets[0].tokenizer()) == len(tokenizer)
 
 
+def test_a_pretrained_folders_preflight_reads_it_as_evaluation_will(tmp_path):
+    """A diffattn run's final/ as a pretrained entry is measured at the length it records (load_for_eval), and a
+    folder that asks to run its own code is refused before its tokenizer is read (transformers would ask y/N)."""
+    from diffattn.experiments import runner
+
+    folder = tmp_path / "final"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 256}))
+    assert runner._folder_target("mine", str(folder), 32).trained_length == 32  # its adapters' length: no record
+    (folder / "run.yaml").write_text("data: {seq_len: 64}\n")
+    target = runner._folder_target("mine", str(folder), 32)
+    assert (target.positions, target.trained_length) == (256, 64)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["x.Tok", None]}}))
+    with pytest.raises(ValueError, match="asks to run its own Python code"):
+        runner._folder_target("mine", str(folder), 32)
+    assert runner._folder_target("gone", str(tmp_path / "none"), None) is None  # the adapter part names it
+
+
 def test_zero_steps_and_a_foreign_folder_are_refused_before_anything_runs(corpus, tmp_path):
     d = _debug(corpus)
     d["train"]["max_steps"] = 0

@@ -211,6 +211,19 @@ def test_adapting_past_the_length_a_diffattn_base_was_trained_at_warns(tmp_path)
     assert base_training_length("smollm2-135m") is None and base_training_length(str(tmp_path / "none")) is None
 
 
+def test_a_run_stopped_while_lambda_still_ramps_says_so():
+    """λ(t)'s default T follows the planned schedule: a 50-step run of a 1,000-step plan anneals over 200 steps, so
+    the λ it saves is a point on the ramp, and its summary says so; a whole run, or a T given, says nothing."""
+    from diffattn.train.adapt import _ramp_warnings
+
+    part = AdaptRunConfig().with_overrides({"method.name": "dex", "train.max_steps": 50, "train.schedule_steps": 1000})
+    (warning,) = _ramp_warnings(part, part.method_config())
+    assert "anneals over 200 steps of the 1000-step schedule and this run stops at step 50" in warning
+    whole = part.with_overrides({"train.max_steps": 1000})
+    given = part.with_overrides({"method.options.anneal_steps": 200})
+    assert _ramp_warnings(whole, whole.method_config()) == _ramp_warnings(given, given.method_config()) == []
+
+
 def test_resume_sees_a_changed_code_default_and_accepts_its_old_value_given(base_dir, corpus_dir, tmp_path):
     """run.yaml holds the options given; method_options.json the resolved ones. A run made when DAA's default
     placement was pre-RoPE (simulated by editing the saved file) must not resume as post-RoPE unannounced."""

@@ -52,6 +52,9 @@ def test_warmup_defaults_to_a_tenth_of_the_run():
     assert short.train.resolved_warmup_steps == 0
     with pytest.raises(ValueError, match="warmup_steps must be in"):
         RunConfig().with_overrides({"train.max_steps": 2, "train.warmup_steps": 5}).validate()
+    # bounded by the planned schedule: a run may stop inside the warm-up of a longer one, as its implicit 10% may
+    part = {"train.max_steps": 200, "train.schedule_steps": 4000}
+    assert RunConfig().with_overrides({**part, "train.warmup_steps": 400}).validate().train.resolved_warmup_steps == 400
 
 
 def _train(max_steps: int, **train) -> RunConfig:
@@ -59,22 +62,26 @@ def _train(max_steps: int, **train) -> RunConfig:
 
 
 @pytest.mark.parametrize(
-    ("saved", "asked", "trained", "refused"),
+    ("saved", "asked", "trained", "finished", "refused"),
     [
-        pytest.param(_train(200), _train(400), 200, "200 steps, warm-up 20 -> 400 steps, warm-up 40", id="extended"),
-        pytest.param(_train(200), _train(400), 0, None, id="no-step-taken"),
-        pytest.param(_train(200), _train(100), 200, None, id="fewer-steps-than-taken"),
-        pytest.param(_train(200, schedule_steps=400), _train(400), 200, None, id="to-the-planned-end"),
-        pytest.param(_train(400), _train(200, schedule_steps=400), 100, None, id="stopped-part-way"),
-        pytest.param(_train(400), _train(200), 100, "400 steps, warm-up 40 -> 200 steps", id="cut-short"),
-        pytest.param(_train(200), _train(200, warmup_steps=30), 200, "warm-up 20 -> 200 steps, warm-up 30", id="wu"),
-        pytest.param(_train(200), _train(400, compile="default"), 0, None, id="run-time-settings"),
+        pytest.param(_train(200), _train(400), 200, True, "200 steps, warm-up 20 -> 400 steps, warm-up 40", id="ext"),
+        pytest.param(_train(200), _train(400), 0, False, None, id="no-step-taken"),
+        pytest.param(_train(200), _train(100), 200, True, None, id="fewer-steps-than-taken"),
+        # not finished (no summary.json): the trainer would take a step under the shorter plan
+        pytest.param(_train(200), _train(100), 200, False, "200 steps, warm-up 20 -> 100 steps", id="unfinished"),
+        pytest.param(_train(200, schedule_steps=400), _train(400), 200, True, None, id="to-the-planned-end"),
+        pytest.param(_train(400), _train(200, schedule_steps=400), 100, False, None, id="stopped-part-way"),
+        pytest.param(_train(400), _train(200), 100, False, "400 steps, warm-up 40 -> 200 steps", id="cut-short"),
+        pytest.param(
+            _train(200), _train(200, warmup_steps=30), 200, True, "warm-up 20 -> 200 steps, warm-up 30", id="wu"
+        ),
+        pytest.param(_train(200), _train(400, compile="default"), 0, False, None, id="run-time-settings"),
     ],
 )
-def test_a_resume_keeps_the_schedule_its_steps_followed(saved, asked, trained, refused):
+def test_a_resume_keeps_the_schedule_its_steps_followed(saved, asked, trained, finished, refused):
     from diffattn.train.config import resume_differences
 
-    diff = resume_differences(saved, asked, trained_steps=trained)
+    diff = resume_differences(saved, asked, trained_steps=trained, finished=finished)
     if refused is None:
         assert diff == []
     else:

@@ -77,7 +77,10 @@ class Row:
     fwd_spread: float = float("nan")
     fwd_bwd_spread: float = float("nan")
     decode_spread: float = float("nan")
-    runs: str = ""  # an ``auto`` row at op level: the route auto ran for these inputs (its own row times it again)
+    # an ``auto`` row at op level: the route auto ran for these inputs, forward+backward and forward (under no_grad:
+    # on CUDA another call class); the route's own row times it again
+    runs: str = ""
+    runs_fwd: str = ""
 
 
 def visible_pairs(t: int, s: int, causal: bool) -> int:
@@ -253,11 +256,12 @@ def _op_impls(
     *,
     t: int | None = None,
     flex=True,
-    auto_runs: dict[str, str] | None = None,
+    auto_runs: dict[str, tuple[str, str]] | None = None,
 ):
     """Implementations at one size: ``t`` queries (default n) against n keys, causal, bottom-right aligned
     (``flex=False`` leaves out FlexAttention, compiled once per size). Returns name → (run, leaves, flop kind);
-    ``auto_runs``, when given, gets each ``auto`` row's name → the route auto runs for its inputs."""
+    ``auto_runs``, when given, gets each ``auto`` row's name → the routes auto runs for its inputs (forward under
+    no_grad, forward+backward)."""
     t = n if t is None else t
     g = torch.Generator(device="cpu").manual_seed(0)
     cuda = torch.device(device).type == "cuda"
@@ -288,9 +292,18 @@ def _op_impls(
 
     v2_inputs = validate(qa, kv_k, qb, kv_k, kv_v, gate, causal=True, attn_mask=None, scale=None)
     if auto_runs is not None and "auto" in backends:
-        v1_inputs = validate(q1, k1, q2, k2, v2, lam, causal=True, attn_mask=None, scale=None)
-        auto_runs.update({"diff auto": auto_backend(v1_inputs.q1.device, v1_inputs),
-                          "diff-v2 auto": auto_backend(v2_inputs.q1.device, v2_inputs)})  # fmt: skip
+        # per column: on CUDA the call class, and so the route, differs between the forward (timed under no_grad)
+        # and forward+backward
+        for name, args in (
+            ("diff auto", (q1, k1, q2, k2, v2, lam)),
+            ("diff-v2 auto", (qa, kv_k, qb, kv_k, kv_v, gate)),
+        ):
+            plain = {id(a): a.detach() for a in args}  # one tensor each: V2's shared K stays shared
+            with torch.no_grad():
+                fwd = validate(*(plain[id(a)] for a in args), causal=True, attn_mask=None, scale=None)
+                fwd_route = auto_backend(fwd.q1.device, fwd)
+            both = validate(*args, causal=True, attn_mask=None, scale=None)
+            auto_runs[name] = (fwd_route, auto_backend(both.q1.device, both))
     for backend in backends:
         if backend != "auto" and route_unsupported(backend, v2_inputs):
             continue  # e.g. sdpa_split: V2's values are as wide as its keys, nothing to split
@@ -378,7 +391,7 @@ def run_attention_benchmark(
         for n in sizes:
             if progress:
                 progress(f"{level} N={n}")
-            auto_runs: dict[str, str] = {}
+            auto_runs: dict[str, tuple[str, str]] = {}
             if level == "op":
                 impls = _op_impls(n, heads, head_dim, batch, device, dtype, backends, flex=flex, auto_runs=auto_runs)
             else:
@@ -408,7 +421,7 @@ def run_attention_benchmark(
                 row = Row(level, n, name, f_ms[name], fb_ms[name], f_ms[name] / f_ms[base], fb_ms[name] / fb_ms[base])
                 row.fwd_spread, row.fwd_bwd_spread = f_spread[name], fb_spread[name]
                 row.decode_spread = dec_spread.get(name, float("nan"))
-                row.runs = auto_runs.get(name, "")
+                row.runs_fwd, row.runs = auto_runs.get(name, ("", ""))
                 if level == "op":
                     kind = "baseline" if name == base else "diff"
                     h, dv = (2 * heads, head_dim) if kind == "baseline" else (heads, 2 * head_dim)
@@ -467,18 +480,19 @@ def noise_lines(rows: list[Row]) -> list[str]:
     out = []
     by_name = {(r.seq_len, r.impl): r for r in rows}
     for r in rows:
-        twin = by_name.get((r.seq_len, f"{r.impl.rsplit(' ', 1)[0]} {r.runs}")) if r.runs else None
-        if twin is None or twin is r:
-            continue
-        parts = [
-            f"{what} {a:.2f} vs {b:.2f} ms ({max(a, b) / min(a, b):.2f}x)"
-            for what, a, b in (("fwd", r.fwd_ms, twin.fwd_ms), ("fwd+bwd", r.fwd_bwd_ms, twin.fwd_bwd_ms))
-            if a > 0 and b > 0  # NaN (out of memory) fails both
-        ]
+        family = r.impl.rsplit(" ", 1)[0]  # "diff auto" → "diff", "diff-v2 auto" → "diff-v2"
+        parts, routes = [], []
+        for what, route, mine, theirs in (("fwd", r.runs_fwd, "fwd_ms", "fwd_ms"),
+                                          ("fwd+bwd", r.runs, "fwd_bwd_ms", "fwd_bwd_ms")):  # fmt: skip
+            twin = by_name.get((r.seq_len, f"{family} {route}")) if route else None
+            a, b = getattr(r, mine), getattr(twin, theirs) if twin is not None and twin is not r else float("nan")
+            if a > 0 and b > 0:  # NaN (no such row, out of memory) fails both
+                parts.append(f"{what} {a:.2f} vs {b:.2f} ms ({max(a, b) / min(a, b):.2f}x)")
+                routes.append(f"{route} ({what})" if r.runs_fwd != r.runs else route)
         if parts:
             out.append(
-                f"noise, N={r.seq_len}: {r.impl} ran {r.runs}, so one computation was timed twice: {', '.join(parts)}; "
-                "ratios nearer 1 than these are this run's noise"
+                f"noise, N={r.seq_len}: {r.impl} ran {' and '.join(dict.fromkeys(routes))}, so one computation was "
+                f"timed twice: {', '.join(parts)}; ratios nearer 1 than these are this run's noise"
             )
     for field, what in (("fwd_spread", "fwd"), ("fwd_bwd_spread", "fwd+bwd"), ("decode_spread", "decode")):
         spreads = sorted((getattr(r, field), r.impl, r.seq_len) for r in rows if getattr(r, field) == getattr(r, field))

@@ -550,7 +550,10 @@ def table_legend(rows: list[StepRow]) -> str:
             "difference is within their ranges are not told apart by this run)"
         )
     if any(r.gpu_ms for r in rows):
-        parts.append("gpu: ms some kernel ran during one profiled step (well below the step's ms: host-bound)")
+        parts.append(
+            "gpu: ms some kernel ran during one profiled step (well below the step's ms: host-bound; close to it: the "
+            "GPU is the limit)"
+        )
     return "\n".join(parts)
 
 

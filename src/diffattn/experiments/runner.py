@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +44,7 @@ from ..files import (
     write_text_atomic,
 )
 from ..models.architectures import ARCHITECTURES
-from ..train.config import checkpoint_dirs, checkpoint_step, resume_differences, setting_differences
+from ..train.config import resume_differences, setting_differences
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -86,9 +86,15 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
         return FRESH
     saved = type(config).load(saved_file)
     # what a run may change and stay the same run: how far it goes inside its schedule, how its step runs (the
-    # trainer's rule, from the newest checkpoint folder's step; the trainer checks that folder is whole)
-    trained = max(map(checkpoint_step, checkpoint_dirs(run_dir)), default=0)
-    other = resume_differences(saved, config, trained_steps=trained)
+    # trainer's rule, from the checkpoint it would resume: read only where the plan changed, as it reads weights)
+    trained = 0
+    if saved.train.schedule_plan != config.train.schedule_plan:
+        from ..train.trainer import _step, latest_checkpoint
+
+        newest = latest_checkpoint(run_dir)
+        trained = _step(newest) if newest is not None else 0
+    finished = (run_dir / "summary.json").is_file()
+    other = resume_differences(saved, config, trained_steps=trained, finished=finished)
     if other:
         raise ValueError(
             f"{run_dir} was run with other settings ({'; '.join(other)}); pass --overwrite to redo it, "
@@ -731,19 +737,29 @@ def _folder_target(name: str, path: str, trained_length: int | None):
     on first use), or None where there is no folder to read (a name the adapter part will refuse itself)."""
     from functools import cache
 
-    from ..eval.common import EvalTarget
-    from ..models.pretrained import PRETRAINED, max_positions_of, pretrained_folder
+    import yaml
 
-    folder = pretrained_folder(path) if path in PRETRAINED else Path(path)
-    positions = max_positions_of(folder) if folder.is_dir() else None
+    from ..eval.common import EvalTarget, recorded_length
+    from ..models.pretrained import PRETRAINED, max_positions_of, pretrained_folder, refuse_remote_code
+
+    # as load_pretrained reads it: a local folder first, then a known offline name
+    folder = Path(path) if Path(path).is_dir() else pretrained_folder(path) if path in PRETRAINED else None
+    positions = max_positions_of(folder) if folder is not None else None
     if positions is None:
         return None
+    refuse_remote_code(folder, trust_remote_code=False)  # its tokenizer is never loaded with its own code
+    # a diffattn run's final/ records the length it trained at: evaluation measures there (load_for_eval)
+    with suppress(OSError, yaml.YAMLError):
+        trained_length = recorded_length(yaml.safe_load((folder / RUN_CONFIG).read_text())) or trained_length
 
     @cache
     def tokenizer():
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(folder)
+        from ..models.auto import register_auto_classes
+
+        register_auto_classes()
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
 
     return EvalTarget(name, positions, trained_length, tokenizer)
 

@@ -215,6 +215,17 @@ def remote_code_files(path: Path) -> list[str]:
     return found
 
 
+def refuse_remote_code(path: Path, trust_remote_code: bool) -> None:
+    """Refuse a folder whose config asks to run its own Python (``auto_map``) unless told to trust it."""
+    asking = remote_code_files(path)
+    if asking and not trust_remote_code:
+        raise ValueError(
+            f"model folder {str(path)!r} asks to run its own Python code ({', '.join(asking)}: auto_map); "
+            "diffattn does not run a folder's code unless told to (trust_remote_code=True, or "
+            "--trust-remote-code on the command line), so only do that for code you have read"
+        )
+
+
 def pretrained_folder(name: str) -> Path:
     """The cache folder of a known offline name (:data:`PRETRAINED`), converted from its GGUF file first where the
     cache has no complete entry (an incomplete one is discarded). Two processes converting one name at once both
@@ -240,13 +251,7 @@ def load_pretrained(
     path = Path(name_or_path)
     if path.is_dir():
         check_model_folder(path)
-        asking = remote_code_files(path)
-        if asking and not trust_remote_code:
-            raise ValueError(
-                f"model folder {str(path)!r} asks to run its own Python code ({', '.join(asking)}: auto_map); "
-                "diffattn does not run a folder's code unless told to (trust_remote_code=True, or "
-                "--trust-remote-code on the command line), so only do that for code you have read"
-            )
+        refuse_remote_code(path, trust_remote_code)
         folder = path
     elif str(name_or_path) in PRETRAINED:
         folder = pretrained_folder(str(name_or_path))

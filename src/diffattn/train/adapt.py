@@ -220,7 +220,11 @@ def adapt_pretrained(
         "distributed": distribution(config),
         "report_to": [r for r in report_to() if r != "none"],
         "environment": environment(),  # the same seed trains another model on another CPU kind
-        "warnings": [*([beyond] if beyond else []), *_lambda_warnings(config.method.name, lambdas)],
+        "warnings": [
+            *([beyond] if beyond else []),
+            *_ramp_warnings(config, method_config),
+            *_lambda_warnings(config.method.name, lambdas),
+        ],
         "data": _data_summary(config, corpus, train, val, mix_rows),
     }
     for warning in summary["warnings"]:
@@ -270,6 +274,25 @@ def _logged_val_loss_before(run_dir: Path) -> float | None:
     from .paired import read_metrics
 
     return next((r["val_loss"] for r in read_metrics(run_dir / METRICS) if r["step"] == 0 and "val_loss" in r), None)
+
+
+def _ramp_warnings(config: AdaptRunConfig, method_config) -> list[str]:
+    """A run stopped part-way through a longer plan (``train.schedule_steps``) while λ(t) still ramps: its default
+    T is the plan's, so past the run's middle λ is not λ_learn alone (the promise of
+    :func:`~diffattn.train.adapt_config.default_anneal_steps` for a whole run), and the λ saved and merged is a point
+    on the ramp."""
+    from ..adapters.annealed import AnnealedOptions
+
+    if not isinstance(method_config, AnnealedOptions) or not method_config.anneal:
+        return []
+    t, steps = method_config.anneal_steps, config.train.max_steps
+    if "anneal_steps" in config.method.options or t is None or t <= steps // 2:
+        return []
+    return [
+        f"λ(t) anneals over {t} steps of the {config.train.resolved_schedule_steps}-step schedule and this run stops "
+        f"at step {steps}: the λ it saves is a point on the ramp, not λ_learn alone; resume it toward the schedule's "
+        "end, or give method.anneal_steps"
+    ]
 
 
 def _check_run_folder(config: AdaptRunConfig, run_dir: Path, *, resume: bool, overwrite: bool):

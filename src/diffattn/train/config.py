@@ -236,9 +236,12 @@ class TrainConfig:
                 f"through the schedule), got {self.schedule_steps!r}"
             )
         if self.warmup_steps is not None and not (
-            isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps <= self.max_steps
-        ):
-            raise ValueError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
+            isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps <= self.resolved_schedule_steps
+        ):  # of the planned schedule: a run may stop inside the warm-up of a longer plan, as its implicit 10% may
+            raise ValueError(
+                f"train.warmup_steps must be in [0, {self.resolved_schedule_steps}] (the schedule's steps), "
+                f"got {self.warmup_steps}"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0 or not 0 < self.lr < float("inf"):  # written so NaN fails too
             raise ValueError(
                 f"train.lr must be > 0 and train.min_lr_ratio in [0, 1]; got {self.lr}, {self.min_lr_ratio}"
@@ -277,16 +280,20 @@ def checkpoint_step(path: Path) -> int:
     return int(path.name.rsplit("-", 1)[1])
 
 
-def resume_differences(saved, now, *, trained_steps: int, elsewhere: tuple[str, ...] = ()) -> list[str]:
+def resume_differences(
+    saved, now, *, trained_steps: int, finished: bool = False, elsewhere: tuple[str, ...] = ()
+) -> list[str]:
     """What ``now`` changes of the run saved as ``saved`` (run configs) that a resume may not change, in
     :func:`setting_differences`' words; empty when the run may resume. ``trained_steps``: the step it resumes from
-    (0: it starts again). ``elsewhere``: dotted settings the caller compares itself (resolved method options).
+    (0: it starts again); ``finished``: its result is saved (summary.json). ``elsewhere``: dotted settings the
+    caller compares itself (resolved method options).
 
     ``TrainConfig.RUN_TIME_SETTINGS`` may change. The schedule is compared as planned
     (:attr:`TrainConfig.schedule_plan`) once a step has been taken under it: a run extended past the schedule its
     steps followed would be neither run (the learning rate of an ended decay, then a new warm-up from mid-schedule;
     a user's review, 2026-12-03). A new ``max_steps`` alone may change the plan where no step is to come (the run
-    is at or past it: its saved result stands), and any plan is whole where the run starts again from step 0."""
+    is finished at or past it: its saved result stands; an unfinished one would take a step under the new plan), and
+    any plan is whole where the run starts again from step 0."""
     previous, current = saved.to_dict(), now.to_dict()
     for key in (*now.train.RUN_TIME_SETTINGS, *now.train.SCHEDULE_SETTINGS):
         previous["train"].pop(key, None), current["train"].pop(key, None)
@@ -296,8 +303,10 @@ def resume_differences(saved, now, *, trained_steps: int, elsewhere: tuple[str, 
     diff = setting_differences(previous, current)
     before, after = saved.train.schedule_plan, now.train.schedule_plan
     # the plan changed by a smaller max_steps alone, on a run already past it: nothing trains (the result stands)
-    nothing_to_train = trained_steps >= now.train.max_steps and (
-        dataclasses.replace(now.train, max_steps=saved.train.max_steps).schedule_plan == before
+    nothing_to_train = (
+        finished
+        and trained_steps >= now.train.max_steps
+        and dataclasses.replace(now.train, max_steps=saved.train.max_steps).schedule_plan == before
     )
     if trained_steps > 0 and after != before and not nothing_to_train:
         diff.append(

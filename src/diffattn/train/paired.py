@@ -52,7 +52,11 @@ def pretrain_paired(
         cfg = copy.deepcopy(config)
         cfg.model.attention = attention
         logger.info("paired run: %s", _label(attention))
-        summaries[attention] = pretrain(cfg, out / attention, resume=resume, overwrite=overwrite, callbacks=callbacks)
+        # an arm the interrupted run never started has nothing to resume: it starts
+        arm_resume = resume and (out / attention / RUN_CONFIG).is_file()
+        summaries[attention] = pretrain(
+            cfg, out / attention, resume=arm_resume, overwrite=overwrite, callbacks=callbacks
+        )
     write_comparison(out, summaries)
     return summaries
 

@@ -651,6 +651,7 @@ def check_run_dir(
             type(config).load(saved),
             config,
             trained_steps=_step(checkpoint) if checkpoint is not None else 0,
+            finished=(run_dir / "summary.json").is_file(),
             elsewhere=compared_elsewhere,
         )
         if diff:
