@@ -185,6 +185,11 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path, mo
     summary = adapt_pretrained(config, out, resume=True)
     # the loss before training: the first start's step-0 evaluation, read back from metrics.jsonl (it was null)
     assert summary["steps"] == 4 and summary["val_loss_before"] == before is not None
+    # stopped after its last checkpoint, before its summary: loaded, not stepped again, λ(t) where its steps left it
+    (out / "summary.json").unlink()
+    again = adapt_pretrained(config, out, resume=True)
+    assert again["steps"] == 4 and again["lambda"] == pytest.approx(summary["lambda"], rel=1e-6)
+    assert again["val_loss_after"] == pytest.approx(summary["val_loss_after"], rel=1e-6)
     # past its schedule's end, λ(t) would anneal again over a longer T and the rate warm up from its floor: refused
     with pytest.raises(ValueError, match=r"train schedule: 4 steps, warm-up 0 -> 6 steps, warm-up 1 \(steps 1-4"):
         beyond = adapt_config(base_dir, corpus_dir, "daa", steps=6, **{"train.save_every": 2})

@@ -214,6 +214,18 @@ def test_kill_and_resume_reaches_the_same_losses(corpus_file, tmp_path, caplog):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-5, abs=1e-6), step
 
 
+def test_a_run_stopped_after_its_last_checkpoint_resumes_without_another_step(corpus_file, tmp_path):
+    """A run that saved its last checkpoint and stopped before its summary (a crash in the final evaluation or
+    save): transformers' Trainer resumed it with one more step (a 2-step run ended at step 3). Now it is loaded,
+    evaluated and saved as the finished run was."""
+    cfg = debug_config(corpus_file, max_steps=2, save_every=2, eval_every=2)
+    first = pretrain(cfg, tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()
+    again = pretrain(cfg, tmp_path / "run", resume=True)
+    assert again["steps"] == 2 and again["final_val_loss"] == pytest.approx(first["final_val_loss"], rel=1e-6)
+    assert max(losses(tmp_path / "run")) == 2
+
+
 def test_gradient_accumulation_matches_the_full_batch(corpus_file, tmp_path):
     cfg = debug_config(corpus_file, max_steps=6, eval_every=6, save_every=6)
     pretrain(cfg, tmp_path / "full")

@@ -92,6 +92,7 @@ from .trainer import (
     finished_summary,
     ready_for_inference,
     start_run_folder,
+    train_from,
     training_arguments,
 )
 
@@ -194,7 +195,9 @@ def adapt_pretrained(
         set_adapter_step(model, 0)
     val_before = trainer.evaluate()["eval_loss"] if checkpoint is None else _logged_val_loss_before(run_dir)
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if train_from(trainer, checkpoint, config.train.max_steps) and is_adapter:
+        # λ(t) where the last step left it (its callback sets t = steps taken as each step begins)
+        set_adapter_step(model, max(0, trainer.state.global_step - 1))
     wall = time.perf_counter() - t0
     val_after = _final_eval(trainer)["eval_loss"]
     steps_run = trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)

@@ -767,7 +767,7 @@ def pretrain(
     t0 = time.perf_counter()
     if resume and checkpoint is None:
         logger.warning("no valid checkpoint in %s: starting from step 0", run_dir)
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    train_from(trainer, checkpoint, config.train.max_steps)
     wall = time.perf_counter() - t0
     final_eval = _final_eval(trainer)
     summary = {
@@ -844,6 +844,22 @@ def _run_model(config: RunConfig, tokenizer) -> torch.nn.Module:
     model.config.bos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def train_from(trainer: Trainer, checkpoint: Path | None, max_steps: int) -> bool:
+    """``trainer.train``, resumed from ``checkpoint``. A checkpoint already at ``max_steps`` — a run stopped after its
+    last checkpoint but before its summary (a crash in the final evaluation or save) — is only loaded, weights and
+    state: transformers' Trainer took one more step from it, and a 4-step run resumed so ended at step 5. Returns
+    True when it only loaded."""
+    if checkpoint is not None and _step(checkpoint) >= max_steps:
+        from transformers.trainer_callback import TrainerState
+
+        logger.warning("%s is at step %d of %d: loaded, not trained further", checkpoint, _step(checkpoint), max_steps)
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+        return True
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    return False
 
 
 def _final_eval(trainer: Trainer) -> dict:
