@@ -44,7 +44,7 @@ from ..files import (
     write_text_atomic,
 )
 from ..models.architectures import ARCHITECTURES
-from ..train.config import resume_differences, setting_differences
+from ..train.config import checkpoint_step, resume_differences, setting_differences
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -89,10 +89,10 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
     # trainer's rule, from the checkpoint it would resume: read only where the plan changed, as it reads weights)
     trained = 0
     if saved.train.schedule_plan != config.train.schedule_plan:
-        from ..train.trainer import _step, latest_checkpoint
+        from ..train.trainer import latest_checkpoint
 
         newest = latest_checkpoint(run_dir)
-        trained = _step(newest) if newest is not None else 0
+        trained = checkpoint_step(newest) if newest is not None else 0
     finished = (run_dir / "summary.json").is_file()
     other = resume_differences(saved, config, trained_steps=trained, finished=finished)
     if other:
