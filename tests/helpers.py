@@ -34,6 +34,19 @@ def assert_follows_eager(got: dict, eager: dict, accum: dict, what) -> None:
         assert abs(got[step] - eager[step]) <= max(4 * yardstick, 8 * eps * abs(eager[step])), (what, step)
 
 
+def record_backends(monkeypatch, module) -> list[str]:
+    """Patch ``module.diff_attention`` (a module that calls the op by that name) to record each call's ``backend``
+    and still compute; returns the list the calls append to."""
+    used, op = [], module.diff_attention
+
+    def recording(*args, backend, **kwargs):
+        used.append(backend)
+        return op(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(module, "diff_attention", recording)
+    return used
+
+
 def debug_config(corpus: Path, **train) -> RunConfig:
     cfg = RunConfig.from_dict(
         {

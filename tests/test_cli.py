@@ -186,6 +186,27 @@ def test_under_the_table_the_runs_noise_auto_against_the_route_it_ran_and_the_sp
     )
 
 
+def test_an_auto_row_names_the_route_it_ran_once_it_has_run(monkeypatch):
+    """On CUDA a route that fails at run time hands over to the next, and auto names the next from then on: the
+    route an auto row reports (and its noise twin) is asked after the row has run, not before (it named the route
+    that failed)."""
+    import diffattn.ops
+    from diffattn.bench import attention
+
+    from .helpers import record_backends
+
+    ran = record_backends(monkeypatch, attention)
+    # a stand-in for a table route that failed on its first call: auto names it before and its successor after
+    monkeypatch.setattr(
+        diffattn.ops, "auto_backend", lambda device, inp=None: "reference" if "auto" in ran else "chunked"
+    )
+    rows = run_attention_benchmark([16], heads=1, head_dim=8, reps=1, levels=("op",), backends=["reference", "auto"])
+    assert {(r.impl, r.runs_fwd, r.runs) for r in rows if r.impl.endswith(" auto")} == {
+        ("diff auto", "reference", "reference"),
+        ("diff-v2 auto", "reference", "reference"),
+    }
+
+
 def test_target_lines_report_met_and_missed():
     rows = run_attention_benchmark([16], heads=1, head_dim=8, reps=1, levels=("op",), backends=["reference", "auto"])
     lines = target_lines(rows, seq_len=16)

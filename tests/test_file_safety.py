@@ -440,6 +440,11 @@ def test_a_resume_without_config_starts_from_the_runs_own_settings(corpus_file, 
     assert f"resuming with the settings of {tmp_path / 'single' / RUN_CONFIG}" in said
     assert "resuming the paired run (both: standard, diff) with the settings of" in said
     assert "; an interrupted all run: pass --attention all" in said  # the guess, and how to say otherwise
+    # a folder that records its pairing (pretrain_paired writes pairing.json as it starts) is resumed as that, unguessed
+    (tmp_path / "pair" / "diff-v2" / RUN_CONFIG).unlink()
+    (tmp_path / "pair" / "pairing.json").write_text(json.dumps({"pairing": "all", "arms": list(PAIRED["all"])}))
+    assert start(tmp_path / "pair").model.attention == "all"
+    assert "an interrupted" not in capsys.readouterr().out
 
 
 def test_a_paired_resume_starts_the_arms_the_interrupted_run_never_began(corpus_file, tmp_path, monkeypatch):
@@ -455,6 +460,11 @@ def test_a_paired_resume_starts_the_arms_the_interrupted_run_never_began(corpus_
     paired.pretrain_paired(debug_config(corpus_file, max_steps=12).with_overrides({"model.attention": "all"}),
                            tmp_path / "pair", resume=True)  # fmt: skip
     assert calls[:3] == [("standard", True), ("diff", True), ("diff-v2", False)]
+    assert paired.recorded_pairing(tmp_path / "pair") == "all"  # what a later --resume reads
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "pairing.json").write_text("my notes")  # a file of that name the library did not write
+    paired.pretrain_paired(debug_config(corpus_file), tmp_path / "mine")
+    assert (tmp_path / "mine" / "pairing.json").read_text() == "my notes"
 
 
 # ---------------------------------------------------------------- one run at a time in a folder

@@ -288,6 +288,7 @@ def _starting_config(cls, args: argparse.Namespace, paired: dict | None = None):
     original flag again, or was refused as changed: a user's review, 2026-12-03); else the defaults. ``paired``: the
     pairings a pretrain folder of ``standard/``, ``diff/``, … may hold, read from its first arm's ``run.yaml``."""
     from .files import RUN_CONFIG
+    from .train.config import recorded_pairing
 
     if args.config or not args.resume:
         return cls.load(args.config) if args.config else cls()
@@ -298,10 +299,12 @@ def _starting_config(cls, args: argparse.Namespace, paired: dict | None = None):
     paired = paired or {}
     every_arm = {arm for arms in paired.values() for arm in arms}
     present = [arm for arm in every_arm if (out / arm / RUN_CONFIG).is_file()]
+    recorded = recorded_pairing(out) if paired else None
     for pairing, arms in paired.items():  # narrowest first: the first pairing that holds every arm present
-        if present and set(present) <= set(arms):
+        if present and (pairing == recorded if recorded in paired else set(present) <= set(arms)):
             first = out / next(arm for arm in arms if arm in present) / RUN_CONFIG
-            wider = [p for p in paired if p != pairing and set(arms) < set(paired[p])]
+            # a folder from before its pairing was recorded: the narrowest guess, and how to say otherwise
+            wider = [p for p in paired if p != pairing and set(arms) < set(paired[p])] if recorded is None else []
             hint = f"; an interrupted {' or '.join(wider)} run: pass --attention {wider[0]}" if wider else ""
             print(f"resuming the paired run ({pairing}: {', '.join(arms)}) with the settings of {first}{hint}")
             config = cls.load(first)
@@ -322,6 +325,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     config = config.with_overrides({**overrides, **_parse_sets(args.set)}).validate()
     # the trainer (transformers: seconds) only once the settings are known good: a bad flag is answered at once
     from .train import NonFiniteLossError, latest_checkpoint, pretrain, pretrain_paired
+    from .train.paired import rate_text
 
     run = pretrain_paired if config.model.attention in PAIRED else pretrain
     try:
@@ -343,7 +347,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         for attention, s in summaries.items():
             print(
                 f"{attention:>8}: {s['parameters']:,} params, {s['steps']} steps, val loss "
-                f"{s['final_val_loss']:.4f} (PPL {s['final_val_ppl']:.2f}), {s['tokens_per_s']:.0f} tokens/s"
+                f"{s['final_val_loss']:.4f} (PPL {s['final_val_ppl']:.2f}), {rate_text(s['tokens_per_s'])} tokens/s"
             )
         print(f"outputs in {args.out}")
     return 0

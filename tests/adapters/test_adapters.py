@@ -251,6 +251,26 @@ def test_save_then_load_into_a_fresh_base_gives_identical_logits(variant, model_
         torch.testing.assert_close(fresh(x).logits, model(x).logits, atol=0, rtol=0)
 
 
+def test_an_adapted_model_keeps_the_config_it_was_adapted_with(tmp_path):
+    """One config reused for a second model, or a field changed after adapting: the first model's saved adapter
+    recorded the second model's Dex heads (or the changed field) and loaded as another model (a user's review,
+    2026-12-03). The model keeps its own copy; the heads chosen are still written back to the caller's config."""
+    config = DexConfig(heads="random", k=2, seed=0, anneal_steps=4)
+    first = adapt(tiny("llama"), config)
+    heads = config.selected
+    assert heads is not None and first._diffattn_adapter.config.selected == heads
+    _perturb(first, seed=3)
+    set_adapter_step(first, 2)
+    config.seed, config.anneal_steps = 5, 8
+    second = adapt(tiny("llama"), config)  # the second model's heads land in config, not in the first's record
+    assert first._diffattn_adapter.config.selected == heads and first._diffattn_adapter.config.anneal_steps == 4
+    assert config.selected == second._diffattn_adapter.config.selected is not config.selected  # a copy each
+    fresh = load_adapter(tiny("llama"), save_adapter(first, tmp_path / "adapter"))
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).logits, first(x).logits, atol=0, rtol=0)
+
+
 def test_loading_an_adapter_of_another_method_is_refused(tmp_path):
     save_adapter(adapt(tiny("llama"), DAAConfig(anneal_steps=4)), tmp_path / "adapter")
     base = tiny("llama")
@@ -621,4 +641,136 @@ def test_the_step_is_a_number_eagerly_and_the_buffers_tensor_where_a_graph_is_ma
     assert all(state.step_of(m) is m.adapter_step for m in followers)
     for got, want in zip(adapter_lambdas(model), eager, strict=True):
         assert abs(got - want) <= 4 * torch.finfo(torch.float32).eps * max(abs(want), 1.0)
-    assert "adapter_step" not in "".join(model.state_dict())  # not saved: set from the run's step
+    assert sum(k.endswith("adapter_step") for k in model.state_dict()) == len(followers)  # a state dict carries t
+
+
+# ---------------------------------------------------------------- your own training loop (a user's review, 2026-12-03)
+
+
+@pytest.mark.parametrize("make", [OPTION_VARIANTS["dex"], OPTION_VARIANTS["daa-post"], OPTION_VARIANTS["diff-v2"]],
+                         ids=["Dex", "DAA", "DiffV2"])  # fmt: skip
+def test_a_training_forward_before_any_step_is_set_says_so_once(make, caplog):
+    """Without set_adapter_step, t stays 0, λ(t) = 0 and the differential term gets no gradient: a plain attention
+    fine-tune, silently. The first training forward with a gradient says so; an evaluation forward, or one after
+    the step is set, does not."""
+    from diffattn.adapters.base import STEP_NEVER_SET
+
+    model = adapt(tiny("llama"), make())
+    with caplog.at_level("WARNING", logger="diffattn.adapters.base"):
+        model(ids())  # eval mode: nothing to say
+        model.train()
+        model(ids())
+        model(ids())
+    assert [r.getMessage() for r in caplog.records].count(STEP_NEVER_SET) == 1
+    caplog.clear()
+    model = adapt(tiny("llama"), make())
+    set_adapter_step(model, 0)
+    with caplog.at_level("WARNING", logger="diffattn.adapters.base"):
+        model.train()(ids())
+    assert STEP_NEVER_SET not in caplog.text
+
+
+def test_parameter_groups_train_lambda_at_its_own_rate_without_decay():
+    """diffattn.parameter_groups: the optimiser groups diffattn adapt trains with, for a loop of one's own."""
+    import diffattn
+    from diffattn import differential_parameter_names, parameter_groups
+
+    # the names a loop of one's own needs are public, and listed (tab completion, import *)
+    assert {"parameter_groups", "differential_parameter_names", "DiffV2Config", "LoRAControlConfig"} <= set(
+        dir(diffattn)
+    )
+
+    model = adapt(tiny("gpt2"), DexConfig(heads="all", anneal_steps=4))
+    trainable_parameters(model)
+    groups = {g["name"]: g for g in parameter_groups(model, lr=1e-4, lambda_lr=1e-2, weight_decay=0.1)}
+    names = {id(p): n for n, p in model.named_parameters()}
+    grouped = {g: {names[id(p)] for p in groups[g]["params"]} for g in groups}
+    assert sorted(n for g in grouped.values() for n in g) == sorted(
+        n for n, p in model.named_parameters() if p.requires_grad
+    )  # every trainable parameter once
+    assert grouped["differential"] == set(differential_parameter_names(model)) != set()
+    assert (groups["differential"]["lr"], groups["differential"]["weight_decay"]) == (1e-2, 0.0)
+    assert set(no_decay_parameter_names(model)) <= grouped["no_decay"] | grouped["differential"]
+    assert any("c_attn" in n for n in grouped["no_decay"])  # Dex on GPT-2: the fused c_attn is never decayed
+    assert groups["decay"]["weight_decay"] == 0.1 and not any("lambda" in n for n in grouped["decay"])
+    optimizer = torch.optim.AdamW(parameter_groups(model, lr=1e-3, lambda_lr=1e-2))
+    x = ids()
+    model.train()
+    for step in range(3):  # λ moves: the term trains
+        set_adapter_step(model, step)
+        model(x, labels=x).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert max(abs(v) for v in adapter_lambdas(model)) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("calibration", "message"),
+    [
+        (lambda x: x, r"calibration must be a list of \[batch, tokens\] input-id tensors.*got a Tensor"),
+        (lambda x: [x[0]], r"calibration\[0\] is a 1-D int64 tensor of shape \(12,\).*row.unsqueeze\(0\)"),
+        (lambda x: [{"input_ids": x}], r"calibration\[0\] is a dict, not a tensor"),
+        (lambda x: [x.float()], r"calibration\[0\] is a 2-D float32 tensor"),
+    ],
+    ids=["tensor", "1-D", "dict", "float"],
+)
+def test_dex_calibration_of_the_wrong_kind_is_one_clear_error(calibration, message):
+    with pytest.raises(ValueError, match=message):
+        adapt(tiny("llama"), DexConfig(heads="entropy", anneal_steps=4), calibration=calibration(ids()))
+
+
+def test_an_adapter_loaded_into_its_base_cast_to_another_dtype_says_so(tmp_path):
+    folder = save_adapter(adapt(tiny("llama"), DAAConfig(anneal_steps=4)), tmp_path / "adapter")
+    with pytest.raises(ValueError, match=r"adapted from a base in float32 and this one is in bfloat16: if it is"):
+        load_adapter(tiny("llama").to(torch.bfloat16), folder)
+    with pytest.raises(ValueError, match=r"different base model \('llama', .*…\)$"):  # another base: no dtype hint
+        load_adapter(tiny("llama", seed=1), folder)
+
+
+def test_adapting_a_base_with_attention_dropout_says_it_is_not_applied(caplog):
+    with caplog.at_level("WARNING", logger="diffattn.adapters.base"):
+        adapt(tiny("gpt2", attn_pdrop=0.1), DAAConfig(anneal_steps=4))
+    assert "without attention-probability dropout (config.attn_pdrop=0.1)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="diffattn.adapters.base"):
+        adapt(tiny("llama"), DAAConfig(anneal_steps=4))
+    assert "dropout" not in caplog.text
+
+
+def test_a_folder_save_pretrained_wrote_from_an_adapted_model_is_refused_by_the_loaders(tmp_path):
+    """model.save_pretrained on an adapted model names its weights as the adapter wraps them (self_attn.base_attn.*):
+    loaded as its architecture every attention weight is missing and random. diffattn's loaders (eval, adapt's
+    base) refuse such a folder naming the two ways to save; a merged model's folder loads."""
+    from diffattn.models.pretrained import check_model_folder, load_pretrained
+
+    model = adapt(tiny("llama"), DexConfig(heads="all", anneal_steps=4))
+    model.save_pretrained(tmp_path / "wrapped")
+    (tmp_path / "wrapped" / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"written by save_pretrained from a model diffattn had adapted .*base_attn"):
+        load_pretrained(tmp_path / "wrapped")
+    merge_adapter(model).save_pretrained(tmp_path / "merged")
+    (tmp_path / "merged" / "tokenizer_config.json").write_text("{}")
+    check_model_folder(tmp_path / "merged")
+
+
+@pytest.mark.parametrize("variant", ["dex", "daa-post", "diff-v2"])
+def test_a_state_dict_round_trip_keeps_the_step(variant):
+    """t is in the state dict (each λ module's adapter_step buffer) and loading one sets it: a plain PyTorch
+    checkpoint of an adapted model reloaded λ(t) at t = 0 (a user's review: logits off by 0.14)."""
+    model = adapt(tiny("llama"), OPTION_VARIANTS[variant]())
+    _perturb(model, seed=4)
+    set_adapter_step(model, 5)
+    state = model.state_dict()
+    assert any(k.endswith("adapter_step") for k in state)
+    fresh = adapt(tiny("llama"), OPTION_VARIANTS[variant]())
+    fresh.load_state_dict(state)
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).logits, model(x).logits, atol=0, rtol=0)
+    assert fresh._diffattn_adapter.state.step == 5
+    # a state dict from before the step was kept (no adapter_step): loads, and t stays where it was
+    older = {k: v for k, v in state.items() if not k.endswith("adapter_step")}
+    again = adapt(tiny("llama"), OPTION_VARIANTS[variant]())
+    set_adapter_step(again, 2)
+    assert not again.load_state_dict(older, strict=False).unexpected_keys
+    assert again._diffattn_adapter.state.step == 2

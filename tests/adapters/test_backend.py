@@ -11,18 +11,12 @@ from diffattn.adapters.base import set_adapter_backend
 from diffattn.cli import main
 from diffattn.train.adapt_config import AdaptMethodSection, AdaptRunConfig
 
+from ..helpers import record_backends
 from ..tiny_models import ids, tiny
 
 
 def test_diffattn_adapt_backend_reaches_the_installed_modules(base_dir, corpus_dir, tmp_path, monkeypatch, capsys):
-    used = []
-    op = base.diff_attention
-
-    def recording(*args, backend, **kwargs):
-        used.append(backend)
-        return op(*args, backend=backend, **kwargs)
-
-    monkeypatch.setattr(base, "diff_attention", recording)
+    used = record_backends(monkeypatch, base)
     out = tmp_path / "daa"
     args = ["adapt", "--model", str(base_dir), "--method", "daa", "--data", str(corpus_dir), "--out", str(out)]
     args += ["--max-steps", "1", "--batch-size", "2", "--seq-len", "32", "--backend", "reference"]

@@ -130,10 +130,15 @@ def _check_scored(results: dict, model, tokenizer) -> None:
 
 
 def test_debug_diff_model_scores_a_local_task(tokenizer, task_dir, no_network):
+    from diffattn.eval.common import TRAINED_LENGTH
+
     model = build_model("debug", "diff", seed=0, vocab_size=len(tokenizer))  # our attention installed
+    setattr(model, TRAINED_LENGTH, 100)  # as load_for_eval records a run's data.seq_len
     model.train()
     rng_before = torch.get_rng_state()
     results = evaluate_with_lm_eval(model, tokenizer, TASK, include_path=task_dir, log_samples=True)
+    # scored at the length the model was trained at, not its config's maximum (out of distribution past it)
+    assert results["metadata"]["max_length"] == 100
     assert model.training  # the caller's train/eval mode is restored
     model.eval()
     _check_scored(results, model, tokenizer)

@@ -182,6 +182,14 @@ def test_allocation_end_to_end(name, debug_models, tokenizer, tmp_path):
     assert res["attention_noise"] == pytest.approx(res["allocation"]["before"] + res["allocation"]["after"])
     for layer in res["per_layer"].values():  # per-layer error bars: the spread over samples of each layer's share
         assert all(layer[f"{k}_se"] >= 0 for k in ("attention_to_answer", "attention_noise", "negative_mass"))
+        # per layer too, the claims' quantity: shares of |attention| = signed share + 2 × that bucket's negative mass
+        assert layer["attention_to_answer_magnitude"] >= layer["attention_to_answer"] - 1e-12
+        if name == "baseline":
+            assert layer["attention_noise_magnitude"] == pytest.approx(layer["attention_noise"])
+    # the mean over layers of the per-layer magnitudes is the model's (both: means over samples and layers)
+    mags = [v["attention_to_answer_magnitude"] for v in res["per_layer"].values()]
+    assert np.mean(mags) == pytest.approx(res["attention_to_answer_magnitude"])
+    assert {"answer", "noise"} == set(res["per_sample"][0]["uniform"]) and res["per_sample"][0]["uniform"]["answer"] > 0
     assert len(res["per_sample"]) == 2 and {"answer", "noise", "negative_mass"} <= set(res["per_sample"][0])
     assert res["attention_to_answer"] == pytest.approx(np.mean([p["answer"] for p in res["per_sample"]]))
     assert res["attention_to_answer_se"] == pytest.approx(
@@ -251,6 +259,27 @@ def test_mqar_end_to_end(name, debug_models, tokenizer):
     split = res["ar_hit"]
     assert split["ar_hit_tokens"] > 0 and split["others_tokens"] > 0  # the filler repeats: many AR hits
     assert split["ar_hit_tokens"] + split["others_tokens"] == 200 - 4  # 4 disjoint windows, first tokens unscored
+
+
+def test_the_ar_hit_row_pairs_two_models_over_the_same_windows(debug_models, tokenizer):
+    """DIFF Table 6's AR-Hit loss: each window's AR-Hit and Others loss are kept, and two models on the same tokens
+    are compared paired over the windows with an interval (the row could never give a verdict from one run per
+    model: an audit, 2026-12-03); the Others loss is read beside it."""
+    from diffattn.eval.measures import Run
+    from diffattn.eval.mqar import MEASURES
+
+    split = {
+        n: ar_hit_split(debug_models[n], tokenizer, "filler", tokens=200, seq_len=64) for n in ("baseline", "diff")
+    }
+    windows = split["baseline"]["per_window"]["ar_hit"]
+    assert sum(windows["tokens"]) == split["baseline"]["ar_hit_tokens"] and len(windows["nll"]) == 4
+    assert sum(windows["nll"]) / sum(windows["tokens"]) == pytest.approx(split["baseline"]["ar_hit_loss"])
+    ref, new = (Run(n, {}, {"mqar": {"ar_hit": split[n]}}) for n in ("baseline", "diff"))
+    row = MEASURES["mqar:ar_hit_loss"].compare(ref, new, 0)
+    assert row.diff is not None and row.ref_ci is not None and "Others loss" in row.note
+    assert row.ref_value == pytest.approx(split["baseline"]["ar_hit_loss"])
+    old = {k: v for k, v in split["diff"].items() if k != "per_window"}  # results from before: two numbers
+    assert MEASURES["mqar:ar_hit_loss"].compare(ref, Run("d", {}, {"mqar": {"ar_hit": old}}), 0).diff is None
 
 
 def _simulated(samples, heuristic_name: str, draws: int = 400) -> float:

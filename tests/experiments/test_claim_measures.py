@@ -450,6 +450,18 @@ def test_the_order_variance_row_reads_the_orders_without_the_items_noise():
     no_hits = Run("old", {}, {"icl": {"order_robustness": {"arrangements": {"random": {"margin": 0.1, "mean": 0.5}}}}})
     assert MEASURES["icl:order_variance"].compare(no_hits, flat["d"], 0) is None
     assert MEASURES["icl:order_variance"].compare(run("two", 0.0, 0.0, orders=2), flat["d"], 0) is None  # too few
+    # DIFF Fig. 7's other half, demonstrations alternating by class (the larger effect: 56.7 vs 13.4 points), has rows
+    # of its own reading that arrangement (it was measured and never read: an audit, 2026-12-03)
+    by_class = {k: Run(k, {}, {"icl": {"order_robustness": {"arrangements": {
+        "by_class": r.results("icl", "order_robustness", "arrangements", "random"),
+        "random": {"margin": 0.0, "mean": 0.5}}}}}) for k, r in ordered.items()}  # fmt: skip
+    spec = PaperClaim("s", "c", "p", "icl:order_variance_by_class", "lower", "baseline")
+    row = check_claim(spec, "t", "d", by_class, {}, 0)
+    assert row.verdict == "agrees" and row.metric.startswith("order variance (by class;") and row.ref_value > 100
+    margin = MEASURES["icl:order_margin_by_class"].compare(by_class["t"], by_class["d"], 0)
+    assert margin.metric == "order margin (by class)" and margin.ref_value == ordered["t"].results(
+        "icl", "order_robustness", "arrangements", "random", "margin")  # fmt: skip
+    assert MEASURES["icl:order_margin"].compare(by_class["t"], by_class["d"], 0).ref_value == 0.0  # random's own
 
 
 def test_a_quantization_row_with_logits_worth_nothing_cannot_test_the_claim():

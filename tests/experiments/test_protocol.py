@@ -256,6 +256,50 @@ def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_
     assert row.verdict == "agrees" and "reach chance" not in row.note
 
 
+def test_allocation_rows_whose_models_both_attend_as_uniform_attention_cannot_agree_or_disagree():
+    """Attention to the answer at the share uniform attention gives it (the answer's tokens over the prompt's), and
+    noise at uniform's noise share (mirrored: a claim of less noise), compare models that attend to nothing in
+    particular: a tight paired difference of 0.002 read as a verdict (an audit, 2026-12-03). A model clearly off
+    chance keeps its verdict; results written before the level was kept are read as before."""
+    from diffattn.adapters.registry import PaperClaim
+    from diffattn.eval.allocation import uniform_shares
+    from diffattn.eval.measures import Run
+    from diffattn.experiments.claims import check_claim
+
+    buckets = ["bos"] + ["before"] * 120 + ["answer"] * 7 + ["after"] * 110 + ["query"] * 9
+    uniform = uniform_shares(buckets)
+    assert uniform == {"answer": 7 / 247, "noise": 230 / 247}
+    spread = np.random.default_rng(0).normal(0, 0.01, 50)  # the prompts' own spread, shared by both models
+    spread -= spread.mean()
+    jitter = np.random.default_rng(1).normal(0, 1e-4, 50)
+
+    def alloc(answer, noise, keep_level=True, own=0.0):
+        level = {"uniform": uniform} if keep_level else {}
+        samples = [{"answer_magnitude": answer + e + own * j, "noise_magnitude": noise - e + own * j, **level}
+                   for e, j in zip(spread, jitter, strict=True)]  # fmt: skip
+        mean = lambda k: float(np.mean([p[k] for p in samples]))  # noqa: E731
+        return {"alloc": {"attention_to_answer": mean("answer_magnitude"), "attention_noise": mean("noise_magnitude"),
+                          "attention_to_answer_magnitude": mean("answer_magnitude"),
+                          "attention_noise_magnitude": mean("noise_magnitude"), "per_sample": samples,
+                          "metadata": {"samples_sha1": "same"}}}  # fmt: skip
+
+    def claim(measure, claimed, base, new):
+        spec = PaperClaim("DIFF Transformer Table 3", "c", "p", measure, claimed, "baseline")
+        return check_claim(spec, "base", "new", {"base": Run("base", {}, base), "new": Run("new", {}, new)}, {}, 0)
+
+    # the new model 0.002 ahead on every prompt: a tight paired difference, both sides' intervals at chance
+    near = {"base": alloc(0.028, 0.931), "new": alloc(0.030, 0.929, own=1.0)}
+    row = claim("alloc:attention_to_answer", "higher", near["base"], near["new"])
+    assert row.diff_ci[0] > 0 and row.verdict == "inconclusive" and "reach chance (0.028," in row.note
+    row = claim("alloc:attention_noise", "lower", near["base"], near["new"])
+    assert row.diff_ci[1] < 0 and row.verdict == "inconclusive" and "reach chance (0.931," in row.note
+    skilled = alloc(0.30, 0.40)
+    assert claim("alloc:attention_to_answer", "higher", near["base"], skilled).verdict == "agrees"
+    assert claim("alloc:attention_noise", "lower", near["base"], skilled).verdict == "agrees"
+    older = {k: alloc(0.028 + 0.002 * (k == "new"), 0.931, keep_level=False, own=k == "new") for k in ("base", "new")}
+    assert claim("alloc:attention_to_answer", "higher", older["base"], older["new"]).verdict == "agrees"
+
+
 def test_the_r1_row_reads_r1_cells_only_and_the_dex_daa_row_names_the_cells_it_falls_back_to():
     """niah:r1 (DIFF's "R = 1 across N" row) reads the R = 1 cells with N >= 2 and gives no row on a grid without
     them; niah:r1_else_n2 (Dex Fig. 10, DAA Table 2: the paper's cell is N = 8, R = 1) reads every cell with N >= 2

@@ -309,6 +309,8 @@ BAD = {
     "lam inf tensor": (lambda a: a, {"lam": torch.tensor([0.5, float("inf"), 0.5, 0.5])}, "lam must be finite"),
     "mask shape": (lambda a: a, {"attn_mask": torch.ones(2, 4)}, "key-padding mask of shape"),
     "mask rank": (lambda a: a, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)[None]}, "attn_mask must be 2-D"),
+    # a keep-mask cast to float (attention_mask.float()): added to the logits it masked nothing, silently
+    "mask float 0/1": (lambda a: a, {"attn_mask": torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2])}, "only 0 and 1"),
     "mask 4d": (lambda a: a, {"attn_mask": torch.ones(2, 3, 5, 5, dtype=torch.bool)}, "must broadcast"),
     "backend": (lambda a: a, {"backend": "cuda-magic"}, "backend must be one of"),
     "triton": (lambda a: a, {"backend": "triton"}, "not usable"),
@@ -329,6 +331,18 @@ def test_bad_input_raises_value_error_naming_the_argument(case, monkeypatch):
     lam = kwargs.pop("lam", lam)
     with pytest.raises(ValueError, match=message):
         diff_attention(*args, lam, **kwargs)
+
+
+def test_a_float_key_padding_mask_is_additive():
+    """A float [B, S] mask is added to the logits (0 kept, -inf masked), all-zero included; a 0/1 one is refused."""
+    q1, k1, q2, k2, v, lam = make_inputs(t=5, s=5)
+    keep = torch.tensor([[1] * 5, [1] * 3 + [0] * 2])
+    additive = torch.zeros(2, 5).masked_fill(keep == 0, float("-inf"))
+    want = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=keep, backend="reference")
+    torch.testing.assert_close(diff_attention(q1, k1, q2, k2, v, lam, attn_mask=additive, backend="reference"), want)
+    plain = diff_attention(q1, k1, q2, k2, v, lam, backend="reference")
+    torch.testing.assert_close(diff_attention(q1, k1, q2, k2, v, lam, attn_mask=torch.zeros(2, 5), backend="reference"),
+                               plain)  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])

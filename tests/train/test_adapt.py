@@ -190,6 +190,7 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path, mo
     again = adapt_pretrained(config, out, resume=True)
     assert again["steps"] == 4 and again["lambda"] == pytest.approx(summary["lambda"], rel=1e-6)
     assert again["val_loss_after"] == pytest.approx(summary["val_loss_after"], rel=1e-6)
+    assert again["tokens_per_s"] > 0  # the rate its steps logged (it read 0: no step ran in this process)
     # past its schedule's end, λ(t) would anneal again over a longer T and the rate warm up from its floor: refused
     with pytest.raises(ValueError, match=r"train schedule: 4 steps, warm-up 0 -> 6 steps, warm-up 1 \(steps 1-4"):
         beyond = adapt_config(base_dir, corpus_dir, "daa", steps=6, **{"train.save_every": 2})
@@ -214,6 +215,8 @@ def test_adapting_past_the_length_a_diffattn_base_was_trained_at_warns(tmp_path)
     (final / "run.yaml").write_text("data: {seq_len: 64}\nmethod: {name: dex}\n")  # an adapter run's: not a base's
     assert base_training_length(str(final)) is None
     assert base_training_length("smollm2-135m") is None and base_training_length(str(tmp_path / "none")) is None
+    (final / "run.yaml").write_bytes(b"data: {seq_len: [64\n\xff")  # unreadable: no record, no crash
+    assert base_training_length(str(final)) is None
 
 
 def test_a_run_stopped_while_lambda_still_ramps_says_so():
@@ -366,3 +369,26 @@ def test_a_graphed_run_trains_as_the_eager_one(method, sets, base_dir, corpus_di
     assert micro.calls == 6 and micro.replays == 3 and micro.eager_calls == 0
     assert losses(tmp_path / "graphed") == losses(tmp_path / "eager")
     assert graphed["val_loss_after"] == eager["val_loss_after"]
+
+
+def test_the_adapter_trainers_optimizer_is_parameter_groups(tmp_path):
+    """diffattn.parameter_groups (a loop of one's own) and the AdapterTrainer of diffattn adapt give every
+    parameter the same learning rate and weight decay: two spellings of one rule, checked against each other."""
+    from transformers import TrainingArguments
+
+    from diffattn import DexConfig, adapt, differential_parameter_names, no_decay_parameter_names, parameter_groups
+    from diffattn.adapters import trainable_parameters
+    from diffattn.train.adapt_trainer import AdapterTrainer
+
+    from ..tiny_models import tiny
+
+    model = adapt(tiny("gpt2"), DexConfig(heads="all", anneal_steps=4))
+    trainable_parameters(model)
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-4, weight_decay=0.1, report_to=[])
+    trainer = AdapterTrainer(model=model, args=args, run_dir=tmp_path, keep_checkpoints=1,
+                             extra_no_decay=no_decay_parameter_names(model),
+                             differential=differential_parameter_names(model), lambda_lr=1e-2)  # fmt: skip
+    settings = lambda groups: {id(p): (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}  # noqa: E731
+    ours = settings(parameter_groups(model, lr=1e-4, lambda_lr=1e-2, weight_decay=0.1))
+    assert settings(trainer.create_optimizer().param_groups) == ours
+    assert {(1e-2, 0.0), (1e-4, 0.0), (1e-4, 0.1)} == set(ours.values())

@@ -224,6 +224,18 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_without_another_step(co
     again = pretrain(cfg, tmp_path / "run", resume=True)
     assert again["steps"] == 2 and again["final_val_loss"] == pytest.approx(first["final_val_loss"], rel=1e-6)
     assert max(losses(tmp_path / "run")) == 2
+    # no step ran in this process: its speed is the one the first process logged (it read 0 tokens/s)
+    from diffattn.train.trainer import training_throughput
+
+    rates = [r["tokens_per_s"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "tokens_per_s" in r]
+    assert rates and again["tokens_per_s"] == pytest.approx(sum(rates) / len(rates))
+    assert training_throughput(64, 0, 1.0, tmp_path / "nothing logged") is None
+    assert training_throughput(64, 3, 2.0, tmp_path / "run") == 96.0  # steps of this process: their own rate
+    # a summary.json older than the newest checkpoint (an extension stopped after its checkpoint, before its
+    # summary) is not the run's result: the checkpoint is (the older summary was returned as "finished")
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({**first, "steps": 1}))
+    latest = pretrain(cfg, tmp_path / "run", resume=True)
+    assert latest["steps"] == 2 and latest["final_val_loss"] == pytest.approx(first["final_val_loss"], rel=1e-6)
 
 
 def test_gradient_accumulation_matches_the_full_batch(corpus_file, tmp_path):

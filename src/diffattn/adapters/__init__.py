@@ -10,6 +10,8 @@ full fine-tuning (``controls``), and save/load (``io``). One API for all: :func:
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from ..lambdas import lambda_per_layer
@@ -62,6 +64,7 @@ __all__ = [
     "load_adapter",
     "merge_adapter",
     "no_decay_parameter_names",
+    "parameter_groups",
     "project_output",
     "project_qkv",
     "remove_adapter",
@@ -99,6 +102,33 @@ def no_decay_parameter_names(model: nn.Module) -> list[str]:
     return names + (spec.no_decay(model) if spec.no_decay is not None else [])
 
 
+def parameter_groups(model: nn.Module, *, lr: float, lambda_lr: float, weight_decay: float = 0.0) -> list[dict]:
+    """The optimiser's parameter groups for your own training loop, as ``diffattn adapt`` trains (its
+    :class:`~diffattn.train.adapt_trainer.AdapterTrainer`): the trainable parameters at ``lr``, with
+    ``weight_decay`` except for biases and norms (transformers' Trainer rule) and :func:`no_decay_parameter_names`;
+    the λ(t) term (:func:`differential_parameter_names`) at its own ``lambda_lr`` without decay (at the base's lr λ
+    barely moves and the method is an attention fine-tune by construction: docs/methods.md §7). Call
+    :func:`trainable_parameters` first. ``torch.optim.AdamW(diffattn.parameter_groups(model, lr=1e-4,
+    lambda_lr=1e-2))``; then ``diffattn.set_adapter_step(model, step)`` before every step. Groups without
+    parameters are left out."""
+    from transformers import Trainer
+
+    inner = adapted_model(model, "parameter_groups", allow_peft=False)
+    differential = set(differential_parameter_names(inner))
+    no_decay = set(no_decay_parameter_names(inner))
+    decayed = set(Trainer.get_decay_parameter_names(None, inner)) - no_decay - differential
+    groups: dict[str, dict] = {
+        "decay": {"params": [], "lr": lr, "weight_decay": weight_decay},
+        "no_decay": {"params": [], "lr": lr, "weight_decay": 0.0},
+        "differential": {"params": [], "lr": lambda_lr, "weight_decay": 0.0},
+    }
+    for name, param in inner.named_parameters():
+        if param.requires_grad:
+            kind = "differential" if name in differential else "decay" if name in decayed else "no_decay"
+            groups[kind]["params"].append(param)
+    return [{"name": kind, **g} for kind, g in groups.items() if g["params"]]
+
+
 def differential_parameter_names(model: nn.Module) -> list[str]:
     """The trainable parameters of the model's λ(t) term, by name: every λ_learn (Dex Eq. 4) and the weights its
     registry entry names (:attr:`MethodSpec.differential_weights`: Dex's W_D, DAA's W_DAA, DiffQ/K/V's W_D).
@@ -117,10 +147,22 @@ def differential_parameter_names(model: nn.Module) -> list[str]:
 def adapt(model: nn.Module, config, calibration=None) -> nn.Module:
     """Give ``model`` the method of ``config`` (one of the :data:`METHODS` configs); returns the same model,
     changed in place. ``calibration``: a list of input-id tensors, for Dex's data-driven head selection. A model
-    that has an adapter already is refused (adapting it again would wrap the wrapped attention)."""
+    that has an adapter already is refused (adapting it again would wrap the wrapped attention).
+
+    The model keeps a copy of ``config``: what it was adapted with is what :func:`save_adapter` records, whatever
+    happens to ``config`` later (one config reused for a second model, or a field changed after adapting: the first
+    model's saved adapter recorded the second's Dex heads, or the changed field, and loaded as another model; a
+    user's review, 2026-12-03). What the method resolves is written back to ``config`` as well, for reading (Dex:
+    ``config.selected``, the heads chosen)."""
+    import copy
+
     spec = spec_for_config(config)
     refuse_adapted(model, "adapt")
-    return spec.adapt(model, config, calibration)
+    own = copy.deepcopy(config)
+    model = spec.adapt(model, own, calibration)
+    for field in dataclasses.fields(own):
+        setattr(config, field.name, copy.deepcopy(getattr(own, field.name)))
+    return model
 
 
 def trainable_parameters(model: nn.Module) -> list[str]:

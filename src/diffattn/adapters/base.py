@@ -55,16 +55,17 @@ logger = logging.getLogger(__name__)
 
 class AdapterState:
     """The training step t, shared by every wrapper of one model: an int (``step``), and a copy in every module that
-    computes with it (:meth:`follow`: its ``adapter_step`` buffer, a 0-d int64 tensor, not saved), which setting
-    ``step`` fills. A compiled forward, or one captured as a CUDA graph, reads the buffer (:meth:`step_of`): a Python
-    number would be a constant of its graph — guarded on, so that every step compiled the model again (λ(t) changes
-    every step while annealing), or frozen at its capture's value. An eager forward reads the number: λ(t) is then two
-    kernels a layer, where from the tensor it is ten."""
+    computes with it (:meth:`follow`: its ``adapter_step`` buffer, a 0-d int64 tensor in the state dict), which
+    setting ``step`` fills. A compiled forward, or one captured as a CUDA graph, reads the buffer
+    (:meth:`step_of`): a Python number would be a constant of its graph — guarded on, so that every step compiled the
+    model again (λ(t) changes every step while annealing), or frozen at its capture's value. An eager forward reads
+    the number: λ(t) is then two kernels a layer, where from the tensor it is ten."""
 
     def __init__(self, anneal_steps: int | None):
         self._step = 0
         self.anneal_steps = anneal_steps
         self._followers: list[nn.Module] = []
+        self.ever_set = False  # set_adapter_step called: a training forward before it says it is missing, once
 
     @property
     def step(self) -> int:
@@ -73,23 +74,46 @@ class AdapterState:
     @step.setter
     def step(self, value: int) -> None:
         self._step = int(value)
+        self.ever_set = True
         with torch.no_grad():
             for module in self._followers:
                 module.adapter_step.fill_(self._step)  # in place: a CUDA graph reads the buffer where it is
 
     def follow(self, module: nn.Module, device=None) -> None:
         """Give ``module`` an ``adapter_step`` buffer holding t from now on (int64: a cast of the model to bf16
-        leaves it exact)."""
-        module.register_buffer("adapter_step", torch.tensor(self._step, device=device), persistent=False)
+        leaves it exact). It is in the model's ``state_dict``, and loading one sets t (:meth:`_loaded`): a plain
+        PyTorch checkpoint of an adapted model resumed λ(t) at t = 0 (a user's review, 2026-12-03)."""
+        module.register_buffer("adapter_step", torch.tensor(self._step, device=device))
+        module.register_load_state_dict_post_hook(self._loaded)
         self._followers.append(module)
 
-    def step_of(self, module: nn.Module) -> int | torch.Tensor:
+    def _loaded(self, module: nn.Module, incompatible_keys) -> None:
+        """After ``load_state_dict``: t is the loaded buffer's (the eager forward reads the number, not the buffer).
+        A state dict without it (saved before it was kept) leaves the buffer, and t, as they were."""
+        buffer = module.adapter_step
+        if not buffer.is_meta and int(buffer) != self._step:
+            self.step = int(buffer)
+
+    def step_of(self, module: nn.Module, anneal: bool = True) -> int | torch.Tensor:
         """t as ``module`` (one :meth:`follow` gave a buffer) computes with it: its buffer in a forward being compiled
         or captured as a CUDA graph, where T is set; else the int (T unset: only step 0 is valid, which
-        :func:`diffattn.lambdas.annealing_ramp` checks on the number)."""
+        :func:`diffattn.lambdas.annealing_ramp` checks on the number). ``anneal``: whether the caller's value follows
+        t (a training forward of an annealed term before any :func:`set_adapter_step` is said once: t stays 0, the
+        term stays 0 and nothing of it trains)."""
         if self.anneal_steps is not None and (torch.compiler.is_compiling() or _capturing_cuda_graph()):
             return module.adapter_step
+        if anneal and not self.ever_set and module.training and torch.is_grad_enabled():
+            self.ever_set = True  # said once
+            logger.warning(STEP_NEVER_SET)
         return self._step
+
+
+STEP_NEVER_SET = (
+    "diffattn: a training forward of an adapted model whose step was never set: λ(t) anneals from 0 at t = 0, so "
+    "until diffattn.set_adapter_step(model, step) is called before each step its differential term is 0 and receives "
+    "no gradient (the run would be a plain attention fine-tune). With transformers' Trainer pass "
+    "callbacks=[diffattn.train.adapt_trainer.AdapterStepCallback()]; diffattn adapt does this itself"
+)
 
 
 def _capturing_cuda_graph() -> bool:
@@ -110,7 +134,11 @@ class AnnealedLambda(nn.Module):
 
     def forward(self) -> torch.Tensor:
         return annealed_lambda(
-            self.state.step_of(self), self.state.anneal_steps, self.lambda_init, self.lambda_learn, anneal=self.anneal
+            self.state.step_of(self, self.anneal),
+            self.state.anneal_steps,
+            self.lambda_init,
+            self.lambda_learn,
+            anneal=self.anneal,
         )
 
 
@@ -287,6 +315,15 @@ class AdapterInfo:
     state: AdapterState
     fingerprint: str  # of the base model when the adapter was created (base_fingerprint)
     attn_implementation: str = "sdpa"  # the base's before adapting: remove_adapter puts it back
+    base_dtype: str | None = None  # of the base's weights when fingerprinted ("float32"): a cast base is another
+
+
+def weights_dtype(model: nn.Module) -> str | None:
+    """The dtype most of the model's floating-point parameters have, as a name ("bfloat16")."""
+    from collections import Counter
+
+    counts = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
+    return str(counts.most_common(1)[0][0]).removeprefix("torch.") if counts else None
 
 
 FINGERPRINT_VERSION = 2  # what base_fingerprint covers (every tensor of the base), recorded with it by save_adapter
@@ -338,6 +375,10 @@ def refuse_adapted(model: nn.Module, caller: str, remedy: str = "adapt a fresh b
     raise ValueError(f"{caller}: this model has {what} already; {remedy}, or call remove_adapter(model) first")
 
 
+# the config fields of the attention-probability dropout an adapted attention does not apply (Llama-likes, GPT-2)
+ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop")
+
+
 def wrap_attention(model: nn.Module, make_method, config, method_name: str, anneal_steps: int | None):
     """Replace every attention module with an :class:`AdaptedAttention` built by ``make_method(layer_idx, attn)``."""
     spec = get_spec(model)
@@ -346,6 +387,17 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
         raise ValueError(
             "attention logit soft-capping (config.attn_logit_softcapping) is not supported by the "
             "adapters yet; the recomputed attention would silently differ from the model's"
+        )
+    dropout = [
+        f"config.{k}={p}"
+        for k in ATTENTION_DROPOUT
+        if isinstance(p := getattr(model.config, k, 0), (int, float)) and p > 0
+    ]
+    if dropout:
+        logger.warning(
+            "the adapted attention computes without attention-probability dropout (%s): in training mode the adapted "
+            "model drops no attention weights where the base did (docs/methods.md §7)",
+            ", ".join(dropout),
         )
     # the adapted layers compute through diffattn's op (method.backend picks its backend); set_attn_implementation
     # afterwards routes them through transformers' implementations instead (diffattn.models.attention_interface)
@@ -357,7 +409,8 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
     for layer_idx, layer, attn in attention_modules(model, spec):
         method = make_method(layer_idx, attn, state)
         setattr(layer, spec.attention, AdaptedAttention(attn, spec, layer_idx, method))
-    model._diffattn_adapter = AdapterInfo(method_name, config, state, fingerprint, implementation_before)
+    dtype = weights_dtype(model)
+    model._diffattn_adapter = AdapterInfo(method_name, config, state, fingerprint, implementation_before, dtype)
     return model
 
 

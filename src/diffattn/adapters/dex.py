@@ -242,6 +242,22 @@ def _entropy(spec: ModelTypeSpec, attn: nn.Module, hidden, pos, mask=None) -> to
     return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
+def check_calibration(calibration) -> None:
+    """Calibration batches are a list of [B, T] integer tensors of input ids; anything else is one clear error
+    (a bare tensor, a 1-D row, a tokenizer's BatchEncoding, float ids raised torch's errors from deep inside)."""
+    expected = 'a list of [batch, tokens] input-id tensors, e.g. [tok(text, return_tensors="pt").input_ids]'
+    if not isinstance(calibration, (list, tuple)):
+        raise ValueError(f"calibration must be {expected}; got a {type(calibration).__name__}")
+    for i, batch in enumerate(calibration):
+        if not isinstance(batch, torch.Tensor):
+            raise ValueError(f"calibration[{i}] is a {type(batch).__name__}, not a tensor: it must be {expected}")
+        if batch.dim() != 2 or batch.dtype.is_floating_point or batch.dtype == torch.bool or batch.numel() == 0:
+            raise ValueError(
+                f"calibration[{i}] is a {batch.dim()}-D {str(batch.dtype).removeprefix('torch.')} tensor of shape "
+                f"{tuple(batch.shape)}: it must be {expected} (a 1-D row: row.unsqueeze(0))"
+            )
+
+
 def select_heads(model: nn.Module, config: DexConfig, calibration: list[torch.Tensor] | None) -> list[list[int]]:
     modules = attention_modules(model)
     num_heads = head_layout(modules[0][2]).num_heads
@@ -255,8 +271,9 @@ def select_heads(model: nn.Module, config: DexConfig, calibration: list[torch.Te
     if config.heads == "random":
         rng = random.Random(config.seed)
         return [sorted(rng.sample(range(num_heads), k)) for _ in modules]
-    if not calibration:
+    if calibration is None or (isinstance(calibration, (list, tuple)) and not calibration):
         raise ValueError(f"heads={config.heads!r} needs calibration batches (a list of input-id tensors)")
+    check_calibration(calibration)
     if config.heads == "importance":  # the least important heads (Michel et al.): they lose least when changed
         order = head_importance(model, calibration).argsort(dim=1)
         return [sorted(order[layer, :k].tolist()) for layer in range(len(modules))]

@@ -26,7 +26,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .base import FINGERPRINT_VERSION, adapted_model, base_fingerprint, hash_tensors, refuse_adapted, remove_adapter
+from .base import (
+    FINGERPRINT_VERSION,
+    adapted_model,
+    base_fingerprint,
+    hash_tensors,
+    refuse_adapted,
+    remove_adapter,
+    weights_dtype,
+)
 from .registry import get_method, method_names
 
 CONFIG_NAME = "adapter_config.json"
@@ -113,6 +121,7 @@ def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
         "base_fingerprint": info.fingerprint,
         "base_fingerprint_version": FINGERPRINT_VERSION,
         "base_model_type": model.config.model_type,
+        "base_dtype": info.base_dtype,
     }
     meta["adapter_fingerprint"] = adapter_fingerprint(meta, tensors)
     tmp = path / (WEIGHTS_NAME + ".tmp")
@@ -179,10 +188,18 @@ def load_adapter(model: nn.Module, path: str | os.PathLike, method: str | None =
         )
     fingerprint = base_fingerprint(model)
     if meta.get("base_fingerprint") != fingerprint:
+        saved_dtype, dtype = meta.get("base_dtype"), weights_dtype(model)
+        cast = (
+            f"; it was adapted from a base in {saved_dtype} and this one is in {dtype}: if it is the same model (a "
+            f"cast base hashes as another), load the adapter into it in {saved_dtype}, then cast the adapted model "
+            f"(model.to(torch.{dtype}))"
+            if saved_dtype and dtype and saved_dtype != dtype
+            else ""
+        )
         raise ValueError(
             f"the adapter in {path} was trained on a different base model "
             f"({meta.get('base_model_type')!r}, fingerprint {str(meta.get('base_fingerprint'))[:12]}…) "
-            f"than this one ({model.config.model_type!r}, {fingerprint[:12]}…)"
+            f"than this one ({model.config.model_type!r}, {fingerprint[:12]}…){cast}"
         )
     spec = get_method(saved)
     saved_options = dict(meta["config"])

@@ -256,12 +256,13 @@ def _op_impls(
     *,
     t: int | None = None,
     flex=True,
-    auto_runs: dict[str, tuple[str, str]] | None = None,
+    auto_runs: dict[str, Callable[[], tuple[str, str]]] | None = None,
 ):
     """Implementations at one size: ``t`` queries (default n) against n keys, causal, bottom-right aligned
     (``flex=False`` leaves out FlexAttention, compiled once per size). Returns name → (run, leaves, flop kind);
-    ``auto_runs``, when given, gets each ``auto`` row's name → the routes auto runs for its inputs (forward under
-    no_grad, forward+backward)."""
+    ``auto_runs``, when given, gets each ``auto`` row's name → a function saying the routes auto runs for its inputs
+    (forward under no_grad, forward+backward): asked once the row has run, so that a route that failed at run time
+    and handed over (CUDA: ``_run_auto``) is not the one named."""
     t = n if t is None else t
     g = torch.Generator(device="cpu").manual_seed(0)
     cuda = torch.device(device).type == "cuda"
@@ -294,16 +295,19 @@ def _op_impls(
     if auto_runs is not None and "auto" in backends:
         # per column: on CUDA the call class, and so the route, differs between the forward (timed under no_grad)
         # and forward+backward
-        for name, args in (
-            ("diff auto", (q1, k1, q2, k2, v2, lam)),
-            ("diff-v2 auto", (qa, kv_k, qb, kv_k, kv_v, gate)),
-        ):
+        def routes(args):
             plain = {id(a): a.detach() for a in args}  # one tensor each: V2's shared K stays shared
             with torch.no_grad():
                 fwd = validate(*(plain[id(a)] for a in args), causal=True, attn_mask=None, scale=None)
                 fwd_route = auto_backend(fwd.q1.device, fwd)
             both = validate(*args, causal=True, attn_mask=None, scale=None)
-            auto_runs[name] = (fwd_route, auto_backend(both.q1.device, both))
+            return fwd_route, auto_backend(both.q1.device, both)
+
+        for name, args in (
+            ("diff auto", (q1, k1, q2, k2, v2, lam)),
+            ("diff-v2 auto", (qa, kv_k, qb, kv_k, kv_v, gate)),
+        ):
+            auto_runs[name] = lambda args=args: routes(args)
     for backend in backends:
         if backend != "auto" and route_unsupported(backend, v2_inputs):
             continue  # e.g. sdpa_split: V2's values are as wide as its keys, nothing to split
@@ -391,7 +395,7 @@ def run_attention_benchmark(
         for n in sizes:
             if progress:
                 progress(f"{level} N={n}")
-            auto_runs: dict[str, tuple[str, str]] = {}
+            auto_runs: dict[str, Callable[[], tuple[str, str]]] = {}
             if level == "op":
                 impls = _op_impls(n, heads, head_dim, batch, device, dtype, backends, flex=flex, auto_runs=auto_runs)
             else:
@@ -416,12 +420,13 @@ def run_attention_benchmark(
                     {name: _fwd_and_fwd_bwd(r, lv)[0] for name, (r, lv, _) in dec.items()}, reps
                 )
             base = next(iter(impls))
-            del impls, fns_f, fns_fb  # free this size's tensors before the next
+            runs = {name: routes() for name, routes in auto_runs.items()}  # after the runs: failures known
+            del impls, fns_f, fns_fb, auto_runs  # free this size's tensors before the next
             for name in f_ms:
                 row = Row(level, n, name, f_ms[name], fb_ms[name], f_ms[name] / f_ms[base], fb_ms[name] / fb_ms[base])
                 row.fwd_spread, row.fwd_bwd_spread = f_spread[name], fb_spread[name]
                 row.decode_spread = dec_spread.get(name, float("nan"))
-                row.runs_fwd, row.runs = auto_runs.get(name, ("", ""))
+                row.runs_fwd, row.runs = runs.get(name, ("", ""))
                 if level == "op":
                     kind = "baseline" if name == base else "diff"
                     h, dv = (2 * heads, head_dim) if kind == "baseline" else (heads, 2 * head_dim)

@@ -114,6 +114,13 @@ def _bucket_index(buckets: list[str]) -> torch.Tensor:
     return torch.tensor([BUCKETS.index(b) for b in buckets], dtype=torch.long)
 
 
+def uniform_shares(buckets: list[str]) -> dict[str, float]:
+    """The shares uniform attention over the prompt's tokens gives the claims' buckets: ``answer`` (the queried
+    needle's tokens) and ``noise`` (the context before and after it), each its tokens over all of them."""
+    n = len(buckets)
+    return {"answer": buckets.count("answer") / n, "noise": (buckets.count("before") + buckets.count("after")) / n}
+
+
 def allocate_rows(rows: torch.Tensor, buckets: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Shares of attention rows ``[R, S]`` per bucket after dividing each row by its sum of absolute values.
 
@@ -280,7 +287,8 @@ class _Tally:
         self.layer_shares: dict[int, torch.Tensor] = {}  # layer -> sum over samples of the head-mean shares [5]
         self.layer_negative: dict[int, torch.Tensor] = {}
         self.layer_count: dict[int, int] = {}
-        self.layer_samples: dict[int, list[tuple[float, float, float]]] = {}  # per sample: answer, noise, negative
+        # per sample: answer, noise, negative mass, and the answer's and noise's shares of |attention|
+        self.layer_samples: dict[int, list[tuple[float, float, float, float, float]]] = {}
         self.negatives: list[torch.Tensor] = []  # per sample: negative mass per bucket [5]
         self.per_sample: list[dict] = []
         self.skipped = 0
@@ -304,7 +312,12 @@ class _Tally:
                 s_mean[BUCKETS.index("answer")],
                 s_mean[BUCKETS.index("before")] + s_mean[BUCKETS.index("after")],
             )
-            self.layer_samples.setdefault(layer, []).append((float(answer), float(noise), float(n_mean.sum())))
+            m_mean = s_mean + 2 * n_mean  # |a| mass per bucket / Σ|a| (what the claims read)
+            answer_mag = m_mean[BUCKETS.index("answer")]
+            noise_mag = m_mean[BUCKETS.index("before")] + m_mean[BUCKETS.index("after")]
+            self.layer_samples.setdefault(layer, []).append(
+                (float(answer), float(noise), float(n_mean.sum()), float(answer_mag), float(noise_mag))
+            )
             sample_shares.append(s_mean)
             sample_negative.append(n_mean)
         if not sample_shares:
@@ -323,6 +336,9 @@ class _Tally:
                 "allocation": {b: float(s[j]) for j, b in enumerate(BUCKETS)},
                 # every bucket's share of |a| (sums to 1; equals the signed shares for softmax maps)
                 "allocation_magnitude": {b: float(magnitude[j]) for j, b in enumerate(BUCKETS)},
+                # what uniform attention over the prompt gives each bucket: its share of the tokens (the chance
+                # level of the claims' shares: a model attending to nothing in particular scores it)
+                "uniform": uniform_shares(buckets),
                 **label,
             }
         )
@@ -338,9 +354,12 @@ class _Tally:
                 "attention_to_answer": float(ls[BUCKETS.index("answer")]),
                 "attention_noise": float(ls[BUCKETS.index("before")] + ls[BUCKETS.index("after")]),
                 "negative_mass": float(ln.sum()),
+                # shares of |attention|, the quantity the claim rows read (the signed ones above can cancel)
+                "attention_to_answer_magnitude": float(samples[:, 3].mean()),
+                "attention_noise_magnitude": float(samples[:, 4].mean()),
                 **{
                     f"{key}_se": mean_se(samples[:, j])[1] if len(samples) > 1 else None
-                    for j, key in enumerate(("attention_to_answer", "attention_noise", "negative_mass"))
+                    for j, key in enumerate(LAYER_SAMPLE_KEYS)
                 },
             }
         return out
@@ -377,6 +396,12 @@ class _Tally:
             "per_layer": self.per_layer(),
         }
 
+
+#: what each per-layer sample tuple holds, in order (``_Tally.layer_samples``)
+LAYER_SAMPLE_KEYS = (
+    "attention_to_answer", "attention_noise", "negative_mass", "attention_to_answer_magnitude",
+    "attention_noise_magnitude",
+)  # fmt: skip
 
 COLORS = {"bos": "tab:gray", "before": "tab:orange", "answer": "tab:green", "after": "tab:red", "query": "tab:blue"}
 
@@ -483,10 +508,15 @@ def _per_layer_panels(fig, grid, results: dict[str, dict], names: list[str]) -> 
     """(d)-(f): answer share, noise and negative mass per layer, one line per model with 95% error bars."""
     colors = group_colors(names)  # one colour per model group (seeds of one architecture share it)
     styles = ["-", "--", "-.", ":"]
+    # the claims' quantity, shares of |attention|, where every model's results have it per layer (signed before)
+    magnitude = all(
+        any("attention_to_answer_magnitude" in v for v in (results[m].get("per_layer") or {}).values()) for m in names
+    )
+    of = " of |attention|" if magnitude else ""  # (results from before: their pictures drawn as they were)
     for col, (key, label) in enumerate(
         [
-            ("attention_to_answer", "(d) answer share per layer"),
-            ("attention_noise", "(e) noise per layer"),
+            ("attention_to_answer" + "_magnitude" * magnitude, f"(d) answer share{of} per layer"),
+            ("attention_noise" + "_magnitude" * magnitude, f"(e) noise{of} per layer"),
             ("negative_mass", "(f) negative mass per layer"),
         ]
     ):
@@ -703,6 +733,17 @@ def _share_items(key: str, run: Run):
     return (sha, per_key), [p[per_key] for p in samples]
 
 
+def _uniform_level(key: str, run: Run) -> float | None:
+    """The share uniform attention gets on the run's prompts (mean over them): the chance level of ``key``'s rows.
+    A model near it attends to the answer (or the noise) no more than to any token; two such models differing by
+    0.002 read as a difference in attention they do not have (an audit, 2026-12-03). None for results written
+    before the level was kept."""
+    samples = (run.results("alloc") or {}).get("per_sample") or []
+    per_key = _BUCKETS[key][0]
+    levels = [p["uniform"][per_key] for p in samples if isinstance(p.get("uniform"), dict) and per_key in p["uniform"]]
+    return float(np.mean(levels)) if levels and len(levels) == len(samples) else None
+
+
 def _share_measure(key: str) -> Measure:
     return Measure(
         f"{_BUCKETS[key][1]} (share of |attention|)",
@@ -713,6 +754,7 @@ def _share_measure(key: str) -> Measure:
         at_lambda0=_at_lambda0,
         seeds_note=_where_over_seeds,
         metric_for=lambda runs: _share_words_for(key, runs),
+        chance=partial(_uniform_level, key),
     )
 
 

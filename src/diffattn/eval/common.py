@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,23 @@ def recorded_length(run: object) -> int | None:
     records none."""
     length = ((run.get("data") or {}) if isinstance(run, dict) else {}).get("seq_len")
     return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
+def folder_training_length(folder: str | os.PathLike, *, pretrained_only: bool = False) -> int | None:
+    """:func:`recorded_length` of the ``run.yaml`` a model folder holds (a diffattn run's ``final/`` or checkpoint);
+    None where it holds none or it does not read. ``pretrained_only``: None for an adapter run's folder too (its
+    length is the adaptation's, not the base's pretraining)."""
+    import yaml
+
+    from ..files import RUN_CONFIG
+
+    try:
+        run = yaml.safe_load((Path(folder) / RUN_CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if pretrained_only and isinstance(run, dict) and "method" in run:
+        return None
+    return recorded_length(run)
 
 
 def trained_length(model: nn.Module) -> int | None:

@@ -156,7 +156,9 @@ def evaluate_with_lm_eval(
         batch_size: an int, or ``"auto"``.
         num_fewshot: overrides the tasks' own few-shot counts (tasks that fix 0 keep 0).
         device: move the model there for the call (it is moved back afterwards); default: where it is.
-        max_length: context length lm-eval truncates to; default: from the model config.
+        max_length: context length lm-eval truncates to; default: the length the model was trained at where its
+            run recorded one (:func:`diffattn.eval.common.trained_length`: a model measured past it is out of
+            distribution, as every suite's window), else lm-eval's, from the model config.
         log_samples: add each task's per-document records (arguments, log-likelihoods/responses, metrics) as
             ``results[task]["samples"]``.
         hflm_kwargs: extra ``HFLM`` options (``add_bos_token``, ``prefix_token_id``, ``truncation``, ...).
@@ -177,6 +179,10 @@ def evaluate_with_lm_eval(
     _check_options(limit, num_fewshot, hflm_kwargs, simple_evaluate_kwargs)
     paths, include_defaults = _task_indexes(task_list, include_path, include_defaults)
 
+    if max_length is None:
+        from .common import trained_length
+
+        max_length = trained_length(model)  # None: lm-eval reads the model config
     with _offline(), _preserved_state(model, device) as target_device:
         task_manager = TaskManager(include_path=paths or None, include_defaults=include_defaults)
         _check_tasks(task_list, task_manager, paths)

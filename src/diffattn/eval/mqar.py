@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,6 +56,7 @@ from .measures import (
     seeds_difference,
     value_text,
 )
+from .perplexity import per_token_windows, tokens_sha1
 from .stats import (
     Difference,
     mean_interval,
@@ -251,8 +253,7 @@ def ar_hit_split(model: nn.Module, tokenizer, source: str, *, tokens: int, seq_l
     text, description = load_text(source, "test")
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:tokens])
     device = model_device(model)
-    sums = {"ar_hit": 0.0, "others": 0.0}
-    counts = {"ar_hit": 0, "others": 0}
+    windows = {name: {"nll": [], "tokens": []} for name in ("ar_hit", "others")}
     for start in range(0, max(1, ids.numel() - 1), seq_len):
         chunk = ids[start : start + seq_len]
         if chunk.numel() < 2:
@@ -261,14 +262,24 @@ def ar_hit_split(model: nn.Module, tokenizer, source: str, *, tokens: int, seq_l
         loss = F.cross_entropy(logits, chunk[1:].to(device), reduction="none").cpu()
         hit = ar_hit_mask(chunk)[1:]
         for name, m in (("ar_hit", hit), ("others", ~hit)):
-            sums[name] += float(loss[m].sum())
-            counts[name] += int(m.sum())
+            windows[name]["nll"].append(float(loss[m].sum()))
+            windows[name]["tokens"].append(int(m.sum()))
+    sums = {name: sum(w["nll"]) for name, w in windows.items()}
+    counts = {name: sum(w["tokens"]) for name, w in windows.items()}
     return {
         "ar_hit_loss": sums["ar_hit"] / counts["ar_hit"] if counts["ar_hit"] else None,
         "others_loss": sums["others"] / counts["others"] if counts["others"] else None,
         "ar_hit_tokens": counts["ar_hit"],
         "others_tokens": counts["others"],
-        "metadata": {"text": description, "seq_len": seq_len, "tokens": int(ids.numel())},
+        # each window's summed loss and token count of both kinds, each as the perplexity suite's per_window record:
+        # two models on the same tokens are paired over them
+        "per_window": windows,
+        "metadata": {
+            "text": description,
+            "seq_len": seq_len,
+            "tokens": int(ids.numel()),
+            "tokens_sha1": tokens_sha1(ids),
+        },
     }
 
 
@@ -476,11 +487,48 @@ def _behind_at_largest_over_seeds(ref_runs: list[Run], new_runs: list[Run], new:
     return f"the slope is flatter but {new} is not ahead at the largest pair count over seeds"
 
 
+def _ar_hit_windows(r: dict | None, name: str = "ar_hit") -> tuple[np.ndarray, np.ndarray] | None:
+    """(each window's mean loss on ``name`` tokens, their count) over the windows that have some; None for results
+    from before the windows were kept."""
+    return per_token_windows({"per_window": ((r or {}).get("per_window") or {}).get(name)}, skip_empty=True)
+
+
 def _compare_ar_hit(ref: Run, new: Run, seed: int) -> Comparison | None:
-    a, b = ref.results("mqar", "ar_hit", "ar_hit_loss"), new.results("mqar", "ar_hit", "ar_hit_loss")
+    """DIFF Table 6's AR-Hit loss. Two models scored on the same tokens (same text, tokenizer and window: the same
+    AR-Hit tokens) are paired over the text's windows, token-weighted, as the perplexity suite's rows are (data
+    uncertainty only); the Others loss goes beside it, since a model better everywhere is better on AR-Hit tokens too.
+    Results without the windows: the two numbers, no interval (an audit, 2026-12-03: the row could never give a
+    verdict from one run per model)."""
+    ar, an = ref.results("mqar", "ar_hit"), new.results("mqar", "ar_hit")
+    a, b = (ar or {}).get("ar_hit_loss"), (an or {}).get("ar_hit_loss")
     if a is None or b is None:
         return None
-    return Comparison("AR-Hit loss", ref_value=a, new_value=b, kind=ONE_NUMBER)
+    wr, wn = _ar_hit_windows(ar), _ar_hit_windows(an)
+    paired = (
+        wr is not None
+        and wn is not None
+        and same_metadata(ar.get("metadata"), an.get("metadata"), "tokens_sha1", "seq_len")
+        and np.array_equal(wr[1], wn[1])
+    )
+    if not paired:
+        return Comparison("AR-Hit loss", ref_value=a, new_value=b, kind=ONE_NUMBER)
+    rv, rci = mean_interval(wr[0], weights=wr[1], seed=seed)
+    nv, nci = mean_interval(wn[0], weights=wn[1], seed=seed)
+    diff = paired_difference(wr[0], wn[0], weights=wr[1], seed=seed)
+    others = ""
+    orr, onn = _ar_hit_windows(ar, "others"), _ar_hit_windows(an, "others")
+    if orr is not None and onn is not None and np.array_equal(orr[1], onn[1]):
+        od = paired_difference(orr[0], onn[0], weights=orr[1], seed=seed)
+        lo, hi = od.interval
+        others = (
+            f"; Others loss {ar['others_loss']:.3f} → {an['others_loss']:.3f} ({od.estimate:+.3f} [{lo:+.3f}, "
+            f"{hi:+.3f}]): a model better everywhere is better on AR-Hit tokens too"
+        )
+    return Comparison(
+        "AR-Hit loss", ref_value=rv, ref_ci=rci, new_value=nv, new_ci=nci, diff=diff,
+        kind=paired_kind(diff, "text windows (AR-Hit tokens, token-weighted)"),
+        note=f"data uncertainty only, one seed; {int(wr[1].sum())} AR-Hit tokens{others}",
+    )  # fmt: skip
 
 
 def _above_floor_somewhere(run: Run) -> bool | None:

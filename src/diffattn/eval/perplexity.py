@@ -146,15 +146,19 @@ def _run_suite(model, tokenizer, o, folder, name):
 TEST_NLL = "test NLL/token (ppl suite)"  # what the loss rows read where the ppl suite has per-window NLLs
 
 
-def per_token_windows(r: dict | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(per-window mean NLL, tokens) of a ``per_window`` {"nll": sums, "tokens": counts} record."""
+def per_token_windows(r: dict | None, *, skip_empty: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """(per-window mean NLL, tokens) of a ``per_window`` {"nll": sums, "tokens": counts} record. A window without
+    tokens makes the record unreadable (None), or, with ``skip_empty`` (a subset of each window's tokens, as
+    AR-Hit's), is left out; None where no window is left."""
     pw = (r or {}).get("per_window")
     if not pw or not pw.get("nll") or len(pw["nll"]) != len(pw.get("tokens", [])):
         return None
-    tokens = np.asarray(pw["tokens"], dtype=float)
-    if np.any(tokens <= 0):
+    nll, tokens = np.asarray(pw["nll"], dtype=float), np.asarray(pw["tokens"], dtype=float)
+    if skip_empty:
+        nll, tokens = nll[tokens > 0], tokens[tokens > 0]
+    if not tokens.size or np.any(tokens <= 0):
         return None
-    return np.asarray(pw["nll"], dtype=float) / tokens, tokens
+    return nll / tokens, tokens
 
 
 def _compare_loss(ref: Run, new: Run, seed: int) -> Comparison | None:

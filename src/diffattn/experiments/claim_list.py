@@ -363,9 +363,9 @@ PAPER_CLAIM_LIST: tuple[ClaimEntry, ...] = (
         DEX, "DIFF attention is not sparser: a lower sparsity ratio than softmax attention except in the bottom "
         "layers, and a higher entropy (Fig. 2)",
         not_testable=(
-            "measured by the heads suite per layer (entropy of |a| renormalised; sparsity ratio at ε = 1e-3 and 1e-2, "
-            "not the paper's 1e-4 / 1e-6; no entropy per group), but no claim row reads it yet: the suite's claim "
-            "measures are heads:cka and heads:cosine_distance"
+            "measured by the heads suite per layer (entropy of |a| renormalised; sparsity ratio at the paper's "
+            "ε = 1e-6 and 1e-4, and at 1e-3 and 1e-2; no entropy per group), but no claim row reads it yet: the "
+            "suite's claim measures are heads:cka and heads:cosine_distance"
         ),
         refs=("Fig. 2",),
     ),

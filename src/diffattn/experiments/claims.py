@@ -281,14 +281,19 @@ def _untestable_at_chance(row: Claim, m: Measure, runs: list[Run], level: float 
     the value where there is none, at or below it at the printed digits) compares two models that do not have the
     skill: whichever is ahead, the difference says nothing about the claim, so the verdict is "inconclusive" and
     the note says why. ``level``: the comparison's own chance level (:attr:`Comparison.chance`: of what it read),
-    else the higher of the runs' (``Measure.chance``)."""
+    else the runs' (``Measure.chance``; the higher). A claim of a lower value (attention noise: a model with the
+    skill puts less than uniform attention there) reads it mirrored: a side reaches chance when the upper end of its
+    interval is at or above the level (the lower of the runs')."""
     per_run = [c for c in (m.chance(run) for run in runs) if finite(c)] if m.chance else []
     levels = [level] if finite(level) else per_run
     if not levels or row.ref_value is None or row.new_value is None:
         return row
-    level, d = max(levels), m.digits
+    below = row.claimed == "lower"
+    level, d = (min(levels) if below else max(levels)), m.digits
 
     def reaches_chance(value: float, ci) -> bool:
+        if below:  # mirrored: −value clears −level
+            return not clears_floor(-(interval(ci)[1] if interval(ci) else value), -level, d)
         return not clears_floor(interval(ci)[0] if interval(ci) else value, level, d)
 
     if reaches_chance(row.ref_value, row.ref_ci) and reaches_chance(row.new_value, row.new_ci):

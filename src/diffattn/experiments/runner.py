@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -737,9 +737,7 @@ def _folder_target(name: str, path: str, trained_length: int | None):
     on first use), or None where there is no folder to read (a name the adapter part will refuse itself)."""
     from functools import cache
 
-    import yaml
-
-    from ..eval.common import EvalTarget, recorded_length
+    from ..eval.common import EvalTarget, folder_training_length
     from ..models.pretrained import PRETRAINED, max_positions_of, pretrained_folder, refuse_remote_code
 
     # as load_pretrained reads it: a local folder first, then a known offline name
@@ -749,8 +747,7 @@ def _folder_target(name: str, path: str, trained_length: int | None):
         return None
     refuse_remote_code(folder, trust_remote_code=False)  # its tokenizer is never loaded with its own code
     # a diffattn run's final/ records the length it trained at: evaluation measures there (load_for_eval)
-    with suppress(OSError, yaml.YAMLError):
-        trained_length = recorded_length(yaml.safe_load((folder / RUN_CONFIG).read_text())) or trained_length
+    trained_length = folder_training_length(folder) or trained_length
 
     @cache
     def tokenizer():

@@ -185,6 +185,37 @@ def check_model_folder(path: Path) -> None:
             f"model folder {str(path)!r} has no tokenizer (tokenizer.json or tokenizer_config.json): save the "
             "model's tokenizer there with tokenizer.save_pretrained(folder)"
         )
+    wrapped = _adapted_weight_name(path)
+    if wrapped is not None:
+        raise ValueError(
+            f"{str(path)!r} was written by save_pretrained from a model diffattn had adapted (its weights are named "
+            f"as the adapter wraps them, e.g. {wrapped}): loaded as its architecture, every attention weight would be "
+            "missing. Save an adapted model with diffattn.save_adapter(model, folder) (loaded onto its base by "
+            "diffattn.load_adapter), or merge it where the method merges: diffattn.merge_adapter(model).save_pretrained"
+        )
+
+
+ADAPTED_MARK = ".base_attn."  # in a weight's name: the attention module an adapter wrapped (adapters.base)
+
+
+def _adapted_weight_name(path: Path) -> str | None:
+    """The first weight of a folder's safetensors named as inside an adapted attention, or None (headers only)."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+
+    index = path / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            names = list(json.loads(index.read_text()).get("weight_map", {}))
+        elif (path / "model.safetensors").is_file():
+            with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+                names = list(f.keys())
+        else:
+            return None
+    except (OSError, ValueError, AttributeError, SafetensorError):
+        return None  # an unreadable file: transformers' own load says what is wrong with it
+    return next((n for n in names if ADAPTED_MARK in n), None)
 
 
 def check_json_files(folder: Path) -> None:

@@ -504,6 +504,12 @@ def _normalise_lambda(lam: torch.Tensor | float, b: int, num_heads: int, t: int,
     raise ValueError(f"lam must be {allowed()}; got shape [{', '.join(map(str, lam.shape))}]")
 
 
+def _is_keep_mask(mask: torch.Tensor) -> bool:
+    """A float mask of only 0s and 1s, with a 1: a keep-mask cast to float (no additive mask adds exactly 1)."""
+    ones = mask == 1
+    return bool(ones.any()) and bool((ones | (mask == 0)).all())
+
+
 def _normalise_mask(
     attn_mask: torch.Tensor | None, b: int, h: int, t: int, s: int, q: torch.Tensor
 ) -> torch.Tensor | None:
@@ -521,6 +527,12 @@ def _normalise_mask(
             )
         if not attn_mask.is_floating_point():
             attn_mask = attn_mask.bool()
+        elif not torch.compiler.is_compiling() and _is_keep_mask(attn_mask):
+            raise ValueError(
+                "a float 2-D attn_mask is added to the logits, and this one holds only 0 and 1 (a 1 = real-token "
+                "mask, e.g. attention_mask.float(): added, it would mask nothing); pass it as bool or integer "
+                "(attention_mask.bool()), or as an additive mask (0 kept, -inf masked)"
+            )
         attn_mask = attn_mask[:, None, None, :]  # [B, 1, 1, S]
     elif attn_mask.dim() == 4:
         allowed = (b, h, t, s)

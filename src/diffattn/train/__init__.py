@@ -13,7 +13,7 @@ _HOMES = {
     "RunConfig": ".config",
     "TrainConfig": ".config",
     "pretrain_paired": ".paired",
-    "read_metrics": ".paired",
+    "read_metrics": ".trainer",
     "NonFiniteLossError": ".trainer",
     "RunFolderError": ".config",
     "checkpoint_problem": ".trainer",

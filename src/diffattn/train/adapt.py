@@ -58,7 +58,6 @@ from ..cards import run_card_fields, write_model_card
 from ..data import load_corpus, tokenize_and_pack
 from ..environment import environment
 from ..files import (
-    RUN_CONFIG,
     NoSpaceError,
     is_inside,
     publish_folder,
@@ -90,10 +89,12 @@ from .trainer import (
     check_run_dir,
     distribution,
     finished_summary,
+    read_metrics,
     ready_for_inference,
     start_run_folder,
     train_from,
     training_arguments,
+    training_throughput,
 )
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ def adapt_pretrained(
         "val_loss_before": val_before,
         "val_loss_after": val_after,
         "val_ppl_after": math.exp(min(val_after, 50.0)),
-        "tokens_per_s": tokens_per_step * steps_run / wall if wall > 0 else None,
+        "tokens_per_s": training_throughput(tokens_per_step, steps_run, wall, run_dir),
         "wall_seconds": wall,
         "lambda": lambdas,
         # the learning rate of the differential parameters (their own optimiser group; None: the method has none)
@@ -244,15 +245,9 @@ def base_training_length(name: str) -> int | None:
     """The sequence length a diffattn-pretrained base was trained at: ``data.seq_len`` of the ``run.yaml`` its
     ``final/`` (or checkpoint) folder holds; None for any other model (a hub model's training length is not
     recorded in its folder)."""
-    import yaml
+    from ..eval.common import folder_training_length
 
-    from ..eval.common import recorded_length
-
-    try:
-        run = yaml.safe_load((Path(name) / RUN_CONFIG).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return recorded_length(run) if isinstance(run, dict) and "method" not in run else None
+    return folder_training_length(name, pretrained_only=True)
 
 
 def _beyond_base_length(config: AdaptRunConfig) -> str | None:
@@ -274,8 +269,6 @@ def _logged_val_loss_before(run_dir: Path) -> float | None:
     """A resumed run's validation loss before training: the step-0 evaluation its first start logged to
     metrics.jsonl (kept there on resume); None where it is not there (a run from before it was logged). A resumed
     run's summary said ``null`` (a user's review, 2026-12-03)."""
-    from .paired import read_metrics
-
     return next((r["val_loss"] for r in read_metrics(run_dir / METRICS) if r["step"] == 0 and "val_loss" in r), None)
 
 

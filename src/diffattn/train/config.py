@@ -9,6 +9,7 @@ default to 1e-3.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,19 @@ class _PairedRuns(Mapping):
 
 
 PAIRED = _PairedRuns()
+
+PAIRING = "pairing.json"  # {"pairing": "all", "arms": [...]}: what a paired folder was started as
+
+
+def recorded_pairing(out: Path) -> str | None:
+    """The pairing (``both``, ``all``) a paired run folder was started as, from its :data:`PAIRING`; None where it
+    records none (a folder from before it was written, or not a paired run's)."""
+    try:
+        record = json.loads((Path(out) / PAIRING).read_text())
+    except (OSError, ValueError):
+        return None
+    pairing = record.get("pairing") if isinstance(record, dict) else None
+    return pairing if pairing in PAIRED and record.get("arms") == list(PAIRED[pairing]) else None
 
 
 @dataclass

@@ -2,8 +2,8 @@
 order from the same seed (the paper's comparison at equal parameters), then a loss-curve picture and a
 comparison table.
 
-Layout: ``OUT/standard/`` and ``OUT/diff/`` (each a full run folder), ``OUT/comparison.md``,
-``OUT/comparison.json``, ``OUT/loss_curves.png``.
+Layout: ``OUT/standard/`` and ``OUT/diff/`` (each a full run folder), ``OUT/pairing.json`` (the pairing, written
+as the run starts: a resume reads it), ``OUT/comparison.md``, ``OUT/comparison.json``, ``OUT/loss_curves.png``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import json
 import logging
 from pathlib import Path
 
-from ..files import RUN_CONFIG
+from ..files import RUN_CONFIG, write_text_atomic
 from ..models.architectures import ARCHITECTURES
-from .config import PAIRED, RunConfig
-from .trainer import METRICS, RunFolderError, pretrain
+from .config import PAIRED, PAIRING, RunConfig, recorded_pairing
+from .trainer import METRICS, RunFolderError, pretrain, read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -25,16 +25,18 @@ def _label(attention: str) -> str:
     return ARCHITECTURES[attention].label
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl records; for a resumed run the last record of each (step, kind) wins."""
-    if not path.is_file():
-        return []
-    latest: dict[tuple[int, str], dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            latest[(rec["step"], "eval" if "val_loss" in rec else "train")] = rec
-    return [latest[k] for k in sorted(latest)]
+def _record_pairing(out: Path, pairing: str) -> None:
+    path = out / PAIRING
+    if path.exists() and recorded_pairing(out) is None:  # a file of the same name that is not this record: kept
+        logger.warning("%s is not a paired run's record: kept, and the pairing is not recorded", path)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"pairing": pairing, "arms": list(PAIRED[pairing])}) + "\n")
+
+
+def rate_text(tokens_per_s: float | None) -> str:
+    """A summary's ``tokens_per_s`` as printed; "-" where none was recorded (a resume that trained no step)."""
+    return "-" if tokens_per_s is None else f"{tokens_per_s:.0f}"
 
 
 def pretrain_paired(
@@ -48,7 +50,9 @@ def pretrain_paired(
         )
     summaries = {}
     # "all": standard, diff and diff-v2; "both" (or a config naming one architecture): standard and diff
-    for attention in PAIRED.get(config.model.attention, PAIRED["both"]):
+    pairing = config.model.attention if config.model.attention in PAIRED else "both"
+    _record_pairing(out, pairing)
+    for attention in PAIRED[pairing]:
         cfg = copy.deepcopy(config)
         cfg.model.attention = attention
         logger.info("paired run: %s", _label(attention))
@@ -82,7 +86,7 @@ def write_comparison(out: Path, summaries: dict[str, dict]) -> None:
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['parameters']:,} | {r['steps']} | {r['final_val_loss']:.4f} | "
-            f"{r['final_val_ppl']:.2f} | {r['tokens_per_s']:.0f} |"
+            f"{r['final_val_ppl']:.2f} | {rate_text(r['tokens_per_s'])} |"
         )
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
     plot_loss_curves({a: out / a / METRICS for a in summaries}, out / "loss_curves.png")

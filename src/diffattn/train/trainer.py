@@ -155,6 +155,18 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; nothing of that step was saved."""
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl records; for a resumed run the last record of each (step, kind) wins."""
+    if not path.is_file():
+        return []
+    latest: dict[tuple[int, str], dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            latest[(rec["step"], "eval" if "val_loss" in rec else "train")] = rec
+    return [latest[k] for k in sorted(latest)]
+
+
 class MetricsCallback(TrainerCallback):
     """Appends one JSON line per log/eval to ``metrics.jsonl`` and stops on a non-finite loss."""
 
@@ -414,7 +426,7 @@ def rotate_checkpoints(run_dir: Path, keep: int, *, newest_complete: Path | None
     return deleted
 
 
-_step, _checkpoint_dirs = checkpoint_step, checkpoint_dirs  # their home: .config (the runner reads them too)
+_step, _checkpoint_dirs = checkpoint_step, checkpoint_dirs  # home: .config, by the resume rule
 
 
 RESUME_STATE = ("trainer_state.json", "optimizer.pt", "scheduler.pt")  # what Trainer needs to resume exactly
@@ -524,7 +536,9 @@ def finished_summary(run_dir: Path, checkpoint: Path | None, max_steps: int) -> 
         raise RunFolderError(
             f"{summary_file} cannot be read ({e}); the run is finished at step {_step(checkpoint)}"
         ) from None
-    if not isinstance(summary, dict):
+    if not isinstance(summary, dict) or summary.get("steps") != _step(checkpoint):
+        # (not the result of its newest checkpoint: a planned extension was stopped after it; the checkpoint is
+        # loaded, evaluated and saved as the run's result by train_from. Stop 86's note: the older result was returned)
         return None
     logger.warning("%s is finished at step %d (max_steps %d): nothing to resume, nothing changed", run_dir,
                    _step(checkpoint), max_steps)  # fmt: skip
@@ -777,7 +791,9 @@ def pretrain(
         "steps": trainer.state.global_step,
         "final_val_loss": final_eval["eval_loss"],
         "final_val_ppl": math.exp(min(final_eval["eval_loss"], 50.0)),
-        "tokens_per_s": tokens_per_step * (trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)) / wall,
+        "tokens_per_s": training_throughput(
+            tokens_per_step, trainer.state.global_step - (_step(checkpoint) if checkpoint else 0), wall, run_dir
+        ),
         "wall_seconds": wall,
         "lambda": lambda_per_layer(model),
         "distributed": distribution(config),
@@ -860,6 +876,17 @@ def train_from(trainer: Trainer, checkpoint: Path | None, max_steps: int) -> boo
         return True
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return False
+
+
+def training_throughput(tokens_per_step: int, steps_run: int, wall: float, run_dir: Path) -> float | None:
+    """The summary's ``tokens_per_s``: of the steps this process trained (``steps_run`` in ``wall`` seconds, its
+    evaluations included). A resume that only loaded a finished checkpoint (:func:`train_from`) trained none: the
+    mean of the rates its earlier process logged to metrics.jsonl (the run's own steps, timed without evaluation)
+    stands in, None where none was logged. The summary said 0 tokens/s (stop 86's note)."""
+    if steps_run > 0 and wall > 0:
+        return tokens_per_step * steps_run / wall
+    rates = [r["tokens_per_s"] for r in read_metrics(run_dir / METRICS) if "tokens_per_s" in r]
+    return sum(rates) / len(rates) if rates else None
 
 
 def _final_eval(trainer: Trainer) -> dict:

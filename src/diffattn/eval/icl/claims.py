@@ -4,6 +4,7 @@ Dex Table 3)."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import numpy as np
 
@@ -185,36 +186,42 @@ def _chance_words(m: dict, shots) -> str:
     return f"chance {floor:.2f} (the best heuristic{which}; 1 / {labels} labels = {1 / labels:.2f})"
 
 
-def _margin(run: Run) -> float | None:
-    return run.results("icl", "order_robustness", "arrangements", "random", "margin")
+def _margin(run: Run, arrangement: str = "random") -> float | None:
+    return run.results("icl", "order_robustness", "arrangements", arrangement, "margin")
 
 
-def _compare_margin(ref: Run, new: Run, seed: int) -> Comparison | None:
-    """DIFF Fig. 7: the random-order margin, best − worst accuracy over the permutations: one number per run, no
+def _compare_margin(ref: Run, new: Run, seed: int, arrangement: str = "random") -> Comparison | None:
+    """DIFF Fig. 7: an arrangement's order margin, best − worst accuracy over the permutations: one number per run, no
     interval. The order results keep each permutation's item hits, but a range of noisy per-permutation accuracies is
     inflated by the items' noise, the more the nearer its accuracy is to 0.5, and a bootstrap over the items repeats
     that bias instead of correcting it (a review of 2026-12-01 simulated 10 permutations of 30 items: the bootstrap
     interval held the true range in 17% of draws, and called the more accurate of two order-insensitive models the
     more robust in 15%, not 2.5%). Rows over seeds compare the runs' margins. The order-variance row
     (:func:`_compare_order_variance`) reads the same hits without that bias."""
-    mr, mn = _margin(ref), _margin(new)
+    mr, mn = _margin(ref, arrangement), _margin(new, arrangement)
     if mr is None or mn is None:
         return None
-    beside = "" if _order_hits(ref) is None or _order_hits(new) is None else (
+    beside = "" if _order_hits(ref, arrangement) is None or _order_hits(new, arrangement) is None else (
         "; the order-variance row reads the same orders without the items' noise"
     )  # fmt: skip
     return Comparison(
-        "order margin (random)", ref_value=mr, new_value=mn,
+        order_margin_words(arrangement), ref_value=mr, new_value=mn,
         kind=ONE_NUMBER + f" (best − worst over permutations; a bootstrap over the items would be biased{beside})",
-        note=_accuracies_beside([ref], [new]) or "",
+        note=_accuracies_beside([ref], [new], arrangement=arrangement) or "",
     )  # fmt: skip
 
 
-def _accuracies_beside(ref_runs: list[Run], new_runs: list[Run], why: bool = True) -> str | None:
-    """The two sides' mean accuracy over the random permutations, which a margin is read beside: the items' noise
+def _accuracies_beside(
+    ref_runs: list[Run], new_runs: list[Run], why: bool = True, arrangement: str = "random"
+) -> str | None:
+    """The two sides' mean accuracy over an arrangement's permutations, which a margin is read beside: the items' noise
     alone widens a best − worst range, the more the nearer the accuracy is to 0.5 (``why``: say so)."""
     means = [
-        [m for m in (r.results("icl", "order_robustness", "arrangements", "random", "mean") for r in runs) if finite(m)]
+        [
+            m
+            for m in (r.results("icl", "order_robustness", "arrangements", arrangement, "mean") for r in runs)
+            if finite(m)
+        ]
         for runs in (ref_runs, new_runs)
     ]
     if not all(means):
@@ -232,20 +239,20 @@ POINTS2 = 1e4
 MIN_ORDERS = 3
 
 
-def _order_hits(run: Run) -> np.ndarray | None:
-    """The random-order permutations × test items table of 0/1 hits (None for results from before they were kept,
-    or with fewer than :data:`MIN_ORDERS` orders or two items)."""
-    hits = run.results("icl", "order_robustness", "arrangements", "random", "hits")
+def _order_hits(run: Run, arrangement: str = "random") -> np.ndarray | None:
+    """The permutations × test items table of 0/1 hits of an arrangement (None for results from before they were
+    kept, or with fewer than :data:`MIN_ORDERS` orders or two items)."""
+    hits = run.results("icl", "order_robustness", "arrangements", arrangement, "hits")
     table = None if not hits else np.asarray(hits, dtype=float)
     ok = table is not None and table.ndim == 2 and table.shape[0] >= MIN_ORDERS and table.shape[1] >= 2
     return table if ok else None
 
 
-def _order_variance(run: Run) -> float | None:
-    """The variance of the random orders' true accuracies with the test items' noise removed, in points²
+def _order_variance(run: Run, arrangement: str = "random") -> float | None:
+    """The variance of an arrangement's orders' true accuracies with the test items' noise removed, in points²
     (:func:`~diffattn.eval.stats.rows_variance`: unbiased, so negative where the orders vary less than the items'
     noise alone would make them)."""
-    table = _order_hits(run)
+    table = _order_hits(run, arrangement)
     return None if table is None else rows_variance(table)[0] * POINTS2
 
 
@@ -272,7 +279,7 @@ def _variance_row(hr: np.ndarray, hn: np.ndarray, metric: str, extra: list[str])
     )  # fmt: skip
 
 
-def _compare_order_variance(ref: Run, new: Run, seed: int) -> Comparison | None:
+def _compare_order_variance(ref: Run, new: Run, seed: int, arrangement: str = "random") -> Comparison | None:
     """DIFF Fig. 7's robustness to order without the items' noise its margin carries: the variance of the accuracies
     the random orders would have on the whole item population, each model's from its permutations × items hits (two-way
     ANOVA: the orders' mean square less the order × item residual's), compared with the modified large-sample
@@ -281,19 +288,22 @@ def _compare_order_variance(ref: Run, new: Run, seed: int) -> Comparison | None:
     accuracy 0.50 against 0.96: "agrees" in 40% of draws of 10 × 30, 82% of 10 × 100;
     ``benchmarks/order_variance_simulation.py``), so the note gives the
     accuracies and the logit-scale variance beside it. The margins go in the note too."""
-    hr, hn = _order_hits(ref), _order_hits(new)
+    hr, hn = _order_hits(ref, arrangement), _order_hits(new, arrangement)
     if hr is None or hn is None:
         return None
-    mr, mn = _margin(ref), _margin(new)
+    mr, mn = _margin(ref, arrangement), _margin(new, arrangement)
     margins = f"margins {mr:.3f} → {mn:.3f}" if finite(mr) and finite(mn) else ""
-    return _variance_row(hr, hn, ORDER_VARIANCE, [margins, _accuracies_beside([ref], [new], why=False) or ""])
+    beside = _accuracies_beside([ref], [new], why=False, arrangement=arrangement) or ""
+    return _variance_row(hr, hn, order_variance_words(arrangement), [margins, beside])
 
 
 #: what runs' order results must share for their orders and test items to be the same
 SAME_ORDERS = ("dataset", "dataset_options", "seed", "test_size", "labels", "rounds", "permutation_seeds")
 
 
-def _seeds_order_variance(ref_runs: list[Run], new_runs: list[Run], seed: int) -> Comparison | None:
+def _seeds_order_variance(
+    ref_runs: list[Run], new_runs: list[Run], seed: int, arrangement: str = "random"
+) -> Comparison | None:
     """Over seeds: every run is scored on the same few orders (the evaluation's seed, not the training's) and the same
     items, so Welch over the runs' variances misses their sampling — simulated, 3 vs 3 seeds sharing each order's
     effect: 15% false verdicts on each side. Each side's hits are averaged over its seeds and the two mean tables
@@ -301,7 +311,7 @@ def _seeds_order_variance(ref_runs: list[Run], new_runs: list[Run], seed: int) -
     (``benchmarks/order_variance_simulation.py``: 3 vs 3 seeds of 10 orders × 100 items).
     What it reads is the order variance of the seeds' mean accuracy. Runs on other orders: None (Welch)."""
     runs = ref_runs + new_runs
-    tables = [_order_hits(run) for run in runs]
+    tables = [_order_hits(run, arrangement) for run in runs]
     metas = [(run.results("icl", "order_robustness", "metadata") or {}) for run in runs]
     if any(t is None for t in tables) or len({t.shape for t in tables}) > 1 or not metas[0].get("permutation_seeds"):
         return None
@@ -309,10 +319,22 @@ def _seeds_order_variance(ref_runs: list[Run], new_runs: list[Run], seed: int) -
         return None
     hr, hn = np.mean(tables[: len(ref_runs)], axis=0), np.mean(tables[len(ref_runs) :], axis=0)
     orders = f"the {len(ref_runs)} vs {len(new_runs)} seeds' mean hits on the same {hr.shape[0]} orders and items"
-    return _variance_row(hr, hn, f"{ORDER_VARIANCE} of {orders}", [])
+    return _variance_row(hr, hn, f"{order_variance_words(arrangement)} of {orders}", [])
 
 
-ORDER_VARIANCE = "order variance (random; points², the items' noise removed)"
+#: each arrangement of the demonstrations (icl.order.ARRANGEMENTS) in a row's words: DIFF Fig. 7 reads both
+ARRANGEMENT_WORDS = {"random": "random", "by_class": "by class"}
+
+
+def order_variance_words(arrangement: str = "random") -> str:
+    return f"order variance ({ARRANGEMENT_WORDS[arrangement]}; points², the items' noise removed)"
+
+
+def order_margin_words(arrangement: str = "random") -> str:
+    return f"order margin ({ARRANGEMENT_WORDS[arrangement]})"
+
+
+ORDER_VARIANCE = order_variance_words()
 ORDER_VARIANCE_WORDS = (
     "the variance over orders of the accuracy each order would have on the whole item population, less the test "
     "items' noise (unbiased: negative where the orders vary less than that noise alone would make them); on the "
@@ -331,28 +353,48 @@ def _order_floor(order: dict) -> float | None:
     return 1 / len(labels) if labels else None
 
 
-def _at_floor(what: str):
+def _at_floor(what: str, arrangement: str = "random"):
     """A measure's ``untestable``: a model at the floor has ``what`` (its margin, its order variance) near 0 because it
     ignores the demonstrations (:func:`_margin_at_floor`)."""
-    return lambda runs: _margin_at_floor(runs, what)
+    return lambda runs: _margin_at_floor(runs, what, arrangement)
 
 
-def _margin_at_floor(runs: list[Run], what: str = "margin") -> str | None:
-    """A model at the floor (its mean accuracy over the random permutations does not clear a constant label's) has a
-    margin near 0 because it ignores the demonstrations, not because it is robust to their order: a row with one
-    cannot test the claim, whichever side it is on."""
+def _margin_at_floor(runs: list[Run], what: str = "margin", arrangement: str = "random") -> str | None:
+    """A model at the floor (its mean accuracy over the arrangement's permutations does not clear a constant
+    label's) has a margin near 0 because it ignores the demonstrations, not because it is robust to their order: a row
+    with one cannot test the claim, whichever side it is on."""
     for run in runs:
         order = run.results("icl", "order_robustness")
-        random = ((order or {}).get("arrangements") or {}).get("random")
+        arranged = ((order or {}).get("arrangements") or {}).get(arrangement)
         floor = None if not order else _order_floor(order)
-        if random is None or floor is None:
+        if arranged is None or floor is None:
             continue
-        if not clears_floor(random["mean"], floor, 3):
+        if not clears_floor(arranged["mean"], floor, 3):
             return (
-                f"{run.name} is at the floor over the permutations (mean accuracy {random['mean']:.3f}, a constant "
+                f"{run.name} is at the floor over the permutations (mean accuracy {arranged['mean']:.3f}, a constant "
                 f"label scores {floor:.3f}): its {what} is that of ignoring the demonstrations"
             )
     return None
+
+
+def _order_measures(arrangement: str) -> dict[str, Measure]:
+    """The order margin and order variance rows of one arrangement (``icl:order_margin``, ``icl:order_variance`` for
+    the random orders; ``…_by_class`` for the class-alternating ones)."""
+    suffix = "" if arrangement == "random" else f"_{arrangement}"
+    return {
+        f"icl:order_margin{suffix}": Measure(
+            order_margin_words(arrangement), 3, per_run=partial(_margin, arrangement=arrangement),
+            compare=partial(_compare_margin, arrangement=arrangement), untestable=_at_floor("margin", arrangement),
+            seeds_note=partial(_accuracies_beside, arrangement=arrangement),
+        ),
+        f"icl:order_variance{suffix}": Measure(
+            order_variance_words(arrangement), 1, per_run=partial(_order_variance, arrangement=arrangement),
+            compare=partial(_compare_order_variance, arrangement=arrangement),
+            untestable=_at_floor("order variance", arrangement),
+            seeds_note=partial(_accuracies_beside, why=False, arrangement=arrangement),
+            seeds_compare=partial(_seeds_order_variance, arrangement=arrangement),
+        ),
+    }  # fmt: skip
 
 
 MEASURES = {
@@ -361,15 +403,7 @@ MEASURES = {
         compare=_compare_shots, chance=_chance, seeds_untestable=_shot_grids_differ, metric_for=_seeds_metric,
         per_item=_curve_items, item_strata=SHOT_COUNTS,
     ),
-    "icl:order_margin": Measure(
-        "order margin (random)", 3, per_run=_margin, compare=_compare_margin, untestable=_margin_at_floor,
-        seeds_note=_accuracies_beside,
-    ),
-    "icl:order_variance": Measure(
-        ORDER_VARIANCE, 1, per_run=_order_variance, compare=_compare_order_variance,
-        untestable=_at_floor("order variance"), seeds_note=lambda ref, new: _accuracies_beside(ref, new, why=False),
-        seeds_compare=_seeds_order_variance,
-    ),
+    **{name: m for arrangement in ARRANGEMENT_WORDS for name, m in _order_measures(arrangement).items()},
 }  # fmt: skip
 
 # The DIFF Transformer claims this suite's measures check, as data (every from-scratch differential model against its
@@ -390,5 +424,16 @@ CLAIMS = (
         "TREC margin 19.0 vs 4.0 points over 10 random orders: an order variance of at most about 38 vs 1.7 points² "
         "(10 normal draws span 3.08 standard deviations on average; the margins carry the items' noise too)",
         "icl:order_variance", "lower", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 7", "more robust to the order of demonstrations, arranged by class",
+        "TREC margin 56.7 vs 13.4 points (0.567 vs 0.134 as fractions; demonstrations alternating by class)",
+        "icl:order_margin_by_class", "lower", "baseline",
+    ),
+    PaperClaim(
+        "DIFF Transformer Fig. 7", "more robust to the order of demonstrations, arranged by class",
+        "TREC margin 56.7 vs 13.4 points over 10 class-alternating orders: an order variance of at most about 339 vs "
+        "19 points² (10 normal draws span 3.08 standard deviations on average)",
+        "icl:order_variance_by_class", "lower", "baseline",
     ),
 )  # fmt: skip
