@@ -371,6 +371,26 @@ def test_diff_v2_retrofit_gate_scales_the_base_output_and_learns_per_token(model
     assert cache.layers[0].keys.shape == base_cache.layers[0].keys.shape
 
 
+@pytest.mark.parametrize("model_type", [pytest.param("qwen2", id="qwen2"), pytest.param("gpt2", id="gpt2-fused")])
+def test_diff_v2_retrofit_copies_a_biased_query_exactly_in_bf16(model_type):
+    """second_query="copy" is W_Q2 = W_Q, b_Q2 = b_Q bit for bit: the copy was once probed through the layer on an
+    identity, which rounds W + b in bf16 (off by |b|·2⁻⁹; 37% of the largest weight with biases of std 5)."""
+    base = tiny(model_type).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if name.endswith(("q_proj.bias", "c_attn.bias")):
+                p.normal_(0.0, 5.0)
+    model = adapt(base, DiffV2Config(anneal_steps=10))
+    for _, _, wrapper in attention_modules(model):
+        attn, second = wrapper.base_attn, wrapper.method.diffv2_q
+        if model_type == "gpt2":  # Conv1D: y = x W + b, W [d_model, 3·H·d], the query's columns first
+            weight, bias = attn.c_attn.weight[:, : second.out_features].T, attn.c_attn.bias[: second.out_features]
+        else:
+            weight, bias = attn.q_proj.weight, attn.q_proj.bias
+        assert second.weight.dtype == torch.bfloat16
+        assert torch.equal(second.weight, weight) and torch.equal(second.bias, bias)
+
+
 def test_diff_v2_retrofit_refuses_a_gate_that_cannot_open():
     with pytest.raises(ValueError, match=r"would \(almost\) never open"):
         adapt(tiny("llama"), DiffV2Config(gate_init=1e-5))

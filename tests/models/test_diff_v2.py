@@ -40,12 +40,20 @@ def small_config(**kw) -> DiffTransformerV2Config:
 
 
 def reference_v2_layer(
-    attn: DiffV2Attention, x: torch.Tensor, theta: float = 10000.0, *, weights=None, rope_kind="rotate-half"
+    attn: DiffV2Attention,
+    x: torch.Tensor,
+    theta: float = 10000.0,
+    *,
+    weights=None,
+    biases=None,
+    rope_kind="rotate-half",
 ) -> torch.Tensor:
     """The reference semantics from the raw weights, in float64, one head and one token at a time: 2H query heads
     (pairs interleaved), RoPE (``rotate-half`` as Hugging Face, or ``interleaved`` pairs as the reference code),
-    causal softmax per map, out_h = A1 V − sigmoid(x·w_λ,h)·A2 V, o_proj."""
+    causal softmax per map, out_h = A1 V − sigmoid(x·w_λ,h)·A2 V, o_proj. ``biases``: {name: bias} of the
+    projections that have one (``attention_bias``), added before RoPE."""
     x = x.double()
+    bias = {n: b.double() for n, b in (biases or {}).items()}
     names = ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_proj")
     weights = weights or {n: getattr(attn, n).weight for n in names}
     wq, wk, wv, wo, wl = (weights[n].double() for n in names)
@@ -53,9 +61,9 @@ def reference_v2_layer(
     d = attn.head_dim
     h = wl.shape[0]
     hkv = wk.shape[0] // d
-    q = (x @ wq.T).view(b, t, 2 * h, d)
-    k = (x @ wk.T).view(b, t, hkv, d)
-    v = (x @ wv.T).view(b, t, hkv, d)
+    q = (x @ wq.T + bias.get("q_proj", 0)).view(b, t, 2 * h, d)
+    k = (x @ wk.T + bias.get("k_proj", 0)).view(b, t, hkv, d)
+    v = (x @ wv.T + bias.get("v_proj", 0)).view(b, t, hkv, d)
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]  # [T, d/2]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
@@ -79,7 +87,7 @@ def reference_v2_layer(
                 a1 = torch.softmax(keys @ q[bi, i, 2 * hi] / d**0.5, 0)
                 a2 = torch.softmax(keys @ q[bi, i, 2 * hi + 1] / d**0.5, 0)
                 out[bi, i, hi] = (a1 - gate[bi, i, hi] * a2) @ v[bi, : i + 1, kv]
-    return out.reshape(b, t, h * d) @ wo.T
+    return out.reshape(b, t, h * d) @ wo.T + bias.get("o_proj", 0)
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "chunked"])
@@ -101,19 +109,24 @@ def test_layer_matches_an_independent_implementation_outputs_and_gradients(backe
         torch.testing.assert_close(a.double(), r.double(), atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"grad {n}: {m}")
 
 
-def test_a_checkpoint_written_for_interleaved_rope_loads_after_the_row_permutation():
+@pytest.mark.parametrize("attention_bias", [pytest.param(False, id="no-bias"), pytest.param(True, id="q-k-biases")])
+def test_a_checkpoint_written_for_interleaved_rope_loads_after_the_row_permutation(attention_bias):
     """The reference code rotates interleaved pairs; its weights, with q/k rows permuted per head, give the same
-    layer in our (rotate-half) model."""
+    layer in our (rotate-half) model. A bias is added before RoPE: its entries move with their rows."""
     torch.manual_seed(0)
-    cfg = small_config(num_hidden_layers=1)
+    cfg = small_config(num_hidden_layers=1, attention_bias=attention_bias)
     model = DiffTransformerV2ForCausalLM(cfg).eval()
     attn = model.model.layers[0].self_attn
     g = torch.Generator().manual_seed(3)
     reference = {n: torch.randn(getattr(attn, n).weight.shape, generator=g) * 0.2 for n in
                  ("q_proj", "k_proj", "v_proj", "o_proj", "lambda_proj")}  # fmt: skip
+    biases = {
+        n: torch.randn(getattr(attn, n).bias.shape, generator=g) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+    } if attention_bias else {}  # fmt: skip
     x = torch.randn(2, 7, 48, generator=g)
-    want = reference_v2_layer(attn, x, weights=reference, rope_kind="interleaved")
+    want = reference_v2_layer(attn, x, weights=reference, biases=biases, rope_kind="interleaved")
     state = {f"model.layers.0.self_attn.{n}.weight": w for n, w in reference.items()}
+    state |= {f"model.layers.0.self_attn.{n}.bias": b for n, b in biases.items()}
     converted = convert_interleaved_rope_state_dict(state, cfg)
     model.load_state_dict(converted, strict=False)
     got, _ = attn(x, model.model.rotary_emb(x, torch.arange(7)[None].expand(2, -1)), attention_mask=None)
@@ -121,6 +134,10 @@ def test_a_checkpoint_written_for_interleaved_rope_loads_after_the_row_permutati
     model.load_state_dict(state, strict=False)  # without the permutation the layer differs
     unconverted, _ = attn(x, model.model.rotary_emb(x, torch.arange(7)[None].expand(2, -1)), attention_mask=None)
     assert (unconverted.double() - want).abs().max() > 1e-3
+    if attention_bias:  # the weights permuted but not the biases: still another layer
+        model.load_state_dict(converted | {k: v for k, v in state.items() if k.endswith(".bias")}, strict=False)
+        half, _ = attn(x, model.model.rotary_emb(x, torch.arange(7)[None].expand(2, -1)), attention_mask=None)
+        assert (half.double() - want).abs().max() > 1e-3
 
 
 def test_layout_and_parameter_counts():
@@ -220,3 +237,27 @@ def test_heads_that_cannot_pair_are_refused():
         small_config(num_attention_heads=4, num_key_value_heads=3)
     with pytest.raises(ValueError, match="lambda_init: they need attention='diff'"):
         build_model("debug", "diff-v2", lambda_init=0.5)
+
+
+def test_attention_dropout_is_applied_by_transformers_implementations_and_said_to_be_absent_from_ours(caplog):
+    """The fused route (the default) drops no attention probabilities, and says so when the model is built; 'sdpa'
+    and 'eager' apply config.attention_dropout in training mode, as Llama's modules do."""
+    x = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level("WARNING", logger="diffattn.models.diff_v2"):
+        model = DiffTransformerV2ForCausalLM(small_config(attention_dropout=0.5)).train()
+    assert "computes without attention-probability dropout (config.attention_dropout=0.5)" in caplog.text
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, model(x).logits)
+    for implementation in ("sdpa", "eager"):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="diffattn.models.diff_v2"):
+            model = DiffTransformerV2ForCausalLM(
+                small_config(attention_dropout=0.5, attn_implementation=implementation)
+            ).train()
+        assert "dropout" not in caplog.text, implementation
+        with torch.no_grad():
+            assert not torch.equal(model(x).logits, model(x).logits), implementation
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="diffattn.models.diff_v2"):
+        DiffTransformerV2ForCausalLM(small_config())
+    assert "dropout" not in caplog.text

@@ -627,3 +627,16 @@ def test_pairs_projection_is_the_projection_with_its_heads_in_pairs():
     got = pairs_projection(linear, x, 3).unflatten(-1, (2, 2, 3))  # [B, T, pair j, member m, width]
     heads = linear(x).unflatten(-1, (2, 2, 3))  # DiffLlama's [B, T, half m, head j, width]
     assert torch.allclose(got, heads.transpose(2, 3), rtol=0, atol=1e-6)
+
+
+def test_installing_diff_attention_on_a_config_with_attention_dropout_says_it_is_not_applied(caplog):
+    """transformers' DiffLlama drops attention probabilities in training; our op does not (docs/methods.md §7)."""
+    model = build_model("debug", "diff", backend=None, num_layers=1)
+    with caplog.at_level("WARNING", logger="diffattn.models.install"):
+        install_diff_attention(model, "reference")
+    assert "dropout" not in caplog.text
+    model = build_model("debug", "diff", backend=None, num_layers=1)
+    model.config.attention_dropout = 0.1
+    with caplog.at_level("WARNING", logger="diffattn.models.install"):
+        install_diff_attention(model, "reference")
+    assert "without attention-probability dropout (config.attention_dropout=0.1)" in caplog.text

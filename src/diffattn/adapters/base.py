@@ -27,6 +27,7 @@ from torch import nn
 from ..lambdas import HasLambda, annealed_lambda
 from ..models.attention_interface import (
     FUSED,
+    dropout_not_applied,
     interface_attention,
     register_fused_attention,
     uses_fused_op,
@@ -375,10 +376,6 @@ def refuse_adapted(model: nn.Module, caller: str, remedy: str = "adapt a fresh b
     raise ValueError(f"{caller}: this model has {what} already; {remedy}, or call remove_adapter(model) first")
 
 
-# the config fields of the attention-probability dropout an adapted attention does not apply (Llama-likes, GPT-2)
-ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop")
-
-
 def wrap_attention(model: nn.Module, make_method, config, method_name: str, anneal_steps: int | None):
     """Replace every attention module with an :class:`AdaptedAttention` built by ``make_method(layer_idx, attn)``."""
     spec = get_spec(model)
@@ -388,12 +385,7 @@ def wrap_attention(model: nn.Module, make_method, config, method_name: str, anne
             "attention logit soft-capping (config.attn_logit_softcapping) is not supported by the "
             "adapters yet; the recomputed attention would silently differ from the model's"
         )
-    dropout = [
-        f"config.{k}={p}"
-        for k in ATTENTION_DROPOUT
-        if isinstance(p := getattr(model.config, k, 0), (int, float)) and p > 0
-    ]
-    if dropout:
+    if dropout := dropout_not_applied(model.config):
         logger.warning(
             "the adapted attention computes without attention-probability dropout (%s): in training mode the adapted "
             "model drops no attention weights where the base did (docs/methods.md §7)",

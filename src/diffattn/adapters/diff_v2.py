@@ -32,7 +32,7 @@ from torch import nn
 from ..lambdas import annealing_ramp, v2_gate
 from .annealed import ATTN_NEW, AnnealedMethodConfig, annealed_spec
 from .base import AdapterMethod, AdapterState, wrap_attention
-from .model_types import get_spec, head_layout, linear_part
+from .model_types import get_spec, head_layout, projection_weights
 from .registry import TWO_MAPS, register
 
 SECOND_QUERY_INITS = ("copy", "noise")
@@ -63,12 +63,6 @@ class DiffV2Config(AnnealedMethodConfig):
         return None
 
 
-def _query_has_bias(spec, attn: nn.Module) -> bool:
-    if spec.fused_qkv is not None:  # GPT-2's Conv1D always has one
-        return getattr(attn, spec.fused_qkv).bias is not None
-    return getattr(attn, spec.q_proj).bias is not None
-
-
 class DiffV2Maps(AdapterMethod):
     """The second query projection and the per-token gate of one layer (parameters prefixed ``diffv2_``)."""
 
@@ -81,12 +75,8 @@ class DiffV2Maps(AdapterMethod):
         self._base = [base_attn]  # a plain list: the base module is registered once, in the wrapper
         layout = head_layout(base_attn)
         width = layout.num_heads * layout.head_dim
-        with torch.no_grad():  # the base's W_Q and b_Q, read through its own projection (fused or not)
-            probe = torch.cat([torch.zeros(1, d_model), torch.eye(d_model)]).to(device=device, dtype=dtype)
-            out = linear_part(spec, base_attn, probe, "q").float()  # row 0: b_Q; rows 1..: W_Qᵀ + b_Q
-            bias = out[0]
-            weight = (out[1:] - bias).T  # [H·d, d_model]
-        has_bias = _query_has_bias(spec, base_attn)
+        weight, bias = projection_weights(spec, base_attn, "q")  # the base's W_Q [H·d, d_model] and b_Q
+        has_bias = bias is not None
         self.diffv2_q = nn.Linear(d_model, width, bias=has_bias, device=device, dtype=dtype)
         with torch.no_grad():
             if config.second_query == "copy":
@@ -94,7 +84,7 @@ class DiffV2Maps(AdapterMethod):
                 if has_bias:
                     self.diffv2_q.bias.copy_(bias)
             else:
-                self.diffv2_q.weight.normal_(0.0, float(weight.std()))
+                self.diffv2_q.weight.normal_(0.0, float(weight.float().std()))
                 if has_bias:
                     self.diffv2_q.bias.zero_()
         self.diffv2_gate = nn.Linear(d_model, layout.num_heads, bias=True, device=device, dtype=torch.float32)

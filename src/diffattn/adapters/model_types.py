@@ -125,6 +125,19 @@ def linear_part(spec: ModelTypeSpec, attn: nn.Module, x: torch.Tensor, part: str
     return torch.addmm(conv.bias[cols], x.reshape(-1, x.shape[-1]), conv.weight[:, cols]).view(*x.shape[:-1], width)
 
 
+def projection_weights(spec: ModelTypeSpec, attn: nn.Module, part: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One projection's own parameters as ``(W [heads·d, d_model], b or None)``, ``part`` in ``q``, ``k``, ``v``:
+    read, not probed (running the layer on an identity rounds W + b in the model's dtype: a bf16 copy of a biased
+    query was off by |b|·2⁻⁹). Views of the base's parameters: copy before changing them."""
+    if spec.fused_qkv is None:
+        linear = getattr(attn, {"q": spec.q_proj, "k": spec.k_proj, "v": spec.v_proj}[part])
+        return linear.weight, linear.bias
+    conv = getattr(attn, spec.fused_qkv)  # Conv1D: W [d_model, 3·H·d]
+    width = head_layout(attn).num_heads * head_layout(attn).head_dim
+    cols = slice("qkv".index(part) * width, ("qkv".index(part) + 1) * width)
+    return conv.weight[:, cols].T, None if conv.bias is None else conv.bias[cols]
+
+
 def linear_qkv(
     spec: ModelTypeSpec, attn: nn.Module, x: torch.Tensor, value_x: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -40,6 +40,20 @@ def visible_keys(q_len: int, attention_mask, *tensors):
     return tensors
 
 
+# the config fields of attention-probability dropout (Llama-likes, GPT-2): diffattn's two-map op has none
+ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop")
+
+
+def dropout_not_applied(config) -> list[str]:
+    """``config.<field>=<p>`` for every attention-probability dropout ``config`` asks for (p > 0), which a module
+    computing through diffattn's op does not apply (docs/methods.md §7): said once where such a module is built."""
+    return [
+        f"config.{k}={p}"
+        for k in ATTENTION_DROPOUT
+        if isinstance(p := getattr(config, k, 0), (int, float)) and not isinstance(p, bool) and p > 0
+    ]
+
+
 def _fused_is_for_differential_modules(module: nn.Module, *args, **kwargs):
     raise ValueError(
         f"attn_implementation={FUSED!r} is diffattn's fused two-map kernel, used by differential attention modules; "

@@ -26,6 +26,7 @@ row permutation transformers' Llama conversion applies).
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
 import torch
@@ -52,12 +53,15 @@ from ..ops.observe import observing, report
 from ..ops.quantized import logit_bits, quantized_attention
 from .attention_interface import (
     FUSED,
+    dropout_not_applied,
     paired_attention,
     register_fused_attention,
     uses_fused_op,
     visible_keys,
 )
 from .diff_llama import attention_maps_requested, rotated_heads
+
+logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "diffattn_v2"
 
@@ -209,6 +213,14 @@ class DiffTransformerV2Model(DiffTransformerV2PreTrainedModel, LlamaModel):
             for idx, layer in enumerate(self.layers):
                 layer.self_attn = DiffV2Attention(config, idx)
             self.post_init()  # initialise the new modules like every other Linear
+            if uses_fused_op(config) and (dropout := dropout_not_applied(config)):
+                logger.warning(
+                    "DIFF V2 attention under attn_implementation=%r computes without attention-probability dropout "
+                    "(%s): in training mode it drops no attention weights; 'sdpa' or 'eager' apply it "
+                    "(docs/methods.md §7)",
+                    FUSED,
+                    ", ".join(dropout),
+                )
 
 
 class DiffTransformerV2ForCausalLM(DiffTransformerV2PreTrainedModel, LlamaForCausalLM):
@@ -223,25 +235,26 @@ class DiffTransformerV2ForCausalLM(DiffTransformerV2PreTrainedModel, LlamaForCau
 
 
 def rotate_half_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Rows of a q/k projection that rotates interleaved pairs (x_2i, x_2i+1) → the rows Hugging Face's
-    rotate-half RoPE needs for the same attention: within each head, even rows first, then odd rows (the
-    permutation transformers' Llama conversion applies)."""
-    rows, cols = weight.shape
+    """Rows of a q/k projection (its weight [rows, cols] or its bias [rows]) that rotates interleaved pairs
+    (x_2i, x_2i+1) → the rows Hugging Face's rotate-half RoPE needs for the same attention: within each head, even
+    rows first, then odd rows (the permutation transformers' Llama conversion applies). A bias is added before RoPE,
+    so it moves with its rows."""
+    rows, rest = weight.shape[0], tuple(weight.shape[1:])
     head_dim = rows // num_heads
-    return weight.view(num_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    return weight.view(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
 def convert_interleaved_rope_state_dict(state_dict: dict, config: DiffTransformerV2Config) -> dict:
     """A V2 state dict in this module's parameter layout but written for interleaved-pair RoPE (the reference
-    code's rotary) → the same model for :class:`DiffTransformerV2ForCausalLM`: q_proj and k_proj rows permuted
-    per head (:func:`rotate_half_rows`); every other tensor unchanged."""
+    code's rotary) → the same model for :class:`DiffTransformerV2ForCausalLM`: q_proj and k_proj rows (weights and,
+    with ``attention_bias``, biases) permuted per head (:func:`rotate_half_rows`); every other tensor unchanged."""
     q_heads = (2 if config.use_diff_v2 else 1) * config.num_attention_heads
     out = dict(state_dict)
-    for name, weight in state_dict.items():
-        if name.endswith("self_attn.q_proj.weight"):
-            out[name] = rotate_half_rows(weight, q_heads)
-        elif name.endswith("self_attn.k_proj.weight"):
-            out[name] = rotate_half_rows(weight, config.num_key_value_heads)
+    for name, tensor in state_dict.items():
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+            out[name] = rotate_half_rows(tensor, q_heads)
+        elif name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            out[name] = rotate_half_rows(tensor, config.num_key_value_heads)
     return out
 
 

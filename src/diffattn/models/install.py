@@ -19,6 +19,7 @@ from torch import nn
 from transformers import DiffLlamaConfig, DiffLlamaModel
 from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
 
+from .attention_interface import dropout_not_applied
 from .diff_llama import (
     MODEL_TYPE,
     DiffAttentionOptions,
@@ -134,6 +135,12 @@ def install_diff_attention(
             new.groupnorm = module.groupnorm  # a re-install (another backend, λ_init) keeps the learnt norm gains
         setattr(parent, child, new)
     _hook_layer_lambdas(model, on=True)
+    if dropout := dropout_not_applied(config):
+        logger.warning(
+            "DIFF attention computes through diffattn's op, without attention-probability dropout (%s): in training "
+            "mode it drops no attention weights (docs/methods.md §7)",
+            ", ".join(dropout),
+        )
     config.diffattn = options.to_config()
     set_checkpoint_type(config, options)
     logger.info("installed diffattn DIFF attention in %d layers (%s)", len(targets), options)
