@@ -180,6 +180,11 @@ def test_resume_continues_a_run_to_more_steps(base_dir, corpus_dir, tmp_path, mo
     assert relative.method_config().anneal_steps == default_anneal_steps(4) == 2  # T of the planned run
     before = adapt_pretrained(relative, out)["val_loss_before"]
     assert yaml.safe_load((out / "run.yaml").read_text())["model"]["name"] == str(base_dir.resolve())
+    # the experiment runner's rerun of the same config, named relative again, is the same run: done (it was refused,
+    # the relative name against the absolute one: a second `diffattn quickstart` with its relative --root)
+    from diffattn.experiments.runner import run_state
+
+    assert run_state(out, relative, overwrite=False) == "done"
     monkeypatch.chdir(tmp_path)
     config = adapt_config(base_dir, corpus_dir, "daa", steps=4, **planned)
     summary = adapt_pretrained(config, out, resume=True)

@@ -85,6 +85,8 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
             )
         return FRESH
     saved = type(config).load(saved_file)
+    if hasattr(config, "with_base_folder_absolute"):  # an adapter's base as its run.yaml records it
+        config = config.with_base_folder_absolute()
     # what a run may change and stay the same run: how far it goes inside its schedule, how its step runs (the
     # trainer's rule, from the checkpoint it would resume: read only where the plan changed, as it reads weights)
     trained = 0

@@ -65,7 +65,7 @@ from ..files import (
     write_text_atomic,
     writing,
 )
-from ..models.pretrained import PRETRAINED, config_positions, load_pretrained
+from ..models.pretrained import config_positions, load_pretrained
 from .adapt_config import (
     RESOLVED_OPTIONS,
     AdaptRunConfig,
@@ -137,16 +137,6 @@ def _count(model) -> tuple[int, int]:
     return trainable, sum(p.numel() for p in model.parameters())
 
 
-def _base_folder_absolute(config: AdaptRunConfig) -> AdaptRunConfig:
-    """The config with a base model named by a relative folder made absolute: run.yaml records it, and ``diffattn
-    eval`` or :func:`~diffattn.adapters.runs.load_adapted` of the run reads the base from there, from whatever
-    directory they run in (a relative name was read against theirs: a user's review, 2026-12-03)."""
-    name = config.model.name
-    if name in PRETRAINED or Path(name).is_absolute() or not Path(name).is_dir():
-        return config
-    return config.with_overrides({"model.name": str(Path(name).resolve())})
-
-
 def adapt_pretrained(
     config: AdaptRunConfig,
     run_dir: str | os.PathLike,
@@ -156,7 +146,7 @@ def adapt_pretrained(
     callbacks: list[TrainerCallback] | None = None,
 ) -> dict:
     """Fine-tune ``config.model.name`` with ``config.method`` on ``config.data``; returns the summary."""
-    config = _base_folder_absolute(config.validate())
+    config = config.validate().with_base_folder_absolute()
     run_dir = Path(run_dir)
     args = training_arguments(config, run_dir)
     check_cuda_graphs(config, args)

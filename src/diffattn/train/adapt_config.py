@@ -209,6 +209,19 @@ class AdaptRunConfig(SectionedConfig):
         else:
             super()._set(d, dotted, value)
 
+    def with_base_folder_absolute(self) -> AdaptRunConfig:
+        """This config with a base model named by a relative folder made absolute: run.yaml records it, and
+        ``diffattn eval`` or :func:`~diffattn.adapters.runs.load_adapted` of the run reads the base from there, from
+        whatever directory they run in (a relative name was read against theirs: a user's review, 2026-12-03); a
+        rerun compares its config in this form too, so a relative ``--root`` is the same run (a review,
+        2026-12-03: the second ``diffattn quickstart`` was refused)."""
+        from ..models.pretrained import PRETRAINED
+
+        name = self.model.name
+        if name in PRETRAINED or Path(name).is_absolute() or not Path(name).is_dir():
+            return self
+        return self.with_overrides({"model.name": str(Path(name).resolve())})
+
     def method_config(self):
         """The method's config dataclass from ``method.options`` (anneal_steps: :func:`default_anneal_steps` of
         the steps the schedule is planned over, ``train.resolved_schedule_steps``, when unset). Raises ValueError for
