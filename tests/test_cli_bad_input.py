@@ -42,6 +42,13 @@ CASES = [
     ("pretrain --out {new} --lr -1", r"train.lr must be > 0"),
     ("pretrain --out {new} --lr nan", r"train.lr must be > 0"),
     ("pretrain --out {new} --batch-size 0", r"train.global_batch_size must be >= 1"),
+    # the optimiser's settings before anything is written (torch refused a beta at the first step, after run.yaml)
+    ("pretrain --out {new} --set train.beta2=1.5", r"train.beta2 must be in \[0, 1\)"),
+    # every arm of a paired run is checked before the first trains (the baseline trained whole, then DIFF failed)
+    (
+        "pretrain --out {new} --attention both --data {corpus} --set model.overrides.num_kv_heads=1",
+        r"even num_kv_heads",
+    ),
     ("pretrain --out {new} --max-steps abc", r"argument --max-steps: invalid int value: 'abc'"),
     ("pretrain --out {new} --config /no/such.yaml", r"config file '/no/such.yaml' does not exist"),
     ("pretrain --out {new} --config {bad_yaml}", r"is not valid YAML"),

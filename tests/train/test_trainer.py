@@ -99,6 +99,11 @@ def test_a_resume_keeps_the_schedule_its_steps_followed(saved, asked, trained, f
         ({"model": {"preset": "giant"}}, "unknown preset 'giant'"),
         ({"model": {"attention": "linear"}}, "model.attention must be one of"),
         ({"train": {"save_every": 5, "log_every": 2}}, "multiple of train.log_every"),
+        ({"model": {"lambda_init": 1.5}}, r"model.lambda_init must be 'exponential' or a float in \(0, 1\)"),
+        ({"train": {"beta1": -0.1}}, r"train.beta1 must be in \[0, 1\)"),
+        ({"train": {"weight_decay": -0.1}}, r"train.weight_decay must be >= 0"),
+        ({"train": {"grad_clip": float("nan")}}, r"train.grad_clip must be >= 0"),
+        ({"train": {"keep_checkpoints": 0}}, r"train.keep_checkpoints must be >= 1"),
     ],
 )
 def test_bad_config_is_one_clear_error(data, message):
@@ -225,12 +230,20 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_without_another_step(co
     assert again["steps"] == 2 and again["final_val_loss"] == pytest.approx(first["final_val_loss"], rel=1e-6)
     assert max(losses(tmp_path / "run")) == 2
     # no step ran in this process: its speed is the one the first process logged (it read 0 tokens/s)
-    from diffattn.train.trainer import training_throughput
+    from types import SimpleNamespace
+
+    from diffattn.train.trainer import MetricsCallback, training_throughput
 
     rates = [r["tokens_per_s"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "tokens_per_s" in r]
     assert rates and again["tokens_per_s"] == pytest.approx(sum(rates) / len(rates))
-    assert training_throughput(64, 0, 1.0, tmp_path / "nothing logged") is None
-    assert training_throughput(64, 3, 2.0, tmp_path / "run") == 96.0  # steps of this process: their own rate
+    metrics = MetricsCallback(tmp_path / "m.jsonl", 64)
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[metrics]))
+    assert training_throughput(trainer, tmp_path / "nothing logged") is None
+    # steps of this process: their own rate, from their step times alone (not the wall time of evaluations too)
+    metrics.total_steps, metrics.total_seconds = 3, 2.0
+    assert training_throughput(trainer, tmp_path / "run") == 96.0
+    wall_rate = cfg.train.global_batch_size * cfg.data.seq_len * first["steps"] / first["wall_seconds"]
+    assert first["tokens_per_s"] > wall_rate  # its evaluation and checkpoint at step 2 are not in the rate
     # a summary.json older than the newest checkpoint (an extension stopped after its checkpoint, before its
     # summary) is not the run's result: the checkpoint is (the older summary was returned as "finished")
     (tmp_path / "run" / "summary.json").write_text(json.dumps({**first, "steps": 1}))
@@ -690,3 +703,27 @@ def test_gpu_a_graphed_run_trains_as_the_eager_one(tmp_path):
     assert_follows_eager(losses(tmp_path / "graphed"), losses(tmp_path / "eager"), losses(tmp_path / "accum"), "graphs")
     eager = json.loads((tmp_path / "eager" / "summary.json").read_text())
     print(f"tokens/s: eager {eager['tokens_per_s']:.0f}, graphed {graphed['tokens_per_s']:.0f}")
+
+
+def test_weight_decay_spares_every_norm_gain_the_diff_layers_add():
+    """Trainer's rule knows norms by nn.LayerNorm or by name; a DIFF head norm's gain (rms_affine: an nn.RMSNorm
+    named groupnorm) and DiffLoRA's norm_gain are neither, and were decayed while the model's other gains were not."""
+    from diffattn import parameter_groups
+    from diffattn.adapters import DiffLoRAConfig, adapt, trainable_parameters
+    from diffattn.models import build_model
+    from diffattn.train.decay import decayed_parameter_names
+
+    from ..tiny_models import tiny
+
+    model = build_model("debug", "diff", backend="reference", norm="rms_affine", num_layers=1)
+    decayed = set(decayed_parameter_names(model))
+    names = {n for n, _ in model.named_parameters()}
+    norms = {n for n in names if "norm" in n}
+    assert "model.layers.0.self_attn.groupnorm.weight" in norms and not decayed & norms
+    # the λ vectors follow the general rule in pretraining (docs/methods.md §7), as do the projections
+    assert {"model.layers.0.self_attn.lambda_q1", "model.layers.0.self_attn.q_proj.weight"} <= decayed
+    adapted = adapt(tiny("llama"), DiffLoRAConfig(rank=2, group_norm=True, group_norm_gain=True))
+    trainable_parameters(adapted)
+    groups = {g["name"]: g for g in parameter_groups(adapted, lr=1e-4, lambda_lr=1e-2, weight_decay=0.1)}
+    gains = [p for n, p in adapted.named_parameters() if n.endswith("norm_gain")]
+    assert gains and all(any(p is q for q in groups["no_decay"]["params"]) for p in gains)

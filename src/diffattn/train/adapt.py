@@ -83,7 +83,6 @@ from .trainer import (
     MetricsCallback,
     RunFolderError,
     _final_eval,
-    _step,
     check_checkpoint_fits,
     check_cuda_graphs,
     check_run_dir,
@@ -191,8 +190,6 @@ def adapt_pretrained(
         set_adapter_step(model, max(0, trainer.state.global_step - 1))
     wall = time.perf_counter() - t0
     val_after = _final_eval(trainer)["eval_loss"]
-    steps_run = trainer.state.global_step - (_step(checkpoint) if checkpoint else 0)
-    tokens_per_step = config.train.global_batch_size * config.data.seq_len
     lambdas = adapter_lambdas(model) if is_adapter else None
     summary = {
         "model": config.model.name,
@@ -205,7 +202,7 @@ def adapt_pretrained(
         "val_loss_before": val_before,
         "val_loss_after": val_after,
         "val_ppl_after": math.exp(min(val_after, 50.0)),
-        "tokens_per_s": training_throughput(tokens_per_step, steps_run, wall, run_dir),
+        "tokens_per_s": training_throughput(trainer, run_dir),
         "wall_seconds": wall,
         "lambda": lambdas,
         # the learning rate of the differential parameters (their own optimiser group; None: the method has none)

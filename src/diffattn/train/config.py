@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config import YamlConfig, set_dotted
 from ..cuda_graphs import COMPILE_MODES
 from ..data.synthetic import CITY_KEYS, NEEDLE_LOSSES
+from ..lambdas import check_lambda_init
 from ..models.architectures import ARCHITECTURES
 from ..models.presets import NORMS, PRESETS
 from ..ops import BACKENDS
@@ -77,6 +78,7 @@ class ModelConfig:
             raise ValueError(f"model.backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         if self.norm not in NORMS:
             raise ValueError(f"model.norm must be one of {', '.join(NORMS)}; got {self.norm!r}")
+        check_lambda_init(self.lambda_init, "model.lambda_init", low=0.0, high=1.0)
 
 
 @dataclass
@@ -222,6 +224,17 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.schedule not in ("linear", "cosine"):
             raise ValueError(f"train.schedule must be linear or cosine, got {self.schedule!r}")
+        # the optimiser's settings, before anything is written (torch refused a beta only at the first step, after
+        # run.yaml was saved; a negative decay or clip trained without a word: a review, 2026-12-03); written so NaN
+        # fails too
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"train.{name} must be in [0, 1) (an Adam moment's decay), got {getattr(self, name)}")
+        for name in ("weight_decay", "grad_clip"):
+            if not 0.0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"train.{name} must be >= 0 (0: none), got {getattr(self, name)}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"train.keep_checkpoints must be >= 1 (a resume needs one), got {self.keep_checkpoints}")
         if self.loss_average not in ("token", "row"):
             raise ValueError(f"train.loss_average must be token or row, got {self.loss_average!r}")
         if self.compile is not None and self.compile not in COMPILE_MODES:

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..files import RUN_CONFIG, write_text_atomic
 from ..models.architectures import ARCHITECTURES
 from .config import PAIRED, PAIRING, RunConfig, recorded_pairing
-from .trainer import METRICS, RunFolderError, pretrain, read_metrics
+from .trainer import METRICS, RunFolderError, check_model_settings, pretrain, read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +51,13 @@ def pretrain_paired(
     summaries = {}
     # "all": standard, diff and diff-v2; "both" (or a config naming one architecture): standard and diff
     pairing = config.model.attention if config.model.attention in PAIRED else "both"
-    _record_pairing(out, pairing)
-    for attention in PAIRED[pairing]:
-        cfg = copy.deepcopy(config)
+    arms = {}
+    for attention in PAIRED[pairing]:  # every arm checked before the first trains
+        arms[attention] = cfg = copy.deepcopy(config)
         cfg.model.attention = attention
+        check_model_settings(cfg.validate())
+    _record_pairing(out, pairing)
+    for attention, cfg in arms.items():
         logger.info("paired run: %s", _label(attention))
         # an arm the interrupted run never started has nothing to resume: it starts
         arm_resume = resume and (out / attention / RUN_CONFIG).is_file()

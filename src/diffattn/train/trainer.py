@@ -82,6 +82,7 @@ from .config import (
     resume_differences,
 )
 from .data import PackedDataset, prepare_data
+from .decay import decayed_parameter_names
 from .tracking import lambda_logs, report_to, tracker_environment
 
 logger = logging.getLogger(__name__)
@@ -174,14 +175,19 @@ class MetricsCallback(TrainerCallback):
         # lambdas: model -> λ per layer or None (DIFF layers by default; adapters pass adapter_lambdas)
         self.path, self.tokens_per_step, self.lambdas = path, tokens_per_step, lambdas
         self._train_seconds, self._steps_timed, self._t0 = 0.0, 0, None
+        # every step this process took, timed without evaluation or saving: the summary's tokens_per_s
+        self.total_seconds, self.total_steps = 0.0, 0
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._t0 is not None:
-            self._train_seconds += time.perf_counter() - self._t0
+            seconds = time.perf_counter() - self._t0
+            self._train_seconds += seconds
             self._steps_timed += 1
+            self.total_seconds += seconds
+            self.total_steps += 1
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         logs = logs or {}
@@ -256,6 +262,9 @@ class DiffattnTrainer(Trainer):
             # ways (loss_is_scaled_for_ga from transformers 5.19; model_accepts_loss_kwargs before it)
             self.loss_is_scaled_for_ga = False
             self.model_accepts_loss_kwargs = False
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        return decayed_parameter_names(model)  # Trainer's rule, with the norms it does not know (train.decay)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """A resumed run's checkpoint holds a tied ``lm_head.weight`` once, as the input embeddings; transformers 5.x
@@ -742,7 +751,7 @@ def pretrain(
     done = finished_summary(run_dir, checkpoint, config.train.max_steps) if resume else None
     if done is not None:
         return done
-    _check_seq_len(config)
+    check_model_settings(config)
     with args.main_process_first(desc="tokenizer and data"):  # rank 0 trains/caches the tokenizer first
         data = prepare_data(config)
     tok = data.tokenizer
@@ -791,9 +800,7 @@ def pretrain(
         "steps": trainer.state.global_step,
         "final_val_loss": final_eval["eval_loss"],
         "final_val_ppl": math.exp(min(final_eval["eval_loss"], 50.0)),
-        "tokens_per_s": training_throughput(
-            tokens_per_step, trainer.state.global_step - (_step(checkpoint) if checkpoint else 0), wall, run_dir
-        ),
+        "tokens_per_s": training_throughput(trainer, run_dir),
         "wall_seconds": wall,
         "lambda": lambda_per_layer(model),
         "distributed": distribution(config),
@@ -834,6 +841,18 @@ def right_padded(attention_mask: torch.Tensor) -> bool:
     then a causal model's positions before the padding are computed as without the mask."""
     mask = attention_mask.bool()
     return bool((mask == attention_mask).all()) and bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
+def check_model_settings(config: RunConfig) -> None:
+    """Every check that building the run's model makes, before any data is read or any model of a paired run is
+    trained: the model built on the ``meta`` device (nothing allocated; its vocabulary comes later, from the
+    tokenizer), and the sequence length against its positions. A DIFF arm's bad ``lambda_init`` or odd
+    ``num_kv_heads`` was found after the corpus was tokenised, and after the whole baseline of a paired run had
+    trained (a review, 2026-12-03)."""
+    options = {"backend": None, **{k: getattr(config.model, k) for k in ARCHITECTURES[config.model.attention].options}}
+    with torch.device("meta"):
+        build_model(config.model.preset, config.model.attention, **options, **config.model.overrides)
+    _check_seq_len(config)
 
 
 def _check_seq_len(config: RunConfig) -> None:
@@ -878,13 +897,15 @@ def train_from(trainer: Trainer, checkpoint: Path | None, max_steps: int) -> boo
     return False
 
 
-def training_throughput(tokens_per_step: int, steps_run: int, wall: float, run_dir: Path) -> float | None:
-    """The summary's ``tokens_per_s``: of the steps this process trained (``steps_run`` in ``wall`` seconds, its
-    evaluations included). A resume that only loaded a finished checkpoint (:func:`train_from`) trained none: the
-    mean of the rates its earlier process logged to metrics.jsonl (the run's own steps, timed without evaluation)
-    stands in, None where none was logged. The summary said 0 tokens/s (stop 86's note)."""
-    if steps_run > 0 and wall > 0:
-        return tokens_per_step * steps_run / wall
+def training_throughput(trainer: Trainer, run_dir: Path) -> float | None:
+    """The summary's ``tokens_per_s``: of the steps this process trained, timed as metrics.jsonl's rates are (the
+    steps alone: evaluations and checkpoints left out, which on a short run made the baseline look 2× faster than
+    DIFF against 3.4× in its steps; a review, 2026-12-03). A resume that only loaded a finished checkpoint
+    (:func:`train_from`) trained none: the mean of the rates its earlier process logged stands in, None where none
+    was logged. The summary said 0 tokens/s (stop 86's note)."""
+    metrics = next(c for c in trainer.callback_handler.callbacks if isinstance(c, MetricsCallback))
+    if metrics.total_steps > 0 and metrics.total_seconds > 0:
+        return metrics.tokens_per_step * metrics.total_steps / metrics.total_seconds
     rates = [r["tokens_per_s"] for r in read_metrics(run_dir / METRICS) if "tokens_per_s" in r]
     return sum(rates) / len(rates) if rates else None
 
