@@ -963,3 +963,26 @@ def test_rows_read_one_quantity_and_say_what_they_cannot_test(corpus):
     )  # fmt: skip
     assert shared.interval.startswith("two-way t over seeds × items (3 vs 3 runs × 16 shared items")
     assert shared.verdict == "agrees" and shared.diff_value == pytest.approx(hidden.diff_value)
+
+
+def test_retraining_a_base_redoes_its_adapters_and_a_stale_adapter_is_refused(corpus, tmp_path):
+    """--overwrite BASE retrains the base and, with it, the adapters trained on it (they were reused: the report's
+    lora NLL was the old base's); an adapter whose base was trained again outside this run is refused by name."""
+    d = _debug(corpus)
+    d["models"] = d["models"][:1]
+    d["adapters"] = d["adapters"][1:]  # lora on baseline
+    config = ExperimentConfig.from_dict(d)
+    first = run_experiment(config, tmp_path, evaluate=False)
+    assert [(o.kind, o.name, o.state) for o in first] == [("pretrain", "baseline", "fresh"), ("adapt", "lora", "fresh")]
+    out = tmp_path / "debug-exp"
+    recorded = json.loads((out / "adapters" / "lora" / "summary.json").read_text())["base_training"]
+    assert recorded["steps"] == 3 and len(recorded["summary_sha1"]) == 40
+    again = run_experiment(config, tmp_path, evaluate=False, overwrite={"baseline"})
+    assert [(o.name, o.state) for o in again] == [("baseline", "fresh"), ("lora", "fresh")]
+    # the base trained again behind the adapter's back (its summary is another): the finished adapter is refused
+    summary = out / "models" / "baseline" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "wall_seconds": -1.0}))
+    with pytest.raises(ValueError, match=r"adapted an earlier training of its base 'baseline'.*--overwrite lora"):
+        run_experiment(config, tmp_path, evaluate=False)
+    redone = run_experiment(config, tmp_path, evaluate=False, overwrite={"lora"})
+    assert [(o.name, o.state) for o in redone] == [("baseline", "done"), ("lora", "fresh")]

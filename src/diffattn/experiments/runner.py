@@ -44,7 +44,7 @@ from ..files import (
     write_text_atomic,
 )
 from ..models.architectures import ARCHITECTURES
-from ..train.config import checkpoint_step, resume_differences, setting_differences
+from ..train.config import checkpoint_step, resume_differences, setting_differences, training_identity
 from .config import ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -332,6 +332,7 @@ def run_experiment(
 
     config.validate()
     _check_overwrite_names(config, overwrite)
+    overwrite = _with_dependent_adapters(config, overwrite)
     out = Path(root) / config.name
 
     # every config is built (and so checked) before any training starts
@@ -360,6 +361,8 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
             states[name] = run_state(path, grid_config, overwrite=_wants(overwrite, a.name))
         if a.name not in grids:  # a grid part's own config is known once its grid has run
             states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
+            if states[a.name] == DONE and a.base in config.scratch_names():
+                _check_base_unchanged(out / "adapters" / a.name, a, out / "models" / a.base)
     if evaluate and report:  # before any training: a report the user edited is never replaced at the end
         from .report import check_report_writable
 
@@ -406,6 +409,30 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
 
         write_report(config, out, outcomes)
     return outcomes
+
+
+def _with_dependent_adapters(config: ExperimentConfig, overwrite):
+    """``--overwrite BASE`` retrains a from-scratch base: the adapters trained on it are redone too (kept, they
+    were adapters of the earlier weights, and every base → adapter row would compare two bases; a review,
+    2026-12-03: lora's reported NLL was the old base's)."""
+    if not isinstance(overwrite, (set, list, tuple)):
+        return overwrite
+    dependent = {a.name for a in config.adapters if a.base in overwrite and a.base in config.scratch_names()}
+    if added := sorted(dependent - set(overwrite)):
+        bases = sorted(set(overwrite) & {a.base for a in config.adapters})
+        _say(f"--overwrite {', '.join(bases)}: the adapters trained on it are redone too: {', '.join(added)}")
+    return set(overwrite) | dependent
+
+
+def _check_base_unchanged(adapter_dir: Path, adapter, base_dir: Path) -> None:
+    """Refuse a finished adapter whose from-scratch base was trained again after it (its summary records which
+    training of the base it adapted: ``base_training``); summaries from before that record are not judged."""
+    recorded = (_read_json(adapter_dir / "summary.json") or {}).get("base_training")
+    if recorded is not None and recorded != training_identity(base_dir):
+        raise ValueError(
+            f"{adapter_dir} adapted an earlier training of its base {adapter.base!r}, which was trained again since; "
+            f"pass --overwrite {adapter.name} to redo it on the base as it is now"
+        )
 
 
 def _check_overwrite_names(config: ExperimentConfig, overwrite) -> None:
@@ -646,7 +673,7 @@ def _evaluation_state(config, out: Path, name: str, options, *, redo: bool) -> t
             {k: asked[k] for k in ("suites", "options")}, {k: wanted[k] for k in ("suites", "options")}
         )
         return None, f"the evaluation asked for changed ({'; '.join(changed)})"
-    if not _same_training(_evaluated_steps(path), _trained_steps(_model_dir(config, out, name))):
+    if not _same_training(_evaluated_steps(path), training_identity(_model_dir(config, out, name))):
         return None, "its model was trained again since it was evaluated"
     if base_length is not None and doc.get("metadata", {}).get("trained_length") != base_length:
         return None, f"it is measured at its adapters' length now, {base_length} tokens"
@@ -663,7 +690,7 @@ def _evaluate_part(config: ExperimentConfig, out: Path, name: str, options, *, r
         return done
     model_dir = _model_dir(config, out, name)
     path = out / "eval" / name
-    trained = _trained_steps(model_dir)
+    trained = training_identity(model_dir)
     t0 = time.perf_counter()
     model, tokenizer, description = load_for_eval(model_dir)
     base_length = _base_length(config, name)
@@ -764,18 +791,6 @@ def _folder_target(name: str, path: str, trained_length: int | None):
 
 
 EVALUATED_STEPS = "evaluated_steps.json"  # beside results.json: the training steps of the model it evaluated
-
-
-def _trained_steps(model_dir) -> dict | None:
-    """Which training a part's model is (None for pretrained models, which do not change): its steps and a hash of
-    its summary.json, so a model retrained with the same step count (``--overwrite``) is evaluated again too."""
-    import hashlib
-
-    summary = Path(model_dir) / "summary.json"
-    if not summary.is_file():
-        return None
-    text = summary.read_bytes()
-    return {"steps": json.loads(text).get("steps"), "summary_sha1": hashlib.sha1(text).hexdigest()}
 
 
 def _same_training(evaluated: dict | None, trained: dict | None) -> bool:

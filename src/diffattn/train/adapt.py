@@ -74,6 +74,7 @@ from .adapt_config import (
     resolved_method_options,
 )
 from .adapt_trainer import AdapterStepCallback, AdapterTrainer, _lambda_warnings
+from .config import training_identity
 from .data import PackedDataset, add_retrieval_mix, check_enough_text, warn_if_repeated
 from .tracking import report_to, tracker_environment
 from .trainer import (
@@ -203,6 +204,10 @@ def adapt_pretrained(
         "val_loss_after": val_after,
         "val_ppl_after": math.exp(min(val_after, 50.0)),
         "tokens_per_s": training_throughput(trainer, run_dir),
+        # which training of a from-scratch base (a run's final/) this adapted: a base trained again since is another
+        "base_training": training_identity(Path(config.model.name).parent)
+        if Path(config.model.name).name == "final"
+        else None,
         "wall_seconds": wall,
         "lambda": lambdas,
         # the learning rate of the differential parameters (their own optimiser group; None: the method has none)

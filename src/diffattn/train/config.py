@@ -374,3 +374,17 @@ class RunConfig(SectionedConfig):
                 "apart is flattened to a length of its own; use data.packing false (concatenate and chunk)"
             )
         return self
+
+
+def training_identity(run_dir: str | Path) -> dict | None:
+    """Which training a run folder's model is: its steps and a hash of its summary.json (None without one: a hub
+    model, which does not change), so a model trained again with the same step count (``--overwrite``) is told from
+    the earlier one: an evaluation of it (the experiment runner's ``evaluated_steps.json``) and an adapter of it
+    (the adapter summary's ``base_training``) are then of another model."""
+    import hashlib
+
+    summary = Path(run_dir) / "summary.json"
+    if not summary.is_file():
+        return None
+    text = summary.read_bytes()
+    return {"steps": json.loads(text).get("steps"), "summary_sha1": hashlib.sha1(text).hexdigest()}
