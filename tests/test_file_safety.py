@@ -773,8 +773,11 @@ def test_a_run_extended_and_stopped_before_its_new_end_resumes_not_done(corpus_f
     assert run_state(part, longer, overwrite=False) == "resume"
     (part / "summary.json").write_text(json.dumps({"steps": 12}))
     assert run_state(part, longer, overwrite=False) == "done"
-    # asked for fewer steps than it has: a settings change like any other (only max_steps differs: resume,
-    # where the trainer finds the run already past that budget and changes nothing)
+    # asked for fewer steps than it has: refused (the trainer would keep the longer run, and the report would give
+    # it the smaller budget); an unfinished run past the new budget resumes, where the trainer changes nothing
+    with pytest.raises(ValueError, match=r"finished at step 12 and the experiment now asks for max_steps 8"):
+        run_state(part, debug_config(corpus_file, max_steps=8), overwrite=False)
+    (part / "summary.json").unlink()
     assert run_state(part, debug_config(corpus_file, max_steps=8), overwrite=False) == "resume"
     # a finished run past whose schedule more steps are asked for (planned over 16, 20 asked) is refused, named
     _complete_run(finished_run, tmp_path / "finished")

@@ -102,6 +102,15 @@ def run_state(run_dir: Path, config, *, overwrite: bool) -> str:
             f"{run_dir} was run with other settings ({'; '.join(other)}); pass --overwrite to redo it, "
             "or give the new variant another name"
         )
+    trained_to = _summary_steps(run_dir) if finished else 0
+    if trained_to != float("inf") and trained_to > config.train.max_steps:
+        # the trainer would keep the longer run's result (nothing trains), and the report would give it the
+        # experiment's budget: a 6-step model under a 3-step protocol (a review, 2026-12-03)
+        raise ValueError(
+            f"{run_dir} finished at step {trained_to:.0f} and the experiment now asks for max_steps "
+            f"{config.train.max_steps}: its result would be reported under the smaller budget; pass --overwrite to "
+            f"train it again to {config.train.max_steps}, or ask for {trained_to:.0f}"
+        )
     steps_changed = saved.train.max_steps != config.train.max_steps
     if (run_dir / "summary.json").is_file() and not steps_changed and _summary_steps(run_dir) >= config.train.max_steps:
         return DONE
