@@ -3,6 +3,7 @@ prompts that cannot fit refused before any training."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -344,3 +345,19 @@ def test_the_report_says_where_a_run_stopped_inside_a_longer_schedule():
     assert _horizon_words(t) == (
         ", stopped at step 500 of a 1500-step schedule (150 warmup steps, then decay to 0.04·lr at its end)"
     )
+
+
+def test_an_export_of_another_experiment_is_not_replaced(tmp_path):
+    from diffattn.experiments.report import export_report
+
+    sources = {}
+    for name in ("tiny", "tiny3"):
+        src = sources[name] = tmp_path / "runs" / name
+        src.mkdir(parents=True)
+        (src / "report.md").write_text(f"# Experiment `{name}`\n")
+        (src / "results.json").write_text(json.dumps({"experiment": name}))
+    dest = export_report(sources["tiny"], tmp_path / "results" / "tiny")
+    export_report(sources["tiny"], dest)  # the same experiment again: replaced
+    with pytest.raises(ValueError, match=r"holds the export of experiment 'tiny', not 'tiny3'"):
+        export_report(sources["tiny3"], dest)
+    assert (dest / "report.md").read_text() == "# Experiment `tiny`\n"

@@ -575,6 +575,13 @@ def _export_locked(src: Path, report: Path, dest: Path) -> Path:
     owned = _exported_files(dest)  # name -> the contents the previous export wrote; None: not an export's folder
     if owned is None and contents(dest):
         raise ValueError(f"{dest} exists and was not made by diffattn export: choose another destination")
+    before, now = _experiment_name(dest / "results.json"), _experiment_name(src / "results.json")
+    if owned is not None and before is not None and now is not None and before != now:
+        # another experiment's evidence would be replaced without a word (a mistyped results/NAME; a review)
+        raise ValueError(
+            f"{dest} holds the export of experiment {before!r}, not {now!r}: choose another destination, or move "
+            "that export away first"
+        )
     text = report.read_text()
     pictures = sorted(set(re.findall(r"\]\(([^)\s]+\.png)\)", text)))
     for name in pictures:  # only pictures inside the experiment folder are copied, to the same place inside dest
@@ -616,6 +623,16 @@ def _export_locked(src: Path, report: Path, dest: Path) -> Path:
         return dest
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # left only when the process was killed: removed next time
+
+
+def _experiment_name(results_file: Path) -> str | None:
+    """The experiment a results.json is of (None where there is none, or it names none)."""
+    try:
+        doc = json.loads(results_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    name = doc.get("experiment") if isinstance(doc, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _link_on_the_way(folder: Path, name: str) -> bool:
