@@ -122,10 +122,13 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
     states = {(o.kind, o.name): o.state for o in run_experiment(longer, tmp_path, report=False)}
     assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"
+    # its adapters were trained on the 3-step model: redone on the 4-step one (they were reused)
+    assert states[("adapt", "dex")] == states[("adapt", "lora")] == "fresh"
     # the model trained further is evaluated again; the others' evaluations are reused
     assert states[("eval", "baseline")] == "fresh" and states[("eval", "diff")] == "done"
     said = capsys.readouterr().out
     assert "pretrain baseline: resuming from its last checkpoint\n" in said
+    assert "adapt dex: its base baseline trains in this run, so it is trained again on it\n" in said
     assert "eval baseline: its model was trained again since it was evaluated\n" in said
     # an evaluation asked for with other options runs again and says which (it did so silently)
     from diffattn.eval.suite import SuiteOptions
@@ -135,10 +138,10 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     outcome, why = _evaluation_state(longer, tmp_path / "debug-exp", "diff", more, redo=False)
     assert outcome is None and why.startswith("the evaluation asked for changed (options.samples: ") and "-> 7" in why
     # how a step runs is not a setting of the run: a finished model asked to compile is done as it is
-    compiled = config.with_overrides({"models.1.train": {"compile": "default", "compile_backend": "aot_eager"}})
+    compiled = longer.with_overrides({"models.1.train": {"compile": "default", "compile_backend": "aot_eager"}})
     states = {(o.kind, o.name): o.state for o in run_experiment(compiled, tmp_path, report=False)}
     assert states[("pretrain", "diff")] == "done"
-    changed = config.with_overrides({"models.1.model": {"lambda_init": 0.5}})
+    changed = longer.with_overrides({"models.1.model": {"lambda_init": 0.5}})
     with pytest.raises(ValueError, match=r"was run with other settings.*lambda_init"):
         run_experiment(changed, tmp_path, report=False)
 

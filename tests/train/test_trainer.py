@@ -711,7 +711,7 @@ def test_weight_decay_spares_every_norm_gain_the_diff_layers_add():
     from diffattn import parameter_groups
     from diffattn.adapters import DiffLoRAConfig, adapt, trainable_parameters
     from diffattn.models import build_model
-    from diffattn.train.decay import decayed_parameter_names
+    from diffattn.models.decay import decayed_parameter_names
 
     from ..tiny_models import tiny
 

@@ -105,14 +105,14 @@ def no_decay_parameter_names(model: nn.Module) -> list[str]:
 def parameter_groups(model: nn.Module, *, lr: float, lambda_lr: float, weight_decay: float = 0.0) -> list[dict]:
     """The optimiser's parameter groups for your own training loop, as ``diffattn adapt`` trains (its
     :class:`~diffattn.train.adapt_trainer.AdapterTrainer`): the trainable parameters at ``lr``, with
-    ``weight_decay`` except for biases and norms (:func:`diffattn.train.decay.decayed_parameter_names`) and
+    ``weight_decay`` except for biases and norms (:func:`diffattn.models.decay.decayed_parameter_names`) and
     :func:`no_decay_parameter_names`;
     the λ(t) term (:func:`differential_parameter_names`) at its own ``lambda_lr`` without decay (at the base's lr λ
     barely moves and the method is an attention fine-tune by construction: docs/methods.md §7). Call
     :func:`trainable_parameters` first. ``torch.optim.AdamW(diffattn.parameter_groups(model, lr=1e-4,
     lambda_lr=1e-2))``; then ``diffattn.set_adapter_step(model, step)`` before every step. Groups without
     parameters are left out."""
-    from ..train.decay import decayed_parameter_names
+    from ..models.decay import decayed_parameter_names
 
     inner = adapted_model(model, "parameter_groups", allow_peft=False)
     differential = set(differential_parameter_names(inner))

@@ -341,7 +341,6 @@ def run_experiment(
 
     config.validate()
     _check_overwrite_names(config, overwrite)
-    overwrite = _with_dependent_adapters(config, overwrite)
     out = Path(root) / config.name
 
     # every config is built (and so checked) before any training starts
@@ -365,13 +364,21 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
     # every part's state is decided (and a changed part refused) before anything runs or is deleted
     states = {m.name: run_state(out / "models" / m.name, c, overwrite=_wants(overwrite, m.name)) for m, c in scratch}
     grids = {a.name: _grid_parts(out, a, c, _lr_grid(config, a)) for a, c in adapters if _lr_grid(config, a)}
+    # a from-scratch base that trains in this run (--overwrite BASE, a longer budget) is another model: the adapters
+    # trained on the earlier one are redone (they were reused: a review, 2026-12-03)
+    redo = {a.name: _wants(overwrite, a.name) for a, _ in adapters}
     for a, c in adapters:
-        for name, path, grid_config in grids.get(a.name, []):
-            states[name] = run_state(path, grid_config, overwrite=_wants(overwrite, a.name))
+        path = out / "adapters" / a.name
+        trained = path.exists() or any(grid_path.exists() for _, grid_path, _ in grids.get(a.name, []))
+        if a.base in config.scratch_names() and states[a.base] != DONE and trained and not redo[a.name]:
+            redo[a.name] = True
+            _say(f"adapt {a.name}: its base {a.base} trains in this run, so it is trained again on it")
+        for name, grid_path, grid_config in grids.get(a.name, []):
+            states[name] = run_state(grid_path, grid_config, overwrite=redo[a.name])
         if a.name not in grids:  # a grid part's own config is known once its grid has run
-            states[a.name] = run_state(out / "adapters" / a.name, c, overwrite=_wants(overwrite, a.name))
+            states[a.name] = run_state(path, c, overwrite=redo[a.name])
             if states[a.name] == DONE and a.base in config.scratch_names():
-                _check_base_unchanged(out / "adapters" / a.name, a, out / "models" / a.base)
+                _check_base_unchanged(path, a, out / "models" / a.base)
     if evaluate and report:  # before any training: a report the user edited is never replaced at the end
         from .report import check_report_writable
 
@@ -395,7 +402,7 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
                 a, run_config, _lr_grid(config, a), grids[a.name], states, adapt_pretrained
             )
             outcomes += grid_outcomes
-            states[a.name] = run_state(path, run_config, overwrite=_wants(overwrite, a.name))
+            states[a.name] = run_state(path, run_config, overwrite=redo[a.name])
             if states[a.name] == FRESH and not path.exists():
                 chosen = grids[a.name][list(_lr_grid(config, a)).index(run_config.train.lr)][1]
                 states[a.name] = _reuse_grid_run(chosen, path, run_config)
@@ -418,19 +425,6 @@ def _run_locked(config, out: Path, source, scratch, adapters, options, overwrite
 
         write_report(config, out, outcomes)
     return outcomes
-
-
-def _with_dependent_adapters(config: ExperimentConfig, overwrite):
-    """``--overwrite BASE`` retrains a from-scratch base: the adapters trained on it are redone too (kept, they
-    were adapters of the earlier weights, and every base → adapter row would compare two bases; a review,
-    2026-12-03: lora's reported NLL was the old base's)."""
-    if not isinstance(overwrite, (set, list, tuple)):
-        return overwrite
-    dependent = {a.name for a in config.adapters if a.base in overwrite and a.base in config.scratch_names()}
-    if added := sorted(dependent - set(overwrite)):
-        bases = sorted(set(overwrite) & {a.base for a in config.adapters})
-        _say(f"--overwrite {', '.join(bases)}: the adapters trained on it are redone too: {', '.join(added)}")
-    return set(overwrite) | dependent
 
 
 def _check_base_unchanged(adapter_dir: Path, adapter, base_dir: Path) -> None:

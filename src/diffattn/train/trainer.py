@@ -71,6 +71,7 @@ from ..files import (
 from ..lambdas import lambda_per_layer
 from ..models.architectures import ARCHITECTURES
 from ..models.build import build_model
+from ..models.decay import decayed_parameter_names
 from ..models.presets import get_preset
 from ..models.pretrained import tensor_mismatch
 from .config import (
@@ -82,7 +83,6 @@ from .config import (
     resume_differences,
 )
 from .data import PackedDataset, prepare_data
-from .decay import decayed_parameter_names
 from .tracking import lambda_logs, report_to, tracker_environment
 
 logger = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ class DiffattnTrainer(Trainer):
             self.model_accepts_loss_kwargs = False
 
     def get_decay_parameter_names(self, model) -> list[str]:
-        return decayed_parameter_names(model)  # Trainer's rule, with the norms it does not know (train.decay)
+        return decayed_parameter_names(model)  # Trainer's rule, with the norms it does not know (models.decay)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """A resumed run's checkpoint holds a tied ``lm_head.weight`` once, as the input embeddings; transformers 5.x
