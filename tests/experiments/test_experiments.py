@@ -129,6 +129,15 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     said = capsys.readouterr().out
     assert "pretrain baseline: resuming from its last checkpoint\n" in said
     assert "adapt dex: its base baseline trains in this run, so it is trained again on it\n" in said
+    recorded = json.loads((tmp_path / "debug-exp" / "adapters" / "lora" / "summary.json").read_text())["base_training"]
+    assert recorded["steps"] == 4 and len(recorded["summary_sha1"]) == 40  # which training of its base it adapted
+    # the base trained again behind its adapters' backs (its summary another): a finished adapter is refused by name
+    summary = tmp_path / "debug-exp" / "models" / "baseline" / "summary.json"
+    kept = summary.read_text()
+    summary.write_text(json.dumps({**json.loads(kept), "wall_seconds": -1.0}))
+    with pytest.raises(ValueError, match=r"dex adapted an earlier training of its base 'baseline'.*--overwrite dex"):
+        run_experiment(longer, tmp_path, report=False)
+    summary.write_text(kept)
     assert "eval baseline: its model was trained again since it was evaluated\n" in said
     # an evaluation asked for with other options runs again and says which (it did so silently)
     from diffattn.eval.suite import SuiteOptions
@@ -966,26 +975,3 @@ def test_rows_read_one_quantity_and_say_what_they_cannot_test(corpus):
     )  # fmt: skip
     assert shared.interval.startswith("two-way t over seeds × items (3 vs 3 runs × 16 shared items")
     assert shared.verdict == "agrees" and shared.diff_value == pytest.approx(hidden.diff_value)
-
-
-def test_retraining_a_base_redoes_its_adapters_and_a_stale_adapter_is_refused(corpus, tmp_path):
-    """--overwrite BASE retrains the base and, with it, the adapters trained on it (they were reused: the report's
-    lora NLL was the old base's); an adapter whose base was trained again outside this run is refused by name."""
-    d = _debug(corpus)
-    d["models"] = d["models"][:1]
-    d["adapters"] = d["adapters"][1:]  # lora on baseline
-    config = ExperimentConfig.from_dict(d)
-    first = run_experiment(config, tmp_path, evaluate=False)
-    assert [(o.kind, o.name, o.state) for o in first] == [("pretrain", "baseline", "fresh"), ("adapt", "lora", "fresh")]
-    out = tmp_path / "debug-exp"
-    recorded = json.loads((out / "adapters" / "lora" / "summary.json").read_text())["base_training"]
-    assert recorded["steps"] == 3 and len(recorded["summary_sha1"]) == 40
-    again = run_experiment(config, tmp_path, evaluate=False, overwrite={"baseline"})
-    assert [(o.name, o.state) for o in again] == [("baseline", "fresh"), ("lora", "fresh")]
-    # the base trained again behind the adapter's back (its summary is another): the finished adapter is refused
-    summary = out / "models" / "baseline" / "summary.json"
-    summary.write_text(json.dumps({**json.loads(summary.read_text()), "wall_seconds": -1.0}))
-    with pytest.raises(ValueError, match=r"adapted an earlier training of its base 'baseline'.*--overwrite lora"):
-        run_experiment(config, tmp_path, evaluate=False)
-    redone = run_experiment(config, tmp_path, evaluate=False, overwrite={"lora"})
-    assert [(o.name, o.state) for o in redone] == [("baseline", "done"), ("lora", "fresh")]
