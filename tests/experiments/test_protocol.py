@@ -245,6 +245,9 @@ def test_a_retrieval_or_icl_row_whose_models_are_both_at_chance_cannot_agree_or_
     groups = {"base": ["b0", "b1", "b2"], "new": ["n0", "n1", "n2"]}
     row = claim(solved, seeds, groups)
     assert "3 vs 3" in row.runs and row.verdict == "inconclusive" and "reach chance" in row.note
+    # uneven groups (three baselines, one new run): the first run of each is read, and the row names which
+    row = claim(solved, seeds, {"base": ["b0", "b1", "b2"], "new": ["n0"]})
+    assert row.runs == "one run per model: b0 and n0" and "of 3 vs 1 runs only b0 and n0 are compared" in row.note
     # ICL at the largest shot count, four labels (chance 0.25), both models' intervals over the draws reach it
     many_shot = PaperClaim("s", "c", "p", "icl:many_shot", "higher", "baseline")
 

@@ -261,7 +261,14 @@ def check_claim(spec: PaperClaim, ref: str, new: str, runs: dict[str, Run], grou
     if c is None:
         return None
     runs = [ref_runs[0], new_runs[0]]
-    return _untestable(_untestable_at_chance(_row(spec, m, ref, new, c), m, runs, c.chance), m, runs)
+    row = _untestable(_untestable_at_chance(_row(spec, m, ref, new, c), m, runs, c.chance), m, runs)
+    if len(ref_runs) > 1 or len(new_runs) > 1:  # a group's other runs are left out: said (a review, 2026-12-03)
+        row.runs = f"one run per model: {runs[0].name} and {runs[1].name}"
+        row.note += (
+            f"; of {len(ref_runs)} vs {len(new_runs)} runs only {runs[0].name} and {runs[1].name} are compared "
+            "(over seeds needs two runs with a value on each side)"
+        )
+    return row
 
 
 def _untestable(row: Claim, m: Measure, runs: list[Run], reason: str | None = None) -> Claim:
