@@ -77,6 +77,7 @@ def test_the_spread_and_the_gpus_busy_time_are_lines_of_their_own_where_measured
     assert train_step.table_legend([train_step.StepRow("small", 1024, 4, ms)]) == ""  # one repetition: no range
 
 
+@pytest.mark.heavy  # torch.compile of a whole step: ~8 s on 2 cores; the compile plumbing's fast test stays above
 def test_a_compiled_step_trains_the_models_own_parameters_and_says_so(capsys):
     # --compile: the forward through torch.compile ("eager" here: the plumbing, not inductor's speed); the optimizer
     # steps the model's own parameters, and the row names the backend

@@ -119,18 +119,16 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
         "pretrain diff: done, read back\n" in said and "eval dex: done (the same suites, options and training)" in said
     )
     # a longer budget for one model, inside its schedule, resumes it; changed settings are refused unless overwritten
-    longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
+    longer = config.with_overrides({"models.1.train": {"max_steps": 4}})
     states = {(o.kind, o.name): o.state for o in run_experiment(longer, tmp_path, report=False)}
-    assert states[("pretrain", "baseline")] == "resume" and states[("pretrain", "diff")] == "done"
-    # its adapters were trained on the 3-step model: redone on the 4-step one (they were reused)
-    assert states[("adapt", "dex")] == states[("adapt", "lora")] == "fresh"
+    assert states[("pretrain", "diff")] == "resume" and states[("pretrain", "baseline")] == "done"
     # the model trained further is evaluated again; the others' evaluations are reused
-    assert states[("eval", "baseline")] == "fresh" and states[("eval", "diff")] == "done"
+    assert states[("eval", "diff")] == "fresh" and states[("eval", "baseline")] == "done"
     said = capsys.readouterr().out
-    assert "pretrain baseline: resuming from its last checkpoint\n" in said
-    assert "adapt dex: its base baseline trains in this run, so it is trained again on it\n" in said
+    assert "pretrain diff: resuming from its last checkpoint\n" in said
+    assert "eval diff: its model was trained again since it was evaluated\n" in said
     recorded = json.loads((tmp_path / "debug-exp" / "adapters" / "lora" / "summary.json").read_text())["base_training"]
-    assert recorded["steps"] == 4 and len(recorded["summary_sha1"]) == 40  # which training of its base it adapted
+    assert recorded["steps"] == 3 and len(recorded["summary_sha1"]) == 40  # which training of its base it adapted
     # the base trained again behind its adapters' backs (its summary another): a finished adapter is refused by name
     summary = tmp_path / "debug-exp" / "models" / "baseline" / "summary.json"
     kept = summary.read_text()
@@ -138,7 +136,6 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     with pytest.raises(ValueError, match=r"dex adapted an earlier training of its base 'baseline'.*--overwrite dex"):
         run_experiment(longer, tmp_path, report=False)
     summary.write_text(kept)
-    assert "eval baseline: its model was trained again since it was evaluated\n" in said
     # an evaluation asked for with other options runs again and says which (it did so silently)
     from diffattn.eval.suite import SuiteOptions
     from diffattn.experiments.runner import _evaluation_state
@@ -147,7 +144,9 @@ def test_debug_experiment_end_to_end_then_a_rerun_skips_everything(corpus, tmp_p
     outcome, why = _evaluation_state(longer, tmp_path / "debug-exp", "diff", more, redo=False)
     assert outcome is None and why.startswith("the evaluation asked for changed (options.samples: ") and "-> 7" in why
     # how a step runs is not a setting of the run: a finished model asked to compile is done as it is
-    compiled = longer.with_overrides({"models.1.train": {"compile": "default", "compile_backend": "aot_eager"}})
+    compiled = longer.with_overrides(
+        {"models.1.train": {"max_steps": 4, "compile": "default", "compile_backend": "aot_eager"}}
+    )
     states = {(o.kind, o.name): o.state for o in run_experiment(compiled, tmp_path, report=False)}
     assert states[("pretrain", "diff")] == "done"
     changed = longer.with_overrides({"models.1.model": {"lambda_init": 0.5}})
@@ -975,3 +974,21 @@ def test_rows_read_one_quantity_and_say_what_they_cannot_test(corpus):
     )  # fmt: skip
     assert shared.interval.startswith("two-way t over seeds × items (3 vs 3 runs × 16 shared items")
     assert shared.verdict == "agrees" and shared.diff_value == pytest.approx(hidden.diff_value)
+
+
+def test_a_base_that_trains_again_has_its_adapters_trained_again(corpus, tmp_path, capsys):
+    """A from-scratch base that trains in a run (here a longer budget; --overwrite BASE alike) is another model: the
+    adapters trained on the earlier one are trained again (they were reused: the report's lora NLL was the old
+    base's)."""
+    d = _debug(corpus)
+    d["models"], d["adapters"] = d["models"][:1], d["adapters"][1:]  # lora on baseline
+    d["adapt_train"]["max_steps"] = 1
+    d["train"]["schedule_steps"] = 4  # the base stops at step 3 of a 4-step schedule: it may be extended
+    config = ExperimentConfig.from_dict(d)
+    run_experiment(config, tmp_path, evaluate=False)
+    longer = config.with_overrides({"models.0.train": {"max_steps": 4}})
+    states = [(o.name, o.state) for o in run_experiment(longer, tmp_path, evaluate=False)]
+    assert states == [("baseline", "resume"), ("lora", "fresh")]
+    assert "adapt lora: its base baseline trains in this run, so it is trained again on it\n" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "debug-exp" / "adapters" / "lora" / "summary.json").read_text())
+    assert summary["base_training"]["steps"] == 4
